@@ -1,0 +1,101 @@
+"""Conv3d forward: an implicit-GEMM Triton kernel on NDHWC tensors, and its launcher."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import pick_config
+from .geometry import ConvGeometry
+from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
+
+
+@triton.jit
+def _conv3d_fwd_kernel(
+    # pointers
+    x_ptr, w_ptr, bias_ptr, y_ptr,
+    # sizes
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT,
+    # strides, in elements, in logical (N, C, D, H, W) order
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
+    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    # convolution geometry (front padding only: the back padding just sets the output size)
+    STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    # meta-parameters
+    HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """y[m, co] = sum over (tap, ci) of x[voxel(m) + tap, ci] * w[co, tap, ci] (+ bias[co]).
+
+    GEMM view: M = N*Do*Ho*Wo rows (output voxels), N = Cout columns, K = kd*kh*kw*Cin. The reduction runs as
+    one flat loop over taps x channel blocks so the compiler pipelines it whatever Cin is; padding is a mask.
+    """
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
+
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    mask_m = offs_m < M
+    mask_n = offs_n < C_OUT
+
+    n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, W_OUT)
+    # The input voxel under tap (0, 0, 0); coordinates fit int32, offsets from them need int64.
+    d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
+    h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
+    w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
+    x_rows = x_ptr + (n * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
+                      + w0.to(tl.int64) * stride_xw)  # [BLOCK_M] pointers  # fmt: skip
+    w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_blocks = tl.cdiv(C_IN, BLOCK_K)
+    for step in range(KD * KH * KW * k_blocks):
+        tap = step // k_blocks
+        offs_c = (step - tap * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+        kw = tap % KW
+        kh = (tap // KW) % KH
+        kd = tap // (KW * KH)
+        id_ = d0 + kd * DIL_D
+        ih = h0 + kh * DIL_H
+        iw = w0 + kw * DIL_W
+        mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+        mask_c = offs_c < C_IN
+        x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
+                 + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
+        x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
+        a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
+        w_ptrs = (
+            w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wi
+        )  # [BLOCK_K, BLOCK_N]
+        b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+        acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_rows = n * stride_yn + od * stride_yd + oh * stride_yh + ow * stride_yw  # [BLOCK_M]
+    y_ptrs = y_ptr + y_rows[:, None] + offs_n[None, :] * stride_yc  # [BLOCK_M, BLOCK_N]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def conv3d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geom: ConvGeometry) -> torch.Tensor:
+    """Forward convolution of checked arguments; the output is channels_last_3d."""
+    y = empty_ndhwc(geom.output_shape(), like=x)
+    if y.numel() == 0:
+        return y
+    x, weight = ndhwc(x), ndhwc(weight)
+    cfg = pick_config("fwd", geom, x.dtype, x.device)
+    upcast, precision = dot_flags(x.dtype)
+    rows = geom.output_voxels
+    grid = (triton.cdiv(rows, cfg.block_m) * triton.cdiv(geom.out_channels, cfg.block_n),)
+    _conv3d_fwd_kernel[grid](
+        x, weight, bias if bias is not None else x, y,
+        rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size,
+        *x.stride(), *weight.stride(), *y.stride(),
+        *geom.stride, *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return y

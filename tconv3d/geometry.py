@@ -1,0 +1,185 @@
+"""Argument checking and normalisation for Conv3d: the one place that turns user arguments into a ConvGeometry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A checked Conv3d problem. Spatial triples are (d, h, w); padding is the 6-value form
+    (d_front, d_back, h_top, h_bottom, w_left, w_right). Sizes may be SymInts under torch.compile."""
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    in_size: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    out_size: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[int, int, int, int, int, int]
+    dilation: tuple[int, int, int]
+
+    @property
+    def front_padding(self) -> tuple[int, int, int]:
+        return self.padding[0], self.padding[2], self.padding[4]
+
+    @property
+    def is_symmetric(self) -> bool:
+        p = self.padding
+        return p[0] == p[1] and p[2] == p[3] and p[4] == p[5]
+
+    @property
+    def taps(self) -> int:
+        return self.kernel[0] * self.kernel[1] * self.kernel[2]
+
+    @property
+    def output_voxels(self) -> int:
+        return self.batch * self.out_size[0] * self.out_size[1] * self.out_size[2]
+
+    @property
+    def input_voxels(self) -> int:
+        return self.batch * self.in_size[0] * self.in_size[1] * self.in_size[2]
+
+    def output_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.batch, self.out_channels, *self.out_size)
+
+    def input_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.batch, self.in_channels, *self.in_size)
+
+    def weight_shape(self) -> tuple[int, int, int, int, int]:
+        return (self.out_channels, self.in_channels, *self.kernel)
+
+    def flops(self) -> int:
+        """Multiply-adds times two of one direction (forward, input-grad or weight-grad cost the same)."""
+        return 2 * self.output_voxels * self.out_channels * self.in_channels * self.taps
+
+
+def _int_tuple(value, name: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}")
+    if isinstance(value, int):
+        return (value,)
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {type(value).__name__}")
+    if len(value) not in lengths:
+        allowed = ", ".join(str(n) for n in lengths)
+        raise ValueError(f"{name} must have {allowed} values, got {len(value)}: {tuple(value)}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)):
+            raise TypeError(f"{name} must contain ints, got {v!r} in {tuple(value)}")
+    return tuple(value)
+
+
+def triple(value, name: str) -> tuple[int, int, int]:
+    """stride or dilation: an int or 1 or 3 ints, each at least 1."""
+    values = _int_tuple(value, name, (1, 3))
+    if len(values) == 1:
+        values = values * 3
+    if any(v < 1 for v in values):
+        raise ValueError(f"{name} must be >= 1 in every dimension, got {values}")
+    return values
+
+
+def resolve_padding(padding, kernel, stride, dilation) -> tuple[int, int, int, int, int, int]:
+    """padding as an int, 1, 3 or 6 ints, 'valid' or 'same' -> (d_front, d_back, h_top, h_bottom, w_left, w_right)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0,) * 6
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"padding='same' is not supported for strided convolutions, got stride {stride}")
+            pads = []
+            for k, d in zip(kernel, dilation, strict=True):
+                total = d * (k - 1)
+                # torch puts the odd element of an even kernel's padding at the back, so do we.
+                pads += [total // 2, total - total // 2]
+            return tuple(pads)
+        raise ValueError(f"padding must be 'same', 'valid', an int or 1, 3 or 6 ints, got {padding!r}")
+    values = _int_tuple(padding, "padding", (1, 3, 6))
+    if any(v < 0 for v in values):
+        raise ValueError(f"padding must be non-negative, got {values}")
+    if len(values) == 1:
+        return values * 6
+    if len(values) == 3:
+        return (values[0], values[0], values[1], values[1], values[2], values[2])
+    return values
+
+
+def check_tensors(**tensors) -> None:
+    """Each named argument is a tensor (or None) of a supported dtype, all of one dtype and on one device."""
+    present = [(name, t) for name, t in tensors.items() if t is not None]
+    for name, t in present:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; tconv3d supports float16, bfloat16 and float32")
+    first_name, first = present[0]
+    for name, t in present[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} does not match {first_name} dtype {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; put them on one device")
+
+
+def conv_geometry(input_shape, weight_shape, stride, padding, dilation) -> ConvGeometry:
+    """Check the shapes and convolution arguments of one conv3d and return its geometry."""
+    if len(input_shape) != 5:
+        raise ValueError(f"input must be 5-D (N, C, D, H, W), got {len(input_shape)}-D with shape {tuple(input_shape)}")
+    if len(weight_shape) != 5:
+        raise ValueError(
+            f"weight must be 5-D (Cout, Cin, kd, kh, kw), got {len(weight_shape)}-D with shape {tuple(weight_shape)}"
+        )
+    batch, in_channels, *in_size = input_shape
+    out_channels, weight_in_channels, *kernel = weight_shape
+    if weight_in_channels != in_channels:
+        raise ValueError(
+            f"channel mismatch: input has {in_channels} channels but weight expects {weight_in_channels} "
+            f"(weight shape {tuple(weight_shape)})"
+        )
+    if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel):
+        raise ValueError(f"weight must have no zero-sized dimension, got shape {tuple(weight_shape)}")
+    stride = triple(stride, "stride")
+    dilation = triple(dilation, "dilation")
+    padding = resolve_padding(padding, kernel, stride, dilation)
+    out_size = []
+    for dim, (size, k, s, d) in enumerate(zip(in_size, kernel, stride, dilation, strict=True)):
+        padded = size + padding[2 * dim] + padding[2 * dim + 1]
+        span = d * (k - 1) + 1
+        if padded < span:
+            raise ValueError(
+                f"input is smaller than the dilated kernel in dimension {'DHW'[dim]}: padded size {padded} "
+                f"< dilated kernel size {span} (input {tuple(in_size)}, kernel {tuple(kernel)}, "
+                f"dilation {dilation}, padding {padding})"
+            )
+        out_size.append((padded - span) // s + 1)
+    return ConvGeometry(
+        batch=batch,
+        in_channels=in_channels,
+        out_channels=out_channels,
+        in_size=tuple(in_size),
+        kernel=tuple(kernel),
+        out_size=tuple(out_size),
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+    )
+
+
+def check_conv3d(input, weight, bias, stride, padding, dilation, groups) -> ConvGeometry:
+    """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
+    naming the problem, so no bad argument ever reaches a kernel."""
+    check_tensors(input=input, weight=weight, bias=bias)
+    if isinstance(groups, bool) or not isinstance(groups, (int, torch.SymInt)):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups != 1:
+        raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
+    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation)
+    if bias is not None and tuple(bias.shape) != (geom.out_channels,):
+        raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
+    return geom

@@ -1,0 +1,61 @@
+"""Pieces the three kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
+
+import torch
+import triton
+import triton.language as tl
+
+from . import settings
+
+
+@triton.jit
+def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Map a linear program id to a (row tile, column tile) pair, walking GROUP_M row tiles per column sweep so
+    neighbouring programs share input rows and weight columns in L2."""
+    per_group = GROUP_M * num_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def split_voxel(offs, D, H, W):
+    """Linear voxel index over (N, D, H, W) -> its four coordinates."""
+    w = offs % W
+    rest = offs // W
+    h = rest % H
+    rest = rest // H
+    d = rest % D
+    n = rest // D
+    return n, d, h, w
+
+
+@triton.jit
+def mma(acc, a, b, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += a @ b in fp32. UPCAST is set only under the Triton interpreter, whose tl.dot multiplies the raw
+    bit patterns of bf16 operands."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc=acc, input_precision=INPUT_PRECISION)
+
+
+def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
+    """(UPCAST, INPUT_PRECISION) for tl.dot on operands of `dtype`. fp32 uses TF32 exactly when cuDNN would."""
+    upcast = settings.INTERPRET and dtype == torch.bfloat16
+    tf32 = dtype == torch.float32 and torch.backends.cudnn.allow_tf32 and not settings.INTERPRET
+    return upcast, "tf32" if tf32 else "ieee"
+
+
+def ndhwc(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when its channels (dim 1) are contiguous, as in channels_last_3d or a view of it; otherwise a
+    channels_last_3d copy. The kernels take any other strides as they come."""
+    if t.stride(1) == 1 or t.shape[1] == 1:
+        return t
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)
