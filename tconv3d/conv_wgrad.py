@@ -1,0 +1,120 @@
+"""Conv3d weight gradient: a split-K implicit-GEMM Triton kernel on NDHWC tensors, a deterministic reduction of
+the splits, and their launcher."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import pick_config
+from .geometry import ConvGeometry
+from .kernel_utils import dot_flags, mma, ndhwc, split_voxel
+
+
+@triton.jit
+def _conv3d_wgrad_kernel(
+    # pointers
+    go_ptr, x_ptr, out_ptr,
+    # sizes
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, SPLIT_ROWS,
+    # strides, in elements: go and x in logical (N, C, D, H, W) order; out is [split, Cout, tap, Cin]
+    stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_os, stride_oo, stride_ot, stride_oi,
+    # convolution geometry (front padding)
+    STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    # meta-parameters
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """gw[co, tap, ci] = sum over output voxels m of go[m, co] * x[voxel(m) + tap, ci].
+
+    GEMM view, one per tap: M = Cout rows, N = Cin columns, K = N*Do*Ho*Wo output voxels. K is huge and the
+    output small, so grid axis 1 splits K into SPLIT_ROWS-long slices, each writing its own fp32 partial sum;
+    a second pass adds them in a fixed order, so the result is the same bit for bit on every run.
+    """
+    taps: tl.constexpr = KD * KH * KW
+    pid = tl.program_id(0)
+    tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
+    tile = pid // taps
+    num_n = tl.cdiv(C_IN, BLOCK_N)
+    pid_m = tile // num_n
+    pid_n = tile % num_n
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
+    mask_m = offs_m < C_OUT
+    mask_n = offs_n < C_IN
+    row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
+    row_end = tl.minimum(row_start + SPLIT_ROWS, M)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(row_start, row_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K] output voxels
+        mask_k = offs_k < row_end
+        n, od, oh, ow = split_voxel(offs_k, D_OUT, H_OUT, W_OUT)
+        id_ = od * STRIDE_D - PAD_D + kd * DIL_D
+        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+        iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+        mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+        g_rows = n * stride_gn + od * stride_gd + oh * stride_gh + ow * stride_gw  # [BLOCK_K]
+        g_ptrs = go_ptr + g_rows[None, :] + offs_m[:, None] * stride_gc  # [BLOCK_M, BLOCK_K]
+        a = tl.load(g_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        x_rows = n * stride_xn + id_ * stride_xd + ih * stride_xh + iw * stride_xw  # [BLOCK_K]
+        x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
+        b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
+        acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
+
+    out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
+                + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr):
+    """out[i] = sum over s of partial[s, i], always in the order s = 0, 1, ...: deterministic, no atomics."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < NUMEL
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLITS):
+        total += tl.load(partial_ptr + s * NUMEL + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def conv3d_wgrad(grad_out: torch.Tensor, x: torch.Tensor, geom: ConvGeometry) -> torch.Tensor:
+    """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin)."""
+    c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
+    # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
+    grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
+    grad_w_logical = grad_w.view(c_out, *geom.kernel, c_in).permute(0, 4, 1, 2, 3)
+    rows = geom.output_voxels
+    if rows == 0:
+        return grad_w_logical.zero_()
+    grad_out, x = ndhwc(grad_out), ndhwc(x)
+    cfg = pick_config("wgrad", geom, x.dtype, x.device)
+    upcast, precision = dot_flags(x.dtype)
+    split_rows = triton.cdiv(triton.cdiv(rows, cfg.split_k), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(rows, split_rows)
+    # One split writes the result directly; several write fp32 partial sums that _sum_splits_kernel adds.
+    if splits == 1:
+        out = grad_w[None]
+    else:
+        out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(c_out, cfg.block_m) * triton.cdiv(c_in, cfg.block_n) * taps, splits)
+    _conv3d_wgrad_kernel[grid](
+        grad_out, x, out,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, split_rows,
+        *grad_out.stride(), *x.stride(), *out.stride(),
+        *geom.stride, *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(grad_w.numel(), block),)](out, grad_w, grad_w.numel(), splits, BLOCK=block)
+    return grad_w_logical
