@@ -1,0 +1,90 @@
+"""Shared test pieces: the case matrix and small helpers. The reference and tolerances live in tconv3d.testing."""
+
+from dataclasses import dataclass
+
+import torch
+
+import tconv3d
+from tconv3d.geometry import triple
+from tconv3d.testing import reference_conv3d
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def leaf_copy(t: torch.Tensor) -> torch.Tensor:
+    """A detached copy of `t` that collects its own gradient."""
+    return t.detach().clone().requires_grad_()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    cin: int
+    cout: int
+    size: tuple
+    kernel: object
+    stride: object = 1
+    padding: object = 0
+    dilation: object = 1
+
+    def input(self, dtype, device, memory_format=torch.channels_last_3d):
+        x = torch.randn(self.batch, self.cin, *self.size, device=device).to(dtype)
+        return x.contiguous(memory_format=memory_format)
+
+    def weight(self, dtype, device):
+        kernel = triple(self.kernel, "kernel")
+        fan_in = self.cin * kernel[0] * kernel[1] * kernel[2]
+        w = torch.randn(self.cout, self.cin, *kernel, device=device) / fan_in**0.5
+        return w.to(dtype).contiguous(memory_format=torch.channels_last_3d)
+
+    def bias(self, dtype, device):
+        return torch.randn(self.cout, device=device).to(dtype)
+
+
+# Odd sizes on purpose: channels 3 and 17, spatial sizes that no tile divides.
+CASES = [
+    Case("odd_channels_3x3x3", 2, 3, 17, (5, 7, 9), 3, padding=1),
+    Case("cin17", 1, 17, 5, (5, 6, 7), 3, padding=1),
+    Case("stride2", 2, 4, 6, (7, 6, 9), 3, stride=2, padding=1),
+    Case("stride_1_2_2", 1, 5, 8, (5, 9, 8), 3, stride=(1, 2, 2), padding=1),
+    Case("dilation2", 1, 4, 5, (7, 7, 8), 3, padding=2, dilation=2),
+    Case("kernel_1x3x3", 2, 6, 7, (4, 9, 7), (1, 3, 3), padding=(0, 1, 1)),
+    Case("kernel_3x1x1", 1, 6, 5, (7, 5, 6), (3, 1, 1), padding=(1, 0, 0)),
+    Case("kernel_1x1x1", 2, 9, 12, (3, 5, 7), 1),
+    Case("causal_6pad", 1, 5, 6, (5, 6, 7), 3, padding=(2, 0, 1, 1, 1, 1)),
+    Case("same_even_kernel", 1, 3, 4, (5, 6, 7), (2, 3, 4), padding="same"),
+    Case("valid", 1, 4, 3, (5, 6, 7), 3, padding="valid"),
+    Case("kernel_7x2x5", 1, 2, 3, (8, 5, 9), (7, 2, 5), padding=(3, 0, 2)),
+    Case("mixed_stride_dilation_asym", 1, 3, 5, (9, 8, 10), (2, 3, 4), (2, 3, 2), (0, 1, 2, 0, 1, 3), (2, 1, 1)),
+]
+
+
+def case_reference(x, w, b, case: Case) -> torch.Tensor:
+    return reference_conv3d(x, w, b, case.stride, case.padding, case.dilation)
+
+
+def poison_aten_convolution(monkeypatch):
+    """Make every aten convolution entry (and tconv3d's aten fallback) raise."""
+
+    def poisoned(*args, **kwargs):
+        raise AssertionError("aten convolution was called")
+
+    for name in ("conv3d", "convolution"):
+        monkeypatch.setattr(torch.nn.functional, name, poisoned, raising=False)
+    for name in ("conv3d_input", "conv3d_weight"):
+        monkeypatch.setattr(torch.nn.grad, name, poisoned)
+    for name in ("conv3d_fwd", "conv3d_dgrad", "conv3d_wgrad"):
+        monkeypatch.setattr(tconv3d.aten, name, poisoned)
+
+
+def count_launches(monkeypatch, launcher: str) -> list:
+    """Wrap one of tconv3d.ops' Triton launchers; the returned list grows by one per launch."""
+    launches = []
+    real = getattr(tconv3d.ops, launcher)
+    monkeypatch.setattr(tconv3d.ops, launcher, lambda *args: launches.append(launcher) or real(*args))
+    return launches

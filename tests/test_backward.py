@@ -1,0 +1,129 @@
+"""Input, weight and bias gradients against float64 autograd of F.conv3d, determinism, and double backward."""
+
+import pytest
+import torch
+from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_id, leaf_copy, poison_aten_convolution
+
+import tconv3d
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+
+
+def tconv3d_and_reference_grads(case: Case, dtype, device, memory_format=CL, bias=True):
+    """(tconv3d's grads, float64 reference grads) of (x, w, b) under one random upstream gradient."""
+    x = leaf_copy(case.input(dtype, device, memory_format))
+    w = leaf_copy(case.weight(dtype, device))
+    b = leaf_copy(case.bias(dtype, device)) if bias else None
+    x64, w64 = leaf_copy(x.double()), leaf_copy(w.double())
+    b64 = leaf_copy(b.double()) if bias else None
+    ref = case_reference(x64, w64, b64, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    y.backward(grad_out.to(dtype))
+    ours = [x.grad, w.grad] + ([b.grad] if bias else [])
+    expected = [x64.grad, w64.grad] + ([b64.grad] if bias else [])
+    return ours, expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gradients_match_float64_reference(case, dtype, device):
+    (gx, gw, gb), (ex, ew, eb) = tconv3d_and_reference_grads(case, dtype, device)
+    for name, ours, expected in (("input", gx, ex), ("weight", gw, ew), ("bias", gb, eb)):
+        assert ours.dtype == dtype, name
+        assert ours.shape == expected.shape, name
+        assert rel_l2(ours, expected) < TOLERANCE[dtype], name
+    assert gx.is_contiguous(memory_format=CL)
+    assert gw.is_contiguous(memory_format=CL)  # the weight was channels_last_3d: so is its gradient
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gradients_of_ncdhw_input_and_weight(dtype, device):
+    case = CASES[2]  # stride 2
+    x = leaf_copy(case.input(dtype, device, torch.contiguous_format))
+    w = leaf_copy(case.weight(dtype, device).contiguous())
+    x64, w64 = leaf_copy(x.double()), leaf_copy(w.double())
+    ref = case_reference(x64, w64, None, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    tconv3d.conv3d(x, w, None, case.stride, case.padding).backward(grad_out.to(dtype))
+    assert rel_l2(x.grad, x64.grad) < TOLERANCE[dtype]
+    assert rel_l2(w.grad, w64.grad) < TOLERANCE[dtype]
+    assert w.grad.is_contiguous()  # gradient in the weight's own memory format
+
+
+def test_triton_backward_kernels_ran_not_aten(monkeypatch, device):
+    case = CASES[2]
+    x, w = leaf_copy(case.input(torch.float32, device)), leaf_copy(case.weight(torch.float32, device))
+    x64, w64 = leaf_copy(x.double()), leaf_copy(w.double())
+    ref = case_reference(x64, w64, None, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    poison_aten_convolution(monkeypatch)
+    dgrad_launches = count_launches(monkeypatch, "conv3d_dgrad")
+    wgrad_launches = count_launches(monkeypatch, "conv3d_wgrad")
+    tconv3d.conv3d(x, w, None, case.stride, case.padding).backward(grad_out.float())
+    assert dgrad_launches == ["conv3d_dgrad"] and wgrad_launches == ["conv3d_wgrad"]
+    assert rel_l2(x.grad, x64.grad) < TOLERANCE[torch.float32]
+    assert rel_l2(w.grad, w64.grad) < TOLERANCE[torch.float32]
+
+
+def test_only_needed_gradients_are_computed(monkeypatch, device):
+    case = CASES[0]
+    x = case.input(torch.float32, device)  # no grad wanted for the input
+    w = leaf_copy(case.weight(torch.float32, device))
+    dgrad_launches = count_launches(monkeypatch, "conv3d_dgrad")
+    wgrad_launches = count_launches(monkeypatch, "conv3d_wgrad")
+    tconv3d.conv3d(x, w, None, case.stride, case.padding).sum().backward()
+    assert dgrad_launches == [] and wgrad_launches == ["conv3d_wgrad"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_gradients_are_bitwise_deterministic(dtype, device):
+    case = Case("determinism", 2, 24, 20, (6, 7, 8), 3, stride=(1, 2, 1), padding=(2, 0, 1, 1, 1, 1))
+    x, w = case.input(dtype, device), case.weight(dtype, device)
+    geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, 1, 1)
+    grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
+    conv_args = list(geom.stride), list(geom.padding), list(geom.dilation)
+    wgrads = [torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, list(w.shape), *conv_args) for _ in range(3)]
+    dgrads = [torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), *conv_args) for _ in range(3)]
+    assert tconv3d.configs.pick_config("wgrad", geom, dtype, x.device).split_k > 1  # the split-K path ran
+    assert all(torch.equal(wgrads[0], g) for g in wgrads[1:])
+    assert all(torch.equal(dgrads[0], g) for g in dgrads[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_many_tiles_and_splits(small_tiles, dtype, device):
+    case = Case("many_tiles", 1, 33, 20, (3, 6, 7), (2, 1, 3), stride=(1, 2, 1), padding=(1, 0, 1, 1, 2, 0))
+    grads, expected = tconv3d_and_reference_grads(case, dtype, device)
+    for ours, ref in zip(grads, expected, strict=True):
+        assert rel_l2(ours, ref) < TOLERANCE[dtype]
+
+
+def test_empty_batch_gradients(device):
+    x = leaf_copy(torch.randn(0, 3, 4, 5, 6, device=device))
+    w = leaf_copy(torch.randn(5, 3, 3, 3, 3, device=device))
+    tconv3d.conv3d(x, w, padding=1).sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_double_backward_matches_float64(device):
+    """Second derivatives through the gradient ops' own autograd, against float64 F.conv3d."""
+    case = Case("double_backward", 1, 3, 4, (4, 5, 6), 3, stride=(1, 2, 1), padding=(1, 0, 1, 1, 0, 2))
+
+    def second_order(conv, x, w):
+        y = conv(x, w)
+        grad_out = torch.ones_like(y).cumsum(-1) / y.shape[-1]  # fixed, so both sides see the same one
+        gx, gw = torch.autograd.grad((y * grad_out).sum(), (x, w), create_graph=True)
+        u = torch.linspace(-1, 1, gx.numel(), dtype=gx.dtype, device=gx.device).view_as(gx)
+        v = torch.linspace(1, -1, gw.numel(), dtype=gw.dtype, device=gw.device).view_as(gw)
+        return torch.autograd.grad((gx * u).sum() + (gw.square() * v).sum(), (x, w))
+
+    x, w = leaf_copy(case.input(torch.float32, device)), leaf_copy(case.weight(torch.float32, device))
+    ours = second_order(lambda a, b: tconv3d.conv3d(a, b, None, case.stride, case.padding), x, w)
+    expected = second_order(lambda a, b: case_reference(a, b, None, case), leaf_copy(x.double()), leaf_copy(w.double()))
+    for a, e in zip(ours, expected, strict=True):
+        assert rel_l2(a, e) < TOLERANCE[torch.float32]

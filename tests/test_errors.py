@@ -1,0 +1,142 @@
+"""Every bad input a user can pass gets a clear Python exception, before any kernel launches."""
+
+import pytest
+import torch
+
+import tconv3d
+
+
+def args(device, **overrides):
+    call = dict(
+        input=torch.randn(1, 4, 5, 6, 7, device=device),
+        weight=torch.randn(8, 4, 3, 3, 3, device=device),
+        bias=torch.randn(8, device=device),
+        stride=1,
+        padding=1,
+        dilation=1,
+        groups=1,
+    )
+    call.update(overrides)
+    return call
+
+
+BAD_INPUTS = [
+    ("input_4d", lambda d: args(d, input=torch.randn(4, 5, 6, 7, device=d)), ValueError, "input must be 5-D"),
+    ("weight_4d", lambda d: args(d, weight=torch.randn(8, 4, 3, 3, device=d)), ValueError, "weight must be 5-D"),
+    (
+        "channel_mismatch",
+        lambda d: args(d, weight=torch.randn(8, 5, 3, 3, 3, device=d)),
+        ValueError,
+        "channel mismatch",
+    ),
+    (
+        "weight_dtype_mismatch",
+        lambda d: args(d, weight=torch.randn(8, 4, 3, 3, 3, device=d, dtype=torch.float16)),
+        TypeError,
+        "weight dtype torch.float16 does not match input dtype torch.float32",
+    ),
+    (
+        "bias_dtype_mismatch",
+        lambda d: args(d, bias=torch.randn(8, device=d, dtype=torch.bfloat16)),
+        TypeError,
+        "bias dtype",
+    ),
+    ("bias_shape", lambda d: args(d, bias=torch.randn(7, device=d)), ValueError, "bias must have shape (8,)"),
+    ("bias_2d", lambda d: args(d, bias=torch.randn(8, 1, device=d)), ValueError, "bias must have shape"),
+    ("stride_zero", lambda d: args(d, stride=0), ValueError, "stride must be >= 1"),
+    ("stride_negative", lambda d: args(d, stride=(1, -1, 1)), ValueError, "stride must be >= 1"),
+    ("dilation_zero", lambda d: args(d, dilation=(1, 1, 0)), ValueError, "dilation must be >= 1"),
+    ("padding_negative", lambda d: args(d, padding=(1, -1, 1)), ValueError, "padding must be non-negative"),
+    ("padding_length_2", lambda d: args(d, padding=(1, 1)), ValueError, "padding must have 1, 3, 6 values"),
+    ("padding_length_4", lambda d: args(d, padding=(1, 1, 1, 1)), ValueError, "padding must have 1, 3, 6 values"),
+    ("padding_bad_string", lambda d: args(d, padding="full"), ValueError, "padding must be 'same', 'valid'"),
+    ("same_with_stride", lambda d: args(d, padding="same", stride=2), ValueError, "not supported for strided"),
+    ("stride_length_2", lambda d: args(d, stride=(1, 2)), ValueError, "stride must have 1, 3 values"),
+    ("stride_float", lambda d: args(d, stride=1.5), TypeError, "stride must be an int"),
+    (
+        "input_smaller_than_dilated_kernel",
+        lambda d: args(d, input=torch.randn(1, 4, 5, 3, 7, device=d), padding=0, dilation=2),
+        ValueError,
+        "input is smaller than the dilated kernel in dimension H",
+    ),
+    ("input_not_tensor", lambda d: args(d, input=[[1.0]]), TypeError, "input must be a torch.Tensor, got list"),
+    ("weight_not_tensor", lambda d: args(d, weight=3.0), TypeError, "weight must be a torch.Tensor, got float"),
+    ("bias_not_tensor", lambda d: args(d, bias=[0.0] * 8), TypeError, "bias must be a torch.Tensor"),
+    (
+        "integer_dtype",
+        lambda d: args(
+            d,
+            input=torch.randint(0, 5, (1, 4, 5, 6, 7), device=d),
+            weight=torch.randint(0, 5, (8, 4, 3, 3, 3), device=d),
+            bias=None,
+        ),
+        TypeError,
+        "input has dtype torch.int64; tconv3d supports float16, bfloat16 and float32",
+    ),
+    (
+        "float64",
+        lambda d: args(d, input=torch.randn(1, 4, 5, 6, 7, dtype=torch.float64, device=d)),
+        TypeError,
+        "tconv3d supports float16, bfloat16 and float32",
+    ),
+    ("groups", lambda d: args(d, groups=2), NotImplementedError, "groups=2 is not supported"),
+    (
+        "different_devices",
+        lambda d: args(d, weight=torch.randn(8, 4, 3, 3, 3, device="meta")),
+        ValueError,
+        "weight is on meta but input is on",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make_args", "error", "words"), [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
+def test_functional_rejects(make_args, error, words, device):
+    with pytest.raises(error) as info:
+        tconv3d.conv3d(**make_args(device))
+    assert words in str(info.value)
+
+
+OP_BAD_INPUTS = [b for b in BAD_INPUTS if b[0] not in {"padding_bad_string", "same_with_stride", "stride_float"}]
+OP_BAD_INPUTS = [b for b in OP_BAD_INPUTS if not b[0].endswith("not_tensor")]  # the op schema rejects those itself
+
+
+def _as_op_args(call):
+    def as_list(v):
+        return [v] if isinstance(v, int) else list(v)
+
+    return (
+        call["input"],
+        call["weight"],
+        call["bias"],
+        as_list(call["stride"]),
+        as_list(call["padding"]),
+        as_list(call["dilation"]),
+        call["groups"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("make_args", "error", "words"), [b[1:] for b in OP_BAD_INPUTS], ids=[b[0] for b in OP_BAD_INPUTS]
+)
+def test_op_rejects(make_args, error, words, device):
+    """torch.ops.tconv3d.conv3d is a public entry too: it checks the same things."""
+    with pytest.raises(error) as info:
+        torch.ops.tconv3d.conv3d(*_as_op_args(make_args(device)))
+    assert words in str(info.value)
+
+
+def test_gradient_ops_reject_wrong_grad_output_shape(device):
+    w = torch.randn(8, 4, 3, 3, 3, device=device)
+    go = torch.randn(1, 8, 5, 6, 6, device=device)
+    with pytest.raises(ValueError, match="grad_output has shape"):
+        torch.ops.tconv3d.conv3d_input_grad(go, w, [1, 4, 5, 6, 7], [1, 1, 1], [1, 1, 1], [1, 1, 1])
+    x = torch.randn(1, 4, 5, 6, 7, device=device)
+    with pytest.raises(ValueError, match="grad_output has shape"):
+        torch.ops.tconv3d.conv3d_weight_grad(go, x, [8, 4, 3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1])
+
+
+def test_gradient_ops_reject_dtype_mismatch(device):
+    w = torch.randn(8, 4, 3, 3, 3, device=device)
+    go = torch.randn(1, 8, 5, 6, 7, device=device, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"weight dtype torch\.float32 does not match grad_output dtype"):
+        torch.ops.tconv3d.conv3d_input_grad(go, w, [1, 4, 5, 6, 7], [1, 1, 1], [1, 1, 1], [1, 1, 1])

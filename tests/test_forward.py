@@ -1,0 +1,101 @@
+"""Forward convolution against a float64 reference, on CPU through the Triton interpreter or on CUDA."""
+
+import pytest
+import torch
+from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_id, poison_aten_convolution
+
+import tconv3d
+from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, reference_conv3d, rel_l2
+
+CL = torch.channels_last_3d
+
+
+def run_case(case: Case, dtype, device, bias: bool, memory_format=CL):
+    x = case.input(dtype, device, memory_format)
+    w = case.weight(dtype, device)
+    b = case.bias(dtype, device) if bias else None
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    return y, case_reference(x, w, b, case)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_float64_reference(case, dtype, bias, device):
+    y, ref = run_case(case, dtype, device, bias)
+    assert y.shape == ref.shape
+    assert y.dtype == dtype
+    assert y.is_contiguous(memory_format=CL)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_ncdhw_input_gives_channels_last_output(dtype, device):
+    y, ref = run_case(CASES[0], dtype, device, bias=True, memory_format=torch.contiguous_format)
+    assert y.is_contiguous(memory_format=CL)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+
+
+def test_non_contiguous_view_is_read_in_place(device):
+    big = torch.randn(2, 6, 9, 10, 11, device=device).contiguous(memory_format=CL)
+    x = big[:, 1:5, 1:8:2, ::2, 2:]  # channels stay unit-stride, everything else is strided
+    assert not x.is_contiguous() and not x.is_contiguous(memory_format=CL)
+    w = torch.randn(3, 4, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    y = tconv3d.conv3d(x, w, None, 1, 1)
+    assert rel_l2(y, reference_conv3d(x, w, None, 1, 1, 1)) < TOLERANCE[torch.float32]
+
+
+def test_weight_in_ncdhw_layout(device):
+    case = CASES[1]
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device).contiguous()
+    y = tconv3d.conv3d(x, w, None, case.stride, case.padding)
+    assert rel_l2(y, case_reference(x, w, None, case)) < TOLERANCE[torch.float32]
+
+
+def test_empty_batch_returns_empty_channels_last(device):
+    x = torch.randn(0, 3, 4, 5, 6, device=device)
+    w = torch.randn(5, 3, 3, 3, 3, device=device)
+    y = tconv3d.conv3d(x, w, padding=1)
+    assert y.shape == (0, 5, 4, 5, 6)
+    assert y.is_contiguous(memory_format=CL)
+
+
+def test_same_padding_keeps_size(device):
+    x = torch.randn(1, 2, 5, 6, 7, device=device)
+    w = torch.randn(3, 2, 4, 3, 2, device=device)
+    y = tconv3d.conv3d(x, w, padding="same")
+    assert y.shape[2:] == x.shape[2:]
+    expected = torch.nn.functional.conv3d(x.double(), w.double(), padding="same")
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+
+
+def test_fp32_uses_tf32_exactly_when_cudnn_allows_it(device):
+    case = Case("tf32", 1, 32, 32, (4, 5, 6), 3, padding=1)
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
+    ref = case_reference(x, w, None, case)
+    torch.backends.cudnn.allow_tf32 = True
+    err_tf32 = rel_l2(tconv3d.conv3d(x, w, None, 1, 1), ref)
+    torch.backends.cudnn.allow_tf32 = False
+    err_ieee = rel_l2(tconv3d.conv3d(x, w, None, 1, 1), ref)
+    assert err_ieee < TOLERANCE[torch.float32]
+    assert err_tf32 < TF32_TOLERANCE
+    if device == "cuda":  # the interpreter has no TF32; on a GPU it must show in the error
+        assert err_tf32 > 10 * err_ieee
+
+
+def test_triton_kernel_ran_not_aten(monkeypatch, device):
+    case = CASES[0]
+    x, w, b = case.input(torch.float32, device), case.weight(torch.float32, device), case.bias(torch.float32, device)
+    ref = case_reference(x, w, b, case)
+    poison_aten_convolution(monkeypatch)
+    launches = count_launches(monkeypatch, "conv3d_fwd")
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding)
+    assert launches == ["conv3d_fwd"]
+    assert rel_l2(y, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_many_tiles(small_tiles, dtype, device):
+    case = Case("many_tiles", 1, 33, 40, (3, 6, 7), (2, 1, 3), stride=(1, 2, 1), padding=(1, 0, 1, 1, 2, 0))
+    y, ref = run_case(case, dtype, device, bias=True)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]

@@ -1,0 +1,72 @@
+"""The torch.library ops: opcheck, fake strides, and the aten path CPU tensors take without the interpreter."""
+
+import pytest
+import torch
+from helpers import CASES, case_reference, leaf_copy
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+CONV_ARGS = ([1, 2, 1], [1, 0, 1, 1, 0, 2], [1, 1, 2])  # stride, 6-value padding, dilation
+
+
+def small_problem(device, requires_grad=True):
+    x = torch.randn(1, 3, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_(requires_grad)
+    w = torch.randn(2, 3, 2, 2, 3, device=device).contiguous(memory_format=CL).requires_grad_(requires_grad)
+    b = torch.randn(2, device=device).requires_grad_(requires_grad)
+    return x, w, b
+
+
+def test_opcheck_conv3d(device):
+    x, w, b = small_problem(device)
+    torch.library.opcheck(torch.ops.tconv3d.conv3d.default, (x, w, b, *CONV_ARGS, 1))
+    torch.library.opcheck(
+        torch.ops.tconv3d.conv3d.default, (x.detach(), w.detach(), None, [1, 1, 1], [1, 1, 1], [1] * 3, 1)
+    )
+
+
+def test_opcheck_gradient_ops(device):
+    x, w, _ = small_problem(device)
+    y = torch.ops.tconv3d.conv3d(x.detach(), w.detach(), None, *CONV_ARGS, 1)
+    grad_out = torch.randn_like(y).requires_grad_()
+    torch.library.opcheck(torch.ops.tconv3d.conv3d_input_grad.default, (grad_out, w, list(x.shape), *CONV_ARGS))
+    torch.library.opcheck(torch.ops.tconv3d.conv3d_weight_grad.default, (grad_out, x, list(w.shape), *CONV_ARGS))
+
+
+def test_fake_outputs_are_channels_last():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 8, 9, 10).contiguous(memory_format=CL)
+        w = torch.empty(5, 3, 3, 3, 3)
+        y = torch.ops.tconv3d.conv3d(x, w, None, [1, 1, 1], [2, 0, 1, 1, 1, 1], [1, 1, 1], 1)
+        assert y.shape == (2, 5, 8, 9, 10) and y.is_contiguous(memory_format=CL)
+        gi = torch.ops.tconv3d.conv3d_input_grad(y, w, list(x.shape), [1, 1, 1], [2, 0, 1, 1, 1, 1], [1, 1, 1])
+        assert gi.shape == x.shape and gi.is_contiguous(memory_format=CL)
+        gw = torch.ops.tconv3d.conv3d_weight_grad(y, x, list(w.shape), [1, 1, 1], [2, 0, 1, 1, 1, 1], [1, 1, 1])
+        assert gw.shape == w.shape and gw.is_contiguous(memory_format=CL)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the aten path is what CPU tensors take without the interpreter")
+def test_cpu_aten_path_matches_reference(monkeypatch):
+    """Without TRITON_INTERPRET, CPU tensors run torch's conv3d: same results, same layouts, any padding."""
+    monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+    launched = []
+    for launcher in ("conv3d_fwd", "conv3d_dgrad", "conv3d_wgrad"):
+        monkeypatch.setattr(tconv3d.ops, launcher, lambda *a, name=launcher: launched.append(name))
+    case = CASES[-1]  # asymmetric padding, stride and dilation
+    x, w, b = (leaf_copy(t) for t in (case.input(torch.float32, "cpu"), case.weight(torch.float32, "cpu"),
+                                       case.bias(torch.float32, "cpu")))  # fmt: skip
+    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
+    ref = case_reference(x64, w64, b64, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    y.backward(grad_out.float())
+    assert launched == []
+    assert y.is_contiguous(memory_format=CL)
+    assert rel_l2(y, ref) < TOLERANCE[torch.float32]
+    for ours, expected in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert rel_l2(ours, expected) < TOLERANCE[torch.float32]
