@@ -3,10 +3,10 @@
 Importing the package registers torch.ops.tconv3d.conv3d and its gradient ops.
 """
 
-from . import ops  # registers the torch.library ops
+from . import nn, ops  # ops registers the torch.library ops
 from .functional import conv3d
 from .settings import CPU_BACKEND, INTERPRET
 
 __version__ = "0.1.0"
 
-__all__ = ["CPU_BACKEND", "INTERPRET", "__version__", "conv3d", "ops"]
+__all__ = ["CPU_BACKEND", "INTERPRET", "__version__", "conv3d", "nn", "ops"]

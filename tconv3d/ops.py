@@ -189,3 +189,28 @@ def _weight_grad_backward(ctx, grad_grad_weight):
 
 
 conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# autocast: conv3d runs in the autocast dtype, as aten's conv3d does (torch.library.register_autocast would pin
+# one dtype at registration; this follows the region's, bf16 or fp16).
+
+
+def _cast_for_autocast(value, device_type: str, dtype: torch.dtype):
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type == device_type:
+        return value if value.dtype == torch.float64 else value.to(dtype)
+    return value
+
+
+def _autocast_conv3d(device_type: str):
+    def kernel(_dispatch_keys, *args):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return torch.ops.tconv3d.conv3d.default(*(_cast_for_autocast(a, device_type, dtype) for a in args))
+
+    return kernel
+
+
+_autocast_lib = torch.library.Library("tconv3d", "IMPL")
+for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
+    _autocast_lib.impl("conv3d", _autocast_conv3d(_device_type), _dispatch_key, with_keyset=True)
