@@ -1,0 +1,135 @@
+"""tconv3d.nn.Conv3d, tconv3d.nn.convert and autocast."""
+
+import logging
+
+import pytest
+import torch
+from helpers import count_launches
+from torch import nn
+
+import tconv3d
+from tconv3d.testing import TOLERANCE, reference_conv3d, rel_l2
+
+CL = torch.channels_last_3d
+
+
+def stock_and_tconv3d(*args, **kwargs):
+    """A stock nn.Conv3d and a tconv3d.nn.Conv3d with the same arguments and the same parameter values."""
+    stock = nn.Conv3d(*args, **kwargs)
+    ours = tconv3d.nn.Conv3d(*args, **kwargs)
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+def test_module_mirrors_nn_conv3d(device):
+    stock, ours = stock_and_tconv3d(5, 7, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), bias=True)
+    stock, ours = stock.to(device), ours.to(device)
+    assert isinstance(ours, nn.Conv3d)
+    assert repr(ours) == repr(stock)
+    assert list(ours.state_dict()) == list(stock.state_dict())
+    assert all(a.shape == b.shape for a, b in zip(ours.state_dict().values(), stock.state_dict().values(), strict=True))
+    assert ours.weight.is_contiguous(memory_format=CL)
+    x = torch.randn(2, 5, 3, 9, 8, device=device)
+    assert rel_l2(ours(x), stock(x).detach()) < TOLERANCE[torch.float32]
+
+
+def test_weight_stays_channels_last_without_per_call_copies(device):
+    conv = tconv3d.nn.Conv3d(4, 6, 3, padding=1).to(device)
+    weight = conv.weight
+    storage = weight.data_ptr()
+    x = torch.randn(1, 4, 4, 5, 6, device=device)
+    conv(x)
+    conv(x)
+    assert conv.weight is weight and weight.data_ptr() == storage  # nothing re-laid it out
+    # load_state_dict from an NCDHW state copies into the same channels_last_3d Parameter.
+    conv.load_state_dict({"weight": torch.randn(6, 4, 3, 3, 3, device=device), "bias": torch.randn(6, device=device)})
+    assert conv.weight is weight and weight.is_contiguous(memory_format=CL)
+    # Something that swaps the storage for an NCDHW one: converted again, once, on the same Parameter.
+    weight.data = weight.data.contiguous()
+    conv(x)
+    assert conv.weight is weight and weight.is_contiguous(memory_format=CL)
+    conv.half()
+    assert conv.weight is weight and weight.dtype == torch.float16 and weight.is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate", "circular"])
+def test_padding_modes_match_nn_conv3d(padding_mode, device):
+    stock, ours = stock_and_tconv3d(3, 4, 3, padding=(1, 2, 1), padding_mode=padding_mode)
+    stock, ours = stock.to(device), ours.to(device)
+    x = torch.randn(1, 3, 4, 5, 6, device=device)
+    assert rel_l2(ours(x), stock(x).detach()) < TOLERANCE[torch.float32]
+
+
+def test_same_padding_module(device):
+    stock, ours = stock_and_tconv3d(3, 4, (2, 3, 4), padding="same")
+    x = torch.randn(1, 3, 4, 5, 6, device=device)
+    assert rel_l2(ours.to(device)(x), stock.to(device)(x).detach()) < TOLERANCE[torch.float32]
+
+
+def test_module_rejects_groups():
+    with pytest.raises(NotImplementedError, match="groups=2"):
+        tconv3d.nn.Conv3d(4, 4, 3, groups=2)
+
+
+class _CustomConv(nn.Conv3d):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_convert_swaps_in_place_and_keeps_parameters(device, caplog):
+    model = nn.Sequential(
+        nn.Conv3d(3, 8, 3, padding=1),
+        nn.SiLU(),
+        nn.Sequential(nn.Conv3d(8, 8, 3, padding=1, groups=2), nn.Conv3d(8, 8, 1)),
+        _CustomConv(8, 4, 3, padding=1),
+    ).to(device)
+    x = torch.randn(1, 3, 4, 5, 6, device=device)
+    before = model(x).detach()
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = model[0]
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        assert tconv3d.nn.convert(model) is model
+    assert model[0] is first and type(first) is tconv3d.nn.Conv3d
+    assert type(model[2][1]) is tconv3d.nn.Conv3d
+    assert type(model[2][0]) is nn.Conv3d and type(model[3]) is _CustomConv
+    assert "2.0" in caplog.text and "groups=2" in caplog.text
+    assert "3" in caplog.text and "_CustomConv" in caplog.text
+    assert all(a is b for a, b in zip(params, model.parameters(), strict=True))
+    assert rel_l2(model(x), before) < TOLERANCE[torch.float32]
+    # The optimizer built before the swap still trains the swapped layers.
+    weight_before = first.weight.detach().clone()
+    model(x).square().mean().backward()
+    optimizer.step()
+    assert not torch.equal(first.weight.detach(), weight_before)
+
+
+def test_convert_filter_chooses_layers(device):
+    model = nn.Sequential(nn.Conv3d(3, 4, 1), nn.Conv3d(4, 4, 1)).to(device)
+    tconv3d.nn.convert(model, filter=lambda name, module: name != "1")
+    assert type(model[0]) is tconv3d.nn.Conv3d and type(model[1]) is nn.Conv3d
+
+
+def test_convert_patches_nothing_global():
+    tconv3d.nn.convert(nn.Sequential(nn.Conv3d(3, 4, 1)))
+    fresh = nn.Conv3d(3, 4, 1)
+    assert type(fresh) is nn.Conv3d and nn.Conv3d.forward is not tconv3d.nn.Conv3d.forward
+    assert torch.nn.functional.conv3d is not tconv3d.conv3d
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_runs_triton_kernel_in_autocast_dtype(dtype, device, monkeypatch):
+    if device == "cpu" and dtype == torch.float16 and not torch.amp.autocast_mode.is_autocast_available("cpu"):
+        pytest.skip("no CPU autocast")
+    conv = tconv3d.nn.Conv3d(4, 6, 3, padding=1).to(device)
+    x = torch.randn(1, 4, 4, 5, 6, device=device)
+    launches = count_launches(monkeypatch, "conv3d_fwd")
+    with torch.autocast(device, dtype=dtype):
+        y = conv(x)
+    assert y.dtype == dtype
+    assert launches == ["conv3d_fwd"]
+    expected = reference_conv3d(x.to(dtype), conv.weight.to(dtype), conv.bias.to(dtype), 1, 1)
+    assert rel_l2(y, expected) < TOLERANCE[dtype]
+    # Gradients flow back to the fp32 parameters through the casts.
+    y.float().sum().backward()
+    assert conv.weight.grad.dtype == torch.float32 and torch.isfinite(conv.weight.grad).all()
