@@ -18,6 +18,8 @@ DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
 # tl.dot needs every tile dimension to be at least 16.
 MIN_TILE = 16
+# Elements per program of the elementwise pass that adds weight-gradient split-K partials.
+SPLIT_SUM_BLOCK = 1024
 
 
 @dataclass(frozen=True)

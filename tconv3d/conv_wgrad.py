@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import pick_config
+from .configs import SPLIT_SUM_BLOCK, pick_config
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, mma, ndhwc, split_voxel
 
@@ -115,6 +115,6 @@ def conv3d_wgrad(grad_out: torch.Tensor, x: torch.Tensor, geom: ConvGeometry) ->
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(grad_w.numel(), block),)](out, grad_w, grad_w.numel(), splits, BLOCK=block)
+        grid = (triton.cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)
+        _sum_splits_kernel[grid](out, grad_w, grad_w.numel(), splits, BLOCK=SPLIT_SUM_BLOCK)
     return grad_w_logical

@@ -43,10 +43,11 @@ def mma(acc, a, b, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
 
 
 def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
-    """(UPCAST, INPUT_PRECISION) for tl.dot on operands of `dtype`. fp32 uses TF32 exactly when cuDNN would."""
+    """(UPCAST, INPUT_PRECISION) for tl.dot on operands of `dtype`. fp32 uses TF32 exactly when cuDNN would;
+    16-bit operands ignore the precision, so they get Triton's default and never risk an IEEE (non-MMA) path."""
     upcast = settings.INTERPRET and dtype == torch.bfloat16
-    tf32 = dtype == torch.float32 and torch.backends.cudnn.allow_tf32 and not settings.INTERPRET
-    return upcast, "tf32" if tf32 else "ieee"
+    exact_fp32 = dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+    return upcast, "ieee" if exact_fp32 else "tf32"
 
 
 def ndhwc(t: torch.Tensor) -> torch.Tensor:

@@ -121,10 +121,11 @@ def _(grad_output, weight, input_size, stride, padding, dilation):
     return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
-def _input_grad_setup_context(ctx, inputs, output):
-    grad_output, weight, _input_size, stride, padding, dilation = inputs
-    ctx.save_for_backward(grad_output, weight)
-    ctx.weight_size = list(weight.shape)
+def _gradient_setup_context(ctx, inputs, output):
+    """Both gradient ops take (grad_output, the other tensor, a size, stride, padding, dilation)."""
+    grad_output, other, _size, stride, padding, dilation = inputs
+    ctx.save_for_backward(grad_output, other)
+    ctx.other_size = list(other.shape)
     ctx.conv_args = (list(stride), list(padding), list(dilation))
 
 
@@ -137,11 +138,11 @@ def _input_grad_backward(ctx, grad_grad_input):
     if ctx.needs_input_grad[0]:
         d_grad_output = torch.ops.tconv3d.conv3d(grad_grad_input, weight, None, stride, padding, dilation, 1)
     if ctx.needs_input_grad[1]:
-        d_weight = torch.ops.tconv3d.conv3d_weight_grad(grad_output, grad_grad_input, ctx.weight_size, *ctx.conv_args)
+        d_weight = torch.ops.tconv3d.conv3d_weight_grad(grad_output, grad_grad_input, ctx.other_size, *ctx.conv_args)
     return d_grad_output, d_weight, None, None, None, None
 
 
-conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_input_grad_setup_context)
+conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_gradient_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,13 +169,6 @@ def _(grad_output, input, weight_size, stride, padding, dilation):
     return empty_ndhwc(geom.weight_shape(), like=input)
 
 
-def _weight_grad_setup_context(ctx, inputs, output):
-    grad_output, input, _weight_size, stride, padding, dilation = inputs
-    ctx.save_for_backward(grad_output, input)
-    ctx.input_size = list(input.shape)
-    ctx.conv_args = (list(stride), list(padding), list(dilation))
-
-
 def _weight_grad_backward(ctx, grad_grad_weight):
     # grad_weight = wgrad(grad_output, input) is bilinear: its adjoint in grad_output is the forward convolution
     # with grad_grad_weight as the weight, in input the input gradient through grad_grad_weight.
@@ -184,11 +178,11 @@ def _weight_grad_backward(ctx, grad_grad_weight):
     if ctx.needs_input_grad[0]:
         d_grad_output = torch.ops.tconv3d.conv3d(input, grad_grad_weight, None, stride, padding, dilation, 1)
     if ctx.needs_input_grad[1]:
-        d_input = torch.ops.tconv3d.conv3d_input_grad(grad_output, grad_grad_weight, ctx.input_size, *ctx.conv_args)
+        d_input = torch.ops.tconv3d.conv3d_input_grad(grad_output, grad_grad_weight, ctx.other_size, *ctx.conv_args)
     return d_grad_output, d_input, None, None, None, None
 
 
-conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup_context)
+conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_gradient_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
