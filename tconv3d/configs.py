@@ -1,13 +1,18 @@
-"""Tilings for the three kernels: the config type and the one function launchers ask for a config.
+"""Tilings for the three kernels: the config type, the search space, the tuning key, and `pick_config`, the one
+function every launcher asks.
 
-Every launch gets its BLOCK sizes, num_warps, num_stages, program-order group and split-K factor from
-`pick_config`; no launcher holds a tile literal. For now the choice is a heuristic; tuned tables replace it.
+Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1)
+a tuning run on first use, else the table's nearest key, else the heuristic. Choices are memoised per problem,
+so after the first call a lookup is one dict probe. No launcher holds a tile literal.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import triton
@@ -15,11 +20,14 @@ import triton
 from .geometry import ConvGeometry
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 # tl.dot needs every tile dimension to be at least 16.
 MIN_TILE = 16
 # Elements per program of the elementwise pass that adds weight-gradient split-K partials.
 SPLIT_SUM_BLOCK = 1024
+# fp32 accumulator registers one thread may hold before the compiler spills.
+MAX_ACC_PER_THREAD = 128
 
 
 @dataclass(frozen=True)
@@ -32,15 +40,44 @@ class KernelConfig:
     group_m: int = 8
     split_k: int = 1
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> KernelConfig:
+        """A config from a table entry; ValueError naming the problem if it is not one the kernels can run."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a config must be an object, got {data!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}")
+        config = cls(**data)
+        for name in names:
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            value = getattr(config, name)
+            if value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if min(config.block_m, config.block_n, config.block_k) < MIN_TILE:
+            raise ValueError(f"every block must be at least {MIN_TILE}, got {config}")
+        if max(config.block_m, config.block_n, config.block_k) > 512 or config.num_warps > 16:
+            raise ValueError(f"blocks above 512 or more than 16 warps are out of range: {config}")
+        if config.num_stages > 8:
+            raise ValueError(f"num_stages must be at most 8, got {config.num_stages}")
+        return config
+
 
 @dataclass(frozen=True)
 class GemmView:
-    """The implicit GEMM a direction computes: rows x cols, reduced over `taps` x `reduce_channels`
-    (or, for wgrad, over `rows` output voxels)."""
+    """The implicit GEMM a direction computes: `rows` x `cols`, reduced over `reduction` per kernel tap
+    (fwd: Cin, dgrad: Cout) or, for wgrad, over all output voxels."""
 
     rows: int
     cols: int
-    reduce_channels: int
+    reduction: int
 
 
 def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
@@ -49,9 +86,159 @@ def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
     if direction == "dgrad":
         return GemmView(geom.input_voxels, geom.in_channels, geom.out_channels)
     if direction == "wgrad":
-        # rows: Cout, cols: Cin (per tap), reduction over every output voxel.
         return GemmView(geom.out_channels, geom.in_channels, geom.output_voxels)
     raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tuning key
+
+
+@dataclass(frozen=True, order=True)
+class TuningKey:
+    """What a tuned config is keyed by: direction, dtype, channels, kernel, stride, dilation and the GEMM size
+    as log2 of the output voxel count N*Do*Ho*Wo, rounded down."""
+
+    direction: str
+    dtype: str
+    cin: int
+    cout: int
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+    log2_voxels: int
+
+    def __str__(self) -> str:
+        def dims(t):
+            return "x".join(str(v) for v in t)
+
+        return (
+            f"{self.direction}/{self.dtype}/cin={self.cin}/cout={self.cout}/k={dims(self.kernel)}"
+            f"/s={dims(self.stride)}/d={dims(self.dilation)}/m=2^{self.log2_voxels}"
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> TuningKey:
+        try:
+            direction, dtype, *named = text.split("/")
+            values = dict(part.split("=", 1) for part in named)
+
+            def dims(name):
+                triple = tuple(int(v) for v in values[name].split("x"))
+                if len(triple) != 3:
+                    raise ValueError(name)
+                return triple
+
+            key = cls(
+                direction=direction,
+                dtype=dtype,
+                cin=int(values["cin"]),
+                cout=int(values["cout"]),
+                kernel=dims("k"),
+                stride=dims("s"),
+                dilation=dims("d"),
+                log2_voxels=int(values["m"].removeprefix("2^")),
+            )
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"malformed tuning key {text!r} ({error})") from None
+        if direction not in DIRECTIONS or dtype not in DTYPE_NAMES.values():
+            raise ValueError(f"malformed tuning key {text!r}: unknown direction or dtype")
+        return key
+
+    def same_family(self, other: TuningKey) -> bool:
+        """Keys whose configs can stand in for each other: all but channels and size agree."""
+        return (self.direction, self.dtype, self.kernel, self.stride, self.dilation) == (
+            other.direction,
+            other.dtype,
+            other.kernel,
+            other.stride,
+            other.dilation,
+        )
+
+    def distance(self, other: TuningKey) -> float:
+        return (
+            abs(math.log2(self.cin / other.cin))
+            + abs(math.log2(self.cout / other.cout))
+            + abs(self.log2_voxels - other.log2_voxels)
+        )
+
+
+def tuning_key(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> TuningKey:
+    return TuningKey(
+        direction=direction,
+        dtype=DTYPE_NAMES[dtype],
+        cin=geom.in_channels,
+        cout=geom.out_channels,
+        kernel=tuple(geom.kernel),
+        stride=tuple(geom.stride),
+        dilation=tuple(geom.dilation),
+        log2_voxels=max(geom.output_voxels, 1).bit_length() - 1,
+    )
+
+
+def nearest_key(key: TuningKey, candidates) -> TuningKey | None:
+    family = [k for k in candidates if key.same_family(k)]
+    return min(family, key=lambda k: (key.distance(k), str(k))) if family else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# search space
+
+SEARCH_SPACE = {
+    "fwd": dict(
+        block_m=(64, 128, 256),
+        block_n=(16, 32, 64, 128, 256),
+        block_k=(16, 32, 64, 128),
+        num_warps=(4, 8),
+        num_stages=(2, 3, 4, 5),
+        group_m=(8,),
+        split_k=(1,),
+    ),
+    "wgrad": dict(
+        block_m=(16, 32, 64, 128, 256),
+        block_n=(16, 32, 64, 128, 256),
+        block_k=(32, 64, 128),
+        num_warps=(4, 8),
+        num_stages=(2, 3, 4),
+        group_m=(1,),
+        split_k=(1, 2, 4, 8, 16, 32, 64, 128),
+    ),
+}
+SEARCH_SPACE["dgrad"] = SEARCH_SPACE["fwd"]
+
+
+def _pow2_at_least(n: int) -> int:
+    return max(MIN_TILE, triton.next_power_of_2(max(int(n), 1)))
+
+
+def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int) -> bool:
+    """Prune a candidate: no tile larger than the problem's next power of two, pipeline buffers within shared
+    memory, the accumulator within registers, and 8 warps only for tiles big enough to feed them."""
+    view = gemm_view(direction, geom)
+    if config.block_m > _pow2_at_least(view.rows) or config.block_n > _pow2_at_least(view.cols):
+        return False
+    if config.block_k > _pow2_at_least(view.reduction):
+        return False
+    if direction == "wgrad" and config.split_k > triton.cdiv(view.reduction, config.block_k):
+        return False
+    element = torch.empty((), dtype=dtype).element_size()
+    buffers = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
+    if buffers > smem_bytes:
+        return False
+    threads = 32 * config.num_warps
+    if config.block_m * config.block_n > MAX_ACC_PER_THREAD * threads:
+        return False
+    return not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 128)
+
+
+def candidates(direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int) -> list[KernelConfig]:
+    space = SEARCH_SPACE[direction]
+    configs = (KernelConfig(**dict(zip(space, values, strict=True))) for values in itertools.product(*space.values()))
+    return [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# heuristics
 
 
 def _pow2_clamp(n: int, lo: int, hi: int) -> int:
@@ -74,13 +261,13 @@ def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
         block_k = k_cap
         tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * geom.taps
-        k_iters = triton.cdiv(view.reduce_channels, block_k)
+        k_iters = triton.cdiv(view.reduction, block_k)
         # Enough programs to fill the device twice over, but every split keeps at least 8 reduction steps.
         split_k = max(1, min(triton.cdiv(2 * sm_count, tiles), k_iters // 8))
     else:
         block_m = 128 if view.rows >= 128 * sm_count else 64
         block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
-        block_k = _pow2_clamp(view.reduce_channels, MIN_TILE, k_cap)
+        block_k = _pow2_clamp(view.reduction, MIN_TILE, k_cap)
         split_k = 1
     num_warps = 8 if block_m * block_n >= 128 * 128 else 4
     return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
@@ -93,23 +280,55 @@ def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:
     if direction == "wgrad":
         block_m = _pow2_clamp(view.rows, MIN_TILE, 64)
         block_n = _pow2_clamp(view.cols, MIN_TILE, 64)
-        block_k = _pow2_clamp(triton.cdiv(view.reduce_channels, 2), MIN_TILE, 1024)
+        block_k = _pow2_clamp(triton.cdiv(view.reduction, 2), MIN_TILE, 1024)
         return KernelConfig(block_m, block_n, block_k, num_warps=4, num_stages=1, split_k=2)
     block_m = _pow2_clamp(view.rows, MIN_TILE, 512)
     block_n = _pow2_clamp(view.cols, MIN_TILE, 64)
-    block_k = _pow2_clamp(view.reduce_channels, MIN_TILE, 64)
+    block_k = _pow2_clamp(view.reduction, MIN_TILE, 64)
     return KernelConfig(block_m, block_n, block_k, num_warps=4, num_stages=1)
 
 
-@functools.lru_cache(maxsize=4096)
-def _cached_config(direction, geom, dtype, device) -> KernelConfig:
+def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
+    """The config used where no table speaks: the heuristic on a GPU, large tiles under the interpreter."""
     if device.type != "cuda":
         return interpreter_config(direction, geom)
     return heuristic_config(direction, geom, dtype, multiprocessor_count(device))
 
 
-def pick_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
-    """The tiling for one launch. Memoised: a lookup costs a dict probe, not a search."""
+# ---------------------------------------------------------------------------------------------------------------
+# the choice
+
+_memo: dict = {}
+
+
+def _select(direction, geom, dtype, device, run) -> KernelConfig:
+    if device.type != "cuda":
+        return default_config(direction, geom, dtype, device)
+    from . import tables, tune  # tables reads settings and files; imported late to keep this module light
+
+    key = tuning_key(direction, geom, dtype)
+    table = tables.device_table(device)
+    if key in table:
+        return table[key]
+    if run is not None and tables.autotune_enabled():
+        return tune.tune_on_first_use(key, direction, geom, dtype, device, run)
+    near = nearest_key(key, table)
+    return table[near] if near is not None else default_config(direction, geom, dtype, device)
+
+
+def pick_config(
+    direction: str,
+    geom: ConvGeometry,
+    dtype: torch.dtype,
+    device: torch.device,
+    run: Callable[[KernelConfig], object] | None = None,
+) -> KernelConfig:
+    """The tiling for one launch. `run(config)` launches the caller's kernel with a config: it lets
+    TCONV3D_AUTOTUNE=1 tune a key no table holds on its first use. Memoised per problem."""
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
-    return _cached_config(direction, geom, dtype, device)
+    memo_key = (direction, geom, dtype, device)
+    config = _memo.get(memo_key)
+    if config is None:
+        config = _memo[memo_key] = _select(direction, geom, dtype, device, run)
+    return config

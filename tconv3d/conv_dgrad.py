@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import pick_config
+from .configs import KernelConfig, pick_config
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
 
@@ -112,13 +112,16 @@ def _live_taps(kernel, stride, front_padding, dilation, device) -> tuple[torch.T
     return as_tensor(taps), as_tensor(counts)
 
 
-def conv3d_dgrad(grad_out: torch.Tensor, weight: torch.Tensor, geom: ConvGeometry) -> torch.Tensor:
-    """Input gradient of checked arguments; the result is channels_last_3d, in grad_out's dtype."""
+def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig | None = None) -> torch.Tensor:
+    """Input gradient of checked arguments; the result is channels_last_3d, in grad_out's dtype. `config`
+    overrides the tiling; otherwise pick_config chooses it."""
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
-    cfg = pick_config("dgrad", geom, grad_out.dtype, grad_out.device)
+    cfg = config or pick_config(
+        "dgrad", geom, grad_out.dtype, grad_out.device, run=lambda c: conv3d_dgrad(grad_out, weight, geom, c)
+    )
     upcast, precision = dot_flags(grad_out.dtype)
     taps, counts = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     phase_size = [triton.cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]

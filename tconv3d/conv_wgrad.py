@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import SPLIT_SUM_BLOCK, pick_config
+from .configs import SPLIT_SUM_BLOCK, KernelConfig, pick_config
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, mma, ndhwc, split_voxel
 
@@ -84,8 +84,9 @@ def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def conv3d_wgrad(grad_out: torch.Tensor, x: torch.Tensor, geom: ConvGeometry) -> torch.Tensor:
-    """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin)."""
+def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig | None = None) -> torch.Tensor:
+    """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
+    `config` overrides the tiling; otherwise pick_config chooses it."""
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
     grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
@@ -94,7 +95,7 @@ def conv3d_wgrad(grad_out: torch.Tensor, x: torch.Tensor, geom: ConvGeometry) ->
     if rows == 0:
         return grad_w_logical.zero_()
     grad_out, x = ndhwc(grad_out), ndhwc(x)
-    cfg = pick_config("wgrad", geom, x.dtype, x.device)
+    cfg = config or pick_config("wgrad", geom, x.dtype, x.device, run=lambda c: conv3d_wgrad(grad_out, x, geom, c))
     upcast, precision = dot_flags(x.dtype)
     split_rows = triton.cdiv(triton.cdiv(rows, cfg.split_k), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(rows, split_rows)

@@ -1,6 +1,13 @@
-"""Every setting tconv3d reads from the environment, read once at import, in one place."""
+"""Every setting tconv3d reads from the environment, read once at import, in one place.
+
+TRITON_INTERPRET=1     run the Triton kernels through Triton's interpreter (CPU tensors); set before import.
+TCONV3D_AUTOTUNE=1     tune a problem that no table covers on its first use (CUDA), and cache the result.
+TCONV3D_CACHE_DIR      where first-use tuning results are kept (default $XDG_CACHE_HOME/tconv3d or ~/.cache/tconv3d).
+TCONV3D_CONFIG_DIR     a folder of extra tuning tables (<device name>.json), taking precedence over shipped ones.
+"""
 
 import os
+from pathlib import Path
 
 # Triton decides at decoration time whether @triton.jit kernels are compiled or interpreted, so this must be
 # set before `import tconv3d`. When it is, CPU tensors run the Triton kernels through Triton's interpreter.
@@ -9,3 +16,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # What CPU tensors run: "triton" (the kernels, through the interpreter) or "aten" (torch's own conv3d, so code
 # written against tconv3d still runs on a machine without a GPU).
 CPU_BACKEND = "triton" if INTERPRET else "aten"
+
+AUTOTUNE = os.environ.get("TCONV3D_AUTOTUNE", "0") == "1"
+CACHE_DIR = Path(
+    os.environ.get("TCONV3D_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tconv3d"
+)
+CONFIG_DIR = Path(os.environ["TCONV3D_CONFIG_DIR"]) if os.environ.get("TCONV3D_CONFIG_DIR") else None

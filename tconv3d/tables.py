@@ -1,0 +1,123 @@
+"""Tuning tables: where they live, how they are read and checked, and how entries are written.
+
+A table is autotune_configs/<device name as torch reports it, spaces replaced by _>.json:
+    {"device", "triton", "torch", "date", "entries": {"<tuning key>": {"config": {...}, "ms", "default_config",
+     "default_ms", ...}}}
+Tables are read from the shipped folder, then TCONV3D_CONFIG_DIR, then the first-use tuning cache, later ones
+overriding earlier ones. A table that is not valid JSON or comes from another triton major version is skipped
+with one warning; entries naming an invalid config are skipped with one warning per table. Never a crash.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import triton
+from packaging.version import Version
+
+from . import settings
+from .configs import KernelConfig, TuningKey
+
+_PACKAGE_DIR = Path(__file__).parent
+# Installed wheels carry the tables inside the package; a source checkout has them beside it.
+SHIPPED_DIRS = (_PACKAGE_DIR / "autotune_configs", _PACKAGE_DIR.parent / "autotune_configs")
+
+
+def table_file_name(device_name: str) -> str:
+    return device_name.replace(" ", "_") + ".json"
+
+
+def table_dirs() -> list[Path]:
+    dirs = [d for d in SHIPPED_DIRS if d.is_dir()][:1]
+    if settings.CONFIG_DIR is not None:
+        dirs.append(settings.CONFIG_DIR)
+    dirs.append(settings.CACHE_DIR)
+    return dirs
+
+
+def autotune_enabled() -> bool:
+    return settings.AUTOTUNE
+
+
+def table_metadata(device_name: str) -> dict:
+    return {
+        "device": device_name,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def read_table(path: Path) -> dict[TuningKey, KernelConfig]:
+    """The valid entries of one table file; {} with a warning if the file cannot be used at all."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            raise ValueError("expected an object with an 'entries' object")
+        made_with = Version(str(data.get("triton", "0")))
+    except (OSError, ValueError) as error:
+        warnings.warn(f"tconv3d: ignoring tuning table {path}: {error}", RuntimeWarning, stacklevel=2)
+        return {}
+    if made_with.major != Version(triton.__version__).major:
+        warnings.warn(
+            f"tconv3d: ignoring tuning table {path}: made with triton {made_with}, this is triton "
+            f"{triton.__version__} (another major version)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {}
+    table, rejected = {}, []
+    for key_text, entry in data["entries"].items():
+        try:
+            table[TuningKey.parse(key_text)] = KernelConfig.from_dict(
+                entry.get("config") if isinstance(entry, dict) else entry
+            )
+        except (TypeError, ValueError) as error:
+            rejected.append(f"{key_text}: {error}")
+    if rejected:
+        warnings.warn(
+            f"tconv3d: skipped {len(rejected)} invalid entr{'y' if len(rejected) == 1 else 'ies'} of tuning table "
+            f"{path} (the heuristic or another entry stands in): " + "; ".join(rejected[:3]),
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return table
+
+
+@functools.lru_cache(maxsize=16)
+def device_table(device: torch.device) -> dict[TuningKey, KernelConfig]:
+    """Every tuned config known for this GPU model, merged from all table folders. Read once per process."""
+    name = table_file_name(torch.cuda.get_device_name(device))
+    merged: dict[TuningKey, KernelConfig] = {}
+    for directory in table_dirs():
+        path = directory / name
+        if path.is_file():
+            merged.update(read_table(path))
+    return merged
+
+
+def read_entries(path: Path) -> dict:
+    """The raw entries of a table being written (for resuming); {} if it does not exist yet."""
+    if not Path(path).is_file():
+        return {}
+    return json.loads(Path(path).read_text()).get("entries", {})
+
+
+def write_entry(path: Path, key: TuningKey, entry: dict, metadata: dict) -> None:
+    """Add or replace one entry, rewriting the file atomically so an interrupted run never leaves it corrupt."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = read_entries(path)
+    entries[str(key)] = entry
+    data = {**metadata, "entries": dict(sorted(entries.items()))}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        json.dump(data, tmp, indent=1)
+        tmp.write("\n")
+    os.replace(tmp.name, path)

@@ -1,0 +1,269 @@
+"""python -m tconv3d.tune: tune the forward, input-grad and weight-grad tilings of a shape set on this GPU and
+write them to autotune_configs/<device>.json; and the first-use tuning behind TCONV3D_AUTOTUNE=1.
+
+    python -m tconv3d.tune --shapes bench --out autotune_configs/
+
+Every key the shape set needs is tuned once: each candidate of the pruned search space is first checked against
+a cuDNN reference, then timed with triton.testing.do_bench (median), within a time bound per key. The table is
+rewritten after every key, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import settings, tables
+from .configs import DIRECTIONS, KernelConfig, TuningKey, candidates, default_config, tuning_key
+from .geometry import ConvGeometry
+from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
+from .testing import TF32_TOLERANCE, TOLERANCE, rel_l2
+
+Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
+
+
+@dataclass(frozen=True)
+class Job:
+    key: TuningKey
+    shape: ConvShape
+    direction: str
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Outcome:
+    config: KernelConfig
+    ms: float
+    default_config: KernelConfig
+    default_ms: float | None
+    tried: int
+
+    @property
+    def speedup(self) -> float | None:
+        return self.default_ms / self.ms if self.default_ms else None
+
+    def to_entry(self, shape_name: str) -> dict:
+        return {
+            "config": self.config.to_dict(),
+            "ms": round(self.ms, 5),
+            "default_config": self.default_config.to_dict(),
+            "default_ms": None if self.default_ms is None else round(self.default_ms, 5),
+            "tried": self.tried,
+            "shape": shape_name,
+        }
+
+
+def search(
+    configs: Iterable[KernelConfig],
+    default: KernelConfig,
+    measure: Measure,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome | None:
+    """Time the default, then candidates until the budget runs out; the fastest that passed its check wins.
+    None if nothing, not even the default, ran correctly."""
+    start = clock()
+    default_ms = measure(default)
+    best, best_ms = (default, default_ms) if default_ms is not None else (None, float("inf"))
+    tried = 1
+    for config in configs:
+        if clock() - start > budget_s:
+            break
+        if config == default:
+            continue
+        ms = measure(config)
+        tried += 1
+        if ms is not None and ms < best_ms:
+            best, best_ms = config, ms
+    if best is None:
+        return None
+    return Outcome(best, best_ms, default, default_ms, tried)
+
+
+def _timed_if_correct(
+    run: Callable[[KernelConfig], torch.Tensor], reference: torch.Tensor, tolerance: float
+) -> Measure:
+    import triton.testing
+
+    def measure(config: KernelConfig) -> float | None:
+        try:
+            if rel_l2(run(config), reference) > tolerance:
+                return None
+            return triton.testing.do_bench(lambda: run(config), return_mode="median")
+        except Exception as error:  # a candidate that fails to compile or launch is skipped, not fatal
+            if "OutOfResources" not in type(error).__name__:
+                print(f"  {config}: {type(error).__name__}: {error}", file=sys.stderr)
+            return None
+
+    return measure
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+        return TF32_TOLERANCE
+    return TOLERANCE[dtype]
+
+
+def smem_limit(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) or 232448
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# first-use tuning (TCONV3D_AUTOTUNE=1)
+
+FIRST_USE_BUDGET_S = 20.0
+
+
+def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype, device, run) -> KernelConfig:
+    """Tune one key with the caller's own tensors, checking each candidate against the default config's result;
+    keep the winner in memory and in the cache folder's table for this GPU."""
+    default = default_config(direction, geom, dtype, device)
+    reference = run(default).clone()
+    measure = _timed_if_correct(run, reference, _tolerance(dtype))
+    outcome = search(candidates(direction, geom, dtype, smem_limit(device)), default, measure, FIRST_USE_BUDGET_S)
+    if outcome is None:
+        return default
+    device_name = torch.cuda.get_device_name(device)
+    path = settings.CACHE_DIR / tables.table_file_name(device_name)
+    entry = outcome.to_entry(f"first use, input {tuple(geom.input_shape())}")
+    tables.write_entry(path, key, entry, tables.table_metadata(device_name))
+    tables.device_table(device)[key] = outcome.config
+    return outcome.config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the generator
+
+
+def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[str] | None = None) -> list[Job]:
+    """One job per distinct tuning key the shape set needs (the first shape that needs a key tunes it)."""
+    jobs: dict[TuningKey, Job] = {}
+    for shape in shapes:
+        for dtype_name in shape.dtypes:
+            if dtypes is not None and dtype_name not in dtypes:
+                continue
+            dtype = DTYPES_BY_NAME[dtype_name]
+            for direction in directions:
+                key = tuning_key(direction, shape.geometry(), dtype)
+                jobs.setdefault(key, Job(key, shape, direction, dtype))
+    return list(jobs.values())
+
+
+def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
+    """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher."""
+    from . import aten
+    from .conv_dgrad import conv3d_dgrad
+    from .conv_fwd import conv3d_fwd
+    from .conv_wgrad import conv3d_wgrad
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
+    cl = torch.channels_last_3d
+    x = torch.randn(shape.input_shape, device=device).to(dtype).contiguous(memory_format=cl)
+    w = (torch.randn(shape.weight_shape, device=device) / (geom.taps * geom.in_channels) ** 0.5).to(dtype)
+    w = w.contiguous(memory_format=cl)
+    grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=cl)
+    x32, w32, g32 = x.float(), w.float(), grad_out.float()
+    references = {
+        "fwd": lambda: aten.conv3d_fwd(x32, w32, None, geom),
+        "dgrad": lambda: aten.conv3d_dgrad(g32, w32, geom),
+        "wgrad": lambda: aten.conv3d_wgrad(g32, x32, geom),
+    }
+    launches = {
+        "fwd": lambda config: conv3d_fwd(x, w, None, geom, config),
+        "dgrad": lambda config: conv3d_dgrad(grad_out, w, geom, config),
+        "wgrad": lambda config: conv3d_wgrad(grad_out, x, geom, config),
+    }
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the reference takes exact fp32 products
+    try:
+        reference = references[job.direction]()
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    run = launches[job.direction]
+    measure = _timed_if_correct(run, reference, _tolerance(dtype))
+    default = default_config(job.direction, geom, dtype, device)
+    return measure, default, candidates(job.direction, geom, dtype, smem_limit(device))
+
+
+def _progress(done: int, total: int, width: int = 24) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def tune_jobs(
+    jobs: list[Job],
+    table_path: Path,
+    metadata: dict,
+    prepare: Callable[[Job], tuple[Measure, KernelConfig, list[KernelConfig]]],
+    budget_s: float,
+    out=print,
+) -> list[Outcome]:
+    """Tune every job whose key the table at `table_path` lacks, writing after each; return the new outcomes."""
+    done_keys = set(tables.read_entries(table_path))
+    todo = [job for job in jobs if str(job.key) not in done_keys]
+    out(f"{len(jobs)} keys in the shape set, {len(jobs) - len(todo)} already in {table_path}, {len(todo)} to tune")
+    outcomes = []
+    for index, job in enumerate(todo, start=1):
+        started = time.monotonic()
+        measure, default, configs = prepare(job)
+        outcome = search(configs, default, measure, budget_s)
+        if outcome is None:
+            out(f"{_progress(index, len(todo))} {job.key}: no config passed its check; left out of the table")
+            continue
+        tables.write_entry(table_path, job.key, outcome.to_entry(job.shape.name), metadata)
+        outcomes.append(outcome)
+        gain = f"{outcome.speedup:.2f}x" if outcome.speedup else "default failed"
+        out(
+            f"{_progress(index, len(todo))} {job.key}: {outcome.ms:.3f} ms, {gain} over default, "
+            f"{outcome.tried} configs in {time.monotonic() - started:.0f} s"
+        )
+    return outcomes
+
+
+def summarize(outcomes: list[Outcome]) -> str:
+    speedups = [o.speedup for o in outcomes if o.speedup is not None]
+    if not speedups:
+        return f"keys tuned: {len(outcomes)}"
+    median, worst, best = statistics.median(speedups), min(speedups), max(speedups)
+    return (
+        f"keys tuned: {len(outcomes)}; speedup of tuned over default config: median {median:.2f}x, "
+        f"worst {worst:.2f}x, best {best:.2f}x"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tconv3d.tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="bench", help="a shipped shape set (bench) or a JSON file in its format")
+    parser.add_argument("--out", default="autotune_configs", type=Path, help="folder for <device>.json")
+    parser.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated: fwd,dgrad,wgrad")
+    parser.add_argument("--dtypes", default=None, help="comma-separated subset of each case's dtypes (bf16,fp16,fp32)")
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds of search per key")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("python -m tconv3d.tune needs a CUDA device: tuning times kernels on the GPU it tunes for.")
+        return 2
+    directions = tuple(args.directions.split(","))
+    unknown = [d for d in directions if d not in DIRECTIONS]
+    if unknown:
+        parser.error(f"unknown direction(s) {unknown}; expected some of {DIRECTIONS}")
+    dtypes = None if args.dtypes is None else set(args.dtypes.split(","))
+    torch.backends.cudnn.benchmark = True
+    jobs = plan_jobs(load_shape_set(args.shapes), directions, dtypes)
+    device_name = torch.cuda.get_device_name()
+    path = args.out / tables.table_file_name(device_name)
+    outcomes = tune_jobs(jobs, path, tables.table_metadata(device_name), _gpu_measure, args.budget)
+    print(summarize(outcomes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
