@@ -42,4 +42,5 @@ SMALL_TILES = KernelConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Force 16x16x16 tiles so that problems span many tiles along every axis (and wgrad several splits)."""
-    monkeypatch.setattr(configs, "_cached_config", lambda *args: SMALL_TILES)
+    monkeypatch.setattr(configs, "_memo", {})
+    monkeypatch.setattr(configs, "_select", lambda *args: SMALL_TILES)

@@ -1,0 +1,337 @@
+"""Tuning keys, the table lookup order, bad tables, the generator's writing and resuming, the memoised choice.
+
+No GPU needed: devices are named, tables are files in tmp_path, and timings come from a stand-in function.
+"""
+
+import json
+import time
+import warnings
+
+import pytest
+import torch
+import triton
+
+from tconv3d import configs, settings, tables, tune
+from tconv3d.configs import KernelConfig, TuningKey, candidates, keep, tuning_key
+from tconv3d.geometry import conv_geometry
+from tconv3d.shapes import load_shape_set
+
+H100 = "NVIDIA H100 80GB HBM3"
+CUDA = torch.device("cuda", 0)
+CONFIG_A = KernelConfig(128, 128, 64, 8, 4, group_m=8)
+CONFIG_B = KernelConfig(64, 64, 32, 4, 3, group_m=8)
+
+
+def geometry(cin=64, cout=64, size=(8, 16, 16), kernel=3, stride=1, batch=1):
+    k = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    return conv_geometry((batch, cin, *size), (cout, cin, *k), stride, [kk // 2 for kk in k], 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# keys
+
+
+def test_key_fields_and_round_trip():
+    key = tuning_key("wgrad", geometry(cin=32, cout=48, size=(5, 9, 13), kernel=(1, 3, 3)), torch.bfloat16)
+    assert (key.direction, key.dtype, key.cin, key.cout) == ("wgrad", "bf16", 32, 48)
+    assert key.kernel == (1, 3, 3) and key.stride == (1, 1, 1) and key.dilation == (1, 1, 1)
+    assert key.log2_voxels == 9  # 5 * 9 * 13 = 585 output voxels: 2^9 <= 585 < 2^10
+    assert str(key) == "wgrad/bf16/cin=32/cout=48/k=1x3x3/s=1x1x1/d=1x1x1/m=2^9"
+    assert TuningKey.parse(str(key)) == key
+
+
+def test_sizes_share_a_key_within_a_power_of_two_bucket():
+    small = tuning_key("fwd", geometry(size=(8, 16, 16)), torch.float16)  # 2048 voxels
+    larger = tuning_key("fwd", geometry(size=(8, 16, 31)), torch.float16)  # 3968 voxels
+    doubled = tuning_key("fwd", geometry(size=(8, 16, 32)), torch.float16)  # 4096 voxels
+    assert small == larger != doubled
+    assert tuning_key("dgrad", geometry(), torch.float16) != small  # direction is part of the key
+
+
+@pytest.mark.parametrize("text", ["", "fwd/bf16", "fwd/bf16/cin=a/cout=1/k=3x3x3/s=1x1x1/d=1x1x1/m=2^3",
+                                  "up/bf16/cin=1/cout=1/k=3x3x3/s=1x1x1/d=1x1x1/m=2^3",
+                                  "fwd/bf16/cin=1/cout=1/k=3x3/s=1x1x1/d=1x1x1/m=2^3"])  # fmt: skip
+def test_malformed_keys_are_rejected(text):
+    with pytest.raises(ValueError, match="malformed tuning key"):
+        TuningKey.parse(text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# search space
+
+
+def test_candidates_are_pruned_to_the_problem_and_the_device():
+    geom = geometry(cin=3, cout=32, size=(4, 8, 8))
+    smem = 100 * 1024
+    found = candidates("fwd", geom, torch.bfloat16, smem)
+    assert found and all(keep("fwd", c, geom, torch.bfloat16, smem) for c in found)
+    assert all(c.block_k == 16 and c.block_n <= 32 and c.block_m <= 256 for c in found)
+    assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * 2 <= smem for c in found)
+    wgrad = candidates("wgrad", geometry(cin=64, cout=64, size=(2, 4, 4)), torch.float32, smem)
+    assert wgrad and all(c.split_k <= triton.cdiv(32, c.block_k) for c in wgrad)
+    assert len({c.split_k for c in candidates("wgrad", geometry(size=(16, 64, 64)), torch.bfloat16, smem)}) > 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lookup order: exact, else nearest, else heuristic
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A named CUDA device with an empty cache and config folder, no shipped tables, and 132 SMs."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(tables, "SHIPPED_DIRS", (tmp_path / "shipped",))
+    monkeypatch.setattr(settings, "CONFIG_DIR", tmp_path / "configs")
+    monkeypatch.setattr(settings, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(settings, "AUTOTUNE", False)
+    monkeypatch.setattr(configs, "_memo", {})
+    tables.device_table.cache_clear()
+    yield tmp_path
+    tables.device_table.cache_clear()
+
+
+def write_table(folder, entries, triton_version=triton.__version__, name=H100):
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"device": name, "triton": triton_version, "torch": torch.__version__, "date": "2026-11-22"}
+    data["entries"] = {str(k): {"config": c.to_dict() if isinstance(c, KernelConfig) else c} for k, c in entries}
+    path = folder / tables.table_file_name(name)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_exact_key_wins(fake_gpu):
+    geom = geometry()
+    key = tuning_key("fwd", geom, torch.bfloat16)
+    write_table(fake_gpu / "shipped", [(key, CONFIG_A)])
+    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
+
+
+def test_nearest_key_in_the_same_family(fake_gpu):
+    near = tuning_key("fwd", geometry(cin=64, cout=64, size=(8, 16, 32)), torch.bfloat16)
+    far = tuning_key("fwd", geometry(cin=512, cout=512, size=(8, 16, 16)), torch.bfloat16)
+    other_kernel = tuning_key("fwd", geometry(cin=64, cout=64, kernel=(1, 3, 3)), torch.bfloat16)
+    write_table(fake_gpu / "shipped", [(near, CONFIG_A), (far, CONFIG_B), (other_kernel, CONFIG_B)])
+    assert configs.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_A
+
+
+def test_heuristic_when_no_key_of_the_family(fake_gpu):
+    write_table(fake_gpu / "shipped", [(tuning_key("fwd", geometry(), torch.float16), CONFIG_A)])
+    geom = geometry()
+    expected = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
+    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == expected
+
+
+def test_config_dir_overrides_shipped_and_cache_overrides_both(fake_gpu):
+    geom = geometry()
+    key = tuning_key("dgrad", geom, torch.bfloat16)
+    write_table(fake_gpu / "shipped", [(key, CONFIG_A)])
+    write_table(fake_gpu / "configs", [(key, CONFIG_B)])
+    assert configs.pick_config("dgrad", geom, torch.bfloat16, CUDA) == CONFIG_B
+    configs._memo.clear()
+    tables.device_table.cache_clear()
+    cached = KernelConfig(64, 128, 64, 8, 3)
+    write_table(fake_gpu / "cache", [(key, cached)])
+    assert configs.pick_config("dgrad", geom, torch.bfloat16, CUDA) == cached
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad tables: one warning, then the fallback
+
+
+def test_corrupt_table_warns_and_falls_back(fake_gpu):
+    folder = fake_gpu / "shipped"
+    folder.mkdir()
+    (folder / tables.table_file_name(H100)).write_text('{"entries": {')
+    geom = geometry()
+    with pytest.warns(RuntimeWarning, match="ignoring tuning table"):
+        chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA)
+    assert chosen == configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
+
+
+def test_table_from_another_triton_major_is_ignored(fake_gpu):
+    geom = geometry()
+    major = int(triton.__version__.split(".")[0])
+    write_table(fake_gpu / "shipped", [(tuning_key("fwd", geom, torch.bfloat16), CONFIG_A)], f"{major + 1}.0.0")
+    with pytest.warns(RuntimeWarning, match="another major version"):
+        chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA)
+    assert chosen == configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
+
+
+def test_invalid_entries_are_skipped_with_one_warning(fake_gpu):
+    geom = geometry()
+    good = tuning_key("fwd", geometry(size=(8, 16, 32)), torch.bfloat16)
+    bad_block = tuning_key("fwd", geom, torch.bfloat16)
+    bad_field = tuning_key("dgrad", geom, torch.bfloat16)
+    entries = [(good, CONFIG_A), (bad_block, dict(CONFIG_B.to_dict(), block_m=96)), (bad_field, {"block_q": 1})]
+    path = write_table(fake_gpu / "shipped", entries)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = tables.read_table(path)
+    assert len(caught) == 1 and "skipped 2 invalid entries" in str(caught[0].message)
+    assert table == {good: CONFIG_A}
+    # The exact key's entry was invalid: the nearest valid one stands in, never the broken config.
+    configs._memo.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"block_m": 0, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3}, "positive int"),
+        ({"block_m": 64, "block_n": 48, "block_k": 32, "num_warps": 4, "num_stages": 3}, "power of two"),
+        ({"block_m": 8, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 3}, "at least 16"),
+        ({"block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4}, "missing"),
+        ({"block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": "3"}, "positive int"),
+        ([64, 64, 32, 4, 3], "must be an object"),
+    ],
+)
+def test_invalid_configs_are_named(config, words):
+    with pytest.raises((ValueError, TypeError), match=words):
+        KernelConfig.from_dict(config)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# memoised choice
+
+
+def test_choice_is_memoised_and_costs_microseconds(fake_gpu, monkeypatch):
+    calls = []
+    real_select = configs._select
+    monkeypatch.setattr(configs, "_select", lambda *args: calls.append(1) or real_select(*args))
+    geom = geometry()
+    first = configs.pick_config("wgrad", geom, torch.bfloat16, CUDA)
+    start = time.perf_counter()
+    for _ in range(10_000):
+        assert configs.pick_config("wgrad", geom, torch.bfloat16, CUDA) is first
+    per_call_us = (time.perf_counter() - start) / 10_000 * 1e6
+    assert len(calls) == 1
+    assert per_call_us < 50, f"{per_call_us:.1f} us per lookup"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# first-use tuning and the generator, with a stand-in for timing
+
+
+def stand_in_cost(config: KernelConfig) -> float:
+    """A made-up but deterministic time: bigger tiles and more stages are faster, 256-wide tiles fail."""
+    if config.block_m == 256:
+        return None
+    return 10.0 / (config.block_m * config.block_n * config.block_k) ** 0.5 + 0.01 / config.num_stages
+
+
+def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
+    monkeypatch.setattr(settings, "AUTOTUNE", True)
+    monkeypatch.setattr(tune, "_timed_if_correct", lambda run, reference, tolerance: stand_in_cost)
+    monkeypatch.setattr(tune, "smem_limit", lambda device: 228 * 1024)
+    geom = geometry()
+    runs = []
+    chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA, run=lambda c: runs.append(c) or torch.ones(3))
+    assert runs == [configs.heuristic_config("fwd", geom, torch.bfloat16, 132)]  # the reference run
+    expected = min(
+        (c for c in candidates("fwd", geom, torch.bfloat16, 228 * 1024) if stand_in_cost(c)), key=stand_in_cost
+    )
+    assert chosen == expected
+    key = tuning_key("fwd", geom, torch.bfloat16)
+    cached = tables.read_table(fake_gpu / "cache" / tables.table_file_name(H100))
+    assert cached == {key: expected}
+    assert tables.device_table(CUDA)[key] == expected
+
+
+def bench_jobs():
+    return tune.plan_jobs(load_shape_set("bench"), dtypes={"bf16"})
+
+
+def stand_in_prepare(job):
+    geom = job.shape.geometry()
+    default = configs.heuristic_config(job.direction, geom, job.dtype, 132)
+    some = candidates(job.direction, geom, job.dtype, 228 * 1024)[:12]
+    return stand_in_cost, default, some
+
+
+def test_plan_covers_the_suite_once_per_key():
+    jobs = bench_jobs()
+    keys = [job.key for job in jobs]
+    assert len(keys) == len(set(keys))
+    # Every (case, direction) of the suite in bf16 maps to a planned key.
+    for shape in load_shape_set("bench"):
+        for direction in configs.DIRECTIONS:
+            assert tuning_key(direction, shape.geometry(), torch.bfloat16) in keys
+    # wan_dec_384b and wan_dec_192 differ in channels, so they do not share keys.
+    assert len(keys) >= 3 * 10
+
+
+def test_generator_writes_table_and_resumes(tmp_path):
+    jobs = bench_jobs()[:6]
+    path = tmp_path / tables.table_file_name(H100)
+    meta = tables.table_metadata(H100)
+    lines = []
+    outcomes = tune.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lines.append)
+    assert len(outcomes) == 6
+    data = json.loads(path.read_text())
+    assert data["device"] == H100 and data["triton"] == triton.__version__ and data["torch"] == torch.__version__
+    assert set(data["entries"]) == {str(job.key) for job in jobs}
+    for job in jobs:
+        entry = data["entries"][str(job.key)]
+        assert entry["ms"] <= entry["default_ms"]
+        assert KernelConfig.from_dict(entry["config"]) == min(
+            stand_in_prepare(job)[2] + [stand_in_prepare(job)[1]], key=lambda c: stand_in_cost(c) or 1e9
+        )
+        assert entry["shape"] == job.shape.name
+    assert "6 to tune" in lines[0] and "[" in lines[1]
+
+    def must_not_run(job):
+        raise AssertionError("a key already in the table was tuned again")
+
+    again = tune.tune_jobs(jobs, path, meta, must_not_run, budget_s=60, out=lines.append)
+    assert again == [] and "6 already in" in lines[-1]
+    assert tables.read_table(path).keys() == {job.key for job in jobs}
+
+
+def test_generator_resumes_after_an_interruption(tmp_path):
+    jobs = bench_jobs()[:4]
+    path = tmp_path / tables.table_file_name(H100)
+    meta = tables.table_metadata(H100)
+    prepared = []
+
+    def interrupted_after_two(job):
+        if len(prepared) == 2:
+            raise KeyboardInterrupt
+        prepared.append(job)
+        return stand_in_prepare(job)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune_jobs(jobs, path, meta, interrupted_after_two, budget_s=60, out=lambda line: None)
+    assert set(json.loads(path.read_text())["entries"]) == {str(j.key) for j in jobs[:2]}  # a valid, partial table
+    resumed = tune.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lambda line: None)
+    assert [o for o in resumed] and len(resumed) == 2
+    assert set(json.loads(path.read_text())["entries"]) == {str(j.key) for j in jobs}
+
+
+def test_search_respects_its_time_bound():
+    clock_values = iter(range(1000))
+    seen = []
+
+    def measure(config):
+        seen.append(config)
+        return stand_in_cost(config)
+
+    configs_to_try = [KernelConfig(32, 32, 32, 4, s) for s in range(1, 8)]
+    outcome = tune.search(configs_to_try, CONFIG_B, measure, budget_s=3, clock=lambda: next(clock_values))
+    assert len(seen) == 4  # the default, then candidates while the (stand-in) clock stays within 3 s
+    assert outcome.tried == 4 and outcome.default_config == CONFIG_B
+
+
+def test_summary_reports_median_and_worst():
+    outcome = lambda ms, default_ms: tune.Outcome(CONFIG_A, ms, CONFIG_B, default_ms, 3)  # noqa: E731
+    text = tune.summarize([outcome(1.0, 2.0), outcome(1.0, 1.0), outcome(1.0, 1.5)])
+    assert "keys tuned: 3" in text and "median 1.50x" in text and "worst 1.00x" in text
+
+
+def test_tune_command_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the command would tune for real")
+    assert tune.main(["--shapes", "bench"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out
