@@ -56,7 +56,7 @@ def _shape_from_dict(entry: dict, source: str) -> ConvShape:
         stride = triple(entry.get("stride", 1), "stride")
         dilation = triple(entry.get("dilation", 1), "dilation")
         padding = entry.get("padding", [k // 2 for k in kernel])
-        padding = resolve_padding(padding if isinstance(padding, str) else list(padding), kernel, stride, dilation)
+        padding = resolve_padding(padding, kernel, stride, dilation)
         dtypes = tuple(entry.get("dtypes", ["bf16"]))
         unknown = [d for d in dtypes if d not in DTYPES_BY_NAME]
         if unknown:

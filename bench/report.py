@@ -1,0 +1,188 @@
+"""Benchmark results: the derived figures (TFLOP/s, % of peak, speedups, geomeans) and the three files a run
+writes: <device>.json, <device>.md and <device>.png under bench/results/. No GPU needed here."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tconv3d.shapes import DIRECTION_FLOP_FACTOR, ConvShape
+
+IMPLS = ("tconv3d", "cudnn_cl3d", "cudnn_ncdhw", "compile", "compile_max_autotune")
+BASELINE = "cudnn_cl3d"
+DIRECTIONS = tuple(DIRECTION_FLOP_FACTOR)
+
+
+def device_file_stem(device_name: str) -> str:
+    return device_name.replace(" ", "_")
+
+
+def min_bytes(shape: ConvShape, direction: str, element_size: int) -> int:
+    """The fewest bytes a direction must move: each tensor it reads read once, each it writes written once."""
+    geom = shape.geometry()
+    x = geom.batch * geom.in_channels * math.prod(geom.in_size)
+    y = geom.batch * geom.out_channels * math.prod(geom.out_size)
+    w = geom.out_channels * geom.in_channels * geom.taps
+    forward = x + w + y
+    backward = (y + w + x) + (y + x + w)  # input-grad: read dy and w, write dx; weight-grad: read dy and x, write dw
+    elements = {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[direction]
+    return elements * element_size
+
+
+def impl_figures(ms: float, flops: int, peak_tflops: float, peak_mem_mb: float | None) -> dict:
+    tflops = flops / ms * 1e-9
+    return {
+        "ms": round(ms, 5),
+        "tflops": round(tflops, 2),
+        "pct_of_peak": round(100 * tflops / peak_tflops, 1) if peak_tflops else None,
+        "peak_mem_mb": None if peak_mem_mb is None else round(peak_mem_mb, 1),
+    }
+
+
+def speedup(case: dict, impl: str = "tconv3d", baseline: str = BASELINE) -> float | None:
+    impls = case["impls"]
+    if impl not in impls or baseline not in impls or not impls[impl].get("ms") or not impls[baseline].get("ms"):
+        return None
+    return impls[baseline]["ms"] / impls[impl]["ms"]
+
+
+def geomean(values) -> float | None:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summary(results: dict) -> dict:
+    """Per (direction, dtype): geomean speedup of tconv3d over cuDNN channels_last_3d and the worst case."""
+    out = {}
+    for direction in DIRECTIONS:
+        for dtype in sorted({c["dtype"] for c in results["cases"]}):
+            cases = [c for c in results["cases"] if c["direction"] == direction and c["dtype"] == dtype]
+            ratios = [(speedup(c), c["name"]) for c in cases if speedup(c)]
+            if ratios:
+                worst = min(ratios)
+                out[f"{direction}/{dtype}"] = {
+                    "geomean_speedup": round(geomean(r for r, _ in ratios), 3),
+                    "worst_speedup": round(worst[0], 3),
+                    "worst_case": worst[1],
+                    "cases": len(ratios),
+                }
+    return out
+
+
+def _cell(value, fmt="{:.3f}") -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    align = ["---"] + ["---:"] * (len(header) - 1)
+    return ["| " + " | ".join(r) + " |" for r in [header, align, *rows]]
+
+
+CASE_COLUMNS = ["case", "dtype", "dir", "tconv3d", "cuDNN CL", "speedup", "cuDNN NCDHW", "compile", "max-autotune",
+                "TFLOP/s", "% peak", "rel. err"]  # fmt: skip
+
+
+def _case_row(case: dict) -> list[str]:
+    impls = case["impls"]
+    ours = impls.get("tconv3d", {})
+    times = [_cell(impls.get(name, {}).get("ms")) for name in ("tconv3d", "cudnn_cl3d")]
+    others = [_cell(impls.get(name, {}).get("ms")) for name in ("cudnn_ncdhw", "compile", "compile_max_autotune")]
+    return [
+        case["name"], case["dtype"], case["direction"], *times, _cell(speedup(case), "{:.2f}x"), *others,
+        _cell(ours.get("tflops"), "{:.0f}"), _cell(ours.get("pct_of_peak"), "{:.0f}%"),
+        _cell(ours.get("max_rel_err"), "{:.1e}"),
+    ]  # fmt: skip
+
+
+def markdown(results: dict) -> str:
+    peak = results.get("peak", {})
+    mm, copy = _cell(peak.get("bf16_mm_tflops"), "{:.0f}"), _cell(peak.get("copy_tbps"), "{:.2f}")
+    lines = [
+        f"# tconv3d vs cuDNN on {results['device']}",
+        "",
+        f"torch {results['torch']}, triton {results['triton']}, cuDNN {results.get('cudnn')}, "
+        f"commit {results.get('commit')}, {results.get('date')}.",
+        f"Measured peaks: bf16 matmul {mm} TFLOP/s, device copy {copy} TB/s. Times are medians of "
+        "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time.",
+        "",
+        *_table(CASE_COLUMNS, [_case_row(c) for c in results["cases"]]),
+        "",
+    ]
+    summary_rows = [
+        [name, f"{row['geomean_speedup']:.2f}x", f"{row['worst_speedup']:.2f}x", row["worst_case"]]
+        for name, row in summary(results).items()
+    ]
+    lines += _table(["direction/dtype", "geomean speedup", "worst", "worst case"], summary_rows)
+    if results.get("stack"):
+        lines += ["", "3-layer stack: fwd+bwd step time and layout-conversion kernels in the profiler trace", ""]
+        stack_rows = [
+            [n, _cell(r.get("ms")), _cell(r.get("layout_conversion_kernels"), "{}")]
+            for n, r in results["stack"].items()
+        ]
+        lines += _table(["implementation", "ms", "conversion kernels"], stack_rows)
+    for section in ("conv2d_vs_conv3d", "causal"):
+        rows = results.get(section) or []
+        if rows:
+            keys = list(rows[0])
+            lines += ["", f"{section} (ms)", "", *_table(keys, [[_cell(row.get(k)) for k in keys] for row in rows])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> bool:
+    """Speedup of tconv3d over cuDNN channels_last_3d per case, fwd and bwd; False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    directions = [d for d in ("fwd", "bwd") if any(c["direction"] == d for c in results["cases"])]
+    fig, axes = plt.subplots(len(directions) or 1, 1, figsize=(12, 4 * max(len(directions), 1)), squeeze=False)
+    for ax, direction in zip(axes[:, 0], directions, strict=False):
+        cases = [c for c in results["cases"] if c["direction"] == direction and speedup(c)]
+        labels = [f"{c['name']}\n{c['dtype']}" for c in cases]
+        values = [speedup(c) for c in cases]
+        ax.bar(range(len(values)), values, color=["tab:green" if v >= 1 else "tab:red" for v in values])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("speedup over cuDNN (CL)")
+        ax.set_title(f"{direction}: tconv3d vs cuDNN channels_last_3d on {results['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def merge(old: dict, new: dict) -> dict:
+    """`new` over `old`: cases replaced by (name, direction, dtype), scenarios replaced when present in `new`."""
+
+    def case_key(c):
+        return c["name"], c["direction"], c["dtype"]
+
+    cases = {case_key(c): c for c in old.get("cases", [])}
+    cases.update({case_key(c): c for c in new.get("cases", [])})
+    merged = {**old, **{k: v for k, v in new.items() if v not in (None, [], {})}}
+    merged["cases"] = list(cases.values())
+    return merged
+
+
+def write_results(results: dict, out_dir: Path, merge_existing: bool = False) -> dict[str, Path]:
+    """Write <device>.json, .md and .png into out_dir; with merge_existing, fold into the existing JSON first."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = device_file_stem(results["device"])
+    json_path = out_dir / f"{stem}.json"
+    if merge_existing and json_path.exists():
+        results = merge(json.loads(json_path.read_text()), results)
+    results = {**results, "summary": summary(results)}
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    paths = {"json": json_path, "md": out_dir / f"{stem}.md"}
+    paths["md"].write_text(markdown(results))
+    png = out_dir / f"{stem}.png"
+    if plot(results, png):
+        paths["png"] = png
+    return paths

@@ -1,0 +1,353 @@
+"""python -m bench: tconv3d against cuDNN and torch.compile on the benchmark suite, on this GPU.
+
+    python -m bench                                  # the whole suite, bf16 (fp16/fp32 where a case lists them)
+    python -m bench --direction fwd --dtype bf16 --cases wan_dec_384a,unet_64 --merge
+
+Per case and implementation: median ms (triton.testing.do_bench, which flushes L2 between runs), TFLOP/s, % of
+the bf16 matmul peak measured in the same run, speedup over cuDNN channels_last_3d, peak memory, and tconv3d's
+relative L2 error against float64. Then the scenarios: the 3-layer stack, (1,3,3) Conv3d vs Conv2d, causal
+padding. Writes bench/results/<device>.json, .md and .png (see bench/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+import tconv3d
+from tconv3d.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
+from tconv3d.testing import reference_conv3d, rel_l2
+
+from . import report
+
+CL = torch.channels_last_3d
+RESULTS_DIR = Path(__file__).parent / "results"
+# Largest tensor (elements) for which the float64 error check runs on the full case; above, a replica.
+ERROR_CHECK_ELEMENTS = 1 << 26
+LAYOUT_KERNEL_WORDS = ("nhwctonchw", "nchwtonhwc", "permute", "transpose", "copy_kernel", "contiguous")
+
+
+def bench_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def measure_peaks() -> dict:
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    mm_ms = bench_ms(lambda: a @ b)
+    src = torch.empty(1 << 30, device="cuda", dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src))
+    return {
+        "bf16_mm_tflops": round(2 * n**3 / mm_ms * 1e-9, 1),
+        "copy_tbps": round(2 * src.numel() / copy_ms * 1e-9, 3),
+    }
+
+
+def peak_memory_mb(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _stock_conv(shape: ConvShape) -> torch.nn.Conv3d:
+    pad = shape.padding
+    if pad[0::2] != pad[1::2]:
+        raise ValueError(f"{shape.name}: the stock baselines need symmetric padding, got {pad}")
+    return torch.nn.Conv3d(shape.cin, shape.cout, shape.kernel, shape.stride, pad[0::2], shape.dilation, bias=False)
+
+
+def _make_inputs(shape: ConvShape, dtype):
+    x = torch.randn(shape.input_shape, device="cuda").to(dtype).contiguous(memory_format=CL)
+    w = (torch.randn(shape.weight_shape, device="cuda") / math.sqrt(shape.cin * math.prod(shape.kernel))).to(dtype)
+    return x, w.contiguous(memory_format=CL)
+
+
+def _implementations(shape: ConvShape, dtype, impls):
+    """name -> (forward callable taking x, the x and w it should be given)."""
+    x, w = _make_inputs(shape, dtype)
+    stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
+    out = {}
+    if "tconv3d" in impls:
+        out["tconv3d"] = (lambda x, w: tconv3d.conv3d(x, w, None, stride, padding, dilation), x, w)
+    sym = shape.padding[0::2]
+    if "cudnn_cl3d" in impls:
+        out["cudnn_cl3d"] = (lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation), x, w)
+    if "cudnn_ncdhw" in impls:
+        out["cudnn_ncdhw"] = (
+            lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation),
+            x.contiguous(),
+            w.contiguous(),
+        )
+    for name, mode in (("compile", "default"), ("compile_max_autotune", "max-autotune")):
+        if name in impls:
+            module = _stock_conv(shape).to("cuda", dtype).to(memory_format=CL)
+            module.weight.data = w.clone()
+            compiled = torch.compile(module, mode=mode)
+            out[name] = (lambda x, w, compiled=compiled: compiled(x), x, module.weight)
+    return out
+
+
+def _direction_fn(forward, x, w, direction):
+    """A no-argument callable doing one `direction` of the convolution, and the random upstream gradient."""
+    if direction == "fwd":
+        return lambda: forward(x, w)
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_() if not isinstance(w, torch.nn.Parameter) else w
+    y = forward(x, w)
+    grad_out = torch.randn_like(y)
+    if direction == "bwd":
+        return lambda: torch.autograd.grad(y, (x, w), grad_out, retain_graph=True)
+    return lambda: torch.autograd.grad(forward(x, w), (x, w), grad_out)
+
+
+def _replica(shape: ConvShape) -> ConvShape:
+    """The case itself if float64 tensors of it fit the check budget, else the same layer on a smaller volume."""
+    size = list(shape.size)
+    while shape.batch * max(shape.cin, shape.cout) * math.prod(size) > ERROR_CHECK_ELEMENTS:
+        i = size.index(max(size))
+        size[i] = max(size[i] // 2, shape.kernel[i] * shape.dilation[i])
+    return ConvShape(**{**shape.__dict__, "size": tuple(size)})
+
+
+def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
+    """Largest relative L2 error of tconv3d's results for `direction` against float64 autograd of F.conv3d."""
+    small = _replica(shape)
+    x, w = _make_inputs(small, dtype)
+    x64, w64 = (t.double().requires_grad_() for t in (x, w))
+    ref = reference_conv3d(x64, w64, None, small.stride, small.padding, small.dilation)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    xs, ws = x.requires_grad_(), w.requires_grad_()
+    y = tconv3d.conv3d(xs, ws, None, small.stride, small.padding, small.dilation)
+    errors = []
+    if direction in ("fwd", "fwd+bwd"):
+        errors.append(rel_l2(y, ref))
+    if direction in ("bwd", "fwd+bwd"):
+        gx, gw = torch.autograd.grad(y, (xs, ws), grad_out.to(dtype))
+        errors += [rel_l2(gx, x64.grad), rel_l2(gw, w64.grad)]
+    return max(errors)
+
+
+def bench_case(shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float) -> dict:
+    dtype = DTYPES_BY_NAME[dtype_name]
+    flops = shape.flops(direction)
+    case = {
+        "name": shape.name,
+        "direction": direction,
+        "dtype": dtype_name,
+        "shape": {
+            "input": list(shape.input_shape),
+            "weight": list(shape.weight_shape),
+            "stride": list(shape.stride),
+            "padding": list(shape.padding),
+            "dilation": list(shape.dilation),
+        },
+        "flops": flops,
+        "min_bytes": report.min_bytes(shape, direction, torch.empty((), dtype=dtype).element_size()),
+        "impls": {},
+    }
+    for name, (forward, x, w) in _implementations(shape, dtype, impls).items():
+        try:
+            fn = _direction_fn(forward, x, w, direction)
+            ms = bench_ms(fn)
+            case["impls"][name] = report.impl_figures(ms, flops, peak_tflops, peak_memory_mb(fn))
+        except Exception as error:  # a baseline that cannot run a case is reported, not fatal
+            case["impls"][name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        torch.cuda.empty_cache()
+    if "tconv3d" in case["impls"] and "error" not in case["impls"]["tconv3d"]:
+        case["impls"]["tconv3d"]["max_rel_err"] = tconv3d_error(shape, dtype, direction)
+    return case
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scenarios
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, cin=8, hidden=64, cout=8):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Conv3d(cin, hidden, 3, padding=1, bias=False),
+            torch.nn.Conv3d(hidden, hidden, 3, padding=1, bias=False),
+            torch.nn.Conv3d(hidden, cout, 3, padding=1, bias=False),
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def count_layout_kernels(step) -> int:
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = [e.name.lower() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(any(word in name for word in LAYOUT_KERNEL_WORDS) for name in names)
+
+
+def bench_stack() -> dict:
+    """The reported 3-layer stack: input 4 x 8 x 64 x 256 x 256, hidden 64, bf16, channels_last_3d; fwd+bwd step."""
+    x = torch.randn(4, 8, 64, 256, 256, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
+    x.requires_grad_()
+    stock = _Stack().to("cuda", torch.bfloat16).to(memory_format=CL)
+    ours = tconv3d.nn.convert(_Stack().to("cuda", torch.bfloat16))
+    ours.load_state_dict(stock.state_dict())
+    models = {
+        "cudnn_eager": stock,
+        "compile": torch.compile(stock),
+        "tconv3d_eager": ours,
+        "tconv3d_compiled": torch.compile(ours, fullgraph=True),
+    }
+    out = {}
+    for name, model in models.items():
+        grad_out = torch.randn(4, 8, 64, 256, 256, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
+
+        def step(model=model, grad_out=grad_out):
+            torch.autograd.grad(model(x), [x, *model.parameters()], grad_out)
+
+        out[name] = {"ms": round(bench_ms(step), 4), "layout_conversion_kernels": count_layout_kernels(step)}
+    return out
+
+
+def bench_conv2d_vs_conv3d() -> list[dict]:
+    """(1,3,3) Conv3d on (8, C, 500, 64, 64) against Conv2d (3,3) on the reshaped (4000, C, 64, 64)."""
+    rows = []
+    for channels in (2, 64):
+        for dtype_name in ("fp32", "bf16"):
+            dtype = DTYPES_BY_NAME[dtype_name]
+            x3 = torch.randn(8, channels, 500, 64, 64, device="cuda").to(dtype).contiguous(memory_format=CL)
+            w3 = torch.randn(channels, channels, 1, 3, 3, device="cuda").to(dtype).contiguous(memory_format=CL)
+            x2 = (
+                torch.randn(4000, channels, 64, 64, device="cuda")
+                .to(dtype)
+                .contiguous(memory_format=torch.channels_last)
+            )
+            w2 = w3[:, :, 0].contiguous(memory_format=torch.channels_last)
+            impls = {
+                "cudnn_conv3d": (lambda x, w: F.conv3d(x, w, None, 1, (0, 1, 1)), x3, w3),
+                "cudnn_conv2d": (lambda x, w: F.conv2d(x, w, None, 1, 1), x2, w2),
+                "tconv3d": (lambda x, w: tconv3d.conv3d(x, w, None, 1, (0, 1, 1)), x3, w3),
+            }
+            for direction in ("fwd", "bwd"):
+                row = {"name": f"c{channels}_{dtype_name}_{direction}"}
+                for name, (forward, x, w) in impls.items():
+                    row[f"{name}_ms"] = round(bench_ms(_direction_fn(forward, x, w, direction)), 4)
+                rows.append(row)
+            del x3, x2
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_causal(shapes: list[ConvShape]) -> list[dict]:
+    """Causal padding (2,0 / 1,1 / 1,1) on wan_dec_384b: explicit F.pad then cuDNN, against 6-value padding."""
+    shape = next(s for s in shapes if s.name == "wan_dec_384b")
+    x, w = _make_inputs(shape, torch.bfloat16)
+    impls = {
+        "pad_then_cudnn": (lambda x, w: F.conv3d(F.pad(x, (1, 1, 1, 1, 2, 0)), w), x, w),
+        "tconv3d": (lambda x, w: tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1)), x, w),
+    }
+    rows = []
+    for direction in ("fwd", "bwd"):
+        row = {"name": f"wan_dec_384b_causal_{direction}"}
+        for name, (forward, xx, ww) in impls.items():
+            row[f"{name}_ms"] = round(bench_ms(_direction_fn(forward, xx, ww, direction)), 4)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def plan_cases(shapes: list[ConvShape], dtype: str, directions, names=None) -> list[tuple[ConvShape, str, str]]:
+    """(shape, dtype, direction) to measure: bf16 for every case, fp16/fp32 where a case lists them."""
+    plan = []
+    for shape in shapes:
+        if names and shape.name not in names:
+            continue
+        dtypes = shape.dtypes if dtype == "all" else [d for d in shape.dtypes if d == dtype]
+        plan += [(shape, d, direction) for d in dtypes for direction in directions]
+    return plan
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).parent.parent
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", default="bench", help="a shipped shape set or a JSON file in its format")
+    parser.add_argument("--dtype", default="all", choices=["all", *DTYPES_BY_NAME], help="all: each case's dtypes")
+    parser.add_argument("--direction", default="all", choices=["all", *report.DIRECTIONS])
+    parser.add_argument(
+        "--impls", default=",".join(report.IMPLS), help="comma-separated subset of " + ",".join(report.IMPLS)
+    )
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--scenarios", default="stack,conv2d,causal", help="comma-separated, or 'none'")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--merge", action="store_true", help="fold into the existing results file instead of replacing it"
+    )
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("python -m bench needs a CUDA device: it times tconv3d against cuDNN on the GPU.")
+        return 2
+    torch.backends.cudnn.benchmark = True
+    shapes = load_shape_set(args.suite)
+    directions = report.DIRECTIONS if args.direction == "all" else (args.direction,)
+    impls = tuple(args.impls.split(","))
+    plan = plan_cases(shapes, args.dtype, directions, set(args.cases.split(",")) if args.cases else None)
+    peak = measure_peaks()
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "commit": git_commit(),
+        "date": datetime.date.today().isoformat(),
+        "peak": peak,
+        "cases": [],
+    }
+    for index, (shape, dtype_name, direction) in enumerate(plan, start=1):
+        case = bench_case(shape, dtype_name, direction, impls, peak["bf16_mm_tflops"])
+        results["cases"].append(case)
+        ratio = report.speedup(case)
+        tconv3d_ms = case["impls"].get("tconv3d", {}).get("ms")
+        gain = f"{ratio:.2f}x" if ratio else "-"
+        print(
+            f"[{index}/{len(plan)}] {shape.name} {dtype_name} {direction}: tconv3d {tconv3d_ms} ms, {gain}", flush=True
+        )
+    scenarios = set() if args.scenarios == "none" else set(args.scenarios.split(","))
+    if "stack" in scenarios:
+        results["stack"] = bench_stack()
+    if "conv2d" in scenarios:
+        results["conv2d_vs_conv3d"] = bench_conv2d_vs_conv3d()
+    if "causal" in scenarios:
+        results["causal"] = bench_causal(shapes)
+    paths = report.write_results(results, args.out, merge_existing=args.merge)
+    print(paths["md"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
