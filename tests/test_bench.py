@@ -1,0 +1,170 @@
+"""The parts of the benchmarks that need no GPU: the suite, FLOP and byte counts, the plan, result writing."""
+
+import json
+
+import pytest
+import torch
+
+from bench import report, run
+from tconv3d.shapes import load_shape_set
+
+# The suite as the benchmark issue lists it: (N, Cin, Cout, T, H, W, kernel, stride).
+SUITE = {
+    "wan_dec_384a": (1, 384, 384, 6, 60, 104, (3, 3, 3), 1),
+    "wan_dec_384b": (1, 384, 384, 6, 120, 208, (3, 3, 3), 1),
+    "wan_dec_192": (1, 192, 192, 6, 240, 416, (3, 3, 3), 1),
+    "wan_dec_96": (1, 96, 96, 6, 480, 832, (3, 3, 3), 1),
+    "hunyuan_512": (1, 512, 512, 5, 32, 32, (3, 3, 3), 1),
+    "hunyuan_128": (1, 128, 128, 17, 256, 256, (3, 3, 3), 1),
+    "cogvideo_256": (1, 256, 256, 7, 120, 180, (3, 3, 3), 1),
+    "unet_32": (2, 32, 32, 128, 128, 128, (3, 3, 3), 1),
+    "unet_64": (2, 64, 64, 64, 64, 64, (3, 3, 3), 1),
+    "unet_320": (2, 320, 320, 8, 8, 8, (3, 3, 3), 1),
+    "unet_aniso": (2, 32, 32, 40, 192, 160, (1, 3, 3), 1),
+    "down_s2": (2, 64, 128, 64, 64, 64, (3, 3, 3), 2),
+    "first_cin3": (1, 3, 128, 17, 256, 256, (3, 3, 3), 1),
+    "stack_64": (4, 64, 64, 64, 256, 256, (3, 3, 3), 1),
+}
+
+
+def test_suite_is_the_issue_list():
+    shapes = {s.name: s for s in load_shape_set("bench")}
+    assert list(shapes) == list(SUITE)
+    for name, (n, cin, cout, t, h, w, kernel, stride) in SUITE.items():
+        s = shapes[name]
+        assert (s.batch, s.cin, s.cout, s.size, s.kernel, s.stride) == (n, cin, cout, (t, h, w), kernel, (stride,) * 3)
+        assert s.padding == tuple(k // 2 for k in kernel for _ in range(2))  # "same"-size padding
+        assert "bf16" in s.dtypes
+
+
+def test_flop_counts():
+    shapes = {s.name: s for s in load_shape_set("bench")}
+    wan = shapes["wan_dec_384a"]
+    one_direction = 2 * (1 * 6 * 60 * 104) * 384 * (384 * 27)
+    assert wan.flops("fwd") == one_direction
+    assert wan.flops("bwd") == 2 * one_direction
+    assert wan.flops("fwd+bwd") == 3 * one_direction
+    down = shapes["down_s2"]  # stride 2: 32^3 output voxels per item
+    assert down.flops("fwd") == 2 * (2 * 32**3) * 128 * (64 * 27)
+
+
+def test_min_bytes():
+    shape = {s.name: s for s in load_shape_set("bench")}["unet_320"]
+    x = y = 2 * 320 * 8**3
+    w = 320 * 320 * 27
+    assert report.min_bytes(shape, "fwd", 2) == 2 * (x + w + y)
+    assert report.min_bytes(shape, "bwd", 2) == 2 * 2 * (x + w + y)
+
+
+def test_user_shape_file(tmp_path):
+    path = tmp_path / "mine.json"
+    case = {"name": "causal", "batch": 1, "cin": 8, "cout": 8, "size": [5, 6, 7], "kernel": 3,
+            "padding": [2, 0, 1, 1, 1, 1], "dtypes": ["fp16"]}  # fmt: skip
+    path.write_text(json.dumps({"name": "mine", "cases": [case]}))
+    (shape,) = load_shape_set(path)
+    assert shape.padding == (2, 0, 1, 1, 1, 1) and shape.kernel == (3, 3, 3) and shape.dtypes == ("fp16",)
+    assert shape.geometry().out_size == (5, 6, 7)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("{", "not valid JSON"),
+        ('{"cases": []}', "non-empty 'cases'"),
+        ('{"cases": [{"name": "a", "batch": 1, "cin": 2, "cout": 2, "size": [4, 4, 4]}]}', "lacks the field 'kernel'"),
+        ('{"cases": [{"name": "a", "batch": 1, "cin": 2, "cout": 2, "size": [4, 4], "kernel": 3}]}', "size must be"),
+        ('{"cases": [{"name": "a", "batch": 1, "cin": 2, "cout": 2, "size": [2, 4, 4], "kernel": 5, "padding": 0}]}',
+         "smaller than the dilated kernel"),
+        ('{"cases": [{"name": "a", "batch": 1, "cin": 2, "cout": 2, "size": [4, 4, 4], "kernel": 3, '
+         '"dtypes": ["fp8"]}]}',
+         "unknown dtype"),
+    ],
+)  # fmt: skip
+def test_bad_shape_files_name_the_problem(tmp_path, content, words):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=words):
+        load_shape_set(path)
+
+
+def test_unknown_shape_set():
+    with pytest.raises(FileNotFoundError, match="no shape set 'nope'"):
+        load_shape_set("nope")
+
+
+def test_plan_runs_bf16_everywhere_and_other_dtypes_on_the_subset():
+    shapes = load_shape_set("bench")
+    plan = run.plan_cases(shapes, "all", ("fwd", "bwd"))
+    bf16 = {(s.name, d) for s, dt, d in plan if dt == "bf16"}
+    assert len(bf16) == 2 * len(shapes)
+    subset = {s.name for s, dt, _ in plan if dt == "fp32"}
+    assert subset == {"wan_dec_384a", "hunyuan_512", "unet_64", "unet_aniso"}
+    assert run.plan_cases(shapes, "bf16", ("fwd",), {"unet_64"}) == [(shapes[8], "bf16", "fwd")]
+
+
+def synthetic_results():
+    def case(name, direction, ours, cudnn):
+        flops = 10**12
+        return {
+            "name": name, "direction": direction, "dtype": "bf16", "shape": {}, "flops": flops, "min_bytes": 1,
+            "impls": {"tconv3d": {**report.impl_figures(ours, flops, 800.0, 12.0), "max_rel_err": 3e-3},
+                      "cudnn_cl3d": report.impl_figures(cudnn, flops, 800.0, 10.0),
+                      "compile": {"error": "RuntimeError: no"}},
+        }  # fmt: skip
+
+    return {
+        "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "cudnn": 91000,
+        "commit": "abc", "date": "2026-11-22", "peak": {"bf16_mm_tflops": 800.0, "copy_tbps": 3.0},
+        "cases": [case("a", "fwd", 2.0, 4.0), case("b", "fwd", 4.0, 2.0), case("a", "bwd", 1.0, 3.0)],
+        "stack": {"cudnn_eager": {"ms": 9.0, "layout_conversion_kernels": 0},
+                  "compile": {"ms": 12.0, "layout_conversion_kernels": 6}},
+        "conv2d_vs_conv3d": [
+            {"name": "c2_bf16_fwd", "cudnn_conv3d_ms": 1.0, "cudnn_conv2d_ms": 0.5, "tconv3d_ms": 0.4}
+        ],
+        "causal": [],
+    }  # fmt: skip
+
+
+def test_figures_and_summary():
+    results = synthetic_results()
+    fig = results["cases"][0]["impls"]["tconv3d"]
+    assert fig["tflops"] == 500.0 and fig["pct_of_peak"] == 62.5 and fig["peak_mem_mb"] == 12.0
+    assert report.speedup(results["cases"][0]) == 2.0
+    summary = report.summary(results)
+    assert summary["fwd/bf16"] == {"geomean_speedup": 1.0, "worst_speedup": 0.5, "worst_case": "b", "cases": 2}
+    assert summary["bwd/bf16"]["geomean_speedup"] == 3.0
+
+
+def test_results_files(tmp_path):
+    paths = report.write_results(synthetic_results(), tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert paths["json"].name == "NVIDIA_H100_80GB_HBM3.json"
+    for key in ("device", "torch", "triton", "cudnn", "commit", "date", "peak", "cases", "stack", "summary"):
+        assert key in data
+    assert set(data["cases"][0]["impls"]["tconv3d"]) >= {"ms", "tflops", "peak_mem_mb", "max_rel_err"}
+    text = paths["md"].read_text()
+    assert "| a | bf16 | fwd | 2.000 | 4.000 | 2.00x |" in text
+    assert "| fwd/bf16 | 1.00x | 0.50x | b |" in text
+    assert "| compile | 12.000 | 6 |" in text
+    if "png" in paths:
+        assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_replaces_cases_by_name_direction_dtype(tmp_path):
+    report.write_results(synthetic_results(), tmp_path)
+    update = synthetic_results()
+    update["cases"] = [update["cases"][1]]
+    update["cases"][0]["impls"]["tconv3d"]["ms"] = 1.0
+    update["stack"] = {}
+    paths = report.write_results(update, tmp_path, merge_existing=True)
+    data = json.loads(paths["json"].read_text())
+    assert len(data["cases"]) == 3
+    assert next(c for c in data["cases"] if c["name"] == "b")["impls"]["tconv3d"]["ms"] == 1.0
+    assert data["stack"]["compile"]["layout_conversion_kernels"] == 6  # kept: the update measured no stack
+
+
+def test_bench_command_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the command would benchmark for real")
+    assert run.main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out
