@@ -47,6 +47,10 @@ def speedup(case: dict, impl: str = "tconv3d", baseline: str = BASELINE) -> floa
     return impls[baseline]["ms"] / impls[impl]["ms"]
 
 
+def _rounded(value, digits=3):
+    return None if value is None else round(value, digits)
+
+
 def geomean(values) -> float | None:
     values = [v for v in values if v]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
@@ -178,6 +182,10 @@ def write_results(results: dict, out_dir: Path, merge_existing: bool = False) ->
     json_path = out_dir / f"{stem}.json"
     if merge_existing and json_path.exists():
         results = merge(json.loads(json_path.read_text()), results)
+    for case in results["cases"]:
+        for name, figures in case["impls"].items():
+            if "ms" in figures:
+                figures["speedup_vs_cudnn_cl3d"] = _rounded(speedup(case, name))
     results = {**results, "summary": summary(results)}
     json_path.write_text(json.dumps(results, indent=1) + "\n")
     paths = {"json": json_path, "md": out_dir / f"{stem}.md"}

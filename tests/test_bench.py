@@ -142,6 +142,7 @@ def test_results_files(tmp_path):
     for key in ("device", "torch", "triton", "cudnn", "commit", "date", "peak", "cases", "stack", "summary"):
         assert key in data
     assert set(data["cases"][0]["impls"]["tconv3d"]) >= {"ms", "tflops", "peak_mem_mb", "max_rel_err"}
+    assert data["cases"][0]["impls"]["tconv3d"]["speedup_vs_cudnn_cl3d"] == 2.0
     text = paths["md"].read_text()
     assert "| a | bf16 | fwd | 2.000 | 4.000 | 2.00x |" in text
     assert "| fwd/bf16 | 1.00x | 0.50x | b |" in text
