@@ -3,6 +3,7 @@
 #   bash bench/gpu_session.sh tests   # the whole suite on CUDA tensors, then the main job
 #   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
+#   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
 # Logs and results go under $OUT (the device tool brings that folder back); each stage fits one 10-minute call.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -29,8 +30,13 @@ case "$stage" in
     timeout 560 python3 -m bench --out bench/results --merge ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
     cp bench/results/* "$OUT/" 2>/dev/null
     ;;
+  reliability)
+    OUT="$OUT" timeout 200 bash tests/gpu/memcheck.sh
+    timeout 150 python3 tests/gpu/huge_tensor.py --out "$OUT/huge_tensor.json" 2>&1 | tee "$OUT/huge_tensor.log"
+    timeout 200 python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
+    ;;
   *)
-    echo "unknown stage $stage: tests, tune or bench" >&2
+    echo "unknown stage $stage: tests, tune, bench or reliability" >&2
     exit 2
     ;;
 esac

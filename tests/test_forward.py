@@ -99,3 +99,21 @@ def test_many_tiles(small_tiles, dtype, device):
     case = Case("many_tiles", 1, 33, 40, (3, 6, 7), (2, 1, 3), stride=(1, 2, 1), padding=(1, 0, 1, 1, 2, 0))
     y, ref = run_case(case, dtype, device, bias=True)
     assert rel_l2(y, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy's inf - inf, in the interpreter
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_nan_and_inf_reach_the_same_outputs_as_torch(poison, dtype, device):
+    """Non-finite inputs must mark exactly the outputs they mark in torch's convolution (cuDNN on a GPU)."""
+    case = CASES[-1]  # strides, dilation and asymmetric padding: receptive fields of every shape
+    x, w = case.input(dtype, device), case.weight(dtype, device)
+    positions = torch.randperm(x.numel(), device=device)[:5]
+    x.permute(0, 2, 3, 4, 1).view(-1)[positions] = poison  # the NDHWC storage, in place
+    x[0, 0, 0, 0, 0] = poison  # a corner voxel
+    y = tconv3d.conv3d(x, w, None, case.stride, case.padding, case.dilation)
+    geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, case.dilation, 1)
+    expected = tconv3d.aten.conv3d_fwd(x, w, None, geom)
+    assert expected.isnan().any() or expected.isinf().any()
+    assert torch.equal(y.isnan(), expected.isnan())
+    assert torch.equal(y.isinf(), expected.isinf())

@@ -81,3 +81,44 @@ def test_output_written_everywhere():
     del filler
     y = tconv3d.conv3d(x, w, None, case.stride, case.padding)
     assert torch.isfinite(y).all()
+
+
+def _peak_fwd_bwd_mb(model, x) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = model(x)
+    torch.autograd.grad(y, [x, *model.parameters()], torch.ones_like(y))
+    del y
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def _stack(cin, hidden, cout):
+    return torch.nn.Sequential(
+        torch.nn.Conv3d(cin, hidden, 3, padding=1, bias=False),
+        torch.nn.Conv3d(hidden, hidden, 3, padding=1, bias=False),
+        torch.nn.Conv3d(hidden, cout, 3, padding=1, bias=False),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "make_model", "input_shape"),
+    [
+        ("stack", lambda: _stack(8, 64, 8), (2, 8, 32, 128, 128)),
+        ("wan_dec_384a", lambda: torch.nn.Conv3d(384, 384, 3, padding=1), (1, 384, 6, 60, 104)),
+        ("unet_64", lambda: torch.nn.Conv3d(64, 64, 3, padding=1), (2, 64, 64, 64, 64)),
+    ],
+)
+def test_peak_memory_not_above_cudnn(name, make_model, input_shape):
+    """No hidden workspace: forward + backward peak memory at most cuDNN's (channels_last_3d, bf16)."""
+    stock = make_model().cuda().bfloat16().to(memory_format=torch.channels_last_3d)
+    ours = tconv3d.nn.convert(make_model().cuda().bfloat16())
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(input_shape, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    x.requires_grad_()
+    for model in (stock, ours):  # warm up: compilation, cuDNN algorithm search
+        _peak_fwd_bwd_mb(model, x)
+    cudnn_mb, tconv3d_mb = _peak_fwd_bwd_mb(stock, x), _peak_fwd_bwd_mb(ours, x)
+    print(f"{name}: peak fwd+bwd memory cuDNN {cudnn_mb:.0f} MiB, tconv3d {tconv3d_mb:.0f} MiB")
+    assert tconv3d_mb <= cudnn_mb * 1.001 + 1

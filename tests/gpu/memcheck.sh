@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# compute-sanitizer over tconv3d's three kernels on small awkward shapes: memcheck on all of them, racecheck on
+# one. Run from the repository root on a CUDA machine; logs go to ${OUT:-tests/gpu_logs}.
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+out=${OUT:-tests/gpu_logs}
+mkdir -p "$out"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [ -z "$sanitizer" ]; then
+  echo "compute-sanitizer not found" >&2
+  exit 2
+fi
+status=0
+"$sanitizer" --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py 2>&1 | tee "$out/memcheck.log" || status=1
+"$sanitizer" --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py --quick 2>&1 | tee "$out/racecheck.log" || status=1
+grep -h "ERROR SUMMARY" "$out/memcheck.log" "$out/racecheck.log"
+exit $status
