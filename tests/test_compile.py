@@ -169,3 +169,16 @@ def test_profiler_sees_no_conversion_kernels_on_gpu():
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     conversions = [n for n in names if any(word.lower() in n.lower() for word in LAYOUT_KERNEL_NAMES)]
     assert conversions == [], conversions
+
+
+def test_functional_api_compiles_fullgraph(device):
+    """tconv3d.conv3d itself (argument checks included) traces into one graph."""
+    graphs, backend = capture_graphs()
+    w = torch.randn(4, 3, 3, 3, 3, device=device).contiguous(memory_format=CL)
+
+    def f(x):
+        return tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1)).relu()
+
+    x = torch.randn(2, 3, 5, 6, 7, device=device).contiguous(memory_format=CL)
+    assert rel_l2(torch.compile(f, backend=backend, fullgraph=True)(x), f(x)) < TOLERANCE[torch.float32]
+    assert call_targets(graphs[0]).count("tconv3d.conv3d.default") == 1
