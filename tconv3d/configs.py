@@ -28,6 +28,8 @@ MIN_TILE = 16
 SPLIT_SUM_BLOCK = 1024
 # fp32 accumulator registers one thread may hold before the compiler spills.
 MAX_ACC_PER_THREAD = 128
+# Largest fp32 split-K workspace the weight gradient may allocate (splits x Cout x taps x Cin x 4 bytes).
+WGRAD_WORKSPACE_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,12 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
         return False
     if config.block_k > _pow2_at_least(view.reduction):
         return False
-    if direction == "wgrad" and config.split_k > triton.cdiv(view.reduction, config.block_k):
-        return False
+    if direction == "wgrad":
+        if config.split_k > triton.cdiv(view.reduction, config.block_k):
+            return False
+        workspace = config.split_k * view.rows * view.cols * geom.taps * 4 if config.split_k > 1 else 0
+        if workspace > WGRAD_WORKSPACE_BYTES:
+            return False
     element = torch.empty((), dtype=dtype).element_size()
     buffers = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
     if buffers > smem_bytes:

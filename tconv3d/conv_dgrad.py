@@ -32,16 +32,18 @@ def _conv3d_dgrad_kernel(
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
     for which that division is exact.
 
-    GEMM view: M = N*D*H*W input voxels, taken one stride phase at a time (grid axis 1 picks the phase: the
-    input coordinate modulo the stride in d, h and w), N = Cin columns, K = live taps x Cout. Within a phase the
-    same taps land on whole output voxels for every row, so the host lists those live taps and the dead ones,
-    most of a strided transposed convolution, cost nothing.
+    GEMM view: M = N*D*H*W input voxels, taken one stride phase at a time (the phase is the input coordinate
+    modulo the stride in d, h and w; programs run phase after phase), N = Cin columns, K = live taps x Cout.
+    Within a phase the same taps land on whole output voxels for every row, so the host lists those live taps
+    and the dead ones, most of a strided transposed convolution, cost nothing.
     """
-    phase = tl.program_id(1)
+    num_m = tl.cdiv(M_PHASE, BLOCK_M)
+    num_n = tl.cdiv(C_IN, BLOCK_N)
+    phase = tl.program_id(0) // (num_m * num_n)
     rw = phase % STRIDE_W
     rh = (phase // STRIDE_W) % STRIDE_H
     rd = phase // (STRIDE_W * STRIDE_H)
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M_PHASE, BLOCK_M), tl.cdiv(C_IN, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0) % (num_m * num_n), num_m, num_n, GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] voxels of this phase
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
@@ -127,7 +129,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig | No
     phase_size = [triton.cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
-    grid = (triton.cdiv(rows, cfg.block_m) * triton.cdiv(geom.in_channels, cfg.block_n), phases)
+    grid = (triton.cdiv(rows, cfg.block_m) * triton.cdiv(geom.in_channels, cfg.block_n) * phases,)
     _conv3d_dgrad_kernel[grid](
         grad_out, weight, grad_in, taps, counts,
         rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, *phase_size,

@@ -85,6 +85,7 @@ def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig | None 
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
+    bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     cfg = config or pick_config("fwd", geom, x.dtype, x.device, run=lambda c: conv3d_fwd(x, weight, bias, geom, c))
     upcast, precision = dot_flags(x.dtype)
     rows = geom.output_voxels

@@ -60,6 +60,7 @@ CASES = [
     Case("same_even_kernel", 1, 3, 4, (5, 6, 7), (2, 3, 4), padding="same"),
     Case("valid", 1, 4, 3, (5, 6, 7), 3, padding="valid"),
     Case("kernel_7x2x5", 1, 2, 3, (8, 5, 9), (7, 2, 5), padding=(3, 0, 2)),
+    Case("stride_above_kernel", 1, 3, 4, (7, 8, 9), (1, 2, 2), stride=(2, 3, 3)),  # phases no tap reaches
     Case("mixed_stride_dilation_asym", 1, 3, 5, (9, 8, 10), (2, 3, 4), (2, 3, 2), (0, 1, 2, 0, 1, 3), (2, 1, 1)),
 ]
 

@@ -117,3 +117,11 @@ def test_nan_and_inf_reach_the_same_outputs_as_torch(poison, dtype, device):
     assert expected.isnan().any() or expected.isinf().any()
     assert torch.equal(y.isnan(), expected.isnan())
     assert torch.equal(y.isinf(), expected.isinf())
+
+
+def test_strided_bias_view(device):
+    case = CASES[1]
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
+    bias = torch.randn(2 * case.cout, device=device)[::2]  # a view with stride 2
+    y = tconv3d.conv3d(x, w, bias, case.stride, case.padding)
+    assert rel_l2(y, case_reference(x, w, bias, case)) < TOLERANCE[torch.float32]

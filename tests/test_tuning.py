@@ -335,3 +335,11 @@ def test_tune_command_needs_a_gpu(capsys):
         pytest.skip("on a GPU the command would tune for real")
     assert tune.main(["--shapes", "bench"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_wgrad_candidates_bound_their_workspace():
+    geom = geometry(cin=512, cout=512, size=(16, 64, 64))
+    found = candidates("wgrad", geom, torch.bfloat16, 228 * 1024)
+    assert found
+    assert all(c.split_k * 512 * 512 * 27 * 4 <= configs.WGRAD_WORKSPACE_BYTES for c in found if c.split_k > 1)
+    assert max(c.split_k for c in found) < 128
