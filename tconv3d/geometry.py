@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,20 +61,23 @@ class ConvGeometry:
         return 2 * self.output_voxels * self.out_channels * self.in_channels * self.taps
 
 
+def _is_int(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (numbers.Integral, torch.SymInt))
+
+
 def _int_tuple(value, name: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}")
-    if isinstance(value, int):
-        return (value,)
+    if _is_int(value):
+        return (value if isinstance(value, torch.SymInt) else int(value),)
     if not isinstance(value, Sequence) or isinstance(value, str):
         raise TypeError(f"{name} must be an int or a sequence of ints, got {type(value).__name__}")
     if len(value) not in lengths:
-        allowed = ", ".join(str(n) for n in lengths)
+        *head, last = (str(n) for n in lengths)
+        allowed = f"{', '.join(head)} or {last}" if head else last
         raise ValueError(f"{name} must have {allowed} values, got {len(value)}: {tuple(value)}")
     for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)):
+        if not _is_int(v):
             raise TypeError(f"{name} must contain ints, got {v!r} in {tuple(value)}")
-    return tuple(value)
+    return tuple(v if isinstance(v, torch.SymInt) else int(v) for v in value)
 
 
 def triple(value, name: str) -> tuple[int, int, int]:
@@ -175,7 +179,7 @@ def check_conv3d(input, weight, bias, stride, padding, dilation, groups) -> Conv
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
     naming the problem, so no bad argument ever reaches a kernel."""
     check_tensors(input=input, weight=weight, bias=bias)
-    if isinstance(groups, bool) or not isinstance(groups, (int, torch.SymInt)):
+    if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
     if groups != 1:
         raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
