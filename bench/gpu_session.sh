@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One device-machine call per stage, run from the repository root with the machine's own torch and triton:
-#   bash bench/gpu_session.sh tests   # the whole suite on CUDA tensors, then the main job
+#   bash bench/gpu_session.sh tests   # the suite on CUDA tensors, torch.compile and GPU-marked tests aside
+#   bash bench/gpu_session.sh gpu     # tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), main job
 #   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
 #   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
 # Logs and results go under $OUT (the device tool brings that folder back); each stage fits one 10-minute call.
+# The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
+# <device>.json into autotune_configs/ (tune) or the returned results into bench/results/ (bench), so that the
+# next call resumes (tune) or merges (bench) instead of starting over.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tconv3d-out}
@@ -18,7 +22,12 @@ stage=${1:-tests}
 
 case "$stage" in
   tests)
-    timeout 420 python3 -m pytest tests -q -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+    timeout 560 python3 -m pytest tests -q -p no:cacheprovider --durations=10 \
+      --ignore=tests/test_compile.py --ignore=tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
+    ;;
+  gpu)
+    timeout 420 python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s -p no:cacheprovider --durations=10 \
+      2>&1 | tee "$OUT/gpu_tests.log"
     timeout 120 python3 -m tconv3d 2>&1 | tee "$OUT/main_job.log"
     ;;
   tune)
@@ -36,7 +45,7 @@ case "$stage" in
     timeout 200 python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
     ;;
   *)
-    echo "unknown stage $stage: tests, tune, bench or reliability" >&2
+    echo "unknown stage $stage: tests, gpu, tune, bench or reliability" >&2
     exit 2
     ;;
 esac
