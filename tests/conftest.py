@@ -44,3 +44,15 @@ def small_tiles(monkeypatch):
     """Force 16x16x16 tiles so that problems span many tiles along every axis (and wgrad several splits)."""
     monkeypatch.setattr(configs, "_memo", {})
     monkeypatch.setattr(configs, "_select", lambda *args: SMALL_TILES)
+
+
+@pytest.fixture
+def gpu_heuristic_tiles(monkeypatch):
+    """Run with the tiles the heuristic picks for an H100 (132 SMs), so the interpreter checks the masks and
+    split-K ranges of the configs GPUs will actually launch."""
+    monkeypatch.setattr(configs, "_memo", {})
+    monkeypatch.setattr(
+        configs,
+        "_select",
+        lambda direction, geom, dtype, device, run: configs.heuristic_config(direction, geom, dtype, 132),
+    )

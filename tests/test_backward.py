@@ -102,6 +102,19 @@ def test_many_tiles_and_splits(small_tiles, dtype, device):
         assert rel_l2(ours, ref) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_gpu_heuristic_tiles(gpu_heuristic_tiles, dtype, device):
+    case = Case("heuristic_tiles", 2, 20, 36, (5, 9, 24), 3, stride=(1, 2, 1), padding=(2, 0, 1, 1, 1, 1))
+    x, w = case.input(dtype, device), case.weight(dtype, device)
+    geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, 1, 1)
+    assert tconv3d.configs.pick_config("wgrad", geom, dtype, x.device).split_k > 1
+    fwd = tconv3d.configs.pick_config("fwd", geom, dtype, x.device)
+    assert (fwd.block_m, fwd.block_n, fwd.block_k) == (64, 64, 32)  # partial tiles along M, N (Cout 36) and K (Cin 20)
+    grads, expected = tconv3d_and_reference_grads(case, dtype, device)
+    for ours, ref in zip(grads, expected, strict=True):
+        assert rel_l2(ours, ref) < TOLERANCE[dtype]
+
+
 def test_empty_batch_gradients(device):
     x = leaf_copy(torch.randn(0, 3, 4, 5, 6, device=device))
     w = leaf_copy(torch.randn(5, 3, 3, 3, 3, device=device))
