@@ -104,7 +104,7 @@ def test_many_tiles_and_splits(small_tiles, dtype, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_gpu_heuristic_tiles(gpu_heuristic_tiles, dtype, device):
-    case = Case("heuristic_tiles", 2, 20, 36, (5, 9, 24), 3, stride=(1, 2, 1), padding=(2, 0, 1, 1, 1, 1))
+    case = Case("heuristic_tiles", 2, 20, 36, (4, 9, 26), (2, 3, 3), stride=(1, 2, 1), padding=(1, 0, 1, 1, 1, 1))
     x, w = case.input(dtype, device), case.weight(dtype, device)
     geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, 1, 1)
     assert tconv3d.configs.pick_config("wgrad", geom, dtype, x.device).split_k > 1
