@@ -25,7 +25,7 @@ import triton.testing
 
 import tconv3d
 from tconv3d.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
-from tconv3d.testing import reference_conv3d, rel_l2
+from tconv3d.testing import float64_errors, random_conv_inputs
 
 from . import report
 
@@ -70,9 +70,7 @@ def _stock_conv(shape: ConvShape) -> torch.nn.Conv3d:
 
 
 def _make_inputs(shape: ConvShape, dtype):
-    x = torch.randn(shape.input_shape, device="cuda").to(dtype).contiguous(memory_format=CL)
-    w = (torch.randn(shape.weight_shape, device="cuda") / math.sqrt(shape.cin * math.prod(shape.kernel))).to(dtype)
-    return x, w.contiguous(memory_format=CL)
+    return random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cuda")
 
 
 def _implementations(shape: ConvShape, dtype, impls):
@@ -126,19 +124,9 @@ def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
     """Largest relative L2 error of tconv3d's results for `direction` against float64 autograd of F.conv3d."""
     small = _replica(shape)
     x, w = _make_inputs(small, dtype)
-    x64, w64 = (t.double().requires_grad_() for t in (x, w))
-    ref = reference_conv3d(x64, w64, None, small.stride, small.padding, small.dilation)
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    xs, ws = x.requires_grad_(), w.requires_grad_()
-    y = tconv3d.conv3d(xs, ws, None, small.stride, small.padding, small.dilation)
-    errors = []
-    if direction in ("fwd", "fwd+bwd"):
-        errors.append(rel_l2(y, ref))
-    if direction in ("bwd", "fwd+bwd"):
-        gx, gw = torch.autograd.grad(y, (xs, ws), grad_out.to(dtype))
-        errors += [rel_l2(gx, x64.grad), rel_l2(gw, w64.grad)]
-    return max(errors)
+    errors = float64_errors(x, w, None, small.stride, small.padding, small.dilation)
+    wanted = {"fwd": ["output"], "bwd": ["grad_input", "grad_weight"], "fwd+bwd": list(errors)}[direction]
+    return max(errors[name] for name in wanted)
 
 
 def bench_case(shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float) -> dict:

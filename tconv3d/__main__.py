@@ -15,14 +15,13 @@ import torch
 from . import settings
 from .functional import conv3d
 from .geometry import check_conv3d
-from .testing import TOLERANCE, reference_conv3d, rel_l2
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from .shapes import DTYPES_BY_NAME
+from .testing import TOLERANCE, exact_fp32, float64_errors, random_conv_inputs, rel_l2
 
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m tconv3d", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES_BY_NAME), default="bf16")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--channels", type=int, default=None, help="Cin = Cout (default 128 on GPU, 8 on CPU)")
     parser.add_argument("--size", default=None, help="DxHxW (default 16x128x128 on GPU, 4x6x8 on CPU)")
@@ -30,18 +29,10 @@ def _parse_args(argv):
 
 
 def _problem(args, device, channels, size):
-    dtype = DTYPES[args.dtype]
     channels = args.channels or channels
     d, h, w = (int(s) for s in (args.size or size).split("x"))
-    x = (
-        torch.randn(args.batch, channels, d, h, w, device=device)
-        .to(dtype)
-        .contiguous(memory_format=torch.channels_last_3d)
-    )
-    weight = (torch.randn(channels, channels, 3, 3, 3, device=device) / (27 * channels) ** 0.5).to(dtype)
-    weight = weight.contiguous(memory_format=torch.channels_last_3d)
-    bias = torch.randn(channels, device=device).to(dtype)
-    return x, weight, bias
+    input_shape, weight_shape = (args.batch, channels, d, h, w), (channels, channels, 3, 3, 3)
+    return random_conv_inputs(input_shape, weight_shape, DTYPES_BY_NAME[args.dtype], device, bias=True)
 
 
 def _forward_and_backward(conv, x, weight, bias, grad_out):
@@ -61,17 +52,9 @@ def _cpu_selfcheck(args) -> int:
     for name in ("fp32", args.dtype) if args.dtype != "fp32" else ("fp32",):
         args.dtype = name
         x, weight, bias = _problem(args, "cpu", channels=8, size="4x6x8")
-        x64, w64, b64 = (t.double().requires_grad_() for t in (x, weight, bias))
-        ref = reference_conv3d(x64, w64, b64, 1, 1)
-        grad_out = torch.randn_like(ref)
-        ref.backward(grad_out)
-        ours = _forward_and_backward(conv3d, x, weight, bias, grad_out.to(x.dtype))
         tol = TOLERANCE[x.dtype]
         print(f"\n{name}: input {tuple(x.shape)} channels_last_3d, 3x3x3, padding 1; tolerance {tol:g}")
-        for label, a, e in zip(
-            ("output", "grad_input", "grad_weight", "grad_bias"), ours, (ref, x64.grad, w64.grad, b64.grad), strict=True
-        ):
-            err = rel_l2(a, e)
+        for label, err in float64_errors(x, weight, bias, 1, 1).items():
             failed |= not err < tol
             print(f"  {label:<12} relative L2 error vs float64: {err:.2e}  {'ok' if err < tol else 'FAIL'}")
     print("\nTiming needs a CUDA device; on this machine only correctness is checked.")
@@ -87,13 +70,10 @@ def _gpu_benchmark(args) -> int:
     grad_out = (
         torch.randn(geom.output_shape(), device="cuda").to(x.dtype).contiguous(memory_format=torch.channels_last_3d)
     )
-    # fp32 reference with exact products, on the same rounded inputs.
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    reference = _forward_and_backward(
-        torch.nn.functional.conv3d, *(t.float() for t in (x, weight, bias)), grad_out.float()
-    )
-    torch.backends.cudnn.allow_tf32 = tf32
+    with exact_fp32():  # the fp32 reference, on the same rounded inputs
+        reference = _forward_and_backward(
+            torch.nn.functional.conv3d, *(t.float() for t in (x, weight, bias)), grad_out.float()
+        )
     tol = TOLERANCE[x.dtype]
     print(f"{torch.cuda.get_device_name()}: input {tuple(x.shape)} {args.dtype} channels_last_3d, 3x3x3, padding 1")
     print(f"{'':<10}{'direction':<10}{'ms':>9}{'TFLOP/s':>9}  rel. L2 error vs fp32 (out, dx, dw)")

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import triton
 
+from . import settings
 from .geometry import ConvGeometry
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
@@ -316,7 +317,7 @@ def _select(direction, geom, dtype, device, run) -> KernelConfig:
     table = tables.device_table(device)
     if key in table:
         return table[key]
-    if run is not None and tables.autotune_enabled():
+    if run is not None and settings.AUTOTUNE:
         return tune.tune_on_first_use(key, direction, geom, dtype, device, run)
     near = nearest_key(key, table)
     return table[near] if near is not None else default_config(direction, geom, dtype, device)

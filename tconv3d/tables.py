@@ -42,10 +42,6 @@ def table_dirs() -> list[Path]:
     return dirs
 
 
-def autotune_enabled() -> bool:
-    return settings.AUTOTUNE
-
-
 def table_metadata(device_name: str) -> dict:
     return {
         "device": device_name,

@@ -1,5 +1,8 @@
-"""The float64 reference, the error measure and the tolerances that the tests, the self-check and the
-benchmarks all judge tconv3d by."""
+"""The float64 reference, the error measure, the tolerances and the random problems that the tests, the
+self-check, the tuner and the benchmarks all judge tconv3d by."""
+
+import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +14,36 @@ from .geometry import resolve_padding, triple
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # fp32 with TF32 tensor-core products (torch.backends.cudnn.allow_tf32 = True): 10 significant bits per operand.
 TF32_TOLERANCE = 5e-3
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The bound for `dtype` under the current TF32 setting (tconv3d uses TF32 exactly when cuDNN may)."""
+    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+        return TF32_TOLERANCE
+    return TOLERANCE[dtype]
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """cuDNN without TF32 while inside: fp32 references take exact products."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
+def random_conv_inputs(input_shape, weight_shape, dtype, device, bias: bool = False):
+    """A unit-variance input and a weight scaled by 1/sqrt(fan-in), both channels_last_3d, in `dtype`
+    (and a unit-variance bias when asked): random data of realistic scale, never zeros."""
+    x = torch.randn(input_shape, device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    fan_in = math.prod(weight_shape[1:])
+    w = (torch.randn(weight_shape, device=device) / fan_in**0.5).to(dtype)
+    w = w.contiguous(memory_format=torch.channels_last_3d)
+    if not bias:
+        return x, w
+    return x, w, torch.randn(weight_shape[0], device=device).to(dtype)
 
 
 def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -28,3 +61,22 @@ def reference_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1) -> t
     df, db, ht, hb, wl, wr = resolve_padding(padding, kernel, stride, dilation)
     x64 = F.pad(x.double(), (wl, wr, ht, hb, df, db))
     return F.conv3d(x64, weight.double(), None if bias is None else bias.double(), stride, 0, dilation)
+
+
+def float64_errors(x, weight, bias=None, stride=1, padding=0, dilation=1) -> dict[str, float]:
+    """Relative L2 errors of tconv3d.conv3d's output and gradients against float64 autograd of F.conv3d on the
+    same inputs, under one random upstream gradient: {"output", "grad_input", "grad_weight"[, "grad_bias"]}."""
+    from .functional import conv3d  # the package imports this module; keep the import cycle out of import time
+
+    tensors = [x, weight] + ([bias] if bias is not None else [])
+    ours = [t.detach().requires_grad_() for t in tensors]
+    exact = [t.detach().double().requires_grad_() for t in tensors]
+    ref = reference_conv3d(*exact[:2], exact[2] if bias is not None else None, stride, padding, dilation)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y = conv3d(*ours[:2], ours[2] if bias is not None else None, stride, padding, dilation)
+    grads = torch.autograd.grad(y, ours, grad_out.to(y.dtype))
+    names = ["grad_input", "grad_weight", "grad_bias"][: len(ours)]
+    errors = {"output": rel_l2(y, ref)}
+    errors.update({name: rel_l2(g, e.grad) for name, g, e in zip(names, grads, exact, strict=True)})
+    return errors

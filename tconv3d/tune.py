@@ -24,7 +24,7 @@ from . import settings, tables
 from .configs import DIRECTIONS, KernelConfig, TuningKey, candidates, default_config, tuning_key
 from .geometry import ConvGeometry
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
-from .testing import TF32_TOLERANCE, TOLERANCE, rel_l2
+from .testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
 
 Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
 
@@ -105,12 +105,6 @@ def _timed_if_correct(
     return measure
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
-        return TF32_TOLERANCE
-    return TOLERANCE[dtype]
-
-
 def smem_limit(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     return getattr(props, "shared_memory_per_block_optin", 0) or 232448
@@ -127,7 +121,7 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     keep the winner in memory and in the cache folder's table for this GPU."""
     default = default_config(direction, geom, dtype, device)
     reference = run(default).clone()
-    measure = _timed_if_correct(run, reference, _tolerance(dtype))
+    measure = _timed_if_correct(run, reference, tolerance(dtype))
     outcome = search(candidates(direction, geom, dtype, smem_limit(device)), default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
@@ -166,11 +160,10 @@ def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
 
     device = torch.device("cuda", torch.cuda.current_device())
     shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
-    cl = torch.channels_last_3d
-    x = torch.randn(shape.input_shape, device=device).to(dtype).contiguous(memory_format=cl)
-    w = (torch.randn(shape.weight_shape, device=device) / (geom.taps * geom.in_channels) ** 0.5).to(dtype)
-    w = w.contiguous(memory_format=cl)
-    grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=cl)
+    x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
+    grad_out = (
+        torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    )
     x32, w32, g32 = x.float(), w.float(), grad_out.float()
     references = {
         "fwd": lambda: aten.conv3d_fwd(x32, w32, None, geom),
@@ -182,14 +175,10 @@ def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
         "dgrad": lambda config: conv3d_dgrad(grad_out, w, geom, config),
         "wgrad": lambda config: conv3d_wgrad(grad_out, x, geom, config),
     }
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False  # the reference takes exact fp32 products
-    try:
+    with exact_fp32():
         reference = references[job.direction]()
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
     run = launches[job.direction]
-    measure = _timed_if_correct(run, reference, _tolerance(dtype))
+    measure = _timed_if_correct(run, reference, tolerance(dtype))
     default = default_config(job.direction, geom, dtype, device)
     return measure, default, candidates(job.direction, geom, dtype, smem_limit(device))
 

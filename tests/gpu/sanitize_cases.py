@@ -8,8 +8,7 @@ import sys
 
 import torch
 
-import tconv3d
-from tconv3d.testing import TOLERANCE, reference_conv3d, rel_l2
+from tconv3d.testing import TOLERANCE, float64_errors, random_conv_inputs
 
 CASES = [
     # (N, Cin, Cout, (D, H, W), kernel, stride, padding, dilation)
@@ -26,16 +25,8 @@ def main(quick: bool = False) -> int:
     for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
         for n, cin, cout, size, kernel, stride, padding, dilation in CASES[:1] if quick else CASES:
             k = (kernel,) * 3 if isinstance(kernel, int) else kernel
-            x = torch.randn(n, cin, *size, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last_3d)
-            w = torch.randn(cout, cin, *k, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last_3d)
-            x64, w64 = (t.double().requires_grad_() for t in (x, w))
-            ref = reference_conv3d(x64, w64, None, stride, padding, dilation)
-            grad_out = torch.randn_like(ref)
-            ref.backward(grad_out)
-            xs, ws = x.requires_grad_(), w.requires_grad_()
-            y = tconv3d.conv3d(xs, ws, None, stride, padding, dilation)
-            gx, gw = torch.autograd.grad(y, (xs, ws), grad_out.to(dtype))
-            errors = [rel_l2(y, ref), rel_l2(gx, x64.grad), rel_l2(gw, w64.grad)]
+            x, w = random_conv_inputs((n, cin, *size), (cout, cin, *k), dtype, "cuda")
+            errors = list(float64_errors(x, w, None, stride, padding, dilation).values())
             ok = max(errors) < TOLERANCE[dtype]
             failures += not ok
             print(f"{dtype} {(n, cin, cout, size, kernel, stride, padding, dilation)}: "
