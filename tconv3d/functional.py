@@ -2,7 +2,7 @@
 
 import torch
 
-from .geometry import check_conv3d
+from .geometry import conv_arguments
 
 
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> torch.Tensor:
@@ -14,5 +14,5 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) 
     the output is always channels_last_3d. A weight not in channels_last_3d is converted on every call:
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups)
-    return torch.ops.tconv3d.conv3d(input, weight, bias, list(geom.stride), list(geom.padding), list(geom.dilation), 1)
+    stride, padding, dilation = conv_arguments(input, weight, bias, stride, padding, dilation, groups)
+    return torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups)

@@ -62,6 +62,8 @@ class ConvGeometry:
 
 
 def _is_int(v) -> bool:
+    if type(v) is int:  # the common case, without the slow abstract-class check below
+        return True
     return not isinstance(v, bool) and isinstance(v, (numbers.Integral, torch.SymInt))
 
 
@@ -187,3 +189,18 @@ def check_conv3d(input, weight, bias, stride, padding, dilation, groups) -> Conv
     if bias is not None and tuple(bias.shape) != (geom.out_channels,):
         raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
     return geom
+
+
+def conv_arguments(input, weight, bias, stride, padding, dilation, groups):
+    """The functional form's arguments as the op's schema takes them: (stride, 6-value padding, dilation), each a
+    list of ints. Checks what the schema could only reject with a dispatcher error (argument types) and resolves
+    'same' / 'valid'; everything else is checked once, by the op."""
+    check_tensors(input=input, weight=weight, bias=bias)
+    if not _is_int(groups):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
+    if isinstance(padding, str):  # needs the kernel size, so the shapes are checked here already
+        padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation).padding
+    else:
+        padding = resolve_padding(padding, None, stride, dilation)
+    return list(stride), list(padding), list(dilation)
