@@ -1,42 +1,62 @@
 #!/usr/bin/env bash
 # One device-machine call per stage, run from the repository root with the machine's own torch and triton:
+#   bash bench/gpu_session.sh check   # tests, then gpu, then the kernel report, in one call (pytest-xdist)
 #   bash bench/gpu_session.sh tests   # the suite on CUDA tensors, torch.compile and GPU-marked tests aside
 #   bash bench/gpu_session.sh gpu     # tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), main job
+#   bash bench/gpu_session.sh report  # what the device's Triton compiled: registers, spills, smem, HGMMA
 #   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
 #   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
 # Logs and results go under $OUT (the device tool brings that folder back); each stage fits one 10-minute call.
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
 # <device>.json into autotune_configs/ (tune) or the returned results into bench/results/ (bench), so that the
-# next call resumes (tune) or merges (bench) instead of starting over.
+# next call resumes (tune) or merges (bench) instead of starting over. The tree travels without .git: pass the
+# commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tconv3d-out}
 mkdir -p "$OUT"
 stage=${1:-tests}
+# Parallel test workers when pytest-xdist is there (the GPU image has it): compiling kernels is the slow part.
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-8}")
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
-  git rev-parse HEAD 2>/dev/null || echo "commit: unknown"
+  echo "commit ${TCONV3D_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 } > "$OUT/environment.txt" 2>&1
 
 case "$stage" in
+  check)
+    cat "$OUT/environment.txt"
+    for s in tests gpu report; do OUT="$OUT" bash "$0" "$s" > /dev/null; done
+    ;;
   tests)
-    timeout 560 python3 -m pytest tests -q -p no:cacheprovider --durations=10 \
+    timeout ${TESTS_TIMEOUT:-560} python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
       --ignore=tests/test_compile.py --ignore=tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
     ;;
   gpu)
-    timeout 420 python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s -p no:cacheprovider --durations=10 \
-      2>&1 | tee "$OUT/gpu_tests.log"
+    timeout ${GPU_TIMEOUT:-420} python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s -p no:cacheprovider \
+      --durations=10 2>&1 | tee "$OUT/gpu_tests.log"
     timeout 120 python3 -m tconv3d 2>&1 | tee "$OUT/main_job.log"
+    ;;
+  report)
+    timeout 240 python3 tests/gpu/kernel_report.py --out "$OUT/kernel_report.json" 2>&1 | tee "$OUT/kernel_report.log"
     ;;
   tune)
     mkdir -p autotune_configs
-    timeout 540 python3 -m tconv3d.tune --shapes bench --out autotune_configs --budget "${BUDGET:-15}" 2>&1 | tee "$OUT/tune.log"
+    timeout ${TUNE_TIMEOUT:-540} python3 -m tconv3d.tune --shapes bench --out autotune_configs --budget "${BUDGET:-15}" \
+      ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log"
     cp autotune_configs/*.json "$OUT/" 2>/dev/null
     ;;
   bench)
-    timeout 560 python3 -m bench --out bench/results --merge ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+    # Each direction separately, then the scenarios: the JSON is saved after every case, so a cut-off keeps most.
+    impls=${IMPLS:-tconv3d,cudnn_cl3d,cudnn_ncdhw,compile}
+    for direction in ${DIRECTIONS:-fwd bwd}; do
+      timeout ${BENCH_TIMEOUT:-240} python3 -m bench --out bench/results --merge --direction "$direction" \
+        --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
+    done
+    timeout ${SCENARIO_TIMEOUT:-150} python3 -m bench --out bench/results --merge --cases none \
+      --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
     cp bench/results/* "$OUT/" 2>/dev/null
     ;;
   reliability)

@@ -174,8 +174,11 @@ def merge(old: dict, new: dict) -> dict:
     return merged
 
 
-def write_results(results: dict, out_dir: Path, merge_existing: bool = False) -> dict[str, Path]:
-    """Write <device>.json, .md and .png into out_dir; with merge_existing, fold into the existing JSON first."""
+def write_results(
+    results: dict, out_dir: Path, merge_existing: bool = False, json_only: bool = False
+) -> dict[str, Path]:
+    """Write <device>.json, .md and .png into out_dir; with merge_existing, fold into the existing JSON first.
+    json_only skips the Markdown and the plot (the benchmark saves its JSON after every case)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = device_file_stem(results["device"])
@@ -188,6 +191,8 @@ def write_results(results: dict, out_dir: Path, merge_existing: bool = False) ->
                 figures["speedup_vs_cudnn_cl3d"] = _rounded(speedup(case, name))
     results = {**results, "summary": summary(results)}
     json_path.write_text(json.dumps(results, indent=1) + "\n")
+    if json_only:
+        return {"json": json_path}
     paths = {"json": json_path, "md": out_dir / f"{stem}.md"}
     paths["md"].write_text(markdown(results))
     png = out_dir / f"{stem}.png"

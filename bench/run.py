@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -272,6 +273,9 @@ def plan_cases(shapes: list[ConvShape], dtype: str, directions, names=None) -> l
 
 
 def git_commit() -> str:
+    """HEAD of this checkout, or TCONV3D_COMMIT where the tree travelled without .git (the GPU machine)."""
+    if os.environ.get("TCONV3D_COMMIT"):
+        return os.environ["TCONV3D_COMMIT"]
     try:
         root = Path(__file__).parent.parent
         return subprocess.run(
@@ -324,6 +328,8 @@ def main(argv=None) -> int:
         print(
             f"[{index}/{len(plan)}] {shape.name} {dtype_name} {direction}: tconv3d {tconv3d_ms} ms, {gain}", flush=True
         )
+        # Saved after every case, so a run cut off at its time limit keeps what it measured.
+        report.write_results(results, args.out, merge_existing=args.merge or index > 1, json_only=True)
     scenarios = set() if args.scenarios == "none" else set(args.scenarios.split(","))
     if "stack" in scenarios:
         results["stack"] = bench_stack()

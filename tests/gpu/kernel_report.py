@@ -1,0 +1,119 @@
+"""What the device's own Triton made of each kernel the bench suite launches: registers, spills, shared memory,
+MMA instruction and load kinds, read off the compiled kernels themselves (run on a CUDA machine).
+
+    python3 tests/gpu/kernel_report.py --out report.json [--cases wan_dec_384a,unet_32] [--dtypes bf16,fp32]
+
+Each case runs forward, input-grad and weight-grad once with the config tconv3d would choose; every launch is
+recorded through a wrapper around JITFunction.run, which returns the CompiledKernel it launched. The JSON is
+the hardware side of the comparison with the static compile report made without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+import tconv3d
+from tconv3d.shapes import DTYPES_BY_NAME, load_shape_set
+from tconv3d.testing import random_conv_inputs
+
+SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "LDL", "STL")
+
+
+def _cuobjdump() -> str | None:
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else None
+
+
+def sass_counts(cubin: bytes) -> dict:
+    tool = _cuobjdump()
+    if tool is None:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=False).stdout
+    finally:
+        os.unlink(f.name)
+    counts = {op: len(re.findall(rf"\b{op}(?:\.[A-Z0-9x.]+)?\b", sass)) for op in SASS_OPS}
+    mma = re.search(r"\bHGMMA\.[0-9x]+\.[A-Z0-9.]+", sass) or re.search(r"\bHMMA\.[0-9]+\.[A-Z0-9.]+", sass)
+    counts["mma"] = mma.group(0) if mma else "none"
+    return counts
+
+
+def record_launches():
+    """Wrap JITFunction.run so that each launch appends (kernel name, constexprs, CompiledKernel)."""
+    launches = []
+    original = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        meta = {k: v for k, v in kwargs.items() if isinstance(v, int | bool | str)}
+        launches.append((self.__name__, meta, grid, kernel))
+        return kernel
+
+    JITFunction.run = run
+    return launches
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", default="wan_dec_384a,hunyuan_128,unet_32,unet_aniso,down_s2,first_cin3")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    args = parser.parse_args(argv)
+    launches = record_launches()
+    wanted = set(args.cases.split(","))
+    records = []
+    for shape in load_shape_set("bench"):
+        if shape.name not in wanted:
+            continue
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES_BY_NAME[dtype_name]
+            x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cuda")
+            x.requires_grad_()
+            w.requires_grad_()
+            start = len(launches)
+            y = tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)
+            torch.autograd.grad(y, (x, w), torch.randn_like(y))
+            torch.cuda.synchronize()
+            for name, meta, grid, kernel in launches[start:]:
+                records.append(
+                    {
+                        "case": shape.name,
+                        "dtype": dtype_name,
+                        "kernel": name,
+                        "meta": meta,
+                        "grid": list(grid),
+                        "registers": kernel.n_regs,
+                        "spills": kernel.n_spills,
+                        "shared_bytes": kernel.metadata.shared,
+                        **sass_counts(kernel.asm["cubin"]),
+                    }
+                )
+            del x, w, y
+    args.out.write_text(json.dumps(records, indent=1) + "\n")
+    print(f"{'case':14} {'dtype':5} {'kernel':22} {'tile':12} {'w/s':5} {'regs':>4} {'spill':>5} {'smem':>6} mma")
+    for r in records:
+        m = r["meta"]
+        tile = f"{m.get('BLOCK_M', '')}x{m.get('BLOCK_N', '')}x{m.get('BLOCK_K', '')}" if "BLOCK_M" in m else "-"
+        print(
+            f"{r['case']:14} {r['dtype']:5} {r['kernel']:22} {tile:12} "
+            f"{m.get('num_warps', '')}/{m.get('num_stages', '')} {r['registers']:>4} {r['spills']:>5} "
+            f"{r['shared_bytes']:>6} {r.get('mma', '?')}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
