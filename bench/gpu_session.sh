@@ -55,8 +55,10 @@ case "$stage" in
       timeout ${BENCH_TIMEOUT:-240} python3 -m bench --out bench/results --merge --direction "$direction" \
         --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
     done
-    timeout ${SCENARIO_TIMEOUT:-150} python3 -m bench --out bench/results --merge --cases none \
-      --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
+    if [ "${SCENARIOS:-stack,conv2d,causal}" != none ]; then
+      timeout ${SCENARIO_TIMEOUT:-150} python3 -m bench --out bench/results --merge --cases none \
+        --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
+    fi
     cp bench/results/* "$OUT/" 2>/dev/null
     ;;
   reliability)

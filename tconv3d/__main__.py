@@ -76,7 +76,7 @@ def _gpu_benchmark(args) -> int:
         )
     tol = TOLERANCE[x.dtype]
     print(f"{torch.cuda.get_device_name()}: input {tuple(x.shape)} {args.dtype} channels_last_3d, 3x3x3, padding 1")
-    print(f"{'':<10}{'direction':<10}{'ms':>9}{'TFLOP/s':>9}  rel. L2 error vs fp32 (out, dx, dw)")
+    print(f"{'':<10}{'direction':<10}{'ms':>9}{'TFLOP/s':>9}  relative L2 error vs fp32 (out, dx, dw)")
     failed = False
     for name, conv in (("cudnn", torch.nn.functional.conv3d), ("tconv3d", conv3d)):
         results = _forward_and_backward(conv, x, weight, bias, grad_out)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 from .configs import SPLIT_SUM_BLOCK, KernelConfig, pick_config
 from .geometry import ConvGeometry
-from .kernel_utils import dot_flags, mma, ndhwc, split_voxel
+from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, split_voxel
 
 
 @triton.jit
@@ -24,7 +24,7 @@ def _conv3d_wgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    GO_DENSE: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """gw[co, tap, ci] = sum over output voxels m of go[m, co] * x[voxel(m) + tap, ci].
@@ -51,22 +51,47 @@ def _conv3d_wgrad_kernel(
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
+    # Voxel coordinates of this step's BLOCK_K output voxels. Divided out once here, then advanced by BLOCK_K in
+    # mixed radix (W, H, D, N) each step: per-step int64 division cost ~6x the MMA time (first H100 run).
+    n, od, oh, ow = split_voxel(row_start + tl.arange(0, BLOCK_K), D_OUT, H_OUT, W_OUT)
+    n, od, oh, ow = n.to(tl.int32), od.to(tl.int32), oh.to(tl.int32), ow.to(tl.int32)
+    # BLOCK_K's digits, divided step by step so that no product of sizes can overflow int32.
+    step_w = BLOCK_K % W_OUT
+    step_h = (BLOCK_K // W_OUT) % H_OUT
+    step_d = (BLOCK_K // W_OUT // H_OUT) % D_OUT
+    step_n = BLOCK_K // W_OUT // H_OUT // D_OUT
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K] output voxels
-        mask_k = offs_k < row_end
-        n, od, oh, ow = split_voxel(offs_k, D_OUT, H_OUT, W_OUT)
+        mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] output voxels
         id_ = od * STRIDE_D - PAD_D + kd * DIL_D
         ih = oh * STRIDE_H - PAD_H + kh * DIL_H
         iw = ow * STRIDE_W - PAD_W + kw * DIL_W
         mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-        g_rows = n * stride_gn + od * stride_gd + oh * stride_gh + ow * stride_gw  # [BLOCK_K]
+        # Coordinates are int32; offsets from them need int64.
+        if GO_DENSE:  # channels_last_3d grad_out: the voxel's row is its linear index
+            g_rows = (k0 + tl.arange(0, BLOCK_K)) * C_OUT
+        else:
+            g_rows = (n.to(tl.int64) * stride_gn + od.to(tl.int64) * stride_gd + oh.to(tl.int64) * stride_gh
+                      + ow.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
         g_ptrs = go_ptr + g_rows[None, :] + offs_m[:, None] * stride_gc  # [BLOCK_M, BLOCK_K]
         a = tl.load(g_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        x_rows = n * stride_xn + id_ * stride_xd + ih * stride_xh + iw * stride_xw  # [BLOCK_K]
+        x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
+                  + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
         x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
         b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
+        # Each digit stays below twice its radix, so one conditional subtraction carries it.
+        ow += step_w
+        carry = ow >= W_OUT
+        ow = tl.where(carry, ow - W_OUT, ow)
+        oh += step_h + carry.to(tl.int32)
+        carry = oh >= H_OUT
+        oh = tl.where(carry, oh - H_OUT, oh)
+        od += step_d + carry.to(tl.int32)
+        carry = od >= D_OUT
+        od = tl.where(carry, od - D_OUT, od)
+        n += step_n + carry.to(tl.int32)
 
     out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
                 + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
@@ -111,6 +136,7 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig | None = 
         *grad_out.stride(), *x.stride(), *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
+        GO_DENSE=dense_ndhwc(grad_out),
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

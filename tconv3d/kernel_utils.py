@@ -58,5 +58,13 @@ def ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
+def dense_ndhwc(t: torch.Tensor) -> bool:
+    """Whether t's element (n, c, d, h, w) sits at (((n*D + d)*H + h)*W + w)*C + c: every dim of size above one
+    has the stride of a dense channels_last_3d tensor (size-1 dims may have any stride, as torch allows)."""
+    _, c, d, h, w = t.shape
+    dense = (d * h * w * c, 1, h * w * c, w * c, c)
+    return all(size == 1 or stride == want for size, stride, want in zip(t.shape, t.stride(), dense, strict=True))
+
+
 def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)

@@ -81,7 +81,8 @@ def test_only_needed_gradients_are_computed(monkeypatch, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_gradients_are_bitwise_deterministic(dtype, device):
+def test_gradients_are_bitwise_deterministic(small_tiles, dtype, device):
+    # small_tiles forces split-K (3 splits): the heuristic gives this small problem one split on an H100.
     case = Case("determinism", 2, 24, 20, (6, 7, 8), 3, stride=(1, 2, 1), padding=(2, 0, 1, 1, 1, 1))
     x, w = case.input(dtype, device), case.weight(dtype, device)
     geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, 1, 1)
@@ -140,3 +141,22 @@ def test_double_backward_matches_float64(device):
     expected = second_order(lambda a, b: case_reference(a, b, None, case), leaf_copy(x.double()), leaf_copy(w.double()))
     for a, e in zip(ours, expected, strict=True):
         assert rel_l2(a, e) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize(
+    ("out_size", "strided_grad"),
+    [((1, 2, 1), False), ((3, 1, 5), False), ((2, 3, 4), True)],
+    ids=["volume_below_block_k", "unit_dims", "strided_grad_output"],
+)
+def test_weight_grad_voxel_walk(small_tiles, out_size, strided_grad, device):
+    """The weight gradient advances its voxel coordinates by BLOCK_K per step in mixed radix: volumes smaller than
+    one step (so the batch digit moves), unit dims, and a grad_output that is not dense (a channel slice)."""
+    n, c_in, c_out = 40, 5, 6  # enough voxels for several BLOCK_K steps in each of the 3 splits
+    x = torch.randn(n, c_in, *out_size, device=device).contiguous(memory_format=CL)
+    wide = torch.randn(n, 2 * c_out if strided_grad else c_out, *out_size, device=device)
+    grad_out = wide.contiguous(memory_format=CL)[:, :c_out]
+    assert tconv3d.kernel_utils.dense_ndhwc(grad_out) != strided_grad
+    w_shape = [c_out, c_in, 1, 1, 1]
+    ours = torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, w_shape, [1, 1, 1], [0, 0, 0], [1, 1, 1])
+    expected = torch.einsum("nodhw,nidhw->oi", grad_out.double(), x.double()).reshape(w_shape)
+    assert rel_l2(ours, expected) < TOLERANCE[torch.float32]

@@ -160,11 +160,19 @@ def test_profiler_sees_no_conversion_kernels_on_gpu():
     model = torch.compile(tconv3d.nn.convert(ReportedStack(8, 64, 8).cuda().bfloat16()), fullgraph=True)
     x = torch.randn(1, 8, 8, 64, 64, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
     x.requires_grad_()
+    # A dense channels_last_3d upstream gradient, as a following layer gives: `.sum().backward()` would hand
+    # the compiled backward an expanded tangent, which AOTAutograd copies into the traced layout (seen on an
+    # H100 as one bf16 direct_copy_kernel, not a conversion between the layers).
+    grad_out = torch.randn(1, 8, 8, 64, 64, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
+
+    def step():
+        torch.autograd.grad(model(x), [x, *model.parameters()], grad_out)
+
     for _ in range(2):
-        model(x).sum().backward()
+        step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model(x).sum().backward()
+        step()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     conversions = [n for n in names if any(word.lower() in n.lower() for word in LAYOUT_KERNEL_NAMES)]
