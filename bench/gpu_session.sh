@@ -7,7 +7,8 @@
 #   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
 #   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
-# Logs and results go under $OUT (the device tool brings that folder back); each stage fits one 10-minute call.
+# Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
+# call only where their files together stay within that); each stage fits one 10-minute call.
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
 # <device>.json into autotune_configs/ (tune) or the returned results into bench/results/ (bench), so that the
 # next call resumes (tune) or merges (bench) instead of starting over. The tree travels without .git: pass the
@@ -46,7 +47,8 @@ case "$stage" in
     mkdir -p autotune_configs
     timeout ${TUNE_TIMEOUT:-540} python3 -m tconv3d.tune --shapes bench --out autotune_configs --budget "${BUDGET:-15}" \
       ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log"
-    cp autotune_configs/*.json "$OUT/" 2>/dev/null
+    # Not under its own name: the benchmark's results file has the same one (<device>.json).
+    for table in autotune_configs/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
     ;;
   bench)
     # Each direction separately, then the scenarios: the JSON is saved after every case, so a cut-off keeps most.

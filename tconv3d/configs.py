@@ -179,8 +179,25 @@ def tuning_key(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> Tuning
     )
 
 
+# How far a tuned key may be from a problem and still lend it its config: channels within 2x each way and the
+# voxel count within 4x. Further away the heuristic does better: on the first H100 run a table holding only
+# 192- and 384-channel keys lent their 128x128 tiles to a 16-64-channel UNet and doubled its step time.
+NEAR_CHANNEL_RATIO = 2
+NEAR_LOG2_VOXELS = 2
+
+
 def nearest_key(key: TuningKey, candidates) -> TuningKey | None:
-    family = [k for k in candidates if key.same_family(k)]
+    """The closest key of the same family within the near bounds, or None (then the heuristic decides)."""
+
+    def near(k: TuningKey) -> bool:
+        return (
+            key.same_family(k)
+            and max(k.cin / key.cin, key.cin / k.cin) <= NEAR_CHANNEL_RATIO
+            and max(k.cout / key.cout, key.cout / k.cout) <= NEAR_CHANNEL_RATIO
+            and abs(k.log2_voxels - key.log2_voxels) <= NEAR_LOG2_VOXELS
+        )
+
+    family = [k for k in candidates if near(k)]
     return min(family, key=lambda k: (key.distance(k), str(k))) if family else None
 
 

@@ -115,6 +115,17 @@ def test_nearest_key_in_the_same_family(fake_gpu):
     assert configs.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_A
 
 
+def test_heuristic_when_the_family_is_too_far(fake_gpu):
+    """A tuned 384-channel key does not lend its tiles to a 32-channel problem, nor one 16x smaller in voxels."""
+    wide = tuning_key("fwd", geometry(cin=256, cout=256), torch.bfloat16)
+    small = tuning_key("fwd", geometry(cin=32, cout=32, size=(2, 4, 4)), torch.bfloat16)
+    write_table(fake_gpu / "shipped", [(wide, CONFIG_A), (small, CONFIG_B)])
+    geom = geometry(cin=32, cout=32)
+    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == configs.heuristic_config(
+        "fwd", geom, torch.bfloat16, 132
+    )
+
+
 def test_heuristic_when_no_key_of_the_family(fake_gpu):
     write_table(fake_gpu / "shipped", [(tuning_key("fwd", geometry(), torch.float16), CONFIG_A)])
     geom = geometry()

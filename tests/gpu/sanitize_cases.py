@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from tconv3d.testing import TOLERANCE, float64_errors, random_conv_inputs
+from tconv3d.testing import float64_errors, random_conv_inputs, tolerance
 
 CASES = [
     # (N, Cin, Cout, (D, H, W), kernel, stride, padding, dilation)
@@ -27,7 +27,7 @@ def main(quick: bool = False) -> int:
             k = (kernel,) * 3 if isinstance(kernel, int) else kernel
             x, w = random_conv_inputs((n, cin, *size), (cout, cin, *k), dtype, "cuda")
             errors = list(float64_errors(x, w, None, stride, padding, dilation).values())
-            ok = max(errors) < TOLERANCE[dtype]
+            ok = max(errors) < tolerance(dtype)  # TF32 bound for fp32 when cuDNN may use TF32 (torch's default)
             failures += not ok
             print(f"{dtype} {(n, cin, cout, size, kernel, stride, padding, dilation)}: "
                   f"errors {' '.join(f'{e:.1e}' for e in errors)} {'ok' if ok else 'FAIL'}")  # fmt: skip
