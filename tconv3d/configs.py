@@ -1,9 +1,6 @@
-"""Tilings for the three kernels: the config type, the search space, the tuning key, and `pick_config`, the one
-function every launcher asks.
-
-Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1)
-a tuning run on first use, else the table's nearest key, else the heuristic. Choices are memoised per problem,
-so after the first call a lookup is one dict probe. No launcher holds a tile literal.
+"""Tilings for the three kernels as data: the config type, the tuning key, the search space and its pruning, and
+the heuristics. The bottom of the import graph: the kernels, the tables, the tuner and the choice
+(tconv3d/choice.py) all read it; it reads none of them.
 """
 
 from __future__ import annotations
@@ -11,13 +8,11 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
 import triton
 
-from . import settings
 from .geometry import ConvGeometry
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
@@ -274,27 +269,84 @@ def multiprocessor_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype) -> int:
+    """The most programs of a tiling one SM can hold, by the pipeline's shared memory and the threads alone
+    (registers, which only lower it, are not known before compiling), on a Hopper/Ampere-class SM."""
+    element = torch.empty((), dtype=dtype).element_size()
+    # Triton may keep as few as stages - 1 operand buffers (it does for fp32 at 2 stages).
+    smem = max(1, stages - 1) * (block_m + block_n) * block_k * element + 1024
+    return max(1, min(228 * 1024 // smem, 2048 // (32 * num_warps)))
+
+
+def _max_split(view: GemmView, geom: ConvGeometry, block_k: int) -> int:
+    """Splits that keep at least 8 reduction steps each and the fp32 workspace within its bound."""
+    by_steps = triton.cdiv(view.reduction, block_k) // 8
+    by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * geom.taps * 4)
+    return max(1, min(by_steps, by_workspace))
+
+
+def split_rows(rows: int, split_k: int, block_k: int) -> int:
+    """Reduction rows per weight-gradient split: a whole number of BLOCK_K steps, so splits may come out fewer
+    than split_k (the launcher's grid and the heuristic's wave count both use this)."""
+    return triton.cdiv(triton.cdiv(rows, split_k), block_k) * block_k
+
+
+def _wave_filling_split(
+    tiles: int, most_per_sm: int, sm_count: int, max_split: int, splits_of, min_fill: float = 0.75
+) -> int:
+    """The fewest splits that keep the last wave of equal-length programs at least `min_fill` busy whatever
+    number of them, up to `most_per_sm`, an SM turns out to hold (2.05 waves leave a third of the device idle
+    in the third). Where no split does, the one whose worst case is best."""
+
+    def fill(split: int, per_sm: int) -> float:
+        waves = tiles * splits_of(split) / (per_sm * sm_count)
+        return waves / math.ceil(waves)
+
+    best, best_fill = max_split, 0.0
+    for split in range(1, max_split + 1):
+        worst = min(fill(split, per_sm) for per_sm in range(1, most_per_sm + 1))
+        if worst >= min_fill:
+            return split
+        if worst > best_fill:
+            best, best_fill = split, worst
+    return best
+
+
 def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
-    """A sound default: 128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to
-    keep the pipeline's shared memory in bounds), 8 warps for 128x128 tiles."""
+    """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
+    128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
+    shared memory in bounds), 8 warps from 64x128 up, small tiles where channel counts defeat vector loads; the
+    weight gradient split so that its programs fill whole waves."""
     view = gemm_view(direction, geom)
     k_cap = 32 if dtype == torch.float32 else 64
     stages = 2 if dtype == torch.float32 else 3
     if direction == "wgrad":
-        block_m = _pow2_clamp(view.rows, MIN_TILE, 128)
+        # At least 64 rows (Cout): Hopper's wgmma works on 64-row tiles; 32-row ones fall back to mma.sync.
+        block_m = _pow2_clamp(view.rows, 64, 128)
         block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
         block_k = k_cap
+        num_warps = 8 if block_m * block_n >= 128 * 128 else 4
         tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * geom.taps
-        k_iters = triton.cdiv(view.reduction, block_k)
-        # Enough programs to fill the device twice over, but every split keeps at least 8 reduction steps.
-        split_k = max(1, min(triton.cdiv(2 * sm_count, tiles), k_iters // 8))
-    else:
-        block_m = 128 if view.rows >= 128 * sm_count else 64
-        block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
-        block_k = _pow2_clamp(view.reduction, MIN_TILE, k_cap)
-        split_k = 1
-    num_warps = 8 if block_m * block_n >= 128 * 128 else 4
-    return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
+        most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
+        split_k = _wave_filling_split(
+            tiles, most, sm_count, _max_split(view, geom, block_k),
+            splits_of=lambda split: triton.cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
+        )  # fmt: skip
+        return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
+    if view.reduction % 16 and view.reduction > MIN_TILE:
+        # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
+        # registers, and anything above 64x16x16 spills somewhere (python -m tconv3d.inspect, sm_80 and sm_90),
+        # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway. Fewer channels
+        # than one BLOCK_K (the Cin = 3 stem) load as little per step and keep the large tiles.
+        return KernelConfig(64, MIN_TILE, MIN_TILE, 4, 1 if dtype == torch.float32 else 3, group_m=8)
+    block_m = 128 if view.rows >= 128 * sm_count else 64
+    # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators).
+    block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
+    # 8 warps from 64x128 up: 4 warps holding 64 accumulators each plus the gather's addresses spill on sm_80,
+    # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
+    num_warps = 8 if block_m * block_n >= 64 * 128 else 4
+    block_k = _pow2_clamp(view.reduction, MIN_TILE, 32 if block_m == 64 and num_warps == 8 else k_cap)
+    return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8)
 
 
 def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:
@@ -317,42 +369,3 @@ def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, devic
     if device.type != "cuda":
         return interpreter_config(direction, geom)
     return heuristic_config(direction, geom, dtype, multiprocessor_count(device))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the choice
-
-_memo: dict = {}
-
-
-def _select(direction, geom, dtype, device, run) -> KernelConfig:
-    if device.type != "cuda":
-        return default_config(direction, geom, dtype, device)
-    from . import tables, tune  # tables reads settings and files; imported late to keep this module light
-
-    key = tuning_key(direction, geom, dtype)
-    table = tables.device_table(device)
-    if key in table:
-        return table[key]
-    if run is not None and settings.AUTOTUNE:
-        return tune.tune_on_first_use(key, direction, geom, dtype, device, run)
-    near = nearest_key(key, table)
-    return table[near] if near is not None else default_config(direction, geom, dtype, device)
-
-
-def pick_config(
-    direction: str,
-    geom: ConvGeometry,
-    dtype: torch.dtype,
-    device: torch.device,
-    run: Callable[[KernelConfig], object] | None = None,
-) -> KernelConfig:
-    """The tiling for one launch. `run(config)` launches the caller's kernel with a config: it lets
-    TCONV3D_AUTOTUNE=1 tune a key no table holds on its first use. Memoised per problem."""
-    if direction not in DIRECTIONS:
-        raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
-    memo_key = (direction, geom, dtype, device)
-    config = _memo.get(memo_key)
-    if config is None:
-        config = _memo[memo_key] = _select(direction, geom, dtype, device, run)
-    return config

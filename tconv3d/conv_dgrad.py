@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig, pick_config
+from .configs import KernelConfig
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
 
@@ -15,7 +15,7 @@ from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, spli
 @triton.jit
 def _conv3d_dgrad_kernel(
     # pointers
-    go_ptr, w_ptr, gi_ptr, live_taps_ptr, live_counts_ptr,
+    go_ptr, w_ptr, gi_ptr, live_taps_ptr,
     # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on)
     M_PHASE, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, D_PHASE, H_PHASE, W_PHASE,
     # strides, in elements, in logical (N, C, D, H, W) order
@@ -35,7 +35,9 @@ def _conv3d_dgrad_kernel(
     GEMM view: M = N*D*H*W input voxels, taken one stride phase at a time (the phase is the input coordinate
     modulo the stride in d, h and w; programs run phase after phase), N = Cin columns, K = live taps x Cout.
     Within a phase the same taps land on whole output voxels for every row, so the host lists those live taps
-    and the dead ones, most of a strided transposed convolution, cost nothing.
+    and the dead ones, most of a strided transposed convolution, cost nothing. Per dimension the live taps of a
+    phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
+    nothing but its two operands.
     """
     num_m = tl.cdiv(M_PHASE, BLOCK_M)
     num_n = tl.cdiv(C_IN, BLOCK_N)
@@ -62,16 +64,20 @@ def _conv3d_dgrad_kernel(
     go_rows = go_ptr + (n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw)  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wi  # [BLOCK_N] pointers
 
+    # This phase's live taps: [d, h, w] x (first, step, count).
+    live_ptr = live_taps_ptr + phase * 9
+    first_d, step_d, count_d = tl.load(live_ptr), tl.load(live_ptr + 1), tl.load(live_ptr + 2)
+    first_h, step_h, count_h = tl.load(live_ptr + 3), tl.load(live_ptr + 4), tl.load(live_ptr + 5)
+    first_w, step_w, count_w = tl.load(live_ptr + 6), tl.load(live_ptr + 7), tl.load(live_ptr + 8)
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(C_OUT, BLOCK_K)
-    live = tl.load(live_counts_ptr + phase)
-    for step in range(live * k_blocks):
-        j = step // k_blocks
+    for step in range(count_d * count_h * count_w * k_blocks):
+        j = step // k_blocks  # the j-th live tap, d slowest
         offs_c = (step - j * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
-        tap = tl.load(live_taps_ptr + phase * (KD * KH * KW) + j)
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
+        kw = first_w + (j % count_w) * step_w
+        kh = first_h + ((j // count_w) % count_h) * step_h
+        kd = first_d + (j // (count_w * count_h)) * step_d
         # Exact divisions: the host listed only taps for which they are.
         shift_d = (rd + PAD_D - kd * DIL_D) // STRIDE_D
         shift_h = (rh + PAD_H - kh * DIL_H) // STRIDE_H
@@ -97,47 +103,47 @@ def _conv3d_dgrad_kernel(
 
 
 @functools.lru_cache(maxsize=256)
-def _live_taps(kernel, stride, front_padding, dilation, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per stride phase, the flat indices of the taps that land on whole output voxels, and their count.
-    Returns (taps [phases, kd*kh*kw] int32 padded with 0, counts [phases] int32), cached on the device."""
-    per_dim = [
-        [[t for t in range(k) if (r + p - t * d) % s == 0] for r in range(s)]
-        for k, s, p, d in zip(kernel, stride, front_padding, dilation, strict=True)
+def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
+    """Per stride phase and dimension, the taps that land on whole output voxels as an arithmetic progression
+    (first, step, count): the solutions t in [0, k) of (r + pad - t * dil) % stride == 0 are one residue class.
+    Returns int32 [phases, 3 dims, 3], phases ordered (rd, rh, rw) with rw fastest; cached on the device."""
+    progressions = []
+    for k, s, p, d in zip(kernel, stride, front_padding, dilation, strict=True):
+        per_residue = []
+        for r in range(s):
+            live = [t for t in range(k) if (r + p - t * d) % s == 0]
+            step = live[1] - live[0] if len(live) > 1 else 1
+            assert live == list(range(live[0], live[0] + step * len(live), step)) if live else True
+            per_residue.append((live[0] if live else 0, step, len(live)))
+        progressions.append(per_residue)
+    table = [
+        [progressions[0][rd], progressions[1][rh], progressions[2][rw]]
+        for rd, rh, rw in itertools.product(*(range(s) for s in stride))
     ]
-    kd, kh, kw = kernel
-    taps, counts = [], []
-    for rd, rh, rw in itertools.product(*(range(s) for s in stride)):
-        live = [(a * kh + b) * kw + c for a in per_dim[0][rd] for b in per_dim[1][rh] for c in per_dim[2][rw]]
-        counts.append(len(live))
-        taps.append(live + [0] * (kd * kh * kw - len(live)))
-    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-    return as_tensor(taps), as_tensor(counts)
+    return torch.tensor(table, dtype=torch.int32, device=device)
 
 
-def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig | None = None) -> torch.Tensor:
-    """Input gradient of checked arguments; the result is channels_last_3d, in grad_out's dtype. `config`
-    overrides the tiling; otherwise pick_config chooses it."""
+def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+    """Input gradient of checked arguments with the tiling `config`; the result is channels_last_3d, in
+    grad_out's dtype."""
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
-    cfg = config or pick_config(
-        "dgrad", geom, grad_out.dtype, grad_out.device, run=lambda c: conv3d_dgrad(grad_out, weight, geom, c)
-    )
     upcast, precision = dot_flags(grad_out.dtype)
-    taps, counts = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
+    live_taps = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     phase_size = [triton.cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
-    grid = (triton.cdiv(rows, cfg.block_m) * triton.cdiv(geom.in_channels, cfg.block_n) * phases,)
+    grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.in_channels, config.block_n) * phases,)
     _conv3d_dgrad_kernel[grid](
-        grad_out, weight, grad_in, taps, counts,
+        grad_out, weight, grad_in, live_taps,
         rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, *phase_size,
         *grad_out.stride(), *weight.stride(), *grad_in.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return grad_in

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig, pick_config
+from .configs import KernelConfig
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
 
@@ -78,18 +78,16 @@ def _conv3d_fwd_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig | None = None) -> torch.Tensor:
-    """Forward convolution of checked arguments; the output is channels_last_3d. `config` overrides the tiling
-    (the tuner's way in); otherwise pick_config chooses it."""
+def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+    """Forward convolution of checked arguments with the tiling `config`; the output is channels_last_3d."""
     y = empty_ndhwc(geom.output_shape(), like=x)
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
-    cfg = config or pick_config("fwd", geom, x.dtype, x.device, run=lambda c: conv3d_fwd(x, weight, bias, geom, c))
     upcast, precision = dot_flags(x.dtype)
     rows = geom.output_voxels
-    grid = (triton.cdiv(rows, cfg.block_m) * triton.cdiv(geom.out_channels, cfg.block_n),)
+    grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.out_channels, config.block_n),)
     _conv3d_fwd_kernel[grid](
         x, weight, bias if bias is not None else x, y,
         rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size,
@@ -97,7 +95,7 @@ def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig | None 
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y

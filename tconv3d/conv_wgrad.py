@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import SPLIT_SUM_BLOCK, KernelConfig, pick_config
+from .configs import SPLIT_SUM_BLOCK, KernelConfig, split_rows
 from .geometry import ConvGeometry
 from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, split_voxel
 
@@ -109,9 +109,9 @@ def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig | None = None) -> torch.Tensor:
+def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
-    `config` overrides the tiling; otherwise pick_config chooses it."""
+    The tiling, split-K included, is `config`."""
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
     grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
@@ -120,26 +120,25 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig | None = 
     if rows == 0:
         return grad_w_logical.zero_()
     grad_out, x = ndhwc(grad_out), ndhwc(x)
-    cfg = config or pick_config("wgrad", geom, x.dtype, x.device, run=lambda c: conv3d_wgrad(grad_out, x, geom, c))
     upcast, precision = dot_flags(x.dtype)
-    split_rows = triton.cdiv(triton.cdiv(rows, cfg.split_k), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(rows, split_rows)
+    rows_per_split = split_rows(rows, config.split_k, config.block_k)
+    splits = triton.cdiv(rows, rows_per_split)
     # One split writes the result directly; several write fp32 partial sums that _sum_splits_kernel adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(c_out, cfg.block_m) * triton.cdiv(c_in, cfg.block_n) * taps, splits)
+    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(c_in, config.block_n) * taps, splits)
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, split_rows,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, rows_per_split,
         *grad_out.stride(), *x.stride(), *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         GO_DENSE=dense_ndhwc(grad_out),
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if splits > 1:
         grid = (triton.cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from . import aten, settings
+from . import aten, choice, settings
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
 from .conv_wgrad import conv3d_wgrad
@@ -60,7 +60,7 @@ def conv3d(input, weight, bias, stride, padding, dilation, groups):
     if not _runs_triton(input):
         return aten.conv3d_fwd(input, weight, bias, geom)
     with _device_guard(input):
-        return conv3d_fwd(input, weight, bias, geom)
+        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias)
 
 
 @conv3d.register_fake
@@ -112,7 +112,7 @@ def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation
     if not _runs_triton(grad_output):
         return aten.conv3d_dgrad(grad_output, weight, geom)
     with _device_guard(grad_output):
-        return conv3d_dgrad(grad_output, weight, geom)
+        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight)
 
 
 @conv3d_input_grad.register_fake
@@ -160,7 +160,7 @@ def conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilatio
     if not _runs_triton(input):
         return aten.conv3d_wgrad(grad_output, input, geom)
     with _device_guard(input):
-        return conv3d_wgrad(grad_output, input, geom)
+        return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input)
 
 
 @conv3d_weight_grad.register_fake

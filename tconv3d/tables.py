@@ -87,10 +87,16 @@ def read_table(path: Path) -> dict[TuningKey, KernelConfig]:
     return table
 
 
-@functools.lru_cache(maxsize=16)
 def device_table(device: torch.device) -> dict[TuningKey, KernelConfig]:
-    """Every tuned config known for this GPU model, merged from all table folders. Read once per process."""
-    name = table_file_name(torch.cuda.get_device_name(device))
+    """Every tuned config known for this CUDA device's model."""
+    return named_table(torch.cuda.get_device_name(device))
+
+
+@functools.lru_cache(maxsize=16)
+def named_table(device_name: str) -> dict[TuningKey, KernelConfig]:
+    """Every tuned config known for the GPU model `device_name`, merged from all table folders. Read once per
+    process (python -m tconv3d.inspect reads the tables of GPUs that are not there)."""
+    name = table_file_name(device_name)
     merged: dict[TuningKey, KernelConfig] = {}
     for directory in table_dirs():
         path = directory / name

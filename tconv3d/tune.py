@@ -20,8 +20,11 @@ from pathlib import Path
 
 import torch
 
-from . import settings, tables
+from . import aten, settings, static_compile, tables
 from .configs import DIRECTIONS, KernelConfig, TuningKey, candidates, default_config, tuning_key
+from .conv_dgrad import conv3d_dgrad
+from .conv_fwd import conv3d_fwd
+from .conv_wgrad import conv3d_wgrad
 from .geometry import ConvGeometry
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
@@ -88,11 +91,18 @@ def search(
 
 
 def _timed_if_correct(
-    run: Callable[[KernelConfig], torch.Tensor], reference: torch.Tensor, tolerance: float
+    run: Callable[[KernelConfig], torch.Tensor],
+    reference: torch.Tensor,
+    tolerance: float,
+    compiles_cleanly: Callable[[KernelConfig], bool] = lambda config: True,
 ) -> Measure:
+    """Candidates that spill or overflow shared memory (by the static compile) are dropped before they run; the
+    rest must match the reference before they are timed."""
     import triton.testing
 
     def measure(config: KernelConfig) -> float | None:
+        if not compiles_cleanly(config):
+            return None
         try:
             if rel_l2(run(config), reference) > tolerance:
                 return None
@@ -121,7 +131,10 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     keep the winner in memory and in the cache folder's table for this GPU."""
     default = default_config(direction, geom, dtype, device)
     reference = run(default).clone()
-    measure = _timed_if_correct(run, reference, tolerance(dtype))
+    arch = static_compile.arch_of(device)
+    measure = _timed_if_correct(
+        run, reference, tolerance(dtype), lambda c: static_compile.compiles_cleanly(direction, geom, dtype, c, arch)
+    )
     outcome = search(candidates(direction, geom, dtype, smem_limit(device)), default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
@@ -153,11 +166,6 @@ def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[s
 
 def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
     """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher."""
-    from . import aten
-    from .conv_dgrad import conv3d_dgrad
-    from .conv_fwd import conv3d_fwd
-    from .conv_wgrad import conv3d_wgrad
-
     device = torch.device("cuda", torch.cuda.current_device())
     shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
@@ -178,7 +186,10 @@ def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
     with exact_fp32():
         reference = references[job.direction]()
     run = launches[job.direction]
-    measure = _timed_if_correct(run, reference, tolerance(dtype))
+    arch = static_compile.arch_of(device)
+    measure = _timed_if_correct(
+        run, reference, tolerance(dtype), lambda c: static_compile.compiles_cleanly(job.direction, geom, dtype, c, arch)
+    )
     default = default_config(job.direction, geom, dtype, device)
     return measure, default, candidates(job.direction, geom, dtype, smem_limit(device))
 

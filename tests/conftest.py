@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import pytest
 
 import tconv3d  # noqa: F401  (registers torch.ops.tconv3d)
-from tconv3d import configs
+from tconv3d import choice, configs
 from tconv3d.configs import KernelConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,17 +42,17 @@ SMALL_TILES = KernelConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Force 16x16x16 tiles so that problems span many tiles along every axis (and wgrad several splits)."""
-    monkeypatch.setattr(configs, "_memo", {})
-    monkeypatch.setattr(configs, "_select", lambda *args: SMALL_TILES)
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", lambda *args: SMALL_TILES)
 
 
 @pytest.fixture
 def gpu_heuristic_tiles(monkeypatch):
     """Run with the tiles the heuristic picks for an H100 (132 SMs), so the interpreter checks the masks and
     split-K ranges of the configs GPUs will actually launch."""
-    monkeypatch.setattr(configs, "_memo", {})
+    monkeypatch.setattr(choice, "_memo", {})
     monkeypatch.setattr(
-        configs,
+        choice,
         "_select",
         lambda direction, geom, dtype, device, run: configs.heuristic_config(direction, geom, dtype, 132),
     )

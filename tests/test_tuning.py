@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 
-from tconv3d import configs, settings, tables, tune
+from tconv3d import choice, configs, settings, tables, tune
 from tconv3d.configs import KernelConfig, TuningKey, candidates, keep, tuning_key
 from tconv3d.geometry import conv_geometry
 from tconv3d.shapes import load_shape_set
@@ -85,10 +85,10 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "CONFIG_DIR", tmp_path / "configs")
     monkeypatch.setattr(settings, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(settings, "AUTOTUNE", False)
-    monkeypatch.setattr(configs, "_memo", {})
-    tables.device_table.cache_clear()
+    monkeypatch.setattr(choice, "_memo", {})
+    tables.named_table.cache_clear()
     yield tmp_path
-    tables.device_table.cache_clear()
+    tables.named_table.cache_clear()
 
 
 def write_table(folder, entries, triton_version=triton.__version__, name=H100):
@@ -104,7 +104,7 @@ def test_exact_key_wins(fake_gpu):
     geom = geometry()
     key = tuning_key("fwd", geom, torch.bfloat16)
     write_table(fake_gpu / "shipped", [(key, CONFIG_A)])
-    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
+    assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
 
 
 def test_nearest_key_in_the_same_family(fake_gpu):
@@ -112,7 +112,7 @@ def test_nearest_key_in_the_same_family(fake_gpu):
     far = tuning_key("fwd", geometry(cin=512, cout=512, size=(8, 16, 16)), torch.bfloat16)
     other_kernel = tuning_key("fwd", geometry(cin=64, cout=64, kernel=(1, 3, 3)), torch.bfloat16)
     write_table(fake_gpu / "shipped", [(near, CONFIG_A), (far, CONFIG_B), (other_kernel, CONFIG_B)])
-    assert configs.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_A
+    assert choice.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_A
 
 
 def test_heuristic_when_the_family_is_too_far(fake_gpu):
@@ -121,7 +121,7 @@ def test_heuristic_when_the_family_is_too_far(fake_gpu):
     small = tuning_key("fwd", geometry(cin=32, cout=32, size=(2, 4, 4)), torch.bfloat16)
     write_table(fake_gpu / "shipped", [(wide, CONFIG_A), (small, CONFIG_B)])
     geom = geometry(cin=32, cout=32)
-    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == configs.heuristic_config(
+    assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == configs.heuristic_config(
         "fwd", geom, torch.bfloat16, 132
     )
 
@@ -130,7 +130,7 @@ def test_heuristic_when_no_key_of_the_family(fake_gpu):
     write_table(fake_gpu / "shipped", [(tuning_key("fwd", geometry(), torch.float16), CONFIG_A)])
     geom = geometry()
     expected = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
-    assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == expected
+    assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == expected
 
 
 def test_config_dir_overrides_shipped_and_cache_overrides_both(fake_gpu):
@@ -138,12 +138,12 @@ def test_config_dir_overrides_shipped_and_cache_overrides_both(fake_gpu):
     key = tuning_key("dgrad", geom, torch.bfloat16)
     write_table(fake_gpu / "shipped", [(key, CONFIG_A)])
     write_table(fake_gpu / "configs", [(key, CONFIG_B)])
-    assert configs.pick_config("dgrad", geom, torch.bfloat16, CUDA) == CONFIG_B
-    configs._memo.clear()
-    tables.device_table.cache_clear()
+    assert choice.pick_config("dgrad", geom, torch.bfloat16, CUDA) == CONFIG_B
+    choice._memo.clear()
+    tables.named_table.cache_clear()
     cached = KernelConfig(64, 128, 64, 8, 3)
     write_table(fake_gpu / "cache", [(key, cached)])
-    assert configs.pick_config("dgrad", geom, torch.bfloat16, CUDA) == cached
+    assert choice.pick_config("dgrad", geom, torch.bfloat16, CUDA) == cached
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_corrupt_table_warns_and_falls_back(fake_gpu):
     (folder / tables.table_file_name(H100)).write_text('{"entries": {')
     geom = geometry()
     with pytest.warns(RuntimeWarning, match="ignoring tuning table"):
-        chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA)
+        chosen = choice.pick_config("fwd", geom, torch.bfloat16, CUDA)
     assert chosen == configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
 
 
@@ -165,7 +165,7 @@ def test_table_from_another_triton_major_is_ignored(fake_gpu):
     major = int(triton.__version__.split(".")[0])
     write_table(fake_gpu / "shipped", [(tuning_key("fwd", geom, torch.bfloat16), CONFIG_A)], f"{major + 1}.0.0")
     with pytest.warns(RuntimeWarning, match="another major version"):
-        chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA)
+        chosen = choice.pick_config("fwd", geom, torch.bfloat16, CUDA)
     assert chosen == configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
 
 
@@ -182,10 +182,10 @@ def test_invalid_entries_are_skipped_with_one_warning(fake_gpu):
     assert len(caught) == 1 and "skipped 2 invalid entries" in str(caught[0].message)
     assert table == {good: CONFIG_A}
     # The exact key's entry was invalid: the nearest valid one stands in, never the broken config.
-    configs._memo.clear()
+    choice._memo.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert configs.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
+        assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
 
 
 @pytest.mark.parametrize(
@@ -210,13 +210,13 @@ def test_invalid_configs_are_named(config, words):
 
 def test_choice_is_memoised_and_costs_microseconds(fake_gpu, monkeypatch):
     calls = []
-    real_select = configs._select
-    monkeypatch.setattr(configs, "_select", lambda *args: calls.append(1) or real_select(*args))
+    real_select = choice._select
+    monkeypatch.setattr(choice, "_select", lambda *args: calls.append(1) or real_select(*args))
     geom = geometry()
-    first = configs.pick_config("wgrad", geom, torch.bfloat16, CUDA)
+    first = choice.pick_config("wgrad", geom, torch.bfloat16, CUDA)
     start = time.perf_counter()
     for _ in range(10_000):
-        assert configs.pick_config("wgrad", geom, torch.bfloat16, CUDA) is first
+        assert choice.pick_config("wgrad", geom, torch.bfloat16, CUDA) is first
     per_call_us = (time.perf_counter() - start) / 10_000 * 1e6
     assert len(calls) == 1
     assert per_call_us < 50, f"{per_call_us:.1f} us per lookup"
@@ -239,7 +239,7 @@ def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
     monkeypatch.setattr(tune, "smem_limit", lambda device: 228 * 1024)
     geom = geometry()
     runs = []
-    chosen = configs.pick_config("fwd", geom, torch.bfloat16, CUDA, run=lambda c: runs.append(c) or torch.ones(3))
+    chosen = choice.pick_config("fwd", geom, torch.bfloat16, CUDA, run=lambda c: runs.append(c) or torch.ones(3))
     assert runs == [configs.heuristic_config("fwd", geom, torch.bfloat16, 132)]  # the reference run
     expected = min(
         (c for c in candidates("fwd", geom, torch.bfloat16, 228 * 1024) if stand_in_cost(c)), key=stand_in_cost

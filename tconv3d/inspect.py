@@ -1,0 +1,182 @@
+"""python -m tconv3d.inspect: what the compiler makes of every kernel tconv3d would launch, on a machine with no GPU.
+
+    python -m tconv3d.inspect                          # bench suite + awkward shapes, bf16/fp16/fp32, sm_90 and sm_80
+    python -m tconv3d.inspect --arch 90 --dtype bf16 --direction wgrad --json out.json
+    python -m tconv3d.inspect --shapes bench --space   # every candidate of the pruned search space, per key
+
+For each (case, dtype, direction, arch) it takes the config that GPU model would choose (its tuning table, else
+the heuristic for its SM count), compiles the launch exactly as the launcher would (tconv3d/static_compile.py)
+and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
+registers, spill bytes, shared memory, the MMA instruction and the global-load kinds, compile time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import choice, settings
+from .configs import DIRECTIONS, candidates
+from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
+from .static_compile import ARCHS, compile_launch, fits
+
+DEFAULT_SHAPES = "bench,awkward"
+
+
+def _job_record(job) -> dict:
+    """Compile one (case, dtype, direction, arch, config) and describe it; a failure is a record, not a crash."""
+    shape, dtype_name, direction, capability, config, source = job
+    arch = ARCHS[capability]
+    record = {
+        "case": shape.name,
+        "dtype": dtype_name,
+        "direction": direction,
+        "arch": capability,
+        "config": config.to_dict(),
+        "config_source": source,
+        "compiled": False,
+        "error": None,
+    }
+    start = time.perf_counter()
+    try:
+        reports = compile_launch(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], config, capability)
+    except Exception as error:  # e.g. out of shared memory at compile time: report it
+        record["error"] = f"{type(error).__name__}: {error}"[:500]
+        record["compile_s"] = round(time.perf_counter() - start, 2)
+        return record
+    main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
+    record.update(
+        compiled=True,
+        registers=main.registers,
+        spill_bytes=max(r.spill_bytes or 0 for r in reports),
+        local_accesses=sum(r.local_accesses for r in reports),
+        shared_bytes=main.shared_bytes,
+        fits=fits(reports, arch),
+        mma=main.mma_kind,
+        mma_instruction=main.mma,
+        loads=main.loads,
+        grid=main.grid,
+        waves=round(main.waves(arch), 3),
+        compile_s=round(time.perf_counter() - start, 2),
+        kernels=[r.to_dict() for r in reports],
+    )
+    return record
+
+
+def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool) -> list[tuple]:
+    jobs = []
+    for shape in shapes:
+        geom = shape.geometry()
+        for dtype_name in dtypes:
+            dtype = DTYPES_BY_NAME[dtype_name]
+            for direction in directions:
+                for capability in archs:
+                    arch = ARCHS[capability]
+                    config, source = choice.choose(direction, geom, dtype, arch.device_name, arch.sm_count)
+                    jobs.append((shape, dtype_name, direction, capability, config, source))
+                    if space:
+                        for candidate in candidates(direction, geom, dtype, arch.smem_per_block):
+                            if candidate != config:
+                                jobs.append((shape, dtype_name, direction, capability, candidate, "space"))
+    return jobs
+
+
+def run(jobs: list[tuple], workers: int) -> list[dict]:
+    if workers <= 1 or len(jobs) <= 1:
+        return [_job_record(job) for job in jobs]
+    # fork: the workers inherit the imported kernels; compiling is CPU-bound, one process per core.
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(_job_record, jobs, chunksize=1)
+
+
+def _config_text(config: dict) -> str:
+    text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
+    return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "")
+
+
+def table(records: list[dict]) -> str:
+    header = (
+        f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':22} {'from':9} {'grid':>11} {'waves':>6} "
+        f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'s':>4}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in records:
+        start = (
+            f"{r['case']:16} {r['dtype']:5} {r['direction']:5} {r['arch']:>3} {_config_text(r['config']):22} "
+            f"{r['config_source']:9}"
+        )
+        if not r["compiled"]:
+            lines.append(f"{start} FAILED: {r['error']}")
+            continue
+        grid = "x".join(str(g) for g in r["grid"])
+        loads = ",".join(load.replace(".E", "") for load in r["loads"]) or "-"
+        lines.append(
+            f"{start} {grid:>11} {r['waves']:>6.2f} {r['registers'] or 0:>4} {r['spill_bytes']:>5} "
+            f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {r['compile_s']:>4.1f}"
+        )
+    return "\n".join(lines)
+
+
+def problems(records: list[dict]) -> list[str]:
+    """What a chosen config must never do: fail to compile, spill, overflow shared memory, or (sm_90, 16-bit,
+    tiles of 64+ rows) miss wgmma."""
+    found = []
+    for r in records:
+        if r["config_source"] == "space":
+            continue
+        name = f"{r['case']} {r['dtype']} {r['direction']} sm_{r['arch']} {_config_text(r['config'])}"
+        if not r["compiled"]:
+            found.append(f"{name}: did not compile ({r['error']})")
+        elif not r["fits"]:
+            found.append(f"{name}: spills or overflows shared memory")
+        elif r["arch"] == 90 and r["dtype"] != "fp32" and r["config"]["block_m"] >= 64 and r["mma"] != "HGMMA":
+            found.append(f"{name}: {r['mma_instruction']} where wgmma (HGMMA) was expected")
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tconv3d.inspect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="90,80", help="comma-separated compute capabilities: 90, 80")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated shape sets (names or JSON files)")
+    parser.add_argument("--dtype", default="bf16,fp16,fp32", help="comma-separated: bf16, fp16, fp32")
+    parser.add_argument("--direction", default=",".join(DIRECTIONS), help="comma-separated: fwd, dgrad, wgrad")
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
+    args = parser.parse_args(argv)
+    if settings.INTERPRET:
+        print("python -m tconv3d.inspect compiles kernels: unset TRITON_INTERPRET (the interpreter has no compiler)")
+        return 2
+    archs = [int(a) for a in args.arch.split(",")]
+    unknown = [a for a in archs if a not in ARCHS]
+    if unknown:
+        parser.error(f"unknown arch(s) {unknown}; known: {sorted(ARCHS)}")
+    dtypes = args.dtype.split(",")
+    if any(d not in DTYPES_BY_NAME for d in dtypes):
+        parser.error(f"--dtype takes some of {sorted(DTYPES_BY_NAME)}")
+    directions = args.direction.split(",")
+    if any(d not in DIRECTIONS for d in directions):
+        parser.error(f"--direction takes some of {DIRECTIONS}")
+    shapes = [shape for name in args.shapes.split(",") for shape in load_shape_set(name)]
+    if args.cases:
+        shapes = [s for s in shapes if s.name in set(args.cases.split(","))]
+    torch.set_num_threads(1)
+    records = run(plan(shapes, dtypes, directions, archs, args.space), args.jobs)
+    print(table(records))
+    if args.json:
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    found = problems(records)
+    print(f"\n{len(records)} launches compiled; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Compile tconv3d's kernels for a GPU that is not there, exactly as their launchers would launch them, and read
+what the compiler made: registers, spills, shared memory, the MMA instruction and the global-load kinds.
+
+Triton's own JIT does the specialisation (16-byte-aligned pointers, unit strides as constants, divisibility
+hints): the launchers run on meta tensors while a stand-in driver answers the JIT's questions with the requested
+target, and every launch is turned into a compile-only warm-up. Nothing of this outlives `compile_only`: the
+driver and each kernel's per-device caches are put back. The cubin is read with the cuobjdump that Triton's
+wheel ships. `python -m tconv3d.inspect` prints it; the tuner uses it to drop candidates before timing them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver as triton_driver
+from triton.runtime.jit import JITFunction
+
+from . import conv_dgrad, conv_fwd, conv_wgrad
+from .configs import KernelConfig
+from .geometry import ConvGeometry
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU model as the compiler and the grid see it."""
+
+    capability: int
+    device_name: str  # whose tuning table the choice reads
+    sm_count: int
+    smem_per_block: int  # the opt-in shared memory one program may use
+    smem_per_sm: int
+    regs_per_sm: int = 65536
+    threads_per_sm: int = 2048
+
+
+ARCHS = {
+    90: Arch(90, "NVIDIA H100 80GB HBM3", sm_count=132, smem_per_block=232448, smem_per_sm=233472),
+    80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936),
+}
+
+KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad)
+
+
+def arch_of(device: torch.device) -> Arch:
+    """The Arch of a CUDA device that is there (the tuner's)."""
+    props = torch.cuda.get_device_properties(device)
+    return Arch(
+        props.major * 10 + props.minor,
+        props.name,
+        sm_count=props.multi_processor_count,
+        smem_per_block=getattr(props, "shared_memory_per_block_optin", 0) or 232448,
+        smem_per_sm=getattr(props, "shared_memory_per_multiprocessor", 0) or 233472,
+    )
+
+
+@dataclass
+class KernelReport:
+    """One compiled kernel of one launch."""
+
+    kernel: str
+    grid: list[int]
+    num_warps: int
+    registers: int | None = None
+    spill_bytes: int | None = None  # the stack frame: local memory for spills (none of our kernels has arrays)
+    shared_bytes: int = 0
+    mma: str = "none"  # the first MMA instruction, e.g. HGMMA.64x128x16.F32.BF16
+    loads: list[str] = field(default_factory=list)  # the global-load instructions, e.g. LDGSTS.E.BYPASS.128
+    local_accesses: int = 0  # LDL/STL in the SASS
+    compile_s: float = 0.0
+
+    @property
+    def mma_kind(self) -> str:
+        return self.mma.split(".")[0] if self.mma != "none" else "none"
+
+    def programs(self) -> int:
+        total = 1
+        for g in self.grid:
+            total *= g
+        return total
+
+    def waves(self, arch: Arch) -> float:
+        """Programs over what the device holds at once (per-SM limits of registers, shared memory, threads)."""
+        threads = 32 * self.num_warps
+        per_sm = [arch.threads_per_sm // threads, 32]
+        if self.registers:
+            per_sm.append(arch.regs_per_sm // (-(-self.registers // 8) * 8 * threads))
+        if self.shared_bytes:
+            per_sm.append(arch.smem_per_sm // (self.shared_bytes + 1024))  # 1 KB reserved per program
+        resident = max(min(per_sm), 1) * arch.sm_count
+        return self.programs() / resident
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mma_kind": self.mma_kind}
+
+
+class _StandInDriver:
+    """What JITFunction.run asks of the driver before a launch, answered for a target with no device."""
+
+    def __init__(self, target: GPUTarget):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"tconv3d.static_compile: the stand-in driver cannot {name!r}; nothing may launch here")
+
+
+def _jit_functions() -> list[JITFunction]:
+    return [v for m in KERNEL_MODULES for v in vars(m).values() if isinstance(v, JITFunction)]
+
+
+@contextlib.contextmanager
+def compile_only(capability: int, launches: list):
+    """Inside, every tconv3d kernel launch compiles for sm_<capability> instead of running, and appends
+    (kernel name, grid, num_warps, CompiledKernel, seconds) to `launches`."""
+    target = GPUTarget("cuda", capability, 32)
+    functions = _jit_functions()
+    saved_caches = {fn: fn.device_caches for fn in functions}
+    saved_driver = triton_driver._active  # reset_active() would look for a real GPU driver
+    original_run = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        start = time.perf_counter()
+        kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
+        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, time.perf_counter() - start))
+        return kernel
+
+    for fn in functions:  # binders made for this target must not serve a real device later
+        fn.device_caches = defaultdict(fn.create_binder)
+    triton_driver.set_active(_StandInDriver(target))
+    JITFunction.run = run
+    try:
+        yield launches
+    finally:
+        JITFunction.run = original_run
+        triton_driver._active = saved_driver
+        for fn, caches in saved_caches.items():
+            fn.device_caches = caches
+
+
+def _nvidia_tool(name: str) -> str:
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: this triton wheel ships no {name}")
+    return str(path)
+
+
+def read_cubin(cubin: bytes) -> dict:
+    """Registers, stack frame and SASS facts of a cubin, from cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        usage = subprocess.run(
+            [_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [_nvidia_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
+    loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "spill_bytes": int(stack.group(1)) if stack else None,
+        "mma": mma.group(0).rstrip(".") if mma else "none",
+        "loads": loads,
+        "local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+    }
+
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta").contiguous(memory_format=torch.channels_last_3d)
+
+
+def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
+    """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles)."""
+    weight_shape = (geom.out_channels, geom.in_channels, *geom.kernel)
+    if direction == "fwd":
+        conv_fwd.conv3d_fwd(_meta(geom.input_shape(), dtype), _meta(weight_shape, dtype), None, geom, config)
+    elif direction == "dgrad":
+        conv_dgrad.conv3d_dgrad(_meta(geom.output_shape(), dtype), _meta(weight_shape, dtype), geom, config)
+    elif direction == "wgrad":
+        conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), _meta(geom.input_shape(), dtype), geom, config)
+    else:
+        raise ValueError(f"unknown direction {direction!r}")
+
+
+def compile_launch(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int
+) -> list[KernelReport]:
+    """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability>: one report
+    per kernel (the weight gradient with split-K also runs its reduction). Compile errors propagate."""
+    launches: list = []
+    with compile_only(capability, launches):
+        launch_on_meta(direction, geom, dtype, config)
+    reports = []
+    for name, grid, num_warps, kernel, seconds in launches:
+        report = KernelReport(name, grid, num_warps, shared_bytes=kernel.metadata.shared, compile_s=seconds)
+        for key, value in read_cubin(kernel.asm["cubin"]).items():
+            setattr(report, key, value)
+        reports.append(report)
+    return reports
+
+
+def fits(reports: list[KernelReport], arch: Arch) -> bool:
+    """No spills and every kernel within the shared memory one program may take."""
+    return all(not r.spill_bytes and not r.local_accesses and r.shared_bytes <= arch.smem_per_block for r in reports)
+
+
+def compiles_cleanly(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, arch: Arch) -> bool:
+    """Whether `config` compiles for `arch` without spills and within its shared memory: the tuner's filter
+    before it spends device time on a candidate (the compile is cached, so timing it later costs no second)."""
+    try:
+        return fits(compile_launch(direction, geom, dtype, config, arch.capability), arch)
+    except Exception:  # out of resources at compile time, or a config the compiler rejects
+        return False

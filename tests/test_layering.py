@@ -1,0 +1,48 @@
+"""Imports inside tconv3d run one way: configs (data and heuristics) at the bottom, the kernels above them, the
+choosing, tuning and inspecting above the kernels, the ops on top. A module that imports upward makes a circle."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tconv3d"
+
+KERNELS = {"conv_fwd", "conv_dgrad", "conv_wgrad"}
+# What each module may import from the package (beyond the leaf helpers: geometry, settings, kernel_utils).
+ALLOWED = {
+    "configs": set(),
+    "tables": {"configs"},
+    "conv_fwd": {"configs"},
+    "conv_dgrad": {"configs"},
+    "conv_wgrad": {"configs"},
+    "static_compile": {"configs", *KERNELS},
+    "tune": {"aten", "configs", "tables", "shapes", "testing", "static_compile", *KERNELS},
+    "choice": {"configs", "tables", "tune"},
+}
+LEAVES = {"geometry", "settings", "kernel_utils"}
+
+
+def package_imports(module: str) -> set[str]:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_imports_run_one_way():
+    upward = {
+        module: sorted(package_imports(module) - allowed - LEAVES)
+        for module, allowed in ALLOWED.items()
+        if package_imports(module) - allowed - LEAVES
+    }
+    assert not upward, f"modules importing above their layer: {upward}"
+
+
+def test_no_launcher_chooses_its_own_tiling():
+    for module in ("conv_fwd", "conv_dgrad", "conv_wgrad"):
+        source = (PACKAGE / f"{module}.py").read_text()
+        assert "pick_config" not in source and "choice" not in source, module

@@ -1,0 +1,95 @@
+"""What the compiler makes of every kernel, without a GPU: `python -m tconv3d.inspect` compiles each config
+tconv3d would choose for the bench suite and the awkward shapes (bf16, fp16, fp32; forward, input-grad,
+weight-grad) for sm_90 and sm_80. CI runs this under the newest triton and under triton 3.6, the GPU image's.
+
+The inspection runs in a subprocess: this suite sets TRITON_INTERPRET=1 on CPU machines, and interpreted
+kernels have no compiler behind them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("inspect") / "records.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when it is unset
+    result = subprocess.run(
+        [sys.executable, "-m", "tconv3d.inspect", "--json", str(out), "--jobs", str(os.cpu_count() or 1)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _names(records):
+    return [f"{r['case']} {r['dtype']} {r['direction']} sm_{r['arch']} {r['config']}" for r in records]
+
+
+def test_every_chosen_config_compiles_for_both_archs(records):
+    from tconv3d.shapes import load_shape_set
+
+    cases = len(load_shape_set("bench")) + len(load_shape_set("awkward"))
+    assert len(records) == cases * 3 * 3 * 2
+    assert {(r["arch"], r["dtype"], r["direction"]) for r in records} == {
+        (a, d, k) for a in (90, 80) for d in ("bf16", "fp16", "fp32") for k in ("fwd", "dgrad", "wgrad")
+    }
+    failed = [r for r in records if not r["compiled"]]
+    assert not failed, _names(failed)
+
+
+def test_nothing_spills_and_shared_memory_fits(records):
+    limit = {90: 227 * 1024, 80: 163 * 1024}
+    bad = [
+        r
+        for r in records
+        if r["compiled"] and (r["spill_bytes"] or r["local_accesses"] or r["shared_bytes"] > limit[r["arch"]])
+    ]
+    assert not bad, _names(bad)
+
+
+def test_hopper_runs_wgmma_on_16_bit_tiles_of_64_rows(records):
+    wanted = [r for r in records if r["arch"] == 90 and r["dtype"] != "fp32" and r["config"]["block_m"] >= 64]
+    assert len(wanted) > len(records) // 8
+    missing = [r for r in wanted if r["mma"] != "HGMMA"]
+    assert not missing, _names(missing)
+
+
+def test_weight_gradient_tiles_are_wgmma_sized(records):
+    """wgmma works on 64-row tiles: the weight gradient's 32x32 tiles for 32-channel layers ran mma.sync."""
+    small = [r for r in records if r["direction"] == "wgrad" and r["config"]["block_m"] < 64]
+    assert not small, _names(small)
+
+
+def test_weight_gradient_grids_fill_their_waves(records):
+    """Equal-length programs in 2.05 waves leave a third of the device idle in the third: the split-K choice
+    must keep the last wave at least 3/4 busy wherever the reduction is long enough for 3 waves (each split
+    keeps at least 8 steps; from 3 waves on, any count fills its last wave 3/4)."""
+    from tconv3d.shapes import load_shape_set
+
+    voxels = {s.name: s.geometry().output_voxels for s in load_shape_set("bench") + load_shape_set("awkward")}
+    poor = []
+    for r in records:
+        if r["direction"] != "wgrad" or r["waves"] < 1:
+            continue
+        tiles, splits = r["grid"]
+        held_at_once = tiles * splits / r["waves"]  # programs the device holds at once, as compiled
+        most_splits = -(-voxels[r["case"]] // r["config"]["block_k"]) // 8
+        if tiles * most_splits < 3 * held_at_once:
+            continue  # the reduction is too short to split into 3 waves
+        if r["waves"] / -(-r["waves"] // 1) < 0.75:
+            poor.append(r)
+    assert not poor, [f"{n}: {r['waves']} waves" for n, r in zip(_names(poor), poor, strict=True)]
