@@ -173,6 +173,10 @@ def main(argv=None) -> int:
     print(table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
+    space = [r for r in records if r["config_source"] == "space"]
+    if space:
+        unfit = sum(not r["compiled"] or not r["fits"] for r in space)
+        print(f"\nsearch space: {unfit} of {len(space)} other candidates fail to compile, spill or overflow")
     found = problems(records)
     print(f"\n{len(records)} launches compiled; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
     return 1 if found else 0
