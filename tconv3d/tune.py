@@ -94,6 +94,7 @@ def _timed_if_correct(
     run: Callable[[KernelConfig], torch.Tensor],
     reference: torch.Tensor,
     tolerance: float,
+    *,
     compiles_cleanly: Callable[[KernelConfig], bool] = lambda config: True,
 ) -> Measure:
     """Candidates that spill or overflow shared memory (by the static compile) are dropped before they run; the
@@ -115,6 +116,13 @@ def _timed_if_correct(
     return measure
 
 
+def _compile_filter(direction: str, geom: ConvGeometry, dtype: torch.dtype, device) -> Callable[[KernelConfig], bool]:
+    """Whether a candidate compiles for this device without spills and within its shared memory."""
+    return lambda config: static_compile.compiles_cleanly(
+        direction, geom, dtype, config, static_compile.arch_of(device)
+    )
+
+
 def smem_limit(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     return getattr(props, "shared_memory_per_block_optin", 0) or 232448
@@ -131,9 +139,8 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     keep the winner in memory and in the cache folder's table for this GPU."""
     default = default_config(direction, geom, dtype, device)
     reference = run(default).clone()
-    arch = static_compile.arch_of(device)
     measure = _timed_if_correct(
-        run, reference, tolerance(dtype), lambda c: static_compile.compiles_cleanly(direction, geom, dtype, c, arch)
+        run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
     outcome = search(candidates(direction, geom, dtype, smem_limit(device)), default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
@@ -186,9 +193,8 @@ def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
     with exact_fp32():
         reference = references[job.direction]()
     run = launches[job.direction]
-    arch = static_compile.arch_of(device)
     measure = _timed_if_correct(
-        run, reference, tolerance(dtype), lambda c: static_compile.compiles_cleanly(job.direction, geom, dtype, c, arch)
+        run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(job.direction, geom, dtype, device)
     )
     default = default_config(job.direction, geom, dtype, device)
     return measure, default, candidates(job.direction, geom, dtype, smem_limit(device))

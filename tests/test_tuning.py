@@ -235,7 +235,7 @@ def stand_in_cost(config: KernelConfig) -> float:
 
 def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
     monkeypatch.setattr(settings, "AUTOTUNE", True)
-    monkeypatch.setattr(tune, "_timed_if_correct", lambda run, reference, tolerance: stand_in_cost)
+    monkeypatch.setattr(tune, "_timed_if_correct", lambda run, reference, tolerance, **filters: stand_in_cost)
     monkeypatch.setattr(tune, "smem_limit", lambda device: 228 * 1024)
     geom = geometry()
     runs = []
@@ -354,3 +354,13 @@ def test_wgrad_candidates_bound_their_workspace():
     assert found
     assert all(c.split_k * 512 * 512 * 27 * 4 <= configs.WGRAD_WORKSPACE_BYTES for c in found if c.split_k > 1)
     assert max(c.split_k for c in found) < 128
+
+
+def test_candidates_that_do_not_compile_cleanly_are_never_run():
+    """The tuner's static-compile filter (spills, shared memory) rejects a candidate before any launch."""
+    runs = []
+    measure = tune._timed_if_correct(
+        lambda config: runs.append(config), torch.ones(3), 1e-2, compiles_cleanly=lambda config: False
+    )
+    assert measure(CONFIG_A) is None
+    assert runs == []
