@@ -112,9 +112,10 @@ def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
         per_residue = []
         for r in range(s):
             live = [t for t in range(k) if (r + p - t * d) % s == 0]
+            first = live[0] if live else 0
             step = live[1] - live[0] if len(live) > 1 else 1
-            assert live == list(range(live[0], live[0] + step * len(live), step)) if live else True
-            per_residue.append((live[0] if live else 0, step, len(live)))
+            assert live == list(range(first, first + step * len(live), step))
+            per_residue.append((first, step, len(live)))
         progressions.append(per_residue)
     table = [
         [progressions[0][rd], progressions[1][rh], progressions[2][rw]]

@@ -11,6 +11,8 @@ wheel ships. `python -m tconv3d.inspect` prints it; the tuner uses it to drop ca
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import re
 import subprocess
@@ -52,6 +54,7 @@ ARCHS = {
 KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad)
 
 
+@functools.lru_cache(maxsize=16)
 def arch_of(device: torch.device) -> Arch:
     """The Arch of a CUDA device that is there (the tuner's)."""
     props = torch.cuda.get_device_properties(device)
@@ -84,10 +87,7 @@ class KernelReport:
         return self.mma.split(".")[0] if self.mma != "none" else "none"
 
     def programs(self) -> int:
-        total = 1
-        for g in self.grid:
-            total *= g
-        return total
+        return math.prod(self.grid)
 
     def waves(self, arch: Arch) -> float:
         """Programs over what the device holds at once (per-SM limits of registers, shared memory, threads)."""

@@ -124,8 +124,7 @@ def _compile_filter(direction: str, geom: ConvGeometry, dtype: torch.dtype, devi
 
 
 def smem_limit(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 0) or 232448
+    return static_compile.arch_of(device).smem_per_block
 
 
 # ---------------------------------------------------------------------------------------------------------------

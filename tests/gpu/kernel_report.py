@@ -12,43 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-import triton
 from triton.runtime.jit import JITFunction
 
 import tconv3d
 from tconv3d.shapes import DTYPES_BY_NAME, load_shape_set
+from tconv3d.static_compile import read_cubin
 from tconv3d.testing import random_conv_inputs
-
-SASS_OPS = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "LDL", "STL")
-
-
-def _cuobjdump() -> str | None:
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(bundled) if bundled.exists() else None
-
-
-def sass_counts(cubin: bytes) -> dict:
-    tool = _cuobjdump()
-    if tool is None:
-        return {}
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=False).stdout
-    finally:
-        os.unlink(f.name)
-    counts = {op: len(re.findall(rf"\b{op}(?:\.[A-Z0-9x.]+)?\b", sass)) for op in SASS_OPS}
-    mma = re.search(r"\bHGMMA\.[0-9x]+\.[A-Z0-9.]+", sass) or re.search(r"\bHMMA\.[0-9]+\.[A-Z0-9.]+", sass)
-    counts["mma"] = mma.group(0) if mma else "none"
-    return counts
 
 
 def record_launches():
@@ -95,10 +68,10 @@ def main(argv=None) -> int:
                         "kernel": name,
                         "meta": meta,
                         "grid": list(grid),
-                        "registers": kernel.n_regs,
+                        **read_cubin(kernel.asm["cubin"]),
+                        "registers": kernel.n_regs,  # as the driver loaded it
                         "spills": kernel.n_spills,
                         "shared_bytes": kernel.metadata.shared,
-                        **sass_counts(kernel.asm["cubin"]),
                     }
                 )
             del x, w, y
