@@ -11,10 +11,14 @@ rewritten after every key, so an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import argparse
+import math
+import multiprocessing
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +34,12 @@ from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
 
 Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
+
+# Candidates timed per key, nearest the heuristic's config first. The pruned space holds hundreds per key, and a
+# walk in its product order spent the whole budget on the smallest tiles (the first H100 run: 7-13 tried per key).
+CANDIDATES_PER_KEY = 24
+# do_bench's warm-up and repetition, in ms: a median of 10+ runs for the slowest kernels of the suite.
+BENCH_WARMUP_MS, BENCH_REP_MS = 10, 60
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,9 @@ def _timed_if_correct(
         try:
             if rel_l2(run(config), reference) > tolerance:
                 return None
-            return triton.testing.do_bench(lambda: run(config), return_mode="median")
+            return triton.testing.do_bench(
+                lambda: run(config), warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median"
+            )
         except Exception as error:  # a candidate that fails to compile or launch is skipped, not fatal
             if "OutOfResources" not in type(error).__name__:
                 print(f"  {config}: {type(error).__name__}: {error}", file=sys.stderr)
@@ -127,6 +139,20 @@ def smem_limit(device: torch.device) -> int:
     return static_compile.arch_of(device).smem_per_block
 
 
+def config_steps(a: KernelConfig, b: KernelConfig) -> int:
+    """How far apart two configs are: doublings of each block, of the warps, the split and the group, plus the
+    difference in stages."""
+    doubling = ("block_m", "block_n", "block_k", "num_warps", "split_k", "group_m")
+    doublings = sum(abs(round(math.log2(getattr(a, f) / getattr(b, f)))) for f in doubling)
+    return doublings + abs(a.num_stages - b.num_stages)
+
+
+def nearest_candidates(configs: Iterable[KernelConfig], default: KernelConfig, limit: int) -> list[KernelConfig]:
+    """The `limit` candidates fewest steps from `default` (the default itself aside), in the space's order among
+    equals."""
+    return sorted((c for c in configs if c != default), key=lambda c: config_steps(c, default))[:limit]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # first-use tuning (TCONV3D_AUTOTUNE=1)
 
@@ -141,7 +167,8 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     measure = _timed_if_correct(
         run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
-    outcome = search(candidates(direction, geom, dtype, smem_limit(device)), default, measure, FIRST_USE_BUDGET_S)
+    configs = nearest_candidates(candidates(direction, geom, dtype, smem_limit(device)), default, CANDIDATES_PER_KEY)
+    outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
     device_name = torch.cuda.get_device_name(device)
@@ -170,7 +197,44 @@ def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[s
     return list(jobs.values())
 
 
-def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
+def job_configs(job: Job, device: torch.device) -> tuple[KernelConfig, list[KernelConfig]]:
+    """The default config of a job and the candidates to time against it."""
+    geom = job.shape.geometry()
+    default = default_config(job.direction, geom, job.dtype, device)
+    found = candidates(job.direction, geom, job.dtype, smem_limit(device))
+    return default, nearest_candidates(found, default, CANDIDATES_PER_KEY)
+
+
+CompiledCheck = Callable[[Job, KernelConfig], bool]
+
+
+def compile_ahead(jobs: list[Job], device: torch.device, workers: int) -> tuple[CompiledCheck, Callable[[], None]]:
+    """Compile every job's default and candidates in `workers` processes, in job order, while the GPU times
+    earlier jobs: the static compile fills Triton's on-disk cache under the key the JIT looks up, so timing a
+    candidate later compiles nothing (compiling, not timing, was most of each key's time). Returns the check
+    the measure waits on, and a shutdown."""
+    arch = static_compile.arch_of(device)
+    # Spawned, not forked: this process has CUDA initialised. Niced, so that the timing's launches come first.
+    spawn = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=spawn, initializer=os.nice, initargs=(10,))
+    pending: dict[tuple[TuningKey, KernelConfig], Future] = {}
+    for job in jobs:
+        default, configs = job_configs(job, device)
+        for config in [default, *configs]:
+            pending[(job.key, config)] = pool.submit(
+                static_compile.compiles_cleanly, job.direction, job.shape.geometry(), job.dtype, config, arch
+            )
+
+    def check(job: Job, config: KernelConfig) -> bool:
+        future = pending.get((job.key, config))
+        if future is None:  # a config not planned ahead: compile it here
+            return _compile_filter(job.direction, job.shape.geometry(), job.dtype, device)(config)
+        return future.result()
+
+    return check, lambda: pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _gpu_measure(job: Job, compiled: CompiledCheck | None = None) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
     """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher."""
     device = torch.device("cuda", torch.cuda.current_device())
     shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
@@ -191,12 +255,12 @@ def _gpu_measure(job: Job) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
     }
     with exact_fp32():
         reference = references[job.direction]()
-    run = launches[job.direction]
-    measure = _timed_if_correct(
-        run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(job.direction, geom, dtype, device)
+    compiles_cleanly = (
+        _compile_filter(job.direction, geom, dtype, device) if compiled is None else lambda c: compiled(job, c)
     )
-    default = default_config(job.direction, geom, dtype, device)
-    return measure, default, candidates(job.direction, geom, dtype, smem_limit(device))
+    measure = _timed_if_correct(launches[job.direction], reference, tolerance(dtype), compiles_cleanly=compiles_cleanly)
+    default, configs = job_configs(job, device)
+    return measure, default, configs
 
 
 def _progress(done: int, total: int, width: int = 24) -> str:
@@ -252,6 +316,10 @@ def main(argv=None) -> int:
     parser.add_argument("--directions", default=",".join(DIRECTIONS), help="comma-separated: fwd,dgrad,wgrad")
     parser.add_argument("--dtypes", default=None, help="comma-separated subset of each case's dtypes (bf16,fp16,fp32)")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds of search per key")
+    parser.add_argument(
+        "--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+        help="processes that compile candidates ahead of the timing (1: compile each just before timing it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("python -m tconv3d.tune needs a CUDA device: tuning times kernels on the GPU it tunes for.")
@@ -261,11 +329,22 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown direction(s) {unknown}; expected some of {DIRECTIONS}")
     dtypes = None if args.dtypes is None else set(args.dtypes.split(","))
-    torch.backends.cudnn.benchmark = True
+    # The cuDNN reference runs once per key: searching its algorithms (slow in exact fp32) would cost more.
+    torch.backends.cudnn.benchmark = False
     jobs = plan_jobs(load_shape_set(args.shapes), directions, dtypes)
     device_name = torch.cuda.get_device_name()
     path = args.out / tables.table_file_name(device_name)
-    outcomes = tune_jobs(jobs, path, tables.table_metadata(device_name), _gpu_measure, args.budget)
+    prepare, shutdown = _gpu_measure, lambda: None
+    if args.compile_workers > 1:
+        done = set(tables.read_entries(path))
+        todo = [job for job in jobs if str(job.key) not in done]
+        device = torch.device("cuda", torch.cuda.current_device())
+        compiled, shutdown = compile_ahead(todo, device, args.compile_workers)
+        prepare = lambda job: _gpu_measure(job, compiled)  # noqa: E731
+    try:
+        outcomes = tune_jobs(jobs, path, tables.table_metadata(device_name), prepare, args.budget)
+    finally:
+        shutdown()
     print(summarize(outcomes))
     return 0
 

@@ -240,10 +240,11 @@ def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
     geom = geometry()
     runs = []
     chosen = choice.pick_config("fwd", geom, torch.bfloat16, CUDA, run=lambda c: runs.append(c) or torch.ones(3))
-    assert runs == [configs.heuristic_config("fwd", geom, torch.bfloat16, 132)]  # the reference run
-    expected = min(
-        (c for c in candidates("fwd", geom, torch.bfloat16, 228 * 1024) if stand_in_cost(c)), key=stand_in_cost
-    )
+    default = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
+    assert runs == [default]  # the reference run
+    space = candidates("fwd", geom, torch.bfloat16, 228 * 1024)
+    near = tune.nearest_candidates(space, default, tune.CANDIDATES_PER_KEY)
+    expected = min((c for c in [default, *near] if stand_in_cost(c)), key=stand_in_cost)
     assert chosen == expected
     key = tuning_key("fwd", geom, torch.bfloat16)
     cached = tables.read_table(fake_gpu / "cache" / tables.table_file_name(H100))
@@ -364,3 +365,20 @@ def test_candidates_that_do_not_compile_cleanly_are_never_run():
     )
     assert measure(CONFIG_A) is None
     assert runs == []
+
+
+def test_candidates_nearest_the_default_come_first():
+    default = KernelConfig(128, 128, 64, 8, 3)
+    assert tune.config_steps(default, default) == 0
+    assert tune.config_steps(default, KernelConfig(64, 128, 64, 8, 4)) == 2  # one halving, one stage
+    assert tune.config_steps(default, KernelConfig(32, 128, 64, 8, 3, split_k=4)) == 4
+    geom = geometry(cin=384, cout=384, size=(8, 32, 32))
+    space = candidates("fwd", geom, torch.bfloat16, 228 * 1024)
+    nearest = tune.nearest_candidates(space, default, 12)
+    assert len(nearest) == 12 and default not in nearest
+    steps = [tune.config_steps(c, default) for c in nearest]
+    assert steps == sorted(steps) and steps[0] == 1
+    # Nothing left out is nearer than the farthest kept: the bounded list is the neighbourhood, not a prefix.
+    left_out = [c for c in space if c not in nearest and c != default]
+    assert min(tune.config_steps(c, default) for c in left_out) >= steps[-1]
+    assert len(space) > 100  # the whole space would not fit a per-key budget
