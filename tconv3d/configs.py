@@ -288,7 +288,7 @@ def _max_split(view: GemmView, geom: ConvGeometry, block_k: int) -> int:
 def split_rows(rows: int, split_k: int, block_k: int) -> int:
     """Reduction rows per weight-gradient split: a whole number of BLOCK_K steps, so splits may come out fewer
     than split_k (the launcher's grid and the heuristic's wave count both use this)."""
-    return triton.cdiv(triton.cdiv(rows, split_k), block_k) * block_k
+    return max(1, triton.cdiv(triton.cdiv(rows, split_k), block_k)) * block_k
 
 
 def _wave_filling_split(
@@ -328,6 +328,8 @@ def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         num_warps = 8 if block_m * block_n >= 128 * 128 else 4
         tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * geom.taps
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
+        if view.reduction == 0:  # an empty batch: nothing to split
+            return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
         split_k = _wave_filling_split(
             tiles, most, sm_count, _max_split(view, geom, block_k),
             splits_of=lambda split: triton.cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
