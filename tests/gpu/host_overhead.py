@@ -1,0 +1,80 @@
+"""Where the small suite cases lose time in eager mode: the kernel alone (its launcher with the chosen config)
+against the whole op (tconv3d.conv3d, autograd), and the host's time to issue one op.
+
+    python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+import tconv3d
+from tconv3d import choice
+from tconv3d.conv_dgrad import conv3d_dgrad
+from tconv3d.conv_fwd import conv3d_fwd
+from tconv3d.conv_wgrad import conv3d_wgrad
+from tconv3d.shapes import DTYPES_BY_NAME, load_shape_set
+from tconv3d.testing import random_conv_inputs
+
+CASES = (("unet_320", "bf16"), ("down_s2", "bf16"), ("hunyuan_512", "bf16"), ("hunyuan_512", "fp16"))
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Microseconds the host takes to issue one call, the GPU kept busy enough not to throttle it."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e6 * issued / calls
+
+
+def measure(name: str, dtype_name: str) -> dict:
+    shape = next(s for s in load_shape_set("bench") if s.name == name)
+    dtype, geom = DTYPES_BY_NAME[dtype_name], shape.geometry()
+    x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cuda")
+    g = torch.randn(geom.output_shape(), device="cuda").to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    pick = {d: choice.pick_config(d, geom, dtype, x.device) for d in ("fwd", "dgrad", "wgrad")}
+    kernels = {
+        "fwd": lambda: conv3d_fwd(x, w, None, geom, pick["fwd"]),
+        "dgrad": lambda: conv3d_dgrad(g, w, geom, pick["dgrad"]),
+        "wgrad": lambda: conv3d_wgrad(g, x, geom, pick["wgrad"]),
+    }
+    op = lambda: tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)  # noqa: E731
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = tconv3d.conv3d(xg, wg, None, shape.stride, shape.padding, shape.dilation)
+    bwd = lambda: torch.autograd.grad(y, (xg, wg), g, retain_graph=True)  # noqa: E731
+    ms = {k: triton.testing.do_bench(f, return_mode="median") for k, f in kernels.items()}
+    ms["op_fwd"] = triton.testing.do_bench(op, return_mode="median")
+    ms["op_bwd"] = triton.testing.do_bench(bwd, return_mode="median")
+    us = {"launcher_fwd": host_us(kernels["fwd"]), "op_fwd": host_us(op), "op_bwd": host_us(bwd)}
+    return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms, "host_us": us}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows = [measure(name, dtype) for name, dtype in CASES]
+    if args.out is not None:
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
+    print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'dgrad':>7s} {'wgrad':>7s} {'op_bwd':>7s}  host us: "
+          "launcher op_fwd op_bwd")  # fmt: skip
+    for r in rows:
+        m, u = r["ms"], r["host_us"]
+        print(f"{r['case']:12s} {r['dtype']:5s} {m['fwd']:7.3f} {m['op_fwd']:7.3f} {m['dgrad']:7.3f} {m['wgrad']:7.3f} "
+              f"{m['op_bwd']:7.3f}  {u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['op_bwd']:6.0f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
