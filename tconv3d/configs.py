@@ -68,23 +68,39 @@ class KernelConfig:
         return config
 
 
+# Channel counts below which a kernel packs (tap, channel) pairs into its reduction (fwd, dgrad) or its columns
+# (wgrad) instead of spending a whole 16-wide MMA step per tap on a few channels (the Cin = 3 stem: 3 of 16).
+PACK_TAPS_BELOW = 16
+
+
+def packs_taps(direction: str, geom: ConvGeometry) -> bool:
+    """Whether `direction` runs its small-channel form: the channels it walks per tap (fwd: Cin reduced, dgrad:
+    Cout reduced, wgrad: Cin as columns) are fewer than one MMA step and the kernel has more than one tap."""
+    channels = geom.out_channels if direction == "dgrad" else geom.in_channels
+    return channels < PACK_TAPS_BELOW and geom.taps > 1
+
+
 @dataclass(frozen=True)
 class GemmView:
-    """The implicit GEMM a direction computes: `rows` x `cols`, reduced over `reduction` per kernel tap
-    (fwd: Cin, dgrad: Cout) or, for wgrad, over all output voxels."""
+    """The implicit GEMM a direction computes: `rows` x `cols`, reduced over `reduction` (fwd: Cin, dgrad: Cout,
+    per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap (wgrad), or 1. Packed
+    into (tap, channel) pairs, the small-channel forms reduce over taps x channels (fwd, dgrad) or make them
+    the columns (wgrad)."""
 
     rows: int
     cols: int
     reduction: int
+    grid_taps: int = 1
 
 
 def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
+    packed = geom.taps if packs_taps(direction, geom) else 1
     if direction == "fwd":
-        return GemmView(geom.output_voxels, geom.out_channels, geom.in_channels)
+        return GemmView(geom.output_voxels, geom.out_channels, geom.in_channels * packed)
     if direction == "dgrad":
-        return GemmView(geom.input_voxels, geom.in_channels, geom.out_channels)
+        return GemmView(geom.input_voxels, geom.in_channels, geom.out_channels * packed)
     if direction == "wgrad":
-        return GemmView(geom.out_channels, geom.in_channels, geom.output_voxels)
+        return GemmView(geom.out_channels, geom.in_channels * packed, geom.output_voxels, geom.taps // packed)
     raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
 
 
@@ -237,7 +253,7 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
     if direction == "wgrad":
         if config.split_k > triton.cdiv(view.reduction, config.block_k):
             return False
-        workspace = config.split_k * view.rows * view.cols * geom.taps * 4 if config.split_k > 1 else 0
+        workspace = config.split_k * view.rows * view.cols * view.grid_taps * 4 if config.split_k > 1 else 0
         if workspace > WGRAD_WORKSPACE_BYTES:
             return False
     element = torch.empty((), dtype=dtype).element_size()
@@ -278,10 +294,10 @@ def _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype) -
     return max(1, min(228 * 1024 // smem, 2048 // (32 * num_warps)))
 
 
-def _max_split(view: GemmView, geom: ConvGeometry, block_k: int) -> int:
+def _max_split(view: GemmView, block_k: int) -> int:
     """Splits that keep at least 8 reduction steps each and the fp32 workspace within its bound."""
     by_steps = triton.cdiv(view.reduction, block_k) // 8
-    by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * geom.taps * 4)
+    by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * view.grid_taps * 4)
     return max(1, min(by_steps, by_workspace))
 
 
@@ -326,20 +342,23 @@ def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
         block_k = k_cap
         num_warps = 8 if block_m * block_n >= 128 * 128 else 4
-        tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * geom.taps
+        tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * view.grid_taps
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if view.reduction == 0:  # an empty batch: nothing to split
             return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
         split_k = _wave_filling_split(
-            tiles, most, sm_count, _max_split(view, geom, block_k),
+            tiles, most, sm_count, _max_split(view, block_k),
             splits_of=lambda split: triton.cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
         )  # fmt: skip
         return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
-    if view.reduction % 16 and view.reduction > MIN_TILE:
+    if packs_taps(direction, geom):
+        # (tap, channel) pairs gathered element by element: 32 of them a step wastes least of a 27 x 3 = 81 long
+        # reduction (96 slots; 64 would take 128) and keeps the 2-D gather's addresses few.
+        k_cap = MIN_TILE if view.reduction <= MIN_TILE else 32
+    elif view.reduction % 16 and view.reduction > MIN_TILE:
         # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
         # registers, and anything above 64x16x16 spills somewhere (python -m tconv3d.inspect, sm_80 and sm_90),
-        # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway. Fewer channels
-        # than one BLOCK_K (the Cin = 3 stem) load as little per step and keep the large tiles.
+        # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway.
         return KernelConfig(64, MIN_TILE, MIN_TILE, 4, 1 if dtype == torch.float32 else 3, group_m=8)
     block_m = 128 if view.rows >= 128 * sm_count else 64
     # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators).

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig
+from .configs import KernelConfig, packs_taps
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
 
@@ -26,7 +26,7 @@ def _conv3d_dgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
@@ -37,7 +37,8 @@ def _conv3d_dgrad_kernel(
     Within a phase the same taps land on whole output voxels for every row, so the host lists those live taps
     and the dead ones, most of a strided transposed convolution, cost nothing. Per dimension the live taps of a
     phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
-    nothing but its two operands.
+    nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step) K runs over
+    (live tap, channel) pairs, as in the forward.
     """
     num_m = tl.cdiv(M_PHASE, BLOCK_M)
     num_n = tl.cdiv(C_IN, BLOCK_N)
@@ -71,29 +72,46 @@ def _conv3d_dgrad_kernel(
     first_w, step_w, count_w = tl.load(live_ptr + 6), tl.load(live_ptr + 7), tl.load(live_ptr + 8)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    live = count_d * count_h * count_w
     k_blocks = tl.cdiv(C_OUT, BLOCK_K)
-    for step in range(count_d * count_h * count_w * k_blocks):
-        j = step // k_blocks  # the j-th live tap, d slowest
-        offs_c = (step - j * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
-        kw = first_w + (j % count_w) * step_w
+    steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
+    for step in range(steps):
+        if PACK_TAPS:  # few output channels: BLOCK_K (live tap, channel) pairs a step, each with its own tap
+            offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = j * C_OUT + channel
+            j = offs_r // C_OUT
+            offs_c = offs_r - j * C_OUT
+            mask_c = offs_r < live * C_OUT
+        else:  # the j-th live tap, BLOCK_K of its channels
+            j = step // k_blocks
+            offs_c = (step - j * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+            mask_c = offs_c < C_OUT
+        kw = first_w + (j % count_w) * step_w  # d slowest
         kh = first_h + ((j // count_w) % count_h) * step_h
         kd = first_d + (j // (count_w * count_h)) * step_d
         # Exact divisions: the host listed only taps for which they are.
         shift_d = (rd + PAD_D - kd * DIL_D) // STRIDE_D
         shift_h = (rh + PAD_H - kh * DIL_H) // STRIDE_H
         shift_w = (rw + PAD_W - kw * DIL_W) // STRIDE_W
-        od = jd32 + shift_d
-        oh = jh32 + shift_h
-        ow = jw32 + shift_w
-        mask_g = mask_m & (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
-        mask_c = offs_c < C_OUT
         g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
                  + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
-        g_ptrs = go_rows[:, None] + g_tap + offs_c[None, :] * stride_gc  # [BLOCK_M, BLOCK_K]
-        a = tl.load(g_ptrs, mask=mask_g[:, None] & mask_c[None, :], other=0.0)
-        w_ptrs = (
-            w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wo
-        )  # [BLOCK_K, BLOCK_N]
+        w_tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
+        if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
+            od = jd32[:, None] + shift_d[None, :]
+            oh = jh32[:, None] + shift_h[None, :]
+            ow = jw32[:, None] + shift_w[None, :]
+            inside = (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
+            mask_a = inside & mask_m[:, None] & mask_c[None, :]
+            g_ptrs = go_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
+            w_ptrs = w_cols[None, :] + (w_tap + offs_c * stride_wo)[:, None]  # [BLOCK_K, BLOCK_N]
+        else:
+            od = jd32 + shift_d
+            oh = jh32 + shift_h
+            ow = jw32 + shift_w
+            inside = mask_m & (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
+            mask_a = inside[:, None] & mask_c[None, :]
+            g_ptrs = go_rows[:, None] + g_tap + offs_c[None, :] * stride_gc  # [BLOCK_M, BLOCK_K]
+            w_ptrs = w_cols[None, :] + w_tap + offs_c[:, None] * stride_wo  # [BLOCK_K, BLOCK_N]
+        a = tl.load(g_ptrs, mask=mask_a, other=0.0)
         b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
@@ -143,7 +161,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
         *grad_out.stride(), *weight.stride(), *grad_in.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        PACK_TAPS=packs_taps("dgrad", geom), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig
+from .configs import KernelConfig, packs_taps
 from .geometry import ConvGeometry
 from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
 
@@ -23,13 +23,15 @@ def _conv3d_fwd_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y[m, co] = sum over (tap, ci) of x[voxel(m) + tap, ci] * w[co, tap, ci] (+ bias[co]).
 
     GEMM view: M = N*Do*Ho*Wo rows (output voxels), N = Cout columns, K = kd*kh*kw*Cin. The reduction runs as
     one flat loop over taps x channel blocks so the compiler pipelines it whatever Cin is; padding is a mask.
+    With PACK_TAPS (fewer channels than one MMA step) the loop runs over (tap, channel) pairs instead: the
+    Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27 steps 3/16 full.
     """
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
 
@@ -50,24 +52,40 @@ def _conv3d_fwd_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(C_IN, BLOCK_K)
-    for step in range(KD * KH * KW * k_blocks):
-        tap = step // k_blocks
-        offs_c = (step - tap * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+    steps = tl.cdiv(KD * KH * KW * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * KW * k_blocks
+    for step in range(steps):
+        if PACK_TAPS:  # few channels: BLOCK_K (tap, channel) pairs a step, each with its own tap
+            offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = tap * C_IN + channel
+            tap = offs_r // C_IN
+            offs_c = offs_r - tap * C_IN
+            mask_c = offs_r < KD * KH * KW * C_IN
+        else:  # one tap, BLOCK_K of its channels
+            tap = step // k_blocks
+            offs_c = (step - tap * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+            mask_c = offs_c < C_IN
         kw = tap % KW
         kh = (tap // KW) % KH
         kd = tap // (KW * KH)
-        id_ = d0 + kd * DIL_D
-        ih = h0 + kh * DIL_H
-        iw = w0 + kw * DIL_W
-        mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-        mask_c = offs_c < C_IN
         x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
                  + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
-        x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
-        a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
-        w_ptrs = (
-            w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wi
-        )  # [BLOCK_K, BLOCK_N]
+        w_tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
+        if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
+            id_ = d0[:, None] + (kd * DIL_D)[None, :]
+            ih = h0[:, None] + (kh * DIL_H)[None, :]
+            iw = w0[:, None] + (kw * DIL_W)[None, :]
+            inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            mask_a = inside & mask_m[:, None] & mask_c[None, :]
+            x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]  # [BLOCK_M, BLOCK_K]
+            w_ptrs = w_cols[None, :] + (w_tap + offs_c * stride_wi)[:, None]  # [BLOCK_K, BLOCK_N]
+        else:
+            id_ = d0 + kd * DIL_D
+            ih = h0 + kh * DIL_H
+            iw = w0 + kw * DIL_W
+            inside = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            mask_a = inside[:, None] & mask_c[None, :]
+            x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
+            w_ptrs = w_cols[None, :] + w_tap + offs_c[:, None] * stride_wi  # [BLOCK_K, BLOCK_N]
+        a = tl.load(x_ptrs, mask=mask_a, other=0.0)
         b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
@@ -94,7 +112,7 @@ def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig) -> tor
         *x.stride(), *weight.stride(), *y.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import SPLIT_SUM_BLOCK, KernelConfig, split_rows
+from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .geometry import ConvGeometry
 from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, split_voxel
 
@@ -24,30 +24,42 @@ def _conv3d_wgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """gw[co, tap, ci] = sum over output voxels m of go[m, co] * x[voxel(m) + tap, ci].
 
     GEMM view, one per tap: M = Cout rows, N = Cin columns, K = N*Do*Ho*Wo output voxels. K is huge and the
     output small, so grid axis 1 splits K into SPLIT_ROWS-long slices, each writing its own fp32 partial sum;
-    a second pass adds them in a fixed order, so the result is the same bit for bit on every run.
+    a second pass adds them in a fixed order, so the result is the same bit for bit on every run. With
+    PACK_TAPS (fewer input channels than one MMA step) there is one GEMM whose N = taps x Cin (tap, channel)
+    pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles 3/16 full.
     """
     taps: tl.constexpr = KD * KH * KW
     pid = tl.program_id(0)
-    tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
-    tile = pid // taps
-    num_n = tl.cdiv(C_IN, BLOCK_N)
+    if PACK_TAPS:  # few input channels: the columns are (tap, channel) pairs, several taps per program
+        cols = taps * C_IN
+        tile = pid
+    else:  # one tap per program, its columns the input channels
+        cols = C_IN
+        tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
+        tile = pid // taps
+    num_n = tl.cdiv(cols, BLOCK_N)
     pid_m = tile // num_n
     pid_n = tile % num_n
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels, or (tap, channel) pairs
+    mask_m = offs_m < C_OUT
+    mask_n = offs_n < cols
+    if PACK_TAPS:
+        tap = offs_n // C_IN  # [BLOCK_N]
+        offs_c = offs_n - tap * C_IN
+    else:
+        offs_c = offs_n
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
-    mask_m = offs_m < C_OUT
-    mask_n = offs_n < C_IN
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
@@ -64,11 +76,6 @@ def _conv3d_wgrad_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
         mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] output voxels
-        id_ = od * STRIDE_D - PAD_D + kd * DIL_D
-        ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-        iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-        mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-        # Coordinates are int32; offsets from them need int64.
         if GO_DENSE:  # channels_last_3d grad_out: the voxel's row is its linear index
             g_rows = (k0 + tl.arange(0, BLOCK_K)) * C_OUT
         else:
@@ -76,10 +83,31 @@ def _conv3d_wgrad_kernel(
                       + ow.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
         g_ptrs = go_ptr + g_rows[None, :] + offs_m[:, None] * stride_gc  # [BLOCK_M, BLOCK_K]
         a = tl.load(g_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
-                  + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
-        x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
-        b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
+        # Coordinates are int32; offsets from them need int64.
+        if PACK_TAPS:  # the tap varies along the columns: bounds and offsets per (voxel, pair)
+            d0 = od * STRIDE_D - PAD_D
+            h0 = oh * STRIDE_H - PAD_H
+            w0 = ow * STRIDE_W - PAD_W
+            id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_K, BLOCK_N]
+            ih = h0[:, None] + (kh * DIL_H)[None, :]
+            iw = w0[:, None] + (kw * DIL_W)[None, :]
+            inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            mask_b = inside & mask_k[:, None] & mask_n[None, :]
+            x_rows = (n.to(tl.int64) * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
+                      + w0.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
+            x_cols = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
+                      + (kw * DIL_W).to(tl.int64) * stride_xw + offs_c * stride_xc)  # [BLOCK_N]  # fmt: skip
+            x_ptrs = x_ptr + x_rows[:, None] + x_cols[None, :]  # [BLOCK_K, BLOCK_N]
+        else:
+            id_ = od * STRIDE_D - PAD_D + kd * DIL_D
+            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            inside = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            mask_b = inside[:, None] & mask_n[None, :]
+            x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
+                      + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
+            x_ptrs = x_ptr + x_rows[:, None] + offs_c[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
+        b = tl.load(x_ptrs, mask=mask_b, other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
         # Each digit stays below twice its radix, so one conditional subtraction carries it.
         ow += step_w
@@ -93,8 +121,8 @@ def _conv3d_wgrad_kernel(
         od = tl.where(carry, od - D_OUT, od)
         n += step_n + carry.to(tl.int32)
 
-    out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
-                + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
+    out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
+    out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_oo + out_cols[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -128,14 +156,15 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(c_in, config.block_n) * taps, splits)
+    view = gemm_view("wgrad", geom)
+    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(view.cols, config.block_n) * view.grid_taps, splits)
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, rows_per_split,
         *grad_out.stride(), *x.stride(), *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=dense_ndhwc(grad_out),
+        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom),
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -1,0 +1,85 @@
+"""Few channels: the kernels pack (tap, channel) pairs into the reduction (forward: Cin, input-grad: Cout) or
+the columns (weight-grad: Cin) when there are fewer channels than one MMA step. Every direction against float64,
+with the interpreter's tiles and with the tiles an H100 would launch, and the one-tap-per-step form kept honest
+on the same geometries."""
+
+import pytest
+import torch
+from helpers import CASES, Case, case_reference, dtype_id, leaf_copy
+
+import tconv3d
+from tconv3d import choice, configs
+from tconv3d.geometry import check_conv3d
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+
+# Cin and Cout each take 1, 2, 3, 4 and 7; strides, paddings and dilations vary with them.
+SMALL = [
+    Case("cin1_cout4", 2, 1, 4, (5, 6, 7), 3, padding=1),
+    Case("cin2_cout7_1x3x3_s2", 1, 2, 7, (4, 9, 8), (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)),
+    Case("cin3_cout3_dil2", 1, 3, 3, (7, 7, 8), 3, padding=2, dilation=(2, 1, 2)),
+    Case("cin4_cout1_s2", 2, 4, 1, (7, 6, 9), 3, stride=2, padding=1),
+    Case("cin7_cout2_causal", 1, 7, 2, (5, 6, 7), (3, 2, 3), padding=(2, 0, 1, 0, 1, 1)),
+    Case("cin3_cout20", 1, 3, 20, (4, 6, 5), 3, padding=1),  # the stem: only forward and weight-grad pack
+]
+
+
+def grads_and_reference(case: Case, dtype, device):
+    """tconv3d's (y, dx, dw, db) and float64 autograd's, under one random upstream gradient."""
+    x, w, b = (leaf_copy(t) for t in (case.input(dtype, device), case.weight(dtype, device), case.bias(dtype, device)))
+    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
+    ref = case_reference(x64, w64, b64, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    y.backward(grad_out.to(dtype))
+    return [y, x.grad, w.grad, b.grad], [ref, x64.grad, w64.grad, b64.grad]
+
+
+def packed_directions(case: Case, device) -> list[str]:
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
+    geom = check_conv3d(x, w, None, case.stride, case.padding, case.dilation, 1)
+    return [d for d in configs.DIRECTIONS if configs.packs_taps(d, geom)]
+
+
+@pytest.fixture
+def one_tap_per_step(monkeypatch):
+    """The kernels' form for many channels, whatever the channel count."""
+    monkeypatch.setattr(configs, "PACK_TAPS_BELOW", 1)
+    monkeypatch.setattr(choice, "_memo", {})
+
+
+@pytest.mark.parametrize("tiles", ["chosen", "gpu_heuristic_tiles"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
+def test_small_channels_match_float64(case, dtype, tiles, device, request):
+    if tiles != "chosen":
+        request.getfixturevalue(tiles)
+    expected_packed = ["fwd", "wgrad"] if case.cout >= 16 else ["fwd", "dgrad", "wgrad"]
+    assert packed_directions(case, device) == expected_packed
+    ours, expected = grads_and_reference(case, dtype, device)
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
+        assert a.shape == e.shape and a.dtype == dtype, name
+        assert rel_l2(a, e) < TOLERANCE[dtype], name
+
+
+def test_packed_heuristic_tiles_reduce_over_pairs():
+    """The stem's 27 x 3 pairs take three 32-wide steps, not 27 16-wide ones each 3/16 full."""
+    x, w = torch.empty(1, 3, 17, 64, 64, device="meta"), torch.empty(128, 3, 3, 3, 3, device="meta")
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    fwd = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
+    assert configs.gemm_view("fwd", geom).reduction == 81 and fwd.block_k == 32
+    wgrad_view = configs.gemm_view("wgrad", geom)
+    assert (wgrad_view.cols, wgrad_view.grid_taps) == (81, 1)
+    assert configs.heuristic_config("wgrad", geom, torch.bfloat16, 132).block_n == 128
+    one_tap = check_conv3d(x, torch.empty(128, 3, 1, 1, 1, device="meta"), None, 1, 0, 1, 1)
+    assert not any(configs.packs_taps(d, one_tap) for d in configs.DIRECTIONS)  # nothing to pack
+
+
+@pytest.mark.parametrize("case", [c for c in SMALL + CASES if min(c.cin, c.cout) < 16], ids=lambda c: c.name)
+def test_one_tap_per_step_on_the_same_geometries(case, one_tap_per_step, device):
+    assert packed_directions(case, device) == []
+    ours, expected = grads_and_reference(case, torch.float32, device)
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
+        assert rel_l2(a, e) < TOLERANCE[torch.float32], name
