@@ -340,8 +340,13 @@ def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # At least 64 rows (Cout): Hopper's wgmma works on 64-row tiles; 32-row ones fall back to mma.sync.
         block_m = _pow2_clamp(view.rows, 64, 128)
         block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
-        block_k = k_cap
         num_warps = 8 if block_m * block_n >= 128 * 128 else 4
+        block_k = k_cap
+        if packs_taps(direction, geom):
+            # Packed columns gather x per (voxel, pair), each with its own address and bounds: 16 voxels a step
+            # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
+            block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
+            num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
         tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * view.grid_taps
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if view.reduction == 0:  # an empty batch: nothing to split
@@ -352,10 +357,15 @@ def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         )  # fmt: skip
         return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
     if packs_taps(direction, geom):
-        # (tap, channel) pairs gathered element by element: 32 of them a step wastes least of a 27 x 3 = 81 long
-        # reduction (96 slots; 64 would take 128) and keeps the 2-D gather's addresses few.
-        k_cap = MIN_TILE if view.reduction <= MIN_TILE else 32
-    elif view.reduction % 16 and view.reduction > MIN_TILE:
+        # (tap, channel) pairs gathered element by element, each with its own address and bounds: 16 a step
+        # wastes no more of a 27 x 3 = 81 long reduction than 32 would (96 slots either way); wider steps, more
+        # than 8 gathered elements per thread, and fp32 pipelines spill (python -m tconv3d.inspect, Cin = 1
+        # and 2, triton 3.6 and 3.9).
+        block_m = 128 if view.rows >= 128 * sm_count else 64
+        block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
+        num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
+        return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
+    if view.reduction % 16 and view.reduction > MIN_TILE:
         # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
         # registers, and anything above 64x16x16 spills somewhere (python -m tconv3d.inspect, sm_80 and sm_90),
         # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway.

@@ -65,11 +65,11 @@ def test_small_channels_match_float64(case, dtype, tiles, device, request):
 
 
 def test_packed_heuristic_tiles_reduce_over_pairs():
-    """The stem's 27 x 3 pairs take three 32-wide steps, not 27 16-wide ones each 3/16 full."""
+    """The stem's 27 x 3 pairs take six full 16-wide steps, not 27 each 3/16 full."""
     x, w = torch.empty(1, 3, 17, 64, 64, device="meta"), torch.empty(128, 3, 3, 3, 3, device="meta")
     geom = check_conv3d(x, w, None, 1, 1, 1, 1)
     fwd = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
-    assert configs.gemm_view("fwd", geom).reduction == 81 and fwd.block_k == 32
+    assert configs.gemm_view("fwd", geom).reduction == 81 and fwd.block_k == 16
     wgrad_view = configs.gemm_view("wgrad", geom)
     assert (wgrad_view.cols, wgrad_view.grid_taps) == (81, 1)
     assert configs.heuristic_config("wgrad", geom, torch.bfloat16, 132).block_n == 128

@@ -61,11 +61,14 @@ def test_malformed_keys_are_rejected(text):
 
 
 def test_candidates_are_pruned_to_the_problem_and_the_device():
-    geom = geometry(cin=3, cout=32, size=(4, 8, 8))
+    geom = geometry(cin=3, cout=32, size=(4, 8, 8), kernel=1)
     smem = 100 * 1024
     found = candidates("fwd", geom, torch.bfloat16, smem)
     assert found and all(keep("fwd", c, geom, torch.bfloat16, smem) for c in found)
     assert all(c.block_k == 16 and c.block_n <= 32 and c.block_m <= 256 for c in found)
+    # 3 channels under a 3x3x3 kernel reduce over 81 (tap, channel) pairs: steps up to 128 wide.
+    packed = candidates("fwd", geometry(cin=3, cout=32, size=(4, 8, 8)), torch.bfloat16, smem)
+    assert {c.block_k for c in packed} == {16, 32, 64, 128}
     assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * 2 <= smem for c in found)
     wgrad = candidates("wgrad", geometry(cin=64, cout=64, size=(2, 4, 4)), torch.float32, smem)
     assert wgrad and all(c.split_k <= triton.cdiv(32, c.block_k) for c in wgrad)
