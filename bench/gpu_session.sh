@@ -7,6 +7,7 @@
 #   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
 #   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
+#   bash bench/gpu_session.sh host    # kernel vs eager-op time and the host's issue time on small layers
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that); each stage fits one 10-minute call.
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
@@ -68,8 +69,11 @@ case "$stage" in
     timeout 150 python3 tests/gpu/huge_tensor.py --out "$OUT/huge_tensor.json" 2>&1 | tee "$OUT/huge_tensor.log"
     timeout 200 python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
     ;;
+  host)
+    timeout 200 python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    ;;
   *)
-    echo "unknown stage $stage: tests, gpu, tune, bench or reliability" >&2
+    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability or host" >&2
     exit 2
     ;;
 esac

@@ -131,7 +131,8 @@ def markdown(results: dict) -> str:
         rows = results.get(section) or []
         if rows:
             keys = list(rows[0])
-            lines += ["", f"{section} (ms)", "", *_table(keys, [[_cell(row.get(k)) for k in keys] for row in rows])]
+            lines += ["", f"{section} (*_ms: ms, *_peak_mb: MiB)", "",
+                      *_table(keys, [[_cell(row.get(k)) for k in keys] for row in rows])]  # fmt: skip
     if results.get("notes"):  # where the numbers come from, when a file was put together from several runs
         lines += ["", "Notes:", "", *(f"- {note}" for note in results["notes"])]
     return "\n".join(lines) + "\n"

@@ -242,19 +242,24 @@ def bench_conv2d_vs_conv3d() -> list[dict]:
 
 
 def bench_causal(shapes: list[ConvShape]) -> list[dict]:
-    """Causal padding (2,0 / 1,1 / 1,1) on wan_dec_384b: explicit F.pad then cuDNN, against 6-value padding."""
+    """Causal padding (2,0 / 1,1 / 1,1) on wan_dec_384b, zeros and replicate borders (the VAEs' two): explicit
+    F.pad then cuDNN channels_last_3d, against tconv3d's fused padding; time and peak memory, fwd and fwd+bwd."""
     shape = next(s for s in shapes if s.name == "wan_dec_384b")
     x, w = _make_inputs(shape, torch.bfloat16)
-    impls = {
-        "pad_then_cudnn": (lambda x, w: F.conv3d(F.pad(x, (1, 1, 1, 1, 2, 0)), w), x, w),
-        "tconv3d": (lambda x, w: tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1)), x, w),
-    }
     rows = []
-    for direction in ("fwd", "bwd"):
-        row = {"name": f"wan_dec_384b_causal_{direction}"}
-        for name, (forward, xx, ww) in impls.items():
-            row[f"{name}_ms"] = round(bench_ms(_direction_fn(forward, xx, ww, direction)), 4)
-        rows.append(row)
+    for mode in ("zeros", "replicate"):
+        pad_mode = "constant" if mode == "zeros" else mode
+        impls = {
+            "pad_then_cudnn": lambda x, w, m=pad_mode: F.conv3d(F.pad(x, (1, 1, 1, 1, 2, 0), mode=m), w),
+            "tconv3d": lambda x, w, m=mode: tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), padding_mode=m),
+        }
+        for direction in ("fwd", "fwd+bwd"):
+            row = {"name": f"wan_dec_384b_causal_{mode}_{direction}"}
+            for name, forward in impls.items():
+                fn = _direction_fn(forward, x, w, direction)
+                row[f"{name}_ms"] = round(bench_ms(fn), 4)
+                row[f"{name}_peak_mb"] = round(peak_memory_mb(fn), 1)
+            rows.append(row)
     return rows
 
 

@@ -1,5 +1,6 @@
 """Conv3d input gradient: an implicit-GEMM Triton kernel on NDHWC tensors, split by stride phase, and its launcher."""
 
+import dataclasses
 import functools
 import itertools
 
@@ -9,7 +10,7 @@ import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
 from .geometry import ConvGeometry
-from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
+from .kernel_utils import dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
 
 @triton.jit
@@ -84,7 +85,6 @@ def _conv3d_dgrad_kernel(
         else:  # the j-th live tap, BLOCK_K of its channels
             j = step // k_blocks
             offs_c = (step - j * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
-            mask_c = offs_c < C_OUT
         kw = first_w + (j % count_w) * step_w  # d slowest
         kh = first_h + ((j // count_w) % count_h) * step_h
         kd = first_d + (j // (count_w * count_h)) * step_d
@@ -92,26 +92,29 @@ def _conv3d_dgrad_kernel(
         shift_d = (rd + PAD_D - kd * DIL_D) // STRIDE_D
         shift_h = (rh + PAD_H - kh * DIL_H) // STRIDE_H
         shift_w = (rw + PAD_W - kw * DIL_W) // STRIDE_W
-        g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
-                 + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
-        w_tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
         if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
             od = jd32[:, None] + shift_d[None, :]
             oh = jh32[:, None] + shift_h[None, :]
             ow = jw32[:, None] + shift_w[None, :]
             inside = (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
-            mask_a = inside & mask_m[:, None] & mask_c[None, :]
+            g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
+                     + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
             g_ptrs = go_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
-            w_ptrs = w_cols[None, :] + (w_tap + offs_c * stride_wo)[:, None]  # [BLOCK_K, BLOCK_N]
+            a = tl.load(g_ptrs, mask=inside & mask_m[:, None] & mask_c[None, :], other=0.0)
+            w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wo)[:, None]
         else:
             od = jd32 + shift_d
             oh = jh32 + shift_h
             ow = jw32 + shift_w
-            inside = mask_m & (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
-            mask_a = inside[:, None] & mask_c[None, :]
+            mask_g = mask_m & (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
+            mask_c = offs_c < C_OUT
+            g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
+                     + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
             g_ptrs = go_rows[:, None] + g_tap + offs_c[None, :] * stride_gc  # [BLOCK_M, BLOCK_K]
-            w_ptrs = w_cols[None, :] + w_tap + offs_c[:, None] * stride_wo  # [BLOCK_K, BLOCK_N]
-        a = tl.load(g_ptrs, mask=mask_a, other=0.0)
+            a = tl.load(g_ptrs, mask=mask_g[:, None] & mask_c[None, :], other=0.0)
+            w_ptrs = (
+                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wo
+            )  # [BLOCK_K, BLOCK_N]
         b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
@@ -145,6 +148,11 @@ def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`; the result is channels_last_3d, in
     grad_out's dtype."""
+    if geom.padding_mode != "zeros":
+        # The gradient of the padded input, each border then folded onto the voxel it read: this direction alone
+        # allocates a padded-size buffer (the forward and weight gradient remap their loads instead).
+        padded = dataclasses.replace(geom, in_size=geom.padded_size, padding=(0,) * 6, padding_mode="zeros")
+        return fold_padding(conv3d_dgrad(grad_out, weight, padded, config), geom)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in

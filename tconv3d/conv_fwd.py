@@ -6,7 +6,7 @@ import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
 from .geometry import ConvGeometry
-from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, split_voxel
+from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, padded_offsets, split_voxel
 
 
 @triton.jit
@@ -19,11 +19,13 @@ def _conv3d_fwd_kernel(
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    # convolution geometry (front padding only: the back padding just sets the output size)
+    # convolution geometry (front padding only: the back padding just sets the output size; PAD_MODE says what
+    # the border reads, geometry.PADDING_MODES[PAD_MODE])
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, PAD_MODE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y[m, co] = sum over (tap, ci) of x[voxel(m) + tap, ci] * w[co, tap, ci] (+ bias[co]).
@@ -48,6 +50,7 @@ def _conv3d_fwd_kernel(
     w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
     x_rows = x_ptr + (n * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
                       + w0.to(tl.int64) * stride_xw)  # [BLOCK_M] pointers  # fmt: skip
+    x_batch = x_ptr + n * stride_xn  # [BLOCK_M] pointers: where the padding modes other than zeros start from
     w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -59,34 +62,51 @@ def _conv3d_fwd_kernel(
             tap = offs_r // C_IN
             offs_c = offs_r - tap * C_IN
             mask_c = offs_r < KD * KH * KW * C_IN
+            kw = tap % KW
+            kh = (tap // KW) % KH
+            kd = tap // (KW * KH)
+            id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]: bounds and offsets per (voxel, pair)
+            ih = h0[:, None] + (kh * DIL_H)[None, :]
+            iw = w0[:, None] + (kw * DIL_W)[None, :]
+            if PAD_MODE == 0:  # the border reads zeros: mask it
+                inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+                x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
+                         + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
+                x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]
+                mask_a = inside & mask_m[:, None] & mask_c[None, :]
+            else:  # the border reads the voxel its mode maps it to
+                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
+                x_ptrs = x_batch[:, None] + x_voxels + (offs_c * stride_xc)[None, :]
+                mask_a = mask_m[:, None] & mask_c[None, :]
+            a = tl.load(x_ptrs, mask=mask_a, other=0.0)
+            w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wi)[:, None]
+            b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         else:  # one tap, BLOCK_K of its channels
             tap = step // k_blocks
             offs_c = (step - tap * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
-            mask_c = offs_c < C_IN
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
-        x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
-                 + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
-        w_tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
-        if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
-            id_ = d0[:, None] + (kd * DIL_D)[None, :]
-            ih = h0[:, None] + (kh * DIL_H)[None, :]
-            iw = w0[:, None] + (kw * DIL_W)[None, :]
-            inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            mask_a = inside & mask_m[:, None] & mask_c[None, :]
-            x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]  # [BLOCK_M, BLOCK_K]
-            w_ptrs = w_cols[None, :] + (w_tap + offs_c * stride_wi)[:, None]  # [BLOCK_K, BLOCK_N]
-        else:
+            kw = tap % KW
+            kh = (tap // KW) % KH
+            kd = tap // (KW * KH)
             id_ = d0 + kd * DIL_D
             ih = h0 + kh * DIL_H
             iw = w0 + kw * DIL_W
-            inside = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            mask_a = inside[:, None] & mask_c[None, :]
-            x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
-            w_ptrs = w_cols[None, :] + w_tap + offs_c[:, None] * stride_wi  # [BLOCK_K, BLOCK_N]
-        a = tl.load(x_ptrs, mask=mask_a, other=0.0)
-        b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+            if PAD_MODE == 0:
+                mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            else:
+                mask_x = mask_m
+            mask_c = offs_c < C_IN
+            if PAD_MODE == 0:
+                x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
+                         + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
+                x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
+            else:
+                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
+                x_ptrs = (x_batch + x_voxels)[:, None] + offs_c[None, :] * stride_xc
+            a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
+            w_ptrs = (
+                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wi
+            )  # [BLOCK_K, BLOCK_N]
+            b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
     if HAS_BIAS:
@@ -112,7 +132,8 @@ def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig) -> tor
         *x.stride(), *weight.stride(), *y.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), PAD_MODE=geom.pad_mode_index,
+        UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

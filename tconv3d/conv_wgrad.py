@@ -7,7 +7,7 @@ import triton.language as tl
 
 from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .geometry import ConvGeometry
-from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, split_voxel
+from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, padded_offsets, split_voxel
 
 
 @triton.jit
@@ -20,11 +20,12 @@ def _conv3d_wgrad_kernel(
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_os, stride_oo, stride_ot, stride_oi,
-    # convolution geometry (front padding)
+    # convolution geometry (front padding; PAD_MODE says what the border reads, geometry.PADDING_MODES[PAD_MODE])
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, PAD_MODE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """gw[co, tap, ci] = sum over output voxels m of go[m, co] * x[voxel(m) + tap, ci].
@@ -39,27 +40,29 @@ def _conv3d_wgrad_kernel(
     pid = tl.program_id(0)
     if PACK_TAPS:  # few input channels: the columns are (tap, channel) pairs, several taps per program
         cols = taps * C_IN
-        tile = pid
-    else:  # one tap per program, its columns the input channels
-        cols = C_IN
-        tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
-        tile = pid // taps
-    num_n = tl.cdiv(cols, BLOCK_N)
-    pid_m = tile // num_n
-    pid_n = tile % num_n
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels, or (tap, channel) pairs
-    mask_m = offs_m < C_OUT
-    mask_n = offs_n < cols
-    if PACK_TAPS:
+        num_n = tl.cdiv(cols, BLOCK_N)
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] (tap, channel) pairs
         tap = offs_n // C_IN  # [BLOCK_N]
         offs_c = offs_n - tap * C_IN
-    else:
-        offs_c = offs_n
+        mask_n = offs_n < cols
+    else:  # one tap per program, its columns the input channels
+        tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
+        tile = pid // taps
+        num_n = tl.cdiv(C_IN, BLOCK_N)
+        pid_m = tile // num_n
+        pid_n = tile % num_n
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
+    if not PACK_TAPS:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
+    mask_m = offs_m < C_OUT
+    if not PACK_TAPS:
+        mask_n = offs_n < C_IN
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
@@ -76,6 +79,15 @@ def _conv3d_wgrad_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
         mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] output voxels
+        if not PACK_TAPS:  # one tap: its input voxels, one per output voxel
+            id_ = od * STRIDE_D - PAD_D + kd * DIL_D
+            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
+            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
+            if PAD_MODE == 0:  # the border reads zeros: mask it
+                mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+            else:  # the border reads the voxel its mode maps it to
+                mask_x = mask_k
+        # Coordinates are int32; offsets from them need int64.
         if GO_DENSE:  # channels_last_3d grad_out: the voxel's row is its linear index
             g_rows = (k0 + tl.arange(0, BLOCK_K)) * C_OUT
         else:
@@ -83,7 +95,6 @@ def _conv3d_wgrad_kernel(
                       + ow.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
         g_ptrs = go_ptr + g_rows[None, :] + offs_m[:, None] * stride_gc  # [BLOCK_M, BLOCK_K]
         a = tl.load(g_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        # Coordinates are int32; offsets from them need int64.
         if PACK_TAPS:  # the tap varies along the columns: bounds and offsets per (voxel, pair)
             d0 = od * STRIDE_D - PAD_D
             h0 = oh * STRIDE_H - PAD_H
@@ -91,23 +102,28 @@ def _conv3d_wgrad_kernel(
             id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_K, BLOCK_N]
             ih = h0[:, None] + (kh * DIL_H)[None, :]
             iw = w0[:, None] + (kw * DIL_W)[None, :]
-            inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            mask_b = inside & mask_k[:, None] & mask_n[None, :]
-            x_rows = (n.to(tl.int64) * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
-                      + w0.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
-            x_cols = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
-                      + (kw * DIL_W).to(tl.int64) * stride_xw + offs_c * stride_xc)  # [BLOCK_N]  # fmt: skip
-            x_ptrs = x_ptr + x_rows[:, None] + x_cols[None, :]  # [BLOCK_K, BLOCK_N]
+            if PAD_MODE == 0:
+                inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+                mask_b = inside & mask_k[:, None] & mask_n[None, :]
+                x_rows = (n.to(tl.int64) * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
+                          + w0.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
+                x_cols = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
+                          + (kw * DIL_W).to(tl.int64) * stride_xw + offs_c * stride_xc)  # [BLOCK_N]  # fmt: skip
+                x_ptrs = x_ptr + x_rows[:, None] + x_cols[None, :]  # [BLOCK_K, BLOCK_N]
+            else:
+                mask_b = mask_k[:, None] & mask_n[None, :]
+                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
+                x_ptrs = x_ptr + (n.to(tl.int64) * stride_xn)[:, None] + x_voxels + (offs_c * stride_xc)[None, :]
+            b = tl.load(x_ptrs, mask=mask_b, other=0.0)
         else:
-            id_ = od * STRIDE_D - PAD_D + kd * DIL_D
-            ih = oh * STRIDE_H - PAD_H + kh * DIL_H
-            iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            inside = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            mask_b = inside[:, None] & mask_n[None, :]
-            x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
-                      + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
-            x_ptrs = x_ptr + x_rows[:, None] + offs_c[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
-        b = tl.load(x_ptrs, mask=mask_b, other=0.0)
+            if PAD_MODE == 0:
+                x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
+                          + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
+            else:
+                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
+                x_rows = n.to(tl.int64) * stride_xn + x_voxels
+            x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
+            b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
         # Each digit stays below twice its radix, so one conditional subtraction carries it.
         ow += step_w
@@ -121,8 +137,12 @@ def _conv3d_wgrad_kernel(
         od = tl.where(carry, od - D_OUT, od)
         n += step_n + carry.to(tl.int32)
 
-    out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
-    out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_oo + out_cols[None, :]
+    if PACK_TAPS:
+        out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
+        out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_oo + out_cols[None, :]
+    else:
+        out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
+                    + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -164,7 +184,7 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch
         *grad_out.stride(), *x.stride(), *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom),
+        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom), PAD_MODE=geom.pad_mode_index,
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,

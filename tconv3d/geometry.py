@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# What the padded border reads, as in F.pad's modes; the kernels take the index (PAD_MODE) of the name.
+PADDING_MODES = ("zeros", "replicate", "reflect", "circular")
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,20 @@ class ConvGeometry:
     stride: tuple[int, int, int]
     padding: tuple[int, int, int, int, int, int]
     dilation: tuple[int, int, int]
+    padding_mode: str = "zeros"
 
     @property
     def front_padding(self) -> tuple[int, int, int]:
         return self.padding[0], self.padding[2], self.padding[4]
+
+    @property
+    def pad_mode_index(self) -> int:
+        return PADDING_MODES.index(self.padding_mode)
+
+    @property
+    def padded_size(self) -> tuple[int, int, int]:
+        p = self.padding
+        return tuple(size + p[2 * i] + p[2 * i + 1] for i, size in enumerate(self.in_size))
 
     @property
     def is_symmetric(self) -> bool:
@@ -133,7 +145,36 @@ def check_tensors(**tensors) -> None:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; put them on one device")
 
 
-def conv_geometry(input_shape, weight_shape, stride, padding, dilation) -> ConvGeometry:
+def check_padding_mode(padding_mode) -> str:
+    if not isinstance(padding_mode, str):
+        raise TypeError(f"padding_mode must be a str, got {type(padding_mode).__name__}")
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+    return padding_mode
+
+
+def _check_pads_fit_mode(in_size, padding, padding_mode: str) -> None:
+    """The limits F.pad puts on each mode: a reflected border mirrors inside the dimension (pad < size), a
+    circular one wraps around it once (pad <= size), a replicated one needs a voxel to repeat."""
+    for dim, size in enumerate(in_size):
+        front, back = padding[2 * dim], padding[2 * dim + 1]
+        if not front and not back:
+            continue
+        name = "DHW"[dim]
+        if padding_mode == "reflect" and max(front, back) >= size:
+            raise ValueError(
+                f"reflect padding must be smaller than the input in dimension {name}: padding {(front, back)}, "
+                f"size {size}"
+            )
+        if padding_mode == "circular" and max(front, back) > size:
+            raise ValueError(
+                f"circular padding must not exceed the input in dimension {name}: padding {(front, back)}, size {size}"
+            )
+        if padding_mode == "replicate" and size == 0:
+            raise ValueError(f"replicate padding of an empty dimension {name} has nothing to repeat")
+
+
+def conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros") -> ConvGeometry:
     """Check the shapes and convolution arguments of one conv3d and return its geometry."""
     if len(input_shape) != 5:
         raise ValueError(f"input must be 5-D (N, C, D, H, W), got {len(input_shape)}-D with shape {tuple(input_shape)}")
@@ -153,6 +194,9 @@ def conv_geometry(input_shape, weight_shape, stride, padding, dilation) -> ConvG
     stride = triple(stride, "stride")
     dilation = triple(dilation, "dilation")
     padding = resolve_padding(padding, kernel, stride, dilation)
+    padding_mode = check_padding_mode(padding_mode)
+    if padding_mode != "zeros":
+        _check_pads_fit_mode(in_size, padding, padding_mode)
     out_size = []
     for dim, (size, k, s, d) in enumerate(zip(in_size, kernel, stride, dilation, strict=True)):
         padded = size + padding[2 * dim] + padding[2 * dim + 1]
@@ -174,10 +218,11 @@ def conv_geometry(input_shape, weight_shape, stride, padding, dilation) -> ConvG
         stride=stride,
         padding=padding,
         dilation=dilation,
+        padding_mode=padding_mode,
     )
 
 
-def check_conv3d(input, weight, bias, stride, padding, dilation, groups) -> ConvGeometry:
+def check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros") -> ConvGeometry:
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
     naming the problem, so no bad argument ever reaches a kernel."""
     check_tensors(input=input, weight=weight, bias=bias)
@@ -185,19 +230,20 @@ def check_conv3d(input, weight, bias, stride, padding, dilation, groups) -> Conv
         raise TypeError(f"groups must be an int, got {groups!r}")
     if groups != 1:
         raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
-    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation)
+    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode)
     if bias is not None and tuple(bias.shape) != (geom.out_channels,):
         raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
     return geom
 
 
-def conv_arguments(input, weight, bias, stride, padding, dilation, groups):
+def conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros"):
     """The functional form's arguments as the op's schema takes them: (stride, 6-value padding, dilation), each a
     list of ints. Checks what the schema could only reject with a dispatcher error (argument types) and resolves
     'same' / 'valid'; everything else is checked once, by the op."""
     check_tensors(input=input, weight=weight, bias=bias)
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
+    check_padding_mode(padding_mode)
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     if isinstance(padding, str):  # needs the kernel size, so the shapes are checked here already
         padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation).padding

@@ -33,6 +33,29 @@ def split_voxel(offs, D, H, W):
 
 
 @triton.jit
+def padded_coord(i, size, PAD_MODE: tl.constexpr):
+    """The input coordinate that padded coordinate `i` (which may lie in the border) reads, for the padding modes
+    other than zeros (PAD_MODE indexes geometry.PADDING_MODES). The geometry keeps every border within what its
+    mode allows, so one clamp, mirror or wrap suffices."""
+    if PAD_MODE == 1:  # replicate
+        i = tl.minimum(tl.maximum(i, 0), size - 1)
+    elif PAD_MODE == 2:  # reflect (border < size)
+        i = tl.where(i < 0, -i, i)
+        i = tl.where(i >= size, 2 * size - 2 - i, i)
+    elif PAD_MODE == 3:  # circular (border <= size)
+        i = tl.where(i < 0, i + size, i)
+        i = tl.where(i >= size, i - size, i)
+    return i
+
+
+@triton.jit
+def padded_offsets(id_, ih, iw, D, H, W, stride_d, stride_h, stride_w, PAD_MODE: tl.constexpr):
+    """int64 offset of the voxel that (possibly border) coordinates read under a padding mode other than zeros."""
+    return (padded_coord(id_, D, PAD_MODE).to(tl.int64) * stride_d + padded_coord(ih, H, PAD_MODE).to(tl.int64)
+            * stride_h + padded_coord(iw, W, PAD_MODE).to(tl.int64) * stride_w)  # fmt: skip
+
+
+@triton.jit
 def mma(acc, a, b, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc += a @ b in fp32. UPCAST is set only under the Triton interpreter, whose tl.dot multiplies the raw
     bit patterns of bf16 operands."""
@@ -68,3 +91,33 @@ def dense_ndhwc(t: torch.Tensor) -> bool:
 
 def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)
+
+
+def source_index(p: int, size: int, front: int, mode: str) -> int:
+    """padded_coord on the host: the input index that padded index `p` (0 = first border voxel) reads."""
+    i = p - front
+    if mode == "replicate":
+        return min(max(i, 0), size - 1)
+    if mode == "reflect":
+        i = -i if i < 0 else i
+        return 2 * size - 2 - i if i >= size else i
+    if mode == "circular":
+        return i + size if i < 0 else i - size if i >= size else i
+    raise ValueError(f"no border to fold for padding_mode {mode!r}")
+
+
+def fold_padding(grad_padded: torch.Tensor, geom) -> torch.Tensor:
+    """The input gradient from the gradient of the padded input: every border voxel's gradient is added to the
+    voxel its padding mode read, in a fixed order (deterministic, no atomics). Returns channels_last_3d."""
+    grad = grad_padded
+    for dim, size in enumerate(geom.in_size):
+        front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
+        if not front and not back:
+            continue
+        axis = 2 + dim
+        folded = torch.empty_like(grad.narrow(axis, front, size), memory_format=torch.channels_last_3d)
+        folded.copy_(grad.narrow(axis, front, size))
+        for p in [*range(front), *range(front + size, front + size + back)]:
+            folded.narrow(axis, source_index(p, size, front, geom.padding_mode), 1).add_(grad.narrow(axis, p, 1))
+        grad = folded
+    return grad

@@ -6,10 +6,9 @@ import logging
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .geometry import SUPPORTED_DTYPES, resolve_padding
+from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
 
 logger = logging.getLogger("tconv3d")
 
@@ -21,8 +20,8 @@ class Conv3d(nn.Conv3d):
 
     The weight is kept channels_last_3d, (Cout, kd, kh, kw, Cin) in memory, so no call copies it: it is converted
     in place on the same Parameter at construction, after `.to()`/`.cuda()`/`.half()` and the like, and on the
-    first forward after anything else replaced its storage. padding_mode 'zeros' is done by masks in the kernel;
-    'reflect', 'replicate' and 'circular' pad the input with F.pad first, as nn.Conv3d does.
+    first forward after anything else replaced its storage. Every padding_mode runs inside the kernels: 'zeros'
+    masks the border, 'replicate', 'reflect' and 'circular' remap its loads, and no padded input is made.
     """
 
     def __init__(self, *args, **kwargs):
@@ -45,14 +44,51 @@ class Conv3d(nn.Conv3d):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._keep_weight_channels_last()
-        if self.padding_mode != "zeros":
-            input = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            padding = [0, 0, 0]
-        else:
-            padding = list(resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation))
+        padding = list(resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation))
         return torch.ops.tconv3d.conv3d(
-            input, self.weight, self.bias, list(self.stride), padding, list(self.dilation), self.groups
-        )
+            input, self.weight, self.bias, list(self.stride), padding, list(self.dilation), self.groups,
+            self.padding_mode,
+        )  # fmt: skip
+
+
+class CausalConv3d(Conv3d):
+    """The causal Conv3d of video VAEs in one fused call: time padded on the front only, (kd - 1) * dilation_d
+    frames, so frame t sees frames t - kd + 1 .. t; space padded symmetrically, (k - 1) * dilation / 2 on each
+    side (odd kernels). `padding_mode` ("replicate" by default, as most VAEs pad; "zeros" too) says what the
+    border reads, inside the kernel: no padded copy of the input is made.
+
+    Parameters and state_dict are those of an `nn.Conv3d` of the same shape, so a checkpoint of a VAE's own
+    causal conv module (which holds such a Conv3d, typically as `.conv`) loads into it after the prefix is
+    renamed.
+    """
+
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=1, dilation=1, bias=True, padding_mode="replicate",
+        device=None, dtype=None,
+    ):  # fmt: skip
+        kernel, dilation3 = triple(kernel_size, "kernel_size"), triple(dilation, "dilation")
+        for k, name in zip(kernel[1:], "hw", strict=True):
+            if k % 2 == 0:
+                raise ValueError(f"CausalConv3d pads space symmetrically: kernel_size in {name} must be odd, got {k}")
+        super().__init__(
+            in_channels, out_channels, kernel, stride, padding=0, dilation=dilation3, bias=bias,
+            padding_mode=padding_mode, device=device, dtype=dtype,
+        )  # fmt: skip
+        self.causal_padding = (
+            (kernel[0] - 1) * dilation3[0], 0,
+            (kernel[1] - 1) * dilation3[1] // 2, (kernel[1] - 1) * dilation3[1] // 2,
+            (kernel[2] - 1) * dilation3[2] // 2, (kernel[2] - 1) * dilation3[2] // 2,
+        )  # fmt: skip
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._keep_weight_channels_last()
+        return torch.ops.tconv3d.conv3d(
+            input, self.weight, self.bias, list(self.stride), list(self.causal_padding), list(self.dilation), 1,
+            self.padding_mode,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", causal_padding={self.causal_padding}"
 
 
 def _unsupported_reason(module: nn.Conv3d) -> str | None:

@@ -190,3 +190,34 @@ def test_functional_api_compiles_fullgraph(device):
     x = torch.randn(2, 3, 5, 6, 7, device=device).contiguous(memory_format=CL)
     assert rel_l2(torch.compile(f, backend=backend, fullgraph=True)(x), f(x)) < TOLERANCE[torch.float32]
     assert call_targets(graphs[0]).count("tconv3d.conv3d.default") == 1
+
+
+class CausalStack(nn.Module):
+    """Three causal replicate-padded layers, as a video VAE's decoder stacks them."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*(tconv3d.nn.CausalConv3d(4, 4, 3, bias=False) for _ in range(3)))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_compiled_causal_stack_has_no_pad_or_layout_ops(device):
+    graphs, backend = capture_graphs()
+    model = CausalStack().to(device)
+    x = stack_input(device)
+    eager_y, eager_grads = forward_backward(model, x)
+    compiled_y, compiled_grads = forward_backward(torch.compile(model, backend=backend, fullgraph=True), x)
+    assert len(graphs) == 2
+    forward, backward = (call_targets(g) for g in graphs)
+    assert forward == ["tconv3d.conv3d.default"] * 3
+    assert sorted(backward) == sorted(
+        ["tconv3d.conv3d_input_grad.default"] * 3 + ["tconv3d.conv3d_weight_grad.default"] * 3
+    )
+    for target in forward + backward:
+        assert "pad" not in target and not any(word in target for word in FORBIDDEN), target
+    assert compiled_y.is_contiguous(memory_format=CL)
+    assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
+    for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
+        assert rel_l2(compiled, eager) < TOLERANCE[torch.float32]

@@ -1,0 +1,159 @@
+"""padding_mode inside the kernels: F.pad(input, padding, mode) then an unpadded convolution, with no padded copy
+of the input; gradients of input, weight and bias; errors; nn.Conv3d(padding_mode=...) and CausalConv3d."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import dtype_id, leaf_copy
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tconv3d
+from tconv3d.geometry import PADDING_MODES
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+MODES = [m for m in PADDING_MODES if m != "zeros"]
+
+# (name, input shape, weight shape, stride, 6-value padding, dilation)
+GEOMETRIES = [
+    ("symmetric_1", (2, 3, 4, 5, 6), (5, 3, 3, 3, 3), 1, (1, 1, 1, 1, 1, 1), 1),
+    ("asymmetric_2_stride2", (1, 20, 5, 6, 7), (6, 20, 3, 3, 3), 2, (2, 0, 1, 2, 2, 1), 1),
+    ("causal_dilation2", (1, 4, 6, 5, 5), (17, 4, 3, 3, 3), 1, (4, 0, 2, 2, 2, 2), (2, 2, 2)),
+    ("pad_dim_minus_1", (1, 5, 3, 3, 4), (4, 5, 3, 2, 3), (1, 2, 1), (2, 2, 2, 1, 3, 3), 1),
+    ("depth_1", (2, 18, 1, 6, 5), (3, 18, 1, 3, 3), 1, (0, 0, 1, 1, 2, 1), 1),
+]
+ONE_FRAME = ("one_frame", (1, 3, 1, 4, 5), (4, 3, 3, 3, 3), 1, (1, 1, 1, 1, 1, 1), 1)
+
+
+def reference(x, w, b, stride, padding, dilation, mode):
+    df, db, ht, hb, wl, wr = padding
+    return F.conv3d(F.pad(x, (wl, wr, ht, hb, df, db), mode=mode), w, b, stride, 0, dilation)
+
+
+def check_against_float64(geometry, mode, dtype, device):
+    _name, x_shape, w_shape, stride, padding, dilation = geometry
+    x = leaf_copy(torch.randn(x_shape, device=device).to(dtype).contiguous(memory_format=CL))
+    w = leaf_copy((torch.randn(w_shape, device=device) / w_shape[1] ** 0.5).to(dtype).contiguous(memory_format=CL))
+    b = leaf_copy(torch.randn(w_shape[0], device=device).to(dtype))
+    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
+    expected = reference(x64, w64, b64, stride, padding, dilation, mode)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    y = tconv3d.conv3d(x, w, b, stride, padding, dilation, padding_mode=mode)
+    y.backward(grad_out.to(dtype))
+    assert y.is_contiguous(memory_format=CL) and x.grad.is_contiguous(memory_format=CL)
+    for name, ours, ref in (("output", y, expected), ("input", x.grad, x64.grad), ("weight", w.grad, w64.grad),
+                            ("bias", b.grad, b64.grad)):  # fmt: skip
+        assert ours.shape == ref.shape and ours.dtype == dtype, name
+        assert rel_l2(ours, ref) < TOLERANCE[dtype], name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: g[0])
+@pytest.mark.parametrize("mode", MODES)
+def test_padding_modes_match_float64(mode, geometry, dtype, device):
+    if mode == "reflect" and geometry[0] == "depth_1":
+        pytest.skip("reflect cannot pad a dimension of 1 (F.pad rejects it too): see test_out_of_range_padding")
+    check_against_float64(geometry, mode, dtype, device)
+
+
+@pytest.mark.parametrize("mode", ["replicate", "circular"])
+def test_a_single_frame_padded_in_time(mode, device):
+    """D = 1 padded by 1 on both sides: replicate repeats the frame, circular wraps onto it."""
+    check_against_float64(ONE_FRAME, mode, torch.float32, device)
+
+
+def test_padding_modes_with_the_gpu_heuristic_tiles(gpu_heuristic_tiles, device):
+    for mode in MODES:
+        check_against_float64(GEOMETRIES[1], mode, torch.float32, device)
+
+
+@pytest.mark.parametrize(
+    "mode, padding, size, message",
+    [
+        ("reflect", (3, 3, 1, 1, 1, 1), (3, 5, 5), "reflect padding must be smaller"),
+        ("circular", (1, 1, 6, 0, 1, 1), (3, 5, 5), "circular padding must not exceed"),
+        ("mirror", 1, (3, 5, 5), "padding_mode must be one of"),
+    ],
+)
+def test_out_of_range_padding(mode, padding, size, message, device):
+    x, w = torch.randn(1, 2, *size, device=device), torch.randn(3, 2, 3, 3, 3, device=device)
+    with pytest.raises(ValueError, match=message):
+        tconv3d.conv3d(x, w, padding=padding, padding_mode=mode)
+    with pytest.raises(TypeError, match="padding_mode must be a str"):
+        tconv3d.conv3d(x, w, padding=1, padding_mode=None)
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", PADDING_MODES)
+def test_nn_conv3d_padding_mode_runs_fused(mode, device):
+    torch.manual_seed(0)
+    stock = torch.nn.Conv3d(4, 6, 3, padding=(1, 2, 1), padding_mode=mode).to(device)
+    ours = tconv3d.nn.convert(torch.nn.Sequential(torch.nn.Conv3d(4, 6, 3, padding=(1, 2, 1), padding_mode=mode)))
+    ours[0].load_state_dict(stock.state_dict())
+    ours = ours.to(device)
+    assert repr(ours[0]).endswith(repr(stock)[len("Conv3d") :])
+    x = torch.randn(2, 4, 5, 6, 7, device=device).contiguous(memory_format=CL).requires_grad_()
+    with OpNames() as seen:
+        y = ours(x)
+        y.sum().backward()
+    assert not [name for name in seen.names if "pad" in name], seen.names
+    expected = stock.double()(x.detach().double())
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+
+
+def test_causal_conv3d_is_fused_and_loads_a_conv3d_checkpoint(device):
+    torch.manual_seed(0)
+    causal = tconv3d.nn.CausalConv3d(3, 8, (3, 3, 3), dilation=(2, 1, 1)).to(device)
+    plain = torch.nn.Conv3d(3, 8, 3, dilation=(2, 1, 1))
+    assert causal.state_dict().keys() == plain.state_dict().keys()
+    causal.load_state_dict(plain.state_dict())
+    assert causal.causal_padding == (4, 0, 1, 1, 1, 1) and "causal_padding" in repr(causal)
+    x = torch.randn(1, 3, 5, 6, 7, device=device).contiguous(memory_format=CL).requires_grad_()
+    with OpNames() as seen:
+        y = causal(x)
+        y.sum().backward()
+    assert not [name for name in seen.names if "pad" in name], seen.names
+    plain = plain.double().to(device)
+    expected = plain(F.pad(x.detach().double(), (1, 1, 1, 1, 4, 0), mode="replicate"))
+    assert y.shape == expected.shape == (1, 8, 5, 6, 7)  # every frame kept, none sees the future
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match="must be odd"):
+        tconv3d.nn.CausalConv3d(3, 8, (3, 2, 3))
+
+
+def test_opcheck_with_padding_modes(device):
+    x = torch.randn(1, 3, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(4, 3, 3, 3, 3, device=device).contiguous(memory_format=CL).requires_grad_()
+    args = ([1, 2, 1], [2, 0, 1, 1, 2, 1], [1, 1, 1])
+    for mode in MODES:
+        torch.library.opcheck(torch.ops.tconv3d.conv3d.default, (x, w, None, *args, 1, mode))
+        y = torch.ops.tconv3d.conv3d(x.detach(), w.detach(), None, *args, 1, mode)
+        grad_out = torch.randn_like(y).requires_grad_()
+        torch.library.opcheck(torch.ops.tconv3d.conv3d_input_grad.default, (grad_out, w, list(x.shape), *args, mode))
+        torch.library.opcheck(torch.ops.tconv3d.conv3d_weight_grad.default, (grad_out, x, list(w.shape), *args, mode))
+
+
+@pytest.mark.parametrize("mode", PADDING_MODES)
+def test_forward_allocates_only_its_output(mode):
+    """No padded copy: the CPU allocator, as the profiler sees it, hands the forward nothing but its output (a
+    replicate-padded copy of this input would take 1.6x the input's bytes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(1, 8, 6, 20, 20).contiguous(memory_format=CL)
+    w = torch.randn(8, 8, 3, 3, 3).contiguous(memory_format=CL)
+    run = lambda: tconv3d.conv3d(x, w, padding=(2, 0, 1, 1, 1, 1), padding_mode=mode)  # noqa: E731
+    run()  # the config's choice and the kernel's first launch happen once, before measuring
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = run()
+    allocated = sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
+    assert 0 < allocated <= y.numel() * y.element_size()
