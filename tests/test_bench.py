@@ -169,3 +169,16 @@ def test_bench_command_needs_a_gpu(capsys):
         pytest.skip("on a GPU the command would benchmark for real")
     assert run.main([]) == 2
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+def test_host_overhead_benchmark_runs_on_cpu(tmp_path, capsys):
+    from bench import host_overhead
+
+    out = tmp_path / "host.json"
+    assert host_overhead.main(["--device", "cpu", "--calls", "3", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    names = {"nn.Conv3d", "tconv3d.nn.Conv3d", "tconv3d.conv3d", "torch.ops.tconv3d.conv3d"}
+    for mode in ("no_grad", "autograd"):
+        assert set(data["us_per_call"][mode]) == names
+        assert all(us > 0 for us in data["us_per_call"][mode].values())
+    assert "tconv3d.nn.Conv3d" in capsys.readouterr().out
