@@ -42,12 +42,15 @@ class Conv3d(nn.Conv3d):
         self._keep_weight_channels_last()
         return module
 
+    def _op_padding(self) -> tuple[int, ...]:
+        """The 6-value padding the op takes."""
+        return resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._keep_weight_channels_last()
-        padding = list(resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation))
         return torch.ops.tconv3d.conv3d(
-            input, self.weight, self.bias, list(self.stride), padding, list(self.dilation), self.groups,
-            self.padding_mode,
+            input, self.weight, self.bias, list(self.stride), list(self._op_padding()), list(self.dilation),
+            self.groups, self.padding_mode,
         )  # fmt: skip
 
 
@@ -80,12 +83,8 @@ class CausalConv3d(Conv3d):
             (kernel[2] - 1) * dilation3[2] // 2, (kernel[2] - 1) * dilation3[2] // 2,
         )  # fmt: skip
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        self._keep_weight_channels_last()
-        return torch.ops.tconv3d.conv3d(
-            input, self.weight, self.bias, list(self.stride), list(self.causal_padding), list(self.dilation), 1,
-            self.padding_mode,
-        )  # fmt: skip
+    def _op_padding(self) -> tuple[int, ...]:
+        return self.causal_padding
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", causal_padding={self.causal_padding}"

@@ -89,3 +89,21 @@ def count_launches(monkeypatch, launcher: str) -> list:
     real = getattr(tconv3d.ops, launcher)
     monkeypatch.setattr(tconv3d.ops, launcher, lambda *args: launches.append(launcher) or real(*args))
     return launches
+
+
+def conv_and_reference(case: Case, dtype, device, memory_format=torch.channels_last_3d, bias=True):
+    """tconv3d's [y, dx, dw, db] and float64 autograd's, under one random upstream gradient (db left out without
+    a bias)."""
+    x = leaf_copy(case.input(dtype, device, memory_format))
+    w = leaf_copy(case.weight(dtype, device))
+    b = leaf_copy(case.bias(dtype, device)) if bias else None
+    x64, w64 = leaf_copy(x.double()), leaf_copy(w.double())
+    b64 = leaf_copy(b.double()) if bias else None
+    ref = case_reference(x64, w64, b64, case)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    y.backward(grad_out.to(dtype))
+    ours = [y, x.grad, w.grad] + ([b.grad] if bias else [])
+    expected = [ref, x64.grad, w64.grad] + ([b64.grad] if bias else [])
+    return ours, expected

@@ -2,7 +2,17 @@
 
 import pytest
 import torch
-from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_id, leaf_copy, poison_aten_convolution
+from helpers import (
+    CASES,
+    DTYPES,
+    Case,
+    case_reference,
+    conv_and_reference,
+    count_launches,
+    dtype_id,
+    leaf_copy,
+    poison_aten_convolution,
+)
 
 import tconv3d
 from tconv3d.testing import TOLERANCE, rel_l2
@@ -12,19 +22,8 @@ CL = torch.channels_last_3d
 
 def tconv3d_and_reference_grads(case: Case, dtype, device, memory_format=CL, bias=True):
     """(tconv3d's grads, float64 reference grads) of (x, w, b) under one random upstream gradient."""
-    x = leaf_copy(case.input(dtype, device, memory_format))
-    w = leaf_copy(case.weight(dtype, device))
-    b = leaf_copy(case.bias(dtype, device)) if bias else None
-    x64, w64 = leaf_copy(x.double()), leaf_copy(w.double())
-    b64 = leaf_copy(b.double()) if bias else None
-    ref = case_reference(x64, w64, b64, case)
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
-    y.backward(grad_out.to(dtype))
-    ours = [x.grad, w.grad] + ([b.grad] if bias else [])
-    expected = [x64.grad, w64.grad] + ([b64.grad] if bias else [])
-    return ours, expected
+    ours, expected = conv_and_reference(case, dtype, device, memory_format, bias)
+    return ours[1:], expected[1:]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

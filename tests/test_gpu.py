@@ -3,7 +3,7 @@ Skipped without CUDA; `python -m pytest tests -m gpu` runs only these."""
 
 import pytest
 import torch
-from helpers import DTYPES, Case, case_reference, dtype_id, leaf_copy
+from helpers import DTYPES, Case, case_reference, conv_and_reference, dtype_id, leaf_copy
 
 import tconv3d
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, rel_l2
@@ -28,19 +28,11 @@ GPU_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
 def test_forward_and_gradients_match_float64(case, dtype):
-    x = leaf_copy(case.input(dtype, "cuda"))
-    w = leaf_copy(case.weight(dtype, "cuda"))
-    b = leaf_copy(case.bias(dtype, "cuda"))
-    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
-    ref = case_reference(x64, w64, b64, case)
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
-    y.backward(grad_out.to(dtype))
+    (y, gx, gw, gb), (ref, ex, ew, eb) = conv_and_reference(case, dtype, "cuda")
     assert y.is_contiguous(memory_format=torch.channels_last_3d)
-    for name, ours, expected in (("output", y, ref), ("input", x.grad, x64.grad), ("weight", w.grad, w64.grad)):
+    for name, ours, expected in (("output", y, ref), ("input", gx, ex), ("weight", gw, ew)):
         assert rel_l2(ours, expected) < TOLERANCE[dtype], name
-    assert rel_l2(b.grad, b64.grad) < TOLERANCE[dtype]
+    assert rel_l2(gb, eb) < TOLERANCE[dtype]
 
 
 def test_tf32_forward_and_gradients():

@@ -5,9 +5,8 @@ on the same geometries."""
 
 import pytest
 import torch
-from helpers import CASES, Case, case_reference, dtype_id, leaf_copy
+from helpers import CASES, Case, conv_and_reference, dtype_id
 
-import tconv3d
 from tconv3d import choice, configs
 from tconv3d.geometry import check_conv3d
 from tconv3d.testing import TOLERANCE, rel_l2
@@ -23,18 +22,6 @@ SMALL = [
     Case("cin7_cout2_causal", 1, 7, 2, (5, 6, 7), (3, 2, 3), padding=(2, 0, 1, 0, 1, 1)),
     Case("cin3_cout20", 1, 3, 20, (4, 6, 5), 3, padding=1),  # the stem: only forward and weight-grad pack
 ]
-
-
-def grads_and_reference(case: Case, dtype, device):
-    """tconv3d's (y, dx, dw, db) and float64 autograd's, under one random upstream gradient."""
-    x, w, b = (leaf_copy(t) for t in (case.input(dtype, device), case.weight(dtype, device), case.bias(dtype, device)))
-    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
-    ref = case_reference(x64, w64, b64, case)
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
-    y.backward(grad_out.to(dtype))
-    return [y, x.grad, w.grad, b.grad], [ref, x64.grad, w64.grad, b64.grad]
 
 
 def packed_directions(case: Case, device) -> list[str]:
@@ -58,7 +45,7 @@ def test_small_channels_match_float64(case, dtype, tiles, device, request):
         request.getfixturevalue(tiles)
     expected_packed = ["fwd", "wgrad"] if case.cout >= 16 else ["fwd", "dgrad", "wgrad"]
     assert packed_directions(case, device) == expected_packed
-    ours, expected = grads_and_reference(case, dtype, device)
+    ours, expected = conv_and_reference(case, dtype, device)
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
         assert a.shape == e.shape and a.dtype == dtype, name
         assert rel_l2(a, e) < TOLERANCE[dtype], name
@@ -80,6 +67,6 @@ def test_packed_heuristic_tiles_reduce_over_pairs():
 @pytest.mark.parametrize("case", [c for c in SMALL + CASES if min(c.cin, c.cout) < 16], ids=lambda c: c.name)
 def test_one_tap_per_step_on_the_same_geometries(case, one_tap_per_step, device):
     assert packed_directions(case, device) == []
-    ours, expected = grads_and_reference(case, torch.float32, device)
+    ours, expected = conv_and_reference(case, torch.float32, device)
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
         assert rel_l2(a, e) < TOLERANCE[torch.float32], name
