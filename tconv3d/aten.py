@@ -1,30 +1,41 @@
 """torch's own conv3d for tensors tconv3d has no kernel for (CPU without the interpreter, other devices).
 
 Same contract as the Triton launchers: checked geometry in, channels_last_3d result out. Asymmetric padding,
-which aten cannot express, and the padding modes other than zeros become an explicit F.pad on this path only.
+which aten cannot express, the padding modes other than zeros and a second source along D become an explicit
+F.pad or torch.cat on this path only.
 """
 
 import torch
 import torch.nn.functional as F
 
 from .geometry import ConvGeometry
+from .group_norm import backward_coefficients, scale_shift
 from .kernel_utils import fold_padding
 
 
-def _pad_input(x: torch.Tensor, geom: ConvGeometry) -> torch.Tensor:
-    df, db, ht, hb, wl, wr = geom.padding
-    return F.pad(x, (wl, wr, ht, hb, df, db), mode="constant" if geom.padding_mode == "zeros" else geom.padding_mode)
+def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
+    if frames_before is not None:
+        x = torch.cat([frames_before, x], dim=2)
+    # F.pad takes (w, h, d) pairs; dimensions are padded one mode at a time (each mode maps indices per
+    # dimension, so the order does not matter).
+    for mode in dict.fromkeys(geom.dim_modes):
+        pads = [0] * 6
+        for dim in range(3):
+            if geom.dim_modes[dim] == mode:
+                pads[4 - 2 * dim : 6 - 2 * dim] = geom.padding[2 * dim : 2 * dim + 2]
+        x = F.pad(x, pads, mode="constant" if mode == "zeros" else mode)
+    return x
 
 
 def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
-def conv3d_fwd(x, weight, bias, geom: ConvGeometry) -> torch.Tensor:
-    if geom.is_symmetric and geom.padding_mode == "zeros":
+def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry) -> torch.Tensor:
+    if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
         y = F.conv3d(x, weight, bias, geom.stride, geom.front_padding, geom.dilation)
     else:
-        y = F.conv3d(_pad_input(x, geom), weight, bias, geom.stride, 0, geom.dilation)
+        y = F.conv3d(_pad_input(x, frames_before, geom), weight, bias, geom.stride, 0, geom.dilation)
     return _as_ndhwc(y)
 
 
@@ -33,13 +44,42 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
     grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation)
-    if geom.padding_mode != "zeros":
+    if geom.reads_border:
         return fold_padding(grad, geom)
     return _as_ndhwc(grad[:, :, df : df + d, ht : ht + h, wl : wl + w])
 
 
-def conv3d_wgrad(grad_out, x, geom: ConvGeometry) -> torch.Tensor:
+def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor:
     grad = torch.nn.grad.conv3d_weight(
-        _pad_input(x, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation
+        _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation
     )
     return _as_ndhwc(grad)
+
+
+def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
+    """F.group_norm in fp32 (and SiLU), channels_last_3d out, with the kernels' (mean, rstd) fp32 [N, groups]."""
+    xf = x.float()
+    y = F.group_norm(xf, groups, weight.float() if weight is not None else None,
+                     bias.float() if bias is not None else None, eps)  # fmt: skip
+    if activation == "silu":
+        y = F.silu(y)
+    grouped = xf.reshape(x.shape[0], groups, -1)
+    mean = grouped.mean(dim=2)
+    rstd = torch.rsqrt(grouped.var(dim=2, unbiased=False) + eps)
+    return _as_ndhwc(y.to(x.dtype)), mean, rstd
+
+
+def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
+    """The kernels' backward in torch ops: the same sums, coefficients and formula."""
+    c = x.shape[1]
+    xf, dy = x.float(), grad_out.float()
+    a, b = scale_shift(mean, rstd, weight, bias, c)
+    if activation == "silu":
+        z = xf * a[:, :, None, None, None] + b[:, :, None, None, None]
+        sig = torch.sigmoid(z)
+        dy = dy * sig * (1 + z * (1 - sig))
+    sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * xf).sum(dim=(2, 3, 4))], dim=1)
+    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), mean, rstd, weight, groups)
+    per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
+    grad_in = dy * per_channel(k1) + xf * per_channel(k2) + per_channel(k3)
+    return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias

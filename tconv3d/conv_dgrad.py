@@ -147,11 +147,14 @@ def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`; the result is channels_last_3d, in
-    grad_out's dtype."""
-    if geom.padding_mode != "zeros":
+    grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of the concatenation,
+    which the op splits."""
+    if geom.reads_border:
         # The gradient of the padded input, each border then folded onto the voxel it read: this direction alone
         # allocates a padded-size buffer (the forward and weight gradient remap their loads instead).
-        padded = dataclasses.replace(geom, in_size=geom.padded_size, padding=(0,) * 6, padding_mode="zeros")
+        padded = dataclasses.replace(
+            geom, in_size=geom.padded_size, padding=(0,) * 6, padding_mode="zeros", prefix_frames=0
+        )
         return fold_padding(conv3d_dgrad(grad_out, weight, padded, config), geom)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:

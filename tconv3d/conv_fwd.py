@@ -6,35 +6,50 @@ import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
 from .geometry import ConvGeometry
-from .kernel_utils import dot_flags, empty_ndhwc, grouped_tile, mma, ndhwc, padded_offsets, split_voxel
+from .kernel_utils import (
+    border_gather,
+    dot_flags,
+    empty_ndhwc,
+    grouped_tile,
+    mma,
+    ndhwc,
+    prefix_arguments,
+    split_voxel,
+)
 
 
 @triton.jit
 def _conv3d_fwd_kernel(
     # pointers
     x_ptr, w_ptr, bias_ptr, y_ptr,
-    # sizes
-    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT,
-    # strides, in elements, in logical (N, C, D, H, W) order
+    # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
+    # elements from x_ptr)
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA,
+    # strides, in elements, in logical (N, C, D, H, W) order (p: N, D, H, W; its channels are x's)
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_pn, stride_pd, stride_ph, stride_pw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
-    # convolution geometry (front padding only: the back padding just sets the output size; PAD_MODE says what
-    # the border reads, geometry.PADDING_MODES[PAD_MODE])
+    # convolution geometry (front padding only: the back padding just sets the output size; PAD_MODE_D/H/W say
+    # what each dimension's border reads, geometry.PADDING_MODES[PAD_MODE_*])
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, PAD_MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """y[m, co] = sum over (tap, ci) of x[voxel(m) + tap, ci] * w[co, tap, ci] (+ bias[co]).
 
     GEMM view: M = N*Do*Ho*Wo rows (output voxels), N = Cout columns, K = kd*kh*kw*Cin. The reduction runs as
-    one flat loop over taps x channel blocks so the compiler pipelines it whatever Cin is; padding is a mask.
+    one flat loop over taps x channel blocks so the compiler pipelines it whatever Cin is; zeros padding is a
+    mask, other modes and a second source along D (HAS_PREFIX) remap each row's load (kernel_utils.border_gather).
     With PACK_TAPS (fewer channels than one MMA step) the loop runs over (tap, channel) pairs instead: the
     Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27 steps 3/16 full.
     """
+    # Zeros borders and one source: a mask suffices and each tap's offset is one constant added to every row.
+    MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -50,7 +65,6 @@ def _conv3d_fwd_kernel(
     w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
     x_rows = x_ptr + (n * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
                       + w0.to(tl.int64) * stride_xw)  # [BLOCK_M] pointers  # fmt: skip
-    x_batch = x_ptr + n * stride_xn  # [BLOCK_M] pointers: where the padding modes other than zeros start from
     w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -68,16 +82,20 @@ def _conv3d_fwd_kernel(
             id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]: bounds and offsets per (voxel, pair)
             ih = h0[:, None] + (kh * DIL_H)[None, :]
             iw = w0[:, None] + (kw * DIL_W)[None, :]
-            if PAD_MODE == 0:  # the border reads zeros: mask it
+            if MASK_ONLY:
                 inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                 x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
                          + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
                 x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]
                 mask_a = inside & mask_m[:, None] & mask_c[None, :]
-            else:  # the border reads the voxel its mode maps it to
-                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
-                x_ptrs = x_batch[:, None] + x_voxels + (offs_c * stride_xc)[None, :]
-                mask_a = mask_m[:, None] & mask_c[None, :]
+            else:
+                x_voxels, inside = border_gather(
+                    n[:, None], id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
+                    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+                    PAD_MODE_D, PAD_MODE_H, PAD_MODE_W, HAS_PREFIX,
+                )  # fmt: skip
+                x_ptrs = x_ptr + x_voxels + (offs_c * stride_xc)[None, :]
+                mask_a = inside & mask_m[:, None] & mask_c[None, :]
             a = tl.load(x_ptrs, mask=mask_a, other=0.0)
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wi)[:, None]
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
@@ -90,18 +108,20 @@ def _conv3d_fwd_kernel(
             id_ = d0 + kd * DIL_D
             ih = h0 + kh * DIL_H
             iw = w0 + kw * DIL_W
-            if PAD_MODE == 0:
-                mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            else:
-                mask_x = mask_m
             mask_c = offs_c < C_IN
-            if PAD_MODE == 0:
+            if MASK_ONLY:
+                mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                 x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
                          + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
                 x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
             else:
-                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
-                x_ptrs = (x_batch + x_voxels)[:, None] + offs_c[None, :] * stride_xc
+                x_voxels, inside = border_gather(
+                    n, id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
+                    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+                    PAD_MODE_D, PAD_MODE_H, PAD_MODE_W, HAS_PREFIX,
+                )  # fmt: skip
+                mask_x = mask_m & inside
+                x_ptrs = x_ptr + x_voxels[:, None] + offs_c[None, :] * stride_xc
             a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
             w_ptrs = (
                 w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wi
@@ -116,23 +136,26 @@ def _conv3d_fwd_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def conv3d_fwd(x, weight, bias, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Forward convolution of checked arguments with the tiling `config`; the output is channels_last_3d."""
     y = empty_ndhwc(geom.output_shape(), like=x)
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
+    frames_before = ndhwc(frames_before) if geom.prefix_frames else None
+    p_delta, *p_strides = prefix_arguments(frames_before, x)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     upcast, precision = dot_flags(x.dtype)
     rows = geom.output_voxels
     grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.out_channels, config.block_n),)
     _conv3d_fwd_kernel[grid](
         x, weight, bias if bias is not None else x, y,
-        rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size,
-        *x.stride(), *weight.stride(), *y.stride(),
+        rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, geom.prefix_frames, p_delta,
+        *x.stride(), *p_strides, *weight.stride(), *y.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), PAD_MODE=geom.pad_mode_index,
+        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), HAS_PREFIX=frames_before is not None,
+        PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,

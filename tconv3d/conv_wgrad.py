@@ -7,24 +7,28 @@ import triton.language as tl
 
 from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .geometry import ConvGeometry
-from .kernel_utils import dense_ndhwc, dot_flags, mma, ndhwc, padded_offsets, split_voxel
+from .kernel_utils import border_gather, dense_ndhwc, dot_flags, mma, ndhwc, prefix_arguments, split_voxel
 
 
 @triton.jit
 def _conv3d_wgrad_kernel(
     # pointers
     go_ptr, x_ptr, out_ptr,
-    # sizes
-    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, SPLIT_ROWS,
-    # strides, in elements: go and x in logical (N, C, D, H, W) order; out is [split, Cout, tap, Cin]
+    # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
+    # elements from x_ptr)
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, SPLIT_ROWS,
+    # strides, in elements: go and x in logical (N, C, D, H, W) order, p as (N, D, H, W) (its channels are x's);
+    # out is [split, Cout, tap, Cin]
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_pn, stride_pd, stride_ph, stride_pw,
     stride_os, stride_oo, stride_ot, stride_oi,
-    # convolution geometry (front padding; PAD_MODE says what the border reads, geometry.PADDING_MODES[PAD_MODE])
+    # convolution geometry (front padding; PAD_MODE_D/H/W say what each dimension's border reads)
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, PAD_MODE: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -37,6 +41,8 @@ def _conv3d_wgrad_kernel(
     pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles 3/16 full.
     """
     taps: tl.constexpr = KD * KH * KW
+    # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
+    MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
     pid = tl.program_id(0)
     if PACK_TAPS:  # few input channels: the columns are (tap, channel) pairs, several taps per program
         cols = taps * C_IN
@@ -83,10 +89,8 @@ def _conv3d_wgrad_kernel(
             id_ = od * STRIDE_D - PAD_D + kd * DIL_D
             ih = oh * STRIDE_H - PAD_H + kh * DIL_H
             iw = ow * STRIDE_W - PAD_W + kw * DIL_W
-            if PAD_MODE == 0:  # the border reads zeros: mask it
+            if MASK_ONLY:
                 mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-            else:  # the border reads the voxel its mode maps it to
-                mask_x = mask_k
         # Coordinates are int32; offsets from them need int64.
         if GO_DENSE:  # channels_last_3d grad_out: the voxel's row is its linear index
             g_rows = (k0 + tl.arange(0, BLOCK_K)) * C_OUT
@@ -102,7 +106,7 @@ def _conv3d_wgrad_kernel(
             id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_K, BLOCK_N]
             ih = h0[:, None] + (kh * DIL_H)[None, :]
             iw = w0[:, None] + (kw * DIL_W)[None, :]
-            if PAD_MODE == 0:
+            if MASK_ONLY:
                 inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                 mask_b = inside & mask_k[:, None] & mask_n[None, :]
                 x_rows = (n.to(tl.int64) * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
@@ -111,17 +115,25 @@ def _conv3d_wgrad_kernel(
                           + (kw * DIL_W).to(tl.int64) * stride_xw + offs_c * stride_xc)  # [BLOCK_N]  # fmt: skip
                 x_ptrs = x_ptr + x_rows[:, None] + x_cols[None, :]  # [BLOCK_K, BLOCK_N]
             else:
-                mask_b = mask_k[:, None] & mask_n[None, :]
-                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
-                x_ptrs = x_ptr + (n.to(tl.int64) * stride_xn)[:, None] + x_voxels + (offs_c * stride_xc)[None, :]
+                x_voxels, inside = border_gather(
+                    n[:, None], id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
+                    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+                    PAD_MODE_D, PAD_MODE_H, PAD_MODE_W, HAS_PREFIX,
+                )  # fmt: skip
+                mask_b = inside & mask_k[:, None] & mask_n[None, :]
+                x_ptrs = x_ptr + x_voxels + (offs_c * stride_xc)[None, :]
             b = tl.load(x_ptrs, mask=mask_b, other=0.0)
         else:
-            if PAD_MODE == 0:
+            if MASK_ONLY:
                 x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
                           + iw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
             else:
-                x_voxels = padded_offsets(id_, ih, iw, D_IN, H_IN, W_IN, stride_xd, stride_xh, stride_xw, PAD_MODE)
-                x_rows = n.to(tl.int64) * stride_xn + x_voxels
+                x_rows, inside = border_gather(
+                    n, id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
+                    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+                    PAD_MODE_D, PAD_MODE_H, PAD_MODE_W, HAS_PREFIX,
+                )  # fmt: skip
+                mask_x = mask_k & inside
             x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
             b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
@@ -157,7 +169,7 @@ def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
     The tiling, split-K included, is `config`."""
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
@@ -168,6 +180,8 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch
     if rows == 0:
         return grad_w_logical.zero_()
     grad_out, x = ndhwc(grad_out), ndhwc(x)
+    frames_before = ndhwc(frames_before) if geom.prefix_frames else None
+    p_delta, *p_strides = prefix_arguments(frames_before, x)
     upcast, precision = dot_flags(x.dtype)
     rows_per_split = split_rows(rows, config.split_k, config.block_k)
     splits = triton.cdiv(rows, rows_per_split)
@@ -180,11 +194,12 @@ def conv3d_wgrad(grad_out, x, geom: ConvGeometry, config: KernelConfig) -> torch
     grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(view.cols, config.block_n) * view.grid_taps, splits)
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, rows_per_split,
-        *grad_out.stride(), *x.stride(), *out.stride(),
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,
+        *grad_out.stride(), *x.stride(), *p_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom), PAD_MODE=geom.pad_mode_index,
+        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom), HAS_PREFIX=frames_before is not None,
+        PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -2,19 +2,43 @@
 
 import torch
 
-from .geometry import conv_arguments
+from .geometry import conv_arguments, conv_transpose_arguments
 
 
-def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros") -> torch.Tensor:
+def conv3d(
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", frames_before=None
+) -> torch.Tensor:
     """Conv3d on channels_last_3d (NDHWC) tensors with Triton implicit-GEMM kernels, differentiable.
 
     Arguments mean what they mean in `torch.nn.functional.conv3d`. `padding` may also be 6 ints
     (d_front, d_back, h_top, h_bottom, w_left, w_right), e.g. (2, 0, 1, 1, 1, 1) for a causal video conv.
-    `padding_mode` ("zeros", "replicate", "reflect" or "circular") means F.pad(input, padding, mode=padding_mode)
-    followed by an unpadded convolution, done inside the kernels: no padded copy of the input is made.
+    `padding_mode` ("zeros", "replicate", "reflect" or "circular", or three of them for (d, h, w), e.g.
+    ("replicate", "zeros", "zeros")) means F.pad(input, padding, mode=...) per dimension followed by an unpadded
+    convolution, done inside the kernels: no padded copy of the input is made.
+    `frames_before` (N, C, P, H, W), e.g. a video VAE's cached frames, precedes the input along D as if
+    torch.cat([frames_before, input], dim=2) were convolved (padding applies to that concatenation), read in
+    place by the kernels; it gets a gradient like the input.
     Input in any memory format is accepted (channels_last_3d is read in place, others are converted once);
     the output is always channels_last_3d. A weight not in channels_last_3d is converted on every call:
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
-    stride, padding, dilation = conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode)
-    return torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+    stride, padding, dilation, padding_mode = conv_arguments(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before
+    )
+    return torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+
+
+def conv_transpose3d(
+    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+) -> torch.Tensor:
+    """ConvTranspose3d on channels_last_3d tensors, with torch.nn.functional.conv_transpose3d's names, order and
+    meaning; weight is (Cin, Cout, kd, kh, kw). It is the input gradient of the convolution it transposes, so it
+    runs that op (`torch.ops.tconv3d.conv3d_input_grad`: its kernel is split by stride phase, so no work goes to
+    inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d."""
+    output_shape, stride, padding, dilation = conv_transpose_arguments(
+        input, weight, bias, stride, padding, output_padding, groups, dilation
+    )
+    output = torch.ops.tconv3d.conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros")
+    if bias is not None:
+        output = output + bias.to(output.dtype).view(1, -1, 1, 1, 1)  # keeps channels_last_3d (and autocast's dtype)
+    return output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,7 +10,9 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# What the padded border reads, as in F.pad's modes; the kernels take the index (PAD_MODE) of the name.
+# What the padded border reads, as in F.pad's modes; the kernels take the index (PAD_MODE_D/H/W) of the name.
+# A padding_mode is one name for all three dimensions or three, "d,h,w" (e.g. "replicate,zeros,zeros": repeat
+# the edge frames in time, zeros in space, as the LTX-Video and CogVideoX VAEs pad).
 PADDING_MODES = ("zeros", "replicate", "reflect", "circular")
 
 
@@ -28,14 +31,26 @@ class ConvGeometry:
     padding: tuple[int, int, int, int, int, int]
     dilation: tuple[int, int, int]
     padding_mode: str = "zeros"
+    # Frames read from a second tensor in front of the input along D (a video VAE's cached frames): in_size[0]
+    # counts them, and the padding and its modes apply to the concatenation, as if torch.cat had made it.
+    prefix_frames: int = 0
 
     @property
     def front_padding(self) -> tuple[int, int, int]:
         return self.padding[0], self.padding[2], self.padding[4]
 
     @property
-    def pad_mode_index(self) -> int:
-        return PADDING_MODES.index(self.padding_mode)
+    def dim_modes(self) -> tuple[str, str, str]:
+        return split_padding_mode(self.padding_mode)
+
+    @property
+    def pad_mode_indices(self) -> tuple[int, int, int]:
+        return tuple(PADDING_MODES.index(mode) for mode in self.dim_modes)
+
+    @property
+    def reads_border(self) -> bool:
+        """Whether some padded border reads input voxels (a mode other than zeros) rather than zeros."""
+        return self.padding_mode != "zeros"
 
     @property
     def padded_size(self) -> tuple[int, int, int]:
@@ -145,37 +160,60 @@ def check_tensors(**tensors) -> None:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; put them on one device")
 
 
+@functools.lru_cache(maxsize=64)
+def split_padding_mode(padding_mode: str) -> tuple[str, str, str]:
+    """A canonical padding_mode -> its (d, h, w) modes."""
+    modes = tuple(padding_mode.split(","))
+    return modes * 3 if len(modes) == 1 else modes
+
+
 def check_padding_mode(padding_mode) -> str:
-    if not isinstance(padding_mode, str):
-        raise TypeError(f"padding_mode must be a str, got {type(padding_mode).__name__}")
-    if padding_mode not in PADDING_MODES:
-        raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
-    return padding_mode
+    """padding_mode as a name, "d,h,w" names or a sequence of 3 names -> the canonical string the op takes: one
+    name when all three agree, else "d,h,w"."""
+    if isinstance(padding_mode, str):
+        return _canonical_padding_mode(padding_mode)
+    if isinstance(padding_mode, Sequence) and len(padding_mode) == 3 and all(isinstance(m, str) for m in padding_mode):
+        return _canonical_padding_mode(",".join(padding_mode))
+    raise TypeError(f"padding_mode must be a str or 3 strs (d, h, w), got {padding_mode!r}")
+
+
+def _canonical_padding_mode(padding_mode: str) -> str:
+    if padding_mode in PADDING_MODES:  # the common case
+        return padding_mode
+    modes = padding_mode.split(",")
+    if len(modes) not in (1, 3) or any(mode not in PADDING_MODES for mode in modes):
+        raise ValueError(
+            f"padding_mode must be one of {PADDING_MODES} or three of them for (d, h, w), got {padding_mode!r}"
+        )
+    return modes[0] if len(set(modes)) == 1 else ",".join(modes)
 
 
 def _check_pads_fit_mode(in_size, padding, padding_mode: str) -> None:
     """The limits F.pad puts on each mode: a reflected border mirrors inside the dimension (pad < size), a
     circular one wraps around it once (pad <= size), a replicated one needs a voxel to repeat."""
-    for dim, size in enumerate(in_size):
+    for dim, (size, mode) in enumerate(zip(in_size, split_padding_mode(padding_mode), strict=True)):
         front, back = padding[2 * dim], padding[2 * dim + 1]
         if not front and not back:
             continue
         name = "DHW"[dim]
-        if padding_mode == "reflect" and max(front, back) >= size:
+        if mode == "reflect" and max(front, back) >= size:
             raise ValueError(
                 f"reflect padding must be smaller than the input in dimension {name}: padding {(front, back)}, "
                 f"size {size}"
             )
-        if padding_mode == "circular" and max(front, back) > size:
+        if mode == "circular" and max(front, back) > size:
             raise ValueError(
                 f"circular padding must not exceed the input in dimension {name}: padding {(front, back)}, size {size}"
             )
-        if padding_mode == "replicate" and size == 0:
+        if mode == "replicate" and size == 0:
             raise ValueError(f"replicate padding of an empty dimension {name} has nothing to repeat")
 
 
-def conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros") -> ConvGeometry:
-    """Check the shapes and convolution arguments of one conv3d and return its geometry."""
+def conv_geometry(
+    input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0
+) -> ConvGeometry:
+    """Check the shapes and convolution arguments of one conv3d and return its geometry. `prefix_frames` frames
+    of a second source precede the input along D (their shape is checked by the caller)."""
     if len(input_shape) != 5:
         raise ValueError(f"input must be 5-D (N, C, D, H, W), got {len(input_shape)}-D with shape {tuple(input_shape)}")
     if len(weight_shape) != 5:
@@ -183,6 +221,7 @@ def conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_
             f"weight must be 5-D (Cout, Cin, kd, kh, kw), got {len(weight_shape)}-D with shape {tuple(weight_shape)}"
         )
     batch, in_channels, *in_size = input_shape
+    in_size[0] += prefix_frames
     out_channels, weight_in_channels, *kernel = weight_shape
     if weight_in_channels != in_channels:
         raise ValueError(
@@ -219,34 +258,117 @@ def conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_
         padding=padding,
         dilation=dilation,
         padding_mode=padding_mode,
+        prefix_frames=prefix_frames,
     )
 
 
-def check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros") -> ConvGeometry:
+def prefix_frame_count(input, frames_before) -> int:
+    """How many frames `frames_before` puts in front of `input` along D; its other dims must match input's."""
+    if frames_before is None:
+        return 0
+    if frames_before.dim() != 5 or input.dim() != 5:
+        raise ValueError(
+            f"frames_before must be 5-D (N, C, frames, H, W) like the input, got shape {tuple(frames_before.shape)}"
+        )
+    n, c, _, h, w = input.shape
+    pn, pc, frames, ph, pw = frames_before.shape
+    if (pn, pc, ph, pw) != (n, c, h, w):
+        raise ValueError(
+            f"frames_before has shape {tuple(frames_before.shape)}; it must match the input {tuple(input.shape)} "
+            "in every dimension but D"
+        )
+    return frames
+
+
+def check_conv3d(
+    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None
+) -> ConvGeometry:
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
     naming the problem, so no bad argument ever reaches a kernel."""
-    check_tensors(input=input, weight=weight, bias=bias)
+    check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
     if groups != 1:
         raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
-    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode)
+    prefix = prefix_frame_count(input, frames_before)
+    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix)
     if bias is not None and tuple(bias.shape) != (geom.out_channels,):
         raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
     return geom
 
 
-def conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros"):
+def conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
     """The functional form's arguments as the op's schema takes them: (stride, 6-value padding, dilation), each a
-    list of ints. Checks what the schema could only reject with a dispatcher error (argument types) and resolves
-    'same' / 'valid'; everything else is checked once, by the op."""
-    check_tensors(input=input, weight=weight, bias=bias)
+    list of ints, and the canonical padding_mode. Checks what the schema could only reject with a dispatcher error
+    (argument types) and resolves 'same' / 'valid'; everything else is checked once, by the op."""
+    check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
-    check_padding_mode(padding_mode)
+    padding_mode = check_padding_mode(padding_mode)
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     if isinstance(padding, str):  # needs the kernel size, so the shapes are checked here already
         padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation).padding
     else:
         padding = resolve_padding(padding, None, stride, dilation)
-    return list(stride), list(padding), list(dilation)
+    return list(stride), list(padding), list(dilation), padding_mode
+
+
+def check_group_norm(input, weight, bias, groups, activation) -> None:
+    """Validate a group_norm call (5-D input; weight and bias per channel, of any supported dtype, as under
+    autocast a bf16 activation meets fp32 parameters)."""
+    check_tensors(input=input)
+    if weight is not None or bias is not None:
+        check_tensors(weight=weight, bias=bias)
+        param = weight if weight is not None else bias
+        if param.device != input.device:
+            raise ValueError(f"weight and bias are on {param.device} but input is on {input.device}")
+    if input.dim() != 5:
+        raise ValueError(f"input must be 5-D (N, C, D, H, W), got shape {tuple(input.shape)}")
+    channels = input.shape[1]
+    if not _is_int(groups) or groups < 1 or channels % groups:
+        raise ValueError(f"groups must be a positive divisor of the {channels} channels, got {groups!r}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (channels,):
+            raise ValueError(f"{name} must have shape ({channels},), got {tuple(t.shape)}")
+    if activation not in ("none", "silu"):
+        raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+
+
+def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
+    """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
+    dilation), each a list of ints. Checks what F.conv_transpose3d checks."""
+    check_tensors(input=input, weight=weight, bias=bias)
+    if not _is_int(groups):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups != 1:
+        raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
+    if input.dim() != 5 or weight.dim() != 5:
+        raise ValueError(
+            f"input and weight must be 5-D, got input {tuple(input.shape)} and weight {tuple(weight.shape)}"
+        )
+    if weight.shape[0] != input.shape[1]:
+        raise ValueError(
+            f"channel mismatch: input has {input.shape[1]} channels but the transposed weight "
+            f"{tuple(weight.shape)} (Cin, Cout, kd, kh, kw) expects {weight.shape[0]}"
+        )
+    if bias is not None and tuple(bias.shape) != (weight.shape[1],):
+        raise ValueError(f"bias must have shape ({weight.shape[1]},), got {tuple(bias.shape)}")
+    stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
+    pads = _int_tuple(padding, "padding", (1, 3))
+    pads = pads * 3 if len(pads) == 1 else pads
+    extra = _int_tuple(output_padding, "output_padding", (1, 3))
+    extra = extra * 3 if len(extra) == 1 else extra
+    if any(p < 0 for p in pads) or any(e < 0 for e in extra):
+        raise ValueError(f"padding and output_padding must be non-negative, got {pads} and {extra}")
+    if any(e >= max(s, d) for e, s, d in zip(extra, stride, dilation, strict=True)):
+        raise ValueError(
+            f"output_padding {extra} must be smaller than stride {stride} or dilation {dilation} in each dimension"
+        )
+    out_size = [
+        (size - 1) * s - 2 * p + d * (k - 1) + e + 1
+        for size, s, p, d, k, e in zip(input.shape[2:], stride, pads, dilation, weight.shape[2:], extra, strict=True)
+    ]
+    if any(size <= 0 for size in out_size):
+        raise ValueError(f"the output size {tuple(out_size)} is not positive (input {tuple(input.shape)})")
+    padding6 = [pads[0], pads[0], pads[1], pads[1], pads[2], pads[2]]
+    return [input.shape[0], weight.shape[1], *out_size], list(stride), padding6, list(dilation)

@@ -34,9 +34,9 @@ def split_voxel(offs, D, H, W):
 
 @triton.jit
 def padded_coord(i, size, PAD_MODE: tl.constexpr):
-    """The input coordinate that padded coordinate `i` (which may lie in the border) reads, for the padding modes
-    other than zeros (PAD_MODE indexes geometry.PADDING_MODES). The geometry keeps every border within what its
-    mode allows, so one clamp, mirror or wrap suffices."""
+    """The input coordinate that padded coordinate `i` (which may lie in the border) reads under its dimension's
+    padding mode (PAD_MODE indexes geometry.PADDING_MODES); zeros mode leaves it as it is, for a mask. The
+    geometry keeps every border within what its mode allows, so one clamp, mirror or wrap suffices."""
     if PAD_MODE == 1:  # replicate
         i = tl.minimum(tl.maximum(i, 0), size - 1)
     elif PAD_MODE == 2:  # reflect (border < size)
@@ -49,10 +49,28 @@ def padded_coord(i, size, PAD_MODE: tl.constexpr):
 
 
 @triton.jit
-def padded_offsets(id_, ih, iw, D, H, W, stride_d, stride_h, stride_w, PAD_MODE: tl.constexpr):
-    """int64 offset of the voxel that (possibly border) coordinates read under a padding mode other than zeros."""
-    return (padded_coord(id_, D, PAD_MODE).to(tl.int64) * stride_d + padded_coord(ih, H, PAD_MODE).to(tl.int64)
-            * stride_h + padded_coord(iw, W, PAD_MODE).to(tl.int64) * stride_w)  # fmt: skip
+def border_gather(
+    n, id_, ih, iw, D, H, W, P, P_DELTA,
+    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr, HAS_PREFIX: tl.constexpr,
+):  # fmt: skip
+    """int64 offsets, from the input's base pointer, of the voxels that (possibly border) coordinates read, and a
+    mask of those that read anything: a zeros-mode border reads nothing (masked), the other modes the voxel they
+    map it to. Along D the first P coordinates are the frames of a second source (HAS_PREFIX), which starts
+    P_DELTA elements from the input: one offset from one base either way keeps the channel loads contiguous and
+    vectorised (a select between two pointers does not)."""
+    id_ = padded_coord(id_, D, PAD_MODE_D)
+    ih = padded_coord(ih, H, PAD_MODE_H)
+    iw = padded_coord(iw, W, PAD_MODE_W)
+    inside = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    n, ih, iw = n.to(tl.int64), ih.to(tl.int64), iw.to(tl.int64)
+    offsets = n * stride_xn + (id_ - P).to(tl.int64) * stride_xd + ih * stride_xh + iw * stride_xw
+    if HAS_PREFIX:
+        p_offsets = P_DELTA + n * stride_pn + id_.to(tl.int64) * stride_pd + ih * stride_ph + iw * stride_pw
+        # A select, not tl.where: triton 3.9 loses the offsets' divisibility through tl.where and falls back
+        # to 2-byte loads (226 registers instead of 98, static compile of the Wan decoder layer).
+        offsets += (id_ < P).to(tl.int64) * (p_offsets - offsets)
+    return offsets, inside
 
 
 @triton.jit
@@ -93,6 +111,16 @@ def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)
 
 
+def prefix_arguments(frames_before, x) -> tuple:
+    """The kernels' second source along D: (its distance from x in elements, its N, D, H, W strides). The
+    kernels address it from x's pointer (same dtype, so the distance is whole elements)."""
+    if frames_before is None:
+        return 0, 0, 0, 0, 0
+    n_stride, _, d_stride, h_stride, w_stride = frames_before.stride()
+    delta = (frames_before.data_ptr() - x.data_ptr()) // x.element_size()
+    return delta, n_stride, d_stride, h_stride, w_stride
+
+
 def source_index(p: int, size: int, front: int, mode: str) -> int:
     """padded_coord on the host: the input index that padded index `p` (0 = first border voxel) reads."""
     i = p - front
@@ -108,16 +136,18 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
 
 def fold_padding(grad_padded: torch.Tensor, geom) -> torch.Tensor:
     """The input gradient from the gradient of the padded input: every border voxel's gradient is added to the
-    voxel its padding mode read, in a fixed order (deterministic, no atomics). Returns channels_last_3d."""
+    voxel its dimension's padding mode read, in a fixed order (deterministic, no atomics); zeros borders are
+    dropped. Returns channels_last_3d."""
     grad = grad_padded
-    for dim, size in enumerate(geom.in_size):
+    for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
         front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
         if not front and not back:
             continue
         axis = 2 + dim
         folded = torch.empty_like(grad.narrow(axis, front, size), memory_format=torch.channels_last_3d)
         folded.copy_(grad.narrow(axis, front, size))
-        for p in [*range(front), *range(front + size, front + size + back)]:
-            folded.narrow(axis, source_index(p, size, front, geom.padding_mode), 1).add_(grad.narrow(axis, p, 1))
+        if mode != "zeros":  # a zeros border read nothing: its gradient is dropped
+            for p in [*range(front), *range(front + size, front + size + back)]:
+                folded.narrow(axis, source_index(p, size, front, mode), 1).add_(grad.narrow(axis, p, 1))
         grad = folded
     return grad

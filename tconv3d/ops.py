@@ -1,12 +1,17 @@
 """The torch.library custom ops, their fake implementations and autograd: the one place tconv3d meets PyTorch.
 
-    torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros")
+    torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros",
+                             frames_before=None)
     torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode)
-    torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode)
+    torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
+                                         frames_before=None)
+    torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none") -> (y, mean, rstd)
 
 padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_right); padding_mode one of
-"zeros", "replicate", "reflect", "circular" (F.pad's meaning, done inside the kernels). Every result is
-channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies around them.
+"zeros", "replicate", "reflect", "circular" or three of them "d,h,w" (F.pad's meaning, done inside the kernels).
+frames_before (N, C, P, H, W) is read in front of the input along D, as if concatenated; the input gradient op
+then returns the gradient of that concatenation (input_size counts its frames) and autograd splits it. Every
+result is channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies.
 The two gradient ops are differentiable too (each is linear in both tensor arguments), so double backward works.
 """
 
@@ -20,7 +25,8 @@ from . import aten, choice, settings
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
 from .conv_wgrad import conv3d_wgrad
-from .geometry import check_conv3d, check_tensors, conv_geometry
+from .geometry import check_conv3d, check_group_norm, check_tensors, conv_geometry, prefix_frame_count
+from .group_norm import group_norm_bwd, group_norm_fwd
 from .kernel_utils import empty_ndhwc
 
 _CL = torch.channels_last_3d
@@ -35,10 +41,13 @@ def _device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _gradient_geometry(grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, mode):
+def _gradient_geometry(
+    grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, mode, frames_before=None
+):
     """Check a gradient op's arguments and return the geometry of the forward convolution it differentiates."""
-    check_tensors(grad_output=grad_output, **{other_name: other})
-    geom = conv_geometry(input_size, weight_size, stride, padding, dilation, mode)
+    check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before)
+    prefix = prefix_frame_count(other, frames_before)
+    geom = conv_geometry(input_size, weight_size, stride, padding, dilation, mode, prefix)
     if tuple(grad_output.shape) != geom.output_shape():
         raise ValueError(
             f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is {geom.output_shape()}"
@@ -54,45 +63,73 @@ def _gradient_geometry(grad_output, other, other_name, input_size, weight_size, 
     "tconv3d::conv3d",
     mutates_args=(),
     schema="(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups,"
-    ' str padding_mode="zeros") -> Tensor',
+    ' str padding_mode="zeros", Tensor? frames_before=None) -> Tensor',
 )
-def conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros"):
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+def conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
+    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
     if not _runs_triton(input):
-        return aten.conv3d_fwd(input, weight, bias, geom)
+        return aten.conv3d_fwd(input, weight, bias, frames_before, geom)
     with _device_guard(input):
-        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias)
+        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before)
 
 
 @conv3d.register_fake
-def _(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros"):
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+def _(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
+    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
     return empty_ndhwc(geom.output_shape(), like=input)
 
 
+def _trailing_arguments(rest) -> tuple:
+    """(padding_mode, frames_before) from the arguments after dilation (or groups), defaults filled in."""
+    return (*rest, *("zeros", None)[len(rest) :])
+
+
+def _needs_grad(ctx, index: int) -> bool:
+    """needs_input_grad[index] for an argument the call may have left to its default."""
+    return len(ctx.needs_input_grad) > index and ctx.needs_input_grad[index]
+
+
+def _split_prefix(grad, prefix_frames):
+    """The gradient of torch.cat([frames_before, input], dim=2) -> (input's, frames_before's), as views."""
+    if not prefix_frames:
+        return grad, None
+    return grad.narrow(2, prefix_frames, grad.shape[2] - prefix_frames), grad.narrow(2, 0, prefix_frames)
+
+
 def _conv3d_setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, _groups, *mode = inputs
-    # Each gradient needs only the other tensor; save nothing that no gradient will read.
-    ctx.save_for_backward(input if weight.requires_grad else None, weight if input.requires_grad else None)
+    input, weight, bias, stride, padding, dilation, _groups, *rest = inputs
+    mode, frames_before = _trailing_arguments(rest)
+    # Each gradient needs only the other tensor(s); save nothing that no gradient will read.
+    ctx.save_for_backward(
+        input if weight.requires_grad else None,
+        weight if input.requires_grad or (frames_before is not None and frames_before.requires_grad) else None,
+        frames_before if weight.requires_grad else None,
+    )
+    ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
     ctx.input_size, ctx.weight_size = list(input.shape), list(weight.shape)
+    ctx.input_size[2] += ctx.prefix_frames  # the input gradient op differentiates the concatenation
     ctx.weight_is_ndhwc = weight.is_contiguous(memory_format=_CL)
     ctx.has_bias = bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.conv_args = (list(stride), list(padding), list(dilation), mode[0] if mode else "zeros")
+    ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
 
 
 def _conv3d_backward(ctx, grad_output):
-    input, weight = ctx.saved_tensors
-    grad_input = grad_weight = grad_bias = None
-    if ctx.needs_input_grad[0]:
-        grad_input = torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args)
+    input, weight, frames_before = ctx.saved_tensors
+    grad_input = grad_weight = grad_bias = grad_frames_before = None
+    if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
+        grad_concat = torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args)
+        grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
     if ctx.needs_input_grad[1]:
-        grad_weight = torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, ctx.weight_size, *ctx.conv_args)
+        grad_weight = torch.ops.tconv3d.conv3d_weight_grad(
+            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before
+        )
         if not ctx.weight_is_ndhwc:
             grad_weight = grad_weight.contiguous()  # the gradient keeps the weight's memory format
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
-    return grad_input, grad_weight, grad_bias, None, None, None, None, None
+    grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before)
+    return grads[: len(ctx.needs_input_grad)]
 
 
 conv3d.register_autograd(_conv3d_backward, setup_context=_conv3d_setup_context)
@@ -127,17 +164,20 @@ def _(grad_output, weight, input_size, stride, padding, dilation, padding_mode="
 
 
 def _gradient_setup_context(ctx, inputs, output):
-    """Both gradient ops take (grad_output, the other tensor, a size, stride, padding, dilation, padding_mode)."""
-    grad_output, other, _size, stride, padding, dilation, *mode = inputs
-    ctx.save_for_backward(grad_output, other)
+    """Both gradient ops take (grad_output, the other tensor, a size, stride, padding, dilation, padding_mode);
+    the weight gradient also the input's frames_before."""
+    grad_output, other, _size, stride, padding, dilation, *rest = inputs
+    mode, frames_before = _trailing_arguments(rest)
+    ctx.save_for_backward(grad_output, other, frames_before)
     ctx.other_size = list(other.shape)
-    ctx.conv_args = (list(stride), list(padding), list(dilation), mode[0] if mode else "zeros")
+    ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
+    ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
 
 
 def _input_grad_backward(ctx, grad_grad_input):
     # grad_input = dgrad(grad_output, weight) is bilinear: its adjoint in grad_output is the forward
     # convolution, in weight the weight gradient with grad_grad_input standing for the input.
-    grad_output, weight = ctx.saved_tensors
+    grad_output, weight, _ = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
@@ -158,22 +198,24 @@ conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_gradien
     "tconv3d::conv3d_weight_grad",
     mutates_args=(),
     schema="(Tensor grad_output, Tensor input, SymInt[] weight_size, int[] stride, int[] padding, int[] dilation,"
-    ' str padding_mode="zeros") -> Tensor',
+    ' str padding_mode="zeros", Tensor? frames_before=None) -> Tensor',
 )
-def conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros"):
+def conv3d_weight_grad(
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None
+):
     geom = _gradient_geometry(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before
     )
     if not _runs_triton(input):
-        return aten.conv3d_wgrad(grad_output, input, geom)
+        return aten.conv3d_wgrad(grad_output, input, frames_before, geom)
     with _device_guard(input):
-        return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input)
+        return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before)
 
 
 @conv3d_weight_grad.register_fake
-def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros"):
+def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None):
     geom = _gradient_geometry(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before
     )
     return empty_ndhwc(geom.weight_shape(), like=input)
 
@@ -181,17 +223,88 @@ def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="
 def _weight_grad_backward(ctx, grad_grad_weight):
     # grad_weight = wgrad(grad_output, input) is bilinear: its adjoint in grad_output is the forward convolution
     # with grad_grad_weight as the weight, in input the input gradient through grad_grad_weight.
-    grad_output, input = ctx.saved_tensors
+    grad_output, input, frames_before = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
-    d_grad_output = d_input = None
+    d_grad_output = d_input = d_frames_before = None
     if ctx.needs_input_grad[0]:
-        d_grad_output = torch.ops.tconv3d.conv3d(input, grad_grad_weight, None, stride, padding, dilation, 1, mode)
-    if ctx.needs_input_grad[1]:
-        d_input = torch.ops.tconv3d.conv3d_input_grad(grad_output, grad_grad_weight, ctx.other_size, *ctx.conv_args)
-    return d_grad_output, d_input, None, None, None, None, None
+        d_grad_output = torch.ops.tconv3d.conv3d(
+            input, grad_grad_weight, None, stride, padding, dilation, 1, mode, frames_before
+        )
+    if ctx.needs_input_grad[1] or _needs_grad(ctx, 7):
+        concat_size = list(ctx.other_size)
+        concat_size[2] += ctx.prefix_frames
+        d_concat = torch.ops.tconv3d.conv3d_input_grad(grad_output, grad_grad_weight, concat_size, *ctx.conv_args)
+        d_input, d_frames_before = _split_prefix(d_concat, ctx.prefix_frames)
+    grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before)
+    return grads[: len(ctx.needs_input_grad)]
 
 
 conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_gradient_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# group norm (instance norm = groups == channels), optionally with SiLU fused
+
+
+@torch.library.custom_op(
+    "tconv3d::group_norm",
+    mutates_args=(),
+    schema='(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none")'
+    " -> (Tensor, Tensor, Tensor)",
+)
+def group_norm(input, weight, bias, groups, eps, activation="none"):
+    check_group_norm(input, weight, bias, groups, activation)
+    if not _runs_triton(input):
+        return aten.group_norm_fwd(input, weight, bias, groups, eps, activation)
+    with _device_guard(input):
+        return group_norm_fwd(input, weight, bias, groups, eps, activation)
+
+
+@group_norm.register_fake
+def _(input, weight, bias, groups, eps, activation="none"):
+    check_group_norm(input, weight, bias, groups, activation)
+    stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
+    return empty_ndhwc(input.shape, like=input), stats, stats.clone()
+
+
+@torch.library.custom_op(
+    "tconv3d::group_norm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, int groups,"
+    ' str activation="none") -> (Tensor, Tensor, Tensor)',
+)
+def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+    if not _runs_triton(input):
+        return aten.group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
+    with _device_guard(input):
+        return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
+
+
+@group_norm_backward.register_fake
+def _(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
+    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
+
+
+def _group_norm_setup_context(ctx, inputs, output):
+    input, weight, bias, groups, _eps, *activation = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(input, mean, rstd, weight, bias)
+    ctx.groups, ctx.activation = groups, activation[0] if activation else "none"
+
+
+def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
+    input, mean, rstd, weight, bias = ctx.saved_tensors
+    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
+        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation
+    )
+    grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+    grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias, None, None, None)
+    return grads[: len(ctx.needs_input_grad)]
+
+
+group_norm.register_autograd(_group_norm_backward, setup_context=_group_norm_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,15 +318,16 @@ def _cast_for_autocast(value, device_type: str, dtype: torch.dtype):
     return value
 
 
-def _autocast_conv3d(device_type: str):
+def _autocast(op: str, device_type: str):
     def kernel(_dispatch_keys, *args):
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
-            return torch.ops.tconv3d.conv3d.default(*(_cast_for_autocast(a, device_type, dtype) for a in args))
+            return getattr(torch.ops.tconv3d, op).default(*(_cast_for_autocast(a, device_type, dtype) for a in args))
 
     return kernel
 
 
 _autocast_lib = torch.library.Library("tconv3d", "IMPL")
 for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
-    _autocast_lib.impl("conv3d", _autocast_conv3d(_device_type), _dispatch_key, with_keyset=True)
+    for _op in ("conv3d", "conv3d_input_grad"):  # the input gradient is also conv_transpose3d's forward
+        _autocast_lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)

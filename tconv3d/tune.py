@@ -244,14 +244,14 @@ def _gpu_measure(job: Job, compiled: CompiledCheck | None = None) -> tuple[Measu
     )
     x32, w32, g32 = x.float(), w.float(), grad_out.float()
     references = {
-        "fwd": lambda: aten.conv3d_fwd(x32, w32, None, geom),
+        "fwd": lambda: aten.conv3d_fwd(x32, w32, None, None, geom),
         "dgrad": lambda: aten.conv3d_dgrad(g32, w32, geom),
-        "wgrad": lambda: aten.conv3d_wgrad(g32, x32, geom),
+        "wgrad": lambda: aten.conv3d_wgrad(g32, x32, None, geom),
     }
     launches = {
-        "fwd": lambda config: conv3d_fwd(x, w, None, geom, config),
+        "fwd": lambda config: conv3d_fwd(x, w, None, None, geom, config),
         "dgrad": lambda config: conv3d_dgrad(grad_out, w, geom, config),
-        "wgrad": lambda config: conv3d_wgrad(grad_out, x, geom, config),
+        "wgrad": lambda config: conv3d_wgrad(grad_out, x, None, geom, config),
     }
     with exact_fp32():
         reference = references[job.direction]()

@@ -221,3 +221,37 @@ def test_compiled_causal_stack_has_no_pad_or_layout_ops(device):
     assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
     for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
         assert rel_l2(compiled, eager) < TOLERANCE[torch.float32]
+
+
+class NormConvUpStack(nn.Module):
+    """A decoder block as video VAEs and 3D UNets stack it: GroupNorm -> SiLU -> Conv3d -> ConvTranspose3d."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.GroupNorm(2, 4), nn.SiLU(), nn.Conv3d(4, 4, 3, padding=1), nn.ConvTranspose3d(4, 4, 2, stride=2)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_compiled_norm_conv_upsample_stack_has_no_layout_ops(device):
+    graphs, backend = capture_graphs()
+    model = tconv3d.nn.convert(NormConvUpStack().to(device))
+    x = stack_input(device)
+    eager_y, eager_grads = forward_backward(model, x)
+    compiled_y, compiled_grads = forward_backward(torch.compile(model, backend=backend, fullgraph=True), x)
+    assert len(graphs) == 2
+    forward, backward = (call_targets(g) for g in graphs)
+    tconv3d_ops = [t for t in forward if t.startswith("tconv3d.")]
+    assert tconv3d_ops == [
+        "tconv3d.group_norm.default", "tconv3d.conv3d.default", "tconv3d.conv3d_input_grad.default"
+    ]  # fmt: skip
+    assert "tconv3d.group_norm_backward.default" in backward
+    for target in forward + backward:
+        assert not any(word in target for word in FORBIDDEN), target
+    assert compiled_y.is_contiguous(memory_format=CL)
+    assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
+    for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
+        assert rel_l2(compiled, eager) < TOLERANCE[torch.float32]

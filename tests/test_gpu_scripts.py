@@ -31,5 +31,8 @@ def test_training_script_logic(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(out.read_text())
     assert data["tconv3d"]["conv_layers"] == data["tconv3d"]["tconv3d_layers"] == 8
-    assert data["stock"]["losses"][0] == data["tconv3d"]["losses"][0]  # same seed, same weights
+    # Same seed, same weights, bf16 autocast: the first losses agree to bf16 rounding (convert swaps the
+    # GroupNorms too, which under autocast return bf16 where torch's return fp32).
+    first_stock, first_ours = data["stock"]["losses"][0], data["tconv3d"]["losses"][0]
+    assert abs(first_stock - first_ours) <= 2**-8 * abs(first_stock)
     assert len(data["stock"]["losses"]) == 3

@@ -143,6 +143,7 @@ def test_opcheck_with_padding_modes(device):
         torch.library.opcheck(torch.ops.tconv3d.conv3d_weight_grad.default, (grad_out, x, list(w.shape), *args, mode))
 
 
+@pytest.mark.skipif(tconv3d.CPU_BACKEND != "triton", reason="CPU tensors run aten's conv3d here, which pads")
 @pytest.mark.parametrize("mode", PADDING_MODES)
 def test_forward_allocates_only_its_output(mode):
     """No padded copy: the CPU allocator, as the profiler sees it, hands the forward nothing but its output (a

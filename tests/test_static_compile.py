@@ -122,3 +122,38 @@ def test_weight_gradient_grids_fill_their_waves(records):
         if r["waves"] / -(-r["waves"] // 1) < 0.75:
             poor.append(r)
     assert not poor, [f"{n}: {r['waves']} waves" for n, r in zip(_names(poor), poor, strict=True)]
+
+
+NORM_COMPILE = """
+import json, sys, torch
+from tconv3d.group_norm import group_norm_bwd, group_norm_fwd
+from tconv3d.static_compile import compile_only, read_cubin
+out = []
+for capability in (90, 80):
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.empty(2, 256, 8, 64, 64, device="meta", dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+        w = torch.empty(256, device="meta", dtype=dtype)
+        launches = []
+        with compile_only(capability, launches):
+            y, mean, rstd = group_norm_fwd(x, w, w, 32, 1e-6, "silu")
+            group_norm_bwd(x, x, mean, rstd, w, w, 32, "silu")
+        for name, grid, warps, kernel, seconds in launches:
+            out.append({"kernel": name, "arch": capability, "dtype": str(dtype), **read_cubin(kernel.asm["cubin"])})
+print(json.dumps(out))
+"""
+
+
+def test_group_norm_kernels_compile_without_spills_and_vectorised():
+    """The norm kernels for sm_90 and sm_80, both dtypes, forward and backward: no spills, 128-bit loads along
+    the contiguous channels."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    result = subprocess.run([sys.executable, "-c", NORM_COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(reports) == 16  # 2 archs x 2 dtypes x (reduce + affine) x (forward + backward)
+    for r in reports:
+        assert not r["spill_bytes"] and not r["local_accesses"], r
+        assert "LDG.E.128" in r["loads"], r

@@ -45,9 +45,9 @@ def measure(name: str, dtype_name: str) -> dict:
     g = torch.randn(geom.output_shape(), device="cuda").to(dtype).contiguous(memory_format=torch.channels_last_3d)
     pick = {d: choice.pick_config(d, geom, dtype, x.device) for d in ("fwd", "dgrad", "wgrad")}
     kernels = {
-        "fwd": lambda: conv3d_fwd(x, w, None, geom, pick["fwd"]),
+        "fwd": lambda: conv3d_fwd(x, w, None, None, geom, pick["fwd"]),
         "dgrad": lambda: conv3d_dgrad(g, w, geom, pick["dgrad"]),
-        "wgrad": lambda: conv3d_wgrad(g, x, geom, pick["wgrad"]),
+        "wgrad": lambda: conv3d_wgrad(g, x, None, geom, pick["wgrad"]),
     }
     op = lambda: tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)  # noqa: E731
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()

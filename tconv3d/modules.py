@@ -1,0 +1,172 @@
+"""tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm and InstanceNorm3d on
+tconv3d's NDHWC kernels, and CausalConv3d."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .functional import conv_transpose3d
+from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
+
+_CL = torch.channels_last_3d
+
+
+class Conv3d(nn.Conv3d):
+    """`torch.nn.Conv3d` running `torch.ops.tconv3d.conv3d`: same constructor, parameters, state_dict and repr.
+
+    The weight is kept channels_last_3d, (Cout, kd, kh, kw, Cin) in memory, so no call copies it: it is converted
+    in place on the same Parameter at construction, after `.to()`/`.cuda()`/`.half()` and the like, and on the
+    first forward after anything else replaced its storage. Every padding_mode runs inside the kernels: 'zeros'
+    masks the border, 'replicate', 'reflect' and 'circular' remap its loads, and no padded input is made.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.groups != 1:
+            raise NotImplementedError(f"groups={self.groups} is not supported yet; tconv3d runs groups=1 only")
+        self._keep_weight_channels_last()
+
+    def _keep_weight_channels_last(self) -> None:
+        keep_channels_last(self.weight)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
+        module = super()._apply(fn, recurse)
+        self._keep_weight_channels_last()
+        return module
+
+    def _op_padding(self) -> tuple[int, ...]:
+        """The 6-value padding the op takes."""
+        return resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.convolve(input, self._op_padding(), self.padding_mode)
+
+    def convolve(self, input, padding, padding_mode="zeros", frames_before=None) -> torch.Tensor:
+        """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
+        front of the input along D: what the adapters of video-VAE conv modules call (tconv3d.convert)."""
+        self._keep_weight_channels_last()
+        return torch.ops.tconv3d.conv3d(
+            input, self.weight, self.bias, list(self.stride), list(padding), list(self.dilation), self.groups,
+            padding_mode, frames_before,
+        )  # fmt: skip
+
+
+class CausalConv3d(Conv3d):
+    """The causal Conv3d of video VAEs in one fused call: time padded on the front only, (kd - 1) * dilation_d
+    frames, so frame t sees frames t - kd + 1 .. t; space padded symmetrically, (k - 1) * dilation / 2 on each
+    side (odd kernels). `padding_mode` ("replicate" by default, as most VAEs pad; "zeros" too) says what the
+    border reads, inside the kernel: no padded copy of the input is made.
+
+    Parameters and state_dict are those of an `nn.Conv3d` of the same shape, so a checkpoint of a VAE's own
+    causal conv module (which holds such a Conv3d, typically as `.conv`) loads into it after the prefix is
+    renamed.
+    """
+
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=1, dilation=1, bias=True, padding_mode="replicate",
+        device=None, dtype=None,
+    ):  # fmt: skip
+        kernel, dilation3 = triple(kernel_size, "kernel_size"), triple(dilation, "dilation")
+        for k, name in zip(kernel[1:], "hw", strict=True):
+            if k % 2 == 0:
+                raise ValueError(f"CausalConv3d pads space symmetrically: kernel_size in {name} must be odd, got {k}")
+        super().__init__(
+            in_channels, out_channels, kernel, stride, padding=0, dilation=dilation3, bias=bias,
+            padding_mode=padding_mode, device=device, dtype=dtype,
+        )  # fmt: skip
+        self.causal_padding = (
+            (kernel[0] - 1) * dilation3[0], 0,
+            (kernel[1] - 1) * dilation3[1] // 2, (kernel[1] - 1) * dilation3[1] // 2,
+            (kernel[2] - 1) * dilation3[2] // 2, (kernel[2] - 1) * dilation3[2] // 2,
+        )  # fmt: skip
+
+    def _op_padding(self) -> tuple[int, ...]:
+        return self.causal_padding
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", causal_padding={self.causal_padding}"
+
+
+class ConvTranspose3d(nn.ConvTranspose3d):
+    """`torch.nn.ConvTranspose3d` on tconv3d's kernels (`tconv3d.conv_transpose3d`): same constructor, parameters,
+    state_dict and forward(input, output_size=None). Its weight, (Cin, Cout, kd, kh, kw), is kept
+    channels_last_3d as Conv3d's is; the output is channels_last_3d."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.groups != 1:
+            raise NotImplementedError(f"groups={self.groups} is not supported yet; tconv3d runs groups=1 only")
+        keep_channels_last(self.weight)
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        keep_channels_last(self.weight)
+        return module
+
+    def forward(self, input: torch.Tensor, output_size=None) -> torch.Tensor:
+        keep_channels_last(self.weight)
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
+        )
+        return conv_transpose3d(
+            input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation
+        )
+
+
+def keep_channels_last(weight: torch.Tensor) -> None:
+    if not weight.is_contiguous(memory_format=_CL):
+        with torch.no_grad():
+            weight.data = weight.data.contiguous(memory_format=_CL)
+
+
+class GroupNorm(nn.GroupNorm):
+    """`torch.nn.GroupNorm` on tconv3d's NDHWC kernels for 5-D inputs (channels_last_3d out, fp32 statistics,
+    no NCDHW intermediate), with an optional fused activation: `activation="silu"` is GroupNorm then SiLU in one
+    pass, the video VAE and UNet block's norm -> SiLU -> conv. Other inputs run torch's group_norm. Same
+    constructor, parameters and state_dict as nn.GroupNorm."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None):
+        super().__init__(num_groups, num_channels, eps, affine, device, dtype)
+        self.activation = _check_activation(activation)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class InstanceNorm3d(nn.InstanceNorm3d):
+    """`torch.nn.InstanceNorm3d` on tconv3d's GroupNorm kernels (one group per channel) for 5-D inputs, with an
+    optional fused `activation="silu"`. With track_running_stats, or an unbatched input, torch's instance_norm
+    runs (tconv3d does not keep running statistics)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
+                 dtype=None, activation=None):  # fmt: skip
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.activation = _check_activation(activation)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.track_running_stats or input.dim() != 5:
+            output = super().forward(input)
+            return F.silu(output) if self.activation == "silu" else output
+        return _normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+def _check_activation(activation):
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    return activation
+
+
+def _normalize(input, groups, weight, bias, eps, activation):
+    if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
+        output = F.group_norm(input, groups, weight, bias, eps)
+        return F.silu(output) if activation == "silu" else output
+    return torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation or "none")[0]

@@ -1,0 +1,299 @@
+"""Real models, as users convert them: the video VAEs of diffusers (Wan, CogVideoX, Mochi, HunyuanVideo, LTX-Video)
+and MONAI's 3D UNets, small configs with random weights on CPU. Converted outputs match the stock models,
+`audit` finds every convolution on tconv3d with no pad or concatenation copy feeding it, torch.compile traces
+them with no new graph breaks, cached chunk-by-chunk decoding and state_dicts agree with the stock models.
+
+Needs the `integrations` extra (pip install ".[integrations]"); skipped without it.
+"""
+
+import copy
+import inspect
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.testing import rel_l2
+
+diffusers = pytest.importorskip("diffusers")
+
+MATCH = 1e-4  # fp32, relative L2 of a whole encode + decode
+
+
+def _wan():
+    return diffusers.AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+
+
+def _cogvideox():
+    return diffusers.AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 8, 8), latent_channels=4, layers_per_block=1, norm_num_groups=2,
+        temporal_compression_ratio=4, down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4,
+    )  # fmt: skip
+
+
+def _mochi():
+    return diffusers.AutoencoderKLMochi(
+        out_channels=3, latent_channels=4, encoder_block_out_channels=(32,) * 4, decoder_block_out_channels=(32,) * 4,
+        layers_per_block=(1, 1, 1, 1, 1),
+    )  # fmt: skip
+
+
+def _hunyuan():
+    return diffusers.AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8,) * 4, layers_per_block=1,
+        norm_num_groups=4, spatial_compression_ratio=8, temporal_compression_ratio=4, mid_block_add_attention=True,
+    )  # fmt: skip
+
+
+def _ltx():
+    return diffusers.AutoencoderKLLTXVideo(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8,) * 4,
+        decoder_block_out_channels=(8,) * 4, layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5,
+        spatio_temporal_scaling=(True, True, False, False), decoder_spatio_temporal_scaling=(True, True, False, False),
+        decoder_inject_noise=(False,) * 5, upsample_residual=(False,) * 4, upsample_factor=(1,) * 4,
+        timestep_conditioning=False, patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,
+    )  # fmt: skip
+
+
+VAES = {"wan": _wan, "cogvideox": _cogvideox, "mochi": _mochi, "hunyuan_video": _hunyuan, "ltx_video": _ltx}
+
+
+def encode_decode(model, x):
+    return model.decode(model.encode(x).latent_dist.mode()).sample
+
+
+@pytest.fixture
+def aten_path(monkeypatch):
+    """CPU tensors through aten inside the ops (fast): what a converted model does on a machine without a GPU."""
+    monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+
+
+def stock_and_converted(build):
+    torch.manual_seed(0)
+    stock = build().eval()
+    return stock, tconv3d.nn.convert(copy.deepcopy(stock))
+
+
+def assert_all_on_tconv3d(report, every_layer_called=True):
+    for layer in report.layers:
+        assert layer.converted and layer.tconv3d_calls == layer.calls, layer
+        assert layer.calls or not every_layer_called, layer
+        assert layer.pad_copies == layer.concat_copies == 0, layer
+    assert report.aten_conv3d_calls == 0 and report.tconv3d_calls > 0
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
+    stock, converted = stock_and_converted(VAES[name])
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        expected, out = encode_decode(stock, x), encode_decode(converted, x)
+    assert rel_l2(out, expected) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert len(after.layers) == len(before.layers) > 0
+    assert before.aten_conv3d_calls == after.tconv3d_calls
+    assert_all_on_tconv3d(after)
+    # The copies convert removed: every stock VAE pads or concatenates in front of its convolutions.
+    assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
+
+
+@pytest.mark.parametrize("name", ["wan", "cogvideox", "ltx_video"])
+def test_vae_gradients_match_stock(name, aten_path):
+    """Training through the cached frames (Wan, CogVideoX) and the repeated edge frames (LTX): the parameter
+    gradients of encode + decode match the stock model's."""
+    stock, converted = stock_and_converted(VAES[name])
+    x = torch.randn(1, 3, 9, 16, 16)
+    for model in (stock, converted):
+        encode_decode(model, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+def assert_same_gradients(stock, converted):
+    """Parameter gradients agree; those a normalisation makes zero in exact arithmetic (a bias right before it)
+    are fp32 noise on both sides, so each may also differ by a few fp32 ulps of the whole gradient's norm."""
+    pairs = [(key, theirs.grad, ours.grad) for (key, theirs), ours in
+             zip(stock.named_parameters(), converted.parameters(), strict=True) if theirs.grad is not None]  # fmt: skip
+    scale = torch.cat([g.flatten() for _, g, _ in pairs]).norm()
+    assert rel_l2(torch.cat([g.flatten() for _, _, g in pairs]), torch.cat([g.flatten() for _, g, _ in pairs])) < MATCH
+    for key, theirs, ours in pairs:
+        assert (ours - theirs).norm() <= MATCH * theirs.norm() + 1e-6 * scale, key
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_vae_through_the_triton_interpreter(name):
+    """The kernels themselves (Triton interpreter on CPU): second source and per-dimension modes in real layers."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(VAES[name])
+    x = torch.randn(1, 3, 5, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_state_dicts_load_both_ways(name, aten_path):
+    stock, converted = stock_and_converted(VAES[name])
+    assert list(stock.state_dict()) == list(converted.state_dict())
+    torch.manual_seed(1)
+    other = VAES[name]().eval()
+    converted.load_state_dict(other.state_dict())
+    stock.load_state_dict(converted.state_dict())
+    x = torch.randn(1, 3, 5, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(other, x)) < MATCH
+        assert rel_l2(encode_decode(stock, x), encode_decode(other, x)) < MATCH
+
+
+LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8}
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_compile_adds_no_graph_breaks(name, aten_path):
+    stock, converted = stock_and_converted(VAES[name])
+    z = torch.randn(1, LATENT_CHANNELS[name], 2, 4, 4)
+    decode = lambda model: lambda z: model.decode(z).sample  # noqa: E731
+    torch._dynamo.reset()
+    stock_breaks = torch._dynamo.explain(decode(stock))(z).graph_break_count
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(decode(converted))(z)
+    assert explained.graph_break_count <= stock_breaks
+    assert any("tconv3d.conv3d" in str(node.target) for g in explained.graphs for node in g.graph.nodes)
+
+
+def test_compiled_decoder_matches_eager(aten_path):
+    _, converted = stock_and_converted(_hunyuan)
+    z = torch.randn(1, 4, 2, 4, 4)
+    with torch.no_grad():
+        expected = converted.decode(z).sample
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda z: converted.decode(z).sample, fullgraph=True, backend="aot_eager")
+        assert rel_l2(compiled(z), expected) < MATCH
+
+
+def test_cogvideox_chunked_encode_and_decode_with_conv_cache(aten_path):
+    """CogVideoX encodes 8 frames at a time and decodes 2 latent frames at a time, handing each causal conv the
+    previous batch's last frames (conv_cache), which tconv3d reads in place."""
+    stock, converted = stock_and_converted(_cogvideox)
+    x = torch.randn(1, 3, 17, 16, 16)
+    with torch.no_grad():
+        latents = stock.encode(x).latent_dist.mode()
+        assert latents.shape[2] > stock.num_latent_frames_batch_size  # several decode batches
+        assert rel_l2(converted.encode(x).latent_dist.mode(), latents) < MATCH
+        assert rel_l2(converted.decode(latents).sample, stock.decode(latents).sample) < MATCH
+    report = tconv3d.nn.audit(converted, latents, run=lambda m, z: m.decode(z), verbose=False)
+    assert_all_on_tconv3d(report, every_layer_called=False)
+
+
+def test_wan_frame_by_frame_decode_reads_cache_in_place(aten_path):
+    """Wan decodes one latent frame at a time, each causal conv getting the last 2 frames before it as cache_x:
+    tconv3d takes them as the op's frames_before instead of concatenating."""
+    stock, converted = stock_and_converted(_wan)
+    z = torch.randn(1, 16, 4, 4, 4)
+    with torch.no_grad():
+        assert rel_l2(converted.decode(z).sample, stock.decode(z).sample) < MATCH
+    calls = []
+
+    def spy(module, args, kwargs):
+        calls.append(kwargs.get("cache_x", args[1] if len(args) > 1 else None) is not None)
+
+    handles = [m.register_forward_pre_hook(spy, with_kwargs=True) for m in converted.modules()
+               if type(m).__name__ == "WanCausalConv3d"]  # fmt: skip
+    report = tconv3d.nn.audit(converted, z, run=lambda m, z: m.decode(z), verbose=False)
+    for handle in handles:
+        handle.remove()
+    assert any(calls)  # cached calls happened
+    assert_all_on_tconv3d(report, every_layer_called=False)
+
+
+def test_cogvideox_safe_conv_needs_no_chunks(aten_path):
+    """CogVideoXSafeConv3d splits time into overlapping chunks above 2 GiB for cuDNN; the converted layer runs the
+    whole clip as one op (tconv3d's kernels index with int64). With the stock threshold lowered to 2 KiB,
+    the stock layer chunks, and both agree."""
+    from diffusers.models.autoencoders import autoencoder_kl_cogvideox as cog
+
+    source = inspect.getsource(cog.CogVideoXSafeConv3d.forward)
+    assert "if memory_count > 2:" in source and "int(memory_count / 2)" in source
+    namespace = dict(vars(cog))
+    # 2 GiB -> 2 KiB: this 19 KB clip goes in 5 chunks.
+    lowered = source.replace("memory_count > 2:", "memory_count > 2e-6:")
+    lowered = lowered.replace("memory_count / 2)", "memory_count / 2e-6)")
+    lowered = lowered.replace("super().forward(", "nn.Conv3d.forward(self, ")  # exec'd code has no class cell
+    exec(compile(inspect.cleandoc("\n" + lowered), cog.__file__, "exec"), namespace)
+
+    class ChunkingSafeConv3d(cog.CogVideoXSafeConv3d):
+        forward = namespace["forward"]
+
+    torch.manual_seed(0)
+    stock = ChunkingSafeConv3d(4, 6, 3)
+    converted = tconv3d.nn.convert(copy.deepcopy(cog.CogVideoXSafeConv3d(4, 6, 3)))
+    converted.load_state_dict(stock.state_dict())
+    x = torch.randn(1, 4, 12, 10, 10)
+    with torch.no_grad():
+        expected, out = stock(x), converted(x)
+    assert rel_l2(out, expected) < MATCH
+    chunked = tconv3d.nn.audit(stock, x, verbose=False)
+    assert chunked.aten_conv3d_calls > 1 and chunked.concats > 0  # the stock layer did split this clip
+    whole = tconv3d.nn.audit(converted, x, verbose=False)
+    assert whole.tconv3d_calls == 1 and whole.concats == 0
+
+
+def test_rebase_runs_unknown_subclasses_on_tconv3d(aten_path, caplog):
+    class Doubled(nn.Conv3d):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Doubled(3, 4, 3, padding=1))
+    x = torch.randn(1, 3, 3, 5, 5)
+    expected = model(x).detach()
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(model)
+    assert "subclasses='rebase'" in caplog.text and type(model[0]) is Doubled
+    tconv3d.nn.convert(model, subclasses="rebase")
+    assert isinstance(model[0], Doubled) and isinstance(model[0], tconv3d.nn.Conv3d)
+    report = tconv3d.nn.audit(model, x, verbose=False)
+    assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 0
+    assert rel_l2(model(x), expected) < MATCH
+    with pytest.raises(ValueError, match="subclasses must be one of"):
+        tconv3d.nn.convert(model, subclasses="always")
+
+
+def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
+    model = nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.Conv3d(4, 4, 3, padding=1, groups=2))
+    tconv3d.nn.convert(model)
+    report = tconv3d.nn.audit(model, torch.randn(1, 3, 3, 5, 5))
+    printed = capsys.readouterr().out
+    assert "groups=2" in printed and "totals:" in printed
+    assert [layer.converted for layer in report.layers] == [True, False]
+    assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 1
+
+
+def _monai_nets():
+    nets = pytest.importorskip("monai.networks.nets")
+    return {
+        "unet": lambda: nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=2),
+        "dynunet": lambda: nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2], upsample_kernel_size=[2, 2]),
+    }
+
+
+@pytest.mark.parametrize("name", ["unet", "dynunet"])
+def test_monai_unets(name, aten_path):
+    stock, converted = stock_and_converted(_monai_nets()[name])
+    x = torch.randn(1, 1, 16, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.aten_conv_transpose3d_calls == 0
+    assert any(layer.kind == "ConvTranspose3d" for layer in report.layers)
+    for model in (stock, converted):
+        model(x).square().mean().backward()
+    assert_same_gradients(stock, converted)

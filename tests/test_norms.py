@@ -1,0 +1,149 @@
+"""GroupNorm and InstanceNorm on NDHWC (tconv3d.group_norm op, tconv3d.nn.GroupNorm / InstanceNorm3d), with and
+without the fused SiLU: forward and gradients against float64 torch, channels_last_3d outputs, determinism,
+errors, opcheck, and the modules as drop-ins."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import DTYPES, dtype_id, leaf_copy
+from torch import nn
+
+import tconv3d
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+# (name, shape, groups); the 2 x 8 x 4 x 20 x 20 case spans several voxel splits of the reduction
+CASES = [
+    ("groups_1", (2, 6, 3, 5, 4), 1),
+    ("groups_2_odd", (1, 10, 3, 7, 5), 2),
+    ("groups_8", (2, 32, 2, 5, 3), 8),
+    ("instance", (2, 5, 3, 4, 3), 5),
+    ("several_splits", (2, 8, 4, 20, 20), 4),
+]
+
+
+def reference(x, weight, bias, groups, eps, activation):
+    y = F.group_norm(x, groups, weight, bias, eps)
+    return F.silu(y) if activation == "silu" else y
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_group_norm_matches_float64(case, affine, activation, dtype, device):
+    _name, shape, groups = case
+    # An offset mean, so a one-pass sum of squares would lose digits the kernels must keep.
+    x = leaf_copy((torch.randn(shape, device=device) * 2 + 3).to(dtype).contiguous(memory_format=CL))
+    params = [leaf_copy(torch.randn(shape[1], device=device).to(dtype)) for _ in range(2)] if affine else [None] * 2
+    y, mean, rstd = torch.ops.tconv3d.group_norm(x, *params, groups, 1e-5, activation)
+    assert y.is_contiguous(memory_format=CL) and y.dtype == dtype and mean.dtype == rstd.dtype == torch.float32
+    inputs = [x, *(p for p in params if p is not None)]
+    copies = [leaf_copy(t.detach().double()) for t in inputs]
+    expected = reference(copies[0], *(copies[1:] or [None, None]), groups, 1e-5, activation)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    y.backward(grad_out.to(dtype))
+    assert rel_l2(y, expected) < TOLERANCE[dtype]
+    for ours, ref in zip(inputs, copies, strict=True):
+        assert rel_l2(ours.grad, ref.grad) < TOLERANCE[dtype]
+    assert x.grad.is_contiguous(memory_format=CL)
+
+
+def test_a_test_can_fail_on_the_fused_activation(device):
+    """The fused SiLU is really applied: without it the output is far from GroupNorm -> SiLU."""
+    x = torch.randn(1, 4, 2, 3, 3, device=device)
+    plain = torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "none")[0]
+    fused = torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "silu")[0]
+    assert rel_l2(fused, F.silu(plain)) < TOLERANCE[torch.float32]
+    assert rel_l2(plain, F.silu(plain)) > 0.1
+
+
+def test_input_in_any_layout_and_deterministic_gradients(device):
+    x = torch.randn(2, 8, 3, 6, 5, device=device)  # NCDHW: converted once, output channels_last_3d
+    w, b = torch.randn(8, device=device), torch.randn(8, device=device)
+    y = torch.ops.tconv3d.group_norm(x, w, b, 4, 1e-5, "silu")[0]
+    assert y.is_contiguous(memory_format=CL)
+    assert rel_l2(y, reference(x.double(), w.double(), b.double(), 4, 1e-5, "silu")) < TOLERANCE[torch.float32]
+    grads = []
+    for _ in range(2):
+        xs = leaf_copy(x)
+        torch.ops.tconv3d.group_norm(xs, w, b, 4, 1e-5, "silu")[0].square().sum().backward()
+        grads.append(xs.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups", "weight_shape", "error", "message"),
+    [
+        ((1, 6, 2, 3, 3), 4, None, ValueError, "positive divisor of the 6 channels"),
+        ((1, 6, 2, 3, 3), 0, None, ValueError, "positive divisor"),
+        ((1, 6, 2, 3, 3), 2, (5,), ValueError, r"weight must have shape \(6,\)"),
+        ((1, 6, 3, 3), 2, None, ValueError, "must be 5-D"),
+    ],
+)
+def test_bad_group_norm_arguments(shape, groups, weight_shape, error, message):
+    weight = torch.randn(weight_shape) if weight_shape else None
+    with pytest.raises(error, match=message):
+        torch.ops.tconv3d.group_norm(torch.randn(shape), weight, None, groups, 1e-5, "none")
+    with pytest.raises(ValueError, match="activation must be"):
+        torch.ops.tconv3d.group_norm(torch.randn(1, 6, 2, 3, 3), None, None, 2, 1e-5, "relu")
+
+
+def test_opcheck_group_norm(device):
+    x = torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(6, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    for activation in ("none", "silu"):
+        torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, activation))
+        torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, activation))
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_group_norm_module_is_a_drop_in(activation, device):
+    torch.manual_seed(0)
+    stock = nn.GroupNorm(4, 8).to(device)
+    with torch.no_grad():
+        stock.weight.normal_(), stock.bias.normal_()
+    ours = tconv3d.nn.GroupNorm(4, 8, activation=activation).to(device)
+    ours.load_state_dict(stock.state_dict())
+    assert list(ours.state_dict()) == list(stock.state_dict())
+    x = torch.randn(2, 8, 3, 4, 5, device=device)
+    expected = stock(x) if activation is None else F.silu(stock(x))
+    assert rel_l2(ours(x), expected) < TOLERANCE[torch.float32]
+    assert ours(x).is_contiguous(memory_format=CL)
+    flat = torch.randn(2, 8, 6, device=device)  # not 5-D: torch's group_norm
+    assert rel_l2(ours(flat), stock(flat) if activation is None else F.silu(stock(flat))) < TOLERANCE[torch.float32]
+    assert "activation='silu'" in repr(ours) or activation is None
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_instance_norm_module_is_a_drop_in(affine, device):
+    stock = nn.InstanceNorm3d(6, affine=affine).to(device)
+    if affine:
+        with torch.no_grad():
+            stock.weight.normal_(), stock.bias.normal_()
+    ours = tconv3d.nn.InstanceNorm3d(6, affine=affine).to(device)
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(2, 6, 3, 4, 5, device=device)
+    assert rel_l2(ours(x), stock(x)) < TOLERANCE[torch.float32]
+    assert ours(x).is_contiguous(memory_format=CL)
+    tracking = tconv3d.nn.InstanceNorm3d(6, track_running_stats=True).to(device)  # torch's path, stats updated
+    tracking(x + 5)
+    assert tracking.running_mean.min() > 0.1  # updated from zeros
+
+
+def test_convert_swaps_norms_and_fuses_silu(device):
+    model = nn.Sequential(nn.GroupNorm(2, 4), nn.SiLU(), nn.Conv3d(4, 4, 3, padding=1), nn.InstanceNorm3d(4),
+                          nn.SiLU(), nn.GroupNorm(2, 4)).to(device)  # fmt: skip
+    x = torch.randn(1, 4, 3, 5, 5, device=device)
+    expected = model(x).detach()
+    state = model.state_dict()
+    tconv3d.nn.convert(model)
+    assert type(model[0]) is tconv3d.nn.GroupNorm and model[0].activation == "silu"
+    assert type(model[1]) is nn.Identity and type(model[4]) is nn.Identity
+    assert type(model[3]) is tconv3d.nn.InstanceNorm3d and model[3].activation == "silu"
+    assert type(model[5]) is tconv3d.nn.GroupNorm and model[5].activation is None
+    assert list(model.state_dict()) == list(state)
+    y = model(x)
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32] and y.is_contiguous(memory_format=CL)
