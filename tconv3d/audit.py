@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .convert import KNOWN_CLASSES, adapter_reason, class_name, is_converted, unsupported_reason
+from .convert import is_converted, unsupported_reason
+from .video_vaes import KNOWN_CLASSES, adapter_reason, class_name
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Audit:
     aten_conv3d_calls: int = 0  # in the whole run, inside Conv3d layers or not
     aten_conv_transpose3d_calls: int = 0
     tconv3d_calls: int = 0
+    norm_calls: int = 0  # tconv3d group_norm / instance norm calls
+    norm_layout_copies: int = 0  # ... whose input arrived not channels_last_3d (each pays a layout copy)
     pads: int = 0  # 5-D pads anywhere in the run
     concats: int = 0  # 5-D concatenations and repeats anywhere in the run
 
@@ -58,6 +61,8 @@ class Audit:
             "aten_conv3d_calls": self.aten_conv3d_calls,
             "aten_conv_transpose3d_calls": self.aten_conv_transpose3d_calls,
             "layout_copies": count("layout_copies"),
+            "norm_calls": self.norm_calls,
+            "norm_layout_copies": self.norm_layout_copies,
             "pad_copies_into_convs": count("pad_copies"),
             "concat_copies_into_convs": count("concat_copies"),
             "upstream_copies_into_convs": count("upstream_copies"),
@@ -121,6 +126,9 @@ class _Watcher(TorchDispatchMode):
             frames_before = args[8] if len(args) > 8 else kwargs.get("frames_before")
             self._conv_call(layer, first, tconv3d=True, layout_copy=not _is_ndhwc(first) or (
                 frames_before is not None and not _is_ndhwc(frames_before)))  # fmt: skip
+        elif namespace == "tconv3d" and name == "group_norm":
+            self.report.norm_calls += 1
+            self.report.norm_layout_copies += not first.is_contiguous(memory_format=torch.channels_last_3d)
         elif namespace == "aten" and name == "convolution" and _is_3d(args):
             if args[6]:
                 self.report.aten_conv_transpose3d_calls += 1
@@ -163,7 +171,7 @@ def _layers(model: nn.Module):
     wrapped = set()
     for name, module in model.named_modules():
         conv = getattr(module, "conv", None)
-        if class_name(type(module)) in KNOWN_CLASSES and isinstance(conv, nn.Conv3d):
+        if getattr(KNOWN_CLASSES.get(class_name(type(module))), "wraps_conv", False) and isinstance(conv, nn.Conv3d):
             wrapped.add(id(conv))
             yield name, module, conv
     for name, module in model.named_modules():

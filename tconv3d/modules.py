@@ -133,7 +133,7 @@ class GroupNorm(nn.GroupNorm):
         self.activation = _check_activation(activation)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
+        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
@@ -153,7 +153,7 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         if self.track_running_stats or input.dim() != 5:
             output = super().forward(input)
             return F.silu(output) if self.activation == "silu" else output
-        return _normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation)
+        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
@@ -165,7 +165,7 @@ def _check_activation(activation):
     return activation
 
 
-def _normalize(input, groups, weight, bias, eps, activation):
+def normalize(input, groups, weight, bias, eps, activation):
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         output = F.group_norm(input, groups, weight, bias, eps)
         return F.silu(output) if activation == "silu" else output

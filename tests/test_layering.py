@@ -20,8 +20,9 @@ ALLOWED = {
     "choice": {"configs", "tables", "tune"},
     "functional": set(),  # it calls the ops through torch.ops
     "modules": {"functional"},
-    "convert": {"modules"},
-    "audit": {"convert"},
+    "video_vaes": {"modules"},
+    "convert": {"modules", "video_vaes"},
+    "audit": {"convert", "video_vaes"},
     "nn": {"audit", "convert", "modules"},
 }
 LEAVES = {"geometry", "settings", "kernel_utils"}

@@ -1,0 +1,45 @@
+"""The video VAEs of diffusers in small configs with random weights: what tests/test_integrations.py converts and
+`python -m bench.vae_decode` measures. `scale` multiplies the channel widths (1: the test size)."""
+
+import torch
+
+LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8}
+
+
+def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
+    import diffusers
+
+    torch.manual_seed(seed)
+    if name == "wan":
+        return diffusers.AutoencoderKLWan(
+            base_dim=3 * scale, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+        )  # fmt: skip
+    if name == "cogvideox":
+        return diffusers.AutoencoderKLCogVideoX(
+            block_out_channels=(8 * scale,) * 4, latent_channels=4, layers_per_block=1, norm_num_groups=2,
+            temporal_compression_ratio=4, down_block_types=("CogVideoXDownBlock3D",) * 4,
+            up_block_types=("CogVideoXUpBlock3D",) * 4,
+        )  # fmt: skip
+    if name == "mochi":
+        return diffusers.AutoencoderKLMochi(
+            out_channels=3, latent_channels=4, encoder_block_out_channels=(32 * scale,) * 4,
+            decoder_block_out_channels=(32 * scale,) * 4, layers_per_block=(1, 1, 1, 1, 1),
+        )  # fmt: skip
+    if name == "hunyuan_video":
+        return diffusers.AutoencoderKLHunyuanVideo(
+            in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+            up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8 * scale,) * 4, layers_per_block=1,
+            norm_num_groups=4, spatial_compression_ratio=8, temporal_compression_ratio=4,
+            mid_block_add_attention=True,
+        )  # fmt: skip
+    if name == "ltx_video":
+        return diffusers.AutoencoderKLLTXVideo(
+            in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8 * scale,) * 4,
+            decoder_block_out_channels=(8 * scale,) * 4, layers_per_block=(1,) * 5,
+            decoder_layers_per_block=(1,) * 5, spatio_temporal_scaling=(True, True, False, False),
+            decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
+            upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, timestep_conditioning=False, patch_size=1,
+            patch_size_t=1, encoder_causal=True, decoder_causal=False,
+        )  # fmt: skip
+    raise ValueError(f"unknown VAE {name!r}; known: {', '.join(LATENT_CHANNELS)}")

@@ -1,0 +1,334 @@
+"""Adapters for the video VAEs of diffusers: their causal convolution modules (padding, cached frames and
+repeated frames taken into one tconv3d op) and the blocks whose forward would turn channels_last_3d activations
+NCDHW. tconv3d.nn.convert swaps them in by class (see convert.py); diffusers is never imported here.
+
+An adapter names the classes it takes over (`classes`, by module and name), the attributes it relies on
+(`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`), and
+gives their forward with diffusers' signature and results. `wraps_conv` marks the wrappers that pad and call
+their `.conv`: that conv is taken over with them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .geometry import SUPPORTED_DTYPES
+from .modules import Conv3d, GroupNorm, InstanceNorm3d, normalize
+
+_CL = torch.channels_last_3d
+
+# F.pad's modes by their names in nn.Conv3d and tconv3d.
+_FPAD_MODES = {"constant": "zeros", "zeros": "zeros", "replicate": "replicate", "reflect": "reflect",
+               "circular": "circular"}  # fmt: skip
+
+
+def _from_fpad(pad) -> list[int]:
+    """F.pad's (w_left, w_right, h_top, h_bottom, d_front, d_back) -> the op's (d, d, h, h, w, w)."""
+    wl, wr, ht, hb, df, db = pad
+    return [df, db, ht, hb, wl, wr]
+
+
+def _compose_padding(outer, outer_modes, conv: nn.Conv3d):
+    """One (6-value padding, padding_mode) for a padding `outer` (op order, modes per dim) applied before `conv`'s
+    own padding, or None where one op cannot express the two (both pad one dimension in different modes)."""
+    inner = [p for p in conv.padding for _ in range(2)] if not isinstance(conv.padding, str) else None
+    if inner is None:
+        return None
+    padding, modes = [], []
+    for dim in range(3):
+        o, i = outer[2 * dim : 2 * dim + 2], inner[2 * dim : 2 * dim + 2]
+        o_mode, i_mode = outer_modes[dim], conv.padding_mode
+        if not any(i):
+            padding += o
+            modes.append(o_mode)
+        elif not any(o):
+            padding += i
+            modes.append(i_mode)
+        elif o_mode == i_mode == "zeros":
+            padding += [o[0] + i[0], o[1] + i[1]]
+            modes.append("zeros")
+        else:
+            return None
+    return padding, ",".join(modes)
+
+
+def conv_reason(conv: nn.Module) -> str | None:
+    """Why tconv3d cannot run a Conv3d's arithmetic (None if it can)."""
+    if not isinstance(conv, (nn.Conv3d, nn.ConvTranspose3d)):
+        return f"its convolution is a {type(conv).__qualname__}, not an nn.Conv3d"
+    if conv.groups != 1:
+        return f"groups={conv.groups} (tconv3d runs groups=1 only)"
+    if conv.weight.dtype not in SUPPORTED_DTYPES:
+        return f"its weight is {conv.weight.dtype} (tconv3d runs float16, bfloat16 and float32)"
+    return None
+
+
+def _crop_front(frames_before, x, frames: int):
+    """Drop the first `frames` frames of torch.cat([frames_before, x], 2), as views (F.pad with a negative
+    front does this)."""
+    kept = frames_before.shape[2] - frames
+    if kept > 0:
+        return frames_before.narrow(2, frames, kept), x
+    return None, x.narrow(2, -kept, x.shape[2] + kept)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# adapters: each names the classes it takes over, says when it cannot, and gives their forward on one op
+
+
+class _WanCausalConv3d:
+    """diffusers' WanCausalConv3d (and QwenImageCausalConv3d, the same class): zeros padding of 2x the time pad
+    in front, `cache_x` (the previous chunk's last frames) read in place in front of the clip instead of
+    concatenated, the rest of the time padding and all the spatial padding inside the op."""
+
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_wan.WanCausalConv3d",
+        "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageCausalConv3d",
+    )
+
+    attributes = ("_padding",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return conv_reason(module)
+
+    def forward(self, x, cache_x=None):
+        wl, wr, ht, hb, df, db = self._padding
+        frames_before = None
+        if cache_x is not None and df > 0:
+            frames_before = cache_x.to(device=x.device, dtype=x.dtype)
+            df -= frames_before.shape[2]
+            if df < 0:
+                frames_before, x = _crop_front(frames_before, x, -df)
+                df = 0
+        return self.convolve(x, (df, db, ht, hb, wl, wr), "zeros", frames_before)
+
+
+class _PlainConv3d:
+    """A Conv3d subclass whose forward only works around cuDNN: diffusers' CogVideoXSafeConv3d splits time into
+    overlapping chunks (torch.cat copies) above 2 GiB to keep cuDNN in bounds. tconv3d's kernels take any size
+    (int64 offsets), so the whole clip is one op."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSafeConv3d",)
+    attributes = ()
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return conv_reason(module)
+
+    forward = Conv3d.forward
+
+
+class _CogVideoXCausalConv3d:
+    """diffusers' CogVideoXCausalConv3d (CogVideoX, Mochi): time padded in front by the previous chunk's frames
+    (`conv_cache`, read in place) or by repeating the first frame (replicate along D in the op), or everything
+    replicate-padded (Mochi). Returns (output, the conv_cache for the next chunk) as diffusers does."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXCausalConv3d",)
+    attributes = ("conv", "pad_mode", "time_kernel_size", "time_causal_padding")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and module.pad_mode != "replicate" and any(module.conv.padding[:1]):
+            reason = "its conv pads time as well"
+        if reason is None and module.pad_mode == "replicate" and any(module.conv.padding):
+            reason = "its conv pads after the replicate padding"
+        return reason
+
+    def forward(self, inputs, conv_cache=None):
+        conv, k = self.conv, self.time_kernel_size
+        if self.pad_mode == "replicate":
+            return conv.convolve(inputs, _from_fpad(self.time_causal_padding), "replicate"), None
+        _, hp, wp = conv.padding
+        if k > 1 and conv_cache is not None:
+            padding, mode, frames_before = (0, 0, hp, hp, wp, wp), "zeros", conv_cache
+        elif k > 1:
+            padding, mode, frames_before = (k - 1, 0, hp, hp, wp, wp), "replicate,zeros,zeros", None
+        else:
+            padding, mode, frames_before = (0, 0, hp, hp, wp, wp), "zeros", None
+        output = conv.convolve(inputs, padding, mode, frames_before)
+        return output, self._next_cache(inputs, frames_before, k)
+
+    @staticmethod
+    def _next_cache(inputs, frames_before, k):
+        """The last k - 1 frames of what diffusers would have concatenated, as a new channels_last_3d tensor."""
+        if k == 1:
+            return inputs.clone()  # diffusers' inputs[:, :, -0:] is all of it
+        need = k - 1
+        if inputs.shape[2] >= need:
+            return inputs[:, :, -need:].clone(memory_format=torch.channels_last_3d)
+        front = frames_before if frames_before is not None else inputs[:, :, :1].expand(-1, -1, need, -1, -1)
+        return torch.cat([front, inputs], dim=2)[:, :, -need:].clone(memory_format=torch.channels_last_3d)
+
+
+class _ReplicatePaddedConv3d:
+    """diffusers' HunyuanVideoCausalConv3d: F.pad(x, time_causal_padding, mode=pad_mode) then its conv, as one op
+    with the padding and its mode inside."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoCausalConv3d",)
+    attributes = ("conv", "pad_mode", "time_causal_padding")
+
+    @staticmethod
+    def _padding(module):
+        mode = _FPAD_MODES.get(module.pad_mode)
+        return _compose_padding(_from_fpad(module.time_causal_padding), (mode,) * 3, module.conv) if mode else None
+
+    @classmethod
+    def reason(cls, module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and cls._padding(module) is None:
+            reason = f"its {module.pad_mode!r} padding and its conv's own padding cannot be one op's"
+        return reason
+
+    def forward(self, hidden_states):
+        padding, mode = _ReplicatePaddedConv3d._padding(self)
+        return self.conv.convolve(hidden_states, padding, mode)
+
+
+class _LTXVideoCausalConv3d:
+    """diffusers' LTXVideoCausalConv3d: the first frame repeated kd - 1 times in front (causal) or the first and
+    last (kd - 1) // 2 times on each side (not causal), then its conv: one op, replicate along D, the conv's own
+    padding in space."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoCausalConv3d",)
+    attributes = ("conv", "kernel_size", "is_causal")
+
+    @staticmethod
+    def _padding(module):
+        k = module.kernel_size[0]
+        front, back = (k - 1, 0) if module.is_causal else ((k - 1) // 2, (k - 1) // 2)
+        return _compose_padding([front, back, 0, 0, 0, 0], ("replicate", "zeros", "zeros"), module.conv)
+
+    @classmethod
+    def reason(cls, module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and cls._padding(module) is None:
+            reason = "its conv pads time as well"
+        return reason
+
+    def forward(self, hidden_states):
+        padding, mode = _LTXVideoCausalConv3d._padding(self)
+        return self.conv.convolve(hidden_states, padding, mode)
+
+
+def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """activation(norm(x)), as one fused pass when the norm is tconv3d's and the activation a SiLU."""
+    if isinstance(norm, (GroupNorm, InstanceNorm3d)) and norm.activation is None and type(activation) is nn.SiLU:
+        groups = norm.num_groups if isinstance(norm, GroupNorm) else x.shape[1]
+        if not (isinstance(norm, InstanceNorm3d) and (norm.track_running_stats or x.dim() != 5)):
+            return normalize(x, groups, norm.weight, norm.bias, norm.eps, "silu")
+    return activation(norm(x))
+
+
+class _HunyuanVideoResnetBlock:
+    """diffusers' HunyuanVideoResnetBlockCausal3D without the `.contiguous()` its forward starts with, which
+    copies every channels_last_3d activation to NCDHW (and the next norm back); norm + SiLU fused."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoResnetBlockCausal3D",)
+    attributes = ("norm1", "norm2", "conv1", "conv2", "nonlinearity", "dropout", "conv_shortcut")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        hidden_states = self.conv1(norm_then_activation(self.norm1, self.nonlinearity, hidden_states))
+        hidden_states = norm_then_activation(self.norm2, self.nonlinearity, hidden_states)
+        hidden_states = self.conv2(self.dropout(hidden_states))
+        if self.conv_shortcut is not None:
+            residual = self.conv_shortcut(residual)
+        return hidden_states + residual
+
+
+class _HunyuanVideoUpsample:
+    """diffusers' HunyuanVideoUpsampleCausal3D: the first frame upsampled in space, the others in space and time,
+    then its conv. diffusers makes the other frames NCDHW-contiguous first (a workaround for pytorch#81665, an
+    interpolate bug on non-contiguous inputs); here they are made channels_last_3d-contiguous instead, the same
+    one copy, so the layout survives."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoUpsampleCausal3D",)
+    attributes = ("conv", "upsample_factor")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        num_frames = hidden_states.size(2)
+        first_frame, other_frames = hidden_states.split((1, num_frames - 1), dim=2)
+        first_frame = F.interpolate(first_frame.squeeze(2), scale_factor=self.upsample_factor[1:], mode="nearest")
+        first_frame = first_frame.unsqueeze(2)
+        if num_frames > 1:
+            other_frames = other_frames.contiguous(memory_format=_CL)
+            other_frames = F.interpolate(other_frames, scale_factor=self.upsample_factor, mode="nearest")
+            hidden_states = torch.cat((first_frame, other_frames), dim=2)
+        else:
+            hidden_states = first_frame
+        return self.conv(hidden_states)
+
+
+class _MochiChunkedGroupNorm:
+    """diffusers' MochiChunkedGroupNorm3D normalises each frame on its own: frames flattened into the batch, then
+    GroupNorm over chunks of frames and a torch.cat of the results. The same statistics come from one tconv3d
+    group_norm on a (B*T, C, 1, H, W) view of a channels_last_3d input: no copy, no concatenation."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_mochi.MochiChunkedGroupNorm3D",)
+    attributes = ("norm_layer",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        norm = module.norm_layer
+        if not isinstance(norm, nn.GroupNorm):
+            return f"its norm_layer is a {type(norm).__name__}, not an nn.GroupNorm"
+        if norm.weight is not None and norm.weight.dtype not in SUPPORTED_DTYPES:
+            return f"its weight is {norm.weight.dtype}"
+        return None
+
+    def forward(self, x):
+        if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
+            return super().forward(x)
+        b, c, t, h, w = x.shape
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, 1, h, w)
+        norm = self.norm_layer
+        y = normalize(frames, norm.num_groups, norm.weight, norm.bias, norm.eps, None)
+        return y.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+_ADAPTERS = (
+    _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
+    _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm,
+)  # fmt: skip
+KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
+
+
+# Blocks that run 2-D convolutions frame by frame on a (B*T, C, H, W) view of the video. A channels_last_3d
+# activation gives them a channels_last (NHWC) view for free, and with channels_last weights PyTorch's conv2d
+# answers in NHWC, which views back as channels_last_3d; with NCHW weights it may answer NCHW (CPU), and the
+# next 3-D layer pays a layout copy. convert makes their nn.Conv2d weights channels_last (in place).
+FRAME_BLOCKS = (
+    "diffusers.models.autoencoders.autoencoder_kl_wan.WanResample",
+    "diffusers.models.autoencoders.autoencoder_kl_wan.WanAttentionBlock",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResample",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageAttentionBlock",
+    "diffusers.models.downsampling.CogVideoXDownsample3D",
+    "diffusers.models.upsampling.CogVideoXUpsample3D",
+)
+
+
+def adapter_reason(adapter: type, module: nn.Module) -> str | None:
+    """Why `adapter` cannot take over `module` (None if it can), a layout of another library version included."""
+    missing = [name for name in adapter.attributes if not hasattr(module, name)]
+    if missing:
+        return f"it has no {', '.join(missing)}: not the {type(module).__name__} this tconv3d knows (other version?)"
+    return adapter.reason(module)
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
