@@ -301,9 +301,45 @@ class _MochiChunkedGroupNorm:
         return y.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
 
+def _depth_to_space(x: torch.Tensor, stride) -> torch.Tensor:
+    """LTX-Video's pixel shuffle, (B, C*s0*s1*s2, T, H, W) -> (B, C, T*s0, H*s1, W*s2), written straight into a
+    channels_last_3d result: the same one copy as diffusers' permute + flatten, which answers NCDHW."""
+    b, _, t, h, w = x.shape
+    s0, s1, s2 = stride
+    source = x.reshape(b, -1, s0, s1, s2, t, h, w)
+    c = source.shape[1]
+    out = torch.empty((b, c, t * s0, h * s1, w * s2), dtype=x.dtype, device=x.device, memory_format=_CL)
+    # channels_last_3d storage is (B, T, s0, H, s1, W, s2, C): copy the source in that order.
+    out.permute(0, 2, 3, 4, 1).view(b, t, s0, h, s1, w, s2, c).copy_(source.permute(0, 5, 2, 6, 3, 7, 4, 1))
+    return out
+
+
+class _LTXVideoUpsampler:
+    """diffusers' LTXVideoUpsampler3d (conv, then depth-to-space) with the depth-to-space written channels_last_3d
+    (the same copy diffusers makes, in the layout the next layers read)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoUpsampler3d",)
+    attributes = ("conv", "stride", "residual", "upscale_factor")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        s0 = self.stride[0]
+        if self.residual:
+            residual = _depth_to_space(hidden_states, self.stride)
+            repeats = (self.stride[0] * self.stride[1] * self.stride[2]) // self.upscale_factor
+            residual = residual.repeat(1, repeats, 1, 1, 1)[:, :, s0 - 1 :]
+        hidden_states = _depth_to_space(self.conv(hidden_states), self.stride)[:, :, s0 - 1 :]
+        if self.residual:
+            hidden_states = hidden_states + residual
+        return hidden_states
+
+
 _ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
-    _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm,
+    _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler,
 )  # fmt: skip
 KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 

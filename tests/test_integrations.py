@@ -270,8 +270,7 @@ OPEN_LAYOUT_WORK = "model code between layers still turns activations NCDHW (iss
                                                       "blocks hand the next norm an NCDHW tensor")),
         pytest.param("wan", marks=pytest.mark.xfail(strict=True, reason=OPEN_LAYOUT_WORK + "cached-frame torch.cat "
                                                     "before time_conv; the attention block's 1x1 Conv2d on one frame")),
-        pytest.param("ltx_video", marks=pytest.mark.xfail(strict=True, reason=OPEN_LAYOUT_WORK + "the upsampler's "
-                                                          "pixel shuffle (reshape + permute + flatten)")),
+        "ltx_video",
     ],
 )  # fmt: skip
 def test_vae_activations_stay_channels_last(name, aten_path):
@@ -289,3 +288,16 @@ def test_monai_activations_stay_channels_last(name, aten_path):
     report = tconv3d.nn.audit(converted, torch.randn(1, 1, 16, 16, 16), verbose=False)
     assert report.norm_calls > 0 and report.norm_layout_copies == 0
     assert report.totals["layout_copies"] <= 1  # the input
+
+
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (2, 1, 1)])
+def test_ltx_depth_to_space_writes_channels_last(stride):
+    """LTX-Video's upsampler shuffle, done into a channels_last_3d result, equals diffusers' permute + flatten."""
+    from tconv3d.video_vaes import _depth_to_space
+
+    b, c, t, h, w = 2, 3, 2, 3, 4
+    x = torch.randn(b, c * stride[0] * stride[1] * stride[2], t, h, w).contiguous(memory_format=torch.channels_last_3d)
+    expected = x.reshape(b, -1, *stride, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5)
+    expected = expected.flatten(2, 3)
+    out = _depth_to_space(x, stride)
+    assert torch.equal(out, expected) and out.is_contiguous(memory_format=torch.channels_last_3d)
