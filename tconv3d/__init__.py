@@ -4,9 +4,10 @@ Importing the package registers torch.ops.tconv3d.conv3d, its gradient ops and t
 """
 
 from . import nn, ops  # ops registers the torch.library ops
+from .choice import explain
 from .functional import conv3d, conv_transpose3d
 from .settings import CPU_BACKEND, INTERPRET
 
 __version__ = "0.1.0"
 
-__all__ = ["CPU_BACKEND", "INTERPRET", "__version__", "conv3d", "conv_transpose3d", "nn", "ops"]
+__all__ = ["CPU_BACKEND", "INTERPRET", "__version__", "conv3d", "conv_transpose3d", "explain", "nn", "ops"]

@@ -1,24 +1,39 @@
-"""The choice of tiling for every launch: `pick_config`, and `launch`, which asks it and runs a launcher.
+"""The choice of kernel variant and tiling for every launch: `pick_config`, `launch`, which asks it and runs a
+launcher, and `explain`, which says what would run.
 
 Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1) a
-tuning run on first use, else the table's nearest key if it is near, else the heuristic. Choices are memoised
-per problem, so after the first call a lookup is one dict probe. No launcher holds a tile literal and none
-chooses its own: this module sits above the kernels (configs and tables below them, the tuner beside it).
+tuning run on first use, else the table's nearest key if it is near, else the heuristic, which on sm_90+ takes
+the TMA variant for an eligible problem (configs.tma_eligible). TCONV3D_KERNELS then forces a variant where
+eligible, and a launch whose tensors TMA cannot describe (unaligned, odd strides) runs the pointer variant with
+the same tiles. Choices are memoised per problem, so after the first call a lookup is one dict probe. No
+launcher holds a tile literal and none chooses its own: this module sits above the kernels (configs and tables
+below them, the tuner beside it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from . import configs, settings, tables, tune
-from .configs import DIRECTIONS, KernelConfig, default_config, heuristic_config, nearest_key, tuning_key
-from .geometry import ConvGeometry
+from .configs import (
+    DIRECTIONS,
+    KernelConfig,
+    default_config,
+    heuristic_config,
+    nearest_key,
+    tma_eligible,
+    tuning_key,
+    with_tma,
+)
+from .geometry import ConvGeometry, check_conv3d
+from .kernel_utils import tma_aligned
 
 
 def choose(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, device_name: str, sm_count: int
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, device_name: str, sm_count: int, capability: int = 90
 ) -> tuple[KernelConfig, str]:
     """The config a GPU model would use for a problem from its tables alone, and where it came from: "table",
     "nearest" or "heuristic". python -m tconv3d.inspect asks this for GPUs that are not there."""
@@ -29,20 +44,37 @@ def choose(
     near = nearest_key(key, table)
     if near is not None:
         return table[near], "nearest"
-    return heuristic_config(direction, geom, dtype, sm_count), "heuristic"
+    return heuristic_config(direction, geom, dtype, sm_count, capability), "heuristic"
+
+
+def _forced_variant(direction, geom, dtype, config: KernelConfig) -> KernelConfig:
+    """TCONV3D_KERNELS applied: pointer never runs TMA; tma runs it wherever the problem is eligible."""
+    if settings.KERNELS == "pointer" or not tma_eligible(direction, geom, dtype):
+        return dataclasses.replace(config, tma_box_w=0) if config.tma_box_w else config
+    if settings.KERNELS == "tma" and not config.tma_box_w:
+        return with_tma(config, geom)
+    return config
 
 
 _memo: dict = {}
 
 
-def _select(direction, geom, dtype, device, run) -> KernelConfig:
+def _select_with_source(direction, geom, dtype, device, run) -> tuple[KernelConfig, str]:
     if device.type != "cuda":
-        return default_config(direction, geom, dtype, device)
-    key = tuning_key(direction, geom, dtype)
-    if run is not None and settings.AUTOTUNE and key not in tables.device_table(device):
-        return tune.tune_on_first_use(key, direction, geom, dtype, device, run)
-    name = torch.cuda.get_device_name(device)
-    return choose(direction, geom, dtype, name, configs.multiprocessor_count(device))[0]
+        config, source = default_config(direction, geom, dtype, device), "interpreter"
+    else:
+        key = tuning_key(direction, geom, dtype)
+        if run is not None and settings.AUTOTUNE and key not in tables.device_table(device):
+            config, source = tune.tune_on_first_use(key, direction, geom, dtype, device, run), "first-use tuning"
+        else:
+            name = torch.cuda.get_device_name(device)
+            sm_count, capability = configs.multiprocessor_count(device), configs.compute_capability(device)
+            config, source = choose(direction, geom, dtype, name, sm_count, capability)
+    return _forced_variant(direction, geom, dtype, config), source
+
+
+def _select(direction, geom, dtype, device, run) -> KernelConfig:
+    return _select_with_source(direction, geom, dtype, device, run)[0]
 
 
 def pick_config(
@@ -63,8 +95,44 @@ def pick_config(
     return config
 
 
+def _tma_describable(input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether TMA descriptors can cover the operands as they will be launched: an input whose channels are not
+    unit-stride is copied to channels_last_3d by the launcher first (and then is aligned); the weight is described
+    from its shape once channels_last_3d, so only its base address matters."""
+    input_ok = input.stride(1) != 1 or tma_aligned(input)
+    return input_ok and (weight.stride(1) != 1 or weight.data_ptr() % 16 == 0)
+
+
 def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
     """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device."""
     first = tensors[0]
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
-    return run(pick_config(direction, geom, first.dtype, first.device, run=run))
+    config = pick_config(direction, geom, first.dtype, first.device, run=run)
+    if config.tma_box_w and not _tma_describable(tensors[0], tensors[1]):
+        config = dataclasses.replace(config, tma_box_w=0)
+    return run(config)
+
+
+def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros") -> dict:
+    """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
+    "tma", "pointer" or "aten", "config": the KernelConfig (None for aten), "source": where the config came from
+    ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with no kernels)}.
+    It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source)."""
+    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+    runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
+    plan = {}
+    for direction in DIRECTIONS:
+        if not runs_triton:
+            plan[direction] = {"variant": "aten", "config": None, "source": "aten"}
+            continue
+        key = (direction, geom, input.dtype, input.device)
+        tunes = input.device.type == "cuda" and settings.AUTOTUNE
+        if tunes and tuning_key(direction, geom, input.dtype) not in tables.device_table(input.device):
+            plan[direction] = {"variant": "pending", "config": None, "source": "first-use tuning"}
+            continue
+        config, source = _select_with_source(direction, geom, input.dtype, input.device, None)
+        config = _memo.get(key, config)
+        if config.tma_box_w and not _tma_describable(input, weight):
+            config = dataclasses.replace(config, tma_box_w=0)
+        plan[direction] = {"variant": config.variant, "config": config, "source": source}
+    return plan

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import triton
@@ -37,9 +37,19 @@ class KernelConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
+    # The TMA variant (stride-1 forward): the width of its output patch in voxels (the patch is block_m / tma_box_w
+    # rows of tma_box_w); 0 is the pointer variant.
+    tma_box_w: int = 0
+
+    @property
+    def variant(self) -> str:
+        return "tma" if self.tma_box_w else "pointer"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.tma_box_w:
+            del data["tma_box_w"]  # pointer configs read as they did before the field existed
+        return data
 
     @classmethod
     def from_dict(cls, data) -> KernelConfig:
@@ -53,8 +63,12 @@ class KernelConfig:
         config = cls(**data)
         for name in names:
             value = getattr(config, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            lowest = 0 if name == "tma_box_w" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                kind = "a positive int" if lowest else "an int >= 0"
+                raise ValueError(f"{name} must be {kind}, got {value!r}")
+        if config.tma_box_w and (config.tma_box_w & (config.tma_box_w - 1) or config.block_m % config.tma_box_w):
+            raise ValueError(f"tma_box_w must be a power of two dividing block_m, got {config}")
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             value = getattr(config, name)
             if value & (value - 1):
@@ -266,10 +280,17 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
     return not (config.num_warps == 8 and config.block_m * config.block_n < 64 * 128)
 
 
-def candidates(direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int) -> list[KernelConfig]:
+def candidates(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int, tma: bool = False
+) -> list[KernelConfig]:
+    """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
+    too, so tuning tables choose the variant per key."""
     space = SEARCH_SPACE[direction]
     configs = (KernelConfig(**dict(zip(space, values, strict=True))) for values in itertools.product(*space.values()))
-    return [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
+    kept = [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
+    if tma and tma_eligible(direction, geom, dtype):
+        kept += [with_tma(c, geom) for c in kept]
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,7 +349,17 @@ def _wave_filling_split(
     return best
 
 
-def heuristic_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
+def heuristic_config(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
+) -> KernelConfig:
+    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible problems."""
+    config = _heuristic_tiles(direction, geom, dtype, sm_count)
+    if capability >= TMA_MIN_CAPABILITY and tma_eligible(direction, geom, dtype):
+        config = with_tma(config, geom)
+    return config
+
+
+def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
     """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
     128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
     shared memory in bounds), 8 warps from 64x128 up, small tiles where channel counts defeat vector loads; the
@@ -395,8 +426,38 @@ def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:
     return KernelConfig(block_m, block_n, block_k, num_warps=4, num_stages=1)
 
 
+# The TMA variant needs Hopper's tensor memory accelerator.
+TMA_MIN_CAPABILITY = 90
+
+
+@functools.lru_cache(maxsize=16)
+def compute_capability(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
+    """Problems the TMA variant runs: the forward at stride 1 with zeros padding and one source, with channel rows
+    (input and output) that are whole 16-byte units, as TMA boxes need (Cin, Cout multiples of 8 for 16-bit
+    dtypes, of 4 for fp32). Dilation and asymmetric padding are coordinate offsets: eligible."""
+    size = torch.finfo(dtype).bits // 8
+    return (
+        direction == "fwd"
+        and tuple(geom.stride) == (1, 1, 1)
+        and geom.padding_mode == "zeros"
+        and not geom.prefix_frames
+        and geom.in_channels * size % 16 == 0
+        and geom.out_channels * size % 16 == 0
+    )
+
+
+def with_tma(config: KernelConfig, geom: ConvGeometry) -> KernelConfig:
+    """`config`'s tiles for the TMA variant: its block_m output rows become a patch up to 16 voxels wide."""
+    return replace(config, tma_box_w=min(config.block_m, 16, triton.next_power_of_2(max(geom.out_size[2], 1))))
+
+
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
     """The config used where no table speaks: the heuristic on a GPU, large tiles under the interpreter."""
     if device.type != "cuda":
         return interpreter_config(direction, geom)
-    return heuristic_config(direction, geom, dtype, multiprocessor_count(device))
+    return heuristic_config(direction, geom, dtype, multiprocessor_count(device), compute_capability(device))

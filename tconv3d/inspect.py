@@ -79,7 +79,9 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool) -> lis
             for direction in directions:
                 for capability in archs:
                     arch = ARCHS[capability]
-                    config, source = choice.choose(direction, geom, dtype, arch.device_name, arch.sm_count)
+                    config, source = choice.choose(
+                        direction, geom, dtype, arch.device_name, arch.sm_count, arch.capability
+                    )
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:
                         for candidate in candidates(direction, geom, dtype, arch.smem_per_block):

@@ -3,6 +3,7 @@
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import settings
 
@@ -105,6 +106,26 @@ def dense_ndhwc(t: torch.Tensor) -> bool:
     _, c, d, h, w = t.shape
     dense = (d * h * w * c, 1, h * w * c, w * c, c)
     return all(size == 1 or stride == want for size, stride, want in zip(t.shape, t.stride(), dense, strict=True))
+
+
+def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:
+    """A TMA descriptor over a (N, C, D, H, W) tensor whose channels are unit-stride, in memory order
+    [N, D, H, W, C]: boxes at coordinates past any edge, negative ones included, read zeros."""
+    unit = 16 // t.element_size()  # elements per 16 bytes
+    # A dimension of size 1 is only ever read at coordinate 0 (or out of range): any 16-byte stride describes it.
+    sn, _, sd, sh, sw = (
+        s if size > 1 else max(-(-s // unit), 1) * unit for s, size in zip(t.stride(), t.shape, strict=True)
+    )
+    n, c, d, h, w = t.shape
+    return TensorDescriptor(t, [n, d, h, w, c], [sn, sd, sh, sw, 1], list(block))
+
+
+def tma_aligned(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor may cover t as ndhwc_descriptor lays it out: 16-byte aligned base, unit-stride
+    channels, the stride of every other dimension longer than 1 a multiple of 16 bytes."""
+    size = t.element_size()
+    strides = [s for dim, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if dim != 1 and n > 1]
+    return t.data_ptr() % 16 == 0 and t.stride(1) == 1 and all(s * size % 16 == 0 for s in strides)
 
 
 def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:

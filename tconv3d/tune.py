@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import aten, settings, static_compile, tables
+from . import aten, configs, settings, static_compile, tables
 from .configs import DIRECTIONS, KernelConfig, TuningKey, candidates, default_config, tuning_key
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
@@ -144,6 +144,10 @@ def config_steps(a: KernelConfig, b: KernelConfig) -> int:
     difference in stages."""
     doubling = ("block_m", "block_n", "block_k", "num_warps", "split_k", "group_m")
     doublings = sum(abs(round(math.log2(getattr(a, f) / getattr(b, f)))) for f in doubling)
+    if bool(a.tma_box_w) != bool(b.tma_box_w):
+        doublings += 1  # the other kernel variant
+    elif a.tma_box_w:
+        doublings += abs(round(math.log2(a.tma_box_w / b.tma_box_w)))
     return doublings + abs(a.num_stages - b.num_stages)
 
 
@@ -167,7 +171,8 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     measure = _timed_if_correct(
         run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
-    configs = nearest_candidates(candidates(direction, geom, dtype, smem_limit(device)), default, CANDIDATES_PER_KEY)
+    found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device))
+    configs = nearest_candidates(found, default, CANDIDATES_PER_KEY)
     outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
@@ -201,8 +206,12 @@ def job_configs(job: Job, device: torch.device) -> tuple[KernelConfig, list[Kern
     """The default config of a job and the candidates to time against it."""
     geom = job.shape.geometry()
     default = default_config(job.direction, geom, job.dtype, device)
-    found = candidates(job.direction, geom, job.dtype, smem_limit(device))
+    found = candidates(job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device))
     return default, nearest_candidates(found, default, CANDIDATES_PER_KEY)
+
+
+def _has_tma(device: torch.device) -> bool:
+    return device.type == "cuda" and configs.compute_capability(device) >= configs.TMA_MIN_CAPABILITY
 
 
 CompiledCheck = Callable[[Job, KernelConfig], bool]

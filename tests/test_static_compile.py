@@ -157,3 +157,38 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
     for r in reports:
         assert not r["spill_bytes"] and not r["local_accesses"], r
         assert "LDG.E.128" in r["loads"], r
+
+
+TMA_COMPILE = """
+import json, torch
+from tconv3d import configs
+from tconv3d.shapes import load_shape_set
+from tconv3d.static_compile import ARCHS, compile_launch
+out = []
+for shape in load_shape_set("bench"):
+    geom = shape.geometry()
+    for dtype in (torch.bfloat16, torch.float32):
+        if not configs.tma_eligible("fwd", geom, dtype):
+            continue
+        config = configs.heuristic_config("fwd", geom, dtype, ARCHS[90].sm_count, capability=90)
+        report = compile_launch("fwd", geom, dtype, config, 90)[0]
+        out.append({"case": shape.name, "dtype": str(dtype), "config": config.to_dict(), **report.to_dict()})
+print(json.dumps(out))
+"""
+
+
+def test_tma_forward_compiles_to_tma_loads_and_wgmma():
+    """The sm_90 heuristic's TMA forward for every eligible case of the bench suite (bf16 and fp32): UTMALDG
+    (TMA) loads, HGMMA (wgmma), no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    result = subprocess.run([sys.executable, "-c", TMA_COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(reports) >= 8
+    for r in reports:
+        assert r["config"]["tma_box_w"] > 0, r
+        assert any(load.startswith("UTMALDG") for load in r["loads"]), r
+        assert r["mma_kind"] == "HGMMA" and not r["spill_bytes"] and not r["local_accesses"], r

@@ -84,6 +84,7 @@ def fake_gpu(monkeypatch, tmp_path):
     """A named CUDA device with an empty cache and config folder, no shipped tables, and 132 SMs."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 80)  # the pointer variant's heuristic
     monkeypatch.setattr(tables, "SHIPPED_DIRS", (tmp_path / "shipped",))
     monkeypatch.setattr(settings, "CONFIG_DIR", tmp_path / "configs")
     monkeypatch.setattr(settings, "CACHE_DIR", tmp_path / "cache")

@@ -1,0 +1,144 @@
+"""The TMA variant of the forward (tensor-descriptor boxes with zero-filled borders feeding the MMA): every
+stride-1 correctness case with channel counts TMA can describe, through both variants against float64;
+problems it cannot run falling back to the pointer kernel under TCONV3D_KERNELS=tma; tconv3d.explain; the
+config field. On CPU the interpreter runs the TMA kernel (triton 3.9's host descriptors zero-fill out-of-range
+boxes, negative coordinates included)."""
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import CASES, DTYPES, Case, case_reference, dtype_id
+
+import tconv3d
+from tconv3d import choice, conv_fwd, settings
+from tconv3d.configs import KernelConfig, tma_eligible, with_tma
+from tconv3d.testing import rel_l2, tolerance
+
+CL = torch.channels_last_3d
+
+
+def _round8(c: int) -> int:
+    return -(-c // 8) * 8
+
+
+# The stride-1 cases of the suite with channels rounded up to whole 16-byte rows: borders on every face, sizes
+# no box divides, D = 1, dilation, asymmetric padding, batch 2, 1x1x1 and 7x2x5 kernels.
+TMA_CASES = [
+    dataclasses.replace(case, name=case.name + "_c8", cin=_round8(case.cin), cout=_round8(case.cout))
+    for case in CASES
+    if case.stride == 1
+] + [Case("depth_1", 2, 8, 16, (1, 6, 5), 3, padding=1), Case("wide_cout", 1, 16, 72, (3, 4, 19), 3, padding=1)]
+
+
+@pytest.fixture
+def variant(request, monkeypatch):
+    """Run with TCONV3D_KERNELS set to the parameter, and count the TMA launches."""
+    monkeypatch.setattr(settings, "KERNELS", request.param)
+    monkeypatch.setattr(choice, "_memo", {})
+    launches = []
+    real = conv_fwd._conv3d_fwd_tma
+    monkeypatch.setattr(conv_fwd, "_conv3d_fwd_tma", lambda *args: launches.append(1) or real(*args))
+    return request.param, launches
+
+
+@pytest.mark.parametrize("variant", ["pointer", "tma"], indirect=True)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.name)
+def test_forward_variants_match_float64(case, dtype, variant, device):
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9 and variant[0] == "tma":
+        pytest.skip("TMA needs sm_90+")
+    name, launches = variant
+    x, w, b = case.input(dtype, device), case.weight(dtype, device), case.bias(dtype, device)
+    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
+    assert rel_l2(y, case_reference(x, w, b, case)) < tolerance(dtype)
+    assert y.is_contiguous(memory_format=CL)
+    assert len(launches) == (1 if name == "tma" else 0)
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+def test_fp32_with_tf32_through_tma(variant, device, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    case = TMA_CASES[0]
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
+    y = tconv3d.conv3d(x, w, None, case.stride, case.padding)
+    assert rel_l2(y, case_reference(x, w, None, case)) < tolerance(torch.float32)
+
+
+INELIGIBLE = [
+    ("stride_2", dict(stride=2, padding=1), 8),
+    ("odd_channels", dict(padding=1), 5),
+    ("replicate", dict(padding=1, padding_mode="replicate"), 8),
+]
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize(("name", "kwargs", "channels"), INELIGIBLE, ids=[c[0] for c in INELIGIBLE])
+def test_ineligible_problems_fall_back_to_pointer(name, kwargs, channels, variant, device):
+    _, launches = variant
+    x = torch.randn(1, channels, 3, 5, 6, device=device).contiguous(memory_format=CL)
+    w = torch.randn(8, channels, 3, 3, 3, device=device)
+    assert tconv3d.explain(x, w, **kwargs)["fwd"]["variant"] == "pointer"
+    y = tconv3d.conv3d(x, w, **kwargs)
+    mode = kwargs.get("padding_mode", "zeros")
+    expected = torch.nn.functional.conv3d(
+        torch.nn.functional.pad(x.double(), (1,) * 6, mode="constant" if mode == "zeros" else mode),
+        w.double(), stride=kwargs.get("stride", 1),
+    )  # fmt: skip
+    assert rel_l2(y, expected) < tolerance(torch.float32) and not launches
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+def test_unaligned_tensor_falls_back_to_pointer(variant, device):
+    """A view starting 2 elements into its storage cannot be a TMA descriptor's base: same tiles, pointer kernel."""
+    _, launches = variant
+    storage = torch.randn(1 * 8 * 3 * 4 * 5 + 2, device=device)
+    x = storage[2:].view(1, 3, 4, 5, 8).permute(0, 4, 1, 2, 3)  # channels unit-stride, base 8 bytes off
+    w = torch.randn(8, 8, 3, 3, 3, device=device)
+    assert tconv3d.explain(x, w, padding=1)["fwd"]["variant"] == "pointer"
+    y = tconv3d.conv3d(x, w, padding=1)
+    expected = torch.nn.functional.conv3d(x.double(), w.double(), padding=1)
+    assert rel_l2(y, expected) < tolerance(torch.float32) and not launches
+
+
+@pytest.mark.parametrize("variant", ["auto", "pointer", "tma"], indirect=True)
+def test_explain_reports_variant_config_and_source(variant, device):
+    name, launches = variant
+    x = torch.randn(1, 16, 3, 5, 6, device=device).contiguous(memory_format=CL)
+    w = torch.randn(16, 16, 3, 3, 3, device=device)
+    plan = tconv3d.explain(x, w, padding=1)
+    assert set(plan) == {"fwd", "dgrad", "wgrad"}
+    assert plan["dgrad"]["variant"] == plan["wgrad"]["variant"] == "pointer"  # TMA: forward only, so far
+    if device == "cpu":
+        assert plan["fwd"]["source"] == "interpreter"
+        assert plan["fwd"]["variant"] == ("tma" if name == "tma" else "pointer")  # auto: the interpreter's pointer
+    assert isinstance(plan["fwd"]["config"], KernelConfig)
+    assert not launches  # explain launches nothing
+
+
+def test_explain_on_the_aten_path(monkeypatch):
+    monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+    plan = tconv3d.explain(torch.randn(1, 4, 3, 5, 5), torch.randn(4, 4, 3, 3, 3), padding=1)
+    assert all(p == {"variant": "aten", "config": None, "source": "aten"} for p in plan.values())
+
+
+def test_tma_config_field_round_trips_and_is_checked():
+    config = KernelConfig(128, 128, 64, 8, 3, tma_box_w=16)
+    assert KernelConfig.from_dict(config.to_dict()) == config and config.variant == "tma"
+    pointer = KernelConfig(128, 128, 64, 8, 3)
+    assert "tma_box_w" not in pointer.to_dict() and pointer.variant == "pointer"
+    for bad in (12, 256, -1):
+        with pytest.raises(ValueError, match="tma_box_w"):
+            KernelConfig.from_dict({**config.to_dict(), "tma_box_w": bad})
+
+
+def test_eligibility_and_box_width():
+    from tconv3d.geometry import conv_geometry
+
+    geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
+    assert tma_eligible("fwd", geom, torch.bfloat16) and not tma_eligible("dgrad", geom, torch.bfloat16)
+    assert with_tma(KernelConfig(128, 128, 64, 8, 3), geom).tma_box_w == 16
+    narrow = conv_geometry((1, 64, 4, 8, 5), (64, 64, 3, 3, 3), 1, 1, 1)
+    assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow).tma_box_w == 8
+    assert not tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.bfloat16)
+    assert tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.float32)
