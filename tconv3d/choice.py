@@ -52,7 +52,7 @@ def _forced_variant(direction, geom, dtype, config: KernelConfig) -> KernelConfi
     if settings.KERNELS == "pointer" or not tma_eligible(direction, geom, dtype):
         return dataclasses.replace(config, tma_box_w=0) if config.tma_box_w else config
     if settings.KERNELS == "tma" and not config.tma_box_w:
-        return with_tma(config, geom)
+        return with_tma(config, geom, direction)
     return config
 
 

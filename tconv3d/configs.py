@@ -289,7 +289,7 @@ def candidates(
     configs = (KernelConfig(**dict(zip(space, values, strict=True))) for values in itertools.product(*space.values()))
     kept = [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
     if tma and tma_eligible(direction, geom, dtype):
-        kept += [with_tma(c, geom) for c in kept]
+        kept += [with_tma(c, geom, direction) for c in kept]
     return kept
 
 
@@ -355,7 +355,7 @@ def heuristic_config(
     """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible problems."""
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
     if capability >= TMA_MIN_CAPABILITY and tma_eligible(direction, geom, dtype):
-        config = with_tma(config, geom)
+        config = with_tma(config, geom, direction)
     return config
 
 
@@ -437,23 +437,22 @@ def compute_capability(device: torch.device) -> int:
 
 
 def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
-    """Problems the TMA variant runs: the forward at stride 1 with zeros padding and one source, with channel rows
-    (input and output) that are whole 16-byte units, as TMA boxes need (Cin, Cout multiples of 8 for 16-bit
-    dtypes, of 4 for fp32). Dilation and asymmetric padding are coordinate offsets: eligible."""
+    """Problems the TMA variant runs: stride 1, channel rows (input and output) that are whole 16-byte units, as
+    TMA boxes need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); the forward with zeros padding
+    and one source (the input gradient computes the padded or concatenated input's gradient anyway). Dilation
+    and asymmetric padding are coordinate offsets. The weight gradient has no TMA kernel yet."""
     size = torch.finfo(dtype).bits // 8
-    return (
-        direction == "fwd"
-        and tuple(geom.stride) == (1, 1, 1)
-        and geom.padding_mode == "zeros"
-        and not geom.prefix_frames
-        and geom.in_channels * size % 16 == 0
-        and geom.out_channels * size % 16 == 0
-    )
+    aligned = geom.in_channels * size % 16 == 0 and geom.out_channels * size % 16 == 0
+    forward_plain = geom.padding_mode == "zeros" and not geom.prefix_frames
+    runs = forward_plain if direction == "fwd" else direction == "dgrad"
+    return runs and aligned and tuple(geom.stride) == (1, 1, 1)
 
 
-def with_tma(config: KernelConfig, geom: ConvGeometry) -> KernelConfig:
-    """`config`'s tiles for the TMA variant: its block_m output rows become a patch up to 16 voxels wide."""
-    return replace(config, tma_box_w=min(config.block_m, 16, triton.next_power_of_2(max(geom.out_size[2], 1))))
+def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
+    """`config`'s tiles for the TMA variant: its block_m rows of output (forward) or input-gradient (dgrad)
+    voxels become a patch up to 16 voxels wide."""
+    width = geom.out_size[2] if direction == "fwd" else geom.padded_size[2] if geom.reads_border else geom.in_size[2]
+    return replace(config, tma_box_w=min(config.block_m, 16, triton.next_power_of_2(max(width, 1))))
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:

@@ -5,16 +5,15 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
+from .conv_tma import conv3d_tma
 from .geometry import ConvGeometry
 from .kernel_utils import (
-    TensorDescriptor,
     border_gather,
     dot_flags,
     empty_ndhwc,
     grouped_tile,
     mma,
     ndhwc,
-    ndhwc_descriptor,
     prefix_arguments,
     split_voxel,
 )
@@ -138,53 +137,6 @@ def _conv3d_fwd_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
-def _conv3d_fwd_tma_kernel(
-    # TMA descriptors: x as [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), w as [Cout, taps, Cin]
-    # (boxes [BLOCK_N, 1, BLOCK_K]), y as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-    x_desc, w_desc, y_desc, bias_ptr,
-    C_IN, C_OUT, D_OUT, H_OUT, W_OUT,
-    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """The stride-1 forward with the TMA unit moving the operands: each program computes a BOX_H x BOX_W patch of
-    output voxels at one (n, od) for BLOCK_N output channels. Per (tap, channel block) step the input box is the
-    patch shifted by the tap, loaded at coordinates that may lie in the padding, where TMA reads zeros: no
-    address arithmetic, no masks. The box reshaped to [BOX_H * BOX_W, BLOCK_K] is the A operand of the MMA."""
-    BLOCK_M: tl.constexpr = BOX_H * BOX_W
-    pid = tl.program_id(0)
-    tiles_w = tl.cdiv(W_OUT, BOX_W)
-    tiles_h = tl.cdiv(H_OUT, BOX_H)
-    ow0 = (pid % tiles_w) * BOX_W
-    rest = pid // tiles_w
-    oh0 = (rest % tiles_h) * BOX_H
-    rest = rest // tiles_h
-    od = rest % D_OUT
-    n = rest // D_OUT
-    n0 = tl.program_id(1) * BLOCK_N
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_blocks = tl.cdiv(C_IN, BLOCK_K)
-    for step in range(KD * KH * KW * k_blocks):
-        tap = step // k_blocks
-        c0 = (step - tap * k_blocks) * BLOCK_K
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
-        a = x_desc.load([n, od - PAD_D + kd * DIL_D, oh0 - PAD_H + kh * DIL_H, ow0 - PAD_W + kw * DIL_W, c0])
-        b = w_desc.load([n0, tap, c0])
-        acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), tl.trans(b.reshape(BLOCK_N, BLOCK_K)), UPCAST_DOT,
-                  INPUT_PRECISION)  # fmt: skip
-
-    if HAS_BIAS:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < C_OUT, other=0.0).to(tl.float32)[None, :]
-    # Stores past the patch's edges are dropped by the TMA unit.
-    y_desc.store([n, od, oh0, ow0, n0], acc.to(y_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
-
-
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Forward convolution of checked arguments with the tiling `config`; the output is channels_last_3d."""
     y = empty_ndhwc(geom.output_shape(), like=x)
@@ -195,8 +147,8 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     upcast, precision = dot_flags(x.dtype)
-    if config.tma_box_w:
-        return _conv3d_fwd_tma(x, weight, bias, y, geom, config, upcast, precision)
+    if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
+        return conv3d_tma(x, weight, bias, y, geom, config, input_grad=False)
     rows = geom.output_voxels
     grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.out_channels, config.block_n),)
     _conv3d_fwd_kernel[grid](
@@ -209,31 +161,6 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return y
-
-
-def _conv3d_fwd_tma(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig, upcast, precision):
-    """The TMA forward (stride 1: the caller checked that the problem and the tensors are eligible)."""
-    box_w = config.tma_box_w
-    box_h = config.block_m // box_w
-    c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
-    weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
-    w_box = [config.block_n, 1, config.block_k]
-    w_desc = TensorDescriptor(weight, [c_out, taps, c_in], [taps * c_in, c_in, 1], w_box)
-    x_desc = ndhwc_descriptor(x, [1, 1, box_h, box_w, config.block_k])
-    y_desc = ndhwc_descriptor(y, [1, 1, box_h, box_w, config.block_n])
-    d_out, h_out, w_out = geom.out_size
-    patches = geom.batch * d_out * triton.cdiv(h_out, box_h) * triton.cdiv(w_out, box_w)
-    grid = (patches, triton.cdiv(c_out, config.block_n))
-    _conv3d_fwd_tma_kernel[grid](
-        x_desc, w_desc, y_desc, bias if bias is not None else y,
-        c_in, c_out, *geom.out_size,
-        *geom.front_padding, *geom.dilation,
-        *geom.kernel,
-        HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
-        BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y

@@ -6,13 +6,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tconv3d"
 
-KERNELS = {"conv_fwd", "conv_dgrad", "conv_wgrad", "group_norm"}
+KERNELS = {"conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma", "group_norm"}
 # What each module may import from the package (beyond the leaf helpers: geometry, settings, kernel_utils).
 ALLOWED = {
     "configs": set(),
     "tables": {"configs"},
-    "conv_fwd": {"configs"},
-    "conv_dgrad": {"configs"},
+    "conv_tma": {"configs"},
+    "conv_fwd": {"configs", "conv_tma"},
+    "conv_dgrad": {"configs", "conv_tma"},
     "conv_wgrad": {"configs"},
     "group_norm": set(),
     "static_compile": {"configs", *KERNELS},
@@ -50,6 +51,6 @@ def test_imports_run_one_way():
 
 
 def test_no_launcher_chooses_its_own_tiling():
-    for module in ("conv_fwd", "conv_dgrad", "conv_wgrad"):
+    for module in ("conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma"):
         source = (PACKAGE / f"{module}.py").read_text()
         assert "pick_config" not in source and "choice" not in source, module

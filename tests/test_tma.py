@@ -1,5 +1,6 @@
-"""The TMA variant of the forward (tensor-descriptor boxes with zero-filled borders feeding the MMA): every
-stride-1 correctness case with channel counts TMA can describe, through both variants against float64;
+"""The TMA variant of the forward and the stride-1 input gradient (tensor-descriptor boxes with zero-filled
+borders feeding the MMA): every stride-1 correctness case with channel counts TMA can describe, through both
+variants against float64, gradients included;
 problems it cannot run falling back to the pointer kernel under TCONV3D_KERNELS=tma; tconv3d.explain; the
 config field. On CPU the interpreter runs the TMA kernel (triton 3.9's host descriptors zero-fill out-of-range
 boxes, negative coordinates included)."""
@@ -8,10 +9,10 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import CASES, DTYPES, Case, case_reference, dtype_id
+from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dtype_id
 
 import tconv3d
-from tconv3d import choice, conv_fwd, settings
+from tconv3d import choice, conv_dgrad, conv_fwd, settings
 from tconv3d.configs import KernelConfig, tma_eligible, with_tma
 from tconv3d.testing import rel_l2, tolerance
 
@@ -33,12 +34,15 @@ TMA_CASES = [
 
 @pytest.fixture
 def variant(request, monkeypatch):
-    """Run with TCONV3D_KERNELS set to the parameter, and count the TMA launches."""
+    """Run with TCONV3D_KERNELS set to the parameter, and record the TMA launches ("fwd", "dgrad")."""
     monkeypatch.setattr(settings, "KERNELS", request.param)
     monkeypatch.setattr(choice, "_memo", {})
     launches = []
-    real = conv_fwd._conv3d_fwd_tma
-    monkeypatch.setattr(conv_fwd, "_conv3d_fwd_tma", lambda *args: launches.append(1) or real(*args))
+    for module, name in ((conv_fwd, "fwd"), (conv_dgrad, "dgrad")):
+        real = module.conv3d_tma
+        monkeypatch.setattr(
+            module, "conv3d_tma", lambda *a, real=real, name=name, **k: launches.append(name) or real(*a, **k)
+        )
     return request.param, launches
 
 
@@ -49,11 +53,11 @@ def test_forward_variants_match_float64(case, dtype, variant, device):
     if device == "cuda" and torch.cuda.get_device_capability()[0] < 9 and variant[0] == "tma":
         pytest.skip("TMA needs sm_90+")
     name, launches = variant
-    x, w, b = case.input(dtype, device), case.weight(dtype, device), case.bias(dtype, device)
-    y = tconv3d.conv3d(x, w, b, case.stride, case.padding, case.dilation)
-    assert rel_l2(y, case_reference(x, w, b, case)) < tolerance(dtype)
-    assert y.is_contiguous(memory_format=CL)
-    assert len(launches) == (1 if name == "tma" else 0)
+    ours, expected = conv_and_reference(case, dtype, device)
+    for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
+        assert rel_l2(got, want) < tolerance(dtype)
+    assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
+    assert launches == (["fwd", "dgrad"] if name == "tma" else [])
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -85,7 +89,32 @@ def test_ineligible_problems_fall_back_to_pointer(name, kwargs, channels, varian
         torch.nn.functional.pad(x.double(), (1,) * 6, mode="constant" if mode == "zeros" else mode),
         w.double(), stride=kwargs.get("stride", 1),
     )  # fmt: skip
-    assert rel_l2(y, expected) < tolerance(torch.float32) and not launches
+    assert rel_l2(y, expected) < tolerance(torch.float32) and "fwd" not in launches
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("mode", ["replicate", "zeros,reflect,circular"])
+def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, variant, device):
+    """The input gradient of a padded or two-source forward is a stride-1 input gradient of the padded (or
+    concatenated) input: the TMA kernel computes it, then the border is folded and the sources split."""
+    _, launches = variant
+    x = torch.randn(1, 8, 3, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
+    before = torch.randn(1, 8, 2, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(16, 8, 3, 3, 3, device=device)
+    y = tconv3d.conv3d(x, w, padding=(0, 0, 1, 1, 1, 1), padding_mode=mode, frames_before=before)
+    grad_out = torch.randn_like(y)
+    y.backward(grad_out)
+    x64, before64 = (t.detach().double().requires_grad_() for t in (x, before))
+    padded = torch.cat([before64, x64], dim=2)
+    modes = mode.split(",") if "," in mode else [mode] * 3
+    for dim, dim_mode in ((2, modes[2]), (1, modes[1])):
+        pads = [0] * 6
+        pads[4 - 2 * dim : 6 - 2 * dim] = [1, 1]
+        padded = torch.nn.functional.pad(padded, pads, mode="constant" if dim_mode == "zeros" else dim_mode)
+    torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
+    assert rel_l2(x.grad, x64.grad) < tolerance(torch.float32)
+    assert rel_l2(before.grad, before64.grad) < tolerance(torch.float32)
+    assert launches == ["dgrad"]  # the forward of a second source or another mode stays on pointers
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -108,7 +137,8 @@ def test_explain_reports_variant_config_and_source(variant, device):
     w = torch.randn(16, 16, 3, 3, 3, device=device)
     plan = tconv3d.explain(x, w, padding=1)
     assert set(plan) == {"fwd", "dgrad", "wgrad"}
-    assert plan["dgrad"]["variant"] == plan["wgrad"]["variant"] == "pointer"  # TMA: forward only, so far
+    assert plan["wgrad"]["variant"] == "pointer"  # no TMA weight gradient yet
+    assert plan["dgrad"]["variant"] == plan["fwd"]["variant"]
     if device == "cpu":
         assert plan["fwd"]["source"] == "interpreter"
         assert plan["fwd"]["variant"] == ("tma" if name == "tma" else "pointer")  # auto: the interpreter's pointer
@@ -136,9 +166,12 @@ def test_eligibility_and_box_width():
     from tconv3d.geometry import conv_geometry
 
     geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
-    assert tma_eligible("fwd", geom, torch.bfloat16) and not tma_eligible("dgrad", geom, torch.bfloat16)
-    assert with_tma(KernelConfig(128, 128, 64, 8, 3), geom).tma_box_w == 16
+    assert tma_eligible("fwd", geom, torch.bfloat16) and tma_eligible("dgrad", geom, torch.bfloat16)
+    assert not tma_eligible("wgrad", geom, torch.bfloat16)
+    strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
+    assert not tma_eligible("fwd", strided, torch.bfloat16) and not tma_eligible("dgrad", strided, torch.bfloat16)
+    assert with_tma(KernelConfig(128, 128, 64, 8, 3), geom, "fwd").tma_box_w == 16
     narrow = conv_geometry((1, 64, 4, 8, 5), (64, 64, 3, 3, 3), 1, 1, 1)
-    assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow).tma_box_w == 8
+    assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow, "fwd").tma_box_w == 8
     assert not tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.bfloat16)
     assert tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.float32)

@@ -1,0 +1,96 @@
+"""The TMA implicit GEMM of the stride-1 forward and input gradient (sm_90+): tensor-descriptor boxes with
+zero-filled borders feeding wgmma, and its launcher. The pointer kernels (conv_fwd.py, conv_dgrad.py) run every
+other problem; the variant is picked above the kernels (configs.tma_eligible, KernelConfig.tma_box_w)."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import KernelConfig
+from .geometry import ConvGeometry
+from .kernel_utils import TensorDescriptor, dot_flags, mma, ndhwc_descriptor
+
+
+@triton.jit
+def _conv3d_tma_kernel(
+    # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+    # [Cout, taps, Cin], dst as [N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
+    src_desc, w_desc, dst_desc, bias_ptr,
+    C_RED, C_COLS, D_DST, H_DST, W_DST,
+    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col], for a BOX_H x BOX_W
+    patch of dst voxels at one (n, d) per program and BLOCK_N columns.
+
+    Forward (src = x, dst = y, red = Cin, col = Cout): shift = tap * dil - pad, and the weight box
+    [BLOCK_N, 1, BLOCK_K] of (Cout, taps, Cin) is used transposed. Input gradient at stride 1 (src = grad_out,
+    dst = grad_in, red = Cout, col = Cin): a stride-1 convolution with the taps flipped, shift = pad - tap * dil,
+    and the weight box [BLOCK_K, 1, BLOCK_N] as it is. Either way each step's source box may lie partly in the
+    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks.
+    """
+    BLOCK_M: tl.constexpr = BOX_H * BOX_W
+    pid = tl.program_id(0)
+    tiles_w = tl.cdiv(W_DST, BOX_W)
+    tiles_h = tl.cdiv(H_DST, BOX_H)
+    w0 = (pid % tiles_w) * BOX_W
+    rest = pid // tiles_w
+    h0 = (rest % tiles_h) * BOX_H
+    rest = rest // tiles_h
+    d = rest % D_DST
+    n = rest // D_DST
+    n0 = tl.program_id(1) * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_blocks = tl.cdiv(C_RED, BLOCK_K)
+    for step in range(KD * KH * KW * k_blocks):
+        tap = step // k_blocks
+        c0 = (step - tap * k_blocks) * BLOCK_K
+        kw = tap % KW
+        kh = (tap // KW) % KH
+        kd = tap // (KW * KH)
+        shift_d = kd * DIL_D - PAD_D
+        shift_h = kh * DIL_H - PAD_H
+        shift_w = kw * DIL_W - PAD_W
+        if INPUT_GRAD:
+            a = src_desc.load([n, d - shift_d, h0 - shift_h, w0 - shift_w, c0])
+            b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            a = src_desc.load([n, d + shift_d, h0 + shift_h, w0 + shift_w, c0])
+            b = tl.trans(w_desc.load([n0, tap, c0]).reshape(BLOCK_N, BLOCK_K))
+        acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+
+    if HAS_BIAS:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < C_COLS, other=0.0).to(tl.float32)[None, :]
+    # Stores past the patch's edges are dropped by the TMA unit.
+    dst_desc.store([n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
+
+
+def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
+    """Run the TMA kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
+    dst = grad_in). Both tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
+    box_w = config.tma_box_w
+    box_h = config.block_m // box_w
+    c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
+    weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
+    w_box = [config.block_k, 1, config.block_n] if input_grad else [config.block_n, 1, config.block_k]
+    w_desc = TensorDescriptor(weight, [c_out, taps, c_in], [taps * c_in, c_in, 1], w_box)
+    src_desc = ndhwc_descriptor(src, [1, 1, box_h, box_w, config.block_k])
+    dst_desc = ndhwc_descriptor(dst, [1, 1, box_h, box_w, config.block_n])
+    reduced, columns = (c_out, c_in) if input_grad else (c_in, c_out)
+    batch, _, d, h, w = dst.shape
+    upcast, precision = dot_flags(src.dtype)
+    grid = (batch * d * triton.cdiv(h, box_h) * triton.cdiv(w, box_w), triton.cdiv(columns, config.block_n))
+    _conv3d_tma_kernel[grid](
+        src_desc, w_desc, dst_desc, bias if bias is not None else dst,
+        reduced, columns, d, h, w,
+        *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return dst
