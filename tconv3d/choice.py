@@ -95,12 +95,15 @@ def pick_config(
     return config
 
 
-def _tma_describable(input: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether TMA descriptors can cover the operands as they will be launched: an input whose channels are not
-    unit-stride is copied to channels_last_3d by the launcher first (and then is aligned); the weight is described
-    from its shape once channels_last_3d, so only its base address matters."""
-    input_ok = input.stride(1) != 1 or tma_aligned(input)
-    return input_ok and (weight.stride(1) != 1 or weight.data_ptr() % 16 == 0)
+def _tma_describable(direction: str, first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether TMA descriptors can cover a launch's two operands (input and weight; grad_output and weight;
+    grad_output and input). An operand whose channels are not unit-stride is copied to channels_last_3d by the
+    launcher first, and then is aligned; a weight is described from its shape once channels_last_3d, so only its
+    base address matters."""
+    first_ok = first.stride(1) != 1 or tma_aligned(first)
+    if direction == "wgrad":
+        return first_ok and (second.stride(1) != 1 or tma_aligned(second))
+    return first_ok and (second.stride(1) != 1 or second.data_ptr() % 16 == 0)
 
 
 def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
@@ -108,7 +111,7 @@ def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor 
     first = tensors[0]
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
-    if config.tma_box_w and not _tma_describable(tensors[0], tensors[1]):
+    if config.tma_box_w and not _tma_describable(direction, tensors[0], tensors[1]):
         config = dataclasses.replace(config, tma_box_w=0)
     return run(config)
 
@@ -132,7 +135,8 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
             continue
         config, source = _select_with_source(direction, geom, input.dtype, input.device, None)
         config = _memo.get(key, config)
-        if config.tma_box_w and not _tma_describable(input, weight):
+        operands = (input, input) if direction == "wgrad" else (input, weight)  # grad_output shares input's layout
+        if config.tma_box_w and not _tma_describable(direction, *operands):
             config = dataclasses.replace(config, tma_box_w=0)
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
     return plan

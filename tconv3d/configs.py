@@ -67,8 +67,9 @@ class KernelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 kind = "a positive int" if lowest else "an int >= 0"
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
-        if config.tma_box_w and (config.tma_box_w & (config.tma_box_w - 1) or config.block_m % config.tma_box_w):
-            raise ValueError(f"tma_box_w must be a power of two dividing block_m, got {config}")
+        box = config.tma_box_w
+        if box and (box & (box - 1) or config.block_m % box or config.block_k % box):
+            raise ValueError(f"tma_box_w must be a power of two dividing block_m and block_k, got {config}")
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             value = getattr(config, name)
             if value & (value - 1):
@@ -438,21 +439,25 @@ def compute_capability(device: torch.device) -> int:
 
 def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
     """Problems the TMA variant runs: stride 1, channel rows (input and output) that are whole 16-byte units, as
-    TMA boxes need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); the forward with zeros padding
-    and one source (the input gradient computes the padded or concatenated input's gradient anyway). Dilation
-    and asymmetric padding are coordinate offsets. The weight gradient has no TMA kernel yet."""
+    TMA boxes need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32). Dilation
+    and asymmetric padding are coordinate offsets."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and geom.out_channels * size % 16 == 0
-    forward_plain = geom.padding_mode == "zeros" and not geom.prefix_frames
-    runs = forward_plain if direction == "fwd" else direction == "dgrad"
+    # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
+    # weight gradient read the input itself, so only with zeros padding and one source.
+    runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
     return runs and aligned and tuple(geom.stride) == (1, 1, 1)
 
 
 def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
-    """`config`'s tiles for the TMA variant: its block_m rows of output (forward) or input-gradient (dgrad)
-    voxels become a patch up to 16 voxels wide."""
-    width = geom.out_size[2] if direction == "fwd" else geom.padded_size[2] if geom.reads_border else geom.in_size[2]
-    return replace(config, tma_box_w=min(config.block_m, 16, triton.next_power_of_2(max(width, 1))))
+    """`config`'s tiles for the TMA variant: the block_m rows of output voxels (forward), input-gradient voxels
+    (dgrad) or the block_k reduction voxels (wgrad) become a patch up to 16 voxels wide."""
+    if direction == "dgrad":
+        width = geom.padded_size[2] if geom.reads_border else geom.in_size[2]
+    else:
+        width = geom.out_size[2]
+    voxels = config.block_k if direction == "wgrad" else config.block_m
+    return replace(config, tma_box_w=min(voxels, 16, triton.next_power_of_2(max(width, 1))))
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:

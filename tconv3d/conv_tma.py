@@ -94,3 +94,87 @@ def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return dst
+
+
+@triton.jit
+def _conv3d_wgrad_tma_kernel(
+    # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
+    # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]); out is [split, Cout, tap, Cin]
+    go_desc, x_desc, out_ptr,
+    C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
+    stride_os, stride_oo, stride_ot, stride_oi,
+    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v + tap * dil - pad, ci], at stride 1.
+
+    Per program one tap's BLOCK_M x BLOCK_N tile, reduced over a split of the output patches (BOX_H x BOX_W
+    voxels at one (n, od)): each step is two boxes, grad_out's patch and the input's patch shifted by the tap
+    (zeros in the padding); patch rows past the output's edges read zeros from grad_out and add nothing. The
+    splits' fp32 partials are summed in a fixed order by conv_wgrad's reduction, as on the pointer path.
+    """
+    BLOCK_K: tl.constexpr = BOX_H * BOX_W
+    taps: tl.constexpr = KD * KH * KW
+    pid = tl.program_id(0)
+    tap = pid % taps  # neighbouring programs share the same boxes in L2: keep taps innermost
+    tile = pid // taps
+    num_n = tl.cdiv(C_IN, BLOCK_N)
+    co0 = (tile // num_n) * BLOCK_M
+    ci0 = (tile % num_n) * BLOCK_N
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    tiles_w = tl.cdiv(W_OUT, BOX_W)
+    tiles_h = tl.cdiv(H_OUT, BOX_H)
+    first = tl.program_id(1) * SPLIT_PATCHES
+    last = tl.minimum(first + SPLIT_PATCHES, PATCHES)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for patch in range(first, last):
+        w0 = (patch % tiles_w) * BOX_W
+        rest = patch // tiles_w
+        h0 = (rest % tiles_h) * BOX_H
+        rest = rest // tiles_h
+        od = rest % D_OUT
+        n = rest // D_OUT
+        a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
+        b = x_desc.load([n, od + kd * DIL_D - PAD_D, h0 + kh * DIL_H - PAD_H, w0 + kw * DIL_W - PAD_W, ci0])
+        acc = mma(acc, tl.trans(a), b.reshape(BLOCK_K, BLOCK_N), UPCAST_DOT, INPUT_PRECISION)
+
+    offs_m = co0 + tl.arange(0, BLOCK_M)
+    offs_n = ci0 + tl.arange(0, BLOCK_N)
+    out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
+                + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # fmt: skip
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < C_OUT)[:, None] & (offs_n < C_IN)[None, :])
+
+
+def wgrad_tma_patches(geom: ConvGeometry, config: KernelConfig) -> int:
+    """How many output patches the TMA weight gradient reduces over (its split-K runs over these)."""
+    box_w = config.tma_box_w
+    box_h = config.block_k // box_w
+    d_out, h_out, w_out = geom.out_size
+    return geom.batch * d_out * triton.cdiv(h_out, box_h) * triton.cdiv(w_out, box_w)
+
+
+def conv3d_wgrad_tma(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches_per_split: int) -> None:
+    """The TMA weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride
+    channels and TMA-aligned strides."""
+    box_w = config.tma_box_w
+    box_h = config.block_k // box_w
+    go_desc = ndhwc_descriptor(grad_out, [1, 1, box_h, box_w, config.block_m])
+    x_desc = ndhwc_descriptor(x, [1, 1, box_h, box_w, config.block_n])
+    upcast, precision = dot_flags(x.dtype)
+    c_out, c_in = geom.out_channels, geom.in_channels
+    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
+    _conv3d_wgrad_tma_kernel[grid](
+        go_desc, x_desc, out,
+        c_in, c_out, *geom.out_size, wgrad_tma_patches(geom, config), patches_per_split,
+        *out.stride(),
+        *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        BOX_H=box_h, BOX_W=box_w, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip

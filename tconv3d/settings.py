@@ -4,8 +4,8 @@ TRITON_INTERPRET=1     run the Triton kernels through Triton's interpreter (CPU 
 TCONV3D_AUTOTUNE=1     tune a problem that no table covers on its first use (CUDA), and cache the result.
 TCONV3D_CACHE_DIR      where first-use tuning results are kept (default $XDG_CACHE_HOME/tconv3d or ~/.cache/tconv3d).
 TCONV3D_CONFIG_DIR     a folder of extra tuning tables (<device name>.json), taking precedence over shipped ones.
-TCONV3D_KERNELS        auto | pointer | tma: the forward's and input gradient's kernel variant where the TMA one
-                       is eligible (stride 1, 16-byte channel rows; the forward also zeros padding, one source).
+TCONV3D_KERNELS        auto | pointer | tma: the kernel variant where the TMA one is eligible (stride 1, 16-byte
+                       channel rows; the forward and weight gradient also zeros padding and one source).
                        auto: TMA on sm_90+ unless a tuning table chose pointer; tma: TMA wherever eligible, also
                        through the interpreter on CPU; pointer: never.
 """

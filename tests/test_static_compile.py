@@ -168,7 +168,7 @@ out = []
 for shape in load_shape_set("bench"):
     geom = shape.geometry()
     for dtype in (torch.bfloat16, torch.float32):
-        for direction in ("fwd", "dgrad"):
+        for direction in ("fwd", "dgrad", "wgrad"):
             if not configs.tma_eligible(direction, geom, dtype):
                 continue
             config = configs.heuristic_config(direction, geom, dtype, ARCHS[90].sm_count, capability=90)
@@ -179,8 +179,8 @@ print(json.dumps(out))
 
 
 def test_tma_kernels_compile_to_tma_loads_and_wgmma():
-    """The sm_90 heuristic's TMA forward and input gradient for every eligible case of the bench suite (bf16 and
-    fp32): UTMALDG (TMA) loads, HGMMA (wgmma), no spills."""
+    """The sm_90 heuristic's TMA forward, input gradient and weight gradient for every eligible case of the bench
+    suite (bf16 and fp32): UTMALDG (TMA) loads, HGMMA (wgmma), no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -188,7 +188,7 @@ def test_tma_kernels_compile_to_tma_loads_and_wgmma():
                             timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     reports = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(reports) >= 16 and {r["direction"] for r in reports} == {"fwd", "dgrad"}
+    assert len(reports) >= 24 and {r["direction"] for r in reports} == {"fwd", "dgrad", "wgrad"}
     for r in reports:
         assert r["config"]["tma_box_w"] > 0, r
         assert any(load.startswith("UTMALDG") for load in r["loads"]), r

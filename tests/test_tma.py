@@ -1,5 +1,5 @@
-"""The TMA variant of the forward and the stride-1 input gradient (tensor-descriptor boxes with zero-filled
-borders feeding the MMA): every stride-1 correctness case with channel counts TMA can describe, through both
+"""The TMA variant of the three stride-1 kernels (tensor-descriptor boxes with zero-filled borders feeding the
+MMA): every stride-1 correctness case with channel counts TMA can describe, through both
 variants against float64, gradients included;
 problems it cannot run falling back to the pointer kernel under TCONV3D_KERNELS=tma; tconv3d.explain; the
 config field. On CPU the interpreter runs the TMA kernel (triton 3.9's host descriptors zero-fill out-of-range
@@ -12,7 +12,7 @@ import torch
 from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dtype_id
 
 import tconv3d
-from tconv3d import choice, conv_dgrad, conv_fwd, settings
+from tconv3d import choice, conv_dgrad, conv_fwd, conv_wgrad, settings
 from tconv3d.configs import KernelConfig, tma_eligible, with_tma
 from tconv3d.testing import rel_l2, tolerance
 
@@ -38,10 +38,12 @@ def variant(request, monkeypatch):
     monkeypatch.setattr(settings, "KERNELS", request.param)
     monkeypatch.setattr(choice, "_memo", {})
     launches = []
-    for module, name in ((conv_fwd, "fwd"), (conv_dgrad, "dgrad")):
-        real = module.conv3d_tma
+    for module, name, launcher in (
+        (conv_fwd, "fwd", "conv3d_tma"), (conv_dgrad, "dgrad", "conv3d_tma"), (conv_wgrad, "wgrad", "conv3d_wgrad_tma")
+    ):  # fmt: skip
+        real = getattr(module, launcher)
         monkeypatch.setattr(
-            module, "conv3d_tma", lambda *a, real=real, name=name, **k: launches.append(name) or real(*a, **k)
+            module, launcher, lambda *a, real=real, name=name, **k: launches.append(name) or real(*a, **k)
         )
     return request.param, launches
 
@@ -57,7 +59,7 @@ def test_forward_variants_match_float64(case, dtype, variant, device):
     for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
         assert rel_l2(got, want) < tolerance(dtype)
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
-    assert launches == (["fwd", "dgrad"] if name == "tma" else [])
+    assert launches == (["fwd", "dgrad", "wgrad"] if name == "tma" else [])
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -114,7 +116,7 @@ def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, var
     torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
     assert rel_l2(x.grad, x64.grad) < tolerance(torch.float32)
     assert rel_l2(before.grad, before64.grad) < tolerance(torch.float32)
-    assert launches == ["dgrad"]  # the forward of a second source or another mode stays on pointers
+    assert launches == ["dgrad"]  # the forward and weight gradient of a second source or another mode: pointers
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -137,8 +139,7 @@ def test_explain_reports_variant_config_and_source(variant, device):
     w = torch.randn(16, 16, 3, 3, 3, device=device)
     plan = tconv3d.explain(x, w, padding=1)
     assert set(plan) == {"fwd", "dgrad", "wgrad"}
-    assert plan["wgrad"]["variant"] == "pointer"  # no TMA weight gradient yet
-    assert plan["dgrad"]["variant"] == plan["fwd"]["variant"]
+    assert plan["dgrad"]["variant"] == plan["wgrad"]["variant"] == plan["fwd"]["variant"]
     if device == "cpu":
         assert plan["fwd"]["source"] == "interpreter"
         assert plan["fwd"]["variant"] == ("tma" if name == "tma" else "pointer")  # auto: the interpreter's pointer
@@ -167,7 +168,9 @@ def test_eligibility_and_box_width():
 
     geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
     assert tma_eligible("fwd", geom, torch.bfloat16) and tma_eligible("dgrad", geom, torch.bfloat16)
-    assert not tma_eligible("wgrad", geom, torch.bfloat16)
+    assert tma_eligible("wgrad", geom, torch.bfloat16)
+    replicate = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "replicate")
+    assert tma_eligible("dgrad", replicate, torch.bfloat16) and not tma_eligible("wgrad", replicate, torch.bfloat16)
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
     assert not tma_eligible("fwd", strided, torch.bfloat16) and not tma_eligible("dgrad", strided, torch.bfloat16)
     assert with_tma(KernelConfig(128, 128, 64, 8, 3), geom, "fwd").tma_box_w == 16
