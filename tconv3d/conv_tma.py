@@ -12,6 +12,19 @@ from .kernel_utils import TensorDescriptor, dot_flags, mma, ndhwc_descriptor
 
 
 @triton.jit
+def _patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
+    """Patch `index` of a (N, D, H, W) volume cut in BOX_H x BOX_W patches per (n, d), W fastest -> (n, d, h0, w0),
+    its first voxel."""
+    tiles_w = tl.cdiv(W, BOX_W)
+    tiles_h = tl.cdiv(H, BOX_H)
+    w0 = (index % tiles_w) * BOX_W
+    rest = index // tiles_w
+    h0 = (rest % tiles_h) * BOX_H
+    rest = rest // tiles_h
+    return rest // D, rest % D, h0, w0
+
+
+@triton.jit
 def _conv3d_tma_kernel(
     # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
     # [Cout, taps, Cin], dst as [N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
@@ -32,15 +45,7 @@ def _conv3d_tma_kernel(
     padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks.
     """
     BLOCK_M: tl.constexpr = BOX_H * BOX_W
-    pid = tl.program_id(0)
-    tiles_w = tl.cdiv(W_DST, BOX_W)
-    tiles_h = tl.cdiv(H_DST, BOX_H)
-    w0 = (pid % tiles_w) * BOX_W
-    rest = pid // tiles_w
-    h0 = (rest % tiles_h) * BOX_H
-    rest = rest // tiles_h
-    d = rest % D_DST
-    n = rest // D_DST
+    n, d, h0, w0 = _patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
     n0 = tl.program_id(1) * BLOCK_N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -126,19 +131,12 @@ def _conv3d_wgrad_tma_kernel(
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
-    tiles_w = tl.cdiv(W_OUT, BOX_W)
-    tiles_h = tl.cdiv(H_OUT, BOX_H)
     first = tl.program_id(1) * SPLIT_PATCHES
     last = tl.minimum(first + SPLIT_PATCHES, PATCHES)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for patch in range(first, last):
-        w0 = (patch % tiles_w) * BOX_W
-        rest = patch // tiles_w
-        h0 = (rest % tiles_h) * BOX_H
-        rest = rest // tiles_h
-        od = rest % D_OUT
-        n = rest // D_OUT
+        n, od, h0, w0 = _patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
         b = x_desc.load([n, od + kd * DIL_D - PAD_D, h0 + kh * DIL_H - PAD_H, w0 + kw * DIL_W - PAD_W, ci0])
         acc = mma(acc, tl.trans(a), b.reshape(BLOCK_K, BLOCK_N), UPCAST_DOT, INPUT_PRECISION)

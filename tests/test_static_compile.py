@@ -143,16 +143,21 @@ print(json.dumps(out))
 """
 
 
-def test_group_norm_kernels_compile_without_spills_and_vectorised():
-    """The norm kernels for sm_90 and sm_80, both dtypes, forward and backward: no spills, 128-bit loads along
-    the contiguous channels."""
+def compile_script(script: str) -> list[dict]:
+    """Run a compile script in a process without the interpreter; its last stdout line is the JSON reports."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    result = subprocess.run([sys.executable, "-c", NORM_COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_group_norm_kernels_compile_without_spills_and_vectorised():
+    """The norm kernels for sm_90 and sm_80, both dtypes, forward and backward: no spills, 128-bit loads along
+    the contiguous channels."""
+    reports = compile_script(NORM_COMPILE)
     assert len(reports) == 16  # 2 archs x 2 dtypes x (reduce + affine) x (forward + backward)
     for r in reports:
         assert not r["spill_bytes"] and not r["local_accesses"], r
@@ -181,13 +186,7 @@ print(json.dumps(out))
 def test_tma_kernels_compile_to_tma_loads_and_wgmma():
     """The sm_90 heuristic's TMA forward, input gradient and weight gradient for every eligible case of the bench
     suite (bf16 and fp32): UTMALDG (TMA) loads, HGMMA (wgmma), no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    result = subprocess.run([sys.executable, "-c", TMA_COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=900)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = json.loads(result.stdout.strip().splitlines()[-1])
+    reports = compile_script(TMA_COMPILE)
     assert len(reports) >= 24 and {r["direction"] for r in reports} == {"fwd", "dgrad", "wgrad"}
     for r in reports:
         assert r["config"]["tma_box_w"] > 0, r
