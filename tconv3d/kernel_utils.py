@@ -111,13 +111,12 @@ def dense_ndhwc(t: torch.Tensor) -> bool:
 def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:
     """A TMA descriptor over a (N, C, D, H, W) tensor whose channels are unit-stride, in memory order
     [N, D, H, W, C]: boxes at coordinates past any edge, negative ones included, read zeros."""
+    n, c, d, h, w = t.shape
+    sn, _, sd, sh, sw = t.stride()
     unit = 16 // t.element_size()  # elements per 16 bytes
     # A dimension of size 1 is only ever read at coordinate 0 (or out of range): any 16-byte stride describes it.
-    sn, _, sd, sh, sw = (
-        s if size > 1 else max(-(-s // unit), 1) * unit for s, size in zip(t.stride(), t.shape, strict=True)
-    )
-    n, c, d, h, w = t.shape
-    return TensorDescriptor(t, [n, d, h, w, c], [sn, sd, sh, sw, 1], list(block))
+    strides = [sn if n > 1 else unit, sd if d > 1 else unit, sh if h > 1 else unit, sw if w > 1 else unit, 1]
+    return TensorDescriptor(t, [n, d, h, w, c], strides, block)
 
 
 def tma_aligned(t: torch.Tensor) -> bool:
