@@ -14,7 +14,7 @@ ALLOWED = {
     "conv_tma": {"configs"},
     "conv_fwd": {"configs", "conv_tma"},
     "conv_dgrad": {"configs", "conv_tma"},
-    "conv_wgrad": {"configs"},
+    "conv_wgrad": {"configs", "conv_tma"},
     "group_norm": set(),
     "static_compile": {"configs", *KERNELS},
     "tune": {"aten", "configs", "tables", "shapes", "testing", "static_compile", *KERNELS},
