@@ -44,9 +44,10 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
     grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation)
-    if geom.reads_border:
-        return fold_padding(grad, geom)
-    return _as_ndhwc(grad[:, :, df : df + d, ht : ht + h, wl : wl + w])
+    for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
+        if mode == "zeros":
+            grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
+    return fold_padding(grad, geom) if geom.reads_border else _as_ndhwc(grad)
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -57,15 +58,15 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor
 
 
 def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
-    """F.group_norm in fp32 (and SiLU), channels_last_3d out, with the kernels' (mean, rstd) fp32 [N, groups]."""
+    """The kernels' forward in torch ops, fp32: one statistics pass, then y = act(x * a + b) with the same
+    per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
     xf = x.float()
-    y = F.group_norm(xf, groups, weight.float() if weight is not None else None,
-                     bias.float() if bias is not None else None, eps)  # fmt: skip
+    var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
+    rstd = torch.rsqrt(var + eps)
+    a, b = scale_shift(mean, rstd, weight, bias, x.shape[1])
+    y = xf * a[:, :, None, None, None] + b[:, :, None, None, None]
     if activation == "silu":
         y = F.silu(y)
-    grouped = xf.reshape(x.shape[0], groups, -1)
-    mean = grouped.mean(dim=2)
-    rstd = torch.rsqrt(grouped.var(dim=2, unbiased=False) + eps)
     return _as_ndhwc(y.to(x.dtype)), mean, rstd
 
 

@@ -452,10 +452,7 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
 def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
     """`config`'s tiles for the TMA variant: the block_m rows of output voxels (forward), input-gradient voxels
     (dgrad) or the block_k reduction voxels (wgrad) become a patch up to 16 voxels wide."""
-    if direction == "dgrad":
-        width = geom.padded_size[2] if geom.reads_border else geom.in_size[2]
-    else:
-        width = geom.out_size[2]
+    width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
     voxels = config.block_k if direction == "wgrad" else config.block_m
     return replace(config, tma_box_w=min(voxels, 16, triton.next_power_of_2(max(width, 1))))
 

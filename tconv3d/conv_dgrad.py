@@ -1,6 +1,5 @@
 """Conv3d input gradient: an implicit-GEMM Triton kernel on NDHWC tensors, split by stride phase, and its launcher."""
 
-import dataclasses
 import functools
 import itertools
 
@@ -151,12 +150,9 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of the concatenation,
     which the op splits."""
     if geom.reads_border:
-        # The gradient of the padded input, each border then folded onto the voxel it read: this direction alone
-        # allocates a padded-size buffer (the forward and weight gradient remap their loads instead).
-        padded = dataclasses.replace(
-            geom, in_size=geom.padded_size, padding=(0,) * 6, padding_mode="zeros", prefix_frames=0
-        )
-        return fold_padding(conv3d_dgrad(grad_out, weight, padded, config), geom)
+        # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
+        # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
+        return fold_padding(conv3d_dgrad(grad_out, weight, geom.border_geometry(), config), geom)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in

@@ -144,11 +144,11 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
         return y
     x, weight = ndhwc(x), ndhwc(weight)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
-    p_delta, *p_strides = prefix_arguments(frames_before, x)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
-    upcast, precision = dot_flags(x.dtype)
     if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         return conv3d_tma(x, weight, bias, y, geom, config, input_grad=False)
+    p_delta, *p_strides = prefix_arguments(frames_before, x)
+    upcast, precision = dot_flags(x.dtype)
     rows = geom.output_voxels
     grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.out_channels, config.block_n),)
     _conv3d_fwd_kernel[grid](

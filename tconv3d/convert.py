@@ -147,6 +147,5 @@ def _frame_convs_channels_last(model: nn.Module) -> None:
     for block in model.modules():
         if class_name(type(block)) in FRAME_BLOCKS:
             for conv in block.modules():
-                if isinstance(conv, nn.Conv2d) and not conv.weight.is_contiguous(memory_format=torch.channels_last):
-                    with torch.no_grad():
-                        conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last)
+                if isinstance(conv, nn.Conv2d):
+                    keep_channels_last(conv.weight, torch.channels_last)

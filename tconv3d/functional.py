@@ -39,6 +39,6 @@ def conv_transpose3d(
         input, weight, bias, stride, padding, output_padding, groups, dilation
     )
     output = torch.ops.tconv3d.conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros")
-    if bias is not None:
-        output = output + bias.to(output.dtype).view(1, -1, 1, 1, 1)  # keeps channels_last_3d (and autocast's dtype)
+    if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
+        output.add_(bias.to(output.dtype).view(1, -1, 1, 1, 1))
     return output

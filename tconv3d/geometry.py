@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import numbers
 from collections.abc import Sequence
@@ -52,10 +53,18 @@ class ConvGeometry:
         """Whether some padded border reads input voxels (a mode other than zeros) rather than zeros."""
         return self.padding_mode != "zeros"
 
-    @property
-    def padded_size(self) -> tuple[int, int, int]:
-        p = self.padding
-        return tuple(size + p[2 * i] + p[2 * i + 1] for i, size in enumerate(self.in_size))
+    def border_geometry(self) -> ConvGeometry:
+        """The geometry whose input gradient the input gradient under modes other than zeros is folded from: the
+        dimensions whose border reads input voxels are padded out (their border becomes input of its own, added
+        back by kernel_utils.fold_padding), zeros borders stay padding, and one source."""
+        padding, size = list(self.padding), list(self.in_size)
+        for dim, mode in enumerate(self.dim_modes):
+            if mode != "zeros":
+                size[dim] += padding[2 * dim] + padding[2 * dim + 1]
+                padding[2 * dim] = padding[2 * dim + 1] = 0
+        return dataclasses.replace(
+            self, in_size=tuple(size), padding=tuple(padding), padding_mode="zeros", prefix_frames=0
+        )
 
     @property
     def is_symmetric(self) -> bool:

@@ -154,20 +154,19 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
     raise ValueError(f"no border to fold for padding_mode {mode!r}")
 
 
-def fold_padding(grad_padded: torch.Tensor, geom) -> torch.Tensor:
-    """The input gradient from the gradient of the padded input: every border voxel's gradient is added to the
-    voxel its dimension's padding mode read, in a fixed order (deterministic, no atomics); zeros borders are
-    dropped. Returns channels_last_3d."""
-    grad = grad_padded
+def fold_padding(grad_bordered: torch.Tensor, geom) -> torch.Tensor:
+    """The input gradient from the gradient of geom.border_geometry()'s input, which carries the borders of the
+    dimensions whose mode reads input voxels: every border voxel's gradient is added to the voxel its mode read,
+    in a fixed order (deterministic, no atomics). Returns channels_last_3d."""
+    grad = grad_bordered
     for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
         front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
-        if not front and not back:
+        if mode == "zeros" or (not front and not back):
             continue
         axis = 2 + dim
         folded = torch.empty_like(grad.narrow(axis, front, size), memory_format=torch.channels_last_3d)
         folded.copy_(grad.narrow(axis, front, size))
-        if mode != "zeros":  # a zeros border read nothing: its gradient is dropped
-            for p in [*range(front), *range(front + size, front + size + back)]:
-                folded.narrow(axis, source_index(p, size, front, mode), 1).add_(grad.narrow(axis, p, 1))
+        for p in [*range(front), *range(front + size, front + size + back)]:
+            folded.narrow(axis, source_index(p, size, front, mode), 1).add_(grad.narrow(axis, p, 1))
         grad = folded
-    return grad
+    return grad.contiguous(memory_format=torch.channels_last_3d)

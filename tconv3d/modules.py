@@ -116,10 +116,11 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         )
 
 
-def keep_channels_last(weight: torch.Tensor) -> None:
-    if not weight.is_contiguous(memory_format=_CL):
+def keep_channels_last(weight: torch.Tensor, memory_format=_CL) -> None:
+    """Make a Parameter's storage `memory_format` (channels_last_3d; channels_last for a 2-D conv's) in place."""
+    if not weight.is_contiguous(memory_format=memory_format):
         with torch.no_grad():
-            weight.data = weight.data.contiguous(memory_format=_CL)
+            weight.data = weight.data.contiguous(memory_format=memory_format)
 
 
 class GroupNorm(nn.GroupNorm):

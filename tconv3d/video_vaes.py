@@ -10,6 +10,8 @@ their `.conv`: that conv is taken over with them.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,14 +34,20 @@ def _from_fpad(pad) -> list[int]:
 
 def _compose_padding(outer, outer_modes, conv: nn.Conv3d):
     """One (6-value padding, padding_mode) for a padding `outer` (op order, modes per dim) applied before `conv`'s
-    own padding, or None where one op cannot express the two (both pad one dimension in different modes)."""
-    inner = [p for p in conv.padding for _ in range(2)] if not isinstance(conv.padding, str) else None
-    if inner is None:
+    own padding, or None where one op cannot express the two (both pad one dimension in different modes). The
+    adapters ask on every call: cached on the arguments."""
+    return _composed(tuple(outer), tuple(outer_modes), conv.padding, conv.padding_mode)
+
+
+@functools.lru_cache(maxsize=256)
+def _composed(outer, outer_modes, conv_padding, conv_mode):
+    if isinstance(conv_padding, str):
         return None
+    inner = [p for p in conv_padding for _ in range(2)]
     padding, modes = [], []
     for dim in range(3):
-        o, i = outer[2 * dim : 2 * dim + 2], inner[2 * dim : 2 * dim + 2]
-        o_mode, i_mode = outer_modes[dim], conv.padding_mode
+        o, i = list(outer[2 * dim : 2 * dim + 2]), inner[2 * dim : 2 * dim + 2]
+        o_mode, i_mode = outer_modes[dim], conv_mode
         if not any(i):
             padding += o
             modes.append(o_mode)
@@ -51,7 +59,7 @@ def _compose_padding(outer, outer_modes, conv: nn.Conv3d):
             modes.append("zeros")
         else:
             return None
-    return padding, ",".join(modes)
+    return tuple(padding), ",".join(modes)
 
 
 def conv_reason(conv: nn.Module) -> str | None:
