@@ -6,21 +6,33 @@ recording (inputs that require grad; forward only). On CPU tconv3d runs torch's 
 aten path) unless TRITON_INTERPRET=1; on CUDA the Triton kernel runs and the GPU is synchronised only once per
 timing loop, so the figure is the host's issue time whenever the kernel is shorter than it.
 
+Then the launch path alone: each direction's launcher (argument preparation, descriptors, grid) with every
+Triton kernel replaced by a stand-in that launches nothing, pointer variant against TMA variant, on a bf16
+64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch).
+
     python -m bench.host_overhead [--device cpu|cuda] [--calls 2000] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
+import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+import triton
 
 import tconv3d
+from bench.run import git_commit
+from tconv3d import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
+from tconv3d.configs import KernelConfig
+from tconv3d.geometry import check_conv3d
 
 CL = torch.channels_last_3d
 SHAPE = (1, 4, 2, 3, 3)  # the issue's tiny input: Cin 4, a 2x3x3 volume
@@ -63,6 +75,53 @@ def measure(device: str, calls: int) -> dict:
     return results
 
 
+class _NoLaunch:
+    """A kernel stand-in: the launcher builds its grid and arguments as for a real launch; nothing runs."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+KERNELS = (
+    (conv_fwd, "_conv3d_fwd_kernel"), (conv_dgrad, "_conv3d_dgrad_kernel"), (conv_wgrad, "_conv3d_wgrad_kernel"),
+    (conv_wgrad, "_sum_splits_kernel"), (conv_tma, "_conv3d_tma_kernel"), (conv_tma, "_conv3d_wgrad_tma_kernel"),
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _kernels_stubbed():
+    saved = [(module, name, getattr(module, name)) for module, name in KERNELS]
+    try:
+        for module, name, _ in saved:
+            setattr(module, name, _NoLaunch())
+        yield
+    finally:
+        for module, name, kernel in saved:
+            setattr(module, name, kernel)
+
+
+def launch_path(calls: int) -> dict:
+    """Host time of one launch per direction, pointer and TMA variants, with the kernels stubbed out."""
+    cl = dict(dtype=torch.bfloat16, memory_format=CL)
+    x, grad_out = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(1, 64, 4, 16, 16).to(**cl)
+    w = torch.randn(64, 64, 3, 3, 3).to(**cl)
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    pointer = KernelConfig(64, 64, 32, 4, 3, split_k=2)
+    configs = {"pointer": pointer, "tma": dataclasses.replace(pointer, tma_box_w=16)}
+    launchers = {
+        "fwd": lambda config: conv_fwd.conv3d_fwd(x, w, None, None, geom, config),
+        "dgrad": lambda config: conv_dgrad.conv3d_dgrad(grad_out, w, geom, config),
+        "wgrad": lambda config: conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config),
+    }
+    times = {direction: {} for direction in launchers}
+    with _kernels_stubbed():
+        for direction, launch in launchers.items():
+            for name, config in configs.items():
+                launch_once = lambda launch=launch, config=config: launch(config)  # noqa: E731
+                times[direction][name] = round(per_call_us(launch_once, calls), 2)
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -78,9 +137,18 @@ def main(argv=None) -> int:
             us = results[mode][name]
             cells.append(f"{us:9.1f} {us / results[mode]['nn.Conv3d']:5.2f}x")
         print(f"{name:28s} {' '.join(cells)}")
+    launches = launch_path(args.calls)
+    print("\nlaunch path alone, kernels stubbed, us per launch (bf16 1x64x4x16x16, 3x3x3, stride 1)")
+    for direction, times in launches.items():
+        extra = times["tma"] - times["pointer"]
+        print(f"{direction:6s} pointer {times['pointer']:6.1f}  tma {times['tma']:6.1f}  tma extra {extra:+6.1f}")
     if args.json is not None:
-        meta = {"device": args.device, "torch": torch.__version__, "input": SHAPE, "calls": args.calls}
-        args.json.write_text(json.dumps({**meta, "us_per_call": results}, indent=1) + "\n")
+        meta = {
+            "device": args.device, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
+        }  # fmt: skip
+        results = {**meta, "us_per_call": results, "launch_us": launches}
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

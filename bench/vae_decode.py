@@ -2,10 +2,10 @@
 and torch.compile'd: time and peak memory.
 
 Each variant runs in a fresh process, so on CPU the peak is the rise of the process's resident high-water mark
-over its first decode (what the allocator took from the OS), and on CUDA torch's peak allocated bytes over a
-decode after a warm-up one. CPU tensors run aten
-inside tconv3d's ops (no interpreter): what it measures there is the memory the layout and padding copies
-cost, not the kernels' speed. Needs diffusers (`pip install ".[integrations]"`).
+over its first decode (with glibc told to map every tensor from 64 KiB up on its own, so that this tracks live
+memory and repeats to 0.2 MB), and on CUDA torch's peak allocated bytes over a decode after a warm-up one.
+CPU tensors run aten inside tconv3d's ops (no interpreter): what it measures there is the memory the layout
+and padding copies cost, not the kernels' speed. Needs diffusers (`pip install ".[integrations]"`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -94,6 +95,9 @@ def main(argv=None) -> int:
                  "--device", args.device, "--dtype", str(dtype).removeprefix("torch."), "--scale", str(args.scale),
                  "--latent", ",".join(map(str, shape))]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        # glibc keeps freed memory in its arenas, which makes the resident high-water mark depend on history;
+        # tensors from 64 KiB up mapped and unmapped one by one make it the peak of live memory, run to run.
+        env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_ARENA_MAX="1")
         result = subprocess.run(child, capture_output=True, text=True, env=env)
         if result.returncode != 0:
             print(result.stderr[-3000:], file=sys.stderr)
@@ -106,8 +110,19 @@ def main(argv=None) -> int:
     for row in rows:
         print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}")
     if args.json:
+        import diffusers
+        import triton
+
+        from bench.run import git_commit
+
+        meta = {
+            "setup": header, "device": args.device, "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__,
+            "commit": git_commit(),
+        }  # fmt: skip
         with open(args.json, "w") as f:
-            json.dump({"setup": header, "rows": rows}, f, indent=1)
+            json.dump({**meta, "rows": rows}, f, indent=1)
+            f.write("\n")
     return 0
 
 
