@@ -14,6 +14,7 @@ import torch
 import triton
 
 from .geometry import ConvGeometry
+from .kernel_utils import cdiv
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -266,7 +267,7 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
     if config.block_k > _pow2_at_least(view.reduction):
         return False
     if direction == "wgrad":
-        if config.split_k > triton.cdiv(view.reduction, config.block_k):
+        if config.split_k > cdiv(view.reduction, config.block_k):
             return False
         workspace = config.split_k * view.rows * view.cols * view.grid_taps * 4 if config.split_k > 1 else 0
         if workspace > WGRAD_WORKSPACE_BYTES:
@@ -318,7 +319,7 @@ def _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype) -
 
 def _max_split(view: GemmView, block_k: int) -> int:
     """Splits that keep at least 8 reduction steps each and the fp32 workspace within its bound."""
-    by_steps = triton.cdiv(view.reduction, block_k) // 8
+    by_steps = cdiv(view.reduction, block_k) // 8
     by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * view.grid_taps * 4)
     return max(1, min(by_steps, by_workspace))
 
@@ -326,7 +327,7 @@ def _max_split(view: GemmView, block_k: int) -> int:
 def split_rows(rows: int, split_k: int, block_k: int) -> int:
     """Reduction rows per weight-gradient split: a whole number of BLOCK_K steps, so splits may come out fewer
     than split_k (the launcher's grid and the heuristic's wave count both use this)."""
-    return max(1, triton.cdiv(triton.cdiv(rows, split_k), block_k)) * block_k
+    return max(1, cdiv(cdiv(rows, split_k), block_k)) * block_k
 
 
 def _wave_filling_split(
@@ -379,13 +380,13 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
-        tiles = triton.cdiv(view.rows, block_m) * triton.cdiv(view.cols, block_n) * view.grid_taps
+        tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if view.reduction == 0:  # an empty batch: nothing to split
             return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
         split_k = _wave_filling_split(
             tiles, most, sm_count, _max_split(view, block_k),
-            splits_of=lambda split: triton.cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
+            splits_of=lambda split: cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
         )  # fmt: skip
         return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
     if packs_taps(direction, geom):
@@ -419,7 +420,7 @@ def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:
     if direction == "wgrad":
         block_m = _pow2_clamp(view.rows, MIN_TILE, 64)
         block_n = _pow2_clamp(view.cols, MIN_TILE, 64)
-        block_k = _pow2_clamp(triton.cdiv(view.reduction, 2), MIN_TILE, 1024)
+        block_k = _pow2_clamp(cdiv(view.reduction, 2), MIN_TILE, 1024)
         return KernelConfig(block_m, block_n, block_k, num_warps=4, num_stages=1, split_k=2)
     block_m = _pow2_clamp(view.rows, MIN_TILE, 512)
     block_n = _pow2_clamp(view.cols, MIN_TILE, 64)

@@ -10,7 +10,7 @@ import triton.language as tl
 from .configs import KernelConfig, packs_taps
 from .conv_tma import conv3d_tma
 from .geometry import ConvGeometry
-from .kernel_utils import dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
+from .kernel_utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
 
 @triton.jit
@@ -161,10 +161,10 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
         return conv3d_tma(grad_out, weight, None, grad_in, geom, config, input_grad=True)
     upcast, precision = dot_flags(grad_out.dtype)
     live_taps = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
-    phase_size = [triton.cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
+    phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
-    grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.in_channels, config.block_n) * phases,)
+    grid = (cdiv(rows, config.block_m) * cdiv(geom.in_channels, config.block_n) * phases,)
     _conv3d_dgrad_kernel[grid](
         grad_out, weight, grad_in, live_taps,
         rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, *phase_size,

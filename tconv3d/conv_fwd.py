@@ -9,6 +9,7 @@ from .conv_tma import conv3d_tma
 from .geometry import ConvGeometry
 from .kernel_utils import (
     border_gather,
+    cdiv,
     dot_flags,
     empty_ndhwc,
     grouped_tile,
@@ -150,7 +151,7 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     upcast, precision = dot_flags(x.dtype)
     rows = geom.output_voxels
-    grid = (triton.cdiv(rows, config.block_m) * triton.cdiv(geom.out_channels, config.block_n),)
+    grid = (cdiv(rows, config.block_m) * cdiv(geom.out_channels, config.block_n),)
     _conv3d_fwd_kernel[grid](
         x, weight, bias if bias is not None else x, y,
         rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, geom.prefix_frames, p_delta,

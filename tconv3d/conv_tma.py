@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .configs import KernelConfig
 from .geometry import ConvGeometry
-from .kernel_utils import TensorDescriptor, dot_flags, mma, ndhwc_descriptor
+from .kernel_utils import TensorDescriptor, cdiv, dot_flags, mma, ndhwc_descriptor
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig,
     reduced, columns = (c_out, c_in) if input_grad else (c_in, c_out)
     batch, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
-    grid = (batch * d * triton.cdiv(h, box_h) * triton.cdiv(w, box_w), triton.cdiv(columns, config.block_n))
+    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(columns, config.block_n))
     _conv3d_tma_kernel[grid](
         src_desc, w_desc, dst_desc, bias if bias is not None else dst,
         reduced, columns, d, h, w,
@@ -153,10 +153,12 @@ def wgrad_tma_patches(geom: ConvGeometry, config: KernelConfig) -> int:
     box_w = config.tma_box_w
     box_h = config.block_k // box_w
     d_out, h_out, w_out = geom.out_size
-    return geom.batch * d_out * triton.cdiv(h_out, box_h) * triton.cdiv(w_out, box_w)
+    return geom.batch * d_out * cdiv(h_out, box_h) * cdiv(w_out, box_w)
 
 
-def conv3d_wgrad_tma(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches_per_split: int) -> None:
+def conv3d_wgrad_tma(
+    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
+) -> None:
     """The TMA weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride
     channels and TMA-aligned strides."""
     box_w = config.tma_box_w
@@ -165,10 +167,10 @@ def conv3d_wgrad_tma(grad_out, x, out, geom: ConvGeometry, config: KernelConfig,
     x_desc = ndhwc_descriptor(x, [1, 1, box_h, box_w, config.block_n])
     upcast, precision = dot_flags(x.dtype)
     c_out, c_in = geom.out_channels, geom.in_channels
-    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
+    grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
     _conv3d_wgrad_tma_kernel[grid](
         go_desc, x_desc, out,
-        c_in, c_out, *geom.out_size, wgrad_tma_patches(geom, config), patches_per_split,
+        c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),
         *geom.front_padding, *geom.dilation,
         *geom.kernel,

@@ -8,7 +8,7 @@ import triton.language as tl
 from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .geometry import ConvGeometry
-from .kernel_utils import border_gather, dense_ndhwc, dot_flags, mma, ndhwc, prefix_arguments, split_voxel
+from .kernel_utils import border_gather, cdiv, dense_ndhwc, dot_flags, mma, ndhwc, prefix_arguments, split_voxel
 
 
 @triton.jit
@@ -186,21 +186,21 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
     if config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
         patches = wgrad_tma_patches(geom, config)
         per_split = split_rows(patches, config.split_k, 1)
-        splits = triton.cdiv(patches, per_split)
+        splits = cdiv(patches, per_split)
     else:
         rows_per_split = split_rows(rows, config.split_k, config.block_k)
-        splits = triton.cdiv(rows, rows_per_split)
+        splits = cdiv(rows, rows_per_split)
     # One split writes the result directly; several write fp32 partial sums that _sum_splits_kernel adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     if config.tma_box_w:
-        conv3d_wgrad_tma(grad_out, x, out, geom, config, per_split)
+        conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split)
     else:
         _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision)
     if splits > 1:
-        grid = (triton.cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)
+        grid = (cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)
         _sum_splits_kernel[grid](out, grad_w, grad_w.numel(), splits, BLOCK=SPLIT_SUM_BLOCK)
     return grad_w_logical
 
@@ -209,7 +209,7 @@ def _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_p
     c_out, c_in, rows = geom.out_channels, geom.in_channels, geom.output_voxels
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     view = gemm_view("wgrad", geom)
-    grid = (triton.cdiv(c_out, config.block_m) * triton.cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0])
+    grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0])
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,

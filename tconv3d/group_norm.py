@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel_utils import empty_ndhwc
+from .kernel_utils import cdiv, empty_ndhwc
 
 ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
@@ -120,7 +120,7 @@ def dense_voxels(t: torch.Tensor) -> torch.Tensor:
 def _splits(voxels: int) -> tuple[int, int]:
     """(voxels per split, splits): each reduction program walks SPLIT_BLOCKS voxel blocks."""
     per_split = max(BLOCK_S * SPLIT_BLOCKS, 1)
-    return per_split, max(triton.cdiv(voxels, per_split), 1)
+    return per_split, max(cdiv(voxels, per_split), 1)
 
 
 def _channel_reduce(x, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
@@ -129,7 +129,7 @@ def _channel_reduce(x, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
     voxels = x[0, 0].numel()
     per_split, splits = _splits(voxels)
     out = torch.empty((n, splits, 2, c), dtype=torch.float32, device=x.device)
-    grid = (n, triton.cdiv(c, BLOCK_C), splits)
+    grid = (n, cdiv(c, BLOCK_C), splits)
     _channel_reduce_kernel[grid](
         x, dy if dy is not None else x, a if a is not None else out, b if b is not None else out, out,
         voxels, c, per_split,
@@ -146,7 +146,7 @@ def _affine(x, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
     if out.numel() == 0:
         return out
     backward = dy is not None
-    grid = (triton.cdiv(voxels, BLOCK_S), triton.cdiv(c, BLOCK_C), n)
+    grid = (cdiv(voxels, BLOCK_S), cdiv(c, BLOCK_C), n)
     _affine_kernel[grid](
         x, dy if backward else x, out, a, b, k1 if backward else a, k2 if backward else a, k3 if backward else a,
         voxels, c,

@@ -92,6 +92,12 @@ def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
     return upcast, "ieee" if exact_fp32 else "tf32"
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host. triton.cdiv costs ~2 us a call outside kernels (its constexpr wrapper), and a
+    launch takes several: the launchers' grids and splits use this."""
+    return -(-a // b)
+
+
 def ndhwc(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its channels (dim 1) are contiguous, as in channels_last_3d or a view of it; otherwise a
     channels_last_3d copy. The kernels take any other strides as they come."""
