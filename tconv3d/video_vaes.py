@@ -102,9 +102,12 @@ class _WanCausalConv3d:
     def reason(module) -> str | None:
         return conv_reason(module)
 
-    def forward(self, x, cache_x=None):
+    def forward(self, x, cache_x=None, frames_before=None):
+        """diffusers' forward; `frames_before` (tconv3d's): frames read in front of x on top of the padding (what
+        WanResample concatenates in front of its downsampling time_conv)."""
+        if cache_x is not None and frames_before is not None:
+            raise ValueError("pass cache_x or frames_before, not both")
         wl, wr, ht, hb, df, db = self._padding
-        frames_before = None
         if cache_x is not None and df > 0:
             frames_before = cache_x.to(device=x.device, dtype=x.dtype)
             df -= frames_before.shape[2]
@@ -257,29 +260,38 @@ class _HunyuanVideoResnetBlock:
 
 class _HunyuanVideoUpsample:
     """diffusers' HunyuanVideoUpsampleCausal3D: the first frame upsampled in space, the others in space and time,
-    then its conv. diffusers makes the other frames NCDHW-contiguous first (a workaround for pytorch#81665, an
-    interpolate bug on non-contiguous inputs); here they are made channels_last_3d-contiguous instead, the same
-    one copy, so the layout survives."""
+    then its conv. diffusers interpolates the two parts and concatenates them (and makes the other frames
+    NCDHW-contiguous first, a workaround for pytorch#81665); with whole-number factors, nearest-neighbour
+    upsampling is a broadcast, so here both parts are written straight into one channels_last_3d result."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoUpsampleCausal3D",)
     attributes = ("conv", "upsample_factor")
 
     @staticmethod
     def reason(module) -> str | None:
+        factors = module.upsample_factor
+        if not all(float(f).is_integer() and f >= 1 for f in factors):
+            return f"upsample_factor {tuple(factors)} is not whole numbers"
         return None
 
     def forward(self, hidden_states):
-        num_frames = hidden_states.size(2)
-        first_frame, other_frames = hidden_states.split((1, num_frames - 1), dim=2)
-        first_frame = F.interpolate(first_frame.squeeze(2), scale_factor=self.upsample_factor[1:], mode="nearest")
-        first_frame = first_frame.unsqueeze(2)
-        if num_frames > 1:
-            other_frames = other_frames.contiguous(memory_format=_CL)
-            other_frames = F.interpolate(other_frames, scale_factor=self.upsample_factor, mode="nearest")
-            hidden_states = torch.cat((first_frame, other_frames), dim=2)
-        else:
-            hidden_states = first_frame
-        return self.conv(hidden_states)
+        b, c, t, h, w = hidden_states.shape
+        ft, fh, fw = (int(f) for f in self.upsample_factor)
+        out = torch.empty((b, c, 1 + (t - 1) * ft, h * fh, w * fw), dtype=hidden_states.dtype,
+                          device=hidden_states.device, memory_format=_CL)  # fmt: skip
+        _upsample_nearest_into(out[:, :, :1], hidden_states[:, :, :1], (1, fh, fw))
+        if t > 1:
+            _upsample_nearest_into(out[:, :, 1:], hidden_states[:, :, 1:], (ft, fh, fw))
+        return self.conv(out)
+
+
+def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
+    """out <- F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors (output voxel i
+    reads input voxel i // f), as one broadcast copy."""
+    b, c, t, h, w = x.shape
+    ft, fh, fw = factors
+    source = x[:, :, :, None, :, None, :, None].expand(b, c, t, ft, h, fh, w, fw)
+    out.view(b, c, t, ft, h, fh, w, fw).copy_(source)
 
 
 class _MochiChunkedGroupNorm:
@@ -345,9 +357,170 @@ class _LTXVideoUpsampler:
         return hidden_states
 
 
+class _MochiUpBlock:
+    """diffusers' MochiUpBlock3D: its resnets, then a per-voxel projection and an unpatchify (depth-to-space),
+    which diffusers makes NCDHW-contiguous; written channels_last_3d here (the same one copy)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_mochi.MochiUpBlock3D",)
+    attributes = ("resnets", "proj", "temporal_expansion", "spatial_expansion", "gradient_checkpointing")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, conv_cache=None):
+        new_conv_cache = {}
+        conv_cache = conv_cache or {}
+        for i, resnet in enumerate(self.resnets):
+            key = f"resnet_{i}"
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                hidden_states, new_conv_cache[key] = self._gradient_checkpointing_func(
+                    resnet, hidden_states, conv_cache.get(key)
+                )
+            else:
+                hidden_states, new_conv_cache[key] = resnet(hidden_states, conv_cache=conv_cache.get(key))
+        hidden_states = self.proj(hidden_states.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3)
+        stride = (self.temporal_expansion, self.spatial_expansion, self.spatial_expansion)
+        return _depth_to_space(hidden_states, stride), new_conv_cache
+
+
+class _CogVideoXSpatialNorm:
+    """diffusers' CogVideoXSpatialNorm3D resizes the latent to the features' size (first frame on its own, the
+    rest together, then a torch.cat at full resolution) for its conv_y and conv_b. The same nearest-neighbour
+    result, bit for bit, comes from picking the latent's frames first (a gather at latent resolution) and then
+    one interpolation: one full-resolution write instead of two."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSpatialNorm3D",)
+    attributes = ("norm_layer", "conv_y", "conv_b")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, f, zq, conv_cache=None):
+        conv_cache = conv_cache or {}
+        frames = f.shape[2]
+        if frames > 1 and frames % 2 == 1 and zq.shape[2] > 1:
+            # Frame 0 from frame 0, the rest by nearest-neighbour over frames 1.. (interpolate's own index rule,
+            # read off an arange so it is the same arithmetic).
+            rest = torch.arange(1, zq.shape[2], dtype=torch.float32, device=zq.device).view(1, 1, -1, 1, 1)
+            rest = F.interpolate(rest, size=(frames - 1, 1, 1)).flatten().long()
+            index = torch.cat([rest.new_zeros(1), rest])
+            zq = zq.index_select(2, index).contiguous(memory_format=_CL)
+        zq = F.interpolate(zq, size=f.shape[-3:])
+        new_conv_cache = {}
+        conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
+        conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
+        return self.norm_layer(f) * conv_y + conv_b, new_conv_cache
+
+
+class _WanResample:
+    """diffusers' WanResample (and QwenImageResample) with two copies taken out of the layout's way: the
+    downsampling time_conv reads the previous chunk's last frame in place (frames_before) instead of after a
+    torch.cat, and the upsampling interleave of the time_conv's two halves is written channels_last_3d (the same
+    one copy as diffusers' torch.stack, which answers NCDHW)."""
+
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_wan.WanResample",
+        "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResample",
+    )
+    attributes = ("mode", "resample")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (diffusers' signature)
+        b, c, t, h, w = x.size()
+        if self.mode == "upsample3d" and feat_cache is not None:
+            idx = feat_idx[0]
+            if feat_cache[idx] is None:
+                feat_cache[idx] = "Rep"
+                feat_idx[0] += 1
+            else:
+                cache_x = x[:, :, -2:].clone()
+                if cache_x.shape[2] < 2 and feat_cache[idx] != "Rep":
+                    cache_x = torch.cat([feat_cache[idx][:, :, -1:].to(cache_x.device), cache_x], dim=2)
+                if cache_x.shape[2] < 2 and feat_cache[idx] == "Rep":
+                    cache_x = torch.cat([torch.zeros_like(cache_x), cache_x], dim=2)
+                x = self.time_conv(x) if feat_cache[idx] == "Rep" else self.time_conv(x, feat_cache[idx])
+                feat_cache[idx] = cache_x
+                feat_idx[0] += 1
+                x = _interleave_frames(x)
+        t = x.shape[2]
+        x = _frames_to_video(self.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)), b, t)
+        if self.mode == "downsample3d" and feat_cache is not None:
+            idx = feat_idx[0]
+            if feat_cache[idx] is None:
+                feat_cache[idx] = x.clone()
+                feat_idx[0] += 1
+            else:
+                cache_x = x[:, :, -1:].clone()
+                if isinstance(self.time_conv, Conv3d):  # not when convert's filter left it out
+                    x = self.time_conv(x, frames_before=feat_cache[idx][:, :, -1:])
+                else:
+                    x = self.time_conv(torch.cat([feat_cache[idx][:, :, -1:], x], 2))
+                feat_cache[idx] = cache_x
+                feat_idx[0] += 1
+        return x
+
+
+def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """(B*T, C, H, W) frames -> (B, C, T, H, W). NHWC frames give a channels_last_3d view with the strides an
+    NDHWC tensor of that shape has: a batch of one frame can come back from conv2d with degenerate strides for
+    its size-1 dims, which later concatenations (diffusers' frame caches) read as NCDHW and copy to it."""
+    _, c, h, w = frames.shape
+    if frames.is_contiguous(memory_format=torch.channels_last):
+        return frames.as_strided((b, c, t, h, w), (t * h * w * c, 1, h * w * c, w * c, c))
+    return frames.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+def _interleave_frames(x: torch.Tensor) -> torch.Tensor:
+    """(B, 2C, T, H, W) -> (B, C, 2T, H, W), frame 2t + s from channels [sC, (s+1)C) of frame t (WanResample's
+    temporal upsampling), written into a channels_last_3d result."""
+    b, c2, t, h, w = x.shape
+    c = c2 // 2
+    out = torch.empty((b, c, 2 * t, h, w), dtype=x.dtype, device=x.device, memory_format=_CL)
+    # channels_last_3d storage is (B, T, 2, H, W, C)
+    out.permute(0, 2, 3, 4, 1).view(b, t, 2, h, w, c).copy_(x.view(b, 2, c, t, h, w).permute(0, 3, 1, 4, 5, 2))
+    return out
+
+
+class _WanAttentionBlock:
+    """diffusers' WanAttentionBlock (and QwenImageAttentionBlock): single-head attention over each frame's pixels.
+    Its 1x1 Conv2d projections are matmuls over the (pixels, channels) rows a channels_last_3d activation already
+    holds, so the block reads and answers channels_last_3d with no permute copies (diffusers' qkv
+    `.contiguous()` and its NCHW reshapes)."""
+
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_wan.WanAttentionBlock",
+        "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageAttentionBlock",
+    )
+    attributes = ("norm", "to_qkv", "proj")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        for name in ("to_qkv", "proj"):
+            conv = getattr(module, name)
+            if not isinstance(conv, nn.Conv2d) or conv.kernel_size != (1, 1) or conv.groups != 1:
+                return f"its {name} is not a 1x1 nn.Conv2d"
+        return None
+
+    def forward(self, x):
+        identity = x
+        b, c, t, h, w = x.size()
+        x = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))  # views when x is channels_last_3d
+        rows = x.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, c)
+        qkv = F.linear(rows, self.to_qkv.weight.flatten(1), self.to_qkv.bias)
+        x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
+        x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)
+        return x.view(b, t, h, w, c).permute(0, 4, 1, 2, 3) + identity
+
+
 _ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
-    _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler,
+    _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
+    _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock,
 )  # fmt: skip
 KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 
