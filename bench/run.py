@@ -67,7 +67,9 @@ def _stock_conv(shape: ConvShape) -> torch.nn.Conv3d:
     pad = shape.padding
     if pad[0::2] != pad[1::2]:
         raise ValueError(f"{shape.name}: the stock baselines need symmetric padding, got {pad}")
-    return torch.nn.Conv3d(shape.cin, shape.cout, shape.kernel, shape.stride, pad[0::2], shape.dilation, bias=False)
+    return torch.nn.Conv3d(
+        shape.cin, shape.cout, shape.kernel, shape.stride, pad[0::2], shape.dilation, groups=shape.groups, bias=False
+    )
 
 
 def _make_inputs(shape: ConvShape, dtype):
@@ -80,13 +82,13 @@ def _implementations(shape: ConvShape, dtype, impls):
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
     out = {}
     if "tconv3d" in impls:
-        out["tconv3d"] = (lambda x, w: tconv3d.conv3d(x, w, None, stride, padding, dilation), x, w)
+        out["tconv3d"] = (lambda x, w: tconv3d.conv3d(x, w, None, stride, padding, dilation, shape.groups), x, w)
     sym = shape.padding[0::2]
     if "cudnn_cl3d" in impls:
-        out["cudnn_cl3d"] = (lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation), x, w)
+        out["cudnn_cl3d"] = (lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation, shape.groups), x, w)
     if "cudnn_ncdhw" in impls:
         out["cudnn_ncdhw"] = (
-            lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation),
+            lambda x, w: F.conv3d(x, w, None, shape.stride, sym, shape.dilation, shape.groups),
             x.contiguous(),
             w.contiguous(),
         )
@@ -125,7 +127,7 @@ def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
     """Largest relative L2 error of tconv3d's results for `direction` against float64 autograd of F.conv3d."""
     small = _replica(shape)
     x, w = _make_inputs(small, dtype)
-    errors = float64_errors(x, w, None, small.stride, small.padding, small.dilation)
+    errors = float64_errors(x, w, None, small.stride, small.padding, small.dilation, small.groups)
     wanted = {"fwd": ["output"], "bwd": ["grad_input", "grad_weight"], "fwd+bwd": list(errors)}[direction]
     return max(errors[name] for name in wanted)
 
@@ -143,6 +145,7 @@ def bench_case(shape: ConvShape, dtype_name: str, direction: str, impls, peak_tf
             "stride": list(shape.stride),
             "padding": list(shape.padding),
             "dilation": list(shape.dilation),
+            "groups": shape.groups,
         },
         "flops": flops,
         "min_bytes": report.min_bytes(shape, direction, torch.empty((), dtype=dtype).element_size()),

@@ -33,9 +33,9 @@ def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
 
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry) -> torch.Tensor:
     if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
-        y = F.conv3d(x, weight, bias, geom.stride, geom.front_padding, geom.dilation)
+        y = F.conv3d(x, weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
-        y = F.conv3d(_pad_input(x, frames_before, geom), weight, bias, geom.stride, 0, geom.dilation)
+        y = F.conv3d(_pad_input(x, frames_before, geom), weight, bias, geom.stride, 0, geom.dilation, geom.groups)
     return _as_ndhwc(y)
 
 
@@ -43,7 +43,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
-    grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation)
+    grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
     for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
@@ -52,7 +52,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor:
     grad = torch.nn.grad.conv3d_weight(
-        _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation
+        _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation, geom.groups
     )
     return _as_ndhwc(grad)
 

@@ -41,15 +41,19 @@ class KernelConfig:
     # The TMA variant (stride-1 forward): the width of its output patch in voxels (the patch is block_m / tma_box_w
     # rows of tma_box_w); 0 is the pointer variant.
     tma_box_w: int = 0
+    # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
+    # unused, split_k splits of the weight gradient's voxels.
+    direct: int = 0
 
     @property
     def variant(self) -> str:
-        return "tma" if self.tma_box_w else "pointer"
+        return "direct" if self.direct else "tma" if self.tma_box_w else "pointer"
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        if not self.tma_box_w:
-            del data["tma_box_w"]  # pointer configs read as they did before the field existed
+        for name in ("tma_box_w", "direct"):
+            if not data[name]:
+                del data[name]  # pointer configs read as they did before these fields existed
         return data
 
     @classmethod
@@ -64,10 +68,12 @@ class KernelConfig:
         config = cls(**data)
         for name in names:
             value = getattr(config, name)
-            lowest = 0 if name == "tma_box_w" else 1
+            lowest = 0 if name in ("tma_box_w", "direct") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 kind = "a positive int" if lowest else "an int >= 0"
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
+        if config.direct > 1 or (config.direct and config.tma_box_w):
+            raise ValueError(f"direct is 0 or 1, and a direct config has no TMA box: {config}")
         box = config.tma_box_w
         if box and (box & (box - 1) or config.block_m % box or config.block_k % box):
             raise ValueError(f"tma_box_w must be a power of two dividing block_m and block_k, got {config}")
@@ -92,31 +98,33 @@ PACK_TAPS_BELOW = 16
 def packs_taps(direction: str, geom: ConvGeometry) -> bool:
     """Whether `direction` runs its small-channel form: the channels it walks per tap (fwd: Cin reduced, dgrad:
     Cout reduced, wgrad: Cin as columns) are fewer than one MMA step and the kernel has more than one tap."""
-    channels = geom.out_channels if direction == "dgrad" else geom.in_channels
+    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
     return channels < PACK_TAPS_BELOW and geom.taps > 1
 
 
 @dataclass(frozen=True)
 class GemmView:
-    """The implicit GEMM a direction computes: `rows` x `cols`, reduced over `reduction` (fwd: Cin, dgrad: Cout,
-    per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap (wgrad), or 1. Packed
-    into (tap, channel) pairs, the small-channel forms reduce over taps x channels (fwd, dgrad) or make them
-    the columns (wgrad)."""
+    """The implicit GEMM a direction computes, one per group: `rows` x `cols`, reduced over `reduction` (fwd:
+    Cin, dgrad: Cout, per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap
+    (wgrad), or 1, and `groups` such GEMMs side by side. Packed into (tap, channel) pairs, the small-channel
+    forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad)."""
 
     rows: int
     cols: int
     reduction: int
     grid_taps: int = 1
+    groups: int = 1
 
 
 def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
     packed = geom.taps if packs_taps(direction, geom) else 1
+    cin, cout, groups = geom.group_in_channels, geom.group_out_channels, geom.groups
     if direction == "fwd":
-        return GemmView(geom.output_voxels, geom.out_channels, geom.in_channels * packed)
+        return GemmView(geom.output_voxels, cout, cin * packed, groups=groups)
     if direction == "dgrad":
-        return GemmView(geom.input_voxels, geom.in_channels, geom.out_channels * packed)
+        return GemmView(geom.input_voxels, cin, cout * packed, groups=groups)
     if direction == "wgrad":
-        return GemmView(geom.out_channels, geom.in_channels * packed, geom.output_voxels, geom.taps // packed)
+        return GemmView(cout, cin * packed, geom.output_voxels, geom.taps // packed, groups)
     raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
 
 
@@ -126,8 +134,9 @@ def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
 
 @dataclass(frozen=True, order=True)
 class TuningKey:
-    """What a tuned config is keyed by: direction, dtype, channels, kernel, stride, dilation and the GEMM size
-    as log2 of the output voxel count N*Do*Ho*Wo, rounded down."""
+    """What a tuned config is keyed by: direction, dtype, channels per group, kernel, stride, dilation, the GEMM
+    size as log2 of the output voxel count N*Do*Ho*Wo, rounded down, and the number of groups (written only
+    when above 1, so the keys of ungrouped problems read as they always have)."""
 
     direction: str
     dtype: str
@@ -137,14 +146,16 @@ class TuningKey:
     stride: tuple[int, int, int]
     dilation: tuple[int, int, int]
     log2_voxels: int
+    groups: int = 1
 
     def __str__(self) -> str:
         def dims(t):
             return "x".join(str(v) for v in t)
 
+        groups = f"/g={self.groups}" if self.groups != 1 else ""
         return (
             f"{self.direction}/{self.dtype}/cin={self.cin}/cout={self.cout}/k={dims(self.kernel)}"
-            f"/s={dims(self.stride)}/d={dims(self.dilation)}/m=2^{self.log2_voxels}"
+            f"/s={dims(self.stride)}/d={dims(self.dilation)}/m=2^{self.log2_voxels}{groups}"
         )
 
     @classmethod
@@ -168,6 +179,7 @@ class TuningKey:
                 stride=dims("s"),
                 dilation=dims("d"),
                 log2_voxels=int(values["m"].removeprefix("2^")),
+                groups=int(values.get("g", 1)),
             )
         except (KeyError, ValueError) as error:
             raise ValueError(f"malformed tuning key {text!r} ({error})") from None
@@ -177,12 +189,13 @@ class TuningKey:
 
     def same_family(self, other: TuningKey) -> bool:
         """Keys whose configs can stand in for each other: all but channels and size agree."""
-        return (self.direction, self.dtype, self.kernel, self.stride, self.dilation) == (
+        return (self.direction, self.dtype, self.kernel, self.stride, self.dilation, self.groups) == (
             other.direction,
             other.dtype,
             other.kernel,
             other.stride,
             other.dilation,
+            other.groups,
         )
 
     def distance(self, other: TuningKey) -> float:
@@ -197,12 +210,13 @@ def tuning_key(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> Tuning
     return TuningKey(
         direction=direction,
         dtype=DTYPE_NAMES[dtype],
-        cin=geom.in_channels,
-        cout=geom.out_channels,
+        cin=geom.group_in_channels,
+        cout=geom.group_out_channels,
         kernel=tuple(geom.kernel),
         stride=tuple(geom.stride),
         dilation=tuple(geom.dilation),
         log2_voxels=max(geom.output_voxels, 1).bit_length() - 1,
+        groups=geom.groups,
     )
 
 
@@ -320,7 +334,7 @@ def _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype) -
 def _max_split(view: GemmView, block_k: int) -> int:
     """Splits that keep at least 8 reduction steps each and the fp32 workspace within its bound."""
     by_steps = cdiv(view.reduction, block_k) // 8
-    by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * view.grid_taps * 4)
+    by_workspace = WGRAD_WORKSPACE_BYTES // (view.rows * view.cols * view.grid_taps * view.groups * 4)
     return max(1, min(by_steps, by_workspace))
 
 
@@ -351,10 +365,34 @@ def _wave_filling_split(
     return best
 
 
+def direct_eligible(direction: str, geom: ConvGeometry) -> bool:
+    """Problems the depthwise direct kernels run: one input channel per group; for the forward and the weight
+    gradient with zeros padding and one source (the input gradient's launcher borders other modes first)."""
+    return geom.is_depthwise and (direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames))
+
+
+def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter: bool = False) -> KernelConfig:
+    """Tiles of the depthwise direct kernels: 64 voxels x 64 channels (128-byte rows of 16-bit channels per load)
+    on a GPU, fewer channels where there are fewer; the weight gradient split until its programs fill the SMs
+    about four times over, keeping at least 8 tile steps per split. Under the interpreter, few large tiles."""
+    channels = geom.in_channels if direction == "dgrad" else geom.out_channels
+    voxels = geom.input_voxels if direction == "dgrad" else geom.output_voxels
+    block_c = _pow2_clamp(channels, MIN_TILE, 64)
+    block_m = _pow2_clamp(voxels, MIN_TILE, 512) if interpreter else 64
+    split_k = 1
+    if direction == "wgrad":
+        tiles = cdiv(channels, block_c) * geom.taps
+        split_k = 2 if interpreter else max(1, min(cdiv(4 * sm_count, tiles), cdiv(voxels, 8 * block_m)))
+    return KernelConfig(block_m, block_c, MIN_TILE, 8, 1, group_m=1, split_k=split_k, direct=1)
+
+
 def heuristic_config(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
 ) -> KernelConfig:
-    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible problems."""
+    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible problems and the
+    direct kernels for depthwise ones."""
+    if direct_eligible(direction, geom):
+        return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
     if capability >= TMA_MIN_CAPABILITY and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
@@ -380,7 +418,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
-        tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps
+        tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if view.reduction == 0:  # an empty batch: nothing to split
             return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
@@ -416,6 +454,8 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
 def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:
     """The Triton interpreter runs programs one by one, paying per operation rather than per element: few,
     large tiles are fastest there. Two wgrad splits keep the split-K reduction exercised."""
+    if direct_eligible(direction, geom):
+        return direct_config(direction, geom, 1, interpreter=True)
     view = gemm_view(direction, geom)
     if direction == "wgrad":
         block_m = _pow2_clamp(view.rows, MIN_TILE, 64)
@@ -447,7 +487,8 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
     # weight gradient read the input itself, so only with zeros padding and one source.
     runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
-    return runs and aligned and tuple(geom.stride) == (1, 1, 1)
+    # A box reaching past a group's channels would read the next group's (only the tensor's edge reads zeros).
+    return runs and aligned and tuple(geom.stride) == (1, 1, 1) and geom.groups == 1
 
 
 def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
+from .conv_depthwise import depthwise_dgrad
 from .conv_tma import conv3d_tma
 from .geometry import ConvGeometry
 from .kernel_utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
@@ -41,6 +42,10 @@ def _conv3d_dgrad_kernel(
     nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step) K runs over
     (live tap, channel) pairs, as in the forward.
     """
+    group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
+    go_ptr += group * C_OUT * stride_gc
+    w_ptr += group * C_OUT * stride_wo
+    gi_ptr += group * C_IN * stride_ic
     num_m = tl.cdiv(M_PHASE, BLOCK_M)
     num_n = tl.cdiv(C_IN, BLOCK_N)
     phase = tl.program_id(0) // (num_m * num_n)
@@ -159,15 +164,18 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
     if config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
         return conv3d_tma(grad_out, weight, None, grad_in, geom, config, input_grad=True)
+    if config.direct:  # depthwise
+        return depthwise_dgrad(grad_out, weight, grad_in, geom, config)
     upcast, precision = dot_flags(grad_out.dtype)
     live_taps = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
-    grid = (cdiv(rows, config.block_m) * cdiv(geom.in_channels, config.block_n) * phases,)
+    c_in, c_out = geom.group_in_channels, geom.group_out_channels
+    grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups)
     _conv3d_dgrad_kernel[grid](
         grad_out, weight, grad_in, live_taps,
-        rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, *phase_size,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size,
         *grad_out.stride(), *weight.stride(), *grad_in.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,

@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from .configs import KernelConfig, packs_taps
+from .conv_depthwise import depthwise_fwd
 from .conv_tma import conv3d_tma
 from .geometry import ConvGeometry
 from .kernel_utils import (
@@ -52,6 +53,14 @@ def _conv3d_fwd_kernel(
     """
     # Zeros borders and one source: a mask suffices and each tap's offset is one constant added to every row.
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
+    # Grouped convolution (grid axis 1): a group's channels are a contiguous run of every voxel's and its output
+    # channels a run of the weight's rows, so each group is this GEMM from shifted base pointers (C_IN and C_OUT
+    # count one group's channels).
+    group = tl.program_id(1)
+    x_ptr += group * C_IN * stride_xc
+    w_ptr += group * C_OUT * stride_wo
+    y_ptr += group * C_OUT * stride_yc
+    bias_ptr += group * C_OUT
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -148,13 +157,15 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         return conv3d_tma(x, weight, bias, y, geom, config, input_grad=False)
+    if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible)
+        return depthwise_fwd(x, weight, bias, y, geom, config)
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     upcast, precision = dot_flags(x.dtype)
-    rows = geom.output_voxels
-    grid = (cdiv(rows, config.block_m) * cdiv(geom.out_channels, config.block_n),)
+    rows, c_in, c_out = geom.output_voxels, geom.group_in_channels, geom.group_out_channels
+    grid = (cdiv(rows, config.block_m) * cdiv(c_out, config.block_n), geom.groups)
     _conv3d_fwd_kernel[grid](
         x, weight, bias if bias is not None else x, y,
-        rows, geom.in_channels, *geom.in_size, geom.out_channels, *geom.out_size, geom.prefix_frames, p_delta,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta,
         *x.stride(), *p_strides, *weight.stride(), *y.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,

@@ -6,9 +6,20 @@ import triton
 import triton.language as tl
 
 from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
+from .conv_depthwise import depthwise_wgrad
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .geometry import ConvGeometry
-from .kernel_utils import border_gather, cdiv, dense_ndhwc, dot_flags, mma, ndhwc, prefix_arguments, split_voxel
+from .kernel_utils import (
+    border_gather,
+    cdiv,
+    dense_ndhwc,
+    dot_flags,
+    mma,
+    ndhwc,
+    ndhwc_strides,
+    prefix_arguments,
+    split_voxel,
+)
 
 
 @triton.jit
@@ -44,6 +55,10 @@ def _conv3d_wgrad_kernel(
     taps: tl.constexpr = KD * KH * KW
     # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
+    group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
+    go_ptr += group * C_OUT * stride_gc
+    x_ptr += group * C_IN * stride_xc
+    out_ptr += group * C_OUT * stride_oo
     pid = tl.program_id(0)
     if PACK_TAPS:  # few input channels: the columns are (tap, channel) pairs, several taps per program
         cols = taps * C_IN
@@ -94,7 +109,7 @@ def _conv3d_wgrad_kernel(
                 mask_x = mask_k & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
         # Coordinates are int32; offsets from them need int64.
         if GO_DENSE:  # channels_last_3d grad_out: the voxel's row is its linear index
-            g_rows = (k0 + tl.arange(0, BLOCK_K)) * C_OUT
+            g_rows = (k0 + tl.arange(0, BLOCK_K)) * stride_gw  # all groups' channels (launcher: ndhwc_strides)
         else:
             g_rows = (n.to(tl.int64) * stride_gn + od.to(tl.int64) * stride_gd + oh.to(tl.int64) * stride_gh
                       + ow.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
@@ -173,7 +188,7 @@ def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr)
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
     The tiling, split-K included, is `config`."""
-    c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
+    c_out, c_in, taps = geom.out_channels, geom.group_in_channels, geom.taps
     # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
     grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
     grad_w_logical = grad_w.view(c_out, *geom.kernel, c_in).permute(0, 4, 1, 2, 3)
@@ -187,6 +202,9 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         patches = wgrad_tma_patches(geom, config)
         per_split = split_rows(patches, config.split_k, 1)
         splits = cdiv(patches, per_split)
+    elif config.direct:  # depthwise: voxels in block_m steps
+        rows_per_split = split_rows(rows, config.split_k, config.block_m)
+        splits = cdiv(rows, rows_per_split)
     else:
         rows_per_split = split_rows(rows, config.split_k, config.block_k)
         splits = cdiv(rows, rows_per_split)
@@ -197,6 +215,8 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     if config.tma_box_w:
         conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split)
+    elif config.direct:
+        depthwise_wgrad(grad_out, x, out, geom, config, rows_per_split)
     else:
         _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision)
     if splits > 1:
@@ -206,14 +226,14 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
 
 
 def _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision):
-    c_out, c_in, rows = geom.out_channels, geom.in_channels, geom.output_voxels
+    c_out, c_in, rows = geom.group_out_channels, geom.group_in_channels, geom.output_voxels
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     view = gemm_view("wgrad", geom)
-    grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0])
+    grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0], geom.groups)
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,
-        *grad_out.stride(), *x.stride(), *p_strides, *out.stride(),
+        *ndhwc_strides(grad_out), *x.stride(), *p_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom), HAS_PREFIX=frames_before is not None,

@@ -83,7 +83,7 @@ def convert(
     Each layer keeps its identity and Parameters (its class is changed and a conv weight made channels_last_3d in
     place), so an optimizer built before the call keeps working and state_dicts load both ways.
     `filter(qualified_name, module)` returning False leaves a module alone (a VAE's conv wrapper, once taken
-    over, takes its inner conv with it). What tconv3d cannot run (groups > 1 convolutions, float64 weights,
+    over, takes its inner conv with it). What tconv3d cannot run (float64 weights,
     paddings one op cannot express) stays as it is, each reported by a warning on the "tconv3d" logger with its
     name and the reason. Nothing outside `model` is patched.
     """

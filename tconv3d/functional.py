@@ -18,14 +18,25 @@ def conv3d(
     `frames_before` (N, C, P, H, W), e.g. a video VAE's cached frames, precedes the input along D as if
     torch.cat([frames_before, input], dim=2) were convolved (padding applies to that concatenation), read in
     place by the kernels; it gets a gradient like the input.
+    An unbatched (C, D, H, W) input gives an unbatched output, as in F.conv3d.
     Input in any memory format is accepted (channels_last_3d is read in place, others are converted once);
     the output is always channels_last_3d. A weight not in channels_last_3d is converted on every call:
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
+    if isinstance(input, torch.Tensor) and input.dim() == 4:  # F.conv3d's unbatched (C, D, H, W) form
+        args = (stride, padding, dilation, groups, padding_mode, unbatched(frames_before))
+        return conv3d(input[None], weight, bias, *args)[0]
     stride, padding, dilation, padding_mode = conv_arguments(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before
     )
     return torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+
+
+def unbatched(frames_before):
+    """frames_before of an unbatched (C, D, H, W) input, as the batch of one the op takes."""
+    if isinstance(frames_before, torch.Tensor) and frames_before.dim() == 4:
+        return frames_before[None]
+    return frames_before
 
 
 def conv_transpose3d(
@@ -35,10 +46,14 @@ def conv_transpose3d(
     meaning; weight is (Cin, Cout, kd, kh, kw). It is the input gradient of the convolution it transposes, so it
     runs that op (`torch.ops.tconv3d.conv3d_input_grad`: its kernel is split by stride phase, so no work goes to
     inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d."""
-    output_shape, stride, padding, dilation = conv_transpose_arguments(
+    if isinstance(input, torch.Tensor) and input.dim() == 4:  # unbatched (C, D, H, W)
+        return conv_transpose3d(input[None], weight, bias, stride, padding, output_padding, groups, dilation)[0]
+    output_shape, stride, padding, dilation, groups = conv_transpose_arguments(
         input, weight, bias, stride, padding, output_padding, groups, dilation
     )
-    output = torch.ops.tconv3d.conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros")
+    output = torch.ops.tconv3d.conv3d_input_grad(
+        input, weight, output_shape, stride, padding, dilation, "zeros", groups
+    )
     if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
         output.add_(bias.to(output.dtype).view(1, -1, 1, 1, 1))
     return output

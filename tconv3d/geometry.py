@@ -35,6 +35,23 @@ class ConvGeometry:
     # Frames read from a second tensor in front of the input along D (a video VAE's cached frames): in_size[0]
     # counts them, and the padding and its modes apply to the concatenation, as if torch.cat had made it.
     prefix_frames: int = 0
+    # Grouped convolution: channels split into `groups` equal runs, each convolved with its own slice of the
+    # weight's output channels (in_channels and out_channels count all of them; depthwise: groups == in_channels).
+    groups: int = 1
+
+    @property
+    def group_in_channels(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def group_out_channels(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def is_depthwise(self) -> bool:
+        """One input channel per group (a channel multiplier of out_channels / in_channels): the direct kernels'
+        case, which no GEMM tile would fill."""
+        return self.groups > 1 and self.group_in_channels == 1
 
     @property
     def front_padding(self) -> tuple[int, int, int]:
@@ -90,11 +107,11 @@ class ConvGeometry:
         return (self.batch, self.in_channels, *self.in_size)
 
     def weight_shape(self) -> tuple[int, int, int, int, int]:
-        return (self.out_channels, self.in_channels, *self.kernel)
+        return (self.out_channels, self.group_in_channels, *self.kernel)
 
     def flops(self) -> int:
         """Multiply-adds times two of one direction (forward, input-grad or weight-grad cost the same)."""
-        return 2 * self.output_voxels * self.out_channels * self.in_channels * self.taps
+        return 2 * self.output_voxels * self.out_channels * self.group_in_channels * self.taps
 
 
 def _is_int(v) -> bool:
@@ -218,13 +235,29 @@ def _check_pads_fit_mode(in_size, padding, padding_mode: str) -> None:
             raise ValueError(f"replicate padding of an empty dimension {name} has nothing to repeat")
 
 
+def check_groups(groups, in_channels, out_channels) -> int:
+    """groups as nn.Conv3d takes it: a positive int dividing both channel counts."""
+    if not _is_int(groups):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups}")
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(
+            f"groups={groups} must divide both the {in_channels} input channels and the {out_channels} output channels"
+        )
+    return int(groups)
+
+
 def conv_geometry(
-    input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0
+    input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0, groups=1
 ) -> ConvGeometry:
     """Check the shapes and convolution arguments of one conv3d and return its geometry. `prefix_frames` frames
     of a second source precede the input along D (their shape is checked by the caller)."""
     if len(input_shape) != 5:
-        raise ValueError(f"input must be 5-D (N, C, D, H, W), got {len(input_shape)}-D with shape {tuple(input_shape)}")
+        raise ValueError(
+            f"input must be 5-D (N, C, D, H, W) (or, outside the op, unbatched 4-D), got {len(input_shape)}-D with "
+            f"shape {tuple(input_shape)}"
+        )
     if len(weight_shape) != 5:
         raise ValueError(
             f"weight must be 5-D (Cout, Cin, kd, kh, kw), got {len(weight_shape)}-D with shape {tuple(weight_shape)}"
@@ -232,13 +265,14 @@ def conv_geometry(
     batch, in_channels, *in_size = input_shape
     in_size[0] += prefix_frames
     out_channels, weight_in_channels, *kernel = weight_shape
-    if weight_in_channels != in_channels:
-        raise ValueError(
-            f"channel mismatch: input has {in_channels} channels but weight expects {weight_in_channels} "
-            f"(weight shape {tuple(weight_shape)})"
-        )
-    if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel):
+    if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel) or weight_in_channels == 0:
         raise ValueError(f"weight must have no zero-sized dimension, got shape {tuple(weight_shape)}")
+    groups = check_groups(groups, in_channels, out_channels)
+    if weight_in_channels * groups != in_channels:
+        raise ValueError(
+            f"channel mismatch: input has {in_channels} channels but weight {tuple(weight_shape)} with "
+            f"groups={groups} expects {weight_in_channels * groups}"
+        )
     stride = triple(stride, "stride")
     dilation = triple(dilation, "dilation")
     padding = resolve_padding(padding, kernel, stride, dilation)
@@ -268,6 +302,7 @@ def conv_geometry(
         dilation=dilation,
         padding_mode=padding_mode,
         prefix_frames=prefix_frames,
+        groups=groups,
     )
 
 
@@ -297,10 +332,8 @@ def check_conv3d(
     check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
-    if groups != 1:
-        raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
     prefix = prefix_frame_count(input, frames_before)
-    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix)
+    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups)
     if bias is not None and tuple(bias.shape) != (geom.out_channels,):
         raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
     return geom
@@ -316,7 +349,7 @@ def conv_arguments(input, weight, bias, stride, padding, dilation, groups, paddi
     padding_mode = check_padding_mode(padding_mode)
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     if isinstance(padding, str):  # needs the kernel size, so the shapes are checked here already
-        padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation).padding
+        padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation, groups=groups).padding
     else:
         padding = resolve_padding(padding, None, stride, dilation)
     return list(stride), list(padding), list(dilation), padding_mode
@@ -345,12 +378,8 @@ def check_group_norm(input, weight, bias, groups, activation) -> None:
 
 def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
     """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
-    dilation), each a list of ints. Checks what F.conv_transpose3d checks."""
+    dilation), each a list of ints, and groups. Checks what F.conv_transpose3d checks."""
     check_tensors(input=input, weight=weight, bias=bias)
-    if not _is_int(groups):
-        raise TypeError(f"groups must be an int, got {groups!r}")
-    if groups != 1:
-        raise NotImplementedError(f"groups={groups} is not supported yet; tconv3d runs groups=1 only")
     if input.dim() != 5 or weight.dim() != 5:
         raise ValueError(
             f"input and weight must be 5-D, got input {tuple(input.shape)} and weight {tuple(weight.shape)}"
@@ -358,10 +387,12 @@ def conv_transpose_arguments(input, weight, bias, stride, padding, output_paddin
     if weight.shape[0] != input.shape[1]:
         raise ValueError(
             f"channel mismatch: input has {input.shape[1]} channels but the transposed weight "
-            f"{tuple(weight.shape)} (Cin, Cout, kd, kh, kw) expects {weight.shape[0]}"
+            f"{tuple(weight.shape)} (Cin, Cout / groups, kd, kh, kw) expects {weight.shape[0]}"
         )
-    if bias is not None and tuple(bias.shape) != (weight.shape[1],):
-        raise ValueError(f"bias must have shape ({weight.shape[1]},), got {tuple(bias.shape)}")
+    out_channels = weight.shape[1] * (groups if _is_int(groups) else 1)
+    groups = check_groups(groups, input.shape[1], out_channels)
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise ValueError(f"bias must have shape ({out_channels},), got {tuple(bias.shape)}")
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     pads = _int_tuple(padding, "padding", (1, 3))
     pads = pads * 3 if len(pads) == 1 else pads
@@ -380,4 +411,4 @@ def conv_transpose_arguments(input, weight, bias, stride, padding, output_paddin
     if any(size <= 0 for size in out_size):
         raise ValueError(f"the output size {tuple(out_size)} is not positive (input {tuple(input.shape)})")
     padding6 = [pads[0], pads[0], pads[1], pads[1], pads[2], pads[2]]
-    return [input.shape[0], weight.shape[1], *out_size], list(stride), padding6, list(dilation)
+    return [input.shape[0], out_channels, *out_size], list(stride), padding6, list(dilation), groups

@@ -117,7 +117,10 @@ def table(records: list[dict]) -> str:
         if not r["compiled"]:
             lines.append(f"{start} FAILED: {r['error']}")
             continue
-        grid = "x".join(str(g) for g in r["grid"])
+        grid = list(r["grid"])
+        while len(grid) > 1 and grid[-1] == 1:  # the groups axis of an ungrouped launch
+            grid.pop()
+        grid = "x".join(str(g) for g in grid)
         loads = ",".join(load.replace(".E", "") for load in r["loads"]) or "-"
         lines.append(
             f"{start} {grid:>11} {r['waves']:>6.2f} {r['registers'] or 0:>4} {r['spill_bytes']:>5} "
@@ -128,7 +131,7 @@ def table(records: list[dict]) -> str:
 
 def problems(records: list[dict]) -> list[str]:
     """What a chosen config must never do: fail to compile, spill, overflow shared memory, or (sm_90, 16-bit,
-    tiles of 64+ rows) miss wgmma."""
+    GEMM tiles of 64+ rows) miss wgmma. The depthwise direct kernels have no MMA to run."""
     found = []
     for r in records:
         if r["config_source"] == "space":
@@ -138,7 +141,10 @@ def problems(records: list[dict]) -> list[str]:
             found.append(f"{name}: did not compile ({r['error']})")
         elif not r["fits"]:
             found.append(f"{name}: spills or overflows shared memory")
-        elif r["arch"] == 90 and r["dtype"] != "fp32" and r["config"]["block_m"] >= 64 and r["mma"] != "HGMMA":
+        elif (
+            r["arch"] == 90 and r["dtype"] != "fp32" and r["config"]["block_m"] >= 64 and not r["config"].get("direct")
+            and r["mma"] != "HGMMA"
+        ):  # fmt: skip
             found.append(f"{name}: {r['mma_instruction']} where wgmma (HGMMA) was expected")
     return found
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import conv_transpose3d
+from .functional import conv_transpose3d, unbatched
 from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
 
 _CL = torch.channels_last_3d
@@ -24,8 +24,6 @@ class Conv3d(nn.Conv3d):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.groups != 1:
-            raise NotImplementedError(f"groups={self.groups} is not supported yet; tconv3d runs groups=1 only")
         self._keep_weight_channels_last()
 
     def _keep_weight_channels_last(self) -> None:
@@ -48,6 +46,8 @@ class Conv3d(nn.Conv3d):
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
         front of the input along D: what the adapters of video-VAE conv modules call (tconv3d.convert)."""
         self._keep_weight_channels_last()
+        if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
+            return self.convolve(input[None], padding, padding_mode, unbatched(frames_before))[0]
         return torch.ops.tconv3d.conv3d(
             input, self.weight, self.bias, list(self.stride), list(padding), list(self.dilation), self.groups,
             padding_mode, frames_before,
@@ -97,8 +97,6 @@ class ConvTranspose3d(nn.ConvTranspose3d):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.groups != 1:
-            raise NotImplementedError(f"groups={self.groups} is not supported yet; tconv3d runs groups=1 only")
         keep_channels_last(self.weight)
 
     def _apply(self, fn, recurse=True):

@@ -2,9 +2,10 @@
 
     torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros",
                              frames_before=None)
-    torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode)
+    torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode,
+                                        groups=1)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
-                                         frames_before=None)
+                                         frames_before=None, groups=1)
     torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none") -> (y, mean, rstd)
 
 padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_right); padding_mode one of
@@ -42,12 +43,12 @@ def _device_guard(t: torch.Tensor):
 
 
 def _gradient_geometry(
-    grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, mode, frames_before=None
+    grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, mode, frames_before, groups
 ):
     """Check a gradient op's arguments and return the geometry of the forward convolution it differentiates."""
     check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before)
     prefix = prefix_frame_count(other, frames_before)
-    geom = conv_geometry(input_size, weight_size, stride, padding, dilation, mode, prefix)
+    geom = conv_geometry(input_size, weight_size, stride, padding, dilation, mode, prefix, groups)
     if tuple(grad_output.shape) != geom.output_shape():
         raise ValueError(
             f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is {geom.output_shape()}"
@@ -97,7 +98,7 @@ def _split_prefix(grad, prefix_frames):
 
 
 def _conv3d_setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, _groups, *rest = inputs
+    input, weight, bias, stride, padding, dilation, groups, *rest = inputs
     mode, frames_before = _trailing_arguments(rest)
     # Each gradient needs only the other tensor(s); save nothing that no gradient will read.
     ctx.save_for_backward(
@@ -112,17 +113,20 @@ def _conv3d_setup_context(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
+    ctx.groups = groups
 
 
 def _conv3d_backward(ctx, grad_output):
     input, weight, frames_before = ctx.saved_tensors
     grad_input = grad_weight = grad_bias = grad_frames_before = None
     if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
-        grad_concat = torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args)
+        grad_concat = torch.ops.tconv3d.conv3d_input_grad(
+            grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups
+        )
         grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
     if ctx.needs_input_grad[1]:
         grad_weight = torch.ops.tconv3d.conv3d_weight_grad(
-            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before
+            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups
         )
         if not ctx.weight_is_ndhwc:
             grad_weight = grad_weight.contiguous()  # the gradient keeps the weight's memory format
@@ -143,11 +147,11 @@ conv3d.register_autograd(_conv3d_backward, setup_context=_conv3d_setup_context)
     "tconv3d::conv3d_input_grad",
     mutates_args=(),
     schema="(Tensor grad_output, Tensor weight, SymInt[] input_size, int[] stride, int[] padding, int[] dilation,"
-    ' str padding_mode="zeros") -> Tensor',
+    ' str padding_mode="zeros", int groups=1) -> Tensor',
 )
-def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros"):
+def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
     geom = _gradient_geometry(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode
+        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
     )
     if not _runs_triton(grad_output):
         return aten.conv3d_dgrad(grad_output, weight, geom)
@@ -156,22 +160,31 @@ def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation
 
 
 @conv3d_input_grad.register_fake
-def _(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros"):
+def _(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
     geom = _gradient_geometry(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode
+        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
     )
     return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
-def _gradient_setup_context(ctx, inputs, output):
-    """Both gradient ops take (grad_output, the other tensor, a size, stride, padding, dilation, padding_mode);
-    the weight gradient also the input's frames_before."""
-    grad_output, other, _size, stride, padding, dilation, *rest = inputs
-    mode, frames_before = _trailing_arguments(rest)
+def _save_gradient_context(ctx, grad_output, other, frames_before, stride, padding, dilation, mode, groups):
     ctx.save_for_backward(grad_output, other, frames_before)
     ctx.other_size = list(other.shape)
     ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
     ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
+    ctx.groups = groups
+
+
+def _input_grad_setup_context(ctx, inputs, output):
+    grad_output, weight, _size, stride, padding, dilation, *rest = inputs
+    mode, groups = (*rest, *("zeros", 1)[len(rest) :])
+    _save_gradient_context(ctx, grad_output, weight, None, stride, padding, dilation, mode, groups)
+
+
+def _weight_grad_setup_context(ctx, inputs, output):
+    grad_output, input, _size, stride, padding, dilation, *rest = inputs
+    mode, frames_before, groups = (*rest, *("zeros", None, 1)[len(rest) :])
+    _save_gradient_context(ctx, grad_output, input, frames_before, stride, padding, dilation, mode, groups)
 
 
 def _input_grad_backward(ctx, grad_grad_input):
@@ -181,13 +194,18 @@ def _input_grad_backward(ctx, grad_grad_input):
     stride, padding, dilation, mode = ctx.conv_args
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
-        d_grad_output = torch.ops.tconv3d.conv3d(grad_grad_input, weight, None, stride, padding, dilation, 1, mode)
+        d_grad_output = torch.ops.tconv3d.conv3d(
+            grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode
+        )
     if ctx.needs_input_grad[1]:
-        d_weight = torch.ops.tconv3d.conv3d_weight_grad(grad_output, grad_grad_input, ctx.other_size, *ctx.conv_args)
-    return d_grad_output, d_weight, None, None, None, None, None
+        d_weight = torch.ops.tconv3d.conv3d_weight_grad(
+            grad_output, grad_grad_input, ctx.other_size, *ctx.conv_args, None, ctx.groups
+        )
+    grads = (d_grad_output, d_weight, None, None, None, None, None, None)
+    return grads[: len(ctx.needs_input_grad)]
 
 
-conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_gradient_setup_context)
+conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_input_grad_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,14 +216,15 @@ conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_gradien
     "tconv3d::conv3d_weight_grad",
     mutates_args=(),
     schema="(Tensor grad_output, Tensor input, SymInt[] weight_size, int[] stride, int[] padding, int[] dilation,"
-    ' str padding_mode="zeros", Tensor? frames_before=None) -> Tensor',
+    ' str padding_mode="zeros", Tensor? frames_before=None, int groups=1) -> Tensor',
 )
 def conv3d_weight_grad(
-    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
 ):
     geom = _gradient_geometry(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before
-    )
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
+        groups,
+    )  # fmt: skip
     if not _runs_triton(input):
         return aten.conv3d_wgrad(grad_output, input, frames_before, geom)
     with _device_guard(input):
@@ -213,10 +232,11 @@ def conv3d_weight_grad(
 
 
 @conv3d_weight_grad.register_fake
-def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None):
+def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1):
     geom = _gradient_geometry(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before
-    )
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
+        groups,
+    )  # fmt: skip
     return empty_ndhwc(geom.weight_shape(), like=input)
 
 
@@ -228,18 +248,20 @@ def _weight_grad_backward(ctx, grad_grad_weight):
     d_grad_output = d_input = d_frames_before = None
     if ctx.needs_input_grad[0]:
         d_grad_output = torch.ops.tconv3d.conv3d(
-            input, grad_grad_weight, None, stride, padding, dilation, 1, mode, frames_before
+            input, grad_grad_weight, None, stride, padding, dilation, ctx.groups, mode, frames_before
         )
     if ctx.needs_input_grad[1] or _needs_grad(ctx, 7):
         concat_size = list(ctx.other_size)
         concat_size[2] += ctx.prefix_frames
-        d_concat = torch.ops.tconv3d.conv3d_input_grad(grad_output, grad_grad_weight, concat_size, *ctx.conv_args)
+        d_concat = torch.ops.tconv3d.conv3d_input_grad(
+            grad_output, grad_grad_weight, concat_size, *ctx.conv_args, ctx.groups
+        )
         d_input, d_frames_before = _split_prefix(d_concat, ctx.prefix_frames)
-    grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before)
+    grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before, None)
     return grads[: len(ctx.needs_input_grad)]
 
 
-conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_gradient_setup_context)
+conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------

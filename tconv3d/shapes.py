@@ -2,8 +2,9 @@
 
 A shape-set file holds {"name", "description", "cases": [...]}; each case has name, batch, cin, cout,
 size [D, H, W], kernel (int or 3 ints) and optionally stride, padding (any form tconv3d.conv3d takes; default
-kernel // 2 per dimension), dilation and dtypes (default ["bf16"]). `load_shape_set("bench")` reads the set
-shipped in tconv3d/shape_sets/; any other argument is a path to a file in the same format.
+kernel // 2 per dimension), dilation, groups (default 1) and dtypes (default ["bf16"]).
+`load_shape_set("bench")` reads the set shipped in tconv3d/shape_sets/; any other argument is a path to a file
+in the same format.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ConvShape:
     padding: tuple[int, int, int, int, int, int]
     dilation: tuple[int, int, int]
     dtypes: tuple[str, ...]
+    groups: int = 1
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -40,10 +42,12 @@ class ConvShape:
 
     @property
     def weight_shape(self) -> tuple[int, ...]:
-        return (self.cout, self.cin, *self.kernel)
+        return (self.cout, self.cin // self.groups, *self.kernel)
 
     def geometry(self) -> ConvGeometry:
-        return conv_geometry(self.input_shape, self.weight_shape, self.stride, self.padding, self.dilation)
+        return conv_geometry(
+            self.input_shape, self.weight_shape, self.stride, self.padding, self.dilation, groups=self.groups
+        )
 
     def flops(self, direction: str = "fwd") -> int:
         """2 * N*Do*Ho*Wo * Cout * Cin*kd*kh*kw per direction; backward counts twice, fwd+bwd three times."""
@@ -72,6 +76,7 @@ def _shape_from_dict(entry: dict, source: str) -> ConvShape:
             padding=padding,
             dilation=dilation,
             dtypes=dtypes,
+            groups=int(entry.get("groups", 1)),
         )
         if len(shape.size) != 3:
             raise ValueError(f"size must be [D, H, W], got {entry['size']}")

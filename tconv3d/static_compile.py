@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver as triton_driver
 from triton.runtime.jit import JITFunction
 
-from . import conv_dgrad, conv_fwd, conv_wgrad
+from . import conv_depthwise, conv_dgrad, conv_fwd, conv_wgrad
 from .configs import KernelConfig
 from .geometry import ConvGeometry
 
@@ -51,7 +51,7 @@ ARCHS = {
     80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936),
 }
 
-KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad)
+KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise)
 
 
 @functools.lru_cache(maxsize=16)
@@ -195,7 +195,7 @@ def _meta(shape, dtype) -> torch.Tensor:
 
 def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
     """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles)."""
-    weight_shape = (geom.out_channels, geom.in_channels, *geom.kernel)
+    weight_shape = geom.weight_shape()
     # The input, and the frames before it along D when the geometry has a second source there.
     n, c, d, h, w = geom.input_shape()
     p = geom.prefix_frames

@@ -54,16 +54,16 @@ def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-300)).item()
 
 
-def reference_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1) -> torch.Tensor:
+def reference_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> torch.Tensor:
     """F.conv3d in float64 on upcast inputs; padding in any form tconv3d takes, 6 values included."""
     kernel = tuple(weight.shape[2:])
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     df, db, ht, hb, wl, wr = resolve_padding(padding, kernel, stride, dilation)
     x64 = F.pad(x.double(), (wl, wr, ht, hb, df, db))
-    return F.conv3d(x64, weight.double(), None if bias is None else bias.double(), stride, 0, dilation)
+    return F.conv3d(x64, weight.double(), None if bias is None else bias.double(), stride, 0, dilation, groups)
 
 
-def float64_errors(x, weight, bias=None, stride=1, padding=0, dilation=1) -> dict[str, float]:
+def float64_errors(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> dict[str, float]:
     """Relative L2 errors of tconv3d.conv3d's output and gradients against float64 autograd of F.conv3d on the
     same inputs, under one random upstream gradient: {"output", "grad_input", "grad_weight"[, "grad_bias"]}."""
     from .functional import conv3d  # the package imports this module; keep the import cycle out of import time
@@ -71,10 +71,10 @@ def float64_errors(x, weight, bias=None, stride=1, padding=0, dilation=1) -> dic
     tensors = [x, weight] + ([bias] if bias is not None else [])
     ours = [t.detach().requires_grad_() for t in tensors]
     exact = [t.detach().double().requires_grad_() for t in tensors]
-    ref = reference_conv3d(*exact[:2], exact[2] if bias is not None else None, stride, padding, dilation)
+    ref = reference_conv3d(*exact[:2], exact[2] if bias is not None else None, stride, padding, dilation, groups)
     grad_out = torch.randn_like(ref)
     ref.backward(grad_out)
-    y = conv3d(*ours[:2], ours[2] if bias is not None else None, stride, padding, dilation)
+    y = conv3d(*ours[:2], ours[2] if bias is not None else None, stride, padding, dilation, groups)
     grads = torch.autograd.grad(y, ours, grad_out.to(y.dtype))
     names = ["grad_input", "grad_weight", "grad_bias"][: len(ours)]
     errors = {"output": rel_l2(y, ref)}

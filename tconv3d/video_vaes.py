@@ -66,8 +66,6 @@ def conv_reason(conv: nn.Module) -> str | None:
     """Why tconv3d cannot run a Conv3d's arithmetic (None if it can)."""
     if not isinstance(conv, (nn.Conv3d, nn.ConvTranspose3d)):
         return f"its convolution is a {type(conv).__qualname__}, not an nn.Conv3d"
-    if conv.groups != 1:
-        return f"groups={conv.groups} (tconv3d runs groups=1 only)"
     if conv.weight.dtype not in SUPPORTED_DTYPES:
         return f"its weight is {conv.weight.dtype} (tconv3d runs float16, bfloat16 and float32)"
     return None

@@ -21,7 +21,7 @@ def args(device, **overrides):
 
 
 BAD_INPUTS = [
-    ("input_4d", lambda d: args(d, input=torch.randn(4, 5, 6, 7, device=d)), ValueError, "input must be 5-D"),
+    ("input_3d", lambda d: args(d, input=torch.randn(5, 6, 7, device=d)), ValueError, "input must be 5-D"),
     ("weight_4d", lambda d: args(d, weight=torch.randn(8, 4, 3, 3, device=d)), ValueError, "weight must be 5-D"),
     (
         "channel_mismatch",
@@ -79,7 +79,14 @@ BAD_INPUTS = [
         TypeError,
         "tconv3d supports float16, bfloat16 and float32",
     ),
-    ("groups", lambda d: args(d, groups=2), NotImplementedError, "groups=2 is not supported"),
+    ("groups_not_dividing", lambda d: args(d, groups=3), ValueError, "groups=3 must divide both the 4 input"),
+    ("groups_zero", lambda d: args(d, groups=0), ValueError, "groups must be a positive integer"),
+    (
+        "groups_weight_mismatch",
+        lambda d: args(d, groups=2),
+        ValueError,
+        "input has 4 channels but weight (8, 4, 3, 3, 3) with groups=2 expects 8",
+    ),
     (
         "different_devices",
         lambda d: args(d, weight=torch.randn(8, 4, 3, 3, 3, device="meta")),

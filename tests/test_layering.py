@@ -6,15 +6,16 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tconv3d"
 
-KERNELS = {"conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma", "group_norm"}
+KERNELS = {"conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma", "conv_depthwise", "group_norm"}
 # What each module may import from the package (beyond the leaf helpers: geometry, settings, kernel_utils).
 ALLOWED = {
     "configs": set(),
     "tables": {"configs"},
     "conv_tma": {"configs"},
-    "conv_fwd": {"configs", "conv_tma"},
-    "conv_dgrad": {"configs", "conv_tma"},
-    "conv_wgrad": {"configs", "conv_tma"},
+    "conv_depthwise": {"configs"},
+    "conv_fwd": {"configs", "conv_tma", "conv_depthwise"},
+    "conv_dgrad": {"configs", "conv_tma", "conv_depthwise"},
+    "conv_wgrad": {"configs", "conv_tma", "conv_depthwise"},
     "group_norm": set(),
     "static_compile": {"configs", *KERNELS},
     "tune": {"aten", "configs", "tables", "shapes", "testing", "static_compile", *KERNELS},
@@ -51,6 +52,6 @@ def test_imports_run_one_way():
 
 
 def test_no_launcher_chooses_its_own_tiling():
-    for module in ("conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma"):
+    for module in ("conv_fwd", "conv_dgrad", "conv_wgrad", "conv_tma", "conv_depthwise"):
         source = (PACKAGE / f"{module}.py").read_text()
         assert "pick_config" not in source and "choice" not in source, module
