@@ -300,13 +300,28 @@ def candidates(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int, tma: bool = False
 ) -> list[KernelConfig]:
     """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
-    too, so tuning tables choose the variant per key."""
+    too, so tuning tables choose the variant per key. Depthwise problems search the direct kernels' tiles."""
+    if direct_eligible(direction, geom):
+        return _direct_candidates(direction, geom)
     space = SEARCH_SPACE[direction]
     configs = (KernelConfig(**dict(zip(space, values, strict=True))) for values in itertools.product(*space.values()))
     kept = [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
     if tma and tma_eligible(direction, geom, dtype):
         kept += [with_tma(c, geom, direction) for c in kept]
     return kept
+
+
+def _direct_candidates(direction: str, geom: ConvGeometry) -> list[KernelConfig]:
+    """The depthwise direct kernels' tiles: voxels x channels, warps, and the weight gradient's splits; no tile
+    wider than the channels' next power of two, at most 64 fp32 accumulators per thread."""
+    channels = geom.in_channels if direction == "dgrad" else geom.out_channels
+    splits = (1, 2, 4, 8, 16, 32, 64) if direction == "wgrad" else (1,)
+    found = []
+    for block_m, block_c, warps, split in itertools.product((32, 64, 128), (16, 32, 64, 128), (4, 8), splits):
+        if block_c > _pow2_at_least(channels) or block_m * block_c > 64 * 32 * warps:
+            continue
+        found.append(KernelConfig(block_m, block_c, MIN_TILE, warps, 1, group_m=1, split_k=split, direct=1))
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -386,3 +386,19 @@ def test_candidates_nearest_the_default_come_first():
     left_out = [c for c in space if c not in nearest and c != default]
     assert min(tune.config_steps(c, default) for c in left_out) >= steps[-1]
     assert len(space) > 100  # the whole space would not fit a per-key budget
+
+
+def test_grouped_keys_carry_groups_and_depthwise_searches_the_direct_kernels():
+    grouped = conv_geometry((1, 64, 8, 16, 16), (64, 2, 3, 3, 3), 1, 1, 1, groups=32)
+    key = tuning_key("fwd", grouped, torch.bfloat16)
+    assert (key.cin, key.cout, key.groups) == (2, 2, 32) and str(key).endswith("/g=32")
+    assert TuningKey.parse(str(key)) == key
+    assert not key.same_family(tuning_key("fwd", geometry(cin=2, cout=2), torch.bfloat16))
+    depthwise = conv_geometry((1, 64, 8, 16, 16), (128, 1, 3, 3, 3), 1, 1, 1, groups=64)
+    for direction in ("fwd", "dgrad", "wgrad"):
+        found = candidates(direction, depthwise, torch.bfloat16, 227 * 1024)
+        assert found and all(c.direct and c.block_n <= 128 for c in found), direction
+        assert configs.heuristic_config(direction, depthwise, torch.bfloat16, 132, 90).direct
+        assert KernelConfig.from_dict(found[0].to_dict()) == found[0]
+    assert {c.split_k for c in candidates("wgrad", depthwise, torch.bfloat16, 227 * 1024)} > {1}
+    assert not configs.heuristic_config("fwd", grouped, torch.bfloat16, 132, 90).direct
