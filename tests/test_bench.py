@@ -24,7 +24,12 @@ SUITE = {
     "down_s2": (2, 64, 128, 64, 64, 64, (3, 3, 3), 2),
     "first_cin3": (1, 3, 128, 17, 256, 256, (3, 3, 3), 1),
     "stack_64": (4, 64, 64, 64, 256, 256, (3, 3, 3), 1),
+    # the grouped-convolution issue's cases (groups below)
+    "x3d_depthwise_192": (1, 192, 192, 16, 56, 56, (3, 3, 3), 1),
+    "depthwise_mult2_96": (1, 96, 192, 16, 56, 56, (3, 3, 3), 1),
+    "resnext3d_g32_256": (1, 256, 256, 8, 28, 28, (3, 3, 3), 1),
 }
+SUITE_GROUPS = {"x3d_depthwise_192": 192, "depthwise_mult2_96": 96, "resnext3d_g32_256": 32}
 
 
 def test_suite_is_the_issue_list():
@@ -35,6 +40,7 @@ def test_suite_is_the_issue_list():
         assert (s.batch, s.cin, s.cout, s.size, s.kernel, s.stride) == (n, cin, cout, (t, h, w), kernel, (stride,) * 3)
         assert s.padding == tuple(k // 2 for k in kernel for _ in range(2))  # "same"-size padding
         assert "bf16" in s.dtypes
+        assert s.groups == SUITE_GROUPS.get(name, 1)
 
 
 def test_flop_counts():
