@@ -393,12 +393,15 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
     channels = geom.in_channels if direction == "dgrad" else geom.out_channels
     voxels = geom.input_voxels if direction == "dgrad" else geom.output_voxels
     block_c = _pow2_clamp(channels, MIN_TILE, 64)
-    block_m = _pow2_clamp(voxels, MIN_TILE, 512) if interpreter else 64
+    # The input gradient gathers per (tap, multiple), each with its own mask: 16 voxels a program, where 32 and
+    # 64 spilled somewhere (multiplier 2, fp32, sm_80 and sm_90, triton 3.6 or 3.9).
+    block_m = _pow2_clamp(voxels, MIN_TILE, 512) if interpreter else 16 if direction == "dgrad" else 64
     split_k = 1
     if direction == "wgrad":
         tiles = cdiv(channels, block_c) * geom.taps
         split_k = 2 if interpreter else max(1, min(cdiv(4 * sm_count, tiles), cdiv(voxels, 8 * block_m)))
-    return KernelConfig(block_m, block_c, MIN_TILE, 8, 1, group_m=1, split_k=split_k, direct=1)
+    warps = 4 if direction == "dgrad" else 8
+    return KernelConfig(block_m, block_c, MIN_TILE, warps, 1, group_m=1, split_k=split_k, direct=1)
 
 
 def heuristic_config(

@@ -95,7 +95,7 @@ def _depthwise_dgrad_kernel(
                 hit = mask_m & ok_d & ok_h & (tw >= 0) & (ow * STRIDE_W == tw) & (ow < W_OUT)
                 go_rows = (n * stride_gn + od.to(tl.int64) * stride_gd + oh.to(tl.int64) * stride_gh
                            + ow.to(tl.int64) * stride_gw)  # fmt: skip
-                for j in tl.static_range(MULTIPLIER):
+                for j in range(MULTIPLIER):  # at run time: unrolled with kw, the gathers spill
                     co = offs_c * MULTIPLIER + j
                     go = tl.load(go_ptr + go_rows[:, None] + (co * stride_gc)[None, :],
                                  mask=hit[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
