@@ -330,8 +330,6 @@ def check_conv3d(
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
     naming the problem, so no bad argument ever reaches a kernel."""
     check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
-    if not _is_int(groups):
-        raise TypeError(f"groups must be an int, got {groups!r}")
     prefix = prefix_frame_count(input, frames_before)
     geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups)
     if bias is not None and tuple(bias.shape) != (geom.out_channels,):

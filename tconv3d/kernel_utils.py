@@ -106,21 +106,23 @@ def ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
+def _dense_ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
+    _, c, d, h, w = t.shape
+    return (d * h * w * c, 1, h * w * c, w * c, c)
+
+
 def ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
     """t's strides with those of its size-1 dims (which torch leaves arbitrary, and no index ever multiplies)
     set to a dense channels_last_3d tensor's: a kernel may then take stride_w as the row pitch of a dense
     tensor whatever its width."""
-    _, c, d, h, w = t.shape
-    dense = (d * h * w * c, 1, h * w * c, w * c, c)
+    dense = _dense_ndhwc_strides(t)
     return tuple(want if size == 1 else stride for size, stride, want in zip(t.shape, t.stride(), dense, strict=True))
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:
     """Whether t's element (n, c, d, h, w) sits at (((n*D + d)*H + h)*W + w)*C + c: every dim of size above one
     has the stride of a dense channels_last_3d tensor (size-1 dims may have any stride, as torch allows)."""
-    _, c, d, h, w = t.shape
-    dense = (d * h * w * c, 1, h * w * c, w * c, c)
-    return all(size == 1 or stride == want for size, stride, want in zip(t.shape, t.stride(), dense, strict=True))
+    return ndhwc_strides(t) == _dense_ndhwc_strides(t)
 
 
 def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:

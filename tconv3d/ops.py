@@ -80,9 +80,10 @@ def _(input, weight, bias, stride, padding, dilation, groups, padding_mode="zero
     return empty_ndhwc(geom.output_shape(), like=input)
 
 
-def _trailing_arguments(rest) -> tuple:
-    """(padding_mode, frames_before) from the arguments after dilation (or groups), defaults filled in."""
-    return (*rest, *("zeros", None)[len(rest) :])
+def _trailing_arguments(rest, defaults=("zeros", None)) -> tuple:
+    """The optional arguments at the end of an op's inputs (after dilation, or groups), with `defaults` for those
+    the call left out: conv3d's (padding_mode, frames_before) unless told otherwise."""
+    return (*rest, *defaults[len(rest) :])
 
 
 def _needs_grad(ctx, index: int) -> bool:
@@ -177,13 +178,13 @@ def _save_gradient_context(ctx, grad_output, other, frames_before, stride, paddi
 
 def _input_grad_setup_context(ctx, inputs, output):
     grad_output, weight, _size, stride, padding, dilation, *rest = inputs
-    mode, groups = (*rest, *("zeros", 1)[len(rest) :])
+    mode, groups = _trailing_arguments(rest, ("zeros", 1))
     _save_gradient_context(ctx, grad_output, weight, None, stride, padding, dilation, mode, groups)
 
 
 def _weight_grad_setup_context(ctx, inputs, output):
     grad_output, input, _size, stride, padding, dilation, *rest = inputs
-    mode, frames_before, groups = (*rest, *("zeros", None, 1)[len(rest) :])
+    mode, frames_before, groups = _trailing_arguments(rest, ("zeros", None, 1))
     _save_gradient_context(ctx, grad_output, input, frames_before, stride, padding, dilation, mode, groups)
 
 
