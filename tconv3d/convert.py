@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .geometry import SUPPORTED_DTYPES
-from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_channels_last
+from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
 from .video_vaes import FRAME_BLOCKS, KNOWN_CLASSES, adapter_reason, class_name, conv_reason
 
 logger = logging.getLogger("tconv3d")
@@ -40,7 +40,20 @@ def adapted_class(adapter: type, original: type) -> type:
     """The class a converted module of class `original` gets: the adapter's forward over `original`, and
     tconv3d.nn.Conv3d (weight kept channels_last_3d, super().forward on tconv3d) for convolutions."""
     bases = (adapter, original, Conv3d) if issubclass(original, nn.Conv3d) else (adapter, original)
-    return type(original.__name__, bases, {"__module__": original.__module__, "tconv3d_adapter": adapter})
+    attributes = {"__module__": original.__module__, "tconv3d_adapter": adapter, "__reduce_ex__": _reduce_adapted}
+    return type(original.__name__, bases, attributes)
+
+
+def _reduce_adapted(module: nn.Module, protocol: int):
+    # An adapted class is made at run time under their class's name, so pickle (torch.save of a whole model)
+    # cannot find it by name: it is pickled as the (adapter, their class) pair it is made of, both importable.
+    cls = type(module)
+    return _new_adapted, (cls.tconv3d_adapter, cls.__bases__[1]), module.__getstate__()
+
+
+def _new_adapted(adapter: type, original: type) -> nn.Module:
+    cls = adapted_class(adapter, original)
+    return cls.__new__(cls)
 
 
 # The torch modules tconv3d has a drop-in for: exact classes (subclasses bring their own forward).
@@ -122,12 +135,32 @@ def convert(
     return model
 
 
+def shardable(model: nn.Module) -> nn.Module:
+    """Let FSDP2's `fully_shard`, which takes only contiguous parameters, shard a converted `model`, and return it.
+
+    tconv3d's conv layers then keep their weights in torch.contiguous_format, (Cout, Cin, kd, kh, kw) in memory
+    as a stock nn.Conv3d's, converted in place on the same Parameters; every other parameter (the channels_last
+    nn.Conv2d weights of a VAE's frame blocks) is made contiguous too. A call then reads its weight, all-gathered
+    by FSDP, through a channels_last_3d copy made inside the op and freed after the kernel, so FSDP's resharding
+    still frees the gathered weight after the forward; the weight gradient comes back in the parameter's
+    strides. Per layer and training step that is three copies of the weight's bytes (one in the forward, two in
+    the backward), next to FSDP's all-gather and reduce-scatter of the same bytes. Call after `convert` and before
+    `fully_shard`.
+    """
+    for module in model.modules():
+        if isinstance(module, (Conv3d, ConvTranspose3d)):
+            module.weight_format = torch.contiguous_format
+    for parameter in model.parameters():
+        keep_memory_format(parameter, torch.contiguous_format)
+    return model
+
+
 def _swap(module: nn.Module, cls: type) -> None:
     module.__class__ = cls
     if isinstance(module, (GroupNorm, InstanceNorm3d)):
         module.activation = None
     if isinstance(module, (Conv3d, ConvTranspose3d)):
-        keep_channels_last(module.weight)
+        module._keep_weight_format()
 
 
 def _fuse_norm_silu(model: nn.Module) -> None:
@@ -148,4 +181,4 @@ def _frame_convs_channels_last(model: nn.Module) -> None:
         if class_name(type(block)) in FRAME_BLOCKS:
             for conv in block.modules():
                 if isinstance(conv, nn.Conv2d):
-                    keep_channels_last(conv.weight, torch.channels_last)
+                    keep_memory_format(conv.weight, torch.channels_last)

@@ -55,5 +55,5 @@ def conv_transpose3d(
         input, weight, output_shape, stride, padding, dilation, "zeros", groups
     )
     if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
-        output.add_(bias.to(output.dtype).view(1, -1, 1, 1, 1))
+        output.add_((bias if bias.dtype == output.dtype else bias.to(output.dtype)).view(1, -1, 1, 1, 1))
     return output

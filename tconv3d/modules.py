@@ -13,27 +13,35 @@ from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
 _CL = torch.channels_last_3d
 
 
-class Conv3d(nn.Conv3d):
-    """`torch.nn.Conv3d` running `torch.ops.tconv3d.conv3d`: same constructor, parameters, state_dict and repr.
+class _KeptWeightFormat:
+    """A conv module whose weight storage stays in `weight_format`, converted in place on the same Parameter."""
 
-    The weight is kept channels_last_3d, (Cout, kd, kh, kw, Cin) in memory, so no call copies it: it is converted
-    in place on the same Parameter at construction, after `.to()`/`.cuda()`/`.half()` and the like, and on the
-    first forward after anything else replaced its storage. Every padding_mode runs inside the kernels: 'zeros'
-    masks the border, 'replicate', 'reflect' and 'circular' remap its loads, and no padded input is made.
-    """
+    weight_format = _CL
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._keep_weight_channels_last()
+        self._keep_weight_format()
 
-    def _keep_weight_channels_last(self) -> None:
-        keep_channels_last(self.weight)
+    def _keep_weight_format(self) -> None:
+        keep_memory_format(self.weight, self.weight_format)
 
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
         module = super()._apply(fn, recurse)
-        self._keep_weight_channels_last()
+        self._keep_weight_format()
         return module
+
+
+class Conv3d(_KeptWeightFormat, nn.Conv3d):
+    """`torch.nn.Conv3d` running `torch.ops.tconv3d.conv3d`: same constructor, parameters, state_dict and repr.
+
+    The weight is kept channels_last_3d, (Cout, kd, kh, kw, Cin) in memory, so no call copies it: it is converted
+    in place on the same Parameter at construction, after `.to()`/`.cuda()`/`.half()` and the like, and on the
+    first forward after anything else replaced its storage. `weight_format` says which layout is kept:
+    `tconv3d.nn.shardable(model)` sets it to torch.contiguous_format, the layout FSDP's fully_shard accepts, and
+    each call then converts the gathered weight. Every padding_mode runs inside the kernels: 'zeros' masks the
+    border, 'replicate', 'reflect' and 'circular' remap its loads, and no padded input is made.
+    """
 
     def _op_padding(self) -> tuple[int, ...]:
         """The 6-value padding the op takes."""
@@ -45,7 +53,7 @@ class Conv3d(nn.Conv3d):
     def convolve(self, input, padding, padding_mode="zeros", frames_before=None) -> torch.Tensor:
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
         front of the input along D: what the adapters of video-VAE conv modules call (tconv3d.convert)."""
-        self._keep_weight_channels_last()
+        self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
             return self.convolve(input[None], padding, padding_mode, unbatched(frames_before))[0]
         return torch.ops.tconv3d.conv3d(
@@ -90,22 +98,13 @@ class CausalConv3d(Conv3d):
         return super().extra_repr() + f", causal_padding={self.causal_padding}"
 
 
-class ConvTranspose3d(nn.ConvTranspose3d):
+class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
     """`torch.nn.ConvTranspose3d` on tconv3d's kernels (`tconv3d.conv_transpose3d`): same constructor, parameters,
     state_dict and forward(input, output_size=None). Its weight, (Cin, Cout, kd, kh, kw), is kept
-    channels_last_3d as Conv3d's is; the output is channels_last_3d."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        keep_channels_last(self.weight)
-
-    def _apply(self, fn, recurse=True):
-        module = super()._apply(fn, recurse)
-        keep_channels_last(self.weight)
-        return module
+    channels_last_3d as Conv3d's is (or in `weight_format`, as there); the output is channels_last_3d."""
 
     def forward(self, input: torch.Tensor, output_size=None) -> torch.Tensor:
-        keep_channels_last(self.weight)
+        self._keep_weight_format()
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
         )
@@ -114,7 +113,7 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         )
 
 
-def keep_channels_last(weight: torch.Tensor, memory_format=_CL) -> None:
+def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
     """Make a Parameter's storage `memory_format` (channels_last_3d; channels_last for a 2-D conv's) in place."""
     if not weight.is_contiguous(memory_format=memory_format):
         with torch.no_grad():

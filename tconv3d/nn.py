@@ -1,11 +1,11 @@
 """tconv3d.nn: the modules (Conv3d, CausalConv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d), `convert` to swap
-tconv3d into a model, and `audit` to see what of a model tconv3d runs."""
+tconv3d into a model, `shardable` to let FSDP2 shard a converted one, and `audit` to see what tconv3d runs."""
 
 from .audit import Audit, LayerAudit, audit
-from .convert import convert
+from .convert import convert, shardable
 from .modules import CausalConv3d, Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d
 
 __all__ = [
     "Audit", "CausalConv3d", "Conv3d", "ConvTranspose3d", "GroupNorm", "InstanceNorm3d", "LayerAudit", "audit",
-    "convert",
+    "convert", "shardable",
 ]  # fmt: skip

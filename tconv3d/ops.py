@@ -30,8 +30,6 @@ from .geometry import check_conv3d, check_group_norm, check_tensors, conv_geomet
 from .group_norm import group_norm_bwd, group_norm_fwd
 from .kernel_utils import empty_ndhwc
 
-_CL = torch.channels_last_3d
-
 
 def _runs_triton(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" or (t.device.type == "cpu" and settings.CPU_BACKEND == "triton")
@@ -91,6 +89,20 @@ def _needs_grad(ctx, index: int) -> bool:
     return len(ctx.needs_input_grad) > index and ctx.needs_input_grad[index]
 
 
+def in_strides_of(grad: torch.Tensor, stride) -> torch.Tensor:
+    """A parameter's gradient in exactly the parameter's strides, size-1 dims included: DDP's buckets and
+    FSDP's reduce-scatter take it as it is, where a gradient whose strides differ even only in a size-1 dim (a
+    1x1x1 channels_last_3d weight's) is copied every step, with a warning from DDP. In the same memory order
+    (the channels_last_3d weight tconv3d.nn keeps) this is a view; in another (a contiguous weight, as sharded
+    models keep) one copy."""
+    stride = tuple(stride)
+    if grad.stride() == stride:
+        return grad
+    if all(have == want for size, have, want in zip(grad.shape, grad.stride(), stride, strict=True) if size > 1):
+        return grad.as_strided(grad.shape, stride)
+    return torch.empty_strided(grad.shape, stride, dtype=grad.dtype, device=grad.device).copy_(grad)
+
+
 def _split_prefix(grad, prefix_frames):
     """The gradient of torch.cat([frames_before, input], dim=2) -> (input's, frames_before's), as views."""
     if not prefix_frames:
@@ -110,7 +122,7 @@ def _conv3d_setup_context(ctx, inputs, output):
     ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
     ctx.input_size, ctx.weight_size = list(input.shape), list(weight.shape)
     ctx.input_size[2] += ctx.prefix_frames  # the input gradient op differentiates the concatenation
-    ctx.weight_is_ndhwc = weight.is_contiguous(memory_format=_CL)
+    ctx.weight_stride = weight.stride()
     ctx.has_bias = bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
@@ -129,8 +141,7 @@ def _conv3d_backward(ctx, grad_output):
         grad_weight = torch.ops.tconv3d.conv3d_weight_grad(
             grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups
         )
-        if not ctx.weight_is_ndhwc:
-            grad_weight = grad_weight.contiguous()  # the gradient keeps the weight's memory format
+        grad_weight = in_strides_of(grad_weight, ctx.weight_stride)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
     grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before)
@@ -170,7 +181,7 @@ def _(grad_output, weight, input_size, stride, padding, dilation, padding_mode="
 
 def _save_gradient_context(ctx, grad_output, other, frames_before, stride, padding, dilation, mode, groups):
     ctx.save_for_backward(grad_output, other, frames_before)
-    ctx.other_size = list(other.shape)
+    ctx.other_size, ctx.other_stride = list(other.shape), other.stride()
     ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
     ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
     ctx.groups = groups
@@ -202,6 +213,7 @@ def _input_grad_backward(ctx, grad_grad_input):
         d_weight = torch.ops.tconv3d.conv3d_weight_grad(
             grad_output, grad_grad_input, ctx.other_size, *ctx.conv_args, None, ctx.groups
         )
+        d_weight = in_strides_of(d_weight, ctx.other_stride)  # the weight of conv_transpose3d is a parameter
     grads = (d_grad_output, d_weight, None, None, None, None, None, None)
     return grads[: len(ctx.needs_input_grad)]
 

@@ -107,3 +107,50 @@ def conv_and_reference(case: Case, dtype, device, memory_format=torch.channels_l
     ours = [y, x.grad, w.grad] + ([b.grad] if bias else [])
     expected = [ref, x64.grad, w64.grad] + ([b64.grad] if bias else [])
     return ours, expected
+
+
+class TinyUNet(torch.nn.Module):
+    """A 3D UNet in miniature, stock torch modules to convert: conv + GroupNorm + SiLU blocks, a stride-2 down
+    conv, a transposed up conv, a skip connection and a 1x1x1 head. `checkpointed` runs the two conv blocks under
+    non-reentrant activation checkpointing."""
+
+    def __init__(self, channels: int = 3, width: int = 8, checkpointed: bool = False):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv3d(channels, width, 3, padding=1), nn.GroupNorm(4, width), nn.SiLU())
+        self.down = nn.Sequential(
+            nn.Conv3d(width, 2 * width, 3, stride=2, padding=1), nn.GroupNorm(4, 2 * width), nn.SiLU()
+        )
+        self.up = nn.ConvTranspose3d(2 * width, width, 2, stride=2)
+        self.head = nn.Conv3d(width, channels, 1)
+        self.checkpointed = checkpointed
+
+    def _block(self, block, x):
+        if self.checkpointed:
+            return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def forward(self, x):
+        skip = self._block(self.stem, x)
+        return self.head(self.up(self._block(self.down, skip)) + skip)
+
+
+def unet_batch(batch: int, channels: int = 3, size=(4, 6, 6), seed: int = 1):
+    """Inputs and targets for TinyUNet: channels_last_3d, from their own generator (the same on every rank)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, channels, *size, generator=generator).contiguous(memory_format=torch.channels_last_3d)
+    target = torch.randn(batch, channels, *size, generator=generator)
+    return x, target
+
+
+def train_unet(model, x, target, steps: int = 3, lr: float = 0.1) -> list[float]:
+    """`steps` SGD steps on the mean squared error; the losses."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses

@@ -10,6 +10,9 @@ import copy
 import functools
 import inspect
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from torch import nn
 import tconv3d
 from bench.vaes import LATENT_CHANNELS, build_vae
 from tconv3d import settings
+from tconv3d.convert import is_converted
 from tconv3d.testing import rel_l2
 
 diffusers = pytest.importorskip("diffusers")
@@ -315,3 +319,41 @@ def test_wan_frame_interleave_writes_channels_last():
     expected = torch.stack((expected[:, 0], expected[:, 1]), 3).reshape(b, c, t * 2, h, w)
     out = _interleave_frames(x)
     assert torch.equal(out, expected) and out.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+WHOLE_MODELS = """
+import sys, torch
+from tconv3d.convert import is_converted
+x = torch.load(sys.argv[1])
+outputs = {}
+for path in sys.argv[3:]:
+    model = torch.load(path, weights_only=False)
+    with torch.no_grad():
+        decoded = model.decode(model.encode(x).latent_dist.mode()).sample
+    outputs[path] = (sum(map(is_converted, model.modules())), decoded)
+torch.save(outputs, sys.argv[2])
+"""
+
+
+def test_whole_converted_vaes_load_in_fresh_process(aten_path, tmp_path):
+    """torch.save of a whole converted VAE (its adapted classes are made at run time) loads, converted, in a
+    process that has not converted anything."""
+    x = torch.randn(1, 3, 5, 16, 16)
+    torch.save(x, tmp_path / "x.pt")
+    expected = {}
+    for name, build in VAES.items():
+        _, converted = stock_and_converted(build)
+        path = str(tmp_path / f"{name}.pt")
+        torch.save(converted, path)
+        with torch.no_grad():
+            expected[path] = (sum(map(is_converted, converted.modules())), encode_decode(converted, x))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the aten path there too
+    run = subprocess.run(
+        [sys.executable, "-c", WHOLE_MODELS, tmp_path / "x.pt", tmp_path / "out.pt", *expected],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    loaded = torch.load(tmp_path / "out.pt")
+    for path, (count, output) in expected.items():
+        assert loaded[path][0] == count > 0, path
+        assert rel_l2(loaded[path][1], output) < MATCH, path

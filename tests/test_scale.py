@@ -1,0 +1,233 @@
+"""Converted models in PyTorch's training-at-scale and deployment machinery, on CPU: DDP and FSDP2 over gloo with
+two processes, activation checkpointing, torch.export (save/load in a fresh process) and checkpoints."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import TinyUNet, train_unet, unet_batch
+
+import tconv3d
+
+TESTS = Path(__file__).parent
+WORKER_TIMEOUT_S = 300
+
+
+def converted_unet(**kwargs):
+    torch.manual_seed(0)
+    return tconv3d.nn.convert(TinyUNet(**kwargs))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario: str, out_dir: Path, world_size: int = 2) -> list[dict]:
+    """Start the ranks of tests/scale_worker.py, wait for them (killing all on a failure or past the timeout),
+    and return what each rank saved."""
+    port = _free_port()
+    ranks, logs = [], [out_dir / f"rank{rank}.log" for rank in range(world_size)]
+    for rank, log in enumerate(logs):  # output to files: an unread pipe could fill and stall a rank
+        command = [sys.executable, str(TESTS / "scale_worker.py"), scenario, str(rank), str(world_size), str(port)]
+        with open(log, "w") as out:
+            ranks.append(subprocess.Popen([*command, str(out_dir)], stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    try:
+        while any(p.poll() is None for p in ranks):
+            if time.monotonic() > deadline or any(p.returncode not in (None, 0) for p in ranks):
+                break
+            time.sleep(0.2)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(ranks, logs, strict=True)):
+        if p.returncode != 0:
+            pytest.fail(f"rank {rank} of {scenario} exited with {p.returncode}:\n{log.read_text()[-4000:]}")
+    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
+
+
+def one_process_training() -> dict:
+    """The same three steps as the ranks, on one process with the concatenated batch."""
+    model = converted_unet()
+    train_unet(model, *unet_batch(4))
+    return model.state_dict()
+
+
+needs_gloo = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
+)
+
+
+@pytest.mark.distributed
+@needs_gloo
+@pytest.mark.parametrize("scenario", ["ddp", "ddp_compile", "fsdp2"])
+def test_distributed_training_matches_one_process(scenario, tmp_path):
+    results = run_ranks(scenario, tmp_path)
+    expected = one_process_training()
+    for rank, result in enumerate(results):
+        assert result["state"].keys() == expected.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(result["state"][name], value, msg=lambda m, n=name, r=rank: f"rank {r} {n}: {m}")
+        # Gradients in their parameters' exact strides: DDP neither warns nor copies them into its buckets.
+        assert not [w for w in result["warnings"] if "Grad strides" in w], result["warnings"]
+    copies = results[0]["copies"]
+    print(f"{scenario}: weight-shaped copies in one step (count, bytes): {copies}")
+    forward, _ = copies.get("forward layout", (0, 0))
+    backward, _ = copies.get("backward layout", (0, 0))
+    if scenario.startswith("ddp"):
+        assert forward == backward == 0, copies  # channels_last_3d weights, gradients in their strides
+    else:
+        # shardable's price, per step: at most one copy of each of the 4 conv weights in the forward, two in the
+        # backward (see tconv3d.nn.shardable).
+        assert forward <= 4 and backward <= 8, copies
+
+
+def test_fully_shard_layout_of_shardable():
+    """What fully_shard requires of every parameter (contiguity), and that the layers still compute the same."""
+    model = converted_unet()
+    x, _ = unet_batch(2)
+    expected = model(x)
+    tconv3d.nn.shardable(model)
+    assert all(p.is_contiguous() for p in model.parameters())
+    model.to(torch.float32)  # .to() keeps the layout the module was told to keep
+    assert all(p.is_contiguous() for p in model.parameters())
+    torch.testing.assert_close(model(x), expected)
+
+
+def test_parameter_gradients_have_parameter_strides():
+    """The 1x1x1 head's channels_last_3d weight and its gradient agree on every stride, size-1 dims included."""
+    model = converted_unet()
+    x, target = unet_batch(2)
+    torch.nn.functional.mse_loss(model(x), target).backward()
+    for name, p in model.named_parameters():
+        assert p.grad.stride() == p.stride(), name
+    tconv3d.nn.shardable(model)
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.mse_loss(model(x), target).backward()
+    for name, p in model.named_parameters():
+        assert p.grad.stride() == p.stride(), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# activation checkpointing
+
+
+def _gradients(model, x, target, run=None):
+    model.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    torch.nn.functional.mse_loss((model if run is None else run)(x), target).backward()
+    return {"input": x.grad, **{name: p.grad for name, p in model.named_parameters()}}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_activation_checkpointing_same_gradients(compiled):
+    plain, checkpointed = converted_unet(), converted_unet(checkpointed=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    run = torch.compile(checkpointed, fullgraph=True) if compiled else checkpointed
+    x, target = unet_batch(2)
+    expected, got = _gradients(plain, x, target), _gradients(checkpointed, x, target, run)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], msg=lambda m, n=name: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.export
+
+LAYOUT_OPS = {"clone", "contiguous", "_to_copy", "copy", "copy_", "to", "permute", "transpose"}
+
+
+def _export(model, x):
+    return torch.export.export(model.eval(), (x,))
+
+
+def test_export_graph_holds_tconv3d_ops():
+    model = converted_unet()
+    x, _ = unet_batch(1)
+    program = _export(model, x)
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert sum("tconv3d.conv3d." in t for t in targets) == 3  # stem, down, head
+    assert sum("tconv3d.conv3d_input_grad" in t for t in targets) == 1  # the transposed conv
+    assert sum("tconv3d.group_norm" in t for t in targets) == 2
+    assert not [t for t in targets if "aten.conv" in t or "convolution" in t], targets
+    assert not [t for t in targets if t.startswith("aten.") and t.split(".")[1] in LAYOUT_OPS], targets
+    torch.testing.assert_close(program.module()(x), model(x))
+
+
+FRESH_PROCESS = """
+import sys, torch
+if sys.argv[1] == "import":
+    import tconv3d
+program = torch.export.load(sys.argv[2])
+torch.save(program.module()(torch.load(sys.argv[3])), sys.argv[4])
+"""
+
+
+def _fresh_process(*args, timeout=WORKER_TIMEOUT_S):
+    return subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_export_save_load_in_fresh_process(tmp_path):
+    model = converted_unet()
+    x, _ = unet_batch(1)
+    expected = model.eval()(x)
+    torch.export.save(_export(model, x), tmp_path / "unet.pt2")
+    torch.save(x, tmp_path / "x.pt")
+    run = _fresh_process("import", tmp_path / "unet.pt2", tmp_path / "x.pt", tmp_path / "y.pt")
+    assert run.returncode == 0, run.stderr[-4000:]
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
+    # A process that has not imported tconv3d does not know its ops: loading fails and names them.
+    run = _fresh_process("no-import", tmp_path / "unet.pt2", tmp_path / "x.pt", tmp_path / "y2.pt")
+    assert run.returncode != 0 and "tconv3d" in run.stderr, run.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8)
+
+
+def test_state_dict_round_trip_is_exact():
+    torch.manual_seed(0)
+    stock = TinyUNet()
+    converted = tconv3d.nn.convert(TinyUNet())
+    converted.load_state_dict(stock.state_dict())
+    back = TinyUNet()
+    back.load_state_dict(converted.state_dict())
+    for source in (converted.state_dict(), back.state_dict()):
+        assert source.keys() == stock.state_dict().keys()
+        for name, value in stock.state_dict().items():
+            assert torch.equal(_bits(source[name]), _bits(value)), name
+
+
+WHOLE_MODEL = """
+import sys, torch
+model = torch.load(sys.argv[1], weights_only=False)
+torch.save(model(torch.load(sys.argv[2])), sys.argv[3])
+"""
+
+
+def test_whole_converted_model_loads_in_fresh_process(tmp_path):
+    model = converted_unet()
+    x, _ = unet_batch(1)
+    torch.save(model, tmp_path / "model.pt")
+    torch.save(x, tmp_path / "x.pt")
+    run = subprocess.run(
+        [sys.executable, "-c", WHOLE_MODEL, tmp_path / "model.pt", tmp_path / "x.pt", tmp_path / "y.pt"],
+        capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x))
