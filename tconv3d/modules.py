@@ -3,6 +3,8 @@ tconv3d's NDHWC kernels, and CausalConv3d."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,10 +116,19 @@ class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
 
 
 def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
-    """Make a Parameter's storage `memory_format` (channels_last_3d; channels_last for a 2-D conv's) in place."""
-    if not weight.is_contiguous(memory_format=memory_format):
+    """Make a Parameter's storage `memory_format` (channels_last_3d; channels_last for a 2-D conv's) in place,
+    with exactly the strides torch.empty gives that format, size-1 dims included: those of the gradients the ops
+    return, so that a gradient never needs restriding to its parameter's strides."""
+    strides = format_strides(tuple(weight.shape), memory_format)
+    if weight.stride() != strides:
         with torch.no_grad():
-            weight.data = weight.data.contiguous(memory_format=memory_format)
+            kept = torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device)
+            weight.data = kept.copy_(weight.data)
+
+
+@functools.lru_cache(maxsize=1024)
+def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
+    return torch.empty(shape, device="meta", memory_format=memory_format).stride()
 
 
 class GroupNorm(nn.GroupNorm):
