@@ -2,6 +2,7 @@
 
 import torch
 
+from . import ops
 from .geometry import conv_arguments, conv_transpose_arguments
 
 
@@ -29,7 +30,7 @@ def conv3d(
     stride, padding, dilation, padding_mode = conv_arguments(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before
     )
-    return torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+    return ops.call_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
 
 
 def unbatched(frames_before):
@@ -51,9 +52,7 @@ def conv_transpose3d(
     output_shape, stride, padding, dilation, groups = conv_transpose_arguments(
         input, weight, bias, stride, padding, output_padding, groups, dilation
     )
-    output = torch.ops.tconv3d.conv3d_input_grad(
-        input, weight, output_shape, stride, padding, dilation, "zeros", groups
-    )
+    output = ops.call_conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros", groups)
     if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
         output.add_((bias if bias.dtype == output.dtype else bias.to(output.dtype)).view(1, -1, 1, 1, 1))
     return output

@@ -172,17 +172,19 @@ def resolve_padding(padding, kernel, stride, dilation) -> tuple[int, int, int, i
 
 def check_tensors(**tensors) -> None:
     """Each named argument is a tensor (or None) of a supported dtype, all of one dtype and on one device."""
-    present = [(name, t) for name, t in tensors.items() if t is not None]
-    for name, t in present:
+    first_name = first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; tconv3d supports float16, bfloat16 and float32")
-    first_name, first = present[0]
-    for name, t in present[1:]:
-        if t.dtype != first.dtype:
+        if first is None:
+            first_name, first = name, t
+        elif t.dtype != first.dtype:
             raise TypeError(f"{name} dtype {t.dtype} does not match {first_name} dtype {first.dtype}")
-        if t.device != first.device:
+        elif t.device != first.device:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; put them on one device")
 
 
@@ -248,11 +250,36 @@ def check_groups(groups, in_channels, out_channels) -> int:
     return int(groups)
 
 
+_geometries: dict[tuple, ConvGeometry] = {}
+_MAX_GEOMETRIES = 4096  # distinct problems remembered; past that, checked afresh (a process with more is unusual)
+
+
 def conv_geometry(
     input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0, groups=1
 ) -> ConvGeometry:
     """Check the shapes and convolution arguments of one conv3d and return its geometry. `prefix_frames` frames
-    of a second source precede the input along D (their shape is checked by the caller)."""
+    of a second source precede the input along D (their shape is checked by the caller).
+
+    Memoised on the exact arguments when they are all plain ints and sequences of them (what the ops receive), so
+    a layer's repeated call costs one dict probe; anything else (SymInts under torch.compile, 'same', a bool or a
+    float where an int belongs) is checked afresh every time, and only a problem that passed is remembered."""
+    try:
+        key = (*input_shape, *weight_shape, *stride, *padding, *dilation, prefix_frames, groups)
+    except TypeError:  # an int where a sequence may be: not the ops' form
+        key = None
+    if key is not None and type(padding_mode) is str and all(type(v) is int for v in key):
+        key = (len(input_shape), len(weight_shape), len(stride), len(padding), len(dilation), padding_mode, *key)
+        geom = _geometries.get(key)
+        if geom is None:
+            geom = _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames,
+                                  groups)  # fmt: skip
+            if len(_geometries) < _MAX_GEOMETRIES:
+                _geometries[key] = geom
+        return geom
+    return _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames, groups)
+
+
+def _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames, groups):
     if len(input_shape) != 5:
         raise ValueError(
             f"input must be 5-D (N, C, D, H, W) (or, outside the op, unbatched 4-D), got {len(input_shape)}-D with "

@@ -11,6 +11,7 @@ from torch import nn
 
 from .functional import conv_transpose3d, unbatched
 from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
+from .ops import call_conv3d, call_group_norm
 
 _CL = torch.channels_last_3d
 
@@ -25,7 +26,11 @@ class _KeptWeightFormat:
         self._keep_weight_format()
 
     def _keep_weight_format(self) -> None:
-        keep_memory_format(self.weight, self.weight_format)
+        # Every call checks that nothing replaced the weight's storage since; a repeated call compares one tuple.
+        weight = self.weight
+        if self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), self.weight_format):
+            keep_memory_format(weight, self.weight_format)
+            self.__dict__["_kept_layout"] = (weight.shape, weight.stride(), self.weight_format)
 
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
@@ -46,8 +51,12 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
     """
 
     def _op_padding(self) -> tuple[int, ...]:
-        """The 6-value padding the op takes."""
-        return resolve_padding(self.padding, self.kernel_size, self.stride, self.dilation)
+        """The 6-value padding the op takes, resolved again only when an attribute it depends on was replaced."""
+        attributes = (self.padding, self.kernel_size, self.stride, self.dilation)
+        memo = self.__dict__.get("_op_padding_memo")
+        if memo is None or any(a is not b for a, b in zip(memo[0], attributes, strict=True)):
+            memo = self.__dict__["_op_padding_memo"] = (attributes, resolve_padding(*attributes))
+        return memo[1]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self.convolve(input, self._op_padding(), self.padding_mode)
@@ -58,8 +67,8 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
             return self.convolve(input[None], padding, padding_mode, unbatched(frames_before))[0]
-        return torch.ops.tconv3d.conv3d(
-            input, self.weight, self.bias, list(self.stride), list(padding), list(self.dilation), self.groups,
+        return call_conv3d(
+            input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
             padding_mode, frames_before,
         )  # fmt: skip
 
@@ -178,4 +187,4 @@ def normalize(input, groups, weight, bias, eps, activation):
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         output = F.group_norm(input, groups, weight, bias, eps)
         return F.silu(output) if activation == "silu" else output
-    return torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation or "none")[0]
+    return call_group_norm(input, weight, bias, groups, eps, activation or "none")[0]

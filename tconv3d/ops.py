@@ -32,12 +32,105 @@ from .kernel_utils import empty_ndhwc
 
 
 def _runs_triton(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" or (t.device.type == "cpu" and settings.CPU_BACKEND == "triton")
+    return t.is_cuda or (t.is_cpu and settings.CPU_BACKEND == "triton")
 
 
 def _device_guard(t: torch.Tensor):
     # Triton launches on the current CUDA device, which need not be the tensor's.
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+# The ops are defined on a torch.library.Library with their implementation for every device and their fake,
+# and their autograd kernel is a torch.autograd.Function written out here: @torch.library.custom_op and
+# torch.library.register_autograd wrap each call in several more Python layers (argument flattening, keyset
+# bookkeeping, a dynamo-disable wrapper, an alias check), which cost 5-10 us per call (issue 19, bench/NOTES.md).
+_lib = torch.library.Library("tconv3d", "DEF")
+
+
+def _define(schema: str, fake):
+    """Define an op from its schema; the decorated function is its implementation on every device."""
+
+    def register(implementation):
+        # Dynamo must never trace an implementation (it would trace into the kernels' launch code): when a
+        # compiled region runs eager code that calls an op (a DDP forward, a graph break), its frames are
+        # otherwise offered to dynamo.
+        implementation = torch._dynamo.disable(implementation, recursive=True)
+        name = schema.split("(", 1)[0]
+        _lib.define(schema)
+        _lib.impl(name, implementation, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"tconv3d::{name}", fake, lib=_lib)
+        return implementation  # the name in this module is the wrapped implementation, which the eager callers run
+
+    return register
+
+
+def _register_autograd(name: str, implementation, backward, setup_context):
+    """Register the op's autograd kernel and return its eager caller (see `_intercepted`).
+
+    The kernel: below autograd, the op itself; with a gradient to record, a Function whose forward runs the op
+    below autograd and calls setup_context(ctx, inputs, output), and whose backward is `backward` (which may call
+    the ops again, so double backward works). The eager caller runs the same Function, or the implementation,
+    directly."""
+    op = getattr(torch.ops.tconv3d, name).default
+
+    def below_autograd(*inputs):
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*inputs)
+
+    def function(run):
+        class Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                output = run(*inputs)
+                setup_context(ctx, inputs, output)
+                return output
+
+        Function.backward = staticmethod(backward)
+        Function.__name__ = Function.__qualname__ = f"{name}_autograd"
+        return Function
+
+    dispatched, direct = function(below_autograd), function(implementation)
+
+    def records_grad(inputs) -> bool:
+        return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+
+    def autograd_kernel(*inputs):
+        return dispatched.apply(*inputs) if records_grad(inputs) else below_autograd(*inputs)
+
+    _lib.impl(name, autograd_kernel, "Autograd")
+
+    def eager(*inputs):
+        if torch.compiler.is_compiling():  # first: dynamo reads it as a constant and traces the op
+            return op(*inputs)
+        records = False
+        for t in inputs:
+            if isinstance(t, torch.Tensor):
+                if type(t) not in _PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor...) has its own dispatch
+                    return op(*inputs)
+                records = records or t.requires_grad
+        if _intercepted():
+            return op(*inputs)
+        return direct.apply(*inputs) if records and torch.is_grad_enabled() else implementation(*inputs)
+
+    return eager
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _intercepted() -> bool:
+    """Whether something may intercept ops: a torch function or dispatch mode (tracing, fake tensors, export,
+    counting modes), a functorch transform, autocast, or the profiler (which records ops by name). Without any,
+    and with plain tensors, the eager callers run the op's implementation and autograd Function directly, which
+    computes the same and saves two Python round trips through the dispatcher (about 15 us a call, issue 19);
+    otherwise the op runs."""
+    return (
+        torch._C._is_torch_function_mode_enabled()
+        or torch._C._len_torch_dispatch_stack() > 0
+        or torch._C._is_any_autocast_enabled()
+        or torch._C._functorch.peek_interpreter_stack() is not None
+        or torch.autograd.profiler._is_profiler_enabled
+    )
 
 
 def _gradient_geometry(
@@ -58,11 +151,15 @@ def _gradient_geometry(
 # forward
 
 
-@torch.library.custom_op(
-    "tconv3d::conv3d",
-    mutates_args=(),
-    schema="(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups,"
+def _conv3d_fake(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
+    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+    return empty_ndhwc(geom.output_shape(), like=input)
+
+
+@_define(
+    "conv3d(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups,"
     ' str padding_mode="zeros", Tensor? frames_before=None) -> Tensor',
+    _conv3d_fake,
 )
 def conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
     geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
@@ -70,12 +167,6 @@ def conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode=
         return aten.conv3d_fwd(input, weight, bias, frames_before, geom)
     with _device_guard(input):
         return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before)
-
-
-@conv3d.register_fake
-def _(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
-    return empty_ndhwc(geom.output_shape(), like=input)
 
 
 def _trailing_arguments(rest, defaults=("zeros", None)) -> tuple:
@@ -148,18 +239,24 @@ def _conv3d_backward(ctx, grad_output):
     return grads[: len(ctx.needs_input_grad)]
 
 
-conv3d.register_autograd(_conv3d_backward, setup_context=_conv3d_setup_context)
+call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # input gradient
 
 
-@torch.library.custom_op(
-    "tconv3d::conv3d_input_grad",
-    mutates_args=(),
-    schema="(Tensor grad_output, Tensor weight, SymInt[] input_size, int[] stride, int[] padding, int[] dilation,"
-    ' str padding_mode="zeros", int groups=1) -> Tensor',
+def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
+    geom = _gradient_geometry(
+        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
+    )
+    return empty_ndhwc(geom.input_shape(), like=grad_output)
+
+
+@_define(
+    "conv3d_input_grad(Tensor grad_output, Tensor weight, SymInt[] input_size, int[] stride, int[] padding,"
+    ' int[] dilation, str padding_mode="zeros", int groups=1) -> Tensor',
+    _input_grad_fake,
 )
 def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
     geom = _gradient_geometry(
@@ -169,14 +266,6 @@ def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation
         return aten.conv3d_dgrad(grad_output, weight, geom)
     with _device_guard(grad_output):
         return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight)
-
-
-@conv3d_input_grad.register_fake
-def _(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = _gradient_geometry(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
-    )
-    return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
 def _save_gradient_context(ctx, grad_output, other, frames_before, stride, padding, dilation, mode, groups):
@@ -218,18 +307,29 @@ def _input_grad_backward(ctx, grad_grad_input):
     return grads[: len(ctx.needs_input_grad)]
 
 
-conv3d_input_grad.register_autograd(_input_grad_backward, setup_context=_input_grad_setup_context)
+call_conv3d_input_grad = _register_autograd(
+    "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # weight gradient
 
 
-@torch.library.custom_op(
-    "tconv3d::conv3d_weight_grad",
-    mutates_args=(),
-    schema="(Tensor grad_output, Tensor input, SymInt[] weight_size, int[] stride, int[] padding, int[] dilation,"
-    ' str padding_mode="zeros", Tensor? frames_before=None, int groups=1) -> Tensor',
+def _weight_grad_fake(
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
+):
+    geom = _gradient_geometry(
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
+        groups,
+    )  # fmt: skip
+    return empty_ndhwc(geom.weight_shape(), like=input)
+
+
+@_define(
+    "conv3d_weight_grad(Tensor grad_output, Tensor input, SymInt[] weight_size, int[] stride, int[] padding,"
+    ' int[] dilation, str padding_mode="zeros", Tensor? frames_before=None, int groups=1) -> Tensor',
+    _weight_grad_fake,
 )
 def conv3d_weight_grad(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
@@ -242,15 +342,6 @@ def conv3d_weight_grad(
         return aten.conv3d_wgrad(grad_output, input, frames_before, geom)
     with _device_guard(input):
         return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before)
-
-
-@conv3d_weight_grad.register_fake
-def _(grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1):
-    geom = _gradient_geometry(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
-        groups,
-    )  # fmt: skip
-    return empty_ndhwc(geom.weight_shape(), like=input)
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):
@@ -274,18 +365,23 @@ def _weight_grad_backward(ctx, grad_grad_weight):
     return grads[: len(ctx.needs_input_grad)]
 
 
-conv3d_weight_grad.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup_context)
+_register_autograd("conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # group norm (instance norm = groups == channels), optionally with SiLU fused
 
 
-@torch.library.custom_op(
-    "tconv3d::group_norm",
-    mutates_args=(),
-    schema='(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none")'
+def _group_norm_fake(input, weight, bias, groups, eps, activation="none"):
+    check_group_norm(input, weight, bias, groups, activation)
+    stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
+    return empty_ndhwc(input.shape, like=input), stats, stats.clone()
+
+
+@_define(
+    'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none")'
     " -> (Tensor, Tensor, Tensor)",
+    _group_norm_fake,
 )
 def group_norm(input, weight, bias, groups, eps, activation="none"):
     check_group_norm(input, weight, bias, groups, activation)
@@ -295,30 +391,21 @@ def group_norm(input, weight, bias, groups, eps, activation="none"):
         return group_norm_fwd(input, weight, bias, groups, eps, activation)
 
 
-@group_norm.register_fake
-def _(input, weight, bias, groups, eps, activation="none"):
-    check_group_norm(input, weight, bias, groups, activation)
-    stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
-    return empty_ndhwc(input.shape, like=input), stats, stats.clone()
+def _group_norm_backward_fake(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
+    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
 
 
-@torch.library.custom_op(
-    "tconv3d::group_norm_backward",
-    mutates_args=(),
-    schema="(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, int groups,"
-    ' str activation="none") -> (Tensor, Tensor, Tensor)',
+@_define(
+    "group_norm_backward(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
+    ' int groups, str activation="none") -> (Tensor, Tensor, Tensor)',
+    _group_norm_backward_fake,
 )
 def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
     if not _runs_triton(input):
         return aten.group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
     with _device_guard(input):
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
-
-
-@group_norm_backward.register_fake
-def _(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
-    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
-    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
 
 
 def _group_norm_setup_context(ctx, inputs, output):
@@ -339,7 +426,7 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     return grads[: len(ctx.needs_input_grad)]
 
 
-group_norm.register_autograd(_group_norm_backward, setup_context=_group_norm_setup_context)
+call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -362,7 +449,6 @@ def _autocast(op: str, device_type: str):
     return kernel
 
 
-_autocast_lib = torch.library.Library("tconv3d", "IMPL")
 for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
     for _op in ("conv3d", "conv3d_input_grad"):  # the input gradient is also conv_transpose3d's forward
-        _autocast_lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)
+        _lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)
