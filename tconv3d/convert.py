@@ -149,7 +149,7 @@ def shardable(model: nn.Module) -> nn.Module:
     """
     for module in model.modules():
         if isinstance(module, (Conv3d, ConvTranspose3d)):
-            module.weight_format = torch.contiguous_format
+            module.weight_format = "contiguous"
     for parameter in model.parameters():
         keep_memory_format(parameter, torch.contiguous_format)
     return model

@@ -14,12 +14,14 @@ from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
 from .ops import call_conv3d, call_group_norm
 
 _CL = torch.channels_last_3d
+WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}
 
 
 class _KeptWeightFormat:
     """A conv module whose weight storage stays in `weight_format`, converted in place on the same Parameter."""
 
-    weight_format = _CL
+    # A name of WEIGHT_FORMATS, not the torch.memory_format itself: torch.save cannot pickle those.
+    weight_format = "channels_last_3d"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -27,9 +29,11 @@ class _KeptWeightFormat:
 
     def _keep_weight_format(self) -> None:
         # Every call checks that nothing replaced the weight's storage since; a repeated call compares one tuple.
-        weight = self.weight
-        if self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), self.weight_format):
-            keep_memory_format(weight, self.weight_format)
+        weight, memory_format = self.weight, WEIGHT_FORMATS[self.weight_format]
+        if torch.compiler.is_compiling():  # no memo: a traced write to the module is a side effect
+            keep_memory_format(weight, memory_format)
+        elif self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), self.weight_format):
+            keep_memory_format(weight, memory_format)
             self.__dict__["_kept_layout"] = (weight.shape, weight.stride(), self.weight_format)
 
     def _apply(self, fn, recurse=True):
@@ -45,7 +49,7 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
     The weight is kept channels_last_3d, (Cout, kd, kh, kw, Cin) in memory, so no call copies it: it is converted
     in place on the same Parameter at construction, after `.to()`/`.cuda()`/`.half()` and the like, and on the
     first forward after anything else replaced its storage. `weight_format` says which layout is kept:
-    `tconv3d.nn.shardable(model)` sets it to torch.contiguous_format, the layout FSDP's fully_shard accepts, and
+    `tconv3d.nn.shardable(model)` sets it to "contiguous", the layout FSDP's fully_shard accepts, and
     each call then converts the gathered weight. Every padding_mode runs inside the kernels: 'zeros' masks the
     border, 'replicate', 'reflect' and 'circular' remap its loads, and no padded input is made.
     """
@@ -53,6 +57,8 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
     def _op_padding(self) -> tuple[int, ...]:
         """The 6-value padding the op takes, resolved again only when an attribute it depends on was replaced."""
         attributes = (self.padding, self.kernel_size, self.stride, self.dilation)
+        if torch.compiler.is_compiling():
+            return resolve_padding(*attributes)
         memo = self.__dict__.get("_op_padding_memo")
         if memo is None or any(a is not b for a, b in zip(memo[0], attributes, strict=True)):
             memo = self.__dict__["_op_padding_memo"] = (attributes, resolve_padding(*attributes))

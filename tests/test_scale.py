@@ -197,7 +197,7 @@ def test_export_save_load_in_fresh_process(tmp_path):
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(torch.uint8)
+    return t.detach().flatten().view(torch.uint8)  # in logical order, whatever the layout
 
 
 def test_state_dict_round_trip_is_exact():
@@ -220,8 +220,11 @@ torch.save(model(torch.load(sys.argv[2])), sys.argv[3])
 """
 
 
-def test_whole_converted_model_loads_in_fresh_process(tmp_path):
+@pytest.mark.parametrize("shardable", [False, True], ids=["channels_last", "shardable"])
+def test_whole_converted_model_loads_in_fresh_process(tmp_path, shardable):
     model = converted_unet()
+    if shardable:
+        tconv3d.nn.shardable(model)
     x, _ = unet_batch(1)
     torch.save(model, tmp_path / "model.pt")
     torch.save(x, tmp_path / "x.pt")
