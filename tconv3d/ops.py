@@ -37,13 +37,14 @@ def _runs_triton(t: torch.Tensor) -> bool:
 
 def _device_guard(t: torch.Tensor):
     # Triton launches on the current CUDA device, which need not be the tensor's.
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 # The ops are defined on a torch.library.Library with their implementation for every device and their fake,
 # and their autograd kernel is a torch.autograd.Function written out here: @torch.library.custom_op and
 # torch.library.register_autograd wrap each call in several more Python layers (argument flattening, keyset
-# bookkeeping, a dynamo-disable wrapper, an alias check), which cost 5-10 us per call (issue 19, bench/NOTES.md).
+# bookkeeping, an alias check), which cost 5-10 us per call (issue 19, bench/NOTES.md). The dynamo-disable
+# wrapper they also add is kept (see _define).
 _lib = torch.library.Library("tconv3d", "DEF")
 
 
