@@ -10,7 +10,7 @@ Then the launch path alone: each direction's launcher (argument preparation, des
 Triton kernel replaced by a stand-in that launches nothing, pointer variant against TMA variant, on a bf16
 64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch).
 
-    python -m bench.host_overhead [--device cpu|cuda] [--calls 2000] [--json PATH]
+    python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
 
 from __future__ import annotations
@@ -38,21 +38,25 @@ CL = torch.channels_last_3d
 SHAPE = (1, 4, 2, 3, 3)  # the issue's tiny input: Cin 4, a 2x3x3 volume
 
 
-def per_call_us(fn, calls: int, repeats: int = 5) -> float:
-    """Median over `repeats` loops of the mean host time of one call, in microseconds."""
-    for _ in range(min(calls, 200)):  # warm-up: config choice, first compile, caches
-        fn()
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(fns: dict, calls: int, rounds: int = 15) -> dict:
+    """{name: the median over `rounds` of the mean host time of one call, in microseconds}. The functions take
+    turns within each round, so that a shared VM's drifting speed moves all of them alike and their ratios hold
+    (timed one after another, single figures moved 10-30% between runs, issue 19)."""
+    for fn in fns.values():
+        for _ in range(min(calls, 200)):  # warm-up: config choice, first compile, caches
             fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: round(statistics.median(t), 2) for name, t in times.items()}
 
 
 def measure(device: str, calls: int) -> dict:
@@ -71,7 +75,7 @@ def measure(device: str, calls: int) -> dict:
             "torch.ops.tconv3d.conv3d": lambda x=x: torch.ops.tconv3d.conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1),
         }
         with torch.set_grad_enabled(mode == "autograd"):
-            results[mode] = {name: round(per_call_us(fn, calls), 2) for name, fn in calls_of.items()}
+            results[mode] = per_call_us(calls_of, calls)
     return results
 
 
@@ -113,23 +117,25 @@ def launch_path(calls: int) -> dict:
         "dgrad": lambda config: conv_dgrad.conv3d_dgrad(grad_out, w, geom, config),
         "wgrad": lambda config: conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config),
     }
-    times = {direction: {} for direction in launchers}
+    launches = {
+        (direction, name): lambda launch=launch, config=config: launch(config)
+        for direction, launch in launchers.items()
+        for name, config in configs.items()
+    }
     with _kernels_stubbed():
-        for direction, launch in launchers.items():
-            for name, config in configs.items():
-                launch_once = lambda launch=launch, config=config: launch(config)  # noqa: E731
-                times[direction][name] = round(per_call_us(launch_once, calls), 2)
-    return times
+        times = per_call_us(launches, calls)
+    return {direction: {name: times[direction, name] for name in configs} for direction in launchers}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=1000, help="calls per timing loop (15 loops per figure)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     results = measure(args.device, args.calls)
-    print(f"host time per call, us (device {args.device}, input {SHAPE}, {args.calls} calls x 5, median)")
+    loops = f"median of 15 interleaved loops of {args.calls} calls"
+    print(f"host time per call, us (device {args.device}, input {SHAPE}, {loops})")
     print(f"{'':28s} {'no_grad':>9s} {'ratio':>6s} {'autograd':>9s} {'ratio':>6s}")
     for name in results["no_grad"]:
         cells = []

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .configs import KernelConfig
 from .geometry import ConvGeometry
-from .kernel_utils import TensorDescriptor, cdiv, dot_flags, mma, ndhwc_descriptor
+from .kernel_utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
 
 @triton.jit
@@ -81,10 +81,10 @@ def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig,
     box_h = config.block_m // box_w
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
-    w_box = [config.block_k, 1, config.block_n] if input_grad else [config.block_n, 1, config.block_k]
-    w_desc = TensorDescriptor(weight, [c_out, taps, c_in], [taps * c_in, c_in, 1], w_box)
-    src_desc = ndhwc_descriptor(src, [1, 1, box_h, box_w, config.block_k])
-    dst_desc = ndhwc_descriptor(dst, [1, 1, box_h, box_w, config.block_n])
+    w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
+    w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box)
+    src_desc = ndhwc_descriptor(src, (1, 1, box_h, box_w, config.block_k))
+    dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n))
     reduced, columns = (c_out, c_in) if input_grad else (c_in, c_out)
     batch, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
@@ -163,8 +163,8 @@ def conv3d_wgrad_tma(
     channels and TMA-aligned strides."""
     box_w = config.tma_box_w
     box_h = config.block_k // box_w
-    go_desc = ndhwc_descriptor(grad_out, [1, 1, box_h, box_w, config.block_m])
-    x_desc = ndhwc_descriptor(x, [1, 1, box_h, box_w, config.block_n])
+    go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m))
+    x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n))
     upcast, precision = dot_flags(x.dtype)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])

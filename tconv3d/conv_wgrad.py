@@ -12,7 +12,7 @@ from .geometry import ConvGeometry
 from .kernel_utils import (
     border_gather,
     cdiv,
-    dense_ndhwc,
+    dense_ndhwc_strides,
     dot_flags,
     mma,
     ndhwc,
@@ -230,13 +230,15 @@ def _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_p
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     view = gemm_view("wgrad", geom)
     grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0], geom.groups)
+    go_strides = ndhwc_strides(grad_out)
     _conv3d_wgrad_kernel[grid](
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,
-        *ndhwc_strides(grad_out), *x.stride(), *p_strides, *out.stride(),
+        *go_strides, *x.stride(), *p_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=dense_ndhwc(grad_out), PACK_TAPS=packs_taps("wgrad", geom), HAS_PREFIX=frames_before is not None,
+        GO_DENSE=go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=packs_taps("wgrad", geom),
+        HAS_PREFIX=frames_before is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -39,33 +39,36 @@ class ConvGeometry:
     # weight's output channels (in_channels and out_channels count all of them; depthwise: groups == in_channels).
     groups: int = 1
 
-    @property
+    # The derived values below are cached on first use (in the instance's __dict__, which a frozen dataclass
+    # still has): the launchers read them on every call (issue 19).
+
+    @functools.cached_property
     def group_in_channels(self) -> int:
         return self.in_channels // self.groups
 
-    @property
+    @functools.cached_property
     def group_out_channels(self) -> int:
         return self.out_channels // self.groups
 
-    @property
+    @functools.cached_property
     def is_depthwise(self) -> bool:
         """One input channel per group (a channel multiplier of out_channels / in_channels): the direct kernels'
         case, which no GEMM tile would fill."""
         return self.groups > 1 and self.group_in_channels == 1
 
-    @property
+    @functools.cached_property
     def front_padding(self) -> tuple[int, int, int]:
         return self.padding[0], self.padding[2], self.padding[4]
 
-    @property
+    @functools.cached_property
     def dim_modes(self) -> tuple[str, str, str]:
         return split_padding_mode(self.padding_mode)
 
-    @property
+    @functools.cached_property
     def pad_mode_indices(self) -> tuple[int, int, int]:
         return tuple(PADDING_MODES.index(mode) for mode in self.dim_modes)
 
-    @property
+    @functools.cached_property
     def reads_border(self) -> bool:
         """Whether some padded border reads input voxels (a mode other than zeros) rather than zeros."""
         return self.padding_mode != "zeros"
@@ -83,20 +86,20 @@ class ConvGeometry:
             self, in_size=tuple(size), padding=tuple(padding), padding_mode="zeros", prefix_frames=0
         )
 
-    @property
+    @functools.cached_property
     def is_symmetric(self) -> bool:
         p = self.padding
         return p[0] == p[1] and p[2] == p[3] and p[4] == p[5]
 
-    @property
+    @functools.cached_property
     def taps(self) -> int:
         return self.kernel[0] * self.kernel[1] * self.kernel[2]
 
-    @property
+    @functools.cached_property
     def output_voxels(self) -> int:
         return self.batch * self.out_size[0] * self.out_size[1] * self.out_size[2]
 
-    @property
+    @functools.cached_property
     def input_voxels(self) -> int:
         return self.batch * self.in_size[0] * self.in_size[1] * self.in_size[2]
 
@@ -250,36 +253,11 @@ def check_groups(groups, in_channels, out_channels) -> int:
     return int(groups)
 
 
-_geometries: dict[tuple, ConvGeometry] = {}
-_MAX_GEOMETRIES = 4096  # distinct problems remembered; past that, checked afresh (a process with more is unusual)
-
-
 def conv_geometry(
     input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0, groups=1
 ) -> ConvGeometry:
     """Check the shapes and convolution arguments of one conv3d and return its geometry. `prefix_frames` frames
-    of a second source precede the input along D (their shape is checked by the caller).
-
-    Memoised on the exact arguments when they are all plain ints and sequences of them (what the ops receive), so
-    a layer's repeated call costs one dict probe; anything else (SymInts under torch.compile, 'same', a bool or a
-    float where an int belongs) is checked afresh every time, and only a problem that passed is remembered."""
-    try:
-        key = (*input_shape, *weight_shape, *stride, *padding, *dilation, prefix_frames, groups)
-    except TypeError:  # an int where a sequence may be: not the ops' form
-        key = None
-    if key is not None and type(padding_mode) is str and all(type(v) is int for v in key):
-        key = (len(input_shape), len(weight_shape), len(stride), len(padding), len(dilation), padding_mode, *key)
-        geom = _geometries.get(key)
-        if geom is None:
-            geom = _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames,
-                                  groups)  # fmt: skip
-            if len(_geometries) < _MAX_GEOMETRIES:
-                _geometries[key] = geom
-        return geom
-    return _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames, groups)
-
-
-def _conv_geometry(input_shape, weight_shape, stride, padding, dilation, padding_mode, prefix_frames, groups):
+    of a second source precede the input along D (their shape is checked by the caller)."""
     if len(input_shape) != 5:
         raise ValueError(
             f"input must be 5-D (N, C, D, H, W) (or, outside the op, unbatched 4-D), got {len(input_shape)}-D with "
@@ -355,13 +333,78 @@ def check_conv3d(
     input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None
 ) -> ConvGeometry:
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
-    naming the problem, so no bad argument ever reaches a kernel."""
-    check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
-    prefix = prefix_frame_count(input, frames_before)
-    geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups)
-    if bias is not None and tuple(bias.shape) != (geom.out_channels,):
-        raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
+    naming the problem, so no bad argument ever reaches a kernel. Memoised (see `_memo_key`)."""
+    key = _memo_key((input, weight, bias, frames_before), (stride, padding, dilation), groups, padding_mode)
+    geom = _checked.get(key)
+    if geom is None:
+        check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
+        prefix = prefix_frame_count(input, frames_before)
+        geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups)
+        if bias is not None and tuple(bias.shape) != (geom.out_channels,):
+            raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
+        _remember(key, geom)
     return geom
+
+
+def check_conv3d_gradient(
+    grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, padding_mode, frames_before,
+    groups,
+) -> ConvGeometry:  # fmt: skip
+    """Validate a gradient op's call (`other` is the weight for the input gradient, the input for the weight
+    gradient, named `other_name`; the sizes of the two are given) and return the geometry of the forward
+    convolution it differentiates. Memoised (see `_memo_key`)."""
+    key = _memo_key(
+        (grad_output, other, frames_before), (input_size, weight_size, stride, padding, dilation), groups, padding_mode
+    )
+    geom = _checked.get(key)
+    if geom is None:
+        check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before)
+        prefix = prefix_frame_count(other, frames_before)
+        geom = conv_geometry(input_size, weight_size, stride, padding, dilation, padding_mode, prefix, groups)
+        if tuple(grad_output.shape) != geom.output_shape():
+            raise ValueError(
+                f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is "
+                f"{geom.output_shape()}"
+            )
+        _remember(key, geom)
+    return geom
+
+
+# Checked problems by their exact arguments, so that a layer's repeated call costs one key and one dict probe
+# (issue 19); only a problem that passed every check is remembered.
+_checked: dict[tuple, ConvGeometry] = {}
+_MAX_CHECKED = 4096  # past that, problems are checked afresh (a process with more is unusual)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
+    """A check's exact arguments as a key: each tensor's (shape, dtype, device), the int sequences and the
+    scalars. None (checked afresh) where a remembered result could differ from a fresh check: a tensor subclass
+    (a FakeTensor's sizes may be symbolic), anything but plain ints where ints belong (1.0 and True equal 1 as
+    keys; SymInts), an int where a sequence may be."""
+    if type(groups) is not int or type(padding_mode) is not str:
+        return None
+    key = [groups, padding_mode]
+    for values in int_sequences:
+        if type(values) not in (list, tuple):
+            return None
+        for v in values:
+            if type(v) is not int:
+                return None
+        key.append(tuple(values))
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif type(t) in _PLAIN_TENSORS:
+            key += (t.shape, t.dtype, t.device)
+        else:
+            return None
+    return tuple(key)
+
+
+def _remember(key, geom: ConvGeometry) -> None:
+    if key is not None and len(_checked) < _MAX_CHECKED:
+        _checked[key] = geom
 
 
 def conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):

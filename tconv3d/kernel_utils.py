@@ -106,7 +106,7 @@ def ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
-def _dense_ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
+def dense_ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
     _, c, d, h, w = t.shape
     return (d * h * w * c, 1, h * w * c, w * c, c)
 
@@ -115,14 +115,20 @@ def ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
     """t's strides with those of its size-1 dims (which torch leaves arbitrary, and no index ever multiplies)
     set to a dense channels_last_3d tensor's: a kernel may then take stride_w as the row pitch of a dense
     tensor whatever its width."""
-    dense = _dense_ndhwc_strides(t)
-    return tuple(want if size == 1 else stride for size, stride, want in zip(t.shape, t.stride(), dense, strict=True))
+    n, c, d, h, w = t.shape
+    sn, sc, sd, sh, sw = t.stride()
+    if n > 1 and c > 1 and d > 1 and h > 1 and w > 1:
+        return sn, sc, sd, sh, sw
+    return (
+        sn if n > 1 else d * h * w * c, sc if c > 1 else 1, sd if d > 1 else h * w * c, sh if h > 1 else w * c,
+        sw if w > 1 else c,
+    )  # fmt: skip
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:
     """Whether t's element (n, c, d, h, w) sits at (((n*D + d)*H + h)*W + w)*C + c: every dim of size above one
     has the stride of a dense channels_last_3d tensor (size-1 dims may have any stride, as torch allows)."""
-    return ndhwc_strides(t) == _dense_ndhwc_strides(t)
+    return ndhwc_strides(t) == dense_ndhwc_strides(t)
 
 
 def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:
@@ -132,8 +138,29 @@ def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:
     sn, _, sd, sh, sw = t.stride()
     unit = 16 // t.element_size()  # elements per 16 bytes
     # A dimension of size 1 is only ever read at coordinate 0 (or out of range): any 16-byte stride describes it.
-    strides = [sn if n > 1 else unit, sd if d > 1 else unit, sh if h > 1 else unit, sw if w > 1 else unit, 1]
-    return TensorDescriptor(t, [n, d, h, w, c], strides, block)
+    strides = (sn if n > 1 else unit, sd if d > 1 else unit, sh if h > 1 else unit, sw if w > 1 else unit, 1)
+    return tensor_descriptor(t, (n, d, h, w, c), strides, tuple(block))
+
+
+_descriptors: dict[tuple, TensorDescriptor] = {}
+
+
+def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> TensorDescriptor:
+    """TensorDescriptor(t, shape, strides, block), its checks (block, strides, shape: ~2 us a descriptor, issue
+    19) made once per (shape, strides, block, dtype) and the base's alignment on every call."""
+    if t.data_ptr() % 16:
+        raise ValueError(f"a TMA descriptor needs a 16-byte aligned base; this {tuple(t.shape)} tensor's is not")
+    key = (shape, strides, block, t.dtype)
+    checked = _descriptors.get(key)
+    if checked is None:
+        checked = TensorDescriptor(t, list(shape), list(strides), list(block))
+        checked.base = None  # the memo must not keep a tensor alive
+        if len(_descriptors) < 4096:
+            _descriptors[key] = checked
+    descriptor = object.__new__(TensorDescriptor)  # a checked one's fields, on this base
+    descriptor.__dict__.update(checked.__dict__)
+    descriptor.base = t
+    return descriptor
 
 
 def tma_aligned(t: torch.Tensor) -> bool:

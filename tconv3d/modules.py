@@ -27,14 +27,16 @@ class _KeptWeightFormat:
         super().__init__(*args, **kwargs)
         self._keep_weight_format()
 
-    def _keep_weight_format(self) -> None:
-        # Every call checks that nothing replaced the weight's storage since; a repeated call compares one tuple.
-        weight, memory_format = self.weight, WEIGHT_FORMATS[self.weight_format]
+    def _keep_weight_format(self) -> torch.Tensor:
+        """The weight, first converted in place if its storage is not in weight_format. A repeated call compares
+        one tuple: the layout last kept."""
+        weight, name = self.weight, self.weight_format
         if torch.compiler.is_compiling():  # no memo: a traced write to the module is a side effect
-            keep_memory_format(weight, memory_format)
-        elif self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), self.weight_format):
-            keep_memory_format(weight, memory_format)
-            self.__dict__["_kept_layout"] = (weight.shape, weight.stride(), self.weight_format)
+            keep_memory_format(weight, WEIGHT_FORMATS[name])
+        elif self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), name):
+            keep_memory_format(weight, WEIGHT_FORMATS[name])
+            self.__dict__["_kept_layout"] = (weight.shape, weight.stride(), name)
+        return weight
 
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
@@ -56,13 +58,20 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
 
     def _op_padding(self) -> tuple[int, ...]:
         """The 6-value padding the op takes, resolved again only when an attribute it depends on was replaced."""
-        attributes = (self.padding, self.kernel_size, self.stride, self.dilation)
-        if torch.compiler.is_compiling():
-            return resolve_padding(*attributes)
         memo = self.__dict__.get("_op_padding_memo")
-        if memo is None or any(a is not b for a, b in zip(memo[0], attributes, strict=True)):
-            memo = self.__dict__["_op_padding_memo"] = (attributes, resolve_padding(*attributes))
-        return memo[1]
+        if (
+            memo is not None
+            and memo[0] is self.padding
+            and memo[1] is self.kernel_size
+            and memo[2] is self.stride
+            and memo[3] is self.dilation
+        ):
+            return memo[4]
+        attributes = (self.padding, self.kernel_size, self.stride, self.dilation)
+        padding = resolve_padding(*attributes)
+        if not torch.compiler.is_compiling():  # no memo: a traced write to the module is a side effect
+            self.__dict__["_op_padding_memo"] = (*attributes, padding)
+        return padding
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self.convolve(input, self._op_padding(), self.padding_mode)
@@ -70,13 +79,12 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
     def convolve(self, input, padding, padding_mode="zeros", frames_before=None) -> torch.Tensor:
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
         front of the input along D: what the adapters of video-VAE conv modules call (tconv3d.convert)."""
-        self._keep_weight_format()
+        weight = self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
             return self.convolve(input[None], padding, padding_mode, unbatched(frames_before))[0]
         return call_conv3d(
-            input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
-            padding_mode, frames_before,
-        )  # fmt: skip
+            input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before
+        )
 
 
 class CausalConv3d(Conv3d):

@@ -26,7 +26,7 @@ from . import aten, choice, settings
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
 from .conv_wgrad import conv3d_wgrad
-from .geometry import check_conv3d, check_group_norm, check_tensors, conv_geometry, prefix_frame_count
+from .geometry import check_conv3d, check_conv3d_gradient, check_group_norm
 from .group_norm import group_norm_bwd, group_norm_fwd
 from .kernel_utils import empty_ndhwc
 
@@ -44,7 +44,7 @@ def _device_guard(t: torch.Tensor):
 # and their autograd kernel is a torch.autograd.Function written out here: @torch.library.custom_op and
 # torch.library.register_autograd wrap each call in several more Python layers (argument flattening, keyset
 # bookkeeping, an alias check), which cost 5-10 us per call (issue 19, bench/NOTES.md). The dynamo-disable
-# wrapper they also add is kept (see _define).
+# wrapper they also add is kept where dynamo watches (see _dynamo_disabled).
 _lib = torch.library.Library("tconv3d", "DEF")
 
 
@@ -52,21 +52,35 @@ def _define(schema: str, fake):
     """Define an op from its schema; the decorated function is its implementation on every device."""
 
     def register(implementation):
-        # Dynamo must never trace an implementation (it would trace into the kernels' launch code): when a
-        # compiled region runs eager code that calls an op (a DDP forward, a graph break), its frames are
-        # otherwise offered to dynamo.
-        implementation = torch._dynamo.disable(implementation, recursive=True)
         name = schema.split("(", 1)[0]
         _lib.define(schema)
-        _lib.impl(name, implementation, "CompositeExplicitAutograd")
+        _lib.impl(name, _dynamo_disabled(implementation), "CompositeExplicitAutograd")
         torch.library.register_fake(f"tconv3d::{name}", fake, lib=_lib)
-        return implementation  # the name in this module is the wrapped implementation, which the eager callers run
+        return implementation
 
     return register
 
 
+def _dynamo_disabled(implementation):
+    # Dynamo must never trace an implementation (it would trace into the kernels' launch code): when a compiled
+    # region runs eager code that calls an op (a DDP forward, a graph break), its frames are otherwise offered to
+    # dynamo, which is what a set frame callback means. The eager callers skip this wrapper (~1 us a call, issue
+    # 19) while no callback is set; in a torch without the query, never.
+    return torch._dynamo.disable(implementation, recursive=True)
+
+
+_frame_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: "unknown")
+
+# The C++ apply of autograd Functions, without Function.apply's Python layer (functorch transforms, dead
+# functorch wrappers, default-argument binding), for the eager callers, which take none of those cases: ~2.5 us a
+# call (issue 19).
+_function_apply = torch._C._FunctionBase.__dict__["apply"]
+_is_functorch_wrapper = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _register_autograd(name: str, implementation, backward, setup_context):
-    """Register the op's autograd kernel and return its eager caller (see `_intercepted`).
+    """Register the op's autograd kernel and return its eager caller (see `_intercepted`), which takes every
+    argument of the schema, positionally.
 
     The kernel: below autograd, the op itself; with a gradient to record, a Function whose forward runs the op
     below autograd and calls setup_context(ctx, inputs, output), and whose backward is `backward` (which may call
@@ -90,7 +104,13 @@ def _register_autograd(name: str, implementation, backward, setup_context):
         Function.__name__ = Function.__qualname__ = f"{name}_autograd"
         return Function
 
-    dispatched, direct = function(below_autograd), function(implementation)
+    dispatched = function(below_autograd)
+    disabled = _dynamo_disabled(implementation)
+
+    def run_direct(*inputs):
+        return (implementation if _frame_callback() is None else disabled)(*inputs)
+
+    apply_direct = _function_apply.__get__(None, function(run_direct))
 
     def records_grad(inputs) -> bool:
         return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
@@ -99,21 +119,32 @@ def _register_autograd(name: str, implementation, backward, setup_context):
         return dispatched.apply(*inputs) if records_grad(inputs) else below_autograd(*inputs)
 
     _lib.impl(name, autograd_kernel, "Autograd")
+    tensor_positions = [i for i, argument in enumerate(op._schema.arguments) if _is_tensor_type(argument.type)]
 
     def eager(*inputs):
         if torch.compiler.is_compiling():  # first: dynamo reads it as a constant and traces the op
             return op(*inputs)
         records = False
-        for t in inputs:
-            if isinstance(t, torch.Tensor):
-                if type(t) not in _PLAIN_TENSORS:  # a subclass (DTensor, FakeTensor...) has its own dispatch
+        for i in tensor_positions:
+            t = inputs[i]
+            if t is not None:
+                # A subclass (DTensor, FakeTensor...) has its own dispatch; a functorch wrapper its transform's.
+                if type(t) not in _PLAIN_TENSORS or _is_functorch_wrapper(t):
                     return op(*inputs)
                 records = records or t.requires_grad
         if _intercepted():
             return op(*inputs)
-        return direct.apply(*inputs) if records and torch.is_grad_enabled() else implementation(*inputs)
+        if records and torch.is_grad_enabled():
+            return apply_direct(*inputs)
+        return (implementation if _frame_callback() is None else disabled)(*inputs)
 
     return eager
+
+
+def _is_tensor_type(schema_type) -> bool:
+    if isinstance(schema_type, torch.OptionalType):
+        schema_type = schema_type.getElementType()
+    return isinstance(schema_type, torch.TensorType)
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -132,20 +163,6 @@ def _intercepted() -> bool:
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch.autograd.profiler._is_profiler_enabled
     )
-
-
-def _gradient_geometry(
-    grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, mode, frames_before, groups
-):
-    """Check a gradient op's arguments and return the geometry of the forward convolution it differentiates."""
-    check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before)
-    prefix = prefix_frame_count(other, frames_before)
-    geom = conv_geometry(input_size, weight_size, stride, padding, dilation, mode, prefix, groups)
-    if tuple(grad_output.shape) != geom.output_shape():
-        raise ValueError(
-            f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is {geom.output_shape()}"
-        )
-    return geom
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,7 +265,7 @@ call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_set
 
 
 def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = _gradient_geometry(
+    geom = check_conv3d_gradient(
         grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
     )
     return empty_ndhwc(geom.input_shape(), like=grad_output)
@@ -260,7 +277,7 @@ def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation,
     _input_grad_fake,
 )
 def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = _gradient_geometry(
+    geom = check_conv3d_gradient(
         grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
     )
     if not _runs_triton(grad_output):
@@ -320,7 +337,7 @@ call_conv3d_input_grad = _register_autograd(
 def _weight_grad_fake(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
 ):
-    geom = _gradient_geometry(
+    geom = check_conv3d_gradient(
         grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
         groups,
     )  # fmt: skip
@@ -335,7 +352,7 @@ def _weight_grad_fake(
 def conv3d_weight_grad(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
 ):
-    geom = _gradient_geometry(
+    geom = check_conv3d_gradient(
         grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
         groups,
     )  # fmt: skip
