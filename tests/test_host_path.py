@@ -1,0 +1,126 @@
+"""The eager host path (issue 19): the eager callers' shortcut around the dispatcher computes what the op does
+and steps aside whenever something may intercept ops; the memoised checks never accept what a fresh check
+rejects; the TMA descriptor memo checks what it skips and keeps no tensor alive."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tconv3d
+from tconv3d import geometry, kernel_utils
+from tconv3d.geometry import check_conv3d, check_conv3d_gradient
+
+CL = torch.channels_last_3d
+ARGS = ([1, 1, 1], [1, 0, 1, 1, 0, 1], [1, 1, 1])  # stride, 6-value padding, dilation
+
+
+def layer_and_input(device, requires_grad):
+    layer = tconv3d.nn.Conv3d(3, 4, 3, padding=(1, 0, 1)).to(device)
+    x = torch.randn(2, 3, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_(requires_grad)
+    return layer, x
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_eager_shortcut_computes_what_the_op_computes(requires_grad, device):
+    layer, x = layer_and_input(device, requires_grad)
+    padding = layer._op_padding()
+    args = (x, layer.weight, layer.bias, list(layer.stride), list(padding), list(layer.dilation), 1, "zeros", None)
+    shortcut = layer(x)
+    dispatched = torch.ops.tconv3d.conv3d(*args)
+    assert shortcut.is_contiguous(memory_format=CL)
+    assert torch.equal(shortcut, dispatched)
+    if requires_grad:
+        grad = torch.randn_like(shortcut)
+        via_shortcut = torch.autograd.grad(shortcut, (x, layer.weight, layer.bias), grad)
+        via_op = torch.autograd.grad(dispatched, (x, layer.weight, layer.bias), grad)
+        for ours, op in zip(via_shortcut, via_op, strict=True):
+            assert torch.equal(ours, op)
+        assert via_shortcut[1].stride() == layer.weight.stride()
+
+
+def test_interceptors_see_the_op(device):
+    """A dispatch mode, the profiler and autocast each see torch.ops.tconv3d.conv3d, as without the shortcut."""
+    layer, x = layer_and_input(device, requires_grad=True)
+    with OpNames() as mode:
+        layer(x)
+    assert "tconv3d.conv3d.default" in mode.names
+    with torch.autograd.profiler.profile() as profile:
+        layer(x)
+    assert any(event.name == "tconv3d::conv3d" for event in profile.function_events)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+
+
+def test_memoised_check_rejects_what_a_fresh_check_rejects(device):
+    """1.0 and True equal 1 as dict keys: after a problem passed with ints, the same problem with a float or a
+    bool where an int belongs must still be rejected, and a wrong bias shape must not ride on a good call."""
+    x = torch.randn(1, 3, 4, 5, 6, device=device).contiguous(memory_format=CL)
+    w = torch.randn(4, 3, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    b = torch.randn(4, device=device)
+    good = check_conv3d(x, w, b, *ARGS, 1)
+    assert check_conv3d(x, w, b, *ARGS, 1) is good  # remembered
+    with pytest.raises(TypeError, match="stride"):
+        check_conv3d(x, w, b, [1.0, 1, 1], *ARGS[1:], 1)
+    with pytest.raises(TypeError, match="groups"):
+        check_conv3d(x, w, b, *ARGS, True)
+    with pytest.raises(ValueError, match="bias"):
+        check_conv3d(x, w, torch.randn(3, device=device), *ARGS, 1)
+    with pytest.raises(TypeError, match="dtype"):
+        check_conv3d(x, w.double(), b, *ARGS, 1)
+    grad_out = torch.randn(good.output_shape(), device=device).contiguous(memory_format=CL)
+    size = list(x.shape)
+    assert check_conv3d_gradient(grad_out, w, "weight", size, w.shape, *ARGS, "zeros", None, 1) == good
+    with pytest.raises(ValueError, match="grad_output"):
+        check_conv3d_gradient(grad_out[:, :, 1:], w, "weight", size, w.shape, *ARGS, "zeros", None, 1)
+
+
+def test_memo_holds_only_plain_problems(device, monkeypatch):
+    monkeypatch.setattr(geometry, "_checked", {})
+    x = torch.randn(1, 3, 4, 5, 6, device=device)
+    w = torch.randn(4, 3, 3, 3, 3, device=device)
+    check_conv3d(x, w, None, 1, 1, 1, 1)  # ints where sequences go: checked, not remembered
+    assert not geometry._checked
+    check_conv3d(x, w, None, *ARGS, 1)
+    assert len(geometry._checked) == 1
+    (key,) = geometry._checked
+    assert not any(isinstance(part, torch.Tensor) for part in key)  # shapes, dtypes and devices, no tensor
+
+
+def test_cached_geometry_values_leave_equality_and_hash_alone():
+    first = geometry.conv_geometry((1, 3, 4, 5, 6), (4, 3, 3, 3, 3), (1, 1, 1), (1,) * 6, (1, 1, 1))
+    second = geometry.conv_geometry((1, 3, 4, 5, 6), (4, 3, 3, 3, 3), (1, 1, 1), (1,) * 6, (1, 1, 1))
+    assert first.output_voxels == 1 * 4 * 5 * 6 and first.pad_mode_indices == (0, 0, 0)
+    assert first == second and hash(first) == hash(second)
+
+
+def test_descriptor_memo_checks_alignment_and_keeps_no_tensor(monkeypatch):
+    monkeypatch.setattr(kernel_utils, "_descriptors", {})
+    t = torch.randn(1, 32, 2, 4, 8).contiguous(memory_format=CL)
+    alive = weakref.ref(t)
+    first = kernel_utils.ndhwc_descriptor(t, (1, 1, 2, 8, 16))
+    # N has size 1: any 16-byte stride (4 fp32 elements) describes it
+    fresh = kernel_utils.TensorDescriptor(t, [1, 2, 4, 8, 32], [4, 1024, 256, 32, 1], [1, 1, 2, 8, 16])
+    assert first.base is t
+    assert (first.shape, first.strides, first.block_shape) == (fresh.shape, fresh.strides, fresh.block_shape)
+    other = torch.randn(1, 32, 2, 4, 8).contiguous(memory_format=CL)
+    assert kernel_utils.ndhwc_descriptor(other, (1, 1, 2, 8, 16)).base is other
+    del t, first, fresh
+    gc.collect()
+    assert alive() is None
+    storage = torch.randn(1 + 32 * 2 * 4 * 8)
+    misaligned = storage[1:].view(1, 2, 4, 8, 32).permute(0, 4, 1, 2, 3)  # 4 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="16-byte"):
+        kernel_utils.ndhwc_descriptor(misaligned, (1, 1, 2, 8, 16))
