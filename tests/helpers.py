@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import triple
@@ -154,3 +155,15 @@ def train_unet(model, x, target, steps: int = 3, lr: float = 0.1) -> list[float]
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the ops dispatched while it is active, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))

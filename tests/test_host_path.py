@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpNames
 
 import tconv3d
 from tconv3d import geometry, kernel_utils
@@ -21,16 +21,6 @@ def layer_and_input(device, requires_grad):
     layer = tconv3d.nn.Conv3d(3, 4, 3, padding=(1, 0, 1)).to(device)
     x = torch.randn(2, 3, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_(requires_grad)
     return layer, x
-
-
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])

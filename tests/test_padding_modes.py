@@ -4,8 +4,7 @@ of the input; gradients of input, weight and bias; errors; nn.Conv3d(padding_mod
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpNames, dtype_id, leaf_copy
 
 import tconv3d
 from tconv3d.geometry import PADDING_MODES
@@ -82,16 +81,6 @@ def test_out_of_range_padding(mode, padding, size, message, device):
         tconv3d.conv3d(x, w, padding=padding, padding_mode=mode)
     with pytest.raises(TypeError, match="padding_mode must be a str"):
         tconv3d.conv3d(x, w, padding=1, padding_mode=None)
-
-
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("mode", PADDING_MODES)
