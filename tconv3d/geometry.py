@@ -374,7 +374,7 @@ def check_conv3d_gradient(
 # (issue 19); only a problem that passed every check is remembered.
 _checked: dict[tuple, ConvGeometry] = {}
 _MAX_CHECKED = 4096  # past that, problems are checked afresh (a process with more is unusual)
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not subclasses, which have dispatch of their own
 
 
 def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
@@ -395,7 +395,7 @@ def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
     for t in tensors:
         if t is None:
             key.append(None)
-        elif type(t) in _PLAIN_TENSORS:
+        elif type(t) in PLAIN_TENSORS:
             key += (t.shape, t.dtype, t.device)
         else:
             return None

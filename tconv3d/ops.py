@@ -26,7 +26,7 @@ from . import aten, choice, settings
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
 from .conv_wgrad import conv3d_wgrad
-from .geometry import check_conv3d, check_conv3d_gradient, check_group_norm
+from .geometry import PLAIN_TENSORS, check_conv3d, check_conv3d_gradient, check_group_norm
 from .group_norm import group_norm_bwd, group_norm_fwd
 from .kernel_utils import empty_ndhwc
 
@@ -65,7 +65,7 @@ def _dynamo_disabled(implementation):
     # Dynamo must never trace an implementation (it would trace into the kernels' launch code): when a compiled
     # region runs eager code that calls an op (a DDP forward, a graph break), its frames are otherwise offered to
     # dynamo, which is what a set frame callback means. The eager callers skip this wrapper (~1 us a call, issue
-    # 19) while no callback is set; in a torch without the query, never.
+    # 19) while no callback is set; where torch lacks the query, the wrapper always runs.
     return torch._dynamo.disable(implementation, recursive=True)
 
 
@@ -129,14 +129,12 @@ def _register_autograd(name: str, implementation, backward, setup_context):
             t = inputs[i]
             if t is not None:
                 # A subclass (DTensor, FakeTensor...) has its own dispatch; a functorch wrapper its transform's.
-                if type(t) not in _PLAIN_TENSORS or _is_functorch_wrapper(t):
+                if type(t) not in PLAIN_TENSORS or _is_functorch_wrapper(t):
                     return op(*inputs)
                 records = records or t.requires_grad
         if _intercepted():
             return op(*inputs)
-        if records and torch.is_grad_enabled():
-            return apply_direct(*inputs)
-        return (implementation if _frame_callback() is None else disabled)(*inputs)
+        return apply_direct(*inputs) if records and torch.is_grad_enabled() else run_direct(*inputs)
 
     return eager
 
@@ -145,9 +143,6 @@ def _is_tensor_type(schema_type) -> bool:
     if isinstance(schema_type, torch.OptionalType):
         schema_type = schema_type.getElementType()
     return isinstance(schema_type, torch.TensorType)
-
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _intercepted() -> bool:
