@@ -346,13 +346,29 @@ def check_conv3d(
     return geom
 
 
-def check_conv3d_gradient(
+def check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
+    """Validate a conv3d_input_grad call (its arguments) and return the geometry of the forward convolution."""
+    return _check_gradient(
+        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
+    )
+
+
+def check_weight_grad(
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
+):
+    """Validate a conv3d_weight_grad call (its arguments) and return the geometry of the forward convolution."""
+    return _check_gradient(
+        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
+        groups,
+    )  # fmt: skip
+
+
+def _check_gradient(
     grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, padding_mode, frames_before,
     groups,
 ) -> ConvGeometry:  # fmt: skip
-    """Validate a gradient op's call (`other` is the weight for the input gradient, the input for the weight
-    gradient, named `other_name`; the sizes of the two are given) and return the geometry of the forward
-    convolution it differentiates. Memoised (see `_memo_key`)."""
+    """A gradient op's check: `other` is the weight for the input gradient, the input for the weight gradient,
+    named `other_name`; the sizes of the two are given. Memoised (see `_memo_key`)."""
     key = _memo_key(
         (grad_output, other, frames_before), (input_size, weight_size, stride, padding, dilation), groups, padding_mode
     )

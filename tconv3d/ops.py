@@ -26,7 +26,7 @@ from . import aten, choice, settings
 from .conv_dgrad import conv3d_dgrad
 from .conv_fwd import conv3d_fwd
 from .conv_wgrad import conv3d_wgrad
-from .geometry import PLAIN_TENSORS, check_conv3d, check_conv3d_gradient, check_group_norm
+from .geometry import PLAIN_TENSORS, check_conv3d, check_group_norm, check_input_grad, check_weight_grad
 from .group_norm import group_norm_bwd, group_norm_fwd
 from .kernel_utils import empty_ndhwc
 
@@ -260,9 +260,7 @@ call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_set
 
 
 def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = check_conv3d_gradient(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
-    )
+    geom = check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups)
     return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
@@ -272,9 +270,7 @@ def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation,
     _input_grad_fake,
 )
 def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = check_conv3d_gradient(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
-    )
+    geom = check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups)
     if not _runs_triton(grad_output):
         return aten.conv3d_dgrad(grad_output, weight, geom)
     with _device_guard(grad_output):
@@ -332,10 +328,9 @@ call_conv3d_input_grad = _register_autograd(
 def _weight_grad_fake(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
 ):
-    geom = check_conv3d_gradient(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
-        groups,
-    )  # fmt: skip
+    geom = check_weight_grad(
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups
+    )
     return empty_ndhwc(geom.weight_shape(), like=input)
 
 
@@ -347,10 +342,9 @@ def _weight_grad_fake(
 def conv3d_weight_grad(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
 ):
-    geom = check_conv3d_gradient(
-        grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
-        groups,
-    )  # fmt: skip
+    geom = check_weight_grad(
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups
+    )
     if not _runs_triton(input):
         return aten.conv3d_wgrad(grad_output, input, frames_before, geom)
     with _device_guard(input):

@@ -11,7 +11,7 @@ from helpers import OpNames
 
 import tconv3d
 from tconv3d import geometry, kernel_utils
-from tconv3d.geometry import check_conv3d, check_conv3d_gradient
+from tconv3d.geometry import check_conv3d, check_input_grad
 
 CL = torch.channels_last_3d
 ARGS = ([1, 1, 1], [1, 0, 1, 1, 0, 1], [1, 1, 1])  # stride, 6-value padding, dilation
@@ -72,9 +72,9 @@ def test_memoised_check_rejects_what_a_fresh_check_rejects(device):
         check_conv3d(x, w.double(), b, *ARGS, 1)
     grad_out = torch.randn(good.output_shape(), device=device).contiguous(memory_format=CL)
     size = list(x.shape)
-    assert check_conv3d_gradient(grad_out, w, "weight", size, w.shape, *ARGS, "zeros", None, 1) == good
+    assert check_input_grad(grad_out, w, size, *ARGS, "zeros", 1) == good
     with pytest.raises(ValueError, match="grad_output"):
-        check_conv3d_gradient(grad_out[:, :, 1:], w, "weight", size, w.shape, *ARGS, "zeros", None, 1)
+        check_input_grad(grad_out[:, :, 1:], w, size, *ARGS, "zeros", 1)
 
 
 def test_memo_holds_only_plain_problems(device, monkeypatch):
