@@ -30,9 +30,9 @@ import triton
 
 import tconv3d
 from bench.run import git_commit
-from tconv3d import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
-from tconv3d.configs import KernelConfig
 from tconv3d.geometry import check_conv3d
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
+from tconv3d.kernels.config import KernelConfig
 
 CL = torch.channels_last_3d
 SHAPE = (1, 4, 2, 3, 3)  # the tiny input: Cin 4, a 2x3x3 volume

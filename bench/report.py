@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from tconv3d.shapes import DIRECTION_FLOP_FACTOR, ConvShape
+from tconv3d.tune.shapes import DIRECTION_FLOP_FACTOR, ConvShape
 
 IMPLS = ("tconv3d", "cudnn_cl3d", "cudnn_ncdhw", "compile", "compile_max_autotune")
 BASELINE = "cudnn_cl3d"

@@ -25,8 +25,8 @@ import triton
 import triton.testing
 
 import tconv3d
-from tconv3d.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from tconv3d.testing import float64_errors, random_conv_inputs
+from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
 from . import report
 
@@ -127,7 +127,7 @@ def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
     """Largest relative L2 error of tconv3d's results for `direction` against float64 autograd of F.conv3d."""
     small = _replica(shape)
     x, w = _make_inputs(small, dtype)
-    errors = float64_errors(x, w, None, small.stride, small.padding, small.dilation, small.groups)
+    errors = float64_errors(tconv3d.conv3d, x, w, None, small.stride, small.padding, small.dilation, small.groups)
     wanted = {"fwd": ["output"], "bwd": ["grad_input", "grad_weight"], "fwd+bwd": list(errors)}[direction]
     return max(errors[name] for name in wanted)
 

@@ -15,8 +15,8 @@ import torch
 from . import settings
 from .functional import conv3d
 from .geometry import check_conv3d
-from .shapes import DTYPES_BY_NAME
 from .testing import TOLERANCE, exact_fp32, float64_errors, random_conv_inputs, rel_l2
+from .tune.shapes import DTYPES_BY_NAME
 
 
 def _parse_args(argv):
@@ -54,7 +54,7 @@ def _cpu_selfcheck(args) -> int:
         x, weight, bias = _problem(args, "cpu", channels=8, size="4x6x8")
         tol = TOLERANCE[x.dtype]
         print(f"\n{name}: input {tuple(x.shape)} channels_last_3d, 3x3x3, padding 1; tolerance {tol:g}")
-        for label, err in float64_errors(x, weight, bias, 1, 1).items():
+        for label, err in float64_errors(conv3d, x, weight, bias, 1, 1).items():
             failed |= not err < tol
             print(f"  {label:<12} relative L2 error vs float64: {err:.2e}  {'ok' if err < tol else 'FAIL'}")
     print("\nTiming needs a CUDA device; on this machine only correctness is checked.")

@@ -22,13 +22,15 @@ import contextlib
 
 import torch
 
-from . import aten, choice, settings
-from .conv_dgrad import conv3d_dgrad
-from .conv_fwd import conv3d_fwd
-from .conv_wgrad import conv3d_wgrad
+from . import settings
 from .geometry import PLAIN_TENSORS, check_conv3d, check_group_norm, check_input_grad, check_weight_grad
-from .group_norm import group_norm_bwd, group_norm_fwd
-from .kernel_utils import empty_ndhwc
+from .kernels import aten
+from .kernels.conv_dgrad import conv3d_dgrad
+from .kernels.conv_fwd import conv3d_fwd
+from .kernels.conv_wgrad import conv3d_wgrad
+from .kernels.group_norm import group_norm_bwd, group_norm_fwd
+from .kernels.utils import empty_ndhwc
+from .tune import choice
 
 
 def _runs_triton(t: torch.Tensor) -> bool:

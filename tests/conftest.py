@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
 import pytest
 
 import tconv3d  # noqa: F401  (registers torch.ops.tconv3d)
-from tconv3d import choice, configs
-from tconv3d.configs import KernelConfig
+from tconv3d.kernels.config import KernelConfig
+from tconv3d.tune import choice, configs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -81,7 +81,7 @@ def poison_aten_convolution(monkeypatch):
     for name in ("conv3d_input", "conv3d_weight"):
         monkeypatch.setattr(torch.nn.grad, name, poisoned)
     for name in ("conv3d_fwd", "conv3d_dgrad", "conv3d_wgrad"):
-        monkeypatch.setattr(tconv3d.aten, name, poisoned)
+        monkeypatch.setattr(tconv3d.kernels.aten, name, poisoned)
 
 
 def count_launches(monkeypatch, launcher: str) -> list:

@@ -89,7 +89,7 @@ def test_gradients_are_bitwise_deterministic(small_tiles, dtype, device):
     conv_args = list(geom.stride), list(geom.padding), list(geom.dilation)
     wgrads = [torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, list(w.shape), *conv_args) for _ in range(3)]
     dgrads = [torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), *conv_args) for _ in range(3)]
-    assert tconv3d.choice.pick_config("wgrad", geom, dtype, x.device).split_k > 1  # the split-K path ran
+    assert tconv3d.tune.choice.pick_config("wgrad", geom, dtype, x.device).split_k > 1  # the split-K path ran
     assert all(torch.equal(wgrads[0], g) for g in wgrads[1:])
     assert all(torch.equal(dgrads[0], g) for g in dgrads[1:])
 
@@ -107,8 +107,8 @@ def test_gpu_heuristic_tiles(gpu_heuristic_tiles, dtype, device):
     case = Case("heuristic_tiles", 2, 20, 36, (4, 9, 26), (2, 3, 3), stride=(1, 2, 1), padding=(1, 0, 1, 1, 1, 1))
     x, w = case.input(dtype, device), case.weight(dtype, device)
     geom = tconv3d.geometry.check_conv3d(x, w, None, case.stride, case.padding, 1, 1)
-    assert tconv3d.choice.pick_config("wgrad", geom, dtype, x.device).split_k > 1
-    fwd = tconv3d.choice.pick_config("fwd", geom, dtype, x.device)
+    assert tconv3d.tune.choice.pick_config("wgrad", geom, dtype, x.device).split_k > 1
+    fwd = tconv3d.tune.choice.pick_config("fwd", geom, dtype, x.device)
     # partial tiles along M (voxels), N (Cout 36) and K (Cin 20)
     assert geom.output_voxels % fwd.block_m and 36 % fwd.block_n and 20 % fwd.block_k
     grads, expected = tconv3d_and_reference_grads(case, dtype, device)
@@ -159,7 +159,7 @@ def test_weight_grad_voxel_walk(small_tiles, out_size, strided_grad, device):
     x = torch.randn(n, c_in, *out_size, device=device).contiguous(memory_format=CL)
     wide = torch.randn(n, 2 * c_out if strided_grad else c_out, *out_size, device=device)
     grad_out = wide.contiguous(memory_format=CL)[:, :c_out]
-    assert tconv3d.kernel_utils.dense_ndhwc(grad_out) != strided_grad
+    assert tconv3d.kernels.utils.dense_ndhwc(grad_out) != strided_grad
     w_shape = [c_out, c_in, 1, 1, 1]
     ours = torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, w_shape, [1, 1, 1], [0, 0, 0], [1, 1, 1])
     expected = torch.einsum("nodhw,nidhw->oi", grad_out.double(), x.double()).reshape(w_shape)

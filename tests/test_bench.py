@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench import report, run
-from tconv3d.shapes import load_shape_set
+from tconv3d.tune.shapes import load_shape_set
 
 # The suite as the benchmark issue lists it: (N, Cin, Cout, T, H, W, kernel, stride).
 SUITE = {

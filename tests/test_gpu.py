@@ -114,7 +114,7 @@ def _largest_split_k_workspace_mb(model, x) -> float:
     sizes = [
         split * g.out_channels * g.taps * g.in_channels * 4
         for g in geoms
-        if (split := tconv3d.choice.pick_config("wgrad", g, x.dtype, x.device).split_k) > 1
+        if (split := tconv3d.tune.choice.pick_config("wgrad", g, x.dtype, x.device).split_k) > 1
     ]
     return max(sizes, default=0) / 2**20
 

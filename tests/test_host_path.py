@@ -10,8 +10,9 @@ import torch
 from helpers import OpNames
 
 import tconv3d
-from tconv3d import geometry, kernel_utils
+from tconv3d import geometry
 from tconv3d.geometry import check_conv3d, check_input_grad
+from tconv3d.kernels import utils as kernel_utils
 
 CL = torch.channels_last_3d
 ARGS = ([1, 1, 1], [1, 0, 1, 1, 0, 1], [1, 1, 1])  # stride, 6-value padding, dilation

@@ -21,7 +21,7 @@ from torch import nn
 import tconv3d
 from bench.vaes import LATENT_CHANNELS, build_vae
 from tconv3d import settings
-from tconv3d.convert import is_converted
+from tconv3d.nn.convert import is_converted
 from tconv3d.testing import rel_l2
 
 diffusers = pytest.importorskip("diffusers")
@@ -298,7 +298,7 @@ def test_monai_activations_stay_channels_last(name, aten_path):
 @pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (2, 1, 1)])
 def test_ltx_depth_to_space_writes_channels_last(stride):
     """LTX-Video's upsampler shuffle, done into a channels_last_3d result, equals diffusers' permute + flatten."""
-    from tconv3d.video_vaes import _depth_to_space
+    from tconv3d.nn.video_vaes import _depth_to_space
 
     b, c, t, h, w = 2, 3, 2, 3, 4
     x = torch.randn(b, c * stride[0] * stride[1] * stride[2], t, h, w).contiguous(memory_format=torch.channels_last_3d)
@@ -311,7 +311,7 @@ def test_ltx_depth_to_space_writes_channels_last(stride):
 def test_wan_frame_interleave_writes_channels_last():
     """WanResample's temporal upsampling interleave, done into a channels_last_3d result, equals diffusers' reshape
     + stack + reshape."""
-    from tconv3d.video_vaes import _interleave_frames
+    from tconv3d.nn.video_vaes import _interleave_frames
 
     b, c, t, h, w = 2, 3, 4, 3, 5
     x = torch.randn(b, 2 * c, t, h, w).contiguous(memory_format=torch.channels_last_3d)
@@ -323,7 +323,7 @@ def test_wan_frame_interleave_writes_channels_last():
 
 WHOLE_MODELS = """
 import sys, torch
-from tconv3d.convert import is_converted
+from tconv3d.nn.convert import is_converted
 x = torch.load(sys.argv[1])
 outputs = {}
 for path in sys.argv[3:]:

@@ -7,9 +7,10 @@ import pytest
 import torch
 from helpers import CASES, Case, conv_and_reference, dtype_id
 
-from tconv3d import choice, configs
 from tconv3d.geometry import check_conv3d
+from tconv3d.kernels import config as kernel_config
 from tconv3d.testing import TOLERANCE, rel_l2
+from tconv3d.tune import choice, configs
 
 CL = torch.channels_last_3d
 
@@ -27,13 +28,13 @@ SMALL = [
 def packed_directions(case: Case, device) -> list[str]:
     x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
     geom = check_conv3d(x, w, None, case.stride, case.padding, case.dilation, 1)
-    return [d for d in configs.DIRECTIONS if configs.packs_taps(d, geom)]
+    return [d for d in kernel_config.DIRECTIONS if kernel_config.packs_taps(d, geom)]
 
 
 @pytest.fixture
 def one_tap_per_step(monkeypatch):
     """The kernels' form for many channels, whatever the channel count."""
-    monkeypatch.setattr(configs, "PACK_TAPS_BELOW", 1)
+    monkeypatch.setattr(kernel_config, "PACK_TAPS_BELOW", 1)
     monkeypatch.setattr(choice, "_memo", {})
 
 
@@ -56,12 +57,12 @@ def test_packed_heuristic_tiles_reduce_over_pairs():
     x, w = torch.empty(1, 3, 17, 64, 64, device="meta"), torch.empty(128, 3, 3, 3, 3, device="meta")
     geom = check_conv3d(x, w, None, 1, 1, 1, 1)
     fwd = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
-    assert configs.gemm_view("fwd", geom).reduction == 81 and fwd.block_k == 16
-    wgrad_view = configs.gemm_view("wgrad", geom)
+    assert kernel_config.gemm_view("fwd", geom).reduction == 81 and fwd.block_k == 16
+    wgrad_view = kernel_config.gemm_view("wgrad", geom)
     assert (wgrad_view.cols, wgrad_view.grid_taps) == (81, 1)
     assert configs.heuristic_config("wgrad", geom, torch.bfloat16, 132).block_n == 128
     one_tap = check_conv3d(x, torch.empty(128, 3, 1, 1, 1, device="meta"), None, 1, 0, 1, 1)
-    assert not any(configs.packs_taps(d, one_tap) for d in configs.DIRECTIONS)  # nothing to pack
+    assert not any(kernel_config.packs_taps(d, one_tap) for d in kernel_config.DIRECTIONS)  # nothing to pack
 
 
 @pytest.mark.parametrize("case", [c for c in SMALL + CASES if min(c.cin, c.cout) < 16], ids=lambda c: c.name)

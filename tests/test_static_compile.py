@@ -41,7 +41,7 @@ def _names(records):
 
 
 def test_every_chosen_config_compiles_for_both_archs(records):
-    from tconv3d.shapes import load_shape_set
+    from tconv3d.tune.shapes import load_shape_set
 
     cases = len(load_shape_set("bench")) + len(load_shape_set("awkward"))
     assert len(records) == cases * 3 * 3 * 2
@@ -57,8 +57,8 @@ def _tuned_with_this_triton(record) -> bool:
     A table's configs were measured, spill-free, with the compiler that tuned them; another triton allocates
     registers differently (the H100 table, tuned with triton 3.6, lends unet_320's fp32 forward a 64x128 tile
     that spills a little under 3.9). CI compiles under both, so every table is held to its own triton."""
-    from tconv3d.static_compile import ARCHS
-    from tconv3d.tables import table_file_name
+    from tconv3d.inspect.compile import ARCHS
+    from tconv3d.tune.tables import table_file_name
 
     if record["config_source"] not in ("table", "nearest"):
         return True
@@ -111,7 +111,7 @@ def test_weight_gradient_grids_fill_their_waves(records):
     """Equal-length programs in 2.05 waves leave a third of the device idle in the third: the split-K choice
     must keep the last wave at least 3/4 busy wherever the reduction is long enough for 3 waves (each split
     keeps at least 8 steps; from 3 waves on, any count fills its last wave 3/4)."""
-    from tconv3d.shapes import load_shape_set
+    from tconv3d.tune.shapes import load_shape_set
 
     voxels = {s.name: s.geometry().output_voxels for s in load_shape_set("bench") + load_shape_set("awkward")}
     poor = []
@@ -131,8 +131,8 @@ def test_weight_gradient_grids_fill_their_waves(records):
 
 NORM_COMPILE = """
 import json, sys, torch
-from tconv3d.group_norm import group_norm_bwd, group_norm_fwd
-from tconv3d.static_compile import compile_only, read_cubin
+from tconv3d.kernels.group_norm import group_norm_bwd, group_norm_fwd
+from tconv3d.inspect.compile import compile_only, read_cubin
 out = []
 for capability in (90, 80):
     for dtype in (torch.bfloat16, torch.float32):
@@ -171,9 +171,9 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
 
 TMA_COMPILE = """
 import json, torch
-from tconv3d import configs
-from tconv3d.shapes import load_shape_set
-from tconv3d.static_compile import ARCHS, compile_launch
+from tconv3d.tune import configs
+from tconv3d.tune.shapes import load_shape_set
+from tconv3d.inspect.compile import ARCHS, compile_launch
 out = []
 for shape in load_shape_set("bench"):
     geom = shape.geometry()

@@ -12,9 +12,12 @@ import torch
 from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dtype_id
 
 import tconv3d
-from tconv3d import choice, conv_dgrad, conv_fwd, conv_wgrad, settings
-from tconv3d.configs import KernelConfig, tma_eligible, with_tma
+from tconv3d import settings
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_wgrad
+from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import rel_l2, tolerance
+from tconv3d.tune import choice
+from tconv3d.tune.configs import tma_eligible, with_tma
 
 CL = torch.channels_last_3d
 

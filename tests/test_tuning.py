@@ -11,10 +11,12 @@ import pytest
 import torch
 import triton
 
-from tconv3d import choice, configs, settings, tables, tune
-from tconv3d.configs import KernelConfig, TuningKey, candidates, keep, tuning_key
+from tconv3d import settings
 from tconv3d.geometry import conv_geometry
-from tconv3d.shapes import load_shape_set
+from tconv3d.kernels.config import KernelConfig
+from tconv3d.tune import choice, configs, tables, tuner
+from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
+from tconv3d.tune.shapes import load_shape_set
 
 H100 = "NVIDIA H100 80GB HBM3"
 CUDA = torch.device("cuda", 0)
@@ -239,15 +241,15 @@ def stand_in_cost(config: KernelConfig) -> float:
 
 def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
     monkeypatch.setattr(settings, "AUTOTUNE", True)
-    monkeypatch.setattr(tune, "_timed_if_correct", lambda run, reference, tolerance, **filters: stand_in_cost)
-    monkeypatch.setattr(tune, "smem_limit", lambda device: 228 * 1024)
+    monkeypatch.setattr(tuner, "_timed_if_correct", lambda run, reference, tolerance, **filters: stand_in_cost)
+    monkeypatch.setattr(tuner, "smem_limit", lambda device: 228 * 1024)
     geom = geometry()
     runs = []
     chosen = choice.pick_config("fwd", geom, torch.bfloat16, CUDA, run=lambda c: runs.append(c) or torch.ones(3))
     default = configs.heuristic_config("fwd", geom, torch.bfloat16, 132)
     assert runs == [default]  # the reference run
     space = candidates("fwd", geom, torch.bfloat16, 228 * 1024)
-    near = tune.nearest_candidates(space, default, tune.CANDIDATES_PER_KEY)
+    near = tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY)
     expected = min((c for c in [default, *near] if stand_in_cost(c)), key=stand_in_cost)
     assert chosen == expected
     key = tuning_key("fwd", geom, torch.bfloat16)
@@ -257,7 +259,7 @@ def test_first_use_tuning_writes_the_cache(fake_gpu, monkeypatch):
 
 
 def bench_jobs():
-    return tune.plan_jobs(load_shape_set("bench"), dtypes={"bf16"})
+    return tuner.plan_jobs(load_shape_set("bench"), dtypes={"bf16"})
 
 
 def stand_in_prepare(job):
@@ -284,7 +286,7 @@ def test_generator_writes_table_and_resumes(tmp_path):
     path = tmp_path / tables.table_file_name(H100)
     meta = tables.table_metadata(H100)
     lines = []
-    outcomes = tune.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lines.append)
+    outcomes = tuner.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lines.append)
     assert len(outcomes) == 6
     data = json.loads(path.read_text())
     assert data["device"] == H100 and data["triton"] == triton.__version__ and data["torch"] == torch.__version__
@@ -301,7 +303,7 @@ def test_generator_writes_table_and_resumes(tmp_path):
     def must_not_run(job):
         raise AssertionError("a key already in the table was tuned again")
 
-    again = tune.tune_jobs(jobs, path, meta, must_not_run, budget_s=60, out=lines.append)
+    again = tuner.tune_jobs(jobs, path, meta, must_not_run, budget_s=60, out=lines.append)
     assert again == [] and "6 already in" in lines[-1]
     assert tables.read_table(path).keys() == {job.key for job in jobs}
 
@@ -319,9 +321,9 @@ def test_generator_resumes_after_an_interruption(tmp_path):
         return stand_in_prepare(job)
 
     with pytest.raises(KeyboardInterrupt):
-        tune.tune_jobs(jobs, path, meta, interrupted_after_two, budget_s=60, out=lambda line: None)
+        tuner.tune_jobs(jobs, path, meta, interrupted_after_two, budget_s=60, out=lambda line: None)
     assert set(json.loads(path.read_text())["entries"]) == {str(j.key) for j in jobs[:2]}  # a valid, partial table
-    resumed = tune.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lambda line: None)
+    resumed = tuner.tune_jobs(jobs, path, meta, stand_in_prepare, budget_s=60, out=lambda line: None)
     assert [o for o in resumed] and len(resumed) == 2
     assert set(json.loads(path.read_text())["entries"]) == {str(j.key) for j in jobs}
 
@@ -335,21 +337,21 @@ def test_search_respects_its_time_bound():
         return stand_in_cost(config)
 
     configs_to_try = [KernelConfig(32, 32, 32, 4, s) for s in range(1, 8)]
-    outcome = tune.search(configs_to_try, CONFIG_B, measure, budget_s=3, clock=lambda: next(clock_values))
+    outcome = tuner.search(configs_to_try, CONFIG_B, measure, budget_s=3, clock=lambda: next(clock_values))
     assert len(seen) == 4  # the default, then candidates while the (stand-in) clock stays within 3 s
     assert outcome.tried == 4 and outcome.default_config == CONFIG_B
 
 
 def test_summary_reports_median_and_worst():
-    outcome = lambda ms, default_ms: tune.Outcome(CONFIG_A, ms, CONFIG_B, default_ms, 3)  # noqa: E731
-    text = tune.summarize([outcome(1.0, 2.0), outcome(1.0, 1.0), outcome(1.0, 1.5)])
+    outcome = lambda ms, default_ms: tuner.Outcome(CONFIG_A, ms, CONFIG_B, default_ms, 3)  # noqa: E731
+    text = tuner.summarize([outcome(1.0, 2.0), outcome(1.0, 1.0), outcome(1.0, 1.5)])
     assert "keys tuned: 3" in text and "median 1.50x" in text and "worst 1.00x" in text
 
 
 def test_tune_command_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the command would tune for real")
-    assert tune.main(["--shapes", "bench"]) == 2
+    assert tuner.main(["--shapes", "bench"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().out
 
 
@@ -364,7 +366,7 @@ def test_wgrad_candidates_bound_their_workspace():
 def test_candidates_that_do_not_compile_cleanly_are_never_run():
     """The tuner's static-compile filter (spills, shared memory) rejects a candidate before any launch."""
     runs = []
-    measure = tune._timed_if_correct(
+    measure = tuner._timed_if_correct(
         lambda config: runs.append(config), torch.ones(3), 1e-2, compiles_cleanly=lambda config: False
     )
     assert measure(CONFIG_A) is None
@@ -373,18 +375,18 @@ def test_candidates_that_do_not_compile_cleanly_are_never_run():
 
 def test_candidates_nearest_the_default_come_first():
     default = KernelConfig(128, 128, 64, 8, 3)
-    assert tune.config_steps(default, default) == 0
-    assert tune.config_steps(default, KernelConfig(64, 128, 64, 8, 4)) == 2  # one halving, one stage
-    assert tune.config_steps(default, KernelConfig(32, 128, 64, 8, 3, split_k=4)) == 4
+    assert tuner.config_steps(default, default) == 0
+    assert tuner.config_steps(default, KernelConfig(64, 128, 64, 8, 4)) == 2  # one halving, one stage
+    assert tuner.config_steps(default, KernelConfig(32, 128, 64, 8, 3, split_k=4)) == 4
     geom = geometry(cin=384, cout=384, size=(8, 32, 32))
     space = candidates("fwd", geom, torch.bfloat16, 228 * 1024)
-    nearest = tune.nearest_candidates(space, default, 12)
+    nearest = tuner.nearest_candidates(space, default, 12)
     assert len(nearest) == 12 and default not in nearest
-    steps = [tune.config_steps(c, default) for c in nearest]
+    steps = [tuner.config_steps(c, default) for c in nearest]
     assert steps == sorted(steps) and steps[0] == 1
     # Nothing left out is nearer than the farthest kept: the bounded list is the neighbourhood, not a prefix.
     left_out = [c for c in space if c not in nearest and c != default]
-    assert min(tune.config_steps(c, default) for c in left_out) >= steps[-1]
+    assert min(tuner.config_steps(c, default) for c in left_out) >= steps[-1]
     assert len(space) > 100  # the whole space would not fit a per-key budget
 
 

@@ -16,12 +16,12 @@ import torch
 import triton.testing
 
 import tconv3d
-from tconv3d import choice
-from tconv3d.conv_dgrad import conv3d_dgrad
-from tconv3d.conv_fwd import conv3d_fwd
-from tconv3d.conv_wgrad import conv3d_wgrad
-from tconv3d.shapes import DTYPES_BY_NAME, load_shape_set
+from tconv3d.kernels.conv_dgrad import conv3d_dgrad
+from tconv3d.kernels.conv_fwd import conv3d_fwd
+from tconv3d.kernels.conv_wgrad import conv3d_wgrad
 from tconv3d.testing import random_conv_inputs
+from tconv3d.tune import choice
+from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
 
 CASES = (("unet_320", "bf16"), ("down_s2", "bf16"), ("hunyuan_512", "bf16"), ("hunyuan_512", "fp16"))
 

@@ -19,9 +19,9 @@ import torch
 from triton.runtime.jit import JITFunction
 
 import tconv3d
-from tconv3d.shapes import DTYPES_BY_NAME, load_shape_set
-from tconv3d.static_compile import read_cubin
+from tconv3d.inspect.compile import read_cubin
 from tconv3d.testing import random_conv_inputs
+from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
 
 
 def record_launches():

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+import tconv3d
 from tconv3d.testing import float64_errors, random_conv_inputs, tolerance
 
 CASES = [
@@ -26,7 +27,7 @@ def main(quick: bool = False) -> int:
         for n, cin, cout, size, kernel, stride, padding, dilation in CASES[:1] if quick else CASES:
             k = (kernel,) * 3 if isinstance(kernel, int) else kernel
             x, w = random_conv_inputs((n, cin, *size), (cout, cin, *k), dtype, "cuda")
-            errors = list(float64_errors(x, w, None, stride, padding, dilation).values())
+            errors = list(float64_errors(tconv3d.conv3d, x, w, None, stride, padding, dilation).values())
             ok = max(errors) < tolerance(dtype)  # TF32 bound for fp32 when cuDNN may use TF32 (torch's default)
             failures += not ok
             print(f"{dtype} {(n, cin, cout, size, kernel, stride, padding, dilation)}: "

@@ -28,9 +28,9 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime import driver as triton_driver
 from triton.runtime.jit import JITFunction
 
-from . import conv_depthwise, conv_dgrad, conv_fwd, conv_wgrad
-from .configs import KernelConfig
-from .geometry import ConvGeometry
+from ..geometry import ConvGeometry
+from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_wgrad
+from ..kernels.config import KernelConfig
 
 
 @dataclass(frozen=True)

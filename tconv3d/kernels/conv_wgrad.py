@@ -5,11 +5,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
+from ..geometry import ConvGeometry
+from .config import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .conv_depthwise import depthwise_wgrad
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
-from .geometry import ConvGeometry
-from .kernel_utils import (
+from .utils import (
     border_gather,
     cdiv,
     dense_ndhwc_strides,

@@ -4,11 +4,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig, packs_taps
+from ..geometry import ConvGeometry
+from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_fwd
 from .conv_tma import conv3d_tma
-from .geometry import ConvGeometry
-from .kernel_utils import (
+from .utils import (
     border_gather,
     cdiv,
     dot_flags,

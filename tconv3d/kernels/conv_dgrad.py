@@ -7,11 +7,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig, packs_taps
+from ..geometry import ConvGeometry
+from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_dgrad
 from .conv_tma import conv3d_tma
-from .geometry import ConvGeometry
-from .kernel_utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
+from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
 
 @triton.jit

@@ -22,10 +22,11 @@ import torch
 import triton
 from packaging.version import Version
 
-from . import settings
-from .configs import KernelConfig, TuningKey
+from .. import settings
+from ..kernels.config import KernelConfig
+from .configs import TuningKey
 
-_PACKAGE_DIR = Path(__file__).parent
+_PACKAGE_DIR = Path(__file__).parents[1]  # tconv3d/
 # Installed wheels carry the tables inside the package; a source checkout has them beside it.
 SHIPPED_DIRS = (_PACKAGE_DIR / "autotune_configs", _PACKAGE_DIR.parent / "autotune_configs")
 

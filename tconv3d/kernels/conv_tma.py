@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig
-from .geometry import ConvGeometry
-from .kernel_utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
+from ..geometry import ConvGeometry
+from .config import KernelConfig
+from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .geometry import SUPPORTED_DTYPES
+from ..geometry import SUPPORTED_DTYPES
 from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
 from .video_vaes import FRAME_BLOCKS, KNOWN_CLASSES, adapter_reason, class_name, conv_reason
 

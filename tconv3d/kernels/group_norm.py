@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel_utils import cdiv, empty_ndhwc
+from .utils import cdiv, empty_ndhwc
 
 ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis

@@ -3,7 +3,7 @@
 A shape-set file holds {"name", "description", "cases": [...]}; each case has name, batch, cin, cout,
 size [D, H, W], kernel (int or 3 ints) and optionally stride, padding (any form tconv3d.conv3d takes; default
 kernel // 2 per dimension), dilation, groups (default 1) and dtypes (default ["bf16"]).
-`load_shape_set("bench")` reads the set shipped in tconv3d/shape_sets/; any other argument is a path to a file
+`load_shape_set("bench")` reads the set shipped in tconv3d/tune/shape_sets/; any other argument is a path to a file
 in the same format.
 """
 
@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..geometry import ConvGeometry, conv_geometry, resolve_padding, triple
 from .configs import DTYPE_NAMES
-from .geometry import ConvGeometry, conv_geometry, resolve_padding, triple
 
 SHAPE_SET_DIR = Path(__file__).parent / "shape_sets"
 DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}

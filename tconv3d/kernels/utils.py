@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import settings
+from .. import settings
 
 
 @triton.jit

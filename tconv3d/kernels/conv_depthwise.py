@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import KernelConfig
-from .geometry import ConvGeometry
-from .kernel_utils import cdiv, split_voxel
+from ..geometry import ConvGeometry
+from .config import KernelConfig
+from .utils import cdiv, split_voxel
 
 
 @triton.jit

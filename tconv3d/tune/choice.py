@@ -17,19 +17,12 @@ from collections.abc import Callable
 
 import torch
 
-from . import configs, settings, tables, tune
-from .configs import (
-    DIRECTIONS,
-    KernelConfig,
-    default_config,
-    heuristic_config,
-    nearest_key,
-    tma_eligible,
-    tuning_key,
-    with_tma,
-)
-from .geometry import ConvGeometry, check_conv3d
-from .kernel_utils import tma_aligned
+from .. import settings
+from ..geometry import ConvGeometry, check_conv3d
+from ..kernels.config import DIRECTIONS, KernelConfig
+from ..kernels.utils import tma_aligned
+from . import configs, tables, tuner
+from .configs import default_config, heuristic_config, nearest_key, tma_eligible, tuning_key, with_tma
 
 
 def choose(
@@ -65,7 +58,7 @@ def _select_with_source(direction, geom, dtype, device, run) -> tuple[KernelConf
     else:
         key = tuning_key(direction, geom, dtype)
         if run is not None and settings.AUTOTUNE and key not in tables.device_table(device):
-            config, source = tune.tune_on_first_use(key, direction, geom, dtype, device, run), "first-use tuning"
+            config, source = tuner.tune_on_first_use(key, direction, geom, dtype, device, run), "first-use tuning"
         else:
             name = torch.cuda.get_device_name(device)
             sm_count, capability = configs.multiprocessor_count(device), configs.compute_capability(device)

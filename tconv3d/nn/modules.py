@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import conv_transpose3d, unbatched
-from .geometry import SUPPORTED_DTYPES, resolve_padding, triple
-from .ops import call_conv3d, call_group_norm
+from ..functional import conv_transpose3d, unbatched
+from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
+from ..ops import call_conv3d, call_group_norm
 
 _CL = torch.channels_last_3d
 WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}

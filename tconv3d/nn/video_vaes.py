@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .geometry import SUPPORTED_DTYPES
+from ..geometry import SUPPORTED_DTYPES
 from .modules import Conv3d, GroupNorm, InstanceNorm3d, normalize
 
 _CL = torch.channels_last_3d

@@ -5,7 +5,7 @@
     python -m tconv3d.inspect --shapes bench --space   # every candidate of the pruned search space, per key
 
 For each (case, dtype, direction, arch) it takes the config that GPU model would choose (its tuning table, else
-the heuristic for its SM count), compiles the launch exactly as the launcher would (tconv3d/static_compile.py)
+the heuristic for its SM count), compiles the launch exactly as the launcher would (compile.py)
 and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
 registers, spill bytes, shared memory, the MMA instruction and the global-load kinds, compile time.
 """
@@ -22,10 +22,12 @@ from pathlib import Path
 
 import torch
 
-from . import choice, settings
-from .configs import DIRECTIONS, candidates
-from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
-from .static_compile import ARCHS, compile_launch, fits
+from .. import settings
+from ..kernels.config import DIRECTIONS
+from ..tune import choice
+from ..tune.configs import candidates
+from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
+from .compile import ARCHS, compile_launch, fits
 
 DEFAULT_SHAPES = "bench,awkward"
 

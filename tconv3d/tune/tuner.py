@@ -1,5 +1,6 @@
-"""python -m tconv3d.tune: tune the forward, input-grad and weight-grad tilings of a shape set on this GPU and
-write them to autotune_configs/<device>.json; and the first-use tuning behind TCONV3D_AUTOTUNE=1.
+"""The tuner behind `python -m tconv3d.tune` (tune/__main__.py): tune the forward, input-grad and weight-grad
+tilings of a shape set on this GPU and write them to autotune_configs/<device>.json; and the first-use tuning
+behind TCONV3D_AUTOTUNE=1.
 
     python -m tconv3d.tune --shapes bench --out autotune_configs/
 
@@ -24,14 +25,18 @@ from pathlib import Path
 
 import torch
 
-from . import aten, configs, settings, static_compile, tables
-from .configs import DIRECTIONS, KernelConfig, TuningKey, candidates, default_config, tuning_key
-from .conv_dgrad import conv3d_dgrad
-from .conv_fwd import conv3d_fwd
-from .conv_wgrad import conv3d_wgrad
-from .geometry import ConvGeometry
+from .. import settings
+from ..geometry import ConvGeometry
+from ..inspect import compile as static_compile
+from ..kernels import aten
+from ..kernels.config import DIRECTIONS, KernelConfig
+from ..kernels.conv_dgrad import conv3d_dgrad
+from ..kernels.conv_fwd import conv3d_fwd
+from ..kernels.conv_wgrad import conv3d_wgrad
+from ..testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
+from . import configs, tables
+from .configs import TuningKey, candidates, default_config, tuning_key
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
-from .testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
 
 Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
 
@@ -356,7 +361,3 @@ def main(argv=None) -> int:
         shutdown()
     print(summarize(outcomes))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

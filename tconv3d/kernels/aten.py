@@ -8,9 +8,9 @@ F.pad or torch.cat on this path only.
 import torch
 import torch.nn.functional as F
 
-from .geometry import ConvGeometry
+from ..geometry import ConvGeometry
 from .group_norm import backward_coefficients, scale_shift
-from .kernel_utils import fold_padding
+from .utils import fold_padding
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:

@@ -1,0 +1,122 @@
+"""What a kernel launch is told: the tiling config (`KernelConfig`), and the implicit GEMM each direction computes
+(`GemmView`, the small-channel packing, the weight gradient's split rows). The launchers read these; which config
+a problem gets is chosen above the kernels (tconv3d/tune/)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..geometry import ConvGeometry
+from .utils import cdiv
+
+DIRECTIONS = ("fwd", "dgrad", "wgrad")
+
+# tl.dot needs every tile dimension to be at least 16.
+MIN_TILE = 16
+# Elements per program of the elementwise pass that adds weight-gradient split-K partials.
+SPLIT_SUM_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1
+    # The TMA variant (stride-1 forward): the width of its output patch in voxels (the patch is block_m / tma_box_w
+    # rows of tma_box_w); 0 is the pointer variant.
+    tma_box_w: int = 0
+    # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
+    # unused, split_k splits of the weight gradient's voxels.
+    direct: int = 0
+
+    @property
+    def variant(self) -> str:
+        return "direct" if self.direct else "tma" if self.tma_box_w else "pointer"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for name in ("tma_box_w", "direct"):
+            if not data[name]:
+                del data[name]  # pointer configs read as they did before these fields existed
+        return data
+
+    @classmethod
+    def from_dict(cls, data) -> KernelConfig:
+        """A config from a table entry; ValueError naming the problem if it is not one the kernels can run."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a config must be an object, got {data!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}")
+        config = cls(**data)
+        for name in names:
+            value = getattr(config, name)
+            lowest = 0 if name in ("tma_box_w", "direct") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                kind = "a positive int" if lowest else "an int >= 0"
+                raise ValueError(f"{name} must be {kind}, got {value!r}")
+        if config.direct > 1 or (config.direct and config.tma_box_w):
+            raise ValueError(f"direct is 0 or 1, and a direct config has no TMA box: {config}")
+        box = config.tma_box_w
+        if box and (box & (box - 1) or config.block_m % box or config.block_k % box):
+            raise ValueError(f"tma_box_w must be a power of two dividing block_m and block_k, got {config}")
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            value = getattr(config, name)
+            if value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        if min(config.block_m, config.block_n, config.block_k) < MIN_TILE:
+            raise ValueError(f"every block must be at least {MIN_TILE}, got {config}")
+        if max(config.block_m, config.block_n, config.block_k) > 512 or config.num_warps > 16:
+            raise ValueError(f"blocks above 512 or more than 16 warps are out of range: {config}")
+        if config.num_stages > 8:
+            raise ValueError(f"num_stages must be at most 8, got {config.num_stages}")
+        return config
+
+
+# Channel counts below which a kernel packs (tap, channel) pairs into its reduction (fwd, dgrad) or its columns
+# (wgrad) instead of spending a whole 16-wide MMA step per tap on a few channels (the Cin = 3 stem: 3 of 16).
+PACK_TAPS_BELOW = 16
+
+
+def packs_taps(direction: str, geom: ConvGeometry) -> bool:
+    """Whether `direction` runs its small-channel form: the channels it walks per tap (fwd: Cin reduced, dgrad:
+    Cout reduced, wgrad: Cin as columns) are fewer than one MMA step and the kernel has more than one tap."""
+    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
+    return channels < PACK_TAPS_BELOW and geom.taps > 1
+
+
+@dataclass(frozen=True)
+class GemmView:
+    """The implicit GEMM a direction computes, one per group: `rows` x `cols`, reduced over `reduction` (fwd:
+    Cin, dgrad: Cout, per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap
+    (wgrad), or 1, and `groups` such GEMMs side by side. Packed into (tap, channel) pairs, the small-channel
+    forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad)."""
+
+    rows: int
+    cols: int
+    reduction: int
+    grid_taps: int = 1
+    groups: int = 1
+
+
+def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
+    packed = geom.taps if packs_taps(direction, geom) else 1
+    cin, cout, groups = geom.group_in_channels, geom.group_out_channels, geom.groups
+    if direction == "fwd":
+        return GemmView(geom.output_voxels, cout, cin * packed, groups=groups)
+    if direction == "dgrad":
+        return GemmView(geom.input_voxels, cin, cout * packed, groups=groups)
+    if direction == "wgrad":
+        return GemmView(cout, cin * packed, geom.output_voxels, geom.taps // packed, groups)
+    raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
+
+
+def split_rows(rows: int, split_k: int, block_k: int) -> int:
+    """Reduction rows per weight-gradient split: a whole number of BLOCK_K steps, so splits may come out fewer
+    than split_k (the launcher's grid and the heuristic's wave count both use this)."""
+    return max(1, cdiv(cdiv(rows, split_k), block_k)) * block_k
