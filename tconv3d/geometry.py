@@ -463,7 +463,15 @@ def check_group_norm(input, weight, bias, groups, activation) -> None:
 def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
     """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
     dilation), each a list of ints, and groups. Checks what F.conv_transpose3d checks."""
-    check_tensors(input=input, weight=weight, bias=bias)
+    if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
+        # The op casts its floating inputs to the region's dtype, as aten's conv_transpose3d does: a bf16
+        # activation meets fp32 parameters here.
+        check_tensors(input=input)
+        check_tensors(weight=weight, bias=bias)
+        if weight.device != input.device:
+            raise ValueError(f"weight is on {weight.device} but input is on {input.device}; put them on one device")
+    else:
+        check_tensors(input=input, weight=weight, bias=bias)
     if input.dim() != 5 or weight.dim() != 5:
         raise ValueError(
             f"input and weight must be 5-D, got input {tuple(input.shape)} and weight {tuple(weight.shape)}"

@@ -132,3 +132,19 @@ def test_autocast_runs_triton_kernel_in_autocast_dtype(dtype, device, monkeypatc
     # Gradients flow back to the fp32 parameters through the casts.
     y.float().sum().backward()
     assert conv.weight.grad.dtype == torch.float32 and torch.isfinite(conv.weight.grad).all()
+
+
+def test_autocast_conv_transpose_takes_a_bf16_activation_and_fp32_parameters(device):
+    """Inside autocast a layer's input is the previous layer's bf16 output while its parameters stay fp32: the
+    transposed convolution casts them as torch's does, instead of rejecting the mix."""
+    up = tconv3d.nn.ConvTranspose3d(4, 3, 2, stride=2).to(device)
+    x = torch.randn(1, 4, 2, 3, 3, device=device).to(torch.bfloat16)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = up(x)
+        expected = torch.nn.functional.conv_transpose3d(x, up.weight, up.bias, 2)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    assert rel_l2(y, expected) < TOLERANCE[torch.bfloat16]
+    y.float().sum().backward()
+    assert up.weight.grad.dtype == torch.float32 and torch.isfinite(up.weight.grad).all()
+    with pytest.raises(TypeError, match="does not match"):  # outside autocast the dtypes must agree
+        up(x)
