@@ -1,5 +1,6 @@
 """tconv3d.nn.Conv3d, tconv3d.nn.convert and autocast."""
 
+import itertools
 import logging
 
 import pytest
@@ -148,3 +149,18 @@ def test_autocast_conv_transpose_takes_a_bf16_activation_and_fp32_parameters(dev
     assert up.weight.grad.dtype == torch.float32 and torch.isfinite(up.weight.grad).all()
     with pytest.raises(TypeError, match="does not match"):  # outside autocast the dtypes must agree
         up(x)
+
+
+@pytest.mark.parametrize(
+    "memory_format, rank",
+    [(torch.channels_last_3d, 5), (torch.channels_last, 4), (torch.contiguous_format, 5)],
+    ids=["channels_last_3d", "channels_last", "contiguous"],
+)
+def test_kept_weight_strides_are_torch_empty_strides(memory_format, rank):
+    """The modules keep weights in exactly the strides torch.empty gives (those of the gradients the ops return),
+    size-0 and size-1 dims included, computed without torch so that torch.compile traces it silently."""
+    from tconv3d.nn.modules import format_strides
+
+    for shape in itertools.product((0, 1, 2, 3), repeat=rank):
+        expected = torch.empty(shape, device="meta", memory_format=memory_format).stride()
+        assert format_strides(shape, memory_format) == expected, shape

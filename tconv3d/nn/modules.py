@@ -3,8 +3,6 @@ tconv3d's NDHWC kernels, and CausalConv3d."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -149,9 +147,20 @@ def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
             weight.data = kept.copy_(weight.data)
 
 
-@functools.lru_cache(maxsize=1024)
+# Dimensions from the innermost out, per layout; any other format is the contiguous one.
+_INNERMOST_FIRST = {torch.channels_last_3d: (1, 4, 3, 2, 0), torch.channels_last: (1, 3, 2, 0)}
+
+
 def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
-    return torch.empty(shape, device="meta", memory_format=memory_format).stride()
+    """The strides torch.empty gives `shape` in `memory_format`, in plain Python, so that torch.compile traces it
+    with no cache wrapper to warn about. Like torch, the contiguous layout steps over a size-0 dim as if it had
+    size 1; the channels-last ones do not."""
+    order = _INNERMOST_FIRST.get(memory_format)
+    strides, step = [0] * len(shape), 1
+    for dim in order or range(len(shape) - 1, -1, -1):
+        strides[dim] = step
+        step *= shape[dim] if order else max(shape[dim], 1)
+    return tuple(strides)
 
 
 class GroupNorm(nn.GroupNorm):
