@@ -4,10 +4,11 @@ TRITON_INTERPRET=1     run the Triton kernels through Triton's interpreter (CPU 
 TCONV3D_AUTOTUNE=1     tune a problem that no table covers on its first use (CUDA), and cache the result.
 TCONV3D_CACHE_DIR      where first-use tuning results are kept (default $XDG_CACHE_HOME/tconv3d or ~/.cache/tconv3d).
 TCONV3D_CONFIG_DIR     a folder of extra tuning tables (<device name>.json), taking precedence over shipped ones.
-TCONV3D_KERNELS        auto | pointer | tma: the kernel variant where the TMA one is eligible (stride 1, 16-byte
-                       channel rows; the forward and weight gradient also zeros padding and one source).
-                       auto: TMA on sm_90+ unless a tuning table chose pointer; tma: TMA wherever eligible, also
-                       through the interpreter on CPU; pointer: never.
+TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where the TMA one is eligible (stride 1,
+                       16-byte channel rows; the forward and weight gradient also zeros padding and one source).
+                       auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
+                       eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
+                       (fwd and stride-1 dgrad, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
 """
 
 import os
@@ -27,7 +28,7 @@ CACHE_DIR = Path(
 )
 CONFIG_DIR = Path(os.environ["TCONV3D_CONFIG_DIR"]) if os.environ.get("TCONV3D_CONFIG_DIR") else None
 
-KERNEL_VARIANTS = ("auto", "pointer", "tma")
+KERNEL_VARIANTS = ("auto", "pointer", "tma", "gluon")
 KERNELS = os.environ.get("TCONV3D_KERNELS", "auto")
 if KERNELS not in KERNEL_VARIANTS:
     raise ValueError(f"TCONV3D_KERNELS must be one of {KERNEL_VARIANTS}, got {KERNELS!r}")

@@ -7,7 +7,9 @@
 For each (case, dtype, direction, arch) it takes the config that GPU model would choose (its tuning table, else
 the heuristic for its SM count), compiles the launch exactly as the launcher would (compile.py)
 and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
-registers, spill bytes, shared memory, the MMA instruction and the global-load kinds, compile time.
+registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
+shared-memory round trips and wgmma wait depths) and the compile time. `--variant gluon` (or tma, pointer)
+compiles what TCONV3D_KERNELS would force.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from pathlib import Path
 import torch
 
 from .. import settings
+from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS
 from ..tune import choice
-from ..tune.configs import candidates
+from ..tune.configs import GLUON_CAPABILITY, candidates
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .compile import ARCHS, compile_launch, fits
 
@@ -66,13 +69,15 @@ def _job_record(job) -> dict:
         loads=main.loads,
         grid=main.grid,
         waves=round(main.waves(arch), 3),
+        loop_smem_ops=main.loop_smem_ops,
+        loop_wgmma_waits=main.loop_wgmma_waits,
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
     )
     return record
 
 
-def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool) -> list[tuple]:
+def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto") -> list[tuple]:
     jobs = []
     for shape in shapes:
         geom = shape.geometry()
@@ -84,9 +89,17 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool) -> lis
                     config, source = choice.choose(
                         direction, geom, dtype, arch.device_name, arch.sm_count, arch.capability
                     )
+                    if variant != "auto":  # what TCONV3D_KERNELS=<variant> would run on that GPU
+                        gluon_runs = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
+                        forced = choice.force_variant(direction, geom, dtype, config, variant, gluon_runs)
+                        config, source = forced, source if forced == config else f"{variant}"
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:
-                        for candidate in candidates(direction, geom, dtype, arch.smem_per_block):
+                        gluon = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
+                        found = candidates(
+                            direction, geom, dtype, arch.smem_per_block, tma=capability >= 90, gluon=gluon
+                        )
+                        for candidate in found:
                             if candidate != config:
                                 jobs.append((shape, dtype_name, direction, capability, candidate, "space"))
     return jobs
@@ -102,18 +115,27 @@ def run(jobs: list[tuple], workers: int) -> list[dict]:
 
 def _config_text(config: dict) -> str:
     text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
-    return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "")
+    variant = "gluon" if config.get("gluon") else "tma" if config.get("tma_box_w") else ""
+    return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "") + (f" {variant}" if variant else "")
+
+
+def _loop_text(record: dict) -> str:
+    """The main loop in short: shared-memory round trips, then each wgmma wait's depth ('smem 0, wait 1')."""
+    if record.get("loop_smem_ops") is None:
+        return "-"
+    waits = record["loop_wgmma_waits"]
+    return f"smem {record['loop_smem_ops']}, wait " + (",".join(str(w) for w in waits) if waits else "-")
 
 
 def table(records: list[dict]) -> str:
     header = (
-        f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':22} {'from':9} {'grid':>11} {'waves':>6} "
-        f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'s':>4}"
+        f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':28} {'from':9} {'grid':>11} {'waves':>6} "
+        f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'s':>4}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
         start = (
-            f"{r['case']:16} {r['dtype']:5} {r['direction']:5} {r['arch']:>3} {_config_text(r['config']):22} "
+            f"{r['case']:16} {r['dtype']:5} {r['direction']:5} {r['arch']:>3} {_config_text(r['config']):28} "
             f"{r['config_source']:9}"
         )
         if not r["compiled"]:
@@ -126,14 +148,16 @@ def table(records: list[dict]) -> str:
         loads = ",".join(load.replace(".E", "") for load in r["loads"]) or "-"
         lines.append(
             f"{start} {grid:>11} {r['waves']:>6.2f} {r['registers'] or 0:>4} {r['spill_bytes']:>5} "
-            f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {r['compile_s']:>4.1f}"
+            f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {_loop_text(r):20} "
+            f"{r['compile_s']:>4.1f}"
         )
     return "\n".join(lines)
 
 
 def problems(records: list[dict]) -> list[str]:
     """What a chosen config must never do: fail to compile, spill, overflow shared memory, or (sm_90, 16-bit,
-    GEMM tiles of 64+ rows) miss wgmma. The depthwise direct kernels have no MMA to run."""
+    GEMM tiles of 64+ rows) miss wgmma; and a Gluon launch's main loop must hold no shared-memory round trip and
+    wait for wgmma at depth 1. The depthwise direct kernels have no MMA to run."""
     found = []
     for r in records:
         if r["config_source"] == "space":
@@ -148,6 +172,9 @@ def problems(records: list[dict]) -> list[str]:
             and r["mma"] != "HGMMA"
         ):  # fmt: skip
             found.append(f"{name}: {r['mma_instruction']} where wgmma (HGMMA) was expected")
+        elif r["config"].get("gluon") and (r["loop_smem_ops"] != 0 or r["loop_wgmma_waits"] != [1]):
+            found.append(f"{name}: the Gluon main loop is not TMA -> shared memory -> wgmma with one group in flight "
+                         f"({_loop_text(r)})")  # fmt: skip
     return found
 
 
@@ -159,6 +186,10 @@ def main(argv=None) -> int:
     parser.add_argument("--direction", default=",".join(DIRECTIONS), help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
+    parser.add_argument(
+        "--variant", default="auto", choices=settings.KERNEL_VARIANTS,
+        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
     args = parser.parse_args(argv)
@@ -179,7 +210,7 @@ def main(argv=None) -> int:
     if args.cases:
         shapes = [s for s in shapes if s.name in set(args.cases.split(","))]
     torch.set_num_threads(1)
-    records = run(plan(shapes, dtypes, directions, archs, args.space), args.jobs)
+    records = run(plan(shapes, dtypes, directions, archs, args.space, args.variant), args.jobs)
     print(table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")

@@ -29,7 +29,7 @@ from triton.runtime import driver as triton_driver
 from triton.runtime.jit import JITFunction
 
 from ..geometry import ConvGeometry
-from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_wgrad
+from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad
 from ..kernels.config import KernelConfig
 
 
@@ -51,7 +51,7 @@ ARCHS = {
     80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936),
 }
 
-KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise)
+KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise, conv_tma, conv_gluon)
 
 
 @functools.lru_cache(maxsize=16)
@@ -80,6 +80,12 @@ class KernelReport:
     mma: str = "none"  # the first MMA instruction, e.g. HGMMA.64x128x16.F32.BF16
     loads: list[str] = field(default_factory=list)  # the global-load instructions, e.g. LDGSTS.E.BYPASS.128
     local_accesses: int = 0  # LDL/STL in the SASS
+    # The main loop (the innermost loop holding the MMA): its shared-memory round trips through registers
+    # (LDS/LDSM/STS/STSM: an operand fed to the MMA from registers, or staged by hand), and the depth N of each
+    # wgmma wait (WARPGROUP.DEPBAR.LE gsb0, N) in it: [1] is one group in flight; [0, 0, 0, 0] is every wgmma
+    # waiting for the one before it.
+    loop_smem_ops: int | None = None
+    loop_wgmma_waits: list[int] = field(default_factory=list)
     compile_s: float = 0.0
 
     @property
@@ -180,13 +186,42 @@ def read_cubin(cubin: bytes) -> dict:
     stack = re.search(r"STACK:(\d+)", usage)
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
+    smem_ops, waits = main_loop(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
         "mma": mma.group(0).rstrip(".") if mma else "none",
         "loads": loads,
         "local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "loop_smem_ops": smem_ops,
+        "loop_wgmma_waits": waits,
     }
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def main_loop(sass: str) -> tuple[int | None, list[int]]:
+    """(shared-memory ops, wgmma wait depths) of the innermost loop that holds an MMA: the span of a backward
+    branch (BRA to a lower address) around an HGMMA/HMMA. (None, []) when no loop holds one."""
+    lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
+    loops = []
+    for address, text in lines:
+        branch = re.search(r"\bBRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            loops.append((int(branch.group(1), 16), address))
+    spans = [
+        (start, end)
+        for start, end in loops
+        if any(start <= a <= end and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines)
+    ]
+    if not spans:
+        return None, []
+    start, end = min(spans, key=lambda span: span[1] - span[0])
+    body = [t for a, t in lines if start <= a <= end]
+    smem_ops = sum(bool(re.search(r"\b(?:LDS|LDSM|STS|STSM)(?:\.|\s|$)", t)) for t in body)
+    waits = [int(m.group(1), 16) for t in body if (m := re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)", t))]
+    return smem_ops, waits
 
 
 def _meta(shape, dtype) -> torch.Tensor:

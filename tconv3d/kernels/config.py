@@ -32,14 +32,16 @@ class KernelConfig:
     # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
     # unused, split_k splits of the weight gradient's voxels.
     direct: int = 0
+    # 1: the Gluon kernel (conv_gluon.py, sm_90) on the TMA variant's patch, num_stages its ring depth.
+    gluon: int = 0
 
     @property
     def variant(self) -> str:
-        return "direct" if self.direct else "tma" if self.tma_box_w else "pointer"
+        return "direct" if self.direct else "gluon" if self.gluon else "tma" if self.tma_box_w else "pointer"
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        for name in ("tma_box_w", "direct"):
+        for name in ("tma_box_w", "direct", "gluon"):
             if not data[name]:
                 del data[name]  # pointer configs read as they did before these fields existed
         return data
@@ -56,12 +58,16 @@ class KernelConfig:
         config = cls(**data)
         for name in names:
             value = getattr(config, name)
-            lowest = 0 if name in ("tma_box_w", "direct") else 1
+            lowest = 0 if name in ("tma_box_w", "direct", "gluon") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 kind = "a positive int" if lowest else "an int >= 0"
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
         if config.direct > 1 or (config.direct and config.tma_box_w):
             raise ValueError(f"direct is 0 or 1, and a direct config has no TMA box: {config}")
+        if config.gluon > 1 or (config.gluon and not config.tma_box_w):
+            raise ValueError(f"gluon is 0 or 1, and a gluon config has a TMA box (tma_box_w): {config}")
+        if config.gluon and (config.block_m < 16 * config.num_warps or config.block_n > 256 or config.num_stages < 2):
+            raise ValueError(f"a gluon config needs block_m >= 16 x warps, block_n <= 256, 2+ stages: {config}")
         box = config.tma_box_w
         if box and (box & (box - 1) or config.block_m % box or config.block_k % box):
             raise ValueError(f"tma_box_w must be a power of two dividing block_m and block_k, got {config}")

@@ -10,6 +10,7 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_dgrad
+from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
 from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
@@ -162,6 +163,8 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
+    if config.gluon:  # stride 1: the tuning layer checked the problem, the device and the tensors
+        return conv3d_gluon(grad_out, weight, None, grad_in, geom, config, input_grad=True)
     if config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
         return conv3d_tma(grad_out, weight, None, grad_in, geom, config, input_grad=True)
     if config.direct:  # depthwise

@@ -7,6 +7,7 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_fwd
+from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
 from .utils import (
     border_gather,
@@ -155,6 +156,8 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     x, weight = ndhwc(x), ndhwc(weight)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
+    if config.gluon:  # the tuning layer checked the problem, the device and the tensors
+        return conv3d_gluon(x, weight, bias, y, geom, config, input_grad=False)
     if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         return conv3d_tma(x, weight, bias, y, geom, config, input_grad=False)
     if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible)

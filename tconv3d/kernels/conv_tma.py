@@ -5,6 +5,7 @@ other problem; the variant is picked above the kernels (configs.tma_eligible, Ke
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig
@@ -12,7 +13,7 @@ from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
 
 @triton.jit
-def _patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
+def patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
     """Patch `index` of a (N, D, H, W) volume cut in BOX_H x BOX_W patches per (n, d), W fastest -> (n, d, h0, w0),
     its first voxel."""
     tiles_w = tl.cdiv(W, BOX_W)
@@ -45,7 +46,7 @@ def _conv3d_tma_kernel(
     padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks.
     """
     BLOCK_M: tl.constexpr = BOX_H * BOX_W
-    n, d, h0, w0 = _patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
+    n, d, h0, w0 = patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
     n0 = tl.program_id(1) * BLOCK_N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -74,23 +75,35 @@ def _conv3d_tma_kernel(
     dst_desc.store([n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
 
 
-def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
-    """Run the TMA kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
-    dst = grad_in). Both tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
+def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make):
+    """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src, w,
+    dst) descriptors, the grid (patches, column blocks) and the (reduced, columns) channel counts."""
     box_w = config.tma_box_w
     box_h = config.block_m // box_w
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
     w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
-    w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box)
-    src_desc = ndhwc_descriptor(src, (1, 1, box_h, box_w, config.block_k))
-    dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n))
-    reduced, columns = (c_out, c_in) if input_grad else (c_in, c_out)
+    w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box, make)
+    src_desc = ndhwc_descriptor(src, (1, 1, box_h, box_w, config.block_k), make)
+    dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n), make)
+    channels = (c_out, c_in) if input_grad else (c_in, c_out)
     batch, _, d, h, w = dst.shape
+    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(channels[1], config.block_n))
+    return (src_desc, w_desc, dst_desc), grid, channels
+
+
+def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
+    """Run the TMA kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
+    dst = grad_in). Both tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
+    descriptors, grid, (reduced, columns) = patch_descriptors(
+        src, weight, dst, geom, config, input_grad, TensorDescriptor
+    )
+    box_w = config.tma_box_w
+    box_h = config.block_m // box_w
+    _, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
-    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(columns, config.block_n))
     _conv3d_tma_kernel[grid](
-        src_desc, w_desc, dst_desc, bias if bias is not None else dst,
+        *descriptors, bias if bias is not None else dst,
         reduced, columns, d, h, w,
         *geom.front_padding, *geom.dilation,
         *geom.kernel,
@@ -136,7 +149,7 @@ def _conv3d_wgrad_tma_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for patch in range(first, last):
-        n, od, h0, w0 = _patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+        n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
         b = x_desc.load([n, od + kd * DIL_D - PAD_D, h0 + kh * DIL_H - PAD_H, w0 + kw * DIL_W - PAD_W, ci0])
         acc = mma(acc, tl.trans(a), b.reshape(BLOCK_K, BLOCK_N), UPCAST_DOT, INPUT_PRECISION)

@@ -131,33 +131,35 @@ def dense_ndhwc(t: torch.Tensor) -> bool:
     return ndhwc_strides(t) == dense_ndhwc_strides(t)
 
 
-def ndhwc_descriptor(t: torch.Tensor, block) -> TensorDescriptor:
+def ndhwc_descriptor(t: torch.Tensor, block, make=TensorDescriptor):
     """A TMA descriptor over a (N, C, D, H, W) tensor whose channels are unit-stride, in memory order
-    [N, D, H, W, C]: boxes at coordinates past any edge, negative ones included, read zeros."""
+    [N, D, H, W, C]: boxes at coordinates past any edge, negative ones included, read zeros. `make` builds it
+    (Triton's TensorDescriptor, or the Gluon kernels' maker)."""
     n, c, d, h, w = t.shape
     sn, _, sd, sh, sw = t.stride()
     unit = 16 // t.element_size()  # elements per 16 bytes
     # A dimension of size 1 is only ever read at coordinate 0 (or out of range): any 16-byte stride describes it.
     strides = (sn if n > 1 else unit, sd if d > 1 else unit, sh if h > 1 else unit, sw if w > 1 else unit, 1)
-    return tensor_descriptor(t, (n, d, h, w, c), strides, tuple(block))
+    return tensor_descriptor(t, (n, d, h, w, c), strides, tuple(block), make)
 
 
 _descriptors: dict[tuple, TensorDescriptor] = {}
 
 
-def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> TensorDescriptor:
-    """TensorDescriptor(t, shape, strides, block), its checks (block, strides, shape: ~2 us a descriptor, issue
-    19) made once per (shape, strides, block, dtype) and the base's alignment on every call."""
+def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple, make=TensorDescriptor):
+    """make(t, shape, strides, block): a TensorDescriptor by default. Its checks (block, strides, shape: ~2 us a
+    descriptor, issue 19) are made once per (shape, strides, block, dtype, make), the base's alignment on every
+    call."""
     if t.data_ptr() % 16:
         raise ValueError(f"a TMA descriptor needs a 16-byte aligned base; this {tuple(t.shape)} tensor's is not")
-    key = (shape, strides, block, t.dtype)
+    key = (shape, strides, block, t.dtype, make)
     checked = _descriptors.get(key)
     if checked is None:
-        checked = TensorDescriptor(t, list(shape), list(strides), list(block))
+        checked = make(t, list(shape), list(strides), list(block))
         checked.base = None  # the memo must not keep a tensor alive
         if len(_descriptors) < 4096:
             _descriptors[key] = checked
-    descriptor = object.__new__(TensorDescriptor)  # a checked one's fields, on this base
+    descriptor = object.__new__(type(checked))  # a checked one's fields, on this base
     descriptor.__dict__.update(checked.__dict__)
     descriptor.base = t
     return descriptor

@@ -3,11 +3,12 @@ launcher, and `explain`, which says what would run.
 
 Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1) a
 tuning run on first use, else the table's nearest key if it is near, else the heuristic, which on sm_90+ takes
-the TMA variant for an eligible problem (configs.tma_eligible). TCONV3D_KERNELS then forces a variant where
-eligible, and a launch whose tensors TMA cannot describe (unaligned, odd strides) runs the pointer variant with
-the same tiles. Choices are memoised per problem, so after the first call a lookup is one dict probe. No
-launcher holds a tile literal and none chooses its own: this module sits above the kernels (configs and tables
-below them, the tuner beside it).
+the TMA variant for an eligible problem (configs.tma_eligible); the Gluon kernel runs where a table or
+TCONV3D_KERNELS=gluon asks for it on sm_90. TCONV3D_KERNELS then forces a variant where eligible, and a launch
+whose tensors TMA cannot describe (unaligned, odd strides) runs the pointer variant with the same tiles. Choices
+are memoised per problem, so after the first call a lookup is one dict probe. No launcher holds a tile literal
+and none chooses its own: this module sits above the kernels (configs and tables below them, the tuner beside
+it).
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ import torch
 
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
+from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
 from ..kernels.utils import tma_aligned
 from . import configs, tables, tuner
-from .configs import default_config, heuristic_config, nearest_key, tma_eligible, tuning_key, with_tma
+from .configs import (
+    default_config,
+    gluon_eligible,
+    gluon_takes,
+    heuristic_config,
+    nearest_key,
+    tma_eligible,
+    tuning_key,
+    with_gluon,
+    with_tma,
+)
 
 
 def choose(
@@ -40,13 +52,44 @@ def choose(
     return heuristic_config(direction, geom, dtype, sm_count, capability), "heuristic"
 
 
-def _forced_variant(direction, geom, dtype, config: KernelConfig) -> KernelConfig:
-    """TCONV3D_KERNELS applied: pointer never runs TMA; tma runs it wherever the problem is eligible."""
-    if settings.KERNELS == "pointer" or not tma_eligible(direction, geom, dtype):
-        return dataclasses.replace(config, tma_box_w=0) if config.tma_box_w else config
-    if settings.KERNELS == "tma" and not config.tma_box_w:
+def force_variant(
+    direction, geom, dtype, config: KernelConfig, kernels: str = "auto", gluon_runs: bool = False
+) -> KernelConfig:
+    """A variant setting (TCONV3D_KERNELS) applied to `config`: pointer never runs TMA; tma runs the TMA kernel
+    wherever the problem is eligible; gluon runs the Gluon kernel where it can (`gluon_runs`: an sm_90 device
+    and a Triton that has it; configs.gluon_eligible for the problem), else TMA where eligible. Whatever the
+    setting, a config is never left asking for a variant the problem or the device cannot run."""
+    if kernels == "pointer" or not tma_eligible(direction, geom, dtype):
+        return dataclasses.replace(config, tma_box_w=0, gluon=0) if config.tma_box_w else config
+    gluon_ok = gluon_runs and gluon_eligible(direction, geom, dtype)
+    if kernels == "gluon" and gluon_ok and not (config.gluon and gluon_takes(config)):
+        return with_gluon(config if gluon_takes(config) else heuristic_gluon_tiles(config), geom, direction)
+    if config.gluon and (kernels == "tma" or not gluon_ok):
+        config = dataclasses.replace(config, gluon=0)
+    if kernels in ("tma", "gluon") and not config.tma_box_w:
         return with_tma(config, geom, direction)
     return config
+
+
+def heuristic_gluon_tiles(config: KernelConfig) -> KernelConfig:
+    """Tiles the Gluon kernel takes from ones it does not: rows enough for every warp's wgmma atoms, at most 256
+    columns, a ring of three."""
+    warps = min(config.num_warps, 8)
+    rows = max(config.block_m, 16 * warps)
+    return dataclasses.replace(
+        config, block_m=rows, block_n=min(config.block_n, 256), num_warps=warps, num_stages=max(config.num_stages, 3)
+    )
+
+
+def _gluon_runs(device: torch.device) -> bool:
+    """Whether `device` runs the Gluon kernel: a CUDA sm_90 device, compiled kernels (not the interpreter), a
+    Triton the kernel is written for."""
+    return (
+        device.type == "cuda"
+        and not settings.INTERPRET
+        and conv_gluon.UNAVAILABLE is None
+        and configs.compute_capability(device) == configs.GLUON_CAPABILITY
+    )
 
 
 _memo: dict = {}
@@ -63,7 +106,7 @@ def _select_with_source(direction, geom, dtype, device, run) -> tuple[KernelConf
             name = torch.cuda.get_device_name(device)
             sm_count, capability = configs.multiprocessor_count(device), configs.compute_capability(device)
             config, source = choose(direction, geom, dtype, name, sm_count, capability)
-    return _forced_variant(direction, geom, dtype, config), source
+    return force_variant(direction, geom, dtype, config, settings.KERNELS, _gluon_runs(device)), source
 
 
 def _select(direction, geom, dtype, device, run) -> KernelConfig:
@@ -105,14 +148,15 @@ def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor 
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
     if config.tma_box_w and not _tma_describable(direction, tensors[0], tensors[1]):
-        config = dataclasses.replace(config, tma_box_w=0)
+        config = dataclasses.replace(config, tma_box_w=0, gluon=0)
     return run(config)
 
 
 def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros") -> dict:
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
-    "tma", "pointer" or "aten", "config": the KernelConfig (None for aten), "source": where the config came from
-    ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with no kernels)}.
+    "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
+    config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
+    no kernels)}. With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why.
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source)."""
     geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
     runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
@@ -130,6 +174,21 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
         config = _memo.get(key, config)
         operands = (input, input) if direction == "wgrad" else (input, weight)  # grad_output shares input's layout
         if config.tma_box_w and not _tma_describable(direction, *operands):
-            config = dataclasses.replace(config, tma_box_w=0)
+            config = dataclasses.replace(config, tma_box_w=0, gluon=0)
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
+        if settings.KERNELS == "gluon" and not config.gluon:
+            plan[direction]["gluon_unavailable"] = gluon_unavailable(direction, geom, input.dtype, input.device)
     return plan
+
+
+def gluon_unavailable(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> str:
+    """Why the Gluon kernel does not run this launch."""
+    if conv_gluon.UNAVAILABLE is not None:
+        return conv_gluon.UNAVAILABLE
+    if device.type != "cuda" or settings.INTERPRET:
+        return "the Gluon kernel runs only compiled, on a CUDA device (Triton's interpreter cannot run Gluon)"
+    if configs.compute_capability(device) != configs.GLUON_CAPABILITY:
+        return f"the Gluon kernel is wgmma code for sm_90; this device is sm_{configs.compute_capability(device)}"
+    if not gluon_eligible(direction, geom, dtype):
+        return "it runs the forward and stride-1 input gradient in fp16/bf16 where TMA is eligible; not this launch"
+    return "the problem's TMA operands are not 16-byte aligned"

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ..geometry import ConvGeometry
+from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, MIN_TILE, GemmView, KernelConfig, gemm_view, packs_taps, split_rows
 from ..kernels.utils import cdiv
 
@@ -193,18 +194,23 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
 
 
 def candidates(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int, tma: bool = False
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int, tma: bool = False, gluon: bool = False
 ) -> list[KernelConfig]:
     """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
-    too, so tuning tables choose the variant per key. Depthwise problems search the direct kernels' tiles."""
+    too, and with `gluon` (sm_90 with a Triton whose Gluon the kernel is written for) the Gluon twins of the
+    tiles it takes, so tuning tables choose the variant per key. Depthwise problems search the direct kernels'
+    tiles."""
     if direct_eligible(direction, geom):
         return _direct_candidates(direction, geom)
     space = SEARCH_SPACE[direction]
     configs = (KernelConfig(**dict(zip(space, values, strict=True))) for values in itertools.product(*space.values()))
     kept = [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
+    twins = []
     if tma and tma_eligible(direction, geom, dtype):
-        kept += [with_tma(c, geom, direction) for c in kept]
-    return kept
+        twins += [with_tma(c, geom, direction) for c in kept]
+    if gluon and gluon_eligible(direction, geom, dtype):
+        twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
+    return kept + twins
 
 
 def _direct_candidates(direction: str, geom: ConvGeometry) -> list[KernelConfig]:
@@ -405,6 +411,35 @@ def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> Kernel
     width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
     voxels = config.block_k if direction == "wgrad" else config.block_m
     return replace(config, tma_box_w=min(voxels, 16, triton.next_power_of_2(max(width, 1))))
+
+
+# The Gluon kernel (kernels/conv_gluon.py) is wgmma code: Hopper only, not sm_100 and later.
+GLUON_CAPABILITY = 90
+
+
+def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
+    """Problems the Gluon kernel runs, where this Triton has it: the TMA variant's forward and stride-1 input
+    gradient, in 16-bit dtypes (wgmma reads a transposed fp32 operand only as TF32 K-major, which the input
+    gradient's weight box is not)."""
+    return (
+        conv_gluon.UNAVAILABLE is None
+        and direction in ("fwd", "dgrad")
+        and dtype in (torch.bfloat16, torch.float16)
+        and tma_eligible(direction, geom, dtype)
+    )
+
+
+def gluon_takes(config: KernelConfig) -> bool:
+    """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along M, at most 256 columns, a ring of
+    at least two stages."""
+    return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
+
+
+def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
+    """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
+    tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit)."""
+    tiled = with_tma(config, geom, direction)
+    return replace(tiled, gluon=1, num_stages=max(tiled.num_stages, 2), split_k=1)
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:

@@ -28,7 +28,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry
 from ..inspect import compile as static_compile
-from ..kernels import aten
+from ..kernels import aten, conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
 from ..kernels.conv_dgrad import conv3d_dgrad
 from ..kernels.conv_fwd import conv3d_fwd
@@ -153,6 +153,7 @@ def config_steps(a: KernelConfig, b: KernelConfig) -> int:
         doublings += 1  # the other kernel variant
     elif a.tma_box_w:
         doublings += abs(round(math.log2(a.tma_box_w / b.tma_box_w)))
+    doublings += a.gluon != b.gluon  # the Gluon kernel on the same patch
     return doublings + abs(a.num_stages - b.num_stages)
 
 
@@ -176,7 +177,7 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     measure = _timed_if_correct(
         run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
-    found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device))
+    found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device))
     configs = nearest_candidates(found, default, CANDIDATES_PER_KEY)
     outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
@@ -211,12 +212,25 @@ def job_configs(job: Job, device: torch.device) -> tuple[KernelConfig, list[Kern
     """The default config of a job and the candidates to time against it."""
     geom = job.shape.geometry()
     default = default_config(job.direction, geom, job.dtype, device)
-    found = candidates(job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device))
+    found = candidates(
+        job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device)
+    )
     return default, nearest_candidates(found, default, CANDIDATES_PER_KEY)
 
 
 def _has_tma(device: torch.device) -> bool:
     return device.type == "cuda" and configs.compute_capability(device) >= configs.TMA_MIN_CAPABILITY
+
+
+def _has_gluon(device: torch.device) -> bool:
+    """sm_90 with a Triton the Gluon kernel is written for: its twins join the space, checked against cuDNN
+    before they are timed like every candidate."""
+    return (
+        device.type == "cuda"
+        and not settings.INTERPRET
+        and conv_gluon.UNAVAILABLE is None
+        and configs.compute_capability(device) == configs.GLUON_CAPABILITY
+    )
 
 
 CompiledCheck = Callable[[Job, KernelConfig], bool]

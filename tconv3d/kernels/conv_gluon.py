@@ -1,0 +1,182 @@
+"""The Gluon implicit GEMM of the stride-1 forward and input gradient for Hopper (sm_90), and its launcher.
+
+The loop Hopper GEMMs reach their peak with, written out because Triton's own lowering of the 5-D TMA box goes
+through registers (conv_tma.py): TMA moves both operands into swizzled shared memory through a STAGES-deep ring
+guarded by one mbarrier per stage, the 5-D box is reshaped to the 2-D GEMM operand in shared memory (a view, no
+copy), wgmma reads both operands from there asynchronously with one group in flight, and the epilogue adds the
+bias and writes the patch back with a TMA store. Per K step the main loop should compile to: an mbarrier wait
+(SYNCS.PHASECHK), the HGMMAs of one BLOCK_K slice with both operands in shared memory, one WARPGROUP.DEPBAR.LE
+gsb0, 0x1, and the next stage's two UTMALDG; no LDS/LDSM/STS. `python -m tconv3d.inspect` checks that.
+
+Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
+imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
+
+import torch
+import triton
+from packaging.version import Version
+
+from ..geometry import ConvGeometry
+from .config import KernelConfig
+from .conv_tma import patch_descriptors, patch_origin
+
+# Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
+GLUON_TRITON = ("3.6",)
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError as error:  # a Triton without Gluon, or with another layout of it
+    UNAVAILABLE = f"this Triton ({triton.__version__}) has no usable Gluon: {error}"
+else:
+    release = f"{Version(triton.__version__).major}.{Version(triton.__version__).minor}"
+    UNAVAILABLE = (
+        None
+        if release in GLUON_TRITON
+        else f"the Gluon kernels are written for Triton {', '.join(GLUON_TRITON)}, not {triton.__version__}"
+    )
+
+if UNAVAILABLE is None:
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+    @gluon.jit
+    def _issue_loads(
+        src_desc, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, pred,
+    ):  # fmt: skip
+        """Step `step`'s two boxes into one stage: the source box shifted by the step's tap (zeros where it
+        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
+        tap = step // k_blocks
+        c0 = (step - tap * k_blocks) * BLOCK_K
+        kw = tap % KW
+        kh = (tap // KW) % KH
+        kd = tap // (KW * KH)
+        if INPUT_GRAD:  # a stride-1 convolution of grad_out with the taps flipped
+            shift_d = PAD_D - kd * DIL_D
+            shift_h = PAD_H - kh * DIL_H
+            shift_w = PAD_W - kw * DIL_W
+        else:
+            shift_d = kd * DIL_D - PAD_D
+            shift_h = kh * DIL_H - PAD_H
+            shift_w = kw * DIL_W - PAD_W
+        mbarrier.expect(bar, src_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(src_desc, [n, d + shift_d, h0 + shift_h, w0 + shift_w, c0], bar, a_buf, pred)
+        if INPUT_GRAD:
+            tma.async_copy_global_to_shared(w_desc, [c0, tap, n0], bar, b_buf, pred)
+        else:
+            tma.async_copy_global_to_shared(w_desc, [n0, tap, c0], bar, b_buf, pred)
+
+    @gluon.jit
+    def _conv3d_gluon_kernel(
+        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+        # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
+        # [N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
+        src_desc, w_desc, dst_desc, bias_ptr,
+        C_RED, C_COLS, D_DST, H_DST, W_DST,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
+        patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
+        BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
+        Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
+        flipped, shift = pad - tap * dil, the weight box as it is."""
+        BOX_H: gl.constexpr = src_desc.block_type.shape[2]
+        BOX_W: gl.constexpr = src_desc.block_type.shape[3]
+        BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
+        BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
+        BLOCK_M: gl.constexpr = BOX_H * BOX_W
+        dtype: gl.constexpr = src_desc.dtype
+
+        n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
+        n0 = gl.program_id(1) * BLOCK_N
+
+        # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
+        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
+        W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
+        W_COLS: gl.constexpr = w_desc.block_type.shape[2]
+        b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+
+        k_blocks = gl.cdiv(C_RED, BLOCK_K)
+        steps = KD * KH * KW * k_blocks
+        for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
+            _issue_loads(
+                src_desc, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), s, k_blocks, n, d, h0, w0, n0,
+                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, s < steps,
+            )  # fmt: skip
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
+        )
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for step in range(steps):
+            index = step % STAGES
+            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
+            a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])  # [BLOCK_M, BLOCK_K], a view of the 5-D box
+            if INPUT_GRAD:
+                b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
+            else:
+                b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))  # [BLOCK_K, BLOCK_N]
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            # One group in flight: the previous step's wgmma is done, so its stage, the one STAGES - 1 steps
+            # ahead, may be refilled while this one runs.
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            ahead = step + STAGES - 1
+            refill = ahead % STAGES
+            _issue_loads(
+                src_desc, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), ahead, k_blocks,
+                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
+                ahead < steps,
+            )  # fmt: skip
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+
+        if HAS_BIAS:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+            bias = gl.load(bias_ptr + offs_n, mask=offs_n < C_COLS, other=0.0)
+            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        # The patch goes out by a TMA store, which drops what lies past the volume's edges.
+        c_smem = gl.allocate_shared_memory(dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dst_desc, [n, d, h0, w0, n0], c_smem)
+        tma.store_wait(pendings=0)
+
+
+def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
+    """A Gluon TMA descriptor: the box lands in shared memory with the widest swizzle its rows allow, the layout
+    wgmma reads operands in (a 2-D view of a 5-D box keeps it: the swizzle acts on the channel rows)."""
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return GluonDescriptor(t, shape, strides, block, layout)
+
+
+def conv3d_gluon(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
+    """Run the Gluon kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
+    dst = grad_in). Both tensors are 16-bit with unit-stride channels and TMA-aligned strides; dst is written
+    whole. The tuning layer (tconv3d/tune/) offers this variant only where UNAVAILABLE is None."""
+    descriptors, grid, (reduced, columns) = patch_descriptors(
+        src, weight, dst, geom, config, input_grad, _gluon_descriptor
+    )
+    _, _, d, h, w = dst.shape
+    _conv3d_gluon_kernel[grid](
+        *descriptors, bias if bias is not None else dst,
+        reduced, columns, d, h, w,
+        *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
+        num_warps=config.num_warps,
+    )  # fmt: skip
+    return dst

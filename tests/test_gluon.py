@@ -1,0 +1,176 @@
+"""The Gluon kernel (kernels/conv_gluon.py: TMA into swizzled shared memory, an mbarrier ring, async wgmma with one
+group in flight) for the stride-1 forward and input gradient in 16-bit dtypes on sm_90.
+
+Triton's interpreter cannot run Gluon: on CPU these tests check everything around the kernel (the config field,
+which launches may take it, TCONV3D_KERNELS=gluon falling back to the TMA kernel where it cannot run, explain,
+the tuner's space, the SASS reader that judges its main loop); tests/test_static_compile.py compiles it for
+sm_90 under triton 3.6. On an sm_90 GPU with triton 3.6 the same correctness tests run the kernel itself against
+float64, every TMA case of the suite."""
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import conv_and_reference, dtype_id
+from test_tma import TMA_CASES
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.geometry import conv_geometry
+from tconv3d.inspect.compile import main_loop
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
+from tconv3d.kernels.config import KernelConfig
+from tconv3d.testing import rel_l2, tolerance
+from tconv3d.tune import choice, configs, tuner
+
+CL = torch.channels_last_3d
+DTYPES_16 = [torch.bfloat16, torch.float16]
+
+
+def gluon_runs(device: str) -> bool:
+    return choice._gluon_runs(torch.device(device))
+
+
+@pytest.fixture
+def gluon(monkeypatch, device):
+    """TCONV3D_KERNELS=gluon, recording each launch as (variant, direction)."""
+    monkeypatch.setattr(settings, "KERNELS", "gluon")
+    monkeypatch.setattr(choice, "_memo", {})
+    launches = []
+    for module, direction, launcher, variant in (
+        (conv_fwd, "fwd", "conv3d_gluon", "gluon"), (conv_dgrad, "dgrad", "conv3d_gluon", "gluon"),
+        (conv_fwd, "fwd", "conv3d_tma", "tma"), (conv_dgrad, "dgrad", "conv3d_tma", "tma"),
+        (conv_wgrad, "wgrad", "conv3d_wgrad_tma", "tma"),
+    ):  # fmt: skip
+        real = getattr(module, launcher)
+        record = (variant, direction)
+        monkeypatch.setattr(module, launcher, lambda *a, real=real, r=record, **k: launches.append(r) or real(*a, **k))
+    return launches
+
+
+def _cases(device: str):
+    # Under the interpreter the kernel is the TMA one: two cases show the fallback; a GPU that runs Gluon gets all.
+    return TMA_CASES if device == "cuda" else TMA_CASES[:2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)
+@pytest.mark.parametrize("index", range(len(TMA_CASES)))
+def test_gluon_variant_matches_float64(index, dtype, gluon, device):
+    if index >= len(_cases(device)):
+        pytest.skip("the interpreter runs the TMA kernel in its place: two cases show that")
+    case = TMA_CASES[index]
+    ours, expected = conv_and_reference(case, dtype, device)
+    for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
+        assert rel_l2(got, want) < tolerance(dtype)
+    assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), ("tma", "wgrad")]
+
+
+def test_gluon_unavailable_is_explained(gluon, device):
+    x = torch.randn(1, 16, 3, 5, 6, device=device, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.randn(16, 16, 3, 3, 3, device=device, dtype=torch.bfloat16)
+    plan = tconv3d.explain(x, w, padding=1)
+    if gluon_runs(device):
+        assert plan["fwd"]["variant"] == plan["dgrad"]["variant"] == "gluon"
+        assert plan["wgrad"]["variant"] == "tma" and "not this launch" in plan["wgrad"]["gluon_unavailable"]
+    else:
+        assert {p["variant"] for p in plan.values()} == {"tma"}  # the TMA kernel where the Gluon one cannot run
+        reason = plan["fwd"]["gluon_unavailable"]
+        assert "interpreter" in reason or "Triton" in reason or "sm_90" in reason, reason
+    assert not gluon  # explain launches nothing
+
+
+def test_gluon_config_field_round_trips_and_is_checked():
+    config = KernelConfig(128, 256, 64, 8, 3, tma_box_w=16, gluon=1)
+    assert KernelConfig.from_dict(config.to_dict()) == config and config.variant == "gluon"
+    assert "gluon" not in KernelConfig(128, 128, 64, 8, 3, tma_box_w=16).to_dict()  # old tables read the same
+    bad = [
+        ({"gluon": 2}, "gluon is 0 or 1"),
+        ({"tma_box_w": 0}, "has a TMA box"),
+        ({"block_m": 64}, "block_m >= 16 x warps"),  # 8 warps need 128 rows of wgmma atoms
+        ({"block_n": 512}, "block_n <= 256"),
+        ({"num_stages": 1}, "2\\+ stages"),
+    ]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=message):
+            KernelConfig.from_dict({**config.to_dict(), **change})
+
+
+def test_force_variant_rules(monkeypatch):
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
+    geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
+    pointer = KernelConfig(64, 64, 32, 8, 1)
+
+    def force(direction, dtype, kernels, runs=True, config=pointer):
+        return choice.force_variant(direction, geom, dtype, config, kernels, runs)
+
+    for direction in ("fwd", "dgrad"):
+        forced = force(direction, torch.bfloat16, "gluon")
+        assert forced.variant == "gluon" and configs.gluon_takes(forced) and forced.tma_box_w == 16
+        assert force(direction, torch.bfloat16, "gluon", runs=False).variant == "tma"  # no sm_90 / Triton 3.6
+        assert force(direction, torch.float32, "gluon").variant == "tma"  # 16-bit only
+        assert force(direction, torch.bfloat16, "tma", config=forced).variant == "tma"
+        assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
+        assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
+        assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
+    assert force("wgrad", torch.bfloat16, "gluon").variant == "tma"  # no Gluon weight gradient yet
+    strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
+    table_entry = dataclasses.replace(force("fwd", torch.bfloat16, "gluon"))
+    assert choice.force_variant("fwd", strided, torch.bfloat16, table_entry, "auto", True).variant == "pointer"
+
+
+def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    geom = conv_geometry((1, 128, 4, 16, 64), (256, 128, 3, 3, 3), 1, 1, 1)
+    space = configs.candidates("fwd", geom, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
+    twins = [c for c in space if c.gluon]
+    assert twins and all(configs.gluon_takes(c) and c.tma_box_w for c in twins)
+    assert any((c.block_m, c.block_n, c.num_warps) == (128, 256, 8) for c in twins)  # the Hopper GEMM tile
+    assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
+    assert not any(c.gluon for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True))
+    assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.bfloat16, 227 * 1024, True, False))
+    base = KernelConfig(128, 128, 64, 8, 3, tma_box_w=16)
+    assert tuner.config_steps(base, dataclasses.replace(base, gluon=1)) == 1
+
+
+def test_gluon_reports_why_it_is_unavailable_off_its_triton():
+    if conv_gluon.UNAVAILABLE is None:
+        assert hasattr(conv_gluon, "_conv3d_gluon_kernel")
+    else:
+        assert "Triton" in conv_gluon.UNAVAILABLE and not hasattr(conv_gluon, "_conv3d_gluon_kernel")
+
+
+GOOD_LOOP = """
+        /*1b90*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*1c50*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR7+0x20000], R4 ;
+        /*1c90*/              @!P0 BRA 0x2b40 ;
+        /*1d00*/                   HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8], R24 ;
+        /*20d0*/                   HGMMA.64x256x16.F32.BF16 R24, gdesc[UR16], R24, gsb0 ;
+        /*22a0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*22e0*/                   @UP3 UTMALDG.5D [UR8], [UR6] ;
+        /*2330*/               @P0 BRA 0x1b90 ;
+        /*2340*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*2790*/                   STSM.16.M88.4 [R0], R88 ;
+        /*2b40*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR7+0x20000], R4 ;
+        /*2b50*/              @!P0 BRA 0x2b40 ;
+        /*2b60*/                   BRA 0x1ca0 ;
+"""
+REGISTER_A_LOOP = """
+        /*0100*/                   UTMALDG.5D [UR8], [UR6] ;
+        /*0110*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*0120*/                   HGMMA.64x128x16.F32.BF16 R24, R4, gdesc[UR8], R24, gsb0 ;
+        /*0130*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0140*/                   LDSM.16.M88.4 R4, [R2+0x800] ;
+        /*0150*/                   HGMMA.64x128x16.F32.BF16 R24, R4, gdesc[UR8], R24, gsb0 ;
+        /*0160*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0170*/               @P0 BRA 0x0100 ;
+"""
+
+
+def test_main_loop_reader():
+    """The innermost loop around the MMA: the Gluon one has no shared-memory round trip and one wait at depth 1
+    (the epilogue's STSM and final wait, outside it, do not count); the TMA kernel's A goes through registers."""
+    assert main_loop(GOOD_LOOP) == (0, [1])
+    assert main_loop(REGISTER_A_LOOP) == (2, [0, 0])
+    assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [])
