@@ -8,6 +8,8 @@
 #   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
 #   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
 #   bash bench/gpu_session.sh host    # kernel vs eager-op time and the host's issue time on small layers
+#   bash bench/gpu_session.sh variants   # the Gluon and TMA kernels' tests, then bench.variants: pointer, TMA,
+#                                        # Gluon and cuDNN per large layer, each checked before it is timed
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that); each stage fits one 10-minute call.
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
@@ -72,8 +74,14 @@ case "$stage" in
   host)
     timeout 200 python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
     ;;
+  variants)
+    timeout ${VARIANT_TESTS_TIMEOUT:-240} python3 -m pytest tests/test_gluon.py tests/test_tma.py -q -p no:cacheprovider \
+      $xdist 2>&1 | tee "$OUT/variants_tests.log"
+    timeout ${VARIANTS_TIMEOUT:-320} python3 -m bench.variants --out "$OUT/variants.json" ${VARIANTS_ARGS:-} 2>&1 \
+      | tee "$OUT/variants.log"
+    ;;
   *)
-    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability or host" >&2
+    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host or variants" >&2
     exit 2
     ;;
 esac

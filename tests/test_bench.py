@@ -191,3 +191,19 @@ def test_host_overhead_benchmark_runs_on_cpu(tmp_path, capsys):
     assert set(data["launch_us"]) == {"fwd", "dgrad", "wgrad"}
     assert all(set(times) == {"pointer", "tma"} for times in data["launch_us"].values())
     assert data["commit"] and data["triton"]
+
+
+def test_variants_table_and_cpu_refusal():
+    """bench.variants needs a GPU to time; its table shows a failed variant as a result, not a crash."""
+    from bench import variants
+
+    if not torch.cuda.is_available():
+        assert variants.main([]) == 2
+    rows = [
+        {"case": "c", "dtype": "bf16", "direction": "fwd", "impl": "cudnn_cl3d", "ms": 2.0, "tflops": 300.0,
+         "pct_peak": 40.0, "speedup_vs_cudnn": 1.0},
+        {"case": "c", "dtype": "bf16", "direction": "fwd", "impl": "gluon", "variant": "gluon",
+         "failed": "relative L2 error 1.0e+00 above 1e-02"},
+    ]  # fmt: skip
+    text = variants.table(rows)
+    assert "FAILED: relative L2 error" in text and "300.0" in text and "1.00x" in text
