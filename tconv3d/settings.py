@@ -8,7 +8,7 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        16-byte channel rows; the forward and weight gradient also zeros padding and one source).
                        auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
                        eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
-                       (fwd and stride-1 dgrad, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
+                       (stride 1, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
 """
 
 import os

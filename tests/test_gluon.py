@@ -1,5 +1,5 @@
 """The Gluon kernel (kernels/conv_gluon.py: TMA into swizzled shared memory, an mbarrier ring, async wgmma with one
-group in flight) for the stride-1 forward and input gradient in 16-bit dtypes on sm_90.
+group in flight) for the three stride-1 implicit GEMMs in 16-bit dtypes on sm_90.
 
 Triton's interpreter cannot run Gluon: on CPU these tests check everything around the kernel (the config field,
 which launches may take it, TCONV3D_KERNELS=gluon falling back to the TMA kernel where it cannot run, explain,
@@ -40,7 +40,7 @@ def gluon(monkeypatch, device):
     for module, direction, launcher, variant in (
         (conv_fwd, "fwd", "conv3d_gluon", "gluon"), (conv_dgrad, "dgrad", "conv3d_gluon", "gluon"),
         (conv_fwd, "fwd", "conv3d_tma", "tma"), (conv_dgrad, "dgrad", "conv3d_tma", "tma"),
-        (conv_wgrad, "wgrad", "conv3d_wgrad_tma", "tma"),
+        (conv_wgrad, "wgrad", "conv3d_wgrad_gluon", "gluon"), (conv_wgrad, "wgrad", "conv3d_wgrad_tma", "tma"),
     ):  # fmt: skip
         real = getattr(module, launcher)
         record = (variant, direction)
@@ -64,7 +64,7 @@ def test_gluon_variant_matches_float64(index, dtype, gluon, device):
         assert rel_l2(got, want) < tolerance(dtype)
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
     first = "gluon" if gluon_runs(device) else "tma"
-    assert gluon == [(first, "fwd"), (first, "dgrad"), ("tma", "wgrad")]
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
 
 
 def test_gluon_unavailable_is_explained(gluon, device):
@@ -72,8 +72,11 @@ def test_gluon_unavailable_is_explained(gluon, device):
     w = torch.randn(16, 16, 3, 3, 3, device=device, dtype=torch.bfloat16)
     plan = tconv3d.explain(x, w, padding=1)
     if gluon_runs(device):
-        assert plan["fwd"]["variant"] == plan["dgrad"]["variant"] == "gluon"
-        assert plan["wgrad"]["variant"] == "tma" and "not this launch" in plan["wgrad"]["gluon_unavailable"]
+        assert {p["variant"] for p in plan.values()} == {"gluon"}
+        replicate = tconv3d.explain(x, w, padding=1, padding_mode="replicate")  # a weight gradient TMA cannot read
+        assert (
+            replicate["wgrad"]["variant"] == "pointer" and "not this launch" in replicate["wgrad"]["gluon_unavailable"]
+        )
     else:
         assert {p["variant"] for p in plan.values()} == {"tma"}  # the TMA kernel where the Gluon one cannot run
         reason = plan["fwd"]["gluon_unavailable"]
@@ -105,7 +108,7 @@ def test_force_variant_rules(monkeypatch):
     def force(direction, dtype, kernels, runs=True, config=pointer):
         return choice.force_variant(direction, geom, dtype, config, kernels, runs)
 
-    for direction in ("fwd", "dgrad"):
+    for direction in ("fwd", "dgrad", "wgrad"):
         forced = force(direction, torch.bfloat16, "gluon")
         assert forced.variant == "gluon" and configs.gluon_takes(forced) and forced.tma_box_w == 16
         assert force(direction, torch.bfloat16, "gluon", runs=False).variant == "tma"  # no sm_90 / Triton 3.6
@@ -114,7 +117,11 @@ def test_force_variant_rules(monkeypatch):
         assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
         assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
-    assert force("wgrad", torch.bfloat16, "gluon").variant == "tma"  # no Gluon weight gradient yet
+    split = KernelConfig(64, 64, 32, 8, 3, split_k=8)
+    assert force("wgrad", torch.bfloat16, "gluon", config=split).split_k == 8  # the weight gradient keeps its splits
+    replicate = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "replicate")
+    assert choice.force_variant("wgrad", replicate, torch.bfloat16, pointer, "gluon", True).variant == "pointer"
+    assert choice.force_variant("dgrad", replicate, torch.bfloat16, pointer, "gluon", True).variant == "gluon"
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
     table_entry = dataclasses.replace(force("fwd", torch.bfloat16, "gluon"))
     assert choice.force_variant("fwd", strided, torch.bfloat16, table_entry, "auto", True).variant == "pointer"
@@ -128,7 +135,8 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     assert twins and all(configs.gluon_takes(c) and c.tma_box_w for c in twins)
     assert any((c.block_m, c.block_n, c.num_warps) == (128, 256, 8) for c in twins)  # the Hopper GEMM tile
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
-    assert not any(c.gluon for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True))
+    wgrad = [c for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True) if c.gluon]
+    assert wgrad and any(c.split_k > 1 for c in wgrad) and all(configs.gluon_takes(c) for c in wgrad)
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.bfloat16, 227 * 1024, True, False))
     base = KernelConfig(128, 128, 64, 8, 3, tma_box_w=16)
     assert tuner.config_steps(base, dataclasses.replace(base, gluon=1)) == 1
@@ -168,9 +176,24 @@ REGISTER_A_LOOP = """
 """
 
 
+STUB_NARROWER_THAN_LOOP = """
+        /*17e0*/                   UTMALDG.5D [UR8], [UR28] ;
+        /*1aa0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x9000], R5 ;
+        /*1b50*/              @!P0 BRA 0x2690 ;
+        /*1c70*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR24].tnspA.tnspB, R24, gsb0 ;
+        /*22d0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*2350*/               @P0 BRA 0x17e0 ;
+        /*2360*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*2690*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x9000], R5 ;
+        /*26a0*/              @!P0 BRA 0x2690 ;
+        /*26b0*/                   BRA 0x1b60 ;
+"""
+
+
 def test_main_loop_reader():
     """The innermost loop around the MMA: the Gluon one has no shared-memory round trip and one wait at depth 1
     (the epilogue's STSM and final wait, outside it, do not count); the TMA kernel's A goes through registers."""
     assert main_loop(GOOD_LOOP) == (0, [1])
     assert main_loop(REGISTER_A_LOOP) == (2, [0, 0])
+    assert main_loop(STUB_NARROWER_THAN_LOOP) == (0, [1])  # the retry stub's jump back is no loop
     assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [])

@@ -211,13 +211,13 @@ if conv_gluon.UNAVAILABLE is None:
     for shape in load_shape_set("bench"):
         geom = shape.geometry()
         for dtype in (torch.bfloat16, torch.float16):
-            for direction in ("fwd", "dgrad"):
+            for direction in ("fwd", "dgrad", "wgrad"):
                 if not configs.gluon_eligible(direction, geom, dtype):
                     continue
                 chosen, _ = choice.choose(direction, geom, dtype, arch.device_name, arch.sm_count, 90)
                 tiles = [choice.force_variant(direction, geom, dtype, chosen, "gluon", True)]
                 if shape.name.startswith("wan_"):  # the Hopper GEMM tile, 128 x 256 x 64 on two warpgroups
-                    hopper = configs.KernelConfig(128, 256, 64, 8, 3)
+                    hopper = dataclasses.replace(chosen, block_m=128, block_n=256, block_k=64, num_warps=8)
                     tiles.append(configs.with_gluon(hopper, geom, direction))
                 for config in tiles:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
@@ -228,18 +228,18 @@ print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 
 
 def test_gluon_kernels_compile_to_the_hopper_main_loop():
-    """The Gluon forward and input gradient for every eligible case of the bench suite (bf16, fp16; the chosen
-    tiles and, on the Wan layers, 128x256x64 on 8 warps), for sm_90: TMA loads, wgmma with both operands in
-    shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a single wait at depth 1
-    per step), no spills, within the 227 KB a program may take. Runs where the Triton is one the kernel is
-    written for (CI's triton 3.6 step); elsewhere the kernel says it is unavailable."""
+    """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite (bf16,
+    fp16; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps), for sm_90: TMA loads, wgmma with both
+    operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a single wait
+    at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one the
+    kernel is written for (CI's triton 3.6 step); elsewhere the kernel says it is unavailable."""
     result = compile_script(GLUON_COMPILE)
     if result["unavailable"]:
         assert "Triton" in result["unavailable"] and not result["reports"]
         pytest.skip(result["unavailable"])
     reports = result["reports"]
     large = {(r["case"].split("_")[0], r["direction"]) for r in reports}
-    assert {(family, d) for family in ("wan", "hunyuan", "cogvideo") for d in ("fwd", "dgrad")} <= large
+    assert {(family, d) for family in ("wan", "hunyuan", "cogvideo") for d in ("fwd", "dgrad", "wgrad")} <= large
     assert any(r["config"]["block_n"] == 256 and r["config"]["num_warps"] == 8 for r in reports)
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"

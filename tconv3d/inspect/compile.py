@@ -202,22 +202,21 @@ _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
 def main_loop(sass: str) -> tuple[int | None, list[int]]:
-    """(shared-memory ops, wgmma wait depths) of the innermost loop that holds an MMA: the span of a backward
-    branch (BRA to a lower address) around an HGMMA/HMMA. (None, []) when no loop holds one."""
+    """(shared-memory ops, wgmma wait depths) of the main loop: the innermost span of a predicated backward
+    branch (`@P0 BRA` to a lower address: the loop's back edge) around an HGMMA/HMMA. An unconditional jump back
+    (the mbarrier retry stub returning into the loop) marks no loop; it is taken only where nothing else holds an
+    MMA. (None, []) when no loop holds one."""
     lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
-    loops = []
+    spans = []
     for address, text in lines:
-        branch = re.search(r"\bBRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < address:
-            loops.append((int(branch.group(1), 16), address))
-    spans = [
-        (start, end)
-        for start, end in loops
-        if any(start <= a <= end and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines)
-    ]
+        branch = re.search(r"^(@!?U?P\w+\s+)?BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text.strip())
+        if branch and int(branch.group(2), 16) < address:
+            start = int(branch.group(2), 16)
+            if any(start <= a <= address and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines):
+                spans.append((branch.group(1) is None, address - start, start, address))
     if not spans:
         return None, []
-    start, end = min(spans, key=lambda span: span[1] - span[0])
+    _, _, start, end = min(spans)  # predicated first, then the innermost
     body = [t for a, t in lines if start <= a <= end]
     smem_ops = sum(bool(re.search(r"\b(?:LDS|LDSM|STS|STSM)(?:\.|\s|$)", t)) for t in body)
     waits = [int(m.group(1), 16) for t in body if (m := re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)", t))]

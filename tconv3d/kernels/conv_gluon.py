@@ -1,4 +1,5 @@
-"""The Gluon implicit GEMM of the stride-1 forward and input gradient for Hopper (sm_90), and its launcher.
+"""The Gluon implicit GEMMs for Hopper (sm_90) at stride 1: the forward and input gradient (one kernel, an
+INPUT_GRAD flag) and the weight gradient, and their launchers.
 
 The loop Hopper GEMMs reach their peak with, written out because Triton's own lowering of the 5-D TMA box goes
 through registers (conv_tma.py): TMA moves both operands into swizzled shared memory through a STAGES-deep ring
@@ -18,6 +19,7 @@ from packaging.version import Version
 from ..geometry import ConvGeometry
 from .config import KernelConfig
 from .conv_tma import patch_descriptors, patch_origin
+from .utils import cdiv, ndhwc_descriptor
 
 # Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
 GLUON_TRITON = ("3.6",)
@@ -155,6 +157,91 @@ if UNAVAILABLE is None:
         tma.async_copy_shared_to_global(dst_desc, [n, d, h0, w0, n0], c_smem)
         tma.store_wait(pendings=0)
 
+    @gluon.jit
+    def _issue_wgrad_loads(
+        go_desc, x_desc, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+        BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred,
+    ):  # fmt: skip
+        """Patch `patch`'s two boxes into one stage: grad_out's patch (zeros past the output's edges, adding
+        nothing) and the input's patch shifted by the program's tap (zeros in the padding)."""
+        n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+        mbarrier.expect(bar, go_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
+        tma.async_copy_global_to_shared(x_desc, [n, od + shift_d, h0 + shift_h, w0 + shift_w, ci0], bar, b_buf, pred)
+
+    @gluon.jit
+    def _conv3d_wgrad_gluon_kernel(
+        # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
+        # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]); out is [split, Cout, tap, Cin]
+        go_desc, x_desc, out_ptr,
+        C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
+        stride_os, stride_oo, stride_ot, stride_oi,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v + tap * dil - pad, ci], at stride 1: the
+        GEMM view M = Cout, N = Cin, K = output voxels, one tap per program, K split over the output patches
+        (BLOCK_K = BOX_H * BOX_W voxels at one (n, od)) between program_id(1)'s splits. The grad_out box is A read
+        M-major (a transposed view), the input box B as it lands; the ring and the wait are the forward's."""
+        BOX_H: gl.constexpr = go_desc.block_type.shape[2]
+        BOX_W: gl.constexpr = go_desc.block_type.shape[3]
+        BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
+        BLOCK_N: gl.constexpr = x_desc.block_type.shape[4]
+        BLOCK_K: gl.constexpr = BOX_H * BOX_W
+        dtype: gl.constexpr = go_desc.dtype
+
+        taps: gl.constexpr = KD * KH * KW
+        pid = gl.program_id(0)
+        tap = pid % taps  # neighbouring programs share the same boxes in L2: taps innermost
+        tile = pid // taps
+        num_n = gl.cdiv(C_IN, BLOCK_N)
+        co0 = (tile // num_n) * BLOCK_M
+        ci0 = (tile % num_n) * BLOCK_N
+        shift_d = (tap // (KW * KH)) * DIL_D - PAD_D
+        shift_h = ((tap // KW) % KH) * DIL_H - PAD_H
+        shift_w = (tap % KW) * DIL_W - PAD_W
+        first = gl.program_id(1) * SPLIT_PATCHES
+        steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+
+        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
+        b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        for s in gl.static_range(STAGES - 1):
+            _issue_wgrad_loads(
+                go_desc, x_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
+                co0, ci0, shift_d, shift_h, shift_w, BOX_H, BOX_W, s < steps,
+            )  # fmt: skip
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
+        )
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for step in range(steps):
+            index = step % STAGES
+            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
+            a = a_ring.index(index).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))  # [BLOCK_M, BLOCK_K]
+            b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            ahead = step + STAGES - 1
+            refill = ahead % STAGES
+            _issue_wgrad_loads(
+                go_desc, x_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, BOX_H, BOX_W, ahead < steps,
+            )  # fmt: skip
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+
+        offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        out_ptrs = (out_ptr + gl.program_id(1) * stride_os + tap * stride_ot
+                    + gl.expand_dims(offs_m, 1) * stride_oo + gl.expand_dims(offs_n, 0) * stride_oi)  # fmt: skip
+        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(offs_n < C_IN, 0)
+        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
 
 def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     """A Gluon TMA descriptor: the box lands in shared memory with the widest swizzle its rows allow, the layout
@@ -180,3 +267,25 @@ def conv3d_gluon(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfi
         num_warps=config.num_warps,
     )  # fmt: skip
     return dst
+
+
+def conv3d_wgrad_gluon(
+    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
+) -> None:
+    """The Gluon weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]), over the TMA weight
+    gradient's patches and splits (conv_tma.wgrad_tma_patches): both tensors 16-bit, unit-stride channels,
+    TMA-aligned strides."""
+    box_w = config.tma_box_w
+    box_h = config.block_k // box_w
+    go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
+    x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
+    c_out, c_in = geom.out_channels, geom.in_channels
+    grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
+    _conv3d_wgrad_gluon_kernel[grid](
+        go_desc, x_desc, out,
+        c_in, c_out, *geom.out_size, patches, patches_per_split,
+        *out.stride(),
+        *geom.front_padding, *geom.dilation,
+        *geom.kernel,
+        STAGES=config.num_stages, num_warps=config.num_warps,
+    )  # fmt: skip

@@ -8,6 +8,7 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
 from .conv_depthwise import depthwise_wgrad
+from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .utils import (
     border_gather,
@@ -213,7 +214,9 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
-    if config.tma_box_w:
+    if config.gluon:
+        conv3d_wgrad_gluon(grad_out, x, out, geom, config, patches, per_split)
+    elif config.tma_box_w:
         conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split)
     elif config.direct:
         depthwise_wgrad(grad_out, x, out, geom, config, rows_per_split)

@@ -418,12 +418,11 @@ GLUON_CAPABILITY = 90
 
 
 def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
-    """Problems the Gluon kernel runs, where this Triton has it: the TMA variant's forward and stride-1 input
-    gradient, in 16-bit dtypes (wgmma reads a transposed fp32 operand only as TF32 K-major, which the input
-    gradient's weight box is not)."""
+    """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (all three
+    directions at stride 1), in 16-bit dtypes (wgmma reads an fp32 operand only as TF32 K-major, which the input
+    gradient's weight box and both weight-gradient boxes are not)."""
     return (
         conv_gluon.UNAVAILABLE is None
-        and direction in ("fwd", "dgrad")
         and dtype in (torch.bfloat16, torch.float16)
         and tma_eligible(direction, geom, dtype)
     )
@@ -439,7 +438,7 @@ def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str) -> Kern
     """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
     tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit)."""
     tiled = with_tma(config, geom, direction)
-    return replace(tiled, gluon=1, num_stages=max(tiled.num_stages, 2), split_k=1)
+    return replace(tiled, gluon=1, num_stages=max(tiled.num_stages, 2))
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
