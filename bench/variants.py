@@ -2,12 +2,13 @@
 
     python -m bench.variants --cases wan_dec_384b,hunyuan_512 --dtype bf16 --out bench/results/variants.json
 
-For each case and direction (fwd: forward, dgrad: input gradient) it launches tconv3d's launcher directly with
-each variant's config, the chosen one (table or heuristic) forced to pointer, TMA and Gluon (the Gluon kernel
-also on the Hopper GEMM tile 128x256x64 with 8 warps), checks each result against cuDNN in fp32 first (a variant
-that is wrong is reported as such and not timed), then times it with triton.testing.do_bench (median, L2
-flushed) beside cuDNN on channels_last_3d tensors and the bf16 matmul peak measured in the same run. It answers
-the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
+For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches
+tconv3d's launcher directly with each variant's config, the chosen one (table or heuristic) forced to pointer,
+TMA and Gluon (the Gluon kernel also on the Hopper GEMM tile 128x256x64 with 8 warps), checks each result
+against cuDNN in fp32 first (a variant that is wrong is reported as such and not timed), then times it with
+triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors and the bf16 matmul peak
+measured in the same run. It answers the question bench/NOTES.md predicts before a GPU session: how much of
+the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tconv3d.geometry import check_conv3d
 from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
+from tconv3d.kernels.conv_wgrad import conv3d_wgrad
 from tconv3d.testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
@@ -53,22 +55,24 @@ def measure_case(shape: ConvShape, dtype_name: str, direction: str, peak_tflops:
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
     geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
-    sym = shape.padding[0::2]
-    cudnn_fwd = lambda: F.conv3d(x, w, None, shape.stride, sym, shape.dilation, shape.groups)  # noqa: E731
+    conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
     if direction == "fwd":
         launch = lambda config: conv3d_fwd(x, w, None, None, geom, config)  # noqa: E731
-        cudnn = cudnn_fwd
+        cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
         with exact_fp32():
-            reference = F.conv3d(x.float(), w.float(), None, shape.stride, sym, shape.dilation, shape.groups)
+            reference = F.conv3d(x.float(), w.float(), None, *conv_args)
     else:
-        grad_out = (
-            torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
-        )
-        launch = lambda config: conv3d_dgrad(grad_out, w, geom, config)  # noqa: E731
-        args = (x.shape, w, grad_out, shape.stride, sym, shape.dilation, shape.groups)
-        cudnn = lambda: torch.nn.grad.conv3d_input(*args)  # noqa: E731
-        with exact_fp32():
-            reference = torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *args[3:])
+        grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
+        if direction == "dgrad":
+            launch = lambda config: conv3d_dgrad(grad_out, w, geom, config)  # noqa: E731
+            cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
+            with exact_fp32():
+                reference = torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)
+        else:
+            launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
+            cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
+            with exact_fp32():
+                reference = torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)
     flops = 2 * geom.output_voxels * geom.out_channels * geom.taps * geom.group_in_channels
     rows = []
     cudnn_ms = bench_ms(cudnn)
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated case names of the bench suite")
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
-    parser.add_argument("--directions", default="fwd,dgrad", help="comma-separated: fwd, dgrad")
+    parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
