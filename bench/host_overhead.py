@@ -8,7 +8,9 @@ timing loop, so the figure is the host's issue time whenever the kernel is short
 
 Then the launch path alone: each direction's launcher (argument preparation, descriptors, grid) with every
 Triton kernel replaced by a stand-in that launches nothing, pointer variant against TMA variant, on a bf16
-64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch).
+64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch). Last, Triton's side of
+the same launches: JITFunction.run against the direct path (issue 29), the kernels compiled for sm_90 and each
+launcher a stand-in, so both stop at the driver.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
@@ -127,6 +129,50 @@ def launch_path(calls: int) -> dict:
     return {direction: {name: times[direction, name] for name in configs} for direction in launchers}
 
 
+def triton_launch(calls: int) -> dict:
+    """Host time of Triton's side of one launch, per kernel: JITFunction.run against the direct path
+    (tconv3d/kernels/launch.py), both stopping at the driver (the kernels compiled for sm_90, each compiled
+    kernel's launcher a stand-in; inspect.compile.stubbed_launches), on the launch-path layer's calls."""
+    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d.kernels import conv_gluon, group_norm, launch
+
+    if launch.OFF is not None:
+        return {"off": launch.OFF}
+    cl = dict(dtype=torch.bfloat16, memory_format=CL)
+    x, grad_out = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(1, 64, 4, 16, 16).to(**cl)
+    w = torch.randn(64, 64, 3, 3, 3).to(**cl)
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    pointer = KernelConfig(64, 64, 32, 4, 3, split_k=2)
+    tma = dataclasses.replace(pointer, tma_box_w=16)
+    captured = []
+
+    def capturing(kernel, grid, *args, **kwargs):
+        captured.append((kernel, grid, args, kwargs))
+        return launch.launch(kernel, grid, *args, **kwargs)
+
+    modules = (conv_fwd, conv_dgrad, conv_wgrad, conv_tma, conv_gluon, group_norm)
+    saved = [(module, module.launch) for module in modules]
+    times = {}
+    with stubbed_launches(90):
+        try:
+            for module in modules:
+                module.launch = capturing
+            conv_fwd.conv3d_fwd(x, w, None, None, geom, pointer)
+            conv_fwd.conv3d_fwd(x, w, None, None, geom, tma)
+            conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, pointer)
+        finally:
+            for module, original in saved:
+                module.launch = original
+        for kernel, grid, args, kwargs in captured:
+            paths = {
+                "run": lambda k=kernel, g=grid, a=args, kw=kwargs: k.run(*a, grid=g, warmup=False, **kw),
+                "direct": lambda k=kernel, g=grid, a=args, kw=kwargs: launch.launch(k, g, *a, **kw),
+            }
+            name = kernel.__name__.strip("_").removesuffix("_kernel")
+            times[name] = {"arguments": len(args) + len(kwargs), **per_call_us(paths, calls)}
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -148,12 +194,20 @@ def main(argv=None) -> int:
     for direction, times in launches.items():
         extra = times["tma"] - times["pointer"]
         print(f"{direction:6s} pointer {times['pointer']:6.1f}  tma {times['tma']:6.1f}  tma extra {extra:+6.1f}")
+    direct = triton_launch(args.calls)
+    print("\nTriton's side of a launch, stopping at the driver (sm_90 compile), us per launch")
+    if "off" in direct:
+        print(f"direct path off: {direct['off']}")
+    for name, t in direct.items():
+        if name != "off":
+            print(f"{name:22s} run {t['run']:6.1f}  direct {t['direct']:6.1f}  direct/run {t['direct'] / t['run']:5.2f}"
+                  f"  ({t['arguments']} arguments)")  # fmt: skip
     if args.json is not None:
         meta = {
             "device": args.device, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
-        results = {**meta, "us_per_call": results, "launch_us": launches}
+        results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct}
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

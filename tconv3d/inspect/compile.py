@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import CompiledKernel
 from triton.runtime import driver as triton_driver
 from triton.runtime.jit import JITFunction
 
 from ..geometry import ConvGeometry
-from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad
+from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad, group_norm, launch
 from ..kernels.config import KernelConfig
 
 
@@ -51,7 +52,7 @@ ARCHS = {
     80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936),
 }
 
-KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise, conv_tma, conv_gluon)
+KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise, conv_tma, conv_gluon, group_norm)
 
 
 @functools.lru_cache(maxsize=16)
@@ -154,9 +155,42 @@ def compile_only(capability: int, launches: list):
     triton_driver.set_active(_StandInDriver(target))
     JITFunction.run = run
     try:
-        yield launches
+        with launch.suspended():  # nor may the direct launch path remember what is compiled here
+            yield launches
     finally:
         JITFunction.run = original_run
+        triton_driver._active = saved_driver
+        for fn, caches in saved_caches.items():
+            fn.device_caches = caches
+
+
+@contextlib.contextmanager
+def stubbed_launches(capability: int, record: list | None = None):
+    """Inside, tconv3d's kernels launch for real as far as the host goes (Triton's run or the direct path of
+    kernels/launch.py, compiling for sm_<capability> on first use) and stop at the driver: each compiled
+    kernel's launcher is a stand-in that appends (kernel name, launcher arguments) to `record` if given. For
+    timing the host's launch path and checking what reaches the driver, without a GPU. Everything is put back
+    on exit, the direct path's memory of kernels compiled here included."""
+    target = GPUTarget("cuda", capability, 32)
+    functions = _jit_functions()
+    saved_caches = {fn: fn.device_caches for fn in functions}
+    saved_driver = triton_driver._active
+    saved_run, saved_init = CompiledKernel.run, CompiledKernel._init_handles
+
+    def stand_in(self):
+        return lambda *args: record.append((self.name, args)) if record is not None else None
+
+    for fn in functions:
+        fn.device_caches = defaultdict(fn.create_binder)
+    triton_driver.set_active(_StandInDriver(target))
+    CompiledKernel.run = property(stand_in)
+    CompiledKernel._init_handles = lambda self: None  # no module to load: the launch metadata is built as usual
+    launch.forget()
+    try:
+        yield record
+    finally:
+        launch.forget()
+        CompiledKernel.run, CompiledKernel._init_handles = saved_run, saved_init
         triton_driver._active = saved_driver
         for fn, caches in saved_caches.items():
             fn.device_caches = caches

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig
+from .launch import launch
 from .utils import cdiv, split_voxel
 
 
@@ -163,7 +164,8 @@ def _weight_strides(weight: torch.Tensor) -> tuple:
 def depthwise_fwd(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     rows = geom.output_voxels
     grid = (cdiv(rows, config.block_m), cdiv(geom.out_channels, config.block_n))
-    _depthwise_fwd_kernel[grid](
+    launch(
+        _depthwise_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, y,
         rows, geom.out_channels, *geom.in_size, *geom.out_size,
         *x.stride(), *_weight_strides(weight), *y.stride(),
@@ -177,7 +179,8 @@ def depthwise_fwd(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig) 
 def depthwise_dgrad(grad_out, weight, grad_in, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     rows = geom.input_voxels
     grid = (cdiv(rows, config.block_m), cdiv(geom.in_channels, config.block_n))
-    _depthwise_dgrad_kernel[grid](
+    launch(
+        _depthwise_dgrad_kernel, grid,
         grad_out, weight, grad_in,
         rows, geom.in_channels, *geom.in_size, *geom.out_size,
         *grad_out.stride(), *_weight_strides(weight), *grad_in.stride(),
@@ -193,7 +196,8 @@ def depthwise_wgrad(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, 
     caller adds the splits in a fixed order)."""
     rows, c_out, taps = geom.output_voxels, geom.out_channels, geom.taps
     grid = (cdiv(c_out, config.block_n) * taps, out.shape[0])
-    _depthwise_wgrad_kernel[grid](
+    launch(
+        _depthwise_wgrad_kernel, grid,
         grad_out, x, out,
         rows, c_out, *geom.in_size, *geom.out_size, rows_per_split,
         *grad_out.stride(), *x.stride(), out.stride(0), out.stride(1),

@@ -12,6 +12,7 @@ from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
+from .launch import launch
 from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
 
@@ -176,7 +177,8 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     c_in, c_out = geom.group_in_channels, geom.group_out_channels
     grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups)
-    _conv3d_dgrad_kernel[grid](
+    launch(
+        _conv3d_dgrad_kernel, grid,
         grad_out, weight, grad_in, live_taps,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size,
         *grad_out.stride(), *weight.stride(), *grad_in.stride(),

@@ -9,6 +9,7 @@ from .config import KernelConfig, packs_taps
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
+from .launch import launch
 from .utils import (
     border_gather,
     cdiv,
@@ -166,7 +167,8 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     upcast, precision = dot_flags(x.dtype)
     rows, c_in, c_out = geom.output_voxels, geom.group_in_channels, geom.group_out_channels
     grid = (cdiv(rows, config.block_m) * cdiv(c_out, config.block_n), geom.groups)
-    _conv3d_fwd_kernel[grid](
+    launch(
+        _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, y,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta,
         *x.stride(), *p_strides, *weight.stride(), *y.stride(),

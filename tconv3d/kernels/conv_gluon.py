@@ -19,6 +19,7 @@ from packaging.version import Version
 from ..geometry import ConvGeometry
 from .config import KernelConfig
 from .conv_tma import patch_descriptors, patch_origin
+from .launch import launch
 from .utils import cdiv, ndhwc_descriptor
 
 # Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
@@ -258,7 +259,8 @@ def conv3d_gluon(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfi
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )
     _, _, d, h, w = dst.shape
-    _conv3d_gluon_kernel[grid](
+    launch(
+        _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst,
         reduced, columns, d, h, w,
         *geom.front_padding, *geom.dilation,
@@ -281,7 +283,8 @@ def conv3d_wgrad_gluon(
     x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
-    _conv3d_wgrad_gluon_kernel[grid](
+    launch(
+        _conv3d_wgrad_gluon_kernel, grid,
         go_desc, x_desc, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),

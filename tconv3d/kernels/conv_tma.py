@@ -9,6 +9,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig
+from .launch import launch
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
 
@@ -102,7 +103,8 @@ def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig,
     box_h = config.block_m // box_w
     _, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
-    _conv3d_tma_kernel[grid](
+    launch(
+        _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst,
         reduced, columns, d, h, w,
         *geom.front_padding, *geom.dilation,
@@ -181,7 +183,8 @@ def conv3d_wgrad_tma(
     upcast, precision = dot_flags(x.dtype)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
-    _conv3d_wgrad_tma_kernel[grid](
+    launch(
+        _conv3d_wgrad_tma_kernel, grid,
         go_desc, x_desc, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),

@@ -10,6 +10,7 @@ from .config import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_
 from .conv_depthwise import depthwise_wgrad
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
+from .launch import launch
 from .utils import (
     border_gather,
     cdiv,
@@ -224,7 +225,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision)
     if splits > 1:
         grid = (cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)
-        _sum_splits_kernel[grid](out, grad_w, grad_w.numel(), splits, BLOCK=SPLIT_SUM_BLOCK)
+        launch(_sum_splits_kernel, grid, out, grad_w, grad_w.numel(), splits, BLOCK=SPLIT_SUM_BLOCK)
     return grad_w_logical
 
 
@@ -234,7 +235,8 @@ def _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_p
     view = gemm_view("wgrad", geom)
     grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0], geom.groups)
     go_strides = ndhwc_strides(grad_out)
-    _conv3d_wgrad_kernel[grid](
+    launch(
+        _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,
         *go_strides, *x.stride(), *p_strides, *out.stride(),

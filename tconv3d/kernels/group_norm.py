@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .utils import cdiv, empty_ndhwc
 
 ACTIVATIONS = ("none", "silu")
@@ -130,7 +131,8 @@ def _channel_reduce(x, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
     per_split, splits = _splits(voxels)
     out = torch.empty((n, splits, 2, c), dtype=torch.float32, device=x.device)
     grid = (n, cdiv(c, BLOCK_C), splits)
-    _channel_reduce_kernel[grid](
+    launch(
+        _channel_reduce_kernel, grid,
         x, dy if dy is not None else x, a if a is not None else out, b if b is not None else out, out,
         voxels, c, per_split,
         x.stride(0), (dy if dy is not None else x).stride(0), *out.stride()[:3],
@@ -147,7 +149,8 @@ def _affine(x, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
         return out
     backward = dy is not None
     grid = (cdiv(voxels, BLOCK_S), cdiv(c, BLOCK_C), n)
-    _affine_kernel[grid](
+    launch(
+        _affine_kernel, grid,
         x, dy if backward else x, out, a, b, k1 if backward else a, k2 if backward else a, k3 if backward else a,
         voxels, c,
         x.stride(0), (dy if backward else x).stride(0), out.stride(0),

@@ -1,5 +1,7 @@
 """Pieces the three kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -144,6 +146,7 @@ def ndhwc_descriptor(t: torch.Tensor, block, make=TensorDescriptor):
 
 
 _descriptors: dict[tuple, TensorDescriptor] = {}
+_descriptor_ids = itertools.count()
 
 
 def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple, make=TensorDescriptor):
@@ -157,6 +160,9 @@ def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tupl
     if checked is None:
         checked = make(t, list(shape), list(strides), list(block))
         checked.base = None  # the memo must not keep a tensor alive
+        # What the direct launch path (launch.py) keys a descriptor argument on: one number per distinct
+        # (shape, strides, block, dtype, maker), cheap to hash on every launch.
+        checked.launch_signature = next(_descriptor_ids)
         if len(_descriptors) < 4096:
             _descriptors[key] = checked
     descriptor = object.__new__(type(checked))  # a checked one's fields, on this base

@@ -1,0 +1,138 @@
+"""Launching a compiled kernel without JITFunction.run's per-call Python (issue 29).
+
+`launch(kernel, grid, *args, **kwargs)` is `kernel[grid](*args, **kwargs)`. The first launch of each argument
+signature goes through Triton's run, which specialises, compiles and launches; later launches with the same
+signature call the compiled kernel's launcher directly, with exactly the arguments run would pass it. The
+signature is finer than Triton's specialisation, so it can only split a specialisation, never merge two: every
+int, float, bool, None and string by value, each tensor by dtype and 16-byte alignment of its address, each TMA
+descriptor by base dtype and alignment, shape, strides, block and layout, every keyword (constexprs and
+options) by value, and the device and Triton's debug and instrumentation settings. Anything else (a type it
+does not know) goes through run every time.
+
+The direct call leans on Triton internals that 3.6 and 3.9 share (JITFunction.run ends in
+`kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
+are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+from .. import settings
+
+# The launch JITFunction.run makes, which the direct path repeats.
+_RUN_LAUNCH = (
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata,",
+    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())",
+)
+
+
+def _why_off() -> str | None:
+    """Why the direct path is off in this process, or None."""
+    if settings.INTERPRET:
+        return "the interpreter runs kernels itself"
+    try:
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+
+        source = " ".join(inspect.getsource(JITFunction.run).split())
+    except (ImportError, OSError, TypeError) as error:
+        return f"this Triton's launch internals could not be read: {error}"
+    if not all(" ".join(part.split()) in source for part in _RUN_LAUNCH):
+        return "this Triton's JITFunction.run launches differently from what the direct path repeats"
+    if not all(hasattr(CompiledKernel, name) for name in ("run", "launch_metadata")):
+        return "this Triton's CompiledKernel lacks run or launch_metadata"
+    if not all(hasattr(knobs.runtime, name) for name in ("launch_enter_hook", "launch_exit_hook", "debug")):
+        return "this Triton's knobs lack the launch hooks"
+    if not hasattr(knobs.compilation, "instrumentation_mode"):
+        return "this Triton's knobs lack instrumentation_mode"
+    return None
+
+
+OFF = _why_off()
+if OFF is None:
+    from triton import knobs
+
+# signature -> (the compiled kernel, the values of the parameters after the positional ones). Kernels are in
+# signatures by id: JITFunction's own hash recomputes its cache key on every call.
+_compiled: dict = {}
+_MAX_COMPILED = 8192
+_suspended = 0
+
+
+def forget() -> None:
+    """Drop every remembered kernel: the next launch of each signature goes through run again."""
+    _compiled.clear()
+
+
+@contextlib.contextmanager
+def suspended():
+    """Inside, every launch is Triton's run and nothing is remembered (compile-only runs for an absent GPU)."""
+    global _suspended
+    _suspended += 1
+    try:
+        yield
+    finally:
+        _suspended -= 1
+
+
+def _arg_signature(a):
+    """What one non-int argument contributes to a launch's signature (ints stand for themselves)."""
+    if type(a) is torch.Tensor or isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    described = getattr(a, "launch_signature", None)  # a descriptor from utils.tensor_descriptor, made once there
+    if described is not None:
+        return described, a.base.data_ptr() % 16 == 0
+    if a is None or type(a) in (bool, float, str):
+        return type(a), a
+    base = getattr(a, "base", None)
+    if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):  # any other host TMA descriptor
+        described = (type(a), base.dtype, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+                     getattr(a, "layout", None), getattr(a, "padding", None))  # fmt: skip
+        return described, base.data_ptr() % 16 == 0
+    raise TypeError(type(a))
+
+
+def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tuple:
+    """The values of the kernel's parameters after the positional arguments, in order, defaults for those the
+    call leaves out: the rest of what run binds and launches with (options such as num_warps are no parameters).
+    Every keyword is in the signature, so these are fixed per signature."""
+    parameters = list(kernel.signature.parameters.values())[positional:]
+    return tuple(kwargs.get(p.name, p.default) for p in parameters)
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
+    signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
+    if OFF is not None or _suspended or not isinstance(kernel, JITFunction) or callable(grid):
+        return kernel[grid](*args, **kwargs)
+    active = driver.active
+    device = active.get_current_device()
+    try:
+        signature = (
+            id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+            tuple([a if type(a) is int else _arg_signature(a) for a in args]), tuple(kwargs.items()),
+        )  # fmt: skip
+        compiled = _compiled.get(signature)
+    except TypeError:  # an argument type the signature does not know, or an unhashable value: run decides
+        return kernel[grid](*args, **kwargs)
+    if compiled is None:
+        compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        if compiled is not None and len(_compiled) < _MAX_COMPILED:
+            _compiled[signature] = compiled, _trailing_values(kernel, len(args), kwargs)
+        return compiled
+    compiled, trailing = compiled
+    values = args + trailing
+    stream = active.get_current_stream(device)
+    size = len(grid)
+    compiled.run(
+        grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+        compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
+        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values,
+    )  # fmt: skip
+    return compiled

@@ -1,0 +1,121 @@
+"""The direct launch path (kernels/launch.py): after a signature's first launch through Triton's run, the compiled
+kernel's launcher is called directly, with exactly the arguments run would give it.
+
+Compiled kernels cannot run here, so the checks stop at the driver (inspect.compile.stubbed_launches: the
+kernels compile for sm_90 and each launcher is a recorder), in a process without the interpreter: for every
+kernel family, the second launch of the same call reaches the driver with the same arguments, grid, stream,
+function and metadata as the first, without calling run; a tensor that moves to an unaligned address or an int
+that changes goes back through run (Triton may specialise differently); compile-only runs remember nothing.
+CI runs this under triton 3.9 and, with the static compile tests, under 3.6."""
+
+import pytest
+from test_static_compile import CUOBJDUMP, compile_script
+
+from tconv3d.kernels import launch
+
+pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
+
+SCRIPT = """
+import json, torch
+from triton.runtime.jit import JITFunction
+from tconv3d.geometry import check_conv3d
+from tconv3d.inspect.compile import compile_launch, stubbed_launches
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad, group_norm, launch
+from tconv3d.kernels.config import KernelConfig
+
+assert launch.OFF is None, launch.OFF
+runs = []
+original_run = JITFunction.run
+def counting_run(self, *args, **kwargs):
+    runs.append(self.__name__)
+    return original_run(self, *args, **kwargs)
+JITFunction.run = counting_run
+
+calls = []  # what each launcher hands launch(): replayed below through both paths
+def capturing(kernel, grid, *args, **kwargs):
+    calls.append((kernel, grid, args, kwargs))
+    return launch.launch(kernel, grid, *args, **kwargs)
+for module in (conv_fwd, conv_dgrad, conv_wgrad, conv_tma, group_norm):
+    module.launch = capturing
+
+cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
+x, go = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(1, 64, 4, 16, 16).to(**cl)
+w = torch.randn(64, 64, 3, 3, 3).to(**cl)
+geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+pointer = KernelConfig(64, 64, 32, 4, 3, split_k=2)
+tma = KernelConfig(64, 64, 32, 4, 3, split_k=2, tma_box_w=16)
+out = {"families": {}}
+record = []
+with stubbed_launches(90, record):
+    conv_fwd.conv3d_fwd(x, w, None, None, geom, pointer)
+    conv_fwd.conv3d_fwd(x, w, None, None, geom, tma)
+    conv_dgrad.conv3d_dgrad(go, w, geom, pointer)
+    conv_dgrad.conv3d_dgrad(go, w, geom, tma)
+    conv_wgrad.conv3d_wgrad(go, x, None, geom, pointer)  # two kernels: the split partials and their sum
+    conv_wgrad.conv3d_wgrad(go, x, None, geom, tma)
+    scale, shift = torch.ones(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+    group_norm.group_norm_fwd(x, scale, shift, 8, 1e-5, "silu")
+    def plain(value):  # the launch metadata is a fresh LazyDict per launch: compare what it holds
+        return (type(value).__name__, dict(value.data)) if type(value).__name__ == "LazyDict" else value
+
+    for kernel, grid, args, kwargs in list(calls):
+        launch.forget()
+        del record[:], runs[:]
+        first = launch.launch(kernel, grid, *args, **kwargs)  # through Triton's run
+        after_first = list(runs)
+        second = launch.launch(kernel, grid, *args, **kwargs)  # direct
+        out["families"][kernel.__name__] = {
+            "runs": after_first, "runs_after_second": list(runs), "same_kernel": first is second,
+            "launches": len(record),
+            "identical": len(record) == 2 and [plain(v) for v in record[0][1]] == [plain(v) for v in record[1][1]],
+            "arguments": len(record[0][1]) if record else 0,
+        }
+    # What makes Triton specialise differently goes back through run.
+    kernel, grid, args, kwargs = calls[0]
+    launch.launch(kernel, grid, *args, **kwargs)  # remembered
+    unaligned = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)  # 2 bytes past a 16-byte boundary
+    moved = tuple(unaligned if a is x else a for a in args)
+    del runs[:]
+    launch.launch(kernel, grid, *moved, **kwargs)
+    out["unaligned_runs"] = list(runs)
+    index = next(i for i, a in enumerate(args) if type(a) is int and a % 16 == 0 and a > 16)
+    changed = args[:index] + (args[index] + 1,) + args[index + 1:]
+    del runs[:]
+    launch.launch(kernel, grid, *changed, **kwargs)
+    out["int_runs"] = list(runs)
+    del runs[:]
+    with launch.suspended():
+        launch.launch(kernel, grid, *args, **kwargs)
+        launch.launch(kernel, grid, *args, **kwargs)
+    out["suspended_runs"] = list(runs)
+out["remembered_after"] = len(launch._compiled)
+print(json.dumps(out))
+"""
+
+
+def test_direct_launches_reach_the_driver_with_runs_arguments():
+    result = compile_script(SCRIPT)
+    families = result["families"]
+    expected = {
+        "_conv3d_fwd_kernel", "_conv3d_dgrad_kernel", "_conv3d_wgrad_kernel", "_sum_splits_kernel",
+        "_conv3d_tma_kernel", "_conv3d_wgrad_tma_kernel", "_channel_reduce_kernel", "_affine_kernel",
+    }  # fmt: skip
+    assert expected <= set(families), sorted(families)
+    for name, family in families.items():
+        assert family["runs"] == [name] and family["runs_after_second"] == [name], (name, family)  # one run only
+        assert family["same_kernel"] and family["launches"] == 2 and family["identical"], (name, family)
+        assert family["arguments"] > 10, (name, family)  # grid, stream, function, metadata, hooks, arguments
+    assert result["unaligned_runs"] == ["_conv3d_fwd_kernel"]
+    assert result["int_runs"] == ["_conv3d_fwd_kernel"]
+    assert result["suspended_runs"] == ["_conv3d_fwd_kernel", "_conv3d_fwd_kernel"]
+    assert result["remembered_after"] == 0  # nothing compiled for the stand-in target outlives it
+
+
+def test_the_interpreter_launches_through_run():
+    """Under the interpreter (this suite on CPU) the direct path is off, and says why."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert launch.OFF == "the interpreter runs kernels itself"
+    else:
+        assert launch.OFF is None or "Triton" in launch.OFF
