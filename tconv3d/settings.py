@@ -9,6 +9,8 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
                        eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
                        (stride 1, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
+TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an argument signature, call its
+                       compiled launcher directly instead of Triton's run (kernels/launch.py); 0 always uses run.
 """
 
 import os
@@ -32,3 +34,8 @@ KERNEL_VARIANTS = ("auto", "pointer", "tma", "gluon")
 KERNELS = os.environ.get("TCONV3D_KERNELS", "auto")
 if KERNELS not in KERNEL_VARIANTS:
     raise ValueError(f"TCONV3D_KERNELS must be one of {KERNEL_VARIANTS}, got {KERNELS!r}")
+
+DIRECT_LAUNCH = os.environ.get("TCONV3D_DIRECT_LAUNCH", "1")
+if DIRECT_LAUNCH not in ("0", "1"):
+    raise ValueError(f"TCONV3D_DIRECT_LAUNCH must be 0 or 1, got {DIRECT_LAUNCH!r}")
+DIRECT_LAUNCH = DIRECT_LAUNCH == "1"

@@ -119,3 +119,17 @@ def test_the_interpreter_launches_through_run():
         assert launch.OFF == "the interpreter runs kernels itself"
     else:
         assert launch.OFF is None or "Triton" in launch.OFF
+
+
+def test_the_direct_path_can_be_turned_off():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "from tconv3d.kernels import launch; print(launch.OFF)"
+    for value, expected in (("0", "TCONV3D_DIRECT_LAUNCH=0"), ("1", "None")):
+        result = subprocess.run(
+            [sys.executable, "-c", code], env={**env, "TCONV3D_DIRECT_LAUNCH": value}, capture_output=True, text=True
+        )
+        assert result.stdout.strip().splitlines()[-1] == expected, result.stderr[-2000:]

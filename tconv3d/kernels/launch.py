@@ -36,6 +36,8 @@ def _why_off() -> str | None:
     """Why the direct path is off in this process, or None."""
     if settings.INTERPRET:
         return "the interpreter runs kernels itself"
+    if not settings.DIRECT_LAUNCH:
+        return "TCONV3D_DIRECT_LAUNCH=0"
     try:
         from triton import knobs
         from triton.compiler.compiler import CompiledKernel
