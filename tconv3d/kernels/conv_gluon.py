@@ -50,6 +50,30 @@ if UNAVAILABLE is None:
     _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
     @gluon.jit
+    def _ready_barriers(STAGES: gl.constexpr):
+        """One mbarrier per stage of the ring, each meaning "this stage's boxes landed"."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        return ready
+
+    @gluon.jit
+    def _mma_one_in_flight(a, b, acc):
+        """acc += a @ b by wgmma from shared memory, this group left in flight once the one before has finished:
+        when this returns, the stage the previous step read may be refilled."""
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+        return acc
+
+    @gluon.jit
+    def _drain(acc, ready, STAGES: gl.constexpr):
+        """The last wgmma's result, and the ring's barriers put away."""
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+        return acc
+
+    @gluon.jit
     def _issue_loads(
         src_desc, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
@@ -108,9 +132,7 @@ if UNAVAILABLE is None:
         W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
         W_COLS: gl.constexpr = w_desc.block_type.shape[2]
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
+        ready = _ready_barriers(STAGES)
 
         k_blocks = gl.cdiv(C_RED, BLOCK_K)
         steps = KD * KH * KW * k_blocks
@@ -132,10 +154,7 @@ if UNAVAILABLE is None:
                 b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
             else:
                 b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))  # [BLOCK_K, BLOCK_N]
-            acc = warpgroup_mma(a, b, acc, is_async=True)
-            # One group in flight: the previous step's wgmma is done, so its stage, the one STAGES - 1 steps
-            # ahead, may be refilled while this one runs.
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_loads(
@@ -143,9 +162,7 @@ if UNAVAILABLE is None:
                 n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
                 ahead < steps,
             )  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
+        acc = _drain(acc, ready, STAGES)
 
         if HAS_BIAS:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
@@ -206,9 +223,7 @@ if UNAVAILABLE is None:
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
+        ready = _ready_barriers(STAGES)
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
                 go_desc, x_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
@@ -224,17 +239,14 @@ if UNAVAILABLE is None:
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
             a = a_ring.index(index).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))  # [BLOCK_M, BLOCK_K]
             b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
-            acc = warpgroup_mma(a, b, acc, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            acc = _mma_one_in_flight(a, b, acc)
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_wgrad_loads(
                 go_desc, x_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
                 D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, BOX_H, BOX_W, ahead < steps,
             )  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
+        acc = _drain(acc, ready, STAGES)
 
         offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
