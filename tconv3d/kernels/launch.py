@@ -7,7 +7,9 @@ signature is finer than Triton's specialisation, so it can only split a speciali
 int, float, bool, None and string by value, each tensor by dtype and 16-byte alignment of its address, each TMA
 descriptor by base dtype and alignment, shape, strides, block and layout, every keyword (constexprs and
 options) by value, and the device and Triton's debug and instrumentation settings. Anything else (a type it
-does not know) goes through run every time.
+does not know) goes through run every time, and so does a kernel with pre-run hooks (run calls them). Run's
+check that the kernel's global values have not changed since it compiled is not repeated: tconv3d's kernels
+read no mutable globals.
 
 The direct call leans on Triton internals that 3.6 and 3.9 share (JITFunction.run ends in
 `kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
@@ -111,7 +113,13 @@ def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tupl
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
     signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
-    if OFF is not None or _suspended or not isinstance(kernel, JITFunction) or callable(grid):
+    if (
+        OFF is not None
+        or _suspended
+        or not isinstance(kernel, JITFunction)
+        or callable(grid)
+        or getattr(kernel, "pre_run_hooks", None)
+    ):
         return kernel[grid](*args, **kwargs)
     active = driver.active
     device = active.get_current_device()
