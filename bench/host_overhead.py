@@ -33,7 +33,7 @@ import triton
 import tconv3d
 from bench.run import git_commit
 from tconv3d.geometry import check_conv3d
-from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad, split_k
 from tconv3d.kernels.config import KernelConfig
 
 CL = torch.channels_last_3d
@@ -90,7 +90,7 @@ class _NoLaunch:
 
 KERNELS = (
     (conv_fwd, "_conv3d_fwd_kernel"), (conv_dgrad, "_conv3d_dgrad_kernel"), (conv_wgrad, "_conv3d_wgrad_kernel"),
-    (conv_wgrad, "_sum_splits_kernel"), (conv_tma, "_conv3d_tma_kernel"), (conv_tma, "_conv3d_wgrad_tma_kernel"),
+    (split_k, "_sum_splits_kernel"), (conv_tma, "_conv3d_tma_kernel"), (conv_tma, "_conv3d_wgrad_tma_kernel"),
 )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ import json, torch
 from triton.runtime.jit import JITFunction
 from tconv3d.geometry import check_conv3d
 from tconv3d.inspect.compile import compile_launch, stubbed_launches
-from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad, group_norm, launch
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad, group_norm, launch, split_k
 from tconv3d.kernels.config import KernelConfig
 
 assert launch.OFF is None, launch.OFF
@@ -35,7 +35,7 @@ calls = []  # what each launcher hands launch(): replayed below through both pat
 def capturing(kernel, grid, *args, **kwargs):
     calls.append((kernel, grid, args, kwargs))
     return launch.launch(kernel, grid, *args, **kwargs)
-for module in (conv_fwd, conv_dgrad, conv_wgrad, conv_tma, group_norm):
+for module in (conv_fwd, conv_dgrad, conv_wgrad, conv_tma, group_norm, split_k):
     module.launch = capturing
 
 cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)

@@ -282,7 +282,7 @@ def compile_launch(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int
 ) -> list[KernelReport]:
     """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability>: one report
-    per kernel (the weight gradient with split-K also runs its reduction). Compile errors propagate."""
+    per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate."""
     launches: list = []
     with compile_only(capability, launches):
         launch_on_meta(direction, geom, dtype, config)

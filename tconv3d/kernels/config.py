@@ -4,6 +4,9 @@ a problem gets is chosen above the kernels (tconv3d/tune/)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from dataclasses import asdict, dataclass, fields
 
 from ..geometry import ConvGeometry
@@ -126,3 +129,48 @@ def split_rows(rows: int, split_k: int, block_k: int) -> int:
     """Reduction rows per weight-gradient split: a whole number of BLOCK_K steps, so splits may come out fewer
     than split_k (the launcher's grid and the heuristic's wave count both use this)."""
     return max(1, cdiv(cdiv(rows, split_k), block_k)) * block_k
+
+
+@functools.lru_cache(maxsize=256)
+def live_taps(kernel, stride, front_padding, dilation) -> tuple:
+    """The input gradient's live taps: per stride phase and dimension, the taps that land on whole output voxels,
+    as an arithmetic progression (first, step, count) (the solutions t in [0, k) of (r + pad - t * dil) % stride
+    == 0 are one residue class). ((d, h, w) progressions) per phase, phases ordered (rd, rh, rw), rw fastest."""
+    progressions = []
+    for k, s, p, d in zip(kernel, stride, front_padding, dilation, strict=True):
+        per_residue = []
+        for r in range(s):
+            live = [t for t in range(k) if (r + p - t * d) % s == 0]
+            first = live[0] if live else 0
+            step = live[1] - live[0] if len(live) > 1 else 1
+            assert live == list(range(first, first + step * len(live), step))
+            per_residue.append((first, step, len(live)))
+        progressions.append(per_residue)
+    return tuple(
+        (progressions[0][rd], progressions[1][rh], progressions[2][rw])
+        for rd, rh, rw in itertools.product(*(range(s) for s in stride))
+    )
+
+
+def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) -> int:
+    """BLOCK_K steps of a forward or input-gradient program's reduction (the input gradient's: of the phase with
+    the most live taps), which split_k divides between programs: taps x channel blocks, or (tap, channel) pairs
+    in BLOCK_K steps where the pointer kernels pack them."""
+    if direction == "fwd":
+        taps, channels = geom.taps, geom.group_in_channels
+    elif direction == "dgrad":
+        phases = live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation)
+        taps, channels = max(math.prod(count for _, _, count in phase) for phase in phases), geom.group_out_channels
+    else:
+        raise ValueError(f"the weight gradient splits its voxels, not taps x channels; got {direction!r}")
+    if packs_taps(direction, geom) and not config.tma_box_w:
+        return cdiv(taps * channels, config.block_k)
+    return taps * cdiv(channels, config.block_k)
+
+
+def k_splits(direction: str, geom: ConvGeometry, config: KernelConfig) -> tuple[int, int]:
+    """(steps per split, splits) of a forward or input-gradient launch: config.split_k divides its reduction
+    steps, each split a whole number of them, so there may come out fewer splits than asked for."""
+    steps = reduction_steps(direction, geom, config)
+    per_split = split_rows(steps, config.split_k, 1)
+    return per_split, max(1, cdiv(steps, per_split))

@@ -1,18 +1,18 @@
 """Conv3d input gradient: an implicit-GEMM Triton kernel on NDHWC tensors, split by stride phase, and its launcher."""
 
 import functools
-import itertools
 
 import torch
 import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, packs_taps
+from .config import KernelConfig, k_splits, live_taps, packs_taps
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
 from .launch import launch
+from .split_k import ndhwc_partials, sum_splits
 from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
 
 
@@ -20,12 +20,13 @@ from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma
 def _conv3d_dgrad_kernel(
     # pointers
     go_ptr, w_ptr, gi_ptr, live_taps_ptr,
-    # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on)
-    M_PHASE, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, D_PHASE, H_PHASE, W_PHASE,
-    # strides, in elements, in logical (N, C, D, H, W) order
+    # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on; a split-K
+    # program reduces SPLIT_STEPS of the K steps)
+    M_PHASE, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, D_PHASE, H_PHASE, W_PHASE, SPLIT_STEPS,
+    # strides, in elements, in logical (N, C, D, H, W) order (gi's splits lie stride_is apart)
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
-    stride_in, stride_ic, stride_id, stride_ih, stride_iw,
+    stride_is, stride_in, stride_ic, stride_id, stride_ih, stride_iw,
     # convolution geometry (front padding)
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
@@ -42,12 +43,15 @@ def _conv3d_dgrad_kernel(
     and the dead ones, most of a strided transposed convolution, cost nothing. Per dimension the live taps of a
     phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
     nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step) K runs over
-    (live tap, channel) pairs, as in the forward.
+    (live tap, channel) pairs, as in the forward. Split-K (grid axis 2), as in the forward: program s reduces
+    steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32 gi.
     """
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo
     gi_ptr += group * C_IN * stride_ic
+    split = tl.program_id(2)
+    gi_ptr += split * stride_is
     num_m = tl.cdiv(M_PHASE, BLOCK_M)
     num_n = tl.cdiv(C_IN, BLOCK_N)
     phase = tl.program_id(0) // (num_m * num_n)
@@ -83,7 +87,8 @@ def _conv3d_dgrad_kernel(
     live = count_d * count_h * count_w
     k_blocks = tl.cdiv(C_OUT, BLOCK_K)
     steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
-    for step in range(steps):
+    first = split * SPLIT_STEPS
+    for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few output channels: BLOCK_K (live tap, channel) pairs a step, each with its own tap
             offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = j * C_OUT + channel
             j = offs_r // C_OUT
@@ -132,30 +137,14 @@ def _conv3d_dgrad_kernel(
 
 @functools.lru_cache(maxsize=256)
 def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
-    """Per stride phase and dimension, the taps that land on whole output voxels as an arithmetic progression
-    (first, step, count): the solutions t in [0, k) of (r + pad - t * dil) % stride == 0 are one residue class.
-    Returns int32 [phases, 3 dims, 3], phases ordered (rd, rh, rw) with rw fastest; cached on the device."""
-    progressions = []
-    for k, s, p, d in zip(kernel, stride, front_padding, dilation, strict=True):
-        per_residue = []
-        for r in range(s):
-            live = [t for t in range(k) if (r + p - t * d) % s == 0]
-            first = live[0] if live else 0
-            step = live[1] - live[0] if len(live) > 1 else 1
-            assert live == list(range(first, first + step * len(live), step))
-            per_residue.append((first, step, len(live)))
-        progressions.append(per_residue)
-    table = [
-        [progressions[0][rd], progressions[1][rh], progressions[2][rw]]
-        for rd, rh, rw in itertools.product(*(range(s) for s in stride))
-    ]
-    return torch.tensor(table, dtype=torch.int32, device=device)
+    """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the kernel reads it; cached."""
+    return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
-    """Input gradient of checked arguments with the tiling `config`; the result is channels_last_3d, in
-    grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of the concatenation,
-    which the op splits."""
+    """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
+    channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of
+    the concatenation, which the op splits."""
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
@@ -164,28 +153,37 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
-    if config.gluon:  # stride 1: the tuning layer checked the problem, the device and the tensors
-        return conv3d_gluon(grad_out, weight, None, grad_in, geom, config, input_grad=True)
-    if config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
-        return conv3d_tma(grad_out, weight, None, grad_in, geom, config, input_grad=True)
     if config.direct:  # depthwise
         return depthwise_dgrad(grad_out, weight, grad_in, geom, config)
+    per_split, splits = k_splits("dgrad", geom, config)
+    # One split writes grad_in; several write fp32 partial sums of it, which split_k.sum_splits adds.
+    out = grad_in if splits == 1 else ndhwc_partials(grad_in, splits)
+    if config.gluon:  # stride 1: the tuning layer checked the problem, the device and the tensors
+        conv3d_gluon(grad_out, weight, None, out, geom, config, True, per_split)
+    elif config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
+        conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split)
+    else:
+        _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split)
+    return grad_in if splits == 1 else sum_splits(out, grad_in)
+
+
+def _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split):
     upcast, precision = dot_flags(grad_out.dtype)
-    live_taps = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
+    live = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     c_in, c_out = geom.group_in_channels, geom.group_out_channels
-    grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups)
+    splits = out.shape[0] // geom.batch
+    grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups, splits)
     launch(
         _conv3d_dgrad_kernel, grid,
-        grad_out, weight, grad_in, live_taps,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size,
-        *grad_out.stride(), *weight.stride(), *grad_in.stride(),
+        grad_out, weight, out, live,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, per_split,
+        *grad_out.stride(), *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         PACK_TAPS=packs_taps("dgrad", geom), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return grad_in

@@ -5,11 +5,12 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, packs_taps
+from .config import KernelConfig, k_splits, packs_taps
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
 from .launch import launch
+from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     border_gather,
     cdiv,
@@ -28,13 +29,14 @@ def _conv3d_fwd_kernel(
     # pointers
     x_ptr, w_ptr, bias_ptr, y_ptr,
     # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
-    # elements from x_ptr)
-    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA,
-    # strides, in elements, in logical (N, C, D, H, W) order (p: N, D, H, W; its channels are x's)
+    # elements from x_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, SPLIT_STEPS,
+    # strides, in elements, in logical (N, C, D, H, W) order (p: N, D, H, W; its channels are x's; y's splits
+    # lie stride_ys apart)
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_pn, stride_pd, stride_ph, stride_pw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
-    stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
+    stride_ys, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     # convolution geometry (front padding only: the back padding just sets the output size; PAD_MODE_D/H/W say
     # what each dimension's border reads, geometry.PADDING_MODES[PAD_MODE_*])
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
@@ -52,6 +54,8 @@ def _conv3d_fwd_kernel(
     mask, other modes and a second source along D (HAS_PREFIX) remap each row's load (kernel_utils.border_gather).
     With PACK_TAPS (fewer channels than one MMA step) the loop runs over (tap, channel) pairs instead: the
     Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27 steps 3/16 full.
+    Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
+    y, the bias in split 0's; split_k.sum_splits adds the splits.
     """
     # Zeros borders and one source: a mask suffices and each tap's offset is one constant added to every row.
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
@@ -63,6 +67,8 @@ def _conv3d_fwd_kernel(
     w_ptr += group * C_OUT * stride_wo
     y_ptr += group * C_OUT * stride_yc
     bias_ptr += group * C_OUT
+    split = tl.program_id(2)
+    y_ptr += split * stride_ys
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
@@ -83,7 +89,8 @@ def _conv3d_fwd_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(C_IN, BLOCK_K)
     steps = tl.cdiv(KD * KH * KW * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * KW * k_blocks
-    for step in range(steps):
+    first = split * SPLIT_STEPS
+    for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few channels: BLOCK_K (tap, channel) pairs a step, each with its own tap
             offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = tap * C_IN + channel
             tap = offs_r // C_IN
@@ -143,35 +150,47 @@ def _conv3d_fwd_kernel(
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        bias_cols = tl.where(split == 0, C_OUT, 0)  # split 0's partial carries the bias
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0).to(tl.float32)[None, :]
     y_rows = n * stride_yn + od * stride_yd + oh * stride_yh + ow * stride_yw  # [BLOCK_M]
     y_ptrs = y_ptr + y_rows[:, None] + offs_n[None, :] * stride_yc  # [BLOCK_M, BLOCK_N]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
-    """Forward convolution of checked arguments with the tiling `config`; the output is channels_last_3d."""
+    """Forward convolution of checked arguments with the tiling `config`, split-K included; the output is
+    channels_last_3d."""
     y = empty_ndhwc(geom.output_shape(), like=x)
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
-    if config.gluon:  # the tuning layer checked the problem, the device and the tensors
-        return conv3d_gluon(x, weight, bias, y, geom, config, input_grad=False)
-    if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
-        return conv3d_tma(x, weight, bias, y, geom, config, input_grad=False)
     if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible)
         return depthwise_fwd(x, weight, bias, y, geom, config)
+    per_split, splits = k_splits("fwd", geom, config)
+    # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
+    out = y if splits == 1 else ndhwc_partials(y, splits)
+    if config.gluon:  # the tuning layer checked the problem, the device and the tensors
+        conv3d_gluon(x, weight, bias, out, geom, config, False, per_split)
+    elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
+        conv3d_tma(x, weight, bias, out, geom, config, False, per_split)
+    else:
+        _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split)
+    return y if splits == 1 else sum_splits(out, y)
+
+
+def _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split):
     p_delta, *p_strides = prefix_arguments(frames_before, x)
     upcast, precision = dot_flags(x.dtype)
     rows, c_in, c_out = geom.output_voxels, geom.group_in_channels, geom.group_out_channels
-    grid = (cdiv(rows, config.block_m) * cdiv(c_out, config.block_n), geom.groups)
+    splits = out.shape[0] // geom.batch
+    grid = (cdiv(rows, config.block_m) * cdiv(c_out, config.block_n), geom.groups, splits)
     launch(
         _conv3d_fwd_kernel, grid,
-        x, weight, bias if bias is not None else x, y,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta,
-        *x.stride(), *p_strides, *weight.stride(), *y.stride(),
+        x, weight, bias if bias is not None else x, out,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, per_split,
+        *x.stride(), *p_strides, *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), HAS_PREFIX=frames_before is not None,
@@ -180,4 +199,3 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return y

@@ -47,7 +47,7 @@ else:
     )
 
 if UNAVAILABLE is None:
-    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
     @gluon.jit
     def _ready_barriers(STAGES: gl.constexpr):
@@ -105,9 +105,9 @@ if UNAVAILABLE is None:
     def _conv3d_gluon_kernel(
         # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
         # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
-        # [N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
+        # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
         src_desc, w_desc, dst_desc, bias_ptr,
-        C_RED, C_COLS, D_DST, H_DST, W_DST,
+        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -116,7 +116,9 @@ if UNAVAILABLE is None:
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
         BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
         Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
-        flipped, shift = pad - tap * dil, the weight box as it is."""
+        flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
+        [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
+        in split 0's."""
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
@@ -126,6 +128,7 @@ if UNAVAILABLE is None:
 
         n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
         n0 = gl.program_id(1) * BLOCK_N
+        split = gl.program_id(2)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -135,10 +138,12 @@ if UNAVAILABLE is None:
         ready = _ready_barriers(STAGES)
 
         k_blocks = gl.cdiv(C_RED, BLOCK_K)
-        steps = KD * KH * KW * k_blocks
+        first = split * SPLIT_STEPS
+        steps = gl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks) - first  # this split's
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             _issue_loads(
-                src_desc, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), s, k_blocks, n, d, h0, w0, n0,
+                src_desc, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
+                n, d, h0, w0, n0,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, s < steps,
             )  # fmt: skip
 
@@ -158,21 +163,22 @@ if UNAVAILABLE is None:
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_loads(
-                src_desc, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), ahead, k_blocks,
-                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
+                src_desc, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
                 ahead < steps,
             )  # fmt: skip
         acc = _drain(acc, ready, STAGES)
 
         if HAS_BIAS:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
-            bias = gl.load(bias_ptr + offs_n, mask=offs_n < C_COLS, other=0.0)
+            bias_cols = gl.where(split == 0, C_COLS, 0)  # split 0's partial carries the bias
+            bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
             acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
         # The patch goes out by a TMA store, which drops what lies past the volume's edges.
-        c_smem = gl.allocate_shared_memory(dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
-        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dtype))
+        c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dst_desc, [n, d, h0, w0, n0], c_smem)
+        tma.async_copy_shared_to_global(dst_desc, [split * BATCH + n, d, h0, w0, n0], c_smem)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -263,10 +269,13 @@ def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return GluonDescriptor(t, shape, strides, block, layout)
 
 
-def conv3d_gluon(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
+def conv3d_gluon(
+    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
+) -> None:
     """Run the Gluon kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
-    dst = grad_in). Both tensors are 16-bit with unit-stride channels and TMA-aligned strides; dst is written
-    whole. The tuning layer (tconv3d/tune/) offers this variant only where UNAVAILABLE is None."""
+    dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of
+    `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels and TMA-aligned strides;
+    dst is written whole. The tuning layer (tconv3d/tune/) offers this variant only where UNAVAILABLE is None."""
     descriptors, grid, (reduced, columns) = patch_descriptors(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )
@@ -274,13 +283,12 @@ def conv3d_gluon(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfi
     launch(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst,
-        reduced, columns, d, h, w,
+        reduced, columns, src.shape[0], d, h, w, split_steps,
         *geom.front_padding, *geom.dilation,
         *geom.kernel,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         num_warps=config.num_warps,
     )  # fmt: skip
-    return dst
 
 
 def conv3d_wgrad_gluon(

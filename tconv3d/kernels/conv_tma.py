@@ -29,9 +29,9 @@ def patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
 @triton.jit
 def _conv3d_tma_kernel(
     # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
-    # [Cout, taps, Cin], dst as [N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
+    # [Cout, taps, Cin], dst as [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
     src_desc, w_desc, dst_desc, bias_ptr,
-    C_RED, C_COLS, D_DST, H_DST, W_DST,
+    C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
@@ -44,15 +44,19 @@ def _conv3d_tma_kernel(
     [BLOCK_N, 1, BLOCK_K] of (Cout, taps, Cin) is used transposed. Input gradient at stride 1 (src = grad_out,
     dst = grad_in, red = Cout, col = Cin): a stride-1 convolution with the taps flipped, shift = pad - tap * dil,
     and the weight box [BLOCK_K, 1, BLOCK_N] as it is. Either way each step's source box may lie partly in the
-    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks.
+    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks. Split-K (grid axis
+    2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch
+    entries s * BATCH on), the bias in split 0's.
     """
     BLOCK_M: tl.constexpr = BOX_H * BOX_W
     n, d, h0, w0 = patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
     n0 = tl.program_id(1) * BLOCK_N
+    split = tl.program_id(2)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(C_RED, BLOCK_K)
-    for step in range(KD * KH * KW * k_blocks):
+    first = split * SPLIT_STEPS
+    for step in range(first, tl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks)):
         tap = step // k_blocks
         c0 = (step - tap * k_blocks) * BLOCK_K
         kw = tap % KW
@@ -71,14 +75,16 @@ def _conv3d_tma_kernel(
 
     if HAS_BIAS:
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < C_COLS, other=0.0).to(tl.float32)[None, :]
+        bias_cols = tl.where(split == 0, C_COLS, 0)  # split 0's partial carries the bias
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0).to(tl.float32)[None, :]
     # Stores past the patch's edges are dropped by the TMA unit.
-    dst_desc.store([n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
+    dst_desc.store([split * BATCH + n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
 
 
 def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make):
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src, w,
-    dst) descriptors, the grid (patches, column blocks) and the (reduced, columns) channel counts."""
+    dst) descriptors, the grid (patches, column blocks, splits: dst holds src's batch once per split) and the
+    (reduced, columns) channel counts."""
     box_w = config.tma_box_w
     box_h = config.block_m // box_w
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
@@ -88,14 +94,19 @@ def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig
     src_desc = ndhwc_descriptor(src, (1, 1, box_h, box_w, config.block_k), make)
     dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n), make)
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
-    batch, _, d, h, w = dst.shape
-    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(channels[1], config.block_n))
+    batch = src.shape[0]
+    _, _, d, h, w = dst.shape
+    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(channels[1], config.block_n), dst.shape[0] // batch)
     return (src_desc, w_desc, dst_desc), grid, channels
 
 
-def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool):
+def conv3d_tma(
+    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
+) -> None:
     """Run the TMA kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
-    dst = grad_in). Both tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
+    dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of
+    `split_steps` K steps each. Both tensors have unit-stride channels and TMA-aligned strides; dst is written
+    whole."""
     descriptors, grid, (reduced, columns) = patch_descriptors(
         src, weight, dst, geom, config, input_grad, TensorDescriptor
     )
@@ -106,14 +117,13 @@ def conv3d_tma(src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig,
     launch(
         _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst,
-        reduced, columns, d, h, w,
+        reduced, columns, src.shape[0], d, h, w, split_steps,
         *geom.front_padding, *geom.dilation,
         *geom.kernel,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return dst
 
 
 @triton.jit

@@ -6,11 +6,12 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import SPLIT_SUM_BLOCK, KernelConfig, gemm_view, packs_taps, split_rows
+from .config import KernelConfig, gemm_view, packs_taps, split_rows
 from .conv_depthwise import depthwise_wgrad
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .launch import launch
+from .split_k import sum_splits
 from .utils import (
     border_gather,
     cdiv,
@@ -176,17 +177,6 @@ def _conv3d_wgrad_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
-def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr):
-    """out[i] = sum over s of partial[s, i], always in the order s = 0, 1, ...: deterministic, no atomics."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < NUMEL
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLITS):
-        total += tl.load(partial_ptr + s * NUMEL + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
     The tiling, split-K included, is `config`."""
@@ -210,7 +200,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
     else:
         rows_per_split = split_rows(rows, config.split_k, config.block_k)
         splits = cdiv(rows, rows_per_split)
-    # One split writes the result directly; several write fp32 partial sums that _sum_splits_kernel adds.
+    # One split writes the result directly; several write fp32 partial sums that split_k.sum_splits adds.
     if splits == 1:
         out = grad_w[None]
     else:
@@ -224,8 +214,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
     else:
         _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision)
     if splits > 1:
-        grid = (cdiv(grad_w.numel(), SPLIT_SUM_BLOCK),)
-        launch(_sum_splits_kernel, grid, out, grad_w, grad_w.numel(), splits, BLOCK=SPLIT_SUM_BLOCK)
+        sum_splits(out, grad_w)
     return grad_w_logical
 
 

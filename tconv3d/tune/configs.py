@@ -14,7 +14,16 @@ import triton
 
 from ..geometry import ConvGeometry
 from ..kernels import conv_gluon
-from ..kernels.config import DIRECTIONS, MIN_TILE, GemmView, KernelConfig, gemm_view, packs_taps, split_rows
+from ..kernels.config import (
+    DIRECTIONS,
+    MIN_TILE,
+    GemmView,
+    KernelConfig,
+    gemm_view,
+    packs_taps,
+    reduction_steps,
+    split_rows,
+)
 from ..kernels.utils import cdiv
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -23,6 +32,14 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 MAX_ACC_PER_THREAD = 128
 # Largest fp32 split-K workspace the weight gradient may allocate (splits x Cout x taps x Cin x 4 bytes).
 WGRAD_WORKSPACE_BYTES = 256 * 2**20
+# The forward's and input gradient's (splits x their output x 4 bytes): they split only small grids, and each
+# split's partial is written and read back once, traffic the split must win back.
+SPLIT_WORKSPACE_BYTES = 64 * 2**20
+# Reduction steps (BLOCK_K each) a forward or input-gradient split keeps at least, so its pipeline fills.
+MIN_SPLIT_STEPS = 8
+# Output tiles from which a forward or input gradient fills every GPU without splitting: the tuner does not try
+# splits there.
+SPLIT_TILES_BELOW = 1024
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,7 +167,7 @@ SEARCH_SPACE = {
         num_warps=(4, 8),
         num_stages=(2, 3, 4, 5),
         group_m=(8,),
-        split_k=(1,),
+        split_k=(1, 2, 4, 8, 16),
     ),
     "wgrad": dict(
         block_m=(16, 32, 64, 128, 256),
@@ -183,6 +200,8 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
         workspace = config.split_k * view.rows * view.cols * view.grid_taps * 4 if config.split_k > 1 else 0
         if workspace > WGRAD_WORKSPACE_BYTES:
             return False
+    elif config.split_k > 1 and config.split_k > _max_k_split(direction, geom, config):
+        return False
     element = torch.empty((), dtype=dtype).element_size()
     buffers = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
     if buffers > smem_bytes:
@@ -276,6 +295,27 @@ def _wave_filling_split(
     return best
 
 
+def _max_k_split(direction: str, geom: ConvGeometry, config: KernelConfig) -> int:
+    """The most splits a forward or input gradient may take with `config`'s tiles: none where its tiles fill
+    any GPU (SPLIT_TILES_BELOW), else as many as keep MIN_SPLIT_STEPS steps each and the workspace in bounds."""
+    view = gemm_view(direction, geom)
+    if cdiv(view.rows, config.block_m) * cdiv(view.cols, config.block_n) * view.groups >= SPLIT_TILES_BELOW:
+        return 1
+    by_steps = reduction_steps(direction, geom, config) // MIN_SPLIT_STEPS
+    by_workspace = SPLIT_WORKSPACE_BYTES // max(1, view.rows * view.cols * view.groups * 4)
+    return max(1, min(by_steps, by_workspace))
+
+
+def small_grid_split(direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int) -> int:
+    """Splits of a forward or input gradient whose tiles leave SMs idle (unet_320's forward: 48 programs on
+    132 SMs): enough for about two programs per SM, within _max_k_split. 1 where the tiles alone reach every SM."""
+    view = gemm_view(direction, geom)
+    tiles = cdiv(view.rows, config.block_m) * cdiv(view.cols, config.block_n) * view.groups
+    if tiles >= sm_count:
+        return 1
+    return max(1, min(cdiv(2 * sm_count, tiles), _max_k_split(direction, geom, config)))
+
+
 def direct_eligible(direction: str, geom: ConvGeometry) -> bool:
     """Problems the depthwise direct kernels run: one input channel per group; for the forward and the weight
     gradient with zeros padding and one source (the input gradient's launcher borders other modes first)."""
@@ -362,7 +402,8 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
     # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
     num_warps = 8 if block_m * block_n >= 64 * 128 else 4
     block_k = _pow2_clamp(view.reduction, MIN_TILE, 32 if block_m == 64 and num_warps == 8 else k_cap)
-    return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8)
+    config = KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8)
+    return replace(config, split_k=small_grid_split(direction, geom, config, sm_count))
 
 
 def interpreter_config(direction: str, geom: ConvGeometry) -> KernelConfig:

@@ -1,0 +1,201 @@
+"""Split-K in the forward and input gradient (issue 28: grids that fill the machine): a small-volume layer's
+reduction (taps x channels) divided between programs, each writing an fp32 partial that split_k.sum_splits adds in
+a fixed order. Every case through the pointer and TMA kernels against float64 (bias, strides whose phases have
+different live taps, packed small channels, groups, padding modes), splits that do not divide the steps, more
+splits asked for than there are steps, bitwise determinism; and the heuristic splitting only where the tiles
+leave SMs idle."""
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import CASES, Case, conv_and_reference, leaf_copy
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.kernels import conv_dgrad, conv_fwd, split_k
+from tconv3d.kernels.config import KernelConfig, k_splits, live_taps, reduction_steps
+from tconv3d.testing import rel_l2, tolerance
+from tconv3d.tune import choice, configs
+from tconv3d.tune.shapes import load_shape_set
+
+
+def _round8(c: int) -> int:
+    return -(-c // 8) * 8
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """force(config, kernels="pointer"): every launch runs `config` (as TCONV3D_KERNELS=kernels would make it);
+    returns the list of directions whose launch summed splits."""
+    summed = []
+
+    def force(config: KernelConfig, kernels: str = "pointer"):
+        monkeypatch.setattr(settings, "KERNELS", kernels)
+        monkeypatch.setattr(choice, "_memo", {})
+        monkeypatch.setattr(
+            choice,
+            "_select",
+            lambda direction, geom, dtype, device, run: choice.force_variant(direction, geom, dtype, config, kernels),
+        )
+        for module, name in ((conv_fwd, "fwd"), (conv_dgrad, "dgrad")):
+            monkeypatch.setattr(
+                module, "sum_splits", lambda p, o, name=name: summed.append(name) or split_k.sum_splits(p, o)
+            )
+        return summed
+
+    return force
+
+
+# 16-wide tiles and 16-deep steps, so that even these small problems have several steps to split.
+TILES = KernelConfig(32, 16, 16, 4, 2, group_m=2)
+
+
+def _splits(direction: str, case: Case, config: KernelConfig) -> int:
+    geom = tconv3d.geometry.conv_geometry(
+        (case.batch, case.cin, *case.size), (case.cout, case.cin, *tconv3d.geometry.triple(case.kernel, "kernel")),
+        case.stride, case.padding, case.dilation,
+    )  # fmt: skip
+    return k_splits(direction, geom, config)[1]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_pointer_split_k_matches_float64(case, forced, device):
+    config = dataclasses.replace(TILES, split_k=3)
+    summed = forced(config)
+    ours, expected = conv_and_reference(case, torch.float32, device)
+    for got, want in zip(ours, expected, strict=True):  # output (bias in split 0 only), input, weight, bias grads
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    # Every direction with more than one step split (not 1x1x1 with 9 channels, one step, nor the packed
+    # directions with a few taps of a few channels).
+    assert summed == [d for d in ("fwd", "dgrad") if _splits(d, case, config) > 1]
+
+
+def test_most_cases_split():
+    config = dataclasses.replace(TILES, split_k=3)
+    assert sum(_splits("fwd", case, config) == 3 for case in CASES) >= 10
+    assert sum(_splits("dgrad", case, config) == 3 for case in CASES) >= 8
+
+
+# Dilation, and asymmetric padding (tests/test_tma.py runs the TMA kernel on every case unsplit).
+TMA_CASES = [
+    (dataclasses.replace(case, name=case.name + "_c8", cin=_round8(case.cin), cout=_round8(case.cout)), dtype)
+    for case in CASES
+    for name, dtype in (("dilation2", torch.bfloat16), ("causal_6pad", torch.float32))
+    if case.name == name
+]
+
+
+@pytest.mark.parametrize("case, dtype", TMA_CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_tma_split_k_matches_float64(case, dtype, forced, device):
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    summed = forced(dataclasses.replace(TILES, split_k=3), kernels="tma")
+    ours, expected = conv_and_reference(case, dtype, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(dtype)
+    assert "fwd" in summed and "dgrad" in summed
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(padding=1, padding_mode="replicate"),
+        dict(padding=1, padding_mode="circular", groups=2),
+        dict(padding=(2, 0, 1, 1, 1, 1), frames_before=2),
+    ],
+    ids=["replicate", "circular_groups", "frames_before"],
+)
+def test_split_k_with_borders_groups_and_cached_frames(kwargs, forced, device):
+    kwargs = dict(kwargs)
+    summed = forced(dataclasses.replace(TILES, split_k=4))
+    groups = kwargs.pop("groups", 1)
+    prefix = kwargs.pop("frames_before", 0)
+    x = leaf_copy(torch.randn(2, 8, 4, 5, 6, device=device).contiguous(memory_format=torch.channels_last_3d))
+    w = leaf_copy(torch.randn(6, 8 // groups, 3, 3, 3, device=device) / 12)
+    b = leaf_copy(torch.randn(6, device=device))
+    before = torch.randn(2, 8, prefix, 5, 6, device=device) if prefix else None
+    y = tconv3d.conv3d(x, w, b, groups=groups, frames_before=before, **kwargs)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    x64, w64, b64 = (leaf_copy(t.detach().double()) for t in (x, w, b))
+    source = torch.cat([before.double(), x64], dim=2) if prefix else x64
+    mode = kwargs.get("padding_mode", "zeros")
+    pad = kwargs["padding"]
+    pad = (pad,) * 6 if isinstance(pad, int) else pad
+    # F.pad orders the borders last dimension first.
+    padded = torch.nn.functional.pad(source, (pad[4], pad[5], pad[2], pad[3], pad[0], pad[1]),
+                                     mode="constant" if mode == "zeros" else mode)  # fmt: skip
+    ref = torch.nn.functional.conv3d(padded, w64, b64, groups=groups)
+    ref.backward(grad.double())
+    for got, want in ((y, ref), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert "fwd" in summed and "dgrad" in summed
+
+
+def test_more_splits_than_steps_and_uneven_splits(forced, device):
+    case = Case("few_steps", 1, 16, 5, (3, 4, 5), 3, padding=1)  # 27 steps: a tap of 16 channels each
+    geom = tconv3d.geometry.conv_geometry((1, 16, 3, 4, 5), (5, 16, 3, 3, 3), 1, 1, 1)
+    many = dataclasses.replace(TILES, split_k=64)
+    assert k_splits("fwd", geom, many) == (1, 27)  # one step each: never an empty split
+    assert k_splits("fwd", geom, dataclasses.replace(TILES, split_k=4)) == (7, 4)  # 7 + 7 + 7 + 6
+    summed = forced(many)
+    ours, expected = conv_and_reference(case, torch.float32, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert "fwd" in summed
+
+
+def test_split_k_is_bitwise_deterministic(forced, device):
+    forced(dataclasses.replace(TILES, split_k=3))
+    case = Case("small", 2, 16, 8, (3, 4, 5), 3, padding=1)
+    first, _ = conv_and_reference(case, torch.bfloat16, device)
+    torch.manual_seed(0)
+    second, _ = conv_and_reference(case, torch.bfloat16, device)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation",
+    [((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), ((4, 2, 5), (2, 3, 2), (0, 1, 2), (1, 1, 2)),
+     ((1, 2, 2), (2, 3, 3), (0, 0, 0), (1, 1, 1))],
+)  # fmt: skip
+def test_input_gradient_steps_are_the_busiest_phase(kernel, stride, padding, dilation):
+    """reduction_steps counts the phase with the most live taps: the splits must cover its whole reduction."""
+    geom = tconv3d.geometry.conv_geometry((1, 20, 9, 9, 9), (24, 20, *kernel), stride, padding, dilation)
+    brute = 0
+    for phase in range(stride[0] * stride[1] * stride[2]):
+        residues = (phase // (stride[1] * stride[2]), (phase // stride[2]) % stride[1], phase % stride[2])
+        count = 1
+        for dim, r in enumerate(residues):
+            count *= sum((r + padding[dim] - t * dilation[dim]) % stride[dim] == 0 for t in range(kernel[dim]))
+        brute = max(brute, count)
+    phases = live_taps(tuple(kernel), tuple(stride), tuple(padding), tuple(dilation))
+    assert len(phases) == stride[0] * stride[1] * stride[2]
+    assert reduction_steps("dgrad", geom, TILES) == brute * 2  # 24 output channels: two 16-deep blocks per tap
+
+
+def test_heuristic_splits_only_small_grids():
+    """On 132 SMs: unet_320 (48 tiles of 64x128) splits its forward and input gradient until about two programs
+    per SM, each split keeping at least MIN_SPLIT_STEPS steps; the large layers do not split."""
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    for direction in ("fwd", "dgrad"):
+        small = configs.heuristic_config(direction, shapes["unet_320"].geometry(), torch.bfloat16, 132, 90)
+        assert small.split_k > 1 and small.tma_box_w  # the TMA variant splits too
+        geom = shapes["unet_320"].geometry()
+        per_split, splits = k_splits(direction, geom, small)
+        assert per_split >= configs.MIN_SPLIT_STEPS and 132 <= splits * 48 <= 4 * 132
+        for name in ("wan_dec_384b", "hunyuan_128", "unet_32", "down_s2"):
+            config = configs.heuristic_config(direction, shapes[name].geometry(), torch.bfloat16, 132, 90)
+            assert config.split_k == 1, name
+
+
+def test_tuner_offers_splits_only_where_tiles_are_few():
+    smem = 227 * 1024
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    small = configs.candidates("fwd", shapes["unet_320"].geometry(), torch.bfloat16, smem, tma=True)
+    assert {c.split_k for c in small} == {1, 2, 4, 8, 16}
+    assert {c.split_k for c in small if c.tma_box_w} == {1, 2, 4, 8, 16}
+    large = configs.candidates("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, smem, tma=True)
+    assert {c.split_k for c in large} == {1}
