@@ -13,7 +13,7 @@ from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dty
 
 import tconv3d
 from tconv3d import settings
-from tconv3d.kernels import conv_dgrad, conv_fwd, conv_wgrad
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice
@@ -181,3 +181,43 @@ def test_eligibility_and_box_width():
     assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow, "fwd").tma_box_w == 8
     assert not tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.bfloat16)
     assert tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.float32)
+
+
+def test_row_box_where_rows_fill_it():
+    """The heuristic's box: one row of block_m voxels where the volume's rows fill 90% of their last box (the loop
+    keeps both operands in shared memory), else the 16-wide patch; the tuner's space holds both."""
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.tune import configs
+
+    tiles = KernelConfig(128, 128, 64, 8, 3)
+    full = conv_geometry((1, 64, 4, 8, 256), (64, 64, 3, 3, 3), 1, 1, 1)  # 256 = 2 rows of 128
+    ragged = conv_geometry((1, 64, 4, 8, 104), (64, 64, 3, 3, 3), 1, 1, 1)  # 104 of 128: 81%
+    assert with_tma(tiles, full, "fwd").tma_box_w == 128 and with_tma(tiles, full, "dgrad").tma_box_w == 128
+    assert with_tma(tiles, full, "wgrad").tma_box_w == 64  # the weight gradient's box spans block_k
+    assert with_tma(tiles, ragged, "fwd").tma_box_w == 16 and with_tma(tiles, ragged, "fwd", rows=True).tma_box_w == 128
+    boxes = {c.tma_box_w for c in configs.candidates("fwd", ragged, torch.bfloat16, 227 * 1024, tma=True)}
+    assert {0, 16, 128} <= boxes
+    assert KernelConfig(128, 128, 64, 8, 3, tma_box_w=128).tma_box(128) == (1, 128)
+    with pytest.raises(ValueError, match="does not divide"):
+        KernelConfig(128, 128, 64, 8, 3, tma_box_w=128).tma_box(64)
+
+
+ROW_BOX_CASES = [case for case in TMA_CASES if case.name in ("cin17_c8", "causal_6pad_c8", "wide_cout")]
+
+
+@pytest.mark.parametrize("case", ROW_BOX_CASES, ids=lambda c: c.name)
+def test_row_boxes_match_float64(case, monkeypatch, device):
+    """Boxes one row high (box_h = 1) in all three kernels: rows narrower than the box (W = 7), wider (W = 19: two
+    boxes, the second mostly past the edge), and asymmetric padding, against float64."""
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    rows = KernelConfig(16, 16, 16, 4, 2, tma_box_w=16)  # block_m = block_k = the box: one row of 16 voxels
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", lambda *args: rows)
+    launched = []
+    real = conv_tma.patch_descriptors
+    monkeypatch.setattr(conv_tma, "patch_descriptors", lambda *a: launched.append(a[4].tma_box(16)) or real(*a))
+    ours, expected = conv_and_reference(case, torch.float32, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert launched == [(1, 16), (1, 16)]  # the forward and the input gradient ran one-row boxes

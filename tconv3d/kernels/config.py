@@ -29,8 +29,8 @@ class KernelConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
-    # The TMA variant (stride-1 forward): the width of its output patch in voxels (the patch is block_m / tma_box_w
-    # rows of tma_box_w); 0 is the pointer variant.
+    # The TMA variant (stride 1): the width of its box in voxels (a patch of block_m / tma_box_w rows of tma_box_w
+    # voxels, block_k / tma_box_w for the weight gradient; one row when they are equal); 0 is the pointer variant.
     tma_box_w: int = 0
     # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
     # unused, split_k splits of the weight gradient's voxels.
@@ -41,6 +41,12 @@ class KernelConfig:
     @property
     def variant(self) -> str:
         return "direct" if self.direct else "gluon" if self.gluon else "tma" if self.tma_box_w else "pointer"
+
+    def tma_box(self, voxels: int) -> tuple[int, int]:
+        """(rows, width) of the TMA box over `voxels` (block_m; the weight gradient's block_k)."""
+        if not self.tma_box_w or voxels % self.tma_box_w:
+            raise ValueError(f"tma_box_w {self.tma_box_w} does not divide a box of {voxels} voxels: {self}")
+        return voxels // self.tma_box_w, self.tma_box_w
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -72,8 +78,8 @@ class KernelConfig:
         if config.gluon and (config.block_m < 16 * config.num_warps or config.block_n > 256 or config.num_stages < 2):
             raise ValueError(f"a gluon config needs block_m >= 16 x warps, block_n <= 256, 2+ stages: {config}")
         box = config.tma_box_w
-        if box and (box & (box - 1) or config.block_m % box or config.block_k % box):
-            raise ValueError(f"tma_box_w must be a power of two dividing block_m and block_k, got {config}")
+        if box and (box & (box - 1) or (config.block_m % box and config.block_k % box)):
+            raise ValueError(f"tma_box_w must be a power of two dividing block_m or block_k, got {config}")
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             value = getattr(config, name)
             if value & (value - 1):

@@ -297,8 +297,7 @@ def conv3d_wgrad_gluon(
     """The Gluon weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]), over the TMA weight
     gradient's patches and splits (conv_tma.wgrad_tma_patches): both tensors 16-bit, unit-stride channels,
     TMA-aligned strides."""
-    box_w = config.tma_box_w
-    box_h = config.block_k // box_w
+    box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels

@@ -85,8 +85,7 @@ def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src, w,
     dst) descriptors, the grid (patches, column blocks, splits: dst holds src's batch once per split) and the
     (reduced, columns) channel counts."""
-    box_w = config.tma_box_w
-    box_h = config.block_m // box_w
+    box_h, box_w = config.tma_box(config.block_m)
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
     w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
@@ -110,8 +109,7 @@ def conv3d_tma(
     descriptors, grid, (reduced, columns) = patch_descriptors(
         src, weight, dst, geom, config, input_grad, TensorDescriptor
     )
-    box_w = config.tma_box_w
-    box_h = config.block_m // box_w
+    box_h, box_w = config.tma_box(config.block_m)
     _, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
     launch(
@@ -175,8 +173,7 @@ def _conv3d_wgrad_tma_kernel(
 
 def wgrad_tma_patches(geom: ConvGeometry, config: KernelConfig) -> int:
     """How many output patches the TMA weight gradient reduces over (its split-K runs over these)."""
-    box_w = config.tma_box_w
-    box_h = config.block_k // box_w
+    box_h, box_w = config.tma_box(config.block_k)
     d_out, h_out, w_out = geom.out_size
     return geom.batch * d_out * cdiv(h_out, box_h) * cdiv(w_out, box_w)
 
@@ -186,8 +183,7 @@ def conv3d_wgrad_tma(
 ) -> None:
     """The TMA weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride
     channels and TMA-aligned strides."""
-    box_w = config.tma_box_w
-    box_h = config.block_k // box_w
+    box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m))
     x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n))
     upcast, precision = dot_flags(x.dtype)

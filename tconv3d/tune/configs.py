@@ -226,7 +226,7 @@ def candidates(
     kept = [c for c in configs if keep(direction, c, geom, dtype, smem_bytes)]
     twins = []
     if tma and tma_eligible(direction, geom, dtype):
-        twins += [with_tma(c, geom, direction) for c in kept]
+        twins += list(dict.fromkeys(with_tma(c, geom, direction, rows) for c in kept for rows in (False, True)))
     if gluon and gluon_eligible(direction, geom, dtype):
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
     return kept + twins
@@ -446,12 +446,37 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     return runs and aligned and tuple(geom.stride) == (1, 1, 1) and geom.groups == 1
 
 
-def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
-    """`config`'s tiles for the TMA variant: the block_m rows of output voxels (forward), input-gradient voxels
-    (dgrad) or the block_k reduction voxels (wgrad) become a patch up to 16 voxels wide."""
+# The TMA variant's box is a patch of output rows up to 16 voxels wide, or one row of all block_m voxels (block_k
+# for the weight gradient): a row box lands in shared memory as the 2-D GEMM operand itself, and the compiled loop
+# keeps both operands there (no LDSM; the input gradient's and weight gradient's wgmma then wait at depth 1), where
+# a patch's 5-D box goes through registers (python -m tconv3d.inspect, triton 3.6, wan_dec_384b at 128x128x64).
+# A row box wastes what the volume's rows leave of its last box: the heuristic takes it where they fill 90%.
+ROW_BOX_MIN_FILL = 0.9
+PATCH_BOX_W = 16
+
+
+def tma_box_widths(config: KernelConfig, geom: ConvGeometry, direction: str) -> tuple[int, int]:
+    """(patch width, row width) of `config`'s TMA box: the block_m voxels of output (forward) or input-gradient
+    (dgrad) rows, or the weight gradient's block_k reduction voxels."""
     width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
     voxels = config.block_k if direction == "wgrad" else config.block_m
-    return replace(config, tma_box_w=min(voxels, 16, triton.next_power_of_2(max(width, 1))))
+    return min(voxels, PATCH_BOX_W, triton.next_power_of_2(max(width, 1))), voxels
+
+
+def row_box_fill(config: KernelConfig, geom: ConvGeometry, direction: str) -> float:
+    """The share of a row box's voxels that lie inside the volume's rows."""
+    width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
+    voxels = tma_box_widths(config, geom, direction)[1]
+    return width / (cdiv(width, voxels) * voxels) if width else 0.0
+
+
+def with_tma(config: KernelConfig, geom: ConvGeometry, direction: str, rows: bool | None = None) -> KernelConfig:
+    """`config`'s tiles for the TMA variant: a row box (`rows`), a patch, or (rows=None) the row box where the
+    volume's rows fill it at least ROW_BOX_MIN_FILL, else the patch."""
+    patch, row = tma_box_widths(config, geom, direction)
+    if rows is None:
+        rows = row > patch and row_box_fill(config, geom, direction) >= ROW_BOX_MIN_FILL
+    return replace(config, tma_box_w=row if rows else patch)
 
 
 # The Gluon kernel (kernels/conv_gluon.py) is wgmma code: Hopper only, not sm_100 and later.
@@ -478,7 +503,7 @@ def gluon_takes(config: KernelConfig) -> bool:
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
     """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
     tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit)."""
-    tiled = with_tma(config, geom, direction)
+    tiled = with_tma(config, geom, direction, rows=False)  # the 5-D patch: compile-checked, reshaped in smem
     return replace(tiled, gluon=1, num_stages=max(tiled.num_stages, 2))
 
 
