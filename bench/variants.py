@@ -4,7 +4,8 @@
 
 For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches
 tconv3d's launcher directly with each variant's config, the chosen one (table or heuristic) forced to pointer,
-TMA and Gluon (the Gluon kernel also on the Hopper GEMM tile 128x256x64 with 8 warps), checks each result
+TMA (its choice of box, and both the 16-wide patch and the one-row box) and Gluon (the Gluon kernel also on the
+Hopper GEMM tile 128x256x64 with 8 warps), and split-K against none where the grid leaves SMs idle, checks each result
 against cuDNN in fp32 first (a variant that is wrong is reported as such and not timed), then times it with
 triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors and the bf16 matmul peak
 measured in the same run. It answers the question bench/NOTES.md predicts before a GPU session: how much of
@@ -14,6 +15,7 @@ the matmul peak each variant reaches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -44,6 +46,15 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     found = {"chosen": chosen, "pointer": choice.force_variant(direction, geom, dtype, chosen, "pointer")}
     if configs.tma_eligible(direction, geom, dtype) and configs.compute_capability(device) >= 90:
         found["tma"] = choice.force_variant(direction, geom, dtype, chosen, "tma")
+        # Both TMA boxes on the chosen tiles: the 16-wide patch and the one-row box (bench/NOTES.md predicts them).
+        found["tma_patch"] = configs.with_tma(found["pointer"], geom, direction, rows=False)
+        found["tma_rows"] = configs.with_tma(found["pointer"], geom, direction, rows=True)
+    if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
+        split = configs.small_grid_split(direction, geom, chosen, configs.multiprocessor_count(device))
+        if chosen.split_k > 1:
+            found["unsplit"] = dataclasses.replace(chosen, split_k=1)
+        elif split > 1:
+            found["split_k"] = dataclasses.replace(chosen, split_k=split)
     if gluon_runs and configs.gluon_eligible(direction, geom, dtype):
         found["gluon"] = choice.force_variant(direction, geom, dtype, chosen, "gluon", gluon_runs=True)
         found["gluon_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction)

@@ -207,3 +207,25 @@ def test_variants_table_and_cpu_refusal():
     ]  # fmt: skip
     text = variants.table(rows)
     assert "FAILED: relative L2 error" in text and "300.0" in text and "1.00x" in text
+
+
+def test_variants_offer_both_boxes_and_split_k(monkeypatch):
+    """On an H100 (capability and SM count stubbed) bench.variants times the TMA kernel with both boxes, and
+    split-K against none where the grid leaves SMs idle (unet_320) but not on a large layer."""
+    from bench import variants
+    from tconv3d.tune import choice, configs
+    from tconv3d.tune.shapes import load_shape_set
+
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(
+        choice, "pick_config", lambda d, geom, dtype, device: configs._heuristic_tiles(d, geom, dtype, 132)
+    )
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    cuda = torch.device("cuda")
+    small = variants.variant_configs("fwd", shapes["unet_320"].geometry(), torch.bfloat16, cuda)
+    assert small["chosen"].split_k == 6 and small["unsplit"].split_k == 1
+    assert small["tma_patch"].tma_box_w == 8 and small["tma_rows"].tma_box_w == 64
+    large = variants.variant_configs("dgrad", shapes["hunyuan_128"].geometry(), torch.bfloat16, cuda)
+    assert not {"split_k", "unsplit"} & set(large)
+    assert large["tma_rows"].tma_box_w == 128 and large["tma_patch"].tma_box_w == 16
