@@ -3,9 +3,10 @@ Skipped without CUDA; `python -m pytest tests -m gpu` runs only these."""
 
 import pytest
 import torch
-from helpers import DTYPES, Case, case_reference, conv_and_reference, dtype_id, leaf_copy
+from helpers import DTYPES, Case, TinyUNet, case_reference, conv_and_reference, dtype_id, leaf_copy
 
 import tconv3d
+from tconv3d.kernels.config import k_splits
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, rel_l2
 
 pytestmark = [
@@ -95,8 +96,9 @@ def _stack(cin, hidden, cout):
 
 
 def _largest_split_k_workspace_mb(model, x) -> float:
-    """The one workspace tconv3d allocates: fp32 weight-gradient partial sums, one slice per split-K split (the
-    first H100 run measured the stack 2.5 MiB above cuDNN, within its 4.2 MiB workspace)."""
+    """The one workspace tconv3d allocates: fp32 split-K partial sums, one slice per split (the weight gradient's
+    over the weight; the forward's and input gradient's over their output, where a small grid splits). The
+    first H100 run measured the stack 2.5 MiB above cuDNN, within its 4.2 MiB workspace."""
     geoms = []
     hooks = [
         m.register_forward_hook(
@@ -111,11 +113,16 @@ def _largest_split_k_workspace_mb(model, x) -> float:
         model(x)
     for hook in hooks:
         hook.remove()
-    sizes = [
-        split * g.out_channels * g.taps * g.in_channels * 4
-        for g in geoms
-        if (split := tconv3d.tune.choice.pick_config("wgrad", g, x.dtype, x.device).split_k) > 1
-    ]
+    sizes = []
+    for g in geoms:
+        wgrad = tconv3d.tune.choice.pick_config("wgrad", g, x.dtype, x.device)
+        if wgrad.split_k > 1:
+            sizes.append(wgrad.split_k * g.out_channels * g.taps * g.in_channels * 4)
+        for direction, numel in (("fwd", g.output_voxels * g.out_channels), ("dgrad", g.input_voxels * g.in_channels)):
+            config = tconv3d.tune.choice.pick_config(direction, g, x.dtype, x.device)
+            splits = k_splits(direction, g, config)[1] if not config.direct else 1
+            if splits > 1:
+                sizes.append(splits * numel * 4)
     return max(sizes, default=0) / 2**20
 
 
@@ -142,3 +149,76 @@ def test_peak_memory_not_above_cudnn(name, make_model, input_shape):
     print(f"{name}: peak fwd+bwd memory cuDNN {cudnn_mb:.1f} MiB, tconv3d {tconv3d_mb:.1f} MiB "
           f"(largest weight-grad split-K workspace {workspace_mb:.1f} MiB)")  # fmt: skip
     assert tconv3d_mb <= cudnn_mb * 1.001 + workspace_mb + 1
+
+
+def _small_volume_block():
+    """Two convolutions on an 8^3 volume of 320 channels (unet_320's layer): few enough tiles that the forward and
+    input gradient split their reduction (split-K workspaces from the allocator on every call)."""
+    return torch.nn.Sequential(
+        torch.nn.Conv3d(64, 320, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv3d(320, 320, 3, padding=1)
+    )
+
+
+@pytest.mark.parametrize("make_model", [_small_volume_block, lambda: TinyUNet(channels=3, width=16)],
+                         ids=["small_volume", "tiny_unet"])  # fmt: skip
+def test_cuda_graph_replay_matches_eager(make_model):
+    """Issue 29: a converted model captured in a CUDA graph, forward and backward of a training step, replays
+    with eager's results bit for bit, on new inputs too: no host synchronisation in the launch path, the split-K
+    workspaces from the graph's pool, TMA descriptors valid across replays."""
+    torch.manual_seed(0)
+    model = tconv3d.nn.convert(make_model()).cuda().bfloat16()
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Conv3d))
+    shape = (2, first.in_channels, 8, 8, 8) if first.in_channels == 64 else (1, 3, 8, 16, 16)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(x):
+        y = model(x)
+        grads = torch.autograd.grad(y.float().square().mean(), params)
+        return y, grads
+
+    def fresh():
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+
+    static_x = fresh()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: every kernel compiled and every config chosen before the capture
+        for _ in range(2):
+            step(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y, static_grads = step(static_x)
+    for _ in range(2):
+        x = fresh()
+        static_x.copy_(x)
+        graph.replay()
+        y, grads = step(x)
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, y)
+        assert all(torch.equal(a, b) for a, b in zip(static_grads, grads, strict=True))
+
+
+def test_reduce_overhead_compile_matches_eager():
+    """torch.compile(mode="reduce-overhead") (CUDA graphs under Inductor) of a converted block with split-K
+    layers: the replayed forward equals eager's within bf16 rounding of whatever Inductor fuses around it."""
+    torch.manual_seed(0)
+    model = tconv3d.nn.convert(_small_volume_block()).cuda().bfloat16().eval()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):  # record, then replay
+            x = torch.randn(2, 64, 8, 8, 8, device="cuda", dtype=torch.bfloat16)
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+            assert rel_l2(compiled(x).clone(), model(x)) < TOLERANCE[torch.bfloat16]
+
+
+def test_first_use_tuning_refuses_capture(monkeypatch):
+    """TCONV3D_AUTOTUNE=1 times kernels, which a capture cannot: a key first met inside one raises, naming the
+    way out, instead of failing inside the driver."""
+    monkeypatch.setattr(tconv3d.settings, "AUTOTUNE", True)
+    monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
+    conv = tconv3d.nn.convert(torch.nn.Conv3d(24, 40, 3, padding=1)).cuda()
+    x = torch.randn(1, 24, 5, 7, 9, device="cuda").contiguous(memory_format=torch.channels_last_3d)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capture"), torch.cuda.graph(graph):
+        conv(x)

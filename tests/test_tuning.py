@@ -87,6 +87,7 @@ def fake_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(configs, "compute_capability", lambda device: 80)  # the pointer variant's heuristic
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(tables, "SHIPPED_DIRS", (tmp_path / "shipped",))
     monkeypatch.setattr(settings, "CONFIG_DIR", tmp_path / "configs")
     monkeypatch.setattr(settings, "CACHE_DIR", tmp_path / "cache")
@@ -404,3 +405,14 @@ def test_grouped_keys_carry_groups_and_depthwise_searches_the_direct_kernels():
         assert KernelConfig.from_dict(found[0].to_dict()) == found[0]
     assert {c.split_k for c in candidates("wgrad", depthwise, torch.bfloat16, 227 * 1024)} > {1}
     assert not configs.heuristic_config("fwd", grouped, torch.bfloat16, 132, 90).direct
+
+
+def test_first_use_tuning_refuses_a_capture(fake_gpu, monkeypatch):
+    """Inside a CUDA-graph capture nothing can be timed: a key no table holds raises, naming the way out, and
+    nothing is launched (tests/test_gpu.py does the same under a real capture)."""
+    monkeypatch.setattr(settings, "AUTOTUNE", True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    runs = []
+    with pytest.raises(RuntimeError, match=r"CUDA-graph capture.*python -m tconv3d\.tune"):
+        choice.pick_config("fwd", geometry(), torch.bfloat16, CUDA, run=lambda c: runs.append(c))
+    assert not runs

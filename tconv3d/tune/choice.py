@@ -101,6 +101,12 @@ def _select_with_source(direction, geom, dtype, device, run) -> tuple[KernelConf
     else:
         key = tuning_key(direction, geom, dtype)
         if run is not None and settings.AUTOTUNE and key not in tables.device_table(device):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"tconv3d: no tuned config for {key}, and TCONV3D_AUTOTUNE=1 would time candidates for it now, "
+                    "inside a CUDA-graph capture, where nothing can be timed. Run one eager step before capturing "
+                    "(torch.compile's mode='reduce-overhead' included), or tune ahead with python -m tconv3d.tune."
+                )
             config, source = tuner.tune_on_first_use(key, direction, geom, dtype, device, run), "first-use tuning"
         else:
             name = torch.cuda.get_device_name(device)
