@@ -3,13 +3,13 @@
     python -m bench.variants --cases wan_dec_384b,hunyuan_512 --dtype bf16 --out bench/results/variants.json
 
 For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches
-tconv3d's launcher directly with each variant's config, the chosen one (table or heuristic) forced to pointer,
-TMA (its choice of box, and both the 16-wide patch and the one-row box) and Gluon (the Gluon kernel also on the
-Hopper GEMM tile 128x256x64 with 8 warps), and split-K against none where the grid leaves SMs idle, checks each result
-against cuDNN in fp32 first (a variant that is wrong is reported as such and not timed), then times it with
-triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors and the bf16 matmul peak
-measured in the same run. It answers the question bench/NOTES.md predicts before a GPU session: how much of
-the matmul peak each variant reaches.
+tconv3d's launcher directly with each variant's config: the chosen one (table or heuristic) forced to pointer,
+to TMA (its choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on the Hopper GEMM
+tile 128x256x64 with 8 warps, and both with the warp-specialized TMA producer), and split-K against none where
+the grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is
+reported as such and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN
+on channels_last_3d tensors and the bf16 matmul peak measured in the same run. It answers the question
+bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     if gluon_runs and configs.gluon_eligible(direction, geom, dtype):
         found["gluon"] = choice.force_variant(direction, geom, dtype, chosen, "gluon", gluon_runs=True)
         found["gluon_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction)
+        if direction != "wgrad":  # with the warp-specialized TMA producer
+            found["gluon_ws"] = dataclasses.replace(found["gluon"], gluon=2)
+            found["gluon_ws_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction, specialized=True)
     return found
 
 

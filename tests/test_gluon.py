@@ -85,8 +85,10 @@ def test_gluon_config_field_round_trips_and_is_checked():
     config = KernelConfig(128, 256, 64, 8, 3, tma_box_w=16, gluon=1)
     assert KernelConfig.from_dict(config.to_dict()) == config and config.variant == "gluon"
     assert "gluon" not in KernelConfig(128, 128, 64, 8, 3, tma_box_w=16).to_dict()  # old tables read the same
+    specialized = dataclasses.replace(config, gluon=2)  # the warp-specialized producer
+    assert KernelConfig.from_dict(specialized.to_dict()) == specialized and specialized.variant == "gluon"
     bad = [
-        ({"gluon": 2}, "gluon is 0 or 1"),
+        ({"gluon": 3}, "gluon is 0, 1 or 2"),
         ({"tma_box_w": 0}, "has a TMA box"),
         ({"block_m": 64}, "block_m >= 16 x warps"),  # 8 warps need 128 rows of wgmma atoms
         ({"block_n": 512}, "block_n <= 256"),
@@ -190,7 +192,40 @@ STUB_NARROWER_THAN_LOOP = """
 def test_main_loop_reader():
     """The innermost loop around the MMA: the Gluon one has no shared-memory round trip and one wait at depth 1
     (the epilogue's STSM and final wait, outside it, do not count); the TMA kernel's A goes through registers."""
-    assert main_loop(GOOD_LOOP) == (0, [1])
-    assert main_loop(REGISTER_A_LOOP) == (2, [0, 0])
-    assert main_loop(STUB_NARROWER_THAN_LOOP) == (0, [1])  # the retry stub's jump back is no loop
-    assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [])
+    assert main_loop(GOOD_LOOP) == (0, [1], 1)  # one CTA barrier around the single-thread TMA issue
+    assert main_loop(REGISTER_A_LOOP) == (2, [0, 0], 0)
+    assert main_loop(STUB_NARROWER_THAN_LOOP) == (0, [1], 0)  # the retry stub's jump back is no loop
+    assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [], None)
+
+
+def test_warp_specialized_twins(monkeypatch):
+    """gluon = 2 (a one-warp TMA producer) is a twin of every Gluon forward and input-gradient tile in the tuner's
+    space; the weight gradient has no such kernel and keeps 1; its register limit leaves room for the producer's
+    warpgroup."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    geom = conv_geometry((1, 64, 4, 16, 32), (64, 64, 3, 3, 3), 1, 1, 1)
+    for direction, kinds in (("fwd", {1, 2}), ("dgrad", {1, 2}), ("wgrad", {1})):
+        found = configs.candidates(direction, geom, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
+        assert {c.gluon for c in found if c.gluon} == kinds, direction
+    assert configs.with_gluon(KernelConfig(128, 128, 64, 8, 3), geom, "wgrad", specialized=True).gluon == 1
+    assert conv_gluon.specialized_max_registers(8) == 168 and conv_gluon.specialized_max_registers(4) == 256
+    assert all(conv_gluon.specialized_max_registers(w) * 32 * (w + 4) <= 65536 for w in (4, 8, 16))
+
+
+@pytest.mark.parametrize("index", range(len(TMA_CASES)))
+def test_warp_specialized_gluon_matches_float64(index, monkeypatch, device):
+    """The warp-specialized forward and input gradient (gluon = 2) against float64 on every TMA case, bf16: on an
+    sm_90 GPU with triton 3.6 only (the interpreter cannot run Gluon; the compile is checked on CPU)."""
+    if not gluon_runs(device):
+        pytest.skip("the warp-specialized Gluon kernel runs only on sm_90 with the Triton it is written for")
+    case = TMA_CASES[index]
+
+    def specialized(direction, geom, dtype, device, run):
+        tiles = choice.heuristic_gluon_tiles(configs.heuristic_config(direction, geom, dtype, 132, 90))
+        return configs.with_gluon(tiles, geom, direction, specialized=True)
+
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", specialized)
+    ours, expected = conv_and_reference(case, torch.bfloat16, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)

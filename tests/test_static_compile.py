@@ -219,6 +219,8 @@ if conv_gluon.UNAVAILABLE is None:
                 if shape.name.startswith("wan_"):  # the Hopper GEMM tile, 128 x 256 x 64 on two warpgroups
                     hopper = dataclasses.replace(chosen, block_m=128, block_n=256, block_k=64, num_warps=8)
                     tiles.append(configs.with_gluon(hopper, geom, direction))
+                    if direction != "wgrad":  # and with a warp-specialized TMA producer
+                        tiles.append(configs.with_gluon(hopper, geom, direction, specialized=True))
                 for config in tiles:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
@@ -229,10 +231,10 @@ print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 
 def test_gluon_kernels_compile_to_the_hopper_main_loop():
     """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite (bf16;
-    the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps), for sm_90: TMA loads, wgmma with both
-    operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a single wait
-    at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one the
-    kernel is written for (CI's triton 3.6 step); elsewhere the kernel says it is unavailable."""
+    the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps, also warp-specialized), for sm_90: TMA loads,
+    wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight
+    (a single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton
+    is one the kernel is written for (CI's triton 3.6 step); elsewhere the kernel says it is unavailable."""
     result = compile_script(GLUON_COMPILE)
     if result["unavailable"]:
         assert "Triton" in result["unavailable"] and not result["reports"]
@@ -241,9 +243,10 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     large = {(r["case"].split("_")[0], r["direction"]) for r in reports}
     assert {(family, d) for family in ("wan", "hunyuan", "cogvideo") for d in ("fwd", "dgrad", "wgrad")} <= large
     assert any(r["config"]["block_n"] == 256 and r["config"]["num_warps"] == 8 for r in reports)
+    assert {r["direction"] for r in reports if r["config"]["gluon"] == 2} == {"fwd", "dgrad"}
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"
-        assert r["config"]["gluon"] == 1, name
+        assert r["config"]["gluon"] in (1, 2), name
         assert r["mma_kind"] == "HGMMA" and any(load.startswith("UTMALDG") for load in r["loads"]), name
         assert r["loop_smem_ops"] == 0 and r["loop_wgmma_waits"] == [1], (
             name,

@@ -71,6 +71,7 @@ def _job_record(job) -> dict:
         waves=round(main.waves(arch), 3),
         loop_smem_ops=main.loop_smem_ops,
         loop_wgmma_waits=main.loop_wgmma_waits,
+        loop_barriers=main.loop_barriers,
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
     )
@@ -115,16 +116,19 @@ def run(jobs: list[tuple], workers: int) -> list[dict]:
 
 def _config_text(config: dict) -> str:
     text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
-    variant = "gluon" if config.get("gluon") else "tma" if config.get("tma_box_w") else ""
+    gluon = config.get("gluon")
+    variant = "gluon-ws" if gluon == 2 else "gluon" if gluon else "tma" if config.get("tma_box_w") else ""
     return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "") + (f" {variant}" if variant else "")
 
 
 def _loop_text(record: dict) -> str:
-    """The main loop in short: shared-memory round trips, then each wgmma wait's depth ('smem 0, wait 1')."""
+    """The main loop in short: shared-memory round trips, each wgmma wait's depth, CTA-wide barriers ('smem 0,
+    wait 1, bar 4')."""
     if record.get("loop_smem_ops") is None:
         return "-"
     waits = record["loop_wgmma_waits"]
-    return f"smem {record['loop_smem_ops']}, wait " + (",".join(str(w) for w in waits) if waits else "-")
+    text = f"smem {record['loop_smem_ops']}, wait " + (",".join(str(w) for w in waits) if waits else "-")
+    return text + (f", bar {record['loop_barriers']}" if record.get("loop_barriers") is not None else "")
 
 
 def table(records: list[dict]) -> str:

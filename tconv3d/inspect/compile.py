@@ -87,6 +87,7 @@ class KernelReport:
     # waiting for the one before it.
     loop_smem_ops: int | None = None
     loop_wgmma_waits: list[int] = field(default_factory=list)
+    loop_barriers: int | None = None  # CTA-wide BAR.SYNC in the main loop
     compile_s: float = 0.0
 
     @property
@@ -220,7 +221,7 @@ def read_cubin(cubin: bytes) -> dict:
     stack = re.search(r"STACK:(\d+)", usage)
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
-    smem_ops, waits = main_loop(sass)
+    smem_ops, waits, barriers = main_loop(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
@@ -229,17 +230,19 @@ def read_cubin(cubin: bytes) -> dict:
         "local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
         "loop_smem_ops": smem_ops,
         "loop_wgmma_waits": waits,
+        "loop_barriers": barriers,
     }
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def main_loop(sass: str) -> tuple[int | None, list[int]]:
-    """(shared-memory ops, wgmma wait depths) of the main loop: the innermost span of a predicated backward
-    branch (`@P0 BRA` to a lower address: the loop's back edge) around an HGMMA/HMMA. An unconditional jump back
-    (the mbarrier retry stub returning into the loop) marks no loop; it is taken only where nothing else holds an
-    MMA. (None, []) when no loop holds one."""
+def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
+    """(shared-memory ops, wgmma wait depths, CTA-wide barriers) of the main loop: the innermost span of a
+    predicated backward branch (`@P0 BRA` to a lower address: the loop's back edge) around an HGMMA/HMMA. An
+    unconditional jump back (the mbarrier retry stub returning into the loop) marks no loop; it is taken only where
+    nothing else holds an MMA. (None, [], None) when no loop holds one. A warp-specialized loop synchronises by
+    mbarriers alone: no BAR.SYNC."""
     lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
     spans = []
     for address, text in lines:
@@ -249,12 +252,13 @@ def main_loop(sass: str) -> tuple[int | None, list[int]]:
             if any(start <= a <= address and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines):
                 spans.append((branch.group(1) is None, address - start, start, address))
     if not spans:
-        return None, []
+        return None, [], None
     _, _, start, end = min(spans)  # predicated first, then the innermost
     body = [t for a, t in lines if start <= a <= end]
     smem_ops = sum(bool(re.search(r"\b(?:LDS|LDSM|STS|STSM)(?:\.|\s|$)", t)) for t in body)
     waits = [int(m.group(1), 16) for t in body if (m := re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)", t))]
-    return smem_ops, waits
+    barriers = sum(bool(re.search(r"\bBAR\.SYNC\b", t)) for t in body)
+    return smem_ops, waits, barriers
 
 
 def _meta(shape, dtype) -> torch.Tensor:

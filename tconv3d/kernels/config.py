@@ -35,7 +35,8 @@ class KernelConfig:
     # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
     # unused, split_k splits of the weight gradient's voxels.
     direct: int = 0
-    # 1: the Gluon kernel (conv_gluon.py, sm_90) on the TMA variant's patch, num_stages its ring depth.
+    # 1: the Gluon kernel (conv_gluon.py, sm_90) on the TMA variant's patch, num_stages its ring depth; 2: the same
+    # with a warp-specialized one-warp TMA producer (forward and input gradient; the weight gradient runs 1's).
     gluon: int = 0
 
     @property
@@ -73,8 +74,8 @@ class KernelConfig:
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
         if config.direct > 1 or (config.direct and config.tma_box_w):
             raise ValueError(f"direct is 0 or 1, and a direct config has no TMA box: {config}")
-        if config.gluon > 1 or (config.gluon and not config.tma_box_w):
-            raise ValueError(f"gluon is 0 or 1, and a gluon config has a TMA box (tma_box_w): {config}")
+        if config.gluon > 2 or (config.gluon and not config.tma_box_w):
+            raise ValueError(f"gluon is 0, 1 or 2, and a gluon config has a TMA box (tma_box_w): {config}")
         if config.gluon and (config.block_m < 16 * config.num_warps or config.block_n > 256 or config.num_stages < 2):
             raise ValueError(f"a gluon config needs block_m >= 16 x warps, block_n <= 256, 2+ stages: {config}")
         box = config.tma_box_w

@@ -46,12 +46,26 @@ else:
         else f"the Gluon kernels are written for Triton {', '.join(GLUON_TRITON)}, not {triton.__version__}"
     )
 
+# Registers a thread of the warp-specialized kernel's one-warp TMA producer keeps (it holds a few scalars), and the
+# most any thread may take so that the kernel's warps plus the producer's warpgroup fit an SM's 64K registers.
+PRODUCER_REGS = 40
+
+
+def specialized_max_registers(num_warps: int) -> int:
+    """maxnreg of a warp-specialized launch: registers are handed out per warpgroup, so the producer's one warp
+    costs a whole warpgroup of 4 warps."""
+    return min(256, 65536 // (32 * (num_warps + 4))) // 8 * 8
+
+
 if UNAVAILABLE is None:
     _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
+    _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+
     @gluon.jit
-    def _ready_barriers(STAGES: gl.constexpr):
-        """One mbarrier per stage of the ring, each meaning "this stage's boxes landed"."""
+    def _stage_barriers(STAGES: gl.constexpr):
+        """One mbarrier per stage of the ring: "this stage's boxes landed" (or, for a warp-specialized producer,
+        "this stage was read")."""
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
@@ -102,54 +116,22 @@ if UNAVAILABLE is None:
             tma.async_copy_global_to_shared(w_desc, [n0, tap, c0], bar, b_buf, pred)
 
     @gluon.jit
-    def _conv3d_gluon_kernel(
-        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
-        # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
-        # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-        src_desc, w_desc, dst_desc, bias_ptr,
-        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+    def _pipelined_steps(
+        src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
-        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
-        """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
-        patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
-        BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
-        Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
-        flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
-        [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
-        in split 0's."""
-        BOX_H: gl.constexpr = src_desc.block_type.shape[2]
-        BOX_W: gl.constexpr = src_desc.block_type.shape[3]
-        BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
-        BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
-        BLOCK_M: gl.constexpr = BOX_H * BOX_W
-        dtype: gl.constexpr = src_desc.dtype
-
-        n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
-        n0 = gl.program_id(1) * BLOCK_N
-        split = gl.program_id(2)
-
-        # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
-        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
-        W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
-        W_COLS: gl.constexpr = w_desc.block_type.shape[2]
-        b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
-        ready = _ready_barriers(STAGES)
-
-        k_blocks = gl.cdiv(C_RED, BLOCK_K)
-        first = split * SPLIT_STEPS
-        steps = gl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks) - first  # this split's
+        """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
+        a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
+        finished group read. Returns the accumulator, the ring's barriers put away."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             _issue_loads(
                 src_desc, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
-                n, d, h0, w0, n0,
-                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, s < steps,
+                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, s < steps,
             )  # fmt: skip
-
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
-        )
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
@@ -167,7 +149,128 @@ if UNAVAILABLE is None:
                 k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
                 ahead < steps,
             )  # fmt: skip
-        acc = _drain(acc, ready, STAGES)
+        return _drain(acc, ready, STAGES)
+
+    @gluon.jit
+    def _specialized_steps(
+        src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
+    ):  # fmt: skip
+        """The K loop warp-specialized: a one-warp producer (_load_steps, PRODUCER_REGS registers a thread) fills
+        the ring while the kernel's warps wait and wgmma (_mma_steps); a second ring of mbarriers says which
+        stages the wgmma has finished with. Returns the accumulator, both rings' barriers put away."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        empty = _stage_barriers(STAGES)  # "this stage's boxes were read": the producer may refill it
+        results = gl.warp_specialize(
+            [
+                (_mma_steps, (a_ring, b_ring, ready, empty, steps, INPUT_GRAD, mma_layout)),
+                (_load_steps, (src_desc, w_desc, a_ring, b_ring, ready, empty, first, steps, k_blocks, n, d, h0, w0,
+                               n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD)),
+            ],
+            [1],
+            [_PRODUCER_REGS],
+        )  # fmt: skip
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(empty.index(s))
+            mbarrier.invalidate(ready.index(s))
+        return results[0]
+
+    @gluon.jit
+    def _mma_steps(a_ring, b_ring, ready, empty, steps, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr):
+        """The warp-specialized kernel's default partition: wait for each step's stage, wgmma it from shared
+        memory with one group in flight, and hand the stage the previous group read back to the producer.
+        Returns (the accumulator,)."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for step in range(steps):
+            index = step % STAGES
+            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
+            a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
+            if INPUT_GRAD:
+                b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])
+            else:
+                b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+            acc = _mma_one_in_flight(a, b, acc)
+            # The previous step's group has finished: its stage may be refilled.
+            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1, pred=step > 0)
+        return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)  # a partition returns a tuple
+
+    @gluon.jit
+    def _load_steps(
+        src_desc, w_desc, a_ring, b_ring, ready, empty, first, steps, k_blocks, n, d, h0, w0, n0,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr,
+    ):  # fmt: skip
+        """The warp-specialized kernel's producer, one warp: as soon as a stage is free (its mbarrier in `empty`;
+        all are free at first), load the next step's two boxes into it. It runs up to STAGES steps ahead of the
+        wgmma, with nothing else in its loop."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        for step in range(steps):
+            index = step % STAGES
+            mbarrier.wait(empty.index(index), ((step // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
+            _issue_loads(
+                src_desc, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step, k_blocks,
+                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, True,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _conv3d_gluon_kernel(
+        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+        # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
+        # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
+        src_desc, w_desc, dst_desc, bias_ptr,
+        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
+        patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
+        BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
+        Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
+        flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
+        [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
+        in split 0's. WARP_SPECIALIZE: one extra warp issues every TMA load (_load_steps) while the kernel's warps
+        only wait and wgmma (_mma_steps), the stages handed back and forth by two mbarrier rings."""
+        BOX_H: gl.constexpr = src_desc.block_type.shape[2]
+        BOX_W: gl.constexpr = src_desc.block_type.shape[3]
+        BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
+        BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
+        BLOCK_M: gl.constexpr = BOX_H * BOX_W
+        dtype: gl.constexpr = src_desc.dtype
+
+        n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
+        n0 = gl.program_id(1) * BLOCK_N
+        split = gl.program_id(2)
+
+        # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
+        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
+        W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
+        W_COLS: gl.constexpr = w_desc.block_type.shape[2]
+        b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
+        ready = _stage_barriers(STAGES)
+
+        k_blocks = gl.cdiv(C_RED, BLOCK_K)
+        first = split * SPLIT_STEPS
+        steps = gl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks) - first  # this split's
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
+        )
+        if WARP_SPECIALIZE:
+            acc = _specialized_steps(
+                src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, mma_layout,
+            )  # fmt: skip
+        else:
+            acc = _pipelined_steps(
+                src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, mma_layout,
+            )  # fmt: skip
 
         if HAS_BIAS:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
@@ -229,7 +332,7 @@ if UNAVAILABLE is None:
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
-        ready = _ready_barriers(STAGES)
+        ready = _stage_barriers(STAGES)
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
                 go_desc, x_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
@@ -269,6 +372,12 @@ def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return GluonDescriptor(t, shape, strides, block, layout)
 
 
+def _register_limit(config: KernelConfig) -> dict:
+    """The launch's maxnreg where the kernel is warp-specialized (gluon = 2); without it the compiler assumes 256
+    a thread, more than an SM holds for 8 warps plus the producer's warpgroup."""
+    return {"maxnreg": specialized_max_registers(config.num_warps)} if config.gluon == 2 else {}
+
+
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
@@ -287,7 +396,7 @@ def conv3d_gluon(
         *geom.front_padding, *geom.dilation,
         *geom.kernel,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
-        num_warps=config.num_warps,
+        WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps, **_register_limit(config),
     )  # fmt: skip
 
 

@@ -228,7 +228,8 @@ def candidates(
     if tma and tma_eligible(direction, geom, dtype):
         twins += list(dict.fromkeys(with_tma(c, geom, direction, rows) for c in kept for rows in (False, True)))
     if gluon and gluon_eligible(direction, geom, dtype):
-        twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
+        kinds = (False, True) if direction != "wgrad" else (False,)
+        twins += [with_gluon(c, geom, direction, specialized) for c in kept if gluon_takes(c) for specialized in kinds]
     return kept + twins
 
 
@@ -500,11 +501,13 @@ def gluon_takes(config: KernelConfig) -> bool:
     return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
 
 
-def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig:
+def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
     """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
-    tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit)."""
+    tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit); `specialized`: with a
+    warp-specialized TMA producer (gluon = 2), which the weight gradient does not have."""
     tiled = with_tma(config, geom, direction, rows=False)  # the 5-D patch: compile-checked, reshaped in smem
-    return replace(tiled, gluon=1, num_stages=max(tiled.num_stages, 2))
+    kind = 2 if specialized and direction != "wgrad" else 1
+    return replace(tiled, gluon=kind, num_stages=max(tiled.num_stages, 2))
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
