@@ -208,6 +208,11 @@ def test_warp_specialized_twins(monkeypatch):
         found = configs.candidates(direction, geom, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
         assert {c.gluon for c in found if c.gluon} == kinds, direction
     assert configs.with_gluon(KernelConfig(128, 128, 64, 8, 3), geom, "wgrad", specialized=True).gluon == 1
+    # Its epilogue tile sits beside the ring: 4 stages of 128x256x64 bf16 (192 KB) and the tile (64 KB) do not fit.
+    wide = conv_geometry((1, 256, 4, 16, 32), (256, 256, 3, 3, 3), 1, 1, 1)
+    found = configs.candidates("fwd", wide, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
+    big = [c for c in found if c.gluon and (c.block_m, c.block_n, c.block_k) == (128, 256, 64)]
+    assert {c.num_stages for c in big if c.gluon == 1} > {c.num_stages for c in big if c.gluon == 2} >= {2, 3}
     assert conv_gluon.specialized_max_registers(8) == 168 and conv_gluon.specialized_max_registers(4) == 256
     assert all(conv_gluon.specialized_max_registers(w) * 32 * (w + 4) <= 65536 for w in (4, 8, 16))
 

@@ -219,8 +219,9 @@ if conv_gluon.UNAVAILABLE is None:
                 if shape.name.startswith("wan_"):  # the Hopper GEMM tile, 128 x 256 x 64 on two warpgroups
                     hopper = dataclasses.replace(chosen, block_m=128, block_n=256, block_k=64, num_warps=8)
                     tiles.append(configs.with_gluon(hopper, geom, direction))
-                    if direction != "wgrad":  # and with a warp-specialized TMA producer
-                        tiles.append(configs.with_gluon(hopper, geom, direction, specialized=True))
+                    if direction != "wgrad":  # and persistent, warp-specialized (3 stages beside its epilogue tile)
+                        ws = dataclasses.replace(hopper, num_stages=3)
+                        tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
                 for config in tiles:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),

@@ -7,10 +7,14 @@ guarded by one mbarrier per stage, the 5-D box is reshaped to the 2-D GEMM opera
 copy), wgmma reads both operands from there asynchronously with one group in flight, and the epilogue adds the
 bias and writes the patch back with a TMA store. Per K step the main loop should compile to: an mbarrier wait
 (SYNCS.PHASECHK), the HGMMAs of one BLOCK_K slice with both operands in shared memory, one WARPGROUP.DEPBAR.LE
-gsb0, 0x1, and the next stage's two UTMALDG; no LDS/LDSM/STS. `python -m tconv3d.inspect` checks that.
+gsb0, 0x1, and the next stage's two UTMALDG; no LDS/LDSM/STS. `python -m tconv3d.inspect` checks that. The
+forward and input gradient also come persistent and warp-specialized (WARP_SPECIALIZE, config gluon = 2): a
+one-warp producer issues the loads, the kernel's warps only wait, wgmma and store, one program per SM.
 
 Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
 imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
+
+import math
 
 import torch
 import triton
@@ -152,70 +156,98 @@ if UNAVAILABLE is None:
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
-    def _specialized_steps(
-        src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
-        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
-    ):  # fmt: skip
-        """The K loop warp-specialized: a one-warp producer (_load_steps, PRODUCER_REGS registers a thread) fills
-        the ring while the kernel's warps wait and wgmma (_mma_steps); a second ring of mbarriers says which
-        stages the wgmma has finished with. Returns the accumulator, both rings' barriers put away."""
-        STAGES: gl.constexpr = a_ring.type.shape[0]
-        empty = _stage_barriers(STAGES)  # "this stage's boxes were read": the producer may refill it
-        results = gl.warp_specialize(
-            [
-                (_mma_steps, (a_ring, b_ring, ready, empty, steps, INPUT_GRAD, mma_layout)),
-                (_load_steps, (src_desc, w_desc, a_ring, b_ring, ready, empty, first, steps, k_blocks, n, d, h0, w0,
-                               n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD)),
-            ],
-            [1],
-            [_PRODUCER_REGS],
-        )  # fmt: skip
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(empty.index(s))
-            mbarrier.invalidate(ready.index(s))
-        return results[0]
+    def _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
+                     BLOCK_N: gl.constexpr):  # fmt: skip
+        """A persistent program's tile `tile` -> (n, d, h0, w0, first column, split): the column blocks of one
+        patch are neighbours (they read the same input boxes, from L2), then the patches, then the splits."""
+        num_cols = gl.cdiv(C_COLS, BLOCK_N)
+        patches = BATCH * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+        rest = tile // num_cols
+        n, d, h0, w0 = patch_origin(rest % patches, D_DST, H_DST, W_DST, BOX_H, BOX_W)
+        return n, d, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
 
     @gluon.jit
-    def _mma_steps(a_ring, b_ring, ready, empty, steps, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr):
-        """The warp-specialized kernel's default partition: wait for each step's stage, wgmma it from shared
-        memory with one group in flight, and hand the stage the previous group read back to the producer.
-        Returns (the accumulator,)."""
+    def _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS,
+                    HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
+        """The epilogue of one tile: the bias (split 0's partial carries it), then a TMA store of the patch, which
+        drops what lies past the volume's edges. The store is left in flight: wait before reusing c_smem."""
+        BLOCK_N: gl.constexpr = c_smem.type.shape[4]
+        BLOCK_M: gl.constexpr = c_smem.type.shape[2] * c_smem.type.shape[3]
+        if HAS_BIAS:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+            bias_cols = gl.where(split == 0, C_COLS, 0)
+            bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
+            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dst_desc, [split * BATCH + n, d, h0, w0, n0], c_smem)
+
+    @gluon.jit
+    def _mma_tiles(
+        a_ring, b_ring, ready, empty, c_smem, dst_desc, bias_ptr, tiles, total_steps,
+        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
+    ):  # fmt: skip
+        """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
+        step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
+        read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
-        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BOX_H: gl.constexpr = a_ring.type.shape[3]
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_M: gl.constexpr = BOX_H * BOX_W
+        BLOCK_N: gl.constexpr = c_smem.type.shape[4]
+        it = 0  # steps consumed over all this program's tiles: the ring's position and phase
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+            first = split * SPLIT_STEPS
+            steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+            for step in range(steps):
+                index = it % STAGES
+                mbarrier.wait(ready.index(index), (it // STAGES) & 1)
+                a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
+                if INPUT_GRAD:
+                    b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])
+                else:
+                    b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+                acc = _mma_one_in_flight(a, b, acc)
+                # The previous step's group has finished: its stage may be refilled.
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
+                it += 1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=steps > 0)  # the tile's last
+            tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
+            _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS, HAS_BIAS, mma_layout)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _load_tiles(
+        src_desc, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KH: gl.constexpr, KW: gl.constexpr, INPUT_GRAD: gl.constexpr,
+    ):  # fmt: skip
+        """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
+        as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
+        running up to STAGES steps ahead of the wgmma and on into the next tile during the epilogue."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BOX_H: gl.constexpr = a_ring.type.shape[3]
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        for step in range(steps):
-            index = step % STAGES
-            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
-            if INPUT_GRAD:
-                b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])
-            else:
-                b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
-            acc = _mma_one_in_flight(a, b, acc)
-            # The previous step's group has finished: its stage may be refilled.
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1, pred=step > 0)
-        return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)  # a partition returns a tuple
-
-    @gluon.jit
-    def _load_steps(
-        src_desc, w_desc, a_ring, b_ring, ready, empty, first, steps, k_blocks, n, d, h0, w0, n0,
-        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr,
-    ):  # fmt: skip
-        """The warp-specialized kernel's producer, one warp: as soon as a stage is free (its mbarrier in `empty`;
-        all are free at first), load the next step's two boxes into it. It runs up to STAGES steps ahead of the
-        wgmma, with nothing else in its loop."""
-        STAGES: gl.constexpr = a_ring.type.shape[0]
-        for step in range(steps):
-            index = step % STAGES
-            mbarrier.wait(empty.index(index), ((step // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
-            _issue_loads(
-                src_desc, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step, k_blocks,
-                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, True,
-            )  # fmt: skip
+        it = 0
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+            first = split * SPLIT_STEPS
+            for step in range(gl.minimum(first + SPLIT_STEPS, total_steps) - first):
+                index = it % STAGES
+                mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
+                _issue_loads(
+                    src_desc, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
+                    k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K,
+                    INPUT_GRAD, True,
+                )  # fmt: skip
+                it += 1
 
     @gluon.jit
     def _conv3d_gluon_kernel(
@@ -235,18 +267,15 @@ if UNAVAILABLE is None:
         Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
         flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
         [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
-        in split 0's. WARP_SPECIALIZE: one extra warp issues every TMA load (_load_steps) while the kernel's warps
-        only wait and wgmma (_mma_steps), the stages handed back and forth by two mbarrier rings."""
+        in split 0's. WARP_SPECIALIZE: persistent and warp-specialized, each program walking tiles (patch, column
+        block, split) num_programs apart; one extra warp issues every TMA load (_load_tiles) while the kernel's
+        warps only wait, wgmma and store (_mma_tiles), the stages handed back and forth by two mbarrier rings.
+        The producer runs on into the next tile while the consumers store the last one."""
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
-        BLOCK_M: gl.constexpr = BOX_H * BOX_W
         dtype: gl.constexpr = src_desc.dtype
-
-        n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
-        n0 = gl.program_id(1) * BLOCK_N
-        split = gl.program_id(2)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -254,35 +283,46 @@ if UNAVAILABLE is None:
         W_COLS: gl.constexpr = w_desc.block_type.shape[2]
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
         ready = _stage_barriers(STAGES)
-
-        k_blocks = gl.cdiv(C_RED, BLOCK_K)
-        first = split * SPLIT_STEPS
-        steps = gl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks) - first  # this split's
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
-        if WARP_SPECIALIZE:
-            acc = _specialized_steps(
-                src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
-                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, mma_layout,
+        k_blocks = gl.cdiv(C_RED, BLOCK_K)
+        total_steps = KD * KH * KW * k_blocks
+
+        if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
+            patches = BATCH * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+            tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * gl.cdiv(total_steps, SPLIT_STEPS)
+            empty = _stage_barriers(STAGES)  # "this stage was read": the producer may refill it
+            # The epilogue's buffer lives beside the ring: the next tile's loads land while the last one stores.
+            c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+            gl.warp_specialize(
+                [
+                    (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_desc, bias_ptr, tiles, total_steps,
+                                  C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, INPUT_GRAD, HAS_BIAS, mma_layout)),
+                    (_load_tiles, (src_desc, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+                                   C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
+                                   DIL_D, DIL_H, DIL_W, KH, KW, INPUT_GRAD)),
+                ],
+                [1],
+                [_PRODUCER_REGS],
             )  # fmt: skip
-        else:
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(empty.index(s))
+                mbarrier.invalidate(ready.index(s))
+        else:  # one tile per program: (patch, column block, split) = program_id(0, 1, 2)
+            n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
+            n0 = gl.program_id(1) * BLOCK_N
+            split = gl.program_id(2)
+            first = split * SPLIT_STEPS
+            steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first  # this split's
             acc = _pipelined_steps(
                 src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, mma_layout,
             )  # fmt: skip
-
-        if HAS_BIAS:
-            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
-            bias_cols = gl.where(split == 0, C_COLS, 0)  # split 0's partial carries the bias
-            bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
-            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-        # The patch goes out by a TMA store, which drops what lies past the volume's edges.
-        c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
-        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(dst_desc, [split * BATCH + n, d, h0, w0, n0], c_smem)
-        tma.store_wait(pendings=0)
+            # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
+            c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+            _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS, HAS_BIAS, mma_layout)
+            tma.store_wait(pendings=0)
 
     @gluon.jit
     def _issue_wgrad_loads(
@@ -372,6 +412,17 @@ def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return GluonDescriptor(t, shape, strides, block, layout)
 
 
+# SMs of the GPU a persistent grid is sized for where the launch has no CUDA device (compiling on meta tensors):
+# an H100 SXM's.
+DEFAULT_MULTIPROCESSORS = 132
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_MULTIPROCESSORS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _register_limit(config: KernelConfig) -> dict:
     """The launch's maxnreg where the kernel is warp-specialized (gluon = 2); without it the compiler assumes 256
     a thread, more than an SM holds for 8 warps plus the producer's warpgroup."""
@@ -389,6 +440,8 @@ def conv3d_gluon(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )
     _, _, d, h, w = dst.shape
+    if config.gluon == 2:  # persistent: one program per SM walks the tiles
+        grid = (min(math.prod(grid), _multiprocessors(dst.device)),)
     launch(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst,

@@ -228,8 +228,10 @@ def candidates(
     if tma and tma_eligible(direction, geom, dtype):
         twins += list(dict.fromkeys(with_tma(c, geom, direction, rows) for c in kept for rows in (False, True)))
     if gluon and gluon_eligible(direction, geom, dtype):
-        kinds = (False, True) if direction != "wgrad" else (False,)
-        twins += [with_gluon(c, geom, direction, specialized) for c in kept if gluon_takes(c) for specialized in kinds]
+        twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
+        if direction != "wgrad":
+            specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
+            twins += [c for c in specialized if _persistent_smem(c, dtype) <= smem_bytes]
     return kept + twins
 
 
@@ -499,6 +501,14 @@ def gluon_takes(config: KernelConfig) -> bool:
     """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along M, at most 256 columns, a ring of
     at least two stages."""
     return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
+
+
+def _persistent_smem(config: KernelConfig, dtype: torch.dtype) -> int:
+    """Shared memory of the persistent warp-specialized Gluon kernel: the ring, and beside it the epilogue's tile
+    (fp32 where split-K writes partial sums), which it keeps while the next tile's loads land."""
+    element = torch.empty((), dtype=dtype).element_size()
+    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
+    return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element) + 1024
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
