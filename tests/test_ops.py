@@ -70,3 +70,26 @@ def test_cpu_aten_path_matches_reference(monkeypatch):
     assert rel_l2(y, ref) < TOLERANCE[torch.float32]
     for ours, expected in ((x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
         assert rel_l2(ours, expected) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the aten path is what CPU tensors take without the interpreter")
+@pytest.mark.parametrize("padding", [0, (1, 0, 0)], ids=["no_padding", "padding_in_d_batch_1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_aten_input_grad_is_a_fresh_tensor(padding, dtype, monkeypatch):
+    """The aten path's input gradient trims the zeros border with narrow: where that leaves a contiguous view (no
+    border at all, or a border only along D with a batch of one), the op must still return a tensor of its own.
+    A view made a converted UNet's ConvTranspose3d (bias added in place, the op's gradient recorded) raise."""
+    monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+    x = torch.randn(1, 6, 3, 4, 5).to(dtype).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(6, 4, 2, 2, 2).to(dtype).contiguous(memory_format=CL).requires_grad_()  # as tconv3d.nn keeps it
+    b = torch.randn(4).to(dtype).requires_grad_()
+    y = tconv3d.conv_transpose3d(x, w, b, stride=2, padding=padding)
+    x64, w64, b64 = (t.detach().double() for t in (x, w, b))
+    ref = torch.nn.functional.conv_transpose3d(x64, w64, b64, 2, padding)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+    y.square().sum().backward()
+    assert x.grad is not None and w.grad is not None and b.grad is not None
+    geom = tconv3d.geometry.conv_geometry((1, 4, 6, 8, 10), (6, 4, 2, 2, 2), 2, 0, 1)
+    grad_out = torch.randn(1, 6, 3, 4, 5).to(dtype).contiguous(memory_format=CL)
+    grad = tconv3d.kernels.aten.conv3d_dgrad(grad_out, w.detach(), geom)
+    assert grad._base is None and grad.is_contiguous(memory_format=CL)

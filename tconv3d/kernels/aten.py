@@ -47,7 +47,11 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
     for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
-    return fold_padding(grad, geom) if geom.reads_border else _as_ndhwc(grad)
+    if geom.reads_border:
+        return fold_padding(grad, geom)
+    # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a view,
+    # which an op must not return: autograd forbids modifying it in place (ConvTranspose3d adds its bias so).
+    return grad.clone(memory_format=torch.channels_last_3d) if grad._is_view() else _as_ndhwc(grad)
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor:
