@@ -59,7 +59,12 @@ def _splits(direction: str, case: Case, config: KernelConfig) -> int:
     return k_splits(direction, geom, config)[1]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+# The Cin = 3 stem case aside: the slowest under the interpreter, and same_even_kernel and kernel_7x2x5 split packed
+# (tap, channel) steps of 2-3 channels too.
+POINTER_CASES = [case for case in CASES if case.name != "odd_channels_3x3x3"]
+
+
+@pytest.mark.parametrize("case", POINTER_CASES, ids=lambda c: c.name)
 def test_pointer_split_k_matches_float64(case, forced, device):
     config = dataclasses.replace(TILES, split_k=3)
     summed = forced(config)
