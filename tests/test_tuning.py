@@ -13,6 +13,7 @@ import triton
 
 from tconv3d import settings
 from tconv3d.geometry import conv_geometry
+from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
@@ -383,12 +384,33 @@ def test_candidates_nearest_the_default_come_first():
     space = candidates("fwd", geom, torch.bfloat16, 228 * 1024)
     nearest = tuner.nearest_candidates(space, default, 12)
     assert len(nearest) == 12 and default not in nearest
-    steps = [tuner.config_steps(c, default) for c in nearest]
+    same_tile = lambda c: tuner._tile(c) == tuner._tile(default)  # noqa: E731
+    forms = [c for c in nearest if same_tile(c)]
+    assert forms == [c for c in nearest[: len(forms)]]  # the default's own tile in other forms comes first
+    steps = [tuner.config_steps(c, default) for c in nearest[len(forms) :]]
     assert steps == sorted(steps) and steps[0] == 1
     # Nothing left out is nearer than the farthest kept: the bounded list is the neighbourhood, not a prefix.
-    left_out = [c for c in space if c not in nearest and c != default]
+    left_out = [c for c in space if c not in nearest and c != default and not same_tile(c)]
     assert min(tuner.config_steps(c, default) for c in left_out) >= steps[-1]
     assert len(space) > 100  # the whole space would not fit a per-key budget
+
+
+def test_nearest_candidates_time_every_form_of_the_default_tile(monkeypatch):
+    """A row box (16 -> 128 wide: three doublings) or the unsplit twin of a 6-way split is far from the default by
+    steps, yet it is the comparison the GPU run must make: the default's tile in every other form comes first."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    smem = 227 * 1024
+    wide = geometry(cin=384, cout=384, size=(6, 60, 208))  # rows of 208: the heuristic keeps the 16-wide patch
+    default = configs.heuristic_config("dgrad", wide, torch.bfloat16, 132, 90)
+    near = tuner.nearest_candidates(candidates("dgrad", wide, torch.bfloat16, smem, tma=True, gluon=True), default, 24)
+    assert default.tma_box_w == 16
+    mine = [c for c in near if tuner._tile(c) == tuner._tile(default)]
+    assert {c.tma_box_w for c in mine} >= {0, default.block_m} and {c.gluon for c in mine} >= {1, 2}
+    small = geometry(cin=320, cout=320, size=(8, 8, 8), batch=2)  # unet_320: the heuristic splits 6 ways
+    default = configs.heuristic_config("fwd", small, torch.bfloat16, 132, 90)
+    near = tuner.nearest_candidates(candidates("fwd", small, torch.bfloat16, smem, tma=True), default, 24)
+    assert default.split_k == 6
+    assert 1 in {c.split_k for c in near if tuner._tile(c) == tuner._tile(default)}
 
 
 def test_grouped_keys_carry_groups_and_depthwise_searches_the_direct_kernels():

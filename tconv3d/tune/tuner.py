@@ -157,10 +157,19 @@ def config_steps(a: KernelConfig, b: KernelConfig) -> int:
     return doublings + abs(a.num_stages - b.num_stages)
 
 
+def _tile(config: KernelConfig) -> tuple:
+    return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, config.group_m
+
+
 def nearest_candidates(configs: Iterable[KernelConfig], default: KernelConfig, limit: int) -> list[KernelConfig]:
-    """The `limit` candidates fewest steps from `default` (the default itself aside), in the space's order among
-    equals."""
-    return sorted((c for c in configs if c != default), key=lambda c: config_steps(c, default))[:limit]
+    """The `limit` candidates nearest `default` (the default itself aside): first its own tile in each other form
+    the space holds (another variant, TMA box or split: a row box or an unsplit twin is several doublings away,
+    and would otherwise never be timed against it), then the fewest steps away; the space's order among equals."""
+    others = [c for c in configs if c != default]
+    forms = [c for c in others if _tile(c) == _tile(default)]
+    rest = [c for c in others if _tile(c) != _tile(default)]
+    by_steps = lambda c: config_steps(c, default)  # noqa: E731
+    return (sorted(forms, key=by_steps) + sorted(rest, key=by_steps))[:limit]
 
 
 # ---------------------------------------------------------------------------------------------------------------
