@@ -40,19 +40,28 @@ def run_ranks(scenario: str, out_dir: Path, world_size: int = 2) -> list[dict]:
         with open(log, "w") as out:
             ranks.append(subprocess.Popen([*command, str(out_dir)], stdout=out, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
+    killed = set()
     try:
         while any(p.poll() is None for p in ranks):
             if time.monotonic() > deadline or any(p.returncode not in (None, 0) for p in ranks):
                 break
             time.sleep(0.2)
     finally:
-        for p in ranks:
+        for rank, p in enumerate(ranks):
             if p.poll() is None:
+                killed.add(rank)
                 p.kill()
                 p.wait()
-    for rank, (p, log) in enumerate(zip(ranks, logs, strict=True)):
-        if p.returncode != 0:
-            pytest.fail(f"rank {rank} of {scenario} exited with {p.returncode}:\n{log.read_text()[-4000:]}")
+    if any(p.returncode != 0 for p in ranks):
+        # Every rank's fate, the one that failed on its own first: a rank killed here only shows that another
+        # failed or the deadline passed.
+        why = f"past the {WORKER_TIMEOUT_S} s deadline" if time.monotonic() > deadline else "another rank failed"
+        report = [
+            f"rank {rank}: " + (f"killed by the test ({why})" if rank in killed else f"exited with {p.returncode}")
+            + f"\n{log.read_text()[-3000:]}"
+            for rank, (p, log) in sorted(enumerate(zip(ranks, logs, strict=True)), key=lambda r: r[0] in killed)
+        ]  # fmt: skip
+        pytest.fail(f"{scenario} failed:\n" + "\n".join(report))
     return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
 
 
