@@ -14,6 +14,7 @@ one-warp producer issues the loads, the kernel's warps only wait, wgmma and stor
 Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
 imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
 
+import functools
 import math
 
 import torch
@@ -84,6 +85,19 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
+    def _stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr):
+        """Stage `index` as the wgmma's operands, views of the boxes in shared memory: A [BLOCK_M, BLOCK_K] from the
+        5-D source box, B [BLOCK_K, BLOCK_N] from the weight box (used transposed in the forward)."""
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
+        if INPUT_GRAD:
+            b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
+        else:
+            b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
+        return a, b
+
+    @gluon.jit
     def _drain(acc, ready, STAGES: gl.constexpr):
         """The last wgmma's result, and the ring's barriers put away."""
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -140,11 +154,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])  # [BLOCK_M, BLOCK_K], a view of the 5-D box
-            if INPUT_GRAD:
-                b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
-            else:
-                b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))  # [BLOCK_K, BLOCK_N]
+            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD)
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
@@ -194,7 +204,6 @@ if UNAVAILABLE is None:
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
-        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_M: gl.constexpr = BOX_H * BOX_W
         BLOCK_N: gl.constexpr = c_smem.type.shape[4]
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
@@ -206,11 +215,7 @@ if UNAVAILABLE is None:
             for step in range(steps):
                 index = it % STAGES
                 mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-                a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
-                if INPUT_GRAD:
-                    b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])
-                else:
-                    b = b_ring.index(index).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+                a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD)
                 acc = _mma_one_in_flight(a, b, acc)
                 # The previous step's group has finished: its stage may be refilled.
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -417,6 +422,7 @@ def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 DEFAULT_MULTIPROCESSORS = 132
 
 
+@functools.lru_cache(maxsize=16)
 def _multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return DEFAULT_MULTIPROCESSORS

@@ -458,18 +458,21 @@ ROW_BOX_MIN_FILL = 0.9
 PATCH_BOX_W = 16
 
 
+def _row_width(geom: ConvGeometry, direction: str) -> int:
+    """W of the volume a direction's boxes walk: the output's, or the (bordered) input's for the input gradient."""
+    return geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
+
+
 def tma_box_widths(config: KernelConfig, geom: ConvGeometry, direction: str) -> tuple[int, int]:
     """(patch width, row width) of `config`'s TMA box: the block_m voxels of output (forward) or input-gradient
     (dgrad) rows, or the weight gradient's block_k reduction voxels."""
-    width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
     voxels = config.block_k if direction == "wgrad" else config.block_m
-    return min(voxels, PATCH_BOX_W, triton.next_power_of_2(max(width, 1))), voxels
+    return min(voxels, PATCH_BOX_W, triton.next_power_of_2(max(_row_width(geom, direction), 1))), voxels
 
 
 def row_box_fill(config: KernelConfig, geom: ConvGeometry, direction: str) -> float:
     """The share of a row box's voxels that lie inside the volume's rows."""
-    width = geom.border_geometry().in_size[2] if direction == "dgrad" else geom.out_size[2]
-    voxels = tma_box_widths(config, geom, direction)[1]
+    width, voxels = _row_width(geom, direction), tma_box_widths(config, geom, direction)[1]
     return width / (cdiv(width, voxels) * voxels) if width else 0.0
 
 
