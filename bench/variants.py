@@ -35,7 +35,7 @@ from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .run import bench_ms, measure_peaks
 
 CL = torch.channels_last_3d
-DEFAULT_CASES = "wan_dec_384b,wan_dec_384a,wan_dec_192,hunyuan_512,hunyuan_128,cogvideo_256,unet_64,unet_320"
+DEFAULT_CASES = "wan_dec_384b,wan_dec_384a,wan_dec_192,hunyuan_512,hunyuan_128,cogvideo_256,unet_64,unet_320,down_s2"
 HOPPER_TILE = configs.KernelConfig(128, 256, 64, 8, 3)
 
 

@@ -182,6 +182,8 @@ for shape in load_shape_set("bench"):
             if not configs.tma_eligible(direction, geom, dtype):
                 continue
             config = configs.heuristic_config(direction, geom, dtype, ARCHS[90].sm_count, capability=90)
+            if not config.tma_box_w:  # strided: the heuristic keeps the pointer kernels, a table may take TMA
+                config = configs.with_tma(config, geom, direction)
             report = compile_launch(direction, geom, dtype, config, 90)[0]
             out.append({"case": shape.name, "direction": direction, "config": config.to_dict(), **report.to_dict()})
 print(json.dumps(out))
@@ -189,10 +191,12 @@ print(json.dumps(out))
 
 
 def test_tma_kernels_compile_to_tma_loads_and_wgmma():
-    """The sm_90 heuristic's TMA forward, input gradient and weight gradient for every eligible case of the bench
-    suite (bf16 and fp32): UTMALDG (TMA) loads, HGMMA (wgmma), no spills."""
+    """The sm_90 heuristic's tiles as TMA forward, input gradient and weight gradient for every eligible case of
+    the bench suite (bf16 and fp32; down_s2's forward and weight gradient through phase views): UTMALDG (TMA)
+    loads, HGMMA (wgmma), no spills."""
     reports = compile_script(TMA_COMPILE)
     assert len(reports) >= 24 and {r["direction"] for r in reports} == {"fwd", "dgrad", "wgrad"}
+    assert {r["direction"] for r in reports if r["case"] == "down_s2"} == {"fwd", "wgrad"}
     for r in reports:
         assert r["config"]["tma_box_w"] > 0, r
         assert any(load.startswith("UTMALDG") for load in r["loads"]), r

@@ -1,6 +1,6 @@
-"""The TMA variant of the three stride-1 kernels (tensor-descriptor boxes with zero-filled borders feeding the
-MMA): every stride-1 correctness case with channel counts TMA can describe, through both
-variants against float64, gradients included;
+"""The TMA variant of the three kernels (tensor-descriptor boxes with zero-filled borders feeding the MMA): every
+correctness case with channel counts TMA can describe and at most 4 phase views (stride 2 in H and W), through
+both variants against float64, gradients included (a strided input gradient runs the pointer kernel);
 problems it cannot run falling back to the pointer kernel under TCONV3D_KERNELS=tma; tconv3d.explain; the
 config field. On CPU the interpreter runs the TMA kernel (triton 3.9's host descriptors zero-fill out-of-range
 boxes, negative coordinates included)."""
@@ -26,13 +26,25 @@ def _round8(c: int) -> int:
     return -(-c // 8) * 8
 
 
-# The stride-1 cases of the suite with channels rounded up to whole 16-byte rows: borders on every face, sizes
-# no box divides, D = 1, dilation, asymmetric padding, batch 2, 1x1x1 and 7x2x5 kernels.
+def _phases(case: Case) -> int:
+    _, s_h, s_w = (case.stride,) * 3 if isinstance(case.stride, int) else case.stride
+    return s_h * s_w
+
+
+# The cases of the suite with channels rounded up to whole 16-byte rows and at most 4 phase views: borders on
+# every face, sizes no box divides, D = 1, dilation, asymmetric padding, batch 2, 1x1x1 and 7x2x5 kernels, strides
+# 2 in D, H and W (odd and even sizes: phase views of unequal length); and strides in one of H, W (two phase
+# views) with dilation and asymmetric padding, so that taps of one phase shift by a whole row or column.
 TMA_CASES = [
     dataclasses.replace(case, name=case.name + "_c8", cin=_round8(case.cin), cout=_round8(case.cout))
     for case in CASES
-    if case.stride == 1
-] + [Case("depth_1", 2, 8, 16, (1, 6, 5), 3, padding=1), Case("wide_cout", 1, 16, 72, (3, 4, 19), 3, padding=1)]
+    if _phases(case) <= 4
+] + [
+    Case("depth_1", 2, 8, 16, (1, 6, 5), 3, padding=1),
+    Case("wide_cout", 1, 16, 72, (3, 4, 19), 3, padding=1),
+    Case("stride_w_dilated", 1, 8, 16, (3, 5, 13), (1, 3, 5), (1, 1, 2), (0, 0, 1, 1, 3, 2), (1, 1, 2)),
+    Case("stride_dh_asym", 1, 16, 8, (6, 9, 6), (3, 3, 2), (2, 2, 1), (1, 0, 2, 1, 0, 1)),
+]
 
 
 @pytest.fixture
@@ -62,7 +74,8 @@ def test_forward_variants_match_float64(case, dtype, variant, device):
     for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
         assert rel_l2(got, want) < tolerance(dtype)
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
-    assert launches == (["fwd", "dgrad", "wgrad"] if name == "tma" else [])
+    strided = case.stride not in (1, (1, 1, 1))
+    assert launches == ((["fwd", "wgrad"] if strided else ["fwd", "dgrad", "wgrad"]) if name == "tma" else [])
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -75,7 +88,7 @@ def test_fp32_with_tf32_through_tma(variant, device, monkeypatch):
 
 
 INELIGIBLE = [
-    ("stride_2", dict(stride=2, padding=1), 8),
+    ("stride_3", dict(stride=(1, 3, 2), padding=1), 8),  # 6 phase views
     ("odd_channels", dict(padding=1), 5),
     ("replicate", dict(padding=1, padding_mode="replicate"), 8),
 ]
@@ -175,7 +188,11 @@ def test_eligibility_and_box_width():
     replicate = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "replicate")
     assert tma_eligible("dgrad", replicate, torch.bfloat16) and not tma_eligible("wgrad", replicate, torch.bfloat16)
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
-    assert not tma_eligible("fwd", strided, torch.bfloat16) and not tma_eligible("dgrad", strided, torch.bfloat16)
+    assert tma_eligible("fwd", strided, torch.bfloat16) and tma_eligible("wgrad", strided, torch.bfloat16)
+    assert not tma_eligible("dgrad", strided, torch.bfloat16)
+    for stride, size in (((1, 3, 2), (4, 8, 52)), ((2, 3, 3), (4, 8, 52)), ((1, 2, 2), (4, 8, 1))):
+        odd = conv_geometry((1, 64, *size), (64, 64, 1, 1, 1), stride, 0, 1)  # 6, 9 phases; an empty phase view
+        assert not tma_eligible("fwd", odd, torch.bfloat16) and not tma_eligible("wgrad", odd, torch.bfloat16)
     assert with_tma(KernelConfig(128, 128, 64, 8, 3), geom, "fwd").tma_box_w == 16
     narrow = conv_geometry((1, 64, 4, 8, 5), (64, 64, 3, 3, 3), 1, 1, 1)
     assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow, "fwd").tma_box_w == 8

@@ -29,8 +29,9 @@ class KernelConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
-    # The TMA variant (stride 1): the width of its box in voxels (a patch of block_m / tma_box_w rows of tma_box_w
-    # voxels, block_k / tma_box_w for the weight gradient; one row when they are equal); 0 is the pointer variant.
+    # The TMA variant (configs.tma_eligible): the width of its box in voxels (a patch of block_m / tma_box_w rows of
+    # tma_box_w voxels, block_k / tma_box_w for the weight gradient; one row when they are equal); 0 is the pointer
+    # variant.
     tma_box_w: int = 0
     # 1: the depthwise direct kernels (conv_depthwise.py), block_m voxels x block_n channels a program, block_k
     # unused, split_k splits of the weight gradient's voxels.

@@ -1,5 +1,8 @@
-"""The Gluon implicit GEMMs for Hopper (sm_90) at stride 1: the forward and input gradient (one kernel, an
-INPUT_GRAD flag) and the weight gradient, and their launchers.
+"""The Gluon implicit GEMMs for Hopper (sm_90): the forward and stride-1 input gradient (one kernel, an INPUT_GRAD
+flag) and the weight gradient, and their launchers. A stride in H or W reads the TMA variant's phase views
+(conv_tma.tap_box): the forward issues each step's source load from every view, all but its tap's predicated off
+(the software-pipelined loop pays a CTA barrier between two such copies into one stage, the warp-specialized
+producer none), the weight gradient compiles its loop once per view.
 
 The loop Hopper GEMMs reach their peak with, written out because Triton's own lowering of the 5-D TMA box goes
 through registers (conv_tma.py): TMA moves both operands into swizzled shared memory through a STAGES-deep ring
@@ -23,7 +26,7 @@ from packaging.version import Version
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig
-from .conv_tma import patch_descriptors, patch_origin
+from .conv_tma import patch_descriptors, patch_origin, phase_descriptors, phase_view, tap_box
 from .launch import launch
 from .utils import cdiv, ndhwc_descriptor
 
@@ -106,13 +109,25 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
+    def _copy_source_box(views, coords, bar, buf, phase, pred, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr):
+        """The source box at `coords` of phase view `phase` into `buf` (views[0] at stride 1): one copy issued per
+        view, all but the phase's predicated off."""
+        PHASES: gl.constexpr = STRIDE_H * STRIDE_W
+        if PHASES == 1:
+            tma.async_copy_global_to_shared(views[0], coords, bar, buf, pred)
+        else:
+            for p in gl.static_range(PHASES):
+                tma.async_copy_global_to_shared(phase_view(views, p), coords, bar, buf, pred & (phase == p))
+
+    @gluon.jit
     def _issue_loads(
-        src_desc, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0,
+        src_views, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, pred,
+        KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, pred,
     ):  # fmt: skip
-        """Step `step`'s two boxes into one stage: the source box shifted by the step's tap (zeros where it
-        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
+        """Step `step`'s two boxes into one stage: the source box its tap reads (tap_box; zeros where it leaves
+        the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
         tap = step // k_blocks
         c0 = (step - tap * k_blocks) * BLOCK_K
         kw = tap % KW
@@ -126,8 +141,9 @@ if UNAVAILABLE is None:
             shift_d = kd * DIL_D - PAD_D
             shift_h = kh * DIL_H - PAD_H
             shift_w = kw * DIL_W - PAD_W
-        mbarrier.expect(bar, src_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(src_desc, [n, d + shift_d, h0 + shift_h, w0 + shift_w, c0], bar, a_buf, pred)
+        src_d, phase, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+        mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, phase, pred, STRIDE_H, STRIDE_W)
         if INPUT_GRAD:
             tma.async_copy_global_to_shared(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
@@ -135,9 +151,10 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _pipelined_steps(
-        src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+        src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
+        KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
@@ -147,8 +164,9 @@ if UNAVAILABLE is None:
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             _issue_loads(
-                src_desc, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
-                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, s < steps,
+                src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
+                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
+                BLOCK_K, INPUT_GRAD, s < steps,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
@@ -159,9 +177,9 @@ if UNAVAILABLE is None:
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_loads(
-                src_desc, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD,
-                ahead < steps,
+                src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, ahead < steps,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
@@ -228,9 +246,10 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _load_tiles(
-        src_desc, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+        src_views, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, INPUT_GRAD: gl.constexpr,
+        KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        INPUT_GRAD: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
@@ -248,28 +267,31 @@ if UNAVAILABLE is None:
                 index = it % STAGES
                 mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_loads(
-                    src_desc, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
-                    k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K,
-                    INPUT_GRAD, True,
+                    src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
+                    k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                    STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, True,
                 )  # fmt: skip
                 it += 1
 
     @gluon.jit
     def _conv3d_gluon_kernel(
-        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]; at a stride in H or
+        # W, src_desc and src_phase1..3 are its phase views, in tap_box's order, None past the last), the weight as
         # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
         # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-        src_desc, w_desc, dst_desc, bias_ptr,
+        src_desc, src_phase1, src_phase2, src_phase3, w_desc, dst_desc, bias_ptr,
         C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
         num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
         BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
-        Forward: shift = tap * dil - pad, the weight box used transposed. Input gradient at stride 1: the taps
+        Forward: v * stride + shift, shift = tap * dil - pad, from the tap's phase view at a stride in H or W
+        (tap_box), the weight box used transposed. Input gradient at stride 1: the taps
         flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
         [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
         in split 0's. WARP_SPECIALIZE: persistent and warp-specialized, each program walking tiles (patch, column
@@ -281,6 +303,7 @@ if UNAVAILABLE is None:
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
         dtype: gl.constexpr = src_desc.dtype
+        src_views = (src_desc, src_phase1, src_phase2, src_phase3)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -304,9 +327,9 @@ if UNAVAILABLE is None:
                 [
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_desc, bias_ptr, tiles, total_steps,
                                   C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, INPUT_GRAD, HAS_BIAS, mma_layout)),
-                    (_load_tiles, (src_desc, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+                    (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
-                                   DIL_D, DIL_H, DIL_W, KH, KW, INPUT_GRAD)),
+                                   DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -321,8 +344,9 @@ if UNAVAILABLE is None:
             first = split * SPLIT_STEPS
             steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first  # this split's
             acc = _pipelined_steps(
-                src_desc, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
-                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, BLOCK_K, INPUT_GRAD, mma_layout,
+                src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
+                mma_layout,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
@@ -331,36 +355,80 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_wgrad_loads(
-        go_desc, x_desc, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+        go_desc, x_view, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred,
     ):  # fmt: skip
         """Patch `patch`'s two boxes into one stage: grad_out's patch (zeros past the output's edges, adding
-        nothing) and the input's patch shifted by the program's tap (zeros in the padding)."""
+        nothing) and the input's box the program's tap reads for it from `x_view`, the tap's phase view (tap_box;
+        zeros in the padding)."""
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
-        mbarrier.expect(bar, go_desc.block_type.nbytes + x_desc.block_type.nbytes, pred=pred)
+        mbarrier.expect(bar, go_desc.block_type.nbytes + x_view.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
-        tma.async_copy_global_to_shared(x_desc, [n, od + shift_d, h0 + shift_h, w0 + shift_w, ci0], bar, b_buf, pred)
+        src_d, _, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+        tma.async_copy_global_to_shared(x_view, [n, src_d, row, col, ci0], bar, b_buf, pred)
+
+    @gluon.jit
+    def _wgrad_steps(
+        go_desc, x_view, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+        shift_d, shift_h, shift_w, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        mma_layout: gl.constexpr,
+    ):  # fmt: skip
+        """The weight gradient's K loop over output patches, software-pipelined as the forward's, reading the
+        input from `x_view`. Returns the accumulator, the ring's barriers put away."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BOX_H: gl.constexpr = a_ring.type.shape[3]
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[5]
+        BLOCK_K: gl.constexpr = BOX_H * BOX_W
+        for s in gl.static_range(STAGES - 1):
+            _issue_wgrad_loads(
+                go_desc, x_view, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
+                co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, BOX_H, BOX_W, s < steps,
+            )  # fmt: skip
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for step in range(steps):
+            index = step % STAGES
+            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
+            a = a_ring.index(index).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))  # [BLOCK_M, BLOCK_K]
+            b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
+            acc = _mma_one_in_flight(a, b, acc)
+            ahead = step + STAGES - 1
+            refill = ahead % STAGES
+            _issue_wgrad_loads(
+                go_desc, x_view, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W,
+                BOX_H, BOX_W, ahead < steps,
+            )  # fmt: skip
+        return _drain(acc, ready, STAGES)
 
     @gluon.jit
     def _conv3d_wgrad_gluon_kernel(
         # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
-        # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]); out is [split, Cout, tap, Cin]
-        go_desc, x_desc, out_ptr,
+        # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]; at a stride in H or W, x_desc and x_phase1..3
+        # are its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]
+        go_desc, x_desc, x_phase1, x_phase2, x_phase3, out_ptr,
         C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
         stride_os, stride_oo, stride_ot, stride_oi,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        STAGES: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
-        """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v + tap * dil - pad, ci], at stride 1: the
+        """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per program, K split over the output patches
         (BLOCK_K = BOX_H * BOX_W voxels at one (n, od)) between program_id(1)'s splits. The grad_out box is A read
-        M-major (a transposed view), the input box B as it lands; the ring and the wait are the forward's."""
+        M-major (a transposed view), the input box B as it lands; the ring and the wait are the forward's. At a
+        stride in H or W a program's tap reads one phase view throughout: the loop is compiled once per view and
+        the program runs its own, each loop's loads from one descriptor (issuing them from all, predicated, puts
+        a CTA barrier between every two)."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[4]
-        BLOCK_K: gl.constexpr = BOX_H * BOX_W
         dtype: gl.constexpr = go_desc.dtype
+        x_views = (x_desc, x_phase1, x_phase2, x_phase3)
 
         taps: gl.constexpr = KD * KH * KW
         pid = gl.program_id(0)
@@ -378,29 +446,24 @@ if UNAVAILABLE is None:
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
         ready = _stage_barriers(STAGES)
-        for s in gl.static_range(STAGES - 1):
-            _issue_wgrad_loads(
-                go_desc, x_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
-                co0, ci0, shift_d, shift_h, shift_w, BOX_H, BOX_W, s < steps,
-            )  # fmt: skip
-
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        for step in range(steps):
-            index = step % STAGES
-            mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a = a_ring.index(index).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))  # [BLOCK_M, BLOCK_K]
-            b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
-            acc = _mma_one_in_flight(a, b, acc)
-            ahead = step + STAGES - 1
-            refill = ahead % STAGES
-            _issue_wgrad_loads(
-                go_desc, x_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, BOX_H, BOX_W, ahead < steps,
+        PHASES: gl.constexpr = STRIDE_H * STRIDE_W
+        if PHASES == 1:
+            acc = _wgrad_steps(
+                go_desc, x_desc, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+                shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
             )  # fmt: skip
-        acc = _drain(acc, ready, STAGES)
+        else:
+            phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+            for p in gl.static_range(PHASES):
+                if phase == p:
+                    acc = _wgrad_steps(
+                        go_desc, phase_view(x_views, p), a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT,
+                        co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+                    )  # fmt: skip
 
         offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
@@ -438,11 +501,11 @@ def _register_limit(config: KernelConfig) -> dict:
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
-    """Run the Gluon kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
-    dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of
-    `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels and TMA-aligned strides;
+    """Run the Gluon kernel: the forward at any stride (src = x, dst = y) or the stride-1 input gradient (src =
+    grad_out, dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums
+    of `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels and TMA-aligned strides;
     dst is written whole. The tuning layer (tconv3d/tune/) offers this variant only where UNAVAILABLE is None."""
-    descriptors, grid, (reduced, columns) = patch_descriptors(
+    descriptors, grid, (reduced, columns), stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )
     _, _, d, h, w = dst.shape
@@ -453,7 +516,7 @@ def conv3d_gluon(
         *descriptors, bias if bias is not None else dst,
         reduced, columns, src.shape[0], d, h, w, split_steps,
         *geom.front_padding, *geom.dilation,
-        *geom.kernel,
+        *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps, **_register_limit(config),
     )  # fmt: skip
@@ -462,20 +525,20 @@ def conv3d_gluon(
 def conv3d_wgrad_gluon(
     grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
 ) -> None:
-    """The Gluon weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]), over the TMA weight
+    """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight
     gradient's patches and splits (conv_tma.wgrad_tma_patches): both tensors 16-bit, unit-stride channels,
     TMA-aligned strides."""
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
-    x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
+    x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
     launch(
         _conv3d_wgrad_gluon_kernel, grid,
-        go_desc, x_desc, out,
+        go_desc, *x_views, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),
         *geom.front_padding, *geom.dilation,
-        *geom.kernel,
+        *geom.kernel, *geom.stride,
         STAGES=config.num_stages, num_warps=config.num_warps,
     )  # fmt: skip

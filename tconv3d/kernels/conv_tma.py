@@ -1,6 +1,12 @@
-"""The TMA implicit GEMM of the stride-1 forward and input gradient (sm_90+): tensor-descriptor boxes with
-zero-filled borders feeding wgmma, and its launcher. The pointer kernels (conv_fwd.py, conv_dgrad.py) run every
-other problem; the variant is picked above the kernels (configs.tma_eligible, KernelConfig.tma_box_w)."""
+"""The TMA implicit GEMMs (sm_90+) of the forward, the stride-1 input gradient and the weight gradient:
+tensor-descriptor boxes with zero-filled borders feeding wgmma, and their launchers. The pointer kernels
+(conv_fwd.py, conv_dgrad.py, conv_wgrad.py) run every other problem; the variant is picked above the kernels
+(configs.tma_eligible, KernelConfig.tma_box_w).
+
+At stride s in H or W the input a tap reads for a patch of outputs is every s-th row or column: no box of x. It is a
+box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap), one descriptor per phase, at
+most MAX_PHASES of them; the kernels pick the tap's. Along D a box is one frame deep, so a stride there is only a
+coordinate."""
 
 import torch
 import triton
@@ -11,6 +17,9 @@ from ..geometry import ConvGeometry
 from .config import KernelConfig
 from .launch import launch
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
+
+# Phase views (descriptors) a strided source may take: stride 2 in both H and W.
+MAX_PHASES = 4
 
 
 @triton.jit
@@ -27,13 +36,34 @@ def patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
 
 
 @triton.jit
+def tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr,
+            STRIDE_W: tl.constexpr):  # fmt: skip
+    """Where the source box of a tap lies for the patch of outputs at (d, h0, w0): the input at
+    (d, h0, w0) * stride + shift is, in the phase view x[..., ph::STRIDE_H, pw::STRIDE_W], a box at (frame,
+    row, column) -> (frame, phase = ph * STRIDE_W + pw, row, column). At stride 1: (d, h0, w0) + shift, phase 0."""
+    ph = (shift_h % STRIDE_H + STRIDE_H) % STRIDE_H  # the remainder's sign is C's compiled, Python's interpreted
+    pw = (shift_w % STRIDE_W + STRIDE_W) % STRIDE_W
+    row = h0 + (shift_h - ph) // STRIDE_H  # exact divisions: the same either way
+    col = w0 + (shift_w - pw) // STRIDE_W
+    return d * STRIDE_D + shift_d, ph * STRIDE_W + pw, row, col
+
+
+@triton.jit
+def phase_view(views, phase: tl.constexpr):
+    """views[phase] of (phase 0's descriptor, phase 1's, ...): a static pick, the absent ones None."""
+    return views[phase]
+
+
+@triton.jit
 def _conv3d_tma_kernel(
-    # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+    # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]; at a stride in H or W,
+    # src_desc and src_phase1..3 are its phase views, in tap_box's order, None past the last), the weight as
     # [Cout, taps, Cin], dst as [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-    src_desc, w_desc, dst_desc, bias_ptr,
+    src_desc, src_phase1, src_phase2, src_phase3, w_desc, dst_desc, bias_ptr,
     C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -44,11 +74,14 @@ def _conv3d_tma_kernel(
     [BLOCK_N, 1, BLOCK_K] of (Cout, taps, Cin) is used transposed. Input gradient at stride 1 (src = grad_out,
     dst = grad_in, red = Cout, col = Cin): a stride-1 convolution with the taps flipped, shift = pad - tap * dil,
     and the weight box [BLOCK_K, 1, BLOCK_N] as it is. Either way each step's source box may lie partly in the
-    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks. Split-K (grid axis
-    2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch
-    entries s * BATCH on), the bias in split 0's.
+    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks. A strided forward
+    reads v * stride + shift, from the tap's phase view (tap_box). Split-K (grid axis 2): program s reduces steps
+    [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
+    in split 0's.
     """
     BLOCK_M: tl.constexpr = BOX_H * BOX_W
+    PHASES: tl.constexpr = STRIDE_H * STRIDE_W
+    views = (src_desc, src_phase1, src_phase2, src_phase3)
     n, d, h0, w0 = patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
     n0 = tl.program_id(1) * BLOCK_N
     split = tl.program_id(2)
@@ -65,13 +98,20 @@ def _conv3d_tma_kernel(
         shift_d = kd * DIL_D - PAD_D
         shift_h = kh * DIL_H - PAD_H
         shift_w = kw * DIL_W - PAD_W
-        if INPUT_GRAD:
-            a = src_desc.load([n, d - shift_d, h0 - shift_h, w0 - shift_w, c0])
+        if INPUT_GRAD:  # stride 1
+            src_d, phase, row, col = d - shift_d, 0, h0 - shift_h, w0 - shift_w
             b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
         else:
-            a = src_desc.load([n, d + shift_d, h0 + shift_h, w0 + shift_w, c0])
+            src_d, phase, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
             b = tl.trans(w_desc.load([n0, tap, c0]).reshape(BLOCK_N, BLOCK_K))
-        acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+        if PHASES == 1:
+            a = src_desc.load([n, src_d, row, col, c0])
+            acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+        else:
+            for p in tl.static_range(PHASES):
+                if phase == p:
+                    a = phase_view(views, p).load([n, src_d, row, col, c0])
+                    acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
 
     if HAS_BIAS:
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -81,32 +121,51 @@ def _conv3d_tma_kernel(
     dst_desc.store([split * BATCH + n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
 
 
+def phase_descriptors(src, stride, block, make=TensorDescriptor) -> tuple:
+    """Descriptors of src's phase views x[..., ph::stride_h, pw::stride_w] (src itself at stride 1 in H and W) in
+    tap_box's order, None after the last up to MAX_PHASES: the source operands of a kernel at `stride`."""
+    _, s_h, s_w = stride
+    if s_h * s_w > MAX_PHASES:
+        raise ValueError(f"a TMA source takes at most {MAX_PHASES} phase views, not stride {tuple(stride)}'s")
+    if s_h * s_w == 1:
+        return (ndhwc_descriptor(src, block, make),) + (None,) * (MAX_PHASES - 1)
+    views = [src[:, :, :, ph::s_h, pw::s_w] for ph in range(s_h) for pw in range(s_w)]
+    if any(v.numel() == 0 for v in views):
+        raise ValueError(f"a {tuple(src.shape)} source has an empty phase view at stride {tuple(stride)}")
+    return tuple(ndhwc_descriptor(v, block, make) for v in views) + (None,) * (MAX_PHASES - len(views))
+
+
 def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make):
-    """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src, w,
-    dst) descriptors, the grid (patches, column blocks, splits: dst holds src's batch once per split) and the
-    (reduced, columns) channel counts."""
+    """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src's
+    MAX_PHASES phase views, w, dst) descriptors, the grid (patches, column blocks, splits: dst holds src's batch
+    once per split), the (reduced, columns) channel counts and the source's stride (the input gradient's is 1)."""
     box_h, box_w = config.tma_box(config.block_m)
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
     w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
     w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box, make)
-    src_desc = ndhwc_descriptor(src, (1, 1, box_h, box_w, config.block_k), make)
+    stride = tuple(geom.stride)
+    if input_grad:
+        if stride != (1, 1, 1):  # the tuning layer never asks this (configs.tma_eligible)
+            raise ValueError(f"the TMA and Gluon input gradients run at stride 1, not {stride}")
+        stride = (1, 1, 1)
+    src_views = phase_descriptors(src, stride, (1, 1, box_h, box_w, config.block_k), make)
     dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n), make)
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
     batch = src.shape[0]
     _, _, d, h, w = dst.shape
     grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(channels[1], config.block_n), dst.shape[0] // batch)
-    return (src_desc, w_desc, dst_desc), grid, channels
+    return (*src_views, w_desc, dst_desc), grid, channels, stride
 
 
 def conv3d_tma(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
-    """Run the TMA kernel: the forward (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
+    """Run the TMA kernel: the forward at any stride (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
     dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of
     `split_steps` K steps each. Both tensors have unit-stride channels and TMA-aligned strides; dst is written
     whole."""
-    descriptors, grid, (reduced, columns) = patch_descriptors(
+    descriptors, grid, (reduced, columns), stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, TensorDescriptor
     )
     box_h, box_w = config.tma_box(config.block_m)
@@ -117,7 +176,7 @@ def conv3d_tma(
         *descriptors, bias if bias is not None else dst,
         reduced, columns, src.shape[0], d, h, w, split_steps,
         *geom.front_padding, *geom.dilation,
-        *geom.kernel,
+        *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -125,25 +184,49 @@ def conv3d_tma(
 
 
 @triton.jit
+def _wgrad_patches(
+    go_desc, x_view, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One tap's weight-gradient tile summed over output patches [first, last): grad_out's patch against the input
+    box the tap reads for it from `x_view`, its phase view (tap_box)."""
+    BLOCK_K: tl.constexpr = BOX_H * BOX_W
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for patch in range(first, last):
+        n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+        a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
+        src_d, _, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+        b = x_view.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
+        acc = mma(acc, tl.trans(a), b, UPCAST_DOT, INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _conv3d_wgrad_tma_kernel(
     # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
-    # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]); out is [split, Cout, tap, Cin]
-    go_desc, x_desc, out_ptr,
+    # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]; at a stride in H or W, x_desc and x_phase1..3 are
+    # its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]
+    go_desc, x_desc, x_phase1, x_phase2, x_phase3, out_ptr,
     C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
     stride_os, stride_oo, stride_ot, stride_oi,
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v + tap * dil - pad, ci], at stride 1.
+    """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci].
 
     Per program one tap's BLOCK_M x BLOCK_N tile, reduced over a split of the output patches (BOX_H x BOX_W
-    voxels at one (n, od)): each step is two boxes, grad_out's patch and the input's patch shifted by the tap
-    (zeros in the padding); patch rows past the output's edges read zeros from grad_out and add nothing. The
-    splits' fp32 partials are summed in a fixed order by conv_wgrad's reduction, as on the pointer path.
+    voxels at one (n, od)): each step is two boxes, grad_out's patch and the input's box the tap reads for it
+    (tap_box: from one phase view, the program's, at a stride; zeros in the padding); patch rows past the
+    output's edges read zeros from grad_out and add nothing. The splits' fp32 partials are summed in a fixed
+    order by conv_wgrad's reduction, as on the pointer path.
     """
-    BLOCK_K: tl.constexpr = BOX_H * BOX_W
+    PHASES: tl.constexpr = STRIDE_H * STRIDE_W
+    views = (x_desc, x_phase1, x_phase2, x_phase3)
     taps: tl.constexpr = KD * KH * KW
     pid = tl.program_id(0)
     tap = pid % taps  # neighbouring programs share the same boxes in L2: keep taps innermost
@@ -151,18 +234,27 @@ def _conv3d_wgrad_tma_kernel(
     num_n = tl.cdiv(C_IN, BLOCK_N)
     co0 = (tile // num_n) * BLOCK_M
     ci0 = (tile % num_n) * BLOCK_N
-    kw = tap % KW
-    kh = (tap // KW) % KH
-    kd = tap // (KW * KH)
+    shift_d = tap // (KW * KH) * DIL_D - PAD_D
+    shift_h = (tap // KW) % KH * DIL_H - PAD_H
+    shift_w = tap % KW * DIL_W - PAD_W
     first = tl.program_id(1) * SPLIT_PATCHES
     last = tl.minimum(first + SPLIT_PATCHES, PATCHES)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for patch in range(first, last):
-        n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
-        a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
-        b = x_desc.load([n, od + kd * DIL_D - PAD_D, h0 + kh * DIL_H - PAD_H, w0 + kw * DIL_W - PAD_W, ci0])
-        acc = mma(acc, tl.trans(a), b.reshape(BLOCK_K, BLOCK_N), UPCAST_DOT, INPUT_PRECISION)
+    if PHASES == 1:
+        acc = _wgrad_patches(
+            go_desc, x_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+            STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION, BOX_H, BOX_W, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+    else:  # the program's tap reads one phase view throughout: a loop compiled per view, the program runs its own
+        phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for p in tl.static_range(PHASES):
+            if phase == p:
+                acc = _wgrad_patches(
+                    go_desc, phase_view(views, p), first, last, D_OUT, H_OUT, W_OUT, co0, ci0,
+                    shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION,
+                    BOX_H, BOX_W, BLOCK_M, BLOCK_N,
+                )  # fmt: skip
 
     offs_m = co0 + tl.arange(0, BLOCK_M)
     offs_n = ci0 + tl.arange(0, BLOCK_N)
@@ -181,21 +273,21 @@ def wgrad_tma_patches(geom: ConvGeometry, config: KernelConfig) -> int:
 def conv3d_wgrad_tma(
     grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
 ) -> None:
-    """The TMA weight gradient at stride 1 into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride
-    channels and TMA-aligned strides."""
+    """The TMA weight gradient into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride channels and
+    TMA-aligned strides."""
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m))
-    x_desc = ndhwc_descriptor(x, (1, 1, box_h, box_w, config.block_n))
+    x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n))
     upcast, precision = dot_flags(x.dtype)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
     launch(
         _conv3d_wgrad_tma_kernel, grid,
-        go_desc, x_desc, out,
+        go_desc, *x_views, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),
         *geom.front_padding, *geom.dilation,
-        *geom.kernel,
+        *geom.kernel, *geom.stride,
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         num_warps=config.num_warps, num_stages=config.num_stages,

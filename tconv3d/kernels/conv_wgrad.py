@@ -190,7 +190,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
     grad_out, x = ndhwc(grad_out), ndhwc(x)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     upcast, precision = dot_flags(x.dtype)
-    if config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
+    if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         patches = wgrad_tma_patches(geom, config)
         per_split = split_rows(patches, config.split_k, 1)
         splits = cdiv(patches, per_split)

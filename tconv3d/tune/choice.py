@@ -196,5 +196,5 @@ def gluon_unavailable(direction: str, geom: ConvGeometry, dtype: torch.dtype, de
     if configs.compute_capability(device) != configs.GLUON_CAPABILITY:
         return f"the Gluon kernel is wgmma code for sm_90; this device is sm_{configs.compute_capability(device)}"
     if not gluon_eligible(direction, geom, dtype):
-        return "it runs stride-1 problems in fp16/bf16 where the TMA variant is eligible; not this launch"
+        return "it runs the TMA variant's problems (configs.tma_eligible) in fp16/bf16; not this launch"
     return "the problem's TMA operands are not 16-byte aligned"

@@ -24,6 +24,7 @@ from ..kernels.config import (
     reduction_steps,
     split_rows,
 )
+from ..kernels.conv_tma import MAX_PHASES
 from ..kernels.utils import cdiv
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -346,12 +347,14 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
 def heuristic_config(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
 ) -> KernelConfig:
-    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible problems and the
-    direct kernels for depthwise ones."""
+    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible stride-1 problems and
+    the direct kernels for depthwise ones. A strided problem's TMA kernels (phase views) come from a tuning table
+    or TCONV3D_KERNELS until a GPU has timed them against the pointer kernels (bench/NOTES.md)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    if capability >= TMA_MIN_CAPABILITY and tma_eligible(direction, geom, dtype):
+    unit_stride = tuple(geom.stride) == (1, 1, 1)
+    if capability >= TMA_MIN_CAPABILITY and unit_stride and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
     return config
 
@@ -437,16 +440,23 @@ def compute_capability(device: torch.device) -> int:
 
 
 def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
-    """Problems the TMA variant runs: stride 1, channel rows (input and output) that are whole 16-byte units, as
-    TMA boxes need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32). Dilation
-    and asymmetric padding are coordinate offsets."""
+    """Problems the TMA variant runs: channel rows (input and output) that are whole 16-byte units, as TMA boxes
+    need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); the input gradient at stride 1, the forward
+    and weight gradient at strides whose phase views (conv_tma.phase_descriptors) number at most MAX_PHASES and
+    are not empty. Dilation and asymmetric padding are coordinate offsets."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and geom.out_channels * size % 16 == 0
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
     # weight gradient read the input itself, so only with zeros padding and one source.
     runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
+    _, s_h, s_w = geom.stride
+    _, h, w = geom.in_size
+    if direction == "dgrad":
+        strided = tuple(geom.stride) == (1, 1, 1)
+    else:
+        strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
     # A box reaching past a group's channels would read the next group's (only the tensor's edge reads zeros).
-    return runs and aligned and tuple(geom.stride) == (1, 1, 1) and geom.groups == 1
+    return runs and aligned and strided and geom.groups == 1
 
 
 # The TMA variant's box is a patch of output rows up to 16 voxels wide, or one row of all block_m voxels (block_k
@@ -490,8 +500,8 @@ GLUON_CAPABILITY = 90
 
 
 def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
-    """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (all three
-    directions at stride 1), in 16-bit dtypes (wgmma reads an fp32 operand only as TF32 K-major, which the input
+    """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (tma_eligible),
+    in 16-bit dtypes (wgmma reads an fp32 operand only as TF32 K-major, which the input
     gradient's weight box and both weight-gradient boxes are not)."""
     return (
         conv_gluon.UNAVAILABLE is None
