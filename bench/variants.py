@@ -58,9 +58,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     if gluon_runs and configs.gluon_eligible(direction, geom, dtype):
         found["gluon"] = choice.force_variant(direction, geom, dtype, chosen, "gluon", gluon_runs=True)
         found["gluon_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction)
-        if direction != "wgrad":  # with the warp-specialized TMA producer
-            found["gluon_ws"] = dataclasses.replace(found["gluon"], gluon=2)
-            found["gluon_ws_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction, specialized=True)
+        # persistent, with the warp-specialized TMA producer
+        found["gluon_ws"] = dataclasses.replace(found["gluon"], gluon=2)
+        found["gluon_ws_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction, specialized=True)
     return found
 
 

@@ -203,20 +203,22 @@ def test_main_loop_reader():
 
 
 def test_warp_specialized_twins(monkeypatch):
-    """gluon = 2 (a one-warp TMA producer) is a twin of every Gluon forward and input-gradient tile in the tuner's
-    space; the weight gradient has no such kernel and keeps 1; its register limit leaves room for the producer's
-    warpgroup."""
+    """gluon = 2 (persistent, a one-warp TMA producer) is a twin of every Gluon tile in the tuner's space, in all
+    three directions; its register limit leaves room for the producer's warpgroup."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     geom = conv_geometry((1, 64, 4, 16, 32), (64, 64, 3, 3, 3), 1, 1, 1)
-    for direction, kinds in (("fwd", {1, 2}), ("dgrad", {1, 2}), ("wgrad", {1})):
+    for direction in ("fwd", "dgrad", "wgrad"):
         found = configs.candidates(direction, geom, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
-        assert {c.gluon for c in found if c.gluon} == kinds, direction
-    assert configs.with_gluon(KernelConfig(128, 128, 64, 8, 3), geom, "wgrad", specialized=True).gluon == 1
-    # Its epilogue tile sits beside the ring: 4 stages of 128x256x64 bf16 (192 KB) and the tile (64 KB) do not fit.
+        assert {c.gluon for c in found if c.gluon} == {1, 2}, direction
+    assert configs.with_gluon(KernelConfig(128, 128, 64, 8, 3), geom, "wgrad", specialized=True).gluon == 2
+    # The forward's epilogue tile sits beside the ring: 4 stages of 128x256x64 bf16 (192 KB) and the tile (64 KB)
+    # do not fit; the weight gradient stores from registers, so its 4-stage ring does.
     wide = conv_geometry((1, 256, 4, 16, 32), (256, 256, 3, 3, 3), 1, 1, 1)
-    found = configs.candidates("fwd", wide, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
-    big = [c for c in found if c.gluon and (c.block_m, c.block_n, c.block_k) == (128, 256, 64)]
-    assert {c.num_stages for c in big if c.gluon == 1} > {c.num_stages for c in big if c.gluon == 2} >= {2, 3}
+    for direction, fits_four in (("fwd", False), ("wgrad", True)):
+        found = configs.candidates(direction, wide, torch.bfloat16, 227 * 1024, tma=True, gluon=True)
+        big = [c for c in found if c.gluon and (c.block_m, c.block_n, c.block_k) in ((128, 256, 64), (256, 128, 64))]
+        stages = {kind: {c.num_stages for c in big if c.gluon == kind} for kind in (1, 2)}
+        assert (4 in stages[2]) == fits_four and {2, 3} <= stages[2] <= stages[1], (direction, stages)
     assert conv_gluon.specialized_max_registers(8) == 168 and conv_gluon.specialized_max_registers(4) == 256
     assert all(conv_gluon.specialized_max_registers(w) * 32 * (w + 4) <= 65536 for w in (4, 8, 16))
 
@@ -240,3 +242,25 @@ def test_warp_specialized_gluon_matches_float64(index, monkeypatch, device):
     ours, expected = conv_and_reference(case, torch.bfloat16, device)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_warp_specialized_weight_gradient_equals_the_pipelined_one(stride, device):
+    """The persistent warp-specialized weight gradient sums each tile's patches in the pipelined kernel's order
+    into the same split partials: bit for bit its result, with split-K and (stride 2) phase views. sm_90 GPU only."""
+    if not gluon_runs(device):
+        pytest.skip("the Gluon kernels run only on sm_90 with the Triton they are written for")
+    from tconv3d.geometry import check_weight_grad
+    from tconv3d.kernels.conv_wgrad import conv3d_wgrad
+
+    x = torch.randn(2, 64, 6, 20, 36, device=device, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    weight = torch.empty(128, 64, 3, 3, 3, device=device)
+    grad_out = torch.randn_like(torch.nn.functional.conv3d(x.float(), weight, None, stride, 1)).to(x.dtype)
+    grad_out = grad_out.contiguous(memory_format=CL)
+    geom = check_weight_grad(grad_out, x, weight.shape, [stride] * 3, [1] * 6, [1] * 3)
+    tiles = configs.with_gluon(KernelConfig(128, 128, 64, 8, 3, split_k=3), geom, "wgrad")
+    pipelined = conv3d_wgrad(grad_out, x, None, geom, tiles)
+    specialized = conv3d_wgrad(grad_out, x, None, geom, dataclasses.replace(tiles, gluon=2))
+    assert torch.equal(pipelined, specialized)
+    expected = torch.nn.grad.conv3d_weight(x.double(), weight.shape, grad_out.double(), stride, 1)
+    assert rel_l2(specialized, expected) < tolerance(torch.bfloat16)

@@ -37,8 +37,7 @@ class KernelConfig:
     # unused, split_k splits of the weight gradient's voxels.
     direct: int = 0
     # 1: the Gluon kernel (conv_gluon.py, sm_90) on the TMA variant's patch, num_stages its ring depth; 2: the same
-    # persistent, with a warp-specialized one-warp TMA producer (forward and input gradient; the weight gradient
-    # runs 1's).
+    # persistent, with a warp-specialized one-warp TMA producer.
     gluon: int = 0
 
     @property

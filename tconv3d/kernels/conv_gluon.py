@@ -11,8 +11,8 @@ copy), wgmma reads both operands from there asynchronously with one group in fli
 bias and writes the patch back with a TMA store. Per K step the main loop should compile to: an mbarrier wait
 (SYNCS.PHASECHK), the HGMMAs of one BLOCK_K slice with both operands in shared memory, one WARPGROUP.DEPBAR.LE
 gsb0, 0x1, and the next stage's two UTMALDG; no LDS/LDSM/STS. `python -m tconv3d.inspect` checks that. The
-forward and input gradient also come persistent and warp-specialized (WARP_SPECIALIZE, config gluon = 2): a
-one-warp producer issues the loads, the kernel's warps only wait, wgmma and store, one program per SM.
+three also come persistent and warp-specialized (WARP_SPECIALIZE, config gluon = 2): a one-warp producer
+issues the loads, the kernel's warps only wait, wgmma and store, one program per SM.
 
 Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
 imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
@@ -88,17 +88,48 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
-    def _stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr):
-        """Stage `index` as the wgmma's operands, views of the boxes in shared memory: A [BLOCK_M, BLOCK_K] from the
-        5-D source box, B [BLOCK_K, BLOCK_N] from the weight box (used transposed in the forward)."""
-        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
-        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
-        a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
-        if INPUT_GRAD:
-            b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
+    def _stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
+        """Stage `index` as the wgmma's operands, views of the boxes in shared memory. Forward and input gradient:
+        A [BLOCK_M, BLOCK_K] from the 5-D source box, B [BLOCK_K, BLOCK_N] from the weight box (used transposed in
+        the forward). Weight gradient: A [BLOCK_M, BLOCK_K] the grad_out box read M-major (a transposed view), B
+        [BLOCK_K, BLOCK_N] the input box as it landed, BLOCK_K = the box's voxels."""
+        if WEIGHT_GRAD:
+            BLOCK_K: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+            a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]]).permute((1, 0))
+            b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[5]])
         else:
-            b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
+            BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+            BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+            a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
+            if INPUT_GRAD:
+                b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
+            else:
+                b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
         return a, b
+
+    @gluon.jit
+    def _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc,
+                       INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
+        """A warp-specialized consumer's K loop over one tile: `steps` stages from ring position `it` on, each
+        waited for, wgmma'd from shared memory with one group in flight and handed back to the producer (on
+        `empty`) once the group after it has been issued. Returns the finished accumulator and the ring position."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        for step in range(steps):
+            index = it % STAGES
+            mbarrier.wait(ready.index(index), (it // STAGES) & 1)
+            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD, WEIGHT_GRAD)
+            acc = _mma_one_in_flight(a, b, acc)
+            # The previous step's group has finished: its stage may be refilled.
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
+            it += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=steps > 0)  # the tile's last
+        return acc, it
+
+    @gluon.jit
+    def _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH: gl.constexpr, KW: gl.constexpr):
+        """Tap `tap`'s input offset, tap * dil - pad in each dimension."""
+        return tap // (KW * KH) * DIL_D - PAD_D, tap // KW % KH * DIL_H - PAD_H, tap % KW * DIL_W - PAD_W
 
     @gluon.jit
     def _drain(acc, ready, STAGES: gl.constexpr):
@@ -109,10 +140,9 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
-    def _copy_source_box(views, coords, bar, buf, phase, pred, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr):
-        """The source box at `coords` of phase view `phase` into `buf` (views[0] at stride 1): one copy issued per
-        view, all but the phase's predicated off."""
-        PHASES: gl.constexpr = STRIDE_H * STRIDE_W
+    def _copy_source_box(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr):
+        """The source box at `coords` of phase view `phase` of the PHASES `views` into `buf` (views[0] where there
+        is one): one copy issued per view, all but the phase's predicated off."""
         if PHASES == 1:
             tma.async_copy_global_to_shared(views[0], coords, bar, buf, pred)
         else:
@@ -130,20 +160,12 @@ if UNAVAILABLE is None:
         the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
         tap = step // k_blocks
         c0 = (step - tap * k_blocks) * BLOCK_K
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
+        shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
         if INPUT_GRAD:  # a stride-1 convolution of grad_out with the taps flipped
-            shift_d = PAD_D - kd * DIL_D
-            shift_h = PAD_H - kh * DIL_H
-            shift_w = PAD_W - kw * DIL_W
-        else:
-            shift_d = kd * DIL_D - PAD_D
-            shift_h = kh * DIL_H - PAD_H
-            shift_w = kw * DIL_W - PAD_W
+            shift_d, shift_h, shift_w = -shift_d, -shift_h, -shift_w
         src_d, phase, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, phase, pred, STRIDE_H, STRIDE_W)
+        _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, phase, pred, STRIDE_H * STRIDE_W)
         if INPUT_GRAD:
             tma.async_copy_global_to_shared(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
@@ -172,7 +194,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD)
+            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD, False)
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
@@ -219,7 +241,6 @@ if UNAVAILABLE is None:
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
         read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads."""
-        STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = BOX_H * BOX_W
@@ -230,16 +251,7 @@ if UNAVAILABLE is None:
             first = split * SPLIT_STEPS
             steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-            for step in range(steps):
-                index = it % STAGES
-                mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-                a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD)
-                acc = _mma_one_in_flight(a, b, acc)
-                # The previous step's group has finished: its stage may be refilled.
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
-                it += 1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=steps > 0)  # the tile's last
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, INPUT_GRAD, False)
             tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
             _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS, HAS_BIAS, mma_layout)
         tma.store_wait(pendings=0)
@@ -355,18 +367,43 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_wgrad_loads(
-        go_desc, x_view, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
-        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        go_desc, x_views, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, PHASES: gl.constexpr,
         BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred,
     ):  # fmt: skip
         """Patch `patch`'s two boxes into one stage: grad_out's patch (zeros past the output's edges, adding
-        nothing) and the input's box the program's tap reads for it from `x_view`, the tap's phase view (tap_box;
-        zeros in the padding)."""
+        nothing) and the input's box the tap reads for it (tap_box; zeros in the padding) from its phase view, one
+        of the PHASES `x_views`."""
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
-        mbarrier.expect(bar, go_desc.block_type.nbytes + x_view.block_type.nbytes, pred=pred)
+        mbarrier.expect(bar, go_desc.block_type.nbytes + x_views[0].block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
-        src_d, _, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
-        tma.async_copy_global_to_shared(x_view, [n, src_d, row, col, ci0], bar, b_buf, pred)
+        src_d, phase, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+        _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, b_buf, phase, pred, PHASES)
+
+    @gluon.jit
+    def _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAPS: gl.constexpr):
+        """Weight-gradient tile `tile` -> (tap, first Cout row, first Cin column, split): taps innermost
+        (neighbouring tiles read the same grad_out boxes and overlapping input boxes, from L2), then the
+        Cout x Cin tiles, then the splits of the output patches."""
+        num_n = gl.cdiv(C_IN, BLOCK_N)
+        tiles_mn = gl.cdiv(C_OUT, BLOCK_M) * num_n
+        rest = tile // TAPS
+        mn = rest % tiles_mn
+        return tile % TAPS, (mn // num_n) * BLOCK_M, (mn % num_n) * BLOCK_N, rest // tiles_mn
+
+    @gluon.jit
+    def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
+                          mma_layout: gl.constexpr):  # fmt: skip
+        """One tile of out[split, Cout, tap, Cin], from registers (the rows and columns past the channels
+        dropped)."""
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        BLOCK_N: gl.constexpr = acc.type.shape[1]
+        offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        out_ptrs = (out_ptr + split * stride_os + tap * stride_ot
+                    + gl.expand_dims(offs_m, 1) * stride_oo + gl.expand_dims(offs_n, 0) * stride_oi)  # fmt: skip
+        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(offs_n < C_IN, 0)
+        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _wgrad_steps(
@@ -375,33 +412,82 @@ if UNAVAILABLE is None:
         mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The weight gradient's K loop over output patches, software-pipelined as the forward's, reading the
-        input from `x_view`. Returns the accumulator, the ring's barriers put away."""
+        input from `x_view` alone. Returns the accumulator, the ring's barriers put away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
-        BLOCK_K: gl.constexpr = BOX_H * BOX_W
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
-                go_desc, x_view, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
-                co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, BOX_H, BOX_W, s < steps,
+                go_desc, (x_view,), a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
+                co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1, BOX_H, BOX_W, s < steps,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a = a_ring.index(index).reshape([BLOCK_K, BLOCK_M]).permute((1, 0))  # [BLOCK_M, BLOCK_K]
-            b = b_ring.index(index).reshape([BLOCK_K, BLOCK_N])  # [BLOCK_K, BLOCK_N]
+            a, b = _stage_operands(a_ring, b_ring, index, False, True)
             acc = _mma_one_in_flight(a, b, acc)
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_wgrad_loads(
-                go_desc, x_view, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W,
+                go_desc, (x_view,), a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1,
                 BOX_H, BOX_W, ahead < steps,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
+
+    @gluon.jit
+    def _wgrad_mma_tiles(
+        a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
+        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, mma_layout: gl.constexpr,
+    ):  # fmt: skip
+        """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
+        from the ring as the producer fills it, then the tile stored from registers while the producer loads the
+        next tile's first patches."""
+        BLOCK_M: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[5]
+        it = 0  # patches consumed over all this program's tiles: the ring's position and phase
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
+            first = split * SPLIT_PATCHES
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+            steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True)
+            _store_wgrad_tile(
+                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
+            )
+
+    @gluon.jit
+    def _wgrad_load_tiles(
+        go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
+        D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        KH: gl.constexpr, KW: gl.constexpr, TAPS: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+    ):  # fmt: skip
+        """The warp-specialized weight gradient's producer, one warp, over the same tiles as _wgrad_mma_tiles: each
+        free stage gets the next patch's grad_out box and input box (from the tile's phase view: the copies from
+        the others are predicated off, which costs a one-warp partition nothing)."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BOX_H: gl.constexpr = a_ring.type.shape[3]
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[5]
+        it = 0
+        for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
+            shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            first = split * SPLIT_PATCHES
+            for step in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
+                index = it % STAGES
+                mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
+                _issue_wgrad_loads(
+                    go_desc, x_views, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
+                    D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W,
+                    STRIDE_H * STRIDE_W, BOX_H, BOX_W, True,
+                )  # fmt: skip
+                it += 1
 
     @gluon.jit
     def _conv3d_wgrad_gluon_kernel(
@@ -414,34 +500,25 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        STAGES: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
-        GEMM view M = Cout, N = Cin, K = output voxels, one tap per program, K split over the output patches
-        (BLOCK_K = BOX_H * BOX_W voxels at one (n, od)) between program_id(1)'s splits. The grad_out box is A read
-        M-major (a transposed view), the input box B as it lands; the ring and the wait are the forward's. At a
-        stride in H or W a program's tap reads one phase view throughout: the loop is compiled once per view and
-        the program runs its own, each loop's loads from one descriptor (issuing them from all, predicated, puts
-        a CTA barrier between every two)."""
+        GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
+        (BLOCK_K = BOX_H * BOX_W voxels at one (n, od)) between the splits. The grad_out box is A read M-major (a
+        transposed view), the input box B as it lands; the ring and the wait are the forward's. One tile per
+        program (program_id(0) the tap and Cout x Cin tile, program_id(1) the split), or with WARP_SPECIALIZE
+        persistent and warp-specialized as the forward: a one-warp producer (_wgrad_load_tiles) and the kernel's
+        warps (_wgrad_mma_tiles) walking the tiles num_programs apart. At a stride in H or W a tile's tap reads
+        one phase view throughout: the software-pipelined loop is compiled once per view and the program runs its
+        own (copies from several views into one stage would put a CTA barrier between every two)."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[4]
         dtype: gl.constexpr = go_desc.dtype
+        TAPS: gl.constexpr = KD * KH * KW
+        PHASES: gl.constexpr = STRIDE_H * STRIDE_W
         x_views = (x_desc, x_phase1, x_phase2, x_phase3)
-
-        taps: gl.constexpr = KD * KH * KW
-        pid = gl.program_id(0)
-        tap = pid % taps  # neighbouring programs share the same boxes in L2: taps innermost
-        tile = pid // taps
-        num_n = gl.cdiv(C_IN, BLOCK_N)
-        co0 = (tile // num_n) * BLOCK_M
-        ci0 = (tile % num_n) * BLOCK_N
-        shift_d = (tap // (KW * KH)) * DIL_D - PAD_D
-        shift_h = ((tap // KW) % KH) * DIL_H - PAD_H
-        shift_w = (tap % KW) * DIL_W - PAD_W
-        first = gl.program_id(1) * SPLIT_PATCHES
-        steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
@@ -449,28 +526,46 @@ if UNAVAILABLE is None:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
-        PHASES: gl.constexpr = STRIDE_H * STRIDE_W
-        if PHASES == 1:
-            acc = _wgrad_steps(
-                go_desc, x_desc, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
-                shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+        if WARP_SPECIALIZE:
+            tiles = TAPS * gl.cdiv(C_OUT, BLOCK_M) * gl.cdiv(C_IN, BLOCK_N) * gl.cdiv(PATCHES, SPLIT_PATCHES)
+            empty = _stage_barriers(STAGES)
+            gl.warp_specialize(
+                [
+                    (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
+                                        C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, mma_layout)),
+                    (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
+                                         SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
+                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, STRIDE_D, STRIDE_H, STRIDE_W)),
+                ],
+                [1],
+                [_PRODUCER_REGS],
             )  # fmt: skip
+            for s in gl.static_range(STAGES):
+                mbarrier.invalidate(empty.index(s))
+                mbarrier.invalidate(ready.index(s))
         else:
-            phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
-            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-            for p in gl.static_range(PHASES):
-                if phase == p:
-                    acc = _wgrad_steps(
-                        go_desc, phase_view(x_views, p), a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT,
-                        co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
-                    )  # fmt: skip
-
-        offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
-        out_ptrs = (out_ptr + gl.program_id(1) * stride_os + tap * stride_ot
-                    + gl.expand_dims(offs_m, 1) * stride_oo + gl.expand_dims(offs_n, 0) * stride_oi)  # fmt: skip
-        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(offs_n < C_IN, 0)
-        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            tile = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
+            shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            first = split * SPLIT_PATCHES
+            steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+            if PHASES == 1:
+                acc = _wgrad_steps(
+                    go_desc, x_desc, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+                    shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+                )  # fmt: skip
+            else:
+                phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
+                acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+                for p in gl.static_range(PHASES):
+                    if phase == p:
+                        acc = _wgrad_steps(
+                            go_desc, phase_view(x_views, p), a_ring, b_ring, ready, first, steps, D_OUT, H_OUT,
+                            W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+                        )  # fmt: skip
+            _store_wgrad_tile(
+                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
+            )
 
 
 def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
@@ -525,14 +620,16 @@ def conv3d_gluon(
 def conv3d_wgrad_gluon(
     grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
 ) -> None:
-    """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight
-    gradient's patches and splits (conv_tma.wgrad_tma_patches): both tensors 16-bit, unit-stride channels,
-    TMA-aligned strides."""
+    """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight gradient's patches
+    and splits (conv_tma.wgrad_tma_patches), persistent and warp-specialized where config.gluon is 2: both
+    tensors 16-bit, unit-stride channels, TMA-aligned strides."""
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
+    if config.gluon == 2:  # persistent: one program per SM walks the tiles
+        grid = (min(math.prod(grid), _multiprocessors(out.device)),)
     launch(
         _conv3d_wgrad_gluon_kernel, grid,
         go_desc, *x_views, out,
@@ -540,5 +637,6 @@ def conv3d_wgrad_gluon(
         *out.stride(),
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
-        STAGES=config.num_stages, num_warps=config.num_warps,
+        STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps,
+        **_register_limit(config),
     )  # fmt: skip

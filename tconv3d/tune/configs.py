@@ -230,9 +230,8 @@ def candidates(
         twins += list(dict.fromkeys(with_tma(c, geom, direction, rows) for c in kept for rows in (False, True)))
     if gluon and gluon_eligible(direction, geom, dtype):
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
-        if direction != "wgrad":
-            specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
-            twins += [c for c in specialized if _persistent_smem(c, dtype) <= smem_bytes]
+        specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
+        twins += [c for c in specialized if _persistent_smem(c, dtype, direction) <= smem_bytes]
     return kept + twins
 
 
@@ -516,21 +515,23 @@ def gluon_takes(config: KernelConfig) -> bool:
     return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
 
 
-def _persistent_smem(config: KernelConfig, dtype: torch.dtype) -> int:
-    """Shared memory of the persistent warp-specialized Gluon kernel: the ring, and beside it the epilogue's tile
-    (fp32 where split-K writes partial sums), which it keeps while the next tile's loads land."""
+def _persistent_smem(config: KernelConfig, dtype: torch.dtype, direction: str) -> int:
+    """Shared memory of the persistent warp-specialized Gluon kernel: the ring, and beside it the forward's and
+    input gradient's epilogue tile (fp32 where split-K writes partial sums), which it keeps while the next tile's
+    loads land (the weight gradient stores from registers)."""
     element = torch.empty((), dtype=dtype).element_size()
     ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
+    if direction == "wgrad":
+        return ring + 1024
     return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element) + 1024
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
     """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
-    tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit); `specialized`: with a
-    warp-specialized TMA producer (gluon = 2), which the weight gradient does not have."""
+    tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit); `specialized`: persistent, with
+    a warp-specialized TMA producer (gluon = 2)."""
     tiled = with_tma(config, geom, direction, rows=False)  # the 5-D patch: compile-checked, reshaped in smem
-    kind = 2 if specialized and direction != "wgrad" else 1
-    return replace(tiled, gluon=kind, num_stages=max(tiled.num_stages, 2))
+    return replace(tiled, gluon=2 if specialized else 1, num_stages=max(tiled.num_stages, 2))
 
 
 def default_config(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> KernelConfig:
