@@ -61,8 +61,7 @@ def test_gluon_variant_matches_float64(index, dtype, gluon, device):
         assert rel_l2(got, want) < tolerance(dtype)
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
     first = "gluon" if gluon_runs(device) else "tma"
-    strided = case.stride not in (1, (1, 1, 1))  # its input gradient runs the pointer kernel
-    assert gluon == [(first, "fwd")] + ([] if strided else [(first, "dgrad")]) + [(first, "wgrad")]
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
 
 
 def test_gluon_unavailable_is_explained(gluon, device):
@@ -124,8 +123,8 @@ def test_force_variant_rules(monkeypatch):
     assert choice.force_variant("dgrad", replicate, torch.bfloat16, pointer, "gluon", True).variant == "gluon"
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
     table_entry = dataclasses.replace(force("fwd", torch.bfloat16, "gluon"))
-    for direction, variant in (("fwd", "gluon"), ("wgrad", "gluon"), ("dgrad", "pointer")):  # phase views
-        assert choice.force_variant(direction, strided, torch.bfloat16, table_entry, "auto", True).variant == variant
+    for direction in ("fwd", "dgrad", "wgrad"):  # phase views
+        assert choice.force_variant(direction, strided, torch.bfloat16, table_entry, "auto", True).variant == "gluon"
     stride3 = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 3, 3), 1, 1)  # 9 phase views: too many
     assert choice.force_variant("fwd", stride3, torch.bfloat16, table_entry, "auto", True).variant == "pointer"
 
@@ -233,8 +232,6 @@ def test_warp_specialized_gluon_matches_float64(index, monkeypatch, device):
 
     def specialized(direction, geom, dtype, device, run):
         tiles = choice.heuristic_gluon_tiles(configs.heuristic_config(direction, geom, dtype, 132, 90))
-        if not configs.gluon_eligible(direction, geom, dtype):  # a strided input gradient
-            return configs.heuristic_config(direction, geom, dtype, 132, 90)
         return configs.with_gluon(tiles, geom, direction, specialized=True)
 
     monkeypatch.setattr(choice, "_memo", {})

@@ -1,16 +1,14 @@
 """Conv3d input gradient: an implicit-GEMM Triton kernel on NDHWC tensors, split by stride phase, and its launcher."""
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, k_splits, live_taps, packs_taps
+from .config import KernelConfig, k_splits, packs_taps
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
-from .conv_tma import conv3d_tma
+from .conv_tma import conv3d_tma, live_tap_table
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
@@ -135,12 +133,6 @@ def _conv3d_dgrad_kernel(
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@functools.lru_cache(maxsize=256)
-def _live_taps(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
-    """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the kernel reads it; cached."""
-    return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
-
-
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
     channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of
@@ -169,7 +161,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
 
 def _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split):
     upcast, precision = dot_flags(grad_out.dtype)
-    live = _live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
+    live = live_tap_table(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]

@@ -26,7 +26,16 @@ from packaging.version import Version
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig
-from .conv_tma import patch_descriptors, patch_origin, phase_descriptors, phase_view, tap_box
+from .conv_tma import (
+    dst_box,
+    patch_descriptors,
+    patch_origin,
+    patch_phase,
+    phase_descriptors,
+    phase_view,
+    step_box,
+    tap_box,
+)
 from .launch import launch
 from .utils import cdiv, ndhwc_descriptor
 
@@ -150,30 +159,54 @@ if UNAVAILABLE is None:
                 tma.async_copy_global_to_shared(phase_view(views, p), coords, bar, buf, pred & (phase == p))
 
     @gluon.jit
+    def _load_live_taps(live_ptr, phase):
+        """conv_tma.load_live_taps: phase `phase`'s (first, step, count) x (d, h, w) live taps."""
+        row = live_ptr + phase * 9
+        return (gl.load(row), gl.load(row + 1), gl.load(row + 2), gl.load(row + 3), gl.load(row + 4),
+                gl.load(row + 5), gl.load(row + 6), gl.load(row + 7), gl.load(row + 8))  # fmt: skip
+
+    @gluon.jit
+    def _tile_work(
+        n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
+    ):  # fmt: skip
+        """What a tile whose patch is at batch entry `n` (patch_origin's) reduces: (batch entry, phase, the phase's
+        live taps (a strided input gradient's; else 0), first K step, steps: those of split `split`)."""
+        n, phase = patch_phase(n, BATCH, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
+        live = 0
+        if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
+            live = _load_live_taps(live_ptr, phase)
+            total = live[2] * live[5] * live[8] * k_blocks
+        else:
+            total = KD * KH * KW * k_blocks
+        first = split * SPLIT_STEPS
+        return n, phase, live, first, gl.minimum(first + SPLIT_STEPS, total) - first
+
+    @gluon.jit
     def _issue_loads(
-        src_views, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0,
+        src_views, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, pred,
     ):  # fmt: skip
-        """Step `step`'s two boxes into one stage: the source box its tap reads (tap_box; zeros where it leaves
-        the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
-        tap = step // k_blocks
-        c0 = (step - tap * k_blocks) * BLOCK_K
-        shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
-        if INPUT_GRAD:  # a stride-1 convolution of grad_out with the taps flipped
-            shift_d, shift_h, shift_w = -shift_d, -shift_h, -shift_w
-        src_d, phase, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+        """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
+        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
+        tap, c0, src_d, view, row, col = step_box(
+            step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+            STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
+        )  # fmt: skip
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
-        _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, phase, pred, STRIDE_H * STRIDE_W)
-        if INPUT_GRAD:
+        if INPUT_GRAD:  # one source view: grad_out
+            tma.async_copy_global_to_shared(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
             tma.async_copy_global_to_shared(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
+            _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W)
             tma.async_copy_global_to_shared(w_desc, [n0, tap, c0], bar, b_buf, pred)
 
     @gluon.jit
     def _pipelined_steps(
-        src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+        src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
@@ -187,8 +220,8 @@ if UNAVAILABLE is None:
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             _issue_loads(
                 src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
-                n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
-                BLOCK_K, INPUT_GRAD, s < steps,
+                n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, s < steps,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
@@ -200,27 +233,30 @@ if UNAVAILABLE is None:
             refill = ahead % STAGES
             _issue_loads(
                 src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, ahead < steps,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
-    def _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
+    def _tile_origin(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
                      BLOCK_N: gl.constexpr):  # fmt: skip
-        """A persistent program's tile `tile` -> (n, d, h0, w0, first column, split): the column blocks of one
-        patch are neighbours (they read the same input boxes, from L2), then the patches, then the splits."""
+        """A persistent program's tile `tile` -> (batch entry, d, h0, w0, first column, split) over ENTRIES batch
+        entries (a strided input gradient's count each phase's): the column blocks of one patch are neighbours
+        (they read the same input boxes, from L2), then the patches, then the splits."""
         num_cols = gl.cdiv(C_COLS, BLOCK_N)
-        patches = BATCH * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+        patches = ENTRIES * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
         rest = tile // num_cols
         n, d, h0, w0 = patch_origin(rest % patches, D_DST, H_DST, W_DST, BOX_H, BOX_W)
         return n, d, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
 
     @gluon.jit
-    def _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS,
-                    HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
-        """The epilogue of one tile: the bias (split 0's partial carries it), then a TMA store of the patch, which
-        drops what lies past the volume's edges. The store is left in flight: wait before reusing c_smem."""
+    def _store_tile(acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
+                    STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+                    INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
+        """The epilogue of one tile: the bias (split 0's partial carries it), then a TMA store of the patch (to the
+        phase's view of grad_in, conv_tma.dst_box, for a strided input gradient), which drops what lies past the
+        volume's edges. The store is left in flight: wait before reusing c_smem."""
         BLOCK_N: gl.constexpr = c_smem.type.shape[4]
         BLOCK_M: gl.constexpr = c_smem.type.shape[2] * c_smem.type.shape[3]
         if HAS_BIAS:
@@ -228,14 +264,23 @@ if UNAVAILABLE is None:
             bias_cols = gl.where(split == 0, C_COLS, 0)
             bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
             acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_desc.dtype))
+        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_views[0].dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dst_desc, [split * BATCH + n, d, h0, w0, n0], c_smem)
+        frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
+        coords = [split * BATCH + n, frame, h0, w0, n0]
+        if INPUT_GRAD and STRIDE_H * STRIDE_W > 1:
+            for p in gl.static_range(STRIDE_H * STRIDE_W):
+                if view == p:
+                    tma.async_copy_shared_to_global(phase_view(dst_views, p), coords, c_smem)
+        else:
+            tma.async_copy_shared_to_global(dst_views[0], coords, c_smem)
 
     @gluon.jit
     def _mma_tiles(
-        a_ring, b_ring, ready, empty, c_smem, dst_desc, bias_ptr, tiles, total_steps,
+        a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles, k_blocks,
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
@@ -245,23 +290,28 @@ if UNAVAILABLE is None:
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = BOX_H * BOX_W
         BLOCK_N: gl.constexpr = c_smem.type.shape[4]
+        entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
-            first = split * SPLIT_STEPS
-            steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first
+            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+            n, phase, _, _, steps = _tile_work(
+                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
+            )
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
             acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, INPUT_GRAD, False)
             tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
-            _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS, HAS_BIAS, mma_layout)
+            _store_tile(
+                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
+                STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout,
+            )  # fmt: skip
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _load_tiles(
-        src_views, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+        src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        INPUT_GRAD: gl.constexpr,
+        KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
@@ -271,28 +321,33 @@ if UNAVAILABLE is None:
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
+        entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, BATCH, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
-            first = split * SPLIT_STEPS
-            for step in range(gl.minimum(first + SPLIT_STEPS, total_steps) - first):
+            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+            n, phase, live, first, steps = _tile_work(
+                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
+            )
+            for step in range(steps):
                 index = it % STAGES
                 mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_loads(
                     src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
-                    k_blocks, n, d, h0, w0, n0, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                    k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                     STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, True,
                 )  # fmt: skip
                 it += 1
 
     @gluon.jit
     def _conv3d_gluon_kernel(
-        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]; at a stride in H or
-        # W, src_desc and src_phase1..3 are its phase views, in tap_box's order, None past the last), the weight as
+        # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
         # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
-        # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-        src_desc, src_phase1, src_phase2, src_phase3, w_desc, dst_desc, bias_ptr,
-        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+        # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]). At a stride in H or W the strided
+        # operand (src forward, dst input gradient) comes as its phase views, in tap_box's order: src_desc or
+        # dst_desc the first, view1..3 the others (None past the last). live_ptr: the input gradient's live-tap
+        # table at a stride (config.live_taps), else None.
+        src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
+        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
@@ -302,20 +357,23 @@ if UNAVAILABLE is None:
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
         BLOCK_M = BOX_H * BOX_W), N = columns (Cout forward, Cin input gradient), K = taps x reduced channels.
-        Forward: v * stride + shift, shift = tap * dil - pad, from the tap's phase view at a stride in H or W
-        (tap_box), the weight box used transposed. Input gradient at stride 1: the taps
-        flipped, shift = pad - tap * dil, the weight box as it is. Split-K (grid axis 2): program s reduces steps
-        [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
-        in split 0's. WARP_SPECIALIZE: persistent and warp-specialized, each program walking tiles (patch, column
-        block, split) num_programs apart; one extra warp issues every TMA load (_load_tiles) while the kernel's
-        warps only wait, wgmma and store (_mma_tiles), the stages handed back and forth by two mbarrier rings.
-        The producer runs on into the next tile while the consumers store the last one."""
+        Each step's source box comes from conv_tma.step_box, as in the TMA kernel: the forward reads v * stride +
+        tap * dil - pad (from the tap's phase view at a stride in H or W), the weight box used transposed; the
+        input gradient convolves grad_out with the taps flipped, the weight box as it is, and at a stride a
+        program's patch lies in one phase of grad_in (D_DST x H_DST x W_DST its largest), reduced over that
+        phase's live taps and stored through its phase view. Split-K (grid axis 2; SPLITS of them): program s
+        reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s *
+        BATCH on), the bias in split 0's. WARP_SPECIALIZE: persistent and warp-specialized, each program walking
+        tiles (patch, column block, split) num_programs apart; one extra warp issues every TMA load (_load_tiles)
+        while the kernel's warps only wait, wgmma and store (_mma_tiles), the stages handed back and forth by two
+        mbarrier rings. The producer runs on into the next tile while the consumers store the last one."""
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
         BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
         dtype: gl.constexpr = src_desc.dtype
-        src_views = (src_desc, src_phase1, src_phase2, src_phase3)
+        src_views = (src_desc, view1, view2, view3)  # the forward's phase views (the input gradient reads one)
+        dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -327,21 +385,22 @@ if UNAVAILABLE is None:
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
         k_blocks = gl.cdiv(C_RED, BLOCK_K)
-        total_steps = KD * KH * KW * k_blocks
 
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
-            patches = BATCH * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
-            tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * gl.cdiv(total_steps, SPLIT_STEPS)
+            entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
+            patches = entries * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+            tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * SPLITS
             empty = _stage_barriers(STAGES)  # "this stage was read": the producer may refill it
             # The epilogue's buffer lives beside the ring: the next tile's loads land while the last one stores.
             c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
             gl.warp_specialize(
                 [
-                    (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_desc, bias_ptr, tiles, total_steps,
-                                  C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, INPUT_GRAD, HAS_BIAS, mma_layout)),
-                    (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, tiles, total_steps, k_blocks,
+                    (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
+                                  k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, KD, KH, KW,
+                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout)),
+                    (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
-                                   DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)),
+                                   DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -353,16 +412,20 @@ if UNAVAILABLE is None:
             n, d, h0, w0 = patch_origin(gl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
             n0 = gl.program_id(1) * BLOCK_N
             split = gl.program_id(2)
-            first = split * SPLIT_STEPS
-            steps = gl.minimum(first + SPLIT_STEPS, total_steps) - first  # this split's
+            n, phase, live, first, steps = _tile_work(
+                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
+            )
             acc = _pipelined_steps(
-                src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0,
+                src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
                 mma_layout,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
-            _store_tile(acc, c_smem, dst_desc, bias_ptr, n, d, h0, w0, n0, split, BATCH, C_COLS, HAS_BIAS, mma_layout)
+            _store_tile(
+                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
+                STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout,
+            )  # fmt: skip
             tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -596,20 +659,21 @@ def _register_limit(config: KernelConfig) -> dict:
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
-    """Run the Gluon kernel: the forward at any stride (src = x, dst = y) or the stride-1 input gradient (src =
-    grad_out, dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums
-    of `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels and TMA-aligned strides;
-    dst is written whole. The tuning layer (tconv3d/tune/) offers this variant only where UNAVAILABLE is None."""
-    descriptors, grid, (reduced, columns), stride = patch_descriptors(
+    """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in),
+    at strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials)
+    their fp32 partial sums of `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels
+    and TMA-aligned strides; dst is written whole. The tuning layer (tconv3d/tune/) offers this variant only where
+    UNAVAILABLE is None."""
+    descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )
-    _, _, d, h, w = dst.shape
+    splits = grid[2]
     if config.gluon == 2:  # persistent: one program per SM walks the tiles
         grid = (min(math.prod(grid), _multiprocessors(dst.device)),)
     launch(
         _conv3d_gluon_kernel, grid,
-        *descriptors, bias if bias is not None else dst,
-        reduced, columns, src.shape[0], d, h, w, split_steps,
+        *descriptors, bias if bias is not None else dst, live,
+        reduced, columns, src.shape[0], *volume, split_steps, splits,
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,

@@ -8,13 +8,16 @@ box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap),
 most MAX_PHASES of them; the kernels pick the tap's. Along D a box is one frame deep, so a stride there is only a
 coordinate."""
 
+import functools
+import math
+
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig
+from .config import KernelConfig, live_taps
 from .launch import launch
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
@@ -55,11 +58,82 @@ def phase_view(views, phase: tl.constexpr):
 
 
 @triton.jit
+def load_live_taps(live_ptr, phase):
+    """Phase `phase`'s row of the strided input gradient's live-tap table (config.live_taps, int32 [phases, 9]):
+    (first, step, count) of its live taps along d, h and w."""
+    row = live_ptr + phase * 9
+    return (tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3), tl.load(row + 4),
+            tl.load(row + 5), tl.load(row + 6), tl.load(row + 7), tl.load(row + 8))  # fmt: skip
+
+
+@triton.jit
+def step_box(
+    step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KH: tl.constexpr, KW: tl.constexpr, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    INPUT_GRAD: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """K step `step` of a patch program at (d, h0, w0) -> (tap, first reduced channel, and the source box: frame,
+    phase view, row, column). Forward: the tap's box of its phase view at a stride (tap_box). Input gradient: a
+    convolution of grad_out with the taps flipped; at a stride, the program's `phase` (rd, rh, rw) of grad_in
+    reads only its live taps (`live`, load_live_taps), step // k_blocks counting them, and live tap k lands on
+    grad_out voxel j + (r + pad - k * dil) / stride (an exact division) for the phase's voxel j."""
+    index = step // k_blocks
+    c0 = (step - index * k_blocks) * BLOCK_K
+    if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
+        first_d, step_d, _, first_h, step_h, count_h, first_w, step_w, count_w = live
+        kd = first_d + index // (count_w * count_h) * step_d
+        kh = first_h + index // count_w % count_h * step_h
+        kw = first_w + index % count_w * step_w
+        rd = phase // (STRIDE_H * STRIDE_W)
+        rh = phase // STRIDE_W % STRIDE_H
+        rw = phase % STRIDE_W
+        tap = (kd * KH + kh) * KW + kw
+        src_d = d + (rd + PAD_D - kd * DIL_D) // STRIDE_D
+        view = 0
+        row = h0 + (rh + PAD_H - kh * DIL_H) // STRIDE_H
+        col = w0 + (rw + PAD_W - kw * DIL_W) // STRIDE_W
+    else:
+        tap = index
+        shift_d = tap // (KW * KH) * DIL_D - PAD_D
+        shift_h = tap // KW % KH * DIL_H - PAD_H
+        shift_w = tap % KW * DIL_W - PAD_W
+        if INPUT_GRAD:  # stride 1
+            src_d, view, row, col = d - shift_d, 0, h0 - shift_h, w0 - shift_w
+        else:
+            src_d, view, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+    return tap, c0, src_d, view, row, col
+
+
+@triton.jit
+def patch_phase(n, BATCH, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+                INPUT_GRAD: tl.constexpr):  # fmt: skip
+    """(batch entry, phase) of a patch program whose patch_origin gave batch entry `n`: a strided input gradient
+    walks its grad_in phases as BATCH x phases batch entries, phase-major; everything else has one phase."""
+    if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
+        return n % BATCH, n // BATCH
+    else:
+        return n, 0
+
+
+@triton.jit
+def dst_box(d, phase, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+            INPUT_GRAD: tl.constexpr):  # fmt: skip
+    """(frame, phase view) a patch program at frame d of its `phase` stores to: a strided input gradient's patch
+    lies in grad_in's phase view (rh, rw), at frame d * STRIDE_D + rd; everything else stores to dst at d."""
+    if INPUT_GRAD:
+        return d * STRIDE_D + phase // (STRIDE_H * STRIDE_W), phase % (STRIDE_H * STRIDE_W)
+    else:
+        return d, 0
+
+
+@triton.jit
 def _conv3d_tma_kernel(
-    # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]; at a stride in H or W,
-    # src_desc and src_phase1..3 are its phase views, in tap_box's order, None past the last), the weight as
-    # [Cout, taps, Cin], dst as [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N])
-    src_desc, src_phase1, src_phase2, src_phase3, w_desc, dst_desc, bias_ptr,
+    # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
+    # [Cout, taps, Cin], dst as [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]). At a stride
+    # in H or W the strided operand (src forward, dst input gradient) comes as its phase views, in tap_box's
+    # order: src_desc or dst_desc the first, view1..3 the others (None past the last). live_ptr: the input
+    # gradient's live-tap table at a stride (config.live_taps), else None.
+    src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
     C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
@@ -70,46 +144,48 @@ def _conv3d_tma_kernel(
     """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col], for a BOX_H x BOX_W
     patch of dst voxels at one (n, d) per program and BLOCK_N columns.
 
-    Forward (src = x, dst = y, red = Cin, col = Cout): shift = tap * dil - pad, and the weight box
-    [BLOCK_N, 1, BLOCK_K] of (Cout, taps, Cin) is used transposed. Input gradient at stride 1 (src = grad_out,
-    dst = grad_in, red = Cout, col = Cin): a stride-1 convolution with the taps flipped, shift = pad - tap * dil,
-    and the weight box [BLOCK_K, 1, BLOCK_N] as it is. Either way each step's source box may lie partly in the
-    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks. A strided forward
-    reads v * stride + shift, from the tap's phase view (tap_box). Split-K (grid axis 2): program s reduces steps
-    [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch entries s * BATCH on), the bias
-    in split 0's.
+    Forward (src = x, dst = y, red = Cin, col = Cout): src[v * stride + tap * dil - pad], from the tap's phase
+    view at a stride in H or W (tap_box), and the weight box [BLOCK_N, 1, BLOCK_K] of (Cout, taps, Cin) is used
+    transposed. Input gradient (src = grad_out, dst = grad_in, red = Cout, col = Cin): a convolution of grad_out
+    with the taps flipped and the weight box [BLOCK_K, 1, BLOCK_N] as it is; at a stride, program by program a
+    patch of one phase of grad_in (a phase view, D_DST x H_DST x W_DST its largest), over that phase's live taps
+    only (step_box), stored through its phase view. Either way each step's source box may lie partly in the
+    padding or past an edge, where the TMA unit reads zeros: no address arithmetic, no masks. Split-K (grid axis
+    2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32 dst (batch
+    entries s * BATCH on), the bias in split 0's.
     """
     BLOCK_M: tl.constexpr = BOX_H * BOX_W
-    PHASES: tl.constexpr = STRIDE_H * STRIDE_W
-    views = (src_desc, src_phase1, src_phase2, src_phase3)
+    VIEWS: tl.constexpr = STRIDE_H * STRIDE_W  # phase views of the strided operand
+    views = (dst_desc if INPUT_GRAD else src_desc, view1, view2, view3)
     n, d, h0, w0 = patch_origin(tl.program_id(0), D_DST, H_DST, W_DST, BOX_H, BOX_W)
+    n, phase = patch_phase(n, BATCH, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
     n0 = tl.program_id(1) * BLOCK_N
     split = tl.program_id(2)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(C_RED, BLOCK_K)
+    live = 0
+    if INPUT_GRAD and STRIDE_D * VIEWS > 1:
+        live = load_live_taps(live_ptr, phase)
+        total = live[2] * live[5] * live[8] * k_blocks
+    else:
+        total = KD * KH * KW * k_blocks
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = split * SPLIT_STEPS
-    for step in range(first, tl.minimum(first + SPLIT_STEPS, KD * KH * KW * k_blocks)):
-        tap = step // k_blocks
-        c0 = (step - tap * k_blocks) * BLOCK_K
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
-        shift_d = kd * DIL_D - PAD_D
-        shift_h = kh * DIL_H - PAD_H
-        shift_w = kw * DIL_W - PAD_W
-        if INPUT_GRAD:  # stride 1
-            src_d, phase, row, col = d - shift_d, 0, h0 - shift_h, w0 - shift_w
+    for step in range(first, tl.minimum(first + SPLIT_STEPS, total)):
+        tap, c0, src_d, view, row, col = step_box(
+            step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+            STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
+        )  # fmt: skip
+        if INPUT_GRAD:
             b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
         else:
-            src_d, phase, row, col = tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
             b = tl.trans(w_desc.load([n0, tap, c0]).reshape(BLOCK_N, BLOCK_K))
-        if PHASES == 1:
+        if INPUT_GRAD or VIEWS == 1:
             a = src_desc.load([n, src_d, row, col, c0])
             acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
         else:
-            for p in tl.static_range(PHASES):
-                if phase == p:
+            for p in tl.static_range(VIEWS):
+                if view == p:
                     a = phase_view(views, p).load([n, src_d, row, col, c0])
                     acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
 
@@ -118,63 +194,90 @@ def _conv3d_tma_kernel(
         bias_cols = tl.where(split == 0, C_COLS, 0)  # split 0's partial carries the bias
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0).to(tl.float32)[None, :]
     # Stores past the patch's edges are dropped by the TMA unit.
-    dst_desc.store([split * BATCH + n, d, h0, w0, n0], acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N))
+    tile = acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N)
+    frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
+    if INPUT_GRAD and VIEWS > 1:  # the phase's view of grad_in
+        for p in tl.static_range(VIEWS):
+            if view == p:
+                phase_view(views, p).store([split * BATCH + n, frame, h0, w0, n0], tile)
+    else:
+        dst_desc.store([split * BATCH + n, frame, h0, w0, n0], tile)
 
 
-def phase_descriptors(src, stride, block, make=TensorDescriptor) -> tuple:
-    """Descriptors of src's phase views x[..., ph::stride_h, pw::stride_w] (src itself at stride 1 in H and W) in
-    tap_box's order, None after the last up to MAX_PHASES: the source operands of a kernel at `stride`."""
+def phase_descriptors(t, stride, block, make=TensorDescriptor) -> tuple:
+    """Descriptors of t's phase views t[..., ph::stride_h, pw::stride_w] (t itself at stride 1 in H and W) in
+    tap_box's order, None after the last up to MAX_PHASES: the strided operand of a kernel at `stride`."""
     _, s_h, s_w = stride
     if s_h * s_w > MAX_PHASES:
-        raise ValueError(f"a TMA source takes at most {MAX_PHASES} phase views, not stride {tuple(stride)}'s")
+        raise ValueError(f"a TMA operand takes at most {MAX_PHASES} phase views, not stride {tuple(stride)}'s")
     if s_h * s_w == 1:
-        return (ndhwc_descriptor(src, block, make),) + (None,) * (MAX_PHASES - 1)
-    views = [src[:, :, :, ph::s_h, pw::s_w] for ph in range(s_h) for pw in range(s_w)]
+        return (ndhwc_descriptor(t, block, make),) + (None,) * (MAX_PHASES - 1)
+    views = [t[:, :, :, ph::s_h, pw::s_w] for ph in range(s_h) for pw in range(s_w)]
     if any(v.numel() == 0 for v in views):
-        raise ValueError(f"a {tuple(src.shape)} source has an empty phase view at stride {tuple(stride)}")
+        raise ValueError(f"a {tuple(t.shape)} tensor has an empty phase view at stride {tuple(stride)}")
     return tuple(ndhwc_descriptor(v, block, make) for v in views) + (None,) * (MAX_PHASES - len(views))
 
 
+@functools.lru_cache(maxsize=256)
+def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
+    """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the input-gradient kernels read it
+    (load_live_taps, conv_dgrad's pointer kernel); cached."""
+    return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
+
+
 def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make):
-    """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: (src's
-    MAX_PHASES phase views, w, dst) descriptors, the grid (patches, column blocks, splits: dst holds src's batch
-    once per split), the (reduced, columns) channel counts and the source's stride (the input gradient's is 1)."""
+    """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: the
+    descriptors (src, w, dst, the strided operand's other phase views), the input gradient's live-tap table at a
+    stride (else None), the grid (patches, column blocks, splits: dst holds src's batch once per split), the
+    (reduced, columns) channel counts, the extent of the patches' volume (dst's, or a strided input gradient's
+    largest phase) and the stride."""
     box_h, box_w = config.tma_box(config.block_m)
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
     w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
     w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box, make)
     stride = tuple(geom.stride)
-    if input_grad:
-        if stride != (1, 1, 1):  # the tuning layer never asks this (configs.tma_eligible)
-            raise ValueError(f"the TMA and Gluon input gradients run at stride 1, not {stride}")
-        stride = (1, 1, 1)
-    src_views = phase_descriptors(src, stride, (1, 1, box_h, box_w, config.block_k), make)
-    dst_desc = ndhwc_descriptor(dst, (1, 1, box_h, box_w, config.block_n), make)
-    channels = (c_out, c_in) if input_grad else (c_in, c_out)
+    src_box, dst_box = (1, 1, box_h, box_w, config.block_k), (1, 1, box_h, box_w, config.block_n)
     batch = src.shape[0]
-    _, _, d, h, w = dst.shape
-    grid = (batch * d * cdiv(h, box_h) * cdiv(w, box_w), cdiv(channels[1], config.block_n), dst.shape[0] // batch)
-    return (*src_views, w_desc, dst_desc), grid, channels, stride
+    volume = dst.shape[2:]
+    live = None
+    if input_grad:
+        src_desc = ndhwc_descriptor(src, src_box, make)
+        dst_desc, *views = phase_descriptors(dst, stride, dst_box, make)
+        if math.prod(stride) > 1:  # patches of grad_in's phases, each phase its own batch entries
+            live = live_tap_table(tuple(geom.kernel), stride, tuple(geom.front_padding), tuple(geom.dilation),
+                                  dst.device)  # fmt: skip
+            volume = [cdiv(size, s) for size, s in zip(volume, stride, strict=True)]
+            batch *= math.prod(stride)
+    else:
+        src_desc, *views = phase_descriptors(src, stride, src_box, make)
+        dst_desc = ndhwc_descriptor(dst, dst_box, make)
+    channels = (c_out, c_in) if input_grad else (c_in, c_out)
+    d, h, w = volume
+    grid = (
+        batch * d * cdiv(h, box_h) * cdiv(w, box_w),
+        cdiv(channels[1], config.block_n),
+        dst.shape[0] // src.shape[0],
+    )
+    return (src_desc, w_desc, dst_desc, *views), live, grid, channels, volume, stride
 
 
 def conv3d_tma(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
-    """Run the TMA kernel: the forward at any stride (src = x, dst = y) or the stride-1 input gradient (src = grad_out,
-    dst = grad_in), or with dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of
-    `split_steps` K steps each. Both tensors have unit-stride channels and TMA-aligned strides; dst is written
-    whole."""
-    descriptors, grid, (reduced, columns), stride = patch_descriptors(
+    """Run the TMA kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
+    strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their
+    fp32 partial sums of `split_steps` K steps each. Both tensors have unit-stride channels and TMA-aligned
+    strides; dst is written whole."""
+    descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, TensorDescriptor
     )
     box_h, box_w = config.tma_box(config.block_m)
-    _, _, d, h, w = dst.shape
     upcast, precision = dot_flags(src.dtype)
     launch(
         _conv3d_tma_kernel, grid,
-        *descriptors, bias if bias is not None else dst,
-        reduced, columns, src.shape[0], d, h, w, split_steps,
+        *descriptors, bias if bias is not None else dst, live,
+        reduced, columns, src.shape[0], *volume, split_steps,
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,

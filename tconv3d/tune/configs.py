@@ -440,9 +440,9 @@ def compute_capability(device: torch.device) -> int:
 
 def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
     """Problems the TMA variant runs: channel rows (input and output) that are whole 16-byte units, as TMA boxes
-    need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); the input gradient at stride 1, the forward
-    and weight gradient at strides whose phase views (conv_tma.phase_descriptors) number at most MAX_PHASES and
-    are not empty. Dilation and asymmetric padding are coordinate offsets."""
+    need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); at strides whose phase views in H and W
+    (conv_tma.phase_descriptors: of the input forward and in the weight gradient, of the input gradient) number
+    at most MAX_PHASES and are not empty. Dilation and asymmetric padding are coordinate offsets."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and geom.out_channels * size % 16 == 0
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
@@ -450,10 +450,7 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
     _, s_h, s_w = geom.stride
     _, h, w = geom.in_size
-    if direction == "dgrad":
-        strided = tuple(geom.stride) == (1, 1, 1)
-    else:
-        strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
+    strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
     # A box reaching past a group's channels would read the next group's (only the tensor's edge reads zeros).
     return runs and aligned and strided and geom.groups == 1
 
