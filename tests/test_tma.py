@@ -33,8 +33,9 @@ def _phases(case: Case) -> int:
 
 # The cases of the suite with channels rounded up to whole 16-byte rows and at most 4 phase views: borders on
 # every face, sizes no box divides, D = 1, dilation, asymmetric padding, batch 2, 1x1x1 and 7x2x5 kernels, strides
-# 2 in D, H and W (odd and even sizes: phase views of unequal length); and strides in one of H, W (two phase
-# views) with dilation and asymmetric padding, so that taps of one phase shift by a whole row or column.
+# 2 in D, H and W (odd and even sizes: phase views of unequal length); strides in one of H, W (two phase
+# views) with dilation and asymmetric padding, so that taps of one phase shift by a whole row or column; and a
+# stride above the kernel, whose input gradient has phases no tap reaches.
 TMA_CASES = [
     dataclasses.replace(case, name=case.name + "_c8", cin=_round8(case.cin), cout=_round8(case.cout))
     for case in CASES
@@ -44,6 +45,7 @@ TMA_CASES = [
     Case("wide_cout", 1, 16, 72, (3, 4, 19), 3, padding=1),
     Case("stride_w_dilated", 1, 8, 16, (3, 5, 13), (1, 3, 5), (1, 1, 2), (0, 0, 1, 1, 3, 2), (1, 1, 2)),
     Case("stride_dh_asym", 1, 16, 8, (6, 9, 6), (3, 3, 2), (2, 2, 1), (1, 0, 2, 1, 0, 1)),
+    Case("stride_past_kernel", 1, 8, 8, (5, 7, 9), 1, (2, 2, 2)),  # 7 of 8 input-gradient phases: zeros
 ]
 
 

@@ -81,6 +81,9 @@ def step_box(
     c0 = (step - index * k_blocks) * BLOCK_K
     if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
         first_d, step_d, _, first_h, step_h, count_h, first_w, step_w, count_w = live
+        # A phase no tap reaches has no steps, but a pipelined prologue still computes (predicated-off) loads.
+        count_h = tl.maximum(count_h, 1)
+        count_w = tl.maximum(count_w, 1)
         kd = first_d + index // (count_w * count_h) * step_d
         kh = first_h + index // count_w % count_h * step_h
         kw = first_w + index % count_w * step_w
