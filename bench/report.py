@@ -85,17 +85,18 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(r) + " |" for r in [header, align, *rows]]
 
 
-CASE_COLUMNS = ["case", "dtype", "dir", "tconv3d", "cuDNN CL", "speedup", "cuDNN NCDHW", "compile", "max-autotune",
-                "TFLOP/s", "% peak", "rel. err"]  # fmt: skip
+CASE_COLUMNS = ["case", "dtype", "dir", "tconv3d", "cuDNN CL", "speedup", "graph: tconv3d", "graph: cuDNN CL",
+                "cuDNN NCDHW", "compile", "max-autotune", "TFLOP/s", "% peak", "rel. err"]  # fmt: skip
 
 
 def _case_row(case: dict) -> list[str]:
     impls = case["impls"]
     ours = impls.get("tconv3d", {})
     times = [_cell(impls.get(name, {}).get("ms")) for name in ("tconv3d", "cudnn_cl3d")]
+    graphs = [_cell(impls.get(name, {}).get("graph_ms")) for name in ("tconv3d", "cudnn_cl3d")]
     others = [_cell(impls.get(name, {}).get("ms")) for name in ("cudnn_ncdhw", "compile", "compile_max_autotune")]
     return [
-        case["name"], case["dtype"], case["direction"], *times, _cell(speedup(case), "{:.2f}x"), *others,
+        case["name"], case["dtype"], case["direction"], *times, _cell(speedup(case), "{:.2f}x"), *graphs, *others,
         _cell(ours.get("tflops"), "{:.0f}"), _cell(ours.get("pct_of_peak"), "{:.0f}%"),
         _cell(ours.get("max_rel_err"), "{:.1e}"),
     ]  # fmt: skip
@@ -110,7 +111,8 @@ def markdown(results: dict) -> str:
         f"torch {results['torch']}, triton {results['triton']}, cuDNN {results.get('cudnn')}, "
         f"commit {results.get('commit')}, {results.get('date')}.",
         f"Measured peaks: bf16 matmul {mm} TFLOP/s, device copy {copy} TB/s. Times are medians of "
-        "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time.",
+        "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time; graph: the same "
+        "call replayed from a CUDA graph (no host time).",
         "",
         *_table(CASE_COLUMNS, [_case_row(c) for c in results["cases"]]),
         "",

@@ -5,8 +5,10 @@
 
 Per case and implementation: median ms (triton.testing.do_bench, which flushes L2 between runs), TFLOP/s, % of
 the bf16 matmul peak measured in the same run, speedup over cuDNN channels_last_3d, peak memory, and tconv3d's
-relative L2 error against float64. Then the scenarios: the 3-layer stack, (1,3,3) Conv3d vs Conv2d, causal
-padding. Writes bench/results/<device>.json, .md and .png (see bench/report.py).
+relative L2 error against float64; tconv3d and cuDNN channels_last_3d also replayed from a CUDA graph (the
+launches without the host's time to issue them: a host-bound case shows as such). Then the scenarios: the
+3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding. Writes bench/results/<device>.json, .md and .png (see
+bench/report.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,30 @@ LAYOUT_KERNEL_WORDS = ("nhwctonchw", "nchwtonhwc", "permute", "transpose", "copy
 
 def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+# Implementations also timed replayed from a CUDA graph: the launches without the host's time to issue them, so
+# that a case bound by the host (issue 29) shows as such beside its eager time.
+GRAPH_IMPLS = ("tconv3d", "cudnn_cl3d")
+
+
+def graph_ms(fn) -> float:
+    """Median ms of `fn` captured once in a CUDA graph and replayed (warmed up on a side stream first, as capture
+    wants: the first calls choose configs, compile and allocate)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return bench_ms(graph.replay)
+    finally:
+        del graph
+        torch.cuda.empty_cache()
 
 
 def measure_peaks() -> dict:
@@ -132,7 +158,9 @@ def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
     return max(errors[name] for name in wanted)
 
 
-def bench_case(shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float) -> dict:
+def bench_case(
+    shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float, graphs: bool = True
+) -> dict:
     dtype = DTYPES_BY_NAME[dtype_name]
     flops = shape.flops(direction)
     case = {
@@ -158,6 +186,12 @@ def bench_case(shape: ConvShape, dtype_name: str, direction: str, impls, peak_tf
             case["impls"][name] = report.impl_figures(ms, flops, peak_tflops, peak_memory_mb(fn))
         except Exception as error:  # a baseline that cannot run a case is reported, not fatal
             case["impls"][name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+            continue
+        if graphs and name in GRAPH_IMPLS:
+            try:
+                case["impls"][name]["graph_ms"] = round(graph_ms(fn), 5)
+            except Exception as error:  # a capture that fails is a result too
+                case["impls"][name]["graph_error"] = f"{type(error).__name__}: {error}"[:300]
         torch.cuda.empty_cache()
     if "tconv3d" in case["impls"] and "error" not in case["impls"]["tconv3d"]:
         case["impls"]["tconv3d"]["max_rel_err"] = tconv3d_error(shape, dtype, direction)
@@ -303,6 +337,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     parser.add_argument("--scenarios", default="stack,conv2d,causal", help="comma-separated, or 'none'")
+    parser.add_argument(
+        "--graphs", action=argparse.BooleanOptionalAction, default=True,
+        help="also time " + " and ".join(GRAPH_IMPLS) + " replayed from a CUDA graph (the launches without the host)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument(
         "--merge", action="store_true", help="fold into the existing results file instead of replacing it"
@@ -328,7 +366,7 @@ def main(argv=None) -> int:
         "cases": [],
     }
     for index, (shape, dtype_name, direction) in enumerate(plan, start=1):
-        case = bench_case(shape, dtype_name, direction, impls, peak["bf16_mm_tflops"])
+        case = bench_case(shape, dtype_name, direction, impls, peak["bf16_mm_tflops"], args.graphs)
         results["cases"].append(case)
         ratio = report.speedup(case)
         tconv3d_ms = case["impls"].get("tconv3d", {}).get("ms")

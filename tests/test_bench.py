@@ -142,7 +142,10 @@ def test_figures_and_summary():
 
 
 def test_results_files(tmp_path):
-    paths = report.write_results(synthetic_results(), tmp_path)
+    results = synthetic_results()
+    impls = results["cases"][0]["impls"]
+    impls["tconv3d"]["graph_ms"], impls["cudnn_cl3d"]["graph_ms"] = 1.5, 3.75  # replayed from a CUDA graph
+    paths = report.write_results(results, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert paths["json"].name == "NVIDIA_H100_80GB_HBM3.json"
     for key in ("device", "torch", "triton", "cudnn", "commit", "date", "peak", "cases", "stack", "summary"):
@@ -150,7 +153,8 @@ def test_results_files(tmp_path):
     assert set(data["cases"][0]["impls"]["tconv3d"]) >= {"ms", "tflops", "peak_mem_mb", "max_rel_err"}
     assert data["cases"][0]["impls"]["tconv3d"]["speedup_vs_cudnn_cl3d"] == 2.0
     text = paths["md"].read_text()
-    assert "| a | bf16 | fwd | 2.000 | 4.000 | 2.00x |" in text
+    assert "| a | bf16 | fwd | 2.000 | 4.000 | 2.00x | 1.500 | 3.750 |" in text
+    assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x | - | - |" in text
     assert "| fwd/bf16 | 1.00x | 0.50x | b |" in text
     assert "| compile | 12.000 | 6 |" in text
     if "png" in paths:
