@@ -1,5 +1,6 @@
 """Where the small suite cases lose time in eager mode: the kernel alone (its launcher with the chosen config)
-against the whole op (tconv3d.conv3d, autograd), and the host's time to issue one op.
+against the whole op (tconv3d.conv3d, autograd), the op under torch.compile(fullgraph=True) (what a compiled
+model pays per tconv3d call: issue 29), and the host's time to issue each.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -56,7 +57,13 @@ def measure(name: str, dtype_name: str) -> dict:
     ms = {k: triton.testing.do_bench(f, return_mode="median") for k, f in kernels.items()}
     ms["op_fwd"] = triton.testing.do_bench(op, return_mode="median")
     ms["op_bwd"] = triton.testing.do_bench(bwd, return_mode="median")
-    us = {"launcher_fwd": host_us(kernels["fwd"]), "op_fwd": host_us(op), "op_bwd": host_us(bwd)}
+    compiled = torch.compile(op, fullgraph=True)
+    compiled()  # compiles
+    ms["compiled_fwd"] = triton.testing.do_bench(compiled, return_mode="median")
+    us = {
+        "launcher_fwd": host_us(kernels["fwd"]), "op_fwd": host_us(op), "op_bwd": host_us(bwd),
+        "compiled_fwd": host_us(compiled),
+    }  # fmt: skip
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms, "host_us": us}
 
 
@@ -67,12 +74,13 @@ def main(argv=None) -> int:
     rows = [measure(name, dtype) for name, dtype in CASES]
     if args.out is not None:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
-    print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'dgrad':>7s} {'wgrad':>7s} {'op_bwd':>7s}  host us: "
-          "launcher op_fwd op_bwd")  # fmt: skip
+    print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'dgrad':>7s} {'wgrad':>7s} "
+          f"{'op_bwd':>7s}  host us: launcher op_fwd compiled op_bwd")  # fmt: skip
     for r in rows:
         m, u = r["ms"], r["host_us"]
-        print(f"{r['case']:12s} {r['dtype']:5s} {m['fwd']:7.3f} {m['op_fwd']:7.3f} {m['dgrad']:7.3f} {m['wgrad']:7.3f} "
-              f"{m['op_bwd']:7.3f}  {u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['op_bwd']:6.0f}")  # fmt: skip
+        print(f"{r['case']:12s} {r['dtype']:5s} {m['fwd']:7.3f} {m['op_fwd']:7.3f} {m['compiled_fwd']:8.3f} "
+              f"{m['dgrad']:7.3f} {m['wgrad']:7.3f} {m['op_bwd']:7.3f}  {u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} "
+              f"{u['compiled_fwd']:8.0f} {u['op_bwd']:6.0f}")  # fmt: skip
     return 0
 
 
