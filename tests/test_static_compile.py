@@ -226,6 +226,9 @@ if conv_gluon.UNAVAILABLE is None:
                     # and persistent, warp-specialized (3 stages beside the forward's epilogue tile)
                     ws = dataclasses.replace(hopper, num_stages=3)
                     tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
+                if shape.name == "down_s2":  # phase views, the warp-specialized producer's predicated copies too
+                    ws = choice.heuristic_gluon_tiles(chosen)
+                    tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
                 for config in tiles:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
@@ -236,7 +239,8 @@ print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 
 def test_gluon_kernels_compile_to_the_hopper_main_loop():
     """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite (bf16;
-    the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps, also warp-specialized), for sm_90: TMA loads,
+    the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps, also warp-specialized; down_s2's phase views
+    warp-specialized too), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight
     (a single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton
     is one the kernel is written for (CI's triton 3.6 step); elsewhere the kernel says it is unavailable."""
@@ -249,6 +253,9 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert {(family, d) for family in ("wan", "hunyuan", "cogvideo") for d in ("fwd", "dgrad", "wgrad")} <= large
     assert any(r["config"]["block_n"] == 256 and r["config"]["num_warps"] == 8 for r in reports)
     assert {r["direction"] for r in reports if r["config"]["gluon"] == 2} == {"fwd", "dgrad", "wgrad"}
+    assert {r["direction"] for r in reports if r["case"] == "down_s2" and r["config"]["gluon"] == 2} == {
+        "fwd", "dgrad", "wgrad"
+    }  # fmt: skip
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"
         assert r["config"]["gluon"] in (1, 2), name
