@@ -112,15 +112,17 @@ def test_ineligible_problems_fall_back_to_pointer(name, kwargs, channels, varian
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("stride", [1, (1, 2, 2)], ids=["stride1", "stride122"])
 @pytest.mark.parametrize("mode", ["replicate", "zeros,reflect,circular"])
-def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, variant, device):
-    """The input gradient of a padded or two-source forward is a stride-1 input gradient of the padded (or
-    concatenated) input: the TMA kernel computes it, then the border is folded and the sources split."""
+def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, stride, variant, device):
+    """The input gradient of a padded or two-source forward is the input gradient of the padded (or
+    concatenated) input: the TMA kernel computes it (at a stride, phase by phase), then the border is folded and
+    the sources split."""
     _, launches = variant
     x = torch.randn(1, 8, 3, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
     before = torch.randn(1, 8, 2, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(16, 8, 3, 3, 3, device=device)
-    y = tconv3d.conv3d(x, w, padding=(0, 0, 1, 1, 1, 1), padding_mode=mode, frames_before=before)
+    y = tconv3d.conv3d(x, w, stride=stride, padding=(0, 0, 1, 1, 1, 1), padding_mode=mode, frames_before=before)
     grad_out = torch.randn_like(y)
     y.backward(grad_out)
     x64, before64 = (t.detach().double().requires_grad_() for t in (x, before))
@@ -130,7 +132,7 @@ def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, var
         pads = [0] * 6
         pads[4 - 2 * dim : 6 - 2 * dim] = [1, 1]
         padded = torch.nn.functional.pad(padded, pads, mode="constant" if dim_mode == "zeros" else dim_mode)
-    torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
+    torch.nn.functional.conv3d(padded, w.double(), stride=stride).backward(grad_out.double())
     assert rel_l2(x.grad, x64.grad) < tolerance(torch.float32)
     assert rel_l2(before.grad, before64.grad) < tolerance(torch.float32)
     assert launches == ["dgrad"]  # the forward and weight gradient of a second source or another mode: pointers
