@@ -1,12 +1,14 @@
-"""The TMA implicit GEMMs (sm_90+) of the forward, the stride-1 input gradient and the weight gradient:
-tensor-descriptor boxes with zero-filled borders feeding wgmma, and their launchers. The pointer kernels
-(conv_fwd.py, conv_dgrad.py, conv_wgrad.py) run every other problem; the variant is picked above the kernels
+"""The TMA implicit GEMMs (sm_90+) of the forward, the input gradient and the weight gradient: tensor-descriptor
+boxes with zero-filled borders feeding wgmma, and their launchers; and the patch arithmetic the Gluon kernels
+(conv_gluon.py) share (patch_origin, tap_box, step_box, dst_box, patch_phase). The pointer kernels (conv_fwd.py,
+conv_dgrad.py, conv_wgrad.py) run every other problem; the variant is picked above the kernels
 (configs.tma_eligible, KernelConfig.tma_box_w).
 
-At stride s in H or W the input a tap reads for a patch of outputs is every s-th row or column: no box of x. It is a
-box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap), one descriptor per phase, at
-most MAX_PHASES of them; the kernels pick the tap's. Along D a box is one frame deep, so a stride there is only a
-coordinate."""
+At stride s in H or W the input a tap reads for a patch of outputs is every s-th row or column: no box of x. It is
+a box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap), one descriptor per phase, at
+most MAX_PHASES of them; the kernels pick the tap's. The strided input gradient turns this round: a program
+computes a patch of one phase of grad_in, over that phase's live taps, and stores it through grad_in's phase
+view. Along D a box is one frame deep, so a stride there is only a coordinate."""
 
 import functools
 import math
@@ -21,7 +23,7 @@ from .config import KernelConfig, live_taps
 from .launch import launch
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
-# Phase views (descriptors) a strided source may take: stride 2 in both H and W.
+# Phase views (descriptors) a strided operand may take: stride 2 in both H and W.
 MAX_PHASES = 4
 
 
