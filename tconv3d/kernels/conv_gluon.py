@@ -35,6 +35,7 @@ from .conv_tma import (
     phase_view,
     step_box,
     tap_box,
+    tap_shift,
 )
 from .launch import launch
 from .utils import cdiv, ndhwc_descriptor
@@ -134,11 +135,6 @@ if UNAVAILABLE is None:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=steps > 0)  # the tile's last
         return acc, it
-
-    @gluon.jit
-    def _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH: gl.constexpr, KW: gl.constexpr):
-        """Tap `tap`'s input offset, tap * dil - pad in each dimension."""
-        return tap // (KW * KH) * DIL_D - PAD_D, tap // KW % KH * DIL_H - PAD_H, tap % KW * DIL_W - PAD_W
 
     @gluon.jit
     def _drain(acc, ready, STAGES: gl.constexpr):
@@ -540,7 +536,7 @@ if UNAVAILABLE is None:
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
-            shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
             first = split * SPLIT_PATCHES
             for step in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
                 index = it % STAGES
@@ -609,7 +605,7 @@ if UNAVAILABLE is None:
         else:
             tile = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
-            shift_d, shift_h, shift_w = _tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
             first = split * SPLIT_PATCHES
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
             if PHASES == 1:

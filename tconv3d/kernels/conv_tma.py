@@ -41,6 +41,12 @@ def patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
 
 
 @triton.jit
+def tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH: tl.constexpr, KW: tl.constexpr):
+    """Tap `tap`'s input offset, tap * dil - pad in each dimension."""
+    return tap // (KW * KH) * DIL_D - PAD_D, tap // KW % KH * DIL_H - PAD_H, tap % KW * DIL_W - PAD_W
+
+
+@triton.jit
 def tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr,
             STRIDE_W: tl.constexpr):  # fmt: skip
     """Where the source box of a tap lies for the patch of outputs at (d, h0, w0): the input at
@@ -99,9 +105,7 @@ def step_box(
         col = w0 + (rw + PAD_W - kw * DIL_W) // STRIDE_W
     else:
         tap = index
-        shift_d = tap // (KW * KH) * DIL_D - PAD_D
-        shift_h = tap // KW % KH * DIL_H - PAD_H
-        shift_w = tap % KW * DIL_W - PAD_W
+        shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
         if INPUT_GRAD:  # stride 1
             src_d, view, row, col = d - shift_d, 0, h0 - shift_h, w0 - shift_w
         else:
@@ -350,9 +354,7 @@ def _conv3d_wgrad_tma_kernel(
     num_n = tl.cdiv(C_IN, BLOCK_N)
     co0 = (tile // num_n) * BLOCK_M
     ci0 = (tile % num_n) * BLOCK_N
-    shift_d = tap // (KW * KH) * DIL_D - PAD_D
-    shift_h = (tap // KW) % KH * DIL_H - PAD_H
-    shift_w = tap % KW * DIL_W - PAD_W
+    shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
     first = tl.program_id(1) * SPLIT_PATCHES
     last = tl.minimum(first + SPLIT_PATCHES, PATCHES)
 
