@@ -75,11 +75,16 @@ def _conv3d_dgrad_kernel(
     go_rows = go_ptr + (n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw)  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wi  # [BLOCK_N] pointers
 
-    # This phase's live taps: [d, h, w] x (first, step, count).
-    live_ptr = live_taps_ptr + phase * 9
-    first_d, step_d, count_d = tl.load(live_ptr), tl.load(live_ptr + 1), tl.load(live_ptr + 2)
-    first_h, step_h, count_h = tl.load(live_ptr + 3), tl.load(live_ptr + 4), tl.load(live_ptr + 5)
-    first_w, step_w, count_w = tl.load(live_ptr + 6), tl.load(live_ptr + 7), tl.load(live_ptr + 8)
+    # This phase's live taps: [d, h, w] x (first, step, count); at unit stride (no table) every tap.
+    if live_taps_ptr is None:
+        first_d, step_d, count_d = 0, 1, KD
+        first_h, step_h, count_h = 0, 1, KH
+        first_w, step_w, count_w = 0, 1, KW
+    else:
+        live_ptr = live_taps_ptr + phase * 9
+        first_d, step_d, count_d = tl.load(live_ptr), tl.load(live_ptr + 1), tl.load(live_ptr + 2)
+        first_h, step_h, count_h = tl.load(live_ptr + 3), tl.load(live_ptr + 4), tl.load(live_ptr + 5)
+        first_w, step_w, count_w = tl.load(live_ptr + 6), tl.load(live_ptr + 7), tl.load(live_ptr + 8)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     live = count_d * count_h * count_w
@@ -161,10 +166,15 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
 
 def _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split):
     upcast, precision = dot_flags(grad_out.dtype)
-    live = live_tap_table(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
+    phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
+    # At unit stride every tap is live: the kernel takes that as constants (and a traced graph needs no table).
+    live = (
+        live_tap_table(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
+        if phases > 1
+        else None
+    )
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
-    phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     c_in, c_out = geom.group_in_channels, geom.group_out_channels
     splits = out.shape[0] // geom.batch
     grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups, splits)
