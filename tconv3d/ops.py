@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import settings
 from .geometry import PLAIN_TENSORS, check_conv3d, check_group_norm, check_input_grad, check_weight_grad
-from .kernels import aten
+from .kernels import aten, launch
 from .kernels.conv_dgrad import conv3d_dgrad
 from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
@@ -163,6 +165,49 @@ def _intercepted() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Inductor: the ops' Triton launches in the compiled graph (issue 29, TCONV3D_INDUCTOR_KERNELS=1)
+#
+# Inductor calls an opaque op through the dispatcher and this module's Python (checks, choice, launch) on every
+# call. With the setting, AOTAutograd's functionalization (FunctionalTensorMode, which runs after autograd, on
+# the forward and the backward graph) instead runs the op's implementation on its fake tensors with the launches
+# recorded (kernels/launch.traced, torch.library.wrap_triton), as torch.library.triton_op does: the graph holds
+# the allocations, views and Triton kernels, and Inductor's generated code launches them itself. What the path
+# cannot express (choice.inductor_refusal: the Gluon kernels, frames_before, ...; symbolic shapes; the
+# interpreter; torch.export, which keeps ops whole) stays an opaque call.
+
+
+def _traceable(types, args) -> bool:
+    if not settings.INDUCTOR_KERNELS or settings.INTERPRET:
+        return False
+    from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+    if custom_triton_ops_decomposition_disabled():
+        return False
+    if any(not (issubclass(t, (FakeTensor, FunctionalTensor)) or t is torch.Tensor) for t in types):
+        return False  # a tensor subclass of its own: its dispatch decides
+    for t in args:
+        if isinstance(t, torch.Tensor):
+            if not _runs_triton(t):
+                return False
+            if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride(), t.storage_offset())):
+                return False  # the launchers plan with ints
+    return True
+
+
+def _inductor_launches(name: str, implementation, refusal=lambda *args: None) -> None:
+    """Under functionalization, run `implementation` with its launches recorded into the graph, unless
+    `refusal(*args)` says why not (or _traceable does not hold); otherwise the op stays whole."""
+
+    def rule(mode, op, types, args, kwargs):
+        if _traceable(types, args) and refusal(*args, **kwargs) is None:
+            with mode, launch.traced():
+                return implementation(*args, **kwargs)
+        return mode.__torch_dispatch__(op, types, args, kwargs)
+
+    torch.library.register_torch_dispatch(f"tconv3d::{name}", FunctionalTensorMode, rule, lib=_lib)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # forward
 
 
@@ -255,6 +300,9 @@ def _conv3d_backward(ctx, grad_output):
 
 
 call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)
+_inductor_launches(
+    "conv3d", conv3d, lambda *args: choice.inductor_refusal("fwd", check_conv3d(*args), args[0], args[1])
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,6 +369,11 @@ def _input_grad_backward(ctx, grad_grad_input):
 call_conv3d_input_grad = _register_autograd(
     "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context
 )
+_inductor_launches(
+    "conv3d_input_grad",
+    conv3d_input_grad,
+    lambda *args: choice.inductor_refusal("dgrad", check_input_grad(*args), args[0], args[1]),
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,6 +428,11 @@ def _weight_grad_backward(ctx, grad_grad_weight):
 
 
 _register_autograd("conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context)
+_inductor_launches(
+    "conv3d_weight_grad",
+    conv3d_weight_grad,
+    lambda *args: choice.inductor_refusal("wgrad", check_weight_grad(*args), args[0], args[1]),
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -436,6 +494,8 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
 
 
 call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)
+_inductor_launches("group_norm", group_norm)
+_inductor_launches("group_norm_backward", group_norm_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        (stride 1, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
 TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an argument signature, call its
                        compiled launcher directly instead of Triton's run (kernels/launch.py); 0 always uses run.
+TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and norm ops of a CUDA graph hand Inductor
+                       their Triton launches (torch.library.wrap_triton), so its generated code launches them itself
+                       with no per-call op in Python; 0 leaves each op one opaque call (ops.py).
 """
 
 import os
@@ -39,3 +42,8 @@ DIRECT_LAUNCH = os.environ.get("TCONV3D_DIRECT_LAUNCH", "1")
 if DIRECT_LAUNCH not in ("0", "1"):
     raise ValueError(f"TCONV3D_DIRECT_LAUNCH must be 0 or 1, got {DIRECT_LAUNCH!r}")
 DIRECT_LAUNCH = DIRECT_LAUNCH == "1"
+
+INDUCTOR_KERNELS = os.environ.get("TCONV3D_INDUCTOR_KERNELS", "0")
+if INDUCTOR_KERNELS not in ("0", "1"):
+    raise ValueError(f"TCONV3D_INDUCTOR_KERNELS must be 0 or 1, got {INDUCTOR_KERNELS!r}")
+INDUCTOR_KERNELS = INDUCTOR_KERNELS == "1"

@@ -222,3 +222,34 @@ def test_first_use_tuning_refuses_capture(monkeypatch):
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="capture"), torch.cuda.graph(graph):
         conv(x)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "pointer"])
+def test_inductor_launches_the_kernels_itself(monkeypatch, kernels):
+    """Issue 29, TCONV3D_INDUCTOR_KERNELS=1: a converted TinyUNet's training step compiled by Inductor, whose
+    generated code launches tconv3d's Triton kernels itself (with TCONV3D_KERNELS=pointer every convolution and
+    norm; with auto, those not on TMA or Gluon), equals eager's within bf16 rounding of what Inductor fuses around
+    them; the forward's generated code calls no tconv3d op where every layer was handed over."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setattr(tconv3d.settings, "INDUCTOR_KERNELS", True)
+    monkeypatch.setattr(tconv3d.settings, "KERNELS", kernels)
+    monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = tconv3d.nn.convert(TinyUNet(channels=3, width=16)).cuda().bfloat16()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(x):
+        y = model(x)
+        return (y, *torch.autograd.grad(y.float().square().mean(), params))
+
+    x = torch.randn(1, 3, 8, 16, 16, device="cuda", dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    compiled = torch.compile(step)
+    results, (forward_code, *_) = run_and_get_code(compiled, x)
+    for ours, expected in zip(results, step(x), strict=True):
+        assert rel_l2(ours, expected) < TOLERANCE[torch.bfloat16]
+    assert "_conv3d_fwd_kernel" in forward_code or "_conv3d_tma" in forward_code or "_gluon" in forward_code
+    if kernels == "pointer":
+        assert "torch.ops.tconv3d" not in forward_code, forward_code

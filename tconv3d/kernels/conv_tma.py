@@ -20,7 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig, live_taps
-from .launch import launch
+from .launch import launch, tracing
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
 
 # Phase views (descriptors) a strided operand may take: stride 2 in both H and W.
@@ -235,10 +235,17 @@ def phase_descriptors(t, stride, block, make=TensorDescriptor) -> tuple:
     return tuple(ndhwc_descriptor(v, block, make) for v in views) + (None,) * (MAX_PHASES - len(views))
 
 
-@functools.lru_cache(maxsize=256)
 def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
     """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the input-gradient kernels read it
-    (load_live_taps, conv_dgrad's pointer kernel); cached."""
+    (load_live_taps, conv_dgrad's pointer kernel); cached, except while traced for Inductor, where it is a
+    constant of the graph (and a cached one would be a fake tensor)."""
+    if tracing():
+        return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
+    return _live_tap_table(tuple(kernel), tuple(stride), tuple(front_padding), tuple(dilation), device)
+
+
+@functools.lru_cache(maxsize=256)
+def _live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
     return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
 
 
@@ -262,8 +269,7 @@ def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig
         src_desc = ndhwc_descriptor(src, src_box, make)
         dst_desc, *views = phase_descriptors(dst, stride, dst_box, make)
         if math.prod(stride) > 1:  # patches of grad_in's phases, each phase its own batch entries
-            live = live_tap_table(tuple(geom.kernel), stride, tuple(geom.front_padding), tuple(geom.dilation),
-                                  dst.device)  # fmt: skip
+            live = live_tap_table(geom.kernel, stride, geom.front_padding, geom.dilation, dst.device)
             volume = [cdiv(size, s) for size, s in zip(volume, stride, strict=True)]
             batch *= math.prod(stride)
     else:

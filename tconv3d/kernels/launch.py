@@ -14,6 +14,9 @@ read no mutable globals.
 The direct call leans on Triton internals that 3.6 and 3.9 share (JITFunction.run ends in
 `kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
 are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run.
+
+Inside `traced()` (ops.py's Inductor path) a launch is not run but recorded into the graph being traced, through
+torch.library.wrap_triton: Inductor's generated code then launches the kernel itself.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ if OFF is None:
 _compiled: dict = {}
 _MAX_COMPILED = 8192
 _suspended = 0
+_traced = 0
 
 
 def forget() -> None:
@@ -83,6 +87,23 @@ def suspended():
         yield
     finally:
         _suspended -= 1
+
+
+@contextlib.contextmanager
+def traced():
+    """Inside, every launch is recorded into the graph that torch.compile is tracing (torch.library.wrap_triton)
+    instead of run: the launchers run on its fake tensors and the graph holds their kernels, grids and arguments."""
+    global _traced
+    _traced += 1
+    try:
+        yield
+    finally:
+        _traced -= 1
+
+
+def tracing() -> bool:
+    """Whether launches are being recorded into a traced graph (see `traced`)."""
+    return _traced > 0
 
 
 def _arg_signature(a):
@@ -113,6 +134,10 @@ def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tupl
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
     signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
+    if _traced:
+        if any(hasattr(a, "block_shape") for a in args):  # choice.inductor_refusal keeps TMA launches out
+            raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
+        return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
     if (
         OFF is not None
         or _suspended

@@ -176,7 +176,16 @@ def tma_aligned(t: torch.Tensor) -> bool:
     channels, the stride of every other dimension longer than 1 a multiple of 16 bytes."""
     size = t.element_size()
     strides = [s for dim, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if dim != 1 and n > 1]
-    return t.data_ptr() % 16 == 0 and t.stride(1) == 1 and all(s * size % 16 == 0 for s in strides)
+    return address_aligned(t) and t.stride(1) == 1 and all(s * size % 16 == 0 for s in strides)
+
+
+def address_aligned(t: torch.Tensor) -> bool:
+    """Whether t's first element is 16-byte aligned. A tensor being traced for Inductor has no address: there its
+    offset into its storage decides, as Inductor assumes of the storage (and checks of its inputs at run time)."""
+    try:
+        return t.data_ptr() % 16 == 0
+    except RuntimeError:  # FakeTensor, FunctionalTensor: "Cannot access data pointer"
+        return t.storage_offset() * t.element_size() % 16 == 0
 
 
 def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
-from ..kernels.utils import tma_aligned
+from ..kernels.utils import address_aligned, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
     default_config,
@@ -145,17 +145,45 @@ def _tma_describable(direction: str, first: torch.Tensor, second: torch.Tensor) 
     first_ok = first.stride(1) != 1 or tma_aligned(first)
     if direction == "wgrad":
         return first_ok and (second.stride(1) != 1 or tma_aligned(second))
-    return first_ok and (second.stride(1) != 1 or second.data_ptr() % 16 == 0)
+    return first_ok and (second.stride(1) != 1 or address_aligned(second))
+
+
+def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None, run=None) -> KernelConfig:
+    """The config `launch` runs for these tensors: pick_config's, on the pointer kernel where TMA cannot describe
+    the tensors."""
+    first = tensors[0]
+    config = pick_config(direction, geom, first.dtype, first.device, run=run)
+    if config.tma_box_w and not _tma_describable(direction, tensors[0], tensors[1]):
+        config = dataclasses.replace(config, tma_box_w=0, gluon=0)
+    return config
 
 
 def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
     """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device."""
-    first = tensors[0]
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
-    config = pick_config(direction, geom, first.dtype, first.device, run=run)
-    if config.tma_box_w and not _tma_describable(direction, tensors[0], tensors[1]):
-        config = dataclasses.replace(config, tma_box_w=0, gluon=0)
-    return run(config)
+    return run(launch_config(direction, geom, *tensors, run=run))
+
+
+def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None) -> str | None:
+    """Why a launch cannot be handed to Inductor as Triton kernels in its graph (ops.py, TCONV3D_INDUCTOR_KERNELS),
+    or None. Such a launch stays one opaque op call in the compiled graph, as every launch does without the
+    setting. Chooses as `launch` would, without tuning."""
+    if geom.prefix_frames:
+        return "frames_before: the kernels reach the second source by its distance in memory from the input"
+    first = tensors[0]
+    if (
+        first.device.type == "cuda"
+        and settings.AUTOTUNE
+        and (direction, geom, first.dtype, first.device) not in _memo
+        and tuning_key(direction, geom, first.dtype) not in tables.device_table(first.device)
+    ):
+        return "TCONV3D_AUTOTUNE=1 and no tuned config yet: the op tunes it on its first call"
+    config = launch_config(direction, geom, *tensors)
+    if config.gluon:
+        return "the Gluon kernels: Inductor recompiles a kernel from its source with triton.jit"
+    if config.tma_box_w:
+        return "TMA descriptors: torch.library.wrap_triton keeps them as constants, blind to the kernel's writes"
+    return None
 
 
 def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros") -> dict:

@@ -1,6 +1,8 @@
 """Where the small suite cases lose time in eager mode: the kernel alone (its launcher with the chosen config)
 against the whole op (tconv3d.conv3d, autograd), the op under torch.compile(fullgraph=True) (what a compiled
-model pays per tconv3d call: issue 29), and the host's time to issue each.
+model pays per tconv3d call: issue 29), once as an op call ("compiled") and once with TCONV3D_INDUCTOR_KERNELS's
+path, Inductor launching the kernel itself ("inductor"; the same as "compiled" where the launch is on TMA or Gluon
+kernels, which stay op calls), and the host's time to issue each.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -60,11 +62,22 @@ def measure(name: str, dtype_name: str) -> dict:
     compiled = torch.compile(op, fullgraph=True)
     compiled()  # compiles
     ms["compiled_fwd"] = triton.testing.do_bench(compiled, return_mode="median")
+    # Another function (dynamo caches per code object), traced with the setting on: the graph holds the kernels.
+    handed_over = lambda: tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)  # noqa: E731
+    refusal = choice.inductor_refusal("fwd", geom, x, w)
+    tconv3d.settings.INDUCTOR_KERNELS = True
+    try:
+        inductor = torch.compile(handed_over, fullgraph=True)
+        inductor()  # compiles
+    finally:
+        tconv3d.settings.INDUCTOR_KERNELS = False
+    ms["inductor_fwd"] = triton.testing.do_bench(inductor, return_mode="median")
     us = {
         "launcher_fwd": host_us(kernels["fwd"]), "op_fwd": host_us(op), "op_bwd": host_us(bwd),
-        "compiled_fwd": host_us(compiled),
+        "compiled_fwd": host_us(compiled), "inductor_fwd": host_us(inductor),
     }  # fmt: skip
-    return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms, "host_us": us}
+    return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
+            "host_us": us, "inductor_refusal": refusal}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -74,13 +87,15 @@ def main(argv=None) -> int:
     rows = [measure(name, dtype) for name, dtype in CASES]
     if args.out is not None:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
-    print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'dgrad':>7s} {'wgrad':>7s} "
-          f"{'op_bwd':>7s}  host us: launcher op_fwd compiled op_bwd")  # fmt: skip
+    print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
+          f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd")  # fmt: skip
     for r in rows:
         m, u = r["ms"], r["host_us"]
+        note = f"  (op call: {r['inductor_refusal'][:40]})" if r["inductor_refusal"] else ""
         print(f"{r['case']:12s} {r['dtype']:5s} {m['fwd']:7.3f} {m['op_fwd']:7.3f} {m['compiled_fwd']:8.3f} "
-              f"{m['dgrad']:7.3f} {m['wgrad']:7.3f} {m['op_bwd']:7.3f}  {u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} "
-              f"{u['compiled_fwd']:8.0f} {u['op_bwd']:6.0f}")  # fmt: skip
+              f"{m['inductor_fwd']:8.3f} {m['dgrad']:7.3f} {m['wgrad']:7.3f} {m['op_bwd']:7.3f}  "
+              f"{u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['compiled_fwd']:8.0f} {u['inductor_fwd']:8.0f} "
+              f"{u['op_bwd']:6.0f}{note}")  # fmt: skip
     return 0
 
 
