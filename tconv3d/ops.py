@@ -177,6 +177,7 @@ def _intercepted() -> bool:
 
 
 def _traceable(types, args) -> bool:
+    """Whether the setting is on and the op's tensors are plain, on a device running the kernels, with int shapes."""
     if not settings.INDUCTOR_KERNELS or settings.INTERPRET:
         return False
     from torch.export._trace import custom_triton_ops_decomposition_disabled
@@ -194,7 +195,7 @@ def _traceable(types, args) -> bool:
     return True
 
 
-def _inductor_launches(name: str, implementation, refusal=lambda *args: None) -> None:
+def _inductor_launches(name: str, implementation, refusal=lambda *args, **kwargs: None) -> None:
     """Under functionalization, run `implementation` with its launches recorded into the graph, unless
     `refusal(*args)` says why not (or _traceable does not hold); otherwise the op stays whole."""
 
@@ -205,6 +206,11 @@ def _inductor_launches(name: str, implementation, refusal=lambda *args: None) ->
         return mode.__torch_dispatch__(op, types, args, kwargs)
 
     torch.library.register_torch_dispatch(f"tconv3d::{name}", FunctionalTensorMode, rule, lib=_lib)
+
+
+def _conv_refusal(direction: str, check):
+    """choice.inductor_refusal for a convolution op, whose first two arguments are its launch's operands."""
+    return lambda *args, **kwargs: choice.inductor_refusal(direction, check(*args, **kwargs), args[0], args[1])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -300,9 +306,7 @@ def _conv3d_backward(ctx, grad_output):
 
 
 call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)
-_inductor_launches(
-    "conv3d", conv3d, lambda *args: choice.inductor_refusal("fwd", check_conv3d(*args), args[0], args[1])
-)
+_inductor_launches("conv3d", conv3d, _conv_refusal("fwd", check_conv3d))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,11 +373,7 @@ def _input_grad_backward(ctx, grad_grad_input):
 call_conv3d_input_grad = _register_autograd(
     "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context
 )
-_inductor_launches(
-    "conv3d_input_grad",
-    conv3d_input_grad,
-    lambda *args: choice.inductor_refusal("dgrad", check_input_grad(*args), args[0], args[1]),
-)
+_inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad", check_input_grad))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,11 +428,7 @@ def _weight_grad_backward(ctx, grad_grad_weight):
 
 
 _register_autograd("conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context)
-_inductor_launches(
-    "conv3d_weight_grad",
-    conv3d_weight_grad,
-    lambda *args: choice.inductor_refusal("wgrad", check_weight_grad(*args), args[0], args[1]),
-)
+_inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgrad", check_weight_grad))
 
 
 # ---------------------------------------------------------------------------------------------------------------
