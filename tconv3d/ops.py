@@ -172,13 +172,13 @@ def _intercepted() -> bool:
 # the forward and the backward graph) instead runs the op's implementation on its fake tensors with the launches
 # recorded (kernels/launch.traced, torch.library.wrap_triton), as torch.library.triton_op does: the graph holds
 # the allocations, views and Triton kernels, and Inductor's generated code launches them itself. What the path
-# cannot express (choice.inductor_refusal: the Gluon kernels, frames_before, ...; symbolic shapes; the
-# interpreter; torch.export, which keeps ops whole) stays an opaque call.
+# cannot express (choice.inductor_refusal: the TMA and Gluon kernels, frames_before, the interpreter, ...; symbolic
+# shapes; torch.export, which keeps ops whole) stays an opaque call. tconv3d.explain says which launches it takes.
 
 
 def _traceable(types, args) -> bool:
     """Whether the setting is on and the op's tensors are plain, on a device running the kernels, with int shapes."""
-    if not settings.INDUCTOR_KERNELS or settings.INTERPRET:
+    if not settings.INDUCTOR_KERNELS:
         return False
     from torch.export._trace import custom_triton_ops_decomposition_disabled
 

@@ -174,7 +174,8 @@ x, w = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(64, 64, 3, 3, 3).to(*
 conv = lambda x, w: torch.ops.tconv3d.conv3d(x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
 with stubbed_launches(90, []):
     graph = make_fx(dispatch_functionalize(conv), tracing_mode="fake")(x, w)
-print(json.dumps(sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"})))
+targets = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"})
+print(json.dumps({"targets": targets, "explained": tconv3d.explain(x, w, padding=1)["fwd"].get("inductor")}))
 """
 
 
@@ -210,6 +211,21 @@ def test_what_stays_one_op(setting, kernels, traced):
     """Without the setting every op stays whole; with it, a launch on TMA descriptors too (wrap_triton would take
     the descriptors as constants, blind to the kernel's writes)."""
     script = f"import sys; sys.argv = ['', {setting!r}, {kernels!r}]\n" + OPAQUE
-    targets = compile_script(script)
+    result = compile_script(script)
+    targets, explained = result["targets"], result["explained"]
     assert ("tconv3d.conv3d.default" not in targets) == traced, targets
     assert any("triton_kernel_wrapper" in t for t in targets) == traced, targets
+    if setting == "0":
+        assert explained is None  # explain reports the path only where it is on
+    else:
+        assert explained.startswith("its kernels" if traced else "op call: TMA"), explained
+
+
+def test_explain_says_the_interpreter_keeps_ops_whole(monkeypatch):
+    import torch
+
+    import tconv3d
+
+    monkeypatch.setattr(tconv3d.settings, "INDUCTOR_KERNELS", True)
+    plan = tconv3d.explain(torch.randn(1, 8, 3, 5, 5), torch.randn(8, 8, 3, 3, 3), padding=1)
+    assert all(plan[d]["inductor"].startswith("op call: the interpreter") for d in ("fwd", "dgrad", "wgrad")), plan

@@ -168,6 +168,8 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     """Why a launch cannot be handed to Inductor as Triton kernels in its graph (ops.py, TCONV3D_INDUCTOR_KERNELS),
     or None. Such a launch stays one opaque op call in the compiled graph, as every launch does without the
     setting. Chooses as `launch` would, without tuning."""
+    if settings.INTERPRET:
+        return "the interpreter runs the kernels itself; Inductor cannot"
     if geom.prefix_frames:
         return "frames_before: the kernels reach the second source by its distance in memory from the input"
     first = tensors[0]
@@ -190,7 +192,8 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
     "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
     config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
-    no kernels)}. With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why.
+    no kernels)}. With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why; with
+    TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether torch.compile hands the launch to Inductor or why not.
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source)."""
     geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
     runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
@@ -212,6 +215,11 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
         if settings.KERNELS == "gluon" and not config.gluon:
             plan[direction]["gluon_unavailable"] = gluon_unavailable(direction, geom, input.dtype, input.device)
+        if settings.INDUCTOR_KERNELS:
+            refusal = inductor_refusal(direction, geom, *operands)
+            plan[direction]["inductor"] = (
+                "its kernels in Inductor's graph" if refusal is None else f"op call: {refusal}"
+            )
     return plan
 
 
