@@ -10,6 +10,10 @@
 #   bash bench/gpu_session.sh host    # kernel vs eager-op time and the host's issue time on small layers
 #   bash bench/gpu_session.sh variants   # the Gluon and TMA kernels' tests, then bench.variants: pointer, TMA,
 #                                        # Gluon and cuDNN per large layer, each checked before it is timed
+#   bash bench/gpu_session.sh models  # the five diffusers video VAEs at their released sizes: stock vs converted
+#                                     # decodes, a CUDA-graph replay, tests/test_integrations.py on CUDA
+# diffusers and monai are not on the GPU image: run bench/fetch_wheels.sh here first and name `.whl` in the call's
+# carry; whatever .whl/ holds is installed into /tmp/site before any stage.
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that); each stage fits one 10-minute call.
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
@@ -20,6 +24,10 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tconv3d-out}
 mkdir -p "$OUT"
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=.:/tmp/site
+fi
 stage=${1:-tests}
 # Parallel test workers when pytest-xdist is there (the GPU image has it): compiling kernels is the slow part.
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-8}")
@@ -82,8 +90,22 @@ case "$stage" in
     timeout ${VARIANTS_TIMEOUT:-320} python3 -m bench.variants --out "$OUT/variants.json" ${VARIANTS_ARGS:-} 2>&1 \
       | tee "$OUT/variants.log"
     ;;
+  models)  # MODELS, MODEL_VARIANTS, MODEL_SCALE: to split it over calls (compiled variants take minutes each)
+    if ! python3 -c "import diffusers" 2>/dev/null; then
+      echo "diffusers is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/models.log"; exit 1
+    fi
+    for model in ${MODELS:-wan cogvideox mochi hunyuan_video ltx_video}; do
+      timeout ${MODEL_TIMEOUT:-100} python3 -m bench.vae_decode --model "$model" --scale "${MODEL_SCALE:-0}" \
+        --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" --json "$OUT/vae_$model.json" 2>&1 \
+        | tee -a "$OUT/models.log"
+    done
+    if [ "${MODEL_TESTS:-1}" != 0 ]; then
+      timeout ${MODEL_TESTS_TIMEOUT:-150} python3 -m pytest tests/test_integrations.py -q -p no:cacheprovider \
+        2>&1 | tee "$OUT/integrations.log"  # on CPU (aten) as in CI, and test_real_models_on_cuda_match_stock
+    fi
+    ;;
   *)
-    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host or variants" >&2
+    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,12 @@
 """`python -m bench.vae_decode`: one video-VAE decode, stock diffusers vs converted by tconv3d.nn.convert, eager
 and torch.compile'd: time and peak memory.
 
+Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, the ops as calls),
+converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
+converted_graph (the decode captured in a CUDA graph and replayed: its time, the graph pool's size as its peak,
+and whether a replay on a new latent equals an eager decode bit for bit). `--scale 0` builds diffusers' default
+configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17 frames of 256 x 256; Mochi 19).
+
 Each variant runs in a fresh process, so on CPU the peak is the rise of the process's resident high-water mark
 over its first decode (with glibc told to map every tensor from 64 KiB up on its own, so that this tracks live
 memory and repeats to 0.2 MB), and on CUDA torch's peak allocated bytes over a decode after a warm-up one.
@@ -22,7 +28,7 @@ import time
 
 import torch
 
-VARIANTS = ("stock", "converted", "stock_compiled", "converted_compiled")
+VARIANTS = ("stock", "converted", "stock_compiled", "converted_compiled", "converted_inductor", "converted_graph")
 
 
 def _rss_mb() -> float:
@@ -38,9 +44,12 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     if variant.startswith("converted"):
         tconv3d.nn.convert(vae)
     decode = lambda z: vae.decode(z).sample  # noqa: E731
-    if variant.endswith("compiled"):
+    if variant.endswith(("compiled", "inductor")):
+        tconv3d.settings.INDUCTOR_KERNELS = variant.endswith("inductor")  # read when the graph is traced
         decode = torch.compile(decode)
     z = torch.randn(latent_shape, device=device, dtype=dtype)
+    if variant.endswith("graph"):
+        return _measure_graph(variant, decode, z)
     with torch.no_grad():
         if device == "cpu":  # the resident high-water mark only rises: take it over the first decode
             before = _rss_mb()
@@ -68,22 +77,60 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     return {"variant": variant, "ms": round(ms, 2), "peak_mb": round(peak, 1), "output": list(out.shape)}
 
 
+def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
+    """The decode captured in a CUDA graph (after two eager decodes on a side stream, as a capture needs), replayed:
+    median replay time, the memory the capture took (the graph's pool: the peak of a replay, which allocates
+    nothing), and whether a replay on a new latent equals an eager decode of it bit for bit."""
+    import triton
+
+    if z.device.type != "cuda":
+        raise SystemExit("converted_graph needs a CUDA device")
+    with torch.no_grad():
+        static_z = z.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                decode(static_z)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = decode(static_z)
+        torch.cuda.synchronize()
+        pool = (torch.cuda.memory_allocated() - before) / 2**20
+        fresh = torch.randn_like(z)
+        static_z.copy_(fresh)
+        graph.replay()
+        equal = torch.equal(static_out, decode(fresh))
+        ms = triton.testing.do_bench(graph.replay, warmup=5, rep=50, return_mode="median")
+    return {"variant": variant, "ms": round(ms, 2), "peak_mb": round(pool, 1), "output": list(static_out.shape),
+            "replay_equals_eager": equal}  # fmt: skip
+
+
 def main(argv=None) -> int:
-    from bench.vaes import LATENT_CHANNELS
+    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS
 
     parser = argparse.ArgumentParser(prog="python -m bench.vae_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="hunyuan_video", choices=list(LATENT_CHANNELS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
-    parser.add_argument("--scale", type=int, default=4, help="channel width multiplier over the test config")
-    parser.add_argument("--latent", default="1,4,3,16,16", help="latent shape N,C,T,H,W (C: the model's)")
+    parser.add_argument("--scale", type=int, default=4,
+                        help="channel width multiplier over the test config; 0: diffusers' default config")  # fmt: skip
+    parser.add_argument("--latent", default=None,
+                        help="latent shape N,C,T,H,W (C: the model's); default 1,C,3,16,16, or with --scale 0 "
+                             "bench.vaes.DEFAULT_LATENTS")  # fmt: skip
     parser.add_argument("--variants", default="stock,converted", help="comma-separated subset of " + ",".join(VARIANTS))
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process measuring one variant
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
-    shape = [int(v) for v in args.latent.split(",")]
-    shape[1] = LATENT_CHANNELS[args.model]
+    if args.latent is None and args.scale == 0:
+        shape = list(DEFAULT_LATENTS[args.model])
+    else:
+        shape = [int(v) for v in (args.latent or "1,4,3,16,16").split(",")]
+        shape[1] = DEFAULT_LATENTS[args.model][1] if args.scale == 0 else LATENT_CHANNELS[args.model]
     if args.one:
         print(json.dumps(measure(args.model, args.one, args.device, dtype, args.scale, shape)))
         return 0
@@ -108,7 +155,8 @@ def main(argv=None) -> int:
     print(header)
     print(f"{'variant':20s} {'ms':>10s} {'peak MB':>10s}  output")
     for row in rows:
-        print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}")
+        replay = f"  replay equals eager: {row['replay_equals_eager']}" if "replay_equals_eager" in row else ""
+        print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}")
     if args.json:
         import diffusers
         import triton

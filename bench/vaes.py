@@ -1,15 +1,28 @@
-"""The video VAEs of diffusers in small configs with random weights: what tests/test_integrations.py converts and
-`python -m bench.vae_decode` measures. `scale` multiplies the channel widths (1: the test size)."""
+"""The video VAEs of diffusers with random weights: what tests/test_integrations.py converts and `python -m
+bench.vae_decode` measures. `scale` multiplies the channel widths of a small config (1: the test size); 0 is
+diffusers' default config, the released model's size."""
 
 import torch
 
 LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8}
+
+# Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
+DEFAULT_LATENTS = {
+    "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
+    "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8),
+}  # fmt: skip
+CLASSES = {
+    "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
+    "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
+}  # fmt: skip
 
 
 def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
     import diffusers
 
     torch.manual_seed(seed)
+    if scale == 0 and name in CLASSES:
+        return getattr(diffusers, CLASSES[name])()
     if name == "wan":
         return diffusers.AutoencoderKLWan(
             base_dim=3 * scale, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,

@@ -357,3 +357,27 @@ def test_whole_converted_vaes_load_in_fresh_process(aten_path, tmp_path):
     for path, (count, output) in expected.items():
         assert loaded[path][0] == count > 0, path
         assert rel_l2(loaded[path][1], output) < MATCH, path
+
+
+CUDA_MODELS = {**{f"vae_{name}": (build, (1, 3, 5, 32, 32)) for name, build in VAES.items()},
+               **{f"monai_{name}": (name, (1, 1, 32, 32, 32)) for name in ("unet", "dynunet")}}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", CUDA_MODELS)
+def test_real_models_on_cuda_match_stock(name):
+    """The compiled kernels in the real models, on the GPU: each converted model's forward (a VAE's encode and
+    decode) against stock on cuDNN, in fp32 with TF32 off (both exact up to summation order); in bf16, no further
+    from a float32 reference than stock bf16 is, within a margin."""
+    build, shape = CUDA_MODELS[name]
+    build = _monai_nets()[build] if name.startswith("monai") else build
+    stock, converted = (m.cuda() for m in stock_and_converted(build))
+    x = torch.randn(shape, device="cuda")
+    run = encode_decode if name.startswith("vae") else (lambda model, x: model(x))
+    with torch.no_grad():
+        reference = run(stock, x)
+        assert rel_l2(run(converted, x), reference) < MATCH
+        stock_error = rel_l2(run(stock.bfloat16(), x.bfloat16()), reference)
+        ours_error = rel_l2(run(converted.bfloat16(), x.bfloat16()), reference)
+    assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
