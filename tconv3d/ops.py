@@ -180,8 +180,10 @@ def _traceable(types, args) -> bool:
     """Whether the setting is on and the op's tensors are plain, on a device running the kernels, with int shapes."""
     if not settings.INDUCTOR_KERNELS:
         return False
-    from torch.export._trace import custom_triton_ops_decomposition_disabled
-
+    try:  # torch.export keeps ops whole (as it does torch.library.triton_op's)
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+    except ImportError:  # a torch without the switch
+        custom_triton_ops_decomposition_disabled = torch.compiler.is_exporting
     if custom_triton_ops_decomposition_disabled():
         return False
     if any(not (issubclass(t, (FakeTensor, FunctionalTensor)) or t is torch.Tensor) for t in types):

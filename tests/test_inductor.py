@@ -174,8 +174,17 @@ x, w = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(64, 64, 3, 3, 3).to(*
 conv = lambda x, w: torch.ops.tconv3d.conv3d(x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
 with stubbed_launches(90, []):
     graph = make_fx(dispatch_functionalize(conv), tracing_mode="fake")(x, w)
+
+    class Conv(torch.nn.Module):
+        def forward(self, x, w):
+            return conv(x, w)
+
+    exported = torch.export.export(Conv(), (x, w)).graph  # torch.export keeps the op whole, setting or not
 targets = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"})
-print(json.dumps({"targets": targets, "explained": tconv3d.explain(x, w, padding=1)["fwd"].get("inductor")}))
+print(json.dumps({
+    "targets": targets, "explained": tconv3d.explain(x, w, padding=1)["fwd"].get("inductor"),
+    "exported": sorted({str(n.target) for n in exported.nodes if n.op == "call_function"}),
+}))
 """
 
 
@@ -213,6 +222,7 @@ def test_what_stays_one_op(setting, kernels, traced):
     script = f"import sys; sys.argv = ['', {setting!r}, {kernels!r}]\n" + OPAQUE
     result = compile_script(script)
     targets, explained = result["targets"], result["explained"]
+    assert result["exported"] == ["tconv3d.conv3d.default"], result["exported"]
     assert ("tconv3d.conv3d.default" not in targets) == traced, targets
     assert any("triton_kernel_wrapper" in t for t in targets) == traced, targets
     if setting == "0":
