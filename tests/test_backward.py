@@ -79,7 +79,10 @@ def test_only_needed_gradients_are_computed(monkeypatch, device):
     assert dgrad_launches == [] and wgrad_launches == ["conv3d_wgrad"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+# Under the interpreter programs run one after another, so what this can catch there (a workspace read before it
+# is written, an order that depends on memory) does not depend on the dtype: bf16 alone keeps CI short.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if torch.cuda.is_available() else [torch.bfloat16],
+                         ids=dtype_id)  # fmt: skip
 def test_gradients_are_bitwise_deterministic(small_tiles, dtype, device):
     # small_tiles forces split-K (3 splits): the heuristic gives this small problem one split on an H100.
     case = Case("determinism", 2, 24, 20, (4, 7, 8), 3, stride=(1, 2, 1), padding=(2, 0, 1, 1, 1, 1))
