@@ -15,7 +15,7 @@ from test_static_compile import CUOBJDUMP, compile_script
 pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
 
 SCRIPT = r"""
-import importlib.util, json, os, re, sys, tempfile
+import dataclasses, importlib.util, json, os, re, sys, tempfile
 os.environ["TCONV3D_INDUCTOR_KERNELS"] = "1"
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -24,8 +24,13 @@ from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitiv
 import tconv3d
 from tconv3d import settings
 from tconv3d.inspect.compile import compile_only, stubbed_launches
+from tconv3d.tune import choice
 
 settings.CPU_BACKEND = "triton"  # CPU tensors take the kernels' path; their launches stop at the recorder
+# The tiles an H100 would run (its table, else the nearest key or its heuristic), on the kernels this path takes.
+choice._select = lambda direction, geom, dtype, device, run: dataclasses.replace(
+    choice.choose(direction, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0], tma_box_w=0, gluon=0
+)
 cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
 
 
