@@ -177,8 +177,9 @@ def _intercepted() -> bool:
 
 
 def _traceable(types, args) -> bool:
-    """Whether the setting is on and the op's tensors are plain, on a device running the kernels, with int shapes."""
-    if not settings.INDUCTOR_KERNELS:
+    """Whether the setting is on and the op's tensors are plain, on a device running compiled kernels (not the
+    interpreter's), with int shapes."""
+    if not settings.INDUCTOR_KERNELS or settings.INTERPRET:
         return False
     try:  # torch.export keeps ops whole (as it does torch.library.triton_op's)
         from torch.export._trace import custom_triton_ops_decomposition_disabled

@@ -236,11 +236,22 @@ def test_what_stays_one_op(setting, kernels, traced):
         assert explained.startswith("its kernels" if traced else "op call: TMA"), explained
 
 
-def test_explain_says_the_interpreter_keeps_ops_whole(monkeypatch):
+def test_the_interpreter_keeps_ops_whole(monkeypatch):
+    """Under the interpreter (this suite on CPU) the setting changes nothing: the interpreter runs the kernels,
+    which Inductor cannot; compiled, the ops stay calls and compute what eager does; explain says why."""
     import torch
 
     import tconv3d
 
     monkeypatch.setattr(tconv3d.settings, "INDUCTOR_KERNELS", True)
-    plan = tconv3d.explain(torch.randn(1, 8, 3, 5, 5), torch.randn(8, 8, 3, 3, 3), padding=1)
+    x = torch.randn(1, 8, 3, 5, 5).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(8, 8, 3, 3, 3).contiguous(memory_format=torch.channels_last_3d)
+    plan = tconv3d.explain(x, w, padding=1)
     assert all(plan[d]["inductor"].startswith("op call: the interpreter") for d in ("fwd", "dgrad", "wgrad")), plan
+
+    def layer(x):
+        return torch.ops.tconv3d.group_norm(tconv3d.conv3d(x, w, padding=1), None, None, 2, 1e-5, "silu")[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), layer(x))
