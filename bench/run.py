@@ -48,18 +48,27 @@ def bench_ms(fn) -> float:
 GRAPH_IMPLS = ("tconv3d", "cudnn_cl3d")
 
 
-def graph_ms(fn) -> float:
-    """Median ms of `fn` captured once in a CUDA graph and replayed (warmed up on a side stream first, as capture
-    wants: the first calls choose configs, compile and allocate)."""
+def capture(fn, warmups: int = 3):
+    """`fn` captured once in a CUDA graph, after `warmups` calls on a side stream (as capture wants: the first calls
+    choose configs, compile and allocate): (the graph, fn's output in the graph's memory, MiB the capture took)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmups):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out, (torch.cuda.memory_allocated() - before) / 2**20
+
+
+def graph_ms(fn) -> float:
+    """Median ms of `fn` captured once in a CUDA graph (`capture`) and replayed."""
+    graph, _, _ = capture(fn)
     try:
         return bench_ms(graph.replay)
     finally:

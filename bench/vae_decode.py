@@ -83,23 +83,13 @@ def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
     nothing), and whether a replay on a new latent equals an eager decode of it bit for bit."""
     import triton
 
+    from bench.run import capture
+
     if z.device.type != "cuda":
         raise SystemExit("converted_graph needs a CUDA device")
     with torch.no_grad():
         static_z = z.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                decode(static_z)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = decode(static_z)
-        torch.cuda.synchronize()
-        pool = (torch.cuda.memory_allocated() - before) / 2**20
+        graph, static_out, pool = capture(lambda: decode(static_z), warmups=2)
         fresh = torch.randn_like(z)
         static_z.copy_(fresh)
         graph.replay()

@@ -239,9 +239,8 @@ def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Ten
     """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the input-gradient kernels read it
     (load_live_taps, conv_dgrad's pointer kernel); cached, except while traced for Inductor, where it is a
     constant of the graph (and a cached one would be a fake tensor)."""
-    if tracing():
-        return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
-    return _live_tap_table(tuple(kernel), tuple(stride), tuple(front_padding), tuple(dilation), device)
+    key = tuple(kernel), tuple(stride), tuple(front_padding), tuple(dilation), device
+    return _live_tap_table.__wrapped__(*key) if tracing() else _live_tap_table(*key)
 
 
 @functools.lru_cache(maxsize=256)
