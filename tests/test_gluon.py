@@ -4,7 +4,7 @@ group in flight) for the three stride-1 implicit GEMMs in 16-bit dtypes on sm_90
 Triton's interpreter cannot run Gluon: on CPU these tests check everything around the kernel (the config field,
 which launches may take it, TCONV3D_KERNELS=gluon falling back to the TMA kernel where it cannot run, explain,
 the tuner's space, the SASS reader that judges its main loop); tests/test_static_compile.py compiles it for
-sm_90 under triton 3.6. On an sm_90 GPU with triton 3.6 the same correctness tests run the kernel itself against
+sm_90 under triton 3.6 and 3.9. On an sm_90 GPU with either the same correctness tests run the kernel itself against
 float64, every TMA case of the suite."""
 
 import dataclasses
@@ -149,6 +149,10 @@ def test_gluon_reports_why_it_is_unavailable_off_its_triton():
         assert hasattr(conv_gluon, "_conv3d_gluon_kernel")
     else:
         assert "Triton" in conv_gluon.UNAVAILABLE and not hasattr(conv_gluon, "_conv3d_gluon_kernel")
+    # Offered on the releases it is compile-checked against (CI: 3.9 and the GPU image's 3.6), none other.
+    assert conv_gluon.unwritten_for("3.6.0") is None and conv_gluon.unwritten_for("3.9.1") is None
+    assert "written for Triton 3.6, 3.9, not 3.7.0" in conv_gluon.unwritten_for("3.7.0")
+    assert "not 3.10.0" in conv_gluon.unwritten_for("3.10.0")
 
 
 GOOD_LOOP = """
@@ -225,7 +229,7 @@ def test_warp_specialized_twins(monkeypatch):
 @pytest.mark.parametrize("index", range(len(TMA_CASES)))
 def test_warp_specialized_gluon_matches_float64(index, monkeypatch, device):
     """The warp-specialized forward and input gradient (gluon = 2) against float64 on every TMA case, bf16: on an
-    sm_90 GPU with triton 3.6 only (the interpreter cannot run Gluon; the compile is checked on CPU)."""
+    sm_90 GPU only (the interpreter cannot run Gluon; the compile is checked on CPU)."""
     if not gluon_runs(device):
         pytest.skip("the warp-specialized Gluon kernel runs only on sm_90 with the Triton it is written for")
     case = TMA_CASES[index]

@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
     parser.add_argument(
         "--variant", default="auto", choices=settings.KERNEL_VARIANTS,
-        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6)",
+        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 or 3.9)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")

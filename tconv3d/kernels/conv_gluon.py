@@ -41,7 +41,7 @@ from .launch import launch
 from .utils import cdiv, ndhwc_descriptor
 
 # Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
-GLUON_TRITON = ("3.6",)
+GLUON_TRITON = ("3.6", "3.9")
 
 try:
     from triton.experimental import gluon
@@ -55,14 +55,20 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 except ImportError as error:  # a Triton without Gluon, or with another layout of it
-    UNAVAILABLE = f"this Triton ({triton.__version__}) has no usable Gluon: {error}"
+    _NO_GLUON = f"this Triton ({triton.__version__}) has no usable Gluon: {error}"
 else:
-    release = f"{Version(triton.__version__).major}.{Version(triton.__version__).minor}"
-    UNAVAILABLE = (
-        None
-        if release in GLUON_TRITON
-        else f"the Gluon kernels are written for Triton {', '.join(GLUON_TRITON)}, not {triton.__version__}"
-    )
+    _NO_GLUON = None
+
+
+def unwritten_for(version: str) -> str | None:
+    """Why the kernels are not offered under Triton `version`, or None where they are written for it."""
+    release = f"{Version(version).major}.{Version(version).minor}"
+    if release in GLUON_TRITON:
+        return None
+    return f"the Gluon kernels are written for Triton {', '.join(GLUON_TRITON)}, not {version}"
+
+
+UNAVAILABLE = _NO_GLUON or unwritten_for(triton.__version__)
 
 # Registers a thread of the warp-specialized kernel's one-warp TMA producer keeps (it holds a few scalars), and the
 # most any thread may take so that the kernel's warps plus the producer's warpgroup fit an SM's 64K registers.
@@ -79,6 +85,10 @@ if UNAVAILABLE is None:
     _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
     _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+    # The TMA copies' names: async_copy_global_to_shared / async_copy_shared_to_global in 3.6, async_load /
+    # async_store from 3.7 on.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
     @gluon.jit
     def _stage_barriers(STAGES: gl.constexpr):
@@ -149,10 +159,10 @@ if UNAVAILABLE is None:
         """The source box at `coords` of phase view `phase` of the PHASES `views` into `buf` (views[0] where there
         is one): one copy issued per view, all but the phase's predicated off."""
         if PHASES == 1:
-            tma.async_copy_global_to_shared(views[0], coords, bar, buf, pred)
+            _tma_load(views[0], coords, bar, buf, pred)
         else:
             for p in gl.static_range(PHASES):
-                tma.async_copy_global_to_shared(phase_view(views, p), coords, bar, buf, pred & (phase == p))
+                _tma_load(phase_view(views, p), coords, bar, buf, pred & (phase == p))
 
     @gluon.jit
     def _load_live_taps(live_ptr, phase):
@@ -194,11 +204,11 @@ if UNAVAILABLE is None:
         )  # fmt: skip
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
         if INPUT_GRAD:  # one source view: grad_out
-            tma.async_copy_global_to_shared(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
-            tma.async_copy_global_to_shared(w_desc, [c0, tap, n0], bar, b_buf, pred)
+            _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
+            _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
             _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W)
-            tma.async_copy_global_to_shared(w_desc, [n0, tap, c0], bar, b_buf, pred)
+            _tma_load(w_desc, [n0, tap, c0], bar, b_buf, pred)
 
     @gluon.jit
     def _pipelined_steps(
@@ -267,9 +277,9 @@ if UNAVAILABLE is None:
         if INPUT_GRAD and STRIDE_H * STRIDE_W > 1:
             for p in gl.static_range(STRIDE_H * STRIDE_W):
                 if view == p:
-                    tma.async_copy_shared_to_global(phase_view(dst_views, p), coords, c_smem)
+                    _tma_store(phase_view(dst_views, p), coords, c_smem)
         else:
-            tma.async_copy_shared_to_global(dst_views[0], coords, c_smem)
+            _tma_store(dst_views[0], coords, c_smem)
 
     @gluon.jit
     def _mma_tiles(
@@ -435,7 +445,7 @@ if UNAVAILABLE is None:
         of the PHASES `x_views`."""
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         mbarrier.expect(bar, go_desc.block_type.nbytes + x_views[0].block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
+        _tma_load(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
         src_d, phase, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
         _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, b_buf, phase, pred, PHASES)
 
