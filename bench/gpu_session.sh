@@ -1,63 +1,105 @@
 #!/usr/bin/env bash
-# One device-machine call per stage, run from the repository root with the machine's own torch and triton:
-#   bash bench/gpu_session.sh check   # tests, then gpu, then the kernel report, in one call (pytest-xdist)
-#   bash bench/gpu_session.sh tests   # the suite on CUDA tensors, torch.compile and GPU-marked tests aside
-#   bash bench/gpu_session.sh gpu     # tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), main job
-#   bash bench/gpu_session.sh report  # what the device's Triton compiled: registers, spills, smem, HGMMA
-#   bash bench/gpu_session.sh tune    # python -m tconv3d.tune over the bench suite (resumes; rerun until done)
-#   bash bench/gpu_session.sh bench   # python -m bench, merged into bench/results/<device>.json
-#   bash bench/gpu_session.sh reliability   # compute-sanitizer, a >2**31-element tensor, the UNet training run
-#   bash bench/gpu_session.sh host    # kernel vs eager-op time and the host's issue time on small layers
-#   bash bench/gpu_session.sh variants   # the Gluon and TMA kernels' tests, then bench.variants: pointer, TMA,
-#                                        # Gluon and cuDNN per large layer, each checked before it is timed
-#   bash bench/gpu_session.sh models  # the five diffusers video VAEs at their released sizes: stock vs converted
-#                                     # decodes, a CUDA-graph replay, tests/test_integrations.py on CUDA
+# The device-machine calls, run from the repository root with the machine's own torch and triton:
+#   bash bench/gpu_session.sh STAGE...   # the stages in order, all within CALL_SECONDS (default 570: a call may
+#                                        # run 600 s); each stage's own limit shrinks to the time left
+# Stages:
+#   tests     the suite on CUDA tensors (pytest-xdist), torch.compile, GPU-marked and static-compile tests aside
+#   gpu       tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), then the main job
+#   report    what the device's Triton compiled: registers, spills, smem, HGMMA
+#   check     tests, gpu, report
+#   variants  the Gluon and TMA kernels' tests (VARIANTS_TESTS=0: not), then bench.variants: pointer, TMA, Gluon
+#             and cuDNN per large layer, each checked before it is timed, compiled ahead in parallel
+#   tune      python -m tconv3d.tune over the bench suite (resumes; rerun until done)
+#   bench     python -m bench, merged into bench/results/<device>.json
+#   reliability  compute-sanitizer, a >2**31-element tensor, the UNet training run
+#   host      kernel vs eager-op time and the host's issue time on small layers
+#   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
+#             replay, tests/test_integrations.py on CUDA
+# bench/NOTES.md ("The next GPU session") gives the calls that fit a session's 30 minutes.
+# A kernel that hangs (an mbarrier wait nobody arrives at) costs one test or one candidate, not the call: tests
+# run under pytest-timeout's thread method (an xdist worker ends, another starts); the tuner and bench.variants
+# record what hung, exit 75 and are run again here, resuming past it.
 # diffusers and monai are not on the GPU image: run bench/fetch_wheels.sh here first and name `.whl` in the call's
 # carry; whatever .whl/ holds is installed into /tmp/site before any stage.
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
-# call only where their files together stay within that); each stage fits one 10-minute call.
+# call only where their files together stay within that).
 # The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
 # <device>.json into autotune_configs/ (tune) or the returned results into bench/results/ (bench), so that the
 # next call resumes (tune) or merges (bench) instead of starting over. The tree travels without .git: pass the
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
+  case "$stage" in
+    check | tests | gpu | report | tune | bench | reliability | host | variants | models) ;;
+    *) echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
+       exit 2 ;;
+  esac
+done
 OUT=${OUT:-/tmp/tconv3d-out}
+CALL_SECONDS=${CALL_SECONDS:-570}
 mkdir -p "$OUT"
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=.:/tmp/site
 fi
-stage=${1:-tests}
 # Parallel test workers when pytest-xdist is there (the GPU image has it): compiling kernels is the slow part.
-xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-8}")
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-12}")
+# A test whose kernel never finishes ends its xdist worker, not the call: pytest-timeout (on the GPU image) with its
+# thread method leaves the process; xdist starts another worker.
+per_test=$([ -n "$xdist" ] && python3 -c "import pytest_timeout" 2>/dev/null \
+  && echo "--timeout ${TEST_TIMEOUT:-180} --timeout-method thread")
+
+# left SECONDS: SECONDS, or what is left of the call (less a margin for the last lines) where that is less.
+left() {
+  local rest=$((CALL_SECONDS - SECONDS - 15))
+  if [ "$1" -lt "$rest" ]; then echo "$1"; elif [ "$rest" -gt 1 ]; then echo "$rest"; else echo 1; fi
+}
+
+# until_done SECONDS LOG COMMAND...: run COMMAND (appending to LOG) again while it exits 75 (testing.HUNG_EXIT: a
+# kernel hung, what hung is recorded, a rerun resumes past it), all runs within SECONDS.
+until_done() {
+  local deadline=$((SECONDS + $1)) log=$2 rc
+  shift 2
+  while :; do
+    timeout $((deadline - SECONDS)) "$@" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 75 ] && [ $((deadline - SECONDS)) -gt 30 ] || return "$rc"
+    echo "[gpu_session] exit 75 (a kernel hung): running again, resuming past it" | tee -a "$log"
+  done
+}
+
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
   echo "commit ${TCONV3D_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 } > "$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
 
-case "$stage" in
+run_stage() {
+  case "$1" in
   check)
-    cat "$OUT/environment.txt"
-    for s in tests gpu report; do OUT="$OUT" bash "$0" "$s" > /dev/null; done
+    for s in tests gpu report; do run_stage "$s" > /dev/null; done
     ;;
-  tests)
-    timeout ${TESTS_TIMEOUT:-560} python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
-      --ignore=tests/test_compile.py --ignore=tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
+  tests)  # the static compile is CI's (the same triton 3.6): here the kernels run
+    timeout "$(left "${TESTS_TIMEOUT:-560}")" python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
+      $per_test --ignore=tests/test_compile.py --ignore=tests/test_gpu.py --ignore=tests/test_static_compile.py \
+      ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log"
     ;;
   gpu)
-    timeout ${GPU_TIMEOUT:-420} python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s -p no:cacheprovider \
-      --durations=10 2>&1 | tee "$OUT/gpu_tests.log"
-    timeout 120 python3 -m tconv3d 2>&1 | tee "$OUT/main_job.log"
+    timeout "$(left "${GPU_TIMEOUT:-420}")" python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s \
+      -p no:cacheprovider --durations=10 2>&1 | tee "$OUT/gpu_tests.log"
+    timeout "$(left 120)" python3 -m tconv3d 2>&1 | tee "$OUT/main_job.log"
     ;;
   report)
-    timeout 240 python3 tests/gpu/kernel_report.py --out "$OUT/kernel_report.json" 2>&1 | tee "$OUT/kernel_report.log"
+    timeout "$(left 240)" python3 tests/gpu/kernel_report.py --out "$OUT/kernel_report.json" 2>&1 \
+      | tee "$OUT/kernel_report.log"
     ;;
   tune)
     mkdir -p autotune_configs
-    timeout ${TUNE_TIMEOUT:-540} python3 -m tconv3d.tune --shapes bench --out autotune_configs --budget "${BUDGET:-15}" \
-      ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune.log"
+    # Exit status 75: a candidate hung; it is in <device>.hung.json and the next run resumes without it.
+    until_done "$(left "${TUNE_TIMEOUT:-540}")" "$OUT/tune.log" python3 -m tconv3d.tune --shapes bench \
+      --out autotune_configs --budget "${BUDGET:-15}" ${TUNE_ARGS:-}
     # Not under its own name: the benchmark's results file has the same one (<device>.json).
     for table in autotune_configs/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
     ;;
@@ -65,48 +107,59 @@ case "$stage" in
     # Each direction separately, then the scenarios: the JSON is saved after every case, so a cut-off keeps most.
     impls=${IMPLS:-tconv3d,cudnn_cl3d,cudnn_ncdhw,compile}
     for direction in ${DIRECTIONS:-fwd bwd}; do
-      timeout ${BENCH_TIMEOUT:-240} python3 -m bench --out bench/results --merge --direction "$direction" \
+      timeout "$(left "${BENCH_TIMEOUT:-240}")" python3 -m bench --out bench/results --merge --direction "$direction" \
         --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
     done
     if [ "${SCENARIOS:-stack,conv2d,causal}" != none ]; then
-      timeout ${SCENARIO_TIMEOUT:-150} python3 -m bench --out bench/results --merge --cases none \
+      timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
         --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
     fi
     cp bench/results/* "$OUT/" 2>/dev/null
     ;;
   reliability)
-    OUT="$OUT" timeout 200 bash tests/gpu/memcheck.sh
-    timeout 150 python3 tests/gpu/huge_tensor.py --out "$OUT/huge_tensor.json" 2>&1 | tee "$OUT/huge_tensor.log"
-    timeout 200 python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
+    OUT="$OUT" timeout "$(left "${SANITIZER_TIMEOUT:-300}")" bash tests/gpu/memcheck.sh
+    timeout "$(left 150)" python3 tests/gpu/huge_tensor.py --out "$OUT/huge_tensor.json" 2>&1 \
+      | tee "$OUT/huge_tensor.log"
+    timeout "$(left 200)" python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
     ;;
   host)
-    timeout 200 python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    timeout "$(left 200)" python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 \
+      | tee "$OUT/host_overhead.log"
     ;;
-  variants)  # VARIANTS_TESTS=0: the timings alone (a second call over the rest of the cases)
+  variants)  # VARIANTS_TESTS=0: the timings alone (after a tests stage, which runs these tests too)
     if [ "${VARIANTS_TESTS:-1}" != 0 ]; then
-      timeout ${VARIANT_TESTS_TIMEOUT:-240} python3 -m pytest tests/test_gluon.py tests/test_tma.py -q \
-        -p no:cacheprovider $xdist 2>&1 | tee "$OUT/variants_tests.log"
+      timeout "$(left "${VARIANT_TESTS_TIMEOUT:-240}")" python3 -m pytest tests/test_gluon.py tests/test_tma.py -q \
+        -p no:cacheprovider $xdist $per_test 2>&1 | tee "$OUT/variants_tests.log"
     fi
-    timeout ${VARIANTS_TIMEOUT:-320} python3 -m bench.variants --out "$OUT/variants.json" ${VARIANTS_ARGS:-} 2>&1 \
-      | tee "$OUT/variants.log"
+    # Exit status 75: a variant hung (its row says so); --resume keeps the rows and goes on past it.
+    until_done "$(left "${VARIANTS_TIMEOUT:-320}")" "$OUT/variants.log" python3 -m bench.variants \
+      --out "$OUT/variants.json" --resume ${VARIANTS_ARGS:-}
     ;;
   models)  # MODELS, MODEL_VARIANTS, MODEL_SCALE: to split it over calls (compiled variants take minutes each)
     if ! python3 -c "import diffusers" 2>/dev/null; then
-      echo "diffusers is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/models.log"; exit 1
+      echo "diffusers is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/models.log"
+      return 1
     fi
     for model in ${MODELS:-wan cogvideox mochi hunyuan_video ltx_video}; do
-      timeout ${MODEL_TIMEOUT:-100} python3 -m bench.vae_decode --model "$model" --scale "${MODEL_SCALE:-0}" \
-        --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" --json "$OUT/vae_$model.json" 2>&1 \
-        | tee -a "$OUT/models.log"
+      timeout "$(left "${MODEL_TIMEOUT:-100}")" python3 -m bench.vae_decode --model "$model" \
+        --scale "${MODEL_SCALE:-0}" --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" \
+        --json "$OUT/vae_$model.json" 2>&1 | tee -a "$OUT/models.log"
     done
     if [ "${MODEL_TESTS:-1}" != 0 ]; then
-      timeout ${MODEL_TESTS_TIMEOUT:-150} python3 -m pytest tests/test_integrations.py -q -p no:cacheprovider \
-        2>&1 | tee "$OUT/integrations.log"  # on CPU (aten) as in CI, and test_real_models_on_cuda_match_stock
+      timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
+        -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
     ;;
-  *)
-    echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
-    exit 2
-    ;;
-esac
+  esac
+}
+
+for stage in "${@:-tests}"; do
+  if [ $((CALL_SECONDS - SECONDS)) -lt 45 ]; then
+    echo "[gpu_session] no time left for stage $stage (${SECONDS} s of ${CALL_SECONDS} used)"
+    continue
+  fi
+  echo "[gpu_session] stage $stage at ${SECONDS} s"
+  run_stage "$stage"
+done
+echo "[gpu_session] done at ${SECONDS} s"
 tail -n 25 "$OUT"/*.log

@@ -17,18 +17,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from tconv3d import testing
 from tconv3d.geometry import check_conv3d
+from tconv3d.inspect.compile import arch_of, compile_ahead
 from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
-from tconv3d.testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
+from tconv3d.testing import exact_fp32, hang_guard, random_conv_inputs, rel_l2, tolerance
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
@@ -65,8 +68,21 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     return found
 
 
-def measure_case(shape: ConvShape, dtype_name: str, direction: str, peak_tflops: float) -> list[dict]:
-    dtype, device = DTYPES_BY_NAME[dtype_name], torch.device("cuda")
+def measure_case(
+    shape: ConvShape,
+    dtype_name: str,
+    direction: str,
+    peak_tflops: float,
+    emit,
+    done: dict[str, dict] | None = None,
+    compiled=lambda launch: None,
+) -> None:
+    """Check, then time, each variant of one case and direction, handing each row to `emit` as it comes. `done`:
+    the rows a hung run left of this case (by impl), not measured again; the variant that hung has one already.
+    Each variant's first run waits on the GPU under testing.hang_guard: one that never finishes is emitted as
+    hung, and the process exits with HUNG_EXIT for its caller to run it again with --resume. `compiled(launch)`
+    waits for a launch being compiled ahead (inspect.compile.compile_ahead)."""
+    dtype, device, done = DTYPES_BY_NAME[dtype_name], torch.device("cuda"), done or {}
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
     geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
@@ -89,28 +105,40 @@ def measure_case(shape: ConvShape, dtype_name: str, direction: str, peak_tflops:
             with exact_fp32():
                 reference = torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)
     flops = 2 * geom.output_voxels * geom.out_channels * geom.taps * geom.group_in_channels
-    rows = []
-    cudnn_ms = bench_ms(cudnn)
-    rows.append({"impl": "cudnn_cl3d", "ms": cudnn_ms, "config": None, "error": None})
+    where = dict(case=shape.name, dtype=dtype_name, direction=direction)
+
+    def timed(row: dict, ms: float) -> dict:
+        tflops = flops / ms * 1e-9
+        return {**row, "ms": ms, "tflops": tflops, "pct_peak": 100 * tflops / peak_tflops,
+                "speedup_vs_cudnn": cudnn_ms / ms}  # fmt: skip
+
+    cudnn_ms = done["cudnn_cl3d"]["ms"] if "cudnn_cl3d" in done else bench_ms(cudnn)
+    if "cudnn_cl3d" not in done:
+        emit(timed({"impl": "cudnn_cl3d", "config": None, "error": None, **where}, cudnn_ms))
+    measured: dict[configs.KernelConfig, dict] = {}  # a variant whose config another already has is not rerun
     for name, config in variant_configs(direction, geom, dtype, device).items():
-        row = {"impl": name, "config": config.to_dict(), "variant": config.variant}
+        if name in done:
+            continue
+        if config in measured:
+            emit({**measured[config], "impl": name, "same_as": measured[config]["impl"]})
+            continue
+        row = {"impl": name, "config": config.to_dict(), "variant": config.variant, **where}
+        compiled((direction, geom, dtype, config))
         try:
-            error = rel_l2(launch(config), reference)
+            result = launch(config)  # compiled and launched; then the GPU's part, guarded
+            with hang_guard(lambda row=row: emit({**row, "failed": f"hung: no result after {testing.HANG_S:.0f} s"})):
+                torch.cuda.synchronize()
+            error = rel_l2(result, reference)
         except Exception as failure:  # a variant that cannot run this problem: a result, not a crash
-            rows.append({**row, "failed": f"{type(failure).__name__}: {failure}"[:300]})
-            continue
-        row["error"] = error
-        if error > tolerance(dtype):
-            rows.append({**row, "failed": f"relative L2 error {error:.2e} above {tolerance(dtype):.0e}"})
-            continue
-        rows.append({**row, "ms": bench_ms(lambda config=config: launch(config))})
-    for row in rows:
-        if "ms" in row:
-            row["tflops"] = flops / row["ms"] * 1e-9
-            row["pct_peak"] = 100 * row["tflops"] / peak_tflops
-            row["speedup_vs_cudnn"] = cudnn_ms / row["ms"]
-        row.update(case=shape.name, dtype=dtype_name, direction=direction)
-    return rows
+            row["failed"] = f"{type(failure).__name__}: {failure}"[:300]
+        else:
+            row["error"] = error
+            if error > tolerance(dtype):
+                row["failed"] = f"relative L2 error {error:.2e} above {tolerance(dtype):.0e}"
+            else:
+                row = timed(row, bench_ms(lambda config=config: launch(config)))
+        measured[config] = row
+        emit(row)
 
 
 def table(rows: list[dict], header: bool = True) -> str:
@@ -136,26 +164,59 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep --out's rows and peak, measure only what they lack (after a run that exited 75: a variant hung)",
+    )
+    parser.add_argument(
+        "--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+        help="processes compiling the variants ahead of their timing (1: each compiled when it first runs)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("python -m bench.variants times kernels: it needs a CUDA device")
         return 2
+    if args.resume and not args.out:
+        parser.error("--resume needs --out")
     torch.backends.cudnn.benchmark = True
-    wanted = args.cases.split(",")
-    shapes = [s for s in load_shape_set("bench") if s.name in wanted]
-    peaks = measure_peaks()
+    suite = {shape.name: shape for shape in load_shape_set("bench")}
+    unknown = [name for name in args.cases.split(",") if name not in suite]
+    if unknown:
+        parser.error(f"unknown case(s) {unknown}; the bench suite has {sorted(suite)}")
+    shapes = [suite[name] for name in args.cases.split(",")]  # in the order asked: a run cut short keeps the first
+    previous = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
+    peaks, rows = previous.get("peaks") or measure_peaks(), previous.get("rows", [])
     print(f"device {torch.cuda.get_device_name()}, bf16 matmul peak {peaks['bf16_mm_tflops']} TFLOP/s; "
-          f"gluon: {conv_gluon.UNAVAILABLE or 'available'}", flush=True)  # fmt: skip
-    rows = []
+          f"gluon: {conv_gluon.UNAVAILABLE or 'available'}; {len(rows)} rows resumed", flush=True)  # fmt: skip
     print(table([]), flush=True)
-    for shape in shapes:  # each case's rows as they come: a run cut short by its time limit still shows them
-        for dtype_name in args.dtype.split(","):
-            for direction in args.directions.split(","):
-                measured = measure_case(shape, dtype_name, direction, peaks["bf16_mm_tflops"])
-                print(table(measured, header=False), flush=True)
-                rows += measured
-                if args.out:
-                    args.out.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1) + "\n")
+
+    device, compiled, shutdown = torch.device("cuda"), (lambda launch: None), (lambda: None)
+    if args.compile_workers > 1:  # every variant of every case, in the order they will be timed
+        planned = [
+            (direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], config)
+            for shape in shapes
+            for dtype_name in args.dtype.split(",")
+            for direction in args.directions.split(",")
+            for config in variant_configs(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], device).values()
+        ]
+        compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)
+
+    def emit(row: dict) -> None:  # each row as it comes: a run cut short, or one that hung, keeps what it measured
+        print(table([row], header=False), flush=True)
+        rows.append(row)
+        if args.out:
+            args.out.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1) + "\n")
+
+    try:
+        for shape in shapes:
+            for dtype_name in args.dtype.split(","):
+                for direction in args.directions.split(","):
+                    where = (shape.name, dtype_name, direction)
+                    done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
+                    measure_case(shape, dtype_name, direction, peaks["bf16_mm_tflops"], emit, done, compiled)
+    finally:
+        shutdown()
     return 0
 
 

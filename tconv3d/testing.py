@@ -3,6 +3,9 @@ self-check, the tuner and the benchmarks all judge tconv3d by."""
 
 import contextlib
 import math
+import os
+import sys
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,40 @@ def exact_fp32():
         yield
     finally:
         torch.backends.cudnn.allow_tf32 = saved
+
+
+# Exit status of a process that left a GPU kernel hanging (hang_guard): EX_TEMPFAIL, "run me again".
+HUNG_EXIT = 75
+# How long a checked candidate's first run may take before it counts as hung: the largest suite kernel runs in
+# milliseconds; a kernel waiting on an mbarrier no one arrives at never finishes.
+HANG_S = 60.0
+
+
+@contextlib.contextmanager
+def hang_guard(on_hang, seconds: float | None = None):
+    """Run the block; if it has not finished after `seconds` (default HANG_S), call on_hang() (record what hung)
+    and end the process with HUNG_EXIT. A kernel that never finishes cannot be stopped, nor the GPU used again,
+    from its own process: only leaving it frees the GPU. Guard a synchronisation (torch.cuda.synchronize releases
+    the GIL, so the timer's thread runs) and keep compiles outside the block. For command-line runs that their
+    caller restarts (the tuner, bench.variants: they resume, skipping what hung), never inside a user's process."""
+
+    seconds = HANG_S if seconds is None else seconds
+
+    def expire():
+        try:
+            on_hang()
+        finally:
+            print(f"tconv3d: a kernel has not finished after {seconds:.0f} s: hung; exiting", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(HUNG_EXIT)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def random_conv_inputs(input_shape, weight_shape, dtype, device, bias: bool = False):

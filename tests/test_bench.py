@@ -233,3 +233,38 @@ def test_variants_offer_both_boxes_and_split_k(monkeypatch):
     large = variants.variant_configs("dgrad", shapes["hunyuan_128"].geometry(), torch.bfloat16, cuda)
     assert not {"split_k", "unsplit"} & set(large)
     assert large["tma_rows"].tma_box_w == 128 and large["tma_patch"].tma_box_w == 16
+
+
+def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
+    """A variant that hung ends the run (exit 75) with its row written as hung; --resume keeps the rows and the
+    peak of the run before and measures, per case and direction, only the variants it lacks."""
+    from bench import variants
+
+    out = tmp_path / "variants.json"
+    before = [
+        {"case": "wan_dec_384b", "dtype": "bf16", "direction": "fwd", "impl": "cudnn_cl3d", "ms": 2.0},
+        {"case": "wan_dec_384b", "dtype": "bf16", "direction": "fwd", "impl": "gluon_ws", "failed": "hung: ..."},
+    ]
+    out.write_text(json.dumps({"peaks": {"bf16_mm_tflops": 700.0}, "rows": before}))
+    calls = []
+
+    def stand_in(shape, dtype_name, direction, peak, emit, done, compiled):
+        calls.append((shape.name, direction, peak, sorted(done)))
+        emit({"case": shape.name, "dtype": dtype_name, "direction": direction, "impl": "pointer", "failed": "x"})
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    monkeypatch.setattr(variants, "measure_peaks", lambda: pytest.fail("a resumed run keeps its peak"))
+    monkeypatch.setattr(variants, "measure_case", stand_in)
+    args = ["--cases", "unet_320,wan_dec_384b", "--directions", "fwd,dgrad", "--out", str(out), "--resume"]
+    args += ["--compile-workers", "1"]
+    assert variants.main(args) == 0
+    assert calls == [  # in the order asked, not the suite's
+        ("unet_320", "fwd", 700.0, []), ("unet_320", "dgrad", 700.0, []),
+        ("wan_dec_384b", "fwd", 700.0, ["cudnn_cl3d", "gluon_ws"]), ("wan_dec_384b", "dgrad", 700.0, []),
+    ]  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[:2] == before and len(rows) == 6
+    for wrong in (["--resume"], ["--cases", "wan_dec_385b"]):  # nothing to resume from; no such case
+        with pytest.raises(SystemExit):
+            variants.main(wrong)

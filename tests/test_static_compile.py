@@ -267,3 +267,24 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
             r["loop_wgmma_waits"],
         )
         assert not r["spill_bytes"] and not r["local_accesses"] and r["shared_bytes"] <= 232448, name
+
+
+AHEAD_COMPILE = """
+import json, torch
+from tconv3d.geometry import conv_geometry
+from tconv3d.inspect.compile import ARCHS, compile_ahead
+from tconv3d.kernels.config import KernelConfig
+geom = conv_geometry((1, 64, 4, 16, 32), (64, 64, 3, 3, 3), 1, 1, 1)
+clean = ("fwd", geom, torch.bfloat16, KernelConfig(128, 128, 64, 8, 3))
+too_big = ("fwd", geom, torch.bfloat16, KernelConfig(256, 256, 128, 4, 6))  # over 227 KB of shared memory
+wait, shutdown = compile_ahead([clean, too_big, clean], ARCHS[90], 2)
+found = [wait(clean), wait(too_big), wait(("dgrad", geom, torch.bfloat16, KernelConfig(64, 64, 32, 4, 3)))]
+shutdown()
+print(json.dumps(found))
+"""
+
+
+def test_compile_ahead_answers_each_planned_launch():
+    """The tuner's and bench.variants' compile-ahead pool: each planned launch once, answered when compiled (clean
+    or not); a launch nobody planned gets None, for the caller to compile itself."""
+    assert compile_script(AHEAD_COMPILE) == [True, False, None]

@@ -438,3 +438,56 @@ def test_first_use_tuning_refuses_a_capture(fake_gpu, monkeypatch):
     with pytest.raises(RuntimeError, match=r"CUDA-graph capture.*python -m tconv3d\.tune"):
         choice.pick_config("fwd", geometry(), torch.bfloat16, CUDA, run=lambda c: runs.append(c))
     assert not runs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a candidate that hangs the GPU
+
+HANGING_CHECK = """
+import json, sys, time, torch
+import tconv3d.testing
+from tconv3d.kernels.config import KernelConfig
+from tconv3d.tune import tables, tuner
+from tconv3d.tune.configs import TuningKey
+tconv3d.testing.HANG_S = 0.5
+torch.cuda.synchronize = lambda: time.sleep(3600)  # a kernel that never finishes: the check's wait never returns
+key, path, config = TuningKey.parse(sys.argv[1]), sys.argv[2], KernelConfig.from_dict(json.loads(sys.argv[3]))
+measure = tuner._timed_if_correct(
+    lambda config: torch.ones(3), torch.ones(3), 1e-2, on_hang=lambda config: tables.record_hung(path, key, config)
+)
+measure(config)
+print("measured")  # never reached
+"""
+
+
+def test_a_hanging_candidate_is_recorded_and_the_run_exits_to_be_resumed(tmp_path, monkeypatch):
+    """The tuner's check waits on the GPU under testing.hang_guard: a candidate whose kernel never finishes is
+    written beside the table and the process exits with HUNG_EXIT; run again, the job's candidates leave it out."""
+    import subprocess
+    import sys
+
+    from tconv3d.testing import HUNG_EXIT
+
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    monkeypatch.setattr(tuner, "smem_limit", lambda device: 228 * 1024)
+    monkeypatch.setattr(tuner, "_has_tma", lambda device: True)
+    monkeypatch.setattr(tuner, "_has_gluon", lambda device: True)
+    monkeypatch.setattr(tuner, "default_config", lambda *a: KernelConfig(128, 128, 64, 8, 3))
+    shape = next(s for s in load_shape_set("bench") if s.name == "wan_dec_384b")
+    key = tuning_key("fwd", shape.geometry(), torch.bfloat16)
+    job = tuner.Job(key, shape, "fwd", torch.bfloat16)
+    _, every = tuner.job_configs(job, CUDA)
+    hanging = next(c for c in every if c.gluon == 2)  # the persistent warp-specialized twin, say
+    hung = tables.hung_file(tmp_path / tables.table_file_name(H100))
+    assert hung.name == "NVIDIA_H100_80GB_HBM3.hung.json"
+    started = time.monotonic()
+    args = [str(key), str(hung), json.dumps(hanging.to_dict())]
+    run = subprocess.run([sys.executable, "-c", HANGING_CHECK, *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == HUNG_EXIT, run.stderr
+    assert "measured" not in run.stdout and "hung" in run.stderr
+    assert time.monotonic() - started < 60
+    assert tables.read_hung(hung) == {str(key): [hanging]}
+    # The next run's candidates for that key leave the hung one out (the next nearest takes its place).
+    _, without = tuner.job_configs(job, CUDA, tables.read_hung(hung)[str(key)])
+    assert hanging not in without and len(without) == len(every)
+    assert [c for c in every if c != hanging] == without[: len(every) - 1]

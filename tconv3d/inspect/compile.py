@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import multiprocessing
 import os
 import re
 import subprocess
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -311,3 +314,29 @@ def compiles_cleanly(direction: str, geom: ConvGeometry, dtype: torch.dtype, con
         return fits(compile_launch(direction, geom, dtype, config, arch.capability), arch)
     except Exception:  # out of resources at compile time, or a config the compiler rejects
         return False
+
+
+Launch = tuple[str, ConvGeometry, torch.dtype, KernelConfig]  # direction, geometry, dtype, config
+
+
+def compile_ahead(
+    launches: Iterable[Launch], arch: Arch, workers: int
+) -> tuple[Callable[[Launch], bool | None], Callable[[], None]]:
+    """Compile `launches` (in their order) in `workers` processes while the caller times earlier ones on the GPU:
+    the static compile fills Triton's on-disk cache under the key the JIT looks up, so the launch later compiles
+    nothing (compiling, not timing, is most of a tuning key's or a variant's time; seen on the H100: every
+    candidate found in the cache). Returns `wait(launch)` (whether it compiled cleanly, once it has; None for a
+    launch not planned) and a shutdown."""
+    # Spawned, not forked: the caller has CUDA initialised. Niced, so that the timing's launches come first.
+    spawn = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=spawn, initializer=os.nice, initargs=(10,))
+    pending: dict[Launch, Future] = {}
+    for planned in launches:
+        if planned not in pending:
+            pending[planned] = pool.submit(compiles_cleanly, *planned, arch)
+
+    def wait(planned: Launch) -> bool | None:
+        future = pending.get(planned)
+        return None if future is None else future.result()
+
+    return wait, lambda: pool.shutdown(wait=False, cancel_futures=True)

@@ -115,12 +115,34 @@ def read_entries(path: Path) -> dict:
 
 def write_entry(path: Path, key: TuningKey, entry: dict, metadata: dict) -> None:
     """Add or replace one entry, rewriting the file atomically so an interrupted run never leaves it corrupt."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     entries = read_entries(path)
     entries[str(key)] = entry
-    data = {**metadata, "entries": dict(sorted(entries.items()))}
+    _write_json(path, {**metadata, "entries": dict(sorted(entries.items()))})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
         json.dump(data, tmp, indent=1)
         tmp.write("\n")
     os.replace(tmp.name, path)
+
+
+def hung_file(table_path: Path) -> Path:
+    """Beside a table being tuned, <device>.hung.json: the candidates whose first run never finished, per key (the
+    tuner exits when one hangs; run again, it resumes without them). Not a table: nothing reads it as one."""
+    table_path = Path(table_path)
+    return table_path.with_name(table_path.stem + ".hung.json")
+
+
+def read_hung(path: Path) -> dict[str, list[KernelConfig]]:
+    if not Path(path).is_file():
+        return {}
+    return {key: [KernelConfig.from_dict(c) for c in found] for key, found in json.loads(path.read_text()).items()}
+
+
+def record_hung(path: Path, key: TuningKey, config: KernelConfig) -> None:
+    found = {k: [c.to_dict() for c in v] for k, v in read_hung(path).items()}
+    found.setdefault(str(key), []).append(config.to_dict())
+    _write_json(path, found)

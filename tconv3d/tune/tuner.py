@@ -6,20 +6,20 @@ behind TCONV3D_AUTOTUNE=1.
 
 Every key the shape set needs is tuned once: each candidate of the pruned search space is first checked against
 a cuDNN reference, then timed with triton.testing.do_bench (median), within a time bound per key. The table is
-rewritten after every key, so an interrupted run resumes where it stopped.
+rewritten after every key, so an interrupted run resumes where it stopped. A candidate whose check never finishes
+(a hung kernel) is written to <device>.hung.json beside the table and the run exits with status 75
+(testing.HUNG_EXIT): run it again and it resumes without that candidate.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from ..kernels.config import DIRECTIONS, KernelConfig
 from ..kernels.conv_dgrad import conv3d_dgrad
 from ..kernels.conv_fwd import conv3d_fwd
 from ..kernels.conv_wgrad import conv3d_wgrad
-from ..testing import exact_fp32, random_conv_inputs, rel_l2, tolerance
+from ..testing import exact_fp32, hang_guard, random_conv_inputs, rel_l2, tolerance
 from . import configs, tables
 from .configs import TuningKey, candidates, default_config, tuning_key
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
@@ -111,16 +111,22 @@ def _timed_if_correct(
     tolerance: float,
     *,
     compiles_cleanly: Callable[[KernelConfig], bool] = lambda config: True,
+    on_hang: Callable[[KernelConfig], None] | None = None,
 ) -> Measure:
     """Candidates that spill or overflow shared memory (by the static compile) are dropped before they run; the
-    rest must match the reference before they are timed."""
+    rest must match the reference before they are timed. With `on_hang`, a first run that does not finish calls
+    it with the candidate and ends the process (testing.hang_guard)."""
     import triton.testing
 
     def measure(config: KernelConfig) -> float | None:
         if not compiles_cleanly(config):
             return None
         try:
-            if rel_l2(run(config), reference) > tolerance:
+            result = run(config)  # compiled and launched: only the GPU's part is guarded
+            if on_hang is not None:
+                with hang_guard(lambda: on_hang(config)):
+                    torch.cuda.synchronize()
+            if rel_l2(result, reference) > tolerance:
                 return None
             return triton.testing.do_bench(
                 lambda: run(config), warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, return_mode="median"
@@ -217,14 +223,17 @@ def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[s
     return list(jobs.values())
 
 
-def job_configs(job: Job, device: torch.device) -> tuple[KernelConfig, list[KernelConfig]]:
-    """The default config of a job and the candidates to time against it."""
+def job_configs(
+    job: Job, device: torch.device, hung: Iterable[KernelConfig] = ()
+) -> tuple[KernelConfig, list[KernelConfig]]:
+    """The default config of a job and the candidates to time against it, none that hung before."""
     geom = job.shape.geometry()
     default = default_config(job.direction, geom, job.dtype, device)
     found = candidates(
         job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device)
     )
-    return default, nearest_candidates(found, default, CANDIDATES_PER_KEY)
+    hung = set(hung)
+    return default, nearest_candidates([c for c in found if c not in hung], default, CANDIDATES_PER_KEY)
 
 
 def _has_tma(device: torch.device) -> bool:
@@ -246,33 +255,29 @@ CompiledCheck = Callable[[Job, KernelConfig], bool]
 
 
 def compile_ahead(jobs: list[Job], device: torch.device, workers: int) -> tuple[CompiledCheck, Callable[[], None]]:
-    """Compile every job's default and candidates in `workers` processes, in job order, while the GPU times
-    earlier jobs: the static compile fills Triton's on-disk cache under the key the JIT looks up, so timing a
-    candidate later compiles nothing (compiling, not timing, was most of each key's time). Returns the check
-    the measure waits on, and a shutdown."""
+    """Every job's default and candidates compiled in `workers` processes, in job order, while the GPU times
+    earlier jobs (inspect.compile.compile_ahead). Returns the check the measure waits on, and a shutdown."""
     arch = static_compile.arch_of(device)
-    # Spawned, not forked: this process has CUDA initialised. Niced, so that the timing's launches come first.
-    spawn = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=spawn, initializer=os.nice, initargs=(10,))
-    pending: dict[tuple[TuningKey, KernelConfig], Future] = {}
+    planned = []
     for job in jobs:
-        default, configs = job_configs(job, device)
-        for config in [default, *configs]:
-            pending[(job.key, config)] = pool.submit(
-                static_compile.compiles_cleanly, job.direction, job.shape.geometry(), job.dtype, config, arch
-            )
+        default, found = job_configs(job, device)
+        planned += [(job.direction, job.shape.geometry(), job.dtype, config) for config in (default, *found)]
+    wait, shutdown = static_compile.compile_ahead(planned, arch, workers)
 
     def check(job: Job, config: KernelConfig) -> bool:
-        future = pending.get((job.key, config))
-        if future is None:  # a config not planned ahead: compile it here
+        clean = wait((job.direction, job.shape.geometry(), job.dtype, config))
+        if clean is None:  # a config not planned ahead: compile it here
             return _compile_filter(job.direction, job.shape.geometry(), job.dtype, device)(config)
-        return future.result()
+        return clean
 
-    return check, lambda: pool.shutdown(wait=False, cancel_futures=True)
+    return check, shutdown
 
 
-def _gpu_measure(job: Job, compiled: CompiledCheck | None = None) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
-    """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher."""
+def _gpu_measure(
+    job: Job, compiled: CompiledCheck | None = None, hung_path: Path | None = None
+) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
+    """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher; with
+    `hung_path`, candidates that hung before are left out and one that hangs now is recorded there."""
     device = torch.device("cuda", torch.cuda.current_device())
     shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
@@ -295,8 +300,12 @@ def _gpu_measure(job: Job, compiled: CompiledCheck | None = None) -> tuple[Measu
     compiles_cleanly = (
         _compile_filter(job.direction, geom, dtype, device) if compiled is None else lambda c: compiled(job, c)
     )
-    measure = _timed_if_correct(launches[job.direction], reference, tolerance(dtype), compiles_cleanly=compiles_cleanly)
-    default, configs = job_configs(job, device)
+    on_hang = None if hung_path is None else lambda config: tables.record_hung(hung_path, job.key, config)
+    measure = _timed_if_correct(
+        launches[job.direction], reference, tolerance(dtype), compiles_cleanly=compiles_cleanly, on_hang=on_hang
+    )
+    hung = () if hung_path is None else tables.read_hung(hung_path).get(str(job.key), ())
+    default, configs = job_configs(job, device, hung)
     return measure, default, configs
 
 
@@ -371,13 +380,14 @@ def main(argv=None) -> int:
     jobs = plan_jobs(load_shape_set(args.shapes), directions, dtypes)
     device_name = torch.cuda.get_device_name()
     path = args.out / tables.table_file_name(device_name)
-    prepare, shutdown = _gpu_measure, lambda: None
+    hung_path = tables.hung_file(path)
+    prepare, shutdown = (lambda job: _gpu_measure(job, None, hung_path)), lambda: None
     if args.compile_workers > 1:
         done = set(tables.read_entries(path))
         todo = [job for job in jobs if str(job.key) not in done]
         device = torch.device("cuda", torch.cuda.current_device())
         compiled, shutdown = compile_ahead(todo, device, args.compile_workers)
-        prepare = lambda job: _gpu_measure(job, compiled)  # noqa: E731
+        prepare = lambda job: _gpu_measure(job, compiled, hung_path)  # noqa: E731
     try:
         outcomes = tune_jobs(jobs, path, tables.table_metadata(device_name), prepare, args.budget)
     finally:
