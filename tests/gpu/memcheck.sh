@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# compute-sanitizer over tconv3d's three kernels on small awkward shapes: memcheck on all of them, racecheck on
-# one. Run from the repository root on a CUDA machine; logs go to ${OUT:-tests/gpu_logs}.
+# compute-sanitizer over every kernel family on small awkward problems (tests/gpu/sanitize_cases.py): memcheck on
+# all of them, racecheck on the first problem of the TMA, Gluon and split-K families (RACE_FAMILIES). Run from the
+# repository root on a CUDA machine; logs go to ${OUT:-tests/gpu_logs}.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 out=${OUT:-tests/gpu_logs}
@@ -12,6 +13,7 @@ if [ -z "$sanitizer" ]; then
 fi
 status=0
 "$sanitizer" --tool memcheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py 2>&1 | tee "$out/memcheck.log" || status=1
-"$sanitizer" --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py --quick 2>&1 | tee "$out/racecheck.log" || status=1
+"$sanitizer" --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py --quick \
+  --family "${RACE_FAMILIES:-tma,split_k,gluon,gluon_ws}" 2>&1 | tee "$out/racecheck.log" || status=1
 grep -h "ERROR SUMMARY" "$out/memcheck.log" "$out/racecheck.log"
 exit $status
