@@ -100,7 +100,7 @@ run_stage() {
     # Exit status 75: a candidate hung; it is in <device>.hung.json and the next run resumes without it.
     until_done "$(left "${TUNE_TIMEOUT:-540}")" "$OUT/tune.log" python3 -m tconv3d.tune --shapes bench \
       --out autotune_configs --budget "${BUDGET:-15}" ${TUNE_ARGS:-}
-    # Not under its own name: the benchmark's results file has the same one (<device>.json).
+    # Not under its own name: the benchmark's results file has the same one (<device>.json); with what hung, if any.
     for table in autotune_configs/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
     ;;
   bench)
@@ -114,7 +114,8 @@ run_stage() {
       timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
         --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
     fi
-    cp bench/results/* "$OUT/" 2>/dev/null
+    # The JSON alone (the tool returns 8 files a call): `python -m bench.report` remakes the .md and .png here.
+    cp "bench/results/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json" "$OUT/"
     ;;
   reliability)
     OUT="$OUT" timeout "$(left "${SANITIZER_TIMEOUT:-300}")" bash tests/gpu/memcheck.sh

@@ -204,3 +204,20 @@ def write_results(
     if plot(results, png):
         paths["png"] = png
     return paths
+
+
+def main(argv=None) -> int:
+    """python -m bench.report bench/results/<device>.json: rewrite its .md and .png beside it (a GPU call brings
+    back only the JSON: the device tool returns few files)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__.split(":")[0])
+    parser.add_argument("results", type=Path, help="a <device>.json that python -m bench wrote")
+    args = parser.parse_args(argv)
+    paths = write_results(json.loads(args.results.read_text()), args.results.parent)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

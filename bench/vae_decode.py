@@ -136,15 +136,19 @@ def main(argv=None) -> int:
         # tensors from 64 KiB up mapped and unmapped one by one make it the peak of live memory, run to run.
         env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_ARENA_MAX="1")
         result = subprocess.run(child, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
+        if result.returncode != 0:  # a result, not the end: the other variants still run
             print(result.stderr[-3000:], file=sys.stderr)
-            return result.returncode
+            rows.append({"variant": variant, "failed": result.stderr.strip().splitlines()[-1:] or ["(no output)"]})
+            continue
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
     dtype_name = str(dtype).removeprefix("torch.")
     header = f"{args.model} decode, latent {shape}, {args.device} {dtype_name}, scale {args.scale}"
     print(header)
     print(f"{'variant':20s} {'ms':>10s} {'peak MB':>10s}  output")
     for row in rows:
+        if "failed" in row:
+            print(f"{row['variant']:20s} FAILED: {row['failed'][0]}")
+            continue
         replay = f"  replay equals eager: {row['replay_equals_eager']}" if "replay_equals_eager" in row else ""
         print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}")
     if args.json:
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=1)
             f.write("\n")
-    return 0
+    return 1 if any("failed" in row for row in rows) else 0
 
 
 if __name__ == "__main__":

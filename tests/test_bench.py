@@ -161,6 +161,14 @@ def test_results_files(tmp_path):
         assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_remakes_the_markdown_from_the_json_alone(tmp_path):
+    """A GPU call brings back only <device>.json; python -m bench.report writes its .md beside it here."""
+    json_path = report.write_results(synthetic_results(), tmp_path, json_only=True)["json"]
+    assert not (tmp_path / "NVIDIA_H100_80GB_HBM3.md").exists()
+    assert report.main([str(json_path)]) == 0
+    assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x |" in (tmp_path / "NVIDIA_H100_80GB_HBM3.md").read_text()
+
+
 def test_merge_replaces_cases_by_name_direction_dtype(tmp_path):
     report.write_results(synthetic_results(), tmp_path)
     update = synthetic_results()
