@@ -23,9 +23,9 @@
 # carry; whatever .whl/ holds is installed into /tmp/site before any stage.
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that).
-# The device machine keeps nothing between calls: before the next tune or bench call, copy the returned
-# <device>.json into autotune_configs/ (tune) or the returned results into bench/results/ (bench), so that the
-# next call resumes (tune) or merges (bench) instead of starting over. The tree travels without .git: pass the
+# The device machine keeps nothing between calls: copy a returned table into autotune_configs/ once it is whole
+# (or into tuning/, carried, to resume it), and the returned results into bench/results/ before the next bench
+# call, so that it merges instead of starting over. The tree travels without .git: pass the
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -49,6 +49,10 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-12}")
 # thread method leaves the process; xdist starts another worker.
 per_test=$([ -n "$xdist" ] && python3 -c "import pytest_timeout" 2>/dev/null \
   && echo "--timeout ${TEST_TIMEOUT:-180} --timeout-method thread")
+
+# Tables tuned in this call (the tune stage) take precedence over the shipped ones in every later stage.
+TUNE_DIR=${TUNE_DIR:-tuning}
+export TCONV3D_CONFIG_DIR=$PWD/$TUNE_DIR
 
 # left SECONDS: SECONDS, or what is left of the call (less a margin for the last lines) where that is less.
 left() {
@@ -96,12 +100,14 @@ run_stage() {
       | tee "$OUT/kernel_report.log"
     ;;
   tune)
-    mkdir -p autotune_configs
+    # A fresh table in $TUNE_DIR (git-ignored), not autotune_configs/: the tuner resumes from the keys a table
+    # holds, so tuning into the shipped table would tune nothing. Carry $TUNE_DIR to a later call to resume it.
     # Exit status 75: a candidate hung; it is in <device>.hung.json and the next run resumes without it.
+    mkdir -p "$TUNE_DIR"
     until_done "$(left "${TUNE_TIMEOUT:-540}")" "$OUT/tune.log" python3 -m tconv3d.tune --shapes bench \
-      --out autotune_configs --budget "${BUDGET:-15}" ${TUNE_ARGS:-}
+      --out "$TUNE_DIR" --budget "${BUDGET:-15}" ${TUNE_ARGS:-}
     # Not under its own name: the benchmark's results file has the same one (<device>.json); with what hung, if any.
-    for table in autotune_configs/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
+    for table in "$TUNE_DIR"/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
     ;;
   bench)
     # Each direction separately, then the scenarios: the JSON is saved after every case, so a cut-off keeps most.
