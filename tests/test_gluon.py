@@ -205,6 +205,34 @@ def test_main_loop_reader():
     assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [], None)
 
 
+def test_issue_ceiling_from_the_main_loop():
+    """What share of the tensor cores' peak a loop's instruction issue allows: the MMA clocks of a pass (a wgmma
+    is a warpgroup's, shared by its 4 warps; an HMMA a warp's) over the clocks 4 schedulers take to issue every
+    warp's instructions of it."""
+    from tconv3d.inspect.compile import ARCHS, KernelReport, loop_work
+
+    assert loop_work(GOOD_LOOP) == (8, 2 * 64 * 256 * 16 // 4, 16)  # 8 instructions from the branch target back
+    assert loop_work(REGISTER_A_LOOP) == (8, 2 * 64 * 128 * 16 // 4, 16)
+    assert loop_work("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, None, None)
+    busy = "".join(f"        /*{0x100 + 16 * i:04x}*/                   IADD3 R1, R2, R3, R4 ;\n" for i in range(99))
+    sync_mma = (busy + "        /*0730*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
+                "        /*0740*/               @P0 BRA 0x100 ;\n")  # fmt: skip
+    assert loop_work(sync_mma) == (101, 16 * 8 * 16, 16)
+    assert loop_work(sync_mma.replace(".F32.BF16", ".F32")) == (101, 16 * 8 * 16, 16)  # fp16 operands: no suffix
+    assert loop_work(sync_mma.replace("16816.F32.BF16", "1688.F32.TF32")) == (101, 16 * 8 * 8, 32)
+
+    def report(sass, warps):
+        instructions, fma, bits = loop_work(sass)
+        return KernelReport("k", [1], warps, loop_instructions=instructions, loop_mma_fma=fma, loop_mma_bits=bits)
+
+    # 2 x 64x256x16 on 2 warpgroups = 512 clocks on an H100 SM; 8 warps x 8 instructions = 16 issue clocks.
+    assert report(GOOD_LOOP, 8).issue_ceiling(ARCHS[90]) == 1.0
+    # One m16n8k16 per warp against 101 instructions: 8 tensor clocks (A100) over 101 issue clocks.
+    assert report(sync_mma, 4).issue_ceiling(ARCHS[80]) == pytest.approx(4 * 2048 / 1024 / 101)
+    assert report(sync_mma, 4).issue_ceiling(ARCHS[90]) == pytest.approx(4 * 2048 / 2048 / 101)
+    assert KernelReport("k", [1], 4).issue_ceiling(ARCHS[90]) is None
+
+
 def test_warp_specialized_twins(monkeypatch):
     """gluon = 2 (persistent, a one-warp TMA producer) is a twin of every Gluon tile in the tuner's space, in all
     three directions; its register limit leaves room for the producer's warpgroup."""

@@ -50,6 +50,10 @@ def test_every_chosen_config_compiles_for_both_archs(records):
     }
     failed = [r for r in records if not r["compiled"]]
     assert not failed, _names(failed)
+    # Every launch with a tensor-core main loop says how much of the peak its instruction issue allows.
+    looped = [r for r in records if r["mma"] in ("HGMMA", "HMMA") and r["loop_instructions"]]
+    assert len(looped) > len(records) // 2
+    assert all(0 < r["issue_ceiling"] <= 1 for r in looped), _names(r for r in looped if not r["issue_ceiling"])
 
 
 def _tuned_with_this_triton(record) -> bool:

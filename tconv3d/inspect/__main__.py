@@ -8,7 +8,8 @@ For each (case, dtype, direction, arch) it takes the config that GPU model would
 the heuristic for its SM count), compiles the launch exactly as the launcher would (compile.py)
 and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
-shared-memory round trips and wgmma wait depths) and the compile time. `--variant gluon` (or tma, pointer)
+shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
+cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time. `--variant gluon` (or tma, pointer)
 compiles what TCONV3D_KERNELS would force.
 """
 
@@ -72,6 +73,8 @@ def _job_record(job) -> dict:
         loop_smem_ops=main.loop_smem_ops,
         loop_wgmma_waits=main.loop_wgmma_waits,
         loop_barriers=main.loop_barriers,
+        loop_instructions=main.loop_instructions,
+        issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
     )
@@ -131,10 +134,15 @@ def _loop_text(record: dict) -> str:
     return text + (f", bar {record['loop_barriers']}" if record.get("loop_barriers") is not None else "")
 
 
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
 def table(records: list[dict]) -> str:
     header = (
         f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':28} {'from':9} {'grid':>11} {'waves':>6} "
-        f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'s':>4}"
+        f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'instr':>5} {'issue':>5} "
+        f"{'s':>4}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
@@ -153,7 +161,7 @@ def table(records: list[dict]) -> str:
         lines.append(
             f"{start} {grid:>11} {r['waves']:>6.2f} {r['registers'] or 0:>4} {r['spill_bytes']:>5} "
             f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {_loop_text(r):20} "
-            f"{r['compile_s']:>4.1f}"
+            f"{r.get('loop_instructions') or '-':>5} {_percent(r.get('issue_ceiling')):>5} {r['compile_s']:>4.1f}"
         )
     return "\n".join(lines)
 

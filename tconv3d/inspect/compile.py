@@ -46,14 +46,20 @@ class Arch:
     sm_count: int
     smem_per_block: int  # the opt-in shared memory one program may use
     smem_per_sm: int
+    # Dense tensor-core multiply-adds an SM completes per clock, by operand width in bits (the datasheet's peak
+    # over SMs and boost clock: an H100 SXM's 989 bf16 TFLOP/s are 132 SMs x 1.83 GHz x 2 x 2048).
+    mma_fma_per_clk: dict = field(default_factory=dict, hash=False, compare=False)
     regs_per_sm: int = 65536
     threads_per_sm: int = 2048
+    schedulers_per_sm: int = 4  # warp schedulers: one instruction a clock each
 
 
 ARCHS = {
-    90: Arch(90, "NVIDIA H100 80GB HBM3", sm_count=132, smem_per_block=232448, smem_per_sm=233472),
-    80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936),
-}
+    90: Arch(90, "NVIDIA H100 80GB HBM3", sm_count=132, smem_per_block=232448, smem_per_sm=233472,
+             mma_fma_per_clk={8: 4096, 16: 2048, 32: 1024}),
+    80: Arch(80, "NVIDIA A100-SXM4-80GB", sm_count=108, smem_per_block=166912, smem_per_sm=167936,
+             mma_fma_per_clk={8: 2048, 16: 1024, 32: 512}),
+}  # fmt: skip
 
 KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise, conv_tma, conv_gluon, group_norm)
 
@@ -68,6 +74,7 @@ def arch_of(device: torch.device) -> Arch:
         sm_count=props.multi_processor_count,
         smem_per_block=getattr(props, "shared_memory_per_block_optin", 0) or 232448,
         smem_per_sm=getattr(props, "shared_memory_per_multiprocessor", 0) or 233472,
+        mma_fma_per_clk=ARCHS.get(props.major * 10, ARCHS[90]).mma_fma_per_clk,  # an H200's are an H100's
     )
 
 
@@ -91,6 +98,11 @@ class KernelReport:
     loop_smem_ops: int | None = None
     loop_wgmma_waits: list[int] = field(default_factory=list)
     loop_barriers: int | None = None  # CTA-wide BAR.SYNC in the main loop
+    # What one pass of the main loop asks of a warp: instructions issued, and the tensor-core multiply-adds its
+    # MMAs do, counted per warp (a wgmma is one warpgroup's: a quarter of it per warp), with their operand width.
+    loop_instructions: int | None = None
+    loop_mma_fma: int | None = None
+    loop_mma_bits: int | None = None
     compile_s: float = 0.0
 
     @property
@@ -110,6 +122,18 @@ class KernelReport:
             per_sm.append(arch.smem_per_sm // (self.shared_bytes + 1024))  # 1 KB reserved per program
         resident = max(min(per_sm), 1) * arch.sm_count
         return self.programs() / resident
+
+    def issue_ceiling(self, arch: Arch) -> float | None:
+        """The fraction of the tensor cores' peak the main loop's instruction issue allows: the clocks its MMAs
+        take on an SM over the clocks the SM's schedulers take to issue every warp's instructions of one pass (each
+        program's warps alike, so the programs an SM holds cancel out). 1.0: the loop can keep the tensor cores
+        busy; 0.6: 40% of their time goes waiting for address arithmetic, masks and loads to issue. An upper
+        bound: latency and memory come on top. None without a main loop."""
+        if not self.loop_instructions or not self.loop_mma_fma or self.loop_mma_bits not in arch.mma_fma_per_clk:
+            return None
+        tensor_clks = self.loop_mma_fma * self.num_warps / arch.mma_fma_per_clk[self.loop_mma_bits]
+        issue_clks = self.loop_instructions * self.num_warps / arch.schedulers_per_sm
+        return min(1.0, tensor_clks / issue_clks)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "mma_kind": self.mma_kind}
@@ -225,6 +249,7 @@ def read_cubin(cubin: bytes) -> dict:
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
     smem_ops, waits, barriers = main_loop(sass)
+    instructions, fma, bits = loop_work(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
@@ -234,18 +259,20 @@ def read_cubin(cubin: bytes) -> dict:
         "loop_smem_ops": smem_ops,
         "loop_wgmma_waits": waits,
         "loop_barriers": barriers,
+        "loop_instructions": instructions,
+        "loop_mma_fma": fma,
+        "loop_mma_bits": bits,
     }
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
-    """(shared-memory ops, wgmma wait depths, CTA-wide barriers) of the main loop: the innermost span of a
-    predicated backward branch (`@P0 BRA` to a lower address: the loop's back edge) around an HGMMA/HMMA. An
-    unconditional jump back (the mbarrier retry stub returning into the loop) marks no loop; it is taken only where
-    nothing else holds an MMA. (None, [], None) when no loop holds one. A warp-specialized loop synchronises by
-    mbarriers alone: no BAR.SYNC."""
+def _main_loop_body(sass: str) -> list[str] | None:
+    """The instructions of the main loop: the innermost span of a predicated backward branch (`@P0 BRA` to a lower
+    address: the loop's back edge) around an HGMMA/HMMA. An unconditional jump back (the mbarrier retry stub
+    returning into the loop) marks no loop; it is taken only where nothing else holds an MMA. None when no loop
+    holds one."""
     lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
     spans = []
     for address, text in lines:
@@ -255,13 +282,47 @@ def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
             if any(start <= a <= address and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines):
                 spans.append((branch.group(1) is None, address - start, start, address))
     if not spans:
-        return None, [], None
+        return None
     _, _, start, end = min(spans)  # predicated first, then the innermost
-    body = [t for a, t in lines if start <= a <= end]
+    return [t for a, t in lines if start <= a <= end]
+
+
+def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
+    """(shared-memory ops, wgmma wait depths, CTA-wide barriers) of the main loop (_main_loop_body); (None, [],
+    None) when no loop holds an MMA. A warp-specialized loop synchronises by mbarriers alone: no BAR.SYNC."""
+    body = _main_loop_body(sass)
+    if body is None:
+        return None, [], None
     smem_ops = sum(bool(re.search(r"\b(?:LDS|LDSM|STS|STSM)(?:\.|\s|$)", t)) for t in body)
     waits = [int(m.group(1), 16) for t in body if (m := re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)", t))]
     barriers = sum(bool(re.search(r"\bBAR\.SYNC\b", t)) for t in body)
     return smem_ops, waits, barriers
+
+
+def _operand_bits(suffixes: str) -> int:
+    """The operand width of an MMA from its instruction's suffixes: .BF16, .TF32, .E4M3...; fp16 operands carry no
+    suffix (HMMA.16816.F32 is fp16 in, fp32 out)."""
+    tokens = set(suffixes.split("."))
+    return 8 if tokens & {"E4M3", "E5M2"} else 32 if "TF32" in tokens else 16
+
+
+def loop_work(sass: str) -> tuple[int | None, int | None, int | None]:
+    """(instructions, tensor-core multiply-adds per warp, operand bits) of one pass of the main loop. HGMMA.MxNxK
+    is a warpgroup's: M*N*K/4 a warp; HMMA.16816 (m16 n8 k16) a warp's own."""
+    body = _main_loop_body(sass)
+    if body is None:
+        return None, None, None
+    fma, bits = 0, None
+    for text in body:
+        if found := re.search(r"\bHGMMA\.(\d+)x(\d+)x(\d+)((?:\.[0-9A-Z]+)*)", text):
+            m, n, k = (int(v) for v in found.groups()[:3])
+            fma += m * n * k // 4
+        elif found := re.search(r"\bHMMA\.16(8)(\d+)((?:\.[0-9A-Z]+)*)", text):
+            fma += 16 * int(found.group(1)) * int(found.group(2))
+        else:
+            continue
+        bits = _operand_bits(found.groups()[-1])
+    return len(body), fma, bits
 
 
 def _meta(shape, dtype) -> torch.Tensor:
