@@ -19,7 +19,7 @@ from tconv3d import settings
 from tconv3d.geometry import conv_geometry
 from tconv3d.inspect.compile import main_loop
 from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
-from tconv3d.kernels.config import KernelConfig
+from tconv3d.kernels.config import DIRECTIONS, KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tuner
 
@@ -293,3 +293,20 @@ def test_warp_specialized_weight_gradient_equals_the_pipelined_one(stride, devic
     assert torch.equal(pipelined, specialized)
     expected = torch.nn.grad.conv3d_weight(x.double(), weight.shape, grad_out.double(), stride, 1)
     assert rel_l2(specialized, expected) < tolerance(torch.bfloat16)
+
+
+def test_inspect_forces_the_warp_specialized_twin(monkeypatch):
+    """python -m tconv3d.inspect --variant gluon-ws plans the Gluon kernel's persistent warp-specialized twin of
+    each eligible launch on sm_90 (gluon forces the software-pipelined one); sm_80 keeps its own kernels."""
+    from tconv3d.inspect.__main__ import plan
+    from tconv3d.tune.shapes import load_shape_set
+
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = [s for s in load_shape_set("bench") if s.name in ("unet_32", "first_cin3")]
+    jobs = {(job[0].name, job[2], job[3], variant): job[4] for variant in ("gluon", "gluon-ws")
+            for job in plan(shapes, ["bf16"], DIRECTIONS, [90, 80], False, variant)}  # fmt: skip
+    for direction in DIRECTIONS:
+        assert jobs[("unet_32", direction, 90, "gluon")].gluon == 1
+        assert jobs[("unet_32", direction, 90, "gluon-ws")].gluon == 2
+        assert not jobs[("unet_32", direction, 80, "gluon-ws")].gluon
+        assert not jobs[("first_cin3", direction, 90, "gluon-ws")].gluon  # 3 channels: no TMA box

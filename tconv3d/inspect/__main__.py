@@ -9,13 +9,14 @@ the heuristic for its SM count), compiles the launch exactly as the launcher wou
 and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
-cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time. `--variant gluon` (or tma, pointer)
-compiles what TCONV3D_KERNELS would force.
+cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time. `--variant gluon` (or tma,
+pointer) compiles what TCONV3D_KERNELS would force; gluon-ws, the Gluon kernel's warp-specialized twin.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -95,7 +96,10 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, varian
                     )
                     if variant != "auto":  # what TCONV3D_KERNELS=<variant> would run on that GPU
                         gluon_runs = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
-                        forced = choice.force_variant(direction, geom, dtype, config, variant, gluon_runs)
+                        kernels = "gluon" if variant == "gluon-ws" else variant
+                        forced = choice.force_variant(direction, geom, dtype, config, kernels, gluon_runs)
+                        if variant == "gluon-ws" and forced.gluon:  # the tuner's persistent warp-specialized twin
+                            forced = dataclasses.replace(forced, gluon=2)
                         config, source = forced, source if forced == config else f"{variant}"
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:
@@ -199,8 +203,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
     parser.add_argument(
-        "--variant", default="auto", choices=settings.KERNEL_VARIANTS,
-        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 or 3.9)",
+        "--variant", default="auto", choices=(*settings.KERNEL_VARIANTS, "gluon-ws"),
+        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 or 3.9; "
+        "gluon-ws: its persistent warp-specialized twin, as the tuner may choose)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
