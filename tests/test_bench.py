@@ -23,6 +23,7 @@ SUITE = {
     "unet_aniso": (2, 32, 32, 40, 192, 160, (1, 3, 3), 1),
     "down_s2": (2, 64, 128, 64, 64, 64, (3, 3, 3), 2),
     "first_cin3": (1, 3, 128, 17, 256, 256, (3, 3, 3), 1),
+    "last_cout3": (1, 96, 3, 17, 256, 256, (3, 3, 3), 1),  # a video VAE decoder's conv_out, at full resolution
     "stack_64": (4, 64, 64, 64, 256, 256, (3, 3, 3), 1),
     # the grouped-convolution issue's cases (groups below)
     "x3d_depthwise_192": (1, 192, 192, 16, 56, 56, (3, 3, 3), 1),
