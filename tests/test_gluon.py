@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 from helpers import conv_and_reference, dtype_id
-from test_tma import TMA_CASES
+from test_tma import TMA_CASES, UNALIGNED_OUTPUT
 
 import tconv3d
 from tconv3d import settings
@@ -62,6 +62,28 @@ def test_gluon_variant_matches_float64(index, dtype, gluon, device):
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
     first = "gluon" if gluon_runs(device) else "tma"
     assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+
+
+@pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])
+@pytest.mark.parametrize("case", UNALIGNED_OUTPUT, ids=lambda c: c.name)
+def test_gluon_forward_stores_unaligned_output_rows(case, specialized, gluon, monkeypatch, device):
+    """A forward to 3 or 5 channels (a decoder's conv_out) through the Gluon kernels, which store its rows from
+    registers (DST_PTR), software-pipelined and warp-specialized; the gradients stay on the pointer kernels. On
+    CPU the interpreter runs the TMA kernel in its place (one case shows that; tests/test_tma.py runs them all)."""
+    if device != "cuda" and (case, specialized) != (UNALIGNED_OUTPUT[0], False):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    if specialized:
+        select = choice._select
+
+        def warp_specialized(*args):
+            config = select(*args)
+            return dataclasses.replace(config, gluon=2) if config.gluon else config
+
+        monkeypatch.setattr(choice, "_select", warp_specialized)
+    ours, expected = conv_and_reference(case, torch.bfloat16, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    assert gluon == [("gluon" if gluon_runs(device) else "tma", "fwd")]
 
 
 def test_gluon_unavailable_is_explained(gluon, device):

@@ -183,6 +183,50 @@ def test_tma_config_field_round_trips_and_is_checked():
             KernelConfig.from_dict({**config.to_dict(), "tma_box_w": bad})
 
 
+# A video VAE decoder's last conv (to 3 channels): its input and weight are whole 16-byte rows of Cin, its
+# output's 3- or 5-channel rows are not. The TMA forward stores those from registers; the gradients, which read
+# grad_out's rows as boxes, stay on the pointer kernels.
+UNALIGNED_OUTPUT = [
+    Case("cout3", 1, 16, 3, (3, 5, 19), 3, padding=1),
+    Case("cout3_rows", 2, 16, 3, (2, 3, 16), 3, padding=1),
+    Case("cout5_stride2", 1, 8, 5, (5, 7, 9), 3, stride=2, padding=1),
+    Case("cout3_causal_dilated", 1, 8, 3, (6, 9, 13), 3, (1, 1, 2), (2, 0, 1, 1, 3, 2), (1, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", UNALIGNED_OUTPUT, ids=lambda c: c.name)
+def test_forward_stores_unaligned_output_rows_from_registers(case, dtype, variant, device):
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    _, launches = variant
+    ours, expected = conv_and_reference(case, dtype, device)
+    for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
+        assert rel_l2(got, want) < tolerance(dtype)
+    assert ours[0].is_contiguous(memory_format=CL) and launches == ["fwd"]
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_unaligned_output_rows_with_split_k_and_row_boxes(split_k, device):
+    """The split partials (fp32, 12-byte rows at 3 channels) are stored from registers too, and so is a one-row
+    box's patch."""
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    from tconv3d.geometry import check_conv3d
+
+    x = torch.randn(2, 16, 3, 4, 32, device=device).contiguous(memory_format=CL)
+    w = torch.randn(3, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    b = torch.randn(3, device=device)
+    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1)
+    expected = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
+    for rows in (False, True):
+        config = with_tma(KernelConfig(32, 16, 16, 4, 2, split_k=split_k), geom, "fwd", rows=rows)
+        assert config.tma_box_w == (32 if rows else 16)
+        y = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
+        assert y.is_contiguous(memory_format=CL) and rel_l2(y, expected) < tolerance(torch.float32)
+
+
 def test_eligibility_and_box_width():
     from tconv3d.geometry import conv_geometry
 
@@ -201,6 +245,9 @@ def test_eligibility_and_box_width():
     assert with_tma(KernelConfig(128, 128, 64, 8, 3), narrow, "fwd").tma_box_w == 8
     assert not tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.bfloat16)
     assert tma_eligible("fwd", conv_geometry((1, 12, 4, 8, 8), (16, 12, 3, 3, 3), 1, 1, 1), torch.float32)
+    # Output rows of 3 channels: the forward stores them from registers; the gradients read them as boxes.
+    to_rgb = conv_geometry((1, 96, 4, 8, 8), (3, 96, 3, 3, 3), 1, 1, 1)
+    assert [tma_eligible(d, to_rgb, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [True, False, False]
 
 
 def test_row_box_where_rows_fill_it():

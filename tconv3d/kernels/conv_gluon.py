@@ -28,6 +28,7 @@ from ..geometry import ConvGeometry
 from .config import KernelConfig
 from .conv_tma import (
     dst_box,
+    dst_row_strides,
     patch_descriptors,
     patch_origin,
     patch_phase,
@@ -257,37 +258,60 @@ if UNAVAILABLE is None:
         return n, d, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
 
     @gluon.jit
+    def _store_rows(acc, dst_ptr, entry, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
+                    BOX_W: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
+        """A patch stored from registers, rows and columns past the volume's edges and the channels dropped: the
+        forward's output where its rows are not whole 16-byte units (DST_PTR). dst_strides: (N, D, H, W)."""
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        BLOCK_N: gl.constexpr = acc.type.shape[1]
+        offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        h, w = h0 + offs_m // BOX_W, w0 + offs_m % BOX_W
+        rows = (entry.to(gl.int64) * dst_strides[0] + d.to(gl.int64) * dst_strides[1]
+                + h.to(gl.int64) * dst_strides[2] + w.to(gl.int64) * dst_strides[3])  # fmt: skip
+        mask = gl.expand_dims((h < H_DST) & (w < W_DST), 1) & gl.expand_dims(offs_n < C_COLS, 0)
+        ptrs = dst_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(offs_n, 0)
+        gl.store(ptrs, acc.to(dst_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
     def _store_tile(acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
+                    H_DST, W_DST, dst_strides,
                     STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-                    INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
+                    INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, BOX_W: gl.constexpr,
+                    mma_layout: gl.constexpr):  # fmt: skip
         """The epilogue of one tile: the bias (split 0's partial carries it), then a TMA store of the patch (to the
         phase's view of grad_in, conv_tma.dst_box, for a strided input gradient), which drops what lies past the
-        volume's edges. The store is left in flight: wait before reusing c_smem."""
-        BLOCK_N: gl.constexpr = c_smem.type.shape[4]
-        BLOCK_M: gl.constexpr = c_smem.type.shape[2] * c_smem.type.shape[3]
+        volume's edges. The store is left in flight: wait before reusing c_smem. DST_PTR: dst_views[0] is the
+        forward's output tensor, stored from registers (_store_rows); c_smem is not used."""
+        BLOCK_M: gl.constexpr = acc.type.shape[0]
+        BLOCK_N: gl.constexpr = acc.type.shape[1]
         if HAS_BIAS:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
             bias_cols = gl.where(split == 0, C_COLS, 0)
             bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
             acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-        c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_views[0].dtype))
-        fence_async_shared()
-        frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
-        coords = [split * BATCH + n, frame, h0, w0, n0]
-        if INPUT_GRAD and STRIDE_H * STRIDE_W > 1:
-            for p in gl.static_range(STRIDE_H * STRIDE_W):
-                if view == p:
-                    _tma_store(phase_view(dst_views, p), coords, c_smem)
+        if DST_PTR:
+            _store_rows(acc, dst_views[0], split * BATCH + n, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
+                        BOX_W, mma_layout)  # fmt: skip
         else:
-            _tma_store(dst_views[0], coords, c_smem)
+            c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_views[0].dtype))
+            fence_async_shared()
+            frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
+            coords = [split * BATCH + n, frame, h0, w0, n0]
+            if INPUT_GRAD and STRIDE_H * STRIDE_W > 1:
+                for p in gl.static_range(STRIDE_H * STRIDE_W):
+                    if view == p:
+                        _tma_store(phase_view(dst_views, p), coords, c_smem)
+            else:
+                _tma_store(dst_views[0], coords, c_smem)
 
     @gluon.jit
     def _mma_tiles(
         a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles, k_blocks,
-        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
@@ -295,7 +319,7 @@ if UNAVAILABLE is None:
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = BOX_H * BOX_W
-        BLOCK_N: gl.constexpr = c_smem.type.shape[4]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -307,8 +331,8 @@ if UNAVAILABLE is None:
             acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, INPUT_GRAD, False)
             tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
             _store_tile(
-                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
-                STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout,
+                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout,
             )  # fmt: skip
         tma.store_wait(pendings=0)
 
@@ -352,13 +376,15 @@ if UNAVAILABLE is None:
         # operand (src forward, dst input gradient) comes as its phase views, in tap_box's order: src_desc or
         # dst_desc the first, view1..3 the others (None past the last). live_ptr: the input gradient's live-tap
         # table at a stride (config.live_taps), else None.
+        # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the
+        # output tensor itself, its (N, D, H, W) strides stride_d*, stored from registers (_store_rows).
         src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
-        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS,
+        C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS, stride_dn, stride_dd, stride_dh, stride_dw,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-        num_warps: gl.constexpr,
+        DST_PTR: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -376,10 +402,11 @@ if UNAVAILABLE is None:
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
-        BLOCK_N: gl.constexpr = dst_desc.block_type.shape[4]
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if INPUT_GRAD else w_desc.block_type.shape[0]
         dtype: gl.constexpr = src_desc.dtype
         src_views = (src_desc, view1, view2, view3)  # the forward's phase views (the input gradient reads one)
         dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
+        dst_strides = (stride_dn, stride_dd, stride_dh, stride_dw)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -398,12 +425,16 @@ if UNAVAILABLE is None:
             tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * SPLITS
             empty = _stage_barriers(STAGES)  # "this stage was read": the producer may refill it
             # The epilogue's buffer lives beside the ring: the next tile's loads land while the last one stores.
-            c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+            # Stored from registers (DST_PTR), a tile needs none: the ring stands in, unused.
+            if DST_PTR:
+                c_smem = a_ring
+            else:
+                c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
             gl.warp_specialize(
                 [
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
-                                  k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, KD, KH, KW,
-                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout)),
+                                  k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
+                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, mma_layout)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)),
@@ -427,10 +458,13 @@ if UNAVAILABLE is None:
                 mma_layout,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
-            c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
+            if DST_PTR:
+                c_smem = a_ring
+            else:
+                c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
             _store_tile(
-                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
-                STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, mma_layout,
+                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout,
             )  # fmt: skip
             tma.store_wait(pendings=0)
 
@@ -676,14 +710,15 @@ def conv3d_gluon(
     splits = grid[2]
     if config.gluon == 2:  # persistent: one program per SM walks the tiles
         grid = (min(math.prod(grid), _multiprocessors(dst.device)),)
+    dst_ptr = descriptors[2] is dst
     launch(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
-        reduced, columns, src.shape[0], *volume, split_steps, splits,
+        reduced, columns, src.shape[0], *volume, split_steps, splits, *dst_row_strides(dst, dst_ptr),
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
-        WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps, **_register_limit(config),
+        WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, num_warps=config.num_warps, **_register_limit(config),
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..geometry import ConvGeometry
 from .config import KernelConfig, live_taps
 from .launch import launch, tracing
-from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor
+from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor, tma_aligned
 
 # Phase views (descriptors) a strided operand may take: stride 2 in both H and W.
 MAX_PHASES = 4
@@ -142,13 +142,15 @@ def _conv3d_tma_kernel(
     # in H or W the strided operand (src forward, dst input gradient) comes as its phase views, in tap_box's
     # order: src_desc or dst_desc the first, view1..3 the others (None past the last). live_ptr: the input
     # gradient's live-tap table at a stride (config.live_taps), else None.
+    # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the output
+    # tensor itself, its (N, D, H, W) strides stride_d*, and the epilogue stores from registers.
     src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
-    C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS,
+    C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, stride_dn, stride_dd, stride_dh, stride_dw,
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DST_PTR: tl.constexpr,
 ):  # fmt: skip
     """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col], for a BOX_H x BOX_W
     patch of dst voxels at one (n, d) per program and BLOCK_N columns.
@@ -202,15 +204,24 @@ def _conv3d_tma_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         bias_cols = tl.where(split == 0, C_COLS, 0)  # split 0's partial carries the bias
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0).to(tl.float32)[None, :]
-    # Stores past the patch's edges are dropped by the TMA unit.
-    tile = acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N)
-    frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
-    if INPUT_GRAD and VIEWS > 1:  # the phase's view of grad_in
-        for p in tl.static_range(VIEWS):
-            if view == p:
-                phase_view(views, p).store([split * BATCH + n, frame, h0, w0, n0], tile)
-    else:
-        dst_desc.store([split * BATCH + n, frame, h0, w0, n0], tile)
+    if DST_PTR:  # a forward's output rows TMA cannot describe: masked stores from registers
+        tl.static_assert(not INPUT_GRAD, "the input gradient's rows are always whole 16-byte units")
+        offs_m = tl.arange(0, BLOCK_M)
+        h, w = h0 + offs_m // BOX_W, w0 + offs_m % BOX_W
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        rows = ((split * BATCH + n).to(tl.int64) * stride_dn + d.to(tl.int64) * stride_dd
+                + h.to(tl.int64) * stride_dh + w.to(tl.int64) * stride_dw)  # fmt: skip
+        mask = ((h < H_DST) & (w < W_DST))[:, None] & (offs_n < C_COLS)[None, :]
+        tl.store(dst_desc + rows[:, None] + offs_n[None, :], acc.to(dst_desc.dtype.element_ty), mask=mask)
+    else:  # stores past the patch's edges are dropped by the TMA unit
+        tile = acc.to(dst_desc.dtype).reshape(1, 1, BOX_H, BOX_W, BLOCK_N)
+        frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
+        if INPUT_GRAD and VIEWS > 1:  # the phase's view of grad_in
+            for p in tl.static_range(VIEWS):
+                if view == p:
+                    phase_view(views, p).store([split * BATCH + n, frame, h0, w0, n0], tile)
+        else:
+            dst_desc.store([split * BATCH + n, frame, h0, w0, n0], tile)
 
 
 def phase_descriptors(t, stride, block, make=TensorDescriptor) -> tuple:
@@ -273,7 +284,8 @@ def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig
             batch *= math.prod(stride)
     else:
         src_desc, *views = phase_descriptors(src, stride, src_box, make)
-        dst_desc = ndhwc_descriptor(dst, dst_box, make)
+        # Output rows that are not whole 16-byte units (3 channels): the kernels store them from registers.
+        dst_desc = ndhwc_descriptor(dst, dst_box, make) if tma_aligned(dst) else dst
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
     d, h, w = volume
     grid = (
@@ -296,16 +308,26 @@ def conv3d_tma(
     )
     box_h, box_w = config.tma_box(config.block_m)
     upcast, precision = dot_flags(src.dtype)
+    dst_ptr = descriptors[2] is dst
     launch(
         _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
-        reduced, columns, src.shape[0], *volume, split_steps,
+        reduced, columns, src.shape[0], *volume, split_steps, *dst_row_strides(dst, dst_ptr),
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
-        BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DST_PTR=dst_ptr,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def dst_row_strides(dst: torch.Tensor, dst_ptr: bool) -> tuple:
+    """The (N, D, H, W) strides of an output stored from registers (DST_PTR), zeros where a descriptor stores it
+    (the kernel ignores them then, and zeros keep one compiled kernel for every such launch)."""
+    if not dst_ptr:
+        return (0, 0, 0, 0)
+    sn, _, sd, sh, sw = dst.stride()
+    return sn, sd, sh, sw
 
 
 @triton.jit

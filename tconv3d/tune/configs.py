@@ -392,7 +392,10 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # than 8 gathered elements per thread, and fp32 pipelines spill (python -m tconv3d.inspect, Cin = 1
         # and 2, triton 3.6 and 3.9).
         block_m = 128 if view.rows >= 128 * sm_count else 64
-        block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
+        widest = 64 if dtype == torch.float32 else 128
+        # The input gradient gathers the weight per pair too: 128 x 128 (fp32 128 x 64) spilled 16 bytes on sm_80
+        # under triton 3.6 (last_cout3, the decoder's conv to 3 channels, whose input gradient reduces 27 x 3).
+        block_n = _pow2_clamp(view.cols, MIN_TILE, widest // 2 if direction == "dgrad" else widest)
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
@@ -400,9 +403,11 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # registers, and anything above 64x16x16 spills somewhere (python -m tconv3d.inspect, sm_80 and sm_90),
         # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway.
         return KernelConfig(64, MIN_TILE, MIN_TILE, 4, 1 if dtype == torch.float32 else 3, group_m=8)
-    block_m = 128 if view.rows >= 128 * sm_count else 64
-    # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators).
     block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
+    # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators), and
+    # so do 128 x 16 ones on 4 warps (8 bytes, triton 3.6 and 3.9: a conv to 3 channels): 64 rows there.
+    narrow_fp32 = dtype == torch.float32 and block_n == MIN_TILE
+    block_m = 128 if view.rows >= 128 * sm_count and not narrow_fp32 else 64
     # 8 warps from 64x128 up: 4 warps holding 64 accumulators each plus the gather's addresses spill on sm_80,
     # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
     num_warps = 8 if block_m * block_n >= 64 * 128 else 4
@@ -440,11 +445,13 @@ def compute_capability(device: torch.device) -> int:
 
 def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
     """Problems the TMA variant runs: channel rows (input and output) that are whole 16-byte units, as TMA boxes
-    need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32); at strides whose phase views in H and W
-    (conv_tma.phase_descriptors: of the input forward and in the weight gradient, of the input gradient) number
-    at most MAX_PHASES and are not empty. Dilation and asymmetric padding are coordinate offsets."""
+    need (Cin, Cout multiples of 8 for 16-bit dtypes, of 4 for fp32), except the forward's output, which the
+    kernel stores from registers where its rows are not (a decoder's last conv to 3 channels: its input and weight
+    boxes are whole rows of Cin); at strides whose phase views in H and W (conv_tma.phase_descriptors: of the input
+    forward and in the weight gradient, of the input gradient) number at most MAX_PHASES and are not empty.
+    Dilation and asymmetric padding are coordinate offsets."""
     size = torch.finfo(dtype).bits // 8
-    aligned = geom.in_channels * size % 16 == 0 and geom.out_channels * size % 16 == 0
+    aligned = geom.in_channels * size % 16 == 0 and (direction == "fwd" or geom.out_channels * size % 16 == 0)
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
     # weight gradient read the input itself, so only with zeros padding and one source.
     runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
