@@ -51,7 +51,6 @@ def hang_guard(on_hang, seconds: float | None = None):
     from its own process: only leaving it frees the GPU. Guard a synchronisation (torch.cuda.synchronize releases
     the GIL, so the timer's thread runs) and keep compiles outside the block. For command-line runs that their
     caller restarts (the tuner, bench.variants: they resume, skipping what hung), never inside a user's process."""
-
     seconds = HANG_S if seconds is None else seconds
 
     def expire():

@@ -248,8 +248,9 @@ def read_cubin(cubin: bytes) -> dict:
     stack = re.search(r"STACK:(\d+)", usage)
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
-    smem_ops, waits, barriers = main_loop(sass)
-    instructions, fma, bits = loop_work(sass)
+    body = _main_loop_body(sass)  # found once: the span search is the costly part of reading a cubin
+    smem_ops, waits, barriers = _loop_sync(body)
+    instructions, fma, bits = _loop_mma(body)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
@@ -290,7 +291,10 @@ def _main_loop_body(sass: str) -> list[str] | None:
 def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
     """(shared-memory ops, wgmma wait depths, CTA-wide barriers) of the main loop (_main_loop_body); (None, [],
     None) when no loop holds an MMA. A warp-specialized loop synchronises by mbarriers alone: no BAR.SYNC."""
-    body = _main_loop_body(sass)
+    return _loop_sync(_main_loop_body(sass))
+
+
+def _loop_sync(body: list[str] | None) -> tuple[int | None, list[int], int | None]:
     if body is None:
         return None, [], None
     smem_ops = sum(bool(re.search(r"\b(?:LDS|LDSM|STS|STSM)(?:\.|\s|$)", t)) for t in body)
@@ -309,7 +313,10 @@ def _operand_bits(suffixes: str) -> int:
 def loop_work(sass: str) -> tuple[int | None, int | None, int | None]:
     """(instructions, tensor-core multiply-adds per warp, operand bits) of one pass of the main loop. HGMMA.MxNxK
     is a warpgroup's: M*N*K/4 a warp; HMMA.16816 (m16 n8 k16) a warp's own."""
-    body = _main_loop_body(sass)
+    return _loop_mma(_main_loop_body(sass))
+
+
+def _loop_mma(body: list[str] | None) -> tuple[int | None, int | None, int | None]:
     if body is None:
         return None, None, None
     fma, bits = 0, None
