@@ -1,0 +1,216 @@
+"""The Gluon kernels run on CPU through tests/gluon_emulator.py: Triton's interpreter cannot run Gluon, so without
+this they would only be compile-checked until a GPU runs them. Every TMA case of the suite (borders, strides 2 and
+their phase views, dilation, asymmetric and causal padding, odd kernels, input-gradient phases no tap reaches),
+the 3- and 5-channel forwards stored from registers, and split-K, through the software-pipelined and the
+persistent warp-specialized kernels at the tiles an H100 would launch, all three directions against float64; the
+emulator also checks the barriers, the TMA byte counts and the shared-memory hazards as it goes. And the tests
+that show it can fail: kernels with one thing broken (a wgmma not waited for, the wrong stage read, a box not
+loaded, a fence left out, a ring one stage short) must be caught.
+
+On a GPU the compiled kernels run instead (tests/test_gluon.py): these tests are CPU-only."""
+
+import dataclasses
+
+import pytest
+import torch
+from gluon_emulator import KernelFault, emulating
+from helpers import conv_and_reference
+from test_tma import TMA_CASES, UNALIGNED_OUTPUT
+
+from tconv3d import settings
+from tconv3d.geometry import check_conv3d
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon
+from tconv3d.kernels.config import KernelConfig
+from tconv3d.testing import rel_l2, tolerance
+from tconv3d.tune import choice, configs
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the compiled Gluon kernels (test_gluon.py)"),
+    pytest.mark.skipif(conv_gluon.UNAVAILABLE is not None, reason=str(conv_gluon.UNAVAILABLE)),
+]
+
+CL = torch.channels_last_3d
+MODES = {"pipelined": 1, "warp_specialized": 2}
+PERSISTENT_PROGRAMS = 3
+
+
+@pytest.fixture
+def emulator(monkeypatch):
+    """TCONV3D_KERNELS=gluon on the emulator, at the heuristic's H100 tiles (132 SMs) forced to the Gluon kernel
+    as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2). Records the configs
+    launched in `emulator.configs`. The persistent kernels get 3 SMs, so that each program walks several tiles (the
+    ring's position and phases carried from one tile to the next, the epilogue's buffer reused)."""
+    monkeypatch.setattr(settings, "KERNELS", "gluon")
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    with emulating(monkeypatch) as emu:
+        emu.mode, emu.configs = 1, []
+
+        def select(direction, geom, dtype, device, run):
+            config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY)
+            config = choice.force_variant(direction, geom, dtype, config, "gluon", True)
+            if config.gluon:
+                config = dataclasses.replace(config, gluon=emu.mode)
+            emu.configs.append((direction, config))
+            return config
+
+        monkeypatch.setattr(choice, "_select", select)
+        yield emu
+
+
+def _check(case, dtype, emu):
+    ours, expected = conv_and_reference(case, dtype, "cpu")
+    for got, want in zip(ours, expected, strict=True):  # output, input, weight and bias gradients
+        assert rel_l2(got, want) < tolerance(dtype)
+    assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.name)
+def test_emulated_gluon_kernels_match_float64(case, mode, emulator):
+    emulator.mode = MODES[mode]
+    _check(case, torch.bfloat16, emulator)
+    assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
+    if mode == "warp_specialized":
+        assert emulator.programs <= 3 * PERSISTENT_PROGRAMS
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", [TMA_CASES[0], TMA_CASES[2]], ids=lambda c: c.name)
+def test_emulated_gluon_kernels_in_fp16(case, mode, emulator):
+    emulator.mode = MODES[mode]
+    _check(case, torch.float16, emulator)
+    assert sum(emulator.launches.values()) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", UNALIGNED_OUTPUT, ids=lambda c: c.name)
+def test_emulated_gluon_forward_stores_unaligned_rows(case, mode, emulator):
+    """3 and 5 output channels: the forward on the Gluon kernel, stored from registers (DST_PTR); the gradients
+    on the pointer kernels (their rows are not TMA-describable)."""
+    emulator.mode = MODES[mode]
+    _check(case, torch.bfloat16, emulator)
+    assert [d for d, c in emulator.configs if c.gluon] == ["fwd"] and emulator.launches == {"_conv3d_gluon_kernel": 1}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("direction", ["fwd", "dgrad"])
+@pytest.mark.parametrize("cout", [3, 16])
+def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
+    """Split-K partials (fp32 boxes, the bias in split 0's), 3 splits over 27 taps x 2 channel blocks, summed by
+    split_k.py; at 3 output channels from registers."""
+    if direction == "dgrad" and cout == 3:
+        pytest.skip("an input gradient from 3 channels is not TMA-describable")
+    x = torch.randn(2, 32, 3, 4, 20, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.randn(cout, 32, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    b = torch.randn(cout, dtype=torch.bfloat16)
+    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1)
+    config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3, split_k=3), geom, direction, MODES[mode] == 2)
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    with emulating(monkeypatch) as emu:
+        if direction == "fwd":
+            got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
+            want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
+        else:
+            grad_out = torch.randn(2, cout, 3, 4, 20, dtype=torch.bfloat16).contiguous(memory_format=CL)
+            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+            want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
+    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+# Kernels with one thing broken: the emulator must catch each, by a fault or a wrong result. They replace one
+# @gluon.jit helper of conv_gluon.py (the emulator reads the module's globals at each launch).
+
+gluon = conv_gluon.gluon
+gl = conv_gluon.gl
+warpgroup_mma, warpgroup_mma_wait = conv_gluon.warpgroup_mma, conv_gluon.warpgroup_mma_wait
+mbarrier = conv_gluon.mbarrier
+# The real helpers the broken ones call, bound here before any test replaces them in conv_gluon.
+_real_stage_operands = conv_gluon._stage_operands
+_real_tile_origin = conv_gluon._tile_origin
+
+
+@gluon.jit
+def _mma_never_waited(a, b, acc):
+    """wgmma left in flight: the stage it reads is refilled under it."""
+    return warpgroup_mma(a, b, acc, is_async=True)
+
+
+@gluon.jit
+def _mma_two_in_flight(a, b, acc):
+    """Two groups in flight: the stage the older reads is refilled under it (the ring is one stage short)."""
+    acc = warpgroup_mma(a, b, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))
+    return acc
+
+
+@gluon.jit
+def _next_stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
+    """The operands of the stage after the one waited for: read before its loads were seen."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    return _real_stage_operands(a_ring, b_ring, (index + 1) % STAGES, INPUT_GRAD, WEIGHT_GRAD)
+
+
+@gluon.jit
+def _source_box_skipped(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr):
+    """The source box never loaded: its bytes never arrive at the barrier."""
+    pass
+
+
+@gluon.jit
+def _no_fence():
+    pass
+
+
+@gluon.jit
+def _consume_steps_early_release(a_ring, b_ring, ready, empty, it, steps, acc,
+                                 INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
+    """The warp-specialized consumer handing a stage back as soon as its wgmma is issued, not once it finished."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    for _ in range(steps):
+        index = it % STAGES
+        mbarrier.wait(ready.index(index), (it // STAGES) & 1)
+        a, b = _real_stage_operands(a_ring, b_ring, index, INPUT_GRAD, WEIGHT_GRAD)
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        mbarrier.arrive(empty.index(index), count=1)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+        it += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, it
+
+
+@gluon.jit
+def _tile_origin_one_column_off(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H: gl.constexpr,
+                                BOX_W: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+    n, d, h0, w0, n0, split = _real_tile_origin(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+    return n, d, h0, w0 + 1, n0, split
+
+
+BROKEN = {
+    "mma_never_waited": ("_mma_one_in_flight", _mma_never_waited, "pipelined", "unretired wgmma"),
+    "mma_two_in_flight": ("_mma_one_in_flight", _mma_two_in_flight, "pipelined", "unretired wgmma"),
+    "next_stage_read": ("_stage_operands", _next_stage_operands, "pipelined", "no mbarrier wait has seen"),
+    "box_never_loaded": ("_copy_source_box", _source_box_skipped, "pipelined", "deadlock"),
+    "no_fence_before_tma_store": ("fence_async_shared", _no_fence, "pipelined", "no fence_async_shared"),
+    "stage_released_early": ("_consume_steps", _consume_steps_early_release, "warp_specialized", "unretired wgmma"),
+    "box_never_loaded_specialized": ("_copy_source_box", _source_box_skipped, "warp_specialized", "deadlock"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_emulator_catches_broken_kernels(broken, emulator, monkeypatch):
+    name, replacement, mode, fault = BROKEN[broken]
+    monkeypatch.setattr(conv_gluon, name, replacement)
+    emulator.mode = MODES[mode]
+    with pytest.raises(KernelFault, match=fault):
+        conv_and_reference(TMA_CASES[0], torch.bfloat16, "cpu")
+
+
+def test_emulator_catches_a_wrong_coordinate(emulator, monkeypatch):
+    """A patch stored one column off (a wrong w0 in the epilogue) is no hazard: the comparison with float64 must
+    catch it."""
+    monkeypatch.setattr(conv_gluon, "_tile_origin", _tile_origin_one_column_off)
+    emulator.mode = 2
+    ours, expected = conv_and_reference(TMA_CASES[0], torch.bfloat16, "cpu")
+    assert rel_l2(ours[0], expected[0]) > 0.1 and rel_l2(ours[1], expected[1]) > 0.1
