@@ -19,7 +19,7 @@ from test_tma import TMA_CASES, UNALIGNED_OUTPUT
 
 from tconv3d import settings
 from tconv3d.geometry import check_conv3d
-from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs
@@ -117,6 +117,36 @@ def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
             want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tile", [(128, 256, 64, 8, 4), (256, 128, 64, 8, 3)], ids=["128x256x64", "256x128x64"])
+def test_emulated_gluon_large_tiles(tile, mode, monkeypatch):
+    """The tiles the large layers tune to (issue 28: 128 x 256 and 256 x 128 on two consumer warpgroups, 3-4
+    stages) at 256 channels, all three directions, a (1, 3, 3) kernel over a volume of a few patches."""
+    x = torch.randn(1, 256, 2, 9, 21, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = (torch.randn(256, 256, 1, 3, 3, dtype=torch.bfloat16) / 48).contiguous(memory_format=CL)
+    b = torch.randn(256, dtype=torch.bfloat16)
+    geom = check_conv3d(x, w, b, [1] * 3, [0, 0, 1, 1, 1, 1], [1] * 3, 1)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    want = torch.nn.functional.conv3d(x64, w64, b.double(), padding=(0, 1, 1))
+    grad_out = torch.randn(want.shape, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    want.backward(grad_out.double())
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    with emulating(monkeypatch) as emu:
+        got = []
+        for direction in ("fwd", "dgrad", "wgrad"):
+            config = configs.with_gluon(KernelConfig(*tile), geom, direction, MODES[mode] == 2)
+            assert config.gluon == MODES[mode] and config.block_m * config.block_n == 128 * 256
+            if direction == "fwd":
+                got.append(conv_fwd.conv3d_fwd(x, w, b, None, geom, config))
+            elif direction == "dgrad":
+                got.append(conv_dgrad.conv3d_dgrad(grad_out, w, geom, config))
+            else:
+                got.append(conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config))
+    assert emu.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
+    for ours, expected in zip(got, (want, x64.grad, w64.grad), strict=True):
+        assert rel_l2(ours, expected) < tolerance(torch.bfloat16)
 
 
 # Kernels with one thing broken: the emulator must catch each, by a fault or a wrong result. They replace one
