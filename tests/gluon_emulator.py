@@ -940,6 +940,14 @@ class Emulator:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         rng = random.Random(self.seed + sum(self.launches.values()))
         self.launches[kernel.fn.__name__] = self.launches.get(kernel.fn.__name__, 0) + 1
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiles are small: a thread pool costs more than it gives, and spins when shared
+        try:
+            self._programs(fn, values, grid, rng, kernel.fn.__name__)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _programs(self, fn, values, grid, rng, name):
         for pid in itertools.product(*(range(g) for g in grid)):
             program = _Program(pid, grid, rng)
             _STATE.program = program
@@ -953,7 +961,7 @@ class Emulator:
                 if program.stores:
                     raise KernelFault(f"program {pid} ended with {len(program.stores)} TMA stores in flight")
             except KernelFault as fault:
-                raise KernelFault(f"{kernel.fn.__name__}, program {pid}: {fault}") from None
+                raise KernelFault(f"{name}, program {pid}: {fault}") from None
             finally:
                 _STATE.program = None
             self.programs += 1
