@@ -75,6 +75,15 @@ def test_emulated_gluon_kernels_match_float64(case, mode, emulator):
         assert emulator.programs <= 3 * PERSISTENT_PROGRAMS
 
 
+@pytest.mark.parametrize("seed", range(1, 5))
+def test_emulated_warp_specialized_interleavings(seed, emulator):
+    """The producer and the consumers in other orders (the emulator hands the turn on at random, seeded): a
+    stride-2 case, several tiles a program, split-K on the weight gradient."""
+    emulator.seed, emulator.mode = seed, 2
+    _check(TMA_CASES[2], torch.bfloat16, emulator)
+    assert emulator.programs <= 3 * PERSISTENT_PROGRAMS
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", [TMA_CASES[0], TMA_CASES[2]], ids=lambda c: c.name)
 def test_emulated_gluon_kernels_in_fp16(case, mode, emulator):
