@@ -279,10 +279,6 @@ class Val:
     __hash__ = None
 
 
-def _val(x) -> Val:
-    return x if isinstance(x, Val) else Val(torch.tensor(x))
-
-
 def _same_dtype(a, b):
     """Python scalars take the other operand's dtype, as Triton's do."""
     a, b = _raw(a), _raw(b)
@@ -294,8 +290,8 @@ def _same_dtype(a, b):
 
 
 class Ptr:
-    """A pointer (tensor) of a tensor argument: `storage` is the argument's storage from its first element on, as
-    elements; `offsets` are element offsets from there."""
+    """A pointer (tensor) into a tensor argument: `offsets` are element offsets from its first element, checked
+    against its storage on every access."""
 
     def __init__(self, tensor: torch.Tensor, offsets=None):
         self.tensor = tensor
