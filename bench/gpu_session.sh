@@ -3,6 +3,7 @@
 #   bash bench/gpu_session.sh STAGE...   # the stages in order, all within CALL_SECONDS (default 570: a call may
 #                                        # run 600 s); each stage's own limit shrinks to the time left
 # Stages:
+#   probe     tests/gpu/tma_probe.py: which tensor maps the driver encodes and the TMA unit loads right (~20 s)
 #   tests     the suite on CUDA tensors (pytest-xdist), torch.compile, GPU-marked and static-compile tests aside
 #   gpu       tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), then the main job
 #   report    what the device's Triton compiled: registers, spills, smem, HGMMA
@@ -31,8 +32,8 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | tests | gpu | report | tune | bench | reliability | host | variants | models) ;;
-    *) echo "unknown stage $stage: check, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
+    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models) ;;
+    *) echo "unknown stage $stage: check, probe, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
        exit 2 ;;
   esac
 done
@@ -84,6 +85,9 @@ run_stage() {
   case "$1" in
   check)
     for s in tests gpu report; do run_stage "$s" > /dev/null; done
+    ;;
+  probe)  # first: a map the driver refuses fails every TMA and Gluon test after it for the same reason
+    timeout "$(left 90)" python3 tests/gpu/tma_probe.py --out "$OUT/tma_probe.json" 2>&1
     ;;
   tests)  # here the kernels run; the static compile (the same triton 3.6) and the scripts' CPU logic are CI's
     timeout "$(left "${TESTS_TIMEOUT:-560}")" python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \

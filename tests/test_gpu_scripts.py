@@ -54,3 +54,23 @@ def test_sanitizer_cases_force_each_family():
     listed = subprocess.run([sys.executable, "tests/gpu/sanitize_cases.py", "--device", "cpu", "--family", "nope"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert listed.returncode == 2 and "unknown family" in listed.stderr
+
+
+def test_tma_probe_script_logic(monkeypatch):
+    """tests/gpu/tma_probe.py on the interpreter: every case's box loads as the torch reference cuts it (the
+    interpreter takes any map), and a reference cut one voxel off is told apart."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import tma_probe
+
+    for name in tma_probe.CASES:
+        result = tma_probe.run_case(name, "cpu")
+        assert result["verdict"] == "ok", result
+        assert not result["problems"], result  # every case is one cuda.h allows
+        assert bool(result["risks"]) == (name not in ("inside", "past_edges", "negative_origin")), result
+    shifted = tma_probe.reference
+
+    def off_by_one(t, shape, strides, box, coords):
+        return shifted(t, shape, strides, box, (*coords[:-2], coords[-2] + 1, coords[-1]))
+
+    monkeypatch.setattr(tma_probe, "reference", off_by_one)
+    assert tma_probe.run_case("inside", "cpu")["verdict"] == "wrong"

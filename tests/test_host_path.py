@@ -102,8 +102,8 @@ def test_descriptor_memo_checks_alignment_and_keeps_no_tensor(monkeypatch):
     t = torch.randn(1, 32, 2, 4, 8).contiguous(memory_format=CL)
     alive = weakref.ref(t)
     first = kernel_utils.ndhwc_descriptor(t, (1, 1, 2, 8, 16))
-    # N has size 1: any 16-byte stride (4 fp32 elements) describes it
-    fresh = kernel_utils.TensorDescriptor(t, [1, 2, 4, 8, 32], [4, 1024, 256, 32, 1], [1, 1, 2, 8, 16])
+    # N has size 1: it gets the packed stride, the D dimension's extent (2 x 1024)
+    fresh = kernel_utils.TensorDescriptor(t, [1, 2, 4, 8, 32], [2048, 1024, 256, 32, 1], [1, 1, 2, 8, 16])
     assert first.base is t
     assert (first.shape, first.strides, first.block_shape) == (fresh.shape, fresh.strides, fresh.block_shape)
     other = torch.randn(1, 32, 2, 4, 8).contiguous(memory_format=CL)

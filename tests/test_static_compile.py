@@ -85,6 +85,14 @@ def test_nothing_spills_and_shared_memory_fits(records):
     assert not ours, _names(ours)
 
 
+def test_every_tensor_map_meets_the_drivers_requirements(records):
+    """No chosen launch hands the driver a tensor map that cuTensorMapEncodeTiled's documented requirements
+    refuse (compile.tensor_maps, as the compiled kernel encodes it); sm_90's TMA launches were there to check."""
+    refused = [r for r in records if r.get("tensor_map_problems")]
+    assert not refused, [p for r in refused for p in r["tensor_map_problems"]]
+    assert sum(bool(k["tensor_maps"]) for r in records if r["compiled"] for k in r["kernels"]) > 30
+
+
 def test_hopper_runs_wgmma_on_16_bit_tiles_of_64_rows(records):
     wanted = [
         r for r in records
@@ -146,7 +154,7 @@ for capability in (90, 80):
         with compile_only(capability, launches):
             y, mean, rstd = group_norm_fwd(x, w, w, 32, 1e-6, "silu")
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "silu")
-        for name, grid, warps, kernel, seconds in launches:
+        for name, grid, warps, kernel, seconds, _ in launches:
             out.append({"kernel": name, "arch": capability, "dtype": str(dtype), **read_cubin(kernel.asm["cubin"])})
 print(json.dumps(out))
 """
@@ -205,6 +213,16 @@ def test_tma_kernels_compile_to_tma_loads_and_wgmma():
         assert r["config"]["tma_box_w"] > 0, r
         assert any(load.startswith("UTMALDG") for load in r["loads"]), r
         assert r["mma_kind"] == "HGMMA" and not r["spill_bytes"] and not r["local_accesses"], r
+        _assert_tensor_maps_encode(r)
+
+
+def _assert_tensor_maps_encode(report):
+    """Every tensor map of a TMA launch meets cuTensorMapEncodeTiled's documented requirements as the compiled
+    kernel hands it over (swizzle, the box Triton splits wider rows into): the driver would encode it."""
+    maps = report["tensor_maps"]
+    assert maps and all(m["swizzle"] is not None for m in maps), report["kernel"]
+    assert not [m for m in maps if m["problems"]], [m for m in maps if m["problems"]]
+    assert all(m["box"][-1] * m["element_size"] <= 128 for m in maps), maps
 
 
 GLUON_COMPILE = """
@@ -277,6 +295,7 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
             r["loop_wgmma_waits"],
         )
         assert not r["spill_bytes"] and not r["local_accesses"] and r["shared_bytes"] <= 232448, name
+        _assert_tensor_maps_encode(r)
 
 
 AHEAD_COMPILE = """

@@ -291,3 +291,43 @@ def test_row_boxes_match_float64(case, monkeypatch, device):
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
     assert launched == [(1, 16), (1, 16)]  # the forward and the input gradient ran one-row boxes
+
+
+@pytest.mark.parametrize(
+    "shape, strides, box, swizzle, problem",
+    [
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 1), (1, 1, 4, 8, 64), 3, None),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 60, 1), (1, 1, 4, 8, 64), 3, "stride 3 is 120 bytes"),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 2), (1, 1, 4, 8, 64), 3, "innermost dimension has stride 2"),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 1), (1, 1, 4, 512, 64), 3, "box dimension 3 is 512"),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 1), (1, 1, 4, 8, 4), 0, "inner dimension is 8 bytes"),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 1), (1, 1, 4, 8, 64), 2, "past the 64-byte swizzle"),
+        ((1, 4, 8, 16, 64), (8192, 8192, 1024, 64, 1), (1, 1, 4, 8, 64), 7, "swizzle 7"),
+        ((2**33, 64), (64, 1), (1, 64), 3, "2^32"),
+        ((4, 8, 8, 8, 8, 64), (1,) * 6, (1,) * 6, 0, "rank 6"),
+    ],
+)
+def test_tensor_map_problems_name_what_the_driver_refuses(shape, strides, box, swizzle, problem):
+    """utils.tensor_map_problems holds a map to cuTensorMapEncodeTiled's documented requirements (bf16)."""
+    from tconv3d.kernels.utils import tensor_map_problems
+
+    problems, _ = tensor_map_problems(shape, strides, box, 2, swizzle)
+    if problem is None:
+        assert not problems
+    else:
+        assert any(problem in p for p in problems), problems
+
+
+def test_tensor_map_risks_and_packed_size_one_strides():
+    """The maps cuda.h allows and CCCL refuses are risks, not problems; ndhwc_descriptor gives a size-1
+    dimension the packed stride, so a batch of one is not one of them."""
+    from tconv3d.kernels.utils import ndhwc_descriptor, tensor_map_problems
+
+    problems, risks = tensor_map_problems((3, 27, 96), (2592, 96, 1), (16, 1, 64), 2, 3)
+    assert not problems and risks == ["box dimension 0 (16) is longer than the tensor's (3)"]
+    problems, risks = tensor_map_problems((1, 4, 8, 16, 64), (8, 8192, 1024, 64, 1), (1, 1, 4, 8, 64), 2, 3)
+    assert not problems and len(risks) == 1 and "stride 0 (8)" in risks[0]
+    x = torch.randn(1, 64, 1, 16, 1, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    desc = ndhwc_descriptor(x, (1, 1, 8, 16, 64))
+    assert desc.shape == [1, 1, 16, 1, 64] and desc.strides == [1024, 1024, 64, 64, 1]
+    assert tensor_map_problems(desc.shape, desc.strides, [1, 1, 8, 1, 64], 2, 3) == ([], [])

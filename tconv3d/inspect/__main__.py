@@ -9,7 +9,8 @@ the heuristic for its SM count), compiles the launch exactly as the launcher wou
 and prints: config and where it came from, grid and waves on the SM count (132 for sm_90, 108 for sm_80),
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
-cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time. `--variant gluon` (or tma,
+cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time; the tensor maps each TMA launch
+hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant gluon` (or tma,
 pointer) compiles what TCONV3D_KERNELS would force; gluon-ws, the Gluon kernel's warp-specialized twin.
 """
 
@@ -78,8 +79,20 @@ def _job_record(job) -> dict:
         issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
+        tensor_map_problems=_tensor_map_notes(reports, "problems"),
+        tensor_map_risks=_tensor_map_notes(reports, "risks"),
     )
     return record
+
+
+def _tensor_map_notes(reports, kind: str) -> list[str]:
+    """`kind` (problems, risks) of every tensor map of the launch's kernels, each naming the map's shape and box."""
+    return [
+        f"{r.kernel} map {m['shape']} box {m['box']}: {note}"
+        for r in reports
+        for m in r.tensor_maps
+        for note in m[kind]
+    ]
 
 
 def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto") -> list[tuple]:
@@ -191,6 +204,7 @@ def problems(records: list[dict]) -> list[str]:
         elif r["config"].get("gluon") and (r["loop_smem_ops"] != 0 or r["loop_wgmma_waits"] != [1]):
             found.append(f"{name}: the Gluon main loop is not TMA -> shared memory -> wgmma with one group in flight "
                          f"({_loop_text(r)})")  # fmt: skip
+        found += [f"{name}: the driver would refuse a tensor map: {p}" for p in r.get("tensor_map_problems", [])]
     return found
 
 
@@ -235,6 +249,10 @@ def main(argv=None) -> int:
     if space:
         unfit = sum(not r["compiled"] or not r["fits"] for r in space)
         print(f"\nsearch space: {unfit} of {len(space)} other candidates fail to compile, spill or overflow")
+    risky = [r for r in records if r["config_source"] != "space" and r.get("tensor_map_risks")]
+    if risky:
+        print(f"\n{len(risky)} launches hand the driver tensor maps that cuda.h allows and CCCL refuses "
+              f"(utils.tensor_map_problems; tests/gpu/tma_probe.py tries them), e.g. {risky[0]['tensor_map_risks'][0]}")
     found = problems(records)
     print(f"\n{len(records)} launches compiled; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
     return 1 if found else 0

@@ -35,6 +35,7 @@ from triton.runtime.jit import JITFunction
 from ..geometry import ConvGeometry
 from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad, group_norm, launch
 from ..kernels.config import KernelConfig
+from ..kernels.utils import tensor_map_problems
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class KernelReport:
     loop_instructions: int | None = None
     loop_mma_fma: int | None = None
     loop_mma_bits: int | None = None
+    # The tiled tensor maps the launch hands the driver (tensor_maps): one dict each, with what tensor_map_problems
+    # says of it.
+    tensor_maps: list[dict] = field(default_factory=list)
     compile_s: float = 0.0
 
     @property
@@ -162,10 +166,29 @@ def _jit_functions() -> list[JITFunction]:
     return [v for m in KERNEL_MODULES for v in vars(m).values() if isinstance(v, JITFunction)]
 
 
+def tensor_maps(args, kernel: CompiledKernel) -> list[dict]:
+    """The tiled tensor maps a launch with `args` hands the driver: each descriptor argument's shape and strides
+    with the box, swizzle and element size the compiled kernel encodes it with (its tensordesc_meta: Triton splits
+    a box wider than the swizzle span into several copies of a narrower one), and tensor_map_problems' verdict."""
+    descriptors = [a for a in args if hasattr(a, "block_shape") and hasattr(a, "strides")]
+    metas = getattr(kernel.metadata, "tensordesc_meta", None) or [None] * len(descriptors)
+    found = []
+    for descriptor, meta in zip(descriptors, metas, strict=True):
+        shape, strides = [int(v) for v in descriptor.shape], [int(v) for v in descriptor.strides]
+        if meta is None:  # a Triton that hands the driver the descriptor as made: its own box, swizzle unknown
+            box, swizzle, size = list(descriptor.block_shape), None, descriptor.base.element_size()
+        else:
+            box, swizzle, size = list(meta["block_size"]), meta["swizzle"], meta["elem_size"]
+        problems, risks = tensor_map_problems(shape, strides, box, size, swizzle)
+        found.append({"shape": shape, "strides": strides, "box": box, "swizzle": swizzle, "element_size": size,
+                      "problems": problems, "risks": risks})  # fmt: skip
+    return found
+
+
 @contextlib.contextmanager
 def compile_only(capability: int, launches: list):
     """Inside, every tconv3d kernel launch compiles for sm_<capability> instead of running, and appends
-    (kernel name, grid, num_warps, CompiledKernel, seconds) to `launches`."""
+    (kernel name, grid, num_warps, CompiledKernel, seconds, tensor_maps) to `launches`."""
     target = GPUTarget("cuda", capability, 32)
     functions = _jit_functions()
     saved_caches = {fn: fn.device_caches for fn in functions}
@@ -175,7 +198,8 @@ def compile_only(capability: int, launches: list):
     def run(self, *args, grid, warmup, **kwargs):
         start = time.perf_counter()
         kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
-        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, seconds, tensor_maps(args, kernel)))
         return kernel
 
     for fn in functions:  # binders made for this target must not serve a real device later
@@ -362,8 +386,10 @@ def compile_launch(
     with compile_only(capability, launches):
         launch_on_meta(direction, geom, dtype, config)
     reports = []
-    for name, grid, num_warps, kernel, seconds in launches:
-        report = KernelReport(name, grid, num_warps, shared_bytes=kernel.metadata.shared, compile_s=seconds)
+    for name, grid, num_warps, kernel, seconds, maps in launches:
+        report = KernelReport(
+            name, grid, num_warps, shared_bytes=kernel.metadata.shared, tensor_maps=maps, compile_s=seconds
+        )
         for key, value in read_cubin(kernel.asm["cubin"]).items():
             setattr(report, key, value)
         reports.append(report)

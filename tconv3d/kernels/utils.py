@@ -139,10 +139,16 @@ def ndhwc_descriptor(t: torch.Tensor, block, make=TensorDescriptor):
     (Triton's TensorDescriptor, or the Gluon kernels' maker)."""
     n, c, d, h, w = t.shape
     sn, _, sd, sh, sw = t.stride()
+    shape = (n, d, h, w, c)
     unit = 16 // t.element_size()  # elements per 16 bytes
-    # A dimension of size 1 is only ever read at coordinate 0 (or out of range): any 16-byte stride describes it.
-    strides = (sn if n > 1 else unit, sd if d > 1 else unit, sh if h > 1 else unit, sw if w > 1 else unit, 1)
-    return tensor_descriptor(t, (n, d, h, w, c), strides, tuple(block), make)
+    # A dimension of size 1 is only ever read at coordinate 0 (or out of range), so any stride describes it; it
+    # gets the packed one (the next inner dimension's extent, rounded up to 16 bytes), so that every stride spans
+    # the dimensions inside it (the risks of tensor_map_problems).
+    strides = [1]
+    for size, stride in zip((w, h, d, n), (sw, sh, sd, sn), strict=True):
+        packed = strides[0] * shape[5 - len(strides)]  # the next inner dimension's extent
+        strides.insert(0, stride if size > 1 else cdiv(packed, unit) * unit)
+    return tensor_descriptor(t, shape, tuple(strides), tuple(block), make)
 
 
 _descriptors: dict[tuple, TensorDescriptor] = {}
@@ -169,6 +175,53 @@ def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tupl
     descriptor.__dict__.update(checked.__dict__)
     descriptor.base = t
     return descriptor
+
+
+# CUtensorMapSwizzle (cuda.h) -> the span in bytes the box's inner dimension must fit: none, 32B, 64B, 128B.
+SWIZZLE_SPAN = {0: None, 1: 32, 2: 64, 3: 128}
+
+
+def tensor_map_problems(shape, strides, box, element_size: int, swizzle: int | None = 0) -> tuple[list[str], list[str]]:
+    """What cuTensorMapEncodeTiled would make of a tiled tensor map: shape, element strides and box row-major as
+    Triton's descriptors hold them (the innermost dimension last), `box` and `swizzle` (CUtensorMapSwizzle) as
+    the compiled kernel hands them to the driver (Triton splits a box wider than the swizzle span into several
+    copies; None where unknown). Returns (problems, risks). problems: the requirements cuda.h documents, each of which fails the
+    encoding: rank 1-5, dimensions 1..2^32, strides multiples of 16 bytes below 2^40, box dimensions 1..256, the
+    inner box a multiple of 16 bytes and within the swizzle span. risks: what CCCL's cuda::make_tma_descriptor
+    also refuses, which cuda.h does not ask and Triton's own tests break (device-made maps with boxes past the
+    tensor's extent load zeros there): a box dimension past the tensor's, a stride shorter than the dimensions
+    inside it span. Unknown whether the driver refuses them: tests/gpu/tma_probe.py finds out on a GPU."""
+    problems, risks = [], []
+    rank = len(shape)
+    if not 1 <= rank <= 5:
+        problems.append(f"rank {rank} is not 1-5")
+    for i, (size, stride, extent) in enumerate(zip(shape, strides, box, strict=True)):
+        if not 1 <= size <= 2**32:
+            problems.append(f"dimension {i} has {size} elements, not 1..2^32")
+        if not 1 <= extent <= 256:
+            problems.append(f"box dimension {i} is {extent}, not 1..256")
+        elif extent > size:
+            risks.append(f"box dimension {i} ({extent}) is longer than the tensor's ({size})")
+        if i < rank - 1:
+            nbytes = stride * element_size
+            if nbytes % 16 or not 0 < nbytes < 2**40:
+                problems.append(f"stride {i} is {nbytes} bytes, not a multiple of 16 below 2^40")
+            if stride < shape[i + 1] * strides[i + 1]:
+                risks.append(f"stride {i} ({stride}) is shorter than dimension {i + 1} spans ({shape[i + 1]} x "
+                             f"{strides[i + 1]})")  # fmt: skip
+        elif stride != 1:
+            problems.append(f"the innermost dimension has stride {stride}, not 1")
+    inner = box[-1] * element_size
+    span = SWIZZLE_SPAN.get(swizzle, 0)  # swizzle None: not known (a Triton that reports none), not checked
+    if inner % 16:
+        problems.append(f"the box's inner dimension is {inner} bytes, not a multiple of 16")
+    if swizzle is None:
+        pass
+    elif span == 0:
+        problems.append(f"swizzle {swizzle} is not one of {sorted(SWIZZLE_SPAN)}")
+    elif span is not None and inner > span:
+        problems.append(f"the box's inner dimension is {inner} bytes, past the {span}-byte swizzle")
+    return problems, risks
 
 
 def tma_aligned(t: torch.Tensor) -> bool:
