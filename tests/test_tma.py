@@ -331,3 +331,39 @@ def test_tensor_map_risks_and_packed_size_one_strides():
     desc = ndhwc_descriptor(x, (1, 1, 8, 16, 64))
     assert desc.shape == [1, 1, 16, 1, 64] and desc.strides == [1024, 1024, 64, 64, 1]
     assert tensor_map_problems(desc.shape, desc.strides, [1, 1, 8, 1, 64], 2, 3) == ([], [])
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("boxes", ["any", "within"])
+def test_boxes_past_a_tensor_under_tma_boxes_within(boxes, variant, monkeypatch, device):
+    """TCONV3D_TMA_BOXES=within: a launch whose TMA boxes reach past a tensor (here a 3-voxel-high volume under
+    taller patches, 8 weight rows over Cout 3) runs the pointer kernels with the same tiles, from then on; any
+    runs it on TMA. Both match float64."""
+    from tconv3d.kernels import utils as kernel_utils
+
+    _, launches = variant
+    monkeypatch.setattr(settings, "TMA_BOXES", boxes)
+    monkeypatch.setattr(kernel_utils, "_descriptors", {})
+    x = torch.randn(1, 16, 3, 3, 5, device=device).contiguous(memory_format=CL)
+    w = torch.randn(3, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    expected = torch.nn.functional.conv3d(x.double(), w.double(), padding=1)
+    for _ in range(2):
+        assert rel_l2(tconv3d.conv3d(x, w, padding=1), expected) < tolerance(torch.float32)
+    config = next(c for key, c in choice._memo.items() if key[0] == "fwd")
+    if boxes == "within":  # the TMA launcher was entered once, refused its boxes and launched nothing
+        assert launches == ["fwd"] and not config.tma_box_w
+    else:
+        assert launches == ["fwd", "fwd"] and config.tma_box_w
+
+
+def test_refused_tensor_map_says_what_to_do(monkeypatch):
+    """A tensor map the driver refuses (Triton's launcher raises) is an error naming the launch and the ways out."""
+    config = KernelConfig(64, 64, 32, 4, 3, tma_box_w=8)
+    monkeypatch.setattr(choice, "launch_config", lambda *a, **k: config)
+
+    def refused(*args):
+        raise RuntimeError("Triton Error [CUDA]: Failed to create tensor map descriptor: invalid argument")
+
+    with pytest.raises(RuntimeError, match="TCONV3D_TMA_BOXES=within") as error:
+        choice.launch("fwd", refused, None, torch.empty(1))
+    assert "tensor map descriptor" in str(error.value.__cause__)

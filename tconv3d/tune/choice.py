@@ -22,7 +22,7 @@ from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
-from ..kernels.utils import address_aligned, tma_aligned
+from ..kernels.utils import BoxPastTensor, address_aligned, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
     default_config,
@@ -159,9 +159,26 @@ def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | N
 
 
 def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
-    """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device."""
+    """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device. Under
+    TCONV3D_TMA_BOXES=within, a TMA or Gluon config whose boxes reach past a tensor runs (and from then on is) the
+    pointer kernels with the same tiles; a tensor map the driver refuses is an error that says so."""
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
-    return run(launch_config(direction, geom, *tensors, run=run))
+    config = launch_config(direction, geom, *tensors, run=run)
+    try:
+        return run(config)
+    except BoxPastTensor:  # raised while the launcher built its descriptors: nothing has run
+        pointer = dataclasses.replace(config, tma_box_w=0, gluon=0)
+        _memo[(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
+        return run(pointer)
+    except RuntimeError as error:
+        if config.tma_box_w and "tensor map descriptor" in str(error):
+            raise RuntimeError(
+                f"tconv3d: the driver refused a TMA tensor map of the {config.variant} {direction} launch ({config}); "
+                "utils.tensor_map_problems names what cuda.h and CCCL ask of one, tests/gpu/tma_probe.py tries "
+                "the maps in doubt on this GPU, TCONV3D_TMA_BOXES=within runs launches whose boxes reach past a "
+                "tensor on the pointer kernels, TCONV3D_KERNELS=pointer all of them"
+            ) from error
+        raise
 
 
 def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None) -> str | None:

@@ -120,7 +120,8 @@ def main(argv=None) -> int:
             if child.returncode == 0 and lines:
                 results.append(json.loads(lines[-1]))
             else:
-                results.append({"case": name, "verdict": "crashed", "error": child.stderr[-400:]})
+                last = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+                results.append({"case": name, "verdict": "crashed", "error": last[:400]})
         except subprocess.TimeoutExpired:
             results.append({"case": name, "verdict": "crashed", "error": "no result in 120 s (a hang)"})
     for r in results:
