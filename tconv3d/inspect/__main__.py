@@ -10,8 +10,9 @@ and prints: config and where it came from, grid and waves on the SM count (132 f
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
 cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time; the tensor maps each TMA launch
-hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant gluon` (or tma,
-pointer) compiles what TCONV3D_KERNELS would force; gluon-ws, the Gluon kernel's warp-specialized twin.
+hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
+gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force; gluon-ws, the Gluon kernel's warp-specialized
+twin.
 """
 
 from __future__ import annotations
@@ -251,8 +252,10 @@ def main(argv=None) -> int:
         print(f"\nsearch space: {unfit} of {len(space)} other candidates fail to compile, spill or overflow")
     risky = [r for r in records if r["config_source"] != "space" and r.get("tensor_map_risks")]
     if risky:
-        print(f"\n{len(risky)} launches hand the driver tensor maps that cuda.h allows and CCCL refuses "
-              f"(utils.tensor_map_problems; tests/gpu/tma_probe.py tries them), e.g. {risky[0]['tensor_map_risks'][0]}")
+        print(
+            f"\n{len(risky)} launches hand the driver tensor maps that cuda.h allows and CCCL refuses "
+            f"(utils.tensor_map_problems; tests/gpu/tma_probe.py tries them), e.g. {risky[0]['tensor_map_risks'][0]}"
+        )
     found = problems(records)
     print(f"\n{len(records)} launches compiled; {len(found)} problem(s)" + "".join(f"\n  {p}" for p in found))
     return 1 if found else 0

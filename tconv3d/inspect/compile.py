@@ -199,7 +199,8 @@ def compile_only(capability: int, launches: list):
         start = time.perf_counter()
         kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
         seconds = time.perf_counter() - start
-        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, seconds, tensor_maps(args, kernel)))
+        maps = tensor_maps(args, kernel)
+        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, seconds, maps))
         return kernel
 
     for fn in functions:  # binders made for this target must not serve a real device later

@@ -201,12 +201,13 @@ def tensor_map_problems(shape, strides, box, element_size: int, swizzle: int | N
     """What cuTensorMapEncodeTiled would make of a tiled tensor map: shape, element strides and box row-major as
     Triton's descriptors hold them (the innermost dimension last), `box` and `swizzle` (CUtensorMapSwizzle) as
     the compiled kernel hands them to the driver (Triton splits a box wider than the swizzle span into several
-    copies; None where unknown). Returns (problems, risks). problems: the requirements cuda.h documents, each of which fails the
-    encoding: rank 1-5, dimensions 1..2^32, strides multiples of 16 bytes below 2^40, box dimensions 1..256, the
-    inner box a multiple of 16 bytes and within the swizzle span. risks: what CCCL's cuda::make_tma_descriptor
-    also refuses, which cuda.h does not ask and Triton's own tests break (device-made maps with boxes past the
-    tensor's extent load zeros there): a box dimension past the tensor's, a stride shorter than the dimensions
-    inside it span. Unknown whether the driver refuses them: tests/gpu/tma_probe.py finds out on a GPU."""
+    copies; None where unknown). Returns (problems, risks). problems: the requirements cuda.h documents, each of
+    which fails the encoding: rank 1-5, dimensions 1..2^32, strides multiples of 16 bytes below 2^40, box
+    dimensions 1..256, the inner box a multiple of 16 bytes and within the swizzle span. risks: what CCCL's
+    cuda::make_tma_descriptor also refuses, which cuda.h does not ask and Triton's own tests break (device-made
+    maps with boxes past the tensor's extent load zeros there): a box dimension past the tensor's, a stride
+    shorter than the dimensions inside it span. Unknown whether the driver refuses them: tests/gpu/tma_probe.py
+    finds out on a GPU."""
     problems, risks = [], []
     rank = len(shape)
     if not 1 <= rank <= 5:
