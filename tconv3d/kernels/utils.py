@@ -144,11 +144,15 @@ def ndhwc_descriptor(t: torch.Tensor, block, make=TensorDescriptor):
     # A dimension of size 1 is only ever read at coordinate 0 (or out of range), so any stride describes it; it
     # gets the packed one (the next inner dimension's extent, rounded up to 16 bytes), so that every stride spans
     # the dimensions inside it (the risks of tensor_map_problems).
-    strides = [1]
-    for size, stride in zip((w, h, d, n), (sw, sh, sd, sn), strict=True):
-        packed = strides[0] * shape[5 - len(strides)]  # the next inner dimension's extent
-        strides.insert(0, stride if size > 1 else cdiv(packed, unit) * unit)
-    return tensor_descriptor(t, shape, tuple(strides), tuple(block), make)
+    if w == 1:
+        sw = -(-c // unit) * unit
+    if h == 1:
+        sh = -(-sw * w // unit) * unit
+    if d == 1:
+        sd = -(-sh * h // unit) * unit
+    if n == 1:
+        sn = -(-sd * d // unit) * unit
+    return tensor_descriptor(t, shape, (sn, sd, sh, sw, 1), tuple(block), make)
 
 
 _descriptors: dict[tuple, TensorDescriptor] = {}
