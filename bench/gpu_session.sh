@@ -88,12 +88,12 @@ run_stage() {
     ;;
   probe)  # first: a map the driver refuses fails every TMA and Gluon test after it for the same reason
     timeout "$(left 90)" python3 tests/gpu/tma_probe.py --out "$OUT/tma_probe.json" 2>&1
-    # Boxes past a tensor's extent not taken (or no verdict): the rest of the call runs such launches on the
-    # pointer kernels. Any other case that fails is the probe's table to read.
-    if ! python3 -c "import json, sys; sys.exit(any(r['verdict'] != 'ok' for r in json.load(open(sys.argv[1]))
-        if r['case'].startswith(('box_past', 'row_box', 'weight_'))))" "$OUT/tma_probe.json" 2>/dev/null; then
-      export TCONV3D_TMA_BOXES=within
-      echo "[gpu_session] boxes past a tensor were not taken: TCONV3D_TMA_BOXES=within for the rest of this call"
+    # A map among the risks not taken (or no verdict): the rest of the call runs launches with such maps on the
+    # pointer kernels. A control that fails is the probe's table to read: nothing TMA will run then.
+    if ! python3 -c "import json, sys; sys.exit(any(r['verdict'] != 'ok' for r in json.load(open(sys.argv[1]))))" \
+        "$OUT/tma_probe.json" 2>/dev/null; then
+      export TCONV3D_TMA_MAPS=strict
+      echo "[gpu_session] a tensor map in doubt was not taken: TCONV3D_TMA_MAPS=strict for the rest of this call"
     fi
     ;;
   tests)  # here the kernels run; the static compile (the same triton 3.6) and the scripts' CPU logic are CI's

@@ -9,10 +9,10 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
                        eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
                        (stride 1, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
-TCONV3D_TMA_BOXES      any (default) | within: within runs a TMA or Gluon launch whose boxes reach past a tensor's
-                       extent (a patch taller than a small volume, a weight box wider than Cout) on the pointer
-                       kernels, for a driver that refuses such tensor maps (cuda.h allows them; tests/gpu/tma_probe.py
-                       shows what a GPU's driver does).
+TCONV3D_TMA_MAPS       any (default) | strict: strict runs a TMA or Gluon launch on the pointer kernels where one of
+                       its tensor maps is one that cuda.h allows but CCCL refuses (a box past the tensor's extent, a
+                       stride shorter than the dimensions inside it span: utils.tensor_map_problems' risks), for a
+                       driver that refuses them (tests/gpu/tma_probe.py shows what a GPU's driver does).
 TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an argument signature, call its
                        compiled launcher directly instead of Triton's run (kernels/launch.py); 0 always uses run.
 TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and norm ops of a CUDA graph hand Inductor
@@ -42,9 +42,9 @@ KERNELS = os.environ.get("TCONV3D_KERNELS", "auto")
 if KERNELS not in KERNEL_VARIANTS:
     raise ValueError(f"TCONV3D_KERNELS must be one of {KERNEL_VARIANTS}, got {KERNELS!r}")
 
-TMA_BOXES = os.environ.get("TCONV3D_TMA_BOXES", "any")
-if TMA_BOXES not in ("any", "within"):
-    raise ValueError(f"TCONV3D_TMA_BOXES must be any or within, got {TMA_BOXES!r}")
+TMA_MAPS = os.environ.get("TCONV3D_TMA_MAPS", "any")
+if TMA_MAPS not in ("any", "strict"):
+    raise ValueError(f"TCONV3D_TMA_MAPS must be any or strict, got {TMA_MAPS!r}")
 
 DIRECT_LAUNCH = os.environ.get("TCONV3D_DIRECT_LAUNCH", "1")
 if DIRECT_LAUNCH not in ("0", "1"):

@@ -334,26 +334,43 @@ def test_tensor_map_risks_and_packed_size_one_strides():
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
-@pytest.mark.parametrize("boxes", ["any", "within"])
-def test_boxes_past_a_tensor_under_tma_boxes_within(boxes, variant, monkeypatch, device):
-    """TCONV3D_TMA_BOXES=within: a launch whose TMA boxes reach past a tensor (here a 3-voxel-high volume under
-    taller patches, 8 weight rows over Cout 3) runs the pointer kernels with the same tiles, from then on; any
-    runs it on TMA. Both match float64."""
+@pytest.mark.parametrize("maps", ["any", "strict"])
+@pytest.mark.parametrize("risk", ["box", "stride"])
+def test_risky_tensor_maps_under_tma_maps_strict(maps, risk, variant, monkeypatch, device):
+    """TCONV3D_TMA_MAPS=strict: a launch with a tensor map CCCL would refuse (box: a 3-voxel-high volume under
+    taller patches and 8 weight rows over Cout 3; stride: the stride-2 phase views of an odd H, whose D stride is
+    shorter than their rows span) runs the pointer kernels with the same tiles, from then on; any runs it on TMA.
+    Both match float64."""
     from tconv3d.kernels import utils as kernel_utils
 
     _, launches = variant
-    monkeypatch.setattr(settings, "TMA_BOXES", boxes)
+    monkeypatch.setattr(settings, "TMA_MAPS", maps)
     monkeypatch.setattr(kernel_utils, "_descriptors", {})
-    x = torch.randn(1, 16, 3, 3, 5, device=device).contiguous(memory_format=CL)
-    w = torch.randn(3, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
-    expected = torch.nn.functional.conv3d(x.double(), w.double(), padding=1)
+    refused = []
+    check = kernel_utils._check_strict
+
+    def recording(*args):
+        try:
+            check(*args)
+        except kernel_utils.RiskyTensorMap as error:
+            refused.append(str(error))
+            raise
+
+    monkeypatch.setattr(kernel_utils, "_check_strict", recording)
+    if risk == "box":
+        x, w, stride = torch.randn(1, 16, 3, 3, 5, device=device), torch.randn(3, 16, 3, 3, 3, device=device), 1
+    else:  # boxes within every extent: the phase views' stride is the only risk
+        x, w, stride = torch.randn(1, 32, 2, 17, 16, device=device), torch.randn(16, 32, 3, 3, 3, device=device), 2
+    x, w = x.contiguous(memory_format=CL), w.contiguous(memory_format=CL)
+    expected = torch.nn.functional.conv3d(x.double(), w.double(), stride=stride, padding=1)
     for _ in range(2):
-        assert rel_l2(tconv3d.conv3d(x, w, padding=1), expected) < tolerance(torch.float32)
+        assert rel_l2(tconv3d.conv3d(x, w, stride=stride, padding=1), expected) < tolerance(torch.float32)
     config = next(c for key, c in choice._memo.items() if key[0] == "fwd")
-    if boxes == "within":  # the TMA launcher was entered once, refused its boxes and launched nothing
+    if maps == "strict":  # the TMA launcher was entered once, refused a map and launched nothing
         assert launches == ["fwd"] and not config.tma_box_w
+        assert len(refused) == 1 and ("box dimension" if risk == "box" else "is shorter than") in refused[0]
     else:
-        assert launches == ["fwd", "fwd"] and config.tma_box_w
+        assert launches == ["fwd", "fwd"] and config.tma_box_w and not refused
 
 
 def test_refused_tensor_map_says_what_to_do(monkeypatch):
@@ -364,6 +381,6 @@ def test_refused_tensor_map_says_what_to_do(monkeypatch):
     def refused(*args):
         raise RuntimeError("Triton Error [CUDA]: Failed to create tensor map descriptor: invalid argument")
 
-    with pytest.raises(RuntimeError, match="TCONV3D_TMA_BOXES=within") as error:
+    with pytest.raises(RuntimeError, match="TCONV3D_TMA_MAPS=strict") as error:
         choice.launch("fwd", refused, None, torch.empty(1))
     assert "tensor map descriptor" in str(error.value.__cause__)

@@ -168,8 +168,8 @@ def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tupl
     key = (shape, strides, block, t.dtype, make)
     checked = _descriptors.get(key)
     if checked is None:
-        if settings.TMA_BOXES == "within":
-            _check_box_within(shape, block, t.element_size())
+        if settings.TMA_MAPS == "strict":
+            _check_strict(shape, strides, block, t.element_size())
         checked = make(t, list(shape), list(strides), list(block))
         checked.base = None  # the memo must not keep a tensor alive
         # What the direct launch path (launch.py) keys a descriptor argument on: one number per distinct
@@ -183,18 +183,18 @@ def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tupl
     return descriptor
 
 
-class BoxPastTensor(ValueError):
-    """A tensor map whose box reaches past the tensor's extent, refused under TCONV3D_TMA_BOXES=within (raised
-    before anything launches: choice.launch runs the pointer kernels instead)."""
+class RiskyTensorMap(ValueError):
+    """A tensor map among tensor_map_problems' risks, refused under TCONV3D_TMA_MAPS=strict (raised while a
+    launcher builds its descriptors, before anything launches: choice.launch runs the pointer kernels instead)."""
 
 
-def _check_box_within(shape, block, element_size: int) -> None:
-    """BoxPastTensor unless every box dimension fits the tensor's, the inner one as the driver gets it (rows wider
-    than the 128-byte swizzle span go as several copies of that span)."""
+def _check_strict(shape, strides, block, element_size: int) -> None:
+    """RiskyTensorMap if the map is one of tensor_map_problems' risks, its inner box as the driver gets it (rows
+    wider than the 128-byte swizzle span go as several copies of that span)."""
     box = [*block[:-1], min(block[-1], 128 // element_size)]
-    past = [i for i, (extent, size) in enumerate(zip(box, shape, strict=True)) if extent > size]
-    if past:
-        raise BoxPastTensor(f"TMA box {tuple(box)} reaches past the {tuple(shape)} tensor in dimension(s) {past}")
+    _, risks = tensor_map_problems(shape, strides, box, element_size, None)
+    if risks:
+        raise RiskyTensorMap(f"TMA map {tuple(shape)} box {tuple(box)}: {'; '.join(risks)}")
 
 
 # CUtensorMapSwizzle (cuda.h) -> the span in bytes the box's inner dimension must fit: none, 32B, 64B, 128B.

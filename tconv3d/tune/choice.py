@@ -22,7 +22,7 @@ from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
-from ..kernels.utils import BoxPastTensor, address_aligned, tma_aligned
+from ..kernels.utils import RiskyTensorMap, address_aligned, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
     default_config,
@@ -160,13 +160,13 @@ def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | N
 
 def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
     """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device. Under
-    TCONV3D_TMA_BOXES=within, a TMA or Gluon config whose boxes reach past a tensor runs (and from then on is) the
-    pointer kernels with the same tiles; a tensor map the driver refuses is an error that says so."""
+    TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would refuse runs (and from then on is)
+    the pointer kernels with the same tiles; a tensor map the driver refuses is an error that says so."""
     run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
     config = launch_config(direction, geom, *tensors, run=run)
     try:
         return run(config)
-    except BoxPastTensor:  # raised while the launcher built its descriptors: nothing has run
+    except RiskyTensorMap:  # raised while the launcher built its descriptors: nothing has run
         pointer = dataclasses.replace(config, tma_box_w=0, gluon=0)
         _memo[(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
         return run(pointer)
@@ -175,8 +175,8 @@ def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor 
             raise RuntimeError(
                 f"tconv3d: the driver refused a TMA tensor map of the {config.variant} {direction} launch ({config}); "
                 "utils.tensor_map_problems names what cuda.h and CCCL ask of one, tests/gpu/tma_probe.py tries "
-                "the maps in doubt on this GPU, TCONV3D_TMA_BOXES=within runs launches whose boxes reach past a "
-                "tensor on the pointer kernels, TCONV3D_KERNELS=pointer all of them"
+                "the maps in doubt on this GPU, TCONV3D_TMA_MAPS=strict runs launches with such maps on the "
+                "pointer kernels, TCONV3D_KERNELS=pointer all of them"
             ) from error
         raise
 
