@@ -62,11 +62,11 @@ def test_tma_probe_script_logic(monkeypatch):
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     import tma_probe
 
-    for name in tma_probe.CASES:
+    for name in [*tma_probe.CASES, *tma_probe.STORES]:
         result = tma_probe.run_case(name, "cpu")
         assert result["verdict"] == "ok", result
         assert not result["problems"], result  # every case is one cuda.h allows
-        assert bool(result["risks"]) == (name not in ("inside", "past_edges", "negative_origin")), result
+        assert bool(result["risks"]) == (name not in tma_probe.CONTROLS), result
     shifted = tma_probe.reference
 
     def off_by_one(t, shape, strides, box, coords):
@@ -74,3 +74,10 @@ def test_tma_probe_script_logic(monkeypatch):
 
     monkeypatch.setattr(tma_probe, "reference", off_by_one)
     assert tma_probe.run_case("inside", "cpu")["verdict"] == "wrong"
+    stored = tma_probe.stored_reference
+
+    def row_lower(buffer, shape, strides, box, coords, values):  # as if the store landed one row off
+        return stored(buffer, shape, strides, box, (*coords[:2], coords[2] + 1, *coords[3:]), values)
+
+    monkeypatch.setattr(tma_probe, "stored_reference", row_lower)
+    assert tma_probe.run_case("store_box_past_h", "cpu")["verdict"] == "wrong"

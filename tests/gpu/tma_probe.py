@@ -5,8 +5,9 @@ tconv3d's kernels would hand it over (a host descriptor, the box the compiled ke
     python tests/gpu/tma_probe.py [--out probe.json]          # on a GPU: every case, each in its own process
     TRITON_INTERPRET=1 python tests/gpu/tma_probe.py --device cpu   # the script's own logic, on the interpreter
 
-Each case loads one box with a Triton kernel and compares it with the box cut from the tensor in torch, zeros past
-the tensor's extent. A case runs in a process of its own: an illegal address there cannot touch the others. The
+Each load case loads one box with a Triton kernel and compares it with the box cut from the tensor in torch, zeros
+past the tensor's extent; each store case stores one into a tensor inside a buffer of sentinels and compares the
+whole buffer (what lies past the tensor, or between a phase view's elements, must not change). A case runs in a process of its own: an illegal address there cannot touch the others. The
 verdict per case: "ok" (encoded, loaded right), "refused" (the driver would not encode it: a Python error at the
 launch), "wrong" (loaded, but not what the tensor holds), "crashed" (the process died: a fault on the device).
 What it says decides bench/NOTES.md's open question on those risks (issue 30); no case here is timed."""
@@ -43,22 +44,52 @@ CASES = {
                        "phase (0, 0) of a stride-2 view of H 7, W 9: its D stride is shorter than its H rows span"),
 }  # fmt: skip
 
+# The same for TMA stores (the forward's output, the input gradient's phase views): a box of random values stored at
+# the coordinates into a tensor that is a view of a buffer full of a sentinel value; everything outside what the
+# tensor's extent takes of the box must keep the sentinel, the rest of the buffer too (a guard before and after).
+STORES = {
+    "store_inside": ((2, 4, 8, 16, 64), None, (1, 1, 4, 8, 64), (1, 1, 2, 4, 0), "a store inside the tensor (control)"),
+    "store_past_edges": ((2, 4, 8, 16, 64), None, (1, 1, 4, 8, 64), (1, 3, 6, 12, 0),
+                         "a store over the tensor's far edges, clipped there (documented; control)"),
+    "store_box_past_h": ((1, 2, 3, 16, 64), None, (1, 1, 8, 16, 64), (0, 1, 0, 0, 0),
+                         "a store of 8 box rows into 3 (a patch taller than a small volume's output)"),
+    "store_odd_phase_view": ((1, 3, 4, 5, 64), (12096, 4032, 1152, 128, 1), (1, 1, 4, 4, 64), (0, 1, 0, 1, 0),
+                             "a store into phase (0, 0) of H 7, W 9 (the input gradient's): the other phases untouched"),
+}  # fmt: skip
+CONTROLS = ("inside", "past_edges", "negative_origin", "store_inside", "store_past_edges")
+GUARD = 64  # elements of sentinel before and after a store's tensor (128 bytes: its base stays 16-byte aligned)
+
+
+def overlap(shape, box, coords):
+    """(the tensor's slices, the box's slices) where the box at `coords` meets the tensor, or None."""
+    inside, within = [], []
+    for start, extent, size in zip(coords, box, shape, strict=True):
+        lo, hi = max(start, 0), min(start + extent, size)
+        if hi <= lo:
+            return None
+        inside.append(slice(lo, hi))
+        within.append(slice(lo - start, hi - start))
+    return tuple(inside), tuple(within)
+
 
 def reference(t, shape, strides, box, coords):
     """The box at `coords` of the strided view, zeros past its extent."""
     import torch
 
-    view = t.as_strided(shape, strides)
     out = torch.zeros(box, dtype=t.dtype, device=t.device)
-    src, dst = [], []
-    for start, extent, size in zip(coords, box, shape, strict=True):
-        lo, hi = max(start, 0), min(start + extent, size)
-        if hi <= lo:
-            return out
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - start, hi - start))
-    out[tuple(dst)] = view[tuple(src)]
+    meet = overlap(shape, box, coords)
+    if meet is not None:
+        out[meet[1]] = t.as_strided(shape, strides)[meet[0]]
     return out
+
+
+def stored_reference(buffer, shape, strides, box, coords, values):
+    """The buffer after storing `values` (the box) at `coords` into its tensor (the view GUARD elements in)."""
+    expected = buffer.clone()
+    meet = overlap(shape, box, coords)
+    if meet is not None:
+        expected[GUARD:].as_strided(shape, strides)[meet[0]] = values[meet[1]]
+    return expected
 
 
 def run_case(name: str, device: str) -> dict:
@@ -77,27 +108,43 @@ def run_case(name: str, device: str) -> dict:
             block = desc.load([c0, c1, c2, c3, c4])
         tl.store(out_ptr + tl.arange(0, NUMEL), tl.reshape(block, [NUMEL]))
 
-    shape, strides, box, coords, _ = CASES[name]
+    @triton.jit
+    def store_box(desc, values_ptr, c0, c1, c2, c3, c4, NUMEL: tl.constexpr):
+        desc.store([c0, c1, c2, c3, c4], tl.reshape(tl.load(values_ptr + tl.arange(0, NUMEL)), desc.block_shape))
+
+    store = name in STORES
+    shape, strides, box, coords, _ = STORES[name] if store else CASES[name]
     if strides is None:
         strides = [1]
         for size in reversed(shape[1:]):
             strides.insert(0, strides[0] * size)
     span = 1 + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))
     torch.manual_seed(0)
-    t = torch.randn(span, device=device).to(torch.bfloat16)
     problems, risks = tensor_map_problems(shape, strides, box, 2, None)
     record = {"case": name, "problems": problems, "risks": risks}
-    out = torch.empty(box, dtype=torch.bfloat16, device=device)
+    values = torch.randn(box, device=device).to(torch.bfloat16)
+    if store:
+        buffer = torch.full((GUARD + span + GUARD,), 7.0, device=device, dtype=torch.bfloat16)
+        t = buffer[GUARD : GUARD + span]
+        expected = stored_reference(buffer, shape, strides, box, coords, values)
+    else:
+        t = torch.randn(span, device=device).to(torch.bfloat16)
+        expected = reference(t, shape, strides, box, coords)
+        out = torch.empty(box, dtype=torch.bfloat16, device=device)
     try:
         desc = TensorDescriptor(t, list(shape), list(strides), list(box))
-        load_box[(1,)](desc, out, *coords, *(0,) * (5 - len(coords)), RANK=len(shape), NUMEL=out.numel())
+        rest = (0,) * (5 - len(coords))
+        if store:
+            store_box[(1,)](desc, values, *coords, *rest, NUMEL=values.numel())
+        else:
+            load_box[(1,)](desc, out, *coords, *rest, RANK=len(shape), NUMEL=out.numel())
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as error:  # the driver refusing the map raises at the launch, in Triton's launcher
         return {**record, "verdict": "refused", "error": f"{type(error).__name__}: {error}"[:400]}
-    expected = reference(t, shape, strides, box, coords)
-    same = torch.equal(out, expected)
-    return {**record, "verdict": "ok" if same else "wrong", "mismatches": int((out != expected).sum())}
+    got = buffer if store else out
+    same = torch.equal(got, expected)
+    return {**record, "verdict": "ok" if same else "wrong", "mismatches": int((got != expected).sum())}
 
 
 def main(argv=None) -> int:
@@ -112,7 +159,7 @@ def main(argv=None) -> int:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     results = []
-    for name in CASES:
+    for name in [*CASES, *STORES]:
         command = [sys.executable, __file__, "--case", name, "--device", args.device]
         try:
             child = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
@@ -126,11 +173,11 @@ def main(argv=None) -> int:
             results.append({"case": name, "verdict": "crashed", "error": "no result in 120 s (a hang)"})
     for r in results:
         note = r.get("error") or (f"{r['mismatches']} elements differ" if r.get("mismatches") else "")
-        risk = "; ".join(CASES[r["case"]][4:] + tuple(r.get("risks", [])))
+        risk = "; ".join({**CASES, **STORES}[r["case"]][4:] + tuple(r.get("risks", [])))
         print(f"{r['case']:20s} {r['verdict']:8s} {note[:120]}\n{'':29s}{risk}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    controls = [r for r in results if r["case"] in ("inside", "past_edges", "negative_origin")]
+    controls = [r for r in results if r["case"] in CONTROLS]
     return 0 if all(r["verdict"] == "ok" for r in controls) else 1
 
 
