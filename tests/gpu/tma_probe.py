@@ -7,9 +7,10 @@ tconv3d's kernels would hand it over (a host descriptor, the box the compiled ke
 
 Each load case loads one box with a Triton kernel and compares it with the box cut from the tensor in torch, zeros
 past the tensor's extent; each store case stores one into a tensor inside a buffer of sentinels and compares the
-whole buffer (what lies past the tensor, or between a phase view's elements, must not change). A case runs in a process of its own: an illegal address there cannot touch the others. The
-verdict per case: "ok" (encoded, loaded right), "refused" (the driver would not encode it: a Python error at the
-launch), "wrong" (loaded, but not what the tensor holds), "crashed" (the process died: a fault on the device).
+whole buffer (what lies past the tensor, or between a phase view's elements, must not change). A case runs in a
+process of its own: an illegal address there cannot touch the others. The verdict per case: "ok" (encoded, moved
+right), "refused" (the driver would not encode it: a Python error at the launch), "wrong" (moved, but not as the
+reference has it), "crashed" (the process died: a fault on the device).
 What it says decides bench/NOTES.md's open question on those risks (issue 30); no case here is timed."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ STORES = {
     "store_box_past_h": ((1, 2, 3, 16, 64), None, (1, 1, 8, 16, 64), (0, 1, 0, 0, 0),
                          "a store of 8 box rows into 3 (a patch taller than a small volume's output)"),
     "store_odd_phase_view": ((1, 3, 4, 5, 64), (12096, 4032, 1152, 128, 1), (1, 1, 4, 4, 64), (0, 1, 0, 1, 0),
-                             "a store into phase (0, 0) of H 7, W 9 (the input gradient's): the other phases untouched"),
+                             "a store into phase (0, 0) of H 7, W 9 (an input gradient's): other phases untouched"),
 }  # fmt: skip
 CONTROLS = ("inside", "past_edges", "negative_origin", "store_inside", "store_past_edges")
 GUARD = 64  # elements of sentinel before and after a store's tensor (128 bytes: its base stays 16-byte aligned)
