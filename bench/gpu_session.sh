@@ -3,7 +3,7 @@
 #   bash bench/gpu_session.sh STAGE...   # the stages in order, all within CALL_SECONDS (default 570: a call may
 #                                        # run 600 s); each stage's own limit shrinks to the time left
 # Stages:
-#   probe     tests/gpu/tma_probe.py: which tensor maps the driver encodes and the TMA unit loads right (~20 s)
+#   probe     tests/gpu/tma_probe.py: which tensor maps the driver encodes and the TMA unit loads and stores right (~30 s)
 #   tests     the suite on CUDA tensors (pytest-xdist), torch.compile, GPU-marked and static-compile tests aside
 #   gpu       tests/test_gpu.py, tests/test_compile.py (GPU modes, profiler), then the main job
 #   report    what the device's Triton compiled: registers, spills, smem, HGMMA

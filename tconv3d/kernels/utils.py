@@ -233,15 +233,14 @@ def tensor_map_problems(shape, strides, box, element_size: int, swizzle: int | N
         elif stride != 1:
             problems.append(f"the innermost dimension has stride {stride}, not 1")
     inner = box[-1] * element_size
-    span = SWIZZLE_SPAN.get(swizzle, 0)  # swizzle None: not known (a Triton that reports none), not checked
     if inner % 16:
         problems.append(f"the box's inner dimension is {inner} bytes, not a multiple of 16")
-    if swizzle is None:
-        pass
-    elif span == 0:
-        problems.append(f"swizzle {swizzle} is not one of {sorted(SWIZZLE_SPAN)}")
-    elif span is not None and inner > span:
-        problems.append(f"the box's inner dimension is {inner} bytes, past the {span}-byte swizzle")
+    if swizzle is not None:  # None: not known (a Triton that reports none), not checked
+        span = SWIZZLE_SPAN.get(swizzle, 0)
+        if span == 0:
+            problems.append(f"swizzle {swizzle} is not one of {sorted(SWIZZLE_SPAN)}")
+        elif span is not None and inner > span:
+            problems.append(f"the box's inner dimension is {inner} bytes, past the {span}-byte swizzle")
     return problems, risks
 
 
