@@ -8,7 +8,8 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        16-byte channel rows; the forward and weight gradient also zeros padding and one source).
                        auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
                        eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
-                       (stride 1, fp16/bf16, sm_90, triton 3.6) where it runs, else TMA.
+                       (fp16/bf16, and the fp32 forward as TF32; sm_90, triton 3.6 or 3.9) where it runs, else
+                       TMA.
 TCONV3D_TMA_MAPS       any (default) | strict: strict runs a TMA or Gluon launch on the pointer kernels where one of
                        its tensor maps is one that cuda.h allows but CCCL refuses (a box past the tensor's extent, a
                        stride shorter than the dimensions inside it span: utils.tensor_map_problems' risks), for a
@@ -18,10 +19,14 @@ TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an ar
 TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and norm ops of a CUDA graph hand Inductor
                        their Triton launches (torch.library.wrap_triton), so its generated code launches them itself
                        with no per-call op in Python; 0 leaves each op one opaque call (ops.py).
-"""
+
+One torch setting is read live instead, at every fp32 launch, as cuDNN reads it: whether fp32 convolutions may use
+TF32 (tf32_allowed)."""
 
 import os
 from pathlib import Path
+
+import torch
 
 # Triton decides at decoration time whether @triton.jit kernels are compiled or interpreted, so this must be
 # set before `import tconv3d`. When it is, CPU tensors run the Triton kernels through Triton's interpreter.
@@ -55,3 +60,20 @@ INDUCTOR_KERNELS = os.environ.get("TCONV3D_INDUCTOR_KERNELS", "0")
 if INDUCTOR_KERNELS not in ("0", "1"):
     raise ValueError(f"TCONV3D_INDUCTOR_KERNELS must be 0 or 1, got {INDUCTOR_KERNELS!r}")
 INDUCTOR_KERNELS = INDUCTOR_KERNELS == "1"
+
+
+# torch (2.9 on) keeps fp32 precision per backend and operator: "tf32", "ieee", or "none" (its parent's). Its
+# legacy view, torch.backends.cudnn.allow_tf32, raises once conv and rnn differ or either is "ieee" by the new API
+# (torch.backends.cudnn.conv.fp32_precision = "ieee", torch.backends.fp32_precision = "ieee").
+_CONV_PRECISION_CHAIN = (("cuda", "conv"), ("cuda", "all"), ("generic", "all"))
+
+
+def tf32_allowed() -> bool:
+    """Whether cuDNN's convolutions may multiply fp32 as TF32 now, and so tconv3d's fp32 kernels: cuDNN's conv
+    precision (torch.backends.cudnn.conv.fp32_precision), where that is "none" its parents' (cuDNN's, then every
+    backend's); "none" throughout is exact. Set by either API (allow_tf32 = False leaves "none" throughout)."""
+    for backend, op in _CONV_PRECISION_CHAIN:
+        precision = torch._C._get_fp32_precision_getter(backend, op)
+        if precision != "none":
+            return precision == "tf32"
+    return False

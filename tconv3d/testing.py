@@ -10,6 +10,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from . import settings
 from .geometry import resolve_padding, triple
 
 # Relative L2 error allowed against the float64 reference. fp16 and bf16 bounds come from rounding the result
@@ -21,20 +22,23 @@ TF32_TOLERANCE = 5e-3
 
 def tolerance(dtype: torch.dtype) -> float:
     """The bound for `dtype` under the current TF32 setting (tconv3d uses TF32 exactly when cuDNN may)."""
-    if dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+    if dtype == torch.float32 and settings.tf32_allowed():
         return TF32_TOLERANCE
     return TOLERANCE[dtype]
 
 
 @contextlib.contextmanager
 def exact_fp32():
-    """cuDNN without TF32 while inside: fp32 references take exact products."""
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
+    """cuDNN's convolutions without TF32 while inside: fp32 references take exact products. Through the
+    per-operator precision (torch.backends.cudnn.conv.fp32_precision), which a user's own setting by either API
+    leaves readable (settings.tf32_allowed)."""
+    conv = torch.backends.cudnn.conv
+    saved = conv.fp32_precision
+    conv.fp32_precision = "ieee"
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32 = saved
+        conv.fp32_precision = saved
 
 
 # Exit status of a process that left a GPU kernel hanging (hang_guard): EX_TEMPFAIL, "run me again".

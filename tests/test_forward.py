@@ -5,7 +5,8 @@ import torch
 from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_id, poison_aten_convolution
 
 import tconv3d
-from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, reference_conv3d, rel_l2
+from tconv3d import settings
+from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, reference_conv3d, rel_l2, tolerance
 
 CL = torch.channels_last_3d
 
@@ -81,6 +82,58 @@ def test_fp32_uses_tf32_exactly_when_cudnn_allows_it(device):
     assert err_tf32 < TF32_TOLERANCE
     if device == "cuda":  # the interpreter has no TF32; on a GPU it must show in the error
         assert err_tf32 > 10 * err_ieee
+
+
+# torch's fp32 precisions, parents before children (setting a parent sets its children): what a test of them saves.
+PRECISIONS = [("generic", "all"), ("cuda", "all"), ("mkldnn", "all")] + [
+    (backend, op) for backend in ("cuda", "mkldnn") for op in ("conv", "rnn", "matmul")
+]
+PRECISION_SETTINGS = {  # how a user asks, by either API -> whether cuDNN's convolutions may use TF32
+    "conv_ieee": (lambda: setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee"), False),
+    "conv_ieee_from_torch_defaults": (  # cuDNN's conv and rnn at TF32, as in a new process; then conv exact
+        lambda: (
+            setattr(torch.backends.cudnn, "allow_tf32", True),
+            setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee"),
+        ),
+        False,
+    ),
+    "cudnn_ieee": (lambda: setattr(torch.backends.cudnn, "fp32_precision", "ieee"), False),
+    "everything_ieee": (lambda: setattr(torch.backends, "fp32_precision", "ieee"), False),
+    "cudnn_tf32": (lambda: setattr(torch.backends.cudnn, "fp32_precision", "tf32"), True),
+    "conv_inherits_tf32": (
+        lambda: (
+            setattr(torch.backends, "fp32_precision", "tf32"),
+            setattr(torch.backends.cudnn.conv, "fp32_precision", "none"),
+        ),
+        True,
+    ),
+    "legacy_off": (lambda: setattr(torch.backends.cudnn, "allow_tf32", False), False),
+    "legacy_on": (lambda: setattr(torch.backends.cudnn, "allow_tf32", True), True),
+}
+
+
+@pytest.mark.parametrize("setting", PRECISION_SETTINGS)
+def test_fp32_follows_the_precision_set_by_either_api(setting, device):
+    """torch 2.9 on keeps fp32 precision per backend and operator (torch.backends.cudnn.conv.fp32_precision, ...),
+    and its legacy view torch.backends.cudnn.allow_tf32 raises once the new API set cuDNN's conv to "ieee": tconv3d
+    follows whichever API set it, as cuDNN does, and an fp32 conv (the forward, the gradients, the tolerance it is
+    judged by) never reads the view that raises."""
+    getter, setter = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
+    saved = [(backend, op, getter(backend, op)) for backend, op in PRECISIONS]
+    apply, allowed = PRECISION_SETTINGS[setting]
+    try:
+        apply()
+        assert settings.tf32_allowed() == allowed
+        case = Case("precision", 1, 16, 16, (3, 4, 5), 3, padding=1)
+        x = case.input(torch.float32, device).requires_grad_()
+        w = case.weight(torch.float32, device).requires_grad_()
+        y = tconv3d.conv3d(x, w, None, 1, 1)
+        y.backward(torch.randn_like(y))
+        assert rel_l2(y, case_reference(x.detach(), w.detach(), None, case)) < tolerance(torch.float32)
+        assert x.grad is not None and w.grad is not None
+    finally:
+        for backend, op, value in saved:
+            setter(backend, op, value)
 
 
 def test_triton_kernel_ran_not_aten(monkeypatch, device):
