@@ -421,8 +421,19 @@ class _Mma:
         acc = self.acc.mma.result if isinstance(self.acc, Pending) else _raw(self.acc)
         if acc is None:
             raise KernelFault("a wgmma retired before the group whose accumulator it took")
-        product = self.a.t.to(torch.float32) @ self.b.t.to(torch.float32)
+        product = _as_mma_operand(self.a.t) @ _as_mma_operand(self.b.t)
         self.result = (acc + product) if self.use_acc else product
+
+
+# The low mantissa bits wgmma ignores in an fp32 operand: it reads fp32 as TF32 (10 mantissa bits of 23).
+TF32_DROPPED_BITS = 0x1FFF
+
+
+def _as_mma_operand(t: torch.Tensor) -> torch.Tensor:
+    """An operand as wgmma's multipliers take it, in fp32: 16-bit floats exactly, fp32 truncated to TF32."""
+    if t.dtype == torch.float32:
+        return (t.contiguous().view(torch.int32) & ~TF32_DROPPED_BITS).view(torch.float32)
+    return t.to(torch.float32)
 
 
 class _Program:
@@ -744,6 +755,12 @@ def _warpgroup_mma(a, b, acc, *, use_acc=True, precision=None, max_num_imprecise
         raise KernelFault(f"wgmma shapes: A {m}x{k}, B {k2}x{n}, accumulator {tuple(shape)}")
     if a.t.dtype != b.t.dtype:
         raise KernelFault(f"wgmma operands of two dtypes: {a.t.dtype}, {b.t.dtype}")
+    # wgmma reads an fp32 (TF32) operand from shared memory only K-major: A [M, K] and B [K, N] with K innermost.
+    if a.t.dtype == torch.float32 and (a.t.stride(1) != 1 or b.t.stride(0) != 1):
+        raise KernelFault(
+            f"wgmma takes fp32 operands only K-major: A {m}x{k} strides {a.t.stride()}, B {k2}x{n} strides "
+            f"{b.t.stride()}"
+        )
     mma = _Mma(a, b, acc, bool(use_acc))
     program.mmas.append(mma)
     if not is_async:

@@ -103,6 +103,44 @@ def test_gluon_unavailable_is_explained(gluon, device):
     assert not gluon  # explain launches nothing
 
 
+@pytest.mark.parametrize("index", [0, 2])
+def test_gluon_fp32_forward_as_tf32(index, gluon, monkeypatch, device):
+    """fp32 with TF32 allowed (cuDNN's default): the forward on the Gluon kernel (wgmma reading fp32 as TF32), the
+    gradients on the TMA kernel, within the TF32 bound of float64. On CPU the interpreter runs the TMA kernel in
+    the Gluon one's place (tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    ours, expected = conv_and_reference(TMA_CASES[index], torch.float32, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert gluon == [("gluon" if gluon_runs(device) else "tma", "fwd"), ("tma", "dgrad"), ("tma", "wgrad")]
+
+
+def test_fp32_gluon_forward_needs_tf32(monkeypatch):
+    """The choice follows torch.backends.cudnn.allow_tf32 at every launch, memoised per setting: a table's fp32
+    Gluon entry runs on the TMA kernel (exact products) while TF32 is off, and on the Gluon kernel again once it is
+    on; explain says why."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    monkeypatch.setattr(choice, "_memo", {})
+    geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
+    entry = configs.with_gluon(KernelConfig(128, 64, 32, 4, 3), geom, "fwd")
+
+    def from_table(direction, geom, dtype, device, run):
+        return choice.force_variant(direction, geom, dtype, entry, "auto", True)
+
+    monkeypatch.setattr(choice, "_select", from_table)
+    cpu = torch.device("cpu")
+    variants = []
+    for allowed in (True, False, True):
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allowed)
+        variants.append(choice.pick_config("fwd", geom, torch.float32, cpu).variant)
+    assert variants == ["gluon", "tma", "gluon"]
+    assert choice.pick_config("fwd", geom, torch.bfloat16, cpu).variant == "gluon"  # 16-bit: whatever the setting
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(settings, "INTERPRET", False)  # what an sm_90 device would be told
+    monkeypatch.setattr(configs, "compute_capability", lambda device: configs.GLUON_CAPABILITY)
+    assert "may not use TF32" in choice.gluon_unavailable("fwd", geom, torch.float32, torch.device("cuda"))
+
+
 def test_gluon_config_field_round_trips_and_is_checked():
     config = KernelConfig(128, 256, 64, 8, 3, tma_box_w=16, gluon=1)
     assert KernelConfig.from_dict(config.to_dict()) == config and config.variant == "gluon"
@@ -133,7 +171,10 @@ def test_force_variant_rules(monkeypatch):
         forced = force(direction, torch.bfloat16, "gluon")
         assert forced.variant == "gluon" and configs.gluon_takes(forced) and forced.tma_box_w == 16
         assert force(direction, torch.bfloat16, "gluon", runs=False).variant == "tma"  # no sm_90 / Triton 3.6
-        assert force(direction, torch.float32, "gluon").variant == "tma"  # 16-bit only
+        assert force(direction, torch.float32, "gluon").variant == "tma"  # exact fp32 (the tests' default)
+        with monkeypatch.context() as tf32:
+            tf32.setattr(torch.backends.cudnn, "allow_tf32", True)  # fp32 as TF32: the forward's operands only
+            assert force(direction, torch.float32, "gluon").variant == ("gluon" if direction == "fwd" else "tma")
         assert force(direction, torch.bfloat16, "tma", config=forced).variant == "tma"
         assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
@@ -159,6 +200,11 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     assert twins and all(configs.gluon_takes(c) and c.tma_box_w for c in twins)
     assert any((c.block_m, c.block_n, c.num_warps) == (128, 256, 8) for c in twins)  # the Hopper GEMM tile
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
+    for direction in ("dgrad", "wgrad"):  # their fp32 boxes reach wgmma M- or N-major
+        assert not any(c.gluon for c in configs.candidates(direction, geom, torch.float32, 227 * 1024, True, True))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     wgrad = [c for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True) if c.gluon]
     assert wgrad and any(c.split_k > 1 for c in wgrad) and all(configs.gluon_takes(c) for c in wgrad)
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.bfloat16, 227 * 1024, True, False))

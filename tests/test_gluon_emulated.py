@@ -14,14 +14,15 @@ import dataclasses
 import pytest
 import torch
 from gluon_emulator import KernelFault, emulating
-from helpers import conv_and_reference
+from helpers import case_reference, conv_and_reference
 from test_tma import TMA_CASES, UNALIGNED_OUTPUT
 
+import tconv3d
 from tconv3d import settings
 from tconv3d.geometry import check_conv3d
 from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
-from tconv3d.testing import rel_l2, tolerance
+from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, rel_l2, tolerance
 from tconv3d.tune import choice, configs
 
 pytestmark = [
@@ -90,6 +91,45 @@ def test_emulated_gluon_kernels_in_fp16(case, mode, emulator):
     emulator.mode = MODES[mode]
     _check(case, torch.float16, emulator)
     assert sum(emulator.launches.values()) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", [TMA_CASES[0], TMA_CASES[2], UNALIGNED_OUTPUT[0]], ids=lambda c: c.name)
+def test_emulated_gluon_fp32_forward_as_tf32(case, mode, emulator, monkeypatch):
+    """fp32 with TF32 allowed (cuDNN's default): the forward on the Gluon kernel, its operands read as TF32 (the
+    emulator drops the low 13 mantissa bits, as wgmma does); the gradients on the TMA or pointer kernels (fp32 boxes
+    there are not K-major for wgmma). Within the TF32 bound, and far from exact fp32: TF32 is what ran."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    emulator.mode = MODES[mode]
+    _check(case, torch.float32, emulator)
+    assert [d for d, c in emulator.configs if c.gluon] == ["fwd"] and emulator.launches == {"_conv3d_gluon_kernel": 1}
+    x, w = case.input(torch.float32, "cpu", CL), case.weight(torch.float32, "cpu")
+    y = tconv3d.conv3d(x, w, None, case.stride, case.padding, case.dilation)  # on the emulator, as above
+    y64 = case_reference(x.double(), w.double(), None, case)
+    assert TOLERANCE[torch.float32] < rel_l2(y, y64) < TF32_TOLERANCE
+
+
+def test_exact_fp32_keeps_the_forward_off_the_gluon_kernel(emulator):
+    """allow_tf32 off (the tests' default): no Gluon launch in fp32, and the TMA kernel's products are exact."""
+    assert not torch.backends.cudnn.allow_tf32
+    _check(TMA_CASES[0], torch.float32, emulator)
+    assert [c.variant for _, c in emulator.configs] == ["tma"] * 3 and not emulator.launches
+
+
+@pytest.mark.parametrize("direction", ["dgrad", "wgrad"])
+def test_emulator_refuses_fp32_operands_that_are_not_k_major(direction, monkeypatch):
+    """Why only the fp32 forward runs on the Gluon kernel: forced there, the input gradient's weight box and the
+    weight gradient's grad_out box reach wgmma M- or N-major, which it reads only in 16-bit dtypes."""
+    x = torch.randn(1, 16, 2, 4, 16).contiguous(memory_format=CL)
+    w = torch.randn(16, 16, 3, 3, 3).contiguous(memory_format=CL)
+    grad_out = torch.randn(1, 16, 2, 4, 16).contiguous(memory_format=CL)
+    geom = check_conv3d(x, w, None, [1] * 3, [1] * 6, [1] * 3, 1)
+    config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3), geom, direction)
+    with emulating(monkeypatch), pytest.raises(KernelFault, match="K-major"):
+        if direction == "dgrad":
+            conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+        else:
+            conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -699,11 +699,12 @@ def _register_limit(config: KernelConfig) -> dict:
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
 ) -> None:
-    """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in),
-    at strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials)
-    their fp32 partial sums of `split_steps` K steps each. src is 16-bit, both tensors have unit-stride channels
-    and TMA-aligned strides; dst is written whole. The tuning layer (tconv3d/tune/) offers this variant only where
-    UNAVAILABLE is None."""
+    """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
+    strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
+    partial sums of `split_steps` K steps each. src is 16-bit, or fp32 in the forward (read as TF32: wgmma's fp32
+    operands must be K-major, which the forward's are and the input gradient's weight is not); both tensors have
+    unit-stride channels and TMA-aligned strides; dst is written whole. The tuning layer (tconv3d/tune/) offers this
+    variant only where UNAVAILABLE is None."""
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor
     )

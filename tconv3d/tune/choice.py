@@ -22,7 +22,7 @@ from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
-from ..kernels.utils import RiskyTensorMap, address_aligned, tma_aligned
+from ..kernels.utils import RiskyTensorMap, address_aligned, exact_fp32, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
     default_config,
@@ -95,6 +95,15 @@ def _gluon_runs(device: torch.device) -> bool:
 _memo: dict = {}
 
 
+def _memo_key(direction: str, geom: ConvGeometry, dtype: torch.dtype, device: torch.device) -> tuple:
+    """A problem's key in the memo. fp32 problems carry whether TF32 is allowed (settings.tf32_allowed, read at
+    every launch as cuDNN reads it): the Gluon kernel takes fp32 only as TF32 (configs.gluon_eligible), so the
+    choice may differ with it."""
+    if dtype == torch.float32:
+        return direction, geom, dtype, device, settings.tf32_allowed()
+    return direction, geom, dtype, device
+
+
 def _select_with_source(direction, geom, dtype, device, run) -> tuple[KernelConfig, str]:
     if device.type != "cuda":
         config, source = default_config(direction, geom, dtype, device), "interpreter"
@@ -130,7 +139,7 @@ def pick_config(
     TCONV3D_AUTOTUNE=1 tune a key no table holds on its first use. Memoised per problem."""
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
-    memo_key = (direction, geom, dtype, device)
+    memo_key = _memo_key(direction, geom, dtype, device)
     config = _memo.get(memo_key)
     if config is None:
         config = _memo[memo_key] = _select(direction, geom, dtype, device, run)
@@ -168,7 +177,7 @@ def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor 
         return run(config)
     except RiskyTensorMap:  # raised while the launcher built its descriptors: nothing has run
         pointer = dataclasses.replace(config, tma_box_w=0, gluon=0)
-        _memo[(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
+        _memo[_memo_key(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
         return run(pointer)
     except RuntimeError as error:
         if config.tma_box_w and "tensor map descriptor" in str(error):
@@ -193,7 +202,7 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     if (
         first.device.type == "cuda"
         and settings.AUTOTUNE
-        and (direction, geom, first.dtype, first.device) not in _memo
+        and _memo_key(direction, geom, first.dtype, first.device) not in _memo
         and tuning_key(direction, geom, first.dtype) not in tables.device_table(first.device)
     ):
         return "TCONV3D_AUTOTUNE=1 and no tuned config yet: the op tunes it on its first call"
@@ -219,7 +228,7 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
         if not runs_triton:
             plan[direction] = {"variant": "aten", "config": None, "source": "aten"}
             continue
-        key = (direction, geom, input.dtype, input.device)
+        key = _memo_key(direction, geom, input.dtype, input.device)
         tunes = input.device.type == "cuda" and settings.AUTOTUNE
         if tunes and tuning_key(direction, geom, input.dtype) not in tables.device_table(input.device):
             plan[direction] = {"variant": "pending", "config": None, "source": "first-use tuning"}
@@ -248,6 +257,11 @@ def gluon_unavailable(direction: str, geom: ConvGeometry, dtype: torch.dtype, de
         return "the Gluon kernel runs only compiled, on a CUDA device (Triton's interpreter cannot run Gluon)"
     if configs.compute_capability(device) != configs.GLUON_CAPABILITY:
         return f"the Gluon kernel is wgmma code for sm_90; this device is sm_{configs.compute_capability(device)}"
+    if exact_fp32(dtype):
+        return "its wgmma reads fp32 only as TF32, and cuDNN's convolutions may not use TF32 now (allow_tf32 off)"
     if not gluon_eligible(direction, geom, dtype):
-        return "it runs the TMA variant's problems (configs.tma_eligible) in fp16/bf16; not this launch"
+        return (
+            "it runs the TMA variant's problems (configs.tma_eligible) in fp16/bf16, and their forward in fp32 "
+            "(as TF32); not this launch"
+        )
     return "the problem's TMA operands are not 16-byte aligned"

@@ -25,7 +25,7 @@ from ..kernels.config import (
     split_rows,
 )
 from ..kernels.conv_tma import MAX_PHASES
-from ..kernels.utils import cdiv
+from ..kernels.utils import cdiv, exact_fp32
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -503,14 +503,15 @@ GLUON_CAPABILITY = 90
 
 
 def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
-    """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (tma_eligible),
-    in 16-bit dtypes (wgmma reads an fp32 operand only as TF32 K-major, which the input
-    gradient's weight box and both weight-gradient boxes are not)."""
-    return (
-        conv_gluon.UNAVAILABLE is None
-        and dtype in (torch.bfloat16, torch.float16)
-        and tma_eligible(direction, geom, dtype)
-    )
+    """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (tma_eligible), in
+    16-bit dtypes, and the fp32 forward where TF32 products are allowed (torch.backends.cudnn.allow_tf32, as
+    cuDNN's): wgmma reads fp32 operands only as TF32 and only K-major, which the forward's input box and weight
+    box are (channels innermost), and the input gradient's weight box and both weight-gradient boxes are not."""
+    if dtype == torch.float32:
+        runs = direction == "fwd" and not exact_fp32(dtype)
+    else:
+        runs = dtype in (torch.bfloat16, torch.float16)
+    return conv_gluon.UNAVAILABLE is None and runs and tma_eligible(direction, geom, dtype)
 
 
 def gluon_takes(config: KernelConfig) -> bool:
