@@ -5,8 +5,8 @@ SMs for the persistent one so that its programs walk several tiles) as the tuner
 
     python tests/gluon_candidates.py --cases down_s2,last_cout3 [--directions fwd,dgrad] [--dtype bf16]
 
-fp32 runs the configs of the forward (as TF32, torch.backends.cudnn.allow_tf32 being on by default): the other
-directions have no Gluon config in fp32.
+fp32 runs as TF32 (on by default in torch, as cuDNN's): the forward and the input gradient; the weight gradient
+has no Gluon config in fp32.
 
 Seconds to minutes a layer and direction on a CPU: a tool for changes to conv_gluon.py (and the tuner's space), not
 a test. Exits 1 if any config fails."""
@@ -80,7 +80,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="", help="comma-separated bench cases (default: all)")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="fp32: the forward, as TF32")
+    parser.add_argument(
+        "--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="fp32: as TF32, not the weight gradient"
+    )
     args = parser.parse_args(argv)
     if conv_gluon.UNAVAILABLE is not None:
         print(conv_gluon.UNAVAILABLE)

@@ -104,15 +104,17 @@ def test_gluon_unavailable_is_explained(gluon, device):
 
 
 @pytest.mark.parametrize("index", [0, 2])
-def test_gluon_fp32_forward_as_tf32(index, gluon, monkeypatch, device):
-    """fp32 with TF32 allowed (cuDNN's default): the forward on the Gluon kernel (wgmma reading fp32 as TF32), the
-    gradients on the TMA kernel, within the TF32 bound of float64. On CPU the interpreter runs the TMA kernel in
-    the Gluon one's place (tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
+def test_gluon_fp32_as_tf32(index, gluon, monkeypatch, device):
+    """fp32 with TF32 allowed (cuDNN's default): the forward and the input gradient (over a transposed copy of the
+    weight) on the Gluon kernel, wgmma reading fp32 as TF32; the weight gradient on the TMA kernel; within the TF32
+    bound of float64. On CPU the interpreter runs the TMA kernel in the Gluon one's place
+    (tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     ours, expected = conv_and_reference(TMA_CASES[index], torch.float32, device)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
-    assert gluon == [("gluon" if gluon_runs(device) else "tma", "fwd"), ("tma", "dgrad"), ("tma", "wgrad")]
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), ("tma", "wgrad")]
 
 
 def test_fp32_gluon_forward_needs_tf32(monkeypatch):
@@ -173,8 +175,8 @@ def test_force_variant_rules(monkeypatch):
         assert force(direction, torch.bfloat16, "gluon", runs=False).variant == "tma"  # no sm_90 / Triton 3.6
         assert force(direction, torch.float32, "gluon").variant == "tma"  # exact fp32 (the tests' default)
         with monkeypatch.context() as tf32:
-            tf32.setattr(torch.backends.cudnn, "allow_tf32", True)  # fp32 as TF32: the forward's operands only
-            assert force(direction, torch.float32, "gluon").variant == ("gluon" if direction == "fwd" else "tma")
+            tf32.setattr(torch.backends.cudnn, "allow_tf32", True)  # fp32 as TF32: K-major operands, not wgrad's
+            assert force(direction, torch.float32, "gluon").variant == ("tma" if direction == "wgrad" else "gluon")
         assert force(direction, torch.bfloat16, "tma", config=forced).variant == "tma"
         assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
@@ -201,9 +203,10 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     assert any((c.block_m, c.block_n, c.num_warps) == (128, 256, 8) for c in twins)  # the Hopper GEMM tile
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
-    for direction in ("dgrad", "wgrad"):  # their fp32 boxes reach wgmma M- or N-major
-        assert not any(c.gluon for c in configs.candidates(direction, geom, torch.float32, 227 * 1024, True, True))
+    for direction in ("fwd", "dgrad"):
+        assert any(c.gluon for c in configs.candidates(direction, geom, torch.float32, 227 * 1024, True, True))
+    # the weight gradient's fp32 boxes reach wgmma M- and N-major
+    assert not any(c.gluon for c in configs.candidates("wgrad", geom, torch.float32, 227 * 1024, True, True))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     wgrad = [c for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True) if c.gluon]
     assert wgrad and any(c.split_k > 1 for c in wgrad) and all(configs.gluon_takes(c) for c in wgrad)

@@ -95,14 +95,18 @@ def test_emulated_gluon_kernels_in_fp16(case, mode, emulator):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", [TMA_CASES[0], TMA_CASES[2], UNALIGNED_OUTPUT[0]], ids=lambda c: c.name)
-def test_emulated_gluon_fp32_forward_as_tf32(case, mode, emulator, monkeypatch):
-    """fp32 with TF32 allowed (cuDNN's default): the forward on the Gluon kernel, its operands read as TF32 (the
-    emulator drops the low 13 mantissa bits, as wgmma does); the gradients on the TMA or pointer kernels (fp32 boxes
-    there are not K-major for wgmma). Within the TF32 bound, and far from exact fp32: TF32 is what ran."""
+def test_emulated_gluon_fp32_as_tf32(case, mode, emulator, monkeypatch):
+    """fp32 with TF32 allowed (cuDNN's default): the forward and the input gradient on the Gluon kernel, operands
+    read as TF32 (the emulator drops the low 13 mantissa bits, as wgmma does), the input gradient over the weight
+    transposed to [Cin, taps, Cout] (wgmma reads fp32 only K-major); the weight gradient on the TMA kernel. Within
+    the TF32 bound, and far from exact fp32: TF32 is what ran. At 3 output channels only the forward is
+    TMA-describable."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     emulator.mode = MODES[mode]
     _check(case, torch.float32, emulator)
-    assert [d for d, c in emulator.configs if c.gluon] == ["fwd"] and emulator.launches == {"_conv3d_gluon_kernel": 1}
+    on_gluon = ["fwd"] if case.cout == 3 else ["fwd", "dgrad"]
+    assert [d for d, c in emulator.configs if c.gluon] == on_gluon
+    assert emulator.launches == {"_conv3d_gluon_kernel": len(on_gluon)}
     x, w = case.input(torch.float32, "cpu", CL), case.weight(torch.float32, "cpu")
     y = tconv3d.conv3d(x, w, None, case.stride, case.padding, case.dilation)  # on the emulator, as above
     y64 = case_reference(x.double(), w.double(), None, case)
@@ -110,26 +114,41 @@ def test_emulated_gluon_fp32_forward_as_tf32(case, mode, emulator, monkeypatch):
 
 
 def test_exact_fp32_keeps_the_forward_off_the_gluon_kernel(emulator):
-    """allow_tf32 off (the tests' default): no Gluon launch in fp32, and the TMA kernel's products are exact."""
-    assert not torch.backends.cudnn.allow_tf32
+    """TF32 off (the tests' default): no Gluon launch in fp32, and the TMA kernel's products are exact."""
+    assert not settings.tf32_allowed()
     _check(TMA_CASES[0], torch.float32, emulator)
     assert [c.variant for _, c in emulator.configs] == ["tma"] * 3 and not emulator.launches
 
 
-@pytest.mark.parametrize("direction", ["dgrad", "wgrad"])
-def test_emulator_refuses_fp32_operands_that_are_not_k_major(direction, monkeypatch):
-    """Why only the fp32 forward runs on the Gluon kernel: forced there, the input gradient's weight box and the
-    weight gradient's grad_out box reach wgmma M- or N-major, which it reads only in 16-bit dtypes."""
+def _fp32_problem(direction):
     x = torch.randn(1, 16, 2, 4, 16).contiguous(memory_format=CL)
     w = torch.randn(16, 16, 3, 3, 3).contiguous(memory_format=CL)
     grad_out = torch.randn(1, 16, 2, 4, 16).contiguous(memory_format=CL)
     geom = check_conv3d(x, w, None, [1] * 3, [1] * 6, [1] * 3, 1)
-    config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3), geom, direction)
+    return x, w, grad_out, geom, configs.with_gluon(KernelConfig(64, 16, 16, 4, 3), geom, direction)
+
+
+def test_emulator_refuses_fp32_operands_that_are_not_k_major(monkeypatch):
+    """Why the fp32 weight gradient stays off the Gluon kernel: forced there, its grad_out box reaches wgmma
+    M-major, which it reads only in 16-bit dtypes."""
+    x, _, grad_out, geom, config = _fp32_problem("wgrad")
     with emulating(monkeypatch), pytest.raises(KernelFault, match="K-major"):
-        if direction == "dgrad":
+        conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config)
+
+
+def test_fp32_input_gradient_needs_the_transposed_weight(monkeypatch):
+    """The fp32 input gradient on the Gluon kernel with the weight box as stored (N-major, as the 16-bit kernels
+    read it) instead of the transposed copy: refused, as wgmma would refuse it; with the copy it matches float64."""
+    x, w, grad_out, geom, config = _fp32_problem("dgrad")
+    want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
+    with emulating(monkeypatch):
+        got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+        assert rel_l2(got, want) < TF32_TOLERANCE
+        real_descriptors, real_launch = conv_gluon.patch_descriptors, conv_gluon.launch
+        monkeypatch.setattr(conv_gluon, "patch_descriptors", lambda *a, weight_transposed: real_descriptors(*a))
+        monkeypatch.setattr(conv_gluon, "launch", lambda *a, **k: real_launch(*a, **{**k, "W_TRANSPOSED": False}))
+        with pytest.raises(KernelFault, match="K-major"):
             conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
-        else:
-            conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config)
 
 
 @pytest.mark.parametrize("mode", MODES)

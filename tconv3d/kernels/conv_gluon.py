@@ -109,11 +109,13 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
-    def _stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
-        """Stage `index` as the wgmma's operands, views of the boxes in shared memory. Forward and input gradient:
-        A [BLOCK_M, BLOCK_K] from the 5-D source box, B [BLOCK_K, BLOCK_N] from the weight box (used transposed in
-        the forward). Weight gradient: A [BLOCK_M, BLOCK_K] the grad_out box read M-major (a transposed view), B
-        [BLOCK_K, BLOCK_N] the input box as it landed, BLOCK_K = the box's voxels."""
+    def _stage_operands(a_ring, b_ring, index, W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
+        """Stage `index` as the wgmma's operands, views of the boxes in shared memory. Forward and input gradient: A
+        [BLOCK_M, BLOCK_K] from the 5-D source box, B [BLOCK_K, BLOCK_N] from the weight box: as it landed where the box
+        is [BLOCK_K, 1, BLOCK_N] (W_KN: the input gradient's, N-major), else used transposed (the forward's and the
+        input gradient's over a transposed weight: K-major, as wgmma takes fp32). Weight gradient: A [BLOCK_M, BLOCK_K]
+        the grad_out box read M-major (a transposed view), B [BLOCK_K, BLOCK_N] the input box as it landed, BLOCK_K =
+        the box's voxels."""
         if WEIGHT_GRAD:
             BLOCK_K: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
             a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]]).permute((1, 0))
@@ -122,7 +124,7 @@ if UNAVAILABLE is None:
             BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
             BLOCK_K: gl.constexpr = a_ring.type.shape[5]
             a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
-            if INPUT_GRAD:
+            if W_KN:
                 b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
             else:
                 b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
@@ -130,7 +132,7 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc,
-                       INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
+                       W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
         """A warp-specialized consumer's K loop over one tile: `steps` stages from ring position `it` on, each
         waited for, wgmma'd from shared memory with one group in flight and handed back to the producer (on
         `empty`) once the group after it has been issued. Returns the finished accumulator and the ring position."""
@@ -138,7 +140,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = it % STAGES
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD, WEIGHT_GRAD)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, WEIGHT_GRAD)
             acc = _mma_one_in_flight(a, b, acc)
             # The previous step's group has finished: its stage may be refilled.
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -195,10 +197,12 @@ if UNAVAILABLE is None:
         src_views, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, pred,
+        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, pred,
     ):  # fmt: skip
         """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
-        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block)."""
+        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block): [c0, tap, n0] of the
+        weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the forward's; the input
+        gradient's over the weight transposed to [Cin, taps, Cout])."""
         tap, c0, src_d, view, row, col = step_box(
             step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
@@ -206,9 +210,11 @@ if UNAVAILABLE is None:
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
         if INPUT_GRAD:  # one source view: grad_out
             _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
-            _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
             _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W)
+        if W_KN:
+            _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
+        else:
             _tma_load(w_desc, [n0, tap, c0], bar, b_buf, pred)
 
     @gluon.jit
@@ -216,32 +222,32 @@ if UNAVAILABLE is None:
         src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, mma_layout: gl.constexpr,
+        BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
         finished group read. Returns the accumulator, the ring's barriers put away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
-        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             _issue_loads(
                 src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, s < steps,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, INPUT_GRAD, False)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, False)
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_loads(
                 src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
                 k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, ahead < steps,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
@@ -311,7 +317,8 @@ if UNAVAILABLE is None:
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, mma_layout: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
+        mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
@@ -319,7 +326,7 @@ if UNAVAILABLE is None:
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = BOX_H * BOX_W
-        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -328,7 +335,7 @@ if UNAVAILABLE is None:
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, INPUT_GRAD, False)
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False)
             tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
             _store_tile(
                 acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
@@ -342,6 +349,7 @@ if UNAVAILABLE is None:
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
+        W_KN: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
@@ -350,7 +358,7 @@ if UNAVAILABLE is None:
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
-        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if INPUT_GRAD else b_ring.type.shape[1]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -364,14 +372,16 @@ if UNAVAILABLE is None:
                 _issue_loads(
                     src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
                     k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                    STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, True,
+                    STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True,
                 )  # fmt: skip
                 it += 1
 
     @gluon.jit
     def _conv3d_gluon_kernel(
         # TMA descriptors: src as [N, D, H, W, C_RED] (boxes [1, 1, BOX_H, BOX_W, BLOCK_K]), the weight as
-        # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient), dst as
+        # [Cout, taps, Cin] (boxes [BLOCK_N, 1, BLOCK_K] forward, [BLOCK_K, 1, BLOCK_N] input gradient; with
+        # W_TRANSPOSED, the input gradient's weight transposed to [Cin, taps, Cout], boxes [BLOCK_N, 1, BLOCK_K]:
+        # K-major, as wgmma reads fp32 operands), dst as
         # [splits x N, D, H, W, C_COLS] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]). At a stride in H or W the strided
         # operand (src forward, dst input gradient) comes as its phase views, in tap_box's order: src_desc or
         # dst_desc the first, view1..3 the others (None past the last). live_ptr: the input gradient's live-tap
@@ -384,7 +394,7 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-        DST_PTR: gl.constexpr, num_warps: gl.constexpr,
+        DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -402,7 +412,8 @@ if UNAVAILABLE is None:
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
-        BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if INPUT_GRAD else w_desc.block_type.shape[0]
+        W_KN: gl.constexpr = INPUT_GRAD and not W_TRANSPOSED  # the weight box is [BLOCK_K, 1, BLOCK_N]
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if W_KN else w_desc.block_type.shape[0]
         dtype: gl.constexpr = src_desc.dtype
         src_views = (src_desc, view1, view2, view3)  # the forward's phase views (the input gradient reads one)
         dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
@@ -434,10 +445,11 @@ if UNAVAILABLE is None:
                 [
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
                                   k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
-                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, mma_layout)),
+                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
-                                   DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)),
+                                   DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
+                                   W_KN)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -455,7 +467,7 @@ if UNAVAILABLE is None:
             acc = _pipelined_steps(
                 src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
-                mma_layout,
+                W_KN, mma_layout,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             if DST_PTR:
@@ -701,12 +713,13 @@ def conv3d_gluon(
 ) -> None:
     """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
     strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
-    partial sums of `split_steps` K steps each. src is 16-bit, or fp32 in the forward (read as TF32: wgmma's fp32
-    operands must be K-major, which the forward's are and the input gradient's weight is not); both tensors have
+    partial sums of `split_steps` K steps each. src is 16-bit, or fp32 (read as TF32; wgmma's fp32 operands must be
+    K-major, so the input gradient reads a copy of the weight transposed to [Cin, taps, Cout]); both tensors have
     unit-stride channels and TMA-aligned strides; dst is written whole. The tuning layer (tconv3d/tune/) offers this
     variant only where UNAVAILABLE is None."""
+    transposed = input_grad and src.dtype == torch.float32  # wgmma's fp32 (TF32) operands are K-major only
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
-        src, weight, dst, geom, config, input_grad, _gluon_descriptor
+        src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed
     )
     splits = grid[2]
     if config.gluon == 2:  # persistent: one program per SM walks the tiles
@@ -719,7 +732,8 @@ def conv3d_gluon(
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
-        WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, num_warps=config.num_warps, **_register_limit(config),
+        WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed, num_warps=config.num_warps,
+        **_register_limit(config),
     )  # fmt: skip
 
 

@@ -259,17 +259,25 @@ def _live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Te
     return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
 
 
-def patch_descriptors(src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make):
+def patch_descriptors(
+    src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make, weight_transposed=False
+):
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: the
     descriptors (src, w, dst, the strided operand's other phase views), the input gradient's live-tap table at a
     stride (else None), the grid (patches, column blocks, splits: dst holds src's batch once per split), the
     (reduced, columns) channel counts, the extent of the patches' volume (dst's, or a strided input gradient's
-    largest phase) and the stride."""
+    largest phase) and the stride. `weight_transposed` (the input gradient): the weight copied to [Cin, taps,
+    Cout] and described in [BLOCK_N, 1, BLOCK_K] boxes, reduction innermost, as wgmma takes fp32 operands."""
     box_h, box_w = config.tma_box(config.block_m)
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
-    weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
-    w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
-    w_desc = tensor_descriptor(weight, (c_out, taps, c_in), (taps * c_in, c_in, 1), w_box, make)
+    if weight_transposed:  # (Cin, taps, Cout) in memory: one copy of the weight a launch
+        weight = weight.transpose(0, 1).contiguous(memory_format=torch.channels_last_3d)
+        w_shape, w_box = (c_in, taps, c_out), (config.block_n, 1, config.block_k)
+    else:
+        weight = weight.contiguous(memory_format=torch.channels_last_3d)  # (Cout, taps, Cin) in memory
+        w_shape = (c_out, taps, c_in)
+        w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
+    w_desc = tensor_descriptor(weight, w_shape, (taps * w_shape[2], w_shape[2], 1), w_box, make)
     stride = tuple(geom.stride)
     src_box, dst_box = (1, 1, box_h, box_w, config.block_k), (1, 1, box_h, box_w, config.block_n)
     batch = src.shape[0]

@@ -261,7 +261,7 @@ def gluon_unavailable(direction: str, geom: ConvGeometry, dtype: torch.dtype, de
         return "its wgmma reads fp32 only as TF32, and cuDNN's convolutions may not use TF32 now (allow_tf32 off)"
     if not gluon_eligible(direction, geom, dtype):
         return (
-            "it runs the TMA variant's problems (configs.tma_eligible) in fp16/bf16, and their forward in fp32 "
-            "(as TF32); not this launch"
+            "it runs the TMA variant's problems (configs.tma_eligible) in fp16/bf16, and in fp32 (as TF32) their "
+            "forward and input gradient; not this launch"
         )
     return "the problem's TMA operands are not 16-byte aligned"
