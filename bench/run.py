@@ -77,16 +77,33 @@ def graph_ms(fn) -> float:
 
 
 def measure_peaks() -> dict:
+    """The device's matmul peaks (bf16, and fp32 as TF32: the one fp32 convolutions run at where cuDNN may use
+    TF32) and copy bandwidth, measured in this run."""
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mm_ms = bench_ms(lambda: a @ b)
+    a32, b32 = a.float(), b.float()
+    matmul = torch.backends.cuda.matmul
+    saved, matmul.fp32_precision = matmul.fp32_precision, "tf32"
+    try:
+        tf32_ms = bench_ms(lambda: a32 @ b32)
+    finally:
+        matmul.fp32_precision = saved
     src = torch.empty(1 << 30, device="cuda", dtype=torch.uint8).random_()
     dst = torch.empty_like(src)
     copy_ms = bench_ms(lambda: dst.copy_(src))
     return {
         "bf16_mm_tflops": round(2 * n**3 / mm_ms * 1e-9, 1),
+        "tf32_mm_tflops": round(2 * n**3 / tf32_ms * 1e-9, 1),
         "copy_tbps": round(2 * src.numel() / copy_ms * 1e-9, 3),
     }
+
+
+def peak_for(peaks: dict, dtype_name: str) -> float | None:
+    """The matmul peak a case in `dtype_name` is quoted against: TF32's for fp32 (tconv3d and cuDNN multiply fp32
+    as TF32 where allowed, as they are by default), bf16's for the 16-bit dtypes. None where the run measured no
+    such peak (results from before the TF32 peak was measured)."""
+    return peaks.get("tf32_mm_tflops" if dtype_name == "fp32" else "bf16_mm_tflops")
 
 
 def peak_memory_mb(fn) -> float:
@@ -168,7 +185,7 @@ def tconv3d_error(shape: ConvShape, dtype, direction: str) -> float:
 
 
 def bench_case(
-    shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float, graphs: bool = True
+    shape: ConvShape, dtype_name: str, direction: str, impls, peak_tflops: float | None, graphs: bool = True
 ) -> dict:
     dtype = DTYPES_BY_NAME[dtype_name]
     flops = shape.flops(direction)
@@ -375,7 +392,7 @@ def main(argv=None) -> int:
         "cases": [],
     }
     for index, (shape, dtype_name, direction) in enumerate(plan, start=1):
-        case = bench_case(shape, dtype_name, direction, impls, peak["bf16_mm_tflops"], args.graphs)
+        case = bench_case(shape, dtype_name, direction, impls, peak_for(peak, dtype_name), args.graphs)
         results["cases"].append(case)
         ratio = report.speedup(case)
         tconv3d_ms = case["impls"].get("tconv3d", {}).get("ms")

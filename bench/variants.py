@@ -8,8 +8,8 @@ to TMA (its choice of box, and both the 16-wide patch and the one-row box) and t
 tile 128x256x64 with 8 warps, and both with the warp-specialized TMA producer), and split-K against none where
 the grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is
 reported as such and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN
-on channels_last_3d tensors and the bf16 matmul peak measured in the same run. It answers the question
-bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
+on channels_last_3d tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers
+the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tconv3d.testing import exact_fp32, hang_guard, random_conv_inputs, rel_l2, 
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
-from .run import bench_ms, measure_peaks
+from .run import bench_ms, measure_peaks, peak_for
 
 CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
@@ -72,7 +72,7 @@ def measure_case(
     shape: ConvShape,
     dtype_name: str,
     direction: str,
-    peak_tflops: float,
+    peak_tflops: float | None,
     emit,
     done: dict[str, dict] | None = None,
     compiled=lambda launch: None,
@@ -109,7 +109,7 @@ def measure_case(
 
     def timed(row: dict, ms: float) -> dict:
         tflops = flops / ms * 1e-9
-        return {**row, "ms": ms, "tflops": tflops, "pct_peak": 100 * tflops / peak_tflops,
+        return {**row, "ms": ms, "tflops": tflops, "pct_peak": 100 * tflops / peak_tflops if peak_tflops else None,
                 "speedup_vs_cudnn": cudnn_ms / ms}  # fmt: skip
 
     cudnn_ms = done["cudnn_cl3d"]["ms"] if "cudnn_cl3d" in done else bench_ms(cudnn)
@@ -141,6 +141,10 @@ def measure_case(
         emit(row)
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def table(rows: list[dict], header: bool = True) -> str:
     title = (
         f"{'case':14} {'dtype':5} {'dir':5} {'impl':14} {'variant':8} {'ms':>8} {'TFLOP/s':>8} {'%peak':>6} "
@@ -153,7 +157,8 @@ def table(rows: list[dict], header: bool = True) -> str:
             lines.append(f"{start} FAILED: {r['failed']}")
         else:
             lines.append(
-                f"{start} {r['ms']:>8.3f} {r['tflops']:>8.1f} {r['pct_peak']:>6.1f} {r['speedup_vs_cudnn']:>7.2f}x"
+                f"{start} {r['ms']:>8.3f} {r['tflops']:>8.1f} {_pct(r.get('pct_peak')):>6} "
+                f"{r['speedup_vs_cudnn']:>7.2f}x"
             )
     return "\n".join(lines)
 
@@ -187,7 +192,8 @@ def main(argv=None) -> int:
     shapes = [suite[name] for name in args.cases.split(",")]  # in the order asked: a run cut short keeps the first
     previous = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
     peaks, rows = previous.get("peaks") or measure_peaks(), previous.get("rows", [])
-    print(f"device {torch.cuda.get_device_name()}, bf16 matmul peak {peaks['bf16_mm_tflops']} TFLOP/s; "
+    print(f"device {torch.cuda.get_device_name()}, bf16 matmul peak {peaks['bf16_mm_tflops']} TFLOP/s, TF32 "
+          f"{peaks.get('tf32_mm_tflops', '-')}; "
           f"gluon: {conv_gluon.UNAVAILABLE or 'available'}; {len(rows)} rows resumed", flush=True)  # fmt: skip
     print(table([]), flush=True)
 
@@ -214,7 +220,8 @@ def main(argv=None) -> int:
                 for direction in args.directions.split(","):
                     where = (shape.name, dtype_name, direction)
                     done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
-                    measure_case(shape, dtype_name, direction, peaks["bf16_mm_tflops"], emit, done, compiled)
+                    peak = peak_for(peaks, dtype_name)
+                    measure_case(shape, dtype_name, direction, peak, emit, done, compiled)
     finally:
         shutdown()
     return 0

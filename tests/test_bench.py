@@ -220,6 +220,18 @@ def test_variants_table_and_cpu_refusal():
     ]  # fmt: skip
     text = variants.table(rows)
     assert "FAILED: relative L2 error" in text and "300.0" in text and "1.00x" in text
+    no_peak = {**rows[0], "dtype": "fp32", "pct_peak": None}  # resumed from a run that measured no TF32 peak
+    assert " - " in variants.table([no_peak], header=False)
+
+
+def test_fp32_cases_are_quoted_against_the_tf32_peak():
+    """fp32 convolutions multiply as TF32 where allowed (the default, in cuDNN and tconv3d): their share of the
+    peak is TF32's, about half of bf16's; a run that measured none quotes no share."""
+    from bench.run import peak_for
+
+    peaks = {"bf16_mm_tflops": 700.0, "tf32_mm_tflops": 360.0}
+    assert [peak_for(peaks, d) for d in ("bf16", "fp16", "fp32")] == [700.0, 700.0, 360.0]
+    assert peak_for({"bf16_mm_tflops": 700.0}, "fp32") is None
 
 
 def test_variants_offer_both_boxes_and_split_k(monkeypatch):
