@@ -2,7 +2,9 @@
 against the whole op (tconv3d.conv3d, autograd), the op under torch.compile(fullgraph=True) (what a compiled
 model pays per tconv3d call: issue 29), once as an op call ("compiled") and once with TCONV3D_INDUCTOR_KERNELS's
 path, Inductor launching the kernel itself ("inductor"; the same as "compiled" where the launch is on TMA or Gluon
-kernels, which stay op calls), and the host's time to issue each.
+kernels, which stay op calls), and the host's time to issue each. And what Triton's launcher spends encoding one
+TMA descriptor (cuTensorMapEncodeTiled), which it does for every descriptor of every launch (2-5 a TMA or Gluon
+launch): the saving a cache of encoded maps would buy.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -39,6 +41,30 @@ def host_us(fn, calls: int = 200) -> float:
     issued = time.perf_counter() - start
     torch.cuda.synchronize()
     return 1e6 * issued / calls
+
+
+# CUtensorMapDataType's bf16, CUtensorMapSwizzle's 128 bytes (cuda.h).
+_TMA_BF16, _SWIZZLE_128B = 9, 3
+
+
+def encode_us(calls: int = 2000) -> float | str:
+    """Microseconds Triton's launcher takes to encode one tensor map (its driver utils' fill_tma_descriptor, 3.6,
+    or fill_tma_descriptor_tiled, 3.7 on): a 5-D bf16 map of an NDHWC activation [2, 8, 16, 16, 320] in
+    [1, 1, 8, 16, 64] boxes with the 128-byte swizzle, as a TMA forward's input. Why not, where it cannot."""
+    x = torch.empty(2, 8, 16, 16, 320, device="cuda", dtype=torch.bfloat16)
+    utils = triton.runtime.driver.active.utils
+    fill = getattr(utils, "fill_tma_descriptor_tiled", None) or getattr(utils, "fill_tma_descriptor", None)
+    if fill is None:
+        return "this Triton's driver utils have no tensor-map encoder by the names known"
+    args = (x.data_ptr(), _SWIZZLE_128B, 2, _TMA_BF16, [1, 1, 8, 16, 64], list(x.shape), list(x.stride()), 0)
+    try:
+        fill(*args)
+    except Exception as error:  # another signature: say so, measure the rest
+        return f"{type(error).__name__}: {error}"[:200]
+    start = time.perf_counter()
+    for _ in range(calls):
+        fill(*args)
+    return 1e6 * (time.perf_counter() - start) / calls
 
 
 def measure(name: str, dtype_name: str) -> dict:
@@ -85,8 +111,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     rows = [measure(name, dtype) for name, dtype in CASES]
+    encode = encode_us()
     if args.out is not None:
-        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
+        found = {"device": torch.cuda.get_device_name(), "rows": rows, "tensor_map_encode_us": encode}
+        args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
           f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd")  # fmt: skip
     for r in rows:
@@ -96,6 +124,7 @@ def main(argv=None) -> int:
               f"{m['inductor_fwd']:8.3f} {m['dgrad']:7.3f} {m['wgrad']:7.3f} {m['op_bwd']:7.3f}  "
               f"{u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['compiled_fwd']:8.0f} {u['inductor_fwd']:8.0f} "
               f"{u['op_bwd']:6.0f}{note}")  # fmt: skip
+    print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     return 0
 
 
