@@ -1,5 +1,8 @@
 """Forward convolution against a float64 reference, on CPU through the Triton interpreter or on CUDA."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_id, poison_aten_convolution
@@ -134,6 +137,14 @@ def test_fp32_follows_the_precision_set_by_either_api(setting, device):
     finally:
         for backend, op, value in saved:
             setter(backend, op, value)
+
+
+def test_tf32_by_default_as_in_cudnn():
+    """In a new process, at torch's defaults (cuDNN's convolutions may use TF32), tconv3d's fp32 kernels may too:
+    the precision chain read as torch sets it by default, not only as the tests set it."""
+    code = "import torch; from tconv3d import settings; print(settings.tf32_allowed(), torch.backends.cudnn.allow_tf32)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert found == ["True", "True"]
 
 
 def test_triton_kernel_ran_not_aten(monkeypatch, device):
