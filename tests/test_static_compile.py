@@ -242,6 +242,8 @@ if conv_gluon.UNAVAILABLE is None:
         geom = shape.geometry()
         # fp16 compiles the same loop as bf16 with another element type; fp32 (TF32, not the weight gradient) another
         for dtype in (torch.bfloat16, torch.float32):
+            if dtype == torch.float32 and shape.name not in KINDS:  # one of each kind: CI's time
+                continue
             for direction in ("fwd", "dgrad", "wgrad"):
                 if not configs.gluon_eligible(direction, geom, dtype):  # fp32: TF32 allowed here, torch's default
                     continue
@@ -269,12 +271,12 @@ print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 def test_gluon_kernels_compile_to_the_hopper_main_loop():
     """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite under triton 3.6
     (one of each kind under another: large, strided, small-channel, 3-channel output) (bf16, and the forward and input
-    gradient in fp32 as TF32; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps, also warp-specialized;
-    down_s2's phase views warp-specialized too; last_cout3's forward storing its 3-channel rows from registers), for
-    sm_90: TMA loads, wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group
-    in flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the
-    Triton is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel
-    says it is unavailable."""
+    gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
+    also warp-specialized; down_s2's phase views warp-specialized too; last_cout3's forward storing its 3-channel rows
+    from registers), for sm_90: TMA loads, wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main
+    loop), one wgmma group in flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may
+    take. Runs where the Triton is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step);
+    elsewhere the kernel says it is unavailable."""
     result = compile_script(GLUON_COMPILE)
     if result["unavailable"]:
         assert "Triton" in result["unavailable"] and not result["reports"]
