@@ -90,10 +90,10 @@ def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
     """(UPCAST, INPUT_PRECISION) for tl.dot on operands of `dtype`. fp32 uses TF32 exactly when cuDNN would;
     16-bit operands ignore the precision, so they get Triton's default and never risk an IEEE (non-MMA) path."""
     upcast = settings.INTERPRET and dtype == torch.bfloat16
-    return upcast, "ieee" if exact_fp32(dtype) else "tf32"
+    return upcast, "ieee" if exact_products(dtype) else "tf32"
 
 
-def exact_fp32(dtype: torch.dtype) -> bool:
+def exact_products(dtype: torch.dtype) -> bool:
     """Whether products of `dtype` must be exact fp32: fp32 while cuDNN's convolutions may not use TF32
     (settings.tf32_allowed). Read at every launch, as cuDNN reads it."""
     return dtype == torch.float32 and not settings.tf32_allowed()

@@ -22,7 +22,7 @@ from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS, KernelConfig
-from ..kernels.utils import RiskyTensorMap, address_aligned, exact_fp32, tma_aligned
+from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
     default_config,
@@ -257,7 +257,7 @@ def gluon_unavailable(direction: str, geom: ConvGeometry, dtype: torch.dtype, de
         return "the Gluon kernel runs only compiled, on a CUDA device (Triton's interpreter cannot run Gluon)"
     if configs.compute_capability(device) != configs.GLUON_CAPABILITY:
         return f"the Gluon kernel is wgmma code for sm_90; this device is sm_{configs.compute_capability(device)}"
-    if exact_fp32(dtype):
+    if exact_products(dtype):
         return "its wgmma reads fp32 only as TF32, and cuDNN's convolutions may not use TF32 now (allow_tf32 off)"
     if not gluon_eligible(direction, geom, dtype):
         return (

@@ -25,7 +25,7 @@ from ..kernels.config import (
     split_rows,
 )
 from ..kernels.conv_tma import MAX_PHASES
-from ..kernels.utils import cdiv, exact_fp32
+from ..kernels.utils import cdiv, exact_products
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -504,12 +504,12 @@ GLUON_CAPABILITY = 90
 
 def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
     """Problems the Gluon kernels run, where this Triton has them: the TMA variant's problems (tma_eligible), in
-    16-bit dtypes, and the fp32 forward and input gradient where TF32 products are allowed (utils.exact_fp32, as
+    16-bit dtypes, and the fp32 forward and input gradient where TF32 products are allowed (utils.exact_products, as
     cuDNN's): wgmma reads fp32 operands only as TF32 and only K-major, which the forward's boxes are (channels
     innermost) and the input gradient's are over a transposed copy of the weight; both weight-gradient boxes run
     their reduction over voxels, not innermost, and would need the activations transposed."""
     if dtype == torch.float32:
-        runs = direction != "wgrad" and not exact_fp32(dtype)
+        runs = direction != "wgrad" and not exact_products(dtype)
     else:
         runs = dtype in (torch.bfloat16, torch.float16)
     return conv_gluon.UNAVAILABLE is None and runs and tma_eligible(direction, geom, dtype)
