@@ -49,9 +49,13 @@ def conv_transpose3d(
     inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d."""
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # unbatched (C, D, H, W)
         return conv_transpose3d(input[None], weight, bias, stride, padding, output_padding, groups, dilation)[0]
-    output_shape, stride, padding, dilation, groups = conv_transpose_arguments(
+    output_shape, stride, padding, dilation, groups, surplus = conv_transpose_arguments(
         input, weight, bias, stride, padding, output_padding, groups, dilation
     )
+    if any(surplus):
+        # The convolution this transposes has outputs past the input's end (output_padding of a stride or more):
+        # they are zeros, written here, a copy in this rare form only (it needs a dilation larger than the stride).
+        input = torch.nn.functional.pad(input, (0, surplus[2], 0, surplus[1], 0, surplus[0]))
     output = ops.call_conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros", groups)
     if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
         output.add_((bias if bias.dtype == output.dtype else bias.to(output.dtype)).view(1, -1, 1, 1, 1))

@@ -462,7 +462,9 @@ def check_group_norm(input, weight, bias, groups, activation) -> None:
 
 def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
     """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
-    dilation), each a list of ints, and groups. Checks what F.conv_transpose3d checks."""
+    dilation), each a list of ints, groups, and the surplus: per dimension, how many more outputs the convolution
+    it transposes has than `input` has voxels (output_padding // stride, nonzero only where output_padding reaches
+    a stride, which a dilation larger than the stride allows). Checks what F.conv_transpose3d checks."""
     if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
         # The op casts its floating inputs to the region's dtype, as aten's conv_transpose3d does: a bf16
         # activation meets fp32 parameters here.
@@ -503,4 +505,5 @@ def conv_transpose_arguments(input, weight, bias, stride, padding, output_paddin
     if any(size <= 0 for size in out_size):
         raise ValueError(f"the output size {tuple(out_size)} is not positive (input {tuple(input.shape)})")
     padding6 = [pads[0], pads[0], pads[1], pads[1], pads[2], pads[2]]
-    return [input.shape[0], out_channels, *out_size], list(stride), padding6, list(dilation), groups
+    surplus = [e // s for e, s in zip(extra, stride, strict=True)]
+    return [input.shape[0], out_channels, *out_size], list(stride), padding6, list(dilation), groups, surplus

@@ -18,6 +18,9 @@ CASES = [
     ("stride_122", (1, 4, 2, 3, 4), 4, (3, 2, 2), (1, 2, 2), (1, 0, 0), (0, 1, 1), 1),
     ("upsample_2x2x2", (1, 20, 2, 3, 3), 6, 2, 2, 0, 0, 1),
     ("dilation_2", (1, 3, 3, 4, 4), 5, 3, 1, 2, 0, 2),
+    # output_padding of a stride or more, which a larger dilation allows: outputs no input voxel writes, and the
+    # convolution it transposes has more outputs than the input has voxels (found by tests/fuzz.py)
+    ("output_padding_past_stride", (1, 4, 3, 4, 3), 5, (2, 3, 2), (1, 2, 1), (0, 1, 1), (1, 2, 1), (2, 3, 2)),
 ]
 
 
