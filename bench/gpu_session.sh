@@ -16,6 +16,8 @@
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
 #             replay, tests/test_integrations.py on CUDA
+#   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
+#             problems up to hundreds of channels, every variant forced, Gluon natively, against float64
 # bench/NOTES.md ("The next GPU session") gives the calls that fit a session's 30 minutes.
 # A kernel that hangs (an mbarrier wait nobody arrives at) costs one test or one candidate, not the call: tests
 # run under pytest-timeout's thread method (an xdist worker ends, another starts); the tuner and bench.variants
@@ -32,8 +34,8 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models) ;;
-    *) echo "unknown stage $stage: check, probe, tests, gpu, report, tune, bench, reliability, host, variants or models" >&2
+    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models | fuzz) ;;
+    *) echo "unknown stage $stage: check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models or fuzz" >&2
        exit 2 ;;
   esac
 done
@@ -167,6 +169,12 @@ run_stage() {
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
+    ;;
+  fuzz)  # one JSON line per failure: `python tests/fuzz.py --replay '<line>'` reproduces it, here or on CPU
+    seed=${FUZZ_SEED:-$((RANDOM * 32768 + RANDOM))}
+    echo "[gpu_session] fuzz from seed $seed" | tee "$OUT/fuzz.log"
+    timeout "$(left $((${FUZZ_SECONDS:-120} + 60)))" python3 tests/fuzz.py --seconds "${FUZZ_SECONDS:-120}" \
+      --seed "$seed" 2>&1 | tee -a "$OUT/fuzz.log"
     ;;
   esac
 }

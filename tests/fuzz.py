@@ -1,0 +1,408 @@
+"""Random convolutions against float64: the public entries `tconv3d.conv3d` and `tconv3d.conv_transpose3d` on
+problems drawn at random from everything they take at once (groups and depthwise, any kernel, stride and dilation
+per dimension, asymmetric padding in any mode per dimension, cached frames before the clip, output padding, bias,
+unbatched and non-channels-last inputs, views whose rows are not packed), each under a tiling drawn as a GPU would
+get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
+(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias) are
+held to the float64 result of torch.cat + F.pad + F.conv3d (F.conv_transpose3d) by relative L2 error.
+
+The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
+
+    python tests/fuzz.py --seconds 600 [--seed 0] [--kernels auto,pointer,tma,gluon] [--size small|large]
+    python tests/fuzz.py --replay '<the JSON line a failure printed>'
+
+On CPU the kernels run on the interpreter and the Gluon ones on the emulator (tests/gluon_emulator.py), over tiny
+problems (`--size small`, the default there). On a GPU the compiled kernels run on CUDA tensors, the Gluon ones
+natively on sm_90 (elsewhere they fall back as TCONV3D_KERNELS=gluon does), over problems up to a few hundred
+channels and tens of voxels a side (`--size large`, the default there), with the float64 reference on the GPU too.
+Prints one JSON line per failure, a reproducer; exits 1 if any failed. tests/test_fuzz.py runs seeded draws in CI."""
+
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"  # before tconv3d defines its kernels
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.kernels import conv_gluon
+from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, exact_fp32, rel_l2
+from tconv3d.tune import choice, configs
+
+CL = torch.channels_last_3d
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = ("zeros", "replicate", "reflect", "circular")
+KERNELS = ("auto", "pointer", "tma", "gluon")
+TILINGS = ("default", "heuristic", "candidate")
+H100_SMS, H100_SMEM = 132, 232448
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """How big a draw may be: the interpreter pays per operation, a GPU per launch."""
+
+    channels: tuple  # the channel counts drawn from, repeats weigh
+    tma_channels: tuple  # the input channels of problems drawn for the TMA and Gluon variants (16-byte rows)
+    size: tuple  # each input dimension's largest extent (D, H, W)
+    max_macs: int  # multiply-adds of one direction above which a draw is made again
+
+
+SCALES = {
+    "small": Scale((1, 2, 3, 4, 5, 7, 8, 8, 9, 16, 16, 17, 24, 32, 40), (8, 16, 24, 32, 48), (6, 9, 9), 400_000),
+    "large": Scale(
+        (1, 3, 4, 8, 16, 17, 32, 40, 64, 64, 96, 128, 128, 192, 256, 320, 384),
+        (16, 32, 64, 96, 128, 256, 384),
+        (12, 40, 40),
+        300_000_000,
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    seed: int
+    dtype: str
+    batch: int  # 0: an unbatched (C, D, H, W) input
+    cin: int  # the input's channels (a transposed conv's too)
+    cout: int
+    groups: int
+    size: tuple  # the input's (D, H, W)
+    frames: int  # frames_before's depth; 0: none
+    kernel: tuple
+    stride: tuple
+    dilation: tuple
+    padding: tuple  # (d_front, d_back, h_top, h_bottom, w_left, w_right); a transposed conv's pairs are equal
+    modes: tuple  # per (d, h, w)
+    bias: bool
+    layout: str  # "cl": channels_last_3d; "ncdhw": contiguous; "view": a channels_last_3d slice, rows not packed
+    weight_cl: bool
+    tiling: str
+    kernels: str
+    transpose: bool = False  # conv_transpose3d: no frames, zeros padding
+    output_padding: tuple = (0, 0, 0)
+
+    def padded(self, dim: int) -> int:
+        size = self.size[dim] + (self.frames if dim == 0 else 0)
+        return size + self.padding[2 * dim] + self.padding[2 * dim + 1]
+
+    def out_size(self) -> tuple:
+        if self.transpose:
+            return tuple(
+                (self.size[i] - 1) * self.stride[i] - 2 * self.padding[2 * i]
+                + self.dilation[i] * (self.kernel[i] - 1) + self.output_padding[i] + 1
+                for i in range(3)
+            )  # fmt: skip
+        return tuple(
+            (self.padded(i) - self.dilation[i] * (self.kernel[i] - 1) - 1) // self.stride[i] + 1 for i in range(3)
+        )
+
+    def macs(self) -> int:
+        """Multiply-adds of one direction: per output voxel of the convolution (the input voxels of a transposed
+        one), its input channels in a group, taps and output channels."""
+        voxels = math.prod(self.size if self.transpose else self.out_size())
+        return max(self.batch, 1) * voxels * self.cout * (self.cin // self.groups) * math.prod(self.kernel)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Problem":
+        data = json.loads(text)
+        data = data.get("problem", data)  # a failure's whole line, or its problem
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _channel_counts(rng: random.Random, tma_shaped: bool, scale: Scale) -> tuple:
+    """(groups, cin, cout): mostly dense, a fifth grouped, the rest depthwise with a channel multiplier; a
+    TMA-shaped problem's rows are whole 16-byte units, as the TMA and Gluon variants take them."""
+    if tma_shaped:
+        return 1, rng.choice(scale.tma_channels), rng.choice((3, *scale.tma_channels))
+    kind = rng.random()
+    if kind < 0.65:
+        return 1, rng.choice(scale.channels), rng.choice(scale.channels)
+    if kind < 0.85:
+        groups = rng.choice((2, 3, 4))
+        per_group = [c for c in scale.channels if c * groups <= scale.channels[-1]]
+        return groups, groups * rng.choice(per_group), groups * rng.choice(per_group)
+    cin = rng.choice([c for c in scale.channels if c > 1 and c * 2 <= scale.channels[-1]] or [2])
+    return cin, cin, cin * rng.choice((1, 1, 2))
+
+
+def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) -> Problem:
+    """A valid problem: every output dimension at least 1, every padding amount one its mode takes (F.pad's rules,
+    dimension by dimension, D counted with the cached frames), at most the scale's multiply-adds a direction. A
+    fifth are transposed convolutions. Most problems drawn for the TMA and Gluon variants are ones they run in
+    every direction (configs.tma_eligible: 16-byte channel rows, at most two phases in H and W, zeros padding
+    and one source; 16-bit dtypes for Gluon's weight gradient), so that the variant is what runs."""
+    rng = random.Random(seed)
+    while True:
+        variant = rng.choice(kernels)
+        tma_shaped = variant in ("tma", "gluon") and rng.random() < 0.7
+        groups, cin, cout = _channel_counts(rng, tma_shaped, scale)
+        transpose = rng.random() < 0.2
+        kernel = tuple(rng.choice((1, 1, 2, 3, 3, 4)) for _ in range(3))
+        stride = tuple(rng.choice((1, 1, 2) if tma_shaped and dim else (1, 1, 1, 2, 3)) for dim in range(3))
+        dilation = tuple(rng.choice((1, 1, 2)) if k > 1 else 1 for k in kernel)
+        size = tuple(rng.randint(1, largest) for largest in scale.size)
+        frames = 0 if transpose or tma_shaped else rng.choice((0, 0, 0, 1, 2, 3))
+        per_dim = rng.random() < 0.3 and not tma_shaped
+        mode = rng.choice(MODES) if rng.random() < 0.6 and not (transpose or tma_shaped) else "zeros"
+        modes = tuple(rng.choice(MODES) for _ in range(3)) if per_dim and not transpose else (mode,) * 3
+        padding, output_padding = [], []
+        for dim in range(3):
+            reach = dilation[dim] * (kernel[dim] - 1)
+            if transpose:  # one amount a side, cut from the output; output_padding below max(stride, dilation)
+                padding += [rng.randint(0, reach + 1)] * 2
+                output_padding.append(rng.randint(0, max(stride[dim], dilation[dim]) - 1))
+                continue
+            extent = size[dim] + (frames if dim == 0 else 0)
+            # F.pad: reflect takes less than the size, circular at most the size.
+            cap = {"reflect": extent - 1, "circular": extent}.get(modes[dim], reach + 1)
+            padding += [rng.randint(0, max(0, min(reach + 1, cap))) for _ in range(2)]
+        problem = Problem(
+            seed=seed,
+            dtype=rng.choice(("bf16", "fp16") if tma_shaped and variant == "gluon" else tuple(DTYPES)),
+            batch=rng.choice((0, 1, 1, 2)),
+            cin=cin,
+            cout=cout,
+            groups=groups,
+            size=size,
+            frames=frames,
+            kernel=kernel,
+            stride=stride,
+            dilation=dilation,
+            padding=tuple(padding),
+            modes=modes,
+            bias=rng.random() < 0.6,
+            layout=rng.choice(("cl", "cl", "ncdhw", "view")),
+            weight_cl=rng.random() < 0.85,
+            tiling=rng.choice(TILINGS),
+            kernels=variant,
+            transpose=transpose,
+            output_padding=tuple(output_padding) if transpose else (0, 0, 0),
+        )
+        if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
+            return problem
+
+
+def _tensors(problem: Problem, dtype: torch.dtype):
+    """The inputs, in the problem's layouts, on DEVICE: x (N, Cin, D, H, W) or unbatched, frames_before or None,
+    the weight ((Cout, Cin / groups, k...); transposed (Cin, Cout / groups, k...)), the bias or None."""
+    gen = torch.Generator().manual_seed(problem.seed)
+    n = max(problem.batch, 1)
+    shape = (n, problem.cin, *problem.size)
+    if problem.layout == "view":  # one more channel and one more column: a view with strides of a wider tensor
+        wide = torch.randn(n, problem.cin + 1, problem.size[0], problem.size[1], problem.size[2] + 1, generator=gen)
+        x = wide.to(DEVICE, dtype).contiguous(memory_format=CL)[:, 1:, :, :, 1:]
+    else:
+        x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+        x = x.contiguous(memory_format=CL) if problem.layout == "cl" else x.contiguous()
+    before = None
+    if problem.frames:
+        before = torch.randn(n, problem.cin, problem.frames, *problem.size[1:], generator=gen).to(DEVICE, dtype)
+        before = before.contiguous(memory_format=CL)
+    if problem.transpose:
+        w_channels = problem.cin, problem.cout // problem.groups
+    else:
+        w_channels = problem.cout, problem.cin // problem.groups
+    fan_in = problem.cin // problem.groups * math.prod(problem.kernel)
+    w = (torch.randn(*w_channels, *problem.kernel, generator=gen) / fan_in**0.5).to(DEVICE, dtype)
+    w = w.contiguous(memory_format=CL) if problem.weight_cl else w.contiguous()
+    b = torch.randn(problem.cout, generator=gen).to(DEVICE, dtype) if problem.bias else None
+    if problem.batch == 0:
+        x = x[0]
+        before = None if before is None else before[0]
+    return x, before, w, b
+
+
+def reference(problem: Problem, x, before, w, b):
+    """torch.cat in front along D, F.pad dimension by dimension in each one's mode, then F.conv3d; or
+    F.conv_transpose3d."""
+    if problem.transpose:
+        pads = problem.padding[0::2]
+        return F.conv_transpose3d(
+            x, w, b, problem.stride, pads, problem.output_padding, problem.groups, problem.dilation
+        )
+    if before is not None:
+        x = torch.cat([before, x], dim=-3)
+    unbatched = x.dim() == 4
+    if unbatched:
+        x = x.unsqueeze(0)
+    for dim, mode in enumerate(problem.modes):
+        pads = [0] * 6
+        pads[4 - 2 * dim : 6 - 2 * dim] = problem.padding[2 * dim : 2 * dim + 2]
+        if any(pads):
+            x = F.pad(x, pads, mode="constant" if mode == "zeros" else mode)
+    y = F.conv3d(x, w, b, problem.stride, 0, problem.dilation, problem.groups)
+    return y[0] if unbatched else y
+
+
+def _mode_argument(problem: Problem, rng: random.Random):
+    if len(set(problem.modes)) == 1:
+        return problem.modes[0]
+    return ",".join(problem.modes) if rng.random() < 0.5 else problem.modes
+
+
+def _padding_argument(problem: Problem, rng: random.Random):
+    pads = problem.padding
+    if problem.transpose:  # one amount a dimension
+        return pads[0] if len(set(pads)) == 1 and rng.random() < 0.5 else pads[0::2]
+    if pads[0::2] == pads[1::2] and rng.random() < 0.5:
+        return pads[0::2] if rng.random() < 0.5 or len(set(pads)) > 1 else pads[0]
+    return pads
+
+
+def _select(problem: Problem):
+    """choice._select for the problem: its tiling, then its variant as TCONV3D_KERNELS would force it."""
+
+    def select(direction, geom, dtype, device, run):
+        rng = random.Random(f"{problem.seed}-{direction}")
+        if problem.tiling == "default":  # the interpreter's large tiles on CPU, the device's heuristic on a GPU
+            config = configs.default_config(direction, geom, dtype, device)
+        elif problem.tiling == "heuristic":
+            config = configs.heuristic_config(direction, geom, dtype, H100_SMS, configs.GLUON_CAPABILITY)
+        else:
+            found = configs.candidates(direction, geom, dtype, H100_SMEM, tma=True, gluon=problem.kernels == "gluon")
+            # The space prunes tiles past a small problem's size: the tuner then keeps the heuristic's default.
+            config = rng.choice(found) if found else configs.heuristic_config(direction, geom, dtype, H100_SMS, 90)
+        gluon_runs = problem.kernels == "gluon" and choice._gluon_runs(device)  # the emulator's say on CPU
+        config = choice.force_variant(direction, geom, dtype, config, problem.kernels, gluon_runs)
+        if config.gluon:
+            config = dataclasses.replace(config, gluon=rng.choice((1, 2)))
+        select.configs.append((direction, config))
+        return config
+
+    select.configs = []
+    return select
+
+
+def run(problem: Problem, monkeypatch) -> dict:
+    """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
+    AssertionError where one is over the dtype's bound."""
+    dtype = DTYPES[problem.dtype]
+    rng = random.Random(problem.seed + 1)
+    tensors = _tensors(problem, dtype)
+    exact = [None if t is None else t.detach().double().requires_grad_() for t in tensors]
+    expected = reference(problem, *exact)
+    # The output gradient in the dtype, as autograd hands it over; the reference takes the same values.
+    grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(problem.seed + 2))
+    grad_out = grad_out.to(DEVICE, dtype)
+    expected.backward(grad_out.double())
+
+    ours = [None if t is None else t.detach().requires_grad_() for t in tensors]
+    select = _select(problem)
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", select)
+    # The Gluon kernel takes fp32 only as TF32: there TF32 is allowed and the bound is TF32's; everywhere else
+    # products are exact.
+    tf32 = problem.kernels == "gluon" and dtype == torch.float32
+    bound = TF32_TOLERANCE if tf32 else TOLERANCE[dtype]
+    monkeypatch.setattr(settings, "KERNELS", problem.kernels)
+    with exact_fp32(), contextlib.ExitStack() as stack:
+        if problem.kernels == "gluon" and DEVICE == "cpu":
+            from gluon_emulator import emulating
+
+            monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: 3)
+            stack.enter_context(emulating(monkeypatch, seed=problem.seed))
+        if tf32:
+            torch.backends.cudnn.conv.fp32_precision = "tf32"  # exact_fp32 restores the user's setting
+        if problem.transpose:
+            y = tconv3d.conv_transpose3d(
+                ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.output_padding,
+                problem.groups, problem.dilation,
+            )  # fmt: skip
+        else:
+            y = tconv3d.conv3d(
+                ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.dilation,
+                problem.groups, padding_mode=_mode_argument(problem, rng), frames_before=ours[1],
+            )  # fmt: skip
+        y.backward(grad_out)
+    errors = {"output": rel_l2(y, expected)}
+    for name, ours_t, exact_t in zip(
+        ("grad_input", "grad_frames", "grad_weight", "grad_bias"), ours, exact, strict=True
+    ):
+        if ours_t is not None:
+            errors[name] = rel_l2(ours_t.grad, exact_t.grad)
+    launched = [(d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon) for d, c in select.configs]
+    bad = {name: error for name, error in errors.items() if not error < bound}
+    assert y.shape == expected.shape, f"shape {tuple(y.shape)} != {tuple(expected.shape)}"
+    if y.dim() == 5:
+        assert y.is_contiguous(memory_format=CL), "output not channels_last_3d"
+    assert not bad, f"over {bound:g}: {bad}; launched {launched}"
+    return {"errors": errors, "launched": launched}
+
+
+def check(problem: Problem) -> dict:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return run(problem, monkeypatch)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
+    parser.add_argument("--kernels", default="auto,pointer,tma,gluon")
+    parser.add_argument(
+        "--size", choices=tuple(SCALES), default="large" if DEVICE == "cuda" else "small", help="how big a draw may be"
+    )
+    parser.add_argument("--replay", help="one failure's JSON line")
+    args = parser.parse_args()
+    if args.replay:
+        problems = iter([Problem.from_json(args.replay)])
+    else:
+        kernels = tuple(args.kernels.split(","))
+        if conv_gluon.UNAVAILABLE is not None:  # this Triton has no Gluon (or not the Gluon the kernels are for)
+            kernels = tuple(k for k in kernels if k != "gluon") or ("auto",)
+        problems = (draw(seed, kernels, SCALES[args.size]) for seed in range(args.seed, 2**62))
+    start, done, failed = time.perf_counter(), 0, 0
+    variants = collections.Counter()  # the variants launched, so a run shows what it exercised
+    for problem in problems:
+        try:
+            result = check(problem)
+            variants.update(
+                f"{direction} {'gluon' if gluon else variant}" for direction, variant, *_, gluon in result["launched"]
+            )
+        except Exception as error:  # a failure of any kind is a finding, reported as one
+            failed += 1
+            kind = "wrong" if isinstance(error, AssertionError) else type(error).__name__
+            print(json.dumps({"failure": kind, "problem": dataclasses.asdict(problem), "error": str(error)[:2000]}))
+            if args.replay:
+                traceback.print_exc()
+        else:
+            if args.replay:
+                print(json.dumps(result))
+        done += 1
+        if time.perf_counter() - start > args.seconds:
+            break
+    launched = ", ".join(f"{name} {count}" for name, count in sorted(variants.items()))
+    print(
+        f"fuzz: {done} problems, {failed} failed, {time.perf_counter() - start:.0f} s; launched: {launched}",
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
