@@ -3,8 +3,9 @@ problems drawn at random from everything they take at once (groups and depthwise
 per dimension, asymmetric padding in any mode per dimension, cached frames before the clip, output padding, bias,
 unbatched and non-channels-last inputs, views whose rows are not packed), each under a tiling drawn as a GPU would
 get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
-(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias) are
-held to the float64 result of torch.cat + F.pad + F.conv3d (F.conv_transpose3d) by relative L2 error.
+(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias; for
+some problems the second-order ones, grad_output's included) are held to the float64 result of torch.cat + F.pad
++ F.conv3d (F.conv_transpose3d) by relative L2 error.
 
 The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
 
@@ -102,6 +103,7 @@ class Problem:
     kernels: str
     transpose: bool = False  # conv_transpose3d: no frames, zeros padding
     output_padding: tuple = (0, 0, 0)
+    second_order: bool = False  # the gradients' own gradients (double backward), grad_output's included
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -202,6 +204,7 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
             kernels=variant,
             transpose=transpose,
             output_padding=tuple(output_padding) if transpose else (0, 0, 0),
+            second_order=rng.random() < 0.15,
         )
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
@@ -298,6 +301,23 @@ def _select(problem: Problem):
     return select
 
 
+GRADIENTS = ("input", "frames", "weight", "bias")
+
+
+def _backward(problem: Problem, y, leaves, grad_out, probes) -> dict:
+    """Backward from `y` with `grad_out`; returns {name: gradient} of the leaves (x, frames_before, weight, bias;
+    None where absent). Second order: the first-order gradients with create_graph, then backward from
+    sum(gradient * probe) over them, so every leaf's gradient, grad_output's among them, is a second-order one."""
+    if not problem.second_order:
+        y.backward(grad_out)
+        return {f"grad_{name}": t.grad for name, t in zip(GRADIENTS, leaves, strict=True) if t is not None}
+    present = [t for t in leaves if t is not None]
+    firsts = torch.autograd.grad(y, present, grad_out, create_graph=True)
+    sum((first * probe).sum() for first, probe in zip(firsts, probes, strict=True)).backward()
+    named = {f"grad2_{name}": t.grad for name, t in zip(GRADIENTS, leaves, strict=True) if t is not None}
+    return {**named, "grad2_output": grad_out.grad}
+
+
 def run(problem: Problem, monkeypatch) -> dict:
     """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
     AssertionError where one is over the dtype's bound."""
@@ -306,10 +326,13 @@ def run(problem: Problem, monkeypatch) -> dict:
     tensors = _tensors(problem, dtype)
     exact = [None if t is None else t.detach().double().requires_grad_() for t in tensors]
     expected = reference(problem, *exact)
-    # The output gradient in the dtype, as autograd hands it over; the reference takes the same values.
-    grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(problem.seed + 2))
-    grad_out = grad_out.to(DEVICE, dtype)
-    expected.backward(grad_out.double())
+    # The output gradient in the dtype, as autograd hands it over; the reference takes the same values. So do the
+    # probes of a second-order problem, one per first-order gradient.
+    gen = torch.Generator().manual_seed(problem.seed + 2)
+    grad_out = torch.randn(expected.shape, generator=gen).to(DEVICE, dtype).requires_grad_(problem.second_order)
+    probes = [torch.randn(t.shape, generator=gen).to(DEVICE, dtype) for t in tensors if t is not None]
+    exact_grad_out = grad_out.detach().double().requires_grad_(problem.second_order)
+    exact_grads = _backward(problem, expected, exact, exact_grad_out, [p.double() for p in probes])
 
     ours = [None if t is None else t.detach().requires_grad_() for t in tensors]
     select = _select(problem)
@@ -338,13 +361,14 @@ def run(problem: Problem, monkeypatch) -> dict:
                 ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.dilation,
                 problem.groups, padding_mode=_mode_argument(problem, rng), frames_before=ours[1],
             )  # fmt: skip
-        y.backward(grad_out)
+        grads = _backward(problem, y, ours, grad_out, probes)
     errors = {"output": rel_l2(y, expected)}
-    for name, ours_t, exact_t in zip(
-        ("grad_input", "grad_frames", "grad_weight", "grad_bias"), ours, exact, strict=True
-    ):
-        if ours_t is not None:
-            errors[name] = rel_l2(ours_t.grad, exact_t.grad)
+    for name, want in exact_grads.items():
+        got = grads[name]
+        if want is None or got is None:  # a second-order gradient that does not exist (the bias's) on both sides
+            errors[name] = 0.0 if want is got else float("inf")
+        else:
+            errors[name] = rel_l2(got, want)
     launched = [(d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon) for d, c in select.configs]
     bad = {name: error for name, error in errors.items() if not error < bound}
     assert y.shape == expected.shape, f"shape {tuple(y.shape)} != {tuple(expected.shape)}"

@@ -23,8 +23,8 @@ def test_random_problem_matches_float64(seed):
 
 
 def test_draws_cover_what_the_suite_does_not_name():
-    """The seeds above draw transposed, grouped, depthwise, cached-frame, non-zeros-padded and strided problems,
-    and every variant; a change to draw() that lost one would leave it unfuzzed in CI."""
+    """The seeds above draw transposed, grouped, depthwise, cached-frame, non-zeros-padded, strided and
+    second-order problems, and every variant; a change to draw() that lost one would leave it unfuzzed in CI."""
     problems = [draw(seed, KERNELS_HERE, SCALE) for seed in SEEDS]
     drawn = {
         "transpose": any(p.transpose for p in problems),
@@ -36,6 +36,8 @@ def test_draws_cover_what_the_suite_does_not_name():
         "strided": any(max(p.stride) > 1 for p in problems),
         "dilated": any(max(p.dilation) > 1 for p in problems),
         "unbatched": any(p.batch == 0 for p in problems),
+        "second_order": any(p.second_order for p in problems),
+        "second_order_transpose": any(p.second_order and p.transpose for p in problems),
         "view": any(p.layout == "view" for p in problems),
         "kernels": {p.kernels for p in problems} == set(KERNELS_HERE),
         "dtypes": {p.dtype for p in problems} == {"fp32", "bf16", "fp16"},
@@ -46,12 +48,13 @@ def test_draws_cover_what_the_suite_does_not_name():
 
 
 def test_replay_line_round_trips():
-    """A failure's printed line gives the problem back; a line from before the transposed fields still loads."""
+    """A failure's printed line gives the problem back; a line from before the transposed and second-order fields
+    still loads."""
     problem = draw(7, KERNELS_HERE, SCALE)
     line = json.dumps({"failure": "wrong", "problem": json.loads(problem.to_json()), "error": "..."})
     assert Problem.from_json(line) == problem
     old = json.loads(problem.to_json())
-    del old["transpose"], old["output_padding"]
+    del old["transpose"], old["output_padding"], old["second_order"]
     assert Problem.from_json(json.dumps(old)).transpose is False
 
 
