@@ -165,6 +165,7 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
         groups, cin, cout = _channel_counts(rng, tma_shaped, scale)
         transpose = rng.random() < 0.2
         kernel = tuple(rng.choice((1, 1, 2, 3, 3, 4)) for _ in range(3))
+        # A TMA-shaped problem's H and W strides stay within conv_tma.MAX_PHASES phase views; D's may be any.
         stride = tuple(rng.choice((1, 1, 2) if tma_shaped and dim else (1, 1, 1, 2, 3)) for dim in range(3))
         dilation = tuple(rng.choice((1, 1, 2)) if k > 1 else 1 for k in kernel)
         size = tuple(rng.randint(1, largest) for largest in scale.size)
@@ -282,14 +283,15 @@ def _select(problem: Problem):
 
     def select(direction, geom, dtype, device, run):
         rng = random.Random(f"{problem.seed}-{direction}")
+        h100 = configs.heuristic_config(direction, geom, dtype, H100_SMS, configs.GLUON_CAPABILITY)
         if problem.tiling == "default":  # the interpreter's large tiles on CPU, the device's heuristic on a GPU
             config = configs.default_config(direction, geom, dtype, device)
         elif problem.tiling == "heuristic":
-            config = configs.heuristic_config(direction, geom, dtype, H100_SMS, configs.GLUON_CAPABILITY)
+            config = h100
         else:
             found = configs.candidates(direction, geom, dtype, H100_SMEM, tma=True, gluon=problem.kernels == "gluon")
             # The space prunes tiles past a small problem's size: the tuner then keeps the heuristic's default.
-            config = rng.choice(found) if found else configs.heuristic_config(direction, geom, dtype, H100_SMS, 90)
+            config = rng.choice(found) if found else h100
         gluon_runs = problem.kernels == "gluon" and choice._gluon_runs(device)  # the emulator's say on CPU
         config = choice.force_variant(direction, geom, dtype, config, problem.kernels, gluon_runs)
         if config.gluon:
