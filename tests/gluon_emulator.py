@@ -935,17 +935,19 @@ def _is_constexpr(parameter: inspect.Parameter) -> bool:
 
 
 class Emulator:
-    """Runs launches of the Gluon kernels; `launches` counts them by kernel name. `seed` orders the partitions'
-    turns."""
+    """Runs launches of the Gluon kernels; `launches` counts them by kernel name, `grids` holds each launch's
+    (kernel name, grid, num_warps, launch options). `seed` orders the partitions' turns."""
 
     def __init__(self, seed: int = 0):
-        self.seed, self.launches, self.programs = seed, {}, 0
+        self.seed, self.launches, self.programs, self.grids = seed, {}, 0, []
         self._cache: dict = {}
 
     def launch(self, kernel, grid, *args, **kwargs):
         fn = _python(kernel, _mocks(), self._cache)
         parameters = inspect.signature(kernel.fn).parameters
-        kwargs = {k: v for k, v in kwargs.items() if k in parameters}  # launch options (maxnreg, ...) dropped
+        options = {k: v for k, v in kwargs.items() if k not in parameters}  # maxnreg, ...: recorded, not emulated
+        self.grids.append((kernel.fn.__name__, tuple(grid), kwargs.get("num_warps"), options))
+        kwargs = {k: v for k, v in kwargs.items() if k in parameters}
         bound = inspect.signature(kernel.fn).bind(*args, **kwargs)
         values = {
             name: _argument(value, _is_constexpr(parameters[name])) for name, value in bound.arguments.items()

@@ -322,7 +322,30 @@ def test_warp_specialized_twins(monkeypatch):
         stages = {kind: {c.num_stages for c in big if c.gluon == kind} for kind in (1, 2)}
         assert (4 in stages[2]) == fits_four and {2, 3} <= stages[2] <= stages[1], (direction, stages)
     assert conv_gluon.specialized_max_registers(8) == 168 and conv_gluon.specialized_max_registers(4) == 256
-    assert all(conv_gluon.specialized_max_registers(w) * 32 * (w + 4) <= 65536 for w in (4, 8, 16))
+    assert conv_gluon.specialized_max_registers(4, programs_per_sm=2) == 128
+    assert all(
+        conv_gluon.specialized_max_registers(w, p) * 32 * (w + 4) * p <= 65536 for w in (4, 8, 16) for p in (1, 2)
+    )
+
+
+def test_persistent_programs_per_sm():
+    """Two persistent programs an SM where the kernel's warps are one warpgroup whose accumulators fit in the
+    registers two programs leave it and the shared memory fits twice (one's epilogue overlaps the other's wgmma);
+    else one. The launch sizes the grid and maxnreg by it."""
+    bf16 = 2
+
+    def programs(block_m, block_n, block_k, warps, stages, direction="fwd", split_k=1):
+        config = KernelConfig(block_m, block_n, block_k, warps, stages, split_k=split_k, tma_box_w=16, gluon=2)
+        dst = 4 if split_k > 1 else bf16
+        shared = conv_gluon.persistent_shared_bytes(config, bf16, direction == "wgrad", dst)
+        return conv_gluon.persistent_programs_per_sm(config, shared)
+
+    assert programs(128, 64, 64, 4, 3) == 2  # 72 KB of ring and a 16 KB epilogue tile, twice
+    assert programs(128, 128, 64, 4, 3) == 1  # 96 + 32 KB: not twice in 228 KB
+    assert programs(128, 128, 64, 4, 3, "wgrad") == 2  # the weight gradient stores from registers: 96 KB
+    assert programs(128, 64, 64, 4, 4, split_k=2) == 1  # 96 KB of ring, 32 KB of fp32 partial sums
+    assert programs(128, 64, 64, 8, 3) == 1  # two warpgroups on one tile: the cooperative schedule
+    assert programs(128, 256, 32, 4, 2) == 1  # 256 fp32 accumulators a thread: no room for a second program
 
 
 @pytest.mark.parametrize("index", range(len(TMA_CASES)))

@@ -32,17 +32,18 @@ pytestmark = [
 
 CL = torch.channels_last_3d
 MODES = {"pipelined": 1, "warp_specialized": 2}
-PERSISTENT_PROGRAMS = 3
+PERSISTENT_SMS = 2
 
 
 @pytest.fixture
 def emulator(monkeypatch):
     """TCONV3D_KERNELS=gluon on the emulator, at the heuristic's H100 tiles (132 SMs) forced to the Gluon kernel
     as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2). Records the configs
-    launched in `emulator.configs`. The persistent kernels get 3 SMs, so that each program walks several tiles (the
-    ring's position and phases carried from one tile to the next, the epilogue's buffer reused)."""
+    launched in `emulator.configs`. The persistent kernels get 2 SMs (at most 4 programs), so that each program
+    walks several tiles (the ring's position and phases carried from one tile to the next, the epilogue's buffer
+    reused)."""
     monkeypatch.setattr(settings, "KERNELS", "gluon")
-    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         emu.mode, emu.configs = 1, []
 
@@ -73,7 +74,16 @@ def test_emulated_gluon_kernels_match_float64(case, mode, emulator):
     assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
     if mode == "warp_specialized":
-        assert emulator.programs <= 3 * PERSISTENT_PROGRAMS
+        _check_persistent_grids(emulator)
+
+
+def _check_persistent_grids(emu):
+    """Each persistent launch runs at most two programs an SM (of PERSISTENT_SMS), and its maxnreg lets
+    that many fit an SM's registers beside their producers' warpgroups."""
+    for name, grid, warps, options in emu.grids:
+        per_sm = -(-grid[0] // PERSISTENT_SMS)
+        assert len(grid) == 1 and per_sm <= 2, (name, grid)
+        assert options["maxnreg"] * 32 * (warps + 4) * per_sm <= 65536, (name, grid, warps, options)
 
 
 @pytest.mark.parametrize("seed", range(1, 5))
@@ -82,7 +92,7 @@ def test_emulated_warp_specialized_interleavings(seed, emulator):
     stride-2 case, several tiles a program, split-K on the weight gradient."""
     emulator.seed, emulator.mode = seed, 2
     _check(TMA_CASES[2], torch.bfloat16, emulator)
-    assert emulator.programs <= 3 * PERSISTENT_PROGRAMS
+    _check_persistent_grids(emulator)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -174,7 +184,7 @@ def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
     b = torch.randn(cout, dtype=torch.bfloat16)
     geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1)
     config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3, split_k=3), geom, direction, MODES[mode] == 2)
-    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         if direction == "fwd":
             got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
@@ -200,7 +210,7 @@ def test_emulated_gluon_large_tiles(tile, mode, monkeypatch):
     want = torch.nn.functional.conv3d(x64, w64, b.double(), padding=(0, 1, 1))
     grad_out = torch.randn(want.shape, dtype=torch.bfloat16).contiguous(memory_format=CL)
     want.backward(grad_out.double())
-    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_PROGRAMS)
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         got = []
         for direction in ("fwd", "dgrad", "wgrad"):

@@ -277,6 +277,10 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     loop), one wgmma group in flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may
     take. Runs where the Triton is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step);
     elsewhere the kernel says it is unavailable."""
+    from tconv3d.inspect.compile import ARCHS
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.kernels.config import KernelConfig
+
     result = compile_script(GLUON_COMPILE)
     if result["unavailable"]:
         assert "Triton" in result["unavailable"] and not result["reports"]
@@ -293,9 +297,21 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert {r["direction"] for r in reports if r["case"] == "down_s2" and r["config"]["gluon"] == 2} == {
         "fwd", "dgrad", "wgrad"
     }  # fmt: skip
+    programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"
         assert r["config"]["gluon"] in (1, 2), name
+        if r["config"]["gluon"] == 2:  # persistent: the programs an SM holds at once on every SM, within its limits
+            config = KernelConfig.from_dict(r["config"])
+            element = 4 if r["dtype"] == "torch.float32" else 2
+            shared = conv_gluon.persistent_shared_bytes(
+                config, element, r["direction"] == "wgrad", 4 if config.split_k > 1 else element
+            )
+            programs = conv_gluon.persistent_programs_per_sm(config, shared)
+            programs_seen.add(programs)
+            assert r["shared_bytes"] <= shared, (name, r["shared_bytes"], shared)
+            assert r["registers"] <= conv_gluon.specialized_max_registers(config.num_warps, programs), name
+            assert r["grid"][0] <= programs * ARCHS[90].sm_count, name
         assert r["mma_kind"] == "HGMMA" and any(load.startswith("UTMALDG") for load in r["loads"]), name
         assert r["loop_smem_ops"] == 0 and r["loop_wgmma_waits"] == [1], (
             name,
@@ -304,6 +320,7 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         )
         assert not r["spill_bytes"] and not r["local_accesses"] and r["shared_bytes"] <= 232448, name
         _assert_tensor_maps_encode(r)
+    assert programs_seen == {1, 2}  # one-warpgroup tiles that fit twice run two programs an SM
 
 
 AHEAD_COMPILE = """

@@ -200,7 +200,9 @@ def compile_only(capability: int, launches: list):
         kernel = original_run(self, *args, grid=grid, warmup=True, **kwargs)
         seconds = time.perf_counter() - start
         maps = tensor_maps(args, kernel)
-        launches.append((self.__name__, list(grid), kwargs.get("num_warps", 4), kernel, seconds, maps))
+        # The compiled kernel's warps: a warp-specialized one also has its workers' (and their warpgroups' rest).
+        warps = getattr(kernel.metadata, "num_warps", None) or kwargs.get("num_warps", 4)
+        launches.append((self.__name__, list(grid), warps, kernel, seconds, maps))
         return kernel
 
     for fn in functions:  # binders made for this target must not serve a real device later

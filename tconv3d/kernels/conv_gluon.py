@@ -12,7 +12,8 @@ bias and writes the patch back with a TMA store. Per K step the main loop should
 (SYNCS.PHASECHK), the HGMMAs of one BLOCK_K slice with both operands in shared memory, one WARPGROUP.DEPBAR.LE
 gsb0, 0x1, and the next stage's two UTMALDG; no LDS/LDSM/STS. `python -m tconv3d.inspect` checks that. The
 three also come persistent and warp-specialized (WARP_SPECIALIZE, config gluon = 2): a one-warp producer
-issues the loads, the kernel's warps only wait, wgmma and store, one program per SM.
+issues the loads, the kernel's warps only wait, wgmma and store, one program per SM (two where a one-warpgroup
+tile fits twice: persistent_programs_per_sm).
 
 Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
 imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
@@ -74,12 +75,37 @@ UNAVAILABLE = _NO_GLUON or unwritten_for(triton.__version__)
 # Registers a thread of the warp-specialized kernel's one-warp TMA producer keeps (it holds a few scalars), and the
 # most any thread may take so that the kernel's warps plus the producer's warpgroup fit an SM's 64K registers.
 PRODUCER_REGS = 40
+# What an sm_90 SM holds, shared between the persistent kernel's programs on it: 228 KB of shared memory (1 KB of it
+# reserved per program) and 64K registers.
+SM_SHARED_BYTES = 233472
+SM_REGISTERS = 65536
 
 
-def specialized_max_registers(num_warps: int) -> int:
-    """maxnreg of a warp-specialized launch: registers are handed out per warpgroup, so the producer's one warp
-    costs a whole warpgroup of 4 warps."""
-    return min(256, 65536 // (32 * (num_warps + 4))) // 8 * 8
+def specialized_max_registers(num_warps: int, programs_per_sm: int = 1) -> int:
+    """maxnreg of a warp-specialized launch with `programs_per_sm` programs an SM: registers are handed out per
+    warpgroup, so the producer's one warp costs a whole warpgroup of 4 warps. Triton's setmaxnreg then moves what
+    the producer leaves (PRODUCER_REGS a thread) to the kernel's warps: 232 a thread for one warpgroup at 128."""
+    return min(256, SM_REGISTERS // (programs_per_sm * 32 * (num_warps + 4))) // 8 * 8
+
+
+def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad: bool, dst_element_size: int) -> int:
+    """At most the shared memory of the persistent warp-specialized kernel: the ring and its barriers and, beside
+    the ring, the forward's and input gradient's epilogue tile in dst's element size (4 where split-K writes fp32
+    partial sums), which it keeps while the next tile's loads land (the weight gradient stores from registers)."""
+    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element_size + 1024
+    return ring if weight_grad else ring + config.block_m * config.block_n * dst_element_size
+
+
+def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
+    """Programs of the persistent warp-specialized kernel an SM runs at once. Two where the kernel's warps are one
+    warpgroup whose accumulators (at most 128 x 128 fp32, 128 a thread) fit the 232 registers a thread two programs
+    leave it, and the shared memory fits twice: one program's epilogue and its ring's first fills then overlap
+    the other's wgmma, as the two consumer warpgroups of CUTLASS's ping-pong schedule do in one CTA (a single
+    program would leave the tensor cores idle there, where the one-tile-per-program kernel gets the same overlap
+    from the hardware scheduling two of its CTAs on an SM). Otherwise one, as the cooperative schedule: two
+    warpgroups on one tile."""
+    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128
+    return 2 if one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES else 1
 
 
 if UNAVAILABLE is None:
@@ -702,10 +728,18 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _register_limit(config: KernelConfig) -> dict:
-    """The launch's maxnreg where the kernel is warp-specialized (gluon = 2); without it the compiler assumes 256
-    a thread, more than an SM holds for 8 warps plus the producer's warpgroup."""
-    return {"maxnreg": specialized_max_registers(config.num_warps)} if config.gluon == 2 else {}
+def _persistent_launch(grid: tuple, config: KernelConfig, device, element_size: int, weight_grad: bool,
+                       dst_element_size: int = 0) -> tuple[tuple, dict]:  # fmt: skip
+    """(grid, launch options) of a launch with `grid`'s tiles. Warp-specialized (gluon = 2): persistent, the
+    programs an SM holds at once (persistent_programs_per_sm) on every SM, and a maxnreg that lets that many fit:
+    without one the compiler assumes 256 a thread, more than an SM holds for 8 warps plus the producer's
+    warpgroup. Else the grid as it is, no options."""
+    if config.gluon != 2:
+        return grid, {}
+    shared = persistent_shared_bytes(config, element_size, weight_grad, dst_element_size)
+    programs = persistent_programs_per_sm(config, shared)
+    persistent = (min(math.prod(grid), programs * _multiprocessors(device)),)
+    return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
 
 def conv3d_gluon(
@@ -722,8 +756,7 @@ def conv3d_gluon(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed
     )
     splits = grid[2]
-    if config.gluon == 2:  # persistent: one program per SM walks the tiles
-        grid = (min(math.prod(grid), _multiprocessors(dst.device)),)
+    grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False, dst.element_size())
     dst_ptr = descriptors[2] is dst
     launch(
         _conv3d_gluon_kernel, grid,
@@ -733,7 +766,7 @@ def conv3d_gluon(
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed, num_warps=config.num_warps,
-        **_register_limit(config),
+        **options,
     )  # fmt: skip
 
 
@@ -748,8 +781,7 @@ def conv3d_wgrad_gluon(
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
-    if config.gluon == 2:  # persistent: one program per SM walks the tiles
-        grid = (min(math.prod(grid), _multiprocessors(out.device)),)
+    grid, options = _persistent_launch(grid, config, out.device, grad_out.element_size(), True)
     launch(
         _conv3d_wgrad_gluon_kernel, grid,
         go_desc, *x_views, out,
@@ -758,5 +790,5 @@ def conv3d_wgrad_gluon(
         *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps,
-        **_register_limit(config),
+        **options,
     )  # fmt: skip

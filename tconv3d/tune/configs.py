@@ -231,7 +231,12 @@ def candidates(
     if gluon and gluon_eligible(direction, geom, dtype):
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
         specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
-        twins += [c for c in specialized if _persistent_smem(c, dtype, direction) <= smem_bytes]
+        element = torch.empty((), dtype=dtype).element_size()
+        twins += [
+            c for c in specialized  # the epilogue tile in fp32 where split-K writes partial sums
+            if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad", 4 if c.split_k > 1 else element)
+            <= smem_bytes
+        ]  # fmt: skip
     return kept + twins
 
 
@@ -519,17 +524,6 @@ def gluon_takes(config: KernelConfig) -> bool:
     """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along M, at most 256 columns, a ring of
     at least two stages."""
     return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
-
-
-def _persistent_smem(config: KernelConfig, dtype: torch.dtype, direction: str) -> int:
-    """Shared memory of the persistent warp-specialized Gluon kernel: the ring, and beside it the forward's and
-    input gradient's epilogue tile (fp32 where split-K writes partial sums), which it keeps while the next tile's
-    loads land (the weight gradient stores from registers)."""
-    element = torch.empty((), dtype=dtype).element_size()
-    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
-    if direction == "wgrad":
-        return ring + 1024
-    return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element) + 1024
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
