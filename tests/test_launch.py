@@ -9,6 +9,7 @@ that changes goes back through run (Triton may specialise differently); compile-
 CI runs this under triton 3.9 and, with the static compile tests, under 3.6."""
 
 import pytest
+import triton
 from test_static_compile import CUOBJDUMP, compile_script
 
 from tconv3d.kernels import launch
@@ -133,3 +134,35 @@ def test_the_direct_path_can_be_turned_off():
             [sys.executable, "-c", code], env={**env, "TCONV3D_DIRECT_LAUNCH": value}, capture_output=True, text=True
         )
         assert result.stdout.strip().splitlines()[-1] == expected, result.stderr[-2000:]
+
+
+FUSION = """
+import json, warnings, torch
+warnings.simplefilter("error")  # triton 3.9 warns on every compile that leaves fp fusion to its default
+from tconv3d.kernels.group_norm import group_norm_fwd
+from tconv3d.inspect.compile import compile_only
+x = torch.empty(1, 64, 4, 16, 16, device="meta", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+w = torch.empty(64, device="meta", dtype=torch.bfloat16)
+launches = []
+with compile_only(90, launches):
+    group_norm_fwd(x, w, w, 8, 1e-6, "silu")
+print(json.dumps({name: kernel.metadata.enable_fp_fusion for name, _, _, kernel, _, _ in launches}))
+"""
+
+
+@pytest.mark.parametrize("environment", ["unfused_default", "forced_off"])
+def test_every_launch_asks_for_fused_multiply_adds(environment, monkeypatch):
+    """Every launch compiles with fused multiply-adds whatever Triton's default (3.10 turns it off; here, its
+    TRITON_DEFAULT_FP_FUSION=0), with no warning about it; TRITON_FORCE_DISABLE_FP_FUSION=1 (triton 3.9) still
+    turns it off."""
+    if environment == "unfused_default":
+        monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    else:
+        from triton import knobs
+
+        if not hasattr(knobs.language, "force_disable_fp_fusion"):
+            pytest.skip(f"triton {triton.__version__} has no TRITON_FORCE_DISABLE_FP_FUSION")
+        monkeypatch.setenv("TRITON_FORCE_DISABLE_FP_FUSION", "1")
+    fused = compile_script(FUSION)
+    assert set(fused) == {"_channel_reduce_kernel", "_affine_kernel"}
+    assert set(fused.values()) == {environment == "unfused_default"}, fused

@@ -17,6 +17,12 @@ are checked once, at import, and where they differ, or under the interpreter, `l
 
 Inside `traced()` (ops.py's Inductor path) a launch is not run but recorded into the graph being traced, through
 torch.library.wrap_triton: Inductor's generated code then launches the kernel itself.
+
+Every launch asks for fused multiply-adds (enable_fp_fusion=FP_FUSION), whatever the installed Triton defaults
+to: Triton 3.9 warns that its default (fused) turns to unfused in 3.10, which would change what the kernels compute
+in their last bits (the norms' x * a + b, the SiLU) and their speed between two Triton releases without a change
+here. TRITON_FORCE_DISABLE_FP_FUSION=1 (Triton 3.9 on) still turns fusion off. A launch recorded for Inductor
+(`traced`) leaves the option to Inductor, whose compile options are its own.
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ def _why_off() -> str | None:
 OFF = _why_off()
 if OFF is None:
     from triton import knobs
+
+# The compile option every launch passes (see the module's docstring), unless its caller names it.
+FP_FUSION = True
 
 # signature -> (the compiled kernel, the values of the parameters after the positional ones). Kernels are in
 # signatures by id: JITFunction's own hash recomputes its cache key on every call.
@@ -138,6 +147,7 @@ def launch(kernel, grid, *args, **kwargs):
         if any(hasattr(a, "block_shape") for a in args):  # choice.inductor_refusal keeps TMA launches out
             raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
         return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+    kwargs.setdefault("enable_fp_fusion", FP_FUSION)  # kwargs is this call's own dict
     if (
         OFF is not None
         or _suspended
