@@ -289,3 +289,36 @@ def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
     for wrong in (["--resume"], ["--cases", "wan_dec_385b"]):  # nothing to resume from; no such case
         with pytest.raises(SystemExit):
             variants.main(wrong)
+
+
+def test_variants_time_the_second_persistent_program(monkeypatch):
+    """Where the persistent Gluon kernel runs two programs an SM (one-warpgroup tiles that fit twice: down_s2's),
+    bench.variants also times the same tiles at one program an SM, and only there (not wan_dec_384b's forward,
+    two warpgroups a tile); that row launches under conv_gluon.programs_per_sm_at_most(1)."""
+    from bench import variants
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.tune import choice, configs
+    from tconv3d.tune.shapes import load_shape_set
+
+    if conv_gluon.UNAVAILABLE is not None:
+        pytest.skip(conv_gluon.UNAVAILABLE)
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
+    h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
+    monkeypatch.setattr(choice, "pick_config", h100)  # the shipped table's tiles
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    cuda = torch.device("cuda")
+    for direction in ("fwd", "dgrad", "wgrad"):
+        found = variants.variant_configs(direction, shapes["down_s2"].geometry(), torch.bfloat16, cuda)
+        assert found[variants.ONE_PROGRAM_PER_SM] == found["gluon_ws"], direction
+        assert found["gluon_ws"].num_warps == 4 and found["gluon_ws"].gluon == 2
+    large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
+    assert "gluon_ws" in large and variants.ONE_PROGRAM_PER_SM not in large
+    config = large["gluon_ws"].__class__(128, 64, 64, 4, 3, tma_box_w=16, gluon=2)
+    seen = []
+    programs = lambda c: seen.append(conv_gluon.persistent_programs_per_sm(c, 90 * 1024))  # noqa: E731
+    programs(config)
+    variants._one_program_per_sm(programs, config)
+    programs(config)
+    assert seen == [2, 1, 2]

@@ -18,6 +18,7 @@ tile fits twice: persistent_programs_per_sm).
 Gluon is experimental and its API moves between Triton releases: the variant is offered only where this module
 imports and its Triton is one the kernel was compiled against (GLUON_TRITON), and only for sm_90 (wgmma)."""
 
+import contextlib
 import functools
 import math
 
@@ -105,7 +106,23 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
     from the hardware scheduling two of its CTAs on an SM). Otherwise one, as the cooperative schedule: two
     warpgroups on one tile."""
     one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128
-    return 2 if one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES else 1
+    fits_twice = one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES
+    return min(2 if fits_twice else 1, _most_programs_per_sm)
+
+
+_most_programs_per_sm = 2
+
+
+@contextlib.contextmanager
+def programs_per_sm_at_most(programs: int):
+    """Inside, persistent launches run at most `programs` programs an SM: bench.variants times the two-program
+    form against one program an SM on the same tiles."""
+    global _most_programs_per_sm
+    saved, _most_programs_per_sm = _most_programs_per_sm, programs
+    try:
+        yield
+    finally:
+        _most_programs_per_sm = saved
 
 
 if UNAVAILABLE is None:
