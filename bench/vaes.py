@@ -4,16 +4,17 @@ diffusers' default config, the released model's size."""
 
 import torch
 
-LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8}
+LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4}
 
 # Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
 DEFAULT_LATENTS = {
     "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
-    "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8),
+    "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8), "hunyuan_video15": (1, 32, 5, 16, 16),
 }  # fmt: skip
 CLASSES = {
     "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
     "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
+    "hunyuan_video15": "AutoencoderKLHunyuanVideo15",
 }  # fmt: skip
 
 
@@ -54,5 +55,10 @@ def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
             decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
             upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, timestep_conditioning=False, patch_size=1,
             patch_size_t=1, encoder_causal=True, decoder_causal=False,
+        )  # fmt: skip
+    if name == "hunyuan_video15":  # HunyuanVideo 1.5: 8x in space here (16x released), 4x in time
+        return diffusers.AutoencoderKLHunyuanVideo15(
+            latent_channels=4, block_out_channels=(8 * scale,) + (16 * scale,) * 3, layers_per_block=1,
+            spatial_compression_ratio=8,
         )  # fmt: skip
     raise ValueError(f"unknown VAE {name!r}; known: {', '.join(LATENT_CHANNELS)}")

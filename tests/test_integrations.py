@@ -321,6 +321,41 @@ def test_wan_frame_interleave_writes_channels_last():
     assert torch.equal(out, expected) and out.is_contiguous(memory_format=torch.channels_last_3d)
 
 
+@pytest.mark.parametrize("temporal", [True, False], ids=["space_and_time", "space"])
+@pytest.mark.parametrize(("cin", "cout"), [(16, 16), (8, 16), (6, 6), (16, 8)])
+@pytest.mark.parametrize("frames", [1, 2, 5])
+def test_hunyuan_video15_resampling_in_channels_last(temporal, cin, cout, frames, aten_path):
+    """HunyuanVideo 1.5's upsample and downsample (depth-to-space, space-to-depth, the shortcut repeated or averaged
+    over channels, the first frame in space only), written into one channels_last_3d result from views, against
+    diffusers' modules: outputs, input gradients and parameter gradients, with channel counts that do not split
+    into the 4 spatial positions (6: diffusers then repeats before it rearranges). Shapes diffusers' own modules
+    cannot take are left out."""
+    from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hv15
+
+    for cls, flag, size in ((hv15.HunyuanVideo15Upsample, "add_temporal_upsample", (3, 5)),
+                            (hv15.HunyuanVideo15Downsample, "add_temporal_downsample", (6, 4))):  # fmt: skip
+        torch.manual_seed(0)
+        stock = cls(cin, cout, **{flag: temporal}).eval()
+        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        assert is_converted(converted)
+        x = torch.randn(2, cin, frames, *size)
+        try:
+            stock(x)
+        except RuntimeError:  # channels or frames diffusers cannot regroup (1 + 2k frames to downsample in time)
+            continue
+        ours_in = x.clone().contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+        theirs_in = x.clone().requires_grad_()
+        ours, theirs = converted(ours_in), stock(theirs_in)
+        assert ours.shape == theirs.shape
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d)
+        assert rel_l2(ours, theirs) < MATCH, cls.__name__
+        grad = torch.randn_like(theirs)
+        ours.backward(grad)
+        theirs.backward(grad)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH, cls.__name__
+        assert_same_gradients(stock, converted)
+
+
 WHOLE_MODELS = """
 import sys, torch
 from tconv3d.nn.convert import is_converted

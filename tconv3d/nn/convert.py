@@ -112,6 +112,8 @@ def convert(
             reason = adapter_reason(adapter, module)
             if reason is None:
                 _swap(module, adapted_class(adapter, type(module)))
+                if hasattr(adapter, "prepare"):
+                    adapter.prepare(module)
                 inner = getattr(module, "conv", None)
                 if getattr(adapter, "wraps_conv", False) and not is_converted(inner):
                     # A wrapper calls its conv's tconv3d op directly: the conv goes with it.

@@ -3,8 +3,9 @@ repeated frames taken into one tconv3d op) and the blocks whose forward would tu
 NCDHW. tconv3d.nn.convert swaps them in by class (see convert.py); diffusers is never imported here.
 
 An adapter names the classes it takes over (`classes`, by module and name), the attributes it relies on
-(`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`), and
-gives their forward with diffusers' signature and results. `wraps_conv` marks the wrappers that pad and call
+(`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`), may
+normalise a module's settings once when it takes it over (`prepare`, optional), and gives their forward with
+diffusers' signature and results. `wraps_conv` marks the wrappers that pad and call
 their `.conv`: that conv is taken over with them.
 """
 
@@ -175,11 +176,14 @@ class _CogVideoXCausalConv3d:
 
 
 class _ReplicatePaddedConv3d:
-    """diffusers' HunyuanVideoCausalConv3d: F.pad(x, time_causal_padding, mode=pad_mode) then its conv, as one op
-    with the padding and its mode inside."""
+    """diffusers' HunyuanVideoCausalConv3d (and HunyuanVideo15CausalConv3d, the same class): F.pad(x,
+    time_causal_padding, mode=pad_mode) then its conv, as one op with the padding and its mode inside."""
 
     wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
-    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoCausalConv3d",)
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoCausalConv3d",
+        "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15CausalConv3d",
+    )
     attributes = ("conv", "pad_mode", "time_causal_padding")
 
     @staticmethod
@@ -382,6 +386,121 @@ class _MochiUpBlock:
         return _depth_to_space(hidden_states, stride), new_conv_cache
 
 
+def _packed_frames(x: torch.Tensor, factors) -> torch.Tensor:
+    """HunyuanVideo 1.5's depth-to-space as a view: (B, r1*r2*r3*C, F, H, W), channels ordered (r1, r2, r3, C), as
+    (B, C, F, r1, H, r2, W, r3): what diffusers' _dcae_upsample_rearrange reshapes (a copy, answering NCDHW) to
+    (B, C, F*r1, H*r2, W*r3)."""
+    b, packed, f, h, w = x.shape
+    r1, r2, r3 = factors
+    return x.view(b, r1, r2, r3, packed // (r1 * r2 * r3), f, h, w).permute(0, 4, 5, 1, 6, 2, 7, 3)
+
+
+def _unpacked_frames(x: torch.Tensor, factors) -> torch.Tensor:
+    """Its inverse, space-to-depth, as a view: (B, C, F*r1, H*r2, W*r3) as (B, r1, r2, r3, C, F, H, W), what
+    diffusers' _dcae_downsample_rearrange reshapes (a copy, answering NCDHW) to (B, r1*r2*r3*C, F, H, W)."""
+    b, c, f, h, w = x.shape
+    r1, r2, r3 = factors
+    return x.view(b, c, f // r1, r1, h // r2, r2, w // r3, r3).permute(0, 3, 5, 7, 1, 2, 4, 6)
+
+
+def _frame_parts(frames_in: int, frames_out: int, temporal: bool, r1: int):
+    """(input frames, output frames, factors) of HunyuanVideo 1.5's resampling: with `temporal`, the first frame in
+    space only and the others in space and time (r1), else all frames alike."""
+    if not temporal:
+        return [(slice(0, frames_in), slice(0, frames_out), (r1, 2, 2))]
+    return [(slice(0, 1), slice(0, 1), (1, 2, 2)), (slice(1, frames_in), slice(1, frames_out), (r1, 2, 2))]
+
+
+class _HunyuanVideo15Upsample:
+    """diffusers' HunyuanVideo15Upsample: its conv, then depth-to-space of the conv's output and of the input
+    (repeated over channels) for the shortcut, the first frame in space only, and their sum. diffusers makes each
+    of these an NCDHW copy and concatenates the frames; here the conv's part is written straight into one
+    channels_last_3d result and the shortcut added into it, both from views: two passes over the result."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Upsample",)
+    attributes = ("conv", "add_temporal_upsample", "repeats")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    @staticmethod
+    def prepare(module) -> None:
+        # diffusers computes the flag with numpy (a numpy bool), on which torch.compile breaks the graph at every
+        # branch: the same value as a Python bool.
+        module.add_temporal_upsample = bool(module.add_temporal_upsample)
+
+    def forward(self, x):
+        h = self.conv(x)
+        b, packed, t, height, width = h.shape
+        temporal = self.add_temporal_upsample
+        r1 = 2 if temporal else 1
+        c = packed // (r1 * 4)
+        frames = 1 + (t - 1) * r1 if temporal else t
+        out = torch.empty((b, c, frames, 2 * height, 2 * width), dtype=h.dtype, device=h.device, memory_format=_CL)
+        for source, target, factors in _frame_parts(t, frames, temporal, r1):
+            if target.start == target.stop:
+                continue
+            first = temporal and factors[0] == 1  # the first frame: half the channels, half the repeats
+            part = out[:, :, target]
+            view = part.view(b, c, part.shape[2] // factors[0], factors[0], height, 2, width, 2)
+            conv_part = _packed_frames(h[:, :, source], factors)
+            view.copy_(conv_part[:, :c] if first else conv_part)
+            repeats = self.repeats // 2 if first else self.repeats
+            inputs = x[:, :, source]
+            if temporal or inputs.shape[1] % 4 == 0:
+                # repeat_interleave after the rearrange (diffusers' order with time; without, the same values
+                # when the input's channels split into the 4 spatial positions): an expanded view
+                shortcut = _packed_frames(inputs, factors)
+                shortcut = shortcut.unsqueeze(2).expand(b, shortcut.shape[1], repeats, *shortcut.shape[2:])
+                view.view(b, c // repeats, repeats, *view.shape[2:]).add_(shortcut)
+            else:  # a fresh view: an in-place op on one taken before the copy_ into `view` is refused as a leaf's
+                repeated = _packed_frames(inputs.repeat_interleave(repeats, dim=1), factors)
+                out[:, :, target].add_(repeated.reshape(part.shape))
+        return out
+
+
+class _HunyuanVideo15Downsample:
+    """diffusers' HunyuanVideo15Downsample: its conv, then space-to-depth of the conv's output (the first frame in
+    space only, its channels twice) and of the input (averaged over groups of channels) for the shortcut, and their
+    sum, written into one channels_last_3d result from views instead of diffusers' NCDHW copies and
+    concatenations."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Downsample",)
+    attributes = ("conv", "add_temporal_downsample", "group_size")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    @staticmethod
+    def prepare(module) -> None:
+        module.add_temporal_downsample = bool(module.add_temporal_downsample)  # see _HunyuanVideo15Upsample's
+
+    def forward(self, x):
+        h = self.conv(x)
+        b, c, t, height, width = h.shape
+        temporal = self.add_temporal_downsample
+        r1 = 2 if temporal else 1
+        frames = 1 + (t - 1) // r1 if temporal else t // r1
+        out = torch.empty((b, 4 * r1 * c, frames, height // 2, width // 2), dtype=h.dtype, device=h.device,
+                          memory_format=_CL)  # fmt: skip
+        for source, target, factors in _frame_parts(t, frames, temporal, r1):
+            if target.start == target.stop:
+                continue
+            first = temporal and factors[0] == 1  # the first frame: its channels twice, half the group
+            part = out[:, :, target]
+            conv_part = _unpacked_frames(h[:, :, source], factors)  # (B, r1, r2, r3, C, F, H, W)
+            copies = 2 if first else 1
+            view = part.view(b, copies, *conv_part.shape[1:5], *part.shape[2:])
+            view.copy_(conv_part.unsqueeze(1).expand(view.shape))
+            group = self.group_size // 2 if first else self.group_size
+            inputs = _unpacked_frames(x[:, :, source], factors)  # (B, r1, r2, r3, Cin, F, H, W)
+            means = inputs.unflatten(4, (inputs.shape[4] // group, group)).mean(dim=5)
+            out[:, :, target].view(b, *means.shape[1:5], *part.shape[2:]).add_(means)  # a fresh view (Upsample's)
+        return out
+
+
 class _CogVideoXSpatialNorm:
     """diffusers' CogVideoXSpatialNorm3D resizes the latent to the features' size (first frame on its own, the
     rest together, then a torch.cat at full resolution) for its conv_y and conv_b. The same nearest-neighbour
@@ -518,7 +637,7 @@ class _WanAttentionBlock:
 _ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
-    _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock,
+    _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
 )  # fmt: skip
 KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 
