@@ -460,6 +460,20 @@ def check_group_norm(input, weight, bias, groups, activation) -> None:
         raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
 
 
+# Channels the rms_norm kernels hold in registers at once: a voxel's whole channel vector.
+RMS_NORM_MAX_CHANNELS = 4096
+
+
+def check_rms_norm(input, weight, bias, eps, activation) -> None:
+    """Validate an rms_norm call: 5-D input of at most RMS_NORM_MAX_CHANNELS channels, weight and bias per channel
+    (any supported dtype), a positive eps."""
+    check_group_norm(input, weight, bias, 1, activation)
+    if input.shape[1] > RMS_NORM_MAX_CHANNELS:
+        raise ValueError(f"rms_norm takes at most {RMS_NORM_MAX_CHANNELS} channels, got {input.shape[1]}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+
+
 def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
     """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
     dilation), each a list of ints, groups, and the surplus: per dimension, how many more outputs the convolution

@@ -25,12 +25,20 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import settings
-from .geometry import PLAIN_TENSORS, check_conv3d, check_group_norm, check_input_grad, check_weight_grad
+from .geometry import (
+    PLAIN_TENSORS,
+    check_conv3d,
+    check_group_norm,
+    check_input_grad,
+    check_rms_norm,
+    check_weight_grad,
+)
 from .kernels import aten, launch
 from .kernels.conv_dgrad import conv3d_dgrad
 from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
 from .kernels.group_norm import group_norm_bwd, group_norm_fwd
+from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.utils import empty_ndhwc
 from .tune import choice
 
@@ -495,6 +503,65 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
 call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)
 _inductor_launches("group_norm", group_norm)
 _inductor_launches("group_norm_backward", group_norm_backward)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rms norm: each voxel's channels normalised by their L2 norm (F.normalize over dim 1), then affine, optionally SiLU
+
+
+def _rms_norm_fake(input, weight, bias, eps, activation="none"):
+    check_rms_norm(input, weight, bias, eps, activation)
+    return empty_ndhwc(input.shape, like=input)
+
+
+@_define(
+    'rms_norm(Tensor input, Tensor? weight, Tensor? bias, float eps, str activation="none") -> Tensor', _rms_norm_fake
+)
+def rms_norm(input, weight, bias, eps, activation="none"):
+    check_rms_norm(input, weight, bias, eps, activation)
+    if not _runs_triton(input):
+        return aten.rms_norm_fwd(input, weight, bias, eps, activation)
+    with _device_guard(input):
+        return rms_norm_fwd(input, weight, bias, eps, activation)
+
+
+def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none"):
+    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
+    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
+
+
+@_define(
+    "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, float eps,"
+    ' str activation="none") -> (Tensor, Tensor, Tensor)',
+    _rms_norm_backward_fake,
+)
+def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none"):
+    if not _runs_triton(input):
+        return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation)
+    with _device_guard(input):
+        return rms_norm_bwd(grad_output, input, weight, bias, eps, activation)
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    input, weight, bias, eps, *activation = inputs
+    ctx.save_for_backward(input, weight, bias)
+    ctx.eps, ctx.activation = eps, activation[0] if activation else "none"
+
+
+def _rms_norm_backward(ctx, grad_output):
+    input, weight, bias = ctx.saved_tensors
+    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.rms_norm_backward(
+        grad_output, input, weight, bias, ctx.eps, ctx.activation
+    )
+    grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+    grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias, None, None)
+    return grads[: len(ctx.needs_input_grad)]
+
+
+call_rms_norm = _register_autograd("rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context)
+_inductor_launches("rms_norm", rms_norm)
+_inductor_launches("rms_norm_backward", rms_norm_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------

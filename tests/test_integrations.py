@@ -68,6 +68,8 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
     assert len(after.layers) == len(before.layers) > 0
     assert before.aten_conv3d_calls == after.tconv3d_calls
     assert_all_on_tconv3d(after)
+    if name in ("wan", "hunyuan_video15"):  # their RMS_norms
+        assert after.norm_calls > 0
     # The copies convert removed: every stock VAE pads or concatenates in front of its convolutions.
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
 
@@ -354,6 +356,46 @@ def test_hunyuan_video15_resampling_in_channels_last(temporal, cin, cout, frames
         theirs.backward(grad)
         assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH, cls.__name__
         assert_same_gradients(stock, converted)
+
+
+@pytest.mark.parametrize(
+    "cls_name", ["autoencoder_kl_wan.WanRMS_norm", "autoencoder_kl_hunyuanvideo15.HunyuanVideo15RMS_norm"]
+)
+def test_rms_norms_run_on_tconv3d(cls_name, aten_path):
+    """Wan's (and Qwen-Image's, the same class) and HunyuanVideo 1.5's RMS_norm on 5-D activations: one rms_norm op,
+    against diffusers' module in fp32 (with a bias), and in the dtype diffusers returns (fp32 for a bf16 input with
+    fp32 parameters, as under autocast; bf16 for a bf16 model); 4-D inputs (the attention blocks' per-frame norm)
+    run diffusers' forward."""
+    import importlib
+
+    module_name, name = cls_name.split(".")
+    cls = getattr(importlib.import_module(f"diffusers.models.autoencoders.{module_name}"), name)
+    torch.manual_seed(0)
+    stock = cls(24, images=False, bias=True)
+    with torch.no_grad():
+        stock.gamma.copy_(torch.randn_like(stock.gamma))
+        stock.bias.copy_(torch.randn_like(stock.bias))
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    x = torch.randn(2, 24, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert report.norm_calls == 1 and report.norm_layout_copies == 0
+    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = converted(ours_in), stock(theirs_in)
+    assert rel_l2(ours, theirs) < MATCH and ours.is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+    assert_same_gradients(stock, converted)
+    with torch.no_grad():
+        assert converted(x.bfloat16()).dtype == stock(x.bfloat16()).dtype == torch.float32
+        assert copy.deepcopy(converted).bfloat16()(x.bfloat16()).dtype == torch.bfloat16
+    frames = cls(24)  # images=True: the attention blocks' norm over (B*T, C, H, W)
+    converted_frames = tconv3d.nn.convert(copy.deepcopy(frames))
+    flat = torch.randn(6, 24, 4, 5)
+    with torch.no_grad():
+        assert torch.equal(converted_frames(flat), frames(flat))
 
 
 WHOLE_MODELS = """

@@ -147,3 +147,98 @@ def test_convert_swaps_norms_and_fuses_silu(device):
     assert list(model.state_dict()) == list(state)
     y = model(x)
     assert rel_l2(y, expected) < TOLERANCE[torch.float32] and y.is_contiguous(memory_format=CL)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rms_norm: F.normalize over the channels, then affine (Wan's, Qwen-Image's and HunyuanVideo 1.5's RMS_norm)
+
+# (name, shape); 1,030 channels: a row wider than 1,024 (one row a program)
+RMS_CASES = [
+    ("c3", (2, 3, 3, 4, 5)),
+    ("c8", (1, 8, 2, 5, 3)),
+    ("c96", (2, 96, 2, 4, 3)),
+    ("c130", (1, 130, 3, 3, 3)),
+    ("c1030", (1, 1030, 1, 2, 3)),
+]
+
+
+def rms_reference(x, weight, bias, eps, activation):
+    y = F.normalize(x, dim=1, eps=eps)
+    y = y * weight.view(1, -1, 1, 1, 1) if weight is not None else y
+    y = y + bias.view(1, -1, 1, 1, 1) if bias is not None else y
+    return F.silu(y) if activation == "silu" else y
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("params", ["weight_bias", "weight", "plain"])
+@pytest.mark.parametrize("case", RMS_CASES, ids=lambda c: c[0])
+def test_rms_norm_matches_float64(case, params, activation, dtype, device):
+    """Output, input, weight and bias gradients against float64 F.normalize + affine (+ SiLU), with one voxel all
+    zeros (its norm clamped to eps: a constant, no gradient through it; fp32 and bf16) and an offset mean."""
+    _name, shape = case
+    x = (torch.randn(shape, device=device) * 2 + 1).to(dtype)
+    if dtype != torch.float16:  # its gradient, g / eps, is past fp16's range (torch's F.normalize gives inf too)
+        x[0, :, 0, 0, 0] = 0
+    x = leaf_copy(x.contiguous(memory_format=CL))
+    weight = leaf_copy(torch.randn(shape[1], device=device).to(dtype)) if params != "plain" else None
+    bias = leaf_copy(torch.randn(shape[1], device=device).to(dtype)) if params == "weight_bias" else None
+    y = torch.ops.tconv3d.rms_norm(x, weight, bias, 1e-12, activation)
+    assert y.is_contiguous(memory_format=CL) and y.dtype == dtype
+    inputs = [t for t in (x, weight, bias) if t is not None]
+    copies = [leaf_copy(t.detach().double()) for t in inputs]
+    expected = rms_reference(copies[0], *[*copies[1:], None, None][:2], 1e-12, activation)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    y.backward(grad_out.to(dtype))
+    assert rel_l2(y, expected) < TOLERANCE[dtype]
+    for ours, ref in zip(inputs, copies, strict=True):
+        assert rel_l2(ours.grad, ref.grad) < TOLERANCE[dtype]
+    assert x.grad.is_contiguous(memory_format=CL)
+
+
+def test_rms_norm_a_test_can_fail():
+    """The norm is over the channels (not the voxels), and the clamped voxel's gradient is g / eps: a kernel that
+    normalised the wrong way, or let the gradient through the clamped norm, is far off."""
+    x = torch.randn(1, 4, 2, 3, 3).contiguous(memory_format=CL)
+    ours = torch.ops.tconv3d.rms_norm(x, None, None, 1e-12, "none")
+    assert rel_l2(ours, F.normalize(x, dim=1)) < TOLERANCE[torch.float32]
+    assert rel_l2(ours, F.normalize(x.flatten(2), dim=2).view_as(x)) > 0.1
+
+
+def test_rms_norm_any_layout_and_deterministic_gradients(device):
+    x = torch.randn(2, 16, 3, 6, 5, device=device)  # NCDHW: converted once, output channels_last_3d
+    w, b = torch.randn(16, device=device), torch.randn(16, device=device)
+    y = torch.ops.tconv3d.rms_norm(x, w, b, 1e-12, "silu")
+    assert y.is_contiguous(memory_format=CL)
+    assert rel_l2(y, rms_reference(x.double(), w.double(), b.double(), 1e-12, "silu")) < TOLERANCE[torch.float32]
+    grads = []
+    for _ in range(2):
+        xs, ws = leaf_copy(x), leaf_copy(w)
+        torch.ops.tconv3d.rms_norm(xs, ws, b, 1e-12, "silu").square().sum().backward()
+        grads.append((xs.grad, ws.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("shape", "eps", "message"),
+    [
+        ((1, 6, 3, 3), 1e-12, "must be 5-D"),
+        ((1, 6, 2, 3, 3), 0.0, "eps must be a positive number"),
+        ((1, 4097, 1, 1, 1), 1e-12, "at most 4096 channels"),
+    ],
+)
+def test_bad_rms_norm_arguments(shape, eps, message):
+    with pytest.raises(ValueError, match=message):
+        torch.ops.tconv3d.rms_norm(torch.randn(shape), None, None, eps, "none")
+    with pytest.raises(ValueError, match=r"weight must have shape \(6,\)"):
+        torch.ops.tconv3d.rms_norm(torch.randn(1, 6, 2, 3, 3), torch.randn(5), None, 1e-12, "none")
+
+
+def test_opcheck_rms_norm(device):
+    x = torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(6, device=device, requires_grad=True)
+    b = torch.randn(6, device=device, requires_grad=True)
+    for activation in ("none", "silu"):
+        torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, w, b, 1e-12, activation))
+        torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, None, None, 1e-6, activation))

@@ -160,6 +160,28 @@ print(json.dumps(out))
 """
 
 
+RMS_NORM_COMPILE = """
+import json, torch
+from tconv3d.kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
+from tconv3d.inspect.compile import compile_only, read_cubin
+out = []
+for capability in (90, 80):
+    for dtype in (torch.bfloat16, torch.float32):
+        for channels in (96, 384, 1024, 4096):
+            x = torch.empty(1, channels, 4, 32, 32, device="meta", dtype=dtype).contiguous(
+                memory_format=torch.channels_last_3d)
+            w = torch.empty(channels, device="meta", dtype=dtype)
+            launches = []
+            with compile_only(capability, launches):
+                rms_norm_fwd(x, w, w, 1e-12, "silu")
+                rms_norm_bwd(x, x, w, w, 1e-12, "silu")
+            for name, grid, warps, kernel, seconds, _ in launches:
+                out.append({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
+                            **read_cubin(kernel.asm["cubin"])})
+print(json.dumps(out))
+"""
+
+
 def compile_script(script: str) -> list[dict]:
     """Run a compile script in a process without the interpreter; its last stdout line is the JSON reports."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -169,6 +191,16 @@ def compile_script(script: str) -> list[dict]:
                             timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_rms_norm_kernels_compile_without_spills_and_vectorised():
+    """The rms_norm kernels for sm_90 and sm_80, bf16 and fp32, rows of 96 to 4,096 channels (the widest a row may
+    be), forward and backward with SiLU: no spills, 128-bit loads along the contiguous channels."""
+    reports = compile_script(RMS_NORM_COMPILE)
+    assert len(reports) == 32  # 2 archs x 2 dtypes x 4 widths x (forward + backward)
+    for r in reports:
+        assert not r["spill_bytes"] and not r["local_accesses"], r
+        assert "LDG.E.128" in r["loads"], r
 
 
 def test_group_norm_kernels_compile_without_spills_and_vectorised():

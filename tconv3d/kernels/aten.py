@@ -88,3 +88,37 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
     grad_in = dy * per_channel(k1) + xf * per_channel(k2) + per_channel(k3)
     return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias
+
+
+def rms_norm_fwd(x, weight, bias, eps: float, activation: str) -> torch.Tensor:
+    """The rms_norm kernel's forward in torch ops, fp32: act(F.normalize(x, dim=1) * weight + bias)."""
+    y = _rms_affine(F.normalize(x.float(), dim=1, eps=eps), weight, bias)
+    if activation == "silu":
+        y = F.silu(y)
+    return _as_ndhwc(y.to(x.dtype))
+
+
+def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
+    """The kernel's backward in torch ops: its formula, fp32."""
+    xf, dz = x.float(), grad_out.float()
+    norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
+    inverse = 1.0 / norm.clamp_min(eps)
+    normalized = xf * inverse
+    if activation == "silu":
+        z = _rms_affine(normalized, weight, bias)
+        sig = torch.sigmoid(z)
+        dz = dz * sig * (1 + z * (1 - sig))
+    per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
+    g = dz * per_channel(weight) if weight is not None else dz
+    along = torch.where(norm > eps, (g * normalized).sum(dim=1, keepdim=True), 0.0)
+    grad_in = (g - normalized * along) * inverse
+    reduce = (0, 2, 3, 4)
+    return _as_ndhwc(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
+
+
+def _rms_affine(normalized, weight, bias):
+    if weight is not None:
+        normalized = normalized * weight.float().view(1, -1, 1, 1, 1)
+    if bias is not None:
+        normalized = normalized + bias.float().view(1, -1, 1, 1, 1)
+    return normalized

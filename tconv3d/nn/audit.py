@@ -46,7 +46,7 @@ class Audit:
     aten_conv3d_calls: int = 0  # in the whole run, inside Conv3d layers or not
     aten_conv_transpose3d_calls: int = 0
     tconv3d_calls: int = 0
-    norm_calls: int = 0  # tconv3d group_norm / instance norm calls
+    norm_calls: int = 0  # tconv3d group_norm / instance norm / rms_norm calls
     norm_layout_copies: int = 0  # ... whose input arrived not channels_last_3d (each pays a layout copy)
     pads: int = 0  # 5-D pads anywhere in the run
     concats: int = 0  # 5-D concatenations and repeats anywhere in the run
@@ -126,7 +126,7 @@ class _Watcher(TorchDispatchMode):
             frames_before = args[8] if len(args) > 8 else kwargs.get("frames_before")
             self._conv_call(layer, first, tconv3d=True, layout_copy=not _is_ndhwc(first) or (
                 frames_before is not None and not _is_ndhwc(frames_before)))  # fmt: skip
-        elif namespace == "tconv3d" and name == "group_norm":
+        elif namespace == "tconv3d" and name in ("group_norm", "rms_norm"):
             self.report.norm_calls += 1
             self.report.norm_layout_copies += not first.is_contiguous(memory_format=torch.channels_last_3d)
         elif namespace == "aten" and name == "convolution" and _is_3d(args):

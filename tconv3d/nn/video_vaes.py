@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..geometry import SUPPORTED_DTYPES
+from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
+from ..ops import call_rms_norm
 from .modules import Conv3d, GroupNorm, InstanceNorm3d, normalize
 
 _CL = torch.channels_last_3d
@@ -411,6 +412,41 @@ def _frame_parts(frames_in: int, frames_out: int, temporal: bool, r1: int):
     return [(slice(0, 1), slice(0, 1), (1, 2, 2)), (slice(1, frames_in), slice(1, frames_out), (r1, 2, 2))]
 
 
+class _ChannelRMSNorm:
+    """diffusers' RMS_norm of Wan, Qwen-Image and HunyuanVideo 1.5 on 5-D activations: F.normalize over the channels
+    (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One tconv3d rms_norm pass (fp32
+    inside, rounded once) instead of an fp32 copy and five more passes; the result in the dtype diffusers' returns
+    (a 16-bit input with fp32 parameters gives fp32 there: then one cast). 4-D inputs (the attention blocks'
+    per-frame norm) run diffusers' forward."""
+
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_wan.WanRMS_norm",
+        "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageRMS_norm",
+        "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15RMS_norm",
+    )
+    attributes = ("channel_first", "scale", "gamma", "bias")
+    eps = 1e-12  # F.normalize's default, which diffusers uses
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if not module.channel_first:
+            return "it normalises the last dimension (channel_first=False)"
+        if module.gamma.dtype not in SUPPORTED_DTYPES:
+            return f"its gamma is {module.gamma.dtype}"
+        return None
+
+    def forward(self, x):
+        channels = x.shape[1] if x.dim() == 5 else 0
+        if channels != self.gamma.numel() or x.dtype not in SUPPORTED_DTYPES or channels > RMS_NORM_MAX_CHANNELS:
+            return super().forward(x)
+        bias = self.bias.reshape(-1) if isinstance(self.bias, torch.Tensor) else None
+        y = call_rms_norm(x, self.gamma.reshape(-1) * self.scale, bias, _ChannelRMSNorm.eps, "none")
+        dtype = torch.promote_types(x.dtype, self.gamma.dtype)
+        if bias is not None:
+            dtype = torch.promote_types(dtype, bias.dtype)
+        return y if y.dtype == dtype else y.to(dtype)
+
+
 class _HunyuanVideo15Upsample:
     """diffusers' HunyuanVideo15Upsample: its conv, then depth-to-space of the conv's output and of the input
     (repeated over channels) for the shortcut, the first frame in space only, and their sum. diffusers makes each
@@ -638,6 +674,7 @@ _ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
+    _ChannelRMSNorm,
 )  # fmt: skip
 KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 

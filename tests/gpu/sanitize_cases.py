@@ -6,9 +6,9 @@ Families: the pointer kernels (odd channels, stride 2, dilation, causal 6-value 
 packed small-channel path), the TMA kernels (patch and one-row boxes, stride-2 phase views, asymmetric padding
 with dilation), the Gluon kernels software-pipelined and persistent warp-specialized (sm_90 with a Triton they are
 written for), split-K in the forward and input gradient (pointer, TMA and Gluon), depthwise and grouped
-convolution, the padding modes inside the kernels, `frames_before`, ConvTranspose3d and the NDHWC GroupNorm. Each
-variant is forced where the problem allows it. Every result is also checked against float64, so a run that
-touches no bad memory also computed the right thing; the last line is one row per family.
+convolution, the padding modes inside the kernels, `frames_before`, ConvTranspose3d, the NDHWC GroupNorm and
+rms_norm. Each variant is forced where the problem allows it. Every result is also checked against float64, so a
+run that touches no bad memory also computed the right thing; the last line is one row per family.
 """
 
 from __future__ import annotations
@@ -145,6 +145,23 @@ def norm_errors(dtype, activation) -> list[float]:
     return autograd_errors(ours, reference, x, weight, bias)
 
 
+def rms_norm_errors(dtype, activation) -> list[float]:
+    """The rms_norm kernels on 1,030 channels (a row wider than 1,024, one row a program) with a zero voxel."""
+    x = torch.randn(1, 1030, 2, 3, 5, device=DEVICE).to(dtype)
+    x[0, :, 0, 0, 0] = 0
+    x = x.contiguous(memory_format=CL)
+    weight, bias = torch.randn(1030, device=DEVICE).to(dtype), torch.randn(1030, device=DEVICE).to(dtype)
+
+    def ours(x, weight, bias):
+        return torch.ops.tconv3d.rms_norm(x, weight, bias, 1e-12, activation)
+
+    def reference(x, weight, bias):
+        y = F.normalize(x, dim=1, eps=1e-12) * weight.view(1, -1, 1, 1, 1) + bias.view(1, -1, 1, 1, 1)
+        return F.silu(y) if activation == "silu" else y
+
+    return autograd_errors(ours, reference, x, weight, bias)
+
+
 @dataclasses.dataclass
 class Problem:
     label: str
@@ -189,6 +206,8 @@ def families() -> dict[str, list[Problem]]:
         "conv_transpose": [Problem("stride 2", bf16, lambda: transpose_errors(bf16))],
         "group_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: norm_errors(d, a)) for d in both
                        for a in (None, "silu")],
+        "rms_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: rms_norm_errors(d, a)) for d in both
+                     for a in ("none", "silu")],
     }  # fmt: skip
 
 

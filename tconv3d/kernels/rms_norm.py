@@ -1,0 +1,160 @@
+"""Normalisation of each voxel's channel vector on NDHWC tensors, as the video VAEs of Wan, Qwen-Image and
+HunyuanVideo 1.5 do it (their RMS_norm: F.normalize over channels, times sqrt(C) and a per-channel gamma, plus a
+bias), with an optional fused SiLU: two Triton kernels and their launchers.
+
+    y = act(x / max(||x||, eps) * weight + bias),   ||x|| the L2 norm of one voxel's C channels
+
+A channels_last_3d tensor holds each voxel's channels contiguously: the rows of a (voxels, C) matrix, so one
+program normalises BLOCK_R whole rows (up to geometry.RMS_NORM_MAX_CHANNELS channels), loaded along C, in one read
+and one write (stock diffusers: an fp32 copy, the norm, the division, a cast back and the affine, each a pass of
+its own). fp32 arithmetic whatever the tensor dtype; the backward recomputes the norm (no per-voxel state is kept)
+and reduces the weight and bias gradients per program, summed on the host in a fixed order: deterministic, no
+atomics.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import launch
+from .utils import cdiv, empty_ndhwc
+
+ACTIVATIONS = ("none", "silu")
+ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
+BACKWARD_ROWS = 256  # the most rows a backward program walks, reducing its weight and bias gradients over them
+BACKWARD_PROGRAMS = 1024  # fewer rows a program where that many programs would not have BACKWARD_ROWS each
+BACKWARD_WARPS = 8  # x, dy, x^ and g of BLOCK_R x BLOCK_C held at once: 4 warps spilled (sm_80 and sm_90)
+
+
+@triton.jit
+def _silu_grad(z):
+    sig = tl.sigmoid(z)
+    return sig * (1.0 + z * (1.0 - sig))
+
+
+@triton.jit
+def _affine(normalized, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    z = normalized
+    if HAS_WEIGHT:
+        z = z * w[None, :]
+    if HAS_BIAS:
+        z = z + b[None, :]
+    return z
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, R, C, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """y[r, c] = act(x[r, c] / max(||x[r, :]||, eps) * w[c] + b[c]) for BLOCK_R rows of the (R, C) row-major
+    matrix a channels_last_3d tensor is, each row whole in one block (BLOCK_C >= C)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    mask = (rows < R)[:, None] & mask_c[None, :]
+    offsets = rows[:, None] * C + offs_c[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    inverse = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+    w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
+    b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
+    z = _affine(x * inverse[:, None], w, b, HAS_WEIGHT, HAS_BIAS)
+    if SILU:
+        z = z * tl.sigmoid(z)
+    tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    x_ptr, dy_ptr, w_ptr, b_ptr, dx_ptr, dw_ptr, db_ptr, R, C, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """For ROWS rows from program_id(0) * ROWS, BLOCK_R at a time, each whole in one block: with n = ||x_row||,
+    x^ = x / max(n, eps), dz = dy * act'(z) and g = dz * w,
+        dx = (g - x^ * <g, x^>) / n   where n > eps,   g / eps   where the norm was clamped (a constant),
+    and this program's sums over its rows of dz * x^ (dw) and dz (db) into row program_id(0) of dw and db."""
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
+    b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
+    dw = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    first = tl.program_id(0).to(tl.int64) * ROWS
+    for r0 in range(0, ROWS, BLOCK_R):
+        rows = first + r0 + tl.arange(0, BLOCK_R)
+        mask = (rows < R)[:, None] & mask_c[None, :]
+        offsets = rows[:, None] * C + offs_c[None, :]
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dz = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        norm = tl.sqrt(tl.sum(x * x, axis=1))
+        inverse = 1.0 / tl.maximum(norm, eps)
+        normalized = x * inverse[:, None]
+        if SILU:
+            dz = dz * _silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
+        dw += tl.sum(dz * normalized, axis=0)
+        db += tl.sum(dz, axis=0)
+        g = dz
+        if HAS_WEIGHT:
+            g = dz * w[None, :]
+        along = tl.where(norm > eps, tl.sum(g * normalized, axis=1), 0.0)
+        dx = (g - normalized * along[:, None]) * inverse[:, None]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dw_ptr + tl.program_id(0) * C + offs_c, dw, mask=mask_c)
+    tl.store(db_ptr + tl.program_id(0) * C + offs_c, db, mask=mask_c)
+
+
+def dense_voxels(t: torch.Tensor) -> torch.Tensor:
+    """t as a dense channels_last_3d tensor: itself when it is one (what the kernels index), else a copy."""
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+def _blocks(channels: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of a launch over rows of `channels`."""
+    block_c = triton.next_power_of_2(max(channels, 1))
+    return max(1, ROW_ELEMENTS // block_c), block_c
+
+
+def rms_norm_fwd(x, weight, bias, eps: float, activation: str) -> torch.Tensor:
+    """y channels_last_3d (see the module's docstring); x 5-D with at most geometry.RMS_NORM_MAX_CHANNELS
+    channels, weight and bias per channel or None."""
+    x = dense_voxels(x)
+    y = empty_ndhwc(x.shape, like=x)
+    channels = x.shape[1]
+    rows = x.numel() // channels if channels else 0
+    if rows == 0:
+        return y
+    block_r, block_c = _blocks(channels)
+    launch(
+        _rms_norm_fwd_kernel, (cdiv(rows, block_r),),
+        x, weight if weight is not None else x, bias if bias is not None else x, y, rows, channels, eps,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        BLOCK_R=block_r, BLOCK_C=block_c,
+    )  # fmt: skip
+    return y
+
+
+def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
+    """(grad_input channels_last_3d, grad_weight, grad_bias fp32 [C]) of rms_norm_fwd."""
+    x, grad_out = dense_voxels(x), dense_voxels(grad_out)
+    channels = x.shape[1]
+    rows = x.numel() // channels if channels else 0
+    grad_in = empty_ndhwc(x.shape, like=x)
+    if rows == 0:
+        zeros = torch.zeros(channels, device=x.device)
+        return grad_in, zeros, zeros.clone()
+    block_r, block_c = _blocks(channels)
+    row_steps = min(BACKWARD_ROWS, cdiv(rows, BACKWARD_PROGRAMS))
+    row_steps = max(block_r, cdiv(row_steps, block_r) * block_r)  # whole BLOCK_R steps
+    programs = cdiv(rows, row_steps)
+    partials = torch.empty((2, programs, channels), dtype=torch.float32, device=x.device)
+    launch(
+        _rms_norm_bwd_kernel, (programs,),
+        x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
+        partials[0], partials[1], rows, channels, eps,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
+    )  # fmt: skip
+    sums = partials.sum(dim=1)
+    return grad_in, sums[0], sums[1]
