@@ -37,6 +37,7 @@ cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
 def layers(x, w, b, w2, w_dw, scale, shift, frames):
     y = torch.ops.tconv3d.conv3d(x, w, b, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
     y, _, _ = torch.ops.tconv3d.group_norm(y, scale, shift, 8, 1e-5, "silu")
+    y = torch.ops.tconv3d.rms_norm(y, scale, shift, 1e-12, "silu")
     y = torch.ops.tconv3d.conv3d(y, w2, None, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1)  # strided: a live-tap table
     y = torch.ops.tconv3d.conv3d(y, w_dw, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 32)  # depthwise
     if frames is not None:  # frames_before: the kernels address it from the input; stays one op
@@ -199,7 +200,7 @@ def test_inductor_receives_the_kernels_and_launches_them_as_eager_does():
     assert plain["ops"] == [], plain["ops"]  # every op handed over its kernels
     assert set(plain["kernels"]) == {
         "_conv3d_fwd_kernel", "_conv3d_dgrad_kernel", "_conv3d_wgrad_kernel", "_sum_splits_kernel",
-        "_channel_reduce_kernel", "_affine_kernel",
+        "_channel_reduce_kernel", "_affine_kernel", "_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel",
         "_depthwise_fwd_kernel", "_depthwise_dgrad_kernel", "_depthwise_wgrad_kernel",
     }, plain["kernels"]  # fmt: skip
     assert plain["cloned"] == [], plain["cloned"]  # inputs, weights and activations are never cloned
