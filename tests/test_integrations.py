@@ -398,6 +398,41 @@ def test_rms_norms_run_on_tconv3d(cls_name, aten_path):
         assert torch.equal(converted_frames(flat), frames(flat))
 
 
+@pytest.mark.parametrize(
+    "cls_name", ["autoencoder_kl_wan.WanResidualBlock", "autoencoder_kl_hunyuanvideo15.HunyuanVideo15ResnetBlock"]
+)
+def test_residual_blocks_fuse_their_silu_into_the_rms_norms(cls_name, aten_path):
+    """A residual block whose SiLU only follows its two RMS norms runs each norm and its SiLU as one rms_norm pass
+    (the block's nonlinearity becomes nn.Identity), with the stock block's outputs and gradients; a fused norm given
+    a 4-D input (diffusers' forward) still applies the SiLU."""
+    import importlib
+
+    module_name, name = cls_name.split(".")
+    cls = getattr(importlib.import_module(f"diffusers.models.autoencoders.{module_name}"), name)
+    torch.manual_seed(0)
+    stock = cls(8, 16).eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert type(converted.nonlinearity) is nn.Identity
+    assert converted.norm1.activation == converted.norm2.activation == "silu"
+    x = torch.randn(2, 8, 3, 6, 5).contiguous(memory_format=torch.channels_last_3d)
+    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = converted(ours_in), stock(theirs_in)
+    assert rel_l2(ours, theirs) < MATCH
+    grad = torch.randn_like(theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+    assert_same_gradients(stock, converted)
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert report.norm_calls == 2 and report.norm_layout_copies == 0
+    frames = torch.randn(6, 8, 4, 5)  # not 5-D: diffusers' forward, then the SiLU the block no longer applies
+    norm = stock.norm1.__class__(8)
+    fused = tconv3d.nn.convert(copy.deepcopy(norm))
+    fused.activation = "silu"
+    with torch.no_grad():
+        assert torch.equal(fused(frames), torch.nn.functional.silu(norm(frames)))
+
+
 WHOLE_MODELS = """
 import sys, torch
 from tconv3d.nn.convert import is_converted

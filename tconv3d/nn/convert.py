@@ -21,7 +21,7 @@ from torch import nn
 
 from ..geometry import SUPPORTED_DTYPES
 from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
-from .video_vaes import FRAME_BLOCKS, KNOWN_CLASSES, adapter_reason, class_name, conv_reason
+from .video_vaes import FRAME_BLOCKS, KNOWN_CLASSES, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
 
 logger = logging.getLogger("tconv3d")
 
@@ -132,6 +132,7 @@ def convert(
         _swap(module, DROP_INS.get(type(module)) or adapted_class(_Rebased, type(module)))
         converted += 1
     _fuse_norm_silu(model)
+    fuse_norm_silu_blocks(model)
     _frame_convs_channels_last(model)
     logger.info("tconv3d.nn.convert took over %d module(s)", converted)
     return model

@@ -435,12 +435,17 @@ class _ChannelRMSNorm:
             return f"its gamma is {module.gamma.dtype}"
         return None
 
+    @staticmethod
+    def prepare(module) -> None:
+        module.activation = None  # "silu" once fuse_norm_silu_blocks gives it the block's SiLU
+
     def forward(self, x):
         channels = x.shape[1] if x.dim() == 5 else 0
         if channels != self.gamma.numel() or x.dtype not in SUPPORTED_DTYPES or channels > RMS_NORM_MAX_CHANNELS:
-            return super().forward(x)
+            y = super().forward(x)
+            return F.silu(y) if self.activation == "silu" else y
         bias = self.bias.reshape(-1) if isinstance(self.bias, torch.Tensor) else None
-        y = call_rms_norm(x, self.gamma.reshape(-1) * self.scale, bias, _ChannelRMSNorm.eps, "none")
+        y = call_rms_norm(x, self.gamma.reshape(-1) * self.scale, bias, _ChannelRMSNorm.eps, self.activation or "none")
         dtype = torch.promote_types(x.dtype, self.gamma.dtype)
         if bias is not None:
             dtype = torch.promote_types(dtype, bias.dtype)
@@ -691,6 +696,28 @@ FRAME_BLOCKS = (
     "diffusers.models.downsampling.CogVideoXDownsample3D",
     "diffusers.models.upsampling.CogVideoXUpsample3D",
 )
+
+
+# Residual blocks whose `nonlinearity` (a SiLU) follows their norm1 and norm2 and nothing else: once both norms run
+# on tconv3d's rms_norm, the SiLU is fused into each norm's pass and the block's nonlinearity becomes nn.Identity
+# (the block's forward stays diffusers'; tests/test_integrations.py holds the converted VAEs to the stock ones).
+NORM_SILU_BLOCKS = (
+    "diffusers.models.autoencoders.autoencoder_kl_wan.WanResidualBlock",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResidualBlock",
+    "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15ResnetBlock",
+)
+
+
+def fuse_norm_silu_blocks(model: nn.Module) -> None:
+    """The SiLU of each NORM_SILU_BLOCKS block into its two converted RMS norms (see NORM_SILU_BLOCKS)."""
+    for block in model.modules():
+        if class_name(type(block)) not in NORM_SILU_BLOCKS or type(getattr(block, "nonlinearity", None)) is not nn.SiLU:
+            continue
+        norms = [getattr(block, name, None) for name in ("norm1", "norm2")]
+        if all(getattr(type(n), "tconv3d_adapter", None) is _ChannelRMSNorm and n.activation is None for n in norms):
+            for norm in norms:
+                norm.activation = "silu"
+            block.nonlinearity = nn.Identity()
 
 
 def adapter_reason(adapter: type, module: nn.Module) -> str | None:
