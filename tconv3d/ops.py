@@ -465,9 +465,24 @@ def group_norm(input, weight, bias, groups, eps, activation="none"):
         return group_norm_fwd(input, weight, bias, groups, eps, activation)
 
 
-def _group_norm_backward_fake(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+def _norm_backward_fake(input):
+    """What a norm's backward returns: the input gradient (channels_last_3d) and fp32 per-channel weight and bias
+    gradients."""
     channels = input.new_empty((input.shape[1],), dtype=torch.float32)
     return empty_ndhwc(input.shape, like=input), channels, channels.clone()
+
+
+def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias):
+    """A norm's autograd gradients for (input, weight, bias, the rest): the parameter gradients in the parameters'
+    dtypes, None where not needed."""
+    grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+    grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias)
+    return (grads + (None,) * len(ctx.needs_input_grad))[: len(ctx.needs_input_grad)]
+
+
+def _group_norm_backward_fake(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+    return _norm_backward_fake(input)
 
 
 @_define(
@@ -491,13 +506,10 @@ def _group_norm_setup_context(ctx, inputs, output):
 
 def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     input, mean, rstd, weight, bias = ctx.saved_tensors
-    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
+    grads = torch.ops.tconv3d.group_norm_backward(
         grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation
     )
-    grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
-    grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias, None, None, None)
-    return grads[: len(ctx.needs_input_grad)]
+    return _norm_input_grads(ctx, *grads, weight, bias)
 
 
 call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)
@@ -526,8 +538,7 @@ def rms_norm(input, weight, bias, eps, activation="none"):
 
 
 def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none"):
-    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
-    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
+    return _norm_backward_fake(input)
 
 
 @_define(
@@ -550,13 +561,8 @@ def _rms_norm_setup_context(ctx, inputs, output):
 
 def _rms_norm_backward(ctx, grad_output):
     input, weight, bias = ctx.saved_tensors
-    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.rms_norm_backward(
-        grad_output, input, weight, bias, ctx.eps, ctx.activation
-    )
-    grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
-    grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias, None, None)
-    return grads[: len(ctx.needs_input_grad)]
+    grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, ctx.activation)
+    return _norm_input_grads(ctx, *grads, weight, bias)
 
 
 call_rms_norm = _register_autograd("rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context)
