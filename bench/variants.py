@@ -69,9 +69,7 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         found["gluon_ws_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction, specialized=True)
         # where the persistent kernel runs two programs an SM (one-warpgroup tiles that fit twice), the same tiles
         # at one program an SM: what the second program gains (bench/NOTES.md predicts it)
-        element = dtype.itemsize
-        dst_element = 4 if found["gluon_ws"].split_k > 1 else element
-        shared = conv_gluon.persistent_shared_bytes(found["gluon_ws"], element, direction == "wgrad", dst_element)
+        shared = conv_gluon.persistent_shared_bytes(found["gluon_ws"], dtype.itemsize, direction == "wgrad")
         if conv_gluon.persistent_programs_per_sm(found["gluon_ws"], shared) == 2:
             found[ONE_PROGRAM_PER_SM] = found["gluon_ws"]
     return found

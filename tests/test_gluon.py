@@ -336,8 +336,7 @@ def test_persistent_programs_per_sm():
 
     def programs(block_m, block_n, block_k, warps, stages, direction="fwd", split_k=1):
         config = KernelConfig(block_m, block_n, block_k, warps, stages, split_k=split_k, tma_box_w=16, gluon=2)
-        dst = 4 if split_k > 1 else bf16
-        shared = conv_gluon.persistent_shared_bytes(config, bf16, direction == "wgrad", dst)
+        shared = conv_gluon.persistent_shared_bytes(config, bf16, direction == "wgrad")
         return conv_gluon.persistent_programs_per_sm(config, shared)
 
     assert programs(128, 64, 64, 4, 3) == 2  # 72 KB of ring and a 16 KB epilogue tile, twice

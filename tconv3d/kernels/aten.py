@@ -80,9 +80,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     xf, dy = x.float(), grad_out.float()
     a, b = scale_shift(mean, rstd, weight, bias, c)
     if activation == "silu":
-        z = xf * a[:, :, None, None, None] + b[:, :, None, None, None]
-        sig = torch.sigmoid(z)
-        dy = dy * sig * (1 + z * (1 - sig))
+        dy = dy * _silu_grad(xf * a[:, :, None, None, None] + b[:, :, None, None, None])
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * xf).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), mean, rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
@@ -105,9 +103,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
     inverse = 1.0 / norm.clamp_min(eps)
     normalized = xf * inverse
     if activation == "silu":
-        z = _rms_affine(normalized, weight, bias)
-        sig = torch.sigmoid(z)
-        dz = dz * sig * (1 + z * (1 - sig))
+        dz = dz * _silu_grad(_rms_affine(normalized, weight, bias))
     per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
     g = dz * per_channel(weight) if weight is not None else dz
     along = torch.where(norm > eps, (g * normalized).sum(dim=1, keepdim=True), 0.0)
@@ -122,3 +118,9 @@ def _rms_affine(normalized, weight, bias):
     if bias is not None:
         normalized = normalized + bias.float().view(1, -1, 1, 1, 1)
     return normalized
+
+
+def _silu_grad(z):
+    """d/dz of z * sigmoid(z), as the kernels' utils.silu_grad."""
+    sig = torch.sigmoid(z)
+    return sig * (1 + z * (1 - sig))

@@ -89,12 +89,15 @@ def specialized_max_registers(num_warps: int, programs_per_sm: int = 1) -> int:
     return min(256, SM_REGISTERS // (programs_per_sm * 32 * (num_warps + 4))) // 8 * 8
 
 
-def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad: bool, dst_element_size: int) -> int:
-    """At most the shared memory of the persistent warp-specialized kernel: the ring and its barriers and, beside
-    the ring, the forward's and input gradient's epilogue tile in dst's element size (4 where split-K writes fp32
-    partial sums), which it keeps while the next tile's loads land (the weight gradient stores from registers)."""
+def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+    """At most the shared memory of the persistent warp-specialized kernel over operands of `element_size` bytes:
+    the ring and its barriers and, beside the ring, the forward's and input gradient's epilogue tile (fp32 where
+    split-K writes partial sums), which it keeps while the next tile's loads land (the weight gradient stores from
+    registers)."""
     ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element_size + 1024
-    return ring if weight_grad else ring + config.block_m * config.block_n * dst_element_size
+    if weight_grad:
+        return ring
+    return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element_size)
 
 
 def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
@@ -745,15 +748,16 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _persistent_launch(grid: tuple, config: KernelConfig, device, element_size: int, weight_grad: bool,
-                       dst_element_size: int = 0) -> tuple[tuple, dict]:  # fmt: skip
+def _persistent_launch(
+    grid: tuple, config: KernelConfig, device, element_size: int, weight_grad: bool
+) -> tuple[tuple, dict]:
     """(grid, launch options) of a launch with `grid`'s tiles. Warp-specialized (gluon = 2): persistent, the
     programs an SM holds at once (persistent_programs_per_sm) on every SM, and a maxnreg that lets that many fit:
     without one the compiler assumes 256 a thread, more than an SM holds for 8 warps plus the producer's
     warpgroup. Else the grid as it is, no options."""
     if config.gluon != 2:
         return grid, {}
-    shared = persistent_shared_bytes(config, element_size, weight_grad, dst_element_size)
+    shared = persistent_shared_bytes(config, element_size, weight_grad)
     programs = persistent_programs_per_sm(config, shared)
     persistent = (min(math.prod(grid), programs * _multiprocessors(device)),)
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
@@ -773,7 +777,7 @@ def conv3d_gluon(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed
     )
     splits = grid[2]
-    grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False, dst.element_size())
+    grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False)
     dst_ptr = descriptors[2] is dst
     launch(
         _conv3d_gluon_kernel, grid,

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .utils import cdiv, empty_ndhwc
+from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
 
 ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
@@ -56,7 +56,7 @@ def _channel_reduce_kernel(
         if BACKWARD:
             dy = tl.load(dy_base + offsets, mask=mask, other=0.0).to(tl.float32)
             if SILU:
-                dy = dy * _silu_grad(x * a[None, :] + b[None, :])
+                dy = dy * silu_grad(x * a[None, :] + b[None, :])
             first += tl.sum(dy, axis=0)
             second += tl.sum(dy * x, axis=0)
         else:
@@ -72,12 +72,6 @@ def _channel_reduce_kernel(
     out = out_ptr + n * stride_on + tl.program_id(2) * stride_os + offs_c
     tl.store(out, first, mask=mask_c)
     tl.store(out + stride_oq, second, mask=mask_c)
-
-
-@triton.jit
-def _silu_grad(z):
-    sig = tl.sigmoid(z)
-    return sig * (1.0 + z * (1.0 - sig))
 
 
 @triton.jit
@@ -102,7 +96,7 @@ def _affine_kernel(
     if BACKWARD:
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + offsets, mask=mask, other=0.0).to(tl.float32)
         if SILU:
-            dy = dy * _silu_grad(z)
+            dy = dy * silu_grad(z)
         k1 = tl.load(k1_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
         k2 = tl.load(k2_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
         k3 = tl.load(k3_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
@@ -111,11 +105,6 @@ def _affine_kernel(
         result = z * tl.sigmoid(z) if SILU else z
     out = out_ptr + n.to(tl.int64) * stride_on + offsets
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def dense_voxels(t: torch.Tensor) -> torch.Tensor:
-    """t as a dense channels_last_3d tensor: itself when it is one (what the kernels index), else a copy."""
-    return t.contiguous(memory_format=torch.channels_last_3d)  # no copy when it already is one
 
 
 def _splits(voxels: int) -> tuple[int, int]:

@@ -17,19 +17,12 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .utils import cdiv, empty_ndhwc
+from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
 
-ACTIVATIONS = ("none", "silu")
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
 BACKWARD_ROWS = 256  # the most rows a backward program walks, reducing its weight and bias gradients over them
 BACKWARD_PROGRAMS = 1024  # fewer rows a program where that many programs would not have BACKWARD_ROWS each
 BACKWARD_WARPS = 8  # x, dy, x^ and g of BLOCK_R x BLOCK_C held at once: 4 warps spilled (sm_80 and sm_90)
-
-
-@triton.jit
-def _silu_grad(z):
-    sig = tl.sigmoid(z)
-    return sig * (1.0 + z * (1.0 - sig))
 
 
 @triton.jit
@@ -92,7 +85,7 @@ def _rms_norm_bwd_kernel(
         inverse = 1.0 / tl.maximum(norm, eps)
         normalized = x * inverse[:, None]
         if SILU:
-            dz = dz * _silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
+            dz = dz * silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
         dw += tl.sum(dz * normalized, axis=0)
         db += tl.sum(dz, axis=0)
         g = dz
@@ -103,11 +96,6 @@ def _rms_norm_bwd_kernel(
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(dw_ptr + tl.program_id(0) * C + offs_c, dw, mask=mask_c)
     tl.store(db_ptr + tl.program_id(0) * C + offs_c, db, mask=mask_c)
-
-
-def dense_voxels(t: torch.Tensor) -> torch.Tensor:
-    """t as a dense channels_last_3d tensor: itself when it is one (what the kernels index), else a copy."""
-    return t.contiguous(memory_format=torch.channels_last_3d)
 
 
 def _blocks(channels: int) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Pieces the three kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
+"""Pieces the kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
 
 import itertools
 
@@ -21,6 +21,13 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
     return pid_m, pid_n
+
+
+@triton.jit
+def silu_grad(z):
+    """d/dz of z * sigmoid(z): the norms' fused SiLU in their backward."""
+    sig = tl.sigmoid(z)
+    return sig * (1.0 + z * (1.0 - sig))
 
 
 @triton.jit
@@ -264,6 +271,11 @@ def address_aligned(t: torch.Tensor) -> bool:
         return t.data_ptr() % 16 == 0
     except RuntimeError:  # FakeTensor, FunctionalTensor: "Cannot access data pointer"
         return t.storage_offset() * t.element_size() % 16 == 0
+
+
+def dense_voxels(t: torch.Tensor) -> torch.Tensor:
+    """t as a dense channels_last_3d tensor: itself when it is one (what the norm kernels index), else a copy."""
+    return t.contiguous(memory_format=torch.channels_last_3d)
 
 
 def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:

@@ -232,11 +232,8 @@ def candidates(
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
         specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
         element = torch.empty((), dtype=dtype).element_size()
-        twins += [
-            c for c in specialized  # the epilogue tile in fp32 where split-K writes partial sums
-            if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad", 4 if c.split_k > 1 else element)
-            <= smem_bytes
-        ]  # fmt: skip
+        twins += [c for c in specialized if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad")
+                  <= smem_bytes]  # fmt: skip
     return kept + twins
 
 
