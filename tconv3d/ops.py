@@ -518,50 +518,53 @@ _inductor_launches("group_norm_backward", group_norm_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rms norm: each voxel's channels normalised by their L2 norm (F.normalize over dim 1), then affine, optionally SiLU
+# rms norm: each voxel's channels divided by their root mean square (eps added under the root, or with `clamp` the
+# root clamped to at least eps), then affine, optionally SiLU
 
 
-def _rms_norm_fake(input, weight, bias, eps, activation="none"):
+def _rms_norm_fake(input, weight, bias, eps, activation="none", clamp=False):
     check_rms_norm(input, weight, bias, eps, activation)
     return empty_ndhwc(input.shape, like=input)
 
 
 @_define(
-    'rms_norm(Tensor input, Tensor? weight, Tensor? bias, float eps, str activation="none") -> Tensor', _rms_norm_fake
+    'rms_norm(Tensor input, Tensor? weight, Tensor? bias, float eps, str activation="none", bool clamp=False)'
+    " -> Tensor",
+    _rms_norm_fake,
 )
-def rms_norm(input, weight, bias, eps, activation="none"):
+def rms_norm(input, weight, bias, eps, activation="none", clamp=False):
     check_rms_norm(input, weight, bias, eps, activation)
     if not _runs_triton(input):
-        return aten.rms_norm_fwd(input, weight, bias, eps, activation)
+        return aten.rms_norm_fwd(input, weight, bias, eps, activation, clamp)
     with _device_guard(input):
-        return rms_norm_fwd(input, weight, bias, eps, activation)
+        return rms_norm_fwd(input, weight, bias, eps, activation, clamp)
 
 
-def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none"):
+def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none", clamp=False):
     return _norm_backward_fake(input)
 
 
 @_define(
     "rms_norm_backward(Tensor grad_output, Tensor input, Tensor? weight, Tensor? bias, float eps,"
-    ' str activation="none") -> (Tensor, Tensor, Tensor)',
+    ' str activation="none", bool clamp=False) -> (Tensor, Tensor, Tensor)',
     _rms_norm_backward_fake,
 )
-def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none"):
+def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none", clamp=False):
     if not _runs_triton(input):
-        return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation)
+        return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
     with _device_guard(input):
-        return rms_norm_bwd(grad_output, input, weight, bias, eps, activation)
+        return rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
 
 
 def _rms_norm_setup_context(ctx, inputs, output):
-    input, weight, bias, eps, *activation = inputs
+    input, weight, bias, eps, *options = inputs
     ctx.save_for_backward(input, weight, bias)
-    ctx.eps, ctx.activation = eps, activation[0] if activation else "none"
+    ctx.eps, ctx.options = eps, options  # activation and clamp, as the call passed them
 
 
 def _rms_norm_backward(ctx, grad_output):
     input, weight, bias = ctx.saved_tensors
-    grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, ctx.activation)
+    grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, *ctx.options)
     return _norm_input_grads(ctx, *grads, weight, bias)
 
 

@@ -37,7 +37,7 @@ cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
 def layers(x, w, b, w2, w_dw, scale, shift, frames):
     y = torch.ops.tconv3d.conv3d(x, w, b, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
     y, _, _ = torch.ops.tconv3d.group_norm(y, scale, shift, 8, 1e-5, "silu")
-    y = torch.ops.tconv3d.rms_norm(y, scale, shift, 1e-12, "silu")
+    y = torch.ops.tconv3d.rms_norm(y, scale, shift, 1e-12, "silu", True)
     y = torch.ops.tconv3d.conv3d(y, w2, None, [2, 2, 2], [1, 1, 1], [1, 1, 1], 1)  # strided: a live-tap table
     y = torch.ops.tconv3d.conv3d(y, w_dw, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 32)  # depthwise
     if frames is not None:  # frames_before: the kernels address it from the input; stays one op

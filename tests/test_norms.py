@@ -150,7 +150,8 @@ def test_convert_swaps_norms_and_fuses_silu(device):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rms_norm: F.normalize over the channels, then affine (Wan's, Qwen-Image's and HunyuanVideo 1.5's RMS_norm)
+# rms_norm: each voxel's channels over their root mean square, eps under the root (torch's RMSNorm: LTX-Video's and
+# LTX-2's) or the root clamped to eps (F.normalize * sqrt(C): Wan's, Qwen-Image's and HunyuanVideo 1.5's RMS_norm)
 
 # (name, shape); 1,030 channels: a row wider than 1,024 (one row a program)
 RMS_CASES = [
@@ -160,10 +161,16 @@ RMS_CASES = [
     ("c130", (1, 130, 3, 3, 3)),
     ("c1030", (1, 1030, 1, 2, 3)),
 ]
+RMS_EPS = {False: 1e-6, True: 1e-12}  # by clamp: torch's RMSNorm default-like, F.normalize's
 
 
-def rms_reference(x, weight, bias, eps, activation):
-    y = F.normalize(x, dim=1, eps=eps)
+def rms_reference(x, weight, bias, eps, activation, clamp):
+    """torch's own functions: F.rms_norm over the channels, or F.normalize times sqrt(C) (eps scaled to match)."""
+    root = x.shape[1] ** 0.5
+    if clamp:
+        y = F.normalize(x, dim=1, eps=eps * root) * root
+    else:
+        y = F.rms_norm(x.movedim(1, -1), (x.shape[1],), eps=eps).movedim(-1, 1)
     y = y * weight.view(1, -1, 1, 1, 1) if weight is not None else y
     y = y + bias.view(1, -1, 1, 1, 1) if bias is not None else y
     return F.silu(y) if activation == "silu" else y
@@ -172,22 +179,25 @@ def rms_reference(x, weight, bias, eps, activation):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("activation", ["none", "silu"])
 @pytest.mark.parametrize("params", ["weight_bias", "weight", "plain"])
+@pytest.mark.parametrize("clamp", [False, True], ids=["rms", "clamp"])
 @pytest.mark.parametrize("case", RMS_CASES, ids=lambda c: c[0])
-def test_rms_norm_matches_float64(case, params, activation, dtype, device):
-    """Output, input, weight and bias gradients against float64 F.normalize + affine (+ SiLU), with one voxel all
-    zeros (its norm clamped to eps: a constant, no gradient through it; fp32 and bf16) and an offset mean."""
+def test_rms_norm_matches_float64(case, clamp, params, activation, dtype, device):
+    """Output, input, weight and bias gradients against float64 F.rms_norm or F.normalize + affine (+ SiLU), with
+    one voxel all zeros (its divisor sqrt(eps), or clamped to eps: a constant, no gradient through it; fp32 and
+    bf16) and an offset mean."""
     _name, shape = case
+    eps = RMS_EPS[clamp]
     x = (torch.randn(shape, device=device) * 2 + 1).to(dtype)
     if dtype != torch.float16:  # its gradient, g / eps, is past fp16's range (torch's F.normalize gives inf too)
         x[0, :, 0, 0, 0] = 0
     x = leaf_copy(x.contiguous(memory_format=CL))
     weight = leaf_copy(torch.randn(shape[1], device=device).to(dtype)) if params != "plain" else None
     bias = leaf_copy(torch.randn(shape[1], device=device).to(dtype)) if params == "weight_bias" else None
-    y = torch.ops.tconv3d.rms_norm(x, weight, bias, 1e-12, activation)
+    y = torch.ops.tconv3d.rms_norm(x, weight, bias, eps, activation, clamp)
     assert y.is_contiguous(memory_format=CL) and y.dtype == dtype
     inputs = [t for t in (x, weight, bias) if t is not None]
     copies = [leaf_copy(t.detach().double()) for t in inputs]
-    expected = rms_reference(copies[0], *[*copies[1:], None, None][:2], 1e-12, activation)
+    expected = rms_reference(copies[0], *[*copies[1:], None, None][:2], eps, activation, clamp)
     grad_out = torch.randn_like(expected)
     expected.backward(grad_out)
     y.backward(grad_out.to(dtype))
@@ -198,24 +208,31 @@ def test_rms_norm_matches_float64(case, params, activation, dtype, device):
 
 
 def test_rms_norm_a_test_can_fail():
-    """The norm is over the channels (not the voxels), and the clamped voxel's gradient is g / eps: a kernel that
-    normalised the wrong way, or let the gradient through the clamped norm, is far off."""
+    """The norm is over the channels (not the voxels), the clamped voxel's gradient is g / eps, and eps goes under
+    the root unless clamped: a kernel that normalised the wrong way, let the gradient through the clamped norm, or
+    mixed up the two ways of using eps, is far off."""
     x = torch.randn(1, 4, 2, 3, 3).contiguous(memory_format=CL)
-    ours = torch.ops.tconv3d.rms_norm(x, None, None, 1e-12, "none")
-    assert rel_l2(ours, F.normalize(x, dim=1)) < TOLERANCE[torch.float32]
-    assert rel_l2(ours, F.normalize(x.flatten(2), dim=2).view_as(x)) > 0.1
+    ours = torch.ops.tconv3d.rms_norm(x, None, None, 1e-12, "none", True)
+    assert rel_l2(ours, F.normalize(x, dim=1) * 2) < TOLERANCE[torch.float32]
+    assert rel_l2(ours, F.normalize(x.flatten(2), dim=2).view_as(x) * 2) > 0.1
+    for clamp in (False, True):  # eps = 1: the two ways differ by a factor between 1 and sqrt(2) a voxel
+        expected = rms_reference(x, None, None, 1.0, "none", clamp)
+        assert rel_l2(torch.ops.tconv3d.rms_norm(x, None, None, 1.0, "none", clamp), expected) < 1e-6
+        assert rel_l2(torch.ops.tconv3d.rms_norm(x, None, None, 1.0, "none", not clamp), expected) > 0.05
 
 
-def test_rms_norm_any_layout_and_deterministic_gradients(device):
+@pytest.mark.parametrize("clamp", [False, True], ids=["rms", "clamp"])
+def test_rms_norm_any_layout_and_deterministic_gradients(clamp, device):
     x = torch.randn(2, 16, 3, 6, 5, device=device)  # NCDHW: converted once, output channels_last_3d
     w, b = torch.randn(16, device=device), torch.randn(16, device=device)
-    y = torch.ops.tconv3d.rms_norm(x, w, b, 1e-12, "silu")
+    y = torch.ops.tconv3d.rms_norm(x, w, b, 1e-6, "silu", clamp)
     assert y.is_contiguous(memory_format=CL)
-    assert rel_l2(y, rms_reference(x.double(), w.double(), b.double(), 1e-12, "silu")) < TOLERANCE[torch.float32]
+    expected = rms_reference(x.double(), w.double(), b.double(), 1e-6, "silu", clamp)
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
     grads = []
     for _ in range(2):
         xs, ws = leaf_copy(x), leaf_copy(w)
-        torch.ops.tconv3d.rms_norm(xs, ws, b, 1e-12, "silu").square().sum().backward()
+        torch.ops.tconv3d.rms_norm(xs, ws, b, 1e-6, "silu", clamp).square().sum().backward()
         grads.append((xs.grad, ws.grad))
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
@@ -240,5 +257,5 @@ def test_opcheck_rms_norm(device):
     w = torch.randn(6, device=device, requires_grad=True)
     b = torch.randn(6, device=device, requires_grad=True)
     for activation in ("none", "silu"):
-        torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, w, b, 1e-12, activation))
+        torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, w, b, 1e-12, activation, True))
         torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, None, None, 1e-6, activation))

@@ -171,13 +171,14 @@ for capability in (90, 80):
             x = torch.empty(1, channels, 4, 32, 32, device="meta", dtype=dtype).contiguous(
                 memory_format=torch.channels_last_3d)
             w = torch.empty(channels, device="meta", dtype=dtype)
-            launches = []
-            with compile_only(capability, launches):
-                rms_norm_fwd(x, w, w, 1e-12, "silu")
-                rms_norm_bwd(x, x, w, w, 1e-12, "silu")
-            for name, grid, warps, kernel, seconds, _ in launches:
-                out.append({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
-                            **read_cubin(kernel.asm["cubin"])})
+            for clamp in (False, True):
+                launches = []
+                with compile_only(capability, launches):
+                    rms_norm_fwd(x, w, w, 1e-6, "silu", clamp)
+                    rms_norm_bwd(x, x, w, w, 1e-6, "silu", clamp)
+                for name, grid, warps, kernel, seconds, _ in launches:
+                    out.append({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
+                                "clamp": clamp, **read_cubin(kernel.asm["cubin"])})
 print(json.dumps(out))
 """
 
@@ -195,9 +196,10 @@ def compile_script(script: str) -> list[dict]:
 
 def test_rms_norm_kernels_compile_without_spills_and_vectorised():
     """The rms_norm kernels for sm_90 and sm_80, bf16 and fp32, rows of 96 to 4,096 channels (the widest a row may
-    be), forward and backward with SiLU: no spills, 128-bit loads along the contiguous channels."""
+    be), eps under the root and clamped, forward and backward with SiLU: no spills, 128-bit loads along the
+    contiguous channels."""
     reports = compile_script(RMS_NORM_COMPILE)
-    assert len(reports) == 32  # 2 archs x 2 dtypes x 4 widths x (forward + backward)
+    assert len(reports) == 64  # 2 archs x 2 dtypes x 4 widths x 2 uses of eps x (forward + backward)
     for r in reports:
         assert not r["spill_bytes"] and not r["local_accesses"], r
         assert "LDG.E.128" in r["loads"], r

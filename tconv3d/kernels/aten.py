@@ -88,28 +88,36 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias
 
 
-def rms_norm_fwd(x, weight, bias, eps: float, activation: str) -> torch.Tensor:
-    """The rms_norm kernel's forward in torch ops, fp32: act(F.normalize(x, dim=1) * weight + bias)."""
-    y = _rms_affine(F.normalize(x.float(), dim=1, eps=eps), weight, bias)
+def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
+    """The rms_norm kernel's forward in torch ops, fp32: act(x * inverse_rms(x) * weight + bias)."""
+    xf = x.float()
+    y = _rms_affine(xf * _inverse_rms(xf, eps, clamp), weight, bias)
     if activation == "silu":
         y = F.silu(y)
     return _as_ndhwc(y.to(x.dtype))
 
 
-def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
+def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
     """The kernel's backward in torch ops: its formula, fp32."""
     xf, dz = x.float(), grad_out.float()
-    norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True)
-    inverse = 1.0 / norm.clamp_min(eps)
+    inverse = _inverse_rms(xf, eps, clamp)
     normalized = xf * inverse
     if activation == "silu":
         dz = dz * _silu_grad(_rms_affine(normalized, weight, bias))
     per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
     g = dz * per_channel(weight) if weight is not None else dz
-    along = torch.where(norm > eps, (g * normalized).sum(dim=1, keepdim=True), 0.0)
+    along = (g * normalized).mean(dim=1, keepdim=True)
+    if clamp:  # a clamped divisor is a constant: nothing flows through it
+        along = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, along, 0.0)
     grad_in = (g - normalized * along) * inverse
     reduce = (0, 2, 3, 4)
     return _as_ndhwc(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
+
+
+def _inverse_rms(xf, eps: float, clamp: bool):
+    """1 / each voxel's divisor: sqrt(mean(x^2) + eps), or max(sqrt(mean(x^2)), eps) with `clamp`."""
+    mean_square = xf.square().mean(dim=1, keepdim=True)
+    return 1.0 / (mean_square.sqrt().clamp_min(eps) if clamp else (mean_square + eps).sqrt())
 
 
 def _rms_affine(normalized, weight, bias):

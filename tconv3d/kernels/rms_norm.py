@@ -1,15 +1,17 @@
-"""Normalisation of each voxel's channel vector on NDHWC tensors, as the video VAEs of Wan, Qwen-Image and
-HunyuanVideo 1.5 do it (their RMS_norm: F.normalize over channels, times sqrt(C) and a per-channel gamma, plus a
-bias), with an optional fused SiLU: two Triton kernels and their launchers.
+"""Normalisation of each voxel's channel vector by its root mean square on NDHWC tensors, with an optional fused
+SiLU: two Triton kernels and their launchers. Two ways to keep the division finite, as the video VAEs do it:
 
-    y = act(x / max(||x||, eps) * weight + bias),   ||x|| the L2 norm of one voxel's C channels
+    y = act(x / sqrt(mean(x^2) + eps) * weight + bias)      torch's RMSNorm (LTX-Video, LTX-2)
+    y = act(x / max(sqrt(mean(x^2)), eps) * weight + bias)  CLAMP: F.normalize(x, eps=e) * sqrt(C) with
+                                                            eps = e / sqrt(C) (the RMS_norm of Wan, Qwen-Image
+                                                            and HunyuanVideo 1.5)
 
-A channels_last_3d tensor holds each voxel's channels contiguously: the rows of a (voxels, C) matrix, so one
-program normalises BLOCK_R whole rows (up to geometry.RMS_NORM_MAX_CHANNELS channels), loaded along C, in one read
-and one write (stock diffusers: an fp32 copy, the norm, the division, a cast back and the affine, each a pass of
-its own). fp32 arithmetic whatever the tensor dtype; the backward recomputes the norm (no per-voxel state is kept)
-and reduces the weight and bias gradients per program, summed on the host in a fixed order: deterministic, no
-atomics.
+the mean over one voxel's C channels. A channels_last_3d tensor holds each voxel's channels contiguously: the rows
+of a (voxels, C) matrix, so one program normalises BLOCK_R whole rows (up to geometry.RMS_NORM_MAX_CHANNELS
+channels), loaded along C, in one read and one write (stock diffusers: an fp32 copy, the norm, the division, a
+cast back and the affine, each a pass of its own). fp32 arithmetic whatever the tensor dtype; the backward
+recomputes the norm (no per-voxel state is kept) and reduces the weight and bias gradients per program, summed on
+the host in a fixed order: deterministic, no atomics.
 """
 
 import torch
@@ -36,12 +38,20 @@ def _affine(normalized, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _inverse_rms(mean_square, eps, CLAMP: tl.constexpr):
+    """1 / the divisor of rows whose mean squares are `mean_square` (see the module's docstring)."""
+    if CLAMP:
+        return 1.0 / tl.maximum(tl.sqrt(mean_square), eps)
+    return 1.0 / tl.sqrt(mean_square + eps)
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, R, C, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """y[r, c] = act(x[r, c] / max(||x[r, :]||, eps) * w[c] + b[c]) for BLOCK_R rows of the (R, C) row-major
+    """y[r, c] = act(x[r, c] * inverse_rms(x[r, :]) * w[c] + b[c]) for BLOCK_R rows of the (R, C) row-major
     matrix a channels_last_3d tensor is, each row whole in one block (BLOCK_C >= C)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
@@ -49,7 +59,7 @@ def _rms_norm_fwd_kernel(
     mask = (rows < R)[:, None] & mask_c[None, :]
     offsets = rows[:, None] * C + offs_c[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    inverse = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+    inverse = _inverse_rms(tl.sum(x * x, axis=1) / C, eps, CLAMP)
     w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
     b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
     z = _affine(x * inverse[:, None], w, b, HAS_WEIGHT, HAS_BIAS)
@@ -61,12 +71,12 @@ def _rms_norm_fwd_kernel(
 @triton.jit
 def _rms_norm_bwd_kernel(
     x_ptr, dy_ptr, w_ptr, b_ptr, dx_ptr, dw_ptr, db_ptr, R, C, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    """For ROWS rows from program_id(0) * ROWS, BLOCK_R at a time, each whole in one block: with n = ||x_row||,
-    x^ = x / max(n, eps), dz = dy * act'(z) and g = dz * w,
-        dx = (g - x^ * <g, x^>) / n   where n > eps,   g / eps   where the norm was clamped (a constant),
+    """For ROWS rows from program_id(0) * ROWS, BLOCK_R at a time, each whole in one block: with i the row's
+    inverse_rms, x^ = x * i, dz = dy * act'(z) and g = dz * w,
+        dx = (g - x^ * <g, x^> / C) * i,   or g * i where CLAMP clamped the divisor (a constant there),
     and this program's sums over its rows of dz * x^ (dw) and dz (db) into row program_id(0) of dw and db."""
     offs_c = tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -81,8 +91,8 @@ def _rms_norm_bwd_kernel(
         offsets = rows[:, None] * C + offs_c[None, :]
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         dz = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        inverse = 1.0 / tl.maximum(norm, eps)
+        mean_square = tl.sum(x * x, axis=1) / C
+        inverse = _inverse_rms(mean_square, eps, CLAMP)
         normalized = x * inverse[:, None]
         if SILU:
             dz = dz * silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
@@ -91,7 +101,9 @@ def _rms_norm_bwd_kernel(
         g = dz
         if HAS_WEIGHT:
             g = dz * w[None, :]
-        along = tl.where(norm > eps, tl.sum(g * normalized, axis=1), 0.0)
+        along = tl.sum(g * normalized, axis=1) / C
+        if CLAMP:  # a clamped divisor is a constant: nothing flows through it
+            along = tl.where(tl.sqrt(mean_square) > eps, along, 0.0)
         dx = (g - normalized * along[:, None]) * inverse[:, None]
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(dw_ptr + tl.program_id(0) * C + offs_c, dw, mask=mask_c)
@@ -104,7 +116,7 @@ def _blocks(channels: int) -> tuple[int, int]:
     return max(1, ROW_ELEMENTS // block_c), block_c
 
 
-def rms_norm_fwd(x, weight, bias, eps: float, activation: str) -> torch.Tensor:
+def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
     """y channels_last_3d (see the module's docstring); x 5-D with at most geometry.RMS_NORM_MAX_CHANNELS
     channels, weight and bias per channel or None."""
     x = dense_voxels(x)
@@ -118,12 +130,12 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str) -> torch.Tensor:
         _rms_norm_fwd_kernel, (cdiv(rows, block_r),),
         x, weight if weight is not None else x, bias if bias is not None else x, y, rows, channels, eps,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
-        BLOCK_R=block_r, BLOCK_C=block_c,
+        CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
     return y
 
 
-def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
+def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
     """(grad_input channels_last_3d, grad_weight, grad_bias fp32 [C]) of rms_norm_fwd."""
     x, grad_out = dense_voxels(x), dense_voxels(grad_out)
     channels = x.shape[1]
@@ -142,7 +154,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str):
         x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
         partials[0], partials[1], rows, channels, eps,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
-        BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
+        CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
     sums = partials.sum(dim=1)
     return grad_in, sums[0], sums[1]

@@ -414,7 +414,7 @@ def _frame_parts(frames_in: int, frames_out: int, temporal: bool, r1: int):
 
 class _ChannelRMSNorm:
     """diffusers' RMS_norm of Wan, Qwen-Image and HunyuanVideo 1.5 on 5-D activations: F.normalize over the channels
-    (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One tconv3d rms_norm pass (fp32
+    (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One tconv3d rms_norm pass (clamped, fp32
     inside, rounded once) instead of an fp32 copy and five more passes; the result in the dtype diffusers' returns
     (a 16-bit input with fp32 parameters gives fp32 there: then one cast). 4-D inputs (the attention blocks'
     per-frame norm) run diffusers' forward."""
@@ -445,7 +445,12 @@ class _ChannelRMSNorm:
             y = super().forward(x)
             return F.silu(y) if self.activation == "silu" else y
         bias = self.bias.reshape(-1) if isinstance(self.bias, torch.Tensor) else None
-        y = call_rms_norm(x, self.gamma.reshape(-1) * self.scale, bias, _ChannelRMSNorm.eps, self.activation or "none")
+        # F.normalize(x, eps=e) * scale = x / max(rms(x), e / sqrt(C)) * scale / sqrt(C); diffusers' scale is sqrt(C)
+        weight = self.gamma.reshape(-1)
+        if self.scale != channels**0.5:
+            weight = weight * (self.scale / channels**0.5)
+        eps = _ChannelRMSNorm.eps / channels**0.5
+        y = call_rms_norm(x, weight, bias, eps, self.activation or "none", True)
         dtype = torch.promote_types(x.dtype, self.gamma.dtype)
         if bias is not None:
             dtype = torch.promote_types(dtype, bias.dtype)

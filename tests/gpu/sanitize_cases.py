@@ -145,18 +145,23 @@ def norm_errors(dtype, activation) -> list[float]:
     return autograd_errors(ours, reference, x, weight, bias)
 
 
-def rms_norm_errors(dtype, activation) -> list[float]:
+def rms_norm_errors(dtype, activation, clamp) -> list[float]:
     """The rms_norm kernels on 1,030 channels (a row wider than 1,024, one row a program) with a zero voxel."""
     x = torch.randn(1, 1030, 2, 3, 5, device=DEVICE).to(dtype)
     x[0, :, 0, 0, 0] = 0
     x = x.contiguous(memory_format=CL)
     weight, bias = torch.randn(1030, device=DEVICE).to(dtype), torch.randn(1030, device=DEVICE).to(dtype)
+    eps = 1e-12 if clamp else 1e-6
 
     def ours(x, weight, bias):
-        return torch.ops.tconv3d.rms_norm(x, weight, bias, 1e-12, activation)
+        return torch.ops.tconv3d.rms_norm(x, weight, bias, eps, activation, clamp)
 
     def reference(x, weight, bias):
-        y = F.normalize(x, dim=1, eps=1e-12) * weight.view(1, -1, 1, 1, 1) + bias.view(1, -1, 1, 1, 1)
+        if clamp:  # F.normalize(x) * sqrt(C), eps scaled to match
+            y = F.normalize(x, dim=1, eps=eps * 1030**0.5) * 1030**0.5
+        else:
+            y = F.rms_norm(x.movedim(1, -1), (1030,), eps=eps).movedim(-1, 1)
+        y = y * weight.view(1, -1, 1, 1, 1) + bias.view(1, -1, 1, 1, 1)
         return F.silu(y) if activation == "silu" else y
 
     return autograd_errors(ours, reference, x, weight, bias)
@@ -206,8 +211,8 @@ def families() -> dict[str, list[Problem]]:
         "conv_transpose": [Problem("stride 2", bf16, lambda: transpose_errors(bf16))],
         "group_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: norm_errors(d, a)) for d in both
                        for a in (None, "silu")],
-        "rms_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: rms_norm_errors(d, a)) for d in both
-                     for a in ("none", "silu")],
+        "rms_norm": [Problem(f"{d} {a}{' clamp' * c}", d, lambda d=d, a=a, c=c: rms_norm_errors(d, a, c))
+                     for d in both for a, c in (("none", True), ("silu", False))],
     }  # fmt: skip
 
 
