@@ -4,17 +4,20 @@ diffusers' default config, the released model's size."""
 
 import torch
 
-LATENT_CHANNELS = {"wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4}
+LATENT_CHANNELS = {
+    "wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4, "ltx2": 8,
+}  # fmt: skip
 
 # Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
 DEFAULT_LATENTS = {
     "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
     "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8), "hunyuan_video15": (1, 32, 5, 16, 16),
+    "ltx2": (1, 128, 3, 8, 8),
 }  # fmt: skip
 CLASSES = {
     "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
     "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
-    "hunyuan_video15": "AutoencoderKLHunyuanVideo15",
+    "hunyuan_video15": "AutoencoderKLHunyuanVideo15", "ltx2": "AutoencoderKLLTX2Video",
 }  # fmt: skip
 
 
@@ -47,14 +50,24 @@ def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
             norm_num_groups=4, spatial_compression_ratio=8, temporal_compression_ratio=4,
             mid_block_add_attention=True,
         )  # fmt: skip
-    if name == "ltx_video":
+    if name == "ltx_video":  # one block of each generation: 0.9.0's strided conv, 0.9.5's space-to-depth
         return diffusers.AutoencoderKLLTXVideo(
-            in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8 * scale,) * 4,
-            decoder_block_out_channels=(8 * scale,) * 4, layers_per_block=(1,) * 5,
-            decoder_layers_per_block=(1,) * 5, spatio_temporal_scaling=(True, True, False, False),
+            in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8 * scale,) + (16 * scale,) * 3,
+            decoder_block_out_channels=(8 * scale,) * 4, layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5,
+            spatio_temporal_scaling=(True, True, False, False),
             decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
-            upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, timestep_conditioning=False, patch_size=1,
-            patch_size_t=1, encoder_causal=True, decoder_causal=False,
+            down_block_types=("LTXVideoDownBlock3D", "LTXVideo095DownBlock3D") + ("LTXVideoDownBlock3D",) * 2,
+            downsample_type=("conv", "spatiotemporal", "conv", "conv"),
+            upsample_residual=(True, False, False, False), upsample_factor=(2, 1, 1, 1), timestep_conditioning=False,
+            patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,
+        )  # fmt: skip
+    if name == "ltx2":  # LTX-2: 8x in space (2x patches), 4x in time here (32x and 8x released)
+        return diffusers.AutoencoderKLLTX2Video(
+            latent_channels=8, block_out_channels=(8 * scale, 16 * scale, 32 * scale, 32 * scale),
+            decoder_block_out_channels=(8 * scale, 16 * scale, 32 * scale), layers_per_block=(1,) * 5,
+            decoder_layers_per_block=(1,) * 4, spatio_temporal_scaling=(True, True, True, False),
+            downsample_type=("spatial", "spatiotemporal", "temporal", "spatial"),
+            upsample_type=("spatiotemporal", "spatial", "temporal"), patch_size=2, decoder_causal=False,
         )  # fmt: skip
     if name == "hunyuan_video15":  # HunyuanVideo 1.5: 8x in space here (16x released), 4x in time
         return diffusers.AutoencoderKLHunyuanVideo15(

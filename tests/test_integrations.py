@@ -22,6 +22,7 @@ import tconv3d
 from bench.vaes import LATENT_CHANNELS, build_vae
 from tconv3d import settings
 from tconv3d.nn.convert import is_converted
+from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
 from tconv3d.testing import rel_l2
 
 diffusers = pytest.importorskip("diffusers")
@@ -30,6 +31,7 @@ MATCH = 1e-4  # fp32, relative L2 of a whole encode + decode
 
 
 VAES = {name: functools.partial(build_vae, name) for name in LATENT_CHANNELS}
+RMS_NORMED = ("wan", "hunyuan_video15", "ltx_video", "ltx2")
 
 
 def encode_decode(model, x):
@@ -68,16 +70,19 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
     assert len(after.layers) == len(before.layers) > 0
     assert before.aten_conv3d_calls == after.tconv3d_calls
     assert_all_on_tconv3d(after)
-    if name in ("wan", "hunyuan_video15"):  # their RMS_norms
+    if name in RMS_NORMED:  # their RMS norms on tconv3d, each with the SiLU that follows it
         assert after.norm_calls > 0
+        fused = [m for m in converted.modules() if class_name(type(m)) in NORM_SILU_BLOCKS]
+        names = [NORM_SILU_BLOCKS[class_name(type(m))][1] for m in fused]
+        assert fused and all(type(getattr(m, a)) is nn.Identity for m, a in zip(fused, names, strict=True))
     # The copies convert removed: every stock VAE pads or concatenates in front of its convolutions.
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
 
 
-@pytest.mark.parametrize("name", ["wan", "cogvideox", "ltx_video"])
+@pytest.mark.parametrize("name", ["wan", "cogvideox", "ltx_video", "ltx2"])
 def test_vae_gradients_match_stock(name, aten_path):
-    """Training through the cached frames (Wan, CogVideoX) and the repeated edge frames (LTX): the parameter
-    gradients of encode + decode match the stock model's."""
+    """Training through the cached frames (Wan, CogVideoX), the repeated edge frames and space-to-depth (LTX-Video,
+    LTX-2) and the RMS norms: the parameter gradients of encode + decode match the stock model's."""
     stock, converted = stock_and_converted(VAES[name])
     x = torch.randn(1, 3, 9, 16, 16)
     for model in (stock, converted):
@@ -398,13 +403,21 @@ def test_rms_norms_run_on_tconv3d(cls_name, aten_path):
         assert torch.equal(converted_frames(flat), frames(flat))
 
 
-@pytest.mark.parametrize(
-    "cls_name", ["autoencoder_kl_wan.WanResidualBlock", "autoencoder_kl_hunyuanvideo15.HunyuanVideo15ResnetBlock"]
-)
+# Residual blocks, and how a norm of theirs is built and called outside a 5-D video (where diffusers' forward runs)
+FUSED_BLOCKS = {
+    "autoencoder_kl_wan.WanResidualBlock": (lambda cls: cls(8), (6, 8, 4, 5)),  # images=True: per frame
+    "autoencoder_kl_hunyuanvideo15.HunyuanVideo15ResnetBlock": (lambda cls: cls(8), (6, 8, 4, 5)),
+    "autoencoder_kl_ltx.LTXVideoResnetBlock3d": (lambda cls: cls(8, eps=1e-8), (2, 7, 8)),  # a transformer's
+    "autoencoder_kl_ltx2.LTX2VideoResnetBlock3d": (lambda cls: cls(), (6, 8, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("cls_name", FUSED_BLOCKS)
 def test_residual_blocks_fuse_their_silu_into_the_rms_norms(cls_name, aten_path):
     """A residual block whose SiLU only follows its two RMS norms runs each norm and its SiLU as one rms_norm pass
     (the block's nonlinearity becomes nn.Identity), with the stock block's outputs and gradients; a fused norm given
-    a 4-D input (diffusers' forward) still applies the SiLU."""
+    an input that is not a 5-D video (diffusers' forward) still applies the SiLU. With a scale_shift_table
+    (timestep conditioning between norm and SiLU), nothing is fused."""
     import importlib
 
     module_name, name = cls_name.split(".")
@@ -425,17 +438,66 @@ def test_residual_blocks_fuse_their_silu_into_the_rms_norms(cls_name, aten_path)
     assert_same_gradients(stock, converted)
     report = tconv3d.nn.audit(converted, x, verbose=False)
     assert report.norm_calls == 2 and report.norm_layout_copies == 0
-    frames = torch.randn(6, 8, 4, 5)  # not 5-D: diffusers' forward, then the SiLU the block no longer applies
-    norm = stock.norm1.__class__(8)
+    build_norm, other_shape = FUSED_BLOCKS[cls_name]
+    norm = build_norm(type(stock.norm1))
     fused = tconv3d.nn.convert(copy.deepcopy(norm))
     fused.activation = "silu"
+    other = torch.randn(other_shape)
     with torch.no_grad():
-        assert torch.equal(fused(frames), torch.nn.functional.silu(norm(frames)))
+        assert torch.equal(fused(other), torch.nn.functional.silu(norm(other)))
+    if "timestep_conditioning" in inspect.signature(cls).parameters:
+        conditioned = tconv3d.nn.convert(cls(8, 16, timestep_conditioning=True))
+        assert type(conditioned.nonlinearity) is nn.SiLU and conditioned.norm1.activation is None
+
+
+@pytest.mark.parametrize("cls_name", ["normalization.RMSNorm", "autoencoders.autoencoder_kl_ltx2.PerChannelRMSNorm"])
+def test_ltx_rms_norms_run_on_tconv3d(cls_name, aten_path):
+    """LTX-Video's RMSNorm (diffusers' generic one, called on channels moved last) and LTX-2's PerChannelRMSNorm:
+    x * rsqrt(mean(x^2) + eps) over the channels in one rms_norm op on 5-D videos, against diffusers' modules
+    (weight and bias included), gradients included, in the dtypes diffusers returns; a transformer's 3-D input
+    runs diffusers' forward."""
+    import importlib
+
+    module_name, name = cls_name.rsplit(".", 1)
+    cls = getattr(importlib.import_module(f"diffusers.models.{module_name}"), name)
+    torch.manual_seed(0)
+    last_dim = name == "RMSNorm"
+    stock = cls(24, eps=1e-6, bias=True) if last_dim else cls(eps=1e-6)
+    if last_dim:
+        with torch.no_grad():
+            stock.weight.copy_(torch.randn_like(stock.weight))
+            stock.bias.copy_(torch.randn_like(stock.bias))
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    video = torch.randn(2, 24, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
+    call = (lambda norm, x: norm(x.movedim(1, -1)).movedim(-1, 1)) if last_dim else (lambda norm, x: norm(x))
+    report = tconv3d.nn.audit(converted, video, run=call, verbose=False)
+    assert report.norm_calls == 1 and report.norm_layout_copies == 0
+    ours_in, theirs_in = video.clone().requires_grad_(), video.clone().requires_grad_()
+    ours, theirs = call(converted, ours_in), call(stock, theirs_in)
+    assert rel_l2(ours, theirs) < MATCH and ours.is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+    if last_dim:  # PerChannelRMSNorm has no parameters
+        assert_same_gradients(stock, converted)
+    with torch.no_grad():
+        for model_dtype, x_dtype in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+            theirs = call(copy.deepcopy(stock).to(model_dtype), video.to(x_dtype))
+            ours = call(copy.deepcopy(converted).to(model_dtype), video.to(x_dtype))
+            assert ours.dtype == theirs.dtype and rel_l2(ours.float(), theirs.float()) < 1e-2
+        if last_dim:
+            tokens = torch.randn(2, 7, 24)
+            assert torch.equal(converted(tokens), stock(tokens))
+            plain = cls(24, eps=1e-6, elementwise_affine=False)
+            assert tconv3d.nn.convert(copy.deepcopy(plain))(video.bfloat16().movedim(1, -1)).dtype == torch.bfloat16
 
 
 WHOLE_MODELS = """
 import sys, torch
 from tconv3d.nn.convert import is_converted
+from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
 x = torch.load(sys.argv[1])
 outputs = {}
 for path in sys.argv[3:]:

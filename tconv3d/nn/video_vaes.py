@@ -204,31 +204,47 @@ class _ReplicatePaddedConv3d:
         return self.conv.convolve(hidden_states, padding, mode)
 
 
+def _ltx_time_padding(module, causal: bool):
+    """LTX-Video's and LTX-2's causal convs' padding: the first frame repeated kd - 1 times in front (causal), or
+    the first and last (kd - 1) // 2 times on each side, then the conv's own padding in space, as one op's."""
+    k = module.kernel_size[0]
+    front, back = (k - 1, 0) if causal else ((k - 1) // 2, (k - 1) // 2)
+    return _compose_padding([front, back, 0, 0, 0, 0], ("replicate", "zeros", "zeros"), module.conv)
+
+
+def _ltx_conv_reason(module) -> str | None:
+    reason = conv_reason(module.conv)
+    if reason is None and any(_ltx_time_padding(module, causal) is None for causal in (True, False)):
+        reason = "its conv pads time as well"
+    return reason
+
+
 class _LTXVideoCausalConv3d:
-    """diffusers' LTXVideoCausalConv3d: the first frame repeated kd - 1 times in front (causal) or the first and
-    last (kd - 1) // 2 times on each side (not causal), then its conv: one op, replicate along D, the conv's own
-    padding in space."""
+    """diffusers' LTXVideoCausalConv3d (causal or not as built): the repeated frames, the conv's own padding in
+    space (its padding_mode) and the conv, one op. `frames_before` (tconv3d's): frames read in front of x, as if
+    concatenated before the padding (what the downsamplers concatenate)."""
 
     wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
     classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoCausalConv3d",)
     attributes = ("conv", "kernel_size", "is_causal")
+    reason = staticmethod(_ltx_conv_reason)
 
-    @staticmethod
-    def _padding(module):
-        k = module.kernel_size[0]
-        front, back = (k - 1, 0) if module.is_causal else ((k - 1) // 2, (k - 1) // 2)
-        return _compose_padding([front, back, 0, 0, 0, 0], ("replicate", "zeros", "zeros"), module.conv)
+    def forward(self, hidden_states, frames_before=None):
+        padding, mode = _ltx_time_padding(self, self.is_causal)
+        return self.conv.convolve(hidden_states, padding, mode, frames_before)
 
-    @classmethod
-    def reason(cls, module) -> str | None:
-        reason = conv_reason(module.conv)
-        if reason is None and cls._padding(module) is None:
-            reason = "its conv pads time as well"
-        return reason
 
-    def forward(self, hidden_states):
-        padding, mode = _LTXVideoCausalConv3d._padding(self)
-        return self.conv.convolve(hidden_states, padding, mode)
+class _LTX2VideoCausalConv3d:
+    """diffusers' LTX2VideoCausalConv3d: LTX-Video's, causal or not per call."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx2.LTX2VideoCausalConv3d",)
+    attributes = ("conv", "kernel_size")
+    reason = staticmethod(_ltx_conv_reason)
+
+    def forward(self, hidden_states, causal=True, frames_before=None):
+        padding, mode = _ltx_time_padding(self, causal)
+        return self.conv.convolve(hidden_states, padding, mode, frames_before)
 
 
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -338,26 +354,79 @@ def _depth_to_space(x: torch.Tensor, stride) -> torch.Tensor:
 
 
 class _LTXVideoUpsampler:
-    """diffusers' LTXVideoUpsampler3d (conv, then depth-to-space) with the depth-to-space written channels_last_3d
-    (the same copy diffusers makes, in the layout the next layers read)."""
+    """diffusers' LTXVideoUpsampler3d and LTX2VideoUpsampler3d (conv, then depth-to-space) with the depth-to-space
+    written channels_last_3d (the same copy diffusers makes, in the layout the next layers read)."""
 
-    classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoUpsampler3d",)
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoUpsampler3d",
+        "diffusers.models.autoencoders.autoencoder_kl_ltx2.LTX2VideoUpsampler3d",
+    )
     attributes = ("conv", "stride", "residual", "upscale_factor")
 
     @staticmethod
     def reason(module) -> str | None:
         return None
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states, *conv_args, **conv_kwargs):  # LTX-2's `causal`, passed to its conv
         s0 = self.stride[0]
         if self.residual:
             residual = _depth_to_space(hidden_states, self.stride)
             repeats = (self.stride[0] * self.stride[1] * self.stride[2]) // self.upscale_factor
             residual = residual.repeat(1, repeats, 1, 1, 1)[:, :, s0 - 1 :]
-        hidden_states = _depth_to_space(self.conv(hidden_states), self.stride)[:, :, s0 - 1 :]
+        hidden_states = self.conv(hidden_states, *conv_args, **conv_kwargs)
+        hidden_states = _depth_to_space(hidden_states, self.stride)[:, :, s0 - 1 :]
         if self.residual:
             hidden_states = hidden_states + residual
         return hidden_states
+
+
+def _space_to_depth_into(out: torch.Tensor, x: torch.Tensor, stride) -> torch.Tensor:
+    """The view of channels_last_3d `out` (B, C*s0*s1*s2, T, H, W) as LTX-Video's space-to-depth of x (B, C,
+    T*s0, H*s1, W*s2) indexes it: both (B, T, H, W, C, s0, s1, s2), x's as a view too. Packed channels are
+    ordered (C, s0, s1, s2), as diffusers' permute + flatten orders them."""
+    b, c, t, h, w = x.shape
+    s0, s1, s2 = stride
+    source = x.view(b, c, t // s0, s0, h // s1, s1, w // s2, s2).permute(0, 2, 4, 6, 1, 3, 5, 7)
+    return out.permute(0, 2, 3, 4, 1).view(source.shape), source
+
+
+class _LTXVideoDownsampler:
+    """diffusers' LTXVideoDownsampler3d (LTX-Video 0.9.5 and later) and LTX2VideoDownsampler3d: the first s0 - 1
+    frames repeated in front, then space-to-depth of the conv's output plus the group mean of the input's
+    space-to-depth. diffusers concatenates the input for both; here the conv reads the repeated frames in place
+    (`frames_before`), and its space-to-depth is added into the channels_last_3d residual in one pass (diffusers'
+    result is NCDHW)."""
+
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoDownsampler3d",
+        "diffusers.models.autoencoders.autoencoder_kl_ltx2.LTX2VideoDownsampler3d",
+    )
+    attributes = ("conv", "stride", "group_size")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return _ltx_conv_reason(module.conv)
+
+    def forward(self, hidden_states, *conv_args, **conv_kwargs):  # LTX-2's `causal`, passed to its conv
+        stride = self.stride
+        front = hidden_states[:, :, : stride[0] - 1] if stride[0] > 1 else None
+        padded = torch.cat([front, hidden_states], dim=2) if front is not None else hidden_states
+        b, c, t, h, w = padded.shape
+        packed_shape = (b, c * stride[0] * stride[1] * stride[2], t // stride[0], h // stride[1], w // stride[2])
+        packed = torch.empty(packed_shape, dtype=padded.dtype, device=padded.device, memory_format=_CL)
+        view, source = _space_to_depth_into(packed, padded, stride)
+        view.copy_(source)
+        # the mean of each group of group_size packed channels: (B, T, H, W, C) contiguous, channels_last_3d as
+        # (B, C, T, H, W)
+        residual = packed.permute(0, 2, 3, 4, 1).unflatten(-1, (-1, self.group_size)).mean(-1)
+        if hasattr(type(self.conv), "tconv3d_adapter"):
+            conv_out = self.conv(hidden_states, *conv_args, frames_before=front, **conv_kwargs)
+        else:  # a conv convert was told to leave (its filter)
+            conv_out = self.conv(padded, *conv_args, **conv_kwargs)
+        residual = residual.to(torch.promote_types(residual.dtype, conv_out.dtype)).permute(0, 4, 1, 2, 3)
+        view, source = _space_to_depth_into(residual, conv_out, stride)
+        view.add_(source)  # the conv's space-to-depth added into the residual: one pass
+        return residual
 
 
 class _MochiUpBlock:
@@ -412,6 +481,14 @@ def _frame_parts(frames_in: int, frames_out: int, temporal: bool, r1: int):
     return [(slice(0, 1), slice(0, 1), (1, 2, 2)), (slice(1, frames_in), slice(1, frames_out), (r1, 2, 2))]
 
 
+def _rms_norm_takes(x: torch.Tensor, *params) -> bool:
+    """Whether tconv3d's rms_norm takes x (N, C, D, H, W) with these parameters."""
+    return (
+        x.dim() == 5 and 0 < x.shape[1] <= RMS_NORM_MAX_CHANNELS and x.dtype in SUPPORTED_DTYPES
+        and all(p is None or (p.dtype in SUPPORTED_DTYPES and p.shape == (x.shape[1],)) for p in params)
+    )  # fmt: skip
+
+
 class _ChannelRMSNorm:
     """diffusers' RMS_norm of Wan, Qwen-Image and HunyuanVideo 1.5 on 5-D activations: F.normalize over the channels
     (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One tconv3d rms_norm pass (clamped, fp32
@@ -441,7 +518,7 @@ class _ChannelRMSNorm:
 
     def forward(self, x):
         channels = x.shape[1] if x.dim() == 5 else 0
-        if channels != self.gamma.numel() or x.dtype not in SUPPORTED_DTYPES or channels > RMS_NORM_MAX_CHANNELS:
+        if not _rms_norm_takes(x, self.gamma.reshape(-1)):
             y = super().forward(x)
             return F.silu(y) if self.activation == "silu" else y
         bias = self.bias.reshape(-1) if isinstance(self.bias, torch.Tensor) else None
@@ -454,6 +531,64 @@ class _ChannelRMSNorm:
         dtype = torch.promote_types(x.dtype, self.gamma.dtype)
         if bias is not None:
             dtype = torch.promote_types(dtype, bias.dtype)
+        return y if y.dtype == dtype else y.to(dtype)
+
+
+class _PerChannelRMSNorm:
+    """diffusers' PerChannelRMSNorm of LTX-2: x / sqrt(mean(x^2) + eps) over the channels, in x's dtype, no
+    parameters. One tconv3d rms_norm pass (fp32 inside, rounded once) instead of four in x's dtype."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx2.PerChannelRMSNorm",)
+    attributes = ("channel_dim", "eps")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if module.channel_dim != 1:
+            return f"it normalises dimension {module.channel_dim}, not the channels"
+        return None
+
+    @staticmethod
+    def prepare(module) -> None:
+        module.activation = None  # "silu" once fuse_norm_silu_blocks gives it the SiLU that follows it
+
+    def forward(self, x, channel_dim=None):  # diffusers' forward ignores channel_dim too
+        if not _rms_norm_takes(x):
+            y = super().forward(x, channel_dim)
+            return F.silu(y) if self.activation == "silu" else y
+        return call_rms_norm(x, None, None, float(self.eps), self.activation or "none")
+
+
+class _LastDimRMSNorm:
+    """diffusers' RMSNorm on a video's channels moved last, as LTX-Video's blocks call it
+    (`norm(x.movedim(1, -1)).movedim(-1, 1)`): x * rsqrt(mean(x^2) + eps) over the last dimension in fp32, times
+    the weight, plus the bias. For 5-D inputs one tconv3d rms_norm pass over x.movedim(-1, 1) (channels_last_3d
+    when x is what such a block passes: a view, no copy), the result in the dtype diffusers returns; other inputs
+    (the transformers' 3-D and 4-D ones) run diffusers' forward."""
+
+    classes = ("diffusers.models.normalization.RMSNorm",)
+    attributes = ("eps", "weight", "bias")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    @staticmethod
+    def prepare(module) -> None:
+        module.activation = None  # "silu" once fuse_norm_silu_blocks gives it the SiLU that follows it
+
+    def forward(self, hidden_states):
+        x = hidden_states.movedim(-1, 1) if hidden_states.dim() == 5 else hidden_states
+        if not _rms_norm_takes(x, self.weight, self.bias):
+            y = super().forward(hidden_states)
+            return F.silu(y) if self.activation == "silu" else y
+        y = call_rms_norm(x, self.weight, self.bias, float(self.eps), self.activation or "none").movedim(1, -1)
+        if self.weight is None:
+            dtype = hidden_states.dtype
+        elif self.weight.dtype in (torch.float16, torch.bfloat16):  # diffusers casts to it before the affine
+            dtype = self.weight.dtype if self.bias is None else torch.promote_types(self.weight.dtype, self.bias.dtype)
+        else:
+            dtype = torch.promote_types(torch.promote_types(hidden_states.dtype, torch.float32), self.weight.dtype)
+            dtype = dtype if self.bias is None else torch.promote_types(dtype, self.bias.dtype)
         return y if y.dtype == dtype else y.to(dtype)
 
 
@@ -684,7 +819,7 @@ _ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
-    _ChannelRMSNorm,
+    _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
 )  # fmt: skip
 KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 
@@ -703,26 +838,45 @@ FRAME_BLOCKS = (
 )
 
 
-# Residual blocks whose `nonlinearity` (a SiLU) follows their norm1 and norm2 and nothing else: once both norms run
-# on tconv3d's rms_norm, the SiLU is fused into each norm's pass and the block's nonlinearity becomes nn.Identity
-# (the block's forward stays diffusers'; tests/test_integrations.py holds the converted VAEs to the stock ones).
-NORM_SILU_BLOCKS = (
-    "diffusers.models.autoencoders.autoencoder_kl_wan.WanResidualBlock",
-    "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResidualBlock",
-    "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15ResnetBlock",
+# Modules whose activation (a SiLU) follows their norms and nothing else: once the norms run on tconv3d's rms_norm,
+# the SiLU is fused into each norm's pass and the module's activation becomes nn.Identity (its forward stays
+# diffusers'; tests/test_integrations.py holds the converted VAEs to the stock ones). By class: (the norms, the
+# activation). Not where a scale_shift_table (timestep conditioning) comes between norm and activation.
+_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan."
+_QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage."
+_HV15 = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15."
+_LTX = "diffusers.models.autoencoders.autoencoder_kl_ltx."
+_LTX2 = "diffusers.models.autoencoders.autoencoder_kl_ltx2."
+_BLOCK, _OUT, _OUT_ACT = (
+    (("norm1", "norm2"), "nonlinearity"),
+    (("norm_out",), "nonlinearity"),
+    (("norm_out",), "conv_act"),
 )
+NORM_SILU_BLOCKS = {
+    _WAN + "WanResidualBlock": _BLOCK, _WAN + "WanEncoder3d": _OUT, _WAN + "WanDecoder3d": _OUT,
+    _QWEN + "QwenImageResidualBlock": _BLOCK, _QWEN + "QwenImageEncoder3d": _OUT, _QWEN + "QwenImageDecoder3d": _OUT,
+    _HV15 + "HunyuanVideo15ResnetBlock": _BLOCK, _HV15 + "HunyuanVideo15Encoder3D": _OUT_ACT,
+    _HV15 + "HunyuanVideo15Decoder3D": _OUT_ACT,
+    _LTX + "LTXVideoResnetBlock3d": _BLOCK, _LTX + "LTXVideoEncoder3d": _OUT_ACT, _LTX + "LTXVideoDecoder3d": _OUT_ACT,
+    _LTX2 + "LTX2VideoResnetBlock3d": _BLOCK, _LTX2 + "LTX2VideoEncoder3d": _OUT_ACT,
+    _LTX2 + "LTX2VideoDecoder3d": _OUT_ACT,
+}  # fmt: skip
+_FUSING_NORMS = (_ChannelRMSNorm, _PerChannelRMSNorm, _LastDimRMSNorm)
 
 
 def fuse_norm_silu_blocks(model: nn.Module) -> None:
-    """The SiLU of each NORM_SILU_BLOCKS block into its two converted RMS norms (see NORM_SILU_BLOCKS)."""
+    """The SiLU of each NORM_SILU_BLOCKS module into its converted RMS norms (see NORM_SILU_BLOCKS)."""
     for block in model.modules():
-        if class_name(type(block)) not in NORM_SILU_BLOCKS or type(getattr(block, "nonlinearity", None)) is not nn.SiLU:
+        norm_names, activation_name = NORM_SILU_BLOCKS.get(class_name(type(block)), ((), None))
+        if type(getattr(block, activation_name or "", None)) is not nn.SiLU:
             continue
-        norms = [getattr(block, name, None) for name in ("norm1", "norm2")]
-        if all(getattr(type(n), "tconv3d_adapter", None) is _ChannelRMSNorm and n.activation is None for n in norms):
+        if getattr(block, "scale_shift_table", None) is not None:
+            continue
+        norms = [getattr(block, name, None) for name in norm_names]
+        if all(getattr(type(n), "tconv3d_adapter", None) in _FUSING_NORMS and n.activation is None for n in norms):
             for norm in norms:
                 norm.activation = "silu"
-            block.nonlinearity = nn.Identity()
+            setattr(block, activation_name, nn.Identity())
 
 
 def adapter_reason(adapter: type, module: nn.Module) -> str | None:
