@@ -363,6 +363,25 @@ def test_hunyuan_video15_resampling_in_channels_last(temporal, cin, cout, frames
         assert_same_gradients(stock, converted)
 
 
+def convert_norm_and_compare(stock, x, call=lambda norm, x: norm(x)):
+    """The converted norm: one tconv3d norm call on x with no layout copy, a channels_last_3d output, input and
+    parameter gradients as the stock module's."""
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    report = tconv3d.nn.audit(converted, x, run=call, verbose=False)
+    assert report.norm_calls == 1 and report.norm_layout_copies == 0
+    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = call(converted, ours_in), call(stock, theirs_in)
+    assert rel_l2(ours, theirs) < MATCH and ours.is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+    if any(True for _ in stock.parameters()):
+        assert_same_gradients(stock, converted)
+    return converted
+
+
 @pytest.mark.parametrize(
     "cls_name", ["autoencoder_kl_wan.WanRMS_norm", "autoencoder_kl_hunyuanvideo15.HunyuanVideo15RMS_norm"]
 )
@@ -380,19 +399,8 @@ def test_rms_norms_run_on_tconv3d(cls_name, aten_path):
     with torch.no_grad():
         stock.gamma.copy_(torch.randn_like(stock.gamma))
         stock.bias.copy_(torch.randn_like(stock.bias))
-    converted = tconv3d.nn.convert(copy.deepcopy(stock))
-    assert is_converted(converted)
     x = torch.randn(2, 24, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
-    report = tconv3d.nn.audit(converted, x, verbose=False)
-    assert report.norm_calls == 1 and report.norm_layout_copies == 0
-    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ours, theirs = converted(ours_in), stock(theirs_in)
-    assert rel_l2(ours, theirs) < MATCH and ours.is_contiguous(memory_format=torch.channels_last_3d)
-    grad = torch.randn_like(theirs)
-    ours.backward(grad)
-    theirs.backward(grad)
-    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
-    assert_same_gradients(stock, converted)
+    converted = convert_norm_and_compare(stock, x)
     with torch.no_grad():
         assert converted(x.bfloat16()).dtype == stock(x.bfloat16()).dtype == torch.float32
         assert copy.deepcopy(converted).bfloat16()(x.bfloat16()).dtype == torch.bfloat16
@@ -467,21 +475,9 @@ def test_ltx_rms_norms_run_on_tconv3d(cls_name, aten_path):
         with torch.no_grad():
             stock.weight.copy_(torch.randn_like(stock.weight))
             stock.bias.copy_(torch.randn_like(stock.bias))
-    converted = tconv3d.nn.convert(copy.deepcopy(stock))
-    assert is_converted(converted)
     video = torch.randn(2, 24, 3, 4, 5).contiguous(memory_format=torch.channels_last_3d)
     call = (lambda norm, x: norm(x.movedim(1, -1)).movedim(-1, 1)) if last_dim else (lambda norm, x: norm(x))
-    report = tconv3d.nn.audit(converted, video, run=call, verbose=False)
-    assert report.norm_calls == 1 and report.norm_layout_copies == 0
-    ours_in, theirs_in = video.clone().requires_grad_(), video.clone().requires_grad_()
-    ours, theirs = call(converted, ours_in), call(stock, theirs_in)
-    assert rel_l2(ours, theirs) < MATCH and ours.is_contiguous(memory_format=torch.channels_last_3d)
-    grad = torch.randn_like(theirs)
-    ours.backward(grad)
-    theirs.backward(grad)
-    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
-    if last_dim:  # PerChannelRMSNorm has no parameters
-        assert_same_gradients(stock, converted)
+    converted = convert_norm_and_compare(stock, video, call)
     with torch.no_grad():
         for model_dtype, x_dtype in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
             theirs = call(copy.deepcopy(stock).to(model_dtype), video.to(x_dtype))
