@@ -11,8 +11,6 @@ their `.conv`: that conv is taken over with them.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,13 +34,10 @@ def _from_fpad(pad) -> list[int]:
 
 def _compose_padding(outer, outer_modes, conv: nn.Conv3d):
     """One (6-value padding, padding_mode) for a padding `outer` (op order, modes per dim) applied before `conv`'s
-    own padding, or None where one op cannot express the two (both pad one dimension in different modes). The
-    adapters ask on every call: cached on the arguments."""
-    return _composed(tuple(outer), tuple(outer_modes), conv.padding, conv.padding_mode)
-
-
-@functools.lru_cache(maxsize=256)
-def _composed(outer, outer_modes, conv_padding, conv_mode):
+    own padding, or None where one op cannot express the two (both pad one dimension in different modes). Asked
+    when convert takes a module over (its adapter's `prepare` keeps the answer as `tconv3d_padding`), not per call:
+    torch.compile then traces no padding arithmetic."""
+    conv_padding, conv_mode = conv.padding, conv.padding_mode
     if isinstance(conv_padding, str):
         return None
     inner = [p for p in conv_padding for _ in range(2)]
@@ -199,8 +194,12 @@ class _ReplicatePaddedConv3d:
             reason = f"its {module.pad_mode!r} padding and its conv's own padding cannot be one op's"
         return reason
 
+    @staticmethod
+    def prepare(module) -> None:
+        module.tconv3d_padding = _ReplicatePaddedConv3d._padding(module)
+
     def forward(self, hidden_states):
-        padding, mode = _ReplicatePaddedConv3d._padding(self)
+        padding, mode = self.tconv3d_padding
         return self.conv.convolve(hidden_states, padding, mode)
 
 
@@ -219,6 +218,10 @@ def _ltx_conv_reason(module) -> str | None:
     return reason
 
 
+def _ltx_prepare(module) -> None:
+    module.tconv3d_padding = {causal: _ltx_time_padding(module, causal) for causal in (True, False)}
+
+
 class _LTXVideoCausalConv3d:
     """diffusers' LTXVideoCausalConv3d (causal or not as built): the repeated frames, the conv's own padding in
     space (its padding_mode) and the conv, one op. `frames_before` (tconv3d's): frames read in front of x, as if
@@ -228,9 +231,10 @@ class _LTXVideoCausalConv3d:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx.LTXVideoCausalConv3d",)
     attributes = ("conv", "kernel_size", "is_causal")
     reason = staticmethod(_ltx_conv_reason)
+    prepare = staticmethod(_ltx_prepare)
 
     def forward(self, hidden_states, frames_before=None):
-        padding, mode = _ltx_time_padding(self, self.is_causal)
+        padding, mode = self.tconv3d_padding[bool(self.is_causal)]
         return self.conv.convolve(hidden_states, padding, mode, frames_before)
 
 
@@ -241,9 +245,10 @@ class _LTX2VideoCausalConv3d:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_ltx2.LTX2VideoCausalConv3d",)
     attributes = ("conv", "kernel_size")
     reason = staticmethod(_ltx_conv_reason)
+    prepare = staticmethod(_ltx_prepare)
 
     def forward(self, hidden_states, causal=True, frames_before=None):
-        padding, mode = _ltx_time_padding(self, causal)
+        padding, mode = self.tconv3d_padding[bool(causal)]
         return self.conv.convolve(hidden_states, padding, mode, frames_before)
 
 
