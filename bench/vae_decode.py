@@ -7,6 +7,11 @@ converted_graph (the decode captured in a CUDA graph and replayed: its time, the
 and whether a replay on a new latent equals an eager decode bit for bit). `--scale 0` builds diffusers' default
 configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17 frames of 256 x 256; Mochi 19).
 
+The eager variants also report where one decode's time goes (`breakdown_ms`): the convolutions (a VAE's conv
+wrapper counts as its conv), the norms, the activation modules (a SiLU fused into a converted norm is the norm's)
+and the rest, each module's own time (a module's children are theirs), from CUDA events around every such module's
+forward (perf_counter on CPU) in one more decode.
+
 Each variant runs in a fresh process, so on CPU the peak is the rise of the process's resident high-water mark
 over its first decode (with glibc told to map every tensor from 64 KiB up on its own, so that this tracks live
 memory and repeats to 0.2 MB), and on CUDA torch's peak allocated bytes over a decode after a warm-up one.
@@ -17,6 +22,8 @@ and padding copies cost, not the kernels' speed. Needs diffusers (`pip install "
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import platform
@@ -29,10 +36,69 @@ import time
 import torch
 
 VARIANTS = ("stock", "converted", "stock_compiled", "converted_compiled", "converted_inductor", "converted_graph")
+ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.ELU, torch.nn.Mish,
+               torch.nn.Tanh, torch.nn.Sigmoid)  # fmt: skip
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def categories(model: torch.nn.Module) -> dict[int, str]:
+    """id(module) -> "conv", "norm" or "activation" for the modules `breakdown` times."""
+    from tconv3d.nn.audit import _layers
+
+    found = {id(watched): "conv" for _, watched, _ in _layers(model)}
+    for module in model.modules():
+        if id(module) in found:
+            continue
+        if isinstance(module, ACTIVATIONS):
+            found[id(module)] = "activation"
+        elif "norm" in type(module).__name__.lower():  # GroupNorm, RMS_norm, RMSNorm, CogVideoXSpatialNorm3D, ...
+            found[id(module)] = "norm"
+    return found
+
+
+def breakdown(model: torch.nn.Module, run, device: str) -> dict[str, float]:
+    """Milliseconds of one `run()` by category (see the module's docstring): the timeline is cut at every timed
+    module's entry and exit, and each piece goes to the innermost timed module running then ("other" outside
+    all of them)."""
+    cuda = device == "cuda"
+
+    def now():
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    marks, stack, handles = [], [], []
+
+    def enter(category, module, args):
+        stack.append(category)
+        marks.append((now(), category))
+
+    def leave(module, args, output):
+        stack.pop()
+        marks.append((now(), stack[-1] if stack else "other"))
+
+    modules = {id(m): m for m in model.modules()}
+    for key, category in categories(model).items():
+        handles.append(modules[key].register_forward_pre_hook(functools.partial(enter, category)))
+        handles.append(modules[key].register_forward_hook(leave))
+    try:
+        marks.append((now(), "other"))
+        run()
+        marks.append((now(), None))
+    finally:
+        for handle in handles:
+            handle.remove()
+    if cuda:
+        torch.cuda.synchronize()
+    totals = dict.fromkeys(("conv", "norm", "activation", "other"), 0.0)
+    for (start, category), (end, _) in itertools.pairwise(marks):
+        totals[category] += start.elapsed_time(end) if cuda else (end - start) * 1e3
+    return {key: round(value, 3) for key, value in totals.items()}
 
 
 def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scale: int, latent_shape) -> dict:
@@ -74,7 +140,10 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
                 decode(z)
                 times.append(time.perf_counter() - start)
             ms = statistics.median(times) * 1e3
-    return {"variant": variant, "ms": round(ms, 2), "peak_mb": round(peak, 1), "output": list(out.shape)}
+        row = {"variant": variant, "ms": round(ms, 2), "peak_mb": round(peak, 1), "output": list(out.shape)}
+        if not variant.endswith(("compiled", "inductor")):  # hooks would break the compiled graph
+            row["breakdown_ms"] = breakdown(vae, lambda: decode(z), device)
+    return row
 
 
 def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
@@ -151,6 +220,8 @@ def main(argv=None) -> int:
             continue
         replay = f"  replay equals eager: {row['replay_equals_eager']}" if "replay_equals_eager" in row else ""
         print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}")
+        if "breakdown_ms" in row:
+            print(" " * 21 + " / ".join(f"{key} {value:.2f}" for key, value in row["breakdown_ms"].items()) + " ms")
     if args.json:
         import diffusers
         import triton

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -551,3 +552,22 @@ def test_real_models_on_cuda_match_stock(name):
         stock_error = rel_l2(run(stock.bfloat16(), x.bfloat16()), reference)
         ours_error = rel_l2(run(converted.bfloat16(), x.bfloat16()), reference)
     assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
+
+
+@pytest.mark.parametrize("name", ["wan", "ltx2"])
+def test_decode_breakdown_times_convs_norms_and_activations(name, aten_path):
+    """bench.vae_decode's breakdown of one decode: convolutions and norms in both; the SiLU modules' own time in
+    stock only (convert fuses each into the norm before it, and leaves nn.Identity); the pieces cover the run."""
+    from bench.vae_decode import breakdown
+
+    stock, converted = stock_and_converted(VAES[name])
+    z = torch.randn(1, LATENT_CHANNELS[name], 2, 4, 4)
+    with torch.no_grad():
+        parts = {}
+        for label, model in (("stock", stock), ("converted", converted)):
+            start = time.perf_counter()
+            parts[label] = breakdown(model, lambda model=model: model.decode(z), "cpu")
+            wall = (time.perf_counter() - start) * 1e3
+            assert parts[label]["conv"] > 0 and parts[label]["norm"] > 0, parts
+            assert 0.5 * wall < sum(parts[label].values()) <= wall, (parts, wall)
+    assert parts["stock"]["activation"] > 0 and parts["converted"]["activation"] == 0, parts
