@@ -385,10 +385,11 @@ class _LTXVideoUpsampler:
         return hidden_states
 
 
-def _space_to_depth_into(out: torch.Tensor, x: torch.Tensor, stride) -> torch.Tensor:
-    """The view of channels_last_3d `out` (B, C*s0*s1*s2, T, H, W) as LTX-Video's space-to-depth of x (B, C,
-    T*s0, H*s1, W*s2) indexes it: both (B, T, H, W, C, s0, s1, s2), x's as a view too. Packed channels are
-    ordered (C, s0, s1, s2), as diffusers' permute + flatten orders them."""
+def _space_to_depth_into(out: torch.Tensor, x: torch.Tensor, stride) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out's view, x's view), both (B, T, H, W, C, s0, s1, s2): channels_last_3d `out` (B, C*s0*s1*s2, T, H, W)
+    and x (B, C, T*s0, H*s1, W*s2) as LTX-Video's space-to-depth pairs their elements, packed channels ordered
+    (C, s0, s1, s2) as diffusers' permute + flatten orders them. Copying (or adding) the second into the first is
+    the space-to-depth."""
     b, c, t, h, w = x.shape
     s0, s1, s2 = stride
     source = x.view(b, c, t // s0, s0, h // s1, s1, w // s2, s2).permute(0, 2, 4, 6, 1, 3, 5, 7)
