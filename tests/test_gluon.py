@@ -345,6 +345,9 @@ def test_persistent_programs_per_sm():
     assert programs(128, 64, 64, 4, 4, split_k=2) == 1  # 96 KB of ring, 32 KB of fp32 partial sums
     assert programs(128, 64, 64, 8, 3) == 1  # two warpgroups on one tile: the cooperative schedule
     assert programs(128, 256, 32, 4, 2) == 1  # 256 fp32 accumulators a thread: no room for a second program
+    # 128 accumulators a thread, but in one m64n256 wgmma, which ptxas will not fit in a maxnreg of 128
+    assert programs(64, 256, 16, 4, 2) == 1 and programs(64, 256, 16, 4, 2, "wgrad") == 1
+    assert programs(128, 128, 16, 4, 2) == 2  # the same accumulators in two m64n128 wgmmas
 
 
 @pytest.mark.parametrize("index", range(len(TMA_CASES)))

@@ -290,6 +290,10 @@ if conv_gluon.UNAVAILABLE is None:
                     # and persistent, warp-specialized (3 stages beside the forward's epilogue tile)
                     ws = dataclasses.replace(hopper, num_stages=3)
                     tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
+                    # and 64 x 256 on one warpgroup: one program an SM (one m64n256 wgmma's accumulators)
+                    if shape.name == "wan_dec_384b":
+                        ws = dataclasses.replace(hopper, block_m=64, block_k=16, num_warps=4, num_stages=2)
+                        tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
                 # down_s2's phase views, the warp-specialized producer's predicated copies too
                 if shape.name == "down_s2" and dtype == torch.bfloat16:
                     ws = choice.heuristic_gluon_tiles(chosen)
@@ -306,11 +310,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite under triton 3.6
     (one of each kind under another: large, strided, small-channel, 3-channel output) (bf16, and the forward and input
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
-    also warp-specialized; down_s2's phase views warp-specialized too; last_cout3's forward storing its 3-channel rows
-    from registers), for sm_90: TMA loads, wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main
-    loop), one wgmma group in flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may
-    take. Runs where the Triton is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step);
-    elsewhere the kernel says it is unavailable."""
+    also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized; down_s2's phase views
+    warp-specialized too; last_cout3's forward storing its 3-channel rows from registers), for sm_90: TMA loads,
+    wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
+    single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one
+    the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
+    unavailable."""
     from tconv3d.inspect.compile import ARCHS
     from tconv3d.kernels import conv_gluon
     from tconv3d.kernels.config import KernelConfig

@@ -107,8 +107,10 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
     the other's wgmma, as the two consumer warpgroups of CUTLASS's ping-pong schedule do in one CTA (a single
     program would leave the tensor cores idle there, where the one-tile-per-program kernel gets the same overlap
     from the hardware scheduling two of its CTAs on an SM). Otherwise one, as the cooperative schedule: two
-    warpgroups on one tile."""
-    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128
+    warpgroups on one tile. At most 128 columns: ptxas holds each instruction to the kernel's maxnreg (128 at two
+    programs), not to the consumer's limit that setmaxnreg raises, and one m64n256 wgmma alone keeps 128
+    accumulators a thread (64 x 256 on one warpgroup does not compile there: C7602, "register target of 154")."""
+    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and config.block_n <= 128
     fits_twice = one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES
     return min(2 if fits_twice else 1, _most_programs_per_sm)
 
