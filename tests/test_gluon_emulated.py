@@ -15,7 +15,7 @@ import pytest
 import torch
 from gluon_emulator import KernelFault, emulating
 from helpers import case_reference, conv_and_reference
-from test_tma import TMA_CASES, UNALIGNED_OUTPUT
+from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
 from tconv3d import settings
@@ -84,6 +84,20 @@ def _check_persistent_grids(emu):
         per_sm = -(-grid[0] // PERSISTENT_SMS)
         assert len(grid) == 1 and per_sm <= 2, (name, grid)
         assert options["maxnreg"] * 32 * (warps + 4) * per_sm <= 65536, (name, grid, warps, options)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
+@pytest.mark.parametrize("stride", [1, (2, 1, 1)], ids=["stride1", "stride211"])
+@pytest.mark.parametrize("mode_d", ["replicate", "reflect"])
+def test_emulated_gluon_border_modes_and_cached_frames_along_d(mode_d, stride, before, mode, emulator):
+    """The video VAEs' causal convs: a border mode along D and frames_before (copies from frames_before's
+    descriptor or x's, the other predicated off) through the Gluon forward and weight gradient too."""
+    emulator.mode = MODES[mode]
+    ours, expected = conv_with_border_along_d(mode_d, stride, before, torch.bfloat16, "cpu")
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
 
 
 @pytest.mark.parametrize("seed", range(1, 5))
@@ -155,7 +169,9 @@ def test_fp32_input_gradient_needs_the_transposed_weight(monkeypatch):
         got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
         assert rel_l2(got, want) < TF32_TOLERANCE
         real_descriptors, real_launch = conv_gluon.patch_descriptors, conv_gluon.launch
-        monkeypatch.setattr(conv_gluon, "patch_descriptors", lambda *a, weight_transposed: real_descriptors(*a))
+        monkeypatch.setattr(
+            conv_gluon, "patch_descriptors", lambda *a, weight_transposed, **k: real_descriptors(*a, **k)
+        )
         monkeypatch.setattr(conv_gluon, "launch", lambda *a, **k: real_launch(*a, **{**k, "W_TRANSPOSED": False}))
         with pytest.raises(KernelFault, match="K-major"):
             conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
@@ -261,7 +277,8 @@ def _next_stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT
 
 
 @gluon.jit
-def _source_box_skipped(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr):
+def _source_box_skipped(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr, frames,
+                        PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr):  # fmt: skip
     """The source box never loaded: its bytes never arrive at the barrier."""
     pass
 

@@ -261,6 +261,7 @@ def _assert_tensor_maps_encode(report):
 
 GLUON_COMPILE = """
 import dataclasses, json, torch, triton
+from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import load_shape_set
@@ -302,6 +303,17 @@ if conv_gluon.UNAVAILABLE is None:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
+    # A video VAE's causal conv as a converted decoder calls it: replicate along D and two cached frames in front
+    # (frames_before), pipelined and warp-specialized.
+    causal = conv_geometry((1, 384, 4, 60, 104), (384, 384, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
+                           padding_mode="replicate,zeros,zeros", prefix_frames=2)
+    for direction in ("fwd", "wgrad"):
+        chosen, _ = choice.choose(direction, causal, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+        tiles = choice.force_variant(direction, causal, torch.bfloat16, chosen, "gluon", True)
+        for config in (tiles, configs.with_gluon(tiles, causal, direction, specialized=True)):
+            report = compile_launch(direction, causal, torch.bfloat16, config, 90)[0]
+            out.append({"case": "causal_cached", "direction": direction, "dtype": str(torch.bfloat16),
+                        "config": config.to_dict(), **report.to_dict()})
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 
@@ -311,7 +323,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     (one of each kind under another: large, strided, small-channel, 3-channel output) (bf16, and the forward and input
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized; down_s2's phase views
-    warp-specialized too; last_cout3's forward storing its 3-channel rows from registers), for sm_90: TMA loads,
+    warp-specialized too; last_cout3's forward storing its 3-channel rows from registers; a video VAE's causal conv
+    with replicate borders along D and cached frames, forward and weight gradient), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
     single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one
     the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
@@ -328,6 +341,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     large = {(r["case"].split("_")[0], r["direction"]) for r in reports}
     assert {(family, d) for family in ("wan", "hunyuan", "cogvideo") for d in ("fwd", "dgrad", "wgrad")} <= large
     assert ("last", "fwd") in large  # the output stored from registers (DST_PTR)
+    causal = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "causal_cached"}
+    assert causal == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # replicate along D, frames_before
     tf32 = [r for r in reports if r["dtype"] == "torch.float32"]  # fp32 read as TF32: k8 wgmma atoms
     assert {r["direction"] for r in tf32} == {"fwd", "dgrad"}  # the input gradient over the transposed weight
     assert all(r["mma"].startswith("HGMMA.64x") and r["mma"].endswith("x8.F32.TF32") for r in tf32), tf32[0]["mma"]

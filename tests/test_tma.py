@@ -17,7 +17,7 @@ from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice
-from tconv3d.tune.configs import tma_eligible, with_tma
+from tconv3d.tune.configs import heuristic_config, tma_eligible, with_tma
 
 CL = torch.channels_last_3d
 
@@ -248,6 +248,19 @@ def test_eligibility_and_box_width():
     # Output rows of 3 channels: the forward stores them from registers; the gradients read them as boxes.
     to_rgb = conv_geometry((1, 96, 4, 8, 8), (3, 96, 3, 3, 3), 1, 1, 1)
     assert [tma_eligible(d, to_rgb, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [True, False, False]
+    # Along D a border mode and frames_before are a frame coordinate; in H and W only zeros borders are the TMA unit's.
+    causal = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros", 2)
+    assert all(tma_eligible(direction, causal, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
+    spatial = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "zeros,reflect,zeros")
+    assert [tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
+    strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
+    assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
+    # The heuristic on sm_90: a border mode along D keeps the TMA loop as it is; frames_before (a branch per step
+    # in the Triton TMA loop) stays on the pointer kernels until a GPU has timed it, but in the input gradient.
+    replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
+    for problem, variants in ((replicate_d, ["tma"] * 3), (causal, ["pointer", "tma", "pointer"])):
+        chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90).variant for d in ("fwd", "dgrad", "wgrad")]
+        assert chosen == variants
 
 
 def test_row_box_where_rows_fill_it():
@@ -286,7 +299,9 @@ def test_row_boxes_match_float64(case, monkeypatch, device):
     monkeypatch.setattr(choice, "_select", lambda *args: rows)
     launched = []
     real = conv_tma.patch_descriptors
-    monkeypatch.setattr(conv_tma, "patch_descriptors", lambda *a: launched.append(a[4].tma_box(16)) or real(*a))
+    monkeypatch.setattr(
+        conv_tma, "patch_descriptors", lambda *a, **k: launched.append(a[4].tma_box(16)) or real(*a, **k)
+    )
     ours, expected = conv_and_reference(case, torch.float32, device)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
@@ -384,3 +399,41 @@ def test_refused_tensor_map_says_what_to_do(monkeypatch):
     with pytest.raises(RuntimeError, match="TCONV3D_TMA_MAPS=strict") as error:
         choice.launch("fwd", refused, None, torch.empty(1))
     assert "tensor map descriptor" in str(error.value.__cause__)
+
+
+def conv_with_border_along_d(mode_d, stride, before, dtype, device):
+    """tconv3d's [y, dx, dw (, d frames_before)] of a conv with `mode_d` borders along D (zeros in H and W, as
+    the video VAEs' causal convs have) and `before` frames_before, and float64's of the concatenated, padded
+    input, under one random upstream gradient."""
+    x = torch.randn(1, 8, 3, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
+    frames = torch.randn(1, 8, before, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(16, 8, 3, 3, 3, device=device).to(dtype).requires_grad_()
+    padding, mode = (2, 1, 1, 1, 1, 1), f"{mode_d},zeros,zeros"
+    y = tconv3d.conv3d(x, w, None, stride, padding, padding_mode=mode, frames_before=frames if before else None)
+    grad_out = torch.randn_like(y)
+    y.backward(grad_out)
+    x64, frames64, w64 = (t.detach().double().requires_grad_() for t in (x, frames, w))
+    padded = torch.nn.functional.pad(torch.cat([frames64, x64], dim=2), (1, 1, 1, 1, 0, 0))
+    padded = torch.nn.functional.pad(padded, (0, 0, 0, 0, 2, 1), mode="constant" if mode_d == "zeros" else mode_d)
+    want = torch.nn.functional.conv3d(padded, w64, stride=stride)
+    want.backward(grad_out.double())
+    ours, expected = [y, x.grad, w.grad], [want, x64.grad, w64.grad]
+    if before:
+        ours, expected = [*ours, frames.grad], [*expected, frames64.grad]
+    return ours, expected
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
+@pytest.mark.parametrize("stride", [1, (2, 1, 1), (1, 2, 2)], ids=["stride1", "stride211", "stride122"])
+@pytest.mark.parametrize("mode_d", ["zeros", "replicate", "reflect", "circular"])
+def test_border_modes_and_cached_frames_along_d_through_tma(mode_d, stride, before, variant, device):
+    """A border mode along D and frames_before in front of the input are a box's frame coordinate (conv_tma.
+    source_frame): the forward and the weight gradient run on the TMA kernels too, as the video VAEs' causal convs
+    (zeros in H and W) call them; frames_before at a stride in H or W has no phase views and runs on the pointer
+    kernels. Against float64 of the concatenated, padded input."""
+    _, launches = variant
+    ours, expected = conv_with_border_along_d(mode_d, stride, before, torch.float32, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert launches == (["dgrad"] if before and stride == (1, 2, 2) else ["fwd", "dgrad", "wgrad"])

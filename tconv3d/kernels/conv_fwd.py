@@ -172,9 +172,9 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
     if config.gluon:  # the tuning layer checked the problem, the device and the tensors
-        conv3d_gluon(x, weight, bias, out, geom, config, False, per_split)
+        conv3d_gluon(x, weight, bias, out, geom, config, False, per_split, frames_before)
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
-        conv3d_tma(x, weight, bias, out, geom, config, False, per_split)
+        conv3d_tma(x, weight, bias, out, geom, config, False, per_split, frames_before)
     else:
         _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split)
     return y if splits == 1 else sum_splits(out, y)

@@ -36,12 +36,14 @@ from .conv_tma import (
     patch_phase,
     phase_descriptors,
     phase_view,
+    prefix_descriptor,
+    source_frames,
     step_box,
     tap_box,
     tap_shift,
 )
 from .launch import launch
-from .utils import cdiv, ndhwc_descriptor
+from .utils import cdiv, ndhwc_descriptor, padded_coord
 
 # Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
 GLUON_TRITON = ("3.6", "3.9")
@@ -206,14 +208,22 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
-    def _copy_source_box(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr):
+    def _copy_source_box(views, coords, bar, buf, phase, pred, PHASES: gl.constexpr, frames,
+                         PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr):  # fmt: skip
         """The source box at `coords` of phase view `phase` of the PHASES `views` into `buf` (views[0] where there
-        is one): one copy issued per view, all but the phase's predicated off."""
-        if PHASES == 1:
-            _tma_load(views[0], coords, bar, buf, pred)
+        is one): one copy issued per view, all but the phase's predicated off. Its frame coords[1] is one of the
+        frames = (D_IN, P_FRAMES) along D, frames_before's first (views[4], HAS_PREFIX, one phase), bordered in
+        PAD_MODE_D (conv_tma.source_frame)."""
+        frame = padded_coord(coords[1], frames[0], PAD_MODE_D)
+        n, row, col, c0 = coords[0], coords[2], coords[3], coords[4]
+        if HAS_PREFIX:  # one phase (configs.tma_eligible)
+            _tma_load(views[4], [n, frame, row, col, c0], bar, buf, pred & (frame < frames[1]))
+            _tma_load(views[0], [n, frame - frames[1], row, col, c0], bar, buf, pred & (frame >= frames[1]))
+        elif PHASES == 1:
+            _tma_load(views[0], [n, frame, row, col, c0], bar, buf, pred)
         else:
             for p in gl.static_range(PHASES):
-                _tma_load(phase_view(views, p), coords, bar, buf, pred & (phase == p))
+                _tma_load(phase_view(views, p), [n, frame, row, col, c0], bar, buf, pred & (phase == p))
 
     @gluon.jit
     def _load_live_taps(live_ptr, phase):
@@ -246,6 +256,7 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, pred,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
         leaves the volume, from the TMA unit) and the weight box of its (tap, channel block): [c0, tap, n0] of the
@@ -259,7 +270,8 @@ if UNAVAILABLE is None:
         if INPUT_GRAD:  # one source view: grad_out
             _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
         else:
-            _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W)
+            _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W,
+                             frames, PAD_MODE_D, HAS_PREFIX)  # fmt: skip
         if W_KN:
             _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
@@ -271,6 +283,7 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, mma_layout: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
@@ -282,7 +295,7 @@ if UNAVAILABLE is None:
             _issue_loads(
                 src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps, frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
@@ -295,7 +308,8 @@ if UNAVAILABLE is None:
             _issue_loads(
                 src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
                 k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps,
+                STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps, frames, PAD_MODE_D,
+                HAS_PREFIX,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
@@ -397,7 +411,7 @@ if UNAVAILABLE is None:
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
-        W_KN: gl.constexpr,
+        W_KN: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
@@ -420,7 +434,7 @@ if UNAVAILABLE is None:
                 _issue_loads(
                     src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
                     k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
-                    STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True,
+                    STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
                 it += 1
 
@@ -436,13 +450,16 @@ if UNAVAILABLE is None:
         # table at a stride (config.live_taps), else None.
         # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the
         # output tensor itself, its (N, D, H, W) strides stride_d*, stored from registers (_store_rows).
-        src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
+        # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with
+        # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (conv_tma.source_frame).
+        src_desc, w_desc, dst_desc, view1, view2, view3, prefix_desc, bias_ptr, live_ptr,
         C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS, stride_dn, stride_dd, stride_dh, stride_dw,
-        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-        DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, num_warps: gl.constexpr,
+        DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -463,7 +480,8 @@ if UNAVAILABLE is None:
         W_KN: gl.constexpr = INPUT_GRAD and not W_TRANSPOSED  # the weight box is [BLOCK_K, 1, BLOCK_N]
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if W_KN else w_desc.block_type.shape[0]
         dtype: gl.constexpr = src_desc.dtype
-        src_views = (src_desc, view1, view2, view3)  # the forward's phase views (the input gradient reads one)
+        src_views = (src_desc, view1, view2, view3, prefix_desc)  # the forward's phase views, then frames_before
+        frames = (D_IN, P_FRAMES)
         dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
         dst_strides = (stride_dn, stride_dd, stride_dh, stride_dw)
 
@@ -497,7 +515,7 @@ if UNAVAILABLE is None:
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
-                                   W_KN)),
+                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -515,7 +533,7 @@ if UNAVAILABLE is None:
             acc = _pipelined_steps(
                 src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
-                W_KN, mma_layout,
+                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             if DST_PTR:
@@ -532,16 +550,17 @@ if UNAVAILABLE is None:
     def _issue_wgrad_loads(
         go_desc, x_views, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, PHASES: gl.constexpr,
-        BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred,
+        BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """Patch `patch`'s two boxes into one stage: grad_out's patch (zeros past the output's edges, adding
         nothing) and the input's box the tap reads for it (tap_box; zeros in the padding) from its phase view, one
-        of the PHASES `x_views`."""
+        of the PHASES `x_views`, or from frames_before (x_views[4]; _copy_source_box)."""
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         mbarrier.expect(bar, go_desc.block_type.nbytes + x_views[0].block_type.nbytes, pred=pred)
         _tma_load(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
         src_d, phase, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
-        _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, b_buf, phase, pred, PHASES)
+        _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, b_buf, phase, pred, PHASES, frames, PAD_MODE_D,
+                         HAS_PREFIX)  # fmt: skip
 
     @gluon.jit
     def _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAPS: gl.constexpr):
@@ -570,12 +589,13 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _wgrad_steps(
-        go_desc, x_view, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+        go_desc, x_views, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
         shift_d, shift_h, shift_w, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        mma_layout: gl.constexpr,
+        mma_layout: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """The weight gradient's K loop over output patches, software-pipelined as the forward's, reading the
-        input from `x_view` alone. Returns the accumulator, the ring's barriers put away."""
+        input from one view, x_views[0] (or frames_before, x_views[4]). Returns the accumulator, the ring's
+        barriers put away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
@@ -583,8 +603,9 @@ if UNAVAILABLE is None:
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
-                go_desc, (x_view,), a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
+                go_desc, x_views, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
                 co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1, BOX_H, BOX_W, s < steps,
+                frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
@@ -595,9 +616,9 @@ if UNAVAILABLE is None:
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_wgrad_loads(
-                go_desc, (x_view,), a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
+                go_desc, x_views, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
                 D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1,
-                BOX_H, BOX_W, ahead < steps,
+                BOX_H, BOX_W, ahead < steps, frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
@@ -628,6 +649,7 @@ if UNAVAILABLE is None:
         D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, TAPS: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's producer, one warp, over the same tiles as _wgrad_mma_tiles: each
         free stage gets the next patch's grad_out box and input box (from the tile's phase view: the copies from
@@ -648,7 +670,7 @@ if UNAVAILABLE is None:
                 _issue_wgrad_loads(
                     go_desc, x_views, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
                     D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W,
-                    STRIDE_H * STRIDE_W, BOX_H, BOX_W, True,
+                    STRIDE_H * STRIDE_W, BOX_H, BOX_W, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
                 it += 1
 
@@ -656,14 +678,17 @@ if UNAVAILABLE is None:
     def _conv3d_wgrad_gluon_kernel(
         # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
         # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]; at a stride in H or W, x_desc and x_phase1..3
-        # are its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]
-        go_desc, x_desc, x_phase1, x_phase2, x_phase3, out_ptr,
+        # are its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]. Along D the
+        # input is D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with HAS_PREFIX: stride 1
+        # in H and W), bordered in PAD_MODE_D (conv_tma.source_frame).
+        go_desc, x_desc, x_phase1, x_phase2, x_phase3, prefix_desc, out_ptr,
         C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
         stride_os, stride_oo, stride_ot, stride_oi,
-        PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
@@ -681,7 +706,8 @@ if UNAVAILABLE is None:
         dtype: gl.constexpr = go_desc.dtype
         TAPS: gl.constexpr = KD * KH * KW
         PHASES: gl.constexpr = STRIDE_H * STRIDE_W
-        x_views = (x_desc, x_phase1, x_phase2, x_phase3)
+        x_views = (x_desc, x_phase1, x_phase2, x_phase3, prefix_desc)
+        frames = (D_IN, P_FRAMES)
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
@@ -698,7 +724,8 @@ if UNAVAILABLE is None:
                                         C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, mma_layout)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
-                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, STRIDE_D, STRIDE_H, STRIDE_W)),
+                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, STRIDE_D, STRIDE_H, STRIDE_W, frames,
+                                         PAD_MODE_D, HAS_PREFIX)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -714,8 +741,8 @@ if UNAVAILABLE is None:
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
             if PHASES == 1:
                 acc = _wgrad_steps(
-                    go_desc, x_desc, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
-                    shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+                    go_desc, x_views, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+                    shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
             else:
                 phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
@@ -723,8 +750,9 @@ if UNAVAILABLE is None:
                 for p in gl.static_range(PHASES):
                     if phase == p:
                         acc = _wgrad_steps(
-                            go_desc, phase_view(x_views, p), a_ring, b_ring, ready, first, steps, D_OUT, H_OUT,
-                            W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout,
+                            go_desc, (phase_view(x_views, p), None, None, None, None), a_ring, b_ring, ready, first,
+                            steps, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H,
+                            STRIDE_W, mma_layout, frames, PAD_MODE_D, False,
                         )  # fmt: skip
             _store_wgrad_tile(
                 acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
@@ -766,8 +794,9 @@ def _persistent_launch(
 
 
 def conv3d_gluon(
-    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
-) -> None:
+    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int,
+    frames_before=None,
+) -> None:  # fmt: skip
     """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
     strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
     partial sums of `split_steps` K steps each. src is 16-bit, or fp32 (read as TF32; wgmma's fp32 operands must be
@@ -776,8 +805,9 @@ def conv3d_gluon(
     variant only where UNAVAILABLE is None."""
     transposed = input_grad and src.dtype == torch.float32  # wgmma's fp32 (TF32) operands are K-major only
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
-        src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed
-    )
+        src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed,
+        frames_before=frames_before,
+    )  # fmt: skip
     splits = grid[2]
     grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False)
     dst_ptr = descriptors[2] is dst
@@ -785,33 +815,38 @@ def conv3d_gluon(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, splits, *dst_row_strides(dst, dst_ptr),
-        *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
-        WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed, num_warps=config.num_warps,
+        WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,
+        PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
+        num_warps=config.num_warps,
         **options,
     )  # fmt: skip
 
 
 def conv3d_wgrad_gluon(
-    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
-) -> None:
+    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int,
+    frames_before=None,
+) -> None:  # fmt: skip
     """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight gradient's patches
     and splits (conv_tma.wgrad_tma_patches), persistent and warp-specialized where config.gluon is 2: both
     tensors 16-bit, unit-stride channels, TMA-aligned strides."""
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
+    prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
     grid, options = _persistent_launch(grid, config, out.device, grad_out.element_size(), True)
     launch(
         _conv3d_wgrad_gluon_kernel, grid,
-        go_desc, *x_views, out,
+        go_desc, *x_views, prefix, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),
-        *geom.front_padding, *geom.dilation,
+        *source_frames(geom), *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
-        STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, num_warps=config.num_warps,
+        STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
+        HAS_PREFIX=prefix is not None, num_warps=config.num_warps,
         **options,
     )  # fmt: skip

@@ -8,7 +8,10 @@ At stride s in H or W the input a tap reads for a patch of outputs is every s-th
 a box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap), one descriptor per phase, at
 most MAX_PHASES of them; the kernels pick the tap's. The strided input gradient turns this round: a program
 computes a patch of one phase of grad_in, over that phase's live taps, and stores it through grad_in's phase
-view. Along D a box is one frame deep, so a stride there is only a coordinate."""
+view. Along D a box is one frame deep, so a stride there is only a coordinate, and so is a border mode there or
+a second source in front of the input (frames_before, P frames): every voxel of a box reads the same source frame,
+which source_frame maps, and the box comes from frames_before's descriptor or x's. Borders in H and W read zeros
+(the TMA unit's); their other modes run on the pointer kernels."""
 
 import functools
 import math
@@ -21,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..geometry import ConvGeometry
 from .config import KernelConfig, live_taps
 from .launch import launch, tracing
-from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, tensor_descriptor, tma_aligned
+from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, padded_coord, tensor_descriptor, tma_aligned
 
 # Phase views (descriptors) a strided operand may take: stride 2 in both H and W.
 MAX_PHASES = 4
@@ -57,6 +60,20 @@ def tap_box(d, h0, w0, shift_d, shift_h, shift_w, STRIDE_D: tl.constexpr, STRIDE
     row = h0 + (shift_h - ph) // STRIDE_H  # exact divisions: the same either way
     col = w0 + (shift_w - pw) // STRIDE_W
     return d * STRIDE_D + shift_d, ph * STRIDE_W + pw, row, col
+
+
+@triton.jit
+def source_frame(frame, D_IN, P_FRAMES, PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr):
+    """The source of input frame `frame`, a coordinate along the D_IN frames the forward and the weight gradient
+    read (frames_before's P_FRAMES, then x's), which may lie in the border -> (frame, whether of frames_before):
+    the frame its border mode along D maps it to (utils.padded_coord; a zeros border stays out of range, where the
+    TMA unit reads zeros), counted in frames_before where it lies there (HAS_PREFIX), else in x."""
+    frame = padded_coord(frame, D_IN, PAD_MODE_D)
+    if HAS_PREFIX:
+        in_prefix = frame < P_FRAMES
+        return tl.where(in_prefix, frame, frame - P_FRAMES), in_prefix
+    else:
+        return frame, False
 
 
 @triton.jit
@@ -144,13 +161,16 @@ def _conv3d_tma_kernel(
     # gradient's live-tap table at a stride (config.live_taps), else None.
     # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the output
     # tensor itself, its (N, D, H, W) strides stride_d*, and the epilogue stores from registers.
-    src_desc, w_desc, dst_desc, view1, view2, view3, bias_ptr, live_ptr,
+    # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with
+    # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (source_frame).
+    src_desc, w_desc, dst_desc, view1, view2, view3, prefix_desc, bias_ptr, live_ptr,
     C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, stride_dn, stride_dd, stride_dh, stride_dw,
-    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DST_PTR: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr,
 ):  # fmt: skip
     """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col], for a BOX_H x BOX_W
     patch of dst voxels at one (n, d) per program and BLOCK_N columns.
@@ -191,7 +211,17 @@ def _conv3d_tma_kernel(
             b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
         else:
             b = tl.trans(w_desc.load([n0, tap, c0]).reshape(BLOCK_N, BLOCK_K))
-        if INPUT_GRAD or VIEWS == 1:
+        if not INPUT_GRAD:
+            src_d, in_prefix = source_frame(src_d, D_IN, P_FRAMES, PAD_MODE_D, HAS_PREFIX)
+        if HAS_PREFIX:  # the forward at stride 1 in H and W (configs.tma_eligible): one of two boxes
+            tl.static_assert(VIEWS == 1 and not INPUT_GRAD, "frames_before: the forward at stride 1 in H and W")
+            if in_prefix:
+                a = prefix_desc.load([n, src_d, row, col, c0])
+                acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+            else:
+                a = src_desc.load([n, src_d, row, col, c0])
+                acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+        elif INPUT_GRAD or VIEWS == 1:
             a = src_desc.load([n, src_d, row, col, c0])
             acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
         else:
@@ -246,6 +276,12 @@ def phase_descriptors(t, stride, block, make=TensorDescriptor) -> tuple:
     return tuple(ndhwc_descriptor(v, block, make) for v in views) + (None,) * (MAX_PHASES - len(views))
 
 
+def prefix_descriptor(frames_before, block, make=TensorDescriptor):
+    """The descriptor of the forward's and weight gradient's second source along D, boxes as x's; None without
+    one."""
+    return None if frames_before is None else ndhwc_descriptor(frames_before, block, make)
+
+
 def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
     """config.live_taps as int32 [phases, 3 dims, 3] on the device, as the input-gradient kernels read it
     (load_live_taps, conv_dgrad's pointer kernel); cached, except while traced for Inductor, where it is a
@@ -260,10 +296,12 @@ def _live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Te
 
 
 def patch_descriptors(
-    src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make, weight_transposed=False
-):
+    src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make, weight_transposed=False,
+    frames_before=None,
+):  # fmt: skip
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: the
-    descriptors (src, w, dst, the strided operand's other phase views), the input gradient's live-tap table at a
+    descriptors (src, w, dst, the strided operand's other phase views, the forward's frames_before or None), the
+    input gradient's live-tap table at a
     stride (else None), the grid (patches, column blocks, splits: dst holds src's batch once per split), the
     (reduced, columns) channel counts, the extent of the patches' volume (dst's, or a strided input gradient's
     largest phase) and the stride. `weight_transposed` (the input gradient): the weight copied to [Cin, taps,
@@ -294,6 +332,7 @@ def patch_descriptors(
         src_desc, *views = phase_descriptors(src, stride, src_box, make)
         # Output rows that are not whole 16-byte units (3 channels): the kernels store them from registers.
         dst_desc = ndhwc_descriptor(dst, dst_box, make) if tma_aligned(dst) else dst
+    prefix = prefix_descriptor(frames_before, src_box, make)
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
     d, h, w = volume
     grid = (
@@ -301,18 +340,19 @@ def patch_descriptors(
         cdiv(channels[1], config.block_n),
         dst.shape[0] // src.shape[0],
     )
-    return (src_desc, w_desc, dst_desc, *views), live, grid, channels, volume, stride
+    return (src_desc, w_desc, dst_desc, *views, prefix), live, grid, channels, volume, stride
 
 
 def conv3d_tma(
-    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int
-) -> None:
-    """Run the TMA kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
-    strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their
-    fp32 partial sums of `split_steps` K steps each. Both tensors have unit-stride channels and TMA-aligned
-    strides; dst is written whole."""
+    src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int,
+    frames_before=None,
+) -> None:  # fmt: skip
+    """Run the TMA kernel: the forward (src = x, dst = y; frames_before in front of x along D, at stride 1 in H and
+    W) or the input gradient (src = grad_out, dst = grad_in), at strides of at most MAX_PHASES phase views, or with
+    dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of `split_steps` K steps each. The
+    tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
-        src, weight, dst, geom, config, input_grad, TensorDescriptor
+        src, weight, dst, geom, config, input_grad, TensorDescriptor, frames_before=frames_before
     )
     box_h, box_w = config.tma_box(config.block_m)
     upcast, precision = dot_flags(src.dtype)
@@ -321,12 +361,19 @@ def conv3d_tma(
         _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, *dst_row_strides(dst, dst_ptr),
-        *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DST_PTR=dst_ptr,
+        PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def source_frames(geom: ConvGeometry, input_grad: bool = False) -> tuple[int, int]:
+    """(D_IN, P_FRAMES) of source_frame: the frames along D the forward and the weight gradient read, the first
+    P_FRAMES of them frames_before's; zeros for the input gradient, which reads grad_out (one compiled kernel)."""
+    return (0, 0) if input_grad else (geom.in_size[0], geom.prefix_frames)
 
 
 def dst_row_strides(dst: torch.Tensor, dst_ptr: bool) -> tuple:
@@ -340,20 +387,28 @@ def dst_row_strides(dst: torch.Tensor, dst_ptr: bool) -> tuple:
 
 @triton.jit
 def _wgrad_patches(
-    go_desc, x_view, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
-    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    go_desc, x_view, prefix_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+    D_IN, P_FRAMES, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr,
 ):  # fmt: skip
     """One tap's weight-gradient tile summed over output patches [first, last): grad_out's patch against the input
-    box the tap reads for it from `x_view`, its phase view (tap_box)."""
+    box the tap reads for it from `x_view`, its phase view (tap_box), or from frames_before (source_frame)."""
     BLOCK_K: tl.constexpr = BOX_H * BOX_W
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for patch in range(first, last):
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         a = go_desc.load([n, od, h0, w0, co0]).reshape(BLOCK_K, BLOCK_M)
         src_d, _, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
-        b = x_view.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
+        src_d, in_prefix = source_frame(src_d, D_IN, P_FRAMES, PAD_MODE_D, HAS_PREFIX)
+        if HAS_PREFIX:
+            if in_prefix:
+                b = prefix_desc.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
+            else:
+                b = x_view.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
+        else:
+            b = x_view.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
         acc = mma(acc, tl.trans(a), b, UPCAST_DOT, INPUT_PRECISION)
     return acc
 
@@ -362,15 +417,18 @@ def _wgrad_patches(
 def _conv3d_wgrad_tma_kernel(
     # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
     # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]; at a stride in H or W, x_desc and x_phase1..3 are
-    # its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]
-    go_desc, x_desc, x_phase1, x_phase2, x_phase3, out_ptr,
+    # its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]. Along D the input
+    # is D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with HAS_PREFIX: stride 1 in H and
+    # W), bordered in PAD_MODE_D (source_frame).
+    go_desc, x_desc, x_phase1, x_phase2, x_phase3, prefix_desc, out_ptr,
     C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
     stride_os, stride_oo, stride_ot, stride_oi,
-    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr,
 ):  # fmt: skip
     """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci].
 
@@ -395,8 +453,9 @@ def _conv3d_wgrad_tma_kernel(
 
     if PHASES == 1:
         acc = _wgrad_patches(
-            go_desc, x_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
-            STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION, BOX_H, BOX_W, BLOCK_M, BLOCK_N,
+            go_desc, x_desc, prefix_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+            D_IN, P_FRAMES, STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION, BOX_H, BOX_W, BLOCK_M,
+            BLOCK_N, PAD_MODE_D, HAS_PREFIX,
         )  # fmt: skip
     else:  # the program's tap reads one phase view throughout: a loop compiled per view, the program runs its own
         phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
@@ -404,9 +463,9 @@ def _conv3d_wgrad_tma_kernel(
         for p in tl.static_range(PHASES):
             if phase == p:
                 acc = _wgrad_patches(
-                    go_desc, phase_view(views, p), first, last, D_OUT, H_OUT, W_OUT, co0, ci0,
-                    shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION,
-                    BOX_H, BOX_W, BLOCK_M, BLOCK_N,
+                    go_desc, phase_view(views, p), None, first, last, D_OUT, H_OUT, W_OUT, co0, ci0,
+                    shift_d, shift_h, shift_w, D_IN, P_FRAMES, STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT,
+                    INPUT_PRECISION, BOX_H, BOX_W, BLOCK_M, BLOCK_N, PAD_MODE_D, False,
                 )  # fmt: skip
 
     offs_m = co0 + tl.arange(0, BLOCK_M)
@@ -424,24 +483,27 @@ def wgrad_tma_patches(geom: ConvGeometry, config: KernelConfig) -> int:
 
 
 def conv3d_wgrad_tma(
-    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int
-) -> None:
-    """The TMA weight gradient into `out` ([splits, Cout, taps, Cin]); both tensors have unit-stride channels and
-    TMA-aligned strides."""
+    grad_out, x, out, geom: ConvGeometry, config: KernelConfig, patches: int, patches_per_split: int,
+    frames_before=None,
+) -> None:  # fmt: skip
+    """The TMA weight gradient into `out` ([splits, Cout, taps, Cin]), frames_before in front of x along D (at
+    stride 1 in H and W); the tensors have unit-stride channels and TMA-aligned strides."""
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m))
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n))
+    prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, config.block_n))
     upcast, precision = dot_flags(x.dtype)
     c_out, c_in = geom.out_channels, geom.in_channels
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
     launch(
         _conv3d_wgrad_tma_kernel, grid,
-        go_desc, *x_views, out,
+        go_desc, *x_views, prefix, out,
         c_in, c_out, *geom.out_size, patches, patches_per_split,
         *out.stride(),
-        *geom.front_padding, *geom.dilation,
+        *source_frames(geom), *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        PAD_MODE_D=geom.pad_mode_indices[0], HAS_PREFIX=prefix is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

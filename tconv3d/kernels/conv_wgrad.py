@@ -206,9 +206,9 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     if config.gluon:
-        conv3d_wgrad_gluon(grad_out, x, out, geom, config, patches, per_split)
+        conv3d_wgrad_gluon(grad_out, x, out, geom, config, patches, per_split, frames_before)
     elif config.tma_box_w:
-        conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split)
+        conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split, frames_before)
     elif config.direct:
         depthwise_wgrad(grad_out, x, out, geom, config, rows_per_split)
     else:

@@ -146,15 +146,19 @@ def pick_config(
     return config
 
 
-def _tma_describable(direction: str, first: torch.Tensor, second: torch.Tensor) -> bool:
-    """Whether TMA descriptors can cover a launch's two operands (input and weight; grad_output and weight;
-    grad_output and input). An operand whose channels are not unit-stride is copied to channels_last_3d by the
-    launcher first, and then is aligned; a weight is described from its shape once channels_last_3d, so only its
-    base address matters."""
-    first_ok = first.stride(1) != 1 or tma_aligned(first)
+def _tma_describable(direction: str, first: torch.Tensor, second: torch.Tensor, *rest: torch.Tensor | None) -> bool:
+    """Whether TMA descriptors can cover a launch's operands (input and weight; grad_output and weight;
+    grad_output and input; and the forward's and weight gradient's frames_before, the last of `rest`). An
+    activation whose channels are not unit-stride is copied to channels_last_3d by the launcher first, and then is
+    aligned; a weight is described from its shape once channels_last_3d, so only its base address matters."""
+
+    def activation_ok(t: torch.Tensor | None) -> bool:
+        return t is None or t.stride(1) != 1 or tma_aligned(t)
+
+    prefix_ok = direction == "dgrad" or not rest or activation_ok(rest[-1])
     if direction == "wgrad":
-        return first_ok and (second.stride(1) != 1 or tma_aligned(second))
-    return first_ok and (second.stride(1) != 1 or address_aligned(second))
+        return activation_ok(first) and activation_ok(second) and prefix_ok
+    return activation_ok(first) and (second.stride(1) != 1 or address_aligned(second)) and prefix_ok
 
 
 def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None, run=None) -> KernelConfig:
@@ -162,7 +166,7 @@ def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | N
     the tensors."""
     first = tensors[0]
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
-    if config.tma_box_w and not _tma_describable(direction, tensors[0], tensors[1]):
+    if config.tma_box_w and not _tma_describable(direction, *tensors):
         config = dataclasses.replace(config, tma_box_w=0, gluon=0)
     return config
 

@@ -349,13 +349,15 @@ def heuristic_config(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
 ) -> KernelConfig:
     """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible stride-1 problems and
-    the direct kernels for depthwise ones. A strided problem's TMA kernels (phase views) come from a tuning table
-    or TCONV3D_KERNELS until a GPU has timed them against the pointer kernels (bench/NOTES.md)."""
+    the direct kernels for depthwise ones. The TMA kernels of a strided problem (phase views) and of one reading
+    frames_before (each step's box from one of two descriptors: the Triton TMA loop branches around its load and
+    MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the pointer kernels
+    (bench/NOTES.md); a border mode along D alone leaves the TMA loop as it is."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    unit_stride = tuple(geom.stride) == (1, 1, 1)
-    if capability >= TMA_MIN_CAPABILITY and unit_stride and tma_eligible(direction, geom, dtype):
+    untimed = tuple(geom.stride) != (1, 1, 1) or (geom.prefix_frames > 0 and direction != "dgrad")
+    if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
     return config
 
@@ -451,13 +453,16 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     kernel stores from registers where its rows are not (a decoder's last conv to 3 channels: its input and weight
     boxes are whole rows of Cin); at strides whose phase views in H and W (conv_tma.phase_descriptors: of the input
     forward and in the weight gradient, of the input gradient) number at most MAX_PHASES and are not empty.
-    Dilation and asymmetric padding are coordinate offsets."""
+    Dilation and asymmetric padding are coordinate offsets; along D, so are a border mode and frames_before."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and (direction == "fwd" or geom.out_channels * size % 16 == 0)
-    # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
-    # weight gradient read the input itself, so only with zeros padding and one source.
-    runs = direction == "dgrad" or (geom.padding_mode == "zeros" and not geom.prefix_frames)
     _, s_h, s_w = geom.stride
+    # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
+    # weight gradient read the input itself: a box is one frame deep, so along D any border mode and frames_before
+    # in front (at stride 1 in H and W: frames_before has no phase views) are a frame coordinate
+    # (conv_tma.source_frame), while a box's rows in H and W read zeros past the edges, the TMA unit's border.
+    _, mode_h, mode_w = geom.dim_modes
+    runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not geom.prefix_frames or s_h * s_w == 1))
     _, h, w = geom.in_size
     strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
     # A box reaching past a group's channels would read the next group's (only the tensor's edge reads zeros).
