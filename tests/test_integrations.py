@@ -253,16 +253,29 @@ def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
 
 def _monai_nets():
     nets = pytest.importorskip("monai.networks.nets")
+
+    def transformer(build):  # MONAI's UNETR and SwinUNETR need einops
+        return lambda: pytest.importorskip("einops") and build()
+
     return {
         "unet": lambda: nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=2),
         "dynunet": lambda: nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2], upsample_kernel_size=[2, 2]),
+        "unetr": transformer(
+            lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
+        ),
+        "swin_unetr": transformer(lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12)),
     }
 
 
-@pytest.mark.parametrize("name", ["unet", "dynunet"])
+# The input each MONAI network takes: its ViT's image size (UNETR); five halvings that leave the bottleneck's
+# instance norm more than one voxel (SwinUNETR).
+MONAI_NETS = {"unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64}
+
+
+@pytest.mark.parametrize("name", MONAI_NETS)
 def test_monai_unets(name, aten_path):
     stock, converted = stock_and_converted(_monai_nets()[name])
-    x = torch.randn(1, 1, 16, 16, 16)
+    x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
     with torch.no_grad():
         assert rel_l2(converted(x), stock(x)) < MATCH
     report = tconv3d.nn.audit(converted, x, verbose=False)
@@ -295,10 +308,12 @@ def test_vae_activations_stay_channels_last(name, aten_path):
         assert report.totals["upstream_copies_into_convs"] == 0, report.table()
 
 
-@pytest.mark.parametrize("name", ["unet", "dynunet"])
+@pytest.mark.parametrize("name", MONAI_NETS)
 def test_monai_activations_stay_channels_last(name, aten_path):
+    """No layout copy but the input's, norms included. UNETR's: its proj_feat made an NCDHW copy of each of the
+    four ViT states its decoder reads (4 layout copies stock); the adapter leaves the permuted view."""
     _, converted = stock_and_converted(_monai_nets()[name])
-    report = tconv3d.nn.audit(converted, torch.randn(1, 1, 16, 16, 16), verbose=False)
+    report = tconv3d.nn.audit(converted, torch.randn(1, 1, *(MONAI_NETS[name],) * 3), verbose=False)
     assert report.norm_calls > 0 and report.norm_layout_copies == 0
     assert report.totals["layout_copies"] <= 1  # the input
 
@@ -531,7 +546,7 @@ def test_whole_converted_vaes_load_in_fresh_process(aten_path, tmp_path):
 
 
 CUDA_MODELS = {**{f"vae_{name}": (build, (1, 3, 5, 32, 32)) for name, build in VAES.items()},
-               **{f"monai_{name}": (name, (1, 1, 32, 32, 32)) for name in ("unet", "dynunet")}}  # fmt: skip
+               **{f"monai_{name}": (name, (1, 1, 32, 32, 32)) for name in MONAI_NETS}}  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .convert import is_converted, unsupported_reason
-from .video_vaes import KNOWN_CLASSES, adapter_reason, class_name
+from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
+from .video_vaes import adapter_reason, class_name
 
 
 @dataclass

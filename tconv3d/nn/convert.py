@@ -5,8 +5,8 @@ A layer is converted by changing its class, never by replacing the module: param
 references and the state_dict keys stay. Known classes of other libraries get an adapter class built on the
 fly, `(Adapter, TheirClass[, tconv3d.nn.Conv3d])`: it stays an instance of their class (so their own
 `isinstance` checks, e.g. Wan's count of its causal convs for the frame cache, still hold) and its forward keeps
-their signature and meaning while running tconv3d ops. The adapters (video_vaes.py) are matched by module and
-class name, so diffusers is never imported.
+their signature and meaning while running tconv3d ops. The adapters (video_vaes.py for diffusers, monai_nets.py
+for MONAI) are matched by module and class name, so neither library is ever imported.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ..geometry import SUPPORTED_DTYPES
+from . import monai_nets, video_vaes
 from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
-from .video_vaes import FRAME_BLOCKS, KNOWN_CLASSES, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
+from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
 
 logger = logging.getLogger("tconv3d")
 
@@ -55,6 +56,9 @@ def _new_adapted(adapter: type, original: type) -> nn.Module:
     cls = adapted_class(adapter, original)
     return cls.__new__(cls)
 
+
+# The classes of other libraries convert knows, by module and name: diffusers' video VAEs, MONAI's networks.
+KNOWN_CLASSES = {name: adapter for adapter in video_vaes.ADAPTERS + monai_nets.ADAPTERS for name in adapter.classes}
 
 # The torch modules tconv3d has a drop-in for: exact classes (subclasses bring their own forward).
 DROP_INS = {nn.Conv3d: Conv3d, nn.ConvTranspose3d: ConvTranspose3d, nn.GroupNorm: GroupNorm,

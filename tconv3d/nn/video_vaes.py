@@ -821,13 +821,12 @@ class _WanAttentionBlock:
         return x.view(b, t, h, w, c).permute(0, 4, 1, 2, 3) + identity
 
 
-_ADAPTERS = (
+ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
     _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
 )  # fmt: skip
-KNOWN_CLASSES = {name: adapter for adapter in _ADAPTERS for name in adapter.classes}
 
 
 # Blocks that run 2-D convolutions frame by frame on a (B*T, C, H, W) view of the video. A channels_last_3d
