@@ -301,11 +301,11 @@ def patch_descriptors(
 ):  # fmt: skip
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: the
     descriptors (src, w, dst, the strided operand's other phase views, the forward's frames_before or None), the
-    input gradient's live-tap table at a
-    stride (else None), the grid (patches, column blocks, splits: dst holds src's batch once per split), the
-    (reduced, columns) channel counts, the extent of the patches' volume (dst's, or a strided input gradient's
-    largest phase) and the stride. `weight_transposed` (the input gradient): the weight copied to [Cin, taps,
-    Cout] and described in [BLOCK_N, 1, BLOCK_K] boxes, reduction innermost, as wgmma takes fp32 operands."""
+    input gradient's live-tap table at a stride (else None), the grid (patches, column blocks, splits: dst holds
+    src's batch once per split), the (reduced, columns) channel counts, the extent of the patches' volume (dst's,
+    or a strided input gradient's largest phase) and the stride. `weight_transposed` (the input gradient): the
+    weight copied to [Cin, taps, Cout] and described in [BLOCK_N, 1, BLOCK_K] boxes, reduction innermost, as wgmma
+    takes fp32 operands."""
     box_h, box_w = config.tma_box(config.block_m)
     c_out, c_in, taps = geom.out_channels, geom.in_channels, geom.taps
     if weight_transposed:  # (Cin, taps, Cout) in memory: one copy of the weight a launch
