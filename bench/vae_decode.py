@@ -10,7 +10,8 @@ configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17 
 The eager variants also report where one decode's time goes (`breakdown_ms`): the convolutions (a VAE's conv
 wrapper counts as its conv), the norms, the activation modules (a SiLU fused into a converted norm is the norm's)
 and the rest, each module's own time (a module's children are theirs), from CUDA events around every such module's
-forward (perf_counter on CPU) in one more decode.
+forward (perf_counter on CPU) in one more decode. On CUDA the converted decode also reports which kernels its
+convolutions launched (`kernels`: "fwd/gluon", "fwd/tma", "fwd/pointer" counts).
 
 Each variant runs in a fresh process, so on CPU the peak is the rise of the process's resident high-water mark
 over its first decode (with glibc told to map every tensor from 64 KiB up on its own, so that this tracks live
@@ -22,6 +23,7 @@ and padding copies cost, not the kernels' speed. Needs diffusers (`pip install "
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import itertools
 import json
@@ -101,6 +103,29 @@ def breakdown(model: torch.nn.Module, run, device: str) -> dict[str, float]:
     return {key: round(value, 3) for key, value in totals.items()}
 
 
+def kernel_variants(run) -> dict[str, int]:
+    """ "direction/variant" -> launches, over one call of `run`: which kernels tconv3d's choice gave a converted
+    model's convolutions ("fwd/gluon", "fwd/tma", "fwd/pointer", ...; nothing on the aten path, where no kernel
+    launches). A video VAE's causal convs read cached frames or border modes along D: this shows whether they reached
+    the TMA and Gluon kernels the table holds for their shapes."""
+    from tconv3d.tune import choice
+
+    counts = collections.Counter()
+    real = choice.launch_config
+
+    def counted(direction, geom, *tensors, run=None):
+        config = real(direction, geom, *tensors, run=run)
+        counts[f"{direction}/{config.variant}"] += 1
+        return config
+
+    choice.launch_config = counted
+    try:
+        run()
+    finally:
+        choice.launch_config = real
+    return dict(sorted(counts.items()))
+
+
 def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scale: int, latent_shape) -> dict:
     """Decode once to warm up, then measure: peak memory of one decode and the median time of a few."""
     import tconv3d
@@ -143,6 +168,8 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
         row = {"variant": variant, "ms": round(ms, 2), "peak_mb": round(peak, 1), "output": list(out.shape)}
         if not variant.endswith(("compiled", "inductor")):  # hooks would break the compiled graph
             row["breakdown_ms"] = breakdown(vae, lambda: decode(z), device)
+        if variant == "converted" and device == "cuda":
+            row["kernels"] = kernel_variants(lambda: decode(z))
     return row
 
 
@@ -222,6 +249,8 @@ def main(argv=None) -> int:
         print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}")
         if "breakdown_ms" in row:
             print(" " * 21 + " / ".join(f"{key} {value:.2f}" for key, value in row["breakdown_ms"].items()) + " ms")
+        if row.get("kernels"):
+            print(" " * 21 + "kernels: " + ", ".join(f"{key} {count}" for key, count in row["kernels"].items()))
     if args.json:
         import diffusers
         import triton
