@@ -327,7 +327,7 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
 def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch):
     """bench.vae_decode's `kernels`: the variant each conv launch ran, as tconv3d chose it (here TCONV3D_KERNELS=tma
     on the interpreter): a causal conv with cached frames and replicate along D on the TMA kernel, one with
-    replicate in H and W on the pointer kernel."""
+    replicate in H and W at stride 2 there on the pointer kernel."""
     import tconv3d
     from bench.vae_decode import kernel_variants
     from tconv3d import settings
@@ -341,7 +341,7 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch):
 
     def causal_convs():
         tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), padding_mode="replicate,zeros,zeros", frames_before=before)
-        tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), padding_mode="replicate")
+        tconv3d.conv3d(x, w, None, (1, 2, 2), (2, 0, 1, 1, 1, 1), padding_mode="replicate")
 
     assert kernel_variants(causal_convs) == {"fwd/pointer": 1, "fwd/tma": 1}
     assert kernel_variants(lambda: None) == {}

@@ -100,6 +100,19 @@ def test_emulated_gluon_border_modes_and_cached_frames_along_d(mode_d, stride, b
     assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
+@pytest.mark.parametrize("modes_hw", [("replicate", "replicate"), ("reflect", "zeros")], ids=lambda m: "_".join(m))
+def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, before, mode, emulator):
+    """HunyuanVideo's and Mochi's convs (replicate in all three dimensions): the forward's interior on the Gluon
+    kernel over a view of the output, the border strips on the pointer kernel (conv_fwd.border_parts)."""
+    emulator.mode = MODES[mode]
+    ours, expected = conv_with_border_along_d("replicate", 1, before, torch.bfloat16, "cpu", modes_hw)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    assert emulator.launches["_conv3d_gluon_kernel"] == 2  # the forward's interior and the input gradient
+
+
 @pytest.mark.parametrize("seed", range(1, 5))
 def test_emulated_warp_specialized_interleavings(seed, emulator):
     """The producer and the consumers in other orders (the emulator hands the turn on at random, seeded): a

@@ -314,6 +314,15 @@ if conv_gluon.UNAVAILABLE is None:
             report = compile_launch(direction, causal, torch.bfloat16, config, 90)[0]
             out.append({"case": "causal_cached", "direction": direction, "dtype": str(torch.bfloat16),
                         "config": config.to_dict(), **report.to_dict()})
+    # HunyuanVideo's causal conv (replicate in all three dimensions): the forward's interior on the Gluon kernel
+    replicate = conv_geometry((1, 128, 5, 64, 64), (128, 128, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
+                              padding_mode="replicate")
+    chosen, _ = choice.choose("fwd", replicate, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+    tiles = choice.force_variant("fwd", replicate, torch.bfloat16, chosen, "gluon", True)
+    for config in (tiles, configs.with_gluon(tiles, replicate, "fwd", specialized=True)):
+        report = compile_launch("fwd", replicate, torch.bfloat16, config, 90)[0]
+        out.append({"case": "replicate_hw", "direction": "fwd", "dtype": str(torch.bfloat16),
+                    "config": config.to_dict(), **report.to_dict()})
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 
@@ -324,7 +333,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized; down_s2's phase views
     warp-specialized too; last_cout3's forward storing its 3-channel rows from registers; a video VAE's causal conv
-    with replicate borders along D and cached frames, forward and weight gradient), for sm_90: TMA loads,
+    with replicate borders along D and cached frames, forward and weight gradient, and the interior of one with
+    replicate borders in all three dimensions), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
     single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one
     the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
@@ -343,6 +353,7 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert ("last", "fwd") in large  # the output stored from registers (DST_PTR)
     causal = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "causal_cached"}
     assert causal == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # replicate along D, frames_before
+    assert {r["config"]["gluon"] for r in reports if r["case"] == "replicate_hw"} == {1, 2}  # the interior
     tf32 = [r for r in reports if r["dtype"] == "torch.float32"]  # fp32 read as TF32: k8 wgmma atoms
     assert {r["direction"] for r in tf32} == {"fwd", "dgrad"}  # the input gradient over the transposed weight
     assert all(r["mma"].startswith("HGMMA.64x") and r["mma"].endswith("x8.F32.TF32") for r in tf32), tf32[0]["mma"]

@@ -92,7 +92,8 @@ def test_fp32_with_tf32_through_tma(variant, device, monkeypatch):
 INELIGIBLE = [
     ("stride_3", dict(stride=(1, 3, 2), padding=1), 8),  # 6 phase views
     ("odd_channels", dict(padding=1), 5),
-    ("replicate", dict(padding=1, padding_mode="replicate"), 8),
+    # replicate in H and W at a stride there: no interior of stride-1 boxes (conv_fwd.border_parts)
+    ("replicate_strided", dict(stride=(1, 2, 2), padding=1, padding_mode="replicate"), 8),
 ]
 
 
@@ -136,7 +137,9 @@ def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, str
     torch.nn.functional.conv3d(padded, w.double(), stride=stride).backward(grad_out.double())
     assert rel_l2(x.grad, x64.grad) < tolerance(torch.float32)
     assert rel_l2(before.grad, before64.grad) < tolerance(torch.float32)
-    assert launches == ["dgrad"]  # the forward and weight gradient of a second source or another mode: pointers
+    # The forward of another mode in H or W at stride 1 there: its interior on the TMA kernel (border strips on the
+    # pointer kernel); at a stride there, and the weight gradient of another mode in H or W: the pointer kernels.
+    assert launches == (["fwd", "dgrad"] if stride == 1 else ["dgrad"])
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
@@ -251,14 +254,21 @@ def test_eligibility_and_box_width():
     # Along D a border mode and frames_before are a frame coordinate; in H and W only zeros borders are the TMA unit's.
     causal = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros", 2)
     assert all(tma_eligible(direction, causal, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
+    # In H and W another mode leaves the forward's interior to the box kernels (conv_fwd.border_parts) where one is
+    # left, and the weight gradient to the pointer kernel.
     spatial = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "zeros,reflect,zeros")
-    assert [tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
+    assert [tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [True, True, False]
+    thin = conv_geometry((1, 64, 4, 2, 52), (64, 64, 3, 3, 3), 1, (1, 1, 1, 1, 1, 1), 1, "zeros,replicate,zeros")
+    assert not tma_eligible("fwd", thin, torch.bfloat16)  # 2 output rows, both border rows: no interior
+    assert not tma_eligible("fwd", dataclasses.replace(spatial, stride=(1, 2, 1)), torch.bfloat16)
     strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
     assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
     # The heuristic on sm_90: a border mode along D keeps the TMA loop as it is; frames_before (a branch per step
     # in the Triton TMA loop) stays on the pointer kernels until a GPU has timed it, but in the input gradient.
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
-    for problem, variants in ((replicate_d, ["tma"] * 3), (causal, ["pointer", "tma", "pointer"])):
+    for problem, variants in (
+        (replicate_d, ["tma"] * 3), (causal, ["pointer", "tma", "pointer"]), (spatial, ["pointer", "tma", "pointer"])
+    ):  # fmt: skip
         chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90).variant for d in ("fwd", "dgrad", "wgrad")]
         assert chosen == variants
 
@@ -401,20 +411,25 @@ def test_refused_tensor_map_says_what_to_do(monkeypatch):
     assert "tensor map descriptor" in str(error.value.__cause__)
 
 
-def conv_with_border_along_d(mode_d, stride, before, dtype, device):
-    """tconv3d's [y, dx, dw (, d frames_before)] of a conv with `mode_d` borders along D (zeros in H and W, as
-    the video VAEs' causal convs have) and `before` frames_before, and float64's of the concatenated, padded
-    input, under one random upstream gradient."""
+def conv_with_border_along_d(mode_d, stride, before, dtype, device, modes_hw=("zeros", "zeros")):
+    """tconv3d's [y, dx, dw (, d frames_before)] of a conv with `mode_d` borders along D (and `modes_hw` in H and
+    W: zeros, as the video VAEs' causal convs have, by default) and `before` frames_before, and float64's of the
+    concatenated, padded input, under one random upstream gradient."""
     x = torch.randn(1, 8, 3, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
     frames = torch.randn(1, 8, before, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(16, 8, 3, 3, 3, device=device).to(dtype).requires_grad_()
-    padding, mode = (2, 1, 1, 1, 1, 1), f"{mode_d},zeros,zeros"
+    padding, mode = (2, 1, 1, 1, 1, 1), ",".join((mode_d, *modes_hw))
     y = tconv3d.conv3d(x, w, None, stride, padding, padding_mode=mode, frames_before=frames if before else None)
     grad_out = torch.randn_like(y)
     y.backward(grad_out)
     x64, frames64, w64 = (t.detach().double().requires_grad_() for t in (x, frames, w))
-    padded = torch.nn.functional.pad(torch.cat([frames64, x64], dim=2), (1, 1, 1, 1, 0, 0))
-    padded = torch.nn.functional.pad(padded, (0, 0, 0, 0, 2, 1), mode="constant" if mode_d == "zeros" else mode_d)
+    padded = torch.cat([frames64, x64], dim=2)
+    for pads, dim_mode in (
+        ((1, 1, 0, 0, 0, 0), modes_hw[1]),
+        ((0, 0, 1, 1, 0, 0), modes_hw[0]),
+        ((0,) * 4 + (2, 1), mode_d),
+    ):
+        padded = torch.nn.functional.pad(padded, pads, mode="constant" if dim_mode == "zeros" else dim_mode)
     want = torch.nn.functional.conv3d(padded, w64, stride=stride)
     want.backward(grad_out.double())
     ours, expected = [y, x.grad, w.grad], [want, x64.grad, w64.grad]
@@ -437,3 +452,21 @@ def test_border_modes_and_cached_frames_along_d_through_tma(mode_d, stride, befo
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
     assert launches == (["dgrad"] if before and stride == (1, 2, 2) else ["fwd", "dgrad", "wgrad"])
+
+
+BORDERS_HW = [("replicate", "replicate"), ("reflect", "reflect"), ("zeros", "circular"), ("replicate", "zeros")]
+
+
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
+@pytest.mark.parametrize("mode_d", ["zeros", "replicate"])
+@pytest.mark.parametrize("modes_hw", BORDERS_HW, ids=lambda m: "_".join(m))
+def test_border_modes_in_h_and_w_through_tma_interior_and_pointer_strips(modes_hw, mode_d, before, variant, device):
+    """A forward whose border in H or W reads input voxels (HunyuanVideo's and Mochi's replicate, LTX-2's
+    decoder's reflect): its interior on the TMA kernel over a view of the output, its border strips on the
+    pointer kernel with the modes (conv_fwd.border_parts); the weight gradient stays on the pointer kernel."""
+    _, launches = variant
+    ours, expected = conv_with_border_along_d(mode_d, 1, before, torch.float32, device, modes_hw)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.float32)
+    assert launches == ["fwd", "dgrad"]

@@ -1,10 +1,12 @@
 """Conv3d forward: an implicit-GEMM Triton kernel on NDHWC tensors, and its launcher."""
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
-from ..geometry import ConvGeometry
+from ..geometry import ConvGeometry, check_padding_mode
 from .config import KernelConfig, k_splits, packs_taps
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
@@ -168,16 +170,65 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible)
         return depthwise_fwd(x, weight, bias, y, geom, config)
+    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
+        # The box kernels read zeros past H and W: they compute the interior, the pointer kernel the border.
+        for part, view, box in border_parts(geom, y):
+            part_config = dataclasses.replace(config, split_k=1)
+            if not box:
+                part_config = dataclasses.replace(part_config, tma_box_w=0, gluon=0)
+            _launch(x, weight, bias, frames_before, view, part, part_config, k_splits("fwd", part, part_config)[0])
+        return y
     per_split, splits = k_splits("fwd", geom, config)
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
+    _launch(x, weight, bias, frames_before, out, geom, config, per_split)
+    return y if splits == 1 else sum_splits(out, y)
+
+
+def _launch(x, weight, bias, frames_before, out, geom, config, per_split):
     if config.gluon:  # the tuning layer checked the problem, the device and the tensors
         conv3d_gluon(x, weight, bias, out, geom, config, False, per_split, frames_before)
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         conv3d_tma(x, weight, bias, out, geom, config, False, per_split, frames_before)
     else:
         _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split)
-    return y if splits == 1 else sum_splits(out, y)
+
+
+def border_parts(geom: ConvGeometry, y: torch.Tensor):
+    """A stride-1 forward (in H and W) whose border in H or W reads input voxels (replicate, reflect, circular), cut
+    into parts of its output: (geometry, view of y, whether a box kernel may compute it). The interior, whose taps
+    all stay inside the input in those dimensions, reads no border there: the box kernels' zeros (none is read)
+    serve, and its geometry has no padding in them. Each border strip (the rows of the front and back padding at
+    full width, then the columns of the left and right one) keeps the modes, for the pointer kernel; its front
+    padding is moved by the strip's first row or column (negative past the border: every coordinate reads what it
+    read in the whole). configs.tma_eligible asks for a non-empty interior."""
+    d_out, h_out, w_out = geom.out_size
+    padding = list(geom.padding)
+    _, mode_h, mode_w = geom.dim_modes
+    top, bottom = (padding[2], padding[3]) if mode_h != "zeros" else (0, 0)
+    left, right = (padding[4], padding[5]) if mode_w != "zeros" else (0, 0)
+    rows, cols = (top, h_out - bottom), (left, w_out - right)
+
+    def part(row_range, col_range, box):
+        (r0, r1), (c0, c1) = row_range, col_range
+        moved = list(padding)
+        moved[2] -= r0
+        moved[4] -= c0
+        modes = geom.padding_mode
+        if box:
+            moved[2:] = [0 if mode_h != "zeros" else moved[2], 0 if mode_h != "zeros" else moved[3],
+                         0 if mode_w != "zeros" else moved[4], 0 if mode_w != "zeros" else moved[5]]  # fmt: skip
+            modes = check_padding_mode((geom.dim_modes[0], "zeros", "zeros"))
+        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(moved), padding_mode=modes)
+        return sub, y[:, :, :, r0:r1, c0:c1], box
+
+    yield part(rows, cols, True)
+    for strip in ((0, top), (h_out - bottom, h_out)):
+        if strip[1] > strip[0]:
+            yield part(strip, (0, w_out), False)
+    for strip in ((0, left), (w_out - right, w_out)):
+        if strip[1] > strip[0]:
+            yield part(rows, strip, False)
 
 
 def _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split):

@@ -352,11 +352,13 @@ def heuristic_config(
     the direct kernels for depthwise ones. The TMA kernels of a strided problem (phase views) and of one reading
     frames_before (each step's box from one of two descriptors: the Triton TMA loop branches around its load and
     MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the pointer kernels
-    (bench/NOTES.md); a border mode along D alone leaves the TMA loop as it is."""
+    (bench/NOTES.md), as do those of a forward whose border in H or W reads input voxels (its interior on a box
+    kernel, its border strips on the pointer kernel); a border mode along D alone leaves the TMA loop as it is."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    untimed = tuple(geom.stride) != (1, 1, 1) or (geom.prefix_frames > 0 and direction != "dgrad")
+    borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction == "fwd"  # the interior and strips
+    untimed = tuple(geom.stride) != (1, 1, 1) or (geom.prefix_frames > 0 and direction != "dgrad") or borders
     if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
     return config
@@ -463,10 +465,24 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     # (conv_tma.source_frame), while a box's rows in H and W read zeros past the edges, the TMA unit's border.
     _, mode_h, mode_w = geom.dim_modes
     runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not geom.prefix_frames or s_h * s_w == 1))
+    # Another mode in H or W: the forward at stride 1 there computes the interior on the box kernels and the border
+    # strips on the pointer kernel (conv_fwd.border_parts), where an interior is left.
+    if direction == "fwd" and not runs and s_h == s_w == 1:
+        runs = interior_left(geom)
     _, h, w = geom.in_size
     strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
     # A box reaching past a group's channels would read the next group's (only the tensor's edge reads zeros).
     return runs and aligned and strided and geom.groups == 1
+
+
+def interior_left(geom: ConvGeometry) -> bool:
+    """Whether a stride-1 forward has output voxels, in H and W, whose taps all stay inside the input in each of
+    those dimensions whose border reads input voxels (another mode than zeros)."""
+    _, h_out, w_out = geom.out_size
+    _, mode_h, mode_w = geom.dim_modes
+    top_bottom = geom.padding[2] + geom.padding[3] if mode_h != "zeros" else 0
+    left_right = geom.padding[4] + geom.padding[5] if mode_w != "zeros" else 0
+    return h_out > top_bottom and w_out > left_right
 
 
 # The TMA variant's box is a patch of output rows up to 16 voxels wide, or one row of all block_m voxels (block_k
