@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 from helpers import conv_and_reference, dtype_id
-from test_tma import TMA_CASES, UNALIGNED_OUTPUT
+from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
 from tconv3d import settings
@@ -62,6 +62,33 @@ def test_gluon_variant_matches_float64(index, dtype, gluon, device):
     assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
     first = "gluon" if gluon_runs(device) else "tma"
     assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+
+
+CAUSAL_BORDERS = [  # (mode along D, modes in H and W, cached frames), as the video VAEs' causal convs call them
+    ("replicate", ("zeros", "zeros"), 0),
+    ("zeros", ("zeros", "zeros"), 2),
+    ("replicate", ("zeros", "zeros"), 2),
+    ("replicate", ("replicate", "replicate"), 0),
+    ("replicate", ("reflect", "reflect"), 2),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)
+@pytest.mark.parametrize("border", CAUSAL_BORDERS, ids=lambda b: f"{b[0]}_{'_'.join(b[1])}_{b[2]}")
+def test_gluon_causal_borders_match_float64(border, dtype, gluon, device):
+    """The video VAEs' causal convs through the Gluon kernels: border modes and cached frames along D in the
+    forward and weight gradient, and the forward's interior under borders in H and W (its strips and that weight
+    gradient on the pointer kernels). On CPU the interpreter runs the TMA kernel in its place (one case shows that;
+    tests/test_tma.py runs them all)."""
+    if device != "cuda" and (border, dtype) != (CAUSAL_BORDERS[0], torch.bfloat16):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    mode_d, modes_hw, before = border
+    ours, expected = conv_with_border_along_d(mode_d, 1, before, dtype, device, modes_hw)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(dtype)
+    first = "gluon" if gluon_runs(device) else "tma"
+    directions = ("fwd", "dgrad") if modes_hw != ("zeros", "zeros") else ("fwd", "dgrad", "wgrad")
+    assert gluon == [(first, direction) for direction in directions]
 
 
 @pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])
