@@ -194,6 +194,15 @@ def _launch(x, weight, bias, frames_before, out, geom, config, per_split):
         _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split)
 
 
+def border_widths(geom: ConvGeometry) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right): the output rows and columns within the padding of a dimension whose border reads
+    input voxels (another mode than zeros; 0 in a zeros dimension), at stride 1 in H and W."""
+    _, mode_h, mode_w = geom.dim_modes
+    top, bottom = (geom.padding[2], geom.padding[3]) if mode_h != "zeros" else (0, 0)
+    left, right = (geom.padding[4], geom.padding[5]) if mode_w != "zeros" else (0, 0)
+    return top, bottom, left, right
+
+
 def border_parts(geom: ConvGeometry, y: torch.Tensor):
     """A stride-1 forward (in H and W) whose border in H or W reads input voxels (replicate, reflect, circular), cut
     into parts of its output: (geometry, view of y, whether a box kernel may compute it). The interior, whose taps
@@ -203,23 +212,20 @@ def border_parts(geom: ConvGeometry, y: torch.Tensor):
     padding is moved by the strip's first row or column (negative past the border: every coordinate reads what it
     read in the whole). configs.tma_eligible asks for a non-empty interior."""
     d_out, h_out, w_out = geom.out_size
-    padding = list(geom.padding)
-    _, mode_h, mode_w = geom.dim_modes
-    top, bottom = (padding[2], padding[3]) if mode_h != "zeros" else (0, 0)
-    left, right = (padding[4], padding[5]) if mode_w != "zeros" else (0, 0)
+    top, bottom, left, right = border_widths(geom)
     rows, cols = (top, h_out - bottom), (left, w_out - right)
 
     def part(row_range, col_range, box):
         (r0, r1), (c0, c1) = row_range, col_range
-        moved = list(padding)
-        moved[2] -= r0
-        moved[4] -= c0
+        padding = list(geom.padding)
+        padding[2] -= r0
+        padding[4] -= c0
         modes = geom.padding_mode
-        if box:
-            moved[2:] = [0 if mode_h != "zeros" else moved[2], 0 if mode_h != "zeros" else moved[3],
-                         0 if mode_w != "zeros" else moved[4], 0 if mode_w != "zeros" else moved[5]]  # fmt: skip
+        if box:  # the interior: no padding left in a dimension whose border reads voxels
+            padding[3] -= bottom
+            padding[5] -= right
             modes = check_padding_mode((geom.dim_modes[0], "zeros", "zeros"))
-        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(moved), padding_mode=modes)
+        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(padding), padding_mode=modes)
         return sub, y[:, :, :, r0:r1, c0:c1], box
 
     yield part(rows, cols, True)

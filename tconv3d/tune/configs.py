@@ -24,6 +24,7 @@ from ..kernels.config import (
     reduction_steps,
     split_rows,
 )
+from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES
 from ..kernels.utils import cdiv, exact_products
 
@@ -479,10 +480,8 @@ def interior_left(geom: ConvGeometry) -> bool:
     """Whether a stride-1 forward has output voxels, in H and W, whose taps all stay inside the input in each of
     those dimensions whose border reads input voxels (another mode than zeros)."""
     _, h_out, w_out = geom.out_size
-    _, mode_h, mode_w = geom.dim_modes
-    top_bottom = geom.padding[2] + geom.padding[3] if mode_h != "zeros" else 0
-    left_right = geom.padding[4] + geom.padding[5] if mode_w != "zeros" else 0
-    return h_out > top_bottom and w_out > left_right
+    top, bottom, left, right = border_widths(geom)
+    return h_out > top + bottom and w_out > left + right
 
 
 # The TMA variant's box is a patch of output rows up to 16 voxels wide, or one row of all block_m voxels (block_k
