@@ -113,8 +113,8 @@ def kernel_variants(run) -> dict[str, int]:
     counts = collections.Counter()
     real = choice.launch_config
 
-    def counted(direction, geom, *tensors, run=None):
-        config = real(direction, geom, *tensors, run=run)
+    def counted(direction, geom, *tensors, **options):  # run=, channels_after=
+        config = real(direction, geom, *tensors, **options)
         counts[f"{direction}/{config.variant}"] += 1
         return config
 

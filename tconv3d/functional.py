@@ -7,8 +7,9 @@ from .geometry import conv_arguments, conv_transpose_arguments
 
 
 def conv3d(
-    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", frames_before=None
-) -> torch.Tensor:
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", frames_before=None,
+    channels_after=None,
+) -> torch.Tensor:  # fmt: skip
     """Conv3d on channels_last_3d (NDHWC) tensors with Triton implicit-GEMM kernels, differentiable.
 
     Arguments mean what they mean in `torch.nn.functional.conv3d`. `padding` may also be 6 ints
@@ -19,25 +20,32 @@ def conv3d(
     `frames_before` (N, C, P, H, W), e.g. a video VAE's cached frames, precedes the input along D as if
     torch.cat([frames_before, input], dim=2) were convolved (padding applies to that concatenation), read in
     place by the kernels; it gets a gradient like the input.
+    `channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels as if
+    torch.cat([input, channels_after], dim=1) were convolved (the weight has both inputs' channels), read in place
+    by the pointer and TMA kernels (no concatenated copy; the other kernels concatenate it first); it gets a
+    gradient like the input. It cannot be given with frames_before.
     An unbatched (C, D, H, W) input gives an unbatched output, as in F.conv3d.
     Input in any memory format is accepted (channels_last_3d is read in place, others are converted once);
     the output is always channels_last_3d. A weight not in channels_last_3d is converted on every call:
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # F.conv3d's unbatched (C, D, H, W) form
-        args = (stride, padding, dilation, groups, padding_mode, unbatched(frames_before))
+        args = (stride, padding, dilation, groups, padding_mode, unbatched(frames_before), unbatched(channels_after))
         return conv3d(input[None], weight, bias, *args)[0]
     stride, padding, dilation, padding_mode = conv_arguments(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
-    return ops.call_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+    return ops.call_conv3d(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+    )
 
 
-def unbatched(frames_before):
-    """frames_before of an unbatched (C, D, H, W) input, as the batch of one the op takes."""
-    if isinstance(frames_before, torch.Tensor) and frames_before.dim() == 4:
-        return frames_before[None]
-    return frames_before
+def unbatched(second):
+    """A second source (frames_before, channels_after) of an unbatched (C, D, H, W) input, as the batch of one the
+    op takes."""
+    if isinstance(second, torch.Tensor) and second.dim() == 4:
+        return second[None]
+    return second
 
 
 def conv_transpose3d(

@@ -35,6 +35,9 @@ class ConvGeometry:
     # Frames read from a second tensor in front of the input along D (a video VAE's cached frames): in_size[0]
     # counts them, and the padding and its modes apply to the concatenation, as if torch.cat had made it.
     prefix_frames: int = 0
+    # Channels read from a second tensor after the input's along C (a UNet decoder's skip connection, read in
+    # place of torch.cat([input, channels_after], dim=1)): in_channels counts them too.
+    after_channels: int = 0
     # Grouped convolution: channels split into `groups` equal runs, each convolved with its own slice of the
     # weight's output channels (in_channels and out_channels count all of them; depthwise: groups == in_channels).
     groups: int = 1
@@ -45,6 +48,11 @@ class ConvGeometry:
     @functools.cached_property
     def group_in_channels(self) -> int:
         return self.in_channels // self.groups
+
+    @functools.cached_property
+    def channel_sources(self) -> tuple[int, int]:
+        """(the input's channels, channels_after's) of the reduced channels: (in_channels, 0) with one source."""
+        return self.in_channels - self.after_channels, self.after_channels
 
     @functools.cached_property
     def group_out_channels(self) -> int:
@@ -83,7 +91,7 @@ class ConvGeometry:
                 size[dim] += padding[2 * dim] + padding[2 * dim + 1]
                 padding[2 * dim] = padding[2 * dim + 1] = 0
         return dataclasses.replace(
-            self, in_size=tuple(size), padding=tuple(padding), padding_mode="zeros", prefix_frames=0
+            self, in_size=tuple(size), padding=tuple(padding), padding_mode="zeros", prefix_frames=0, after_channels=0
         )
 
     @functools.cached_property
@@ -254,10 +262,12 @@ def check_groups(groups, in_channels, out_channels) -> int:
 
 
 def conv_geometry(
-    input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0, groups=1
-) -> ConvGeometry:
+    input_shape, weight_shape, stride, padding, dilation, padding_mode="zeros", prefix_frames=0, groups=1,
+    after_channels=0,
+) -> ConvGeometry:  # fmt: skip
     """Check the shapes and convolution arguments of one conv3d and return its geometry. `prefix_frames` frames
-    of a second source precede the input along D (their shape is checked by the caller)."""
+    of a second source precede the input along D, `after_channels` channels of one follow its channels (their
+    shapes are checked by the caller)."""
     if len(input_shape) != 5:
         raise ValueError(
             f"input must be 5-D (N, C, D, H, W) (or, outside the op, unbatched 4-D), got {len(input_shape)}-D with "
@@ -269,13 +279,17 @@ def conv_geometry(
         )
     batch, in_channels, *in_size = input_shape
     in_size[0] += prefix_frames
+    in_channels += after_channels
     out_channels, weight_in_channels, *kernel = weight_shape
     if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel) or weight_in_channels == 0:
         raise ValueError(f"weight must have no zero-sized dimension, got shape {tuple(weight_shape)}")
     groups = check_groups(groups, in_channels, out_channels)
     if weight_in_channels * groups != in_channels:
+        has = f"input has {in_channels}"
+        if after_channels:
+            has = f"input and channels_after have {in_channels - after_channels} + {after_channels}"
         raise ValueError(
-            f"channel mismatch: input has {in_channels} channels but weight {tuple(weight_shape)} with "
+            f"channel mismatch: {has} channels but weight {tuple(weight_shape)} with "
             f"groups={groups} expects {weight_in_channels * groups}"
         )
     stride = triple(stride, "stride")
@@ -307,39 +321,59 @@ def conv_geometry(
         dilation=dilation,
         padding_mode=padding_mode,
         prefix_frames=prefix_frames,
+        after_channels=after_channels,
         groups=groups,
     )
 
 
+def _second_source_extent(input, second, name: str, dim: int) -> int:
+    """`second`'s extent along `dim` (2: frames before the input along D; 1: channels after its channels along C);
+    every other dim must match the input's."""
+    if second.dim() != 5 or input.dim() != 5:
+        raise ValueError(f"{name} must be 5-D (N, C, D, H, W) like the input, got shape {tuple(second.shape)}")
+    others = [i for i in range(5) if i != dim]
+    if [second.shape[i] for i in others] != [input.shape[i] for i in others]:
+        raise ValueError(
+            f"{name} has shape {tuple(second.shape)}; it must match the input {tuple(input.shape)} in every "
+            f"dimension but {'NCDHW'[dim]}"
+        )
+    return second.shape[dim]
+
+
 def prefix_frame_count(input, frames_before) -> int:
     """How many frames `frames_before` puts in front of `input` along D; its other dims must match input's."""
-    if frames_before is None:
+    return 0 if frames_before is None else _second_source_extent(input, frames_before, "frames_before", 2)
+
+
+def after_channel_count(input, channels_after, frames_before=None) -> int:
+    """How many channels `channels_after` puts after `input`'s along C; its other dims must match input's."""
+    if channels_after is None:
         return 0
-    if frames_before.dim() != 5 or input.dim() != 5:
+    channels = _second_source_extent(input, channels_after, "channels_after", 1)
+    if frames_before is not None:
         raise ValueError(
-            f"frames_before must be 5-D (N, C, frames, H, W) like the input, got shape {tuple(frames_before.shape)}"
+            "frames_before and channels_after together are not supported: concatenate one of them (torch.cat) "
+            "before the call"
         )
-    n, c, _, h, w = input.shape
-    pn, pc, frames, ph, pw = frames_before.shape
-    if (pn, pc, ph, pw) != (n, c, h, w):
-        raise ValueError(
-            f"frames_before has shape {tuple(frames_before.shape)}; it must match the input {tuple(input.shape)} "
-            "in every dimension but D"
-        )
-    return frames
+    if channels == 0:
+        raise ValueError(f"channels_after has no channels (shape {tuple(channels_after.shape)}); pass None")
+    return channels
 
 
 def check_conv3d(
-    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None
-) -> ConvGeometry:
+    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
+    channels_after=None,
+) -> ConvGeometry:  # fmt: skip
     """Validate a conv3d call and return its geometry. Raises TypeError, ValueError or NotImplementedError
     naming the problem, so no bad argument ever reaches a kernel. Memoised (see `_memo_key`)."""
-    key = _memo_key((input, weight, bias, frames_before), (stride, padding, dilation), groups, padding_mode)
+    tensors = (input, weight, bias, frames_before, channels_after)
+    key = _memo_key(tensors, (stride, padding, dilation), groups, padding_mode)
     geom = _checked.get(key)
     if geom is None:
-        check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
+        check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before, channels_after=channels_after)
         prefix = prefix_frame_count(input, frames_before)
-        geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups)
+        after = after_channel_count(input, channels_after, frames_before)
+        geom = conv_geometry(input.shape, weight.shape, stride, padding, dilation, padding_mode, prefix, groups, after)
         if bias is not None and tuple(bias.shape) != (geom.out_channels,):
             raise ValueError(f"bias must have shape ({geom.out_channels},) to match weight, got {tuple(bias.shape)}")
         _remember(key, geom)
@@ -354,29 +388,34 @@ def check_input_grad(grad_output, weight, input_size, stride, padding, dilation,
 
 
 def check_weight_grad(
-    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
-):
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1,
+    channels_after=None,
+):  # fmt: skip
     """Validate a conv3d_weight_grad call (its arguments) and return the geometry of the forward convolution."""
     return _check_gradient(
         grad_output, input, "input", input.shape, weight_size, stride, padding, dilation, padding_mode, frames_before,
-        groups,
+        groups, channels_after,
     )  # fmt: skip
 
 
 def _check_gradient(
     grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, padding_mode, frames_before,
-    groups,
+    groups, channels_after=None,
 ) -> ConvGeometry:  # fmt: skip
     """A gradient op's check: `other` is the weight for the input gradient, the input for the weight gradient,
     named `other_name`; the sizes of the two are given. Memoised (see `_memo_key`)."""
     key = _memo_key(
-        (grad_output, other, frames_before), (input_size, weight_size, stride, padding, dilation), groups, padding_mode
-    )
+        (grad_output, other, frames_before, channels_after), (input_size, weight_size, stride, padding, dilation),
+        groups, padding_mode,
+    )  # fmt: skip
     geom = _checked.get(key)
     if geom is None:
-        check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before)
+        check_tensors(
+            grad_output=grad_output, **{other_name: other}, frames_before=frames_before, channels_after=channels_after
+        )
         prefix = prefix_frame_count(other, frames_before)
-        geom = conv_geometry(input_size, weight_size, stride, padding, dilation, padding_mode, prefix, groups)
+        after = after_channel_count(other, channels_after, frames_before)
+        geom = conv_geometry(input_size, weight_size, stride, padding, dilation, padding_mode, prefix, groups, after)
         if tuple(grad_output.shape) != geom.output_shape():
             raise ValueError(
                 f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is "
@@ -423,17 +462,23 @@ def _remember(key, geom: ConvGeometry) -> None:
         _checked[key] = geom
 
 
-def conv_arguments(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
+def conv_arguments(
+    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
+    channels_after=None,
+):  # fmt: skip
     """The functional form's arguments as the op's schema takes them: (stride, 6-value padding, dilation), each a
     list of ints, and the canonical padding_mode. Checks what the schema could only reject with a dispatcher error
     (argument types) and resolves 'same' / 'valid'; everything else is checked once, by the op."""
-    check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before)
+    check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before, channels_after=channels_after)
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
     padding_mode = check_padding_mode(padding_mode)
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
     if isinstance(padding, str):  # needs the kernel size, so the shapes are checked here already
-        padding = conv_geometry(input.shape, weight.shape, stride, padding, dilation, groups=groups).padding
+        after = after_channel_count(input, channels_after, frames_before)
+        padding = conv_geometry(
+            input.shape, weight.shape, stride, padding, dilation, groups=groups, after_channels=after
+        ).padding
     else:
         padding = resolve_padding(padding, None, stride, dilation)
     return list(stride), list(padding), list(dilation), padding_mode

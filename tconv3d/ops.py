@@ -1,17 +1,19 @@
 """The torch.library custom ops, their fake implementations and autograd: the one place tconv3d meets PyTorch.
 
     torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros",
-                             frames_before=None)
+                             frames_before=None, channels_after=None)
     torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode,
                                         groups=1)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
-                                         frames_before=None, groups=1)
+                                         frames_before=None, groups=1, channels_after=None)
     torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none") -> (y, mean, rstd)
 
 padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_right); padding_mode one of
 "zeros", "replicate", "reflect", "circular" or three of them "d,h,w" (F.pad's meaning, done inside the kernels).
 frames_before (N, C, P, H, W) is read in front of the input along D, as if concatenated; the input gradient op
-then returns the gradient of that concatenation (input_size counts its frames) and autograd splits it. Every
+then returns the gradient of that concatenation (input_size counts its frames) and autograd splits it.
+channels_after (N, C2, D, H, W) follows the input's channels, as if torch.cat([input, channels_after], dim=1) were
+convolved (a UNet decoder's skip connection), likewise read in place and its gradient split off. Every
 result is channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies.
 The two gradient ops are differentiable too (each is linear in both tensor arguments), so double backward works.
 """
@@ -228,27 +230,37 @@ def _conv_refusal(direction: str, check):
 # forward
 
 
-def _conv3d_fake(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+def _conv3d_fake(
+    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
+    channels_after=None,
+):  # fmt: skip
+    geom = check_conv3d(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+    )
     return empty_ndhwc(geom.output_shape(), like=input)
 
 
 @_define(
     "conv3d(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups,"
-    ' str padding_mode="zeros", Tensor? frames_before=None) -> Tensor',
+    ' str padding_mode="zeros", Tensor? frames_before=None, Tensor? channels_after=None) -> Tensor',
     _conv3d_fake,
 )
-def conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None):
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before)
+def conv3d(
+    input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
+    channels_after=None,
+):  # fmt: skip
+    geom = check_conv3d(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+    )
     if not _runs_triton(input):
-        return aten.conv3d_fwd(input, weight, bias, frames_before, geom)
+        return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
     with _device_guard(input):
-        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before)
+        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after)
 
 
-def _trailing_arguments(rest, defaults=("zeros", None)) -> tuple:
+def _trailing_arguments(rest, defaults=("zeros", None, None)) -> tuple:
     """The optional arguments at the end of an op's inputs (after dilation, or groups), with `defaults` for those
-    the call left out: conv3d's (padding_mode, frames_before) unless told otherwise."""
+    the call left out: conv3d's (padding_mode, frames_before, channels_after) unless told otherwise."""
     return (*rest, *defaults[len(rest) :])
 
 
@@ -278,18 +290,30 @@ def _split_prefix(grad, prefix_frames):
     return grad.narrow(2, prefix_frames, grad.shape[2] - prefix_frames), grad.narrow(2, 0, prefix_frames)
 
 
+def _split_channels(grad, after_channels):
+    """The gradient of torch.cat([input, channels_after], dim=1) -> (input's, channels_after's), as views."""
+    if not after_channels:
+        return grad, None
+    first = grad.shape[1] - after_channels
+    return grad.narrow(1, 0, first), grad.narrow(1, first, after_channels)
+
+
 def _conv3d_setup_context(ctx, inputs, output):
     input, weight, bias, stride, padding, dilation, groups, *rest = inputs
-    mode, frames_before = _trailing_arguments(rest)
+    mode, frames_before, channels_after = _trailing_arguments(rest)
     # Each gradient needs only the other tensor(s); save nothing that no gradient will read.
+    second_grad = any(t is not None and t.requires_grad for t in (frames_before, channels_after))
     ctx.save_for_backward(
         input if weight.requires_grad else None,
-        weight if input.requires_grad or (frames_before is not None and frames_before.requires_grad) else None,
+        weight if input.requires_grad or second_grad else None,
         frames_before if weight.requires_grad else None,
+        channels_after if weight.requires_grad else None,
     )
     ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
+    ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
     ctx.input_size, ctx.weight_size = list(input.shape), list(weight.shape)
     ctx.input_size[2] += ctx.prefix_frames  # the input gradient op differentiates the concatenation
+    ctx.input_size[1] += ctx.after_channels
     ctx.weight_stride = weight.stride()
     ctx.has_bias = bias is not None
     ctx.bias_dtype = bias.dtype if bias is not None else None
@@ -298,21 +322,22 @@ def _conv3d_setup_context(ctx, inputs, output):
 
 
 def _conv3d_backward(ctx, grad_output):
-    input, weight, frames_before = ctx.saved_tensors
-    grad_input = grad_weight = grad_bias = grad_frames_before = None
-    if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
+    input, weight, frames_before, channels_after = ctx.saved_tensors
+    grad_input = grad_weight = grad_bias = grad_frames_before = grad_channels_after = None
+    if ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9):
         grad_concat = torch.ops.tconv3d.conv3d_input_grad(
             grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups
         )
         grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
+        grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
     if ctx.needs_input_grad[1]:
         grad_weight = torch.ops.tconv3d.conv3d_weight_grad(
-            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups
+            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
         )
         grad_weight = in_strides_of(grad_weight, ctx.weight_stride)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
-    grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before)
+    grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before, grad_channels_after)
     return grads[: len(ctx.needs_input_grad)]
 
 
@@ -342,10 +367,13 @@ def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation
         return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight)
 
 
-def _save_gradient_context(ctx, grad_output, other, frames_before, stride, padding, dilation, mode, groups):
-    ctx.save_for_backward(grad_output, other, frames_before)
+def _save_gradient_context(
+    ctx, grad_output, other, frames_before, stride, padding, dilation, mode, groups, channels_after=None
+):
+    ctx.save_for_backward(grad_output, other, frames_before, channels_after)
     ctx.other_size, ctx.other_stride = list(other.shape), other.stride()
     ctx.prefix_frames = frames_before.shape[2] if frames_before is not None else 0
+    ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
     ctx.conv_args = (list(stride), list(padding), list(dilation), mode)
     ctx.groups = groups
 
@@ -358,14 +386,16 @@ def _input_grad_setup_context(ctx, inputs, output):
 
 def _weight_grad_setup_context(ctx, inputs, output):
     grad_output, input, _size, stride, padding, dilation, *rest = inputs
-    mode, frames_before, groups = _trailing_arguments(rest, ("zeros", None, 1))
-    _save_gradient_context(ctx, grad_output, input, frames_before, stride, padding, dilation, mode, groups)
+    mode, frames_before, groups, channels_after = _trailing_arguments(rest, ("zeros", None, 1, None))
+    _save_gradient_context(
+        ctx, grad_output, input, frames_before, stride, padding, dilation, mode, groups, channels_after
+    )
 
 
 def _input_grad_backward(ctx, grad_grad_input):
     # grad_input = dgrad(grad_output, weight) is bilinear: its adjoint in grad_output is the forward
     # convolution, in weight the weight gradient with grad_grad_input standing for the input.
-    grad_output, weight, _ = ctx.saved_tensors
+    grad_output, weight, _, _ = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
     d_grad_output = d_weight = None
     if ctx.needs_input_grad[0]:
@@ -392,49 +422,58 @@ _inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad"
 
 
 def _weight_grad_fake(
-    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
-):
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1,
+    channels_after=None,
+):  # fmt: skip
     geom = check_weight_grad(
-        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups
-    )
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
+        channels_after,
+    )  # fmt: skip
     return empty_ndhwc(geom.weight_shape(), like=input)
 
 
 @_define(
     "conv3d_weight_grad(Tensor grad_output, Tensor input, SymInt[] weight_size, int[] stride, int[] padding,"
-    ' int[] dilation, str padding_mode="zeros", Tensor? frames_before=None, int groups=1) -> Tensor',
+    ' int[] dilation, str padding_mode="zeros", Tensor? frames_before=None, int groups=1,'
+    " Tensor? channels_after=None) -> Tensor",
     _weight_grad_fake,
 )
 def conv3d_weight_grad(
-    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1
-):
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1,
+    channels_after=None,
+):  # fmt: skip
     geom = check_weight_grad(
-        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups
-    )
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
+        channels_after,
+    )  # fmt: skip
     if not _runs_triton(input):
-        return aten.conv3d_wgrad(grad_output, input, frames_before, geom)
+        return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
     with _device_guard(input):
-        return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before)
+        return choice.launch(
+            "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
+        )
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):
     # grad_weight = wgrad(grad_output, input) is bilinear: its adjoint in grad_output is the forward convolution
     # with grad_grad_weight as the weight, in input the input gradient through grad_grad_weight.
-    grad_output, input, frames_before = ctx.saved_tensors
+    grad_output, input, frames_before, channels_after = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
-    d_grad_output = d_input = d_frames_before = None
+    d_grad_output = d_input = d_frames_before = d_channels_after = None
     if ctx.needs_input_grad[0]:
         d_grad_output = torch.ops.tconv3d.conv3d(
-            input, grad_grad_weight, None, stride, padding, dilation, ctx.groups, mode, frames_before
+            input, grad_grad_weight, None, stride, padding, dilation, ctx.groups, mode, frames_before, channels_after
         )
-    if ctx.needs_input_grad[1] or _needs_grad(ctx, 7):
+    if ctx.needs_input_grad[1] or _needs_grad(ctx, 7) or _needs_grad(ctx, 9):
         concat_size = list(ctx.other_size)
         concat_size[2] += ctx.prefix_frames
+        concat_size[1] += ctx.after_channels
         d_concat = torch.ops.tconv3d.conv3d_input_grad(
             grad_output, grad_grad_weight, concat_size, *ctx.conv_args, ctx.groups
         )
         d_input, d_frames_before = _split_prefix(d_concat, ctx.prefix_frames)
-    grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before, None)
+        d_input, d_channels_after = _split_channels(d_input, ctx.after_channels)
+    grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before, None, d_channels_after)
     return grads[: len(ctx.needs_input_grad)]
 
 

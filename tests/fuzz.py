@@ -1,11 +1,12 @@
 """Random convolutions against float64: the public entries `tconv3d.conv3d` and `tconv3d.conv_transpose3d` on
 problems drawn at random from everything they take at once (groups and depthwise, any kernel, stride and dilation
-per dimension, asymmetric padding in any mode per dimension, cached frames before the clip, output padding, bias,
+per dimension, asymmetric padding in any mode per dimension, cached frames before the clip, a second source of
+channels after the input's (a skip connection), output padding, bias,
 unbatched and non-channels-last inputs, views whose rows are not packed), each under a tiling drawn as a GPU would
 get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
-(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias; for
-some problems the second-order ones, grad_output's included) are held to the float64 result of torch.cat + F.pad
-+ F.conv3d (F.conv_transpose3d) by relative L2 error.
+(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias,
+channels after; for some problems the second-order ones, grad_output's included) are held to the float64 result
+of torch.cat + F.pad + F.conv3d (F.conv_transpose3d) by relative L2 error.
 
 The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
 
@@ -104,6 +105,7 @@ class Problem:
     transpose: bool = False  # conv_transpose3d: no frames, zeros padding
     output_padding: tuple = (0, 0, 0)
     second_order: bool = False  # the gradients' own gradients (double backward), grad_output's included
+    after: int = 0  # channels_after's channels (a skip connection concatenated after the input's); 0: none
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -124,7 +126,8 @@ class Problem:
         """Multiply-adds of one direction: per output voxel of the convolution (the input voxels of a transposed
         one), its input channels in a group, taps and output channels."""
         voxels = math.prod(self.size if self.transpose else self.out_size())
-        return max(self.batch, 1) * voxels * self.cout * (self.cin // self.groups) * math.prod(self.kernel)
+        channels = (self.cin + self.after) // self.groups
+        return max(self.batch, 1) * voxels * self.cout * channels * math.prod(self.kernel)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -207,13 +210,18 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
             output_padding=tuple(output_padding) if transpose else (0, 0, 0),
             second_order=rng.random() < 0.15,
         )
+        # A skip connection's channels after the input's (drawn last: a seed's other fields stay as they were)
+        if not (transpose or frames or groups > 1) and rng.random() < 0.25:
+            after = rng.choice(scale.tma_channels if tma_shaped else scale.channels)
+            problem = dataclasses.replace(problem, after=after)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
 
 
 def _tensors(problem: Problem, dtype: torch.dtype):
     """The inputs, in the problem's layouts, on DEVICE: x (N, Cin, D, H, W) or unbatched, frames_before or None,
-    the weight ((Cout, Cin / groups, k...); transposed (Cin, Cout / groups, k...)), the bias or None."""
+    the weight ((Cout, (Cin + after) / groups, k...); transposed (Cin, Cout / groups, k...)), the bias or None,
+    channels_after (N, after, D, H, W; x's layout, a view's packed) or None."""
     gen = torch.Generator().manual_seed(problem.seed)
     n = max(problem.batch, 1)
     shape = (n, problem.cin, *problem.size)
@@ -227,21 +235,26 @@ def _tensors(problem: Problem, dtype: torch.dtype):
     if problem.frames:
         before = torch.randn(n, problem.cin, problem.frames, *problem.size[1:], generator=gen).to(DEVICE, dtype)
         before = before.contiguous(memory_format=CL)
+    skip = None
+    if problem.after:
+        skip = torch.randn(n, problem.after, *problem.size, generator=gen).to(DEVICE, dtype)
+        skip = skip.contiguous() if problem.layout == "ncdhw" else skip.contiguous(memory_format=CL)
     if problem.transpose:
         w_channels = problem.cin, problem.cout // problem.groups
     else:
-        w_channels = problem.cout, problem.cin // problem.groups
-    fan_in = problem.cin // problem.groups * math.prod(problem.kernel)
+        w_channels = problem.cout, (problem.cin + problem.after) // problem.groups
+    fan_in = w_channels[1] * math.prod(problem.kernel)
     w = (torch.randn(*w_channels, *problem.kernel, generator=gen) / fan_in**0.5).to(DEVICE, dtype)
     w = w.contiguous(memory_format=CL) if problem.weight_cl else w.contiguous()
     b = torch.randn(problem.cout, generator=gen).to(DEVICE, dtype) if problem.bias else None
     if problem.batch == 0:
         x = x[0]
         before = None if before is None else before[0]
-    return x, before, w, b
+        skip = None if skip is None else skip[0]
+    return x, before, w, b, skip
 
 
-def reference(problem: Problem, x, before, w, b):
+def reference(problem: Problem, x, before, w, b, skip=None):
     """torch.cat in front along D, F.pad dimension by dimension in each one's mode, then F.conv3d; or
     F.conv_transpose3d."""
     if problem.transpose:
@@ -251,6 +264,8 @@ def reference(problem: Problem, x, before, w, b):
         )
     if before is not None:
         x = torch.cat([before, x], dim=-3)
+    if skip is not None:
+        x = torch.cat([x, skip], dim=-4)
     unbatched = x.dim() == 4
     if unbatched:
         x = x.unsqueeze(0)
@@ -303,12 +318,12 @@ def _select(problem: Problem):
     return select
 
 
-GRADIENTS = ("input", "frames", "weight", "bias")
+GRADIENTS = ("input", "frames", "weight", "bias", "after")
 
 
 def _backward(problem: Problem, y, leaves, grad_out, probes) -> dict:
-    """Backward from `y` with `grad_out`; returns {name: gradient} of the leaves (x, frames_before, weight, bias;
-    None where absent). Second order: the first-order gradients with create_graph, then backward from
+    """Backward from `y` with `grad_out`; returns {name: gradient} of the leaves (x, frames_before, weight, bias,
+    channels_after; None where absent). Second order: the first-order gradients with create_graph, then backward from
     sum(gradient * probe) over them, so every leaf's gradient, grad_output's among them, is a second-order one."""
     if not problem.second_order:
         y.backward(grad_out)
@@ -362,6 +377,7 @@ def run(problem: Problem, monkeypatch) -> dict:
             y = tconv3d.conv3d(
                 ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.dilation,
                 problem.groups, padding_mode=_mode_argument(problem, rng), frames_before=ours[1],
+                channels_after=ours[4],
             )  # fmt: skip
         grads = _backward(problem, y, ours, grad_out, probes)
     errors = {"output": rel_l2(y, expected)}

@@ -23,7 +23,7 @@ def test_random_problem_matches_float64(seed):
 
 
 def test_draws_cover_what_the_suite_does_not_name():
-    """The seeds above draw transposed, grouped, depthwise, cached-frame, non-zeros-padded, strided and
+    """The seeds above draw transposed, grouped, depthwise, cached-frame, channels-after, non-zeros-padded, strided and
     second-order problems, and every variant; a change to draw() that lost one would leave it unfuzzed in CI."""
     problems = [draw(seed, KERNELS_HERE, SCALE) for seed in SEEDS]
     drawn = {
@@ -32,6 +32,7 @@ def test_draws_cover_what_the_suite_does_not_name():
         "grouped": any(1 < p.groups < p.cin for p in problems),
         "depthwise": any(p.groups == p.cin > 1 for p in problems),
         "frames": any(p.frames for p in problems),
+        "channels_after": any(p.after for p in problems),
         "modes": {m for p in problems for m in p.modes} == {"zeros", "replicate", "reflect", "circular"},
         "strided": any(max(p.stride) > 1 for p in problems),
         "dilated": any(max(p.dilation) > 1 for p in problems),
@@ -66,8 +67,8 @@ def test_a_wrong_direction_fails(direction, caught, monkeypatch):
     """The fuzzer must be able to fail: one direction's result nudged by 5% of its norm is reported, named."""
     launch = choice.launch
 
-    def nudged(launched_direction, *args):
-        result = launch(launched_direction, *args)
+    def nudged(launched_direction, *args, **kwargs):
+        result = launch(launched_direction, *args, **kwargs)
         if launched_direction == direction:
             result = result + 0.05 * result.norm() / result.numel() ** 0.5 * torch.randn_like(result)
         return result

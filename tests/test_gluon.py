@@ -91,6 +91,24 @@ def test_gluon_causal_borders_match_float64(border, dtype, gluon, device):
     assert gluon == [(first, direction) for direction in directions]
 
 
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)
+@pytest.mark.parametrize("case", ["unet_skip", "residual_1x1"])
+def test_gluon_channels_after_match_float64(case, dtype, gluon, device):
+    """A UNet decoder's skip connection read in place (channels_after) through the Gluon kernels: the forward's
+    channel blocks from two descriptors, the weight gradient one launch per source. On CPU the interpreter runs the
+    TMA kernel in its place (one case shows that; tests/test_channels_after.py and the emulator run the rest)."""
+    from test_channels_after import CASES as AFTER_CASES
+    from test_channels_after import conv_and_reference as after_conv_and_reference
+
+    if device != "cuda" and (case, dtype) != ("unet_skip", torch.bfloat16):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    ours, expected = after_conv_and_reference(next(c for c in AFTER_CASES if c[0] == case), dtype, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(dtype)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad"), (first, "wgrad")]
+
+
 @pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])
 @pytest.mark.parametrize("case", UNALIGNED_OUTPUT, ids=lambda c: c.name)
 def test_gluon_forward_stores_unaligned_output_rows(case, specialized, gluon, monkeypatch, device):

@@ -101,6 +101,23 @@ def test_emulated_gluon_border_modes_and_cached_frames_along_d(mode_d, stride, b
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["unet_skip", "residual_1x1"])  # 16-byte rows: 24 + 8 straddles a block
+def test_emulated_gluon_channels_after(case, mode, emulator):
+    """A UNet decoder's skip connection read in place (channels_after): the forward's channel blocks each from x's
+    descriptor or channels_after's (the other copy predicated off, the weight box at the block's channel), the
+    weight gradient one launch per source into its columns; against float64 of the concatenation."""
+    from test_channels_after import CASES as AFTER_CASES
+    from test_channels_after import conv_and_reference as after_conv_and_reference
+
+    emulator.mode = MODES[mode]
+    ours, expected = after_conv_and_reference(next(c for c in AFTER_CASES if c[0] == case), torch.bfloat16, "cpu")
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 2}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
 @pytest.mark.parametrize("modes_hw", [("replicate", "replicate"), ("reflect", "zeros")], ids=lambda m: "_".join(m))
 def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, before, mode, emulator):

@@ -217,6 +217,7 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
 
 TMA_COMPILE = """
 import json, torch
+from tconv3d.geometry import conv_geometry
 from tconv3d.tune import configs
 from tconv3d.tune.shapes import load_shape_set
 from tconv3d.inspect.compile import ARCHS, compile_launch
@@ -232,17 +233,60 @@ for shape in load_shape_set("bench"):
                 config = configs.with_tma(config, geom, direction)
             report = compile_launch(direction, geom, dtype, config, 90)[0]
             out.append({"case": shape.name, "direction": direction, "config": config.to_dict(), **report.to_dict()})
+# A UNet decoder's first conv reading its skip connection in place (channels_after): the forward's boxes from two
+# descriptors, the weight gradient one launch per source
+skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
+for direction in ("fwd", "wgrad"):
+    config = configs.with_tma(configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90), skip, direction)
+    for report in (r for r in compile_launch(direction, skip, torch.bfloat16, config, 90) if "tma" in r.kernel):
+        out.append({"case": "unet_skip", "direction": direction, "config": config.to_dict(), **report.to_dict()})
 print(json.dumps(out))
 """
 
 
+POINTER_AFTER_COMPILE = """
+import dataclasses, json, torch
+from tconv3d.geometry import conv_geometry
+from tconv3d.tune import configs
+from tconv3d.inspect.compile import compile_launch
+out = []
+for after in (0, 64):  # the same 128 channels, one source or two (a skip connection read in place)
+    geom = conv_geometry((1, 128 - after, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=after)
+    for capability in (90, 80):
+        for direction in ("fwd", "wgrad"):
+            config = configs.heuristic_config(direction, geom, torch.bfloat16, 132, capability)
+            config = dataclasses.replace(config, tma_box_w=0)  # one source on sm_90: the TMA kernel otherwise
+            report = compile_launch(direction, geom, torch.bfloat16, config, capability)[0]
+            out.append({"after": after, "arch": capability, "direction": direction, **report.to_dict()})
+print(json.dumps(out))
+"""
+
+
+def test_pointer_kernels_read_channels_after_at_the_same_width():
+    """The pointer forward and weight gradient with a second channel source (each channel block or column tile
+    from one source, chosen by arithmetic): no spills, the same 128-bit cp.async loads as one source, and at most
+    15% more instructions in the main loop (sm_90 and sm_80, bf16, a UNet decoder conv's 64 + 64 channels; the
+    forward's 5-11% more under triton 3.6 and 3.9, the weight gradient's 1%)."""
+    reports = compile_script(POINTER_AFTER_COMPILE)
+    assert len(reports) == 8
+    plain = {(r["arch"], r["direction"]): r for r in reports if not r["after"]}
+    for r in (r for r in reports if r["after"]):
+        one = plain[r["arch"], r["direction"]]
+        name = (r["arch"], r["direction"])
+        assert not r["spill_bytes"] and not r["local_accesses"], name
+        assert set(r["loads"]) == set(one["loads"]) and any(load.endswith(".128") for load in r["loads"]), name
+        assert r["loop_instructions"] <= 1.15 * one["loop_instructions"], (name, r["loop_instructions"])
+
+
 def test_tma_kernels_compile_to_tma_loads_and_wgmma():
     """The sm_90 heuristic's tiles as TMA forward, input gradient and weight gradient for every eligible case of
-    the bench suite (bf16 and fp32; down_s2's through phase views): UTMALDG (TMA) loads, HGMMA (wgmma), no
-    spills."""
+    the bench suite (bf16 and fp32; down_s2's through phase views), and a UNet decoder conv reading its skip
+    connection as channels_after: UTMALDG (TMA) loads, HGMMA (wgmma), no spills."""
     reports = compile_script(TMA_COMPILE)
     assert len(reports) >= 24 and {r["direction"] for r in reports} == {"fwd", "dgrad", "wgrad"}
     assert {r["direction"] for r in reports if r["case"] == "down_s2"} == {"fwd", "dgrad", "wgrad"}
+    # channels_after: the forward from two descriptors, the weight gradient as one launch per source
+    assert [r["direction"] for r in reports if r["case"] == "unet_skip"] == ["fwd", "wgrad", "wgrad"]
     for r in reports:
         assert r["config"]["tma_box_w"] > 0, r
         assert any(load.startswith("UTMALDG") for load in r["loads"]), r
@@ -323,6 +367,15 @@ if conv_gluon.UNAVAILABLE is None:
         report = compile_launch("fwd", replicate, torch.bfloat16, config, 90)[0]
         out.append({"case": "replicate_hw", "direction": "fwd", "dtype": str(torch.bfloat16),
                     "config": config.to_dict(), **report.to_dict()})
+    # A UNet decoder's first conv reading its skip connection in place (channels_after)
+    skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
+    for direction in ("fwd", "wgrad"):
+        chosen, _ = choice.choose(direction, skip, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+        tiles = choice.force_variant(direction, skip, torch.bfloat16, chosen, "gluon", True)
+        for config in (tiles, configs.with_gluon(tiles, skip, direction, specialized=True)):
+            report = compile_launch(direction, skip, torch.bfloat16, config, 90)[0]
+            out.append({"case": "unet_skip", "direction": direction, "dtype": str(torch.bfloat16),
+                        "config": config.to_dict(), **report.to_dict()})
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 
@@ -334,7 +387,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized; down_s2's phase views
     warp-specialized too; last_cout3's forward storing its 3-channel rows from registers; a video VAE's causal conv
     with replicate borders along D and cached frames, forward and weight gradient, and the interior of one with
-    replicate borders in all three dimensions), for sm_90: TMA loads,
+    replicate borders in all three dimensions; a UNet decoder conv reading its skip connection as channels_after,
+    forward and weight gradient), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
     single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one
     the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
@@ -354,6 +408,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     causal = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "causal_cached"}
     assert causal == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # replicate along D, frames_before
     assert {r["config"]["gluon"] for r in reports if r["case"] == "replicate_hw"} == {1, 2}  # the interior
+    skip = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "unet_skip"}
+    assert skip == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # channels_after
     tf32 = [r for r in reports if r["dtype"] == "torch.float32"]  # fp32 read as TF32: k8 wgmma atoms
     assert {r["direction"] for r in tf32} == {"fwd", "dgrad"}  # the input gradient over the transposed weight
     assert all(r["mma"].startswith("HGMMA.64x") and r["mma"].endswith("x8.F32.TF32") for r in tf32), tf32[0]["mma"]

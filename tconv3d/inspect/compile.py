@@ -366,16 +366,18 @@ def _meta(shape, dtype) -> torch.Tensor:
 def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
     """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles)."""
     weight_shape = geom.weight_shape()
-    # The input, and the frames before it along D when the geometry has a second source there.
+    # The input, and the frames before it along D or the channels after its own when the geometry has a second
+    # source there.
     n, c, d, h, w = geom.input_shape()
-    p = geom.prefix_frames
-    x, frames_before = _meta((n, c, d - p, h, w), dtype), _meta((n, c, p, h, w), dtype) if p else None
+    p, a = geom.prefix_frames, geom.after_channels
+    x, frames_before = _meta((n, c - a, d - p, h, w), dtype), _meta((n, c, p, h, w), dtype) if p else None
+    channels_after = _meta((n, a, d, h, w), dtype) if a else None
     if direction == "fwd":
-        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config)
+        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config, channels_after)
     elif direction == "dgrad":
         conv_dgrad.conv3d_dgrad(_meta(geom.output_shape(), dtype), _meta(weight_shape, dtype), geom, config)
     elif direction == "wgrad":
-        conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), x, frames_before, geom, config)
+        conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), x, frames_before, geom, config, channels_after)
     else:
         raise ValueError(f"unknown direction {direction!r}")
 

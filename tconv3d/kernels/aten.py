@@ -2,7 +2,7 @@
 
 Same contract as the Triton launchers: checked geometry in, channels_last_3d result out. Asymmetric padding,
 which aten cannot express, the padding modes other than zeros and a second source along D become an explicit
-F.pad or torch.cat on this path only.
+F.pad or torch.cat on this path only (channels_after a torch.cat along C).
 """
 
 import torch
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
 from .group_norm import backward_coefficients, scale_shift
-from .utils import fold_padding
+from .utils import cat_channels, fold_padding
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -31,7 +31,8 @@ def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
-def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry) -> torch.Tensor:
+def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
+    x = cat_channels(x, channels_after)
     if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
         y = F.conv3d(x, weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
@@ -54,7 +55,8 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
     return grad.clone(memory_format=torch.channels_last_3d) if grad._is_view() else _as_ndhwc(grad)
 
 
-def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry) -> torch.Tensor:
+def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
+    x = cat_channels(x, channels_after)
     grad = torch.nn.grad.conv3d_weight(
         _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation, geom.groups
     )

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry, check_padding_mode
-from .config import KernelConfig, k_splits, packs_taps
+from .config import KernelConfig, channel_sources, k_splits, packs_taps
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
@@ -21,7 +21,8 @@ from .utils import (
     grouped_tile,
     mma,
     ndhwc,
-    prefix_arguments,
+    second_source_arguments,
+    select,
     split_voxel,
 )
 
@@ -31,12 +32,14 @@ def _conv3d_fwd_kernel(
     # pointers
     x_ptr, w_ptr, bias_ptr, y_ptr,
     # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
-    # elements from x_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
-    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, SPLIT_STEPS,
-    # strides, in elements, in logical (N, C, D, H, W) order (p: N, D, H, W; its channels are x's; y's splits
-    # lie stride_ys apart)
+    # elements from x_ptr; C_IN counts the C_IN - C_A channels of the second source q after x's C_A along C, q
+    # starting Q_DELTA elements from x_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, C_A, Q_DELTA, SPLIT_STEPS,
+    # strides, in elements, in logical (N, C, D, H, W) order (p, q: N, D, H, W; their channels are unit-stride
+    # as x's; y's splits lie stride_ys apart)
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_pn, stride_pd, stride_ph, stride_pw,
+    stride_qn, stride_qd, stride_qh, stride_qw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
     stride_ys, stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     # convolution geometry (front padding only: the back padding just sets the output size; PAD_MODE_D/H/W say
@@ -44,7 +47,7 @@ def _conv3d_fwd_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -54,6 +57,8 @@ def _conv3d_fwd_kernel(
     GEMM view: M = N*Do*Ho*Wo rows (output voxels), N = Cout columns, K = kd*kh*kw*Cin. The reduction runs as
     one flat loop over taps x channel blocks so the compiler pipelines it whatever Cin is; zeros padding is a
     mask, other modes and a second source along D (HAS_PREFIX) remap each row's load (kernel_utils.border_gather).
+    A second source along C (HAS_AFTER: a channel concatenation read in place) adds its own channel blocks after
+    x's: each step's block lies in one source, whose rows the step selects (utils.select, no branch).
     With PACK_TAPS (fewer channels than one MMA step) the loop runs over (tap, channel) pairs instead: the
     Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27 steps 3/16 full.
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
@@ -84,12 +89,22 @@ def _conv3d_fwd_kernel(
     d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
     h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
     w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
-    x_rows = x_ptr + (n * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
-                      + w0.to(tl.int64) * stride_xw)  # [BLOCK_M] pointers  # fmt: skip
+    x_offsets = (n * stride_xn + d0.to(tl.int64) * stride_xd + h0.to(tl.int64) * stride_xh
+                 + w0.to(tl.int64) * stride_xw)  # fmt: skip
+    x_rows = x_ptr + x_offsets  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_blocks = tl.cdiv(C_IN, BLOCK_K)
+    if HAS_AFTER:  # x's channel blocks, then q's
+        tl.static_assert(not PACK_TAPS and not HAS_PREFIX, "channels_after: unpacked channels, one source along D")
+        a_blocks = tl.cdiv(C_A, BLOCK_K)
+        k_blocks = a_blocks + tl.cdiv(C_IN - C_A, BLOCK_K)
+        # q's rows under tap (0, 0, 0), as offsets from x's
+        q_rows = (Q_DELTA + n * stride_qn + d0.to(tl.int64) * stride_qd + h0.to(tl.int64) * stride_qh
+                  + w0.to(tl.int64) * stride_qw) - x_offsets  # [BLOCK_M]  # fmt: skip
+    else:
+        a_blocks = 0
+        k_blocks = tl.cdiv(C_IN, BLOCK_K)
     steps = tl.cdiv(KD * KH * KW * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * KW * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
@@ -121,32 +136,48 @@ def _conv3d_fwd_kernel(
             a = tl.load(x_ptrs, mask=mask_a, other=0.0)
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wi)[:, None]
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
-        else:  # one tap, BLOCK_K of its channels
+        else:  # one tap, BLOCK_K of its channels (of one source)
             tap = step // k_blocks
-            offs_c = (step - tap * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+            block = step - tap * k_blocks
+            if HAS_AFTER:  # q's blocks (second = 1) count channels from q's first, the weight's from x's first
+                second = (block >= a_blocks).to(tl.int32)
+                offs_c = (block - second * a_blocks) * BLOCK_K + offs_k  # [BLOCK_K] channels of the step's source
+                mask_c = offs_c < select(second, C_A, C_IN - C_A)
+                w_c = offs_c + second * C_A
+            else:
+                offs_c = block * BLOCK_K + offs_k  # [BLOCK_K]
+                mask_c = offs_c < C_IN
+                w_c = offs_c
             kw = tap % KW
             kh = (tap // KW) % KH
             kd = tap // (KW * KH)
             id_ = d0 + kd * DIL_D
             ih = h0 + kh * DIL_H
             iw = w0 + kw * DIL_W
-            mask_c = offs_c < C_IN
+            # the step's source's strides
+            s_n, s_d, s_h, s_w = stride_xn, stride_xd, stride_xh, stride_xw
+            if HAS_AFTER:
+                s_n, s_d = select(second, stride_xn, stride_qn), select(second, stride_xd, stride_qd)
+                s_h, s_w = select(second, stride_xh, stride_qh), select(second, stride_xw, stride_qw)
             if MASK_ONLY:
                 mask_x = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-                x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
-                         + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
-                x_ptrs = x_rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
+                x_tap = ((kd * DIL_D).to(tl.int64) * s_d + (kh * DIL_H).to(tl.int64) * s_h
+                         + (kw * DIL_W).to(tl.int64) * s_w)  # fmt: skip
+                rows = x_rows + second * q_rows if HAS_AFTER else x_rows
+                x_ptrs = rows[:, None] + x_tap + offs_c[None, :] * stride_xc  # [BLOCK_M, BLOCK_K]
             else:
                 x_voxels, inside = border_gather(
                     n, id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
-                    stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
+                    s_n, s_d, s_h, s_w, stride_pn, stride_pd, stride_ph, stride_pw,
                     PAD_MODE_D, PAD_MODE_H, PAD_MODE_W, HAS_PREFIX,
                 )  # fmt: skip
+                if HAS_AFTER:
+                    x_voxels += second * Q_DELTA
                 mask_x = mask_m & inside
                 x_ptrs = x_ptr + x_voxels[:, None] + offs_c[None, :] * stride_xc
             a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
             w_ptrs = (
-                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wi
+                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + w_c[:, None] * stride_wi
             )  # [BLOCK_K, BLOCK_N]
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
@@ -159,16 +190,20 @@ def _conv3d_fwd_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def conv3d_fwd(
+    x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None
+) -> torch.Tensor:
     """Forward convolution of checked arguments with the tiling `config`, split-K included; the output is
-    channels_last_3d."""
+    channels_last_3d. channels_after follows x's channels (geom.after_channels), read in place where the config's
+    kernel can (config.reads_channels_after), else concatenated first."""
     y = empty_ndhwc(geom.output_shape(), like=x)
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
+    x, channels_after, geom = channel_sources("fwd", x, channels_after, geom, config)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
-    if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible)
+    if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible; channels concatenated)
         return depthwise_fwd(x, weight, bias, y, geom, config)
     if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
         # The box kernels read zeros past H and W: they compute the interior, the pointer kernel the border.
@@ -176,22 +211,23 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, config: Kerne
             part_config = dataclasses.replace(config, split_k=1)
             if not box:
                 part_config = dataclasses.replace(part_config, tma_box_w=0, gluon=0)
-            _launch(x, weight, bias, frames_before, view, part, part_config, k_splits("fwd", part, part_config)[0])
+            steps = k_splits("fwd", part, part_config)[0]
+            _launch(x, weight, bias, frames_before, channels_after, view, part, part_config, steps)
         return y
     per_split, splits = k_splits("fwd", geom, config)
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
-    _launch(x, weight, bias, frames_before, out, geom, config, per_split)
+    _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split)
     return y if splits == 1 else sum_splits(out, y)
 
 
-def _launch(x, weight, bias, frames_before, out, geom, config, per_split):
+def _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split):
     if config.gluon:  # the tuning layer checked the problem, the device and the tensors
-        conv3d_gluon(x, weight, bias, out, geom, config, False, per_split, frames_before)
+        conv3d_gluon(x, weight, bias, out, geom, config, False, per_split, frames_before, channels_after)
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
-        conv3d_tma(x, weight, bias, out, geom, config, False, per_split, frames_before)
+        conv3d_tma(x, weight, bias, out, geom, config, False, per_split, frames_before, channels_after)
     else:
-        _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split)
+        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split)
 
 
 def border_widths(geom: ConvGeometry) -> tuple[int, int, int, int]:
@@ -237,8 +273,9 @@ def border_parts(geom: ConvGeometry, y: torch.Tensor):
             yield part(rows, strip, False)
 
 
-def _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, per_split):
-    p_delta, *p_strides = prefix_arguments(frames_before, x)
+def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split):
+    p_delta, *p_strides = second_source_arguments(frames_before, x)
+    q_delta, *q_strides = second_source_arguments(channels_after, x)
     upcast, precision = dot_flags(x.dtype)
     rows, c_in, c_out = geom.output_voxels, geom.group_in_channels, geom.group_out_channels
     splits = out.shape[0] // geom.batch
@@ -246,11 +283,14 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, out, geom, config, pe
     launch(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, per_split,
-        *x.stride(), *p_strides, *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
+        q_delta, per_split,
+        *x.stride(), *p_strides, *q_strides, *weight.stride(),
+        geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), HAS_PREFIX=frames_before is not None,
+        HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -256,26 +256,37 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, pred,
-        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
     ):  # fmt: skip
         """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
         leaves the volume, from the TMA unit) and the weight box of its (tap, channel block): [c0, tap, n0] of the
         weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the forward's; the input
-        gradient's over the weight transposed to [Cin, taps, Cout])."""
+        gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward, one phase): the
+        channel blocks past x's frames[2] channels are channels_after's (src_views[4]), both copies issued, one
+        predicated off, as conv_tma.channel_block counts them."""
         tap, c0, src_d, view, row, col = step_box(
             step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        c_w = c0
         if INPUT_GRAD:  # one source view: grad_out
             _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
+        elif HAS_AFTER:  # one phase, one source along D (configs.tma_eligible)
+            a_end = gl.cdiv(frames[2], BLOCK_K) * BLOCK_K  # x's channel blocks end
+            second = (c0 >= a_end).to(gl.int32)
+            c0 -= second * a_end  # in the block's source
+            c_w = c0 + second * frames[2]  # in the weight
+            frame = padded_coord(src_d, frames[0], PAD_MODE_D)
+            _tma_load(src_views[4], [n, frame, row, col, c0], bar, a_buf, pred & (second == 1))
+            _tma_load(src_views[0], [n, frame, row, col, c0], bar, a_buf, pred & (second == 0))
         else:
             _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W,
                              frames, PAD_MODE_D, HAS_PREFIX)  # fmt: skip
         if W_KN:
             _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
         else:
-            _tma_load(w_desc, [n0, tap, c0], bar, b_buf, pred)
+            _tma_load(w_desc, [n0, tap, c_w], bar, b_buf, pred)
 
     @gluon.jit
     def _pipelined_steps(
@@ -283,7 +294,7 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, mma_layout: gl.constexpr,
-        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
@@ -296,6 +307,7 @@ if UNAVAILABLE is None:
                 src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps, frames, PAD_MODE_D, HAS_PREFIX,
+                HAS_AFTER,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
@@ -309,7 +321,7 @@ if UNAVAILABLE is None:
                 src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
                 k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps, frames, PAD_MODE_D,
-                HAS_PREFIX,
+                HAS_PREFIX, HAS_AFTER,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
 
@@ -411,7 +423,7 @@ if UNAVAILABLE is None:
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
-        W_KN: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        W_KN: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
@@ -435,6 +447,7 @@ if UNAVAILABLE is None:
                     src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
                     k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                     STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True, frames, PAD_MODE_D, HAS_PREFIX,
+                    HAS_AFTER,
                 )  # fmt: skip
                 it += 1
 
@@ -451,15 +464,16 @@ if UNAVAILABLE is None:
         # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the
         # output tensor itself, its (N, D, H, W) strides stride_d*, stored from registers (_store_rows).
         # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with
-        # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (conv_tma.source_frame).
+        # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (conv_tma.source_frame). Along C (HAS_AFTER,
+        # stride 1 in H and W): x's C_A channels, then channels_after's C_RED - C_A (prefix_desc).
         src_desc, w_desc, dst_desc, view1, view2, view3, prefix_desc, bias_ptr, live_ptr,
         C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS, stride_dn, stride_dd, stride_dh, stride_dw,
-        D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        D_IN, P_FRAMES, C_A, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
         DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        num_warps: gl.constexpr,
+        HAS_AFTER: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -480,8 +494,9 @@ if UNAVAILABLE is None:
         W_KN: gl.constexpr = INPUT_GRAD and not W_TRANSPOSED  # the weight box is [BLOCK_K, 1, BLOCK_N]
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if W_KN else w_desc.block_type.shape[0]
         dtype: gl.constexpr = src_desc.dtype
-        src_views = (src_desc, view1, view2, view3, prefix_desc)  # the forward's phase views, then frames_before
-        frames = (D_IN, P_FRAMES)
+        # the forward's phase views, then frames_before or channels_after
+        src_views = (src_desc, view1, view2, view3, prefix_desc)
+        frames = (D_IN, P_FRAMES, C_A)
         dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
         dst_strides = (stride_dn, stride_dd, stride_dh, stride_dw)
 
@@ -494,7 +509,8 @@ if UNAVAILABLE is None:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
-        k_blocks = gl.cdiv(C_RED, BLOCK_K)
+        # with HAS_AFTER: x's channel blocks, then channels_after's
+        k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
             entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
@@ -515,7 +531,7 @@ if UNAVAILABLE is None:
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
-                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX)),
+                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -533,7 +549,7 @@ if UNAVAILABLE is None:
             acc = _pipelined_steps(
                 src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
-                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX,
+                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             if DST_PTR:
@@ -795,18 +811,19 @@ def _persistent_launch(
 
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int,
-    frames_before=None,
+    frames_before=None, channels_after=None,
 ) -> None:  # fmt: skip
     """Run the Gluon kernel: the forward (src = x, dst = y) or the input gradient (src = grad_out, dst = grad_in), at
     strides of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
     partial sums of `split_steps` K steps each. src is 16-bit, or fp32 (read as TF32; wgmma's fp32 operands must be
     K-major, so the input gradient reads a copy of the weight transposed to [Cin, taps, Cout]); both tensors have
-    unit-stride channels and TMA-aligned strides; dst is written whole. The tuning layer (tconv3d/tune/) offers this
+    unit-stride channels and TMA-aligned strides; dst is written whole. frames_before (along D) or channels_after
+    (along C) is the forward's second source, at stride 1 in H and W. The tuning layer (tconv3d/tune/) offers this
     variant only where UNAVAILABLE is None."""
     transposed = input_grad and src.dtype == torch.float32  # wgmma's fp32 (TF32) operands are K-major only
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
         src, weight, dst, geom, config, input_grad, _gluon_descriptor, weight_transposed=transposed,
-        frames_before=frames_before,
+        frames_before=frames_before, channels_after=channels_after,
     )  # fmt: skip
     splits = grid[2]
     grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False)
@@ -815,12 +832,12 @@ def conv3d_gluon(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, splits, *dst_row_strides(dst, dst_ptr),
-        *source_frames(geom, input_grad), *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), geom.channel_sources[0], *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,
         PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
-        num_warps=config.num_warps,
+        HAS_AFTER=channels_after is not None, num_warps=config.num_warps,
         **options,
     )  # fmt: skip
 

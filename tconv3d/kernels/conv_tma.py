@@ -10,8 +10,10 @@ most MAX_PHASES of them; the kernels pick the tap's. The strided input gradient 
 computes a patch of one phase of grad_in, over that phase's live taps, and stores it through grad_in's phase
 view. Along D a box is one frame deep, so a stride there is only a coordinate, and so is a border mode there or
 a second source in front of the input (frames_before, P frames): every voxel of a box reads the same source frame,
-which source_frame maps, and the box comes from frames_before's descriptor or x's. Borders in H and W read zeros
-(the TMA unit's); their other modes run on the pointer kernels."""
+which source_frame maps, and the box comes from frames_before's descriptor or x's. A second source along C
+(channels_after, a channel concatenation) is likewise one of two descriptors per channel block: the blocks of x's
+channels, then those of channels_after's (channel_block). Borders in H and W read zeros (the TMA
+unit's); their other modes run on the pointer kernels."""
 
 import functools
 import math
@@ -74,6 +76,15 @@ def source_frame(frame, D_IN, P_FRAMES, PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl
         return tl.where(in_prefix, frame, frame - P_FRAMES), in_prefix
     else:
         return frame, False
+
+
+@triton.jit
+def channel_block(c0, a_blocks, C_A, BLOCK_K: tl.constexpr):
+    """The channel block at c0 (a multiple of BLOCK_K over x's a_blocks blocks, then channels_after's) -> (whether
+    it is channels_after's, its first channel there, its first channel in the weight)."""
+    second = c0 >= a_blocks * BLOCK_K
+    c_src = tl.where(second, c0 - a_blocks * BLOCK_K, c0)
+    return second, c_src, tl.where(second, C_A + c_src, c0)
 
 
 @triton.jit
@@ -161,16 +172,17 @@ def _conv3d_tma_kernel(
     # gradient's live-tap table at a stride (config.live_taps), else None.
     # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the output
     # tensor itself, its (N, D, H, W) strides stride_d*, and the epilogue stores from registers.
-    # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with
-    # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (source_frame).
-    src_desc, w_desc, dst_desc, view1, view2, view3, prefix_desc, bias_ptr, live_ptr,
+    # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (second_desc, with
+    # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (source_frame). Along C (HAS_AFTER, stride 1 in H
+    # and W): x's C_A channels, then channels_after's C_RED - C_A (second_desc).
+    src_desc, w_desc, dst_desc, view1, view2, view3, second_desc, bias_ptr, live_ptr,
     C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, stride_dn, stride_dd, stride_dh, stride_dw,
-    D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    D_IN, P_FRAMES, C_A, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     INPUT_GRAD: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DST_PTR: tl.constexpr,
-    PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
 ):  # fmt: skip
     """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col], for a BOX_H x BOX_W
     patch of dst voxels at one (n, d) per program and BLOCK_N columns.
@@ -193,7 +205,11 @@ def _conv3d_tma_kernel(
     n0 = tl.program_id(1) * BLOCK_N
     split = tl.program_id(2)
 
-    k_blocks = tl.cdiv(C_RED, BLOCK_K)
+    if HAS_AFTER:
+        a_blocks = tl.cdiv(C_A, BLOCK_K)
+        k_blocks = a_blocks + tl.cdiv(C_RED - C_A, BLOCK_K)
+    else:
+        k_blocks = tl.cdiv(C_RED, BLOCK_K)
     live = 0
     if INPUT_GRAD and STRIDE_D * VIEWS > 1:
         live = load_live_taps(live_ptr, phase)
@@ -207,16 +223,27 @@ def _conv3d_tma_kernel(
             step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
+        c_w = c0
+        if HAS_AFTER:  # the weight's channels past x's are channels_after's
+            second, c0, c_w = channel_block(c0, a_blocks, C_A, BLOCK_K)
         if INPUT_GRAD:
             b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
         else:
-            b = tl.trans(w_desc.load([n0, tap, c0]).reshape(BLOCK_N, BLOCK_K))
+            b = tl.trans(w_desc.load([n0, tap, c_w]).reshape(BLOCK_N, BLOCK_K))
         if not INPUT_GRAD:
             src_d, in_prefix = source_frame(src_d, D_IN, P_FRAMES, PAD_MODE_D, HAS_PREFIX)
         if HAS_PREFIX:  # the forward at stride 1 in H and W (configs.tma_eligible): one of two boxes
             tl.static_assert(VIEWS == 1 and not INPUT_GRAD, "frames_before: the forward at stride 1 in H and W")
             if in_prefix:
-                a = prefix_desc.load([n, src_d, row, col, c0])
+                a = second_desc.load([n, src_d, row, col, c0])
+                acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+            else:
+                a = src_desc.load([n, src_d, row, col, c0])
+                acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
+        elif HAS_AFTER:  # likewise, per channel block
+            tl.static_assert(VIEWS == 1 and not INPUT_GRAD, "channels_after: the forward at stride 1 in H and W")
+            if second:
+                a = second_desc.load([n, src_d, row, col, c0])
                 acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
             else:
                 a = src_desc.load([n, src_d, row, col, c0])
@@ -276,10 +303,10 @@ def phase_descriptors(t, stride, block, make=TensorDescriptor) -> tuple:
     return tuple(ndhwc_descriptor(v, block, make) for v in views) + (None,) * (MAX_PHASES - len(views))
 
 
-def prefix_descriptor(frames_before, block, make=TensorDescriptor):
-    """The descriptor of the forward's and weight gradient's second source along D, boxes as x's; None without
-    one."""
-    return None if frames_before is None else ndhwc_descriptor(frames_before, block, make)
+def prefix_descriptor(second, block, make=TensorDescriptor):
+    """The descriptor of the forward's and weight gradient's second source (frames_before along D, channels_after
+    along C), boxes as x's; None without one."""
+    return None if second is None else ndhwc_descriptor(second, block, make)
 
 
 def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
@@ -297,10 +324,11 @@ def _live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Te
 
 def patch_descriptors(
     src, weight, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, make, weight_transposed=False,
-    frames_before=None,
+    frames_before=None, channels_after=None,
 ):  # fmt: skip
     """What the patch kernels (this TMA one, conv_gluon's) launch with, the descriptors built by `make`: the
-    descriptors (src, w, dst, the strided operand's other phase views, the forward's frames_before or None), the
+    descriptors (src, w, dst, the strided operand's other phase views, the forward's frames_before or
+    channels_after or None), the
     input gradient's live-tap table at a stride (else None), the grid (patches, column blocks, splits: dst holds
     src's batch once per split), the (reduced, columns) channel counts, the extent of the patches' volume (dst's,
     or a strided input gradient's largest phase) and the stride. `weight_transposed` (the input gradient): the
@@ -332,7 +360,7 @@ def patch_descriptors(
         src_desc, *views = phase_descriptors(src, stride, src_box, make)
         # Output rows that are not whole 16-byte units (3 channels): the kernels store them from registers.
         dst_desc = ndhwc_descriptor(dst, dst_box, make) if tma_aligned(dst) else dst
-    prefix = prefix_descriptor(frames_before, src_box, make)
+    second = prefix_descriptor(frames_before if frames_before is not None else channels_after, src_box, make)
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
     d, h, w = volume
     grid = (
@@ -340,20 +368,22 @@ def patch_descriptors(
         cdiv(channels[1], config.block_n),
         dst.shape[0] // src.shape[0],
     )
-    return (src_desc, w_desc, dst_desc, *views, prefix), live, grid, channels, volume, stride
+    return (src_desc, w_desc, dst_desc, *views, second), live, grid, channels, volume, stride
 
 
 def conv3d_tma(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int,
-    frames_before=None,
+    frames_before=None, channels_after=None,
 ) -> None:  # fmt: skip
-    """Run the TMA kernel: the forward (src = x, dst = y; frames_before in front of x along D, at stride 1 in H and
-    W) or the input gradient (src = grad_out, dst = grad_in), at strides of at most MAX_PHASES phase views, or with
-    dst holding several splits (split_k.ndhwc_partials) their fp32 partial sums of `split_steps` K steps each. The
-    tensors have unit-stride channels and TMA-aligned strides; dst is written whole."""
+    """Run the TMA kernel: the forward (src = x, dst = y; frames_before in front of x along D or channels_after
+    after its channels, at stride 1 in H and W) or the input gradient (src = grad_out, dst = grad_in), at strides
+    of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
+    partial sums of `split_steps` K steps each. The tensors have unit-stride channels and TMA-aligned strides; dst
+    is written whole."""
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
-        src, weight, dst, geom, config, input_grad, TensorDescriptor, frames_before=frames_before
-    )
+        src, weight, dst, geom, config, input_grad, TensorDescriptor, frames_before=frames_before,
+        channels_after=channels_after,
+    )  # fmt: skip
     box_h, box_w = config.tma_box(config.block_m)
     upcast, precision = dot_flags(src.dtype)
     dst_ptr = descriptors[2] is dst
@@ -361,11 +391,12 @@ def conv3d_tma(
         _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, *dst_row_strides(dst, dst_ptr),
-        *source_frames(geom, input_grad), *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), geom.channel_sources[0], *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DST_PTR=dst_ptr,
         PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
+        HAS_AFTER=channels_after is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
 
@@ -387,7 +418,7 @@ def dst_row_strides(dst: torch.Tensor, dst_ptr: bool) -> tuple:
 
 @triton.jit
 def _wgrad_patches(
-    go_desc, x_view, prefix_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+    go_desc, x_view, second_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
     D_IN, P_FRAMES, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BOX_H: tl.constexpr, BOX_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -404,7 +435,7 @@ def _wgrad_patches(
         src_d, in_prefix = source_frame(src_d, D_IN, P_FRAMES, PAD_MODE_D, HAS_PREFIX)
         if HAS_PREFIX:
             if in_prefix:
-                b = prefix_desc.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
+                b = second_desc.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
             else:
                 b = x_view.load([n, src_d, row, col, ci0]).reshape(BLOCK_K, BLOCK_N)
         else:
@@ -418,9 +449,9 @@ def _conv3d_wgrad_tma_kernel(
     # TMA descriptors: grad_out as [N, Do, Ho, Wo, Cout] (boxes [1, 1, BOX_H, BOX_W, BLOCK_M]), x as
     # [N, D, H, W, Cin] (boxes [1, 1, BOX_H, BOX_W, BLOCK_N]; at a stride in H or W, x_desc and x_phase1..3 are
     # its phase views, in tap_box's order, None past the last); out is [split, Cout, tap, Cin]. Along D the input
-    # is D_IN frames, the first P_FRAMES of them frames_before's (prefix_desc, with HAS_PREFIX: stride 1 in H and
+    # is D_IN frames, the first P_FRAMES of them frames_before's (second_desc, with HAS_PREFIX: stride 1 in H and
     # W), bordered in PAD_MODE_D (source_frame).
-    go_desc, x_desc, x_phase1, x_phase2, x_phase3, prefix_desc, out_ptr,
+    go_desc, x_desc, x_phase1, x_phase2, x_phase3, second_desc, out_ptr,
     C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PATCHES, SPLIT_PATCHES,
     stride_os, stride_oo, stride_ot, stride_oi,
     D_IN, P_FRAMES, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
@@ -453,7 +484,7 @@ def _conv3d_wgrad_tma_kernel(
 
     if PHASES == 1:
         acc = _wgrad_patches(
-            go_desc, x_desc, prefix_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+            go_desc, x_desc, second_desc, first, last, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
             D_IN, P_FRAMES, STRIDE_D, STRIDE_H, STRIDE_W, UPCAST_DOT, INPUT_PRECISION, BOX_H, BOX_W, BLOCK_M,
             BLOCK_N, PAD_MODE_D, HAS_PREFIX,
         )  # fmt: skip

@@ -1,12 +1,14 @@
 """Conv3d weight gradient: a split-K implicit-GEMM Triton kernel on NDHWC tensors, a deterministic reduction of
 the splits, and their launcher."""
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, gemm_view, packs_taps, split_rows
+from .config import KernelConfig, channel_blocks, channel_sources, gemm_view, packs_taps, split_rows
 from .conv_depthwise import depthwise_wgrad
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
@@ -20,7 +22,8 @@ from .utils import (
     mma,
     ndhwc,
     ndhwc_strides,
-    prefix_arguments,
+    second_source_arguments,
+    select,
     split_voxel,
 )
 
@@ -30,19 +33,21 @@ def _conv3d_wgrad_kernel(
     # pointers
     go_ptr, x_ptr, out_ptr,
     # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
-    # elements from x_ptr)
-    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, SPLIT_ROWS,
-    # strides, in elements: go and x in logical (N, C, D, H, W) order, p as (N, D, H, W) (its channels are x's);
-    # out is [split, Cout, tap, Cin]
+    # elements from x_ptr; C_IN counts the C_IN - C_A channels of the second source q after x's C_A along C, q
+    # starting Q_DELTA elements from x_ptr)
+    M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, C_A, Q_DELTA, SPLIT_ROWS,
+    # strides, in elements: go and x in logical (N, C, D, H, W) order, p and q as (N, D, H, W) (their channels are
+    # unit-stride as x's); out is [split, Cout, tap, Cin]
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_pn, stride_pd, stride_ph, stride_pw,
+    stride_qn, stride_qd, stride_qh, stride_qw,
     stride_os, stride_oo, stride_ot, stride_oi,
     # convolution geometry (front padding; PAD_MODE_D/H/W say what each dimension's border reads)
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -53,7 +58,9 @@ def _conv3d_wgrad_kernel(
     output small, so grid axis 1 splits K into SPLIT_ROWS-long slices, each writing its own fp32 partial sum;
     a second pass adds them in a fixed order, so the result is the same bit for bit on every run. With
     PACK_TAPS (fewer input channels than one MMA step) there is one GEMM whose N = taps x Cin (tap, channel)
-    pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles 3/16 full.
+    pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles 3/16 full. A second source
+    along C (HAS_AFTER, a channel concatenation read in place) adds its own column tiles after x's: a program's
+    columns lie in one source, whose base and strides it takes once (utils.select).
     """
     taps: tl.constexpr = KD * KH * KW
     # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
@@ -75,7 +82,8 @@ def _conv3d_wgrad_kernel(
     else:  # one tap per program, its columns the input channels
         tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
         tile = pid // taps
-        num_n = tl.cdiv(C_IN, BLOCK_N)
+        a_tiles = tl.cdiv(C_A, BLOCK_N) if HAS_AFTER else 0
+        num_n = a_tiles + tl.cdiv(C_IN - C_A, BLOCK_N) if HAS_AFTER else tl.cdiv(C_IN, BLOCK_N)
         pid_m = tile // num_n
         pid_n = tile % num_n
     kw = tap % KW
@@ -83,11 +91,20 @@ def _conv3d_wgrad_kernel(
     kd = tap // (KW * KH)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output channels
-    if not PACK_TAPS:
+    if HAS_AFTER:  # the program's columns: x's channels or q's, counted in their source (out_n: in the weight)
+        tl.static_assert(not PACK_TAPS and not HAS_PREFIX, "channels_after: unpacked columns, one source along D")
+        second = (pid_n >= a_tiles).to(tl.int32)
+        offs_n = (pid_n - second * a_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        mask_n = offs_n < select(second, C_A, C_IN - C_A)
+        out_n = offs_n + second * C_A
+        x_ptr += second * Q_DELTA
+        stride_xn, stride_xd = select(second, stride_xn, stride_qn), select(second, stride_xd, stride_qd)
+        stride_xh, stride_xw = select(second, stride_xh, stride_qh), select(second, stride_xw, stride_qw)
+    elif not PACK_TAPS:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
-    mask_m = offs_m < C_OUT
-    if not PACK_TAPS:
         mask_n = offs_n < C_IN
+        out_n = offs_n
+    mask_m = offs_m < C_OUT
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
@@ -173,13 +190,16 @@ def _conv3d_wgrad_kernel(
         out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_oo + out_cols[None, :]
     else:
         out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
-                    + offs_m[:, None] * stride_oo + offs_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
+                    + offs_m[:, None] * stride_oo + out_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def conv3d_wgrad(
+    grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None
+) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
-    The tiling, split-K included, is `config`."""
+    The tiling, split-K included, is `config`. channels_after follows x's channels (geom.after_channels), read in
+    place where the config's kernel can (config.reads_channels_after), else concatenated first."""
     c_out, c_in, taps = geom.out_channels, geom.group_in_channels, geom.taps
     # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
     grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
@@ -189,6 +209,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         return grad_w_logical.zero_()
     grad_out, x = ndhwc(grad_out), ndhwc(x)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
+    x, channels_after, geom = channel_sources("wgrad", x, channels_after, geom, config)
     upcast, precision = dot_flags(x.dtype)
     if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         patches = wgrad_tma_patches(geom, config)
@@ -205,34 +226,46 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, config: KernelC
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
-    if config.gluon:
-        conv3d_wgrad_gluon(grad_out, x, out, geom, config, patches, per_split, frames_before)
-    elif config.tma_box_w:
-        conv3d_wgrad_tma(grad_out, x, out, geom, config, patches, per_split, frames_before)
+    if config.tma_box_w:
+        box_launch = conv3d_wgrad_gluon if config.gluon else conv3d_wgrad_tma
+        if channels_after is None:
+            box_launch(grad_out, x, out, geom, config, patches, per_split, frames_before)
+        else:  # each source its own launch, into its columns of out: the box kernels' loops stay one-source
+            first, after = geom.channel_sources
+            for source, columns, channels in ((x, slice(0, first), first), (channels_after, slice(first, None), after)):
+                part = dataclasses.replace(geom, in_channels=channels, after_channels=0)
+                box_launch(grad_out, source, out[..., columns], part, config, patches, per_split, None)
     elif config.direct:
         depthwise_wgrad(grad_out, x, out, geom, config, rows_per_split)
     else:
-        _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision)
+        _launch_pointer_kernel(
+            grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
+        )
     if splits > 1:
         sum_splits(out, grad_w)
     return grad_w_logical
 
 
-def _launch_pointer_kernel(grad_out, x, frames_before, out, geom, config, rows_per_split, upcast, precision):
+def _launch_pointer_kernel(
+    grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
+):
     c_out, c_in, rows = geom.group_out_channels, geom.group_in_channels, geom.output_voxels
-    p_delta, *p_strides = prefix_arguments(frames_before, x)
+    p_delta, *p_strides = second_source_arguments(frames_before, x)
+    q_delta, *q_strides = second_source_arguments(channels_after, x)
     view = gemm_view("wgrad", geom)
-    grid = (cdiv(c_out, config.block_m) * cdiv(view.cols, config.block_n) * view.grid_taps, out.shape[0], geom.groups)
+    col_tiles = channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(view.cols, config.block_n)
+    grid = (cdiv(c_out, config.block_m) * col_tiles * view.grid_taps, out.shape[0], geom.groups)
     go_strides = ndhwc_strides(grad_out)
     launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, rows_per_split,
-        *go_strides, *x.stride(), *p_strides, *out.stride(),
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
+        q_delta, rows_per_split,
+        *go_strides, *x.stride(), *p_strides, *q_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         GO_DENSE=go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=packs_taps("wgrad", geom),
-        HAS_PREFIX=frames_before is not None,
+        HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

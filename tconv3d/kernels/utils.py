@@ -84,6 +84,13 @@ def border_gather(
 
 
 @triton.jit
+def select(second, first_value, second_value):
+    """first_value where `second` (a 0/1 int scalar) is 0, else second_value, in arithmetic: unlike tl.where it
+    keeps what the compiler knows of the values' divisibility (strides, offsets), and so vectorised loads."""
+    return first_value + second * (second_value - first_value)
+
+
+@triton.jit
 def mma(acc, a, b, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc += a @ b in fp32. UPCAST is set only under the Triton interpreter, whose tl.dot multiplies the raw
     bit patterns of bf16 operands."""
@@ -118,6 +125,15 @@ def ndhwc(t: torch.Tensor) -> torch.Tensor:
     if t.stride(1) == 1 or t.shape[1] == 1:
         return t
     return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+def unit_channels(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` (channels unit-stride or a single channel, as ndhwc leaves it) with channel stride 1 exactly: a second
+    channel source is addressed with the input's channel stride."""
+    if t is None or t.stride(1) == 1:
+        return t
+    sn, _, sd, sh, sw = t.stride()
+    return t.as_strided(t.shape, (sn, 1, sd, sh, sw), t.storage_offset())
 
 
 def dense_ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -282,14 +298,26 @@ def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)
 
 
-def prefix_arguments(frames_before, x) -> tuple:
-    """The kernels' second source along D: (its distance from x in elements, its N, D, H, W strides). The
-    kernels address it from x's pointer (same dtype, so the distance is whole elements)."""
-    if frames_before is None:
+def second_source_arguments(second, x) -> tuple:
+    """A second source of the pointer kernels (frames_before along D, channels_after along C): (its distance from x
+    in elements, its N, D, H, W strides); zeros without one. The kernels address it from x's pointer (same dtype,
+    so the distance is whole elements)."""
+    if second is None:
         return 0, 0, 0, 0, 0
-    n_stride, _, d_stride, h_stride, w_stride = frames_before.stride()
-    delta = (frames_before.data_ptr() - x.data_ptr()) // x.element_size()
+    n_stride, _, d_stride, h_stride, w_stride = second.stride()
+    delta = (second.data_ptr() - x.data_ptr()) // x.element_size()
     return delta, n_stride, d_stride, h_stride, w_stride
+
+
+def cat_channels(x: torch.Tensor, channels_after: torch.Tensor | None) -> torch.Tensor:
+    """torch.cat([x, channels_after], dim=1), channels_last_3d: the copy of a second channel source that a launch
+    which cannot read it in place (config.reads_channels_after) makes; x itself without one."""
+    if channels_after is None:
+        return x
+    out = empty_ndhwc((x.shape[0], x.shape[1] + channels_after.shape[1], *x.shape[2:]), like=x)
+    out[:, : x.shape[1]] = x
+    out[:, x.shape[1] :] = channels_after
+    return out
 
 
 def source_index(p: int, size: int, front: int, mode: str) -> int:

@@ -71,18 +71,23 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             self.__dict__["_op_padding_memo"] = (*attributes, padding)
         return padding
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.convolve(input, self._op_padding(), self.padding_mode)
+    def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None) -> torch.Tensor:
+        """nn.Conv3d's forward; `channels_after` (optional) follows the input's channels, read in place as if
+        torch.cat([input, channels_after], dim=1) were the input (what the adapters of UNet decoder blocks pass)."""
+        return self.convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
 
-    def convolve(self, input, padding, padding_mode="zeros", frames_before=None) -> torch.Tensor:
+    def convolve(self, input, padding, padding_mode="zeros", frames_before=None, channels_after=None) -> torch.Tensor:
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
-        front of the input along D: what the adapters of video-VAE conv modules call (tconv3d.convert)."""
+        front of the input along D or channels after its channels: what the adapters of video-VAE conv modules
+        and UNet blocks call (tconv3d.convert)."""
         weight = self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
-            return self.convolve(input[None], padding, padding_mode, unbatched(frames_before))[0]
+            second = (unbatched(frames_before), unbatched(channels_after))
+            return self.convolve(input[None], padding, padding_mode, *second)[0]
         return call_conv3d(
-            input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before
-        )
+            input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before,
+            channels_after,
+        )  # fmt: skip
 
 
 class CausalConv3d(Conv3d):

@@ -21,7 +21,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon
-from ..kernels.config import DIRECTIONS, KernelConfig
+from ..kernels.config import DIRECTIONS, KernelConfig, reads_channels_after
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
@@ -146,37 +146,48 @@ def pick_config(
     return config
 
 
-def _tma_describable(direction: str, first: torch.Tensor, second: torch.Tensor, *rest: torch.Tensor | None) -> bool:
+def _tma_describable(
+    direction: str, first: torch.Tensor, second: torch.Tensor, *rest: torch.Tensor | None, channels_after=None
+) -> bool:
     """Whether TMA descriptors can cover a launch's operands (input and weight; grad_output and weight;
-    grad_output and input; and the forward's and weight gradient's frames_before, the last of `rest`). An
-    activation whose channels are not unit-stride is copied to channels_last_3d by the launcher first, and then is
-    aligned; a weight is described from its shape once channels_last_3d, so only its base address matters."""
+    grad_output and input; and the forward's and weight gradient's frames_before, the last of `rest`, and
+    channels_after). An activation whose channels are not unit-stride is copied to channels_last_3d by the launcher
+    first, and then is aligned; a weight is described from its shape once channels_last_3d, so only its base
+    address matters."""
 
     def activation_ok(t: torch.Tensor | None) -> bool:
         return t is None or t.stride(1) != 1 or tma_aligned(t)
 
-    prefix_ok = direction == "dgrad" or not rest or activation_ok(rest[-1])
+    prefix_ok = direction == "dgrad" or ((not rest or activation_ok(rest[-1])) and activation_ok(channels_after))
     if direction == "wgrad":
         return activation_ok(first) and activation_ok(second) and prefix_ok
     return activation_ok(first) and (second.stride(1) != 1 or address_aligned(second)) and prefix_ok
 
 
-def launch_config(direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None, run=None) -> KernelConfig:
+def launch_config(
+    direction: str, geom: ConvGeometry, *tensors: torch.Tensor | None, run=None, channels_after=None
+) -> KernelConfig:
     """The config `launch` runs for these tensors: pick_config's, on the pointer kernel where TMA cannot describe
     the tensors."""
     first = tensors[0]
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
-    if config.tma_box_w and not _tma_describable(direction, *tensors):
+    if config.tma_box_w and not _tma_describable(direction, *tensors, channels_after=channels_after):
         config = dataclasses.replace(config, tma_box_w=0, gluon=0)
     return config
 
 
-def launch(direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None) -> torch.Tensor:
-    """launcher(*tensors, geom, config) with the config chosen for `direction` on the first tensor's device. Under
-    TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would refuse runs (and from then on is)
-    the pointer kernels with the same tiles; a tensor map the driver refuses is an error that says so."""
-    run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
-    config = launch_config(direction, geom, *tensors, run=run)
+def launch(
+    direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None, channels_after=None
+) -> torch.Tensor:
+    """launcher(*tensors, geom, config) (and channels_after=, where given) with the config chosen for `direction`
+    on the first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would
+    refuse runs (and from then on is) the pointer kernels with the same tiles; a tensor map the driver refuses is
+    an error that says so."""
+    if channels_after is None:
+        run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
+    else:
+        run = lambda config: launcher(*tensors, geom, config, channels_after=channels_after)  # noqa: E731
+    config = launch_config(direction, geom, *tensors, run=run, channels_after=channels_after)
     try:
         return run(config)
     except RiskyTensorMap:  # raised while the launcher built its descriptors: nothing has run
@@ -200,8 +211,11 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     setting. Chooses as `launch` would, without tuning."""
     if settings.INTERPRET:
         return "the interpreter runs the kernels itself; Inductor cannot"
-    if geom.prefix_frames:
-        return "frames_before: the kernels reach the second source by its distance in memory from the input"
+    if geom.prefix_frames or geom.after_channels:
+        return (
+            "frames_before or channels_after: the kernels reach the second source by its distance in memory from "
+            "the input"
+        )
     first = tensors[0]
     if (
         first.device.type == "cuda"
@@ -218,14 +232,18 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     return None
 
 
-def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros") -> dict:
+def explain(
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None
+) -> dict:
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
     "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
     config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
     no kernels)}. With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why; with
     TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether torch.compile hands the launch to Inductor or why not.
-    It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source)."""
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode)
+    It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
+    With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
+    gradient's launches read it where it lies or concatenate it first."""
+    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, None, channels_after)
     runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
     plan = {}
     for direction in DIRECTIONS:
@@ -240,9 +258,12 @@ def explain(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
         config, source = _select_with_source(direction, geom, input.dtype, input.device, None)
         config = _memo.get(key, config)
         operands = (input, input) if direction == "wgrad" else (input, weight)  # grad_output shares input's layout
-        if config.tma_box_w and not _tma_describable(direction, *operands):
+        second = channels_after if direction != "dgrad" else None
+        if config.tma_box_w and not _tma_describable(direction, *operands, channels_after=second):
             config = dataclasses.replace(config, tma_box_w=0, gluon=0)
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
+        if second is not None:
+            plan[direction]["reads_in_place"] = reads_channels_after(direction, geom, config)
         if settings.KERNELS == "gluon" and not config.gluon:
             plan[direction]["gluon_unavailable"] = gluon_unavailable(direction, geom, input.dtype, input.device)
         if settings.INDUCTOR_KERNELS:

@@ -351,15 +351,17 @@ def heuristic_config(
 ) -> KernelConfig:
     """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible stride-1 problems and
     the direct kernels for depthwise ones. The TMA kernels of a strided problem (phase views) and of one reading
-    frames_before (each step's box from one of two descriptors: the Triton TMA loop branches around its load and
-    MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the pointer kernels
-    (bench/NOTES.md), as do those of a forward whose border in H or W reads input voxels (its interior on a box
-    kernel, its border strips on the pointer kernel); a border mode along D alone leaves the TMA loop as it is."""
+    frames_before or channels_after (each step's box from one of two descriptors: the Triton TMA loop branches
+    around its load and MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the
+    pointer kernels (bench/NOTES.md), as do those of a forward whose border in H or W reads input voxels (its
+    interior on a box kernel, its border strips on the pointer kernel); a border mode along D alone leaves the TMA
+    loop as it is."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
     borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction == "fwd"  # the interior and strips
-    untimed = tuple(geom.stride) != (1, 1, 1) or (geom.prefix_frames > 0 and direction != "dgrad") or borders
+    second_source = (geom.prefix_frames > 0 or geom.after_channels > 0) and direction != "dgrad"
+    untimed = tuple(geom.stride) != (1, 1, 1) or second_source or borders
     if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
     return config
@@ -456,16 +458,21 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     kernel stores from registers where its rows are not (a decoder's last conv to 3 channels: its input and weight
     boxes are whole rows of Cin); at strides whose phase views in H and W (conv_tma.phase_descriptors: of the input
     forward and in the weight gradient, of the input gradient) number at most MAX_PHASES and are not empty.
-    Dilation and asymmetric padding are coordinate offsets; along D, so are a border mode and frames_before."""
+    Dilation and asymmetric padding are coordinate offsets; along D, so are a border mode and frames_before. A
+    second channel source (channels_after) is a second descriptor, each channel block read from one of the two: the
+    forward and weight gradient at stride 1 in H and W, each source's rows whole 16-byte units."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and (direction == "fwd" or geom.out_channels * size % 16 == 0)
+    if direction != "dgrad":  # the input gradient's is the concatenation's
+        aligned = aligned and all(channels * size % 16 == 0 for channels in geom.channel_sources)
     _, s_h, s_w = geom.stride
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
     # weight gradient read the input itself: a box is one frame deep, so along D any border mode and frames_before
     # in front (at stride 1 in H and W: frames_before has no phase views) are a frame coordinate
     # (conv_tma.source_frame), while a box's rows in H and W read zeros past the edges, the TMA unit's border.
     _, mode_h, mode_w = geom.dim_modes
-    runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not geom.prefix_frames or s_h * s_w == 1))
+    second_source = geom.prefix_frames or geom.after_channels
+    runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not second_source or s_h * s_w == 1))
     # Another mode in H or W: the forward at stride 1 there computes the interior on the box kernels and the border
     # strips on the pointer kernel (conv_fwd.border_parts), where an interior is left.
     if direction == "fwd" and not runs and s_h == s_w == 1:
