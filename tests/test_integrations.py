@@ -264,12 +264,16 @@ def _monai_nets():
             lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
         ),
         "swin_unetr": transformer(lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12)),
+        "basic_unet": lambda: nets.BasicUNet(3, 1, 2, features=(4, 4, 8, 8, 16, 4)),
     }
 
 
 # The input each MONAI network takes: its ViT's image size (UNETR); five halvings that leave the bottleneck's
 # instance norm more than one voxel (SwinUNETR).
-MONAI_NETS = {"unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64}
+MONAI_NETS = {"unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64, "basic_unet": 32}
+# Skip-connection concatenations that feed a convolution in a forward, stock: each becomes that convolution's
+# channels_after once converted (monai_nets), except MONAI UNet's, whose SkipConnection feeds a transposed conv.
+MONAI_SKIP_CONCATS = {"unet": 2, "dynunet": 2, "unetr": 8, "swin_unetr": 10, "basic_unet": 8}
 
 
 @pytest.mark.parametrize("name", MONAI_NETS)
@@ -311,11 +315,32 @@ def test_vae_activations_stay_channels_last(name, aten_path):
 @pytest.mark.parametrize("name", MONAI_NETS)
 def test_monai_activations_stay_channels_last(name, aten_path):
     """No layout copy but the input's, norms included. UNETR's: its proj_feat made an NCDHW copy of each of the
-    four ViT states its decoder reads (4 layout copies stock); the adapter leaves the permuted view."""
-    _, converted = stock_and_converted(_monai_nets()[name])
-    report = tconv3d.nn.audit(converted, torch.randn(1, 1, *(MONAI_NETS[name],) * 3), verbose=False)
+    four ViT states its decoder reads (4 layout copies stock); the adapter leaves the permuted view. No skip
+    connection's concatenation feeds a convolution but MONAI UNet's (into its transposed convs)."""
+    stock, converted = stock_and_converted(_monai_nets()[name])
+    x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
+    report = tconv3d.nn.audit(converted, x, verbose=False)
     assert report.norm_calls > 0 and report.norm_layout_copies == 0
     assert report.totals["layout_copies"] <= 1  # the input
+    stock_copies = tconv3d.nn.audit(stock, x, verbose=False).totals["upstream_copies_into_convs"]
+    assert stock_copies == MONAI_SKIP_CONCATS[name]
+    assert report.totals["upstream_copies_into_convs"] == (stock_copies if name == "unet" else 0), report.table()
+
+
+def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):
+    """A decoder block whose first conv convert left alone (here by its filter) gets the concatenation, as MONAI
+    makes it, and still matches stock."""
+    build = _monai_nets()["dynunet"]
+    stock = build().eval()
+    converted = copy.deepcopy(stock)
+    tconv3d.nn.convert(converted, filter=lambda name, module: not name.endswith("conv_block.conv1.conv"))
+    from tconv3d.nn.convert import is_converted
+
+    assert not is_converted(converted.upsamples[0].conv_block.conv1.conv)
+    assert is_converted(converted.upsamples[0])
+    x = torch.randn(1, 1, 16, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
 
 
 @pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (2, 1, 1)])

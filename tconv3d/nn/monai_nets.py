@@ -1,9 +1,19 @@
 """Adapters for MONAI's 3D networks, as video_vaes.py holds diffusers' (same contract: `classes`, `attributes`,
 `reason`; monai is never imported here). MONAI's convolutions, transposed convolutions and norms are plain torch
 modules that convert takes over as they are; what is left are the places where a network's own code turns a
-channels_last_3d activation NCDHW."""
+channels_last_3d activation NCDHW, and the decoder blocks' skip connections, each a `torch.cat` along C in front
+of a convolution, which the adapters hand to the convolution as its `channels_after`, read in place."""
 
 from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .modules import Conv3d
+
+# MONAI's blocks that run their input through conv1 (and, UnetResBlock, conv3 on the residual path): the decoder
+# blocks' convolutions of the concatenation.
+_CONV_BLOCKS = ("UnetBasicBlock", "UnetResBlock")
 
 
 class _UNETR:
@@ -25,4 +35,82 @@ class _UNETR:
         return x.view([x.size(0), *self.proj_view_shape]).permute(self.proj_axes)
 
 
-ADAPTERS = (_UNETR,)
+def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """layer(torch.cat([x, after], dim=1)) for a MONAI `Convolution` (an nn.Sequential whose first module is its
+    convolution, then its norm, dropout and activation) or a bare convolution: a tconv3d convolution reads `after`
+    in place as its channels_after; anything else (a layer convert left alone) gets the concatenation."""
+    modules = list(layer) if isinstance(layer, nn.Sequential) else [layer]
+    first, rest = modules[0], modules[1:]
+    out = first(x, channels_after=after) if isinstance(first, Conv3d) else first(torch.cat([x, after], dim=1))
+    for module in rest:
+        out = module(out)
+    return out
+
+
+def _block_of_concatenation(block: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """MONAI's UnetBasicBlock or UnetResBlock forward (dynunet_block.py) on torch.cat([x, after], dim=1), its
+    convolutions of the input reading the two in place."""
+    out = conv_of_concatenation(block.conv1, x, after)
+    out = block.lrelu(block.norm1(out))
+    out = block.norm2(block.conv2(out))
+    if type(block).__name__ == "UnetResBlock":
+        if hasattr(block, "conv3"):
+            residual = conv_of_concatenation(block.conv3, x, after)
+        else:
+            residual = torch.cat([x, after], dim=1)
+        if hasattr(block, "norm3"):
+            residual = block.norm3(residual)
+        out += residual
+    return block.lrelu(out)
+
+
+def _conv_block_reason(module) -> str | None:
+    name = type(module.conv_block).__name__
+    if name not in _CONV_BLOCKS:
+        return f"its conv_block is a {name}, not one of MONAI's {_CONV_BLOCKS}"
+    return None
+
+
+class _UpBlock:
+    """MONAI's decoder up blocks of DynUNet (UnetUpBlock) and of UNETR and SwinUNETR (UnetrUpBlock): the upsampled
+    input concatenated with the skip connection along C, `torch.cat((out, skip), dim=1)`, feeds the conv block's
+    first convolution (and, in a residual block, its 1x1x1 residual one). The adapter hands `skip` to those
+    convolutions as channels_after: no concatenated copy."""
+
+    classes = ("monai.networks.blocks.dynunet_block.UnetUpBlock", "monai.networks.blocks.unetr_block.UnetrUpBlock")
+    attributes = ("transp_conv", "conv_block")
+    reason = staticmethod(_conv_block_reason)
+
+    def forward(self, inp, skip):
+        return _block_of_concatenation(self.conv_block, self.transp_conv(inp), skip)
+
+
+class _UpCat:
+    """MONAI's BasicUNet up block: `self.convs(torch.cat([x_e, x_0], dim=1))`, the encoder's features then the
+    upsampled ones into a TwoConv (two Convolutions). The adapter gives the first Convolution x_0 as channels_after.
+    Its replicate padding of x_0 where the encoder's size is odd stays as MONAI writes it."""
+
+    classes = ("monai.networks.nets.basic_unet.UpCat",)
+    attributes = ("upsample", "convs", "is_pad")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        names = list(module.convs._modules) if isinstance(module.convs, nn.Sequential) else []
+        if names != ["conv_0", "conv_1"]:
+            return f"its convs are {type(module.convs).__name__} {names}, not MONAI's TwoConv (conv_0, conv_1)"
+        return None
+
+    def forward(self, x, x_e):
+        x_0 = self.upsample(x)
+        if not isinstance(x_e, torch.Tensor):
+            return self.convs(x_0)
+        if self.is_pad:  # MONAI's: the 2x max pooling of odd edge lengths
+            pads = [0] * (2 * (x.dim() - 2))
+            for i in range(x.dim() - 2):
+                if x_e.shape[-i - 1] != x_0.shape[-i - 1]:
+                    pads[2 * i + 1] = 1
+            x_0 = torch.nn.functional.pad(x_0, pads, "replicate")
+        return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))
+
+
+ADAPTERS = (_UNETR, _UpBlock, _UpCat)
