@@ -131,7 +131,7 @@ run_stage() {
     done
     if [ "${SCENARIOS:-stack,conv2d,causal}" != none ]; then
       timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
-        --scenarios "${SCENARIOS:-stack,conv2d,causal}" 2>&1 | tee -a "$OUT/bench.log"
+        --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" 2>&1 | tee -a "$OUT/bench.log"
     fi
     # The JSON alone (the tool returns 8 files a call): `python -m bench.report` remakes the .md and .png here.
     cp "bench/results/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json" "$OUT/"

@@ -131,7 +131,7 @@ def markdown(results: dict) -> str:
             for n, r in results["stack"].items()
         ]
         lines += _table(["implementation", "ms", "conversion kernels"], stack_rows)
-    for section in ("conv2d_vs_conv3d", "causal"):
+    for section in ("conv2d_vs_conv3d", "causal", "skip"):
         rows = results.get(section) or []
         if rows:
             keys = list(rows[0])

@@ -7,14 +7,15 @@ Per case and implementation: median ms (triton.testing.do_bench, which flushes L
 the bf16 matmul peak measured in the same run, speedup over cuDNN channels_last_3d, peak memory, and tconv3d's
 relative L2 error against float64; tconv3d and cuDNN channels_last_3d also replayed from a CUDA graph (the
 launches without the host's time to issue them: a host-bound case shows as such). Then the scenarios: the
-3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding. Writes bench/results/<device>.json, .md and .png (see
-bench/report.py).
+3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding, a UNet skip connection read in place. Writes
+bench/results/<device>.json, .md and .png (see bench/report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import os
 import subprocess
@@ -326,6 +327,49 @@ def bench_causal(shapes: list[ConvShape]) -> list[dict]:
     return rows
 
 
+# A UNet decoder level's first conv: the upsampled features and the encoder's skip connection concatenated along C.
+# (name, batch, channels of each, spatial size, output channels)
+SKIP_LAYERS = [("unet_skip_64", 1, 64, (64, 64, 64), 64), ("unet_skip_32", 2, 32, (96, 96, 96), 32)]
+
+
+def bench_skip() -> list[dict]:
+    """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
+    two in place (channels_after), bf16, 3x3x3; time and peak memory, fwd and fwd+bwd (the gradients of both
+    inputs and the weight)."""
+
+    def activation(batch, channels, size):
+        t = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
+        return t.contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+
+    impls = {
+        "cat_then_cudnn": lambda up, skip, w: F.conv3d(torch.cat([up, skip], dim=1), w, padding=1),
+        "tconv3d": lambda up, skip, w: tconv3d.conv3d(up, w, padding=1, channels_after=skip),
+    }
+    rows = []
+    for name, batch, channels, size, cout in SKIP_LAYERS:
+        tensors = (activation(batch, channels, size), activation(batch, channels, size))
+        w = torch.randn(cout, 2 * channels, 3, 3, 3, device="cuda", dtype=torch.bfloat16) / (54 * channels) ** 0.5
+        tensors += (w.contiguous(memory_format=torch.channels_last_3d).requires_grad_(),)
+        for direction in ("fwd", "fwd+bwd"):
+            row = {"name": f"{name}_{direction}"}
+            for impl, forward in impls.items():
+                grad = torch.randn_like(forward(*tensors)) if direction == "fwd+bwd" else None
+                fn = functools.partial(_skip_step, forward, tensors, grad)
+                row[f"{impl}_ms"] = round(bench_ms(fn), 4)
+                row[f"{impl}_peak_mb"] = round(peak_memory_mb(fn), 1)
+            rows.append(row)
+        del tensors, w
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _skip_step(forward, tensors, grad):
+    """One forward (and, given the upstream gradient `grad`, its backward to every tensor) of bench_skip."""
+    y = forward(*tensors)
+    if grad is not None:
+        torch.autograd.grad(y, tensors, grad)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -362,7 +406,7 @@ def main(argv=None) -> int:
         "--impls", default=",".join(report.IMPLS), help="comma-separated subset of " + ",".join(report.IMPLS)
     )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
-    parser.add_argument("--scenarios", default="stack,conv2d,causal", help="comma-separated, or 'none'")
+    parser.add_argument("--scenarios", default="stack,conv2d,causal,skip", help="comma-separated, or 'none'")
     parser.add_argument(
         "--graphs", action=argparse.BooleanOptionalAction, default=True,
         help="also time " + " and ".join(GRAPH_IMPLS) + " replayed from a CUDA graph (the launches without the host)",
@@ -409,6 +453,8 @@ def main(argv=None) -> int:
         results["conv2d_vs_conv3d"] = bench_conv2d_vs_conv3d()
     if "causal" in scenarios:
         results["causal"] = bench_causal(shapes)
+    if "skip" in scenarios:
+        results["skip"] = bench_skip()
     paths = report.write_results(results, args.out, merge_existing=args.merge)
     print(paths["md"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
