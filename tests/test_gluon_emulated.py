@@ -122,12 +122,14 @@ def test_emulated_gluon_channels_after(case, mode, emulator):
 @pytest.mark.parametrize("modes_hw", [("replicate", "replicate"), ("reflect", "zeros")], ids=lambda m: "_".join(m))
 def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, before, mode, emulator):
     """HunyuanVideo's and Mochi's convs (replicate in all three dimensions): the forward's interior on the Gluon
-    kernel over a view of the output, the border strips on the pointer kernel (conv_fwd.border_parts)."""
+    kernel over a view of the output, the border strips on the pointer kernel (conv_fwd.border_parts); the weight
+    gradient reduces over the same parts."""
     emulator.mode = MODES[mode]
     ours, expected = conv_with_border_along_d("replicate", 1, before, torch.bfloat16, "cpu", modes_hw)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
     assert emulator.launches["_conv3d_gluon_kernel"] == 2  # the forward's interior and the input gradient
+    assert emulator.launches["_conv3d_wgrad_gluon_kernel"] == 1  # the weight gradient's interior
 
 
 @pytest.mark.parametrize("seed", range(1, 5))

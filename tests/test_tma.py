@@ -237,7 +237,8 @@ def test_eligibility_and_box_width():
     assert tma_eligible("fwd", geom, torch.bfloat16) and tma_eligible("dgrad", geom, torch.bfloat16)
     assert tma_eligible("wgrad", geom, torch.bfloat16)
     replicate = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "replicate")
-    assert tma_eligible("dgrad", replicate, torch.bfloat16) and not tma_eligible("wgrad", replicate, torch.bfloat16)
+    # replicate in H and W: the interior on the box kernels, the border strips on the pointer kernel
+    assert all(tma_eligible(direction, replicate, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
     assert all(tma_eligible(direction, strided, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
     for stride, size in (((1, 3, 2), (4, 8, 52)), ((2, 3, 3), (4, 8, 52)), ((1, 2, 2), (4, 8, 1))):
@@ -254,12 +255,12 @@ def test_eligibility_and_box_width():
     # Along D a border mode and frames_before are a frame coordinate; in H and W only zeros borders are the TMA unit's.
     causal = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros", 2)
     assert all(tma_eligible(direction, causal, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
-    # In H and W another mode leaves the forward's interior to the box kernels (conv_fwd.border_parts) where one is
-    # left, and the weight gradient to the pointer kernel.
+    # In H and W another mode leaves the forward's and the weight gradient's interior to the box kernels
+    # (conv_fwd.border_parts) where one is left.
     spatial = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "zeros,reflect,zeros")
-    assert [tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [True, True, False]
+    assert all(tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad"))
     thin = conv_geometry((1, 64, 4, 2, 52), (64, 64, 3, 3, 3), 1, (1, 1, 1, 1, 1, 1), 1, "zeros,replicate,zeros")
-    assert not tma_eligible("fwd", thin, torch.bfloat16)  # 2 output rows, both border rows: no interior
+    assert not any(tma_eligible(d, thin, torch.bfloat16) for d in ("fwd", "wgrad"))  # 2 rows, both border: no interior
     assert not tma_eligible("fwd", dataclasses.replace(spatial, stride=(1, 2, 1)), torch.bfloat16)
     strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
     assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
@@ -464,9 +465,10 @@ BORDERS_HW = [("replicate", "replicate"), ("reflect", "reflect"), ("zeros", "cir
 def test_border_modes_in_h_and_w_through_tma_interior_and_pointer_strips(modes_hw, mode_d, before, variant, device):
     """A forward whose border in H or W reads input voxels (HunyuanVideo's and Mochi's replicate, LTX-2's
     decoder's reflect): its interior on the TMA kernel over a view of the output, its border strips on the
-    pointer kernel with the modes (conv_fwd.border_parts); the weight gradient stays on the pointer kernel."""
+    pointer kernel with the modes (conv_fwd.border_parts); the weight gradient reduces over the same parts, each
+    into partial sums of its own."""
     _, launches = variant
     ours, expected = conv_with_border_along_d(mode_d, 1, before, torch.float32, device, modes_hw)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
-    assert launches == ["fwd", "dgrad"]
+    assert launches == ["fwd", "dgrad", "wgrad"]

@@ -246,7 +246,8 @@ def border_parts(geom: ConvGeometry, y: torch.Tensor):
     serve, and its geometry has no padding in them. Each border strip (the rows of the front and back padding at
     full width, then the columns of the left and right one) keeps the modes, for the pointer kernel; its front
     padding is moved by the strip's first row or column (negative past the border: every coordinate reads what it
-    read in the whole). configs.tma_eligible asks for a non-empty interior."""
+    read in the whole). configs.tma_eligible asks for a non-empty interior. The weight gradient reduces over the
+    same parts of grad_out (y's shape), each into partial sums of its own (conv_wgrad)."""
     d_out, h_out, w_out = geom.out_size
     top, bottom, left, right = border_widths(geom)
     rows, cols = (top, h_out - bottom), (left, w_out - right)

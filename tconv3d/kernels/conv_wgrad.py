@@ -1,7 +1,7 @@
 """Conv3d weight gradient: a split-K implicit-GEMM Triton kernel on NDHWC tensors, a deterministic reduction of
 the splits, and their launcher."""
 
-import dataclasses
+from dataclasses import replace
 
 import torch
 import triton
@@ -10,6 +10,7 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import KernelConfig, channel_blocks, channel_sources, gemm_view, packs_taps, split_rows
 from .conv_depthwise import depthwise_wgrad
+from .conv_fwd import border_parts
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .launch import launch
@@ -210,40 +211,58 @@ def conv3d_wgrad(
     grad_out, x = ndhwc(grad_out), ndhwc(x)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     x, channels_after, geom = channel_sources("wgrad", x, channels_after, geom, config)
-    upcast, precision = dot_flags(x.dtype)
-    if config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
-        patches = wgrad_tma_patches(geom, config)
-        per_split = split_rows(patches, config.split_k, 1)
-        splits = cdiv(patches, per_split)
-    elif config.direct:  # depthwise: voxels in block_m steps
-        rows_per_split = split_rows(rows, config.split_k, config.block_m)
-        splits = cdiv(rows, rows_per_split)
+    # The parts of the reduction over output voxels: all of them, or, where a box kernel runs a layer whose border
+    # in H or W reads input voxels, the interior on it and the border strips on the pointer kernel
+    # (conv_fwd.border_parts, as the forward), each part's fp32 partial sums in splits of their own.
+    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
+        pointer = replace(config, tma_box_w=0, gluon=0)
+        parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]
     else:
-        rows_per_split = split_rows(rows, config.split_k, config.block_k)
-        splits = cdiv(rows, rows_per_split)
+        parts = [(geom, grad_out, config)]
+    plans = [(*part, _split_plan(part[0], part[2])) for part in parts]
+    splits = sum(plan[1] for *_, plan in plans)
     # One split writes the result directly; several write fp32 partial sums that split_k.sum_splits adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
+    first = 0
+    for part, view, part_config, (per_split, count) in plans:
+        _launch(view, x, frames_before, channels_after, out[first : first + count], part, part_config, per_split)
+        first += count
+    if splits > 1:
+        sum_splits(out, grad_w)
+    return grad_w_logical
+
+
+def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int]:
+    """(reduction per split, splits) of a weight-gradient launch: output patches (the box kernels) or voxels."""
+    if config.tma_box_w:
+        reduced, step = wgrad_tma_patches(geom, config), 1
+    else:  # the direct kernels step block_m voxels, the pointer kernel block_k
+        reduced, step = geom.output_voxels, config.block_m if config.direct else config.block_k
+    per_split = split_rows(reduced, config.split_k, step)
+    return per_split, cdiv(reduced, per_split)
+
+
+def _launch(grad_out, x, frames_before, channels_after, out, geom, config, per_split):
     if config.tma_box_w:
         box_launch = conv3d_wgrad_gluon if config.gluon else conv3d_wgrad_tma
+        patches = wgrad_tma_patches(geom, config)
         if channels_after is None:
             box_launch(grad_out, x, out, geom, config, patches, per_split, frames_before)
         else:  # each source its own launch, into its columns of out: the box kernels' loops stay one-source
             first, after = geom.channel_sources
             for source, columns, channels in ((x, slice(0, first), first), (channels_after, slice(first, None), after)):
-                part = dataclasses.replace(geom, in_channels=channels, after_channels=0)
+                part = replace(geom, in_channels=channels, after_channels=0)
                 box_launch(grad_out, source, out[..., columns], part, config, patches, per_split, None)
     elif config.direct:
-        depthwise_wgrad(grad_out, x, out, geom, config, rows_per_split)
+        depthwise_wgrad(grad_out, x, out, geom, config, per_split)
     else:
+        upcast, precision = dot_flags(x.dtype)
         _launch_pointer_kernel(
-            grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
+            grad_out, x, frames_before, channels_after, out, geom, config, per_split, upcast, precision
         )
-    if splits > 1:
-        sum_splits(out, grad_w)
-    return grad_w_logical
 
 
 def _launch_pointer_kernel(

@@ -353,13 +353,13 @@ def heuristic_config(
     the direct kernels for depthwise ones. The TMA kernels of a strided problem (phase views) and of one reading
     frames_before or channels_after (each step's box from one of two descriptors: the Triton TMA loop branches
     around its load and MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the
-    pointer kernels (bench/NOTES.md), as do those of a forward whose border in H or W reads input voxels (its
-    interior on a box kernel, its border strips on the pointer kernel); a border mode along D alone leaves the TMA
-    loop as it is."""
+    pointer kernels (bench/NOTES.md), as do those of a forward or weight gradient whose border in H or W reads
+    input voxels (its interior on a box kernel, its border strips on the pointer kernel); a border mode along D
+    alone leaves the TMA loop as it is."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction == "fwd"  # the interior and strips
+    borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
     second_source = (geom.prefix_frames > 0 or geom.after_channels > 0) and direction != "dgrad"
     untimed = tuple(geom.stride) != (1, 1, 1) or second_source or borders
     if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
@@ -473,9 +473,10 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     _, mode_h, mode_w = geom.dim_modes
     second_source = geom.prefix_frames or geom.after_channels
     runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not second_source or s_h * s_w == 1))
-    # Another mode in H or W: the forward at stride 1 there computes the interior on the box kernels and the border
-    # strips on the pointer kernel (conv_fwd.border_parts), where an interior is left.
-    if direction == "fwd" and not runs and s_h == s_w == 1:
+    # Another mode in H or W: the forward and the weight gradient at stride 1 there compute (reduce over) the
+    # interior on the box kernels and the border strips on the pointer kernel (conv_fwd.border_parts), where an
+    # interior is left.
+    if direction != "dgrad" and not runs and s_h == s_w == 1:
         runs = interior_left(geom)
     _, h, w = geom.in_size
     strided = s_h * s_w <= MAX_PHASES and h >= s_h and w >= s_w
