@@ -227,9 +227,13 @@ def test_force_variant_rules(monkeypatch):
         assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
     split = KernelConfig(64, 64, 32, 8, 3, split_k=8)
     assert force("wgrad", torch.bfloat16, "gluon", config=split).split_k == 8  # the weight gradient keeps its splits
+    # replicate in H and W: the forward's and weight gradient's interior on the Gluon kernel (border strips on the
+    # pointer kernel), the input gradient whole; at a stride in H and W no interior of stride-1 boxes is left
     replicate = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "replicate")
-    assert choice.force_variant("wgrad", replicate, torch.bfloat16, pointer, "gluon", True).variant == "pointer"
-    assert choice.force_variant("dgrad", replicate, torch.bfloat16, pointer, "gluon", True).variant == "gluon"
+    for direction in ("fwd", "dgrad", "wgrad"):
+        assert choice.force_variant(direction, replicate, torch.bfloat16, pointer, "gluon", True).variant == "gluon"
+    replicate_strided = dataclasses.replace(replicate, stride=(1, 2, 2), out_size=(4, 4, 26))
+    assert choice.force_variant("wgrad", replicate_strided, torch.bfloat16, pointer, "gluon", True).variant == "pointer"
     strided = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 2, 1, 1)
     table_entry = dataclasses.replace(force("fwd", torch.bfloat16, "gluon"))
     for direction in ("fwd", "dgrad", "wgrad"):  # phase views

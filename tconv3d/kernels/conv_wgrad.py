@@ -228,7 +228,9 @@ def conv3d_wgrad(
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     first = 0
     for part, view, part_config, (per_split, count) in plans:
-        _launch(view, x, frames_before, channels_after, out[first : first + count], part, part_config, per_split)
+        # One part writes out whole (a slice of it would be a view that Inductor's tracing copies back).
+        part_out = out if len(plans) == 1 else out[first : first + count]
+        _launch(view, x, frames_before, channels_after, part_out, part, part_config, per_split)
         first += count
     if splits > 1:
         sum_splits(out, grad_w)
