@@ -220,37 +220,39 @@ def conv3d_wgrad(
     else:
         parts = [(geom, grad_out, config)]
     plans = [(*part, _split_plan(part[0], part[2])) for part in parts]
-    splits = sum(plan[1] for *_, plan in plans)
+    splits = sum(plan[2] for *_, plan in plans)
     # One split writes the result directly; several write fp32 partial sums that split_k.sum_splits adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     first = 0
-    for part, view, part_config, (per_split, count) in plans:
+    for part, view, part_config, (reduced, per_split, count) in plans:
         # One part writes out whole (a slice of it would be a view that Inductor's tracing copies back).
         part_out = out if len(plans) == 1 else out[first : first + count]
-        _launch(view, x, frames_before, channels_after, part_out, part, part_config, per_split)
+        _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split)
         first += count
     if splits > 1:
         sum_splits(out, grad_w)
     return grad_w_logical
 
 
-def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int]:
-    """(reduction per split, splits) of a weight-gradient launch: output patches (the box kernels) or voxels."""
+def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int, int]:
+    """(reduction, reduction per split, splits) of a weight-gradient launch: output patches (the box kernels) or
+    voxels."""
     if config.tma_box_w:
         reduced, step = wgrad_tma_patches(geom, config), 1
     else:  # the direct kernels step block_m voxels, the pointer kernel block_k
         reduced, step = geom.output_voxels, config.block_m if config.direct else config.block_k
     per_split = split_rows(reduced, config.split_k, step)
-    return per_split, cdiv(reduced, per_split)
+    return reduced, per_split, cdiv(reduced, per_split)
 
 
-def _launch(grad_out, x, frames_before, channels_after, out, geom, config, per_split):
+def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split):
+    """One part's launch(es) into `out`, its `reduced` patches (box kernels) or voxels `per_split` a split."""
     if config.tma_box_w:
         box_launch = conv3d_wgrad_gluon if config.gluon else conv3d_wgrad_tma
-        patches = wgrad_tma_patches(geom, config)
+        patches = reduced
         if channels_after is None:
             box_launch(grad_out, x, out, geom, config, patches, per_split, frames_before)
         else:  # each source its own launch, into its columns of out: the box kernels' loops stay one-source
