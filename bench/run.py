@@ -329,30 +329,44 @@ def bench_causal(shapes: list[ConvShape]) -> list[dict]:
 
 # A UNet decoder level's first conv: the upsampled features and the encoder's skip connection concatenated along C.
 # (name, batch, channels of each, spatial size, output channels)
-SKIP_LAYERS = [("unet_skip_64", 1, 64, (64, 64, 64), 64), ("unet_skip_32", 2, 32, (96, 96, 96), 32)]
+# (name, batch, channels of each source, size, output channels, transposed): a 3x3x3 conv at stride 1, padding 1,
+# or a MONAI UNet up conv (3x3x3 transposed, stride 2, padding 1, output_padding 1).
+SKIP_LAYERS = [
+    ("unet_skip_64", 1, 64, (64, 64, 64), 64, False),
+    ("unet_skip_32", 2, 32, (96, 96, 96), 32, False),
+    ("unet_up_transposed_64", 1, 64, (48, 48, 48), 32, True),
+]
 
 
 def bench_skip() -> list[dict]:
     """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
-    two in place (channels_after), bf16, 3x3x3; time and peak memory, fwd and fwd+bwd (the gradients of both
-    inputs and the weight)."""
+    two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv); time and peak memory,
+    fwd and fwd+bwd (the gradients of both inputs and the weight)."""
 
     def activation(batch, channels, size):
         t = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
         return t.contiguous(memory_format=torch.channels_last_3d).requires_grad_()
 
+    up = {"stride": 2, "padding": 1, "output_padding": 1}
     impls = {
-        "cat_then_cudnn": lambda up, skip, w: F.conv3d(torch.cat([up, skip], dim=1), w, padding=1),
-        "tconv3d": lambda up, skip, w: tconv3d.conv3d(up, w, padding=1, channels_after=skip),
+        False: {
+            "cat_then_cudnn": lambda x, skip, w: F.conv3d(torch.cat([x, skip], dim=1), w, padding=1),
+            "tconv3d": lambda x, skip, w: tconv3d.conv3d(x, w, padding=1, channels_after=skip),
+        },
+        True: {
+            "cat_then_cudnn": lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], dim=1), w, **up),
+            "tconv3d": lambda x, skip, w: tconv3d.conv_transpose3d(x, w, **up, channels_after=skip),
+        },
     }
     rows = []
-    for name, batch, channels, size, cout in SKIP_LAYERS:
+    for name, batch, channels, size, cout, transposed in SKIP_LAYERS:
         tensors = (activation(batch, channels, size), activation(batch, channels, size))
-        w = torch.randn(cout, 2 * channels, 3, 3, 3, device="cuda", dtype=torch.bfloat16) / (54 * channels) ** 0.5
+        shape = (2 * channels, cout, 3, 3, 3) if transposed else (cout, 2 * channels, 3, 3, 3)
+        w = torch.randn(shape, device="cuda", dtype=torch.bfloat16) / (54 * channels) ** 0.5
         tensors += (w.contiguous(memory_format=torch.channels_last_3d).requires_grad_(),)
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
-            for impl, forward in impls.items():
+            for impl, forward in impls[transposed].items():
                 grad = torch.randn_like(forward(*tensors)) if direction == "fwd+bwd" else None
                 fn = functools.partial(_skip_step, forward, tensors, grad)
                 row[f"{impl}_ms"] = round(bench_ms(fn), 4)

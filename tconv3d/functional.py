@@ -49,22 +49,30 @@ def unbatched(second):
 
 
 def conv_transpose3d(
-    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1, *, channels_after=None
 ) -> torch.Tensor:
     """ConvTranspose3d on channels_last_3d tensors, with torch.nn.functional.conv_transpose3d's names, order and
     meaning; weight is (Cin, Cout, kd, kh, kw). It is the input gradient of the convolution it transposes, so it
     runs that op (`torch.ops.tconv3d.conv3d_input_grad`: its kernel is split by stride phase, so no work goes to
-    inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d."""
+    inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d.
+    `channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels as if
+    torch.cat([input, channels_after], dim=1) were the input (weight has both inputs' channels as its Cin), read in
+    place by the pointer kernels (the others concatenate it first); it gets a gradient like the input."""
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # unbatched (C, D, H, W)
-        return conv_transpose3d(input[None], weight, bias, stride, padding, output_padding, groups, dilation)[0]
+        args = (stride, padding, output_padding, groups, dilation)
+        return conv_transpose3d(input[None], weight, bias, *args, channels_after=unbatched(channels_after))[0]
     output_shape, stride, padding, dilation, groups, surplus = conv_transpose_arguments(
-        input, weight, bias, stride, padding, output_padding, groups, dilation
+        input, weight, bias, stride, padding, output_padding, groups, dilation, channels_after
     )
     if any(surplus):
         # The convolution this transposes has outputs past the input's end (output_padding of a stride or more):
         # they are zeros, written here, a copy in this rare form only (it needs a dilation larger than the stride).
+        if channels_after is not None:
+            input, channels_after = torch.cat([input, channels_after], dim=1), None
         input = torch.nn.functional.pad(input, (0, surplus[2], 0, surplus[1], 0, surplus[0]))
-    output = ops.call_conv3d_input_grad(input, weight, output_shape, stride, padding, dilation, "zeros", groups)
+    output = ops.call_conv3d_input_grad(
+        input, weight, output_shape, stride, padding, dilation, "zeros", groups, channels_after
+    )
     if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
         output.add_((bias if bias.dtype == output.dtype else bias.to(output.dtype)).view(1, -1, 1, 1, 1))
     return output

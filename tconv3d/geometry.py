@@ -38,6 +38,10 @@ class ConvGeometry:
     # Channels read from a second tensor after the input's along C (a UNet decoder's skip connection, read in
     # place of torch.cat([input, channels_after], dim=1)): in_channels counts them too.
     after_channels: int = 0
+    # Output channels whose values a second tensor holds after grad_output's own along C, for the input gradient
+    # (a transposed convolution of torch.cat([x, skip], dim=1), MONAI UNet's decoder, read in place): out_channels
+    # counts them too.
+    out_after_channels: int = 0
     # Grouped convolution: channels split into `groups` equal runs, each convolved with its own slice of the
     # weight's output channels (in_channels and out_channels count all of them; depthwise: groups == in_channels).
     groups: int = 1
@@ -53,6 +57,11 @@ class ConvGeometry:
     def channel_sources(self) -> tuple[int, int]:
         """(the input's channels, channels_after's) of the reduced channels: (in_channels, 0) with one source."""
         return self.in_channels - self.after_channels, self.after_channels
+
+    @functools.cached_property
+    def out_channel_sources(self) -> tuple[int, int]:
+        """(grad_output's channels, its channels_after's) of the input gradient's reduced channels."""
+        return self.out_channels - self.out_after_channels, self.out_after_channels
 
     @functools.cached_property
     def group_out_channels(self) -> int:
@@ -380,11 +389,15 @@ def check_conv3d(
     return geom
 
 
-def check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    """Validate a conv3d_input_grad call (its arguments) and return the geometry of the forward convolution."""
+def check_input_grad(
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+):  # fmt: skip
+    """Validate a conv3d_input_grad call (its arguments) and return the geometry of the forward convolution.
+    channels_after follows grad_output's channels (geom.out_after_channels)."""
     return _check_gradient(
-        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups
-    )
+        grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups,
+        grad_after=channels_after,
+    )  # fmt: skip
 
 
 def check_weight_grad(
@@ -400,27 +413,33 @@ def check_weight_grad(
 
 def _check_gradient(
     grad_output, other, other_name, input_size, weight_size, stride, padding, dilation, padding_mode, frames_before,
-    groups, channels_after=None,
+    groups, channels_after=None, grad_after=None,
 ) -> ConvGeometry:  # fmt: skip
     """A gradient op's check: `other` is the weight for the input gradient, the input for the weight gradient,
-    named `other_name`; the sizes of the two are given. Memoised (see `_memo_key`)."""
+    named `other_name`; the sizes of the two are given; channels_after follows the input's channels, grad_after
+    grad_output's. Memoised (see `_memo_key`)."""
     key = _memo_key(
-        (grad_output, other, frames_before, channels_after), (input_size, weight_size, stride, padding, dilation),
-        groups, padding_mode,
+        (grad_output, other, frames_before, channels_after, grad_after),
+        (input_size, weight_size, stride, padding, dilation), groups, padding_mode,
     )  # fmt: skip
     geom = _checked.get(key)
     if geom is None:
-        check_tensors(
-            grad_output=grad_output, **{other_name: other}, frames_before=frames_before, channels_after=channels_after
-        )
+        after_name = "channels_after"  # the input's or, for the input gradient, grad_output's
+        second = {"frames_before": frames_before, after_name: channels_after if grad_after is None else grad_after}
+        check_tensors(grad_output=grad_output, **{other_name: other}, **second)
         prefix = prefix_frame_count(other, frames_before)
         after = after_channel_count(other, channels_after, frames_before)
         geom = conv_geometry(input_size, weight_size, stride, padding, dilation, padding_mode, prefix, groups, after)
-        if tuple(grad_output.shape) != geom.output_shape():
-            raise ValueError(
-                f"grad_output has shape {tuple(grad_output.shape)}, but the convolution's output is "
-                f"{geom.output_shape()}"
-            )
+        expected = geom.output_shape()
+        if grad_after is not None:
+            out_after = after_channel_count(grad_output, grad_after)
+            geom = dataclasses.replace(geom, out_after_channels=out_after)
+            expected = (expected[0], expected[1] - out_after, *expected[2:])
+        if tuple(grad_output.shape) != expected:
+            has = f"grad_output has shape {tuple(grad_output.shape)}"
+            if grad_after is not None:
+                has += f" (and channels_after {out_after} channels after its {grad_output.shape[1]})"
+            raise ValueError(f"{has}, but the convolution's output is {geom.output_shape()}")
         _remember(key, geom)
     return geom
 
@@ -519,11 +538,14 @@ def check_rms_norm(input, weight, bias, eps, activation) -> None:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
 
 
-def conv_transpose_arguments(input, weight, bias, stride, padding, output_padding, groups, dilation):
+def conv_transpose_arguments(
+    input, weight, bias, stride, padding, output_padding, groups, dilation, channels_after=None
+):  # fmt: skip
     """conv_transpose3d's arguments as the input-gradient op takes them: (output shape, stride, 6-value padding,
     dilation), each a list of ints, groups, and the surplus: per dimension, how many more outputs the convolution
     it transposes has than `input` has voxels (output_padding // stride, nonzero only where output_padding reaches
-    a stride, which a dilation larger than the stride allows). Checks what F.conv_transpose3d checks."""
+    a stride, which a dilation larger than the stride allows). Checks what F.conv_transpose3d checks, of `input`
+    followed along C by channels_after where given."""
     if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
         # The op casts its floating inputs to the region's dtype, as aten's conv_transpose3d does: a bf16
         # activation meets fp32 parameters here.
@@ -533,17 +555,22 @@ def conv_transpose_arguments(input, weight, bias, stride, padding, output_paddin
             raise ValueError(f"weight is on {weight.device} but input is on {input.device}; put them on one device")
     else:
         check_tensors(input=input, weight=weight, bias=bias)
+    check_tensors(input=input, channels_after=channels_after)
     if input.dim() != 5 or weight.dim() != 5:
         raise ValueError(
             f"input and weight must be 5-D, got input {tuple(input.shape)} and weight {tuple(weight.shape)}"
         )
-    if weight.shape[0] != input.shape[1]:
+    in_channels = input.shape[1] + after_channel_count(input, channels_after)
+    if weight.shape[0] != in_channels:
+        has = f"input has {input.shape[1]}"
+        if channels_after is not None:
+            has = f"input and channels_after have {input.shape[1]} + {channels_after.shape[1]}"
         raise ValueError(
-            f"channel mismatch: input has {input.shape[1]} channels but the transposed weight "
+            f"channel mismatch: {has} channels but the transposed weight "
             f"{tuple(weight.shape)} (Cin, Cout / groups, kd, kh, kw) expects {weight.shape[0]}"
         )
     out_channels = weight.shape[1] * (groups if _is_int(groups) else 1)
-    groups = check_groups(groups, input.shape[1], out_channels)
+    groups = check_groups(groups, in_channels, out_channels)
     if bias is not None and tuple(bias.shape) != (out_channels,):
         raise ValueError(f"bias must have shape ({out_channels},), got {tuple(bias.shape)}")
     stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")

@@ -3,7 +3,7 @@
     torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros",
                              frames_before=None, channels_after=None)
     torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode,
-                                        groups=1)
+                                        groups=1, channels_after=None)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
                                          frames_before=None, groups=1, channels_after=None)
     torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none") -> (y, mean, rstd)
@@ -13,7 +13,9 @@ padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_
 frames_before (N, C, P, H, W) is read in front of the input along D, as if concatenated; the input gradient op
 then returns the gradient of that concatenation (input_size counts its frames) and autograd splits it.
 channels_after (N, C2, D, H, W) follows the input's channels, as if torch.cat([input, channels_after], dim=1) were
-convolved (a UNet decoder's skip connection), likewise read in place and its gradient split off. Every
+convolved (a UNet decoder's skip connection), likewise read in place and its gradient split off; the input
+gradient op's channels_after (N, C2, Do, Ho, Wo) follows grad_output's channels (conv_transpose3d of such a
+concatenation: MONAI UNet's decoder), its weight gradient the two sources' rows of it. Every
 result is channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies.
 The two gradient ops are differentiable too (each is linear in both tensor arguments), so double backward works.
 """
@@ -349,22 +351,30 @@ _inductor_launches("conv3d", conv3d, _conv_refusal("fwd", check_conv3d))
 # input gradient
 
 
-def _input_grad_fake(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups)
+def _input_grad_fake(
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+):  # fmt: skip
+    geom = check_input_grad(
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+    )
     return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
 @_define(
     "conv3d_input_grad(Tensor grad_output, Tensor weight, SymInt[] input_size, int[] stride, int[] padding,"
-    ' int[] dilation, str padding_mode="zeros", int groups=1) -> Tensor',
+    ' int[] dilation, str padding_mode="zeros", int groups=1, Tensor? channels_after=None) -> Tensor',
     _input_grad_fake,
 )
-def conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1):
-    geom = check_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups)
+def conv3d_input_grad(
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+):  # fmt: skip
+    geom = check_input_grad(
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+    )
     if not _runs_triton(grad_output):
-        return aten.conv3d_dgrad(grad_output, weight, geom)
+        return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
     with _device_guard(grad_output):
-        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight)
+        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
 
 
 def _save_gradient_context(
@@ -380,8 +390,8 @@ def _save_gradient_context(
 
 def _input_grad_setup_context(ctx, inputs, output):
     grad_output, weight, _size, stride, padding, dilation, *rest = inputs
-    mode, groups = _trailing_arguments(rest, ("zeros", 1))
-    _save_gradient_context(ctx, grad_output, weight, None, stride, padding, dilation, mode, groups)
+    mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
+    _save_gradient_context(ctx, grad_output, weight, None, stride, padding, dilation, mode, groups, channels_after)
 
 
 def _weight_grad_setup_context(ctx, inputs, output):
@@ -394,21 +404,36 @@ def _weight_grad_setup_context(ctx, inputs, output):
 
 def _input_grad_backward(ctx, grad_grad_input):
     # grad_input = dgrad(grad_output, weight) is bilinear: its adjoint in grad_output is the forward
-    # convolution, in weight the weight gradient with grad_grad_input standing for the input.
-    grad_output, weight, _, _ = ctx.saved_tensors
+    # convolution, in weight the weight gradient with grad_grad_input standing for the input. With channels_after
+    # (grad_output's second source) the first is split along C as the forward's input gradient is, and the second
+    # is the two sources' weight gradients, each the weight's rows of its channels.
+    grad_output, weight, _, channels_after = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
-    d_grad_output = d_weight = None
-    if ctx.needs_input_grad[0]:
-        d_grad_output = torch.ops.tconv3d.conv3d(
-            grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode
-        )
+    d_grad_output = d_weight = d_channels_after = None
+    if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
+        d_concat = torch.ops.tconv3d.conv3d(grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode)
+        d_grad_output, d_channels_after = _split_channels(d_concat, ctx.after_channels)
     if ctx.needs_input_grad[1]:
-        d_weight = torch.ops.tconv3d.conv3d_weight_grad(
-            grad_output, grad_grad_input, ctx.other_size, *ctx.conv_args, None, ctx.groups
-        )
+        d_weight = _weight_grad_of_rows(ctx, grad_output, channels_after, grad_grad_input)
         d_weight = in_strides_of(d_weight, ctx.other_stride)  # the weight of conv_transpose3d is a parameter
-    grads = (d_grad_output, d_weight, None, None, None, None, None, None)
+    grads = (d_grad_output, d_weight, None, None, None, None, None, None, d_channels_after)
     return grads[: len(ctx.needs_input_grad)]
+
+
+def _weight_grad_of_rows(ctx, grad_output, channels_after, input):
+    """The weight gradient of a convolution of `input` whose output gradient is grad_output, followed along C by
+    channels_after where given: one weight-gradient op per source, each its rows of the weight's (a concatenation
+    of two weight-sized gradients, not of the activations); grouped, the activations concatenated."""
+    if channels_after is None or ctx.groups > 1:
+        if channels_after is not None:
+            grad_output = torch.cat([grad_output, channels_after], dim=1)
+        size = ctx.other_size
+        return torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, size, *ctx.conv_args, None, ctx.groups)
+    rows = []
+    for source in (grad_output, channels_after):
+        size = [source.shape[1], *ctx.other_size[1:]]
+        rows.append(torch.ops.tconv3d.conv3d_weight_grad(source, input, size, *ctx.conv_args, None, 1))
+    return torch.cat(rows, dim=0)
 
 
 call_conv3d_input_grad = _register_autograd(

@@ -271,8 +271,8 @@ def _monai_nets():
 # The input each MONAI network takes: its ViT's image size (UNETR); five halvings that leave the bottleneck's
 # instance norm more than one voxel (SwinUNETR).
 MONAI_NETS = {"unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64, "basic_unet": 32}
-# Skip-connection concatenations that feed a convolution in a forward, stock: each becomes that convolution's
-# channels_after once converted (monai_nets), except MONAI UNet's, whose SkipConnection feeds a transposed conv.
+# Skip-connection concatenations that feed a convolution (MONAI UNet: a transposed one) in a forward, stock: each
+# becomes that convolution's channels_after once converted (monai_nets).
 MONAI_SKIP_CONCATS = {"unet": 2, "dynunet": 2, "unetr": 8, "swin_unetr": 10, "basic_unet": 8}
 
 
@@ -316,7 +316,7 @@ def test_vae_activations_stay_channels_last(name, aten_path):
 def test_monai_activations_stay_channels_last(name, aten_path):
     """No layout copy but the input's, norms included. UNETR's: its proj_feat made an NCDHW copy of each of the
     four ViT states its decoder reads (4 layout copies stock); the adapter leaves the permuted view. No skip
-    connection's concatenation feeds a convolution but MONAI UNet's (into its transposed convs)."""
+    connection's concatenation feeds a convolution or transposed convolution."""
     stock, converted = stock_and_converted(_monai_nets()[name])
     x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
     report = tconv3d.nn.audit(converted, x, verbose=False)
@@ -324,7 +324,7 @@ def test_monai_activations_stay_channels_last(name, aten_path):
     assert report.totals["layout_copies"] <= 1  # the input
     stock_copies = tconv3d.nn.audit(stock, x, verbose=False).totals["upstream_copies_into_convs"]
     assert stock_copies == MONAI_SKIP_CONCATS[name]
-    assert report.totals["upstream_copies_into_convs"] == (stock_copies if name == "unet" else 0), report.table()
+    assert report.totals["upstream_copies_into_convs"] == 0, report.table()
 
 
 def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):

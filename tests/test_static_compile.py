@@ -252,8 +252,11 @@ from tconv3d.inspect.compile import compile_launch
 out = []
 for after in (0, 64):  # the same 128 channels, one source or two (a skip connection read in place)
     geom = conv_geometry((1, 128 - after, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=after)
+    # the input gradient's (a transposed conv's input): 128 channels of grad_output, 64 of them channels_after's
+    transposed = conv_geometry((1, 64, 64, 128, 128), (128, 64, 3, 3, 3), 2, 1, 1)
+    transposed = dataclasses.replace(transposed, out_after_channels=after)
     for capability in (90, 80):
-        for direction in ("fwd", "wgrad"):
+        for direction, geom in (("fwd", geom), ("wgrad", geom), ("dgrad", transposed)):
             config = configs.heuristic_config(direction, geom, torch.bfloat16, 132, capability)
             config = dataclasses.replace(config, tma_box_w=0)  # one source on sm_90: the TMA kernel otherwise
             report = compile_launch(direction, geom, torch.bfloat16, config, capability)[0]
@@ -263,12 +266,13 @@ print(json.dumps(out))
 
 
 def test_pointer_kernels_read_channels_after_at_the_same_width():
-    """The pointer forward and weight gradient with a second channel source (each channel block or column tile
-    from one source, chosen by arithmetic): no spills, the same 128-bit cp.async loads as one source, and at most
-    15% more instructions in the main loop (sm_90 and sm_80, bf16, a UNet decoder conv's 64 + 64 channels; the
-    forward's 5-11% more under triton 3.6 and 3.9, the weight gradient's 1%)."""
+    """The pointer forward, weight gradient and input gradient with a second channel source (each channel block
+    or column tile from one source, chosen by arithmetic): no spills, the same 128-bit cp.async loads as one
+    source, and at most 15% more instructions in the main loop (sm_90 and sm_80, bf16, a UNet decoder conv's
+    64 + 64 channels, and a stride-2 transposed conv of 64 + 64; the forward's 5-11% more under triton 3.6 and
+    3.9, the weight gradient's 1%, the input gradient's 2-6%)."""
     reports = compile_script(POINTER_AFTER_COMPILE)
-    assert len(reports) == 8
+    assert len(reports) == 12
     plain = {(r["arch"], r["direction"]): r for r in reports if not r["after"]}
     for r in (r for r in reports if r["after"]):
         one = plain[r["arch"], r["direction"]]

@@ -367,15 +367,19 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
     """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles)."""
     weight_shape = geom.weight_shape()
     # The input, and the frames before it along D or the channels after its own when the geometry has a second
-    # source there.
+    # source there (the input gradient's: after grad_output's channels).
     n, c, d, h, w = geom.input_shape()
     p, a = geom.prefix_frames, geom.after_channels
     x, frames_before = _meta((n, c - a, d - p, h, w), dtype), _meta((n, c, p, h, w), dtype) if p else None
     channels_after = _meta((n, a, d, h, w), dtype) if a else None
     if direction == "fwd":
         conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config, channels_after)
-    elif direction == "dgrad":
-        conv_dgrad.conv3d_dgrad(_meta(geom.output_shape(), dtype), _meta(weight_shape, dtype), geom, config)
+    elif direction == "dgrad":  # and grad_output's channels_after (a transposed convolution's skip connection)
+        n, _, *out_size = geom.output_shape()
+        first, after = geom.out_channel_sources
+        grad_after = _meta((n, after, *out_size), dtype) if after else None
+        grad_out = _meta((n, first, *out_size), dtype)
+        conv_dgrad.conv3d_dgrad(grad_out, _meta(weight_shape, dtype), geom, config, grad_after)
     elif direction == "wgrad":
         conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), x, frames_before, geom, config, channels_after)
     else:

@@ -40,7 +40,8 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
     return _as_ndhwc(y)
 
 
-def conv3d_dgrad(grad_out, weight, geom: ConvGeometry) -> torch.Tensor:
+def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
+    grad_out = cat_channels(grad_out, channels_after)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)

@@ -161,28 +161,36 @@ def live_taps(kernel, stride, front_padding, dilation) -> tuple:
 
 
 def reads_channels_after(direction: str, geom: ConvGeometry, config: KernelConfig) -> bool:
-    """Whether a forward or weight-gradient launch with a second channel source (channels_after) reads it in place:
-    the forward's pointer, TMA and Gluon kernels (each channel block within one source: channel_blocks), the weight
-    gradient's pointer kernel (each column tile within one) and its TMA and Gluon kernels (one launch per source,
-    into its columns), with one group and channels not packed with taps. Elsewhere (the depthwise and small-channel
-    kernels, groups) the launcher concatenates the two first (utils.cat_channels), a copy."""
-    return geom.after_channels > 0 and geom.groups == 1 and not config.direct and not packs_taps(direction, geom)
+    """Whether a launch with a second channel source (channels_after) reads it in place: the forward's pointer, TMA
+    and Gluon kernels (each channel block within one source: channel_blocks), the weight gradient's pointer kernel
+    (each column tile within one) and its TMA and Gluon kernels (one launch per source, into its columns), the
+    input gradient's pointer kernel (grad_output's second source: each channel block within one), with one group
+    and channels not packed with taps. Elsewhere (the depthwise and small-channel kernels, groups, the input
+    gradient's box kernels) the launcher concatenates the two first (utils.cat_channels), a copy."""
+    if direction == "dgrad":
+        after, in_place = geom.out_after_channels, not config.tma_box_w
+    else:
+        after, in_place = geom.after_channels, True
+    return after > 0 and in_place and geom.groups == 1 and not config.direct and not packs_taps(direction, geom)
 
 
 def channel_sources(direction: str, x, channels_after, geom: ConvGeometry, config: KernelConfig) -> tuple:
-    """A forward's or weight gradient's (x, channels_after, geometry) as its kernels take them: with a second channel
-    source they read in place, both with channel stride 1; else x and channels_after concatenated, one source."""
-    if not geom.after_channels:
+    """A launch's (x, channels_after, geometry) as its kernels take them, x being the forward's and weight
+    gradient's input, the input gradient's grad_output: with a second channel source they read in place, both
+    with channel stride 1; else x and channels_after concatenated, one source."""
+    if channels_after is None:
         return x, None, geom
     if reads_channels_after(direction, geom, config):
         return unit_channels(x), unit_channels(ndhwc(channels_after)), geom
-    return cat_channels(x, channels_after), None, replace(geom, after_channels=0)
+    one_source = replace(geom, out_after_channels=0) if direction == "dgrad" else replace(geom, after_channels=0)
+    return cat_channels(x, channels_after), None, one_source
 
 
-def channel_blocks(geom: ConvGeometry, block: int) -> int:
-    """Blocks of `block` channels over the input's channels, each within one source: the input's, then
-    channels_after's (a partial block at the end of each)."""
-    first, after = geom.channel_sources
+def channel_blocks(geom: ConvGeometry, block: int, direction: str = "fwd") -> int:
+    """Blocks of `block` channels over the reduced channels, each within one source: the input's, then
+    channels_after's (a partial block at the end of each); the input gradient's: grad_output's, then its
+    channels_after's."""
+    first, after = geom.out_channel_sources if direction == "dgrad" else geom.channel_sources
     return cdiv(first, block) + cdiv(after, block)
 
 
@@ -199,8 +207,8 @@ def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) ->
         raise ValueError(f"the weight gradient splits its voxels, not taps x channels; got {direction!r}")
     if packs_taps(direction, geom) and not config.tma_box_w:
         return cdiv(taps * channels, config.block_k)
-    if direction == "fwd" and geom.after_channels:  # read in place (the launcher made a copy otherwise)
-        return taps * channel_blocks(geom, config.block_k)
+    if geom.out_after_channels if direction == "dgrad" else geom.after_channels:  # read in place (else a copy)
+        return taps * channel_blocks(geom, config.block_k, direction)
     return taps * cdiv(channels, config.block_k)
 
 

@@ -5,31 +5,45 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, k_splits, packs_taps
+from .config import KernelConfig, channel_sources, k_splits, packs_taps
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
-from .utils import cdiv, dot_flags, empty_ndhwc, fold_padding, grouped_tile, mma, ndhwc, split_voxel
+from .utils import (
+    cdiv,
+    dot_flags,
+    empty_ndhwc,
+    fold_padding,
+    grouped_tile,
+    mma,
+    ndhwc,
+    second_source_arguments,
+    select,
+    split_voxel,
+)
 
 
 @triton.jit
 def _conv3d_dgrad_kernel(
     # pointers
     go_ptr, w_ptr, gi_ptr, live_taps_ptr,
-    # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on; a split-K
-    # program reduces SPLIT_STEPS of the K steps)
-    M_PHASE, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, D_PHASE, H_PHASE, W_PHASE, SPLIT_STEPS,
-    # strides, in elements, in logical (N, C, D, H, W) order (gi's splits lie stride_is apart)
+    # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on; C_OUT counts
+    # the C_OUT - C_A channels of the second source q after go's C_A along C, q starting Q_DELTA elements from
+    # go_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
+    M_PHASE, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, D_PHASE, H_PHASE, W_PHASE, C_A, Q_DELTA, SPLIT_STEPS,
+    # strides, in elements, in logical (N, C, D, H, W) order (q: N, D, H, W, its channels unit-stride as go's;
+    # gi's splits lie stride_is apart)
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
+    stride_qn, stride_qd, stride_qh, stride_qw,
     stride_wo, stride_wi, stride_wd, stride_wh, stride_ww,
     stride_is, stride_in, stride_ic, stride_id, stride_ih, stride_iw,
     # convolution geometry (front padding)
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    PACK_TAPS: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PACK_TAPS: tl.constexpr, HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
@@ -41,7 +55,9 @@ def _conv3d_dgrad_kernel(
     and the dead ones, most of a strided transposed convolution, cost nothing. Per dimension the live taps of a
     phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
     nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step) K runs over
-    (live tap, channel) pairs, as in the forward. Split-K (grid axis 2), as in the forward: program s reduces
+    (live tap, channel) pairs, as in the forward. A second source along K (HAS_AFTER: grad_output is a channel
+    concatenation read in place, a transposed convolution's input) adds its channel blocks after go's, as the
+    forward's HAS_AFTER adds the input's. Split-K (grid axis 2), as in the forward: program s reduces
     steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32 gi.
     """
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
@@ -72,7 +88,8 @@ def _conv3d_dgrad_kernel(
     jd32 = jd.to(tl.int32)
     jh32 = jh.to(tl.int32)
     jw32 = jw.to(tl.int32)
-    go_rows = go_ptr + (n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw)  # [BLOCK_M] pointers
+    go_offsets = n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw
+    go_rows = go_ptr + go_offsets  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wi  # [BLOCK_N] pointers
 
     # This phase's live taps: [d, h, w] x (first, step, count); at unit stride (no table) every tap.
@@ -88,7 +105,14 @@ def _conv3d_dgrad_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     live = count_d * count_h * count_w
-    k_blocks = tl.cdiv(C_OUT, BLOCK_K)
+    if HAS_AFTER:  # go's channel blocks, then q's
+        tl.static_assert(not PACK_TAPS, "channels_after: unpacked channels")
+        a_blocks = tl.cdiv(C_A, BLOCK_K)
+        k_blocks = a_blocks + tl.cdiv(C_OUT - C_A, BLOCK_K)
+        q_rows = (Q_DELTA + n * stride_qn + jd * stride_qd + jh * stride_qh + jw * stride_qw) - go_offsets  # [BLOCK_M]
+    else:
+        a_blocks = 0
+        k_blocks = tl.cdiv(C_OUT, BLOCK_K)
     steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
@@ -97,9 +121,18 @@ def _conv3d_dgrad_kernel(
             j = offs_r // C_OUT
             offs_c = offs_r - j * C_OUT
             mask_c = offs_r < live * C_OUT
-        else:  # the j-th live tap, BLOCK_K of its channels
+        else:  # the j-th live tap, BLOCK_K of its channels (of one source)
             j = step // k_blocks
-            offs_c = (step - j * k_blocks) * BLOCK_K + offs_k  # [BLOCK_K]
+            block = step - j * k_blocks
+            if HAS_AFTER:  # q's blocks (second = 1) count channels from q's first, the weight's from go's first
+                second = (block >= a_blocks).to(tl.int32)
+                offs_c = (block - second * a_blocks) * BLOCK_K + offs_k  # [BLOCK_K] channels of the step's source
+                mask_c = offs_c < select(second, C_A, C_OUT - C_A)
+                w_c = offs_c + second * C_A
+            else:
+                offs_c = block * BLOCK_K + offs_k  # [BLOCK_K]
+                mask_c = offs_c < C_OUT
+                w_c = offs_c
         kw = first_w + (j % count_w) * step_w  # d slowest
         kh = first_h + ((j // count_w) % count_h) * step_h
         kd = first_d + (j // (count_w * count_h)) * step_d
@@ -122,13 +155,17 @@ def _conv3d_dgrad_kernel(
             oh = jh32 + shift_h
             ow = jw32 + shift_w
             mask_g = mask_m & (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
-            mask_c = offs_c < C_OUT
-            g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
-                     + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
-            g_ptrs = go_rows[:, None] + g_tap + offs_c[None, :] * stride_gc  # [BLOCK_M, BLOCK_K]
+            s_d, s_h, s_w = stride_gd, stride_gh, stride_gw  # the step's source's strides
+            rows = go_rows
+            if HAS_AFTER:
+                s_d, s_h = select(second, s_d, stride_qd), select(second, s_h, stride_qh)
+                s_w = select(second, s_w, stride_qw)
+                rows = go_rows + second * q_rows
+            g_tap = shift_d.to(tl.int64) * s_d + shift_h.to(tl.int64) * s_h + shift_w.to(tl.int64) * s_w
+            g_ptrs = rows[:, None] + g_tap + offs_c[None, :] * stride_gc  # [BLOCK_M, BLOCK_K]
             a = tl.load(g_ptrs, mask=mask_g[:, None] & mask_c[None, :], other=0.0)
             w_ptrs = (
-                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + offs_c[:, None] * stride_wo
+                w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + w_c[:, None] * stride_wo
             )  # [BLOCK_K, BLOCK_N]
         b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
@@ -138,18 +175,22 @@ def _conv3d_dgrad_kernel(
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
-    channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) it is the gradient of
-    the concatenation, which the op splits."""
+    channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) or C
+    (geom.after_channels) it is the gradient of the concatenation, which the op splits. channels_after follows
+    grad_out's channels (geom.out_after_channels), read in place where the config's kernel can
+    (config.reads_channels_after), else concatenated first."""
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
-        return fold_padding(conv3d_dgrad(grad_out, weight, geom.border_geometry(), config), geom)
+        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after)
+        return fold_padding(bordered, geom)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
+    grad_out, channels_after, geom = channel_sources("dgrad", grad_out, channels_after, geom, config)
     if config.direct:  # depthwise
         return depthwise_dgrad(grad_out, weight, grad_in, geom, config)
     per_split, splits = k_splits("dgrad", geom, config)
@@ -160,11 +201,11 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig) -> 
     elif config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
         conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split)
     else:
-        _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split)
+        _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split)
     return grad_in if splits == 1 else sum_splits(out, grad_in)
 
 
-def _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split):
+def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split):
     upcast, precision = dot_flags(grad_out.dtype)
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     # At unit stride every tap is live: in 16-bit the kernel takes that as constants (sm_90: a main loop 15%
@@ -181,14 +222,18 @@ def _launch_pointer_kernel(grad_out, weight, out, geom, config, per_split):
     c_in, c_out = geom.group_in_channels, geom.group_out_channels
     splits = out.shape[0] // geom.batch
     grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups, splits)
+    q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
     launch(
         _conv3d_dgrad_kernel, grid,
         grad_out, weight, out, live,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, per_split,
-        *grad_out.stride(), *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, geom.out_channel_sources[0], q_delta,
+        per_split,
+        *grad_out.stride(), *q_strides, *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0,
+        *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        PACK_TAPS=packs_taps("dgrad", geom), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+        PACK_TAPS=packs_taps("dgrad", geom), HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
+        INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip

@@ -129,16 +129,19 @@ class CausalConv3d(Conv3d):
 class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
     """`torch.nn.ConvTranspose3d` on tconv3d's kernels (`tconv3d.conv_transpose3d`): same constructor, parameters,
     state_dict and forward(input, output_size=None). Its weight, (Cin, Cout, kd, kh, kw), is kept
-    channels_last_3d as Conv3d's is (or in `weight_format`, as there); the output is channels_last_3d."""
+    channels_last_3d as Conv3d's is (or in `weight_format`, as there); the output is channels_last_3d.
+    forward(input, channels_after=skip) is forward(torch.cat([input, skip], dim=1)) with no concatenation made
+    (`tconv3d.conv_transpose3d`'s channels_after)."""
 
-    def forward(self, input: torch.Tensor, output_size=None) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, output_size=None, channels_after=None) -> torch.Tensor:
         self._keep_weight_format()
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
         )
         return conv_transpose3d(
-            input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation
-        )
+            input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation,
+            channels_after=channels_after,
+        )  # fmt: skip
 
 
 def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:

@@ -2,14 +2,15 @@
 `reason`; monai is never imported here). MONAI's convolutions, transposed convolutions and norms are plain torch
 modules that convert takes over as they are; what is left are the places where a network's own code turns a
 channels_last_3d activation NCDHW, and the decoder blocks' skip connections, each a `torch.cat` along C in front
-of a convolution, which the adapters hand to the convolution as its `channels_after`, read in place."""
+of a convolution (MONAI UNet's: of a transposed convolution), which the adapters hand to the convolution as its
+`channels_after`, read in place."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .modules import Conv3d
+from .modules import Conv3d, ConvTranspose3d
 
 # MONAI's blocks that run their input through conv1 (and, UnetResBlock, conv3 on the residual path): the decoder
 # blocks' convolutions of the concatenation.
@@ -36,12 +37,17 @@ class _UNETR:
 
 
 def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """layer(torch.cat([x, after], dim=1)) for a MONAI `Convolution` (an nn.Sequential whose first module is its
-    convolution, then its norm, dropout and activation) or a bare convolution: a tconv3d convolution reads `after`
-    in place as its channels_after; anything else (a layer convert left alone) gets the concatenation."""
-    modules = list(layer) if isinstance(layer, nn.Sequential) else [layer]
-    first, rest = modules[0], modules[1:]
-    out = first(x, channels_after=after) if isinstance(first, Conv3d) else first(torch.cat([x, after], dim=1))
+    """layer(torch.cat([x, after], dim=1)) for a bare convolution, a MONAI `Convolution` (an nn.Sequential whose
+    first module is its convolution or transposed convolution, then its norm, dropout and activation) or an
+    nn.Sequential that starts with one (MONAI UNet's up path: a Convolution, then a ResidualUnit): a tconv3d
+    convolution reads `after` in place as its channels_after; anything else (a layer convert left alone) gets the
+    concatenation."""
+    if isinstance(layer, (Conv3d, ConvTranspose3d)):
+        return layer(x, channels_after=after)
+    if not isinstance(layer, nn.Sequential) or not len(layer):
+        return layer(torch.cat([x, after], dim=1))
+    first, *rest = layer
+    out = conv_of_concatenation(first, x, after)
     for module in rest:
         out = module(out)
     return out
@@ -113,4 +119,41 @@ class _UpCat:
         return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))
 
 
-ADAPTERS = (_UNETR, _UpBlock, _UpCat)
+def _is_connection(block: nn.Module) -> bool:
+    """MONAI UNet's connection block: nn.Sequential(down path, SkipConnection(subblock), up path), the skip
+    concatenating along C."""
+    if not isinstance(block, nn.Sequential) or len(block) != 3 or type(block[1]).__name__ != "SkipConnection":
+        return False
+    return block[1].mode == "cat" and block[1].dim == 1
+
+
+def _through_connections(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """block(x), each connection block's up path reading torch.cat([x, subblock(x)], dim=1) in place."""
+    if not _is_connection(block):
+        return block(x)
+    down, skip, up = block
+    x = down(x)
+    return conv_of_concatenation(up, x, _through_connections(skip.submodule, x))
+
+
+class _UNet:
+    """MONAI's UNet: each level is nn.Sequential(down, SkipConnection(subblock), up), whose SkipConnection returns
+    torch.cat([x, subblock(x)], dim=1) and whose up path starts with a transposed convolution (then its norm and
+    activation, and a ResidualUnit). The adapter runs the same modules level by level and hands subblock(x) to
+    that transposed convolution as channels_after, read in place. Hooks on the SkipConnection modules, which no
+    longer run, do not fire."""
+
+    classes = ("monai.networks.nets.unet.UNet",)
+    attributes = ("model",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if not _is_connection(module.model):
+            return "its model is not nn.Sequential(down, SkipConnection(subblock, mode='cat', dim=1), up)"
+        return None
+
+    def forward(self, x):
+        return _through_connections(self.model, x)
+
+
+ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet)

@@ -211,7 +211,7 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     setting. Chooses as `launch` would, without tuning."""
     if settings.INTERPRET:
         return "the interpreter runs the kernels itself; Inductor cannot"
-    if geom.prefix_frames or geom.after_channels:
+    if geom.prefix_frames or geom.after_channels or geom.out_after_channels:
         return (
             "frames_before or channels_after: the kernels reach the second source by its distance in memory from "
             "the input"

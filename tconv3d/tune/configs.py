@@ -360,7 +360,7 @@ def heuristic_config(
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
     borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
-    second_source = (geom.prefix_frames > 0 or geom.after_channels > 0) and direction != "dgrad"
+    second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
     untimed = tuple(geom.stride) != (1, 1, 1) or second_source or borders
     if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
         config = with_tma(config, geom, direction)
