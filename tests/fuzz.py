@@ -210,8 +210,9 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
             output_padding=tuple(output_padding) if transpose else (0, 0, 0),
             second_order=rng.random() < 0.15,
         )
-        # A skip connection's channels after the input's (drawn last: a seed's other fields stay as they were)
-        if not (transpose or frames or groups > 1) and rng.random() < 0.25:
+        # A skip connection's channels after the input's (drawn last: a seed's other fields stay as they were; a
+        # transposed conv's since fuzz run 10)
+        if not (frames or groups > 1) and rng.random() < 0.25:
             after = rng.choice(scale.tma_channels if tma_shaped else scale.channels)
             problem = dataclasses.replace(problem, after=after)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
@@ -240,7 +241,7 @@ def _tensors(problem: Problem, dtype: torch.dtype):
         skip = torch.randn(n, problem.after, *problem.size, generator=gen).to(DEVICE, dtype)
         skip = skip.contiguous() if problem.layout == "ncdhw" else skip.contiguous(memory_format=CL)
     if problem.transpose:
-        w_channels = problem.cin, problem.cout // problem.groups
+        w_channels = problem.cin + problem.after, problem.cout // problem.groups
     else:
         w_channels = problem.cout, (problem.cin + problem.after) // problem.groups
     fan_in = w_channels[1] * math.prod(problem.kernel)
@@ -259,6 +260,8 @@ def reference(problem: Problem, x, before, w, b, skip=None):
     F.conv_transpose3d."""
     if problem.transpose:
         pads = problem.padding[0::2]
+        if skip is not None:
+            x = torch.cat([x, skip], dim=-4)
         return F.conv_transpose3d(
             x, w, b, problem.stride, pads, problem.output_padding, problem.groups, problem.dilation
         )
@@ -371,7 +374,7 @@ def run(problem: Problem, monkeypatch) -> dict:
         if problem.transpose:
             y = tconv3d.conv_transpose3d(
                 ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.output_padding,
-                problem.groups, problem.dilation,
+                problem.groups, problem.dilation, channels_after=ours[4],
             )  # fmt: skip
         else:
             y = tconv3d.conv3d(
