@@ -175,3 +175,27 @@ def test_forward_allocates_only_its_output():
         y = run()
     allocated = sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
     assert 0 < allocated <= y.numel() * y.element_size()
+
+
+def test_explain_takes_frames_before(monkeypatch, device):
+    """explain(..., frames_before=) checks it as conv3d does and, under TCONV3D_KERNELS=tma, says a forward whose
+    frames_before a descriptor cannot cover (its base 4 bytes off 16) runs the pointer kernel, as the launch would."""
+    if device == "cpu" and tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("CPU tensors run aten's conv3d here")
+    from tconv3d import settings
+    from tconv3d.tune import choice
+
+    monkeypatch.setattr(settings, "KERNELS", "tma")
+    monkeypatch.setattr(choice, "_memo", {})
+    x = torch.randn(1, 8, 2, 4, 4, device=device).contiguous(memory_format=CL)
+    w = torch.randn(8, 8, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    padding = (0, 0, 1, 1, 1, 1)
+    aligned = torch.randn(1, 8, 2, 4, 4, device=device).contiguous(memory_format=CL)
+    storage = torch.randn(aligned.numel() + 1, device=device)[1:]
+    shifted = storage.as_strided(aligned.shape, aligned.stride())
+    plans = [tconv3d.explain(x, w, padding=padding, frames_before=f) for f in (aligned, shifted)]
+    assert [plan["fwd"]["variant"] for plan in plans] == ["tma", "pointer"]
+    assert [plan["wgrad"]["variant"] for plan in plans] == ["tma", "pointer"]
+    assert plans[1]["dgrad"]["variant"] == "tma"  # the concatenation's gradient: one source, its own buffer
+    with pytest.raises(ValueError, match="frames_before has shape"):
+        tconv3d.explain(x, w, padding=padding, frames_before=torch.randn(1, 4, 2, 4, 4, device=device))

@@ -233,8 +233,9 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
 
 
 def explain(
-    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None
-) -> dict:
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None,
+    frames_before=None,
+) -> dict:  # fmt: skip
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
     "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
     config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
@@ -242,8 +243,11 @@ def explain(
     TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether torch.compile hands the launch to Inductor or why not.
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
     With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
-    gradient's launches read it where it lies or concatenate it first."""
-    geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, None, channels_after)
+    gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
+    Gluon variants need its base and strides 16-byte aligned, as the input's)."""
+    geom = check_conv3d(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+    )
     runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
     plan = {}
     for direction in DIRECTIONS:
@@ -258,6 +262,8 @@ def explain(
         config, source = _select_with_source(direction, geom, input.dtype, input.device, None)
         config = _memo.get(key, config)
         operands = (input, input) if direction == "wgrad" else (input, weight)  # grad_output shares input's layout
+        if direction != "dgrad":  # the input gradient computes the concatenation's, one source
+            operands += (frames_before,)
         second = channels_after if direction != "dgrad" else None
         if config.tma_box_w and not _tma_describable(direction, *operands, channels_after=second):
             config = dataclasses.replace(config, tma_box_w=0, gluon=0)
