@@ -48,7 +48,7 @@ def test_sanitizer_cases_force_each_family():
     assert result.returncode == 0, result.stdout + result.stderr
     summary = result.stdout.strip().splitlines()[-1]
     for family in ("pointer", "tma", "split_k", "depthwise", "grouped", "padding_modes", "frames_before",
-                   "conv_transpose", "group_norm", "rms_norm"):  # fmt: skip
+                   "conv_transpose", "channels_after", "group_norm", "rms_norm"):  # fmt: skip
         assert f"{family} 1/1 ok" in summary, summary
     assert "gluon not run on this device" in summary
     listed = subprocess.run([sys.executable, "tests/gpu/sanitize_cases.py", "--device", "cpu", "--family", "nope"],

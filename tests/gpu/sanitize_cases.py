@@ -130,6 +130,23 @@ def transpose_errors(dtype) -> list[float]:
     return autograd_errors(ours, reference, x, w, b)
 
 
+def channels_after_errors(dtype, transposed: bool) -> list[float]:
+    """A skip connection read in place: a conv of torch.cat([x, skip], 1) (the forward's, weight gradient's second
+    source) or, transposed, MONAI UNet's up conv of it (the input gradient's, in grad_output); channels that
+    straddle a 16-channel block."""
+    x = torch.randn(1, 20, 3, 5, 4, device=DEVICE).to(dtype).contiguous(memory_format=CL)
+    skip = torch.randn(1, 12, 3, 5, 4, device=DEVICE).to(dtype).contiguous(memory_format=CL)
+    if transposed:
+        w = (torch.randn(32, 24, 3, 3, 3, device=DEVICE) / 16).to(dtype).contiguous(memory_format=CL)
+        ours = lambda x, skip, w: tconv3d.conv_transpose3d(x, w, None, 2, 1, 1, channels_after=skip)  # noqa: E731
+        reference = lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], 1), w, None, 2, 1, 1)  # noqa: E731
+    else:
+        w = (torch.randn(24, 32, 3, 3, 3, device=DEVICE) / 16).to(dtype).contiguous(memory_format=CL)
+        ours = lambda x, skip, w: tconv3d.conv3d(x, w, None, 1, 1, channels_after=skip)  # noqa: E731
+        reference = lambda x, skip, w: F.conv3d(torch.cat([x, skip], 1), w, None, 1, 1)  # noqa: E731
+    return autograd_errors(ours, reference, x, skip, w)
+
+
 def norm_errors(dtype, activation) -> list[float]:
     x = torch.randn(2, 48, 3, 5, 7, device=DEVICE).to(dtype).contiguous(memory_format=CL)
     weight, bias = torch.randn(48, device=DEVICE).to(dtype), torch.randn(48, device=DEVICE).to(dtype)
@@ -209,6 +226,8 @@ def families() -> dict[str, list[Problem]]:
         "padding_modes": [Problem(f"{m}", bf16, lambda m=m: padding_mode_errors(m, bf16)) for m in modes],
         "frames_before": [Problem("2 cached frames", bf16, lambda: frames_before_errors(bf16))],
         "conv_transpose": [Problem("stride 2", bf16, lambda: transpose_errors(bf16))],
+        "channels_after": [Problem(f"{'transposed ' * t}skip", bf16, lambda t=t: channels_after_errors(bf16, t))
+                           for t in (False, True)],
         "group_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: norm_errors(d, a)) for d in both
                        for a in (None, "silu")],
         "rms_norm": [Problem(f"{d} {a}{' clamp' * c}", d, lambda d=d, a=a, c=c: rms_norm_errors(d, a, c))
