@@ -70,6 +70,17 @@ def case_reference(x, w, b, case: Case) -> torch.Tensor:
     return reference_conv3d(x, w, b, case.stride, case.padding, case.dilation)
 
 
+def second_order_with_two_sources(conv, x, second, w):
+    """The second-order gradients of conv(x, second, w) (a convolution reading a second source: frames_before,
+    channels_after) in x, second and w: first-order gradients under a fixed upstream gradient, with create_graph,
+    then fixed linear functionals of them (the weight's squared), back to the three."""
+    y = conv(x, second, w)
+    grad_out = torch.ones_like(y).cumsum(-1) / y.shape[-1]  # fixed, so both sides see the same one
+    grads = torch.autograd.grad((y * grad_out).sum(), (x, second, w), create_graph=True)
+    dots = [(g * torch.linspace(-1, 1, g.numel(), dtype=g.dtype, device=g.device).view_as(g)).sum() for g in grads]
+    return torch.autograd.grad(dots[0] + dots[1] + grads[2].square().sum(), (x, second, w))
+
+
 def poison_aten_convolution(monkeypatch):
     """Make every aten convolution entry (and tconv3d's aten fallback) raise."""
 

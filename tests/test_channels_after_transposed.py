@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy
+from helpers import dtype_id, leaf_copy, second_order_with_two_sources
 
 import tconv3d
 from tconv3d import settings
@@ -138,20 +138,13 @@ def test_module_and_unbatched_forms(device):
 
 
 def test_double_backward(device):
-    def second_order(conv, x, skip, w):
-        y = conv(x, skip, w)
-        grad_out = torch.ones_like(y).cumsum(-1) / y.shape[-1]
-        grads = torch.autograd.grad((y * grad_out).sum(), (x, skip, w), create_graph=True)
-        dots = [(g * torch.linspace(-1, 1, g.numel(), dtype=g.dtype, device=g.device).view_as(g)).sum() for g in grads]
-        return torch.autograd.grad(dots[0] + dots[1] + grads[2].square().sum(), (x, skip, w))
-
     x, skip = torch.randn(1, 3, 2, 3, 3, device=device), torch.randn(1, 2, 2, 3, 3, device=device)
     w = torch.randn(5, 4, 3, 3, 3, device=device)
-    ours = second_order(
+    ours = second_order_with_two_sources(
         lambda x, skip, w: tconv3d.conv_transpose3d(x, w, None, 2, 1, 1, channels_after=skip),
         *(leaf_copy(t) for t in (x, skip, w)),
     )
-    expected = second_order(
+    expected = second_order_with_two_sources(
         lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], 1), w, None, 2, 1, 1),
         *(leaf_copy(t.double()) for t in (x, skip, w)),
     )

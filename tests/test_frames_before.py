@@ -6,7 +6,7 @@ packed taps), errors, opcheck, and no copy of the concatenation."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy
+from helpers import dtype_id, leaf_copy, second_order_with_two_sources
 
 import tconv3d
 from tconv3d.testing import TOLERANCE, rel_l2
@@ -88,20 +88,13 @@ def test_double_backward_through_frames_before(device):
     """Second derivatives in input, cached frames and weight through the gradient ops' autograd, against float64."""
     padding, mode = (1, 0, 1, 1, 0, 2), "replicate,zeros,zeros"
 
-    def second_order(conv, x, before, w):
-        y = conv(x, before, w)
-        grad_out = torch.ones_like(y).cumsum(-1) / y.shape[-1]  # fixed, so both sides see the same one
-        grads = torch.autograd.grad((y * grad_out).sum(), (x, before, w), create_graph=True)
-        dots = [(g * torch.linspace(-1, 1, g.numel(), dtype=g.dtype, device=g.device).view_as(g)).sum() for g in grads]
-        return torch.autograd.grad(dots[0] + dots[1] + grads[2].square().sum(), (x, before, w))
-
     x, before = torch.randn(1, 3, 3, 4, 5, device=device), torch.randn(1, 3, 2, 4, 5, device=device)
     w = torch.randn(4, 3, 3, 3, 3, device=device)
-    ours = second_order(
+    ours = second_order_with_two_sources(
         lambda x, before, w: tconv3d.conv3d(x, w, padding=padding, padding_mode=mode, frames_before=before),
         *(leaf_copy(t) for t in (x, before, w)),
     )
-    expected = second_order(
+    expected = second_order_with_two_sources(
         lambda x, before, w: reference(x, before, w, None, 1, padding, 1, mode),
         *(leaf_copy(t.double()) for t in (x, before, w)),
     )
