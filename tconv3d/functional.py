@@ -57,7 +57,8 @@ def conv_transpose3d(
     inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d.
     `channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels as if
     torch.cat([input, channels_after], dim=1) were the input (weight has both inputs' channels as its Cin), read in
-    place by the pointer kernels (the others concatenate it first); it gets a gradient like the input."""
+    place by the pointer, TMA and Gluon kernels (the packed small-channel and grouped ones concatenate it first);
+    it gets a gradient like the input."""
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # unbatched (C, D, H, W)
         args = (stride, padding, output_padding, groups, dilation)
         return conv_transpose3d(input[None], weight, bias, *args, channels_after=unbatched(channels_after))[0]

@@ -2,7 +2,7 @@
 MONAI UNet's decoder, whose up path transposes torch.cat([x, subblock(x)], dim=1)): the input-gradient op reads
 grad_output's second source in place. Forward and every gradient against float64 torch.cat +
 conv_transpose3d through the pointer kernel (default and small split-K tiles, channel blocks that straddle the two
-sources' ends, strides), the launches that concatenate first (the TMA kernel, packed small channels, groups);
+sources' ends, strides) and the TMA kernel, the launches that concatenate first (packed small channels, groups);
 errors, opcheck, double backward, the module and unbatched forms, and compiled graphs with no concatenation of
 activations."""
 
@@ -15,7 +15,7 @@ from helpers import dtype_id, leaf_copy, second_order_with_two_sources
 
 import tconv3d
 from tconv3d import settings
-from tconv3d.kernels import config, utils
+from tconv3d.kernels import config, conv_dgrad, utils
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice
 
@@ -86,18 +86,34 @@ def test_which_launches_concatenate(monkeypatch, device):
         assert len(concatenated) == (1 if case[0].endswith("concatenated") else 0), case[0]
 
 
-def test_box_kernels_concatenate(monkeypatch, device):
-    """TCONV3D_KERNELS=tma: the input gradient's box kernel reads one source, the launcher's concatenation."""
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("unet_up", "straddling_blocks", "kernel_2_stride_2")],
+                         ids=lambda c: c[0])  # fmt: skip
+def test_box_kernels_read_it_in_place(case, monkeypatch, device):
+    """TCONV3D_KERNELS=tma: the input gradient's TMA kernel takes each channel block's box from one of two
+    descriptors (grad_output's, channels_after's), at stride 1 and through the phase views of stride 2: no
+    concatenation, the float64 result."""
     monkeypatch.setattr(settings, "KERNELS", "tma")
     monkeypatch.setattr(choice, "_memo", {})
-    concatenated = []
+    concatenated, launched = [], []
     monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
-    case = ("unet_up_stride_1", (1, 16, 2, 3, 4), 16, (32, 8, 3, 3, 3), 1, 1, 0, 1)
+    real = conv_dgrad.conv3d_tma
+    monkeypatch.setattr(conv_dgrad, "conv3d_tma", lambda *a, **k: launched.append(k) or real(*a, **k))
     assert_close(*transposed_and_reference(case, torch.float32, device), torch.float32)
-    assert concatenated == [1]
-    config_used = choice.launch_config("dgrad", *_dgrad_problem(case, device))
-    assert config_used.tma_box_w and not config.reads_channels_after("dgrad", _dgrad_problem(case, device)[0],
-                                                                      config_used)  # fmt: skip
+    assert not concatenated
+    assert [k["channels_after"] is not None for k in launched] == [True]
+    geom, grad_out, weight = _dgrad_problem(case, device)
+    assert config.reads_channels_after("dgrad", geom, choice.launch_config("dgrad", geom, grad_out, weight))
+
+
+def test_box_kernels_take_aligned_sources():
+    """Each source's rows whole 16-byte units, or the pointer kernel: 20 + 12 bf16 channels are 40- and 24-byte
+    rows."""
+    from tconv3d.tune.configs import tma_eligible
+
+    aligned, _, _ = _dgrad_problem(CASES[0], "cpu")
+    straddling, _, _ = _dgrad_problem(CASES[1], "cpu")
+    assert tma_eligible("dgrad", aligned, torch.bfloat16) and tma_eligible("dgrad", straddling, torch.float32)
+    assert not tma_eligible("dgrad", straddling, torch.bfloat16)
 
 
 def _dgrad_problem(case, device):
@@ -115,8 +131,8 @@ def _dgrad_problem(case, device):
 
 
 def test_heuristic_keeps_it_on_the_pointer_kernel():
-    """Until a GPU has timed it: the input gradient with a second source is 'untimed' (on sm_90 the box kernels
-    would concatenate)."""
+    """Until a GPU has timed it: the input gradient with a second source is 'untimed', as the forward's is (the
+    Triton TMA kernel branches between two descriptors, its pipeliner then keeping one stage)."""
     from tconv3d.tune.configs import heuristic_config
 
     geom, _, _ = _dgrad_problem(("s1", (1, 64, 4, 8, 8), 64, (128, 64, 3, 3, 3), 1, 1, 0, 1), "cpu")

@@ -118,6 +118,31 @@ def test_emulated_gluon_channels_after(case, mode, emulator):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["unet_up", "kernel_2_stride_2"])  # bf16: 16 + 16 and 24 + 8 channels
+def test_emulated_gluon_transposed_channels_after(case, mode, emulator, monkeypatch):
+    """MONAI UNet's up conv, the transposed conv of a skip connection's concatenation: the input gradient's channel
+    blocks each from grad_output's descriptor or channels_after's (the other copy predicated off, the weight box at
+    the block's row), through the stride-2 phase views of grad_in; no concatenation; against float64."""
+    from test_channels_after_transposed import CASES as TRANSPOSED_CASES
+    from test_channels_after_transposed import transposed_and_reference
+
+    from tconv3d.kernels import config as kernel_config
+    from tconv3d.kernels import utils
+
+    concatenated = []
+    monkeypatch.setattr(kernel_config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
+    emulator.mode = MODES[mode]
+    problem = next(c for c in TRANSPOSED_CASES if c[0] == case)
+    ours, expected = transposed_and_reference(problem, torch.bfloat16, "cpu")
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    assert ("dgrad", MODES[mode]) in [(d, c.gluon) for d, c in emulator.configs]
+    # the transposed conv and, in its backward, the forward conv; the weight gradient once per source
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 2}
+    assert not concatenated
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
 @pytest.mark.parametrize("modes_hw", [("replicate", "replicate"), ("reflect", "zeros")], ids=lambda m: "_".join(m))
 def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, before, mode, emulator):

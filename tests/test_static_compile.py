@@ -216,7 +216,7 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
 
 
 TMA_COMPILE = """
-import json, torch
+import dataclasses, json, torch
 from tconv3d.geometry import conv_geometry
 from tconv3d.tune import configs
 from tconv3d.tune.shapes import load_shape_set
@@ -240,6 +240,12 @@ for direction in ("fwd", "wgrad"):
     config = configs.with_tma(configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90), skip, direction)
     for report in (r for r in compile_launch(direction, skip, torch.bfloat16, config, 90) if "tma" in r.kernel):
         out.append({"case": "unet_skip", "direction": direction, "config": config.to_dict(), **report.to_dict()})
+# MONAI UNet's up conv (stride 2) transposing a 64 + 64-channel concatenation: the input gradient's boxes from two
+# descriptors, through the phase views of grad_in
+up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
+config = configs.with_tma(configs.heuristic_config("dgrad", up, torch.bfloat16, 132, 90), up, "dgrad")
+report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
+out.append({"case": "unet_up", "direction": "dgrad", "config": config.to_dict(), **report.to_dict()})
 print(json.dumps(out))
 """
 
@@ -291,6 +297,7 @@ def test_tma_kernels_compile_to_tma_loads_and_wgmma():
     assert {r["direction"] for r in reports if r["case"] == "down_s2"} == {"fwd", "dgrad", "wgrad"}
     # channels_after: the forward from two descriptors, the weight gradient as one launch per source
     assert [r["direction"] for r in reports if r["case"] == "unet_skip"] == ["fwd", "wgrad", "wgrad"]
+    assert [r["direction"] for r in reports if r["case"] == "unet_up"] == ["dgrad"]  # a transposed conv's skip
     for r in reports:
         assert r["config"]["tma_box_w"] > 0, r
         assert any(load.startswith("UTMALDG") for load in r["loads"]), r
@@ -382,6 +389,14 @@ if conv_gluon.UNAVAILABLE is None:
             report = compile_launch(direction, skip, torch.bfloat16, config, 90)[0]
             out.append({"case": "unet_skip", "direction": direction, "dtype": str(torch.bfloat16),
                         "config": config.to_dict(), **report.to_dict()})
+    # MONAI UNet's up conv transposing a skip connection's concatenation (the input gradient's second source)
+    up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
+    chosen, _ = choice.choose("dgrad", up, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+    tiles = choice.force_variant("dgrad", up, torch.bfloat16, chosen, "gluon", True)
+    for config in (tiles, configs.with_gluon(tiles, up, "dgrad", specialized=True)):
+        report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
+        out.append({"case": "unet_up", "direction": "dgrad", "dtype": str(torch.bfloat16),
+                    "config": config.to_dict(), **report.to_dict()})
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 
@@ -417,6 +432,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert interior == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # the interior on the Gluon kernels
     skip = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "unet_skip"}
     assert skip == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # channels_after
+    up = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "unet_up"}
+    assert up == {("dgrad", 1), ("dgrad", 2)}  # a transposed conv's channels_after, through phase views
     tf32 = [r for r in reports if r["dtype"] == "torch.float32"]  # fp32 read as TF32: k8 wgmma atoms
     assert {r["direction"] for r in tf32} == {"fwd", "dgrad"}  # the input gradient over the transposed weight
     assert all(r["mma"].startswith("HGMMA.64x") and r["mma"].endswith("x8.F32.TF32") for r in tf32), tf32[0]["mma"]

@@ -161,17 +161,14 @@ def live_taps(kernel, stride, front_padding, dilation) -> tuple:
 
 
 def reads_channels_after(direction: str, geom: ConvGeometry, config: KernelConfig) -> bool:
-    """Whether a launch with a second channel source (channels_after) reads it in place: the forward's pointer, TMA
-    and Gluon kernels (each channel block within one source: channel_blocks), the weight gradient's pointer kernel
-    (each column tile within one) and its TMA and Gluon kernels (one launch per source, into its columns), the
-    input gradient's pointer kernel (grad_output's second source: each channel block within one), with one group
-    and channels not packed with taps. Elsewhere (the depthwise and small-channel kernels, groups, the input
-    gradient's box kernels) the launcher concatenates the two first (utils.cat_channels), a copy."""
-    if direction == "dgrad":
-        after, in_place = geom.out_after_channels, not config.tma_box_w
-    else:
-        after, in_place = geom.after_channels, True
-    return after > 0 and in_place and geom.groups == 1 and not config.direct and not packs_taps(direction, geom)
+    """Whether a launch with a second channel source (channels_after) reads it in place: the forward's and the input
+    gradient's (grad_output's second source) pointer, TMA and Gluon kernels (each channel block within one source:
+    channel_blocks), the weight gradient's pointer kernel (each column tile within one) and its TMA and Gluon
+    kernels (one launch per source, into its columns), with one group and channels not packed with taps.
+    Elsewhere (the depthwise and small-channel kernels, groups) the launcher concatenates the two first
+    (utils.cat_channels), a copy."""
+    after = geom.out_after_channels if direction == "dgrad" else geom.after_channels
+    return after > 0 and geom.groups == 1 and not config.direct and not packs_taps(direction, geom)
 
 
 def channel_sources(direction: str, x, channels_after, geom: ConvGeometry, config: KernelConfig) -> tuple:

@@ -196,10 +196,10 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig, cha
     per_split, splits = k_splits("dgrad", geom, config)
     # One split writes grad_in; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = grad_in if splits == 1 else ndhwc_partials(grad_in, splits)
-    if config.gluon:  # stride 1: the tuning layer checked the problem, the device and the tensors
-        conv3d_gluon(grad_out, weight, None, out, geom, config, True, per_split)
-    elif config.tma_box_w:  # stride 1: the caller checked that the problem and the tensors are eligible
-        conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split)
+    if config.gluon:  # the tuning layer checked the problem, the device and the tensors
+        conv3d_gluon(grad_out, weight, None, out, geom, config, True, per_split, channels_after=channels_after)
+    elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
+        conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split, channels_after=channels_after)
     else:
         _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split)
     return grad_in if splits == 1 else sum_splits(out, grad_in)

@@ -31,6 +31,7 @@ from .config import KernelConfig
 from .conv_tma import (
     dst_box,
     dst_row_strides,
+    first_channels,
     patch_descriptors,
     patch_origin,
     patch_phase,
@@ -261,30 +262,31 @@ if UNAVAILABLE is None:
         """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
         leaves the volume, from the TMA unit) and the weight box of its (tap, channel block): [c0, tap, n0] of the
         weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the forward's; the input
-        gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward, one phase): the
-        channel blocks past x's frames[2] channels are channels_after's (src_views[4]), both copies issued, one
-        predicated off, as conv_tma.channel_block counts them."""
+        gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward at one phase; the input
+        gradient at any): the channel blocks past the first source's frames[2] channels (x's; grad_out's) are
+        channels_after's (src_views[4]), both copies issued, one predicated off, as conv_tma.channel_block counts
+        them."""
         tap, c0, src_d, view, row, col = step_box(
             step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
         c_w = c0
-        if INPUT_GRAD:  # one source view: grad_out
-            _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
-        elif HAS_AFTER:  # one phase, one source along D (configs.tma_eligible)
-            a_end = gl.cdiv(frames[2], BLOCK_K) * BLOCK_K  # x's channel blocks end
+        if HAS_AFTER:  # the forward (one phase, one source along D: configs.tma_eligible) or the input gradient
+            a_end = gl.cdiv(frames[2], BLOCK_K) * BLOCK_K  # the first source's channel blocks end
             second = (c0 >= a_end).to(gl.int32)
             c0 -= second * a_end  # in the block's source
             c_w = c0 + second * frames[2]  # in the weight
-            frame = padded_coord(src_d, frames[0], PAD_MODE_D)
+            frame = src_d if INPUT_GRAD else padded_coord(src_d, frames[0], PAD_MODE_D)
             _tma_load(src_views[4], [n, frame, row, col, c0], bar, a_buf, pred & (second == 1))
             _tma_load(src_views[0], [n, frame, row, col, c0], bar, a_buf, pred & (second == 0))
+        elif INPUT_GRAD:  # one source view: grad_out
+            _tma_load(src_views[0], [n, src_d, row, col, c0], bar, a_buf, pred)
         else:
             _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W,
                              frames, PAD_MODE_D, HAS_PREFIX)  # fmt: skip
         if W_KN:
-            _tma_load(w_desc, [c0, tap, n0], bar, b_buf, pred)
+            _tma_load(w_desc, [c_w, tap, n0], bar, b_buf, pred)
         else:
             _tma_load(w_desc, [n0, tap, c_w], bar, b_buf, pred)
 
@@ -818,7 +820,8 @@ def conv3d_gluon(
     partial sums of `split_steps` K steps each. src is 16-bit, or fp32 (read as TF32; wgmma's fp32 operands must be
     K-major, so the input gradient reads a copy of the weight transposed to [Cin, taps, Cout]); both tensors have
     unit-stride channels and TMA-aligned strides; dst is written whole. frames_before (along D) or channels_after
-    (along C) is the forward's second source, at stride 1 in H and W. The tuning layer (tconv3d/tune/) offers this
+    (along C) is the forward's second source, at stride 1 in H and W; channels_after the input gradient's too (after
+    grad_out's channels), at any stride. The tuning layer (tconv3d/tune/) offers this
     variant only where UNAVAILABLE is None."""
     transposed = input_grad and src.dtype == torch.float32  # wgmma's fp32 (TF32) operands are K-major only
     descriptors, live, grid, (reduced, columns), volume, stride = patch_descriptors(
@@ -832,7 +835,7 @@ def conv3d_gluon(
         _conv3d_gluon_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, splits, *dst_row_strides(dst, dst_ptr),
-        *source_frames(geom, input_grad), geom.channel_sources[0], *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), first_channels(geom, input_grad), *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,

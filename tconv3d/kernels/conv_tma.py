@@ -173,8 +173,9 @@ def _conv3d_tma_kernel(
     # DST_PTR (a forward whose output rows are not whole 16-byte units, e.g. 3 channels): dst_desc is the output
     # tensor itself, its (N, D, H, W) strides stride_d*, and the epilogue stores from registers.
     # The forward's input along D: D_IN frames, the first P_FRAMES of them frames_before's (second_desc, with
-    # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (source_frame). Along C (HAS_AFTER, stride 1 in H
-    # and W): x's C_A channels, then channels_after's C_RED - C_A (second_desc).
+    # HAS_PREFIX; stride 1 in H and W), bordered in PAD_MODE_D (source_frame). Along C (HAS_AFTER; the forward at
+    # stride 1 in H and W, the input gradient at any): x's (grad_out's) C_A channels, then channels_after's
+    # C_RED - C_A (second_desc).
     src_desc, w_desc, dst_desc, view1, view2, view3, second_desc, bias_ptr, live_ptr,
     C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, stride_dn, stride_dd, stride_dh, stride_dw,
     D_IN, P_FRAMES, C_A, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
@@ -227,7 +228,7 @@ def _conv3d_tma_kernel(
         if HAS_AFTER:  # the weight's channels past x's are channels_after's
             second, c0, c_w = channel_block(c0, a_blocks, C_A, BLOCK_K)
         if INPUT_GRAD:
-            b = w_desc.load([c0, tap, n0]).reshape(BLOCK_K, BLOCK_N)
+            b = w_desc.load([c_w, tap, n0]).reshape(BLOCK_K, BLOCK_N)
         else:
             b = tl.trans(w_desc.load([n0, tap, c_w]).reshape(BLOCK_N, BLOCK_K))
         if not INPUT_GRAD:
@@ -241,7 +242,7 @@ def _conv3d_tma_kernel(
                 a = src_desc.load([n, src_d, row, col, c0])
                 acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
         elif HAS_AFTER:  # likewise, per channel block
-            tl.static_assert(VIEWS == 1 and not INPUT_GRAD, "channels_after: the forward at stride 1 in H and W")
+            tl.static_assert(VIEWS == 1 or INPUT_GRAD, "channels_after: the forward at stride 1 in H and W")
             if second:
                 a = second_desc.load([n, src_d, row, col, c0])
                 acc = mma(acc, a.reshape(BLOCK_M, BLOCK_K), b, UPCAST_DOT, INPUT_PRECISION)
@@ -376,7 +377,8 @@ def conv3d_tma(
     frames_before=None, channels_after=None,
 ) -> None:  # fmt: skip
     """Run the TMA kernel: the forward (src = x, dst = y; frames_before in front of x along D or channels_after
-    after its channels, at stride 1 in H and W) or the input gradient (src = grad_out, dst = grad_in), at strides
+    after its channels, at stride 1 in H and W) or the input gradient (src = grad_out, dst = grad_in; channels_after
+    after grad_out's channels), at strides
     of at most MAX_PHASES phase views, or with dst holding several splits (split_k.ndhwc_partials) their fp32
     partial sums of `split_steps` K steps each. The tensors have unit-stride channels and TMA-aligned strides; dst
     is written whole."""
@@ -391,7 +393,7 @@ def conv3d_tma(
         _conv3d_tma_kernel, grid,
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, *dst_row_strides(dst, dst_ptr),
-        *source_frames(geom, input_grad), geom.channel_sources[0], *geom.front_padding, *geom.dilation,
+        *source_frames(geom, input_grad), first_channels(geom, input_grad), *geom.front_padding, *geom.dilation,
         *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BOX_H=box_h, BOX_W=box_w, BLOCK_N=config.block_n, BLOCK_K=config.block_k, DST_PTR=dst_ptr,
@@ -399,6 +401,12 @@ def conv3d_tma(
         HAS_AFTER=channels_after is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def first_channels(geom: ConvGeometry, input_grad: bool = False) -> int:
+    """C_A of channel_block: the first source's channels of the reduction, the input's (forward) or grad_out's
+    (input gradient), the rest channels_after's."""
+    return geom.out_channel_sources[0] if input_grad else geom.channel_sources[0]
 
 
 def source_frames(geom: ConvGeometry, input_grad: bool = False) -> tuple[int, int]:

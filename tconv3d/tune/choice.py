@@ -158,7 +158,8 @@ def _tma_describable(
     def activation_ok(t: torch.Tensor | None) -> bool:
         return t is None or t.stride(1) != 1 or tma_aligned(t)
 
-    prefix_ok = direction == "dgrad" or ((not rest or activation_ok(rest[-1])) and activation_ok(channels_after))
+    # the input gradient's channels_after follows grad_output's channels; its rest is empty
+    prefix_ok = (direction == "dgrad" or not rest or activation_ok(rest[-1])) and activation_ok(channels_after)
     if direction == "wgrad":
         return activation_ok(first) and activation_ok(second) and prefix_ok
     return activation_ok(first) and (second.stride(1) != 1 or address_aligned(second)) and prefix_ok

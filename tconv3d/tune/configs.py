@@ -460,11 +460,14 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     forward and in the weight gradient, of the input gradient) number at most MAX_PHASES and are not empty.
     Dilation and asymmetric padding are coordinate offsets; along D, so are a border mode and frames_before. A
     second channel source (channels_after) is a second descriptor, each channel block read from one of the two: the
-    forward and weight gradient at stride 1 in H and W, each source's rows whole 16-byte units."""
+    forward and weight gradient at stride 1 in H and W, the input gradient (grad_output's second source, a
+    transposed conv's skip connection) at any stride, each source's rows whole 16-byte units."""
     size = torch.finfo(dtype).bits // 8
     aligned = geom.in_channels * size % 16 == 0 and (direction == "fwd" or geom.out_channels * size % 16 == 0)
-    if direction != "dgrad":  # the input gradient's is the concatenation's
-        aligned = aligned and all(channels * size % 16 == 0 for channels in geom.channel_sources)
+    # each source's rows, read by descriptors of their own: the input's (the input gradient's is the
+    # concatenation's), grad_output's and its channels_after's for the input gradient
+    sources = geom.out_channel_sources if direction == "dgrad" else geom.channel_sources
+    aligned = aligned and all(channels * size % 16 == 0 for channels in sources)
     _, s_h, s_w = geom.stride
     # The input gradient computes the padded (or concatenated) input's gradient anyway; the forward and the
     # weight gradient read the input itself: a box is one frame deep, so along D any border mode and frames_before
