@@ -424,9 +424,8 @@ def _check_gradient(
     )  # fmt: skip
     geom = _checked.get(key)
     if geom is None:
-        after_name = "channels_after"  # the input's or, for the input gradient, grad_output's
-        second = {"frames_before": frames_before, after_name: channels_after if grad_after is None else grad_after}
-        check_tensors(grad_output=grad_output, **{other_name: other}, **second)
+        after = channels_after if grad_after is None else grad_after  # the input's, or grad_output's
+        check_tensors(grad_output=grad_output, **{other_name: other}, frames_before=frames_before, channels_after=after)
         prefix = prefix_frame_count(other, frames_before)
         after = after_channel_count(other, channels_after, frames_before)
         geom = conv_geometry(input_size, weight_size, stride, padding, dilation, padding_mode, prefix, groups, after)

@@ -70,6 +70,14 @@ def case_reference(x, w, b, case: Case) -> torch.Tensor:
     return reference_conv3d(x, w, b, case.stride, case.padding, case.dilation)
 
 
+def outputs_and_grads(fn, tensors) -> list:
+    """[fn(*leaves), *their gradients] under y.square().sum(), on fresh leaf copies of `tensors`."""
+    leaves = [leaf_copy(t) for t in tensors]
+    y = fn(*leaves)
+    y.square().sum().backward()
+    return [y, *(t.grad for t in leaves)]
+
+
 def second_order_with_two_sources(conv, x, second, w):
     """The second-order gradients of conv(x, second, w) (a convolution reading a second source: frames_before,
     channels_after) in x, second and w: first-order gradients under a fixed upstream gradient, with create_graph,

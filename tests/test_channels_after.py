@@ -7,7 +7,7 @@ functional forms, and no copy of the concatenation."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy, second_order_with_two_sources
+from helpers import dtype_id, leaf_copy, outputs_and_grads, second_order_with_two_sources
 
 import tconv3d
 from tconv3d import settings
@@ -218,15 +218,9 @@ def test_compiled_graphs_hold_no_concatenation(device):
     x, skip = (torch.randn(1, 8, 2, 4, 4, device=device).contiguous(memory_format=CL) for _ in range(2))
     w = torch.randn(4, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
 
-    def run(fn):
-        leaves = [leaf_copy(t) for t in (x, skip, w)]
-        y = fn(*leaves)
-        y.square().sum().backward()
-        return [y, *(t.grad for t in leaves)]
-
     conv = lambda x, skip, w: tconv3d.conv3d(x, w, padding=1, channels_after=skip)  # noqa: E731
-    compiled = run(torch.compile(conv, backend=backend, fullgraph=True))
-    for got, want in zip(compiled, run(conv), strict=True):
+    compiled = outputs_and_grads(torch.compile(conv, backend=backend, fullgraph=True), (x, skip, w))
+    for got, want in zip(compiled, outputs_and_grads(conv, (x, skip, w)), strict=True):
         assert rel_l2(got, want) < TOLERANCE[torch.float32]
     forward, backward = (call_targets(g) for g in graphs)
     assert forward == ["tconv3d.conv3d.default"]

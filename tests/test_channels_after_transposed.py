@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy, second_order_with_two_sources
+from helpers import dtype_id, leaf_copy, outputs_and_grads, second_order_with_two_sources
 
 import tconv3d
 from tconv3d import settings
@@ -207,15 +207,9 @@ def test_compiled_graphs_hold_no_concatenation_of_activations(device):
     x, skip = (torch.randn(1, 8, 2, 3, 3, device=device).contiguous(memory_format=CL) for _ in range(2))
     w = torch.randn(16, 4, 3, 3, 3, device=device).contiguous(memory_format=CL)
 
-    def run(fn):
-        leaves = [leaf_copy(t) for t in (x, skip, w)]
-        y = fn(*leaves)
-        y.square().sum().backward()
-        return [y, *(t.grad for t in leaves)]
-
     conv = lambda x, skip, w: tconv3d.conv_transpose3d(x, w, None, 2, 1, 1, channels_after=skip)  # noqa: E731
-    compiled = run(torch.compile(conv, backend=backend, fullgraph=True))
-    for got, want in zip(compiled, run(conv), strict=True):
+    compiled = outputs_and_grads(torch.compile(conv, backend=backend, fullgraph=True), (x, skip, w))
+    for got, want in zip(compiled, outputs_and_grads(conv, (x, skip, w)), strict=True):
         assert rel_l2(got, want) < TOLERANCE[torch.float32]
     forward, backward = graphs
     calls = [n for g in graphs for n in g.graph.nodes if n.op == "call_function"]

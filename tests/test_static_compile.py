@@ -358,45 +358,32 @@ if conv_gluon.UNAVAILABLE is None:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
+    # The chosen tiles forced to the Gluon kernel, and their warp-specialized form, per direction (bf16).
+    def pipelined_and_specialized(case, geom, directions):
+        for direction in directions:
+            chosen, _ = choice.choose(direction, geom, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+            tiles = choice.force_variant(direction, geom, torch.bfloat16, chosen, "gluon", True)
+            for config in (tiles, configs.with_gluon(tiles, geom, direction, specialized=True)):
+                report = compile_launch(direction, geom, torch.bfloat16, config, 90)[0]
+                out.append({"case": case, "direction": direction, "dtype": str(torch.bfloat16),
+                            "config": config.to_dict(), **report.to_dict()})
+
     # A video VAE's causal conv as a converted decoder calls it: replicate along D and two cached frames in front
-    # (frames_before), pipelined and warp-specialized.
+    # (frames_before).
     causal = conv_geometry((1, 384, 4, 60, 104), (384, 384, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
                            padding_mode="replicate,zeros,zeros", prefix_frames=2)
-    for direction in ("fwd", "wgrad"):
-        chosen, _ = choice.choose(direction, causal, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-        tiles = choice.force_variant(direction, causal, torch.bfloat16, chosen, "gluon", True)
-        for config in (tiles, configs.with_gluon(tiles, causal, direction, specialized=True)):
-            report = compile_launch(direction, causal, torch.bfloat16, config, 90)[0]
-            out.append({"case": "causal_cached", "direction": direction, "dtype": str(torch.bfloat16),
-                        "config": config.to_dict(), **report.to_dict()})
+    pipelined_and_specialized("causal_cached", causal, ("fwd", "wgrad"))
     # HunyuanVideo's causal conv (replicate in all three dimensions): the forward's and the weight gradient's
     # interior on the Gluon kernel (the first launch; the strips follow on the pointer kernel)
     replicate = conv_geometry((1, 128, 5, 64, 64), (128, 128, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
                               padding_mode="replicate")
-    for direction in ("fwd", "wgrad"):
-        chosen, _ = choice.choose(direction, replicate, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-        tiles = choice.force_variant(direction, replicate, torch.bfloat16, chosen, "gluon", True)
-        for config in (tiles, configs.with_gluon(tiles, replicate, direction, specialized=True)):
-            report = compile_launch(direction, replicate, torch.bfloat16, config, 90)[0]
-            out.append({"case": "replicate_hw", "direction": direction, "dtype": str(torch.bfloat16),
-                        "config": config.to_dict(), **report.to_dict()})
+    pipelined_and_specialized("replicate_hw", replicate, ("fwd", "wgrad"))
     # A UNet decoder's first conv reading its skip connection in place (channels_after)
     skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
-    for direction in ("fwd", "wgrad"):
-        chosen, _ = choice.choose(direction, skip, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-        tiles = choice.force_variant(direction, skip, torch.bfloat16, chosen, "gluon", True)
-        for config in (tiles, configs.with_gluon(tiles, skip, direction, specialized=True)):
-            report = compile_launch(direction, skip, torch.bfloat16, config, 90)[0]
-            out.append({"case": "unet_skip", "direction": direction, "dtype": str(torch.bfloat16),
-                        "config": config.to_dict(), **report.to_dict()})
+    pipelined_and_specialized("unet_skip", skip, ("fwd", "wgrad"))
     # MONAI UNet's up conv transposing a skip connection's concatenation (the input gradient's second source)
     up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
-    chosen, _ = choice.choose("dgrad", up, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-    tiles = choice.force_variant("dgrad", up, torch.bfloat16, chosen, "gluon", True)
-    for config in (tiles, configs.with_gluon(tiles, up, "dgrad", specialized=True)):
-        report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
-        out.append({"case": "unet_up", "direction": "dgrad", "dtype": str(torch.bfloat16),
-                    "config": config.to_dict(), **report.to_dict()})
+    pipelined_and_specialized("unet_up", up, ("dgrad",))
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 

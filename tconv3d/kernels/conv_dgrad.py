@@ -12,6 +12,7 @@ from .conv_tma import conv3d_tma, live_tap_table
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
+    block_channels,
     cdiv,
     dot_flags,
     empty_ndhwc,
@@ -21,6 +22,7 @@ from .utils import (
     ndhwc,
     second_source_arguments,
     select,
+    source_blocks,
     split_voxel,
 )
 
@@ -105,14 +107,10 @@ def _conv3d_dgrad_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     live = count_d * count_h * count_w
-    if HAS_AFTER:  # go's channel blocks, then q's
+    a_blocks, k_blocks = source_blocks(C_A, C_OUT, BLOCK_K, HAS_AFTER)  # go's channel blocks, then q's
+    if HAS_AFTER:
         tl.static_assert(not PACK_TAPS, "channels_after: unpacked channels")
-        a_blocks = tl.cdiv(C_A, BLOCK_K)
-        k_blocks = a_blocks + tl.cdiv(C_OUT - C_A, BLOCK_K)
         q_rows = (Q_DELTA + n * stride_qn + jd * stride_qd + jh * stride_qh + jw * stride_qw) - go_offsets  # [BLOCK_M]
-    else:
-        a_blocks = 0
-        k_blocks = tl.cdiv(C_OUT, BLOCK_K)
     steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
@@ -124,15 +122,7 @@ def _conv3d_dgrad_kernel(
         else:  # the j-th live tap, BLOCK_K of its channels (of one source)
             j = step // k_blocks
             block = step - j * k_blocks
-            if HAS_AFTER:  # q's blocks (second = 1) count channels from q's first, the weight's from go's first
-                second = (block >= a_blocks).to(tl.int32)
-                offs_c = (block - second * a_blocks) * BLOCK_K + offs_k  # [BLOCK_K] channels of the step's source
-                mask_c = offs_c < select(second, C_A, C_OUT - C_A)
-                w_c = offs_c + second * C_A
-            else:
-                offs_c = block * BLOCK_K + offs_k  # [BLOCK_K]
-                mask_c = offs_c < C_OUT
-                w_c = offs_c
+            second, offs_c, mask_c, w_c = block_channels(block, a_blocks, C_A, C_OUT, offs_k, BLOCK_K, HAS_AFTER)
         kw = first_w + (j % count_w) * step_w  # d slowest
         kh = first_h + ((j // count_w) % count_h) * step_h
         kd = first_d + (j // (count_w * count_h)) * step_d

@@ -14,6 +14,7 @@ from .conv_tma import conv3d_tma
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
+    block_channels,
     border_gather,
     cdiv,
     dot_flags,
@@ -23,6 +24,7 @@ from .utils import (
     ndhwc,
     second_source_arguments,
     select,
+    source_blocks,
     split_voxel,
 )
 
@@ -95,16 +97,12 @@ def _conv3d_fwd_kernel(
     w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if HAS_AFTER:  # x's channel blocks, then q's
+    a_blocks, k_blocks = source_blocks(C_A, C_IN, BLOCK_K, HAS_AFTER)  # x's channel blocks, then q's
+    if HAS_AFTER:
         tl.static_assert(not PACK_TAPS and not HAS_PREFIX, "channels_after: unpacked channels, one source along D")
-        a_blocks = tl.cdiv(C_A, BLOCK_K)
-        k_blocks = a_blocks + tl.cdiv(C_IN - C_A, BLOCK_K)
         # q's rows under tap (0, 0, 0), as offsets from x's
         q_rows = (Q_DELTA + n * stride_qn + d0.to(tl.int64) * stride_qd + h0.to(tl.int64) * stride_qh
                   + w0.to(tl.int64) * stride_qw) - x_offsets  # [BLOCK_M]  # fmt: skip
-    else:
-        a_blocks = 0
-        k_blocks = tl.cdiv(C_IN, BLOCK_K)
     steps = tl.cdiv(KD * KH * KW * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * KW * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
@@ -139,15 +137,7 @@ def _conv3d_fwd_kernel(
         else:  # one tap, BLOCK_K of its channels (of one source)
             tap = step // k_blocks
             block = step - tap * k_blocks
-            if HAS_AFTER:  # q's blocks (second = 1) count channels from q's first, the weight's from x's first
-                second = (block >= a_blocks).to(tl.int32)
-                offs_c = (block - second * a_blocks) * BLOCK_K + offs_k  # [BLOCK_K] channels of the step's source
-                mask_c = offs_c < select(second, C_A, C_IN - C_A)
-                w_c = offs_c + second * C_A
-            else:
-                offs_c = block * BLOCK_K + offs_k  # [BLOCK_K]
-                mask_c = offs_c < C_IN
-                w_c = offs_c
+            second, offs_c, mask_c, w_c = block_channels(block, a_blocks, C_A, C_IN, offs_k, BLOCK_K, HAS_AFTER)
             kw = tap % KW
             kh = (tap // KW) % KH
             kd = tap // (KW * KH)

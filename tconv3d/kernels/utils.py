@@ -91,6 +91,38 @@ def select(second, first_value, second_value):
 
 
 @triton.jit
+def source_blocks(C_A, C_ALL, BLOCK_K: tl.constexpr, HAS_AFTER: tl.constexpr):
+    """(the first source's blocks, all blocks) of a pointer kernel's reduction over C_ALL channels in BLOCK_K
+    steps, each block within one source (config.channel_blocks): with HAS_AFTER the first C_A channels are one
+    source's (x's; grad_out's) and the rest channels_after's."""
+    if HAS_AFTER:
+        a_blocks = tl.cdiv(C_A, BLOCK_K)
+        k_blocks = a_blocks + tl.cdiv(C_ALL - C_A, BLOCK_K)
+    else:
+        a_blocks = 0
+        k_blocks = tl.cdiv(C_ALL, BLOCK_K)
+    return a_blocks, k_blocks
+
+
+@triton.jit
+def block_channels(block, a_blocks, C_A, C_ALL, offs_k, BLOCK_K: tl.constexpr, HAS_AFTER: tl.constexpr):
+    """Channel block `block` of source_blocks' count: (second, 1 where the block is channels_after's; its
+    channels in its source's own numbering, [BLOCK_K]; their mask; the weight's channels for them, which count
+    the first source's C_A before channels_after's). `second` is chosen by arithmetic (select), not a branch."""
+    if HAS_AFTER:
+        second = (block >= a_blocks).to(tl.int32)
+        offs_c = (block - second * a_blocks) * BLOCK_K + offs_k
+        mask_c = offs_c < select(second, C_A, C_ALL - C_A)
+        w_c = offs_c + second * C_A
+    else:
+        second = 0
+        offs_c = block * BLOCK_K + offs_k
+        mask_c = offs_c < C_ALL
+        w_c = offs_c
+    return second, offs_c, mask_c, w_c
+
+
+@triton.jit
 def mma(acc, a, b, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc += a @ b in fp32. UPCAST is set only under the Triton interpreter, whose tl.dot multiplies the raw
     bit patterns of bf16 operands."""
