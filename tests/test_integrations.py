@@ -259,6 +259,10 @@ def _monai_nets():
 
     return {
         "unet": lambda: nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=2),
+        # each level's down path, subblock and up path in an ActivationCheckpointWrapper (not in monai.networks.nets)
+        "checkpoint_unet": lambda: (
+            getattr(nets.unet, "CheckpointUNet", None) or pytest.skip("this MONAI has no CheckpointUNet")
+        )(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=2),
         "dynunet": lambda: nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2], upsample_kernel_size=[2, 2]),
         "unetr": transformer(
             lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
@@ -270,10 +274,10 @@ def _monai_nets():
 
 # The input each MONAI network takes: its ViT's image size (UNETR); five halvings that leave the bottleneck's
 # instance norm more than one voxel (SwinUNETR).
-MONAI_NETS = {"unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64, "basic_unet": 32}
+MONAI_NETS = {"unet": 16, "checkpoint_unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64, "basic_unet": 32}
 # Skip-connection concatenations that feed a convolution (MONAI UNet: a transposed one) in a forward, stock: each
 # becomes that convolution's channels_after once converted (monai_nets).
-MONAI_SKIP_CONCATS = {"unet": 2, "dynunet": 2, "unetr": 8, "swin_unetr": 10, "basic_unet": 8}
+MONAI_SKIP_CONCATS = {"unet": 2, "checkpoint_unet": 2, "dynunet": 2, "unetr": 8, "swin_unetr": 10, "basic_unet": 8}
 
 
 @pytest.mark.parametrize("name", MONAI_NETS)
@@ -325,6 +329,21 @@ def test_monai_activations_stay_channels_last(name, aten_path):
     stock_copies = tconv3d.nn.audit(stock, x, verbose=False).totals["upstream_copies_into_convs"]
     assert stock_copies == MONAI_SKIP_CONCATS[name]
     assert report.totals["upstream_copies_into_convs"] == 0, report.table()
+
+
+def test_monai_checkpoint_unet_still_recomputes(aten_path):
+    """Converted, CheckpointUNet keeps MONAI's activation checkpointing: each level's up path (its transposed conv
+    reading the skip connection in place) runs again in the backward, as stock's does."""
+    stock, converted = stock_and_converted(_monai_nets()["checkpoint_unet"])
+    x = torch.randn(1, 1, 16, 16, 16)
+    for model in (stock, converted):
+        ups = [m for m in model.modules() if isinstance(m, torch.nn.ConvTranspose3d)]
+        calls = []
+        for up in ups:
+            up.register_forward_hook(lambda module, args, out, calls=calls: calls.append(module))
+        model(x).square().mean().backward()
+        assert len(ups) == 2 and len(calls) == 2 * len(ups), (type(ups[0]), len(calls))
+    assert_same_gradients(stock, converted)
 
 
 def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):

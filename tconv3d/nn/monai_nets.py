@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .modules import Conv3d, ConvTranspose3d
 
@@ -36,12 +37,21 @@ class _UNETR:
         return x.view([x.size(0), *self.proj_view_shape]).permute(self.proj_axes)
 
 
+def _checkpointed(module: nn.Module) -> nn.Module | None:
+    """The module inside MONAI's ActivationCheckpointWrapper (CheckpointUNet wraps each level's down path,
+    subblock and up path in one), else None."""
+    return module.module if type(module).__name__ == "ActivationCheckpointWrapper" else None
+
+
 def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """layer(torch.cat([x, after], dim=1)) for a bare convolution, a MONAI `Convolution` (an nn.Sequential whose
     first module is its convolution or transposed convolution, then its norm, dropout and activation) or an
-    nn.Sequential that starts with one (MONAI UNet's up path: a Convolution, then a ResidualUnit): a tconv3d
+    nn.Sequential that starts with one (MONAI UNet's up path: a Convolution, then a ResidualUnit), each possibly
+    in MONAI's ActivationCheckpointWrapper (checkpointed as the wrapper does, both inputs saved): a tconv3d
     convolution reads `after` in place as its channels_after; anything else (a layer convert left alone) gets the
     concatenation."""
+    if (inner := _checkpointed(layer)) is not None:  # the wrapper's own call: checkpoint(module, input)
+        return checkpoint(conv_of_concatenation, inner, x, after, use_reentrant=False)
     if isinstance(layer, (Conv3d, ConvTranspose3d)):
         return layer(x, channels_after=after)
     if not isinstance(layer, nn.Sequential) or not len(layer):
@@ -128,7 +138,10 @@ def _is_connection(block: nn.Module) -> bool:
 
 
 def _through_connections(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """block(x), each connection block's up path reading torch.cat([x, subblock(x)], dim=1) in place."""
+    """block(x), each connection block's up path reading torch.cat([x, subblock(x)], dim=1) in place; a block in
+    MONAI's ActivationCheckpointWrapper (CheckpointUNet's subblocks) checkpointed as the wrapper does."""
+    if (inner := _checkpointed(block)) is not None and _is_connection(inner):
+        return checkpoint(_through_connections, inner, x, use_reentrant=False)
     if not _is_connection(block):
         return block(x)
     down, skip, up = block
@@ -140,10 +153,11 @@ class _UNet:
     """MONAI's UNet: each level is nn.Sequential(down, SkipConnection(subblock), up), whose SkipConnection returns
     torch.cat([x, subblock(x)], dim=1) and whose up path starts with a transposed convolution (then its norm and
     activation, and a ResidualUnit). The adapter runs the same modules level by level and hands subblock(x) to
-    that transposed convolution as channels_after, read in place. Hooks on the SkipConnection modules, which no
-    longer run, do not fire."""
+    that transposed convolution as channels_after, read in place. CheckpointUNet's levels (down path, subblock
+    and up path each in an ActivationCheckpointWrapper) are checkpointed as MONAI checkpoints them. Hooks on the
+    SkipConnection modules, which no longer run, do not fire."""
 
-    classes = ("monai.networks.nets.unet.UNet",)
+    classes = ("monai.networks.nets.unet.UNet", "monai.networks.nets.unet.CheckpointUNet")
     attributes = ("model",)
 
     @staticmethod
