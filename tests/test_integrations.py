@@ -263,6 +263,7 @@ def _monai_nets():
         "checkpoint_unet": lambda: (
             getattr(nets.unet, "CheckpointUNet", None) or pytest.skip("this MONAI has no CheckpointUNet")
         )(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=2),
+        "attention_unet": lambda: nets.AttentionUnet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2)),
         "dynunet": lambda: nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2], upsample_kernel_size=[2, 2]),
         "unetr": transformer(
             lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
@@ -274,10 +275,26 @@ def _monai_nets():
 
 # The input each MONAI network takes: its ViT's image size (UNETR); five halvings that leave the bottleneck's
 # instance norm more than one voxel (SwinUNETR).
-MONAI_NETS = {"unet": 16, "checkpoint_unet": 16, "dynunet": 16, "unetr": 32, "swin_unetr": 64, "basic_unet": 32}
+MONAI_NETS = {
+    "unet": 16,
+    "checkpoint_unet": 16,
+    "attention_unet": 16,
+    "dynunet": 16,
+    "unetr": 32,
+    "swin_unetr": 64,
+    "basic_unet": 32,
+}
 # Skip-connection concatenations that feed a convolution (MONAI UNet: a transposed one) in a forward, stock: each
 # becomes that convolution's channels_after once converted (monai_nets).
-MONAI_SKIP_CONCATS = {"unet": 2, "checkpoint_unet": 2, "dynunet": 2, "unetr": 8, "swin_unetr": 10, "basic_unet": 8}
+MONAI_SKIP_CONCATS = {
+    "unet": 2,
+    "checkpoint_unet": 2,
+    "attention_unet": 2,
+    "dynunet": 2,
+    "unetr": 8,
+    "swin_unetr": 10,
+    "basic_unet": 8,
+}
 
 
 @pytest.mark.parametrize("name", MONAI_NETS)

@@ -129,6 +129,24 @@ class _UpCat:
         return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))
 
 
+class _AttentionLayer:
+    """MONAI's AttentionUnet level: `self.merge(torch.cat((att, fromlower), dim=1))`, the attention-gated skip
+    features then the upsampled ones into a Convolution. The adapter gives that Convolution `fromlower` as
+    channels_after."""
+
+    classes = ("monai.networks.nets.attentionunet.AttentionLayer",)
+    attributes = ("upconv", "submodule", "attention", "merge")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        fromlower = self.upconv(self.submodule(x))
+        att = self.attention(g=fromlower, x=x)
+        return conv_of_concatenation(self.merge, att, fromlower)
+
+
 def _is_connection(block: nn.Module) -> bool:
     """MONAI UNet's connection block: nn.Sequential(down path, SkipConnection(subblock), up path), the skip
     concatenating along C."""
@@ -170,4 +188,4 @@ class _UNet:
         return _through_connections(self.model, x)
 
 
-ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet)
+ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer)
