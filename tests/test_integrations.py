@@ -91,6 +91,32 @@ def test_vae_gradients_match_stock(name, aten_path):
     assert_same_gradients(stock, converted)
 
 
+def saved_for_backward(model, run, x) -> int:
+    """The bytes autograd keeps for the backward of run(model, x): each saved tensor's storage counted once (a
+    view of it does not add), parameters included."""
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run(model, x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name", sorted(VAES))
+def test_vae_training_keeps_no_more_than_stock(name, aten_path):
+    """Leaner: for a training step's backward, a converted VAE (encode + decode) keeps no more than stock's
+    autograd does (no padded or concatenated copies saved; the fused norms keep their statistics, not their
+    intermediates)."""
+    stock, converted = stock_and_converted(VAES[name])
+    x = torch.randn(1, 3, 9, 16, 16)
+    stock_bytes, ours = (saved_for_backward(model.train(), encode_decode, x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+
+
 def assert_same_gradients(stock, converted):
     """Parameter gradients agree; those a normalisation makes zero in exact arithmetic (a bias right before it)
     are fp32 noise on both sides, so each may also differ by a few fp32 ulps of the whole gradient's norm."""
@@ -346,6 +372,15 @@ def test_monai_activations_stay_channels_last(name, aten_path):
     stock_copies = tconv3d.nn.audit(stock, x, verbose=False).totals["upstream_copies_into_convs"]
     assert stock_copies == MONAI_SKIP_CONCATS[name]
     assert report.totals["upstream_copies_into_convs"] == 0, report.table()
+
+
+@pytest.mark.parametrize("name", MONAI_NETS)
+def test_monai_training_keeps_no_more_than_stock(name, aten_path):
+    """Leaner: a converted MONAI network keeps no more for its backward than stock's autograd does."""
+    stock, converted = stock_and_converted(_monai_nets()[name])
+    x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
+    stock_bytes, ours = (saved_for_backward(model.train(), lambda m, x: m(x), x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
 
 
 def test_monai_checkpoint_unet_still_recomputes(aten_path):
