@@ -6,18 +6,20 @@ import torch
 
 LATENT_CHANNELS = {
     "wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4, "ltx2": 8,
+    "cosmos": 4, "easyanimate": 4,
 }  # fmt: skip
 
 # Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
 DEFAULT_LATENTS = {
     "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
     "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8), "hunyuan_video15": (1, 32, 5, 16, 16),
-    "ltx2": (1, 128, 3, 8, 8),
+    "ltx2": (1, 128, 3, 8, 8), "cosmos": (1, 16, 3, 32, 32), "easyanimate": (1, 16, 5, 32, 32),
 }  # fmt: skip
 CLASSES = {
     "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
     "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
     "hunyuan_video15": "AutoencoderKLHunyuanVideo15", "ltx2": "AutoencoderKLLTX2Video",
+    "cosmos": "AutoencoderKLCosmos", "easyanimate": "AutoencoderKLMagvit",
 }  # fmt: skip
 
 
@@ -73,5 +75,16 @@ def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
         return diffusers.AutoencoderKLHunyuanVideo15(
             latent_channels=4, block_out_channels=(8 * scale,) + (16 * scale,) * 3, layers_per_block=1,
             spatial_compression_ratio=8,
+        )  # fmt: skip
+    if name == "cosmos":  # Cosmos-1.0's tokenizer: Haar patches of 4, 8x in space and time, as released
+        return diffusers.AutoencoderKLCosmos(
+            latent_channels=4, encoder_block_out_channels=(8 * scale,) + (16 * scale,) * 3,
+            decode_block_out_channels=(16 * scale,) * 4, attention_resolutions=(8,), resolution=32, num_layers=1,
+            latents_mean=None, latents_std=None,
+        )  # fmt: skip
+    if name == "easyanimate":  # EasyAnimate's MagVit VAE: 8x in space, 4x in time, as released
+        return diffusers.AutoencoderKLMagvit(
+            latent_channels=4, block_out_channels=[8 * scale] + [16 * scale] * 3, layers_per_block=1,
+            norm_num_groups=4,
         )  # fmt: skip
     raise ValueError(f"unknown VAE {name!r}; known: {', '.join(LATENT_CHANNELS)}")

@@ -117,6 +117,36 @@ def test_group_norm_module_is_a_drop_in(activation, device):
     assert "activation='silu'" in repr(ours) or activation is None
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_group_norm_of_frames_in_the_batch_stays_channels_last(dtype, device, monkeypatch):
+    """A (B*T, C, H, W) channels_last input, the frames of a channels_last_3d video flattened into the batch (as
+    EasyAnimate's and Cosmos's per-frame norms do): tconv3d's kernel on its (N, C, 1, H, W) view, the result
+    channels_last, values and gradients against float64; an NCHW input still runs torch's."""
+    launched = []
+    real = tconv3d.nn.modules.call_group_norm
+    monkeypatch.setattr(tconv3d.nn.modules, "call_group_norm", lambda *a: launched.append(a[0].shape) or real(*a))
+    torch.manual_seed(0)
+    norm = tconv3d.nn.GroupNorm(2, 6, activation="silu").to(device)
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    video = torch.randn(2, 6, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL)
+    frames = leaf_copy(video.permute(0, 2, 1, 3, 4).flatten(0, 1))  # (6, 6, 4, 5), channels_last
+    assert frames.is_contiguous(memory_format=torch.channels_last) and not frames.is_contiguous()
+    out = norm(frames)
+    assert launched == [(6, 6, 1, 4, 5)] and out.is_contiguous(memory_format=torch.channels_last)
+    reference = leaf_copy(frames.double())
+    params = [leaf_copy(p.double()) for p in (norm.weight, norm.bias)]
+    expected = F.silu(F.group_norm(reference, 2, *params, norm.eps))
+    assert rel_l2(out, expected) < TOLERANCE[dtype]
+    grad = torch.randn_like(expected)
+    out.backward(grad.to(dtype))
+    expected.backward(grad)
+    assert rel_l2(frames.grad, reference.grad) < TOLERANCE[dtype]
+    assert rel_l2(norm.weight.grad, params[0].grad) < TOLERANCE[dtype]
+    norm(frames.contiguous())  # NCHW: torch's group_norm, not the kernel
+    assert len(launched) == 1
+
+
 @pytest.mark.parametrize("affine", [True, False])
 def test_instance_norm_module_is_a_drop_in(affine, device):
     stock = nn.InstanceNorm3d(6, affine=affine).to(device)

@@ -173,9 +173,10 @@ def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
 
 class GroupNorm(nn.GroupNorm):
     """`torch.nn.GroupNorm` on tconv3d's NDHWC kernels for 5-D inputs (channels_last_3d out, fp32 statistics,
-    no NCDHW intermediate), with an optional fused activation: `activation="silu"` is GroupNorm then SiLU in one
-    pass, the video VAE and UNet block's norm -> SiLU -> conv. Other inputs run torch's group_norm. Same
-    constructor, parameters and state_dict as nn.GroupNorm."""
+    no NCDHW intermediate) and 4-D channels_last ones (channels_last out: a video's frames in the batch), with an
+    optional fused activation: `activation="silu"` is GroupNorm then SiLU in one pass, the video VAE and UNet
+    block's norm -> SiLU -> conv. Other inputs run torch's group_norm. Same constructor, parameters and
+    state_dict as nn.GroupNorm."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None):
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
@@ -208,6 +209,11 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
 
 
+def _frames_of_channels_last(input: torch.Tensor) -> bool:
+    """A 4-D input laid out channels_last and not also contiguous (where both hold, NCHW is as good)."""
+    return input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
+
+
 def _check_activation(activation):
     if activation not in (None, "silu"):
         raise ValueError(f"activation must be None or 'silu', got {activation!r}")
@@ -215,6 +221,11 @@ def _check_activation(activation):
 
 
 def normalize(input, groups, weight, bias, eps, activation):
+    if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _frames_of_channels_last(input):
+        # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
+        # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
+        # result viewed back channels_last, where torch's group_norm would answer NCHW.
+        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation).squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         output = F.group_norm(input, groups, weight, bias, eps)
         return F.silu(output) if activation == "silu" else output

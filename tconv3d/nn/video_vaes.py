@@ -171,7 +171,32 @@ class _CogVideoXCausalConv3d:
         return torch.cat([front, inputs], dim=2)[:, :, -need:].clone(memory_format=torch.channels_last_3d)
 
 
-class _ReplicatePaddedConv3d:
+class _PaddedConv:
+    """Adapters of modules that pad their input one fixed way (`_padding(module)`: the op's (padding, mode), or
+    None where one op cannot) and then run their conv (`_conv(module)`): the padding is composed once, when
+    convert takes the module over, and the forward is one op with it inside."""
+
+    @staticmethod
+    def _conv(module) -> nn.Conv3d:
+        return module.conv
+
+    @classmethod
+    def reason(cls, module) -> str | None:
+        reason = conv_reason(cls._conv(module))
+        if reason is None and cls._padding(module) is None:
+            reason = f"its {module.pad_mode!r} padding and its conv's own cannot be one op's"
+        return reason
+
+    @classmethod
+    def prepare(cls, module) -> None:
+        module.tconv3d_padding = cls._padding(module)
+
+    def forward(self, hidden_states):
+        padding, mode = self.tconv3d_padding
+        return self.tconv3d_adapter._conv(self).convolve(hidden_states, padding, mode)
+
+
+class _ReplicatePaddedConv3d(_PaddedConv):
     """diffusers' HunyuanVideoCausalConv3d (and HunyuanVideo15CausalConv3d, the same class): F.pad(x,
     time_causal_padding, mode=pad_mode) then its conv, as one op with the padding and its mode inside."""
 
@@ -186,21 +211,6 @@ class _ReplicatePaddedConv3d:
     def _padding(module):
         mode = _FPAD_MODES.get(module.pad_mode)
         return _compose_padding(_from_fpad(module.time_causal_padding), (mode,) * 3, module.conv) if mode else None
-
-    @classmethod
-    def reason(cls, module) -> str | None:
-        reason = conv_reason(module.conv)
-        if reason is None and cls._padding(module) is None:
-            reason = f"its {module.pad_mode!r} padding and its conv's own padding cannot be one op's"
-        return reason
-
-    @staticmethod
-    def prepare(module) -> None:
-        module.tconv3d_padding = _ReplicatePaddedConv3d._padding(module)
-
-    def forward(self, hidden_states):
-        padding, mode = self.tconv3d_padding
-        return self.conv.convolve(hidden_states, padding, mode)
 
 
 def _ltx_time_padding(module, causal: bool):
@@ -250,6 +260,164 @@ class _LTX2VideoCausalConv3d:
     def forward(self, hidden_states, causal=True, frames_before=None):
         padding, mode = self.tconv3d_padding[bool(causal)]
         return self.conv.convolve(hidden_states, padding, mode, frames_before)
+
+
+class _CosmosCausalConv3d(_PaddedConv):
+    """diffusers' CosmosCausalConv3d: the first frame repeated `temporal_pad` times in front (torch.cat), then space
+    padded in its pad_mode (F.pad), then its conv (itself), which pads nothing: one op, both paddings inside."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosCausalConv3d",)
+    attributes = ("pad_mode", "temporal_pad", "spatial_pad")
+
+    @staticmethod
+    def _conv(module) -> nn.Conv3d:
+        return module
+
+    @staticmethod
+    def _padding(module):
+        mode = _FPAD_MODES.get(module.pad_mode)
+        if mode is None or module.temporal_pad < 0:
+            return None
+        wl, wr, ht, hb = module.spatial_pad
+        return _compose_padding([module.temporal_pad, 0, ht, hb, wl, wr], ("replicate", mode, mode), module)
+
+
+class _CosmosUpsample3d:
+    """diffusers' CosmosUpsample3d repeats frames and pixels with repeat_interleave, which answers NCDHW for a
+    channels_last_3d input (each conv after it then reads a layout copy). Nearest interpolation by the same whole
+    factors gives the same values and keeps channels_last_3d."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosUpsample3d",)
+    attributes = ("spatial_upsample", "temporal_upsample", "conv1", "conv2", "conv3")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        if not self.spatial_upsample and not self.temporal_upsample:
+            return hidden_states
+        if self.temporal_upsample:
+            factor = 2 if hidden_states.size(2) > 1 else 1
+            hidden_states = _repeat(hidden_states, (factor, 1, 1))[:, :, factor - 1 :]
+            hidden_states = self.conv1(hidden_states) + hidden_states
+        if self.spatial_upsample:
+            hidden_states = _repeat(hidden_states, (1, 2, 2))
+            hidden_states = self.conv2(hidden_states) + hidden_states
+        return self.conv3(hidden_states)
+
+
+def _repeat(x: torch.Tensor, factors) -> torch.Tensor:
+    """x.repeat_interleave(f, dim) along D, H and W by whole factors, in x's memory format (nearest
+    interpolation; an unbatched 4-D x as repeat_interleave takes it)."""
+    if x.dim() != 5:
+        for dim, factor in enumerate(factors):
+            x = x.repeat_interleave(factor, dim=x.dim() - 3 + dim)
+        return x
+    return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="nearest")
+
+
+class _EasyAnimateCausalConv3d:
+    """diffusers' EasyAnimateCausalConv3d (EasyAnimate's MagVit VAE): time padded in front by repeating the first
+    frame, or, on later calls, by the frames it kept from the previous one (`prev_features`, a torch.cat), then its
+    conv run once per output frame over a window of kd frames (one conv call per frame, then a torch.cat of the
+    outputs). Those windows, `t_stride` apart, are one convolution at that stride in time: one op here, the kept
+    frames read in place in front of the input, the repeated frames inside it. It keeps the same frames for the
+    next call as diffusers does."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateCausalConv3d",)
+    attributes = ("temporal_padding", "t_stride", "prev_features")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        reason = conv_reason(module)
+        if reason is None and (module.padding[0] != 0 or module.stride[0] != module.t_stride):
+            reason = f"its conv's time padding {module.padding[0]} or stride {module.stride[0]} is not diffusers'"
+        if reason is None and module.padding_mode not in _FPAD_MODES:
+            reason = f"its padding_mode is {module.padding_mode!r}"
+        return reason
+
+    def forward(self, hidden_states, bottom_right: int = 0):
+        """diffusers' forward; `bottom_right` (tconv3d's): zeros padded after H and W first (what
+        EasyAnimateDownsampler3D's F.pad does), inside the op. The frames kept for the next call are then kept
+        unpadded (diffusers keeps them padded): the op pads them with the clip."""
+        kept = self.temporal_padding
+        if self.prev_features is None:
+            front, pad = None, kept
+        else:
+            front = self.prev_features if self.t_stride != 2 else self.prev_features[:, :, -(kept - 1) :]
+            pad = 0
+        self.prev_features = _last_frames(front, hidden_states, kept)
+        _, hp, wp = self.padding
+        mode = _FPAD_MODES[self.padding_mode]
+        padding = (pad, 0, hp, hp + bottom_right, wp, wp + bottom_right)
+        return self.convolve(hidden_states, padding, f"replicate,{mode},{mode}", front)
+
+
+class _EasyAnimateResidualBlock:
+    """diffusers' EasyAnimateResidualBlock3D: with `spatial_group_norm` its GroupNorms run frame by frame on a
+    (B*T, C, H, W) permute of the video, whose results come back NCDHW to the next causal conv (a layout copy
+    each). Here each is one tconv3d group_norm over frames of the channels_last_3d activation (frame_group_norm),
+    the SiLU after it fused."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateResidualBlock3D",)
+    attributes = ("norm1", "norm2", "nonlinearity", "conv1", "conv2", "dropout", "shortcut", "spatial_group_norm",
+                  "output_scale_factor")  # fmt: skip
+
+    @staticmethod
+    def reason(module) -> str | None:
+        for norm in (module.norm1, module.norm2):
+            if not isinstance(norm, nn.GroupNorm):
+                return f"its norm is a {type(norm).__name__}, not an nn.GroupNorm"
+        return None
+
+    def _norm_then_activation(self, norm, x):
+        if not self.spatial_group_norm:
+            return norm_then_activation(norm, self.nonlinearity, x)
+        if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
+            frames = x.permute(0, 2, 1, 3, 4).flatten(0, 1)
+            y = F.group_norm(frames, norm.num_groups, norm.weight, norm.bias, norm.eps)
+            return self.nonlinearity(y.unflatten(0, (x.shape[0], -1)).permute(0, 2, 1, 3, 4))
+        if type(self.nonlinearity) is nn.SiLU:
+            return frame_group_norm(norm, x, "silu")
+        return self.nonlinearity(frame_group_norm(norm, x))
+
+    def forward(self, hidden_states):
+        shortcut = self.shortcut(hidden_states)
+        hidden_states = self.conv1(self._norm_then_activation(self.norm1, hidden_states))
+        hidden_states = self.dropout(self._norm_then_activation(self.norm2, hidden_states))
+        hidden_states = self.conv2(hidden_states)
+        return (hidden_states + shortcut) / self.output_scale_factor
+
+
+class _EasyAnimateDownsampler:
+    """diffusers' EasyAnimateDownsampler3D: F.pad of one zero row and column after H and W, then its causal conv
+    (stride 2): the padding inside the conv's op."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateDownsampler3D",)
+    attributes = ("conv",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        conv = module.conv
+        if class_name(type(conv)) not in _EasyAnimateCausalConv3d.classes:
+            return f"its conv is a {type(conv).__name__}"
+        if any(conv.padding[1:]) and conv.padding_mode != "zeros":
+            return f"its conv pads space in {conv.padding_mode!r} mode after the zeros"
+        return _EasyAnimateCausalConv3d.reason(conv)
+
+    def forward(self, hidden_states):
+        return self.conv(hidden_states, bottom_right=1)
+
+
+def _last_frames(front, x, frames: int) -> torch.Tensor:
+    """torch.cat([front, x], dim=2)[:, :, -frames:] as a new channels_last_3d tensor, the first frame of x
+    repeated where front is None (frames == 0: all of it, as Python's [-0:])."""
+    if frames and x.shape[2] >= frames:
+        return x[:, :, -frames:].clone(memory_format=_CL)
+    if front is None:
+        front = x[:, :, :1].expand(-1, -1, frames, -1, -1)
+    return torch.cat([front, x], dim=2)[:, :, -frames:].clone(memory_format=_CL)
 
 
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -338,11 +506,17 @@ class _MochiChunkedGroupNorm:
     def forward(self, x):
         if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
             return super().forward(x)
-        b, c, t, h, w = x.shape
-        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, 1, h, w)
-        norm = self.norm_layer
-        y = normalize(frames, norm.num_groups, norm.weight, norm.bias, norm.eps, None)
-        return y.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return frame_group_norm(self.norm_layer, x)
+
+
+def frame_group_norm(norm: nn.GroupNorm, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+    """`norm` applied to each frame of a 5-D x on its own (diffusers flattens the frames into the batch): one
+    tconv3d group_norm over a (B*T, C, 1, H, W) view, a view of a channels_last_3d x, the result viewed back;
+    `activation` ("silu") fused."""
+    b, c, t, h, w = x.shape
+    frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, 1, h, w)
+    y = normalize(frames, norm.num_groups, norm.weight, norm.bias, norm.eps, activation)
+    return y.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
 
 def _depth_to_space(x: torch.Tensor, stride) -> torch.Tensor:
@@ -826,6 +1000,8 @@ ADAPTERS = (
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
     _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
+    _CosmosCausalConv3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
+    _EasyAnimateDownsampler,
 )  # fmt: skip
 
 
