@@ -353,13 +353,20 @@ def test_monai_unets(name, aten_path):
 
 @pytest.mark.parametrize(
     "kernel, stride, downsampler",
-    [(3, 1, False), ((3, 3, 1), (2, 1, 2), False), (3, 2, True), ((1, 3, 3), 1, False), ((2, 3, 3), (2, 1, 1), False)],
+    [
+        (3, 1, False),
+        ((3, 3, 1), (2, 1, 2), False),
+        (3, 2, True),
+        (3, 2, "replicate"),
+        ((1, 3, 3), 1, False),
+        ((2, 3, 3), (2, 1, 1), False),
+    ],
 )
 def test_easyanimate_causal_conv_over_chunks(kernel, stride, downsampler, aten_path):
-    """EasyAnimate's causal conv (and its downsampler's F.pad) as one strided op a call, over a clip in chunks: the
-    first call replicate-pads, later ones read the frames kept from the call before; a 1-frame chunk, a chunk
-    shorter than the frames kept, kernel 1 in time (diffusers keeps all of a call's frames then) and stride 2
-    (it keeps one frame fewer); outputs and the kept frames against diffusers'."""
+    """EasyAnimate's causal conv (and its downsampler's F.pad, whatever the conv's padding_mode) as one strided op
+    a call, over a clip in chunks: the first call replicate-pads, later ones read the frames kept from the call
+    before; a 1-frame chunk, a chunk shorter than the frames kept, kernel 1 in time (diffusers keeps all of a
+    call's frames then) and stride 2 (it keeps one frame fewer); outputs and the kept frames against diffusers'."""
     magvit = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_magvit")
     torch.manual_seed(0)
     if downsampler:
@@ -367,6 +374,8 @@ def test_easyanimate_causal_conv_over_chunks(kernel, stride, downsampler, aten_p
     else:
         build = lambda: magvit.EasyAnimateCausalConv3d(4, 6, kernel_size=kernel, stride=stride)  # noqa: E731
     stock = nn.Sequential(build())
+    if downsampler == "replicate":  # a conv that pads nothing in a mode of its own: F.pad's zeros stay the border
+        stock[0].conv.padding_mode = "replicate"
     converted = tconv3d.nn.convert(copy.deepcopy(stock))
     assert is_converted(converted[0])
     conv = (lambda m: m[0].conv) if downsampler else (lambda m: m[0])

@@ -349,7 +349,8 @@ class _EasyAnimateCausalConv3d:
             pad = 0
         self.prev_features = _last_frames(front, hidden_states, kept)
         _, hp, wp = self.padding
-        mode = _FPAD_MODES[self.padding_mode]
+        # the downsampler's conv pads nothing itself (_EasyAnimateDownsampler.reason): its borders are the zeros
+        mode = "zeros" if bottom_right else _FPAD_MODES[self.padding_mode]
         padding = (pad, 0, hp, hp + bottom_right, wp, wp + bottom_right)
         return self.convolve(hidden_states, padding, f"replicate,{mode},{mode}", front)
 
@@ -403,7 +404,7 @@ class _EasyAnimateDownsampler:
         if class_name(type(conv)) not in _EasyAnimateCausalConv3d.classes:
             return f"its conv is a {type(conv).__name__}"
         if any(conv.padding[1:]) and conv.padding_mode != "zeros":
-            return f"its conv pads space in {conv.padding_mode!r} mode after the zeros"
+            return f"its conv pads space in {conv.padding_mode!r} mode after F.pad's zeros"
         return _EasyAnimateCausalConv3d.reason(conv)
 
     def forward(self, hidden_states):
