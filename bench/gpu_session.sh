@@ -18,7 +18,7 @@
 #             replay, tests/test_integrations.py on CUDA
 #   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
 #             problems up to hundreds of channels, every variant forced, Gluon natively, against float64
-# bench/NOTES.md ("The next GPU session") gives the calls that fit a session's 30 minutes.
+# bench/NOTES.md ("The next GPU session in 15 minutes") gives the calls that fit a session: plan1, plan2 below.
 # A kernel that hangs (an mbarrier wait nobody arrives at) costs one test or one candidate, not the call: tests
 # run under pytest-timeout's thread method (an xdist worker ends, another starts); the tuner and bench.variants
 # record what hung, exit 75 and are run again here, resuming past it.
@@ -32,10 +32,27 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+# The 15-minute session's two calls (bench/NOTES.md, "The next GPU session in 15 minutes"), each one word; any
+# variable set in the call's environment still wins:
+#   plan1   probe, the Gluon/TMA tests, bench.variants on the three layers that decide issue 28, 60 s of fuzzing
+#   plan2   the rest of the suite on CUDA
+case "${1:-}" in
+  plan1)
+    export CALL_SECONDS=${CALL_SECONDS:-430} VARIANT_TESTS_TIMEOUT=${VARIANT_TESTS_TIMEOUT:-180} \
+      FUZZ_SECONDS=${FUZZ_SECONDS:-60} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-150} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_320,down_s2"}
+    set -- probe variants fuzz
+    ;;
+  plan2)
+    export CALL_SECONDS=${CALL_SECONDS:-225} TESTS_TIMEOUT=${TESTS_TIMEOUT:-200} \
+      TESTS_ARGS=${TESTS_ARGS:-"--ignore=tests/test_gluon.py --ignore=tests/test_tma.py"}
+    set -- tests
+    ;;
+esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
     check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models | fuzz) ;;
-    *) echo "unknown stage $stage: check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models or fuzz" >&2
+    *) echo "unknown stage $stage: plan1 or plan2 alone, or check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models or fuzz" >&2
        exit 2 ;;
   esac
 done
