@@ -441,6 +441,31 @@ def test_monai_training_keeps_no_more_than_stock(name, aten_path):
     assert 0 < ours <= stock_bytes, (ours, stock_bytes)
 
 
+@pytest.mark.parametrize("name", ["unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet"])
+def test_monai_compile_adds_no_graph_breaks(name, aten_path):
+    """torch.compile traces a converted MONAI network (its skip connections read in place by the adapters) with
+    no more graph breaks than stock, the tconv3d ops in the graph, and the compiled training step (aot_eager)
+    matches eager: outputs and parameter gradients."""
+    stock, converted = stock_and_converted(_monai_nets()[name])
+    x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
+    torch._dynamo.reset()
+    stock_breaks = torch._dynamo.explain(stock)(x).graph_break_count
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(converted)(x)
+    assert explained.graph_break_count <= stock_breaks
+    # with the ops of subgraphs too (a checkpointed region is one: CheckpointUNet's levels)
+    graphs = [m for g in explained.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)]
+    targets = {str(node.target) for g in graphs for node in g.graph.nodes}
+    assert any("tconv3d.conv3d" in t for t in targets), targets
+    eager = copy.deepcopy(converted)
+    torch._dynamo.reset()
+    compiled = torch.compile(converted, backend="aot_eager")
+    for model in (eager, compiled):
+        model(x).square().mean().backward()
+    assert rel_l2(compiled(x), eager(x)) < MATCH
+    assert_same_gradients(eager, converted)
+
+
 def test_monai_checkpoint_unet_still_recomputes(aten_path):
     """Converted, CheckpointUNet keeps MONAI's activation checkpointing: each level's up path (its transposed conv
     reading the skip connection in place) runs again in the backward, as stock's does."""
