@@ -52,8 +52,8 @@ def stock_and_converted(build):
 
 
 # Convolutions a model's own code calls outside any conv module, which stay on torch: Cosmos's Haar wavelet
-# transforms (F.conv3d in its patcher, F.conv_transpose3d in its unpatcher, 4 levels of 2-tap filters a transform).
-FUNCTIONAL_CONVS = {"cosmos": 28}
+# transforms: (F.conv3d calls in its patcher, F.conv_transpose3d calls in its unpatcher), 2-tap filters.
+FUNCTIONAL_CONVS = {"cosmos": (28, 28)}
 
 
 def assert_all_on_tconv3d(report, every_layer_called=True, functional=0):
@@ -74,12 +74,14 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
     before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
     after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
     assert len(after.layers) == len(before.layers) > 0
-    functional = FUNCTIONAL_CONVS.get(name, 0)
+    functional, functional_transposed = FUNCTIONAL_CONVS.get(name, (0, 0))
     if name == "easyanimate":  # its causal conv ran once per output frame: one op a call now
         assert before.aten_conv3d_calls - functional > after.tconv3d_calls
     else:
         assert before.aten_conv3d_calls - functional == after.tconv3d_calls
     assert_all_on_tconv3d(after, functional=functional)
+    assert after.aten_conv_transpose3d_calls == functional_transposed
+    assert after.totals["aten_convs_outside_layers"] == functional + functional_transposed
     if name in RMS_NORMED:  # their RMS norms on tconv3d, each with the SiLU that follows it
         assert after.norm_calls > 0
         fused = [m for m in converted.modules() if class_name(type(m)) in NORM_SILU_BLOCKS]

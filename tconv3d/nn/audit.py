@@ -60,6 +60,11 @@ class Audit:
             "tconv3d_calls": self.tconv3d_calls,
             "aten_conv3d_calls": self.aten_conv3d_calls,
             "aten_conv_transpose3d_calls": self.aten_conv_transpose3d_calls,
+            # the model's own F.conv3d / F.conv_transpose3d calls, outside any conv module: nothing convert can take
+            # over (Cosmos's Haar wavelet transforms)
+            "aten_convs_outside_layers": self.aten_conv3d_calls
+            + self.aten_conv_transpose3d_calls
+            - count("aten_calls"),
             "layout_copies": count("layout_copies"),
             "norm_calls": self.norm_calls,
             "norm_layout_copies": self.norm_layout_copies,
