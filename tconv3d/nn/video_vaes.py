@@ -281,6 +281,69 @@ class _CosmosCausalConv3d(_PaddedConv):
         wl, wr, ht, hb = module.spatial_pad
         return _compose_padding([module.temporal_pad, 0, ht, hb, wl, wr], ("replicate", mode, mode), module)
 
+    def forward(self, hidden_states, padding=None, mode=None):
+        """diffusers' forward; `padding` and `mode` (tconv3d's): this call's instead (CosmosDownsample3d's, its
+        own pad or repeated frame added)."""
+        if padding is None:
+            padding, mode = self.tconv3d_padding
+        return self.convolve(hidden_states, padding, mode)
+
+
+class _CosmosDownsample3d:
+    """diffusers' CosmosDownsample3d: in space, F.pad of one zero row and column, then a stride-2 conv plus a 2x2
+    average pool of the padded tensor; in time, the first frame concatenated in front, then a stride-2 causal conv
+    plus a 2-frame average pool of the concatenation. Here both paddings are inside the convs' ops and the pools
+    read the input itself: in space where H and W are even (the padded row and column fall outside every pooling
+    window; diffusers' own sum fails on odd sizes), in time as a pool that counts only real frames in a window
+    padded by one frame (the first window averages the repeated first frame with itself: that frame, exactly)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosDownsample3d",)
+    attributes = ("spatial_downsample", "temporal_downsample", "conv1", "conv2", "conv3")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        for name in ("conv1", "conv2"):
+            conv = getattr(module, name)
+            if isinstance(conv, nn.Identity):
+                continue
+            if class_name(type(conv)) not in _CosmosCausalConv3d.classes or any(conv.spatial_pad):
+                return f"its {name} is not a CosmosCausalConv3d that pads nothing in space"
+        return None
+
+    def forward(self, hidden_states):
+        if not self.spatial_downsample and not self.temporal_downsample:
+            return hidden_states
+        if self.spatial_downsample:
+            conv = self.conv1
+            if hidden_states.shape[-2] % 2 or hidden_states.shape[-1] % 2 or not _taken_over(conv):
+                padded = F.pad(hidden_states, (0, 1, 0, 1, 0, 0), mode="constant", value=0)
+                pooled = F.avg_pool3d(padded, kernel_size=(1, 2, 2), stride=(1, 2, 2))
+                hidden_states = conv(padded) + pooled
+            else:
+                padding = (conv.temporal_pad, 0, 0, 1, 0, 1)
+                pooled = F.avg_pool3d(hidden_states, kernel_size=(1, 2, 2), stride=(1, 2, 2))
+                hidden_states = conv(hidden_states, padding, "replicate,zeros,zeros") + pooled
+        if self.temporal_downsample:
+            conv = self.conv2
+            if not _taken_over(conv):
+                joined = torch.cat([hidden_states[:, :, :1, ...], hidden_states], dim=2)
+                pooled = F.avg_pool3d(joined, kernel_size=(2, 1, 1), stride=(2, 1, 1))
+                hidden_states = conv(joined) + pooled
+            else:
+                out = conv(hidden_states, (conv.temporal_pad + 1, 0, 0, 0, 0, 0), "replicate,zeros,zeros")
+                if hidden_states.shape[2] > 1:
+                    pooled = F.avg_pool3d(hidden_states, kernel_size=(2, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0),
+                                          count_include_pad=False)[:, :, : out.shape[2]]  # fmt: skip
+                else:  # one frame: the one window, the frame with itself (torch pools no shorter input than kernel)
+                    pooled = hidden_states
+                hidden_states = out + pooled
+        return self.conv3(hidden_states)
+
+
+def _taken_over(conv: nn.Module) -> bool:
+    """A Cosmos conv convert took over (a filter may have left it alone)."""
+    return getattr(type(conv), "tconv3d_adapter", None) is _CosmosCausalConv3d
+
 
 class _CosmosUpsample3d:
     """diffusers' CosmosUpsample3d repeats frames and pixels with repeat_interleave, which answers NCDHW for a
@@ -1001,7 +1064,7 @@ ADAPTERS = (
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
     _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
-    _CosmosCausalConv3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
+    _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler,
 )  # fmt: skip
 
