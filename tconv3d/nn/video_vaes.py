@@ -157,18 +157,8 @@ class _CogVideoXCausalConv3d:
         else:
             padding, mode, frames_before = (0, 0, hp, hp, wp, wp), "zeros", None
         output = conv.convolve(inputs, padding, mode, frames_before)
-        return output, self._next_cache(inputs, frames_before, k)
-
-    @staticmethod
-    def _next_cache(inputs, frames_before, k):
-        """The last k - 1 frames of what diffusers would have concatenated, as a new channels_last_3d tensor."""
-        if k == 1:
-            return inputs.clone()  # diffusers' inputs[:, :, -0:] is all of it
-        need = k - 1
-        if inputs.shape[2] >= need:
-            return inputs[:, :, -need:].clone(memory_format=torch.channels_last_3d)
-        front = frames_before if frames_before is not None else inputs[:, :, :1].expand(-1, -1, need, -1, -1)
-        return torch.cat([front, inputs], dim=2)[:, :, -need:].clone(memory_format=torch.channels_last_3d)
+        # the last k - 1 frames of what diffusers would have concatenated (k = 1: all of the input, as its [-0:])
+        return output, _last_frames(frames_before, inputs, k - 1)
 
 
 class _PaddedConv:
@@ -438,11 +428,7 @@ class _EasyAnimateResidualBlock:
     def _norm_then_activation(self, norm, x):
         if not self.spatial_group_norm:
             return norm_then_activation(norm, self.nonlinearity, x)
-        if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
-            frames = x.permute(0, 2, 1, 3, 4).flatten(0, 1)
-            y = F.group_norm(frames, norm.num_groups, norm.weight, norm.bias, norm.eps)
-            return self.nonlinearity(y.unflatten(0, (x.shape[0], -1)).permute(0, 2, 1, 3, 4))
-        if type(self.nonlinearity) is nn.SiLU:
+        if type(self.nonlinearity) is nn.SiLU:  # (a dtype tconv3d does not run: torch's group_norm, normalize)
             return frame_group_norm(norm, x, "silu")
         return self.nonlinearity(frame_group_norm(norm, x))
 
@@ -476,10 +462,14 @@ class _EasyAnimateDownsampler:
 
 def _last_frames(front, x, frames: int) -> torch.Tensor:
     """torch.cat([front, x], dim=2)[:, :, -frames:] as a new channels_last_3d tensor, the first frame of x
-    repeated where front is None (frames == 0: all of it, as Python's [-0:])."""
+    repeated where front is None (frames == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
+    frames a video VAE's causal conv keeps for its next chunk (CogVideoX's conv_cache, EasyAnimate's
+    prev_features)."""
     if frames and x.shape[2] >= frames:
         return x[:, :, -frames:].clone(memory_format=_CL)
     if front is None:
+        if not frames:
+            return x.clone()
         front = x[:, :, :1].expand(-1, -1, frames, -1, -1)
     return torch.cat([front, x], dim=2)[:, :, -frames:].clone(memory_format=_CL)
 
