@@ -164,3 +164,40 @@ def test_kept_weight_strides_are_torch_empty_strides(memory_format, rank):
     for shape in itertools.product((0, 1, 2, 3), repeat=rank):
         expected = torch.empty(shape, device="meta", memory_format=memory_format).stride()
         assert format_strides(shape, memory_format) == expected, shape
+
+
+def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
+    """What a CUDA-graph capture refuses (test_gpu.py's capture of this model found it on the hardware): once its
+    kernels and configs are chosen, a converted model's training step makes no tensor from host data
+    (torch.tensor(...), or a Python number written into a tensor: on a GPU a copy from pageable host memory);
+    tables made on the first call are cached."""
+    from helpers import TinyUNet
+
+    seen = []
+    setitem, tensor = torch.Tensor.__setitem__, torch.tensor
+
+    def recording_setitem(self, index, value):
+        if not isinstance(value, torch.Tensor):
+            seen.append(f"a number written into a {tuple(self.shape)} tensor")
+        return setitem(self, index, value)
+
+    def recording_tensor(*args, **kwargs):
+        seen.append("torch.tensor")
+        return tensor(*args, **kwargs)
+
+    torch.manual_seed(0)
+    model = tconv3d.nn.convert(
+        torch.nn.Sequential(TinyUNet(channels=3, width=8), nn.InstanceNorm3d(3, affine=True))
+    ).to(device)
+    x = torch.randn(1, 3, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last_3d)
+
+    def step():
+        y = model(x)
+        return torch.autograd.grad(y.square().mean(), list(model.parameters()))
+
+    step()  # first use: kernels compiled (here: interpreted), configs chosen, tables cached
+    monkeypatch.setattr(torch.Tensor, "__setitem__", recording_setitem)
+    monkeypatch.setattr(torch, "tensor", recording_tensor)
+    step()
+    monkeypatch.undo()
+    assert not seen, seen

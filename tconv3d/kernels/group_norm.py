@@ -152,8 +152,9 @@ def group_statistics(partials: torch.Tensor, voxels: int, groups: int, eps: floa
     """Per (n, group) mean and rstd (fp32 [N, groups]) from the forward partials, combined in a fixed order."""
     n, splits, _, c = partials.shape
     per_split, _ = _splits(voxels)
-    counts = torch.full((splits,), float(per_split), device=partials.device)
-    counts[-1] = voxels - per_split * (splits - 1)
+    # made on the device (the last split's count is the rest): nothing copied from the host, which a CUDA-graph
+    # capture refuses
+    counts = (voxels - per_split * torch.arange(splits, device=partials.device)).clamp_(max=per_split).float()
     means = partials[:, :, 0].view(n, splits, groups, c // groups)
     m2 = partials[:, :, 1].view(n, splits, groups, c // groups)
     weights = counts.view(1, splits, 1, 1)
