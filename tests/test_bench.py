@@ -324,9 +324,9 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     assert seen == [2, 1, 2]
 
 
-def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch):
-    """bench.vae_decode's `kernels`: the variant each conv launch ran, as tconv3d chose it (here TCONV3D_KERNELS=tma
-    on the interpreter): a causal conv with cached frames and replicate along D on the TMA kernel, one with
+def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, device):
+    """bench.vae_decode's `kernels`: the variant each conv launch ran, as tconv3d chose it (here TCONV3D_KERNELS=tma,
+    on the interpreter or a GPU): a causal conv with cached frames and replicate along D on the TMA kernel, one with
     replicate in H and W at stride 2 there on the pointer kernel."""
     import tconv3d
     from bench.vae_decode import kernel_variants
@@ -336,8 +336,8 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch):
     monkeypatch.setattr(settings, "KERNELS", "tma")
     monkeypatch.setattr(choice, "_memo", {})
     cl = torch.channels_last_3d
-    x, before = (torch.randn(1, 8, d, 5, 6).contiguous(memory_format=cl) for d in (3, 2))
-    w = torch.randn(8, 8, 3, 3, 3)
+    x, before = (torch.randn(1, 8, d, 5, 6, device=device).contiguous(memory_format=cl) for d in (3, 2))
+    w = torch.randn(8, 8, 3, 3, 3, device=device)
 
     def causal_convs():
         tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), padding_mode="replicate,zeros,zeros", frames_before=before)

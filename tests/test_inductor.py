@@ -12,6 +12,8 @@ compiles to the same PTX as the kernel itself; what the path cannot express stay
 import pytest
 from test_static_compile import CUOBJDUMP, compile_script
 
+from tconv3d import settings as tconv3d_settings
+
 pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
 
 SCRIPT = r"""
@@ -237,6 +239,7 @@ def test_what_stays_one_op(setting, kernels, traced):
         assert explained.startswith("its kernels" if traced else "op call: TMA"), explained
 
 
+@pytest.mark.skipif(not tconv3d_settings.INTERPRET, reason="the interpreter's case; test_gpu.py has the GPU's")
 def test_the_interpreter_keeps_ops_whole(monkeypatch):
     """Under the interpreter (this suite on CPU) the setting changes nothing: the interpreter runs the kernels,
     which Inductor cannot; compiled, the ops stay calls and compute what eager does; explain says why."""
