@@ -123,20 +123,33 @@ def test_weight_gradient_grids_fill_their_waves(records):
     """Equal-length programs in 2.05 waves leave a third of the device idle in the third: the split-K choice
     must keep the last wave at least 3/4 busy wherever the reduction is long enough for 3 waves (each split
     keeps at least 8 steps; from 3 waves on, any count fills its last wave 3/4)."""
+    from tconv3d.kernels.config import gemm_view, split_rows
     from tconv3d.tune.shapes import load_shape_set
 
-    voxels = {s.name: s.geometry().output_voxels for s in load_shape_set("bench") + load_shape_set("awkward")}
+    geoms = {s.name: s.geometry() for s in load_shape_set("bench") + load_shape_set("awkward")}
     poor = []
     for r in _heuristic(records):
-        if r["direction"] != "wgrad" or r["waves"] < 1 or r["config"].get("direct"):
+        if r["direction"] != "wgrad" or r["config"].get("direct"):
             continue
-        tiles, splits, *groups = r["grid"]
-        tiles *= groups[0] if groups else 1
-        held_at_once = tiles * splits / r["waves"]  # programs the device holds at once, as compiled
-        most_splits = -(-voxels[r["case"]] // r["config"]["block_k"]) // 8
+        config, waves = r["config"], r["waves"]
+        if config.get("gluon") == 2:  # persistent: its programs (one grid row) walk tiles x splits work units
+            view = gemm_view("wgrad", geoms[r["case"]])
+            tiles = -(-view.rows // config["block_m"]) * -(-view.cols // config["block_n"]) * view.grid_taps
+            tiles *= view.groups
+            rows = split_rows(view.reduction, config["split_k"], config["block_k"])
+            splits = -(-view.reduction // rows)
+            held_at_once = r["grid"][0]
+            waves = tiles * splits / held_at_once
+        else:
+            tiles, splits, *groups = r["grid"]
+            tiles *= groups[0] if groups else 1
+            held_at_once = tiles * splits / waves  # programs the device holds at once, as compiled
+        if waves < 1:
+            continue
+        most_splits = -(-geoms[r["case"]].output_voxels // config["block_k"]) // 8
         if tiles * most_splits < 3 * held_at_once:
             continue  # the reduction is too short to split into 3 waves
-        if r["waves"] / -(-r["waves"] // 1) < 0.75:
+        if waves / -(-waves // 1) < 0.75:
             poor.append(r)
     assert not poor, [f"{n}: {r['waves']} waves" for n, r in zip(_names(poor), poor, strict=True)]
 
@@ -229,6 +242,7 @@ for shape in load_shape_set("bench"):
             if not configs.tma_eligible(direction, geom, dtype):
                 continue
             config = configs.heuristic_config(direction, geom, dtype, ARCHS[90].sm_count, capability=90)
+            config = dataclasses.replace(config, gluon=0)  # the Triton TMA kernel on the Gluon kernel's tiles
             if not config.tma_box_w:  # strided: the heuristic keeps the pointer kernels, a table may take TMA
                 config = configs.with_tma(config, geom, direction)
             report = compile_launch(direction, geom, dtype, config, 90)[0]
@@ -237,13 +251,15 @@ for shape in load_shape_set("bench"):
 # descriptors, the weight gradient one launch per source
 skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
 for direction in ("fwd", "wgrad"):
-    config = configs.with_tma(configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90), skip, direction)
+    config = configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90)
+    config = configs.with_tma(dataclasses.replace(config, gluon=0), skip, direction)
     for report in (r for r in compile_launch(direction, skip, torch.bfloat16, config, 90) if "tma" in r.kernel):
         out.append({"case": "unet_skip", "direction": direction, "config": config.to_dict(), **report.to_dict()})
 # MONAI UNet's up conv (stride 2) transposing a 64 + 64-channel concatenation: the input gradient's boxes from two
 # descriptors, through the phase views of grad_in
 up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
-config = configs.with_tma(configs.heuristic_config("dgrad", up, torch.bfloat16, 132, 90), up, "dgrad")
+config = configs.heuristic_config("dgrad", up, torch.bfloat16, 132, 90)
+config = configs.with_tma(dataclasses.replace(config, gluon=0), up, "dgrad")
 report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
 out.append({"case": "unet_up", "direction": "dgrad", "config": config.to_dict(), **report.to_dict()})
 print(json.dumps(out))
@@ -264,7 +280,7 @@ for after in (0, 64):  # the same 128 channels, one source or two (a skip connec
     for capability in (90, 80):
         for direction, geom in (("fwd", geom), ("wgrad", geom), ("dgrad", transposed)):
             config = configs.heuristic_config(direction, geom, torch.bfloat16, 132, capability)
-            config = dataclasses.replace(config, tma_box_w=0)  # one source on sm_90: the TMA kernel otherwise
+            config = dataclasses.replace(config, tma_box_w=0, gluon=0)  # one source on sm_90: a box kernel else
             report = compile_launch(direction, geom, torch.bfloat16, config, capability)[0]
             out.append({"after": after, "arch": capability, "direction": direction, **report.to_dict()})
 print(json.dumps(out))

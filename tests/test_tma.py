@@ -13,7 +13,7 @@ from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dty
 
 import tconv3d
 from tconv3d import settings
-from tconv3d.kernels import conv_dgrad, conv_fwd, conv_tma, conv_wgrad
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice
@@ -230,7 +230,7 @@ def test_unaligned_output_rows_with_split_k_and_row_boxes(split_k, device):
         assert y.is_contiguous(memory_format=CL) and rel_l2(y, expected) < tolerance(torch.float32)
 
 
-def test_eligibility_and_box_width():
+def test_eligibility_and_box_width(monkeypatch):
     from tconv3d.geometry import conv_geometry
 
     geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)
@@ -264,14 +264,22 @@ def test_eligibility_and_box_width():
     assert not tma_eligible("fwd", dataclasses.replace(spatial, stride=(1, 2, 1)), torch.bfloat16)
     strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
     assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
-    # The heuristic on sm_90: a border mode along D keeps the TMA loop as it is; frames_before (a branch per step
-    # in the Triton TMA loop) stays on the pointer kernels until a GPU has timed it, but in the input gradient.
+    # The heuristic on sm_90: a border mode along D keeps the box loops as they are; frames_before (a branch per step
+    # in the box loops) stays on the pointer kernels until a GPU has timed it, but in the input gradient. The box
+    # kernel is the warp-specialized Gluon one where this Triton has it (timed on the H200), else the TMA one.
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
-    for problem, variants in (
-        (replicate_d, ["tma"] * 3), (causal, ["pointer", "tma", "pointer"]), (spatial, ["pointer", "tma", "pointer"])
-    ):  # fmt: skip
-        chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90).variant for d in ("fwd", "dgrad", "wgrad")]
-        assert chosen == variants
+    long_rows = conv_geometry((1, 64, 4, 64, 256), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
+    # (replicate_d's forward is split over its reduction to fill 132 SMs: the pointer kernel; long_rows' is not)
+    assert heuristic_config("fwd", replicate_d, torch.bfloat16, 132, 90).split_k > 1
+    for unavailable, box in ((None, "gluon"), ("a Triton without Gluon", "tma")):
+        monkeypatch.setattr(conv_gluon, "UNAVAILABLE", unavailable)
+        for problem, variants in (
+            (replicate_d, ["pointer", box, box]), (causal, ["pointer", box, "pointer"]),
+            (spatial, ["pointer", box, "pointer"]), (long_rows, [box] * 3),
+        ):  # fmt: skip
+            chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90) for d in ("fwd", "dgrad", "wgrad")]
+            assert [c.variant for c in chosen] == variants
+            assert all(c.gluon in (0, 2) for c in chosen)
 
 
 def test_row_box_where_rows_fill_it():

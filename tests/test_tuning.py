@@ -405,7 +405,8 @@ def test_nearest_candidates_time_every_form_of_the_default_tile(monkeypatch):
     near = tuner.nearest_candidates(candidates("dgrad", wide, torch.bfloat16, smem, tma=True, gluon=True), default, 24)
     assert default.tma_box_w == 16
     mine = [c for c in near if tuner._tile(c) == tuner._tile(default)]
-    assert {c.tma_box_w for c in mine} >= {0, default.block_m} and {c.gluon for c in mine} >= {1, 2}
+    assert default.gluon == 2  # the heuristic's sm_90 bf16 choice: the warp-specialized Gluon kernel
+    assert {c.tma_box_w for c in mine} >= {0, default.block_m} and {c.gluon for c in mine} >= {0, 1}
     small = geometry(cin=320, cout=320, size=(8, 8, 8), batch=2)  # unet_320: the heuristic splits 6 ways
     default = configs.heuristic_config("fwd", small, torch.bfloat16, 132, 90)
     near = tuner.nearest_candidates(candidates("fwd", small, torch.bfloat16, smem, tma=True), default, 24)

@@ -349,22 +349,33 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
 def heuristic_config(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
 ) -> KernelConfig:
-    """The heuristic's tiles, as the TMA variant on sm_90+ (capability >= 90) for eligible stride-1 problems and
-    the direct kernels for depthwise ones. The TMA kernels of a strided problem (phase views) and of one reading
-    frames_before or channels_after (each step's box from one of two descriptors: the Triton TMA loop branches
-    around its load and MMA) come from a tuning table or TCONV3D_KERNELS until a GPU has timed them against the
-    pointer kernels (bench/NOTES.md), as do those of a forward or weight gradient whose border in H or W reads
-    input voxels (its interior on a box kernel, its border strips on the pointer kernel); a border mode along D
-    alone leaves the TMA loop as it is."""
+    """The heuristic's tiles, as the direct kernels for depthwise problems and, on sm_90+ (capability >= 90), as a
+    box variant where the hardware has timed one against the pointer kernels (tests/gpu_logs/NVIDIA_H200/
+    run1_e382175, bench/NOTES.md), on the same tiles:
+    - in fp16/bf16 on sm_90, the warp-specialized Gluon kernel where it takes the tiles (gluon_takes): it beat the
+      TMA kernel in all three directions of wan_dec_384b (1.10-1.23x) and unet_320's weight gradient (2.2x), and
+      the pointer kernels in down_s2's strided input and weight gradients (3.7x, 1.4x);
+    - else the TMA kernel at stride 1;
+    - neither for a strided forward (down_s2's on Gluon: 0.56x the pointer kernel) or one split over its reduction to
+      fill a small grid (unet_320's on TMA: 0.50x).
+    A problem reading frames_before or channels_after (each step's box from one of two descriptors), or a forward
+    or weight gradient whose border in H or W reads input voxels (its interior on a box kernel, its border strips
+    on the pointer kernel), stays on the pointer kernels until a GPU has timed it, a tuning table or
+    TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
     borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
     second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
-    untimed = tuple(geom.stride) != (1, 1, 1) or second_source or borders
-    if capability >= TMA_MIN_CAPABILITY and not untimed and tma_eligible(direction, geom, dtype):
-        config = with_tma(config, geom, direction)
-    return config
+    if capability < TMA_MIN_CAPABILITY or second_source or borders or not tma_eligible(direction, geom, dtype):
+        return config
+    strided = tuple(geom.stride) != (1, 1, 1)
+    if direction == "fwd" and (strided or config.split_k > 1):
+        return config
+    gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
+    if gluon and gluon_eligible(direction, geom, dtype) and gluon_takes(config):
+        return with_gluon(config, geom, direction, specialized=True)
+    return config if strided else with_tma(config, geom, direction)
 
 
 def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
