@@ -107,10 +107,13 @@ run_stage() {
     ;;
   probe)  # first: a map the driver refuses fails every TMA and Gluon test after it for the same reason
     timeout "$(left 90)" python3 tests/gpu/tma_probe.py --out "$OUT/tma_probe.json" 2>&1
-    # A map among the risks not taken (or no verdict): the rest of the call runs launches with such maps on the
-    # pointer kernels. A control that fails is the probe's table to read: nothing TMA will run then.
-    if ! python3 -c "import json, sys; sys.exit(any(r['verdict'] != 'ok' for r in json.load(open(sys.argv[1]))))" \
-        "$OUT/tma_probe.json" 2>/dev/null; then
+    # A map among the risks not taken: the rest of the call runs launches with such maps on the pointer kernels.
+    # A control that fails is the probe's table to read: nothing TMA will run then. No verdict at all (the probe
+    # cut off) changes nothing: on the H200 (2026-11-26) the tests passed with those maps.
+    if [ ! -s "$OUT/tma_probe.json" ]; then
+      echo "[gpu_session] the probe gave no verdict: tensor maps as by default"
+    elif ! python3 -c "import json, sys; sys.exit(any(r['verdict'] != 'ok' for r in json.load(open(sys.argv[1]))))" \
+        "$OUT/tma_probe.json"; then
       export TCONV3D_TMA_MAPS=strict
       echo "[gpu_session] a tensor map in doubt was not taken: TCONV3D_TMA_MAPS=strict for the rest of this call"
     fi
