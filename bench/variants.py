@@ -4,9 +4,9 @@
 
 For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches
 tconv3d's launcher directly with each variant's config: the chosen one (table or heuristic) forced to pointer,
-to TMA (its choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on the Hopper GEMM
-tile 128x256x64 with 8 warps, and both with the warp-specialized TMA producer), and split-K against none where
-the grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is
+to TMA (its choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on a wide Hopper
+GEMM tile with 8 warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the
+warp-specialized TMA producer), and split-K against none where the grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is
 reported as such and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN
 on channels_last_3d tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers
 the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
@@ -40,7 +40,17 @@ from .run import bench_ms, measure_peaks, peak_for
 CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
 DEFAULT_CASES = "wan_dec_384b,unet_320,down_s2,hunyuan_512,wan_dec_384a,wan_dec_192,hunyuan_128,cogvideo_256,unet_64"
-HOPPER_TILE = configs.KernelConfig(128, 256, 64, 8, 3)
+HOPPER_TILES = (configs.KernelConfig(128, 256, 64, 8, 3), configs.KernelConfig(256, 128, 64, 8, 3))
+
+
+def wide_tile(direction: str, geom, chosen: configs.KernelConfig) -> configs.KernelConfig:
+    """The wide Hopper tile that wastes no columns: 128x256 where the GEMM's columns are a multiple of 256, else
+    256x128 (on the H200, 128x256 ran 0.63-0.75x of 128x128 on a 384-channel layer: its second column tile was half
+    empty). The weight gradient keeps the chosen split of its reduction (one 128x256 tile a program was 1.2 waves
+    of wan_dec_384b's weight gradient unsplit)."""
+    wide, tall = HOPPER_TILES
+    tile = wide if configs.gemm_view(direction, geom).cols % wide.block_n == 0 else tall
+    return dataclasses.replace(tile, split_k=chosen.split_k if direction == "wgrad" else 1)
 # The row of the persistent kernel's tiles run at one program an SM where it would run two.
 ONE_PROGRAM_PER_SM = "gluon_ws_1_sm"
 
@@ -63,10 +73,12 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
             found["split_k"] = dataclasses.replace(chosen, split_k=split)
     if gluon_runs and configs.gluon_eligible(direction, geom, dtype):
         found["gluon"] = choice.force_variant(direction, geom, dtype, chosen, "gluon", gluon_runs=True)
-        found["gluon_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction)
+        wide = wide_tile(direction, geom, chosen)
+        name = f"{wide.block_m}x{wide.block_n}"
+        found[f"gluon_{name}"] = configs.with_gluon(wide, geom, direction)
         # persistent, with the warp-specialized TMA producer
         found["gluon_ws"] = dataclasses.replace(found["gluon"], gluon=2)
-        found["gluon_ws_128x256"] = configs.with_gluon(HOPPER_TILE, geom, direction, specialized=True)
+        found[f"gluon_ws_{name}"] = configs.with_gluon(wide, geom, direction, specialized=True)
         # where the persistent kernel runs two programs an SM (one-warpgroup tiles that fit twice), the same tiles
         # at one program an SM: what the second program gains (bench/NOTES.md predicts it)
         shared = conv_gluon.persistent_shared_bytes(found["gluon_ws"], dtype.itemsize, direction == "wgrad")

@@ -345,3 +345,32 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, devi
 
     assert kernel_variants(causal_convs) == {"fwd/pointer": 1, "fwd/tma": 1}
     assert kernel_variants(lambda: None) == {}
+
+
+def test_variants_time_the_wide_tile_that_wastes_no_columns(monkeypatch):
+    """bench.variants' wide Hopper tile: 128x256 where the GEMM's columns fill 256-wide tiles (512 channels), else
+    256x128 (384: a 256-wide second tile would be half empty, as on the H200), the weight gradient at the chosen
+    split of its reduction."""
+    from bench import variants
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.tune import choice, configs
+    from tconv3d.tune.shapes import load_shape_set
+
+    if conv_gluon.UNAVAILABLE is not None:
+        pytest.skip(conv_gluon.UNAVAILABLE)
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
+    monkeypatch.setattr(
+        choice, "pick_config", lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)
+    )
+    shapes = {shape.name: shape.geometry() for shape in load_shape_set("bench")}
+    cuda = torch.device("cuda")
+    for case, direction, tile in (
+        ("wan_dec_384b", "fwd", (256, 128)), ("wan_dec_384b", "wgrad", (256, 128)), ("hunyuan_512", "fwd", (128, 256))
+    ):  # fmt: skip
+        found = variants.variant_configs(direction, shapes[case], torch.bfloat16, cuda)
+        name = "{}x{}".format(*tile)
+        pipelined, specialized = found[f"gluon_{name}"], found[f"gluon_ws_{name}"]
+        assert (pipelined.block_m, pipelined.block_n, pipelined.gluon, specialized.gluon) == (*tile, 1, 2)
+        assert pipelined.split_k == (found["chosen"].split_k if direction == "wgrad" else 1)
