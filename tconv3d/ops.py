@@ -23,6 +23,8 @@ The two gradient ops are differentiable too (each is linear in both tensor argum
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import warnings
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -188,6 +190,46 @@ def _intercepted() -> bool:
 # shapes; torch.export, which keeps ops whole) stays an opaque call. tconv3d.explain says which launches it takes.
 
 
+_choice_pass = None  # keep_choices_in_cache_keys's pass once installed; False where it could not be
+
+
+def keep_choices_in_cache_keys() -> None:
+    """Make choice.decision_state part of Inductor's cache keys, once. AOTAutograd's cache keys a compiled graph
+    on Dynamo's graph, which holds the tconv3d op whatever the rule below then does with it, so without this a
+    graph compiled under one TCONV3D_KERNELS, TCONV3D_AUTOTUNE or tuning table (its launches handed over or not,
+    at that table's tiles) was reused under another: on the H200 a test compiled with TCONV3D_KERNELS=pointer
+    got the graph of the same process's earlier compile with TMA, its TMA launch an op call (bench/NOTES.md). The
+    carrier is a post-grad pass that does nothing and whose uuid (part of both caches' keys) is a hash of that
+    state. Where the user has a post-grad pass of their own, that stays, with a warning instead."""
+    global _choice_pass
+    if _choice_pass is not None:
+        return
+    try:
+        from torch._inductor import config as inductor_config
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:  # a torch without custom passes: nothing to carry the state
+        _choice_pass = False
+        return
+
+    class ChoiceState(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return hashlib.sha256(repr(choice.decision_state()).encode()).hexdigest()
+
+    if inductor_config.post_grad_custom_post_pass is not None:
+        warnings.warn(
+            "tconv3d: TCONV3D_INDUCTOR_KERNELS=1 with a post_grad_custom_post_pass of your own: Inductor's caches "
+            "may return a graph compiled under other tconv3d settings or tables (TORCHINDUCTOR_AUTOGRAD_CACHE=0 "
+            "avoids that)",
+            stacklevel=2,
+        )
+        _choice_pass = False
+        return
+    _choice_pass = inductor_config.post_grad_custom_post_pass = ChoiceState()
+
+
 def _traceable(types, args) -> bool:
     """Whether the setting is on and the op's tensors are plain, on a device running compiled kernels (not the
     interpreter's), with int shapes."""
@@ -215,6 +257,8 @@ def _inductor_launches(name: str, implementation, refusal=lambda *args, **kwargs
     `refusal(*args)` says why not (or _traceable does not hold); otherwise the op stays whole."""
 
     def rule(mode, op, types, args, kwargs):
+        if settings.INDUCTOR_KERNELS:  # set at run time (tests do) rather than by the environment at import
+            keep_choices_in_cache_keys()
         if _traceable(types, args) and refusal(*args, **kwargs) is None:
             with mode, launch.traced():
                 return implementation(*args, **kwargs)
@@ -660,3 +704,6 @@ def _autocast(op: str, device_type: str):
 for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
     for _op in ("conv3d", "conv3d_input_grad"):  # the input gradient is also conv_transpose3d's forward
         _lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)
+
+if settings.INDUCTOR_KERNELS:  # before the first compile computes its cache keys
+    keep_choices_in_cache_keys()

@@ -18,7 +18,8 @@ TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an ar
                        compiled launcher directly instead of Triton's run (kernels/launch.py); 0 always uses run.
 TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and norm ops of a CUDA graph hand Inductor
                        their Triton launches (torch.library.wrap_triton), so its generated code launches them itself
-                       with no per-call op in Python; 0 leaves each op one opaque call (ops.py).
+                       with no per-call op in Python; 0 leaves each op one opaque call (ops.py). With 1, Inductor's
+                       cache keys include tconv3d's settings and tables (ops.keep_choices_in_cache_keys).
 
 One torch setting is read live instead, at every fp32 launch, as cuDNN reads it: whether fp32 convolutions may use
 TF32 (tf32_allowed)."""

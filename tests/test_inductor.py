@@ -259,3 +259,48 @@ def test_the_interpreter_keeps_ops_whole(monkeypatch):
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), layer(x))
+
+
+def test_cache_keys_carry_the_choice_state(monkeypatch, tmp_path):
+    """With the setting, Inductor's cache keys (AOTAutograd's include FX graph cache's) hash what tconv3d's choices
+    depend on: the variant setting, first-use tuning, the tuning tables' files. Without it a graph compiled under
+    TCONV3D_KERNELS=auto (a TMA launch left an op call) came back from AOTAutograd's cache when the same process
+    compiled the same model under TCONV3D_KERNELS=pointer (test_gpu.py on the H200). A post-grad pass of the
+    user's own is left in place, with a warning."""
+    import torch
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from tconv3d import ops
+
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", None)
+    monkeypatch.setattr(ops, "_choice_pass", None)
+    monkeypatch.setattr(tconv3d_settings, "INDUCTOR_KERNELS", True)
+    monkeypatch.setattr(tconv3d_settings, "CONFIG_DIR", tmp_path)
+    graph = torch.fx.symbolic_trace(lambda x: x * 2)
+    example = [torch.randn(3)]
+
+    def key():
+        return codecache.compiled_fx_graph_hash(graph, example, {}, [])[0]
+
+    unset = key()
+    ops.keep_choices_in_cache_keys()
+    carrier = inductor_config.post_grad_custom_post_pass
+    assert isinstance(carrier, CustomGraphPass) and carrier(graph.graph) is None
+    auto = key()
+    assert auto != unset and key() == auto  # the same state, the same key
+    monkeypatch.setattr(tconv3d_settings, "KERNELS", "pointer")
+    pointer = key()
+    assert pointer != auto
+    (tmp_path / "NVIDIA_H200.json").write_text('{"entries": {}}')  # a table appears (first-use tuning writes one)
+    assert key() != pointer
+    ops.keep_choices_in_cache_keys()  # once
+    assert inductor_config.post_grad_custom_post_pass is carrier
+
+    mine = carrier.__class__()
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", mine)
+    monkeypatch.setattr(ops, "_choice_pass", None)
+    with pytest.warns(UserWarning, match="post_grad_custom_post_pass of your own"):
+        ops.keep_choices_in_cache_keys()
+    assert inductor_config.post_grad_custom_post_pass is mine

@@ -233,6 +233,20 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
     return None
 
 
+def decision_state() -> tuple:
+    """What the choices of this module depend on besides each launch's own arguments: the settings that steer
+    them and the tuning tables they read (each file's path, size and modification time: first-use tuning writes
+    to one). A compiled graph whose launches were handed to Inductor (ops.py, TCONV3D_INDUCTOR_KERNELS) holds
+    choices made under one such state, and its cache keys include it (ops.keep_choices_in_cache_keys)."""
+    files = []
+    for directory in tables.table_dirs():
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+            stat = path.stat()
+            files.append((str(path), stat.st_size, stat.st_mtime_ns))
+    steering = (settings.KERNELS, settings.AUTOTUNE, settings.TMA_MAPS, settings.INTERPRET, settings.CPU_BACKEND)
+    return (*steering, settings.tf32_allowed(), tuple(files))
+
+
 def explain(
     input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None,
     frames_before=None,
