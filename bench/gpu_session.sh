@@ -32,21 +32,20 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-# The 15-minute session's two calls (bench/NOTES.md, "The next GPU session in 15 minutes"), each one word; any
-# variable set in the call's environment still wins:
-#   plan1   probe, the Gluon/TMA tests, bench.variants on the three layers that decide issue 28, 60 s of fuzzing
-#   plan2   the rest of the suite on CUDA
+# The 15-minute session's two calls (bench/NOTES.md, "The next GPU session in 15 minutes", as re-planned after the
+# H200 session of 2026-11-26), each one word; any variable set in the call's environment still wins:
+#   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
+#           the main job: the correctness of what the H200 session changed
+#   plan2   python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario
 case "${1:-}" in
   plan1)
-    export CALL_SECONDS=${CALL_SECONDS:-430} VARIANT_TESTS_TIMEOUT=${VARIANT_TESTS_TIMEOUT:-180} \
-      FUZZ_SECONDS=${FUZZ_SECONDS:-60} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-150} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_320,down_s2"}
-    set -- probe variants fuzz
+    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-250} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
+    set -- probe tests gpu
     ;;
   plan2)
-    export CALL_SECONDS=${CALL_SECONDS:-225} TESTS_TIMEOUT=${TESTS_TIMEOUT:-200} \
-      TESTS_ARGS=${TESTS_ARGS:-"--ignore=tests/test_gluon.py --ignore=tests/test_tma.py"}
-    set -- tests
+    export CALL_SECONDS=${CALL_SECONDS:-285} BENCH_TIMEOUT=${BENCH_TIMEOUT:-120} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} \
+      BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-40}
+    set -- bench
     ;;
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
