@@ -184,11 +184,13 @@ def test_input_gradient_steps_are_the_busiest_phase(kernel, stride, padding, dil
 
 def test_heuristic_splits_only_small_grids():
     """On 132 SMs: unet_320 (48 tiles of 64x128) splits its forward and input gradient until about two programs
-    per SM, each split keeping at least MIN_SPLIT_STEPS steps; the large layers do not split."""
+    per SM, each split keeping at least MIN_SPLIT_STEPS steps; the large layers do not split. The input gradient
+    splits on the TMA kernel; the split forward runs the pointer kernel (on the H200 the TMA one took 2x its
+    time there)."""
     shapes = {shape.name: shape for shape in load_shape_set("bench")}
     for direction in ("fwd", "dgrad"):
         small = configs.heuristic_config(direction, shapes["unet_320"].geometry(), torch.bfloat16, 132, 90)
-        assert small.split_k > 1 and small.tma_box_w  # the TMA variant splits too
+        assert small.split_k > 1 and small.variant == ("pointer" if direction == "fwd" else "tma")
         geom = shapes["unet_320"].geometry()
         per_split, splits = k_splits(direction, geom, small)
         assert per_split >= configs.MIN_SPLIT_STEPS and 132 <= splits * 48 <= 4 * 132
