@@ -36,16 +36,19 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 # H200 session of 2026-11-26), each one word; any variable set in the call's environment still wins:
 #   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
 #           the main job: the correctness of what the H200 session changed
-#   plan2   python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario
+#   plan2   bench.variants on wan_dec_384b (the wide Gluon tiles' prediction), then python -m bench, bf16 forward
+#           and backward against cuDNN channels_last_3d, and the stack scenario
 case "${1:-}" in
   plan1)
     export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-250} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
     set -- probe tests gpu
     ;;
   plan2)
-    export CALL_SECONDS=${CALL_SECONDS:-285} BENCH_TIMEOUT=${BENCH_TIMEOUT:-120} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} \
-      BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-40}
-    set -- bench
+    export CALL_SECONDS=${CALL_SECONDS:-300} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-75} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b"} BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} \
+      IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
+      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-30}
+    set -- variants bench
     ;;
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
