@@ -6,10 +6,11 @@ For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight g
 tconv3d's launcher directly with each variant's config: the chosen one (table or heuristic) forced to pointer,
 to TMA (its choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on a wide Hopper
 GEMM tile with 8 warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the
-warp-specialized TMA producer), and split-K against none where the grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is
-reported as such and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN
-on channels_last_3d tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers
-the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
+warp-specialized TMA producer), and split-K against none where the grid leaves SMs idle. It checks each result
+against cuDNN in fp32 first (a variant that is wrong is reported as such and not timed), then times it with
+triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors and the matmul peak
+measured in the same run (bf16's; TF32's for fp32). It answers the question bench/NOTES.md predicts before a GPU
+session: how much of the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def wide_tile(direction: str, geom, chosen: configs.KernelConfig) -> configs.Ker
     wide, tall = HOPPER_TILES
     tile = wide if configs.gemm_view(direction, geom).cols % wide.block_n == 0 else tall
     return dataclasses.replace(tile, split_k=chosen.split_k if direction == "wgrad" else 1)
+
+
 # The row of the persistent kernel's tiles run at one program an SM where it would run two.
 ONE_PROGRAM_PER_SM = "gluon_ws_1_sm"
 
