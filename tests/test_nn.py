@@ -169,8 +169,9 @@ def test_kept_weight_strides_are_torch_empty_strides(memory_format, rank):
 def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
     """What a CUDA-graph capture refuses (test_gpu.py's capture of this model found it on the hardware): once its
     kernels and configs are chosen, a converted model's training step makes no tensor from host data
-    (torch.tensor(...), or a Python number written into a tensor: on a GPU a copy from pageable host memory);
-    tables made on the first call are cached."""
+    (torch.tensor(...), or a Python number written into a tensor: on a GPU a copy from pageable host memory) and
+    reads no tensor back to the host (.item(), .tolist(), .cpu(), .numpy(), a tensor's truth or number value: on
+    a GPU a synchronisation); tables made on the first call are cached."""
     from helpers import TinyUNet
 
     seen = []
@@ -185,6 +186,15 @@ def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
         seen.append("torch.tensor")
         return tensor(*args, **kwargs)
 
+    def reading(name):
+        method = getattr(torch.Tensor, name)
+
+        def recording(self, *args, **kwargs):
+            seen.append(f"Tensor.{name}")
+            return method(self, *args, **kwargs)
+
+        return recording
+
     torch.manual_seed(0)
     model = tconv3d.nn.convert(
         torch.nn.Sequential(TinyUNet(channels=3, width=8), nn.InstanceNorm3d(3, affine=True))
@@ -198,6 +208,8 @@ def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
     step()  # first use: kernels compiled (here: interpreted), configs chosen, tables cached
     monkeypatch.setattr(torch.Tensor, "__setitem__", recording_setitem)
     monkeypatch.setattr(torch, "tensor", recording_tensor)
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, reading(name))
     step()
     monkeypatch.undo()
     assert not seen, seen
