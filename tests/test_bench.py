@@ -297,7 +297,7 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     two warpgroups a tile); that row launches under conv_gluon.programs_per_sm_at_most(1)."""
     from bench import variants
     from tconv3d.kernels import conv_gluon
-    from tconv3d.tune import choice, configs
+    from tconv3d.tune import choice, configs, tables
     from tconv3d.tune.shapes import load_shape_set
 
     if conv_gluon.UNAVAILABLE is not None:
@@ -305,8 +305,9 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
-    h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
-    monkeypatch.setattr(choice, "pick_config", h100)  # the shipped table's tiles
+    table = tables.named_table("NVIDIA H100 80GB HBM3")
+    h100 = lambda d, geom, dtype, device: table[configs.tuning_key(d, geom, dtype)]  # noqa: E731
+    monkeypatch.setattr(choice, "pick_config", h100)  # the shipped table's tiles (4-warp ones for down_s2)
     shapes = {shape.name: shape for shape in load_shape_set("bench")}
     cuda = torch.device("cuda")
     for direction in ("fwd", "dgrad", "wgrad"):

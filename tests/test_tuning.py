@@ -154,6 +154,46 @@ def test_config_dir_overrides_shipped_and_cache_overrides_both(fake_gpu):
     assert choice.pick_config("dgrad", geom, torch.bfloat16, CUDA) == cached
 
 
+def test_a_table_that_never_searched_the_box_kernels_gives_way_to_them(fake_gpu, monkeypatch):
+    """On sm_90, where the heuristic runs a Gluon (or TMA) kernel, an entry from a tuning that searched the pointer
+    kernels alone (a table without "variants", as the H100 table of 2026-11-22, or one listing only pointer) gives
+    way to it, exact or nearest; an entry from a tuning that searched Gluon stands, as does a legacy entry where the
+    heuristic runs the pointer kernel too (a strided forward)."""
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)  # an sm_90 GPU, not the interpreter
+    geom, strided = geometry(cin=128, cout=128, size=(8, 64, 64)), geometry(cin=128, cout=128, stride=2)
+    key, near, strided_key = (
+        tuning_key("fwd", geom, torch.bfloat16),
+        tuning_key("fwd", geometry(cin=128, cout=128, size=(8, 64, 32)), torch.bfloat16),
+        tuning_key("fwd", strided, torch.bfloat16),
+    )
+    heuristic = configs.heuristic_config("fwd", geom, torch.bfloat16, 132, 90)
+    assert heuristic.variant == "gluon"
+
+    def chosen(problem, variants=None, entries=((key, CONFIG_A), (strided_key, CONFIG_B))):
+        path = write_table(fake_gpu / "shipped", list(entries))
+        if variants is not None:
+            path.write_text(json.dumps({**json.loads(path.read_text()), "variants": variants}))
+        tables.named_table.cache_clear()
+        choice._memo.clear()
+        return choice.pick_config("fwd", problem, torch.bfloat16, CUDA)
+
+    assert chosen(geom) == heuristic  # legacy: no "variants"
+    assert chosen(geom, ["pointer"]) == heuristic
+    assert chosen(geom, ["pointer"], entries=[(near, CONFIG_A)]) == heuristic  # the nearest key's entry too
+    assert chosen(geom, ["direct", "gluon", "pointer", "tma"]) == CONFIG_A
+    assert chosen(strided) == CONFIG_B  # the heuristic's strided forward is a pointer kernel: the table decides
+    assert tables.table_metadata(H100)["variants"] == ["pointer"]
+    monkeypatch.setattr(tuner, "_has_gluon", lambda device: True)  # what the tuner writes on an sm_90 GPU
+    assert tables.table_metadata(H100, tuner.searched_variants(CUDA))["variants"] == [
+        "direct",
+        "gluon",
+        "pointer",
+        "tma",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # bad tables: one warning, then the fallback
 

@@ -11,8 +11,8 @@ registers, spill bytes, shared memory, the MMA instruction, the global-load kind
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
 cores' peak their issue allows (KernelReport.issue_ceiling), and the compile time; the tensor maps each TMA launch
 hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
-gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force; gluon-ws, the Gluon kernel's warp-specialized
-twin.
+gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force, the Gluon kernel software-pipelined; gluon-ws,
+its persistent warp-specialized twin (the sm_90 heuristic's choice).
 """
 
 from __future__ import annotations
@@ -112,8 +112,9 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, varian
                         gluon_runs = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
                         kernels = "gluon" if variant == "gluon-ws" else variant
                         forced = choice.force_variant(direction, geom, dtype, config, kernels, gluon_runs)
-                        if variant == "gluon-ws" and forced.gluon:  # the tuner's persistent warp-specialized twin
-                            forced = dataclasses.replace(forced, gluon=2)
+                        if variant in ("gluon", "gluon-ws") and forced.gluon:  # pipelined, or the persistent
+                            # warp-specialized twin (what the sm_90 heuristic chooses)
+                            forced = dataclasses.replace(forced, gluon=2 if variant == "gluon-ws" else 1)
                         config, source = forced, source if forced == config else f"{variant}"
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:

@@ -1,8 +1,10 @@
 """Tuning tables: where they live, how they are read and checked, and how entries are written.
 
 A table is autotune_configs/<device name as torch reports it, spaces replaced by _>.json:
-    {"device", "triton", "torch", "date", "entries": {"<tuning key>": {"config": {...}, "ms", "default_config",
-     "default_ms", ...}}}
+    {"device", "triton", "torch", "date", "variants", "entries": {"<tuning key>": {"config": {...}, "ms",
+     "default_config", "default_ms", ...}}}
+"variants" lists the kernel variants its tuning searched ("pointer", "tma", "gluon", "direct"); a table without
+it predates the field and searched the pointer kernels alone (the H100 table of 2026-11-22).
 Tables are read from the shipped folder, then TCONV3D_CONFIG_DIR, then the first-use tuning cache, later ones
 overriding earlier ones. A table that is not valid JSON or comes from another triton major version is skipped
 with one warning; entries naming an invalid config are skipped with one warning per table. Never a crash.
@@ -10,6 +12,7 @@ with one warning; entries naming an invalid config are skipped with one warning 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -43,13 +46,27 @@ def table_dirs() -> list[Path]:
     return dirs
 
 
-def table_metadata(device_name: str) -> dict:
+# What a table without "variants" searched: tables tuned before the field, when the tuner had the pointer kernels.
+LEGACY_VARIANTS = frozenset({"pointer"})
+
+
+def table_metadata(device_name: str, variants=LEGACY_VARIANTS) -> dict:
     return {
         "device": device_name,
         "triton": triton.__version__,
         "torch": torch.__version__,
         "date": datetime.date.today().isoformat(),
+        "variants": sorted(variants),
     }
+
+
+def read_variants(path: Path) -> frozenset[str]:
+    """The kernel variants the tuning behind a table file searched (LEGACY_VARIANTS where it does not say)."""
+    try:
+        variants = json.loads(Path(path).read_text()).get("variants")
+    except (OSError, ValueError, AttributeError):
+        return LEGACY_VARIANTS
+    return frozenset(variants) if isinstance(variants, list) else LEGACY_VARIANTS
 
 
 def read_table(path: Path) -> dict[TuningKey, KernelConfig]:
@@ -104,6 +121,26 @@ def named_table(device_name: str) -> dict[TuningKey, KernelConfig]:
         if path.is_file():
             merged.update(read_table(path))
     return merged
+
+
+def searched_variants(device_name: str) -> dict[TuningKey, frozenset[str]]:
+    """Per key of the GPU model's tables: the variants the tuning that chose its config searched (its table's
+    "variants"; a later folder's table overrides an earlier one's, as in named_table). Read from the files at each
+    call (choice.choose asks once per problem): a key first tuned here after the files were read is absent, and
+    it searched everything this device runs."""
+    name = table_file_name(device_name)
+    searched: dict[TuningKey, frozenset[str]] = {}
+    for directory in table_dirs():
+        path = directory / name
+        try:
+            entries = json.loads(path.read_text())["entries"] if path.is_file() else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # named_table warns about it and skips it
+        variants = read_variants(path)
+        for key_text in entries:
+            with contextlib.suppress(ValueError, TypeError):
+                searched[TuningKey.parse(key_text)] = variants
+    return searched
 
 
 def read_entries(path: Path) -> dict:

@@ -200,7 +200,7 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     device_name = torch.cuda.get_device_name(device)
     path = settings.CACHE_DIR / tables.table_file_name(device_name)
     entry = outcome.to_entry(f"first use, input {tuple(geom.input_shape())}")
-    tables.write_entry(path, key, entry, tables.table_metadata(device_name))
+    tables.write_entry(path, key, entry, tables.table_metadata(device_name, searched_variants(device)))
     tables.device_table(device)[key] = outcome.config
     return outcome.config
 
@@ -234,6 +234,13 @@ def job_configs(
     )
     hung = set(hung)
     return default, nearest_candidates([c for c in found if c not in hung], default, CANDIDATES_PER_KEY)
+
+
+def searched_variants(device: torch.device) -> set[str]:
+    """The kernel variants candidates() offers on `device`: what a table tuned there searched (its "variants")."""
+    return (
+        {"pointer", "direct"} | ({"tma"} if _has_tma(device) else set()) | ({"gluon"} if _has_gluon(device) else set())
+    )
 
 
 def _has_tma(device: torch.device) -> bool:
@@ -389,7 +396,8 @@ def main(argv=None) -> int:
         compiled, shutdown = compile_ahead(todo, device, args.compile_workers)
         prepare = lambda job: _gpu_measure(job, compiled, hung_path)  # noqa: E731
     try:
-        outcomes = tune_jobs(jobs, path, tables.table_metadata(device_name), prepare, args.budget)
+        metadata = tables.table_metadata(device_name, searched_variants(torch.device("cuda")))
+        outcomes = tune_jobs(jobs, path, metadata, prepare, args.budget)
     finally:
         shutdown()
     print(summarize(outcomes))
