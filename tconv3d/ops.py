@@ -197,10 +197,11 @@ def keep_choices_in_cache_keys() -> None:
     """Make choice.decision_state part of Inductor's cache keys, once. AOTAutograd's cache keys a compiled graph
     on Dynamo's graph, which holds the tconv3d op whatever the rule below then does with it, so without this a
     graph compiled under one TCONV3D_KERNELS, TCONV3D_AUTOTUNE or tuning table (its launches handed over or not,
-    at that table's tiles) was reused under another: on the H200 a test compiled with TCONV3D_KERNELS=pointer
-    got the graph of the same process's earlier compile with TMA, its TMA launch an op call (bench/NOTES.md). The
-    carrier is a post-grad pass that does nothing and whose uuid (part of both caches' keys) is a hash of that
-    state. Where the user has a post-grad pass of their own, that stays, with a warning instead."""
+    at that table's tiles) can be reused under another (on the H200 a test compiled with TCONV3D_KERNELS=pointer
+    kept the op call the same process's earlier compile under auto had made for a TMA launch; that cache is the
+    likeliest reason: bench/NOTES.md). The carrier is a post-grad pass that does nothing and whose uuid (part of
+    both caches' keys) is a hash of that state. Where the user has a post-grad pass of their own, that stays, with
+    a warning instead."""
     global _choice_pass
     if _choice_pass is not None:
         return
