@@ -12,7 +12,6 @@ with one warning; entries naming an invalid config are skipped with one warning 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import json
@@ -60,33 +59,30 @@ def table_metadata(device_name: str, variants=LEGACY_VARIANTS) -> dict:
     }
 
 
-def read_variants(path: Path) -> frozenset[str]:
-    """The kernel variants the tuning behind a table file searched (LEGACY_VARIANTS where it does not say)."""
-    try:
-        variants = json.loads(Path(path).read_text()).get("variants")
-    except (OSError, ValueError, AttributeError):
-        return LEGACY_VARIANTS
-    return frozenset(variants) if isinstance(variants, list) else LEGACY_VARIANTS
-
-
 def read_table(path: Path) -> dict[TuningKey, KernelConfig]:
     """The valid entries of one table file; {} with a warning if the file cannot be used at all."""
+    return _read_table(path)[0]
+
+
+def _read_table(path: Path) -> tuple[dict[TuningKey, KernelConfig], frozenset[str]]:
+    """read_table's entries, and the kernel variants the tuning behind them searched (its "variants";
+    LEGACY_VARIANTS where it does not say)."""
     try:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             raise ValueError("expected an object with an 'entries' object")
         made_with = Version(str(data.get("triton", "0")))
     except (OSError, ValueError) as error:
-        warnings.warn(f"tconv3d: ignoring tuning table {path}: {error}", RuntimeWarning, stacklevel=2)
-        return {}
+        warnings.warn(f"tconv3d: ignoring tuning table {path}: {error}", RuntimeWarning, stacklevel=3)
+        return {}, LEGACY_VARIANTS
     if made_with.major != Version(triton.__version__).major:
         warnings.warn(
             f"tconv3d: ignoring tuning table {path}: made with triton {made_with}, this is triton "
             f"{triton.__version__} (another major version)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-        return {}
+        return {}, LEGACY_VARIANTS
     table, rejected = {}, []
     for key_text, entry in data["entries"].items():
         try:
@@ -100,14 +96,20 @@ def read_table(path: Path) -> dict[TuningKey, KernelConfig]:
             f"tconv3d: skipped {len(rejected)} invalid entr{'y' if len(rejected) == 1 else 'ies'} of tuning table "
             f"{path} (the heuristic or another entry stands in): " + "; ".join(rejected[:3]),
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    return table
+    variants = data.get("variants")
+    return table, frozenset(variants) if isinstance(variants, list) else LEGACY_VARIANTS
 
 
 def device_table(device: torch.device) -> dict[TuningKey, KernelConfig]:
     """Every tuned config known for this CUDA device's model."""
     return named_table(torch.cuda.get_device_name(device))
+
+
+# Per GPU model, per key of named_table: the variants the tuning that chose its config searched (named_table
+# fills it as it merges the tables).
+_searched: dict[str, dict[TuningKey, frozenset[str]]] = {}
 
 
 @functools.lru_cache(maxsize=16)
@@ -116,31 +118,23 @@ def named_table(device_name: str) -> dict[TuningKey, KernelConfig]:
     process (python -m tconv3d.inspect reads the tables of GPUs that are not there)."""
     name = table_file_name(device_name)
     merged: dict[TuningKey, KernelConfig] = {}
+    searched: dict[TuningKey, frozenset[str]] = {}
     for directory in table_dirs():
         path = directory / name
         if path.is_file():
-            merged.update(read_table(path))
+            entries, variants = _read_table(path)
+            merged.update(entries)
+            searched.update(dict.fromkeys(entries, variants))
+    _searched[device_name] = searched
     return merged
 
 
 def searched_variants(device_name: str) -> dict[TuningKey, frozenset[str]]:
-    """Per key of the GPU model's tables: the variants the tuning that chose its config searched (its table's
-    "variants"; a later folder's table overrides an earlier one's, as in named_table). Read from the files at each
-    call (choice.choose asks once per problem): a key first tuned here after the files were read is absent, and
-    it searched everything this device runs."""
-    name = table_file_name(device_name)
-    searched: dict[TuningKey, frozenset[str]] = {}
-    for directory in table_dirs():
-        path = directory / name
-        try:
-            entries = json.loads(path.read_text())["entries"] if path.is_file() else {}
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # named_table warns about it and skips it
-        variants = read_variants(path)
-        for key_text in entries:
-            with contextlib.suppress(ValueError, TypeError):
-                searched[TuningKey.parse(key_text)] = variants
-    return searched
+    """Per key of named_table(device_name): the variants the tuning that chose its config searched (its table's
+    "variants"; a later folder's table overrides an earlier one's, as for the configs). A key first tuned here
+    after the tables were read (first-use tuning) is absent: it searched everything this device runs."""
+    named_table(device_name)
+    return _searched[device_name]
 
 
 def read_entries(path: Path) -> dict:
