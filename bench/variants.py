@@ -2,15 +2,16 @@
 
     python -m bench.variants --cases wan_dec_384b,hunyuan_512 --dtype bf16 --out bench/results/variants.json
 
-For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches
-tconv3d's launcher directly with each variant's config: the chosen one (table or heuristic) forced to pointer,
-to TMA (its choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on a wide Hopper
-GEMM tile with 8 warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the
-warp-specialized TMA producer), and split-K against none where the grid leaves SMs idle. It checks each result
-against cuDNN in fp32 first (a variant that is wrong is reported as such and not timed), then times it with
-triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors and the matmul peak
-measured in the same run (bf16's; TF32's for fp32). It answers the question bench/NOTES.md predicts before a GPU
-session: how much of the matmul peak each variant reaches.
+For each case and direction (fwd; dgrad: the input gradient; wgrad: the weight gradient) it launches tconv3d's
+launcher directly with each variant's config: the chosen one (table or heuristic) forced to pointer, to TMA (its
+choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on a wide Hopper GEMM tile with 8
+warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the warp-specialized TMA
+producer; the forward's and input gradient's 256x128x64 also with its operands swapped, so that each wgmma is
+m64n256; the chosen warp-specialized tiles also on the deepest ring that fits), and split-K against none where the
+grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is reported as such
+and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d
+tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers the question
+bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -56,6 +57,29 @@ def wide_tile(direction: str, geom, chosen: configs.KernelConfig) -> configs.Ker
 
 # The row of the persistent kernel's tiles run at one program an SM where it would run two.
 ONE_PROGRAM_PER_SM = "gluon_ws_1_sm"
+# The row of the forward's and input gradient's 256x128 tile with its operands swapped (swap_ab).
+SWAPPED = "gluon_ws_256x128_swapped"
+# The row of the chosen persistent tiles on the deepest ring that fits (deepest_ring).
+DEEP_RING = "gluon_ws_deep_ring"
+
+
+def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str) -> configs.KernelConfig:
+    """`config` (persistent) with the most stages, up to 8, whose shared memory still fits as many programs an SM
+    as it has now."""
+    weight_grad = direction == "wgrad"
+
+    def programs(c):
+        shared = conv_gluon.persistent_shared_bytes(c, element_size, weight_grad)
+        fits = (shared + 1024) * conv_gluon.persistent_programs_per_sm(c, shared) <= conv_gluon.SM_SHARED_BYTES
+        return conv_gluon.persistent_programs_per_sm(c, shared) if fits else 0
+
+    deepest, now = config, programs(config)
+    for stages in range(config.num_stages + 1, 9):
+        deeper = dataclasses.replace(config, num_stages=stages)
+        if programs(deeper) != now:
+            break
+        deepest = deeper
+    return deepest
 
 
 def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.KernelConfig]:
@@ -82,6 +106,17 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         # persistent, with the warp-specialized TMA producer
         found["gluon_ws"] = dataclasses.replace(found["gluon"], gluon=2)
         found[f"gluon_ws_{name}"] = configs.with_gluon(wide, geom, direction, specialized=True)
+        # 256 voxels x 128 columns with the operands swapped: one m64n256 wgmma a warpgroup where 128x128 and
+        # 256x128 issue m64n128 (bench/NOTES.md: the shared-memory reads that predicts the gain from)
+        tall = dataclasses.replace(HOPPER_TILES[1], split_k=1)
+        swapped = configs.swapped_twin(configs.with_gluon(tall, geom, direction, specialized=True), direction)
+        if swapped is not None:
+            found[SWAPPED] = swapped
+        # the chosen persistent tiles on the deepest ring that leaves the programs an SM as they are: what more
+        # boxes in flight gain (latency) where the tiles themselves gain nothing (shared-memory bandwidth)
+        deep = deepest_ring(found["gluon_ws"], dtype.itemsize, direction)
+        if deep.num_stages > found["gluon_ws"].num_stages:
+            found[DEEP_RING] = deep
         # where the persistent kernel runs two programs an SM (one-warpgroup tiles that fit twice), the same tiles
         # at one program an SM: what the second program gains (bench/NOTES.md predicts it)
         shared = conv_gluon.persistent_shared_bytes(found["gluon_ws"], dtype.itemsize, direction == "wgrad")

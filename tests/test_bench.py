@@ -1,5 +1,6 @@
 """The parts of the benchmarks that need no GPU: the suite, FLOP and byte counts, the plan, result writing."""
 
+import dataclasses
 import json
 
 import pytest
@@ -294,7 +295,8 @@ def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
 def test_variants_time_the_second_persistent_program(monkeypatch):
     """Where the persistent Gluon kernel runs two programs an SM (one-warpgroup tiles that fit twice: down_s2's),
     bench.variants also times the same tiles at one program an SM, and only there (not wan_dec_384b's forward,
-    two warpgroups a tile); that row launches under conv_gluon.programs_per_sm_at_most(1)."""
+    two warpgroups a tile); that row launches under conv_gluon.programs_per_sm_at_most(1). The forward and input
+    gradient also get the swapped 256x128 tile."""
     from bench import variants
     from tconv3d.kernels import conv_gluon
     from tconv3d.tune import choice, configs, tables
@@ -314,8 +316,23 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
         found = variants.variant_configs(direction, shapes["down_s2"].geometry(), torch.bfloat16, cuda)
         assert found[variants.ONE_PROGRAM_PER_SM] == found["gluon_ws"], direction
         assert found["gluon_ws"].num_warps == 4 and found["gluon_ws"].gluon == 2
+        assert (variants.SWAPPED in found) == (direction != "wgrad")  # the weight gradient does not swap
     large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     assert "gluon_ws" in large and variants.ONE_PROGRAM_PER_SM not in large
+    swapped = large[variants.SWAPPED]  # m64n256 at 128 columns
+    assert (swapped.block_m, swapped.block_n, swapped.num_warps, swapped.gluon, swapped.swap_ab) == (256, 128, 8, 2, 1)
+    # the persistent tiles on the deepest ring: the heuristic's 128x128x64 at 6 stages beside its 32 KB epilogue tile
+    # (7 would not fit 227 KB); this table's 128x128x128 has no deeper ring than its 3 stages, so no such row;
+    # down_s2's 4-warp tiles keep their two programs an SM
+    heuristic = configs.KernelConfig(128, 128, 64, 8, 3, tma_box_w=16, gluon=2)
+    assert variants.deepest_ring(heuristic, 2, "fwd") == dataclasses.replace(heuristic, num_stages=6)
+    assert large["gluon_ws"].block_k == 128 and variants.DEEP_RING not in large
+    for direction in ("fwd", "dgrad", "wgrad"):
+        found = variants.variant_configs(direction, shapes["down_s2"].geometry(), torch.bfloat16, cuda)
+        if variants.DEEP_RING in found:
+            ring = found[variants.DEEP_RING]
+            shared = conv_gluon.persistent_shared_bytes(ring, 2, direction == "wgrad")
+            assert conv_gluon.persistent_programs_per_sm(ring, shared) == 2 and 2 * (shared + 1024) <= 233472
     config = large["gluon_ws"].__class__(128, 64, 64, 4, 3, tma_box_w=16, gluon=2)
     seen = []
     programs = lambda c: seen.append(conv_gluon.persistent_programs_per_sm(c, 90 * 1024))  # noqa: E731

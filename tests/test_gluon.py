@@ -64,6 +64,34 @@ def test_gluon_variant_matches_float64(index, dtype, gluon, device):
     assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
 
 
+@pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)
+@pytest.mark.parametrize("index", range(len(TMA_CASES)))
+def test_gluon_swapped_operands_match_float64(index, dtype, gluon, monkeypatch, device):
+    """The forward and input gradient with their operands swapped (swap_ab: each tile computed transposed, the
+    weight box as wgmma's A) on every TMA case, at the chosen tiles with at least 16 columns a warp. On CPU the
+    interpreter runs the TMA kernel in the Gluon one's place (one case shows that; tests/test_gluon_emulated.py
+    runs the Gluon kernel on the emulator)."""
+    if device != "cuda" and (index, dtype) != (0, torch.bfloat16):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    select, chosen = choice._select, []
+
+    def swapped(direction, *args):
+        config = select(direction, *args)
+        if config.gluon and direction != "wgrad":
+            config = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+        chosen.append((direction, config.swap_ab))
+        return config
+
+    monkeypatch.setattr(choice, "_select", swapped)
+    ours, expected = conv_and_reference(TMA_CASES[index], dtype, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(dtype)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+    swaps = int(gluon_runs(device))
+    assert chosen == [("fwd", swaps), ("dgrad", swaps), ("wgrad", 0)]
+
+
 CAUSAL_BORDERS = [  # (mode along D, modes in H and W, cached frames), as the video VAEs' causal convs call them
     ("replicate", ("zeros", "zeros"), 0),
     ("zeros", ("zeros", "zeros"), 2),
@@ -195,8 +223,15 @@ def test_gluon_config_field_round_trips_and_is_checked():
     assert "gluon" not in KernelConfig(128, 128, 64, 8, 3, tma_box_w=16).to_dict()  # old tables read the same
     specialized = dataclasses.replace(config, gluon=2)  # the warp-specialized producer
     assert KernelConfig.from_dict(specialized.to_dict()) == specialized and specialized.variant == "gluon"
+    swapped = KernelConfig(256, 128, 64, 8, 3, tma_box_w=16, gluon=2, swap_ab=1)  # m64n256 on 128 columns
+    assert KernelConfig.from_dict(swapped.to_dict()) == swapped and "swap_ab" not in specialized.to_dict()
+    with pytest.raises(ValueError, match="block_n and block_m with swap_ab"):  # 8 warps: 128 columns swapped
+        KernelConfig.from_dict({**swapped.to_dict(), "block_n": 64})
+    with pytest.raises(ValueError, match="only a gluon config swaps"):
+        KernelConfig.from_dict({**swapped.to_dict(), "gluon": 0})
     bad = [
         ({"gluon": 3}, "gluon is 0, 1 or 2"),
+        ({"swap_ab": 2}, "swap_ab is 0 or 1"),
         ({"tma_box_w": 0}, "has a TMA box"),
         ({"block_m": 64}, "block_m >= 16 x warps"),  # 8 warps need 128 rows of wgmma atoms
         ({"block_n": 512}, "block_n <= 256"),
@@ -225,6 +260,13 @@ def test_force_variant_rules(monkeypatch):
             assert force(direction, torch.float32, "gluon").variant == ("tma" if direction == "wgrad" else "gluon")
         assert force(direction, torch.bfloat16, "tma", config=forced).variant == "tma"
         assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
+        swapped = configs.swapped_twin(dataclasses.replace(forced, block_m=128, block_n=64, num_warps=4), direction)
+        if direction == "wgrad":
+            assert swapped is None  # the weight gradient does not swap
+        else:  # a swapped table entry on TMA or pointer (no sm_90 / Triton 3.6) drops the swap with the Gluon kernel
+            assert swapped.swap_ab and force(direction, torch.bfloat16, "auto", config=swapped) == swapped
+            assert not force(direction, torch.bfloat16, "auto", runs=False, config=swapped).swap_ab
+            assert not force(direction, torch.bfloat16, "pointer", config=swapped).swap_ab
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
         assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
     split = KernelConfig(64, 64, 32, 8, 3, split_k=8)
@@ -251,6 +293,11 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     twins = [c for c in space if c.gluon]
     assert twins and all(configs.gluon_takes(c) and c.tma_box_w for c in twins)
     assert any((c.block_m, c.block_n, c.num_warps) == (128, 256, 8) for c in twins)  # the Hopper GEMM tile
+    # and swapped (persistent, wider voxels than columns): 256 voxels x 128 columns as m64n256; not the weight
+    # gradient's
+    assert any((c.block_m, c.block_n, c.gluon, c.swap_ab) == (256, 128, 2, 1) for c in twins)
+    assert all(c.gluon == 2 and c.block_m > c.block_n for c in twins if c.swap_ab)
+    assert not any(c.swap_ab for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True))
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     for direction in ("fwd", "dgrad"):

@@ -38,25 +38,35 @@ PERSISTENT_SMS = 2
 @pytest.fixture
 def emulator(monkeypatch):
     """TCONV3D_KERNELS=gluon on the emulator, at the heuristic's H100 tiles (132 SMs) forced to the Gluon kernel
-    as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2). Records the configs
-    launched in `emulator.configs`. The persistent kernels get 2 SMs (at most 4 programs), so that each program
+    as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2), `emulator.swap` the
+    forward's and input gradient's operands swapped (swapped_tiles). Records the configs launched in
+    `emulator.configs`. The persistent kernels get 2 SMs (at most 4 programs), so that each program
     walks several tiles (the ring's position and phases carried from one tile to the next, the epilogue's buffer
     reused)."""
     monkeypatch.setattr(settings, "KERNELS", "gluon")
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        emu.mode, emu.configs = 1, []
+        emu.mode, emu.swap, emu.configs = 1, False, []
 
         def select(direction, geom, dtype, device, run):
             config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY)
             config = choice.force_variant(direction, geom, dtype, config, "gluon", True)
             if config.gluon:
                 config = dataclasses.replace(config, gluon=emu.mode)
+                if emu.swap and direction != "wgrad":
+                    config = swapped_tiles(config)
             emu.configs.append((direction, config))
             return config
 
         monkeypatch.setattr(choice, "_select", select)
         yield emu
+
+
+def swapped_tiles(config: KernelConfig) -> KernelConfig:
+    """`config` with its operands swapped (swap_ab): the columns on the wgmma's M, so at least 16 a warp."""
+    swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+    assert configs.gluon_takes(swapped), swapped
+    return swapped
 
 
 def _check(case, dtype, emu):
@@ -75,6 +85,19 @@ def test_emulated_gluon_kernels_match_float64(case, mode, emulator):
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
     if mode == "warp_specialized":
         _check_persistent_grids(emulator)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.name)
+def test_emulated_gluon_swapped_operands_match_float64(case, mode, emulator):
+    """The forward and input gradient computing each tile transposed (swap_ab: the weight box as wgmma's A, the
+    voxel box as its B, the accumulator stored through a transposed view, the bias along its rows) on every TMA
+    case; the weight gradient as it is."""
+    emulator.mode, emulator.swap = MODES[mode], True
+    _check(case, torch.bfloat16, emulator)
+    m = MODES[mode]
+    assert [(d, c.gluon, c.swap_ab) for d, c in emulator.configs] == [("fwd", m, 1), ("dgrad", m, 1), ("wgrad", m, 0)]
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
 
 
 def _check_persistent_grids(emu):
@@ -234,22 +257,26 @@ def test_fp32_input_gradient_needs_the_transposed_weight(monkeypatch):
             conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", UNALIGNED_OUTPUT, ids=lambda c: c.name)
-def test_emulated_gluon_forward_stores_unaligned_rows(case, mode, emulator):
-    """3 and 5 output channels: the forward on the Gluon kernel, stored from registers (DST_PTR); the gradients
-    on the pointer kernels (their rows are not TMA-describable)."""
-    emulator.mode = MODES[mode]
+def test_emulated_gluon_forward_stores_unaligned_rows(case, mode, swap, emulator):
+    """3 and 5 output channels: the forward on the Gluon kernel, stored from registers (DST_PTR; from the
+    transposed accumulator where swapped); the gradients on the pointer kernels (their rows are not
+    TMA-describable)."""
+    emulator.mode, emulator.swap = MODES[mode], swap
     _check(case, torch.bfloat16, emulator)
-    assert [d for d, c in emulator.configs if c.gluon] == ["fwd"] and emulator.launches == {"_conv3d_gluon_kernel": 1}
+    assert [(d, c.swap_ab) for d, c in emulator.configs if c.gluon] == [("fwd", int(swap))]
+    assert emulator.launches == {"_conv3d_gluon_kernel": 1}
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("direction", ["fwd", "dgrad"])
 @pytest.mark.parametrize("cout", [3, 16])
-def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
+def test_emulated_gluon_split_k(cout, direction, mode, swap, monkeypatch):
     """Split-K partials (fp32 boxes, the bias in split 0's), 3 splits over 27 taps x 2 channel blocks, summed by
-    split_k.py; at 3 output channels from registers."""
+    split_k.py; at 3 output channels from registers; the tiles also swapped (swap_ab)."""
     if direction == "dgrad" and cout == 3:
         pytest.skip("an input gradient from 3 channels is not TMA-describable")
     x = torch.randn(2, 32, 3, 4, 20, dtype=torch.bfloat16).contiguous(memory_format=CL)
@@ -257,6 +284,8 @@ def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
     b = torch.randn(cout, dtype=torch.bfloat16)
     geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1)
     config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3, split_k=3), geom, direction, MODES[mode] == 2)
+    if swap:
+        config = swapped_tiles(config)
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         if direction == "fwd":
@@ -271,10 +300,14 @@ def test_emulated_gluon_split_k(cout, direction, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tile", [(128, 256, 64, 8, 4), (256, 128, 64, 8, 3)], ids=["128x256x64", "256x128x64"])
+@pytest.mark.parametrize(
+    "tile", [(128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (256, 128, 64, 8, 3, 1)],
+    ids=["128x256x64", "256x128x64", "256x128x64_swapped"],
+)  # fmt: skip
 def test_emulated_gluon_large_tiles(tile, mode, monkeypatch):
     """The tiles the large layers tune to (issue 28: 128 x 256 and 256 x 128 on two consumer warpgroups, 3-4
-    stages) at 256 channels, all three directions, a (1, 3, 3) kernel over a volume of a few patches."""
+    stages; 256 x 128 also swapped, m64n256 in the forward and input gradient) at 256 channels, all three
+    directions, a (1, 3, 3) kernel over a volume of a few patches."""
     x = torch.randn(1, 256, 2, 9, 21, dtype=torch.bfloat16).contiguous(memory_format=CL)
     w = (torch.randn(256, 256, 1, 3, 3, dtype=torch.bfloat16) / 48).contiguous(memory_format=CL)
     b = torch.randn(256, dtype=torch.bfloat16)
@@ -287,7 +320,9 @@ def test_emulated_gluon_large_tiles(tile, mode, monkeypatch):
     with emulating(monkeypatch) as emu:
         got = []
         for direction in ("fwd", "dgrad", "wgrad"):
-            config = configs.with_gluon(KernelConfig(*tile), geom, direction, MODES[mode] == 2)
+            config = configs.with_gluon(KernelConfig(*tile[:5]), geom, direction, MODES[mode] == 2)
+            if tile[5:] and direction != "wgrad":
+                config = configs.swapped_twin(config, direction)
             assert config.gluon == MODES[mode] and config.block_m * config.block_n == 128 * 256
             if direction == "fwd":
                 got.append(conv_fwd.conv3d_fwd(x, w, b, None, geom, config))
@@ -327,10 +362,11 @@ def _mma_two_in_flight(a, b, acc):
 
 
 @gluon.jit
-def _next_stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
+def _next_stage_operands(a_ring, b_ring, index, INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr,
+                         SWAP_AB: gl.constexpr = False):  # fmt: skip
     """The operands of the stage after the one waited for: read before its loads were seen."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
-    return _real_stage_operands(a_ring, b_ring, (index + 1) % STAGES, INPUT_GRAD, WEIGHT_GRAD)
+    return _real_stage_operands(a_ring, b_ring, (index + 1) % STAGES, INPUT_GRAD, WEIGHT_GRAD, SWAP_AB)
 
 
 @gluon.jit
@@ -346,14 +382,14 @@ def _no_fence():
 
 
 @gluon.jit
-def _consume_steps_early_release(a_ring, b_ring, ready, empty, it, steps, acc,
-                                 INPUT_GRAD: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
+def _consume_steps_early_release(a_ring, b_ring, ready, empty, it, steps, acc, INPUT_GRAD: gl.constexpr,
+                                 WEIGHT_GRAD: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
     """The warp-specialized consumer handing a stage back as soon as its wgmma is issued, not once it finished."""
     STAGES: gl.constexpr = a_ring.type.shape[0]
     for _ in range(steps):
         index = it % STAGES
         mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-        a, b = _real_stage_operands(a_ring, b_ring, index, INPUT_GRAD, WEIGHT_GRAD)
+        a, b = _real_stage_operands(a_ring, b_ring, index, INPUT_GRAD, WEIGHT_GRAD, SWAP_AB)
         acc = warpgroup_mma(a, b, acc, is_async=True)
         mbarrier.arrive(empty.index(index), count=1)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))

@@ -366,11 +366,20 @@ if conv_gluon.UNAVAILABLE is None:
                     if shape.name == "wan_dec_384b":
                         ws = dataclasses.replace(hopper, block_m=64, block_k=16, num_warps=4, num_stages=2)
                         tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
+                    # and 256 voxels x 128 columns swapped (swap_ab): m64n256 at 128 columns, both kernels
+                    tall = dataclasses.replace(hopper, block_m=256, block_n=128, num_stages=3)
+                    for specialized in (False, True):
+                        tiles.append(configs.swapped_twin(configs.with_gluon(tall, geom, direction, specialized),
+                                                          direction))
+                # swapped through the phase views (down_s2) and from registers (last_cout3's 3-channel rows)
+                if shape.name in ("down_s2", "last_cout3") and dtype == torch.bfloat16:
+                    tall = dataclasses.replace(chosen, block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
+                    tiles.append(configs.swapped_twin(configs.with_gluon(tall, geom, direction, True), direction))
                 # down_s2's phase views, the warp-specialized producer's predicated copies too
                 if shape.name == "down_s2" and dtype == torch.bfloat16:
                     ws = choice.heuristic_gluon_tiles(chosen)
                     tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
-                for config in tiles:
+                for config in filter(None, tiles):  # swapped_twin: None for the weight gradient
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
@@ -408,15 +417,16 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     """The Gluon forward, input gradient and weight gradient for every eligible case of the bench suite under triton 3.6
     (one of each kind under another: large, strided, small-channel, 3-channel output) (bf16, and the forward and input
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
-    also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized; down_s2's phase views
-    warp-specialized too; last_cout3's forward storing its 3-channel rows from registers; a video VAE's causal conv
-    with replicate borders along D and cached frames, forward and weight gradient, and the interior of one with
-    replicate borders in all three dimensions, forward and weight gradient; a UNet decoder conv reading its skip
-    connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
-    wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
-    single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton is one
-    the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
-    unavailable."""
+    also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized, and 256x128x64 with the
+    forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels; down_s2's phase views
+    warp-specialized too, and swapped, as last_cout3's forward; last_cout3's forward storing its 3-channel rows from
+    registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
+    gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
+    UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA
+    loads, wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in
+    flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton
+    is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says
+    it is unavailable."""
     from tconv3d.inspect.compile import ARCHS
     from tconv3d.kernels import conv_gluon
     from tconv3d.kernels.config import KernelConfig
@@ -445,6 +455,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert {r["direction"] for r in reports if r["case"] == "down_s2" and r["config"]["gluon"] == 2} == {
         "fwd", "dgrad", "wgrad"
     }  # fmt: skip
+    swapped = [r for r in reports if r["config"].get("swap_ab")]  # the wgmma's N the voxels
+    assert {(r["case"], r["direction"]) for r in swapped} >= {
+        ("wan_dec_384b", "fwd"), ("wan_dec_384b", "dgrad"), ("down_s2", "fwd"), ("down_s2", "dgrad"),
+        ("last_cout3", "fwd"),
+    }  # fmt: skip
+    assert all(r["mma"].startswith(f"HGMMA.64x{r['config']['block_m']}x") for r in swapped), swapped[0]["mma"]
     programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"

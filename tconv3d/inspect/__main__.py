@@ -140,6 +140,7 @@ def _config_text(config: dict) -> str:
     text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
     gluon = config.get("gluon")
     variant = "gluon-ws" if gluon == 2 else "gluon" if gluon else "tma" if config.get("tma_box_w") else ""
+    variant += " swap" if config.get("swap_ab") else ""
     return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "") + (f" {variant}" if variant else "")
 
 

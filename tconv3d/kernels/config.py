@@ -20,6 +20,10 @@ MIN_TILE = 16
 SPLIT_SUM_BLOCK = 1024
 
 
+# Fields a pointer config leaves at 0 and a table entry may omit.
+OPTIONAL_FIELDS = ("tma_box_w", "direct", "gluon", "swap_ab")
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     block_m: int
@@ -39,6 +43,10 @@ class KernelConfig:
     # 1: the Gluon kernel (conv_gluon.py, sm_90) on the TMA variant's patch, num_stages its ring depth; 2: the same
     # persistent, with a warp-specialized one-warp TMA producer.
     gluon: int = 0
+    # 1: the Gluon forward or input gradient computes each tile transposed, block_n columns x block_m voxels (the
+    # weight box as wgmma's A, the voxel box as its B), so one wgmma spans the block_m voxels: m64n256 at 256
+    # voxels, where a 384-channel layer's 128 columns would otherwise cap it at m64n128 (conv_gluon's docstring).
+    swap_ab: int = 0
 
     @property
     def variant(self) -> str:
@@ -52,7 +60,7 @@ class KernelConfig:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        for name in ("tma_box_w", "direct", "gluon"):
+        for name in OPTIONAL_FIELDS:
             if not data[name]:
                 del data[name]  # pointer configs read as they did before these fields existed
         return data
@@ -69,7 +77,7 @@ class KernelConfig:
         config = cls(**data)
         for name in names:
             value = getattr(config, name)
-            lowest = 0 if name in ("tma_box_w", "direct", "gluon") else 1
+            lowest = 0 if name in OPTIONAL_FIELDS else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
                 kind = "a positive int" if lowest else "an int >= 0"
                 raise ValueError(f"{name} must be {kind}, got {value!r}")
@@ -77,8 +85,14 @@ class KernelConfig:
             raise ValueError(f"direct is 0 or 1, and a direct config has no TMA box: {config}")
         if config.gluon > 2 or (config.gluon and not config.tma_box_w):
             raise ValueError(f"gluon is 0, 1 or 2, and a gluon config has a TMA box (tma_box_w): {config}")
-        if config.gluon and (config.block_m < 16 * config.num_warps or config.block_n > 256 or config.num_stages < 2):
-            raise ValueError(f"a gluon config needs block_m >= 16 x warps, block_n <= 256, 2+ stages: {config}")
+        if config.swap_ab > 1 or (config.swap_ab and not config.gluon):
+            raise ValueError(f"swap_ab is 0 or 1, and only a gluon config swaps its operands: {config}")
+        rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
+        if config.gluon and (rows < 16 * config.num_warps or cols > 256 or config.num_stages < 2):
+            raise ValueError(
+                f"a gluon config needs block_m >= 16 x warps, block_n <= 256 (block_n and block_m with swap_ab), "
+                f"2+ stages: {config}"
+            )
         box = config.tma_box_w
         if box and (box & (box - 1) or (config.block_m % box and config.block_k % box)):
             raise ValueError(f"tma_box_w must be a power of two dividing block_m or block_k, got {config}")

@@ -106,14 +106,15 @@ def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad
 def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
     """Programs of the persistent warp-specialized kernel an SM runs at once. Two where the kernel's warps are one
     warpgroup whose accumulators (at most 128 x 128 fp32, 128 a thread) fit the 232 registers a thread two programs
-    leave it, and the shared memory fits twice: one program's epilogue and its ring's first fills then overlap
-    the other's wgmma, as the two consumer warpgroups of CUTLASS's ping-pong schedule do in one CTA (a single
-    program would leave the tensor cores idle there, where the one-tile-per-program kernel gets the same overlap
-    from the hardware scheduling two of its CTAs on an SM). Otherwise one, as the cooperative schedule: two
-    warpgroups on one tile. At most 128 columns: ptxas holds each instruction to the kernel's maxnreg (128 at two
-    programs), not to the consumer's limit that setmaxnreg raises, and one m64n256 wgmma alone keeps 128
+    leave it, and the shared memory fits twice: one program's epilogue and its ring's first fills then overlap the
+    other's wgmma, as the two consumer warpgroups of CUTLASS's ping-pong schedule do in one CTA (a single program
+    would leave the tensor cores idle there, where the one-tile-per-program kernel gets the same overlap from the
+    hardware scheduling two of its CTAs on an SM). Otherwise one, as the cooperative schedule: two warpgroups on one
+    tile. At most 128 columns a wgmma (voxels with swap_ab): ptxas holds each instruction to the kernel's maxnreg (128
+    at two programs), not to the consumer's limit that setmaxnreg raises, and one m64n256 wgmma alone keeps 128
     accumulators a thread (64 x 256 on one warpgroup does not compile there: C7602, "register target of 154")."""
-    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and config.block_n <= 128
+    mma_columns = config.block_m if config.swap_ab else config.block_n  # one wgmma's N
+    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and mma_columns <= 128
     fits_twice = one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES
     return min(2 if fits_twice else 1, _most_programs_per_sm)
 
@@ -160,13 +161,16 @@ if UNAVAILABLE is None:
         return acc
 
     @gluon.jit
-    def _stage_operands(a_ring, b_ring, index, W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr):
+    def _stage_operands(a_ring, b_ring, index, W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr,
+                        SWAP_AB: gl.constexpr = False):  # fmt: skip
         """Stage `index` as the wgmma's operands, views of the boxes in shared memory. Forward and input gradient: A
         [BLOCK_M, BLOCK_K] from the 5-D source box, B [BLOCK_K, BLOCK_N] from the weight box: as it landed where the box
         is [BLOCK_K, 1, BLOCK_N] (W_KN: the input gradient's, N-major), else used transposed (the forward's and the
         input gradient's over a transposed weight: K-major, as wgmma takes fp32). Weight gradient: A [BLOCK_M, BLOCK_K]
         the grad_out box read M-major (a transposed view), B [BLOCK_K, BLOCK_N] the input box as it landed, BLOCK_K =
-        the box's voxels."""
+        the box's voxels. SWAP_AB (forward, input gradient): the tile transposed, dst^T = B^T A^T: A [BLOCK_N, BLOCK_K]
+        the weight box (K-major, the input gradient's 16-bit one M-major), B [BLOCK_K, BLOCK_M] the source box read
+        K-major; both views of the same boxes, nothing moves."""
         if WEIGHT_GRAD:
             BLOCK_K: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
             a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]]).permute((1, 0))
@@ -179,11 +183,13 @@ if UNAVAILABLE is None:
                 b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
             else:
                 b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
+            if SWAP_AB:
+                a, b = b.permute((1, 0)), a.permute((1, 0))
         return a, b
 
     @gluon.jit
     def _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc,
-                       W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr):  # fmt: skip
+                       W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
         """A warp-specialized consumer's K loop over one tile: `steps` stages from ring position `it` on, each
         waited for, wgmma'd from shared memory with one group in flight and handed back to the producer (on
         `empty`) once the group after it has been issued. Returns the finished accumulator and the ring position."""
@@ -191,7 +197,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = it % STAGES
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, W_KN, WEIGHT_GRAD)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, WEIGHT_GRAD, SWAP_AB)
             acc = _mma_one_in_flight(a, b, acc)
             # The previous step's group has finished: its stage may be refilled.
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -296,11 +302,12 @@ if UNAVAILABLE is None:
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, mma_layout: gl.constexpr,
-        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
-        finished group read. Returns the accumulator, the ring's barriers put away."""
+        finished group read. Returns the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB), the ring's barriers put
+        away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
@@ -311,11 +318,11 @@ if UNAVAILABLE is None:
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps, frames, PAD_MODE_D, HAS_PREFIX,
                 HAS_AFTER,
             )  # fmt: skip
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, W_KN, False)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, False, SWAP_AB)
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
@@ -341,18 +348,21 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _store_rows(acc, dst_ptr, entry, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
-                    BOX_W: gl.constexpr, mma_layout: gl.constexpr):  # fmt: skip
+                    BOX_W: gl.constexpr, mma_layout: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
         """A patch stored from registers, rows and columns past the volume's edges and the channels dropped: the
-        forward's output where its rows are not whole 16-byte units (DST_PTR). dst_strides: (N, D, H, W)."""
-        BLOCK_M: gl.constexpr = acc.type.shape[0]
-        BLOCK_N: gl.constexpr = acc.type.shape[1]
-        offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        forward's output where its rows are not whole 16-byte units (DST_PTR). dst_strides: (N, D, H, W). acc is
+        [voxels, columns], or [columns, voxels] with SWAP_AB."""
+        VOXEL_AXIS: gl.constexpr = 1 if SWAP_AB else 0
+        BLOCK_M: gl.constexpr = acc.type.shape[VOXEL_AXIS]
+        BLOCK_N: gl.constexpr = acc.type.shape[1 - VOXEL_AXIS]
+        offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1 - VOXEL_AXIS, mma_layout))
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(VOXEL_AXIS, mma_layout))
         h, w = h0 + offs_m // BOX_W, w0 + offs_m % BOX_W
         rows = (entry.to(gl.int64) * dst_strides[0] + d.to(gl.int64) * dst_strides[1]
                 + h.to(gl.int64) * dst_strides[2] + w.to(gl.int64) * dst_strides[3])  # fmt: skip
-        mask = gl.expand_dims((h < H_DST) & (w < W_DST), 1) & gl.expand_dims(offs_n < C_COLS, 0)
-        ptrs = dst_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(offs_n, 0)
+        mask = (gl.expand_dims((h < H_DST) & (w < W_DST), 1 - VOXEL_AXIS)
+                & gl.expand_dims(offs_n < C_COLS, VOXEL_AXIS))  # fmt: skip
+        ptrs = dst_ptr + gl.expand_dims(rows, 1 - VOXEL_AXIS) + gl.expand_dims(offs_n, VOXEL_AXIS)
         gl.store(ptrs, acc.to(dst_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
@@ -360,23 +370,28 @@ if UNAVAILABLE is None:
                     H_DST, W_DST, dst_strides,
                     STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
                     INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, BOX_W: gl.constexpr,
-                    mma_layout: gl.constexpr):  # fmt: skip
+                    mma_layout: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
         """The epilogue of one tile: the bias (split 0's partial carries it), then a TMA store of the patch (to the
         phase's view of grad_in, conv_tma.dst_box, for a strided input gradient), which drops what lies past the
         volume's edges. The store is left in flight: wait before reusing c_smem. DST_PTR: dst_views[0] is the
-        forward's output tensor, stored from registers (_store_rows); c_smem is not used."""
-        BLOCK_M: gl.constexpr = acc.type.shape[0]
-        BLOCK_N: gl.constexpr = acc.type.shape[1]
+        forward's output tensor, stored from registers (_store_rows); c_smem is not used. SWAP_AB: acc is the tile
+        transposed, [columns, voxels], written into c_smem through a transposed view."""
+        VOXEL_AXIS: gl.constexpr = 1 if SWAP_AB else 0
+        BLOCK_M: gl.constexpr = acc.type.shape[VOXEL_AXIS]
+        BLOCK_N: gl.constexpr = acc.type.shape[1 - VOXEL_AXIS]
         if HAS_BIAS:
-            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(VOXEL_AXIS, mma_layout))
             bias_cols = gl.where(split == 0, C_COLS, 0)
             bias = gl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0)
-            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+            acc = acc + gl.expand_dims(bias.to(gl.float32), VOXEL_AXIS)
         if DST_PTR:
             _store_rows(acc, dst_views[0], split * BATCH + n, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
-                        BOX_W, mma_layout)  # fmt: skip
+                        BOX_W, mma_layout, SWAP_AB)  # fmt: skip
+        elif SWAP_AB:
+            c_smem.reshape([BLOCK_M, BLOCK_N]).permute((1, 0)).store(acc.to(dst_views[0].dtype))
         else:
             c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_views[0].dtype))
+        if not DST_PTR:
             fence_async_shared()
             frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
             coords = [split * BATCH + n, frame, h0, w0, n0]
@@ -394,7 +409,7 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        mma_layout: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
@@ -410,12 +425,12 @@ if UNAVAILABLE is None:
             n, phase, _, _, steps = _tile_work(
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
-            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False)
+            acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False, SWAP_AB)
             tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
             _store_tile(
                 acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout,
+                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout, SWAP_AB,
             )  # fmt: skip
         tma.store_wait(pendings=0)
 
@@ -475,7 +490,7 @@ if UNAVAILABLE is None:
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
         DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        HAS_AFTER: gl.constexpr, num_warps: gl.constexpr,
+        HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -489,7 +504,9 @@ if UNAVAILABLE is None:
         BATCH on), the bias in split 0's. WARP_SPECIALIZE: persistent and warp-specialized, each program walking
         tiles (patch, column block, split) num_programs apart; one extra warp issues every TMA load (_load_tiles)
         while the kernel's warps only wait, wgmma and store (_mma_tiles), the stages handed back and forth by two
-        mbarrier rings. The producer runs on into the next tile while the consumers store the last one."""
+        mbarrier rings. The producer runs on into the next tile while the consumers store the last one. SWAP_AB:
+        the wgmma computes each tile transposed (_stage_operands), BLOCK_N columns on the warps' 16-row atoms and
+        the BLOCK_M voxels as its N; the loads, the ring and the tiles' order are the same."""
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
@@ -509,7 +526,9 @@ if UNAVAILABLE is None:
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
         ready = _stage_barriers(STAGES)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
+            version=[3, 0],
+            warps_per_cta=[num_warps, 1],
+            instr_shape=[16, BOX_H * BOX_W if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
         )
         # with HAS_AFTER: x's channel blocks, then channels_after's
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
@@ -529,7 +548,8 @@ if UNAVAILABLE is None:
                 [
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
                                   k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
-                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout)),
+                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout,
+                                  SWAP_AB)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
@@ -551,7 +571,7 @@ if UNAVAILABLE is None:
             acc = _pipelined_steps(
                 src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
                 PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
-                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
+                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB,
             )  # fmt: skip
             # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
             if DST_PTR:
@@ -560,7 +580,7 @@ if UNAVAILABLE is None:
                 c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
             _store_tile(
                 acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout,
+                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout, SWAP_AB,
             )  # fmt: skip
             tma.store_wait(pendings=0)
 
@@ -656,7 +676,7 @@ if UNAVAILABLE is None:
             first = split * SPLIT_PATCHES
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True)
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, False)
             _store_wgrad_tile(
                 acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
             )
@@ -840,7 +860,7 @@ def conv3d_gluon(
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,
         PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
-        HAS_AFTER=channels_after is not None, num_warps=config.num_warps,
+        HAS_AFTER=channels_after is not None, SWAP_AB=bool(config.swap_ab), num_warps=config.num_warps,
         **options,
     )  # fmt: skip
 
@@ -852,6 +872,8 @@ def conv3d_wgrad_gluon(
     """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight gradient's patches
     and splits (conv_tma.wgrad_tma_patches), persistent and warp-specialized where config.gluon is 2: both
     tensors 16-bit, unit-stride channels, TMA-aligned strides."""
+    if config.swap_ab:
+        raise ValueError(f"the Gluon weight gradient does not swap its operands (swap_ab): {config}")
     box_h, box_w = config.tma_box(config.block_k)
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)

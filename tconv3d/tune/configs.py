@@ -219,8 +219,8 @@ def candidates(
 ) -> list[KernelConfig]:
     """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
     too, and with `gluon` (sm_90 with a Triton whose Gluon the kernel is written for) the Gluon twins of the
-    tiles it takes, so tuning tables choose the variant per key. Depthwise problems search the direct kernels'
-    tiles."""
+    tiles it takes (the persistent ones also swapped: swapped_twin), so tuning tables choose the variant per key.
+    Depthwise problems search the direct kernels' tiles."""
     if direct_eligible(direction, geom):
         return _direct_candidates(direction, geom)
     space = SEARCH_SPACE[direction]
@@ -233,8 +233,11 @@ def candidates(
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
         specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
         element = torch.empty((), dtype=dtype).element_size()
-        twins += [c for c in specialized if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad")
-                  <= smem_bytes]  # fmt: skip
+        weight_grad = direction == "wgrad"
+        specialized = [
+            c for c in specialized if conv_gluon.persistent_shared_bytes(c, element, weight_grad) <= smem_bytes
+        ]
+        twins += specialized + [t for t in (swapped_twin(c, direction) for c in specialized) if t]
     return kept + twins
 
 
@@ -560,9 +563,21 @@ def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bo
 
 
 def gluon_takes(config: KernelConfig) -> bool:
-    """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along M, at most 256 columns, a ring of
-    at least two stages."""
-    return config.block_m >= 16 * config.num_warps and config.block_n <= 256 and config.num_stages >= 2
+    """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along its M, at most 256 columns (its
+    N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m."""
+    rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
+    return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2
+
+
+def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
+    """The Gluon forward's or input gradient's `config` with its operands swapped (swap_ab), where that gives the
+    wgmma a wider N than it has unswapped (block_m voxels over block_n columns) and the kernel takes it: the
+    tiles a 384-channel layer needs for m64n256 (256 voxels x 128 columns). None elsewhere (the weight gradient
+    does not swap)."""
+    if direction == "wgrad" or not config.gluon or config.block_m <= config.block_n:
+        return None
+    twin = replace(config, swap_ab=1)
+    return twin if gluon_takes(twin) else None
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
