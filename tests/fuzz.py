@@ -314,6 +314,9 @@ def _select(problem: Problem):
         config = choice.force_variant(direction, geom, dtype, config, problem.kernels, gluon_runs)
         if config.gluon:
             config = dataclasses.replace(config, gluon=rng.choice((1, 2)))
+            if direction != "wgrad" and not config.swap_ab and rng.random() < 0.3:  # the tile computed transposed
+                swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+                config = swapped if configs.gluon_takes(swapped) else config
         select.configs.append((direction, config))
         return config
 
@@ -390,7 +393,9 @@ def run(problem: Problem, monkeypatch) -> dict:
             errors[name] = 0.0 if want is got else float("inf")
         else:
             errors[name] = rel_l2(got, want)
-    launched = [(d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon) for d, c in select.configs]
+    launched = [
+        (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.swap_ab) for d, c in select.configs
+    ]
     bad = {name: error for name, error in errors.items() if not error < bound}
     assert y.shape == expected.shape, f"shape {tuple(y.shape)} != {tuple(expected.shape)}"
     if y.dim() == 5:
@@ -427,7 +432,8 @@ def main() -> int:
         try:
             result = check(problem)
             variants.update(
-                f"{direction} {'gluon' if gluon else variant}" for direction, variant, *_, gluon in result["launched"]
+                f"{direction} {variant}{' swapped' if swap else ''}"
+                for direction, variant, *_, swap in result["launched"]
             )
         except Exception as error:  # a failure of any kind is a finding, reported as one
             failed += 1
