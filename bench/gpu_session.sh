@@ -16,6 +16,8 @@
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
 #             replay, tests/test_integrations.py on CUDA
+#   profile   Nsight Compute (ncu, NCU_ARGS: --set detailed) over one launch of each variant row PROFILE_ARGS names
+#             (bench.variants --launch-only): what bounds a kernel, where a timing cannot say
 #   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
 #             problems up to hundreds of channels, every variant forced, Gluon natively, against float64
 # bench/NOTES.md ("The next GPU session in 15 minutes") gives the calls that fit a session: plan1, plan2 below.
@@ -38,6 +40,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #           the main job: the correctness of what the H200 session changed
 #   plan2   bench.variants on wan_dec_384b (the wide Gluon tiles' prediction), then python -m bench, bf16 forward
 #           and backward against cuDNN channels_last_3d, and the stack scenario
+#   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
+#           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
   plan1)
     export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-250} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
@@ -50,11 +54,15 @@ case "${1:-}" in
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-30}
     set -- variants bench
     ;;
+  plan3)
+    export CALL_SECONDS=${CALL_SECONDS:-220} PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-190}
+    set -- profile
+    ;;
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models | fuzz) ;;
-    *) echo "unknown stage $stage: plan1 or plan2 alone, or check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models or fuzz" >&2
+    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models | profile | fuzz) ;;
+    *) echo "unknown stage $stage: plan1, plan2 or plan3 alone, or check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models, profile or fuzz" >&2
        exit 2 ;;
   esac
 done
@@ -191,6 +199,17 @@ run_stage() {
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
+    ;;
+  profile)  # each launch's report in profile.log, in the order bench.variants prints its "launched" lines
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+    if [ -z "$ncu_bin" ]; then
+      echo "[gpu_session] no ncu on this machine" | tee "$OUT/profile.log"
+      return 1
+    fi
+    profile_args=${PROFILE_ARGS:-"--cases wan_dec_384b,down_s2,unet_64 --directions fwd,wgrad --impls gluon_ws,gluon_ws_256x128_swapped"}
+    # --clock-control none: the clocks as the timings saw them (device METHOD.md); only tconv3d's conv kernels
+    timeout "$(left "${PROFILE_TIMEOUT:-240}")" "$ncu_bin" --clock-control none --kernel-name regex:_conv3d_ \
+      ${NCU_ARGS:---set detailed} python3 -m bench.variants --launch-only $profile_args 2>&1 | tee "$OUT/profile.log"
     ;;
   fuzz)  # one JSON line per failure: `python tests/fuzz.py --replay '<line>'` reproduces it, here or on CPU
     seed=${FUZZ_SEED:-$((RANDOM * 32768 + RANDOM))}

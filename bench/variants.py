@@ -125,6 +125,50 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     return found
 
 
+def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.device) -> tuple:
+    """(geometry, launch(config), cuDNN's call, its fp32 reference as a call) of one case and direction on random
+    channels_last_3d inputs."""
+    x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
+    stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
+    geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
+    conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
+    if direction == "fwd":
+        launch = lambda config: conv3d_fwd(x, w, None, None, geom, config)  # noqa: E731
+        cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
+        exact = lambda: F.conv3d(x.float(), w.float(), None, *conv_args)  # noqa: E731
+        return geom, launch, cudnn, exact
+    grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
+    if direction == "dgrad":
+        launch = lambda config: conv3d_dgrad(grad_out, w, geom, config)  # noqa: E731
+        cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
+        exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
+        return geom, launch, cudnn, exact
+    launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
+    cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
+    exact = lambda: torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)  # noqa: E731
+    return geom, launch, cudnn, exact
+
+
+def launch_once(shape: ConvShape, dtype_name: str, direction: str, impls: set | None, device: torch.device) -> list:
+    """Launch each variant of one case and direction once (those named in `impls`, all where None), unchecked and
+    untimed, for a profiler watching the process (bench/gpu_session.sh's profile stage runs Nsight Compute over
+    this); returns the (impl, config) launched, in order."""
+    dtype = DTYPES_BY_NAME[dtype_name]
+    geom, launch, _, _ = problem(shape, dtype, direction, device)
+    launched = []
+    for name, config in variant_configs(direction, geom, dtype, device).items():
+        if impls is not None and name not in impls:
+            continue
+        if name == ONE_PROGRAM_PER_SM:
+            _one_program_per_sm(launch, config)
+        else:
+            launch(config)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        launched.append((name, config))
+    return launched
+
+
 def measure_case(
     shape: ConvShape,
     dtype_name: str,
@@ -133,34 +177,18 @@ def measure_case(
     emit,
     done: dict[str, dict] | None = None,
     compiled=lambda launch: None,
+    impls: set | None = None,
 ) -> None:
     """Check, then time, each variant of one case and direction, handing each row to `emit` as it comes. `done`:
     the rows a hung run left of this case (by impl), not measured again; the variant that hung has one already.
     Each variant's first run waits on the GPU under testing.hang_guard: one that never finishes is emitted as
     hung, and the process exits with HUNG_EXIT for its caller to run it again with --resume. `compiled(launch)`
-    waits for a launch being compiled ahead (inspect.compile.compile_ahead)."""
+    waits for a launch being compiled ahead (inspect.compile.compile_ahead). `impls`: the variant rows to measure
+    (all where None)."""
     dtype, device, done = DTYPES_BY_NAME[dtype_name], torch.device("cuda"), done or {}
-    x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
-    stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
-    geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
-    conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
-    if direction == "fwd":
-        launch = lambda config: conv3d_fwd(x, w, None, None, geom, config)  # noqa: E731
-        cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
-        with exact_fp32():
-            reference = F.conv3d(x.float(), w.float(), None, *conv_args)
-    else:
-        grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
-        if direction == "dgrad":
-            launch = lambda config: conv3d_dgrad(grad_out, w, geom, config)  # noqa: E731
-            cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
-            with exact_fp32():
-                reference = torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)
-        else:
-            launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
-            cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
-            with exact_fp32():
-                reference = torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)
+    geom, launch, cudnn, exact = problem(shape, dtype, direction, device)
+    with exact_fp32():
+        reference = exact()
     flops = 2 * geom.output_voxels * geom.out_channels * geom.taps * geom.group_in_channels
     where = dict(case=shape.name, dtype=dtype_name, direction=direction)
 
@@ -174,7 +202,7 @@ def measure_case(
         emit(timed({"impl": "cudnn_cl3d", "config": None, "error": None, **where}, cudnn_ms))
     measured: dict[tuple, dict] = {}  # a variant whose config (and launch) another already has is not rerun
     for name, config in variant_configs(direction, geom, dtype, device).items():
-        if name in done:
+        if name in done or (impls is not None and name not in impls):
             continue
         one_per_sm = name == ONE_PROGRAM_PER_SM
         if (config, one_per_sm) in measured:
@@ -238,6 +266,12 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
+    parser.add_argument("--impls", default=None, help="comma-separated variant rows to launch (default: all)")
+    parser.add_argument(
+        "--launch-only",
+        action="store_true",
+        help="launch each variant once, unchecked and untimed, no cuDNN or peak: for a profiler watching the process",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -259,6 +293,14 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown case(s) {unknown}; the bench suite has {sorted(suite)}")
     shapes = [suite[name] for name in args.cases.split(",")]  # in the order asked: a run cut short keeps the first
+    impls = set(args.impls.split(",")) if args.impls else None
+    if args.launch_only:
+        for shape in shapes:
+            for dtype_name in args.dtype.split(","):
+                for direction in args.directions.split(","):
+                    for name, config in launch_once(shape, dtype_name, direction, impls, torch.device("cuda")):
+                        print(f"launched {shape.name} {dtype_name} {direction} {name} {config.to_dict()}", flush=True)
+        return 0
     previous = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
     peaks, rows = previous.get("peaks") or measure_peaks(), previous.get("rows", [])
     print(f"device {torch.cuda.get_device_name()}, bf16 matmul peak {peaks['bf16_mm_tflops']} TFLOP/s, TF32 "
@@ -273,7 +315,8 @@ def main(argv=None) -> int:
             for shape in shapes
             for dtype_name in args.dtype.split(",")
             for direction in args.directions.split(",")
-            for config in variant_configs(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], device).values()
+            for name, config in variant_configs(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], device).items()
+            if impls is None or name in impls
         ]
         compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)
 
@@ -290,7 +333,7 @@ def main(argv=None) -> int:
                     where = (shape.name, dtype_name, direction)
                     done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
                     peak = peak_for(peaks, dtype_name)
-                    measure_case(shape, dtype_name, direction, peak, emit, done, compiled)
+                    measure_case(shape, dtype_name, direction, peak, emit, done, compiled, impls)
     finally:
         shutdown()
     return 0

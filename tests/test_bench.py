@@ -270,7 +270,7 @@ def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
     out.write_text(json.dumps({"peaks": {"bf16_mm_tflops": 700.0}, "rows": before}))
     calls = []
 
-    def stand_in(shape, dtype_name, direction, peak, emit, done, compiled):
+    def stand_in(shape, dtype_name, direction, peak, emit, done, compiled, impls):
         calls.append((shape.name, direction, peak, sorted(done)))
         emit({"case": shape.name, "dtype": dtype_name, "direction": direction, "impl": "pointer", "failed": "x"})
 
@@ -290,6 +290,39 @@ def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
     for wrong in (["--resume"], ["--cases", "wan_dec_385b"]):  # nothing to resume from; no such case
         with pytest.raises(SystemExit):
             variants.main(wrong)
+
+
+def test_variants_launch_only_for_a_profiler(monkeypatch, capsys):
+    """--launch-only --impls: each named variant of each case and direction launched once, nothing checked, timed or
+    measured besides (no cuDNN call, no matmul peak), each launch printed in order so that a profiler's report can
+    be matched to its rows; a name a case does not have (the weight gradient's swap) is skipped."""
+    from bench import variants
+    from tconv3d.tune import choice, configs
+
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
+    monkeypatch.setattr(
+        choice, "pick_config", lambda d, geom, dtype, device: configs._heuristic_tiles(d, geom, dtype, 132)
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(variants, "measure_peaks", lambda: pytest.fail("nothing is measured"))
+    launched = []
+
+    def stand_in(shape, dtype, direction, device):
+        geom = shape.geometry()
+        return geom, lambda config: launched.append((shape.name, direction, config)), pytest.fail, pytest.fail
+
+    monkeypatch.setattr(variants, "problem", stand_in)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    args = ["--cases", "wan_dec_384b", "--directions", "fwd,wgrad", "--launch-only", "--impls"]
+    assert variants.main([*args, f"gluon_ws,{variants.SWAPPED}"]) == 0
+    assert [(case, d, c.swap_ab) for case, d, c in launched] == [
+        ("wan_dec_384b", "fwd", 0), ("wan_dec_384b", "fwd", 1), ("wan_dec_384b", "wgrad", 0),
+    ]  # fmt: skip
+    printed = [line.split()[:5] for line in capsys.readouterr().out.splitlines()]
+    assert printed == [["launched", "wan_dec_384b", "bf16", d, name] for d, name in
+                       (("fwd", "gluon_ws"), ("fwd", variants.SWAPPED), ("wgrad", "gluon_ws"))]  # fmt: skip
 
 
 def test_variants_time_the_second_persistent_program(monkeypatch):
