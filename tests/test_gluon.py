@@ -22,6 +22,7 @@ from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
 from tconv3d.kernels.config import DIRECTIONS, KernelConfig
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tuner
+from tconv3d.tune.shapes import load_shape_set
 
 CL = torch.channels_last_3d
 DTYPES_16 = [torch.bfloat16, torch.float16]
@@ -298,6 +299,13 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     assert any((c.block_m, c.block_n, c.gluon, c.swap_ab) == (256, 128, 2, 1) for c in twins)
     assert all(c.gluon == 2 and c.block_m > c.block_n for c in twins if c.swap_ab)
     assert not any(c.swap_ab for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True))
+    # and the tuner times it: among the candidates nearest the heuristic's 128x128 on Wan's largest layer
+    wan = next(s for s in load_shape_set("bench") if s.name == "wan_dec_384b").geometry()
+    for direction in ("fwd", "dgrad"):
+        default = configs.heuristic_config(direction, wan, torch.bfloat16, 132, configs.GLUON_CAPABILITY)
+        found = configs.candidates(direction, wan, torch.bfloat16, 227 * 1024, True, True)
+        near = tuner.nearest_candidates(found, default, tuner.CANDIDATES_PER_KEY)
+        assert any((c.block_m, c.block_n, c.gluon, c.swap_ab) == (256, 128, 2, 1) for c in near), direction
     assert not any(c.gluon for c in configs.candidates("fwd", geom, torch.float32, 227 * 1024, True, True))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     for direction in ("fwd", "dgrad"):
