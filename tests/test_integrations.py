@@ -500,6 +500,33 @@ def test_monai_checkpoint_unet_still_recomputes(aten_path):
     assert_same_gradients(stock, converted)
 
 
+@pytest.mark.parametrize("name", ["unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet"])
+def test_monai_adapters_keep_hooks_on_the_blocks_they_take_apart(name, aten_path):
+    """A forward hook on every module but the convolutions (MONAI's SkipConnection, the up blocks' conv blocks, its
+    Convolution Sequentials, whose calls the adapters would skip to hand a convolution its second source): in the
+    converted net each fires in stock's order with stock's output (that level then concatenates, as stock does);
+    with the hooks removed the skip connections are read in place again."""
+    stock, converted = stock_and_converted(_monai_nets()[name])
+    x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
+    seen, handles = {}, []
+    for label, model in (("stock", stock), ("converted", converted)):
+        calls = seen[label] = []
+        for module_name, module in model.named_modules():
+            if module_name and not isinstance(module, (nn.Conv3d, nn.ConvTranspose3d)):
+                hook = lambda m, args, out, n=module_name, calls=calls: calls.append((n, out))  # noqa: E731
+                handles.append(module.register_forward_hook(hook))
+        with torch.no_grad():
+            model(x)
+    assert [n for n, _ in seen["converted"]] == [n for n, _ in seen["stock"]]
+    for (n, got), (_, want) in zip(seen["converted"], seen["stock"], strict=True):
+        if isinstance(want, torch.Tensor):
+            assert got.shape == want.shape and rel_l2(got, want) < MATCH, n
+    for handle in handles:
+        handle.remove()
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert report.totals["concat_copies_into_convs"] == report.totals["upstream_copies_into_convs"] == 0
+
+
 def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):
     """A decoder block whose first conv convert left alone (here by its filter) gets the concatenation, as MONAI
     makes it, and still matches stock."""

@@ -37,6 +37,20 @@ class _UNETR:
         return x.view([x.size(0), *self.proj_view_shape]).permute(self.proj_axes)
 
 
+def hooked(module: nn.Module) -> bool:
+    """Whether calling `module` runs hooks (forward, forward pre-, full backward, its own or global): an adapter
+    that would skip the call of such a container (a block, a Sequential, a SkipConnection) to hand its convolution a
+    second source makes the call instead, with MONAI's concatenation, so that the hooks see what they see in stock
+    MONAI. The convolutions themselves are still called (a hook on one sees its input and channels_after)."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks
+    )  # fmt: skip
+
+
 def _checkpointed(module: nn.Module) -> nn.Module | None:
     """The module inside MONAI's ActivationCheckpointWrapper (CheckpointUNet wraps each level's down path,
     subblock and up path in one), else None."""
@@ -48,8 +62,10 @@ def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor
     first module is its convolution or transposed convolution, then its norm, dropout and activation) or an
     nn.Sequential that starts with one (MONAI UNet's up path: a Convolution, then a ResidualUnit), each possibly
     in MONAI's ActivationCheckpointWrapper (checkpointed as the wrapper does, both inputs saved): a tconv3d
-    convolution reads `after` in place as its channels_after; anything else (a layer convert left alone) gets the
-    concatenation."""
+    convolution reads `after` in place as its channels_after; anything else (a layer convert left alone, a container
+    with hooks) gets the concatenation."""
+    if hooked(layer) and not isinstance(layer, (Conv3d, ConvTranspose3d)):
+        return layer(torch.cat([x, after], dim=1))
     if (inner := _checkpointed(layer)) is not None:  # the wrapper's own call: checkpoint(module, input)
         return checkpoint(conv_of_concatenation, inner, x, after, use_reentrant=False)
     if isinstance(layer, (Conv3d, ConvTranspose3d)):
@@ -65,7 +81,9 @@ def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor
 
 def _block_of_concatenation(block: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """MONAI's UnetBasicBlock or UnetResBlock forward (dynunet_block.py) on torch.cat([x, after], dim=1), its
-    convolutions of the input reading the two in place."""
+    convolutions of the input reading the two in place (the block called on the concatenation where it has hooks)."""
+    if hooked(block):
+        return block(torch.cat([x, after], dim=1))
     out = conv_of_concatenation(block.conv1, x, after)
     out = block.lrelu(block.norm1(out))
     out = block.norm2(block.conv2(out))
@@ -126,6 +144,8 @@ class _UpCat:
                 if x_e.shape[-i - 1] != x_0.shape[-i - 1]:
                     pads[2 * i + 1] = 1
             x_0 = torch.nn.functional.pad(x_0, pads, "replicate")
+        if hooked(self.convs):
+            return self.convs(torch.cat([x_e, x_0], dim=1))
         return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))
 
 
@@ -160,7 +180,7 @@ def _through_connections(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     MONAI's ActivationCheckpointWrapper (CheckpointUNet's subblocks) checkpointed as the wrapper does."""
     if (inner := _checkpointed(block)) is not None and _is_connection(inner):
         return checkpoint(_through_connections, inner, x, use_reentrant=False)
-    if not _is_connection(block):
+    if not _is_connection(block) or hooked(block) or hooked(block[1]):  # hooks: the SkipConnection's cat runs
         return block(x)
     down, skip, up = block
     x = down(x)
@@ -172,8 +192,8 @@ class _UNet:
     torch.cat([x, subblock(x)], dim=1) and whose up path starts with a transposed convolution (then its norm and
     activation, and a ResidualUnit). The adapter runs the same modules level by level and hands subblock(x) to
     that transposed convolution as channels_after, read in place. CheckpointUNet's levels (down path, subblock
-    and up path each in an ActivationCheckpointWrapper) are checkpointed as MONAI checkpoints them. Hooks on the
-    SkipConnection modules, which no longer run, do not fire."""
+    and up path each in an ActivationCheckpointWrapper) are checkpointed as MONAI checkpoints them. A level whose
+    Sequential or SkipConnection has hooks runs as MONAI runs it (`hooked`), its concatenation made."""
 
     classes = ("monai.networks.nets.unet.UNet", "monai.networks.nets.unet.CheckpointUNet")
     attributes = ("model",)
