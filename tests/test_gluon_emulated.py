@@ -197,19 +197,20 @@ def test_emulated_gluon_kernels_in_fp16(case, mode, emulator):
     assert sum(emulator.launches.values()) == 3
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", [TMA_CASES[0], TMA_CASES[2], UNALIGNED_OUTPUT[0]], ids=lambda c: c.name)
-def test_emulated_gluon_fp32_as_tf32(case, mode, emulator, monkeypatch):
+def test_emulated_gluon_fp32_as_tf32(case, mode, swap, emulator, monkeypatch):
     """fp32 with TF32 allowed (cuDNN's default): the forward and the input gradient on the Gluon kernel, operands
     read as TF32 (the emulator drops the low 13 mantissa bits, as wgmma does), the input gradient over the weight
-    transposed to [Cin, taps, Cout] (wgmma reads fp32 only K-major); the weight gradient on the TMA kernel. Within
-    the TF32 bound, and far from exact fp32: TF32 is what ran. At 3 output channels only the forward is
-    TMA-describable."""
+    transposed to [Cin, taps, Cout] (wgmma reads fp32 only K-major; swapped, both operands are K-major too); the
+    weight gradient on the TMA kernel. Within the TF32 bound, and far from exact fp32: TF32 is what ran. At 3 output
+    channels only the forward is TMA-describable."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    emulator.mode = MODES[mode]
+    emulator.mode, emulator.swap = MODES[mode], swap
     _check(case, torch.float32, emulator)
     on_gluon = ["fwd"] if case.cout == 3 else ["fwd", "dgrad"]
-    assert [d for d, c in emulator.configs if c.gluon] == on_gluon
+    assert [(d, c.swap_ab) for d, c in emulator.configs if c.gluon] == [(d, int(swap)) for d in on_gluon]
     assert emulator.launches == {"_conv3d_gluon_kernel": len(on_gluon)}
     x, w = case.input(torch.float32, "cpu", CL), case.weight(torch.float32, "cpu")
     y = tconv3d.conv3d(x, w, None, case.stride, case.padding, case.dilation)  # on the emulator, as above
