@@ -7,7 +7,8 @@ launcher directly with each variant's config: the chosen one (table or heuristic
 choice of box, and both the 16-wide patch and the one-row box) and to Gluon (also on a wide Hopper GEMM tile with 8
 warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the warp-specialized TMA
 producer; the forward's and input gradient's 256x128x64 also with its operands swapped, so that each wgmma is
-m64n256; the chosen warp-specialized tiles also on the deepest ring that fits), and split-K against none where the
+m64n256; the weight gradient's with its taps grouped to 256 columns; the chosen warp-specialized tiles also on the
+deepest ring that fits), and split-K against none where the
 grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is reported as such
 and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d
 tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers the question
@@ -59,6 +60,8 @@ def wide_tile(direction: str, geom, chosen: configs.KernelConfig) -> configs.Ker
 ONE_PROGRAM_PER_SM = "gluon_ws_1_sm"
 # The row of the forward's and input gradient's 256x128 tile with its operands swapped (swap_ab).
 SWAPPED = "gluon_ws_256x128_swapped"
+# The row of the weight gradient's persistent tiles with their taps grouped (tap_group).
+GROUPED_TAPS = "gluon_ws_grouped_taps"
 # The row of the chosen persistent tiles on the deepest ring that fits (deepest_ring).
 DEEP_RING = "gluon_ws_deep_ring"
 
@@ -112,6 +115,11 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         swapped = configs.swapped_twin(configs.with_gluon(tall, geom, direction, specialized=True), direction)
         if swapped is not None:
             found[SWAPPED] = swapped
+        # the weight gradient's chosen persistent tiles with their taps grouped to 256 columns (one wgmma across
+        # two taps of 128 input channels, or four of 64), at the chosen split
+        grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)
+        if grouped is not None:
+            found[GROUPED_TAPS] = grouped
         # the chosen persistent tiles on the deepest ring that leaves the programs an SM as they are: what more
         # boxes in flight gain (latency) where the tiles themselves gain nothing (shared-memory bandwidth)
         deep = deepest_ring(found["gluon_ws"], dtype.itemsize, direction)

@@ -317,6 +317,12 @@ def _select(problem: Problem):
             if direction != "wgrad" and not config.swap_ab and rng.random() < 0.3:  # the tile computed transposed
                 swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
                 config = swapped if configs.gluon_takes(swapped) else config
+            if config.tap_group > 1 and config.gluon != 2:  # grouped taps are warp-specialized only
+                config = dataclasses.replace(config, gluon=2)
+            if direction == "wgrad" and not config.tap_group and rng.random() < 0.3:  # taps side by side in a tile
+                group = rng.choice([g for g in (2, 4) if config.block_n * g <= 256] or [1])
+                if group > 1:
+                    config = dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
         select.configs.append((direction, config))
         return config
 
@@ -394,7 +400,8 @@ def run(problem: Problem, monkeypatch) -> dict:
         else:
             errors[name] = rel_l2(got, want)
     launched = [
-        (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.swap_ab) for d, c in select.configs
+        (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.tap_group, c.swap_ab)
+        for d, c in select.configs
     ]
     bad = {name: error for name, error in errors.items() if not error < bound}
     assert y.shape == expected.shape, f"shape {tuple(y.shape)} != {tuple(expected.shape)}"
@@ -432,8 +439,8 @@ def main() -> int:
         try:
             result = check(problem)
             variants.update(
-                f"{direction} {variant}{' swapped' if swap else ''}"
-                for direction, variant, *_, swap in result["launched"]
+                f"{direction} {variant}{' swapped' if swap else ''}{f' {group} taps' if group else ''}"
+                for direction, variant, *_, group, swap in result["launched"]
             )
         except Exception as error:  # a failure of any kind is a finding, reported as one
             failed += 1

@@ -372,12 +372,19 @@ class Smem:
     def permute(self, order):
         return Smem(self.alloc, self.t.permute([int(o) for o in order]))
 
+    def slice(self, start, length, dim=0):
+        return Smem(self.alloc, self.t.narrow(int(dim), int(start), int(length)))
+
     def region(self):
-        """(allocation, first element, one past the last) of the view."""
+        """(allocation, first element, one past the last) of the view; a view with gaps in that span (a column
+        slice) says which elements it holds (_Strided), so that two slices side by side do not overlap."""
         if self._region is None:
             lo = self.t.storage_offset()
             hi = lo + sum((n - 1) * s for n, s in zip(self.t.shape, self.t.stride(), strict=True)) + 1
             self._region = self.alloc.id, lo, hi
+            if self.t.numel() != hi - lo:
+                offsets = torch.arange(self.alloc.t.numel())
+                self._region = _Strided(self._region, torch.as_strided(offsets, self.t.shape, self.t.stride(), lo))
         return self._region
 
     def store(self, value):
@@ -389,8 +396,25 @@ class Smem:
         return Val(self.t.clone())
 
 
+class _Strided(tuple):
+    """A view's (allocation, first element, one past the last) with the elements it holds in that span."""
+
+    def __new__(cls, region, offsets: torch.Tensor):
+        strided = super().__new__(cls, region)
+        strided.offsets = offsets.reshape(-1)
+        return strided
+
+
+def _elements(region) -> torch.Tensor:
+    return region.offsets if isinstance(region, _Strided) else torch.arange(region[1], region[2])
+
+
 def _overlap(r1, r2) -> bool:
-    return r1[0] == r2[0] and r1[1] < r2[2] and r2[1] < r1[2]
+    if not (r1[0] == r2[0] and r1[1] < r2[2] and r2[1] < r1[2]):
+        return False
+    if isinstance(r1, _Strided) or isinstance(r2, _Strided):  # spans that cross: do the elements?
+        return bool(torch.isin(_elements(r1), _elements(r2)).any())
+    return True
 
 
 class _Barrier:

@@ -350,8 +350,12 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
         assert found[variants.ONE_PROGRAM_PER_SM] == found["gluon_ws"], direction
         assert found["gluon_ws"].num_warps == 4 and found["gluon_ws"].gluon == 2
         assert (variants.SWAPPED in found) == (direction != "wgrad")  # the weight gradient does not swap
+        assert (variants.GROUPED_TAPS in found) == (direction == "wgrad")  # and only it groups taps
     large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     assert "gluon_ws" in large and variants.ONE_PROGRAM_PER_SM not in large
+    grouped = variants.variant_configs("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
+    grouped = grouped[variants.GROUPED_TAPS]  # two taps of 128 input channels: m64n256
+    assert (grouped.block_n, grouped.tap_group, grouped.gluon) == (256, 2, 2)
     swapped = large[variants.SWAPPED]  # m64n256 at 128 columns
     assert (swapped.block_m, swapped.block_n, swapped.num_warps, swapped.gluon, swapped.swap_ab) == (256, 128, 8, 2, 1)
     # the persistent tiles on the deepest ring: the heuristic's 128x128x64 at 6 stages beside its 32 KB epilogue tile

@@ -93,6 +93,34 @@ def test_gluon_swapped_operands_match_float64(index, dtype, gluon, monkeypatch, 
     assert chosen == [("fwd", swaps), ("dgrad", swaps), ("wgrad", 0)]
 
 
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("index", range(len(TMA_CASES)))
+def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, device):
+    """The warp-specialized weight gradient with 2 or 4 taps a tile (tap_group: their input boxes in column slices
+    of one stage, one wgmma across them) on every TMA case, bf16. On CPU the interpreter runs the TMA kernel in the
+    Gluon one's place, the tile back to one tap (one case shows that; tests/test_gluon_emulated.py runs the Gluon
+    kernel on the emulator)."""
+    if device != "cuda" and (index, group) != (0, 2):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    select, chosen = choice._select, []
+
+    def grouped(direction, *args):
+        config = select(direction, *args)
+        if config.gluon and direction == "wgrad":
+            config = dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
+        config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
+        chosen.append((direction, config.tap_group))
+        return config
+
+    monkeypatch.setattr(choice, "_select", grouped)
+    ours, expected = conv_and_reference(TMA_CASES[index], torch.bfloat16, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+    assert chosen == [("fwd", 0), ("dgrad", 0), ("wgrad", group if gluon_runs(device) else 0)]
+
+
 CAUSAL_BORDERS = [  # (mode along D, modes in H and W, cached frames), as the video VAEs' causal convs call them
     ("replicate", ("zeros", "zeros"), 0),
     ("zeros", ("zeros", "zeros"), 2),
@@ -230,6 +258,14 @@ def test_gluon_config_field_round_trips_and_is_checked():
         KernelConfig.from_dict({**swapped.to_dict(), "block_n": 64})
     with pytest.raises(ValueError, match="only a gluon config swaps"):
         KernelConfig.from_dict({**swapped.to_dict(), "gluon": 0})
+    grouped = KernelConfig(128, 256, 64, 8, 3, tma_box_w=16, gluon=2, tap_group=2)  # two taps of 128 channels
+    assert KernelConfig.from_dict(grouped.to_dict()) == grouped and "tap_group" not in specialized.to_dict()
+    for change, message in (
+        ({"tap_group": 3}, "tap_group is 0, 1, 2 or 4"), ({"gluon": 1}, "only a warp-specialized gluon config"),
+        ({"swap_ab": 1}, "does not swap"), ({"block_n": 32, "tap_group": 4}, "16\\+ columns a tap"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            KernelConfig.from_dict({**grouped.to_dict(), **change})
     bad = [
         ({"gluon": 3}, "gluon is 0, 1 or 2"),
         ({"swap_ab": 2}, "swap_ab is 0 or 1"),
@@ -268,6 +304,15 @@ def test_force_variant_rules(monkeypatch):
             assert swapped.swap_ab and force(direction, torch.bfloat16, "auto", config=swapped) == swapped
             assert not force(direction, torch.bfloat16, "auto", runs=False, config=swapped).swap_ab
             assert not force(direction, torch.bfloat16, "pointer", config=swapped).swap_ab
+        grouped = configs.grouped_taps_twin(dataclasses.replace(forced, block_n=128, gluon=2), direction)
+        if direction != "wgrad":
+            assert grouped is None  # only the weight gradient groups taps
+        else:  # off the Gluon kernel, the tile goes back to one tap's 128 columns
+            assert (grouped.block_n, grouped.tap_group) == (256, 2)
+            assert force(direction, torch.bfloat16, "auto", config=grouped) == grouped
+            for fallback in (force(direction, torch.bfloat16, "auto", runs=False, config=grouped),
+                             force(direction, torch.bfloat16, "pointer", config=grouped)):  # fmt: skip
+                assert (fallback.gluon, fallback.tap_group, fallback.block_n) == (0, 0, 128)
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
         assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
     split = KernelConfig(64, 64, 32, 8, 3, split_k=8)
@@ -299,6 +344,10 @@ def test_tuning_space_holds_gluon_twins_where_they_run(monkeypatch):
     assert any((c.block_m, c.block_n, c.gluon, c.swap_ab) == (256, 128, 2, 1) for c in twins)
     assert all(c.gluon == 2 and c.block_m > c.block_n for c in twins if c.swap_ab)
     assert not any(c.swap_ab for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True))
+    # the weight gradient's taps grouped to 256 columns (persistent only), not the forward's
+    grouped = [c for c in configs.candidates("wgrad", geom, torch.bfloat16, 227 * 1024, True, True) if c.tap_group]
+    assert grouped and all(c.gluon == 2 and c.block_n == 256 and c.block_n // c.tap_group >= 64 for c in grouped)
+    assert not any(c.tap_group for c in twins)
     # and the tuner times it: among the candidates nearest the heuristic's 128x128 on Wan's largest layer
     wan = next(s for s in load_shape_set("bench") if s.name == "wan_dec_384b").geometry()
     for direction in ("fwd", "dgrad"):

@@ -39,14 +39,14 @@ PERSISTENT_SMS = 2
 def emulator(monkeypatch):
     """TCONV3D_KERNELS=gluon on the emulator, at the heuristic's H100 tiles (132 SMs) forced to the Gluon kernel
     as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2), `emulator.swap` the
-    forward's and input gradient's operands swapped (swapped_tiles). Records the configs launched in
-    `emulator.configs`. The persistent kernels get 2 SMs (at most 4 programs), so that each program
-    walks several tiles (the ring's position and phases carried from one tile to the next, the epilogue's buffer
-    reused)."""
+    forward's and input gradient's operands swapped (swapped_tiles), `emulator.tap_group` the weight gradient's taps
+    grouped (grouped_taps). Records the configs launched in `emulator.configs`. The persistent kernels get 2 SMs
+    (at most 4 programs), so that each program walks several tiles (the ring's position and phases carried from
+    one tile to the next, the epilogue's buffer reused)."""
     monkeypatch.setattr(settings, "KERNELS", "gluon")
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        emu.mode, emu.swap, emu.configs = 1, False, []
+        emu.mode, emu.swap, emu.tap_group, emu.configs = 1, False, 0, []
 
         def select(direction, geom, dtype, device, run):
             config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY)
@@ -55,6 +55,8 @@ def emulator(monkeypatch):
                 config = dataclasses.replace(config, gluon=emu.mode)
                 if emu.swap and direction != "wgrad":
                     config = swapped_tiles(config)
+                if emu.tap_group and direction == "wgrad":
+                    config = grouped_taps(config, emu.tap_group)
             emu.configs.append((direction, config))
             return config
 
@@ -67,6 +69,12 @@ def swapped_tiles(config: KernelConfig) -> KernelConfig:
     swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
     assert configs.gluon_takes(swapped), swapped
     return swapped
+
+
+def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
+    """The weight gradient's `config` with `group` taps a tile (tap_group), each tap's input channels as many as
+    before: block_n times `group` columns, warp-specialized."""
+    return dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
 
 
 def _check(case, dtype, emu):
@@ -100,6 +108,19 @@ def test_emulated_gluon_swapped_operands_match_float64(case, mode, emulator):
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
 
 
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.name)
+def test_emulated_gluon_grouped_taps_match_float64(case, group, emulator):
+    """The warp-specialized weight gradient with `group` taps a tile (tap_group: their input boxes side by side in
+    one stage, one wgmma across them, grad_out's box loaded once for all), a last group past the kernel's taps
+    where they do not divide (27 by 2 or 4; 7x2x5 = 70 by 4), on every TMA case (strides through the phase views,
+    one tap's view a box, borders, dilation), against float64."""
+    emulator.mode, emulator.tap_group = 2, group
+    _check(case, torch.bfloat16, emulator)
+    assert [(d, c.tap_group) for d, c in emulator.configs] == [("fwd", 0), ("dgrad", 0), ("wgrad", group)]
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
+
+
 def _check_persistent_grids(emu):
     """Each persistent launch runs at most two programs an SM (of PERSISTENT_SMS), and its maxnreg lets
     that many fit an SM's registers beside their producers' warpgroups."""
@@ -109,18 +130,20 @@ def _check_persistent_grids(emu):
         assert options["maxnreg"] * 32 * (warps + 4) * per_sm <= 65536, (name, grid, warps, options)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "grouped_taps"])
 @pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
 @pytest.mark.parametrize("stride", [1, (2, 1, 1)], ids=["stride1", "stride211"])
 @pytest.mark.parametrize("mode_d", ["replicate", "reflect"])
 def test_emulated_gluon_border_modes_and_cached_frames_along_d(mode_d, stride, before, mode, emulator):
     """The video VAEs' causal convs: a border mode along D and frames_before (copies from frames_before's
-    descriptor or x's, the other predicated off) through the Gluon forward and weight gradient too."""
-    emulator.mode = MODES[mode]
+    descriptor or x's, the other predicated off) through the Gluon forward and weight gradient too (and the weight
+    gradient with two taps a tile: each tap's copy from its own source)."""
+    emulator.mode, emulator.tap_group = MODES.get(mode, 2), 2 if mode == "grouped_taps" else 0
     ours, expected = conv_with_border_along_d(mode_d, stride, before, torch.bfloat16, "cpu")
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
-    assert [(d, c.gluon) for d, c in emulator.configs] == [(d, MODES[mode]) for d in ("fwd", "dgrad", "wgrad")]
+    assert [(d, c.gluon) for d, c in emulator.configs] == [(d, emulator.mode) for d in ("fwd", "dgrad", "wgrad")]
+    assert emulator.configs[-1][1].tap_group == emulator.tap_group
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -133,6 +156,7 @@ def test_emulated_gluon_channels_after(case, mode, emulator):
     from test_channels_after import conv_and_reference as after_conv_and_reference
 
     emulator.mode = MODES[mode]
+    emulator.tap_group = 2 if mode == "warp_specialized" else 0  # and the weight gradient's taps two a tile
     ours, expected = after_conv_and_reference(next(c for c in AFTER_CASES if c[0] == case), torch.bfloat16, "cpu")
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.bfloat16)

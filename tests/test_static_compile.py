@@ -371,6 +371,13 @@ if conv_gluon.UNAVAILABLE is None:
                     for specialized in (False, True):
                         tiles.append(configs.swapped_twin(configs.with_gluon(tall, geom, direction, specialized),
                                                           direction))
+                # the weight gradient with its taps grouped to 256 columns (tap_group): Wan's 2 x 128, down_s2's
+                # 4 x 64 through the phase views (each tap's box from its own view)
+                if direction == "wgrad" and dtype == torch.bfloat16 and shape.name in ("wan_dec_384b", "down_s2"):
+                    ci = 128 if shape.name == "wan_dec_384b" else 64
+                    one = configs.with_gluon(dataclasses.replace(chosen, block_m=128, block_n=ci, block_k=64,
+                                                                 num_warps=8, num_stages=3), geom, direction, True)
+                    tiles.append(configs.grouped_taps_twin(one, direction))
                 # swapped through the phase views (down_s2) and from registers (last_cout3's 3-channel rows)
                 if shape.name in ("down_s2", "last_cout3") and dtype == torch.bfloat16:
                     tall = dataclasses.replace(chosen, block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
@@ -418,15 +425,15 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     (one of each kind under another: large, strided, small-channel, 3-channel output) (bf16, and the forward and input
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized, and 256x128x64 with the
-    forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels; down_s2's phase views
-    warp-specialized too, and swapped, as last_cout3's forward; last_cout3's forward storing its 3-channel rows from
-    registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
-    gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
-    UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA
-    loads, wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in
-    flight (a single wait at depth 1 per step), no spills, within the 227 KB a program may take. Runs where the Triton
-    is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says
-    it is unavailable."""
+    forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
+    taps a 256-column tile (down_s2's: four, through the phase views); down_s2's phase views warp-specialized too, and
+    swapped, as last_cout3's forward; last_cout3's forward storing its 3-channel rows from registers; a video VAE's
+    causal conv with replicate borders along D and cached frames, forward and weight gradient, and the interior of one
+    with replicate borders in all three dimensions, forward and weight gradient; a UNet decoder conv reading its skip
+    connection as channels_after, forward and weight gradient), for sm_90: TMA loads, wgmma with both operands in
+    shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a single wait at depth 1 per
+    step), no spills, within the 227 KB a program may take. Runs where the Triton is one the kernel is written for
+    (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is unavailable."""
     from tconv3d.inspect.compile import ARCHS
     from tconv3d.kernels import conv_gluon
     from tconv3d.kernels.config import KernelConfig
@@ -461,6 +468,9 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         ("last_cout3", "fwd"),
     }  # fmt: skip
     assert all(r["mma"].startswith(f"HGMMA.64x{r['config']['block_m']}x") for r in swapped), swapped[0]["mma"]
+    grouped = [r for r in reports if r["config"].get("tap_group")]  # one wgmma across the taps' columns
+    assert {(r["case"], r["config"]["tap_group"]) for r in grouped} >= {("wan_dec_384b", 2), ("down_s2", 4)}
+    assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]
     programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"

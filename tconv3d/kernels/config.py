@@ -21,7 +21,7 @@ SPLIT_SUM_BLOCK = 1024
 
 
 # Fields a pointer config leaves at 0 and a table entry may omit.
-OPTIONAL_FIELDS = ("tma_box_w", "direct", "gluon", "swap_ab")
+OPTIONAL_FIELDS = ("tma_box_w", "direct", "gluon", "swap_ab", "tap_group")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ class KernelConfig:
     # weight box as wgmma's A, the voxel box as its B), so one wgmma spans the block_m voxels: m64n256 at 256
     # voxels, where a 384-channel layer's 128 columns would otherwise cap it at m64n128 (conv_gluon's docstring).
     swap_ab: int = 0
+    # 2 or 4 (0: one): the Gluon weight gradient's tile is that many taps' input-channel blocks side by side,
+    # block_n / tap_group channels each, so that one wgmma spans them (m64n256 from two taps of 128 channels) and
+    # each grad_out box is loaded once for all of them; warp-specialized (gluon 2) only.
+    tap_group: int = 0
 
     @property
     def variant(self) -> str:
@@ -87,6 +91,10 @@ class KernelConfig:
             raise ValueError(f"gluon is 0, 1 or 2, and a gluon config has a TMA box (tma_box_w): {config}")
         if config.swap_ab > 1 or (config.swap_ab and not config.gluon):
             raise ValueError(f"swap_ab is 0 or 1, and only a gluon config swaps its operands: {config}")
+        if config.tap_group not in (0, 1, 2, 4) or (config.tap_group > 1 and config.gluon != 2):
+            raise ValueError(f"tap_group is 0, 1, 2 or 4, and only a warp-specialized gluon config has it: {config}")
+        if config.tap_group > 1 and (config.swap_ab or config.block_n // config.tap_group < MIN_TILE):
+            raise ValueError(f"a tap_group config does not swap and has {MIN_TILE}+ columns a tap: {config}")
         rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
         if config.gluon and (rows < 16 * config.num_warps or cols > 256 or config.num_stages < 2):
             raise ValueError(

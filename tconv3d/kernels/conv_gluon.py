@@ -79,6 +79,9 @@ UNAVAILABLE = _NO_GLUON or unwritten_for(triton.__version__)
 # Registers a thread of the warp-specialized kernel's one-warp TMA producer keeps (it holds a few scalars), and the
 # most any thread may take so that the kernel's warps plus the producer's warpgroup fit an SM's 64K registers.
 PRODUCER_REGS = 40
+# The weight gradient's producer with four taps a tile (tap_group 4) issues four boxes a step, each from one of up to
+# four phase views: at 40 registers ptxas spills it.
+GROUPED_PRODUCER_REGS = 56
 # What an sm_90 SM holds, shared between the persistent kernel's programs on it: 228 KB of shared memory (1 KB of it
 # reserved per program) and 64K registers.
 SM_SHARED_BYTES = 233472
@@ -138,6 +141,7 @@ if UNAVAILABLE is None:
     _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
     _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+    _GROUPED_PRODUCER_REGS = gl.constexpr(GROUPED_PRODUCER_REGS)
     # The TMA copies' names: async_copy_global_to_shared / async_copy_shared_to_global in 3.6, async_load /
     # async_store from 3.7 on.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -586,43 +590,80 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_wgrad_loads(
-        go_desc, x_views, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w,
+        go_desc, x_views, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shifts,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, PHASES: gl.constexpr,
         BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
-        """Patch `patch`'s two boxes into one stage: grad_out's patch (zeros past the output's edges, adding
-        nothing) and the input's box the tap reads for it (tap_box; zeros in the padding) from its phase view, one
-        of the PHASES `x_views`, or from frames_before (x_views[4]; _copy_source_box)."""
+        """Patch `patch`'s boxes into one stage: grad_out's patch (zeros past the output's edges, adding nothing)
+        and, for each of the tile's taps (`shifts`: one (d, h, w) shift a tap), the input's box the tap reads for
+        it (tap_box; zeros in the padding) from its phase view, one of the PHASES `x_views`, or from frames_before
+        (x_views[4]; _copy_source_box), side by side along the stage's columns: one wgmma then spans the taps'
+        columns. Every box is loaded (the barrier counts bytes known at compile time), a last group's taps past
+        the kernel's too: their columns are never stored."""
+        GROUP: gl.constexpr = len(shifts)
+        BLOCK_CI: gl.constexpr = x_views[0].block_type.shape[4]
         n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
-        mbarrier.expect(bar, go_desc.block_type.nbytes + x_views[0].block_type.nbytes, pred=pred)
+        mbarrier.expect(bar, go_desc.block_type.nbytes + GROUP * x_views[0].block_type.nbytes, pred=pred)
         _tma_load(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
-        src_d, phase, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
-        _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, b_buf, phase, pred, PHASES, frames, PAD_MODE_D,
-                         HAS_PREFIX)  # fmt: skip
+        for j in gl.static_range(GROUP):
+            shift_d, shift_h, shift_w = shifts[j]
+            src_d, phase, row, col = tap_box(od, h0, w0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)
+            buf = b_buf if GROUP == 1 else b_buf.slice(j * BLOCK_CI, BLOCK_CI, dim=4)
+            _copy_source_box(x_views, [n, src_d, row, col, ci0], bar, buf, phase, pred, PHASES, frames, PAD_MODE_D,
+                             HAS_PREFIX)  # fmt: skip
 
     @gluon.jit
-    def _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, TAPS: gl.constexpr):
-        """Weight-gradient tile `tile` -> (tap, first Cout row, first Cin column, split): taps innermost
-        (neighbouring tiles read the same grad_out boxes and overlapping input boxes, from L2), then the
-        Cout x Cin tiles, then the splits of the output patches."""
-        num_n = gl.cdiv(C_IN, BLOCK_N)
+    def _group_shifts(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH: gl.constexpr, KW: gl.constexpr,
+                      GROUP: gl.constexpr):  # fmt: skip
+        """The (d, h, w) shifts of taps tap .. tap + GROUP - 1 (conv_tma.tap_shift), one tuple each (GROUP 1, 2 or
+        4; those past the kernel's last tap are loaded and never stored)."""
+        first = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+        if GROUP == 1:  # one return, each branch static: triton 3.6 holds every return to one type
+            shifts = (first,)
+        else:
+            second = tap_shift(tap + 1, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            if GROUP == 2:
+                shifts = (first, second)
+            else:
+                third = tap_shift(tap + 2, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+                shifts = (first, second, third, tap_shift(tap + 3, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW))
+        return shifts
+
+    @gluon.jit
+    def _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M: gl.constexpr, BLOCK_CI: gl.constexpr, TAPS: gl.constexpr,
+                    GROUP: gl.constexpr = 1):  # fmt: skip
+        """Weight-gradient tile `tile` -> (first tap, first Cout row, first Cin column, split), each tile GROUP taps
+        x BLOCK_CI input channels wide: tap groups innermost (neighbouring tiles read the same grad_out boxes and
+        overlapping input boxes, from L2), then the Cout x Cin tiles, then the splits of the output patches."""
+        groups: gl.constexpr = (TAPS + GROUP - 1) // GROUP
+        num_n = gl.cdiv(C_IN, BLOCK_CI)
         tiles_mn = gl.cdiv(C_OUT, BLOCK_M) * num_n
-        rest = tile // TAPS
+        rest = tile // groups
         mn = rest % tiles_mn
-        return tile % TAPS, (mn // num_n) * BLOCK_M, (mn % num_n) * BLOCK_N, rest // tiles_mn
+        return (tile % groups) * GROUP, (mn // num_n) * BLOCK_M, (mn % num_n) * BLOCK_CI, rest // tiles_mn
 
     @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
-                          mma_layout: gl.constexpr):  # fmt: skip
-        """One tile of out[split, Cout, tap, Cin], from registers (the rows and columns past the channels
-        dropped)."""
+                          mma_layout: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+        """One tile of out[split, Cout, tap, Cin], from registers (the rows and columns past the channels and the
+        taps dropped): its columns GROUP taps from `tap` on, BLOCK_N / GROUP input channels each."""
         BLOCK_M: gl.constexpr = acc.type.shape[0]
         BLOCK_N: gl.constexpr = acc.type.shape[1]
+        BLOCK_CI: gl.constexpr = BLOCK_N // GROUP
         offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        offs_n = ci0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
-        out_ptrs = (out_ptr + split * stride_os + tap * stride_ot
-                    + gl.expand_dims(offs_m, 1) * stride_oo + gl.expand_dims(offs_n, 0) * stride_oi)  # fmt: skip
-        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(offs_n < C_IN, 0)
+        columns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        if GROUP == 1:
+            offs_n = ci0 + columns
+            column_offsets = tap * stride_ot + offs_n * stride_oi
+            column_mask = offs_n < C_IN
+        else:
+            offs_n = ci0 + columns % BLOCK_CI
+            taps = tap + columns // BLOCK_CI
+            column_offsets = taps * stride_ot + offs_n * stride_oi
+            column_mask = (offs_n < C_IN) & (taps < TAPS)
+        out_ptrs = (out_ptr + split * stride_os + gl.expand_dims(offs_m, 1) * stride_oo
+                    + gl.expand_dims(column_offsets, 0))  # fmt: skip
+        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(column_mask, 0)
         gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
@@ -642,7 +683,7 @@ if UNAVAILABLE is None:
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
                 go_desc, x_views, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
-                co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1, BOX_H, BOX_W, s < steps,
+                co0, ci0, ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, BOX_H, BOX_W, s < steps,
                 frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
@@ -655,7 +696,7 @@ if UNAVAILABLE is None:
             refill = ahead % STAGES
             _issue_wgrad_loads(
                 go_desc, x_views, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, 1,
+                D_OUT, H_OUT, W_OUT, co0, ci0, ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1,
                 BOX_H, BOX_W, ahead < steps, frames, PAD_MODE_D, HAS_PREFIX,
             )  # fmt: skip
         return _drain(acc, ready, STAGES)
@@ -663,7 +704,7 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _wgrad_mma_tiles(
         a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
-        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, mma_layout: gl.constexpr,
+        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
         from the ring as the producer fills it, then the tile stored from registers while the producer loads the
@@ -672,26 +713,28 @@ if UNAVAILABLE is None:
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
         it = 0  # patches consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
+            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             first = split * SPLIT_PATCHES
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
             acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, False)
             _store_wgrad_tile(
-                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
-            )
+                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
+                mma_layout, TAPS, GROUP,
+            )  # fmt: skip
 
     @gluon.jit
     def _wgrad_load_tiles(
         go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
         D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-        KH: gl.constexpr, KW: gl.constexpr, TAPS: gl.constexpr,
+        KH: gl.constexpr, KW: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's producer, one warp, over the same tiles as _wgrad_mma_tiles: each
-        free stage gets the next patch's grad_out box and input box (from the tile's phase view: the copies from
-        the others are predicated off, which costs a one-warp partition nothing)."""
+        free stage gets the next patch's grad_out box and its input boxes, one a tap of the tile's group (each from
+        its tap's phase view: the copies from the others are predicated off, which costs a one-warp partition
+        nothing)."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
@@ -699,15 +742,15 @@ if UNAVAILABLE is None:
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
-            shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
+            tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
+            shifts = _group_shifts(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, GROUP)
             first = split * SPLIT_PATCHES
             for step in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
                 index = it % STAGES
                 mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_wgrad_loads(
                     go_desc, x_views, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
-                    D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W,
+                    D_OUT, H_OUT, W_OUT, co0, ci0, shifts, STRIDE_D, STRIDE_H, STRIDE_W,
                     STRIDE_H * STRIDE_W, BOX_H, BOX_W, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
                 it += 1
@@ -726,7 +769,7 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        num_warps: gl.constexpr,
+        TAP_GROUP: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
@@ -736,11 +779,14 @@ if UNAVAILABLE is None:
         persistent and warp-specialized as the forward: a one-warp producer (_wgrad_load_tiles) and the kernel's
         warps (_wgrad_mma_tiles) walking the tiles num_programs apart. At a stride in H or W a tile's tap reads
         one phase view throughout: the software-pipelined loop is compiled once per view and the program runs its
-        own (copies from several views into one stage would put a CTA barrier between every two)."""
+        own (copies from several views into one stage would put a CTA barrier between every two). TAP_GROUP (2 or
+        4, warp-specialized only): a tile is that many taps' Cin blocks side by side, one grad_out box and TAP_GROUP
+        input boxes a stage, so that one wgmma spans them (m64n256 from 2 x 128 input channels) and reads the
+        grad_out box once for all of them."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
-        BLOCK_N: gl.constexpr = x_desc.block_type.shape[4]
+        BLOCK_N: gl.constexpr = TAP_GROUP * x_desc.block_type.shape[4]  # the tile's columns: TAP_GROUP Cin blocks
         dtype: gl.constexpr = go_desc.dtype
         TAPS: gl.constexpr = KD * KH * KW
         PHASES: gl.constexpr = STRIDE_H * STRIDE_W
@@ -748,30 +794,37 @@ if UNAVAILABLE is None:
         frames = (D_IN, P_FRAMES)
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
-        b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
+        if TAP_GROUP == 1:
+            b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
+        else:  # the taps' boxes land in column slices of one swizzled buffer
+            b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BOX_H, BOX_W, BLOCK_N], dtype)
+            b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], b_layout)
         ready = _stage_barriers(STAGES)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
         )
         if WARP_SPECIALIZE:
-            tiles = TAPS * gl.cdiv(C_OUT, BLOCK_M) * gl.cdiv(C_IN, BLOCK_N) * gl.cdiv(PATCHES, SPLIT_PATCHES)
+            groups: gl.constexpr = (TAPS + TAP_GROUP - 1) // TAP_GROUP
+            ci_blocks = gl.cdiv(C_IN, x_desc.block_type.shape[4])
+            tiles = groups * gl.cdiv(C_OUT, BLOCK_M) * ci_blocks * gl.cdiv(PATCHES, SPLIT_PATCHES)
             empty = _stage_barriers(STAGES)
             gl.warp_specialize(
                 [
                     (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
-                                        C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, mma_layout)),
+                                        C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, TAP_GROUP,
+                                        mma_layout)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
-                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, STRIDE_D, STRIDE_H, STRIDE_W, frames,
-                                         PAD_MODE_D, HAS_PREFIX)),
+                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, TAP_GROUP, STRIDE_D, STRIDE_H, STRIDE_W,
+                                         frames, PAD_MODE_D, HAS_PREFIX)),
                 ],
                 [1],
-                [_PRODUCER_REGS],
+                [_GROUPED_PRODUCER_REGS if TAP_GROUP == 4 else _PRODUCER_REGS],
             )  # fmt: skip
             for s in gl.static_range(STAGES):
                 mbarrier.invalidate(empty.index(s))
                 mbarrier.invalidate(ready.index(s))
-        else:
+        else:  # one tap a tile (TAP_GROUP 1: the launcher refuses more here)
             tile = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
             shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
@@ -793,8 +846,9 @@ if UNAVAILABLE is None:
                             STRIDE_W, mma_layout, frames, PAD_MODE_D, False,
                         )  # fmt: skip
             _store_wgrad_tile(
-                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi, mma_layout
-            )
+                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
+                mma_layout, TAPS, 1,
+            )  # fmt: skip
 
 
 def _gluon_descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
@@ -874,12 +928,16 @@ def conv3d_wgrad_gluon(
     tensors 16-bit, unit-stride channels, TMA-aligned strides."""
     if config.swap_ab:
         raise ValueError(f"the Gluon weight gradient does not swap its operands (swap_ab): {config}")
+    group = max(config.tap_group, 1)
+    if group > 1 and config.gluon != 2:
+        raise ValueError(f"only the warp-specialized Gluon weight gradient groups taps (tap_group): {config}")
     box_h, box_w = config.tma_box(config.block_k)
+    ci_block = config.block_n // group  # each tap's input channels in a tile
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
-    x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
-    prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, config.block_n), _gluon_descriptor)
+    x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
+    prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
-    grid = (cdiv(c_out, config.block_m) * cdiv(c_in, config.block_n) * geom.taps, out.shape[0])
+    grid = (cdiv(c_out, config.block_m) * cdiv(c_in, ci_block) * cdiv(geom.taps, group), out.shape[0])
     grid, options = _persistent_launch(grid, config, out.device, grad_out.element_size(), True)
     launch(
         _conv3d_wgrad_gluon_kernel, grid,
@@ -889,6 +947,6 @@ def conv3d_wgrad_gluon(
         *source_frames(geom), *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
-        HAS_PREFIX=prefix is not None, num_warps=config.num_warps,
+        HAS_PREFIX=prefix is not None, TAP_GROUP=group, num_warps=config.num_warps,
         **options,
     )  # fmt: skip

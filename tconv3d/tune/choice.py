@@ -66,15 +66,22 @@ def force_variant(
     and a Triton that has it; configs.gluon_eligible for the problem), else TMA where eligible. Whatever the
     setting, a config is never left asking for a variant the problem or the device cannot run."""
     if kernels == "pointer" or not tma_eligible(direction, geom, dtype):
-        return dataclasses.replace(config, tma_box_w=0, gluon=0, swap_ab=0) if config.tma_box_w else config
+        return dataclasses.replace(off_gluon(config), tma_box_w=0) if config.tma_box_w else config
     gluon_ok = gluon_runs and gluon_eligible(direction, geom, dtype)
     if kernels == "gluon" and gluon_ok and not (config.gluon and gluon_takes(config)):
         return with_gluon(config if gluon_takes(config) else heuristic_gluon_tiles(config), geom, direction)
     if config.gluon and (kernels == "tma" or not gluon_ok):
-        config = dataclasses.replace(config, gluon=0, swap_ab=0)
+        config = off_gluon(config)
     if kernels in ("tma", "gluon") and not config.tma_box_w:
         return with_tma(config, geom, direction)
     return config
+
+
+def off_gluon(config: KernelConfig) -> KernelConfig:
+    """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
+    columns)."""
+    block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
+    return dataclasses.replace(config, gluon=0, swap_ab=0, tap_group=0, block_n=block_n)
 
 
 def heuristic_gluon_tiles(config: KernelConfig) -> KernelConfig:

@@ -219,7 +219,8 @@ def candidates(
 ) -> list[KernelConfig]:
     """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
     too, and with `gluon` (sm_90 with a Triton whose Gluon the kernel is written for) the Gluon twins of the
-    tiles it takes (the persistent ones also swapped: swapped_twin), so tuning tables choose the variant per key.
+    tiles it takes (the persistent ones also swapped, swapped_twin, or with taps grouped, grouped_taps_twin), so
+    tuning tables choose the variant per key.
     Depthwise problems search the direct kernels' tiles."""
     if direct_eligible(direction, geom):
         return _direct_candidates(direction, geom)
@@ -238,6 +239,8 @@ def candidates(
             c for c in specialized if conv_gluon.persistent_shared_bytes(c, element, weight_grad) <= smem_bytes
         ]
         twins += specialized + [t for t in (swapped_twin(c, direction) for c in specialized) if t]
+        grouped = [t for t in (grouped_taps_twin(c, direction) for c in specialized) if t]
+        twins += [c for c in grouped if conv_gluon.persistent_shared_bytes(c, element, weight_grad) <= smem_bytes]
     return kept + twins
 
 
@@ -567,6 +570,16 @@ def gluon_takes(config: KernelConfig) -> bool:
     N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m."""
     rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
     return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2
+
+
+def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
+    """The warp-specialized Gluon weight gradient's `config` with as many taps a tile (tap_group 2 or 4) as make its
+    columns 256 (m64n256 from 2 x 128 or 4 x 64 input channels), each tap's input channels as before. None elsewhere
+    (other directions, other kernels, tiles already 256 wide)."""
+    group = 256 // config.block_n
+    if direction != "wgrad" or config.gluon != 2 or group not in (2, 4):
+        return None
+    return replace(config, block_n=256, tap_group=group)
 
 
 def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
