@@ -48,8 +48,10 @@ case "${1:-}" in
     set -- probe tests gpu
     ;;
   plan2)
+    # the Gluon rows the predictions name (the pointer and TMA ones were timed on the H200 already)
+    PLAN2_IMPLS=chosen,gluon_ws,gluon_ws_256x128,gluon_ws_256x128_swapped,gluon_ws_deep_ring,gluon_ws_grouped_taps
     export CALL_SECONDS=${CALL_SECONDS:-300} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-90} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b"} BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b --impls $PLAN2_IMPLS"} BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} \
       IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-30}
     set -- variants bench
