@@ -44,7 +44,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
   plan1)
-    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-250} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
+    export CALL_SECONDS=${CALL_SECONDS:-455} TESTS_TIMEOUT=${TESTS_TIMEOUT:-275} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
     set -- probe tests gpu
     ;;
   plan2)
