@@ -71,10 +71,10 @@ def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str
     as it has now."""
     weight_grad = direction == "wgrad"
 
-    def programs(c):
+    def programs(c):  # programs an SM holds at once, 0 where even they do not fit
         shared = conv_gluon.persistent_shared_bytes(c, element_size, weight_grad)
-        fits = (shared + 1024) * conv_gluon.persistent_programs_per_sm(c, shared) <= conv_gluon.SM_SHARED_BYTES
-        return conv_gluon.persistent_programs_per_sm(c, shared) if fits else 0
+        count = conv_gluon.persistent_programs_per_sm(c, shared)
+        return count if (shared + 1024) * count <= conv_gluon.SM_SHARED_BYTES else 0
 
     deepest, now = config, programs(config)
     for stages in range(config.num_stages + 1, 9):

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import grouped_taps, swapped_tiles
 
 import tconv3d
 from tconv3d import settings
@@ -315,14 +316,14 @@ def _select(problem: Problem):
         if config.gluon:
             config = dataclasses.replace(config, gluon=rng.choice((1, 2)))
             if direction != "wgrad" and not config.swap_ab and rng.random() < 0.3:  # the tile computed transposed
-                swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+                swapped = swapped_tiles(config)
                 config = swapped if configs.gluon_takes(swapped) else config
             if config.tap_group > 1 and config.gluon != 2:  # grouped taps are warp-specialized only
                 config = dataclasses.replace(config, gluon=2)
             if direction == "wgrad" and not config.tap_group and rng.random() < 0.3:  # taps side by side in a tile
                 group = rng.choice([g for g in (2, 4) if config.block_n * g <= 256] or [1])
                 if group > 1:
-                    config = dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
+                    config = grouped_taps(config, group)
         select.configs.append((direction, config))
         return config
 

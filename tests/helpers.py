@@ -1,12 +1,13 @@
 """Shared test pieces: the case matrix and small helpers. The reference and tolerances live in tconv3d.testing."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import triple
+from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import reference_conv3d
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -14,6 +15,19 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def swapped_tiles(config: KernelConfig) -> KernelConfig:
+    """A Gluon forward's or input gradient's `config` with its operands swapped (swap_ab): the columns on the
+    wgmma's M, so at least 16 a warp (configs.gluon_takes says whether the kernel takes the result: not past 256
+    voxels)."""
+    return replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+
+
+def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
+    """A weight gradient's `config` on the warp-specialized Gluon kernel with `group` taps a tile (tap_group), each
+    tap's input channels as many as before: block_n times `group` columns."""
+    return replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
 
 
 def leaf_copy(t: torch.Tensor) -> torch.Tensor:

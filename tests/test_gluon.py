@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import conv_and_reference, dtype_id
+from helpers import conv_and_reference, dtype_id, grouped_taps, swapped_tiles
 from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
@@ -79,7 +79,7 @@ def test_gluon_swapped_operands_match_float64(index, dtype, gluon, monkeypatch, 
     def swapped(direction, *args):
         config = select(direction, *args)
         if config.gluon and direction != "wgrad":
-            config = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
+            config = swapped_tiles(config)
         chosen.append((direction, config.swap_ab))
         return config
 
@@ -107,7 +107,7 @@ def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, devi
     def grouped(direction, *args):
         config = select(direction, *args)
         if config.gluon and direction == "wgrad":
-            config = dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
+            config = grouped_taps(config, group)
         config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
         chosen.append((direction, config.tap_group))
         return config

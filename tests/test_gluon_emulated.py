@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 from gluon_emulator import KernelFault, emulating
-from helpers import case_reference, conv_and_reference
+from helpers import case_reference, conv_and_reference, grouped_taps, swapped_tiles
 from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
@@ -55,6 +55,7 @@ def emulator(monkeypatch):
                 config = dataclasses.replace(config, gluon=emu.mode)
                 if emu.swap and direction != "wgrad":
                     config = swapped_tiles(config)
+                    assert configs.gluon_takes(config), config
                 if emu.tap_group and direction == "wgrad":
                     config = grouped_taps(config, emu.tap_group)
             emu.configs.append((direction, config))
@@ -62,19 +63,6 @@ def emulator(monkeypatch):
 
         monkeypatch.setattr(choice, "_select", select)
         yield emu
-
-
-def swapped_tiles(config: KernelConfig) -> KernelConfig:
-    """`config` with its operands swapped (swap_ab): the columns on the wgmma's M, so at least 16 a warp."""
-    swapped = dataclasses.replace(config, swap_ab=1, block_n=max(config.block_n, 16 * config.num_warps))
-    assert configs.gluon_takes(swapped), swapped
-    return swapped
-
-
-def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
-    """The weight gradient's `config` with `group` taps a tile (tap_group), each tap's input channels as many as
-    before: block_n times `group` columns, warp-specialized."""
-    return dataclasses.replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
 
 
 def _check(case, dtype, emu):
@@ -311,6 +299,7 @@ def test_emulated_gluon_split_k(cout, direction, mode, swap, monkeypatch):
     config = configs.with_gluon(KernelConfig(64, 16, 16, 4, 3, split_k=3), geom, direction, MODES[mode] == 2)
     if swap:
         config = swapped_tiles(config)
+        assert configs.gluon_takes(config), config
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         if direction == "fwd":

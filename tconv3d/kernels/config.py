@@ -53,6 +53,12 @@ class KernelConfig:
     tap_group: int = 0
 
     @property
+    def mma_tile(self) -> tuple[int, int]:
+        """(rows, columns) of a tile as the Gluon kernel's wgmma computes it, its M and N: (block_m, block_n), or
+        (block_n, block_m) with swap_ab."""
+        return (self.block_n, self.block_m) if self.swap_ab else (self.block_m, self.block_n)
+
+    @property
     def variant(self) -> str:
         return "direct" if self.direct else "gluon" if self.gluon else "tma" if self.tma_box_w else "pointer"
 
@@ -95,7 +101,7 @@ class KernelConfig:
             raise ValueError(f"tap_group is 0, 1, 2 or 4, and only a warp-specialized gluon config has it: {config}")
         if config.tap_group > 1 and (config.swap_ab or config.block_n // config.tap_group < MIN_TILE):
             raise ValueError(f"a tap_group config does not swap and has {MIN_TILE}+ columns a tap: {config}")
-        rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
+        rows, cols = config.mma_tile
         if config.gluon and (rows < 16 * config.num_warps or cols > 256 or config.num_stages < 2):
             raise ValueError(
                 f"a gluon config needs block_m >= 16 x warps, block_n <= 256 (block_n and block_m with swap_ab), "

@@ -116,8 +116,7 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
     tile. At most 128 columns a wgmma (voxels with swap_ab): ptxas holds each instruction to the kernel's maxnreg (128
     at two programs), not to the consumer's limit that setmaxnreg raises, and one m64n256 wgmma alone keeps 128
     accumulators a thread (64 x 256 on one warpgroup does not compile there: C7602, "register target of 154")."""
-    mma_columns = config.block_m if config.swap_ab else config.block_n  # one wgmma's N
-    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and mma_columns <= 128
+    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and config.mma_tile[1] <= 128
     fits_twice = one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES
     return min(2 if fits_twice else 1, _most_programs_per_sm)
 

@@ -234,13 +234,10 @@ def candidates(
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
         specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
         element = torch.empty((), dtype=dtype).element_size()
-        weight_grad = direction == "wgrad"
-        specialized = [
-            c for c in specialized if conv_gluon.persistent_shared_bytes(c, element, weight_grad) <= smem_bytes
-        ]
-        twins += specialized + [t for t in (swapped_twin(c, direction) for c in specialized) if t]
-        grouped = [t for t in (grouped_taps_twin(c, direction) for c in specialized) if t]
-        twins += [c for c in grouped if conv_gluon.persistent_shared_bytes(c, element, weight_grad) <= smem_bytes]
+        for twin_of in (swapped_twin, grouped_taps_twin):  # the persistent tiles swapped, then with taps grouped
+            specialized += [t for t in (twin_of(c, direction) for c in specialized) if t]
+        twins += [c for c in specialized
+                  if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad") <= smem_bytes]  # fmt: skip
     return kept + twins
 
 
@@ -568,7 +565,7 @@ def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bo
 def gluon_takes(config: KernelConfig) -> bool:
     """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along its M, at most 256 columns (its
     N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m."""
-    rows, cols = (config.block_n, config.block_m) if config.swap_ab else (config.block_m, config.block_n)
+    rows, cols = config.mma_tile
     return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2
 
 
