@@ -104,6 +104,10 @@ class KernelReport:
     loop_instructions: int | None = None
     loop_mma_fma: int | None = None
     loop_mma_bits: int | None = None
+    # A warp-specialized kernel's producer: the instructions one pass of its load loop issues (one K step's TMA
+    # loads, their coordinates and the wait for a free stage), on one warp, so their latency adds up.
+    producer_instructions: int | None = None
+    producer_divisions: int | None = None  # runtime integer divisions in it (one MUFU.RCP each): a dependent chain
     # The tiled tensor maps the launch hands the driver (tensor_maps): one dict each, with what tensor_map_problems
     # says of it.
     tensor_maps: list[dict] = field(default_factory=list)
@@ -278,6 +282,7 @@ def read_cubin(cubin: bytes) -> dict:
     body = _main_loop_body(sass)  # found once: the span search is the costly part of reading a cubin
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
+    producer = _producer_loop_body(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
@@ -290,29 +295,48 @@ def read_cubin(cubin: bytes) -> dict:
         "loop_instructions": instructions,
         "loop_mma_fma": fma,
         "loop_mma_bits": bits,
+        "producer_instructions": None if producer is None else len(producer),
+        "producer_divisions": None if producer is None else sum("MUFU.RCP" in t for t in producer),
     }
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def _main_loop_body(sass: str) -> list[str] | None:
-    """The instructions of the main loop: the innermost span of a predicated backward branch (`@P0 BRA` to a lower
-    address: the loop's back edge) around an HGMMA/HMMA. An unconditional jump back (the mbarrier retry stub
-    returning into the loop) marks no loop; it is taken only where nothing else holds an MMA. None when no loop
-    holds one."""
+_MMA = re.compile(r"\bH(?:G)?MMA\.")
+_TMA_LOAD = re.compile(r"\bUTMALDG\b")
+
+
+def _loop_body(sass: str, holds, lacks=None) -> list[str] | None:
+    """The instructions of the innermost loop whose body has an instruction matching `holds` (and none matching
+    `lacks`): the innermost span of a predicated backward branch (`@P0 BRA` to a lower address: the loop's back
+    edge). An unconditional jump back (the mbarrier retry stub returning into the loop) marks no loop; it is taken
+    only where no predicated one qualifies. None when no loop does."""
     lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
     spans = []
     for address, text in lines:
         branch = re.search(r"^(@!?U?P\w+\s+)?BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text.strip())
         if branch and int(branch.group(2), 16) < address:
             start = int(branch.group(2), 16)
-            if any(start <= a <= address and re.search(r"\bH(?:G)?MMA\.", t) for a, t in lines):
+            body = [t for a, t in lines if start <= a <= address]
+            if any(holds.search(t) for t in body) and not (lacks and any(lacks.search(t) for t in body)):
                 spans.append((branch.group(1) is None, address - start, start, address))
     if not spans:
         return None
     _, _, start, end = min(spans)  # predicated first, then the innermost
     return [t for a, t in lines if start <= a <= end]
+
+
+def _main_loop_body(sass: str) -> list[str] | None:
+    """The main loop: the innermost loop around an HGMMA/HMMA (_loop_body)."""
+    return _loop_body(sass, _MMA)
+
+
+def _producer_loop_body(sass: str) -> list[str] | None:
+    """A warp-specialized kernel's load loop: the innermost loop issuing TMA loads (UTMALDG) and no MMA, the
+    producer warp's, which must issue each K step's loads in less time than the MMAs take to consume them. None in
+    a kernel whose loads and MMAs share a loop."""
+    return _loop_body(sass, _TMA_LOAD, _MMA)
 
 
 def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
