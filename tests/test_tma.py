@@ -9,6 +9,8 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import CASES, DTYPES, Case, case_reference, conv_and_reference, dtype_id
 
 import tconv3d
@@ -480,3 +482,39 @@ def test_border_modes_in_h_and_w_through_tma_interior_and_pointer_strips(modes_h
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
     assert launches == ["fwd", "dgrad", "wgrad"]
+
+
+@triton.jit
+def _store_row(row, values):
+    for j in tl.static_range(len(values)):
+        tl.store(row + j, values[j])
+
+
+@triton.jit
+def _walk_kernel(got_ptr, want_ptr, first, count, D, H, W, K_BLOCKS, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
+    """Row i: patch_origin(first + i) and step_of(first + i) walked with next_patch and next_step, as the Gluon
+    kernels' load loops walk them (got), and computed directly (want)."""
+    origin = conv_tma.patch_origin(first, D, H, W, BOX_H, BOX_W)
+    k_tap, k_block = conv_tma.step_of(first, K_BLOCKS)
+    for i in range(count):
+        _store_row(got_ptr + i * 6, (*origin, k_tap, k_block))
+        _store_row(want_ptr + i * 6, (*conv_tma.patch_origin(first + i, D, H, W, BOX_H, BOX_W),
+                                      *conv_tma.step_of(first + i, K_BLOCKS)))  # fmt: skip
+        origin = conv_tma.next_patch(*origin, D, H, W, BOX_H, BOX_W)
+        k_tap, k_block = conv_tma.next_step(k_tap, k_block, K_BLOCKS)
+
+
+@pytest.mark.parametrize(("first", "size", "box", "k_blocks"), [
+    (0, (3, 5, 7), (2, 4), 1),  # boxes no size divides: every wrap (w, h, d, n), channel blocks of 1
+    (17, (2, 4, 8), (4, 8), 3),  # a split starting mid-volume; one box a frame
+    (5, (1, 1, 33), (1, 16), 6),  # D = H = 1: every wrap of w wraps d and n too
+])  # fmt: skip
+def test_carried_patches_and_steps_match_their_division(first, size, box, k_blocks):
+    """next_patch and next_step (the Gluon kernels' load loops carry them instead of dividing every step) walk
+    patch_origin's and step_of's order exactly, across every wrap."""
+    d, h, w = size
+    count = 4 * d * -(-h // box[0]) * -(-w // box[1])  # four batch entries' patches
+    got, want = torch.full((count, 6), -1, dtype=torch.int32), torch.full((count, 6), -2, dtype=torch.int32)
+    _walk_kernel[(1,)](got, want, first, count, d, h, w, k_blocks, box[0], box[1])
+    assert (got == want).all(), torch.cat([got, want], 1)[(got != want).any(1)][:4]
+    assert len({tuple(row) for row in want[:, :4].tolist()}) == count  # every patch a different one

@@ -32,6 +32,8 @@ from .conv_tma import (
     dst_box,
     dst_row_strides,
     first_channels,
+    next_patch,
+    next_step,
     patch_descriptors,
     patch_origin,
     patch_phase,
@@ -40,6 +42,7 @@ from .conv_tma import (
     prefix_descriptor,
     source_frames,
     step_box,
+    step_of,
     tap_box,
     tap_shift,
 )
@@ -262,21 +265,21 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_loads(
-        src_views, w_desc, a_buf, b_buf, bar, step, k_blocks, n, d, h0, w0, n0, phase, live,
+        src_views, w_desc, a_buf, b_buf, bar, k_tap, k_block, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, pred,
         frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
     ):  # fmt: skip
-        """Step `step`'s two boxes into one stage: the source box its tap reads (conv_tma.step_box; zeros where it
-        leaves the volume, from the TMA unit) and the weight box of its (tap, channel block): [c0, tap, n0] of the
-        weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the forward's; the input
-        gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward at one phase; the input
-        gradient at any): the channel blocks past the first source's frames[2] channels (x's; grad_out's) are
-        channels_after's (src_views[4]), both copies issued, one predicated off, as conv_tma.channel_block counts
-        them."""
+        """The K step (k_tap, k_block)'s (conv_tma.step_of's) two boxes into one stage: the source box its tap reads
+        (conv_tma.step_box; zeros where it leaves the volume, from the TMA unit) and the weight box of its (tap, channel
+        block): [c0, tap, n0] of the weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the
+        forward's; the input gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward at one
+        phase; the input gradient at any): the channel blocks past the first source's frames[2] channels (x's;
+        grad_out's) are channels_after's (src_views[4]), both copies issued, one predicated off, as
+        conv_tma.channel_block counts them."""
         tap, c0, src_d, view, row, col = step_box(
-            step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+            k_tap, k_block, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
         mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
@@ -314,9 +317,14 @@ if UNAVAILABLE is None:
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        # Each step's (tap, channel block) is divided out of its number here (step_of), not carried from the
+        # step before as the warp-specialized producer and the weight gradient's loop do (next_step, next_patch):
+        # carried, triton 3.6 lays this loop out so that ptxas serializes the forward's wgmmas (C7515: the
+        # accumulator's zeros on a path into the drain; tests/test_static_compile.py would fail).
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
+            k_tap, k_block = step_of(first + s, k_blocks)
             _issue_loads(
-                src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, k_blocks,
+                src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), k_tap, k_block,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps, frames, PAD_MODE_D, HAS_PREFIX,
                 HAS_AFTER,
@@ -329,9 +337,10 @@ if UNAVAILABLE is None:
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
+            k_tap, k_block = step_of(first + ahead, k_blocks)
             _issue_loads(
-                src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), k_tap, k_block,
+                n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps, frames, PAD_MODE_D,
                 HAS_PREFIX, HAS_AFTER,
             )  # fmt: skip
@@ -460,15 +469,17 @@ if UNAVAILABLE is None:
             n, phase, live, first, steps = _tile_work(
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
-            for step in range(steps):
-                index = it % STAGES
-                mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
+            k_tap, k_block = step_of(first, k_blocks)  # the tile's first step, then carried (next_step)
+            for _ in range(steps):
+                stage = it % STAGES
+                mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_loads(
-                    src_views, w_desc, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
-                    k_blocks, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                    src_views, w_desc, a_ring.index(stage), b_ring.index(stage), ready.index(stage), k_tap, k_block,
+                    n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                     STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True, frames, PAD_MODE_D, HAS_PREFIX,
                     HAS_AFTER,
                 )  # fmt: skip
+                k_tap, k_block = next_step(k_tap, k_block, k_blocks)
                 it += 1
 
     @gluon.jit
@@ -589,19 +600,19 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_wgrad_loads(
-        go_desc, x_views, a_buf, b_buf, bar, patch, D_OUT, H_OUT, W_OUT, co0, ci0, shifts,
+        go_desc, x_views, a_buf, b_buf, bar, origin, co0, ci0, shifts,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, PHASES: gl.constexpr,
-        BOX_H: gl.constexpr, BOX_W: gl.constexpr, pred, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        pred, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
     ):  # fmt: skip
-        """Patch `patch`'s boxes into one stage: grad_out's patch (zeros past the output's edges, adding nothing)
-        and, for each of the tile's taps (`shifts`: one (d, h, w) shift a tap), the input's box the tap reads for
-        it (tap_box; zeros in the padding) from its phase view, one of the PHASES `x_views`, or from frames_before
-        (x_views[4]; _copy_source_box), side by side along the stage's columns: one wgmma then spans the taps'
-        columns. Every box is loaded (the barrier counts bytes known at compile time), a last group's taps past
-        the kernel's too: their columns are never stored."""
+        """The boxes of the patch at `origin` (n, od, h0, w0: patch_origin's) into one stage: grad_out's patch (zeros
+        past the output's edges, adding nothing) and, for each of the tile's taps (`shifts`: one (d, h, w) shift a tap),
+        the input's box the tap reads for it (tap_box; zeros in the padding) from its phase view, one of the PHASES
+        `x_views`, or from frames_before (x_views[4]; _copy_source_box), side by side along the stage's columns: one
+        wgmma then spans the taps' columns. Every box is loaded (the barrier counts bytes known at compile time), a last
+        group's taps past the kernel's too: their columns are never stored."""
         GROUP: gl.constexpr = len(shifts)
         BLOCK_CI: gl.constexpr = x_views[0].block_type.shape[4]
-        n, od, h0, w0 = patch_origin(patch, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+        n, od, h0, w0 = origin
         mbarrier.expect(bar, go_desc.block_type.nbytes + GROUP * x_views[0].block_type.nbytes, pred=pred)
         _tma_load(go_desc, [n, od, h0, w0, co0], bar, a_buf, pred)
         for j in gl.static_range(GROUP):
@@ -679,12 +690,14 @@ if UNAVAILABLE is None:
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
+        origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the next patch to load, carried
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
-                go_desc, x_views, a_ring.index(s), b_ring.index(s), ready.index(s), first + s, D_OUT, H_OUT, W_OUT,
-                co0, ci0, ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, BOX_H, BOX_W, s < steps,
-                frames, PAD_MODE_D, HAS_PREFIX,
+                go_desc, x_views, a_ring.index(s), b_ring.index(s), ready.index(s), origin, co0, ci0,
+                ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, s < steps, frames, PAD_MODE_D,
+                HAS_PREFIX,
             )  # fmt: skip
+            origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
@@ -694,10 +707,11 @@ if UNAVAILABLE is None:
             ahead = step + STAGES - 1
             refill = ahead % STAGES
             _issue_wgrad_loads(
-                go_desc, x_views, a_ring.index(refill), b_ring.index(refill), ready.index(refill), first + ahead,
-                D_OUT, H_OUT, W_OUT, co0, ci0, ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1,
-                BOX_H, BOX_W, ahead < steps, frames, PAD_MODE_D, HAS_PREFIX,
+                go_desc, x_views, a_ring.index(refill), b_ring.index(refill), ready.index(refill), origin, co0, ci0,
+                ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, ahead < steps, frames, PAD_MODE_D,
+                HAS_PREFIX,
             )  # fmt: skip
+            origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
@@ -744,14 +758,15 @@ if UNAVAILABLE is None:
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             shifts = _group_shifts(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, GROUP)
             first = split * SPLIT_PATCHES
-            for step in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
-                index = it % STAGES
-                mbarrier.wait(empty.index(index), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
+            origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the split's first patch, then carried
+            for _ in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
+                stage = it % STAGES
+                mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_wgrad_loads(
-                    go_desc, x_views, a_ring.index(index), b_ring.index(index), ready.index(index), first + step,
-                    D_OUT, H_OUT, W_OUT, co0, ci0, shifts, STRIDE_D, STRIDE_H, STRIDE_W,
-                    STRIDE_H * STRIDE_W, BOX_H, BOX_W, True, frames, PAD_MODE_D, HAS_PREFIX,
+                    go_desc, x_views, a_ring.index(stage), b_ring.index(stage), ready.index(stage), origin, co0, ci0,
+                    shifts, STRIDE_D, STRIDE_H, STRIDE_W, STRIDE_H * STRIDE_W, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
+                origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
                 it += 1
 
     @gluon.jit

@@ -1,8 +1,8 @@
 """The TMA implicit GEMMs (sm_90+) of the forward, the input gradient and the weight gradient: tensor-descriptor
 boxes with zero-filled borders feeding wgmma, and their launchers; and the patch arithmetic the Gluon kernels
-(conv_gluon.py) share (patch_origin, tap_box, step_box, dst_box, patch_phase). The pointer kernels (conv_fwd.py,
-conv_dgrad.py, conv_wgrad.py) run every other problem; the variant is picked above the kernels
-(configs.tma_eligible, KernelConfig.tma_box_w).
+(conv_gluon.py) share (patch_origin, next_patch, tap_box, step_of, next_step, step_box, dst_box, patch_phase).
+The pointer kernels (conv_fwd.py, conv_dgrad.py, conv_wgrad.py) run every other problem; the variant is picked
+above the kernels (configs.tma_eligible, KernelConfig.tma_box_w).
 
 At stride s in H or W the input a tap reads for a patch of outputs is every s-th row or column: no box of x. It is
 a box of a phase view `x[..., ph::s_h, pw::s_w]` (which phase depends on the tap), one descriptor per phase, at
@@ -43,6 +43,40 @@ def patch_origin(index, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
     h0 = (rest % tiles_h) * BOX_H
     rest = rest // tiles_h
     return rest // D, rest % D, h0, w0
+
+
+@triton.jit
+def next_patch(n, d, h0, w0, D, H, W, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
+    """The patch after (n, d, h0, w0) in patch_origin's order, without its divisions: a loop over consecutive
+    patches (the Gluon kernels' loads) carries the origin, where patch_origin costs three runtime divisions a
+    patch, each a dependent chain of a dozen instructions on the loading warp."""
+    w0 += BOX_W
+    wrap = (w0 >= W).to(tl.int32)
+    w0 *= 1 - wrap
+    h0 += wrap * BOX_H
+    wrap = (h0 >= H).to(tl.int32)
+    h0 *= 1 - wrap
+    d += wrap
+    wrap = (d >= D).to(tl.int32)
+    d *= 1 - wrap
+    return n + wrap, d, h0, w0
+
+
+@triton.jit
+def step_of(step, k_blocks):
+    """K step `step` of a patch program -> (its tap among the steps' taps, its channel block): k_blocks channel
+    blocks a tap, taps outermost."""
+    index = step // k_blocks
+    return index, step - index * k_blocks
+
+
+@triton.jit
+def next_step(index, block, k_blocks):
+    """The K step after (index, block) (step_of's), without step_of's division: a loop over consecutive steps
+    carries it."""
+    block += 1
+    wrap = (block == k_blocks).to(tl.int32)
+    return index + wrap, block - wrap * k_blocks
 
 
 @triton.jit
@@ -104,17 +138,16 @@ def load_live_taps(live_ptr, phase):
 
 @triton.jit
 def step_box(
-    step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    index, block, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KH: tl.constexpr, KW: tl.constexpr, STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     INPUT_GRAD: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """K step `step` of a patch program at (d, h0, w0) -> (tap, first reduced channel, and the source box: frame,
-    phase view, row, column). Forward: the tap's box of its phase view at a stride (tap_box). Input gradient: a
-    convolution of grad_out with the taps flipped; at a stride, the program's `phase` (rd, rh, rw) of grad_in
-    reads only its live taps (`live`, load_live_taps), step // k_blocks counting them, and live tap k lands on
-    grad_out voxel j + (r + pad - k * dil) / stride (an exact division) for the phase's voxel j."""
-    index = step // k_blocks
-    c0 = (step - index * k_blocks) * BLOCK_K
+    """The K step (index, block) (step_of's) of a patch program at (d, h0, w0) -> (tap, first reduced channel,
+    and the source box: frame, phase view, row, column). Forward: the tap's box of its phase view at a stride
+    (tap_box). Input gradient: a convolution of grad_out with the taps flipped; at a stride, the program's `phase`
+    (rd, rh, rw) of grad_in reads only its live taps (`live`, load_live_taps), `index` counting them, and live tap
+    k lands on grad_out voxel j + (r + pad - k * dil) / stride (an exact division) for the phase's voxel j."""
+    c0 = block * BLOCK_K
     if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
         first_d, step_d, _, first_h, step_h, count_h, first_w, step_w, count_w = live
         # A phase no tap reaches has no steps, but a pipelined prologue still computes (predicated-off) loads.
@@ -220,8 +253,9 @@ def _conv3d_tma_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, total)):
+        index, block = step_of(step, k_blocks)
         tap, c0, src_d, view, row, col = step_box(
-            step, k_blocks, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+            index, block, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
         c_w = c0
