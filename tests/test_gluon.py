@@ -430,6 +430,44 @@ def test_main_loop_reader():
     assert main_loop("        /*0100*/                   FFMA R1, R2, R3, R4 ;\n") == (None, [], None)
 
 
+SPECIALIZED = """
+        /*0100*/                   MUFU.RCP R6, R6 ;
+        /*0110*/                   IMAD.HI.U32 R3, R3, R6, RZ ;
+        /*0120*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR30+0x16090], R6 ;
+        /*0130*/              @!P1 BRA 0x0400 ;
+        /*0140*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24, gsb0 ;
+        /*0150*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0160*/               @P1 BRA 0x0120 ;
+        /*0170*/                   STSM.16.M88.4 [R2+0x12000], R24 ;
+        /*0180*/                   @UP0 UTMASTG.5D [UR8], [UR16] ;
+        /*0190*/              @!P0 BRA 0x0100 ;
+        /*01a0*/                   EXIT ;
+        /*0200*/                   MUFU.RCP R9, R9 ;
+        /*0210*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9+0x20], R2 ;
+        /*0220*/              @!P0 BRA 0x0410 ;
+        /*0230*/                   UTMALDG.5D [UR8], [UR30] ;
+        /*0240*/                   UTMALDG.3D [UR16], [UR34] ;
+        /*0250*/               @P0 BRA 0x0210 ;
+        /*0260*/              @!P0 BRA 0x0200 ;
+        /*0400*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR30+0x16090], R6 ;
+        /*0410*/              @!P1 BRA 0x0400 ;
+"""
+
+
+def test_warp_specialized_loops_reader():
+    """A warp-specialized kernel's producer loop (TMA loads, no MMA; the innermost: not its tile loop) and its
+    MMA warps' path between two tiles (the tile loop less the main loop: the epilogue, the next tile's
+    divisions); the retry stubs' jumps back are neither."""
+    from tconv3d.inspect.compile import specialized_loops
+
+    assert specialized_loops(SPECIALIZED) == {
+        "producer_instructions": 5, "producer_divisions": 0, "tile_instructions": 5, "tile_divisions": 1,
+    }  # fmt: skip
+    assert specialized_loops(GOOD_LOOP) == {
+        "producer_instructions": None, "producer_divisions": None, "tile_instructions": None, "tile_divisions": None,
+    }  # fmt: skip
+
+
 def test_issue_ceiling_from_the_main_loop():
     """What share of the tensor cores' peak a loop's instruction issue allows: the MMA clocks of a pass (a wgmma
     is a warpgroup's, shared by its 4 warps; an HMMA a warp's) over the clocks 4 schedulers take to issue every

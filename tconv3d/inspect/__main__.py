@@ -10,7 +10,8 @@ and prints: config and where it came from, grid and waves on the SM count (132 f
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
 cores' peak their issue allows (KernelReport.issue_ceiling), a warp-specialized kernel's load loop ('load': the
-instructions its producer warp issues a K step), and the compile time; the tensor maps each TMA launch
+instructions its producer warp issues a K step) and what its MMA warps do between two tiles ('tile'), and the
+compile time; the tensor maps each TMA launch
 hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
 gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force, the Gluon kernel software-pipelined; gluon-ws,
 its persistent warp-specialized twin (the sm_90 heuristic's choice).
@@ -80,6 +81,8 @@ def _job_record(job) -> dict:
         loop_instructions=main.loop_instructions,
         producer_instructions=main.producer_instructions,
         producer_divisions=main.producer_divisions,
+        tile_instructions=main.tile_instructions,
+        tile_divisions=main.tile_divisions,
         issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
@@ -165,7 +168,7 @@ def table(records: list[dict]) -> str:
     header = (
         f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':28} {'from':9} {'grid':>11} {'waves':>6} "
         f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'instr':>5} {'load':>4} "
-        f"{'issue':>5} {'s':>4}"
+        f"{'tile':>4} {'issue':>5} {'s':>4}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
@@ -185,6 +188,7 @@ def table(records: list[dict]) -> str:
             f"{start} {grid:>11} {r['waves']:>6.2f} {r['registers'] or 0:>4} {r['spill_bytes']:>5} "
             f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {_loop_text(r):20} "
             f"{r.get('loop_instructions') or '-':>5} {r.get('producer_instructions') or '-':>4} "
+            f"{r.get('tile_instructions') or '-':>4} "
             f"{_percent(r.get('issue_ceiling')):>5} {r['compile_s']:>4.1f}"
         )
     return "\n".join(lines)

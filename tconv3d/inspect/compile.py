@@ -108,6 +108,9 @@ class KernelReport:
     # loads, their coordinates and the wait for a free stage), on one warp, so their latency adds up.
     producer_instructions: int | None = None
     producer_divisions: int | None = None  # runtime integer divisions in it (one MUFU.RCP each): a dependent chain
+    # A persistent kernel's MMA warps between two tiles (_tile_loop_rest): instructions, and divisions among them.
+    tile_instructions: int | None = None
+    tile_divisions: int | None = None
     # The tiled tensor maps the launch hands the driver (tensor_maps): one dict each, with what tensor_map_problems
     # says of it.
     tensor_maps: list[dict] = field(default_factory=list)
@@ -282,7 +285,6 @@ def read_cubin(cubin: bytes) -> dict:
     body = _main_loop_body(sass)  # found once: the span search is the costly part of reading a cubin
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
-    producer = _producer_loop_body(sass)
     return {
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
@@ -295,8 +297,7 @@ def read_cubin(cubin: bytes) -> dict:
         "loop_instructions": instructions,
         "loop_mma_fma": fma,
         "loop_mma_bits": bits,
-        "producer_instructions": None if producer is None else len(producer),
-        "producer_divisions": None if producer is None else sum("MUFU.RCP" in t for t in producer),
+        **specialized_loops(sass),
     }
 
 
@@ -307,36 +308,70 @@ _MMA = re.compile(r"\bH(?:G)?MMA\.")
 _TMA_LOAD = re.compile(r"\bUTMALDG\b")
 
 
-def _loop_body(sass: str, holds, lacks=None) -> list[str] | None:
-    """The instructions of the innermost loop whose body has an instruction matching `holds` (and none matching
-    `lacks`): the innermost span of a predicated backward branch (`@P0 BRA` to a lower address: the loop's back
-    edge). An unconditional jump back (the mbarrier retry stub returning into the loop) marks no loop; it is taken
-    only where no predicated one qualifies. None when no loop does."""
-    lines = [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
+def _sass_lines(sass: str) -> list[tuple[int, str]]:
+    return [(int(address, 16), text) for address, text in _SASS_LINE.findall(sass)]
+
+
+def _loop_span(lines, holds=None, lacks=None, around=None) -> tuple[int, int] | None:
+    """(first, last address) of the innermost loop whose body has an instruction matching `holds` (and none
+    matching `lacks`), or that strictly contains the span `around`: the innermost span of a predicated backward
+    branch (`@P0 BRA` to a lower address: the loop's back edge). An unconditional jump back (the mbarrier retry
+    stub returning into the loop) marks no loop; it is taken only where no predicated one qualifies. None when no
+    loop does."""
     spans = []
     for address, text in lines:
         branch = re.search(r"^(@!?U?P\w+\s+)?BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text.strip())
-        if branch and int(branch.group(2), 16) < address:
-            start = int(branch.group(2), 16)
-            body = [t for a, t in lines if start <= a <= address]
-            if any(holds.search(t) for t in body) and not (lacks and any(lacks.search(t) for t in body)):
-                spans.append((branch.group(1) is None, address - start, start, address))
-    if not spans:
-        return None
-    _, _, start, end = min(spans)  # predicated first, then the innermost
-    return [t for a, t in lines if start <= a <= end]
+        if not branch or int(branch.group(2), 16) >= address:
+            continue
+        start = int(branch.group(2), 16)
+        if around and not (start <= around[0] and around[1] <= address and (start, address) != around):
+            continue
+        body = [t for a, t in lines if start <= a <= address]
+        if (holds and not any(holds.search(t) for t in body)) or (lacks and any(lacks.search(t) for t in body)):
+            continue
+        spans.append((branch.group(1) is None, address - start, start, address))
+    return min(spans)[2:] if spans else None  # predicated first, then the innermost
+
+
+def _span_body(lines, span) -> list[str] | None:
+    return None if span is None else [t for a, t in lines if span[0] <= a <= span[1]]
 
 
 def _main_loop_body(sass: str) -> list[str] | None:
-    """The main loop: the innermost loop around an HGMMA/HMMA (_loop_body)."""
-    return _loop_body(sass, _MMA)
+    """The main loop: the innermost loop around an HGMMA/HMMA (_loop_span)."""
+    lines = _sass_lines(sass)
+    return _span_body(lines, _loop_span(lines, _MMA))
 
 
 def _producer_loop_body(sass: str) -> list[str] | None:
     """A warp-specialized kernel's load loop: the innermost loop issuing TMA loads (UTMALDG) and no MMA, the
     producer warp's, which must issue each K step's loads in less time than the MMAs take to consume them. None in
     a kernel whose loads and MMAs share a loop."""
-    return _loop_body(sass, _TMA_LOAD, _MMA)
+    lines = _sass_lines(sass)
+    return _span_body(lines, _loop_span(lines, _TMA_LOAD, _MMA))
+
+
+def _tile_loop_rest(sass: str) -> list[str] | None:
+    """A persistent kernel's tile loop less its main loop: what the MMA warps do between one tile's last wgmma
+    and the next tile's first (the epilogue, the next tile's coordinates), while the tensor cores wait (a program
+    an SM) or serve another program. None where no loop holds the main loop (one tile a program)."""
+    lines = _sass_lines(sass)
+    main = _loop_span(lines, _MMA)
+    outer = main and _loop_span(lines, around=main)
+    if outer is None:
+        return None
+    return [t for a, t in lines if outer[0] <= a <= outer[1] and not main[0] <= a <= main[1]]
+
+
+def specialized_loops(sass: str) -> dict:
+    """A warp-specialized persistent kernel's two other loops: the producer's load loop (_producer_loop_body) and
+    the MMA warps' path between two tiles (_tile_loop_rest), their instructions and the runtime integer divisions
+    among them (one MUFU.RCP each: a dependent chain of some fifteen instructions); None where there is none."""
+    found = {}
+    for name, body in (("producer", _producer_loop_body(sass)), ("tile", _tile_loop_rest(sass))):
+        found[f"{name}_instructions"] = None if body is None else len(body)
+        found[f"{name}_divisions"] = None if body is None else sum("MUFU.RCP" in t for t in body)
+    return found
 
 
 def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
