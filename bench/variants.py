@@ -64,6 +64,15 @@ SWAPPED = "gluon_ws_256x128_swapped"
 GROUPED_TAPS = "gluon_ws_grouped_taps"
 # The row of the chosen persistent tiles on the deepest ring that fits (deepest_ring).
 DEEP_RING = "gluon_ws_deep_ring"
+# The row of the chosen persistent tiles on one warpgroup where that fits two programs an SM and the chosen two
+# warpgroups fit one: one program's epilogue and next-tile setup under the other's wgmmas.
+TWO_PER_SM = "gluon_ws_two_per_sm"
+
+
+def wanted(impls: set | None, case: str, name: str) -> bool:
+    """Whether variant row `name` of `case` is asked for: every row where `impls` is None, else the rows it names,
+    bare (every case's) or as `case:row` (that case's alone)."""
+    return impls is None or name in impls or f"{case}:{name}" in impls
 
 
 def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str) -> configs.KernelConfig:
@@ -130,6 +139,11 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         shared = conv_gluon.persistent_shared_bytes(found["gluon_ws"], dtype.itemsize, direction == "wgrad")
         if conv_gluon.persistent_programs_per_sm(found["gluon_ws"], shared) == 2:
             found[ONE_PROGRAM_PER_SM] = found["gluon_ws"]
+        elif found["gluon_ws"].num_warps == 8:  # and the other way round (bench/NOTES.md, "Between two tiles")
+            one = dataclasses.replace(found["gluon_ws"], num_warps=4)
+            shared = conv_gluon.persistent_shared_bytes(one, dtype.itemsize, direction == "wgrad")
+            if configs.gluon_takes(one) and conv_gluon.persistent_programs_per_sm(one, shared) == 2:
+                found[TWO_PER_SM] = one
     return found
 
 
@@ -158,14 +172,14 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
 
 
 def launch_once(shape: ConvShape, dtype_name: str, direction: str, impls: set | None, device: torch.device) -> list:
-    """Launch each variant of one case and direction once (those named in `impls`, all where None), unchecked and
+    """Launch each variant of one case and direction once (those `impls` names: wanted), unchecked and
     untimed, for a profiler watching the process (bench/gpu_session.sh's profile stage runs Nsight Compute over
     this); returns the (impl, config) launched, in order."""
     dtype = DTYPES_BY_NAME[dtype_name]
     geom, launch, _, _ = problem(shape, dtype, direction, device)
     launched = []
     for name, config in variant_configs(direction, geom, dtype, device).items():
-        if impls is not None and name not in impls:
+        if not wanted(impls, shape.name, name):
             continue
         if name == ONE_PROGRAM_PER_SM:
             _one_program_per_sm(launch, config)
@@ -192,7 +206,7 @@ def measure_case(
     Each variant's first run waits on the GPU under testing.hang_guard: one that never finishes is emitted as
     hung, and the process exits with HUNG_EXIT for its caller to run it again with --resume. `compiled(launch)`
     waits for a launch being compiled ahead (inspect.compile.compile_ahead). `impls`: the variant rows to measure
-    (all where None)."""
+    (wanted)."""
     dtype, device, done = DTYPES_BY_NAME[dtype_name], torch.device("cuda"), done or {}
     geom, launch, cudnn, exact = problem(shape, dtype, direction, device)
     with exact_fp32():
@@ -210,7 +224,7 @@ def measure_case(
         emit(timed({"impl": "cudnn_cl3d", "config": None, "error": None, **where}, cudnn_ms))
     measured: dict[tuple, dict] = {}  # a variant whose config (and launch) another already has is not rerun
     for name, config in variant_configs(direction, geom, dtype, device).items():
-        if name in done or (impls is not None and name not in impls):
+        if name in done or not wanted(impls, shape.name, name):
             continue
         one_per_sm = name == ONE_PROGRAM_PER_SM
         if (config, one_per_sm) in measured:
@@ -274,7 +288,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
-    parser.add_argument("--impls", default=None, help="comma-separated variant rows to launch (default: all)")
+    parser.add_argument(
+        "--impls", default=None, help="comma-separated variant rows to launch, each `row` or `case:row` (default: all)"
+    )
     parser.add_argument(
         "--launch-only",
         action="store_true",
@@ -324,7 +340,7 @@ def main(argv=None) -> int:
             for dtype_name in args.dtype.split(",")
             for direction in args.directions.split(",")
             for name, config in variant_configs(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], device).items()
-            if impls is None or name in impls
+            if wanted(impls, shape.name, name)
         ]
         compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)
 

@@ -402,6 +402,43 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, devi
     assert kernel_variants(lambda: None) == {}
 
 
+def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
+    """Where the heuristic's persistent tile takes two warpgroups and one program an SM (unet_64's 128x64 forward
+    and input gradient), bench.variants also times it on one warpgroup at two programs an SM (TWO_PER_SM: one
+    program's epilogue under the other's wgmmas), and not where one warpgroup would not fit twice (wan_dec_384b's
+    128x128: 128 accumulator registers a thread) or the tile already runs two (unet_64's weight gradient)."""
+    from bench import variants
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.tune import choice, configs
+    from tconv3d.tune.shapes import load_shape_set
+
+    if conv_gluon.UNAVAILABLE is not None:
+        pytest.skip(conv_gluon.UNAVAILABLE)
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
+    heuristic = lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)  # noqa: E731
+    monkeypatch.setattr(choice, "pick_config", heuristic)
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    cuda = torch.device("cuda")
+    for direction in ("fwd", "dgrad"):
+        found = variants.variant_configs(direction, shapes["unet_64"].geometry(), torch.bfloat16, cuda)
+        chosen, two = found["chosen"], found[variants.TWO_PER_SM]
+        assert (chosen.gluon, chosen.num_warps, two.num_warps) == (2, 8, 4), (chosen, two)
+        assert dataclasses.replace(two, num_warps=8) == chosen and variants.ONE_PROGRAM_PER_SM not in found
+    weight = variants.variant_configs("wgrad", shapes["unet_64"].geometry(), torch.bfloat16, cuda)
+    assert variants.TWO_PER_SM not in weight and variants.ONE_PROGRAM_PER_SM in weight
+    large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
+    assert large["chosen"].num_warps == 8 and variants.TWO_PER_SM not in large
+    # --impls: `row` asks for every case's row, `case:row` for that case's alone
+    assert variants.wanted(None, "unet_64", "chosen") and variants.wanted({"chosen"}, "unet_64", "chosen")
+    asked = {"wan_dec_384b:gluon_ws", f"unet_64:{variants.TWO_PER_SM}"}
+    assert variants.wanted(asked, "unet_64", variants.TWO_PER_SM) and variants.wanted(asked, "wan_dec_384b", "gluon_ws")
+    assert not variants.wanted(asked, "wan_dec_384b", variants.TWO_PER_SM) and not variants.wanted(
+        asked, "unet_64", "gluon_ws"
+    )
+
+
 def test_variants_time_the_wide_tile_that_wastes_no_columns(monkeypatch):
     """bench.variants' wide Hopper tile: 128x256 where the GEMM's columns fill 256-wide tiles (512 channels), else
     256x128 (384: a 256-wide second tile would be half empty, as on the H200), the weight gradient at the chosen
