@@ -282,7 +282,9 @@ def read_cubin(cubin: bytes) -> dict:
     stack = re.search(r"STACK:(\d+)", usage)
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
-    body = _main_loop_body(sass)  # found once: the span search is the costly part of reading a cubin
+    lines = _sass_lines(sass)
+    main = _loop_span(lines, _MMA)  # found once: the span search is the costly part of reading a cubin
+    body = _span_body(lines, main)
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
     return {
@@ -297,7 +299,7 @@ def read_cubin(cubin: bytes) -> dict:
         "loop_instructions": instructions,
         "loop_mma_fma": fma,
         "loop_mma_bits": bits,
-        **specialized_loops(sass),
+        **_specialized_loops(lines, main),
     }
 
 
@@ -343,35 +345,34 @@ def _main_loop_body(sass: str) -> list[str] | None:
     return _span_body(lines, _loop_span(lines, _MMA))
 
 
-def _producer_loop_body(sass: str) -> list[str] | None:
-    """A warp-specialized kernel's load loop: the innermost loop issuing TMA loads (UTMALDG) and no MMA, the
-    producer warp's, which must issue each K step's loads in less time than the MMAs take to consume them. None in
-    a kernel whose loads and MMAs share a loop."""
-    lines = _sass_lines(sass)
-    return _span_body(lines, _loop_span(lines, _TMA_LOAD, _MMA))
-
-
-def _tile_loop_rest(sass: str) -> list[str] | None:
-    """A persistent kernel's tile loop less its main loop: what the MMA warps do between one tile's last wgmma
-    and the next tile's first (the epilogue, the next tile's coordinates), while the tensor cores wait (a program
-    an SM) or serve another program. None where no loop holds the main loop (one tile a program)."""
-    lines = _sass_lines(sass)
-    main = _loop_span(lines, _MMA)
+def _tile_loop_rest(lines, main) -> list[str] | None:
+    """A persistent kernel's tile loop less its main loop (the span `main`): what the MMA warps do between one
+    tile's last wgmma and the next tile's first (the epilogue, the next tile's coordinates), while the tensor cores
+    wait (a program an SM) or serve another program. None where no loop holds the main loop (one tile a
+    program)."""
     outer = main and _loop_span(lines, around=main)
     if outer is None:
         return None
     return [t for a, t in lines if outer[0] <= a <= outer[1] and not main[0] <= a <= main[1]]
 
 
-def specialized_loops(sass: str) -> dict:
-    """A warp-specialized persistent kernel's two other loops: the producer's load loop (_producer_loop_body) and
-    the MMA warps' path between two tiles (_tile_loop_rest), their instructions and the runtime integer divisions
-    among them (one MUFU.RCP each: a dependent chain of some fifteen instructions); None where there is none."""
+def _specialized_loops(lines, main) -> dict:
+    # The producer's load loop: the innermost loop issuing TMA loads (UTMALDG) and no MMA, which must issue each K
+    # step's loads in less time than the MMAs take to consume them; none where loads and MMAs share a loop.
+    producer = _span_body(lines, _loop_span(lines, _TMA_LOAD, _MMA))
     found = {}
-    for name, body in (("producer", _producer_loop_body(sass)), ("tile", _tile_loop_rest(sass))):
+    for name, body in (("producer", producer), ("tile", _tile_loop_rest(lines, main))):
         found[f"{name}_instructions"] = None if body is None else len(body)
         found[f"{name}_divisions"] = None if body is None else sum("MUFU.RCP" in t for t in body)
     return found
+
+
+def specialized_loops(sass: str) -> dict:
+    """A warp-specialized persistent kernel's two other loops: the producer warp's load loop and the MMA warps'
+    path between two tiles (_tile_loop_rest), their instructions and the runtime integer divisions among them (one
+    MUFU.RCP each: a dependent chain of some fifteen instructions); None where there is none."""
+    lines = _sass_lines(sass)
+    return _specialized_loops(lines, _loop_span(lines, _MMA))
 
 
 def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:
