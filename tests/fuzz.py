@@ -321,9 +321,7 @@ def _select(problem: Problem):
             if config.tap_group > 1 and config.gluon != 2:  # grouped taps are warp-specialized only
                 config = dataclasses.replace(config, gluon=2)
             if direction == "wgrad" and not config.tap_group and rng.random() < 0.3:  # taps side by side in a tile
-                group = rng.choice([g for g in (2, 4) if config.block_n * g <= 256] or [1])
-                if group > 1:
-                    config = grouped_taps(config, group)
+                config = grouped_taps(config, rng.choice((2, 4)))  # 64 to 128 channels a tap
         select.configs.append((direction, config))
         return config
 

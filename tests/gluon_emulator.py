@@ -25,8 +25,9 @@ run would get wrong silently or by hanging:
   wgmma operation in a seeded random order, so that the producer and the consumers interleave differently from run
   to run.
 
-What it cannot show: anything below the source (register allocation, swizzles, the compiler's aliasing of
-allocations, descriptor encoding limits beyond Triton's own host checks, timing). Those need the GPU."""
+What it cannot show: anything below the source (register allocation, swizzles beyond a slice's whole swizzle
+rows, the compiler's aliasing of allocations, descriptor encoding limits beyond Triton's own host checks, timing).
+Those need the GPU."""
 
 import contextlib
 import inspect
@@ -337,8 +338,8 @@ class Ptr:
 class _Alloc:
     ids = itertools.count()
 
-    def __init__(self, dtype: torch.dtype, shape):
-        self.id = next(self.ids)
+    def __init__(self, dtype: torch.dtype, shape, swizzle: int = 0):
+        self.id, self.swizzle = next(self.ids), swizzle  # swizzle: the layout's swizzle width in bytes
         if dtype.is_floating_point:  # never-written shared memory reads as NaN
             self.t = torch.full(shape, float("nan"), dtype=dtype)
         else:
@@ -373,7 +374,19 @@ class Smem:
         return Smem(self.alloc, self.t.permute([int(o) for o in order]))
 
     def slice(self, start, length, dim=0):
-        return Smem(self.alloc, self.t.narrow(int(dim), int(start), int(length)))
+        """A view of `length` elements from `start` along `dim`. Along a swizzled buffer's rows (its unit-stride
+        dimension) the slice must hold whole swizzle rows: the compiler refuses narrower ones ("Block shape is too
+        small for the swizzle byte size")."""
+        start, length, dim = int(start), int(length), int(dim)
+        width = self.alloc.swizzle
+        if width and self.t.stride(dim) == 1:
+            size = self.t.element_size()
+            if (length * size) % width or (start * size) % width:
+                raise KernelFault(
+                    f"a slice of {length * size} bytes at byte {start * size} along the rows of a buffer swizzled "
+                    f"{width} bytes wide: the compiler takes whole swizzle rows only"
+                )
+        return Smem(self.alloc, self.t.narrow(dim, start, length))
 
     def region(self):
         """(allocation, first element, one past the last) of the view; a view with gaps in that span (a column
@@ -807,7 +820,7 @@ def _fence_async_shared(cluster=False):
 
 
 def _allocate_shared_memory(element_ty, shape, layout=None, value=None):
-    alloc = _Alloc(_torch_dtype(element_ty), [int(s) for s in shape])
+    alloc = _Alloc(_torch_dtype(element_ty), [int(s) for s in shape], getattr(layout, "swizzle_byte_width", 0))
     smem = Smem(alloc, alloc.t)
     if value is not None:
         smem.store(value)

@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import triple
-from tconv3d.kernels.config import KernelConfig
+from tconv3d.kernels.config import GROUPED_TAP_COLUMNS, KernelConfig
 from tconv3d.testing import reference_conv3d
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -26,8 +26,10 @@ def swapped_tiles(config: KernelConfig) -> KernelConfig:
 
 def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
     """A weight gradient's `config` on the warp-specialized Gluon kernel with `group` taps a tile (tap_group), each
-    tap's input channels as many as before: block_n times `group` columns."""
-    return replace(config, gluon=2, tap_group=group, block_n=config.block_n * group)
+    tap's input channels as many as before where the kernel takes that: at least GROUPED_TAP_COLUMNS (whole
+    swizzle rows), at most 256 columns in all."""
+    per_tap = max(GROUPED_TAP_COLUMNS, min(config.block_n, 256 // group))
+    return replace(config, gluon=2, tap_group=group, block_n=per_tap * group)
 
 
 def leaf_copy(t: torch.Tensor) -> torch.Tensor:

@@ -262,7 +262,7 @@ def test_gluon_config_field_round_trips_and_is_checked():
     assert KernelConfig.from_dict(grouped.to_dict()) == grouped and "tap_group" not in specialized.to_dict()
     for change, message in (
         ({"tap_group": 3}, "tap_group is 0, 1, 2 or 4"), ({"gluon": 1}, "only a warp-specialized gluon config"),
-        ({"swap_ab": 1}, "does not swap"), ({"block_n": 32, "tap_group": 4}, "16\\+ columns a tap"),
+        ({"swap_ab": 1}, "does not swap"), ({"block_n": 128, "tap_group": 4}, "64\\+ columns a tap"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**grouped.to_dict(), **change})
@@ -313,6 +313,12 @@ def test_force_variant_rules(monkeypatch):
             for fallback in (force(direction, torch.bfloat16, "auto", runs=False, config=grouped),
                              force(direction, torch.bfloat16, "pointer", config=grouped)):  # fmt: skip
                 assert (fallback.gluon, fallback.tap_group, fallback.block_n) == (0, 0, 128)
+            # 32 channels a tap (a slice narrower than the buffer's 128-byte swizzle rows: the compiler refused it
+            # on the H100, 2026-11-26): not a tile the kernel takes; forced to Gluon, the taps go back to one
+            narrow = dataclasses.replace(grouped, block_n=128, tap_group=4)
+            assert not configs.gluon_takes(narrow) and configs.gluon_takes(dataclasses.replace(narrow, tap_group=2))
+            refused = force(direction, torch.bfloat16, "gluon", config=narrow)
+            assert configs.gluon_takes(refused) and refused.tap_group == 0 and refused.gluon == 1
         assert force(direction, torch.bfloat16, "auto", config=forced) == forced  # a table's Gluon entry stands
         assert force(direction, torch.bfloat16, "auto", runs=False, config=forced).variant == "tma"
     split = KernelConfig(64, 64, 32, 8, 3, split_k=8)

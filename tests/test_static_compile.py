@@ -207,6 +207,28 @@ def compile_script(script: str) -> list[dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+WALK_COMPILE = """
+import json, sys
+sys.path.insert(0, "tests")
+import triton
+from triton.backends.compiler import GPUTarget
+import test_tma
+ints = ("first", "count", "D", "H", "W", "K_BLOCKS")
+signature = {"got_ptr": "*i32", "want_ptr": "*i32", **dict.fromkeys(ints, "i32"), "BOX_H": "constexpr",
+             "BOX_W": "constexpr"}
+source = triton.compiler.ASTSource(fn=test_tma._walk_kernel, signature=signature, constexprs={"BOX_H": 4, "BOX_W": 8})
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print(json.dumps([len(kernel.asm["cubin"])]))
+"""
+
+
+def test_the_suites_own_kernels_compile():
+    """A kernel a test defines (test_tma's walk of the carried steps) runs compiled on a GPU, not interpreted: it
+    compiles for sm_90 here (the interpreter took a starred tuple that triton 3.6's compiler refused on the H100,
+    2026-11-26)."""
+    assert compile_script(WALK_COMPILE)[0] > 0
+
+
 def test_rms_norm_kernels_compile_without_spills_and_vectorised():
     """The rms_norm kernels for sm_90 and sm_80, bf16 and fp32, rows of 96 to 4,096 channels (the widest a row may
     be), eps under the root and clamped, forward and backward with SiLU: no spills, 128-bit loads along the

@@ -164,7 +164,9 @@ def test_explain_reports_variant_config_and_source(variant, device):
     w = torch.randn(16, 16, 3, 3, 3, device=device)
     plan = tconv3d.explain(x, w, padding=1)
     assert set(plan) == {"fwd", "dgrad", "wgrad"}
-    assert plan["dgrad"]["variant"] == plan["wgrad"]["variant"] == plan["fwd"]["variant"]
+    if name != "auto" or device == "cpu":  # on a GPU the heuristic picks each direction's variant on its own
+        assert plan["dgrad"]["variant"] == plan["wgrad"]["variant"] == plan["fwd"]["variant"]
+    assert {p["variant"] for p in plan.values()} <= {"pointer", "tma", "gluon"}
     if device == "cpu":
         assert plan["fwd"]["source"] == "interpreter"
         assert plan["fwd"]["variant"] == ("tma" if name == "tma" else "pointer")  # auto: the interpreter's pointer
@@ -494,13 +496,14 @@ def _store_row(row, values):
 def _walk_kernel(got_ptr, want_ptr, first, count, D, H, W, K_BLOCKS, BOX_H: tl.constexpr, BOX_W: tl.constexpr):
     """Row i: patch_origin(first + i) and step_of(first + i) walked with next_patch and next_step, as the Gluon
     kernels' load loops walk them (got), and computed directly (want)."""
-    origin = conv_tma.patch_origin(first, D, H, W, BOX_H, BOX_W)
-    k_tap, k_block = conv_tma.step_of(first, K_BLOCKS)
+    n, d, h, w = conv_tma.patch_origin(first, D, H, W, BOX_H, BOX_W)  # unpacked by name: the compiler (unlike the
+    k_tap, k_block = conv_tma.step_of(first, K_BLOCKS)  # interpreter) takes no starred tuples
     for i in range(count):
-        _store_row(got_ptr + i * 6, (*origin, k_tap, k_block))
-        _store_row(want_ptr + i * 6, (*conv_tma.patch_origin(first + i, D, H, W, BOX_H, BOX_W),
-                                      *conv_tma.step_of(first + i, K_BLOCKS)))  # fmt: skip
-        origin = conv_tma.next_patch(*origin, D, H, W, BOX_H, BOX_W)
+        _store_row(got_ptr + i * 6, (n, d, h, w, k_tap, k_block))
+        n2, d2, h2, w2 = conv_tma.patch_origin(first + i, D, H, W, BOX_H, BOX_W)
+        tap2, block2 = conv_tma.step_of(first + i, K_BLOCKS)
+        _store_row(want_ptr + i * 6, (n2, d2, h2, w2, tap2, block2))
+        n, d, h, w = conv_tma.next_patch(n, d, h, w, D, H, W, BOX_H, BOX_W)
         k_tap, k_block = conv_tma.next_step(k_tap, k_block, K_BLOCKS)
 
 

@@ -27,7 +27,7 @@ import triton
 from packaging.version import Version
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig
+from .config import GROUPED_TAP_COLUMNS, KernelConfig
 from .conv_tma import (
     dst_box,
     dst_row_strides,
@@ -947,6 +947,11 @@ def conv3d_wgrad_gluon(
         raise ValueError(f"only the warp-specialized Gluon weight gradient groups taps (tap_group): {config}")
     box_h, box_w = config.tma_box(config.block_k)
     ci_block = config.block_n // group  # each tap's input channels in a tile
+    if group > 1 and ci_block < GROUPED_TAP_COLUMNS:
+        raise ValueError(
+            f"grouped taps need {GROUPED_TAP_COLUMNS}+ input channels a tap (a tap's slice of the swizzled buffer "
+            f"holds whole 128-byte rows), got {ci_block}: {config}"
+        )
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
     prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)

@@ -69,7 +69,7 @@ def force_variant(
         return dataclasses.replace(off_gluon(config), tma_box_w=0) if config.tma_box_w else config
     gluon_ok = gluon_runs and gluon_eligible(direction, geom, dtype)
     if kernels == "gluon" and gluon_ok and not (config.gluon and gluon_takes(config)):
-        return with_gluon(config if gluon_takes(config) else heuristic_gluon_tiles(config), geom, direction)
+        return with_gluon(config if gluon_takes(config) else heuristic_gluon_tiles(off_gluon(config)), geom, direction)
     if config.gluon and (kernels == "tma" or not gluon_ok):
         config = off_gluon(config)
     if kernels in ("tma", "gluon") and not config.tma_box_w:

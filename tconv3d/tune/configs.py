@@ -16,6 +16,7 @@ from ..geometry import ConvGeometry
 from ..kernels import conv_gluon
 from ..kernels.config import (
     DIRECTIONS,
+    GROUPED_TAP_COLUMNS,
     MIN_TILE,
     GemmView,
     KernelConfig,
@@ -564,9 +565,13 @@ def gluon_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bo
 
 def gluon_takes(config: KernelConfig) -> bool:
     """Tiles the Gluon kernel compiles: wgmma's 16-row atoms on every warp along its M, at most 256 columns (its
-    N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m."""
+    N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m. Grouped taps
+    (tap_group): warp-specialized, whole swizzle rows a tap (GROUPED_TAP_COLUMNS)."""
     rows, cols = config.mma_tile
-    return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2
+    grouped_ok = config.tap_group <= 1 or (
+        config.gluon == 2 and config.block_n // config.tap_group >= GROUPED_TAP_COLUMNS
+    )
+    return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2 and grouped_ok
 
 
 def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
