@@ -403,10 +403,11 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, devi
 
 
 def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
-    """Where the heuristic's persistent tile takes two warpgroups and one program an SM (unet_64's 128x64 forward
-    and input gradient), bench.variants also times it on one warpgroup at two programs an SM (TWO_PER_SM: one
-    program's epilogue under the other's wgmmas), and not where one warpgroup would not fit twice (wan_dec_384b's
-    128x128: 128 accumulator registers a thread) or the tile already runs two (unet_64's weight gradient)."""
+    """Where a chosen persistent tile takes two warpgroups and one program an SM (a table's 128x64, as the heuristic
+    chose for unet_64's forward and input gradient until the H100 timed the one-warpgroup form 1.18-1.20x faster),
+    bench.variants also times it on one warpgroup at two programs an SM (TWO_PER_SM: one program's epilogue under
+    the other's wgmmas); where the chosen tile runs two programs an SM (the heuristic's now), the same tiles at one
+    (ONE_PROGRAM_PER_SM); neither where one warpgroup would not fit twice (wan_dec_384b's 256x128)."""
     from bench import variants
     from tconv3d.kernels import conv_gluon
     from tconv3d.tune import choice, configs
@@ -418,14 +419,19 @@ def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     heuristic = lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)  # noqa: E731
-    monkeypatch.setattr(choice, "pick_config", heuristic)
+    two_warpgroups = lambda d, geom, dtype, device: dataclasses.replace(heuristic(d, geom, dtype, device), num_warps=8)  # noqa: E731
     shapes = {shape.name: shape for shape in load_shape_set("bench")}
     cuda = torch.device("cuda")
     for direction in ("fwd", "dgrad"):
+        monkeypatch.setattr(choice, "pick_config", heuristic)
         found = variants.variant_configs(direction, shapes["unet_64"].geometry(), torch.bfloat16, cuda)
-        chosen, two = found["chosen"], found[variants.TWO_PER_SM]
-        assert (chosen.gluon, chosen.num_warps, two.num_warps) == (2, 8, 4), (chosen, two)
-        assert dataclasses.replace(two, num_warps=8) == chosen and variants.ONE_PROGRAM_PER_SM not in found
+        chosen = found["chosen"]
+        assert (chosen.gluon, chosen.block_m, chosen.block_n, chosen.num_warps) == (2, 128, 64, 4), chosen
+        assert found[variants.ONE_PROGRAM_PER_SM] == chosen and variants.TWO_PER_SM not in found
+        monkeypatch.setattr(choice, "pick_config", two_warpgroups)  # a table's two-warpgroup entry
+        found = variants.variant_configs(direction, shapes["unet_64"].geometry(), torch.bfloat16, cuda)
+        assert found[variants.TWO_PER_SM] == chosen and variants.ONE_PROGRAM_PER_SM not in found
+    monkeypatch.setattr(choice, "pick_config", heuristic)
     weight = variants.variant_configs("wgrad", shapes["unet_64"].geometry(), torch.bfloat16, cuda)
     assert variants.TWO_PER_SM not in weight and variants.ONE_PROGRAM_PER_SM in weight
     large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)

@@ -512,12 +512,13 @@ def _walk_kernel(got_ptr, want_ptr, first, count, D, H, W, K_BLOCKS, BOX_H: tl.c
     (17, (2, 4, 8), (4, 8), 3),  # a split starting mid-volume; one box a frame
     (5, (1, 1, 33), (1, 16), 6),  # D = H = 1: every wrap of w wraps d and n too
 ])  # fmt: skip
-def test_carried_patches_and_steps_match_their_division(first, size, box, k_blocks):
+def test_carried_patches_and_steps_match_their_division(first, size, box, k_blocks, device):
     """next_patch and next_step (the Gluon kernels' load loops carry them instead of dividing every step) walk
-    patch_origin's and step_of's order exactly, across every wrap."""
+    patch_origin's and step_of's order exactly, across every wrap (interpreted on CPU, compiled on a GPU)."""
     d, h, w = size
     count = 4 * d * -(-h // box[0]) * -(-w // box[1])  # four batch entries' patches
-    got, want = torch.full((count, 6), -1, dtype=torch.int32), torch.full((count, 6), -2, dtype=torch.int32)
+    got = torch.full((count, 6), -1, dtype=torch.int32, device=device)
+    want = torch.full((count, 6), -2, dtype=torch.int32, device=device)
     _walk_kernel[(1,)](got, want, first, count, d, h, w, k_blocks, box[0], box[1])
     assert (got == want).all(), torch.cat([got, want], 1)[(got != want).any(1)][:4]
     assert len({tuple(row) for row in want[:, :4].tolist()}) == count  # every patch a different one

@@ -358,7 +358,8 @@ def heuristic_config(
     run1_e382175, bench/NOTES.md), on the same tiles:
     - in fp16/bf16 on sm_90, the warp-specialized Gluon kernel where it takes the tiles (gluon_takes): it beat the
       TMA kernel in all three directions of wan_dec_384b (1.10-1.23x) and unet_320's weight gradient (2.2x), and
-      the pointer kernels in down_s2's strided input and weight gradients (3.7x, 1.4x);
+      the pointer kernels in down_s2's strided input and weight gradients (3.7x, 1.4x); with the forward's and
+      input gradient's tiles the H100 timed faster (_persistent_tiles);
     - else the TMA kernel at stride 1;
     - neither for a strided forward (down_s2's on Gluon: 0.56x the pointer kernel) or one split over its reduction to
       fill a small grid (unet_320's on TMA: 0.50x).
@@ -378,8 +379,40 @@ def heuristic_config(
         return config
     gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
     if gluon and gluon_eligible(direction, geom, dtype) and gluon_takes(config):
-        return with_gluon(config, geom, direction, specialized=True)
+        persistent = with_gluon(config, geom, direction, specialized=True)
+        return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
     return config if strided else with_tma(config, geom, direction)
+
+
+# The fewest waves of 256x128 tiles (tiles over SMs) for which the forward and input gradient take them over 128x128:
+# at 4 a tail round costs at most a fifth, against the 1.18-1.23x the wide tile gained.
+WIDE_TILE_WAVES = 4
+
+
+def _persistent_tiles(
+    direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
+) -> KernelConfig:
+    """The persistent Gluon forward's and input gradient's tiles from the heuristic's, as timed on the H100
+    (bench.variants, tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47 and run13_1739e47):
+    - 128x128 -> 256x128 with the operands swapped (one m64n256 wgmma a warpgroup, less shared-memory traffic a
+      FLOP) where those tiles fill WIDE_TILE_WAVES waves: wan_dec_384b's forward 69.6% -> 85.5% of the matmul
+      peak (1.23x), its input gradient 1.18x;
+    - a 128-row tile of at most 64 columns on one warpgroup instead of two, where that runs two programs an SM
+      (one's epilogue and next tile under the other's wgmmas): unet_64's forward 1.18x, input gradient 1.20x.
+    The weight gradient keeps its tiles (its grouped-taps and deep-ring rows are not timed yet)."""
+    if direction == "wgrad" or config.split_k > 1:
+        return config
+    if (config.block_m, config.block_n) == (128, 128):
+        view = gemm_view(direction, geom)
+        tall = replace(config, block_m=256, swap_ab=1)
+        if cdiv(view.rows, 256) * cdiv(view.cols, 128) >= WIDE_TILE_WAVES * sm_count and gluon_takes(tall):
+            return tall
+    if config.num_warps == 8 and config.block_m == 128 and config.block_n <= 64:
+        one = replace(config, num_warps=4)
+        shared = conv_gluon.persistent_shared_bytes(one, element_size, weight_grad=False)
+        if gluon_takes(one) and conv_gluon.persistent_programs_per_sm(one, shared) == 2:
+            return one
+    return config
 
 
 def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
