@@ -38,8 +38,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 # H200 session of 2026-11-26), each one word; any variable set in the call's environment still wins:
 #   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
 #           the main job: the correctness of what the H200 session changed
-#   plan2   bench.variants on the weight gradients of wan_dec_384b and unet_64 (grouped taps, the deep ring),
-#           then python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario
+#   plan2   bench.variants on wan_dec_384b and unet_64 (the weight gradients' grouped taps and deep ring, unet_64's
+#           swapped forward and input gradient, the heuristic's new tiles), then python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
@@ -49,11 +49,13 @@ case "${1:-}" in
     ;;
   plan2)
     # the weight gradient's Gluon rows the H100 session of 2026-11-26 had no time for (bench/NOTES.md, "Second
-    # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; then the suite and the stack
+    # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; unet_64's forward and input
+    # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); then the suite and the stack
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
-      unet_64:chosen unet_64:gluon_ws_grouped_taps)unet_64:gluon_ws_deep_ring
-    export CALL_SECONDS=${CALL_SECONDS:-360} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-110} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64 --directions wgrad --impls $PLAN2_IMPLS"} \
+      unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
+      )unet_64:gluon_ws_256x64_swapped
+    export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-130} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64 --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45}
     set -- variants bench

@@ -60,6 +60,11 @@ def wide_tile(direction: str, geom, chosen: configs.KernelConfig) -> configs.Ker
 ONE_PROGRAM_PER_SM = "gluon_ws_1_sm"
 # The row of the forward's and input gradient's 256x128 tile with its operands swapped (swap_ab).
 SWAPPED = "gluon_ws_256x128_swapped"
+# The rows of a narrow layer's (at most 64 columns) forward and input gradient with the operands swapped: the chosen
+# persistent tile swapped (128x64 on one warpgroup: m64n128, two programs an SM), and 256 voxels x 64 columns on one
+# warpgroup (m64n256, one program an SM): less shared-memory traffic a FLOP than the m64n64 the chosen tile issues.
+NARROW_SWAPPED = "gluon_ws_chosen_swapped"
+NARROW_TALL_SWAPPED = "gluon_ws_256x64_swapped"
 # The row of the weight gradient's persistent tiles with their taps grouped (tap_group).
 GROUPED_TAPS = "gluon_ws_grouped_taps"
 # The row of the chosen persistent tiles on the deepest ring that fits (deepest_ring).
@@ -130,6 +135,14 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         swapped = configs.swapped_twin(configs.with_gluon(tall, geom, direction, specialized=True), direction)
         if swapped is not None:
             found[SWAPPED] = swapped
+        # a narrow layer's forward and input gradient swapped: the chosen tiles, and 256x64 on one warpgroup
+        narrow = found["gluon_ws"]
+        if direction != "wgrad" and not narrow.swap_ab and configs.gemm_view(direction, geom).cols <= 64:
+            for name, tile in ((NARROW_SWAPPED, narrow), (NARROW_TALL_SWAPPED, dataclasses.replace(
+                    narrow, block_m=256, block_n=64, num_warps=4, split_k=1))):  # fmt: skip
+                twin = configs.swapped_twin(tile, direction)
+                if twin is not None:
+                    found[name] = twin
         # the weight gradient's chosen persistent tiles with their taps grouped to 256 columns (one wgmma across
         # two taps of 128 input channels, or four of 64), at the chosen split
         grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)

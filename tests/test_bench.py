@@ -436,6 +436,15 @@ def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
     assert variants.TWO_PER_SM not in weight and variants.ONE_PROGRAM_PER_SM in weight
     large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     assert large["chosen"].num_warps == 8 and variants.TWO_PER_SM not in large
+    # a narrow layer's forward and input gradient also swapped: the chosen 128x64 (m64n128) and 256x64 (m64n256),
+    # one warpgroup each; not a wide layer's, nor a weight gradient's
+    for direction in ("fwd", "dgrad"):
+        found = variants.variant_configs(direction, shapes["unet_64"].geometry(), torch.bfloat16, cuda)
+        narrow, tall = found[variants.NARROW_SWAPPED], found[variants.NARROW_TALL_SWAPPED]
+        assert narrow == dataclasses.replace(found["chosen"], swap_ab=1) and narrow.mma_tile == (64, 128)
+        assert (tall.block_m, tall.block_n, tall.num_warps, tall.swap_ab, tall.mma_tile) == (256, 64, 4, 1, (64, 256))
+    assert variants.NARROW_SWAPPED not in large and variants.NARROW_TALL_SWAPPED not in large
+    assert variants.NARROW_SWAPPED not in weight and variants.NARROW_TALL_SWAPPED not in weight
     # --impls: `row` asks for every case's row, `case:row` for that case's alone
     assert variants.wanted(None, "unet_64", "chosen") and variants.wanted({"chosen"}, "unet_64", "chosen")
     asked = {"wan_dec_384b:gluon_ws", f"unet_64:{variants.TWO_PER_SM}"}
