@@ -360,9 +360,12 @@ def heuristic_config(
       TMA kernel in all three directions of wan_dec_384b (1.10-1.23x) and unet_320's weight gradient (2.2x), and
       the pointer kernels in down_s2's strided input and weight gradients (3.7x, 1.4x); with the forward's and
       input gradient's tiles the H100 timed faster (_persistent_tiles);
-    - else the TMA kernel at stride 1;
-    - neither for a strided forward (down_s2's on Gluon: 0.56x the pointer kernel) or one split over its reduction to
-      fill a small grid (unet_320's on TMA: 0.50x).
+    - else the TMA kernel for the input and weight gradients at stride 1 (unet_320's input gradient: 2x the pointer
+      kernel's speed on the H200);
+    - neither for a forward off Gluon: the Triton TMA forward (its A through registers) won only on the large
+      layer the Gluon kernel now runs, and lost on a strided one (down_s2: 0.56x the pointer kernel), one split over
+      its reduction to fill a small grid (unet_320: 0.50x) and 64-row tiles (hunyuan_512 on the H100: 0.310 ms,
+      the tuned pointer config 0.234).
     A problem reading frames_before or channels_after (each step's box from one of two descriptors), or a forward
     or weight gradient whose border in H or W reads input voxels (its interior on a box kernel, its border strips
     on the pointer kernel), stays on the pointer kernels until a GPU has timed it, a tuning table or
@@ -381,7 +384,7 @@ def heuristic_config(
     if gluon and gluon_eligible(direction, geom, dtype) and gluon_takes(config):
         persistent = with_gluon(config, geom, direction, specialized=True)
         return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
-    return config if strided else with_tma(config, geom, direction)
+    return config if strided or direction == "fwd" else with_tma(config, geom, direction)
 
 
 # The fewest waves of 256x128 tiles (tiles over SMs) for which the forward and input gradient take them over 128x128:
