@@ -532,3 +532,18 @@ def test_a_hanging_candidate_is_recorded_and_the_run_exits_to_be_resumed(tmp_pat
     _, without = tuner.job_configs(job, CUDA, tables.read_hung(hung)[str(key)])
     assert hanging not in without and len(without) == len(every)
     assert [c for c in every if c != hanging] == without[: len(every) - 1]
+
+
+def test_a_forward_gluon_does_not_run_keeps_its_tuned_entry(monkeypatch):
+    """hunyuan_512's 64-row tiles are not the Gluon kernel's at 8 warps: its forward stays on the pointer kernel
+    and the shipped H100 table's tuned entry stands (the heuristic's Triton TMA forward ran it 1.32x slower on the
+    H100), while its input gradient keeps the TMA kernel and gives the table way."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    geom = {shape.name: shape for shape in load_shape_set("bench")}["hunyuan_512"].geometry()
+    fwd = configs.heuristic_config("fwd", geom, torch.bfloat16, 132, 90)
+    dgrad = configs.heuristic_config("dgrad", geom, torch.bfloat16, 132, 90)
+    assert (fwd.variant, dgrad.variant) == ("pointer", "tma")
+    name = "NVIDIA H100 80GB HBM3"
+    key = tuning_key("fwd", geom, torch.bfloat16)
+    assert choice.choose("fwd", geom, torch.bfloat16, name, 132, 90) == (tables.named_table(name)[key], "table")
+    assert choice.choose("dgrad", geom, torch.bfloat16, name, 132, 90) == (dgrad, "heuristic")
