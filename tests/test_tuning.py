@@ -547,3 +547,24 @@ def test_a_forward_gluon_does_not_run_keeps_its_tuned_entry(monkeypatch):
     key = tuning_key("fwd", geom, torch.bfloat16)
     assert choice.choose("fwd", geom, torch.bfloat16, name, 132, 90) == (tables.named_table(name)[key], "table")
     assert choice.choose("dgrad", geom, torch.bfloat16, name, 132, 90) == (dgrad, "heuristic")
+
+
+def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
+    """The persistent Gluon forward and input gradient: 256x128 swapped where its rounds of tiles end sooner than
+    128x128's at WIDE_TILE_GAIN (wan_dec_384b), 128x128 where half as many tiles would fill fewer SMs; 128x64 on
+    one warpgroup at two programs an SM (unet_64); the weight gradient's tiles as they were."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    # 132 x 3 tiles of 128x128 in 3 rounds; 66 x 3 of 256x128 in 2, 3.4 rounds' time at their gain
+    few = conv_geometry((1, 384, 4, 64, 66), (384, 384, 3, 3, 3), 1, 1, 1)
+    for direction in ("fwd", "dgrad"):
+        for name in ("wan_dec_384b", "wan_dec_384a"):  # 27 rounds against 14; 7 against 4 (6.8 at the gain)
+            wide = configs.heuristic_config(direction, shapes[name].geometry(), torch.bfloat16, 132, 90)
+            assert (wide.block_m, wide.block_n, wide.num_warps, wide.swap_ab, wide.gluon) == (256, 128, 8, 1, 2)
+        kept = configs.heuristic_config(direction, few, torch.bfloat16, 132, 90)
+        assert (kept.block_m, kept.block_n, kept.swap_ab, kept.gluon) == (128, 128, 0, 2)
+        narrow = configs.heuristic_config(direction, shapes["unet_64"].geometry(), torch.bfloat16, 132, 90)
+        assert (narrow.block_m, narrow.block_n, narrow.num_warps, narrow.gluon) == (128, 64, 4, 2)
+        assert conv_gluon.persistent_programs_per_sm(narrow, conv_gluon.persistent_shared_bytes(narrow, 2, False)) == 2
+    weight = configs.heuristic_config("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, 132, 90)
+    assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)

@@ -387,9 +387,9 @@ def heuristic_config(
     return config if strided or direction == "fwd" else with_tma(config, geom, direction)
 
 
-# The fewest waves of 256x128 tiles (tiles over SMs) for which the forward and input gradient take them over 128x128:
-# at 4 a tail round costs at most a fifth, against the 1.18-1.23x the wide tile gained.
-WIDE_TILE_WAVES = 4
+# How much faster a 256x128 swapped tile computes than two 128x128 ones, persistent on the H100 (wan_dec_384b,
+# 2026-11-26: forward 1.23x, input gradient 1.18x; the lesser).
+WIDE_TILE_GAIN = 1.18
 
 
 def _persistent_tiles(
@@ -398,8 +398,9 @@ def _persistent_tiles(
     """The persistent Gluon forward's and input gradient's tiles from the heuristic's, as timed on the H100
     (bench.variants, tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47 and run13_1739e47):
     - 128x128 -> 256x128 with the operands swapped (one m64n256 wgmma a warpgroup, less shared-memory traffic a
-      FLOP) where those tiles fill WIDE_TILE_WAVES waves: wan_dec_384b's forward 69.6% -> 85.5% of the matmul
-      peak (1.23x), its input gradient 1.18x;
+      FLOP) where its rounds of tiles over the SMs, each WIDE_TILE_GAIN faster a FLOP, end sooner than the
+      128x128 ones: wan_dec_384b's forward 69.6% -> 85.5% of the matmul peak (1.23x), its input gradient 1.18x; a
+      layer of few tiles keeps 128x128 (half as many tiles fill fewer SMs);
     - a 128-row tile of at most 64 columns on one warpgroup instead of two, where that runs two programs an SM
       (one's epilogue and next tile under the other's wgmmas): unet_64's forward 1.18x, input gradient 1.20x.
     The weight gradient keeps its tiles (its grouped-taps and deep-ring rows are not timed yet)."""
@@ -408,7 +409,8 @@ def _persistent_tiles(
     if (config.block_m, config.block_n) == (128, 128):
         view = gemm_view(direction, geom)
         tall = replace(config, block_m=256, swap_ab=1)
-        if cdiv(view.rows, 256) * cdiv(view.cols, 128) >= WIDE_TILE_WAVES * sm_count and gluon_takes(tall):
+        rounds = [cdiv(cdiv(view.rows, rows) * cdiv(view.cols, 128), sm_count) for rows in (128, 256)]
+        if rounds[1] * 2 / WIDE_TILE_GAIN < rounds[0] and gluon_takes(tall):
             return tall
     if config.num_warps == 8 and config.block_m == 128 and config.block_n <= 64:
         one = replace(config, num_warps=4)
