@@ -80,12 +80,6 @@ def wanted(impls: set | None, case: str, name: str) -> bool:
     return impls is None or name in impls or f"{case}:{name}" in impls
 
 
-def programs_an_sm(config: configs.KernelConfig, element_size: int, direction: str) -> int:
-    """The programs of a persistent config an SM holds at once (conv_gluon.persistent_programs_per_sm)."""
-    shared = conv_gluon.persistent_shared_bytes(config, element_size, direction == "wgrad")
-    return conv_gluon.persistent_programs_per_sm(config, shared)
-
-
 def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str) -> configs.KernelConfig:
     """`config` (persistent) with the most stages, up to 8, whose shared memory still fits as many programs an SM
     as it has now."""
@@ -155,11 +149,11 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
             found[DEEP_RING] = deep
         # where the persistent kernel runs two programs an SM (one-warpgroup tiles that fit twice), the same tiles
         # at one program an SM: what the second program gains (bench/NOTES.md predicts it)
-        if programs_an_sm(found["gluon_ws"], dtype.itemsize, direction) == 2:
+        if conv_gluon.programs_an_sm(found["gluon_ws"], dtype.itemsize, direction == "wgrad") == 2:
             found[ONE_PROGRAM_PER_SM] = found["gluon_ws"]
         elif found["gluon_ws"].num_warps == 8:  # and the other way round (bench/NOTES.md, "Between two tiles")
             one = dataclasses.replace(found["gluon_ws"], num_warps=4)
-            if configs.gluon_takes(one) and programs_an_sm(one, dtype.itemsize, direction) == 2:
+            if configs.gluon_takes(one) and conv_gluon.programs_an_sm(one, dtype.itemsize, direction == "wgrad") == 2:
                 found[TWO_PER_SM] = one
     return found
 

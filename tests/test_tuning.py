@@ -565,6 +565,6 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
         assert (kept.block_m, kept.block_n, kept.swap_ab, kept.gluon) == (128, 128, 0, 2)
         narrow = configs.heuristic_config(direction, shapes["unet_64"].geometry(), torch.bfloat16, 132, 90)
         assert (narrow.block_m, narrow.block_n, narrow.num_warps, narrow.gluon) == (128, 64, 4, 2)
-        assert conv_gluon.persistent_programs_per_sm(narrow, conv_gluon.persistent_shared_bytes(narrow, 2, False)) == 2
+        assert conv_gluon.programs_an_sm(narrow, 2, weight_grad=False) == 2
     weight = configs.heuristic_config("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, 132, 90)
     assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)

@@ -127,6 +127,12 @@ class KernelConfig:
         return config
 
 
+def grouped_taps_fit(config: KernelConfig) -> bool:
+    """Whether `config`'s taps a tile (tap_group) are ones the Gluon weight gradient takes: one tap, or 2 or 4 on
+    the warp-specialized kernel (gluon 2) with GROUPED_TAP_COLUMNS+ input channels each."""
+    return config.tap_group <= 1 or (config.gluon == 2 and config.block_n // config.tap_group >= GROUPED_TAP_COLUMNS)
+
+
 # Channel counts below which a kernel packs (tap, channel) pairs into its reduction (fwd, dgrad) or its columns
 # (wgrad) instead of spending a whole 16-wide MMA step per tap on a few channels (the Cin = 3 stem: 3 of 16).
 PACK_TAPS_BELOW = 16

@@ -27,7 +27,7 @@ import triton
 from packaging.version import Version
 
 from ..geometry import ConvGeometry
-from .config import GROUPED_TAP_COLUMNS, KernelConfig
+from .config import GROUPED_TAP_COLUMNS, KernelConfig, grouped_taps_fit
 from .conv_tma import (
     dst_box,
     dst_row_strides,
@@ -125,6 +125,12 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
 
 
 _most_programs_per_sm = 2
+
+
+def programs_an_sm(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+    """The programs of persistent `config` an SM holds at once, its shared memory from the config
+    (persistent_shared_bytes, persistent_programs_per_sm)."""
+    return persistent_programs_per_sm(config, persistent_shared_bytes(config, element_size, weight_grad))
 
 
 @contextlib.contextmanager
@@ -893,8 +899,7 @@ def _persistent_launch(
     warpgroup. Else the grid as it is, no options."""
     if config.gluon != 2:
         return grid, {}
-    shared = persistent_shared_bytes(config, element_size, weight_grad)
-    programs = persistent_programs_per_sm(config, shared)
+    programs = programs_an_sm(config, element_size, weight_grad)
     persistent = (min(math.prod(grid), programs * _multiprocessors(device)),)
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
@@ -942,16 +947,14 @@ def conv3d_wgrad_gluon(
     tensors 16-bit, unit-stride channels, TMA-aligned strides."""
     if config.swap_ab:
         raise ValueError(f"the Gluon weight gradient does not swap its operands (swap_ab): {config}")
+    if not grouped_taps_fit(config):
+        raise ValueError(
+            f"grouped taps (tap_group) need the warp-specialized kernel and {GROUPED_TAP_COLUMNS}+ input channels "
+            f"a tap (a tap's slice of the swizzled buffer holds whole 128-byte rows): {config}"
+        )
     group = max(config.tap_group, 1)
-    if group > 1 and config.gluon != 2:
-        raise ValueError(f"only the warp-specialized Gluon weight gradient groups taps (tap_group): {config}")
     box_h, box_w = config.tma_box(config.block_k)
     ci_block = config.block_n // group  # each tap's input channels in a tile
-    if group > 1 and ci_block < GROUPED_TAP_COLUMNS:
-        raise ValueError(
-            f"grouped taps need {GROUPED_TAP_COLUMNS}+ input channels a tap (a tap's slice of the swizzled buffer "
-            f"holds whole 128-byte rows), got {ci_block}: {config}"
-        )
     go_desc = ndhwc_descriptor(grad_out, (1, 1, box_h, box_w, config.block_m), _gluon_descriptor)
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
     prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)

@@ -16,11 +16,11 @@ from ..geometry import ConvGeometry
 from ..kernels import conv_gluon
 from ..kernels.config import (
     DIRECTIONS,
-    GROUPED_TAP_COLUMNS,
     MIN_TILE,
     GemmView,
     KernelConfig,
     gemm_view,
+    grouped_taps_fit,
     packs_taps,
     reduction_steps,
     split_rows,
@@ -414,8 +414,7 @@ def _persistent_tiles(
             return tall
     if config.num_warps == 8 and config.block_m == 128 and config.block_n <= 64:
         one = replace(config, num_warps=4)
-        shared = conv_gluon.persistent_shared_bytes(one, element_size, weight_grad=False)
-        if gluon_takes(one) and conv_gluon.persistent_programs_per_sm(one, shared) == 2:
+        if gluon_takes(one) and conv_gluon.programs_an_sm(one, element_size, weight_grad=False) == 2:
             return one
     return config
 
@@ -606,10 +605,7 @@ def gluon_takes(config: KernelConfig) -> bool:
     N), a ring of at least two stages. With swap_ab the wgmma's M is block_n and its N block_m. Grouped taps
     (tap_group): warp-specialized, whole swizzle rows a tap (GROUPED_TAP_COLUMNS)."""
     rows, cols = config.mma_tile
-    grouped_ok = config.tap_group <= 1 or (
-        config.gluon == 2 and config.block_n // config.tap_group >= GROUPED_TAP_COLUMNS
-    )
-    return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2 and grouped_ok
+    return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2 and grouped_taps_fit(config)
 
 
 def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
