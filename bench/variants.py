@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tconv3d import testing
 from tconv3d.geometry import check_conv3d
 from tconv3d.inspect.compile import arch_of, compile_ahead
-from tconv3d.kernels import conv_gluon
+from tconv3d.kernels import conv_gluon, grouped
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
@@ -159,27 +159,34 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
 
 
 def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.device) -> tuple:
-    """(geometry, launch(config), cuDNN's call, its fp32 reference as a call) of one case and direction on random
-    channels_last_3d inputs."""
+    """(the geometry its kernels run, launch(config), cuDNN's call, its fp32 reference as a call) of one case and
+    direction on random channels_last_3d inputs."""
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
     geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
     conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
+    # A grouped problem of few channels a group runs coarse, on block-diagonal weights (kernels/grouped.py): its
+    # launch is the coarse kernel with the weight's expansion (or the gradient's diagonal) timed in.
+    coarse = grouped.coarsened(geom)
+    expand = lambda w: w if coarse is geom else grouped.block_diagonal(w, geom, coarse)  # noqa: E731
     if direction == "fwd":
-        launch = lambda config: conv3d_fwd(x, w, None, None, geom, config)  # noqa: E731
+        launch = lambda config: conv3d_fwd(x, expand(w), None, None, coarse, config)  # noqa: E731
         cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
         exact = lambda: F.conv3d(x.float(), w.float(), None, *conv_args)  # noqa: E731
-        return geom, launch, cudnn, exact
+        return coarse, launch, cudnn, exact
     grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
     if direction == "dgrad":
-        launch = lambda config: conv3d_dgrad(grad_out, w, geom, config)  # noqa: E731
+        launch = lambda config: conv3d_dgrad(grad_out, expand(w), coarse, config)  # noqa: E731
         cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
         exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
-        return geom, launch, cudnn, exact
-    launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
+        return coarse, launch, cudnn, exact
+    if coarse is geom:
+        launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
+    else:
+        launch = lambda config: grouped.diagonal_blocks(conv3d_wgrad(grad_out, x, None, coarse, config), geom, coarse)  # noqa: E731
     cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
     exact = lambda: torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)  # noqa: E731
-    return geom, launch, cudnn, exact
+    return coarse, launch, cudnn, exact
 
 
 def launch_once(shape: ConvShape, dtype_name: str, direction: str, impls: set | None, device: torch.device) -> list:
@@ -346,11 +353,13 @@ def main(argv=None) -> int:
     device, compiled, shutdown = torch.device("cuda"), (lambda launch: None), (lambda: None)
     if args.compile_workers > 1:  # every variant of every case, in the order they will be timed
         planned = [
-            (direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], config)
+            (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
             for shape in shapes
             for dtype_name in args.dtype.split(",")
             for direction in args.directions.split(",")
-            for name, config in variant_configs(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], device).items()
+            for name, config in variant_configs(
+                direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], device
+            ).items()
             if wanted(impls, shape.name, name)
         ]
         compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)

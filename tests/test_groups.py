@@ -1,6 +1,8 @@
 """Grouped and depthwise convolution in every entry point, against float64; unbatched inputs; PyTorch's own
 OpInfo samples for nn.functional.conv3d."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,8 @@ from test_compile import FORBIDDEN, call_targets, capture_graphs, forward_backwa
 from torch import nn
 
 import tconv3d
+from tconv3d.geometry import conv_geometry
+from tconv3d.kernels import grouped
 from tconv3d.testing import TOLERANCE, rel_l2
 
 CL = torch.channels_last_3d
@@ -21,6 +25,10 @@ GROUP_CASES = [
     ("groups4_mult2", 1, 8, 16, 4, (3, 5, 4), 3, 2, 1, 1),
     ("groups2_stride_1_2_2", 1, 10, 6, 2, (3, 6, 7), 3, (1, 2, 2), (0, 1, 1), 1),
     ("groups2_dilation2_asym", 1, 4, 4, 2, (5, 6, 5), 3, 1, (2, 1, 0, 2, 1, 2), 2),
+    # 16 channels a group keep their own GEMMs; 8 a group run 8 groups side by side (kernels/grouped.py), here as
+    # 2 coarse groups, where the cases above become one dense block-diagonal convolution
+    ("groups2_16_a_group", 1, 32, 32, 2, (3, 4, 5), 3, 1, 1, 1),
+    ("groups16_8_a_group", 1, 128, 64, 16, (2, 3, 4), 3, 1, 1, 1),
     ("depthwise", 2, 5, 5, 5, (4, 5, 6), 3, 1, 1, 1),
     ("depthwise_mult2_stride2", 1, 3, 6, 3, (5, 6, 7), 3, 2, 1, 1),
     ("depthwise_stride_1_2_2_k133", 1, 4, 4, 4, (3, 7, 6), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1),
@@ -78,6 +86,54 @@ def test_depthwise_runs_the_direct_kernels(case, device):
     plan = tconv3d.explain(x, w, None, stride, padding, dilation, groups)
     expected = "direct" if cin == groups else "pointer"
     assert {direction: p["variant"] for direction, p in plan.items()} == dict.fromkeys(plan, expected)
+
+
+@pytest.mark.parametrize(
+    "groups, channels, factor",
+    [(32, 8, 8), (16, 4, 16), (64, 2, 16), (6, 4, 6), (2, 3, 2), (2, 16, 1), (4, 64, 1), (8, 1, 1), (1, 8, 1)],
+)
+def test_groups_side_by_side_where_a_group_has_few_channels(groups, channels, factor):
+    """The fewest neighbouring groups whose channels reach a 128-byte row, else the most within MAX_FACTOR;
+    depthwise (the direct kernels'), dense and 16+ channels a group are left as they are."""
+    geom = conv_geometry((1, groups * channels, 4, 4, 4), (groups * 8, channels, 3, 3, 3), 1, 1, 1, groups=groups)
+    assert grouped.factor(geom) == factor
+    coarse = grouped.coarsened(geom)
+    assert (coarse is geom) == (factor == 1)
+    again = dataclasses.replace(geom)  # equal, not the same: what a memo of the first must not answer for
+    assert (grouped.coarsened(again) is again) == (factor == 1)
+    assert coarse.groups == groups // factor and coarse.group_in_channels == channels * factor
+    assert coarse.weight_shape()[1:] == (channels * factor, 3, 3, 3)
+
+
+def test_block_diagonal_weights_compute_the_grouped_convolution():
+    """In float64 through aten: the coarse convolution of the block-diagonal weight is the grouped one, and the
+    diagonal blocks of the coarse weight gradient are the grouped weight gradient."""
+    geom = conv_geometry((2, 64, 3, 4, 5), (96, 2, 3, 1, 3), 1, (1, 0, 1), 1, groups=32)
+    coarse = grouped.coarsened(geom)
+    assert coarse.groups == 2  # 16 groups of 2 input and 3 output channels side by side, twice
+    x = torch.randn(geom.input_shape(), dtype=torch.float64).contiguous(memory_format=CL)
+    w = torch.randn(geom.weight_shape(), dtype=torch.float64).contiguous(memory_format=CL)
+    dense = grouped.block_diagonal(w, geom, coarse)
+    assert dense.shape == coarse.weight_shape() and dense.is_contiguous(memory_format=CL)
+    assert torch.count_nonzero(dense) == w.numel()
+    args = (1, (1, 0, 1), 1)
+    assert rel_l2(F.conv3d(x, dense, None, *args, coarse.groups), F.conv3d(x, w, None, *args, geom.groups)) < 1e-14
+    grad_out = torch.randn(geom.output_shape(), dtype=torch.float64)
+    coarse_grad = torch.nn.grad.conv3d_weight(x, coarse.weight_shape(), grad_out, *args, coarse.groups)
+    grad = grouped.diagonal_blocks(coarse_grad.contiguous(memory_format=CL), geom, coarse)
+    assert grad.is_contiguous(memory_format=CL)
+    expected = torch.nn.grad.conv3d_weight(x, geom.weight_shape(), grad_out, *args, geom.groups)
+    assert rel_l2(grad, expected) < 1e-14
+
+
+def test_explain_says_which_groups_run_side_by_side(device):
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    x = torch.randn(1, 128, 2, 3, 4, device=device)
+    plan = tconv3d.explain(x, torch.randn(64, 8, 3, 3, 3, device=device), None, 1, 1, 1, 16)
+    assert {direction: p["block_diagonal"] for direction, p in plan.items()} == dict.fromkeys(plan, 8)
+    plan = tconv3d.explain(x, torch.randn(64, 16, 3, 3, 3, device=device), None, 1, 1, 1, 8)
+    assert not any("block_diagonal" in p for p in plan.values())
 
 
 def test_depthwise_weight_gradient_is_deterministic(device):

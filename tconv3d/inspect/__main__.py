@@ -57,7 +57,7 @@ def _job_record(job) -> dict:
     }
     start = time.perf_counter()
     try:
-        reports = compile_launch(direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], config, capability)
+        reports = compile_launch(direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config, capability)
     except Exception as error:  # e.g. out of shared memory at compile time: report it
         record["error"] = f"{type(error).__name__}: {error}"[:500]
         record["compile_s"] = round(time.perf_counter() - start, 2)
@@ -105,7 +105,7 @@ def _tensor_map_notes(reports, kind: str) -> list[str]:
 def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto") -> list[tuple]:
     jobs = []
     for shape in shapes:
-        geom = shape.geometry()
+        geom = shape.launched_geometry()
         for dtype_name in dtypes:
             dtype = DTYPES_BY_NAME[dtype_name]
             for direction in directions:

@@ -20,7 +20,7 @@ import torch
 
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
-from ..kernels import conv_gluon
+from ..kernels import conv_gluon, grouped
 from ..kernels.config import DIRECTIONS, KernelConfig, reads_channels_after
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
@@ -196,7 +196,16 @@ def launch(
     """launcher(*tensors, geom, config) (and channels_after=, where given) with the config chosen for `direction`
     on the first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would
     refuse runs (and from then on is) the pointer kernels with the same tiles; a tensor map the driver refuses is
-    an error that says so."""
+    an error that says so. A grouped problem of few channels a group runs as block-diagonal groups of more
+    (kernels/grouped.py): its launches, configs and tuning keys are the coarse problem's."""
+    coarse = grouped.coarsened(geom)
+    if coarse is not geom:  # few channels a group: run as block-diagonal groups of more (kernels/grouped.py)
+        if direction == "wgrad":
+            grad = launch(direction, launcher, coarse, *tensors, channels_after=channels_after)
+            return grouped.diagonal_blocks(grad, geom, coarse)
+        first, weight, *rest = tensors
+        weight = grouped.block_diagonal(weight, geom, coarse)
+        return launch(direction, launcher, coarse, first, weight, *rest, channels_after=channels_after)
     if channels_after is None:
         run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
     else:
@@ -238,7 +247,7 @@ def inductor_refusal(direction: str, geom: ConvGeometry, *tensors: torch.Tensor 
         and tuning_key(direction, geom, first.dtype) not in tables.device_table(first.device)
     ):
         return "TCONV3D_AUTOTUNE=1 and no tuned config yet: the op tunes it on its first call"
-    config = launch_config(direction, geom, *tensors)
+    config = launch_config(direction, grouped.coarsened(geom), *tensors)
     if config.gluon:
         return "the Gluon kernels: Inductor recompiles a kernel from its source with triton.jit"
     if config.tma_box_w:
@@ -272,22 +281,25 @@ def explain(
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
     With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
     gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
-    Gluon variants need its base and strides 16-byte aligned, as the input's)."""
+    Gluon variants need its base and strides 16-byte aligned, as the input's). A grouped problem run as
+    block-diagonal groups of more (kernels/grouped.py) reports its configs for those, and "block_diagonal": how many
+    of its groups each coarse one holds."""
     geom = check_conv3d(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
     runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
+    coarse = grouped.coarsened(geom)  # what the kernels run (kernels/grouped.py)
     plan = {}
     for direction in DIRECTIONS:
         if not runs_triton:
             plan[direction] = {"variant": "aten", "config": None, "source": "aten"}
             continue
-        key = _memo_key(direction, geom, input.dtype, input.device)
+        key = _memo_key(direction, coarse, input.dtype, input.device)
         tunes = input.device.type == "cuda" and settings.AUTOTUNE
-        if tunes and tuning_key(direction, geom, input.dtype) not in tables.device_table(input.device):
+        if tunes and tuning_key(direction, coarse, input.dtype) not in tables.device_table(input.device):
             plan[direction] = {"variant": "pending", "config": None, "source": "first-use tuning"}
             continue
-        config, source = _select_with_source(direction, geom, input.dtype, input.device, None)
+        config, source = _select_with_source(direction, coarse, input.dtype, input.device, None)
         config = _memo.get(key, config)
         operands = (input, input) if direction == "wgrad" else (input, weight)  # grad_output shares input's layout
         if direction != "dgrad":  # the input gradient computes the concatenation's, one source
@@ -296,10 +308,12 @@ def explain(
         if config.tma_box_w and not _tma_describable(direction, *operands, channels_after=second):
             config = dataclasses.replace(config, tma_box_w=0, gluon=0)
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
+        if coarse is not geom:
+            plan[direction]["block_diagonal"] = geom.groups // coarse.groups
         if second is not None:
             plan[direction]["reads_in_place"] = reads_channels_after(direction, geom, config)
         if settings.KERNELS == "gluon" and not config.gluon:
-            plan[direction]["gluon_unavailable"] = gluon_unavailable(direction, geom, input.dtype, input.device)
+            plan[direction]["gluon_unavailable"] = gluon_unavailable(direction, coarse, input.dtype, input.device)
         if settings.INDUCTOR_KERNELS:
             refusal = inductor_refusal(direction, geom, *operands)
             plan[direction]["inductor"] = (

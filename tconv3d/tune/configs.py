@@ -472,7 +472,10 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
     # 8 warps from 64x128 up: 4 warps holding 64 accumulators each plus the gather's addresses spill on sm_80,
     # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
     num_warps = 8 if block_m * block_n >= 64 * 128 else 4
-    block_k = _pow2_clamp(view.reduction, MIN_TILE, 32 if block_m == 64 and num_warps == 8 else k_cap)
+    # 64x64 tiles on 4 warps 64 deep spill 8 bytes on sm_80 too (a 64-channel forward of few rows: resnext3d_g32_256
+    # as coarse groups, kernels/grouped.py; triton 3.9): 32 deep there, as for 64-row 8-warp tiles.
+    shallow = block_m == 64 and (num_warps == 8 or block_n == 64)
+    block_k = _pow2_clamp(view.reduction, MIN_TILE, 32 if shallow else k_cap)
     config = KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8)
     return replace(config, split_k=small_grid_split(direction, geom, config, sm_count))
 

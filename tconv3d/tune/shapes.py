@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..geometry import ConvGeometry, conv_geometry, resolve_padding, triple
+from ..kernels import grouped
 from .configs import DTYPE_NAMES
 
 SHAPE_SET_DIR = Path(__file__).parent / "shape_sets"
@@ -48,6 +49,11 @@ class ConvShape:
         return conv_geometry(
             self.input_shape, self.weight_shape, self.stride, self.padding, self.dilation, groups=self.groups
         )
+
+    def launched_geometry(self) -> ConvGeometry:
+        """The geometry its kernels run (choice.launch): groups of few channels side by side (kernels/grouped.py).
+        Tuning keys, tuned configs and compiled launches are this geometry's."""
+        return grouped.coarsened(self.geometry())
 
     def flops(self, direction: str = "fwd") -> int:
         """2 * N*Do*Ho*Wo * Cout * Cin*kd*kh*kw per direction; backward counts twice, fwd+bwd three times."""

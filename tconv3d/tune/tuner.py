@@ -218,7 +218,7 @@ def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[s
                 continue
             dtype = DTYPES_BY_NAME[dtype_name]
             for direction in directions:
-                key = tuning_key(direction, shape.geometry(), dtype)
+                key = tuning_key(direction, shape.launched_geometry(), dtype)
                 jobs.setdefault(key, Job(key, shape, direction, dtype))
     return list(jobs.values())
 
@@ -227,7 +227,7 @@ def job_configs(
     job: Job, device: torch.device, hung: Iterable[KernelConfig] = ()
 ) -> tuple[KernelConfig, list[KernelConfig]]:
     """The default config of a job and the candidates to time against it, none that hung before."""
-    geom = job.shape.geometry()
+    geom = job.shape.launched_geometry()
     default = default_config(job.direction, geom, job.dtype, device)
     found = candidates(
         job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device)
@@ -268,13 +268,13 @@ def compile_ahead(jobs: list[Job], device: torch.device, workers: int) -> tuple[
     planned = []
     for job in jobs:
         default, found = job_configs(job, device)
-        planned += [(job.direction, job.shape.geometry(), job.dtype, config) for config in (default, *found)]
+        planned += [(job.direction, job.shape.launched_geometry(), job.dtype, config) for config in (default, *found)]
     wait, shutdown = static_compile.compile_ahead(planned, arch, workers)
 
     def check(job: Job, config: KernelConfig) -> bool:
-        clean = wait((job.direction, job.shape.geometry(), job.dtype, config))
+        clean = wait((job.direction, job.shape.launched_geometry(), job.dtype, config))
         if clean is None:  # a config not planned ahead: compile it here
-            return _compile_filter(job.direction, job.shape.geometry(), job.dtype, device)(config)
+            return _compile_filter(job.direction, job.shape.launched_geometry(), job.dtype, device)(config)
         return clean
 
     return check, shutdown
@@ -286,8 +286,8 @@ def _gpu_measure(
     """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher; with
     `hung_path`, candidates that hung before are left out and one that hangs now is recorded there."""
     device = torch.device("cuda", torch.cuda.current_device())
-    shape, geom, dtype = job.shape, job.shape.geometry(), job.dtype
-    x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
+    shape, geom, dtype = job.shape, job.shape.launched_geometry(), job.dtype
+    x, w = random_conv_inputs(shape.input_shape, geom.weight_shape(), dtype, device)
     grad_out = (
         torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
     )
