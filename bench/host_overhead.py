@@ -2,7 +2,8 @@
 
 On a tiny input the convolution itself is nearly free, so what is timed is the Python and dispatch around it:
 nn.Conv3d, tconv3d.nn.Conv3d, tconv3d.conv3d and torch.ops.tconv3d.conv3d, under no_grad and with autograd
-recording (inputs that require grad; forward only). On CPU tconv3d runs torch's own conv3d inside its op (the
+recording (inputs that require grad; forward only), then the backward of nn.Conv3d and tconv3d.nn.Conv3d (one
+retained forward, gradients to input, weight and bias). On CPU tconv3d runs torch's own conv3d inside its op (the
 aten path) unless TRITON_INTERPRET=1; on CUDA the Triton kernel runs and the GPU is synchronised only once per
 timing loop, so the figure is the host's issue time whenever the kernel is shorter than it.
 
@@ -78,6 +79,17 @@ def measure(device: str, calls: int) -> dict:
         }
         with torch.set_grad_enabled(mode == "autograd"):
             results[mode] = per_call_us(calls_of, calls)
+    # The backward of one forward (retained), to the input, weight and bias: the autograd engine and the gradient
+    # launches.
+    x = torch.randn(SHAPE, device=device).contiguous(memory_format=CL).requires_grad_()
+    backward_of = {}
+    for name, layer in (("nn.Conv3d", stock), ("tconv3d.nn.Conv3d", ours)):
+        y = layer(x)
+        grad = torch.randn_like(y)
+        backward_of[name] = lambda y=y, grad=grad, layer=layer: torch.autograd.grad(
+            y, (x, layer.weight, layer.bias), grad, retain_graph=True
+        )
+    results["backward"] = per_call_us(backward_of, calls)
     return results
 
 
@@ -190,6 +202,8 @@ def main(argv=None) -> int:
             us = results[mode][name]
             cells.append(f"{us:9.1f} {us / results[mode]['nn.Conv3d']:5.2f}x")
         print(f"{name:28s} {' '.join(cells)}")
+    for name, us in results["backward"].items():
+        print(f"{name + ' backward':28s} {us:9.1f} {us / results['backward']['nn.Conv3d']:5.2f}x")
     launches = launch_path(args.calls)
     print("\nlaunch path alone, kernels stubbed, us per launch (bf16 1x64x4x16x16, 3x3x3, stride 1)")
     for direction, times in launches.items():

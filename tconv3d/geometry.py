@@ -459,7 +459,7 @@ def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
         return None
     key = [groups, padding_mode]
     for values in int_sequences:
-        if type(values) not in (list, tuple):
+        if type(values) not in (list, tuple, torch.Size):  # the gradient checks take a tensor's shape as a size
             return None
         for v in values:
             if type(v) is not int:

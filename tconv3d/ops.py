@@ -372,13 +372,11 @@ def _conv3d_backward(ctx, grad_output):
     input, weight, frames_before, channels_after = ctx.saved_tensors
     grad_input = grad_weight = grad_bias = grad_frames_before = grad_channels_after = None
     if ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9):
-        grad_concat = torch.ops.tconv3d.conv3d_input_grad(
-            grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups
-        )
+        grad_concat = call_conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None)
         grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
         grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
     if ctx.needs_input_grad[1]:
-        grad_weight = torch.ops.tconv3d.conv3d_weight_grad(
+        grad_weight = call_conv3d_weight_grad(
             grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
         )
         grad_weight = in_strides_of(grad_weight, ctx.weight_stride)
@@ -456,7 +454,7 @@ def _input_grad_backward(ctx, grad_grad_input):
     stride, padding, dilation, mode = ctx.conv_args
     d_grad_output = d_weight = d_channels_after = None
     if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
-        d_concat = torch.ops.tconv3d.conv3d(grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode)
+        d_concat = call_conv3d(grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode, None, None)
         d_grad_output, d_channels_after = _split_channels(d_concat, ctx.after_channels)
     if ctx.needs_input_grad[1]:
         d_weight = _weight_grad_of_rows(ctx, grad_output, channels_after, grad_grad_input)
@@ -473,11 +471,11 @@ def _weight_grad_of_rows(ctx, grad_output, channels_after, input):
         if channels_after is not None:
             grad_output = torch.cat([grad_output, channels_after], dim=1)
         size = ctx.other_size
-        return torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, size, *ctx.conv_args, None, ctx.groups)
+        return call_conv3d_weight_grad(grad_output, input, size, *ctx.conv_args, None, ctx.groups, None)
     rows = []
     for source in (grad_output, channels_after):
         size = [source.shape[1], *ctx.other_size[1:]]
-        rows.append(torch.ops.tconv3d.conv3d_weight_grad(source, input, size, *ctx.conv_args, None, 1))
+        rows.append(call_conv3d_weight_grad(source, input, size, *ctx.conv_args, None, 1, None))
     return torch.cat(rows, dim=0)
 
 
@@ -531,23 +529,23 @@ def _weight_grad_backward(ctx, grad_grad_weight):
     stride, padding, dilation, mode = ctx.conv_args
     d_grad_output = d_input = d_frames_before = d_channels_after = None
     if ctx.needs_input_grad[0]:
-        d_grad_output = torch.ops.tconv3d.conv3d(
+        d_grad_output = call_conv3d(
             input, grad_grad_weight, None, stride, padding, dilation, ctx.groups, mode, frames_before, channels_after
         )
     if ctx.needs_input_grad[1] or _needs_grad(ctx, 7) or _needs_grad(ctx, 9):
         concat_size = list(ctx.other_size)
         concat_size[2] += ctx.prefix_frames
         concat_size[1] += ctx.after_channels
-        d_concat = torch.ops.tconv3d.conv3d_input_grad(
-            grad_output, grad_grad_weight, concat_size, *ctx.conv_args, ctx.groups
-        )
+        d_concat = call_conv3d_input_grad(grad_output, grad_grad_weight, concat_size, *ctx.conv_args, ctx.groups, None)
         d_input, d_frames_before = _split_prefix(d_concat, ctx.prefix_frames)
         d_input, d_channels_after = _split_channels(d_input, ctx.after_channels)
     grads = (d_grad_output, d_input, None, None, None, None, None, d_frames_before, None, d_channels_after)
     return grads[: len(ctx.needs_input_grad)]
 
 
-_register_autograd("conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context)
+call_conv3d_weight_grad = _register_autograd(
+    "conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context
+)
 _inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgrad", check_weight_grad))
 
 

@@ -55,6 +55,44 @@ def test_interceptors_see_the_op(device):
         assert layer(x).dtype == torch.bfloat16
 
 
+def test_plain_backward_runs_no_op_through_the_dispatcher(device, monkeypatch):
+    """The backward computes its gradients through the eager callers, as the forward does: under a plain backward
+    no torch.ops call (its dispatcher layers cost ~40 us a gradient, bench/NOTES.md); under a dispatch mode the
+    gradient ops are seen, and with create_graph the result is differentiable again."""
+    layer, x = layer_and_input(device, requires_grad=True)
+    y = layer(x)
+    grad = torch.randn_like(y)
+    expected = torch.autograd.grad(y, (x, layer.weight), grad, retain_graph=True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward went through torch.ops")
+
+    with monkeypatch.context() as patch:
+        for name in ("conv3d", "conv3d_input_grad", "conv3d_weight_grad"):
+            patch.setattr(torch.ops.tconv3d, name, refuse)
+        ours = torch.autograd.grad(y, (x, layer.weight), grad, retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(ours, expected, strict=True))
+    with OpNames() as mode:
+        torch.autograd.grad(y, (x, layer.weight), grad, retain_graph=True)
+    assert {"tconv3d.conv3d_input_grad.default", "tconv3d.conv3d_weight_grad.default"} <= set(mode.names)
+    (gx,) = torch.autograd.grad(y, x, grad, create_graph=True)
+    assert gx.requires_grad  # recorded: double backward goes on
+
+
+def test_a_layers_repeated_steps_check_nothing_afresh(device, monkeypatch):
+    """Every check of a layer's forward and backward is remembered after its first step: the gradient checks
+    take a tensor's shape (a torch.Size) as one of their sizes, and that is a key too."""
+    layer, x = layer_and_input(device, requires_grad=True)
+    torch.autograd.grad(layer(x).sum(), (x, layer.weight))
+    fresh = []
+    conv_geometry = geometry.conv_geometry
+    monkeypatch.setattr(
+        geometry, "conv_geometry", lambda *args, **kwargs: fresh.append(args) or conv_geometry(*args, **kwargs)
+    )
+    torch.autograd.grad(layer(x).sum(), (x, layer.weight))
+    assert fresh == []
+
+
 def test_memoised_check_rejects_what_a_fresh_check_rejects(device):
     """1.0 and True equal 1 as dict keys: after a problem passed with ints, the same problem with a float or a
     bool where an int belongs must still be rejected, and a wrong bias shape must not ride on a good call."""
