@@ -50,12 +50,13 @@ case "${1:-}" in
   plan2)
     # the weight gradient's Gluon rows the H100 session of 2026-11-26 had no time for (bench/NOTES.md, "Second
     # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; unet_64's forward and input
-    # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); then the suite and the stack
+    # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); resnext3d_g32_256 as block-diagonal
+    # coarse groups ("Groups of few channels side by side"); then the suite and the stack
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
       unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
-      )unet_64:gluon_ws_256x64_swapped
+      unet_64:gluon_ws_256x64_swapped )resnext3d_g32_256:chosen
     export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-130} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64 --impls $PLAN2_IMPLS"} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64,resnext3d_g32_256 --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45}
     set -- variants bench
