@@ -25,7 +25,9 @@ CASES = [
     ("replicate_borders", (1, 12, 3, 4, 4), 20, (6, 32, 3, 3, 3), 1, 1, 1, 1, "replicate"),
     ("one_channel_image", (1, 1, 2, 4, 4), 17, (8, 18, 3, 3, 3), 1, 1, 1, 1, "zeros"),
     ("packed_concatenated", (1, 3, 2, 4, 4), 4, (5, 7, 3, 3, 3), 1, 1, 1, 1, "zeros"),
-    ("grouped_concatenated", (1, 8, 2, 4, 4), 8, (8, 8, 3, 3, 3), 1, 1, 1, 2, "zeros"),
+    # 8 channels a group: run as one dense block-diagonal group (kernels/grouped.py), which reads it in place
+    ("grouped_side_by_side", (1, 8, 2, 4, 4), 8, (8, 8, 3, 3, 3), 1, 1, 1, 2, "zeros"),
+    ("grouped_concatenated", (1, 16, 2, 3, 4), 16, (8, 16, 3, 3, 3), 1, 1, 1, 2, "zeros"),
 ]
 
 
@@ -143,12 +145,14 @@ def test_forward_reads_both_sources_in_place(monkeypatch):
 
 def test_launches_that_cannot_read_it_concatenate(monkeypatch, device):
     """Packed small channels and groups: utils.cat_channels makes the concatenation, once per launch (forward,
-    weight gradient); a UNet conv reads channels_after in place."""
+    weight gradient); a UNet conv reads channels_after in place, and so do groups of few channels run side by side
+    as one dense group."""
     if device == "cpu" and tconv3d.CPU_BACKEND != "triton":
         pytest.skip("CPU tensors run aten's conv3d here, which concatenates")
     concatenated = []
     monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
-    for case in (c for c in CASES if c[0] in ("unet_skip", "packed_concatenated", "grouped_concatenated")):
+    names = ("unet_skip", "packed_concatenated", "grouped_concatenated", "grouped_side_by_side")
+    for case in (c for c in CASES if c[0] in names):
         concatenated.clear()
         conv_and_reference(case, torch.float32, device)
         want = 2 if case[0] in ("packed_concatenated", "grouped_concatenated") else 0

@@ -27,7 +27,9 @@ CASES = [
     ("straddling_blocks", (2, 20, 2, 3, 3), 12, (32, 8, 3, 3, 3), 1, 1, 0, 1),
     ("kernel_2_stride_2", (1, 24, 2, 2, 3), 8, (32, 16, 2, 2, 2), 2, 0, 0, 1),
     ("packed_concatenated", (1, 3, 2, 3, 3), 4, (7, 5, 3, 3, 3), 2, 1, 1, 1),
-    ("grouped_concatenated", (1, 8, 2, 3, 3), 8, (16, 4, 3, 3, 3), 1, 1, 0, 2),
+    # 4 channels a group: run as one dense block-diagonal group (kernels/grouped.py), which reads it in place
+    ("grouped_side_by_side", (1, 8, 2, 3, 3), 8, (16, 4, 3, 3, 3), 1, 1, 0, 2),
+    ("grouped_concatenated", (1, 16, 2, 3, 3), 16, (32, 16, 3, 3, 3), 1, 1, 0, 2),
 ]
 
 
@@ -73,9 +75,9 @@ def test_transposed_channels_after_matches_float64(case, dtype, tiles, device, r
 
 
 def test_which_launches_concatenate(monkeypatch, device):
-    """The pointer kernel reads grad_output's second source in place (a UNet up conv: no launch concatenates);
-    packed small channels and groups concatenate, once, in the forward (the backward's ops concatenate nothing:
-    the compiled-graph test below)."""
+    """The pointer kernel reads grad_output's second source in place (a UNet up conv, groups of few channels run as
+    one dense group: no launch concatenates); packed small channels and groups concatenate, once, in the forward
+    (the backward's ops concatenate nothing: the compiled-graph test below)."""
     if device == "cpu" and tconv3d.CPU_BACKEND != "triton":
         pytest.skip("CPU tensors run aten's kernels here, which concatenate")
     concatenated = []
