@@ -11,7 +11,7 @@
 #   variants  the Gluon and TMA kernels' tests (VARIANTS_TESTS=0: not), then bench.variants: pointer, TMA, Gluon
 #             and cuDNN per large layer, each checked before it is timed, compiled ahead in parallel
 #   tune      python -m tconv3d.tune over the bench suite (resumes; rerun until done)
-#   bench     python -m bench, merged into bench/results/<device>.json
+#   bench     python -m bench, merged into bench/results/<device>.json (STACK_LAYERS=1: the stack's layers too)
 #   reliability  compute-sanitizer, a >2**31-element tensor, the UNet training run
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
@@ -51,14 +51,16 @@ case "${1:-}" in
     # the weight gradient's Gluon rows the H100 session of 2026-11-26 had no time for (bench/NOTES.md, "Second
     # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; unet_64's forward and input
     # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); resnext3d_g32_256 as block-diagonal
-    # coarse groups ("Groups of few channels side by side"); then the suite and the stack
+    # coarse groups ("Groups of few channels side by side"); then the suite, the stack, and the stack's three
+    # layers one by one (the 8-channel ones have never been timed alone)
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
       unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
       unet_64:gluon_ws_256x64_swapped )resnext3d_g32_256:chosen
     export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-130} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64,resnext3d_g32_256 --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45}
+      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} STACK_LAYERS=${STACK_LAYERS-1} \
+      STACK_LAYERS_TIMEOUT=${STACK_LAYERS_TIMEOUT:-40}
     set -- variants bench
     ;;
   plan3)
@@ -169,6 +171,10 @@ run_stage() {
     if [ "${SCENARIOS:-stack,conv2d,causal}" != none ]; then
       timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
         --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" 2>&1 | tee -a "$OUT/bench.log"
+    fi
+    if [ -n "${STACK_LAYERS:-}" ]; then  # the stack scenario's three layers, each against cuDNN: bench.log's lines
+      timeout "$(left "${STACK_LAYERS_TIMEOUT:-60}")" python3 -m bench --suite stack --out /tmp/stack_layers \
+        --impls tconv3d,cudnn_cl3d --dtype bf16 --scenarios none --no-graphs 2>&1 | tee -a "$OUT/bench.log"
     fi
     # The JSON alone (the tool returns 8 files a call): `python -m bench.report` remakes the .md and .png here.
     cp "bench/results/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json" "$OUT/"
