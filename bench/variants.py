@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -168,22 +169,19 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
     # A grouped problem of few channels a group runs coarse, on block-diagonal weights (kernels/grouped.py): its
     # launch is the coarse kernel with the weight's expansion (or the gradient's diagonal) timed in.
     coarse = grouped.coarsened(geom)
-    expand = lambda w: w if coarse is geom else grouped.block_diagonal(w, geom, coarse)  # noqa: E731
+    on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
     if direction == "fwd":
-        launch = lambda config: conv3d_fwd(x, expand(w), None, None, coarse, config)  # noqa: E731
+        launch = lambda config: on_coarse(lambda x, w: conv3d_fwd(x, w, None, None, coarse, config), x, w)  # noqa: E731
         cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
         exact = lambda: F.conv3d(x.float(), w.float(), None, *conv_args)  # noqa: E731
         return coarse, launch, cudnn, exact
     grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
     if direction == "dgrad":
-        launch = lambda config: conv3d_dgrad(grad_out, expand(w), coarse, config)  # noqa: E731
+        launch = lambda config: on_coarse(lambda g, w: conv3d_dgrad(g, w, coarse, config), grad_out, w)  # noqa: E731
         cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
         exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
         return coarse, launch, cudnn, exact
-    if coarse is geom:
-        launch = lambda config: conv3d_wgrad(grad_out, x, None, geom, config)  # noqa: E731
-    else:
-        launch = lambda config: grouped.diagonal_blocks(conv3d_wgrad(grad_out, x, None, coarse, config), geom, coarse)  # noqa: E731
+    launch = lambda config: on_coarse(lambda g, x: conv3d_wgrad(g, x, None, coarse, config), grad_out, x)  # noqa: E731
     cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
     exact = lambda: torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)  # noqa: E731
     return coarse, launch, cudnn, exact

@@ -10,7 +10,8 @@ grouped problem, the zeros included, on tensor cores that are far more than `fac
 
 The forward and the input gradient take the block-diagonal weight (one zero fill and one strided copy of a weight
 `factor` times larger: 884 KB for resnext3d_g32_256 in bf16); the weight gradient computes the coarse problem's
-whole gradient and keeps its diagonal blocks (one strided copy). `choice.launch` applies it to every launch, the
+whole gradient and keeps its diagonal blocks (one strided copy): `on_coarse`. `choice.launch` applies it to every
+launch (bench.variants to the kernels it times), the
 tuner and `python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the problem the
 kernels run. Depthwise problems (one input channel a group) keep their direct kernels.
 """
@@ -82,3 +83,15 @@ def diagonal_blocks(grad: torch.Tensor, geom: ConvGeometry, coarse: ConvGeometry
     out = empty_ndhwc(geom.weight_shape(), like=grad)
     out.permute(0, 2, 3, 4, 1).view(groups, f, c_out, taps, c_in).copy_(dense.diagonal(0, 1, 4).permute(0, 4, 1, 2, 3))
     return out
+
+
+def on_coarse(direction: str, geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):
+    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: the forward's and input
+    gradient's weight (their second tensor) block-diagonal, the weight gradient's diagonal blocks; `run(*tensors)`
+    itself where `coarse` is `geom`."""
+    if coarse is geom:
+        return run(*tensors)
+    if direction == "wgrad":
+        return diagonal_blocks(run(*tensors), geom, coarse)
+    first, weight, *rest = tensors
+    return run(first, block_diagonal(weight, geom, coarse), *rest)

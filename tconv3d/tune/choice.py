@@ -199,13 +199,16 @@ def launch(
     an error that says so. A grouped problem of few channels a group runs as block-diagonal groups of more
     (kernels/grouped.py): its launches, configs and tuning keys are the coarse problem's."""
     coarse = grouped.coarsened(geom)
-    if coarse is not geom:  # few channels a group: run as block-diagonal groups of more (kernels/grouped.py)
-        if direction == "wgrad":
-            grad = launch(direction, launcher, coarse, *tensors, channels_after=channels_after)
-            return grouped.diagonal_blocks(grad, geom, coarse)
-        first, weight, *rest = tensors
-        weight = grouped.block_diagonal(weight, geom, coarse)
-        return launch(direction, launcher, coarse, first, weight, *rest, channels_after=channels_after)
+    if coarse is geom:
+        return _launch(direction, launcher, geom, *tensors, channels_after=channels_after)
+    return grouped.on_coarse(
+        direction, geom, coarse, lambda *t: _launch(direction, launcher, coarse, *t, channels_after=channels_after),
+        *tensors,
+    )  # fmt: skip
+
+
+def _launch(direction: str, launcher, geom: ConvGeometry, *tensors, channels_after=None) -> torch.Tensor:
+    """`launch` of a problem as its kernels run it (no groups left to coarsen)."""
     if channels_after is None:
         run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
     else:
