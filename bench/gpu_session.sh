@@ -39,7 +39,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
 #           the main job: the correctness of what the H200 session changed
 #   plan2   bench.variants on wan_dec_384b and unet_64 (the weight gradients' grouped taps and deep ring, unet_64's
-#           swapped forward and input gradient, the heuristic's new tiles), then python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario
+#           swapped forward and input gradient, the heuristic's new tiles), resnext3d_g32_256 and the stack's two
+#           8-channel layers, then python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and
+#           the stack scenario (both measure L2's read bandwidth beside the matmul peak)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
@@ -51,16 +53,18 @@ case "${1:-}" in
     # the weight gradient's Gluon rows the H100 session of 2026-11-26 had no time for (bench/NOTES.md, "Second
     # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; unet_64's forward and input
     # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); resnext3d_g32_256 as block-diagonal
-    # coarse groups ("Groups of few channels side by side"); then the suite, the stack, and the stack's three
-    # layers one by one (the 8-channel ones have never been timed alone)
+    # coarse groups ("Groups of few channels side by side"); the stack's two 8-channel layers, never timed alone,
+    # per direction as chosen and on each other variant that may suit them ("The stack's narrow layers"); then the
+    # suite and the stack (its 64-channel layer is the suite's stack_64)
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
       unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
-      unet_64:gluon_ws_256x64_swapped )resnext3d_g32_256:chosen
-    export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-130} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64,resnext3d_g32_256 --impls $PLAN2_IMPLS"} \
+      unet_64:gluon_ws_256x64_swapped resnext3d_g32_256:chosen stack_in8:chosen stack_in8:pointer stack_in8:tma \
+      stack_in8:gluon_ws stack_out8:chosen stack_out8:pointer stack_out8:tma stack_out8:gluon_ws_chosen_swapped \
+      )stack_out8:gluon_ws_grouped_taps
+    export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-160} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8 --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} STACK_LAYERS=${STACK_LAYERS-1} \
-      STACK_LAYERS_TIMEOUT=${STACK_LAYERS_TIMEOUT:-40}
+      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45}
     set -- variants bench
     ;;
   plan3)

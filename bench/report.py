@@ -106,12 +106,13 @@ def markdown(results: dict) -> str:
     peak = results.get("peak", {})
     mm, copy = _cell(peak.get("bf16_mm_tflops"), "{:.0f}"), _cell(peak.get("copy_tbps"), "{:.2f}")
     tf32 = f", TF32 matmul {_cell(peak['tf32_mm_tflops'], '{:.0f}')} TFLOP/s" if peak.get("tf32_mm_tflops") else ""
+    l2 = f", reads that hit L2 {peak['l2_read_tbps']:.2f} TB/s" if peak.get("l2_read_tbps") else ""
     lines = [
         f"# tconv3d vs cuDNN on {results['device']}",
         "",
         f"torch {results['torch']}, triton {results['triton']}, cuDNN {results.get('cudnn')}, "
         f"commit {results.get('commit')}, {results.get('date')}.",
-        f"Measured peaks: bf16 matmul {mm} TFLOP/s{tf32}, device copy {copy} TB/s (fp32 cases are quoted against "
+        f"Measured peaks: bf16 matmul {mm} TFLOP/s{tf32}, device copy {copy} TB/s{l2} (fp32 cases are quoted against "
         "TF32's). Times are medians of "
         "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time; graph: the same "
         "call replayed from a CUDA graph (no host time).",

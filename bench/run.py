@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 import triton.testing
 
 import tconv3d
@@ -77,9 +78,44 @@ def graph_ms(fn) -> float:
         torch.cuda.empty_cache()
 
 
+@triton.jit
+def _l2_read_kernel(x_ptr, out_ptr, CHUNKS, REPEATS, BLOCK: tl.constexpr):
+    """Each program sums REPEATS chunks of BLOCK int32s of x, chunk (program + r * 7) modulo CHUNKS at step r, and
+    writes its BLOCK sums: reads of a buffer small enough to stay in L2."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for r in range(REPEATS):
+        chunk = (pid + r * 7) % CHUNKS
+        acc += tl.load(x_ptr + chunk * BLOCK + offs)
+    tl.store(out_ptr + pid * BLOCK + offs, acc)
+
+
+L2_READ_BLOCK = 4096  # int32s a program reads a step: 16 KB
+
+
+def l2_read(x: torch.Tensor, programs: int, repeats: int) -> torch.Tensor:
+    """[programs, L2_READ_BLOCK] sums of _l2_read_kernel over x (int32, a whole number of blocks)."""
+    chunks, rest = divmod(x.numel(), L2_READ_BLOCK)
+    if x.dtype != torch.int32 or rest or not chunks:
+        raise ValueError(f"l2_read reads whole {L2_READ_BLOCK}-element int32 blocks, got {x.dtype} x {x.numel()}")
+    out = torch.empty(programs, L2_READ_BLOCK, dtype=torch.int32, device=x.device)
+    _l2_read_kernel[(programs,)](x, out, chunks, repeats, BLOCK=L2_READ_BLOCK, num_warps=8)
+    return out
+
+
+def l2_read_tbps(mib: int = 8, repeats: int = 400) -> float:
+    """Bandwidth of reads that hit L2, TB/s: four programs an SM reading an L2-resident `mib` MiB buffer over and
+    over (bench/NOTES.md, "What 64 columns cost": the implicit GEMMs' tap-shifted operands come from L2)."""
+    x = torch.randint(0, 1 << 20, (mib << 18,), dtype=torch.int32, device="cuda")
+    programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+    ms = bench_ms(lambda: l2_read(x, programs, repeats))
+    return programs * repeats * L2_READ_BLOCK * 4 / ms * 1e-9
+
+
 def measure_peaks() -> dict:
     """The device's matmul peaks (bf16, and fp32 as TF32: the one fp32 convolutions run at where cuDNN may use
-    TF32) and copy bandwidth, measured in this run."""
+    TF32), copy bandwidth and the bandwidth of reads that hit L2, measured in this run."""
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mm_ms = bench_ms(lambda: a @ b)
@@ -97,6 +133,7 @@ def measure_peaks() -> dict:
         "bf16_mm_tflops": round(2 * n**3 / mm_ms * 1e-9, 1),
         "tf32_mm_tflops": round(2 * n**3 / tf32_ms * 1e-9, 1),
         "copy_tbps": round(2 * src.numel() / copy_ms * 1e-9, 3),
+        "l2_read_tbps": round(l2_read_tbps(), 2),
     }
 
 

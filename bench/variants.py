@@ -44,6 +44,8 @@ from .run import bench_ms, measure_peaks, peak_for
 CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
 DEFAULT_CASES = "wan_dec_384b,unet_320,down_s2,hunyuan_512,wan_dec_384a,wan_dec_192,hunyuan_128,cogvideo_256,unet_64"
+# Where --cases are looked up.
+SHAPE_SETS = ("bench", "stack")
 HOPPER_TILES = (configs.KernelConfig(128, 256, 64, 8, 3), configs.KernelConfig(256, 128, 64, 8, 3))
 
 
@@ -73,6 +75,20 @@ DEEP_RING = "gluon_ws_deep_ring"
 # The row of the chosen persistent tiles on one warpgroup where that fits two programs an SM and the chosen two
 # warpgroups fit one: one program's epilogue and next-tile setup under the other's wgmmas.
 TWO_PER_SM = "gluon_ws_two_per_sm"
+
+
+def case_shapes(names: list[str]) -> list[ConvShape]:
+    """The cases of these names, from the shape sets bench.variants knows (SHAPE_SETS: the bench suite, and the
+    reported stack's layers, whose 8-channel ones no suite holds); a name two sets share is one shape."""
+    known: dict[str, ConvShape] = {}
+    for set_name in SHAPE_SETS:
+        for shape in load_shape_set(set_name):
+            if known.setdefault(shape.name, shape) != shape:
+                raise ValueError(f"case {shape.name!r} differs between the shape sets {SHAPE_SETS}")
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; the shape sets {SHAPE_SETS} have {sorted(known)}")
+    return [known[name] for name in names]
 
 
 def wanted(impls: set | None, case: str, name: str) -> bool:
@@ -300,7 +316,9 @@ def table(rows: list[dict], header: bool = True) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated case names of the bench suite")
+    parser.add_argument(
+        "--cases", default=DEFAULT_CASES, help="comma-separated case names (the bench suite's, the stack's layers)"
+    )
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
@@ -328,11 +346,10 @@ def main(argv=None) -> int:
     if args.resume and not args.out:
         parser.error("--resume needs --out")
     torch.backends.cudnn.benchmark = True
-    suite = {shape.name: shape for shape in load_shape_set("bench")}
-    unknown = [name for name in args.cases.split(",") if name not in suite]
-    if unknown:
-        parser.error(f"unknown case(s) {unknown}; the bench suite has {sorted(suite)}")
-    shapes = [suite[name] for name in args.cases.split(",")]  # in the order asked: a run cut short keeps the first
+    try:
+        shapes = case_shapes(args.cases.split(","))  # in the order asked: a run cut short keeps the first
+    except ValueError as error:
+        parser.error(str(error))
     impls = set(args.impls.split(",")) if args.impls else None
     if args.launch_only:
         for shape in shapes:
@@ -344,7 +361,7 @@ def main(argv=None) -> int:
     previous = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
     peaks, rows = previous.get("peaks") or measure_peaks(), previous.get("rows", [])
     print(f"device {torch.cuda.get_device_name()}, bf16 matmul peak {peaks['bf16_mm_tflops']} TFLOP/s, TF32 "
-          f"{peaks.get('tf32_mm_tflops', '-')}; "
+          f"{peaks.get('tf32_mm_tflops', '-')}, L2 reads {peaks.get('l2_read_tbps', '-')} TB/s; "
           f"gluon: {conv_gluon.UNAVAILABLE or 'available'}; {len(rows)} rows resumed", flush=True)  # fmt: skip
     print(table([]), flush=True)
 

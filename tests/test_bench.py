@@ -168,7 +168,12 @@ def test_report_remakes_the_markdown_from_the_json_alone(tmp_path):
     json_path = report.write_results(synthetic_results(), tmp_path, json_only=True)["json"]
     assert not (tmp_path / "NVIDIA_H100_80GB_HBM3.md").exists()
     assert report.main([str(json_path)]) == 0
-    assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x |" in (tmp_path / "NVIDIA_H100_80GB_HBM3.md").read_text()
+    text = (tmp_path / "NVIDIA_H100_80GB_HBM3.md").read_text()
+    assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x |" in text
+    assert "L2" not in text.split("Measured peaks")[1].split("\n")[0]  # a run that measured no L2 bandwidth
+    measured = synthetic_results()
+    measured["peak"]["l2_read_tbps"] = 7.25
+    assert "reads that hit L2 7.25 TB/s" in report.markdown(measured)
 
 
 def test_merge_replaces_cases_by_name_direction_dtype(tmp_path):
@@ -482,3 +487,30 @@ def test_variants_time_the_wide_tile_that_wastes_no_columns(monkeypatch):
         pipelined, specialized = found[f"gluon_{name}"], found[f"gluon_ws_{name}"]
         assert (pipelined.block_m, pipelined.block_n, pipelined.gluon, specialized.gluon) == (*tile, 1, 2)
         assert pipelined.split_k == (found["chosen"].split_k if direction == "wgrad" else 1)
+
+
+def test_l2_read_sums_the_chunks_it_reads(device):
+    """The L2-bandwidth kernel reads what its count of bytes says: program p's sums are x's chunks (p + 7r) mod
+    CHUNKS over its repeats r (a kernel that read less, or one chunk again, would time more bandwidth than there is).
+    """
+    from bench.run import L2_READ_BLOCK, l2_read
+
+    chunks, programs, repeats = 5, 3, 4
+    x = torch.randint(-1000, 1000, (chunks * L2_READ_BLOCK,), dtype=torch.int32, device=device)
+    blocks = x.view(chunks, L2_READ_BLOCK).long()
+    expected = torch.stack([sum(blocks[(p + 7 * r) % chunks] for r in range(repeats)) for p in range(programs)])
+    assert torch.equal(l2_read(x, programs, repeats).long().cpu(), expected.cpu())
+    with pytest.raises(ValueError, match="whole 4096-element int32 blocks"):
+        l2_read(x[:100], programs, repeats)
+
+
+def test_variants_take_the_stack_layers():
+    """bench.variants times the stack's 8-channel layers (no suite holds them) beside the bench suite's cases, in
+    the order asked, and names the sets it looked in for a case it does not know."""
+    from bench import variants
+
+    shapes = variants.case_shapes(["stack_out8", "unet_320", "stack_in8", "stack_64"])
+    assert [s.name for s in shapes] == ["stack_out8", "unet_320", "stack_in8", "stack_64"]
+    assert (shapes[0].cin, shapes[0].cout, shapes[2].cin, shapes[2].cout) == (64, 8, 8, 64)
+    with pytest.raises(ValueError, match=r"unknown case.*'nope'.*stack_in8"):
+        variants.case_shapes(["nope"])

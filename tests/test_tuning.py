@@ -569,3 +569,25 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
         assert conv_gluon.programs_an_sm(narrow, 2, weight_grad=False) == 2
     weight = configs.heuristic_config("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, 132, 90)
     assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)
+
+
+def test_operand_intensity_counts_each_tiles_rows_and_columns():
+    """FLOPs a byte of the operands the tiles read (the L2 model of bench/NOTES.md, "What 64 columns cost"), against
+    hand counts: a tile of R rows and C columns reads (R + C) elements a reduction row for 2RC FLOPs; a narrow
+    layer's 16-column tile reads all 64 input channels of a row for 8 outputs; the weight gradient's grouped taps
+    read grad_output once for two taps; a stride-2 input gradient's fewer live taps shorten both sides alike."""
+    tile = KernelConfig(128, 64, 64, 4, 3)
+    assert configs.operand_intensity("fwd", geometry(), tile, 2) == pytest.approx(2 * 128 * 64 / (2 * (128 + 64)))
+    assert configs.operand_intensity("fwd", geometry(), tile, 4) == pytest.approx(128 * 64 / (2 * (128 + 64)))
+    strided = geometry(size=(8, 16, 16), stride=2)
+    assert configs.operand_intensity("dgrad", strided, tile, 2) == pytest.approx(42.667, rel=1e-3)
+    narrow = KernelConfig(128, 16, 64, 4, 3)
+    # 8 output channels: every row tile reads its 128 rows and the 8 columns, for 2 x 128 x 8 FLOPs a reduction row
+    assert configs.operand_intensity("fwd", geometry(cout=8), narrow, 2) == pytest.approx(2 * 128 * 8 / (2 * 136))
+    wide = geometry(cin=128, cout=128)
+    plain = KernelConfig(128, 128, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2)
+    grouped = KernelConfig(128, 256, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2, tap_group=2)
+    assert configs.operand_intensity("wgrad", wide, plain, 2) == pytest.approx(64.0)
+    # 27 taps in 14 groups: grad_output's 128 rows read 14 times, the input's 128 columns 27 times
+    assert configs.operand_intensity("wgrad", wide, grouped, 2) == pytest.approx(128 * 27 / (14 + 27))
+    assert configs.operand_intensity("fwd", geometry(), KernelConfig(64, 64, 1, 4, 1, direct=1), 2) is None

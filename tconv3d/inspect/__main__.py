@@ -10,8 +10,9 @@ and prints: config and where it came from, grid and waves on the SM count (132 f
 registers, spill bytes, shared memory, the MMA instruction, the global-load kinds, the main loop (its
 shared-memory round trips, wgmma wait depths and CTA barriers), its instructions a pass and the share of the tensor
 cores' peak their issue allows (KernelReport.issue_ceiling), a warp-specialized kernel's load loop ('load': the
-instructions its producer warp issues a K step) and what its MMA warps do between two tiles ('tile'), and the
-compile time; the tensor maps each TMA launch
+instructions its producer warp issues a K step) and what its MMA warps do between two tiles ('tile'), the FLOPs a
+byte of the operands its tiles read ('fl/B', configs.operand_intensity: times L2's read bandwidth, a bound on its
+TFLOP/s), and the compile time; the tensor maps each TMA launch
 hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
 gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force, the Gluon kernel software-pipelined; gluon-ws,
 its persistent warp-specialized twin (the sm_90 heuristic's choice).
@@ -34,7 +35,7 @@ from .. import settings
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS
 from ..tune import choice
-from ..tune.configs import GLUON_CAPABILITY, candidates
+from ..tune.configs import GLUON_CAPABILITY, candidates, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .compile import ARCHS, compile_launch, fits
 
@@ -63,6 +64,8 @@ def _job_record(job) -> dict:
         record["compile_s"] = round(time.perf_counter() - start, 2)
         return record
     main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
+    geom, element_size = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name].itemsize
+    intensity = operand_intensity(direction, geom, config, element_size)
     record.update(
         compiled=True,
         registers=main.registers,
@@ -84,6 +87,7 @@ def _job_record(job) -> dict:
         tile_instructions=main.tile_instructions,
         tile_divisions=main.tile_divisions,
         issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
+        operand_flop_per_byte=None if intensity is None else round(intensity, 1),
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
         tensor_map_problems=_tensor_map_notes(reports, "problems"),
@@ -168,7 +172,7 @@ def table(records: list[dict]) -> str:
     header = (
         f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':28} {'from':9} {'grid':>11} {'waves':>6} "
         f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'instr':>5} {'load':>4} "
-        f"{'tile':>4} {'issue':>5} {'s':>4}"
+        f"{'tile':>4} {'issue':>5} {'fl/B':>5} {'s':>4}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
@@ -189,7 +193,7 @@ def table(records: list[dict]) -> str:
             f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {_loop_text(r):20} "
             f"{r.get('loop_instructions') or '-':>5} {r.get('producer_instructions') or '-':>4} "
             f"{r.get('tile_instructions') or '-':>4} "
-            f"{_percent(r.get('issue_ceiling')):>5} {r['compile_s']:>4.1f}"
+            f"{_percent(r.get('issue_ceiling')):>5} {r.get('operand_flop_per_byte') or '-':>5} {r['compile_s']:>4.1f}"
         )
     return "\n".join(lines)
 

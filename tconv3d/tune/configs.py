@@ -185,6 +185,29 @@ SEARCH_SPACE = {
 SEARCH_SPACE["dgrad"] = SEARCH_SPACE["fwd"]
 
 
+def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> float | None:
+    """The convolution's FLOPs per byte of the two operands its tiles read, a model of its traffic from L2: each
+    program reads its block_m rows and block_n columns over the whole reduction, the input's tap-shifted rows once
+    a tap (the implicit GEMM reuses nothing across taps), a tap_group program its rows once for its taps. Elements
+    a box fetches past a tensor's edge, L2 misses and split-K partials are not counted. Times the bandwidth of
+    reads that hit L2 (bench's `l2_read_tbps`) it bounds the launch's TFLOP/s: a 128x64 tile reads
+    (128 + 64) x 2 bytes a row of the reduction for 2 x 128 x 64 FLOPs, 42.7 a byte, 299 TFLOP/s at 7 TB/s
+    (bench/NOTES.md, "What 64 columns cost"). None for the direct (depthwise) kernels, which are no GEMM."""
+    if config.direct:
+        return None
+    view = gemm_view(direction, geom)
+    reduction, taps = view.reduction, view.grid_taps
+    if direction != "wgrad" and not packs_taps(direction, geom):
+        # the input gradient's phases each reduce over their live taps: a tap in prod(stride) lands on a phase row
+        reduction *= geom.taps / math.prod(geom.stride if direction == "dgrad" else (1,))
+    group = max(1, config.tap_group)
+    tiles_m, tiles_n = cdiv(view.rows, config.block_m), cdiv(view.cols, config.block_n // group)
+    rows_read = view.rows * tiles_n * cdiv(taps, group)  # each column tile's programs read the rows, once a group
+    cols_read = view.cols * tiles_m * taps
+    flops = 2 * view.rows * view.cols * reduction * taps
+    return flops / (element_size * reduction * (rows_read + cols_read))
+
+
 def _pow2_at_least(n: int) -> int:
     return max(MIN_TILE, triton.next_power_of_2(max(int(n), 1)))
 
