@@ -45,7 +45,7 @@ DEFAULT_SHAPES = "bench,awkward"
 def _job_record(job) -> dict:
     """Compile one (case, dtype, direction, arch, config) and describe it; a failure is a record, not a crash."""
     shape, dtype_name, direction, capability, config, source = job
-    arch = ARCHS[capability]
+    arch, geom, dtype = ARCHS[capability], shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
     record = {
         "case": shape.name,
         "dtype": dtype_name,
@@ -58,14 +58,13 @@ def _job_record(job) -> dict:
     }
     start = time.perf_counter()
     try:
-        reports = compile_launch(direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config, capability)
+        reports = compile_launch(direction, geom, dtype, config, capability)
     except Exception as error:  # e.g. out of shared memory at compile time: report it
         record["error"] = f"{type(error).__name__}: {error}"[:500]
         record["compile_s"] = round(time.perf_counter() - start, 2)
         return record
     main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
-    geom, element_size = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name].itemsize
-    intensity = operand_intensity(direction, geom, config, element_size)
+    intensity = operand_intensity(direction, geom, config, dtype.itemsize)
     record.update(
         compiled=True,
         registers=main.registers,

@@ -196,16 +196,13 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     if config.direct:
         return None
     view = gemm_view(direction, geom)
-    reduction, taps = view.reduction, view.grid_taps
-    if direction != "wgrad" and not packs_taps(direction, geom):
-        # the input gradient's phases each reduce over their live taps: a tap in prod(stride) lands on a phase row
-        reduction *= geom.taps / math.prod(geom.stride if direction == "dgrad" else (1,))
-    group = max(1, config.tap_group)
+    taps, group = view.grid_taps, max(1, config.tap_group)
     tiles_m, tiles_n = cdiv(view.rows, config.block_m), cdiv(view.cols, config.block_n // group)
-    rows_read = view.rows * tiles_n * cdiv(taps, group)  # each column tile's programs read the rows, once a group
+    # Per row of the reduction (its length, taps and an input gradient's live taps included, cancels out): each
+    # column tile's programs read the rows, once a tap group; each row tile's, the columns of every tap.
+    rows_read = view.rows * tiles_n * cdiv(taps, group)
     cols_read = view.cols * tiles_m * taps
-    flops = 2 * view.rows * view.cols * reduction * taps
-    return flops / (element_size * reduction * (rows_read + cols_read))
+    return 2 * view.rows * view.cols * taps / (element_size * (rows_read + cols_read))
 
 
 def _pow2_at_least(n: int) -> int:
