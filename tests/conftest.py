@@ -17,6 +17,60 @@ import tconv3d  # noqa: F401  (registers torch.ops.tconv3d)
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.tune import choice, configs
 
+
+def _patch_language_once_a_launch():
+    """Make Triton's interpreter patch triton.language once a launch instead of once a device-function call.
+
+    The interpreter swaps triton.language's builtins for interpreted ones when a launch starts (restoring them when
+    it ends) and again, through inspect.getmembers over the whole module, at every call of a @triton.jit helper
+    inside it: thousands of calls a test, a third of the interpreter's time on the TMA kernels. Inside a launch the
+    modules a helper sees (triton.language, triton.language.core) are already patched unless it sees one the kernel
+    does not; then it is patched as before. Same semantics, same kernels; where the interpreter's internals are not
+    the ones this was written against (triton 3.6 and 3.9), it is left alone."""
+    import functools
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if original is None or scope_type is None or not hasattr(scope_type, "restore"):
+        return
+    launch = []  # the live launch's patched modules (ids), while one runs
+
+    @functools.cache
+    def modules(fn):
+        return frozenset(
+            id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core)
+        )
+
+    def patch_lang(fn):
+        seen = modules(fn)
+        if launch and seen <= launch[0]:
+            return scope_type()  # a helper inside a launch: already patched
+        scope = patch_lang.original(fn)
+        if launch:  # a helper that sees a module the kernel does not: kept, as the interpreter keeps it
+            launch[0] = launch[0] | seen
+            return scope
+        restore = scope.restore
+
+        def restore_and_end():
+            launch.clear()
+            restore()
+
+        scope.restore = restore_and_end
+        launch.append(seen)
+        return scope
+
+    patch_lang.original = original  # the interpreter's own, which tests/test_launch.py counts
+    interpreter._patch_lang = patch_lang
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_language_once_a_launch()
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
