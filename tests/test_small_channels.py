@@ -65,6 +65,23 @@ def test_packed_heuristic_tiles_reduce_over_pairs():
     assert not any(kernel_config.packs_taps(d, one_tap) for d in kernel_config.DIRECTIONS)  # nothing to pack
 
 
+def test_packed_weight_gradients_stay_packed_on_sm90():
+    """An 8-channel input (the stack's first layer) is TMA-aligned, but its weight gradient's packed tiles are the
+    pointer kernel's: (tap, channel) pairs as columns, 216 of 2 x 128 for 27 x 8. On a box kernel they would be one
+    tap's 8 channels in 128 columns, 27 programs a tile."""
+    x, w = torch.empty(4, 8, 64, 256, 256, device="meta"), torch.empty(64, 8, 3, 3, 3, device="meta")
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    for dtype in (torch.bfloat16, torch.float32):
+        wgrad = configs.heuristic_config("wgrad", geom, dtype, 132, 90)
+        view = kernel_config.gemm_view("wgrad", geom)
+        assert (wgrad.variant, view.cols, view.grid_taps) == ("pointer", 216, 1)
+        assert wgrad.block_n == 128 and wgrad.split_k > 1
+    assert configs.tma_eligible("wgrad", geom, torch.bfloat16)  # the box kernels could run it, at 16x the work
+    wide = check_conv3d(torch.empty(4, 16, 64, 256, 256, device="meta"), torch.empty(64, 16, 3, 3, 3, device="meta"),
+                        None, 1, 1, 1, 1)  # fmt: skip
+    assert configs.heuristic_config("wgrad", wide, torch.bfloat16, 132, 90).variant != "pointer"  # one tap: a box
+
+
 @pytest.mark.parametrize("case", [c for c in SMALL + CASES if min(c.cin, c.cout) < 16], ids=lambda c: c.name)
 def test_one_tap_per_step_on_the_same_geometries(case, one_tap_per_step, device):
     assert packed_directions(case, device) == []

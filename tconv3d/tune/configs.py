@@ -386,13 +386,21 @@ def heuristic_config(
       layer the Gluon kernel now runs, and lost on a strided one (down_s2: 0.56x the pointer kernel), one split over
       its reduction to fill a small grid (unet_320: 0.50x) and 64-row tiles (hunyuan_512 on the H100: 0.310 ms,
       the tuned pointer config 0.234).
-    A problem reading frames_before or channels_after (each step's box from one of two descriptors), or a forward
-    or weight gradient whose border in H or W reads input voxels (its interior on a box kernel, its border strips
-    on the pointer kernel), stays on the pointer kernels until a GPU has timed it, a tuning table or
-    TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are."""
+    A weight gradient whose columns pack (tap, channel) pairs (packs_taps: fewer than 16 input channels) keeps
+    the pointer kernel, the only one that packs them. A problem reading frames_before or channels_after (each
+    step's box from one of two descriptors), or a forward or weight gradient whose border in H or W reads input
+    voxels (its interior on a box kernel, its border strips on the pointer kernel), stays on the pointer kernels
+    until a GPU has timed it, a tuning table or TCONV3D_KERNELS aside; a border mode along D alone leaves the box
+    loops as they are."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
+    if direction == "wgrad" and packs_taps(direction, geom):
+        # The packed tiles' columns are (tap, channel) pairs, the pointer kernel's; a box kernel's are one tap's
+        # input channels a program: the 8-channel stack layer's 27 x 8 = 216 pairs fill 2 x 128 columns, where the
+        # TMA kernel on the same tiles ran 27 programs of 128 columns with 8 of them real (16x the MMA work, 27x
+        # the programs; python -m tconv3d.inspect --shapes stack: 54 waves against 6).
+        return config
     borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
     second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
     if capability < TMA_MIN_CAPABILITY or second_source or borders or not tma_eligible(direction, geom, dtype):
