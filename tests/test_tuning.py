@@ -3,6 +3,7 @@
 No GPU needed: devices are named, tables are files in tmp_path, and timings come from a stand-in function.
 """
 
+import dataclasses
 import json
 import time
 import warnings
@@ -569,6 +570,26 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
         assert conv_gluon.programs_an_sm(narrow, 2, weight_grad=False) == 2
     weight = configs.heuristic_config("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, 132, 90)
     assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)
+
+
+def test_mma_fill_counts_the_tiles_work_over_the_real_work():
+    """The share of a launch's MMA work that is the convolution's (configs.mma_fill), against hand counts: tiles that
+    divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an
+    8-channel weight gradient packed ((tap, channel) pairs: 216 of 256 columns) and on the TMA kernel (8 of 128
+    columns a tap: the launch the sm_90 heuristic used to pick); 24 channels in 16-deep steps; grouped taps, 27 in 14
+    pairs; a direct kernel, None."""
+    assert configs.mma_fill("fwd", geometry(), KernelConfig(128, 64, 64, 4, 3)) == 1.0
+    assert configs.mma_fill("fwd", geometry(cout=8), KernelConfig(128, 16, 64, 4, 3)) == 0.5
+    patch = KernelConfig(64, 64, 64, 4, 3, tma_box_w=16)
+    assert configs.mma_fill("fwd", geometry(size=(2, 6, 20)), patch) == pytest.approx(6 / 8 * 20 / 32)
+    stack_in8 = geometry(cin=8, size=(8, 32, 32))
+    packed = KernelConfig(64, 128, 16, 8, 3, split_k=4)
+    assert configs.mma_fill("wgrad", stack_in8, packed) == pytest.approx(216 / 256)
+    assert configs.mma_fill("wgrad", stack_in8, dataclasses.replace(packed, tma_box_w=16)) == pytest.approx(8 / 128)
+    assert configs.mma_fill("dgrad", geometry(cout=24), KernelConfig(128, 64, 16, 4, 3)) == pytest.approx(24 / 32)
+    grouped = KernelConfig(128, 256, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2, tap_group=2)
+    assert configs.mma_fill("wgrad", geometry(cin=128, cout=128), grouped) == pytest.approx(27 / 28)
+    assert configs.mma_fill("fwd", geometry(), KernelConfig(64, 64, 1, 4, 1, direct=1)) is None
 
 
 def test_operand_intensity_counts_each_tiles_rows_and_columns():

@@ -12,7 +12,8 @@ shared-memory round trips, wgmma wait depths and CTA barriers), its instructions
 cores' peak their issue allows (KernelReport.issue_ceiling), a warp-specialized kernel's load loop ('load': the
 instructions its producer warp issues a K step) and what its MMA warps do between two tiles ('tile'), the FLOPs a
 byte of the operands its tiles read ('fl/B', configs.operand_intensity: times L2's read bandwidth, a bound on its
-TFLOP/s), and the compile time; the tensor maps each TMA launch
+TFLOP/s), the share of its MMA work that is the convolution's ('fill', configs.mma_fill: tiles over the real rows,
+columns and reduction), and the compile time; the tensor maps each TMA launch
 hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
 gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force, the Gluon kernel software-pipelined; gluon-ws,
 its persistent warp-specialized twin (the sm_90 heuristic's choice).
@@ -35,7 +36,7 @@ from .. import settings
 from ..kernels import conv_gluon
 from ..kernels.config import DIRECTIONS
 from ..tune import choice
-from ..tune.configs import GLUON_CAPABILITY, candidates, operand_intensity
+from ..tune.configs import GLUON_CAPABILITY, candidates, mma_fill, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .compile import ARCHS, compile_launch, fits
 
@@ -65,6 +66,7 @@ def _job_record(job) -> dict:
         return record
     main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
     intensity = operand_intensity(direction, geom, config, dtype.itemsize)
+    fill = mma_fill(direction, geom, config)
     record.update(
         compiled=True,
         registers=main.registers,
@@ -87,6 +89,7 @@ def _job_record(job) -> dict:
         tile_divisions=main.tile_divisions,
         issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
         operand_flop_per_byte=None if intensity is None else round(intensity, 1),
+        mma_fill=None if fill is None else round(fill, 3),
         compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
         tensor_map_problems=_tensor_map_notes(reports, "problems"),
@@ -171,7 +174,7 @@ def table(records: list[dict]) -> str:
     header = (
         f"{'case':16} {'dtype':5} {'dir':5} {'sm':>3} {'config':28} {'from':9} {'grid':>11} {'waves':>6} "
         f"{'regs':>4} {'spill':>5} {'smem KB':>7} {'mma':26} {'loads':34} {'main loop':20} {'instr':>5} {'load':>4} "
-        f"{'tile':>4} {'issue':>5} {'fl/B':>5} {'s':>4}"
+        f"{'tile':>4} {'issue':>5} {'fill':>4} {'fl/B':>5} {'s':>4}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
@@ -192,7 +195,8 @@ def table(records: list[dict]) -> str:
             f"{r['shared_bytes'] / 1024:>7.1f} {r['mma_instruction']:26} {loads[:34]:34} {_loop_text(r):20} "
             f"{r.get('loop_instructions') or '-':>5} {r.get('producer_instructions') or '-':>4} "
             f"{r.get('tile_instructions') or '-':>4} "
-            f"{_percent(r.get('issue_ceiling')):>5} {r.get('operand_flop_per_byte') or '-':>5} {r['compile_s']:>4.1f}"
+            f"{_percent(r.get('issue_ceiling')):>5} {_percent(r.get('mma_fill')):>4} "
+            f"{r.get('operand_flop_per_byte') or '-':>5} {r['compile_s']:>4.1f}"
         )
     return "\n".join(lines)
 

@@ -19,6 +19,7 @@ from ..kernels.config import (
     MIN_TILE,
     GemmView,
     KernelConfig,
+    channel_blocks,
     gemm_view,
     grouped_taps_fit,
     packs_taps,
@@ -203,6 +204,49 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     rows_read = view.rows * tiles_n * cdiv(taps, group)
     cols_read = view.cols * tiles_m * taps
     return 2 * view.rows * view.cols * taps / (element_size * (rows_read + cols_read))
+
+
+def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float | None:
+    """The share of a launch's MMA work that is the convolution's: its real FLOPs over what its tiles compute. Each
+    program computes a block_m x block_n tile over its whole reduction in block_k steps: the pointer kernels' rows
+    and columns over the GEMM's (gemm_view; (tap, channel) pairs where they pack them), the box kernels' patches
+    (tma_box) over the volume's H x W (each phase's at a stride), one tap a step or a program, block_k of a source's
+    channels a step (tap_group taps' blocks side by side in the weight gradient). 1.0 where the tiles divide the
+    problem; the 8-channel stack layer's weight gradient on the TMA kernel, one tap of 8 channels in 128 columns a
+    program: 0.06 (bench/NOTES.md). None for the direct (depthwise) kernels, which are no GEMM."""
+    if config.direct:
+        return None
+
+    def share(real: int, block: int) -> float:
+        return real / (cdiv(real, block) * block) if real else 1.0
+
+    def patches(size: tuple, stride: tuple, voxels: int) -> float:  # a box kernel's patches over H x W
+        rows, width = config.tma_box(voxels)
+        h, w = (cdiv(n, s) for n, s in zip(size[1:], stride[1:], strict=True))
+        return share(h, rows) * share(w, width)
+
+    view, box = gemm_view(direction, geom), bool(config.tma_box_w)
+    packed = packs_taps(direction, geom) and not box
+    if direction == "wgrad":
+        group = max(1, config.tap_group)
+        columns = share(view.cols, config.block_n) if packed else share(geom.group_in_channels, config.block_n // group)
+        voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
+        taps = 1.0 if packed else share(geom.taps, group)
+        return share(view.rows, config.block_m) * columns * voxels * taps
+    if not box:
+        rows = share(view.rows, config.block_m)
+    elif direction == "fwd":
+        rows = patches(geom.out_size, (1, 1, 1), config.block_m)
+    else:  # the input gradient's patches lie in one phase of grad_in
+        rows = patches(geom.in_size, geom.stride, config.block_m)
+    if packed:
+        reduction = share(view.reduction, config.block_k)
+    else:  # one tap a step, block_k channels of one source
+        channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
+        after = geom.out_after_channels if direction == "dgrad" else geom.after_channels
+        blocks = channel_blocks(geom, config.block_k, direction) if after else cdiv(channels, config.block_k)
+        reduction = channels / (blocks * config.block_k)
+    return rows * share(view.cols, config.block_n) * reduction
 
 
 def _pow2_at_least(n: int) -> int:
