@@ -232,13 +232,17 @@ def measure_case(
     done: dict[str, dict] | None = None,
     compiled=lambda launch: None,
     impls: set | None = None,
+    l2_read_tbps: float | None = None,
 ) -> None:
     """Check, then time, each variant of one case and direction, handing each row to `emit` as it comes. `done`:
     the rows a hung run left of this case (by impl), not measured again; the variant that hung has one already.
     Each variant's first run waits on the GPU under testing.hang_guard: one that never finishes is emitted as
     hung, and the process exits with HUNG_EXIT for its caller to run it again with --resume. `compiled(launch)`
     waits for a launch being compiled ahead (inspect.compile.compile_ahead). `impls`: the variant rows to measure
-    (wanted)."""
+    (wanted). Each variant's row also holds the share of its MMA work that is the convolution's (`fill`,
+    configs.mma_fill) and, with `l2_read_tbps` measured, the TFLOP/s its operands' reads from L2 allow
+    (`l2_bound_tflops`: configs.operand_intensity times that bandwidth), so a narrow layer's row says which bound
+    it sits at."""
     dtype, device, done = DTYPES_BY_NAME[dtype_name], torch.device("cuda"), done or {}
     geom, launch, cudnn, exact = problem(shape, dtype, direction, device)
     with exact_fp32():
@@ -264,6 +268,10 @@ def measure_case(
             emit({**same, "impl": name, "same_as": same["impl"]})
             continue
         row = {"impl": name, "config": config.to_dict(), "variant": config.variant, **where}
+        row["fill"] = configs.mma_fill(direction, geom, config)
+        intensity = configs.operand_intensity(direction, geom, config, dtype.itemsize)
+        if intensity is not None and l2_read_tbps:
+            row["l2_bound_tflops"] = intensity * l2_read_tbps
         if one_per_sm:
             row["programs_per_sm"] = 1
             run = lambda config=config: _one_program_per_sm(launch, config)  # noqa: E731
@@ -299,7 +307,7 @@ def _pct(value: float | None) -> str:
 def table(rows: list[dict], header: bool = True) -> str:
     title = (
         f"{'case':14} {'dtype':5} {'dir':5} {'impl':14} {'variant':8} {'ms':>8} {'TFLOP/s':>8} {'%peak':>6} "
-        f"{'vs cuDNN':>8}"
+        f"{'vs cuDNN':>8} {'fill':>5} {'L2 bound':>8}"
     )
     lines = [title, "-" * len(title)] if header else []
     for r in rows:
@@ -307,9 +315,11 @@ def table(rows: list[dict], header: bool = True) -> str:
         if "failed" in r:
             lines.append(f"{start} FAILED: {r['failed']}")
         else:
+            fill = "-" if r.get("fill") is None else f"{100 * r['fill']:.0f}%"
+            bound = "-" if r.get("l2_bound_tflops") is None else f"{r['l2_bound_tflops']:.0f}"
             lines.append(
                 f"{start} {r['ms']:>8.3f} {r['tflops']:>8.1f} {_pct(r.get('pct_peak')):>6} "
-                f"{r['speedup_vs_cudnn']:>7.2f}x"
+                f"{r['speedup_vs_cudnn']:>7.2f}x {fill:>5} {bound:>8}"
             )
     return "\n".join(lines)
 
@@ -392,7 +402,9 @@ def main(argv=None) -> int:
                     where = (shape.name, dtype_name, direction)
                     done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
                     peak = peak_for(peaks, dtype_name)
-                    measure_case(shape, dtype_name, direction, peak, emit, done, compiled, impls)
+                    measure_case(
+                        shape, dtype_name, direction, peak, emit, done, compiled, impls, peaks.get("l2_read_tbps")
+                    )
     finally:
         shutdown()
     return 0

@@ -227,6 +227,8 @@ def test_variants_table_and_cpu_refusal():
     ]  # fmt: skip
     text = variants.table(rows)
     assert "FAILED: relative L2 error" in text and "300.0" in text and "1.00x" in text
+    narrow = {**rows[0], "impl": "chosen", "variant": "gluon", "fill": 0.5, "l2_bound_tflops": 82.5}
+    assert variants.table([narrow], header=False).endswith("1.00x   50%       82")
     no_peak = {**rows[0], "dtype": "fp32", "pct_peak": None}  # resumed from a run that measured no TF32 peak
     assert " - " in variants.table([no_peak], header=False)
 
@@ -276,7 +278,7 @@ def test_variants_resume_after_a_hang(tmp_path, monkeypatch):
     out.write_text(json.dumps({"peaks": {"bf16_mm_tflops": 700.0}, "rows": before}))
     calls = []
 
-    def stand_in(shape, dtype_name, direction, peak, emit, done, compiled, impls):
+    def stand_in(shape, dtype_name, direction, peak, emit, done, compiled, impls, l2_read_tbps):
         calls.append((shape.name, direction, peak, sorted(done)))
         emit({"case": shape.name, "dtype": dtype_name, "direction": direction, "impl": "pointer", "failed": "x"})
 
