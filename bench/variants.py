@@ -45,7 +45,7 @@ CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
 DEFAULT_CASES = "wan_dec_384b,unet_320,down_s2,hunyuan_512,wan_dec_384a,wan_dec_192,hunyuan_128,cogvideo_256,unet_64"
 # Where --cases are looked up.
-SHAPE_SETS = ("bench", "stack")
+SHAPE_SETS = ("bench", "stack", "decoders")
 HOPPER_TILES = (configs.KernelConfig(128, 256, 64, 8, 3), configs.KernelConfig(256, 128, 64, 8, 3))
 
 
@@ -89,6 +89,13 @@ def case_shapes(names: list[str]) -> list[ConvShape]:
     if unknown:
         raise ValueError(f"unknown case(s) {unknown}; the shape sets {SHAPE_SETS} have {sorted(known)}")
     return [known[name] for name in names]
+
+
+def case_directions(shape: ConvShape, directions: str) -> list[str]:
+    """The directions of `directions` (comma-separated) a case is timed in: a video VAE decoder's layer as a
+    converted decode calls it (the `decoders` set: reading cached frames, or bordered in a mode other than zeros) in
+    the forward alone, as inference runs it."""
+    return [d for d in directions.split(",") if d == "fwd" or not shape.decoder_layer]
 
 
 def wanted(impls: set | None, case: str, name: str) -> bool:
@@ -177,19 +184,38 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
 
 def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.device) -> tuple:
     """(the geometry its kernels run, launch(config), cuDNN's call, its fp32 reference as a call) of one case and
-    direction on random channels_last_3d inputs."""
+    direction on random channels_last_3d inputs. A decoder's layer (the `decoders` set: case_directions) is a
+    forward: reading cached frames (frames_before), tconv3d reads them in place where cuDNN convolves them
+    concatenated in front of the input (the concatenation made once, outside its timing); with a border mode,
+    tconv3d reads the border in place where cuDNN convolves the input padded by F.pad, as the stock VAEs call it
+    (the pad in its timing)."""
+    if case_directions(shape, direction) != [direction]:
+        raise ValueError(f"{shape.name} is a decoder's layer (cached frames or borders): a forward, not {direction}")
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
-    geom = check_conv3d(x, w, None, stride, padding, dilation, shape.groups)
+    cached = None
+    if shape.frames_before:
+        cached = torch.randn(shape.frames_before_shape, device=device).to(dtype).contiguous(memory_format=CL)
+    geom = check_conv3d(
+        x, w, None, stride, padding, dilation, shape.groups, shape.padding_mode, frames_before=cached
+    )  # fmt: skip
     conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
     # A grouped problem of few channels a group runs coarse, on block-diagonal weights (kernels/grouped.py): its
     # launch is the coarse kernel with the weight's expansion (or the gradient's diagonal) timed in.
     coarse = grouped.coarsened(geom)
     on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
     if direction == "fwd":
-        launch = lambda config: on_coarse(lambda x, w: conv3d_fwd(x, w, None, None, coarse, config), x, w)  # noqa: E731
-        cudnn = lambda: F.conv3d(x, w, None, *conv_args)  # noqa: E731
-        exact = lambda: F.conv3d(x.float(), w.float(), None, *conv_args)  # noqa: E731
+        launch = lambda config: on_coarse(lambda x, w: conv3d_fwd(x, w, None, cached, coarse, config), x, w)  # noqa: E731
+        source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
+        if shape.padding_mode == "zeros":
+            cudnn = lambda: F.conv3d(source, w, None, *conv_args)  # noqa: E731
+            exact = lambda: F.conv3d(source.float(), w.float(), None, *conv_args)  # noqa: E731
+        else:  # F.pad's order: (W front, W back, H ..., D ...)
+            pads = [p for pair in reversed(list(zip(padding[0::2], padding[1::2], strict=True))) for p in pair]
+            padded = lambda t: F.pad(t, pads, mode=shape.padding_mode)  # noqa: E731
+            unpadded = (shape.stride, 0, shape.dilation, shape.groups)
+            cudnn = lambda: F.conv3d(padded(source), w, None, *unpadded)  # noqa: E731
+            exact = lambda: F.conv3d(padded(source.float()), w.float(), None, *unpadded)  # noqa: E731
         return coarse, launch, cudnn, exact
     grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
     if direction == "dgrad":
@@ -364,7 +390,7 @@ def main(argv=None) -> int:
     if args.launch_only:
         for shape in shapes:
             for dtype_name in args.dtype.split(","):
-                for direction in args.directions.split(","):
+                for direction in case_directions(shape, args.directions):
                     for name, config in launch_once(shape, dtype_name, direction, impls, torch.device("cuda")):
                         print(f"launched {shape.name} {dtype_name} {direction} {name} {config.to_dict()}", flush=True)
         return 0
@@ -381,7 +407,7 @@ def main(argv=None) -> int:
             (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
             for shape in shapes
             for dtype_name in args.dtype.split(",")
-            for direction in args.directions.split(",")
+            for direction in case_directions(shape, args.directions)
             for name, config in variant_configs(
                 direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], device
             ).items()
@@ -398,7 +424,7 @@ def main(argv=None) -> int:
     try:
         for shape in shapes:
             for dtype_name in args.dtype.split(","):
-                for direction in args.directions.split(","):
+                for direction in case_directions(shape, args.directions):
                     where = (shape.name, dtype_name, direction)
                     done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
                     peak = peak_for(peaks, dtype_name)

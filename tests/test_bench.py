@@ -516,3 +516,81 @@ def test_variants_take_the_stack_layers():
     assert (shapes[0].cin, shapes[0].cout, shapes[2].cin, shapes[2].cout) == (64, 8, 8, 64)
     with pytest.raises(ValueError, match=r"unknown case.*'nope'.*stack_in8"):
         variants.case_shapes(["nope"])
+
+
+def test_variants_time_the_decoders_layers(device):
+    """bench.variants' `decoders` cases (video VAE decoders' layers as converted decodes call them), forward only:
+    reading 2 cached frames (tconv3d in place, cuDNN and the reference on them concatenated in front) or bordered by
+    replicate (tconv3d in place, cuDNN and the reference on F.pad's copy). Tiny such cases through the pointer
+    kernel match the reference; an input gradient is refused, and so are the suite's and the tuner's plans, which
+    would time them without the cache or the border."""
+    from bench import variants
+    from tconv3d.kernels.config import KernelConfig
+    from tconv3d.testing import rel_l2, tolerance
+    from tconv3d.tune import tuner
+    from tconv3d.tune.shapes import ConvShape
+
+    shapes = variants.case_shapes(["wan_dec_384_cached", "hunyuan_dec_128_replicate"])
+    assert (shapes[0].frames_before, shapes[0].padding[:2], shapes[1].padding_mode) == (2, (0, 0), "replicate")
+    assert [variants.case_directions(s, "fwd,dgrad,wgrad") for s in shapes] == [["fwd"], ["fwd"]]
+    assert variants.case_directions(variants.case_shapes(["unet_64"])[0], "fwd,wgrad") == ["fwd", "wgrad"]
+    cached = ConvShape(
+        "tiny_cached", 1, 8, 16, (2, 5, 6), (3, 3, 3), (1, 1, 1), (0, 0, 1, 1, 1, 1), (1, 1, 1), ("fp32",),
+        frames_before=2,
+    )  # fmt: skip
+    bordered = dataclasses.replace(cached, name="tiny_replicate", frames_before=0, padding=(2, 0, 1, 1, 2, 1),
+                                   padding_mode="replicate")  # fmt: skip
+    for tiny, size in ((cached, (4, 5, 6)), (bordered, (2, 5, 6))):
+        geom, launch, cudnn, exact = variants.problem(tiny, torch.float32, "fwd", torch.device(device))
+        assert (geom.prefix_frames, geom.padding_mode, geom.in_size) == (tiny.frames_before, tiny.padding_mode, size)
+        ours, reference = launch(KernelConfig(16, 16, 16, 4, 1)), exact()
+        assert ours.shape == reference.shape == cudnn().shape
+        assert rel_l2(ours, reference) < tolerance(torch.float32), tiny.name
+        with pytest.raises(ValueError, match="a decoder's layer"):
+            variants.problem(tiny, torch.float32, "dgrad", torch.device(device))
+        with pytest.raises(ValueError, match="a decoder's layer"):
+            run.plan_cases([tiny], "fp32", ("fwd",))
+        with pytest.raises(ValueError, match="a decoder's layer"):
+            tuner.plan_jobs([tiny])
+
+
+def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
+    """plan2's rows for the decoders' layers exist on an H100 (capability, SM count and Gluon stubbed): as chosen
+    (the pointer kernel, where the heuristic keeps problems reading frames_before or bordered in H and W until a GPU
+    has timed them) and on the persistent Gluon kernel (the cache read in place; the interior of a bordered one)."""
+    from bench import variants
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.tune import choice, configs
+
+    if conv_gluon.UNAVAILABLE is not None:
+        pytest.skip(conv_gluon.UNAVAILABLE)
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
+    h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
+    monkeypatch.setattr(choice, "pick_config", h100)
+    for shape in load_shape_set("decoders"):
+        found = variants.variant_configs("fwd", shape.launched_geometry(), torch.bfloat16, torch.device("cuda"))
+        assert found["chosen"].variant == "pointer" and found["gluon_ws"].gluon == 2, shape.name
+
+
+def test_census_sees_every_convolution_of_a_decode():
+    """bench.census on the test-size Wan VAE: the dispatch mode records one geometry per tconv3d conv call (as many
+    as the converted conv modules' forwards), the chunks after the first read cached frames, and on an H100 those
+    stay on the pointer kernels; the rows' FLOP shares add up to the decode's."""
+    pytest.importorskip("diffusers")
+    from bench import census
+    from bench.vaes import build_vae
+    from tconv3d.nn import Conv3d, convert
+
+    converted = convert(build_vae("wan", scale=1))
+    calls = []
+    for module in converted.modules():
+        if isinstance(module, Conv3d):
+            module.register_forward_hook(lambda *_: calls.append(1))
+    counts = census.decode_geometries(converted, (1, 16, 3, 8, 8), torch.bfloat16)
+    assert sum(counts.values()) == len(calls) > 0
+    assert any(g.prefix_frames for g in counts) and any(not g.prefix_frames for g in counts)
+    rows, by_variant = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
+    assert sum(row[-1] for row in rows) == pytest.approx(1.0) and sum(by_variant.values()) == pytest.approx(1.0)
+    assert all(config.variant == "pointer" for _, geom, config, *_ in rows if geom.prefix_frames)

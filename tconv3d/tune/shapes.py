@@ -36,6 +36,11 @@ class ConvShape:
     dilation: tuple[int, int, int]
     dtypes: tuple[str, ...]
     groups: int = 1
+    # Frames of a second tensor in front of the input along D (a causal video VAE's cached frames: conv3d's
+    # frames_before), read in place by the forward.
+    frames_before: int = 0
+    # conv3d's padding_mode: "zeros", or a border mode (replicate, reflect, circular) in every dimension.
+    padding_mode: str = "zeros"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -45,10 +50,22 @@ class ConvShape:
     def weight_shape(self) -> tuple[int, ...]:
         return (self.cout, self.cin // self.groups, *self.kernel)
 
+    @property
+    def decoder_layer(self) -> bool:
+        """A video VAE decoder's layer as a converted decode calls it (the `decoders` set): reading cached frames or
+        bordered in a mode other than zeros. Timed in the forward alone (inference), by bench.variants: the suite's
+        and the tuner's calls pass no cached frames, and tuning keys do not tell border modes apart."""
+        return bool(self.frames_before) or self.padding_mode != "zeros"
+
+    @property
+    def frames_before_shape(self) -> tuple[int, ...] | None:
+        return (self.batch, self.cin, self.frames_before, *self.size[1:]) if self.frames_before else None
+
     def geometry(self) -> ConvGeometry:
         return conv_geometry(
-            self.input_shape, self.weight_shape, self.stride, self.padding, self.dilation, groups=self.groups
-        )
+            self.input_shape, self.weight_shape, self.stride, self.padding, self.dilation, self.padding_mode,
+            prefix_frames=self.frames_before, groups=self.groups,
+        )  # fmt: skip
 
     def launched_geometry(self) -> ConvGeometry:
         """The geometry its kernels run (choice.launch): groups of few channels side by side (kernels/grouped.py).
@@ -83,6 +100,8 @@ def _shape_from_dict(entry: dict, source: str) -> ConvShape:
             dilation=dilation,
             dtypes=dtypes,
             groups=int(entry.get("groups", 1)),
+            frames_before=int(entry.get("frames_before", 0)),
+            padding_mode=str(entry.get("padding_mode", "zeros")),
         )
         if len(shape.size) != 3:
             raise ValueError(f"size must be [D, H, W], got {entry['size']}")

@@ -1,0 +1,105 @@
+"""`python -m bench.census`: every convolution of a converted video-VAE decode and the kernel a GPU would run it on,
+on a machine with no GPU.
+
+    python -m bench.census --vae wan                    # diffusers' default config, a 17-frame 256 x 256 decode
+    python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
+
+It builds the VAE (bench.vaes, random weights), converts it (tconv3d.nn.convert) and decodes a latent on the meta
+device: nothing is computed, each tconv3d conv3d call is seen by a dispatch mode and its geometry recorded. For
+each distinct geometry it prints how many calls had it, the forward's config as that GPU model would choose it
+(tconv3d.tune.choice.choose: its table, the nearest key's, or the heuristic), where that came from, the share of
+its MMA work that is the convolution's (configs.mma_fill) and its share of the decode's convolution FLOPs; then
+the FLOPs each kernel variant would run. A decode is inference: forwards only. What it showed first (bench/NOTES.md,
+"What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and HunyuanVideo's convs
+border H and W by replicate, and the heuristic keeps both on the pointer kernels: 92-100% of those decodes' FLOPs."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tconv3d
+from tconv3d.geometry import check_conv3d
+from tconv3d.tune import choice, configs
+from tconv3d.tune.shapes import DTYPES_BY_NAME
+
+from .vaes import CLASSES, DEFAULT_LATENTS, build_vae
+
+
+class _ConvGeometries(TorchDispatchMode):
+    """Counts the geometries of the tconv3d.conv3d calls made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.tconv3d.conv3d.default:
+            names = [argument.name for argument in func._schema.arguments]
+            self.counts[check_conv3d(**dict(zip(names, args, strict=False)), **kwargs)] += 1
+        return func(*args, **kwargs)
+
+
+def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dtype) -> collections.Counter:
+    """geometry -> calls, of one decode of a latent of `latent_shape` by a converted VAE, moved to the meta device."""
+    converted = converted.to(device="meta", dtype=dtype)
+    latent = torch.empty(latent_shape, dtype=dtype, device="meta")
+    with torch.no_grad(), _ConvGeometries() as seen:
+        converted.decode(latent)
+    return seen.counts
+
+
+def census(counts: collections.Counter, dtype: torch.dtype, device_name: str, sm_count: int, capability: int):
+    """One row a geometry: (calls, geometry, config, source, fill, share of the FLOPs), largest share first; and
+    the FLOPs by variant."""
+    total = sum(calls * geom.flops() for geom, calls in counts.items()) or 1
+    rows, by_variant = [], collections.Counter()
+    for geom, calls in counts.items():
+        config, source = choice.choose("fwd", geom, dtype, device_name, sm_count, capability)
+        share = calls * geom.flops() / total
+        rows.append((calls, geom, config, source, configs.mma_fill("fwd", geom, config), share))
+        by_variant[config.variant + ("-ws" if config.gluon == 2 else "")] += share
+    return sorted(rows, key=lambda row: -row[-1]), by_variant
+
+
+def _geometry_text(geom) -> str:
+    k = "x".join(map(str, geom.kernel))
+    s = "x".join(map(str, geom.stride))
+    size = "x".join(map(str, geom.in_size))
+    cached = f" +{geom.prefix_frames} cached" if geom.prefix_frames else ""
+    modes = "" if set(geom.dim_modes) == {"zeros"} else f" {'/'.join(geom.dim_modes)}"
+    return f"{geom.in_channels:>4} -> {geom.out_channels:<4} k{k} s{s} in {size}{cached}{modes}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.census", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vae", default="wan", choices=sorted(CLASSES))
+    parser.add_argument("--latent", default=None, help="N,C,T,H,W (default: bench.vaes.DEFAULT_LATENTS)")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES_BY_NAME))
+    parser.add_argument("--device-name", default="NVIDIA H100 80GB HBM3", help="whose tuning table")
+    parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--capability", type=int, default=90)
+    args = parser.parse_args(argv)
+    latent = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
+    dtype = DTYPES_BY_NAME[args.dtype]
+    counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), latent, dtype)
+    rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability)
+    print(f"{args.vae}: latent {latent}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
+          f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype} forward")  # fmt: skip
+    for calls, geom, config, source, fill, share in rows:
+        split = f" k{config.split_k}" if config.split_k > 1 else ""
+        tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
+        variant = config.variant + ("-ws" if config.gluon == 2 else "")
+        fill_text = "-" if fill is None else f"{100 * fill:.0f}%"
+        print(f"{calls:>4} x {_geometry_text(geom):58} {variant:10} {tile:14} {source:9} fill {fill_text:>4} "
+              f"FLOPs {100 * share:5.1f}%")  # fmt: skip
+    print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
