@@ -62,8 +62,13 @@ def census(counts: collections.Counter, dtype: torch.dtype, device_name: str, sm
         config, source = choice.choose("fwd", geom, dtype, device_name, sm_count, capability)
         share = calls * geom.flops() / total
         rows.append((calls, geom, config, source, configs.mma_fill("fwd", geom, config), share))
-        by_variant[config.variant + ("-ws" if config.gluon == 2 else "")] += share
+        by_variant[_kernel(config)] += share
     return sorted(rows, key=lambda row: -row[-1]), by_variant
+
+
+def _kernel(config) -> str:
+    """The config's kernel: its variant, "-ws" for the warp-specialized Gluon kernel."""
+    return config.variant + ("-ws" if config.gluon == 2 else "")
 
 
 def _geometry_text(geom) -> str:
@@ -93,9 +98,8 @@ def main(argv=None) -> int:
     for calls, geom, config, source, fill, share in rows:
         split = f" k{config.split_k}" if config.split_k > 1 else ""
         tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
-        variant = config.variant + ("-ws" if config.gluon == 2 else "")
         fill_text = "-" if fill is None else f"{100 * fill:.0f}%"
-        print(f"{calls:>4} x {_geometry_text(geom):58} {variant:10} {tile:14} {source:9} fill {fill_text:>4} "
+        print(f"{calls:>4} x {_geometry_text(geom):58} {_kernel(config):10} {tile:14} {source:9} fill {fill_text:>4} "
               f"FLOPs {100 * share:5.1f}%")  # fmt: skip
     print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
     return 0

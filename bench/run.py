@@ -430,8 +430,7 @@ def plan_cases(shapes: list[ConvShape], dtype: str, directions, names=None) -> l
     for shape in shapes:
         if names and shape.name not in names:
             continue
-        if shape.decoder_layer:  # the suite's calls pass no cached frames and no border mode
-            raise ValueError(f"{shape.name} is a decoder's layer (cached frames or borders): bench.variants times it")
+        shape.require_plain()
         dtypes = shape.dtypes if dtype == "all" else [d for d in shape.dtypes if d == dtype]
         plan += [(shape, d, direction) for d in dtypes for direction in directions]
     return plan

@@ -57,6 +57,12 @@ class ConvShape:
         and the tuner's calls pass no cached frames, and tuning keys do not tell border modes apart."""
         return bool(self.frames_before) or self.padding_mode != "zeros"
 
+    def require_plain(self) -> None:
+        """ValueError for a decoder's layer, where the suite and the tuner would time it without its cached frames
+        or its border mode."""
+        if self.decoder_layer:
+            raise ValueError(f"{self.name} is a decoder's layer (cached frames or borders): bench.variants times it")
+
     @property
     def frames_before_shape(self) -> tuple[int, ...] | None:
         return (self.batch, self.cin, self.frames_before, *self.size[1:]) if self.frames_before else None

@@ -213,8 +213,7 @@ def plan_jobs(shapes: list[ConvShape], directions=DIRECTIONS, dtypes: Iterable[s
     """One job per distinct tuning key the shape set needs (the first shape that needs a key tunes it)."""
     jobs: dict[TuningKey, Job] = {}
     for shape in shapes:
-        if shape.decoder_layer:  # its measure would need the cached frames, its key the border mode
-            raise ValueError(f"{shape.name} is a decoder's layer (cached frames or borders): bench.variants times it")
+        shape.require_plain()
         for dtype_name in shape.dtypes:
             if dtypes is not None and dtype_name not in dtypes:
                 continue
