@@ -71,6 +71,38 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_language_once_a_launch()
 
 
+def _set_overflow_checks(enabled: bool):
+    """Turn the interpreter's int32 overflow checks on or off; returns the previous options (None where this
+    Triton's interpreter has no such options, or the kernels are compiled).
+
+    By default the interpreter redoes every int32 add, subtract and multiply in int64 and compares it with the range
+    (sanitize_overflow), then drops the comparison: its assertion is emitted only in debug mode, which is off. That
+    was a third to a half of an interpreted test's time for no check. Off, the arithmetic is the kernel's; on, it is
+    checked for real (debug too, so that the assertion fires): for the fuzzer's random problems
+    (tests/test_fuzz.py, `pytest.mark.overflow_checks`), and everywhere with TCONV3D_OVERFLOW_CHECKS=1."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(options, "sanitize_overflow"):
+        return None
+    builder.options = dataclasses.replace(options, sanitize_overflow=enabled, debug=enabled)
+    return options
+
+
+@pytest.fixture(autouse=True)
+def _overflow_checks(request):
+    wanted = request.node.get_closest_marker("overflow_checks") is not None
+    previous = _set_overflow_checks(wanted or os.environ.get("TCONV3D_OVERFLOW_CHECKS") == "1")
+    yield
+    if previous is not None:
+        from triton.runtime import interpreter
+
+        interpreter.interpreter_builder.options = previous
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

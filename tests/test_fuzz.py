@@ -15,6 +15,8 @@ SCALE = SCALES["large" if DEVICE == "cuda" else "small"]
 # Seeds 0-39 drew, on CPU, every variant forced in every direction, transposed and grouped problems, every padding
 # mode and cached frames; a seed added here is one a fuzzing run found failing.
 SEEDS = range(40)
+# The interpreter's int32 overflow checks, off elsewhere for speed (tests/conftest.py), stay on for the random problems.
+pytestmark = pytest.mark.overflow_checks
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -157,6 +157,51 @@ def test_the_interpreter_patches_the_language_once_a_launch(monkeypatch):
     assert len(originals) == 1
 
 
+@triton.jit
+def _square_kernel(ptr):
+    value = tl.load(ptr)
+    tl.store(ptr, value * value)
+
+
+def _square_int32(value: int) -> int:
+    import torch
+
+    x = torch.tensor([value], dtype=torch.int32)
+    _square_kernel[(1,)](x)
+    return x.item()
+
+
+def _interpreted():
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("compiled kernels do not go through the interpreter")
+
+
+@pytest.mark.overflow_checks
+def test_marked_tests_check_int32_overflow():
+    """conftest turns the interpreter's int32 overflow checks on for tests with the mark (the fuzzer's): a product
+    that leaves int32 stops the launch."""
+    import test_fuzz
+
+    _interpreted()
+    assert test_fuzz.pytestmark.name == "overflow_checks"
+    assert _square_int32(3000) == 9_000_000
+    with pytest.raises(BaseException, match="overflow"):
+        _square_int32(50_000)
+
+
+def test_other_tests_run_without_int32_overflow_checks():
+    """...and off elsewhere (the interpreter's default computes the check and drops it, a third to a half of a test's
+    time): the product wraps, as on a GPU."""
+    import os
+
+    _interpreted()
+    if os.environ.get("TCONV3D_OVERFLOW_CHECKS") == "1":
+        pytest.skip("TCONV3D_OVERFLOW_CHECKS=1 keeps them on everywhere")
+    assert _square_int32(50_000) == 50_000**2 - 2**32
+
+
 def test_the_direct_path_can_be_turned_off():
     import os
     import subprocess
