@@ -50,6 +50,9 @@ def test_every_chosen_config_compiles_for_both_archs(records):
     }
     failed = [r for r in records if not r["compiled"]]
     assert not failed, _names(failed)
+    # Each kernel compiled for its record's GPU (the split-K reduction's sm_80 records once read sm_90's cubin).
+    foreign = [r for r in records if any(k["sm"] != r["arch"] for k in r["kernels"])]
+    assert not foreign, _names(foreign)
     # Every launch with a tensor-core main loop says how much of the peak its instruction issue allows.
     looped = [r for r in records if r["mma"] in ("HGMMA", "HMMA") and r["loop_instructions"]]
     assert len(looped) > len(records) // 2
@@ -229,6 +232,40 @@ def test_the_suites_own_kernels_compile():
     assert compile_script(WALK_COMPILE)[0] > 0
 
 
+KEPT_DISASSEMBLY = """
+import json, subprocess, sys
+sys.path.insert(0, "tests")
+import triton
+from triton.backends.compiler import GPUTarget
+import test_tma
+from tconv3d.inspect import compile as inspect_compile
+ints = ("first", "count", "D", "H", "W", "K_BLOCKS")
+signature = {"got_ptr": "*i32", "want_ptr": "*i32", **dict.fromkeys(ints, "i32"), "BOX_H": "constexpr",
+             "BOX_W": "constexpr"}
+source = triton.compiler.ASTSource(fn=test_tma._walk_kernel, signature=signature, constexprs={"BOX_H": 4, "BOX_W": 8})
+cubin = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+tools = []
+original = subprocess.run
+subprocess.run = lambda args, **kw: tools.append(args[1]) or original(args, **kw)
+first, again = inspect_compile.read_cubin(cubin), inspect_compile.read_cubin(cubin)
+kept = list((triton.knobs.cache.dir / inspect_compile.Path("tconv3d-cuobjdump")).glob("*.json.z"))
+kept[0].write_bytes(b"torn")
+torn = inspect_compile.read_cubin(cubin)
+print(json.dumps([first == again == torn, first["registers"] > 0, tools, len(kept)]))
+"""
+
+
+def test_disassembly_is_read_once_per_cubin(tmp_path, monkeypatch):
+    """cuobjdump's output is kept by the cubin's content in Triton's cache (0.6 s a cubin, most of what inspect and
+    the static compile tests spend): a second read of the same cubin runs no tool and parses the same facts; a
+    torn or unreadable kept file is read from the tool again."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    same, registers, tools, kept = compile_script(KEPT_DISASSEMBLY)
+    assert same and registers
+    assert tools == ["-res-usage", "-sass", "-res-usage", "-sass"]  # the first read and the torn one
+    assert kept == 1
+
+
 def test_rms_norm_kernels_compile_without_spills_and_vectorised():
     """The rms_norm kernels for sm_90 and sm_80, bf16 and fp32, rows of 96 to 4,096 channels (the widest a row may
     be), eps under the root and clamped, forward and backward with SiLU: no spills, 128-bit loads along the
@@ -236,6 +273,7 @@ def test_rms_norm_kernels_compile_without_spills_and_vectorised():
     reports = compile_script(RMS_NORM_COMPILE)
     assert len(reports) == 64  # 2 archs x 2 dtypes x 4 widths x 2 uses of eps x (forward + backward)
     for r in reports:
+        assert r["sm"] == r["arch"], r  # sm_80's are not sm_90's cubins again (compile_only forgot this module)
         assert not r["spill_bytes"] and not r["local_accesses"], r
         assert "LDG.E.128" in r["loads"], r
 
@@ -246,6 +284,7 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
     reports = compile_script(NORM_COMPILE)
     assert len(reports) == 16  # 2 archs x 2 dtypes x (reduce + affine) x (forward + backward)
     for r in reports:
+        assert r["sm"] == r["arch"], r
         assert not r["spill_bytes"] and not r["local_accesses"], r
         assert "LDG.E.128" in r["loads"], r
 

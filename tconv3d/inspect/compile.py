@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import importlib
+import json
 import math
 import multiprocessing
 import os
+import pkgutil
 import re
 import subprocess
 import tempfile
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -32,8 +37,9 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime import driver as triton_driver
 from triton.runtime.jit import JITFunction
 
+from .. import kernels
 from ..geometry import ConvGeometry
-from ..kernels import conv_depthwise, conv_dgrad, conv_fwd, conv_gluon, conv_tma, conv_wgrad, group_norm, launch
+from ..kernels import conv_dgrad, conv_fwd, conv_wgrad, launch
 from ..kernels.config import KernelConfig
 from ..kernels.utils import tensor_map_problems
 
@@ -62,7 +68,16 @@ ARCHS = {
              mma_fma_per_clk={8: 2048, 16: 1024, 32: 512}),
 }  # fmt: skip
 
-KERNEL_MODULES = (conv_fwd, conv_dgrad, conv_wgrad, conv_depthwise, conv_tma, conv_gluon, group_norm)
+
+def _kernel_modules() -> tuple:
+    """Every module of tconv3d.kernels: compile_only and stubbed_launches set aside each one's kernels' compiled
+    caches, and a module left out (the split-K reduction's, the RMS norm's were) kept the first target's kernel for
+    the next: sm_80's records read sm_90's cubin."""
+    found = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+    return (kernels, *found)
+
+
+KERNEL_MODULES = _kernel_modules()
 
 
 @functools.lru_cache(maxsize=16)
@@ -86,6 +101,7 @@ class KernelReport:
     kernel: str
     grid: list[int]
     num_warps: int
+    sm: int | None = None  # the cubin's target, from its SASS header (sm_90a: 90)
     registers: int | None = None
     spill_bytes: int | None = None  # the stack frame: local memory for spills (none of our kernels has arrays)
     shared_bytes: int = 0
@@ -170,7 +186,7 @@ class _StandInDriver:
 
 
 def _jit_functions() -> list[JITFunction]:
-    return [v for m in KERNEL_MODULES for v in vars(m).values() if isinstance(v, JITFunction)]
+    return list(dict.fromkeys(v for m in KERNEL_MODULES for v in vars(m).values() if isinstance(v, JITFunction)))
 
 
 def tensor_maps(args, kernel: CompiledKernel) -> list[dict]:
@@ -265,20 +281,44 @@ def _nvidia_tool(name: str) -> str:
     return str(path)
 
 
-def read_cubin(cubin: bytes) -> dict:
-    """Registers, stack frame and SASS facts of a cubin, from cuobjdump."""
+def _cuobjdump(cubin: bytes) -> tuple[str, str]:
+    """cuobjdump's resource usage and SASS of a cubin, kept by content next to Triton's cache.
+
+    Disassembling costs cuobjdump some 0.6 s of set-up whatever the cubin's size, and the same cubin comes back
+    often (a config and specialisation shared by several shapes, the split-K reduction of every weight gradient):
+    the tool's output is kept, compressed, under the cubin's hash and the wheel's version, so each is read once
+    across processes and runs. What is made of it is not kept: read_cubin parses it afresh every time."""
+    digest = hashlib.sha256(cubin + triton.__version__.encode()).hexdigest()
+    knobs = getattr(triton, "knobs", None)
+    cache = Path(knobs.cache.dir) / "tconv3d-cuobjdump" if knobs is not None else None
+    kept = cache / f"{digest}.json.z" if cache is not None else None
+    if kept is not None and kept.exists():
+        with contextlib.suppress(OSError, ValueError, zlib.error):
+            usage, sass = json.loads(zlib.decompress(kept.read_bytes()))
+            return usage, sass
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        usage = subprocess.run(
-            [_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-        sass = subprocess.run(
-            [_nvidia_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True
-        ).stdout
+        usage, sass = (
+            subprocess.run([_nvidia_tool("cuobjdump"), flag, f.name], capture_output=True, text=True, check=True).stdout
+            for flag in ("-res-usage", "-sass")
+        )
     finally:
         os.unlink(f.name)
+    if kept is not None:
+        with contextlib.suppress(OSError):  # a read-only or full cache: the next read runs the tool again
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = cache / f"{digest}.{os.getpid()}.tmp"
+            partial.write_bytes(zlib.compress(json.dumps([usage, sass]).encode(), 6))
+            os.replace(partial, kept)  # whole or not at all, for the other processes reading it
+    return usage, sass
+
+
+def read_cubin(cubin: bytes) -> dict:
+    """Registers, stack frame and SASS facts of a cubin, from cuobjdump."""
+    usage, sass = _cuobjdump(cubin)
     regs = re.search(r"REG:(\d+)", usage)
+    target = re.search(r"code for sm_(\d+)", sass)
     stack = re.search(r"STACK:(\d+)", usage)
     mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
@@ -288,6 +328,7 @@ def read_cubin(cubin: bytes) -> dict:
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
     return {
+        "sm": int(target.group(1)) if target else None,
         "registers": int(regs.group(1)) if regs else None,
         "spill_bytes": int(stack.group(1)) if stack else None,
         "mma": mma.group(0).rstrip(".") if mma else "none",
