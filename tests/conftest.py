@@ -103,6 +103,23 @@ def _overflow_checks(request):
         interpreter.interpreter_builder.options = previous
 
 
+# The test files that take longest through the interpreter and the sm_90 compiler (2 CPU cores, 2026-11-27), run
+# first: pytest-xdist hands whole files to workers (--dist loadfile), and a long file handed out last ends the run
+# on one worker while the others wait (the static compile tests, last by xdist's own order of files by test count,
+# held one worker for their last 5 minutes).
+LONGEST_FIRST = ("test_static_compile.py", "test_integrations.py", "test_tma.py", "test_gluon_emulated.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's order of files by test count: ours instead
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

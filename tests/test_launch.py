@@ -10,7 +10,6 @@ CI runs this under triton 3.9 and, with the static compile tests, under 3.6."""
 
 import pytest
 import triton
-import triton.language as tl
 from test_static_compile import CUOBJDUMP, compile_script
 
 from tconv3d.kernels import launch
@@ -121,85 +120,6 @@ def test_the_interpreter_launches_through_run():
         assert launch.OFF == "the interpreter runs kernels itself"
     else:
         assert launch.OFF is None or "Triton" in launch.OFF
-
-
-@triton.jit
-def _add_one(x):
-    return x + 1
-
-
-@triton.jit
-def _nested_helpers_kernel(ptr):
-    value = tl.load(ptr)
-    for _ in tl.static_range(3):
-        value = _add_one(value)
-    tl.store(ptr, value)
-
-
-def test_the_interpreter_patches_the_language_once_a_launch(monkeypatch):
-    """conftest's speed-up of the interpreter is in place under this Triton (3.6 and 3.9 in CI): a launch whose kernel
-    calls a helper three times patches triton.language once, not four times, and computes what it should."""
-    import os
-
-    import torch
-    from triton.runtime import interpreter
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("compiled kernels do not go through the interpreter")
-    patch_lang = interpreter._patch_lang
-    assert patch_lang.__module__ == "conftest", "the interpreter's _patch_lang is not conftest's"
-    originals = []
-    original = patch_lang.original
-    monkeypatch.setattr(patch_lang, "original", lambda fn: originals.append(fn) or original(fn))
-    value = torch.tensor([4], dtype=torch.int32)
-    _nested_helpers_kernel[(1,)](value)
-    assert value.item() == 7
-    assert len(originals) == 1
-
-
-@triton.jit
-def _square_kernel(ptr):
-    value = tl.load(ptr)
-    tl.store(ptr, value * value)
-
-
-def _square_int32(value: int) -> int:
-    import torch
-
-    x = torch.tensor([value], dtype=torch.int32)
-    _square_kernel[(1,)](x)
-    return x.item()
-
-
-def _interpreted():
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("compiled kernels do not go through the interpreter")
-
-
-@pytest.mark.overflow_checks
-def test_marked_tests_check_int32_overflow():
-    """conftest turns the interpreter's int32 overflow checks on for tests with the mark (the fuzzer's): a product
-    that leaves int32 stops the launch."""
-    import test_fuzz
-
-    _interpreted()
-    assert test_fuzz.pytestmark.name == "overflow_checks"
-    assert _square_int32(3000) == 9_000_000
-    with pytest.raises(BaseException, match="overflow"):
-        _square_int32(50_000)
-
-
-def test_other_tests_run_without_int32_overflow_checks():
-    """...and off elsewhere (the interpreter's default computes the check and drops it, a third to a half of a test's
-    time): the product wraps, as on a GPU."""
-    import os
-
-    _interpreted()
-    if os.environ.get("TCONV3D_OVERFLOW_CHECKS") == "1":
-        pytest.skip("TCONV3D_OVERFLOW_CHECKS=1 keeps them on everywhere")
-    assert _square_int32(50_000) == 50_000**2 - 2**32
 
 
 def test_the_direct_path_can_be_turned_off():
