@@ -213,7 +213,8 @@ def compile_script(script: str) -> list[dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-WALK_COMPILE = """
+# test_tma's walk of the carried steps, compiled for sm_90 (`kernel`)
+WALK_KERNEL = """
 import json, sys
 sys.path.insert(0, "tests")
 import triton
@@ -224,7 +225,6 @@ signature = {"got_ptr": "*i32", "want_ptr": "*i32", **dict.fromkeys(ints, "i32")
              "BOX_W": "constexpr"}
 source = triton.compiler.ASTSource(fn=test_tma._walk_kernel, signature=signature, constexprs={"BOX_H": 4, "BOX_W": 8})
 kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-print(json.dumps([len(kernel.asm["cubin"])]))
 """
 
 
@@ -232,21 +232,13 @@ def test_the_suites_own_kernels_compile():
     """A kernel a test defines (test_tma's walk of the carried steps) runs compiled on a GPU, not interpreted: it
     compiles for sm_90 here (the interpreter took a starred tuple that triton 3.6's compiler refused on the H100,
     2026-11-26)."""
-    assert compile_script(WALK_COMPILE)[0] > 0
+    assert compile_script(WALK_KERNEL + "print(json.dumps([len(kernel.asm['cubin'])]))")[0] > 0
 
 
 KEPT_DISASSEMBLY = """
-import json, subprocess, sys
-sys.path.insert(0, "tests")
-import triton
-from triton.backends.compiler import GPUTarget
-import test_tma
+import subprocess
 from tconv3d.inspect import compile as inspect_compile
-ints = ("first", "count", "D", "H", "W", "K_BLOCKS")
-signature = {"got_ptr": "*i32", "want_ptr": "*i32", **dict.fromkeys(ints, "i32"), "BOX_H": "constexpr",
-             "BOX_W": "constexpr"}
-source = triton.compiler.ASTSource(fn=test_tma._walk_kernel, signature=signature, constexprs={"BOX_H": 4, "BOX_W": 8})
-cubin = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+cubin = kernel.asm["cubin"]
 tools = []
 original = subprocess.run
 subprocess.run = lambda args, **kw: tools.append(args[1]) or original(args, **kw)
@@ -259,11 +251,11 @@ print(json.dumps([first == again == torn, first["registers"] > 0, tools, len(kep
 
 
 def test_disassembly_is_read_once_per_cubin(tmp_path, monkeypatch):
-    """cuobjdump's output is kept by the cubin's content in Triton's cache (0.6 s a cubin, most of what inspect and
-    the static compile tests spend): a second read of the same cubin runs no tool and parses the same facts; a
+    """cuobjdump's output is kept by the cubin's content in Triton's cache (0.6 s a cubin, half of what inspect
+    spent a record): a second read of the same cubin runs no tool and parses the same facts; a
     torn or unreadable kept file is read from the tool again."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    same, registers, tools, kept = compile_script(KEPT_DISASSEMBLY)
+    same, registers, tools, kept = compile_script(WALK_KERNEL + KEPT_DISASSEMBLY)
     assert same and registers
     assert tools == ["-res-usage", "-sass", "-res-usage", "-sass"]  # the first read and the torn one
     assert kept == 1
