@@ -71,9 +71,20 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_language_once_a_launch()
 
 
-def _set_overflow_checks(enabled: bool):
-    """Turn the interpreter's int32 overflow checks on or off; returns the previous options (None where this
-    Triton's interpreter has no such options, or the kernels are compiled).
+def _interpreter_builder():
+    """The builder Triton's interpreter traces kernels with, where it has the overflow options; None where the
+    kernels are compiled."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(getattr(builder, "options", None), "sanitize_overflow"):
+        return None
+    return builder
+
+
+@pytest.fixture(autouse=True)
+def _overflow_checks(request):
+    """The interpreter's int32 overflow checks, off unless a test asks for them.
 
     By default the interpreter redoes every int32 add, subtract and multiply in int64 and compares it with the range
     (sanitize_overflow), then drops the comparison: its assertion is emitted only in debug mode, which is off. That
@@ -82,25 +93,16 @@ def _set_overflow_checks(enabled: bool):
     (tests/test_fuzz.py, `pytest.mark.overflow_checks`), and everywhere with TCONV3D_OVERFLOW_CHECKS=1."""
     import dataclasses
 
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    options = getattr(builder, "options", None)
-    if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(options, "sanitize_overflow"):
-        return None
-    builder.options = dataclasses.replace(options, sanitize_overflow=enabled, debug=enabled)
-    return options
-
-
-@pytest.fixture(autouse=True)
-def _overflow_checks(request):
-    wanted = request.node.get_closest_marker("overflow_checks") is not None
-    previous = _set_overflow_checks(wanted or os.environ.get("TCONV3D_OVERFLOW_CHECKS") == "1")
+    builder = _interpreter_builder()
+    if builder is None:
+        yield
+        return
+    checked = request.node.get_closest_marker("overflow_checks") is not None
+    checked = checked or os.environ.get("TCONV3D_OVERFLOW_CHECKS") == "1"
+    saved = builder.options
+    builder.options = dataclasses.replace(saved, sanitize_overflow=checked, debug=checked)
     yield
-    if previous is not None:
-        from triton.runtime import interpreter
-
-        interpreter.interpreter_builder.options = previous
+    builder.options = saved
 
 
 # The test files that take longest through the interpreter and the sm_90 compiler (2 CPU cores, 2026-11-27), run

@@ -290,10 +290,9 @@ def _cuobjdump(cubin: bytes) -> tuple[str, str]:
     across processes and runs. What is made of it is not kept: read_cubin parses it afresh every time."""
     digest = hashlib.sha256(cubin + triton.__version__.encode()).hexdigest()
     knobs = getattr(triton, "knobs", None)
-    cache = Path(knobs.cache.dir) / "tconv3d-cuobjdump" if knobs is not None else None
-    kept = cache / f"{digest}.json.z" if cache is not None else None
-    if kept is not None and kept.exists():
-        with contextlib.suppress(OSError, ValueError, zlib.error):
+    kept = Path(knobs.cache.dir) / "tconv3d-cuobjdump" / f"{digest}.json.z" if knobs is not None else None
+    if kept is not None:
+        with contextlib.suppress(OSError, ValueError, zlib.error):  # not kept yet, or torn: the tool reads it
             usage, sass = json.loads(zlib.decompress(kept.read_bytes()))
             return usage, sass
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -307,8 +306,8 @@ def _cuobjdump(cubin: bytes) -> tuple[str, str]:
         os.unlink(f.name)
     if kept is not None:
         with contextlib.suppress(OSError):  # a read-only or full cache: the next read runs the tool again
-            cache.mkdir(parents=True, exist_ok=True)
-            partial = cache / f"{digest}.{os.getpid()}.tmp"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            partial = kept.with_suffix(f".{os.getpid()}.tmp")
             partial.write_bytes(zlib.compress(json.dumps([usage, sass]).encode(), 6))
             os.replace(partial, kept)  # whole or not at all, for the other processes reading it
     return usage, sass
