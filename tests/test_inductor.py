@@ -274,33 +274,38 @@ def test_cache_keys_carry_the_choice_state(monkeypatch, tmp_path):
 
     from tconv3d import ops
 
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", None)
-    monkeypatch.setattr(ops, "_choice_pass", None)
-    monkeypatch.setattr(tconv3d_settings, "INDUCTOR_KERNELS", True)
-    monkeypatch.setattr(tconv3d_settings, "CONFIG_DIR", tmp_path)
-    graph = torch.fx.symbolic_trace(lambda x: x * 2)
-    example = [torch.randn(3)]
+    # Inductor's own patch, not monkeypatch's: pytest (9.2) restores a module attribute it did not find in the
+    # module's __dict__ by deleting it, and a deleted Inductor setting reads "does not exist" to every later compile
+    # in the process (test_scale's compiled checkpointing failed after this file on the same worker).
+    before = inductor_config.post_grad_custom_post_pass
+    with inductor_config.patch(post_grad_custom_post_pass=None):
+        monkeypatch.setattr(ops, "_choice_pass", None)
+        monkeypatch.setattr(tconv3d_settings, "INDUCTOR_KERNELS", True)
+        monkeypatch.setattr(tconv3d_settings, "CONFIG_DIR", tmp_path)
+        graph = torch.fx.symbolic_trace(lambda x: x * 2)
+        example = [torch.randn(3)]
 
-    def key():
-        return codecache.compiled_fx_graph_hash(graph, example, {}, [])[0]
+        def key():
+            return codecache.compiled_fx_graph_hash(graph, example, {}, [])[0]
 
-    unset = key()
-    ops.keep_choices_in_cache_keys()
-    carrier = inductor_config.post_grad_custom_post_pass
-    assert isinstance(carrier, CustomGraphPass) and carrier(graph.graph) is None
-    auto = key()
-    assert auto != unset and key() == auto  # the same state, the same key
-    monkeypatch.setattr(tconv3d_settings, "KERNELS", "pointer")
-    pointer = key()
-    assert pointer != auto
-    (tmp_path / "NVIDIA_H200.json").write_text('{"entries": {}}')  # a table appears (first-use tuning writes one)
-    assert key() != pointer
-    ops.keep_choices_in_cache_keys()  # once
-    assert inductor_config.post_grad_custom_post_pass is carrier
-
-    mine = carrier.__class__()
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", mine)
-    monkeypatch.setattr(ops, "_choice_pass", None)
-    with pytest.warns(UserWarning, match="post_grad_custom_post_pass of your own"):
+        unset = key()
         ops.keep_choices_in_cache_keys()
-    assert inductor_config.post_grad_custom_post_pass is mine
+        carrier = inductor_config.post_grad_custom_post_pass
+        assert isinstance(carrier, CustomGraphPass) and carrier(graph.graph) is None
+        auto = key()
+        assert auto != unset and key() == auto  # the same state, the same key
+        monkeypatch.setattr(tconv3d_settings, "KERNELS", "pointer")
+        pointer = key()
+        assert pointer != auto
+        (tmp_path / "NVIDIA_H200.json").write_text('{"entries": {}}')  # a table appears (first-use tuning writes one)
+        assert key() != pointer
+        ops.keep_choices_in_cache_keys()  # once
+        assert inductor_config.post_grad_custom_post_pass is carrier
+
+        mine = carrier.__class__()
+        inductor_config.post_grad_custom_post_pass = mine
+        monkeypatch.setattr(ops, "_choice_pass", None)
+        with pytest.warns(UserWarning, match="post_grad_custom_post_pass of your own"):
+            ops.keep_choices_in_cache_keys()
+        assert inductor_config.post_grad_custom_post_pass is mine
+    assert inductor_config.post_grad_custom_post_pass is before  # put back, and still a setting
