@@ -28,6 +28,9 @@
 # carry; whatever .whl/ holds is installed into /tmp/site before any stage.
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that).
+# Kernels compiled here ahead of a call (bench/precompile.py, with the GPU image's triton wheel):
+#   PATH=<a venv with triton 3.6>/bin:$PATH PRECOMPILE=<triton-3.6.0-cp312 wheel> bash bench/gpu_session.sh plan2
+# then name `.triton-sm90` in the call's carry; each call unpacks it and reports what it spared in environment.txt.
 # The device machine keeps nothing between calls: copy a returned table into autotune_configs/ once it is whole
 # (or into tuning/, carried, to resume it), and the returned results into bench/results/ before the next bench
 # call, so that it merges instead of starting over. The tree travels without .git: pass the
@@ -87,9 +90,17 @@ for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into 
        exit 2 ;;
   esac
 done
+if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
+  exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
+    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal}"
+fi
 OUT=${OUT:-/tmp/tconv3d-out}
 CALL_SECONDS=${CALL_SECONDS:-570}
 mkdir -p "$OUT"
+# Kernels compiled ahead on a CPU machine (bench/precompile.py), carried as .triton-sm90: Triton finds them on disk.
+if [ -f .triton-sm90/manifest.json ] && cache_dir=$(python3 -m bench.precompile --unpack .triton-sm90); then
+  export TRITON_CACHE_DIR=$cache_dir
+fi
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=.:/tmp/site
@@ -254,4 +265,7 @@ for stage in "${@:-tests}"; do
   run_stage "$stage"
 done
 echo "[gpu_session] done at ${SECONDS} s"
+if [ -f .triton-sm90/manifest.json ]; then  # how many kernels the carried cache spared this call, and how many not
+  echo "precompiled $(python3 -m bench.precompile --census .triton-sm90)" | tee -a "$OUT/environment.txt"
+fi
 tail -n 25 "$OUT"/*.log

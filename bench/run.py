@@ -449,7 +449,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, also read by bench.precompile to compile what a run with the same arguments launches."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="bench", help="a shipped shape set or a JSON file in its format")
     parser.add_argument("--dtype", default="all", choices=["all", *DTYPES_BY_NAME], help="all: each case's dtypes")
@@ -467,7 +468,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--merge", action="store_true", help="fold into the existing results file instead of replacing it"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("python -m bench needs a CUDA device: it times tconv3d against cuDNN on the GPU.")
         return 2

@@ -350,7 +350,8 @@ def table(rows: list[dict], header: bool = True) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, also read by bench.precompile to compile what a run with the same arguments launches."""
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--cases", default=DEFAULT_CASES, help="comma-separated case names (the bench suite's, the stack's layers)"
@@ -375,6 +376,25 @@ def main(argv=None) -> int:
         "--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
         help="processes compiling the variants ahead of their timing (1: each compiled when it first runs)",
     )  # fmt: skip
+    return parser
+
+
+def planned_launches(shapes: list[ConvShape], dtype_names: str, directions: str, impls: set | None, device) -> list:
+    """Every variant launch of a run, in the order it times them: (direction, geometry, dtype, config)."""
+    return [
+        (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
+        for shape in shapes
+        for dtype_name in dtype_names.split(",")
+        for direction in case_directions(shape, directions)
+        for name, config in variant_configs(
+            direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], device
+        ).items()
+        if wanted(impls, shape.name, name)
+    ]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("python -m bench.variants times kernels: it needs a CUDA device")
@@ -403,16 +423,7 @@ def main(argv=None) -> int:
 
     device, compiled, shutdown = torch.device("cuda"), (lambda launch: None), (lambda: None)
     if args.compile_workers > 1:  # every variant of every case, in the order they will be timed
-        planned = [
-            (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
-            for shape in shapes
-            for dtype_name in args.dtype.split(",")
-            for direction in case_directions(shape, args.directions)
-            for name, config in variant_configs(
-                direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], device
-            ).items()
-            if wanted(impls, shape.name, name)
-        ]
+        planned = planned_launches(shapes, args.dtype, args.directions, impls, device)
         compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)
 
     def emit(row: dict) -> None:  # each row as it comes: a run cut short, or one that hung, keeps what it measured

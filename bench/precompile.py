@@ -1,0 +1,292 @@
+"""python -m bench.precompile: compile here, with no GPU, the kernels a GPU session's bench stages will launch, into a
+Triton cache the session carries, so that its minutes go to timing rather than compiling.
+
+    python -m bench.precompile --wheel PATH --variants-args "..." --bench-args "..." --scenarios stack
+    python -m bench.precompile --unpack .triton-sm90        # on the GPU machine: prints the cache dir to use
+    python -m bench.precompile --census .triton-sm90        # after: what the cache held and what was compiled there
+
+`bash bench/gpu_session.sh plan2` with PRECOMPILE=<wheel> set runs the first form with plan2's own arguments, and
+every call of the script runs the other two where `.triton-sm90` travelled (name it in the run's `carry`).
+
+Triton looks a compiled kernel up on disk by a key of its own build (`triton_key`: its Python sources and
+`libtriton.so`), the kernel's source and specialisation, the target and the options. The GPU image runs triton
+3.6.0 under CPython 3.12: its wheel's files are this Triton's except `libtriton.so` (one build per CPython), whose
+code generation is the same (checked: a Triton and a Gluon kernel compiled for sm_90 by the cp311 and cp312 builds
+of 3.6.0 give byte-identical PTX and cubins). So this compiles with the local Triton of the same version under the
+key the GPU image's would compute (`wheel_key`: the local key with the wheel's libtriton hash in place of the
+local one), through the same static compile that the tuner and bench.variants already fill their GPU machine's
+cache with (tconv3d.inspect.compile: on the H100 every kernel compiled ahead was found by the JIT). What is planned
+is what the stages will launch on an H100 or an H200 (both asked: whichever is lent), from their own argument
+parsers: bench.variants' rows, python -m bench's chosen configs per case and direction (bwd: the input and
+weight gradients) and the stack scenario's three layers. The test stages compile their own: their kernels are
+the many small problems of the suite, each compiled by one of 12 xdist workers.
+
+Triton records a cached kernel's files by absolute path, so the cache is built at CACHE_DIR and unpacked there.
+Only what the JIT reads back is packed (the metadata JSON, the cubin and the group file): a third of the size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import sys
+import tarfile
+import time
+import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+import triton
+
+# Where the cache is built here and unpacked on the GPU machine: Triton's group files name their members by path.
+CACHE_DIR = Path("/tmp/tconv3d-triton-cache")
+PACKED = "cache.tar.gz"
+MANIFEST = "manifest.json"
+# The GPUs a session may be lent (bench/NOTES.md): their names pick their tuning tables; both are sm_90 with 132 SMs.
+DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+CAPABILITY = 90
+# Files of a cached kernel the JIT reads back: its metadata, its binary and the group file that names them.
+KEPT_SUFFIXES = (".json", ".cubin")
+
+
+def _libtriton(root: Path) -> Path:
+    return root / "_C" / "libtriton.so"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def local_key() -> str:
+    from triton.runtime import cache
+
+    return cache.triton_key()
+
+
+def wheel_key(wheel: Path) -> str:
+    """The triton_key the Triton of `wheel` computes where it is installed: the local one's, the wheel's libtriton
+    hash in place of the local libtriton's. Refused (ValueError) where any other file of the wheel's package differs
+    from the local install's (another version or build): its key would differ in ways this cannot follow."""
+    root = Path(triton.__file__).parent
+    with zipfile.ZipFile(wheel) as archive:
+        members = {n.removeprefix("triton/"): n for n in archive.namelist() if n.startswith("triton/") and n[-1] != "/"}
+        if "_C/libtriton.so" not in members:
+            raise ValueError(f"{wheel} holds no triton/_C/libtriton.so")
+        different = [
+            name for name, member in members.items()
+            if name.endswith(".py") and (not (root / name).is_file()
+                                         or _sha256((root / name).read_bytes()) != _sha256(archive.read(member)))
+        ]  # fmt: skip
+        if different:
+            raise ValueError(
+                f"{wheel}'s Triton is not this one ({triton.__version__}) built for another Python: "
+                f"{len(different)} sources differ, e.g. {different[:3]}"
+            )
+        theirs = _sha256(archive.read(members["_C/libtriton.so"]))
+    ours = _sha256(_libtriton(root).read_bytes())
+    key = local_key()
+    if key.count(ours) != 1:
+        raise ValueError("this Triton's key does not hold its libtriton hash once: its triton_key changed")
+    return key.replace(ours, theirs)
+
+
+def _keyed_as(key: str) -> None:
+    """In a compiling process: Triton's disk cache keyed as the target Triton's (wheel_key), niced below other work."""
+    from triton.runtime import cache
+
+    cache.triton_key = lambda: key
+    with contextlib.suppress(OSError):
+        os.nice(10)
+
+
+@contextlib.contextmanager
+def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 132):
+    """Inside, torch.cuda answers the questions tconv3d's choice asks of a CUDA device (name, capability, SM count) as
+    `device_name` would, so that bench.variants plans its rows here; the choice's memo is set aside on both sides."""
+    from tconv3d.tune import choice
+
+    class Properties:
+        name, major, minor, multi_processor_count = device_name, capability // 10, capability % 10, sm_count
+
+    saved = (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.get_device_properties)
+    memo = dict(choice._memo)
+    choice._memo.clear()
+    torch.cuda.get_device_name = lambda device=None: device_name
+    torch.cuda.get_device_capability = lambda device=None: (Properties.major, Properties.minor)
+    torch.cuda.get_device_properties = lambda device=None: Properties
+    try:
+        yield torch.device("cuda")
+    finally:
+        torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.get_device_properties = saved
+        choice._memo.clear()
+        choice._memo.update(memo)
+
+
+def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
+    """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack
+    scenario where `scenarios` names it, as the device tconv3d runs on (posing_as) chooses them."""
+    from bench import run
+    from tconv3d.tune import choice
+    from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
+
+    args = run.build_parser().parse_args(bench_args)
+    names = set(args.cases.split(",")) if args.cases else None
+    cases = run.plan_cases(load_shape_set(args.suite), args.dtype, directions, names)
+    if "stack" in scenarios.split(","):  # bench_stack: its three layers, bf16, forward and both gradients
+        cases += [(shape, "bf16", direction) for shape in load_shape_set("stack") for direction in ("fwd", "bwd")]
+    launches = []
+    for shape, dtype_name, direction in cases:
+        geom, dtype = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
+        for kernel_direction in ("dgrad", "wgrad") if direction == "bwd" else (direction,):
+            launches.append((kernel_direction, geom, dtype, choice.pick_config(kernel_direction, geom, dtype, device)))
+    return launches
+
+
+def variants_launches(variants_args: list[str], device) -> list:
+    """The launches of python -m bench.variants with `variants_args`, on the device tconv3d runs on (posing_as)."""
+    from bench import variants
+
+    args = variants.build_parser().parse_args(variants_args)
+    impls = set(args.impls.split(",")) if args.impls else None
+    shapes = variants.case_shapes(args.cases.split(","))
+    return variants.planned_launches(shapes, args.dtype, args.directions, impls, device)
+
+
+def plan(stages: list[str], variants_args: str, bench_args: str, scenarios: str) -> list:
+    """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES."""
+    launches = []
+    for name in DEVICES:
+        with posing_as(name) as device:
+            if "variants" in stages:
+                launches += variants_launches(shlex.split(variants_args), device)
+            if "bench" in stages:
+                directions = tuple(os.environ.get("DIRECTIONS", "fwd bwd").split())
+                launches += bench_launches(shlex.split(bench_args), directions, scenarios, device)
+    return list(dict.fromkeys(launches))
+
+
+def _compile(launch: tuple) -> tuple[bool, float]:
+    from tconv3d.inspect.compile import ARCHS, compiles_cleanly
+
+    start = time.perf_counter()
+    return compiles_cleanly(*launch, ARCHS[CAPABILITY]), time.perf_counter() - start
+
+
+def build(launches: list, key: str, out: Path, workers: int) -> dict:
+    """Compile `launches` into a fresh CACHE_DIR under `key`, pack what the JIT reads into out/PACKED, and write
+    out/MANIFEST. Returns the manifest."""
+    shutil.rmtree(CACHE_DIR, ignore_errors=True)
+    CACHE_DIR.mkdir(parents=True)
+    os.environ["TRITON_CACHE_DIR"] = str(CACHE_DIR)  # the workers' Triton reads it at their first compile
+    start = time.perf_counter()
+    with ProcessPoolExecutor(workers, initializer=_keyed_as, initargs=(key,)) as pool:
+        results = list(pool.map(_compile, launches))
+    out.mkdir(parents=True, exist_ok=True)
+    kernels = sorted(p.parent.name for p in CACHE_DIR.glob("*/*.cubin"))
+    with tarfile.open(out / PACKED, "w:gz") as archive:
+        for path in sorted(CACHE_DIR.glob("*/*")):
+            if path.suffix in KEPT_SUFFIXES:
+                archive.add(path, arcname=str(path.relative_to(CACHE_DIR)))
+    manifest = {
+        "triton": triton.__version__,
+        "key_sha256": _sha256(key.encode()),
+        "cache_dir": str(CACHE_DIR),
+        "capability": CAPABILITY,
+        "devices": list(DEVICES),
+        "launches": len(launches),
+        "failed": sum(not ok for ok, _ in results),
+        "kernels": kernels,
+        "compile_cpu_s": round(sum(s for _, s in results), 1),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "packed_bytes": (out / PACKED).stat().st_size,
+        "commit": _commit(),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _commit() -> str:
+    from bench.run import git_commit
+
+    return git_commit()
+
+
+def unpack(carried: Path) -> str:
+    """On the GPU machine: unpack the carried cache where it was built and return the directory for
+    TRITON_CACHE_DIR, or say why not (another Triton build: its kernels would be looked up under other keys)."""
+    manifest = json.loads((carried / MANIFEST).read_text())
+    if _sha256(local_key().encode()) != manifest["key_sha256"]:
+        raise ValueError(
+            f"the carried kernels were compiled for another Triton build than this one ({triton.__version__}, "
+            f"{sys.version.split()[0]}): not used"
+        )
+    target = Path(manifest["cache_dir"])
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(carried / PACKED) as archive:
+        archive.extractall(target, filter="data")
+    (target / ".unpacked").write_text(str(time.time()))
+    return str(target)
+
+
+def census(carried: Path) -> dict:
+    """What the carried cache held, and the kernels compiled on this machine since it was unpacked."""
+    manifest = json.loads((carried / MANIFEST).read_text())
+    target = Path(manifest["cache_dir"])
+    marker = target / ".unpacked"
+    if not marker.is_file():
+        return {"carried": len(manifest["kernels"]), "unpacked": False}
+    since = float(marker.read_text())
+    carried_kernels = set(manifest["kernels"])
+    here = {p.parent.name for p in target.glob("*/*.cubin") if p.stat().st_mtime > since}
+    return {"carried": len(carried_kernels), "unpacked": True, "compiled_here": len(here - carried_kernels)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.precompile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--wheel", type=Path, help="the GPU image's triton wheel (same version as this Triton)")
+    parser.add_argument("--stages", default="variants bench", help="bench/gpu_session.sh stages to compile for")
+    parser.add_argument("--variants-args", default="", help="bench.variants' arguments, as the stage passes them")
+    parser.add_argument("--bench-args", default="", help="python -m bench's arguments, as the stage passes them")
+    parser.add_argument("--scenarios", default="stack", help="python -m bench's scenarios (stack is planned)")
+    parser.add_argument("--out", type=Path, default=Path(".triton-sm90"), help="where the packed cache goes")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiling processes")
+    parser.add_argument("--unpack", type=Path, help="unpack this carried cache; print the directory for Triton")
+    parser.add_argument("--census", type=Path, help="what this carried cache held and what compiled since")
+    args = parser.parse_args(argv)
+    if args.unpack:
+        try:
+            print(unpack(args.unpack))
+        except (OSError, ValueError, KeyError, tarfile.TarError) as error:
+            print(f"[precompile] {error}", file=sys.stderr)
+            return 1
+        return 0
+    if args.census:
+        print(json.dumps(census(args.census)))
+        return 0
+    if args.wheel is None:
+        parser.error("--wheel is needed to compile (the GPU image's triton wheel: its key)")
+    if torch.cuda.is_available():
+        parser.error("compile here, on a machine without a GPU: this one would plan for its own device")
+    try:
+        key = wheel_key(args.wheel)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        parser.error(str(error))
+    launches = plan(args.stages.split(), args.variants_args, args.bench_args, args.scenarios)
+    print(f"[precompile] {len(launches)} launches for {', '.join(DEVICES)} (sm_{CAPABILITY}), {args.jobs} processes")
+    manifest = build(launches, key, args.out, args.jobs)
+    print(
+        f"[precompile] {len(manifest['kernels'])} kernels, {manifest['failed']} launches failed to compile cleanly, "
+        f"{manifest['compile_cpu_s']} s of compiling in {manifest['wall_s']} s; "
+        f"{manifest['packed_bytes'] / 2**20:.1f} MiB in {args.out / PACKED}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
