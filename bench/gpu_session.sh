@@ -92,7 +92,8 @@ for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into 
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
-    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal}"
+    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal}" \
+    --tune-args "--shapes bench ${TUNE_ARGS:-}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
 CALL_SECONDS=${CALL_SECONDS:-570}

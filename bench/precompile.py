@@ -18,8 +18,10 @@ local one), through the same static compile that the tuner and bench.variants al
 cache with (tconv3d.inspect.compile: on the H100 every kernel compiled ahead was found by the JIT). What is planned
 is what the stages will launch on an H100 or an H200 (both asked: whichever is lent), from their own argument
 parsers: bench.variants' rows, python -m bench's chosen configs per case and direction (bwd: the input and
-weight gradients) and the stack scenario's three layers. The test stages compile their own: their kernels are
-the many small problems of the suite, each compiled by one of 12 xdist workers.
+weight gradients), the stack scenario's three layers, and the tuner's default and candidates of every key it
+would tune (the tune stage: ~1900 launches for the bench suite, ~15 CPU-minutes a core here). The test stages
+compile their own: their kernels are the many small problems of the suite, each compiled by one of 12 xdist
+workers.
 
 Triton records a cached kernel's files by absolute path, so the cache is built at CACHE_DIR and unpacked there.
 Only what the JIT reads back is packed (the metadata JSON, the cubin and the group file): a third of the size.
@@ -109,14 +111,18 @@ def _keyed_as(key: str) -> None:
 def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 132):
     """Inside, torch.cuda answers the questions tconv3d's choice asks of a CUDA device (name, capability, SM count) as
     `device_name` would, so that bench.variants plans its rows here; the choice's memo is set aside on both sides."""
+    from tconv3d.inspect.compile import ARCHS, arch_of
     from tconv3d.tune import choice
 
     class Properties:
         name, major, minor, multi_processor_count = device_name, capability // 10, capability % 10, sm_count
+        shared_memory_per_block_optin = ARCHS[capability].smem_per_block
+        shared_memory_per_multiprocessor = ARCHS[capability].smem_per_sm
 
     saved = (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.get_device_properties)
     memo = dict(choice._memo)
     choice._memo.clear()
+    arch_of.cache_clear()
     torch.cuda.get_device_name = lambda device=None: device_name
     torch.cuda.get_device_capability = lambda device=None: (Properties.major, Properties.minor)
     torch.cuda.get_device_properties = lambda device=None: Properties
@@ -126,6 +132,7 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
         torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.get_device_properties = saved
         choice._memo.clear()
         choice._memo.update(memo)
+        arch_of.cache_clear()
 
 
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
@@ -158,11 +165,24 @@ def variants_launches(variants_args: list[str], device) -> list:
     return variants.planned_launches(shapes, args.dtype, args.directions, impls, device)
 
 
-def plan(stages: list[str], variants_args: str, bench_args: str, scenarios: str) -> list:
+def tune_launches(tune_args: list[str], device) -> list:
+    """What python -m tconv3d.tune with `tune_args` times: each job's default and candidates."""
+    from tconv3d.tune import tuner
+
+    launches = []
+    for job in tuner.planned_jobs(tuner.build_parser().parse_args(tune_args)):
+        default, found = tuner.job_configs(job, device)
+        launches += [(job.direction, job.shape.launched_geometry(), job.dtype, c) for c in (default, *found)]
+    return launches
+
+
+def plan(stages: list[str], variants_args: str, bench_args: str, scenarios: str, tune_args: str = "") -> list:
     """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES."""
     launches = []
     for name in DEVICES:
         with posing_as(name) as device:
+            if "tune" in stages:
+                launches += tune_launches(shlex.split(tune_args), device)
             if "variants" in stages:
                 launches += variants_launches(shlex.split(variants_args), device)
             if "bench" in stages:
@@ -254,6 +274,7 @@ def main(argv=None) -> int:
     parser.add_argument("--variants-args", default="", help="bench.variants' arguments, as the stage passes them")
     parser.add_argument("--bench-args", default="", help="python -m bench's arguments, as the stage passes them")
     parser.add_argument("--scenarios", default="stack", help="python -m bench's scenarios (stack is planned)")
+    parser.add_argument("--tune-args", default="", help="python -m tconv3d.tune's arguments, as the stage passes them")
     parser.add_argument("--out", type=Path, default=Path(".triton-sm90"), help="where the packed cache goes")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiling processes")
     parser.add_argument("--unpack", type=Path, help="unpack this carried cache; print the directory for Triton")
@@ -277,7 +298,7 @@ def main(argv=None) -> int:
         key = wheel_key(args.wheel)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         parser.error(str(error))
-    launches = plan(args.stages.split(), args.variants_args, args.bench_args, args.scenarios)
+    launches = plan(args.stages.split(), args.variants_args, args.bench_args, args.scenarios, args.tune_args)
     print(f"[precompile] {len(launches)} launches for {', '.join(DEVICES)} (sm_{CAPABILITY}), {args.jobs} processes")
     manifest = build(launches, key, args.out, args.jobs)
     print(

@@ -46,13 +46,14 @@ def _run(script: str, tmp_path: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "unrelated")  # the scripts' own compiles never reach the shared cache
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, str(tmp_path / "shapes.json")], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
-def test_the_plan_is_what_the_stages_launch_on_an_h100(tmp_path):
+def test_the_plan_is_what_the_stages_launch_or_time_on_an_h100(tmp_path):
     script = """
 import torch
 from bench import precompile
@@ -78,6 +79,15 @@ chosen = [(d, c) for d, _, _, c in variants if c.gluon]
 assert chosen == list(h100.items()) and len(variants) == 6, variants
 with_stack = precompile.plan(["bench"], "", "--dtype bf16 --cases unet_64", "stack")
 assert len(with_stack) == 3 + 3 * 3, with_stack  # unet_64's three launches, the stack's three layers' nine
+import json, pathlib, sys
+from tconv3d.tune import configs, tuner
+shapes = pathlib.Path(sys.argv[1])
+shapes.write_text(json.dumps({"cases": [{"name": "unet_64", "batch": 2, "cin": 64, "cout": 64, "size": [64, 64, 64],
+                                         "kernel": [3, 3, 3], "stride": 1}]}))
+tuned = precompile.plan(["tune"], "", "", "none", f"--shapes {shapes} --dtypes bf16 --directions wgrad")
+default = configs.heuristic_config("wgrad", geom, bf16, 132, 90)
+assert tuned[0][3] == default and len(tuned) == 1 + tuner.CANDIDATES_PER_KEY, tuned
+assert any(c.gluon for *_, c in tuned[1:]) and any(not c.gluon for *_, c in tuned[1:])  # the H100's space: Gluon too
 print("ok")
 """
     assert _run(script, tmp_path).strip().endswith("ok")

@@ -363,7 +363,8 @@ def summarize(outcomes: list[Outcome]) -> str:
     )
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, also read by bench.precompile to compile what a run with the same arguments times."""
     parser = argparse.ArgumentParser(prog="python -m tconv3d.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="bench", help="a shipped shape set (bench) or a JSON file in its format")
     parser.add_argument("--out", default="autotune_configs", type=Path, help="folder for <device>.json")
@@ -374,18 +375,31 @@ def main(argv=None) -> int:
         "--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
         help="processes that compile candidates ahead of the timing (1: compile each just before timing it)",
     )  # fmt: skip
+    return parser
+
+
+def planned_jobs(args: argparse.Namespace) -> list[Job]:
+    """The jobs a run with `args` (build_parser's) tunes, in order; ValueError for an unknown direction."""
+    directions = tuple(args.directions.split(","))
+    unknown = [d for d in directions if d not in DIRECTIONS]
+    if unknown:
+        raise ValueError(f"unknown direction(s) {unknown}; expected some of {DIRECTIONS}")
+    dtypes = None if args.dtypes is None else set(args.dtypes.split(","))
+    return plan_jobs(load_shape_set(args.shapes), directions, dtypes)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("python -m tconv3d.tune needs a CUDA device: tuning times kernels on the GPU it tunes for.")
         return 2
-    directions = tuple(args.directions.split(","))
-    unknown = [d for d in directions if d not in DIRECTIONS]
-    if unknown:
-        parser.error(f"unknown direction(s) {unknown}; expected some of {DIRECTIONS}")
-    dtypes = None if args.dtypes is None else set(args.dtypes.split(","))
+    try:
+        jobs = planned_jobs(args)
+    except ValueError as error:
+        parser.error(str(error))
     # The cuDNN reference runs once per key: searching its algorithms (slow in exact fp32) would cost more.
     torch.backends.cudnn.benchmark = False
-    jobs = plan_jobs(load_shape_set(args.shapes), directions, dtypes)
     device_name = torch.cuda.get_device_name()
     path = args.out / tables.table_file_name(device_name)
     hung_path = tables.hung_file(path)
