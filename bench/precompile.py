@@ -6,7 +6,12 @@ Triton cache the session carries, so that its minutes go to timing rather than c
     python -m bench.precompile --census .triton-sm90        # after: what the cache held and what was compiled there
 
 `bash bench/gpu_session.sh plan2` with PRECOMPILE=<wheel> set runs the first form with plan2's own arguments, and
-every call of the script runs the other two where `.triton-sm90` travelled (name it in the run's `carry`).
+every call of the script runs the other two where `.triton-sm90` travelled (name it in the run's `carry`). It needs
+a Triton of the GPU image's version here (CI's `.venv-triton36`: PATH=.venv-triton36/bin:$PATH) and that image's
+wheel of it, outside the tree (the tree travels):
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_27_x86_64 triton==3.6.0 -d ~/.cache/tconv3d-wheels
 
 Triton looks a compiled kernel up on disk by a key of its own build (`triton_key`: its Python sources and
 `libtriton.so`), the kernel's source and specialisation, the target and the options. The GPU image runs triton
