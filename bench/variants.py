@@ -8,11 +8,12 @@ choice of box, and both the 16-wide patch and the one-row box) and to Gluon (als
 warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and both with the warp-specialized TMA
 producer; the forward's and input gradient's 256x128x64 also with its operands swapped, so that each wgmma is
 m64n256; the weight gradient's with its taps grouped to 256 columns; the chosen warp-specialized tiles also on the
-deepest ring that fits), and split-K against none where the
-grid leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is reported as such
-and not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d
-tensors and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers the question
-bench/NOTES.md predicts before a GPU session: how much of the matmul peak each variant reaches.
+deepest ring that fits; where a forward's or input gradient's tiles are few, 64-row tiles on one warpgroup with the
+reduction split), and split-K against none where the grid leaves SMs idle. It checks each result against cuDNN in
+fp32 first (a variant that is wrong is reported as such and not timed), then times it with triton.testing.do_bench
+(median, L2 flushed) beside cuDNN on channels_last_3d tensors and the matmul peak measured in the same run (bf16's;
+TF32's for fp32). It answers the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak
+each variant reaches.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ DEEP_RING = "gluon_ws_deep_ring"
 # The row of the chosen persistent tiles on one warpgroup where that fits two programs an SM and the chosen two
 # warpgroups fit one: one program's epilogue and next-tile setup under the other's wgmmas.
 TWO_PER_SM = "gluon_ws_two_per_sm"
+# The row of a forward's or input gradient's few tiles on one warpgroup with the reduction split to fill the SMs
+# (configs.small_grid_twin: hunyuan_512, unet_320).
+SMALL_GRID = "gluon_ws_small_grid"
 
 
 def case_shapes(names: list[str]) -> list[ConvShape]:
@@ -161,6 +165,12 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
                 twin = configs.swapped_twin(tile, direction)
                 if twin is not None:
                     found[name] = twin
+        # a layer of few output tiles: 64-row tiles on one warpgroup, two programs an SM, the reduction split
+        small = configs.small_grid_twin(
+            direction, geom, chosen, configs.multiprocessor_count(device), dtype.itemsize
+        )  # fmt: skip
+        if small is not None and small != chosen:
+            found[SMALL_GRID] = small
         # the weight gradient's chosen persistent tiles with their taps grouped to 256 columns (one wgmma across
         # two taps of 128 input channels, or four of 64), at the chosen split
         grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)

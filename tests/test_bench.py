@@ -337,7 +337,8 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     """Where the persistent Gluon kernel runs two programs an SM (one-warpgroup tiles that fit twice: down_s2's),
     bench.variants also times the same tiles at one program an SM, and only there (not wan_dec_384b's forward,
     two warpgroups a tile); that row launches under conv_gluon.programs_per_sm_at_most(1). The forward and input
-    gradient also get the swapped 256x128 tile."""
+    gradient also get the swapped 256x128 tile, and where their tiles are few (hunyuan_512) one-warpgroup tiles with
+    a split reduction."""
     from bench import variants
     from tconv3d.kernels import conv_gluon
     from tconv3d.tune import choice, configs, tables
@@ -361,6 +362,12 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
         assert (variants.GROUPED_TAPS in found) == (direction == "wgrad")  # and only it groups taps
     large = variants.variant_configs("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     assert "gluon_ws" in large and variants.ONE_PROGRAM_PER_SM not in large
+    # a layer of few tiles (hunyuan_512's 320 of 64 x 128) also on one warpgroup with its reduction split
+    for direction in ("fwd", "dgrad", "wgrad"):
+        few = variants.variant_configs(direction, shapes["hunyuan_512"].geometry(), torch.bfloat16, cuda)
+        assert (variants.SMALL_GRID in few) == (direction != "wgrad"), direction
+        assert direction == "wgrad" or (few[variants.SMALL_GRID].split_k, few[variants.SMALL_GRID].num_warps) == (2, 4)
+    assert variants.SMALL_GRID not in large
     grouped = variants.variant_configs("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     grouped = grouped[variants.GROUPED_TAPS]  # two taps of 128 input channels: m64n256
     assert (grouped.block_n, grouped.tap_group, grouped.gluon) == (256, 2, 2)

@@ -396,7 +396,7 @@ from tconv3d.inspect.compile import ARCHS, compile_launch
 out = []
 arch = ARCHS[90]
 # Every case under the GPU image's triton (3.6); elsewhere one of each kind, to keep CI's main step short.
-KINDS = {"wan_dec_384b", "hunyuan_128", "cogvideo_256", "down_s2", "last_cout3", "unet_32"}
+KINDS = {"wan_dec_384b", "hunyuan_128", "cogvideo_256", "down_s2", "last_cout3", "unet_32", "unet_320"}
 if conv_gluon.UNAVAILABLE is None:
     for shape in load_shape_set("bench"):
         if not triton.__version__.startswith("3.6") and shape.name not in KINDS:
@@ -438,11 +438,17 @@ if conv_gluon.UNAVAILABLE is None:
                 if shape.name in ("down_s2", "last_cout3") and dtype == torch.bfloat16:
                     tall = dataclasses.replace(chosen, block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
                     tiles.append(configs.swapped_twin(configs.with_gluon(tall, geom, direction, True), direction))
+                # a layer of few tiles on one warpgroup, its reduction split (configs.small_grid_twin)
+                if shape.name in ("hunyuan_512", "unet_320") and dtype == torch.bfloat16 and direction != "wgrad":
+                    small = configs.small_grid_twin(direction, geom, chosen, arch.sm_count, 2)
+                    report = compile_launch(direction, geom, dtype, small, 90)[0]
+                    out.append({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "small_grid",
+                                "config": small.to_dict(), **report.to_dict()})
                 # down_s2's phase views, the warp-specialized producer's predicated copies too
                 if shape.name == "down_s2" and dtype == torch.bfloat16:
                     ws = choice.heuristic_gluon_tiles(chosen)
                     tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
-                for config in filter(None, tiles):  # swapped_twin: None for the weight gradient
+                for config in filter(None, tiles):  # the twins: None for the weight gradient
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
@@ -483,14 +489,16 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized, and 256x128x64 with the
     forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
     taps a 256-column tile (down_s2's: four, through the phase views); down_s2's phase views warp-specialized too, and
-    swapped, as last_cout3's forward; last_cout3's forward storing its 3-channel rows from registers; a video VAE's
-    causal conv with replicate borders along D and cached frames, forward and weight gradient, and the interior of one
-    with replicate borders in all three dimensions, forward and weight gradient; a UNet decoder conv reading its skip
-    connection as channels_after, forward and weight gradient), for sm_90: TMA loads, wgmma with both operands in
-    shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a single wait at depth 1 per
-    step), no spills, within the 227 KB a program may take; a warp-specialized kernel's load loop without a runtime
-    division (the strided input gradient's live taps aside). Runs where the Triton is one the kernel is written for
-    (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is unavailable."""
+    swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
+    hunyuan_512 under 3.6) on one warpgroup with their reduction split; last_cout3's forward storing its 3-channel rows
+    from registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
+    gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
+    UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
+    wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
+    single wait at depth 1 per step), no spills, within the 227 KB a program may take; a warp-specialized kernel's load
+    loop without a runtime division (the strided input gradient's live taps aside). Runs where the Triton is one the
+    kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step); elsewhere the kernel says it is
+    unavailable."""
     from tconv3d.inspect.compile import ARCHS
     from tconv3d.kernels import conv_gluon
     from tconv3d.kernels.config import KernelConfig
@@ -525,6 +533,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         ("last_cout3", "fwd"),
     }  # fmt: skip
     assert all(r["mma"].startswith(f"HGMMA.64x{r['config']['block_m']}x") for r in swapped), swapped[0]["mma"]
+    small = [r for r in reports if r.get("row") == "small_grid"]
+    hunyuan = any(r["case"] == "hunyuan_512" for r in reports)  # under 3.6
+    assert {(r["case"], r["direction"]) for r in small} == {
+        (case, direction) for case in ("unet_320", "hunyuan_512")[: 1 + hunyuan] for direction in ("fwd", "dgrad")
+    }
+    assert all(r["mma"].startswith("HGMMA.64x128x") and r["config"]["split_k"] > 1 for r in small), small[0]
     grouped = [r for r in reports if r["config"].get("tap_group")]  # one wgmma across the taps' columns
     assert {(r["case"], r["config"]["tap_group"]) for r in grouped} >= {("wan_dec_384b", 2), ("down_s2", 4)}
     assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]

@@ -572,6 +572,35 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
     assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)
 
 
+def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatch):
+    """configs.small_grid_twin (bench.variants' gluon_ws_small_grid row): a forward or input gradient of few tiles on
+    64-row one-warpgroup Gluon tiles, two programs an SM, its reduction split until the last round of (tile, split)
+    units is at least 3/4 busy at one or two programs an SM; none where the tiles fill the SMs unsplit, nor for the
+    weight gradient."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape.geometry() for shape in load_shape_set("bench")}
+    expected = {"unet_320": 5, "hunyuan_512": 2}  # 48 tiles of 64 x 128 (5 x 48 = 240 units); 320 (640 units)
+    for name, split in expected.items():
+        geom = shapes[name]
+        for direction in ("fwd", "dgrad"):
+            base = configs.heuristic_config(direction, geom, torch.bfloat16, 132, 90)
+            twin = configs.small_grid_twin(direction, geom, base, 132, 2)
+            assert (twin.block_m, twin.block_n, twin.block_k, twin.num_warps, twin.gluon) == (64, 128, 64, 4, 2)
+            assert twin.split_k == split and twin.tma_box_w and configs.gluon_takes(twin), twin
+            assert conv_gluon.programs_an_sm(twin, 2, weight_grad=False) == 2
+            view = configs.gemm_view(direction, geom)
+            units = -(-view.rows // 64) * -(-view.cols // 128) * twin.split_k
+            for per_sm in (1, 2):
+                rounds = units / (per_sm * 132)
+                assert rounds / -(-rounds // 1) >= 0.75, (name, per_sm, rounds)
+        assert configs.small_grid_twin("wgrad", geom, base, 132, 2) is None
+    wide = shapes["wan_dec_384b"]  # 7,020 tiles of 64 x 128: the SMs are full unsplit
+    assert (
+        configs.small_grid_twin("fwd", wide, configs.heuristic_config("fwd", wide, torch.bfloat16, 132, 90), 132, 2)
+        is None
+    )
+
+
 def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     """The share of a launch's MMA work that is the convolution's (configs.mma_fill), against hand counts: tiles that
     divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an
