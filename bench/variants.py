@@ -9,11 +9,11 @@ warps, 128x256x64 where the columns fill 256-wide tiles, else 256x128x64, and bo
 producer; the forward's and input gradient's 256x128x64 also with its operands swapped, so that each wgmma is
 m64n256; the weight gradient's with its taps grouped to 256 columns; the chosen warp-specialized tiles also on the
 deepest ring that fits; where a forward's or input gradient's tiles are few, 64-row tiles on one warpgroup with the
-reduction split), and split-K against none where the grid leaves SMs idle. It checks each result against cuDNN in
-fp32 first (a variant that is wrong is reported as such and not timed), then times it with triton.testing.do_bench
-(median, L2 flushed) beside cuDNN on channels_last_3d tensors and the matmul peak measured in the same run (bf16's;
-TF32's for fp32). It answers the question bench/NOTES.md predicts before a GPU session: how much of the matmul peak
-each variant reaches.
+reduction split; where a tap's channels fill only half-deep steps, those), and split-K against none where the grid
+leaves SMs idle. It checks each result against cuDNN in fp32 first (a variant that is wrong is reported as such and
+not timed), then times it with triton.testing.do_bench (median, L2 flushed) beside cuDNN on channels_last_3d tensors
+and the matmul peak measured in the same run (bf16's; TF32's for fp32). It answers the question bench/NOTES.md
+predicts before a GPU session: how much of the matmul peak each variant reaches.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ TWO_PER_SM = "gluon_ws_two_per_sm"
 # The row of a forward's or input gradient's few tiles on one warpgroup with the reduction split to fill the SMs
 # (configs.small_grid_twin: hunyuan_512, unet_320).
 SMALL_GRID = "gluon_ws_small_grid"
+# The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
+# only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
+WHOLE_STEPS = "gluon_ws_whole_steps"
 
 
 def case_shapes(names: list[str]) -> list[ConvShape]:
@@ -171,6 +174,10 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         )  # fmt: skip
         if small is not None and small != chosen:
             found[SMALL_GRID] = small
+        # 96 channels a tap in three full 32-deep steps instead of two 64-deep ones, the second half empty
+        whole = configs.whole_steps_twin(direction, geom, found["gluon_ws"], dtype.itemsize)
+        if whole is not None:
+            found[WHOLE_STEPS] = whole
         # the weight gradient's chosen persistent tiles with their taps grouped to 256 columns (one wgmma across
         # two taps of 128 input channels, or four of 64), at the chosen split
         grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)

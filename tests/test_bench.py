@@ -367,7 +367,7 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
         few = variants.variant_configs(direction, shapes["hunyuan_512"].geometry(), torch.bfloat16, cuda)
         assert (variants.SMALL_GRID in few) == (direction != "wgrad"), direction
         assert direction == "wgrad" or (few[variants.SMALL_GRID].split_k, few[variants.SMALL_GRID].num_warps) == (2, 4)
-    assert variants.SMALL_GRID not in large
+    assert variants.SMALL_GRID not in large and variants.WHOLE_STEPS not in large  # 384 channels: whole steps
     grouped = variants.variant_configs("wgrad", shapes["wan_dec_384b"].geometry(), torch.bfloat16, cuda)
     grouped = grouped[variants.GROUPED_TAPS]  # two taps of 128 input channels: m64n256
     assert (grouped.block_n, grouped.tap_group, grouped.gluon) == (256, 2, 2)
@@ -392,6 +392,12 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     variants._one_program_per_sm(programs, config)
     programs(config)
     assert seen == [2, 1, 2]
+    monkeypatch.setattr(
+        choice, "pick_config", lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)
+    )
+    for direction in ("fwd", "dgrad", "wgrad"):  # 96 channels a tap: three 32-deep steps, not two 64-deep
+        wan_96 = variants.variant_configs(direction, shapes["wan_dec_96"].geometry(), torch.bfloat16, cuda)
+        assert (wan_96.get(variants.WHOLE_STEPS, wan_96["gluon_ws"]).block_k == 32) == (direction != "wgrad")
 
 
 def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, device):

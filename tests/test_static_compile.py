@@ -444,6 +444,14 @@ if conv_gluon.UNAVAILABLE is None:
                     report = compile_launch(direction, geom, dtype, small, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "small_grid",
                                 "config": small.to_dict(), **report.to_dict()})
+                # a tap's 96 channels in three full 32-deep steps (configs.whole_steps_twin)
+                if shape.name in ("wan_dec_96", "last_cout3") and dtype == torch.bfloat16:
+                    forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
+                    whole = configs.whole_steps_twin(direction, geom, dataclasses.replace(forced, gluon=2), 2)
+                    if whole is not None:
+                        report = compile_launch(direction, geom, dtype, whole, 90)[0]
+                        out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
+                                    "row": "whole_steps", "config": whole.to_dict(), **report.to_dict()})
                 # down_s2's phase views, the warp-specialized producer's predicated copies too
                 if shape.name == "down_s2" and dtype == torch.bfloat16:
                     ws = choice.heuristic_gluon_tiles(chosen)
@@ -490,7 +498,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
     taps a 256-column tile (down_s2's: four, through the phase views); down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
-    hunyuan_512 under 3.6) on one warpgroup with their reduction split; last_cout3's forward storing its 3-channel rows
+    hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
+    (last_cout3's forward, and wan_dec_96's under 3.6); last_cout3's forward storing its 3-channel rows
     from registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
     gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
     UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
@@ -539,6 +548,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         (case, direction) for case in ("unet_320", "hunyuan_512")[: 1 + hunyuan] for direction in ("fwd", "dgrad")
     }
     assert all(r["mma"].startswith("HGMMA.64x128x") and r["config"]["split_k"] > 1 for r in small), small[0]
+    whole = {(r["case"], r["direction"]): r for r in reports if r.get("row") == "whole_steps"}
+    wan_96 = any(r["case"] == "wan_dec_96" for r in reports)  # under 3.6
+    assert set(whole) == {("last_cout3", "fwd")} | (
+        {("wan_dec_96", "fwd"), ("wan_dec_96", "dgrad")} if wan_96 else set()
+    )
+    assert all(r["config"]["block_k"] == 32 for r in whole.values())
     grouped = [r for r in reports if r["config"].get("tap_group")]  # one wgmma across the taps' columns
     assert {(r["case"], r["config"]["tap_group"]) for r in grouped} >= {("wan_dec_384b", 2), ("down_s2", 4)}
     assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]

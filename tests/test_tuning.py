@@ -601,6 +601,32 @@ def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatc
     )
 
 
+def test_whole_steps_twin_reads_96_channels_in_three_full_steps(monkeypatch):
+    """configs.whole_steps_twin (bench.variants' gluon_ws_whole_steps row): Wan's 96-channel layer's persistent Gluon
+    forward and input gradient in 32-deep steps on a ring twice as deep, the programs an SM unchanged, its MMA work
+    1.33x less; none where the channels fill 64-deep steps, for the weight gradient or off the persistent kernel."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape.geometry() for shape in load_shape_set("bench")}
+    geom = shapes["wan_dec_96"]
+    for direction in ("fwd", "dgrad"):
+        chosen = configs.heuristic_config(direction, geom, torch.bfloat16, 132, 90)
+        twin = configs.whole_steps_twin(direction, geom, chosen, 2)
+        assert (twin.block_k, twin.num_stages) == (chosen.block_k // 2, 2 * chosen.num_stages) == (32, 6), twin
+        assert dataclasses.replace(twin, block_k=64, num_stages=3) == chosen
+        same = conv_gluon.programs_an_sm(twin, 2, weight_grad=False) == conv_gluon.programs_an_sm(chosen, 2, False)
+        assert same and configs.mma_fill(direction, geom, chosen) / configs.mma_fill(direction, geom, twin) == 0.75
+        assert configs.whole_steps_twin(direction, geom, dataclasses.replace(chosen, gluon=0), 2) is None
+        wide = shapes["wan_dec_384b"]  # 384 channels: whole 64-deep steps
+        assert (
+            configs.whole_steps_twin(
+                direction, wide, configs.heuristic_config(direction, wide, torch.bfloat16, 132, 90), 2
+            )
+            is None
+        )
+    weight = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+    assert weight.gluon == 2 and configs.whole_steps_twin("wgrad", geom, weight, 2) is None
+
+
 def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     """The share of a launch's MMA work that is the convolution's (configs.mma_fill), against hand counts: tiles that
     divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an

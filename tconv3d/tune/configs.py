@@ -518,6 +518,32 @@ def small_grid_twin(
     return replace(tile, split_k=split) if split > 1 else None
 
 
+def whole_steps_twin(
+    direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int
+) -> KernelConfig | None:
+    """The persistent Gluon forward's or input gradient's `config` with reduction steps half as deep where a tap's
+    channels fill whole steps only so: Wan's 96-channel decoder layers read a tap in two 64-deep steps, the second
+    half empty (mma_fill 0.56 with 96 columns of 128), and in three full 32-deep ones (0.75: 1.33x less MMA work),
+    on a ring twice as deep (the same bytes in flight) or the deepest that keeps the programs an SM it has. None
+    elsewhere: the weight gradient (it reduces over voxels), other kernels, channels that fill their steps already
+    or not half ones, two sources along the channels (their blocks are the sources')."""
+    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
+    second = geom.out_after_channels if direction == "dgrad" else geom.after_channels
+    half = config.block_k // 2
+    if direction == "wgrad" or config.gluon != 2 or second or half < MIN_TILE:
+        return None
+    if channels % config.block_k == 0 or channels % half:
+        return None
+    programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
+    for stages in range(min(8, 2 * config.num_stages), config.num_stages - 1, -1):
+        twin = replace(config, block_k=half, num_stages=stages)
+        shared = conv_gluon.persistent_shared_bytes(twin, element_size, weight_grad=False)
+        fits = programs * (shared + 1024) <= conv_gluon.SM_SHARED_BYTES
+        if fits and conv_gluon.persistent_programs_per_sm(twin, shared) == programs:
+            return twin
+    return None
+
+
 def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
     """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
     128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
