@@ -30,6 +30,8 @@ workers.
 
 Triton records a cached kernel's files by absolute path, so the cache is built at CACHE_DIR and unpacked there.
 Only what the JIT reads back is packed (the metadata JSON, the cubin and the group file): a third of the size.
+torch is imported only to plan and compile, triton only to key: a GPU call's unpack and census cost it no import
+of either.
 """
 
 from __future__ import annotations
@@ -48,9 +50,6 @@ import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import torch
-import triton
-
 # Where the cache is built here and unpacked on the GPU machine: Triton's group files name their members by path.
 CACHE_DIR = Path("/tmp/tconv3d-triton-cache")
 PACKED = "cache.tar.gz"
@@ -64,6 +63,12 @@ KEPT_SUFFIXES = (".json", ".cubin")
 
 def _libtriton(root: Path) -> Path:
     return root / "_C" / "libtriton.so"
+
+
+def _triton_root() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent
 
 
 def _sha256(data: bytes) -> str:
@@ -80,7 +85,9 @@ def wheel_key(wheel: Path) -> str:
     """The triton_key the Triton of `wheel` computes where it is installed: the local one's, the wheel's libtriton
     hash in place of the local libtriton's. Refused (ValueError) where any other file of the wheel's package differs
     from the local install's (another version or build): its key would differ in ways this cannot follow."""
-    root = Path(triton.__file__).parent
+    import triton
+
+    root = _triton_root()
     with zipfile.ZipFile(wheel) as archive:
         members = {n.removeprefix("triton/"): n for n in archive.namelist() if n.startswith("triton/") and n[-1] != "/"}
         if "_C/libtriton.so" not in members:
@@ -116,6 +123,8 @@ def _keyed_as(key: str) -> None:
 def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 132):
     """Inside, torch.cuda answers the questions tconv3d's choice asks of a CUDA device (name, capability, SM count) as
     `device_name` would, so that bench.variants plans its rows here; the choice's memo is set aside on both sides."""
+    import torch
+
     from tconv3d.inspect.compile import ARCHS, arch_of
     from tconv3d.tune import choice
 
@@ -218,6 +227,8 @@ def build(launches: list, key: str, out: Path, workers: int) -> dict:
         for path in sorted(CACHE_DIR.glob("*/*")):
             if path.suffix in KEPT_SUFFIXES:
                 archive.add(path, arcname=str(path.relative_to(CACHE_DIR)))
+    import triton
+
     manifest = {
         "triton": triton.__version__,
         "key_sha256": _sha256(key.encode()),
@@ -245,6 +256,8 @@ def _commit() -> str:
 def unpack(carried: Path) -> str:
     """On the GPU machine: unpack the carried cache where it was built and return the directory for
     TRITON_CACHE_DIR, or say why not (another Triton build: its kernels would be looked up under other keys)."""
+    import triton
+
     manifest = json.loads((carried / MANIFEST).read_text())
     if _sha256(local_key().encode()) != manifest["key_sha256"]:
         raise ValueError(
@@ -297,6 +310,8 @@ def main(argv=None) -> int:
         return 0
     if args.wheel is None:
         parser.error("--wheel is needed to compile (the GPU image's triton wheel: its key)")
+    import torch
+
     if torch.cuda.is_available():
         parser.error("compile here, on a machine without a GPU: this one would plan for its own device")
     try:

@@ -154,3 +154,9 @@ def test_the_session_script_hands_a_plans_own_arguments_to_precompile(tmp_path):
         options["--variants-args"].startswith("--cases wan_dec_384_cached,")
         and "--impls " in options["--variants-args"]
     )
+
+
+def test_a_gpu_calls_unpack_and_census_import_neither_torch_nor_triton_to_start(tmp_path):
+    """The module imports torch only to plan and compile and triton only to key: each GPU call runs it twice."""
+    script = "import sys, bench.precompile; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    assert _run(script, tmp_path).strip() == "[]"
