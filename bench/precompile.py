@@ -175,8 +175,8 @@ def variants_launches(variants_args: list[str], device) -> list:
 
     args = variants.build_parser().parse_args(variants_args)
     impls = set(args.impls.split(",")) if args.impls else None
-    shapes = variants.case_shapes(args.cases.split(","))
-    return variants.planned_launches(shapes, args.dtype, args.directions, impls, device)
+    cases = variants.case_dtypes(args.cases.split(","), args.dtype)
+    return variants.planned_launches(cases, args.directions, impls, device)
 
 
 def tune_launches(tune_args: list[str], device) -> list:

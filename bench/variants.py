@@ -98,6 +98,21 @@ def case_shapes(names: list[str]) -> list[ConvShape]:
     return [known[name] for name in names]
 
 
+def case_dtypes(items: list[str], dtypes: str) -> list[tuple[ConvShape, str]]:
+    """(case, dtype) pairs in the order asked: `name` in each of `dtypes` (comma-separated), `name@dtype` in that
+    dtype alone (one layer in fp32 beside a bf16 run, e.g. unet_64@fp32: TF32 on the Gluon kernel)."""
+    pairs = []
+    for item in items:
+        name, _, own = item.partition("@")
+        for dtype_name in [own] if own else dtypes.split(","):
+            if dtype_name not in DTYPES_BY_NAME:
+                raise ValueError(
+                    f"unknown dtype {dtype_name!r} for case {name!r}; expected one of {list(DTYPES_BY_NAME)}"
+                )
+            pairs.append((case_shapes([name])[0], dtype_name))
+    return pairs
+
+
 def case_directions(shape: ConvShape, directions: str) -> list[str]:
     """The directions of `directions` (comma-separated) a case is timed in: a video VAE decoder's layer as a
     converted decode calls it (the `decoders` set: reading cached frames, or bordered in a mode other than zeros) in
@@ -371,7 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line, also read by bench.precompile to compile what a run with the same arguments launches."""
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--cases", default=DEFAULT_CASES, help="comma-separated case names (the bench suite's, the stack's layers)"
+        "--cases",
+        default=DEFAULT_CASES,
+        help="comma-separated case names (the bench suite's, the stack's layers, the decoders'), each in every --dtype "
+        "or, as name@dtype, in that one",
     )
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
     parser.add_argument("--directions", default="fwd,dgrad,wgrad", help="comma-separated: fwd, dgrad, wgrad")
@@ -396,12 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def planned_launches(shapes: list[ConvShape], dtype_names: str, directions: str, impls: set | None, device) -> list:
-    """Every variant launch of a run, in the order it times them: (direction, geometry, dtype, config)."""
+def planned_launches(cases: list[tuple[ConvShape, str]], directions: str, impls: set | None, device) -> list:
+    """Every variant launch of a run over `cases` (case_dtypes), in the order it times them: (direction, geometry,
+    dtype, config)."""
     return [
         (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
-        for shape in shapes
-        for dtype_name in dtype_names.split(",")
+        for shape, dtype_name in cases
         for direction in case_directions(shape, directions)
         for name, config in variant_configs(
             direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], device
@@ -420,16 +438,15 @@ def main(argv=None) -> int:
         parser.error("--resume needs --out")
     torch.backends.cudnn.benchmark = True
     try:
-        shapes = case_shapes(args.cases.split(","))  # in the order asked: a run cut short keeps the first
+        cases = case_dtypes(args.cases.split(","), args.dtype)  # in the order asked: a run cut short keeps the first
     except ValueError as error:
         parser.error(str(error))
     impls = set(args.impls.split(",")) if args.impls else None
     if args.launch_only:
-        for shape in shapes:
-            for dtype_name in args.dtype.split(","):
-                for direction in case_directions(shape, args.directions):
-                    for name, config in launch_once(shape, dtype_name, direction, impls, torch.device("cuda")):
-                        print(f"launched {shape.name} {dtype_name} {direction} {name} {config.to_dict()}", flush=True)
+        for shape, dtype_name in cases:
+            for direction in case_directions(shape, args.directions):
+                for name, config in launch_once(shape, dtype_name, direction, impls, torch.device("cuda")):
+                    print(f"launched {shape.name} {dtype_name} {direction} {name} {config.to_dict()}", flush=True)
         return 0
     previous = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {}
     peaks, rows = previous.get("peaks") or measure_peaks(), previous.get("rows", [])
@@ -440,7 +457,7 @@ def main(argv=None) -> int:
 
     device, compiled, shutdown = torch.device("cuda"), (lambda launch: None), (lambda: None)
     if args.compile_workers > 1:  # every variant of every case, in the order they will be timed
-        planned = planned_launches(shapes, args.dtype, args.directions, impls, device)
+        planned = planned_launches(cases, args.directions, impls, device)
         compiled, shutdown = compile_ahead(planned, arch_of(device), args.compile_workers)
 
     def emit(row: dict) -> None:  # each row as it comes: a run cut short, or one that hung, keeps what it measured
@@ -450,15 +467,12 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps({"peaks": peaks, "rows": rows}, indent=1) + "\n")
 
     try:
-        for shape in shapes:
-            for dtype_name in args.dtype.split(","):
-                for direction in case_directions(shape, args.directions):
-                    where = (shape.name, dtype_name, direction)
-                    done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
-                    peak = peak_for(peaks, dtype_name)
-                    measure_case(
-                        shape, dtype_name, direction, peak, emit, done, compiled, impls, peaks.get("l2_read_tbps")
-                    )
+        for shape, dtype_name in cases:
+            for direction in case_directions(shape, args.directions):
+                where = (shape.name, dtype_name, direction)
+                done = {r["impl"]: r for r in rows if (r["case"], r["dtype"], r["direction"]) == where}
+                peak = peak_for(peaks, dtype_name)
+                measure_case(shape, dtype_name, direction, peak, emit, done, compiled, impls, peaks.get("l2_read_tbps"))
     finally:
         shutdown()
     return 0

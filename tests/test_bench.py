@@ -521,7 +521,8 @@ def test_l2_read_sums_the_chunks_it_reads(device):
 
 def test_variants_take_the_stack_layers():
     """bench.variants times the stack's 8-channel layers (no suite holds them) beside the bench suite's cases, in
-    the order asked, and names the sets it looked in for a case it does not know."""
+    the order asked, each in the run's dtypes or its own, and names the sets it looked in for a case it does not
+    know."""
     from bench import variants
 
     shapes = variants.case_shapes(["stack_out8", "unet_320", "stack_in8", "stack_64"])
@@ -529,6 +530,13 @@ def test_variants_take_the_stack_layers():
     assert (shapes[0].cin, shapes[0].cout, shapes[2].cin, shapes[2].cout) == (64, 8, 8, 64)
     with pytest.raises(ValueError, match=r"unknown case.*'nope'.*stack_in8"):
         variants.case_shapes(["nope"])
+    # each case in every --dtype, or in its own (name@dtype: one layer in fp32 beside a bf16 run)
+    pairs = variants.case_dtypes(["unet_320", "unet_64@fp32", "stack_in8"], "bf16,fp16")
+    assert [(s.name, d) for s, d in pairs] == [
+        ("unet_320", "bf16"), ("unet_320", "fp16"), ("unet_64", "fp32"), ("stack_in8", "bf16"), ("stack_in8", "fp16")
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp8' for case 'unet_64'"):
+        variants.case_dtypes(["unet_64@fp8"], "bf16")
 
 
 def test_variants_time_the_decoders_layers(device):
