@@ -594,6 +594,8 @@ def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatc
                 rounds = units / (per_sm * 132)
                 assert rounds / -(-rounds // 1) >= 0.75, (name, per_sm, rounds)
         assert configs.small_grid_twin("wgrad", geom, base, 132, 2) is None
+    fp32 = configs.heuristic_config("fwd", shapes["unet_320"], torch.float32, 132, 90)
+    assert configs.small_grid_twin("fwd", shapes["unet_320"], fp32, 132, 4).block_k == 32  # 128-byte rows a step
     wide = shapes["wan_dec_384b"]  # 7,020 tiles of 64 x 128: the SMs are full unsplit
     assert (
         configs.small_grid_twin("fwd", wide, configs.heuristic_config("fwd", wide, torch.bfloat16, 132, 90), 132, 2)

@@ -494,19 +494,20 @@ def _persistent_tiles(
 def small_grid_twin(
     direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
 ) -> KernelConfig | None:
-    """The persistent Gluon forward's or input gradient's tiles for a layer of few output tiles and a long
-    reduction (hunyuan_512: 320 tiles of 64x128 over 13,824 input elements a voxel; unet_320: 48): 64 rows on one
-    warpgroup, so that two programs share an SM (persistent_programs_per_sm), as many columns as the layer has up to
-    128, 64 deep, its reduction split (into fp32 partials, summed after) so that the last round of (tile, split)
-    units over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the
-    heuristic's, whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the
-    tiles alone fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles.
-    Not chosen by the heuristic until a GPU has timed it (bench.variants' SMALL_GRID row)."""
+    """The persistent Gluon forward's or input gradient's tiles for a layer of few output tiles and a long reduction
+    (hunyuan_512: 320 tiles of 64x128 over 13,824 input elements a voxel; unet_320: 48): 64 rows on one warpgroup, so
+    that two programs share an SM (persistent_programs_per_sm), as many columns as the layer has up to 128, 128 bytes of
+    channels deep, its reduction split (into fp32 partials, summed after) so that the last round of (tile, split) units
+    over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the heuristic's,
+    whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the tiles alone
+    fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. Not chosen by
+    the heuristic until a GPU has timed it (bench.variants' SMALL_GRID row)."""
     if direction == "wgrad":
         return None
     view = gemm_view(direction, geom)
     block_n = _pow2_clamp(view.cols, MIN_TILE, 128)
-    tile = replace(config, block_m=64, block_n=block_n, block_k=_pow2_clamp(view.reduction, MIN_TILE, 64),
+    depth = 128 // element_size  # 128-byte rows a step: 64 16-bit channels, 32 fp32 ones
+    tile = replace(config, block_m=64, block_n=block_n, block_k=_pow2_clamp(view.reduction, MIN_TILE, depth),
                    num_warps=4, num_stages=max(config.num_stages, 3), split_k=1, swap_ab=0, tap_group=0)  # fmt: skip
     tile = with_gluon(tile, geom, direction, specialized=True)
     most = _max_k_split(direction, geom, tile)
