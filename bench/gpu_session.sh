@@ -61,8 +61,9 @@ case "${1:-}" in
     # VAE decoders' layers (the decoders set: Wan's reading 2 cached frames, Hunyuan's and Mochi's replicate-bordered),
     # forward, as chosen (pointer) and on the Gluon kernel ("What the video VAE decodes run"); the small grids'
     # forward and input gradient on one-warpgroup Gluon tiles with a split reduction ("Few tiles, a long reduction");
-    # Wan's 96-channel layers in 32-deep steps ("Whole steps"); unet_64 in fp32, chosen against the Gluon kernel as TF32
-    # (its first timing: "fp32 on the Gluon kernel, as TF32"); then the suite and the stack (its 64-channel layer is the suite's stack_64)
+    # Wan's 96-channel layers in 32-deep steps ("Whole steps"); unet_64 in fp32, chosen against the Gluon kernel as
+    # TF32 (its first timing: "unet_64 in fp32 (TF32)"); then the suite and the stack (its 64-channel layer is the
+    # suite's stack_64)
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
       unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
       unet_64:gluon_ws_256x64_swapped resnext3d_g32_256:chosen stack_in8:chosen stack_in8:pointer stack_in8:tma \
@@ -75,7 +76,8 @@ case "${1:-}" in
     # the decoders' layers first: they decide where 90-100% of three VAE decodes' FLOPs run (a call cut short
     # keeps the first cases)
     PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate
-    PLAN2_CASES=$PLAN2_CASES,wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8,hunyuan_512,unet_320,wan_dec_96,unet_64@fp32
+    PLAN2_CASES=$PLAN2_CASES,wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8
+    PLAN2_CASES=$PLAN2_CASES,hunyuan_512,unet_320,wan_dec_96,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-190} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
