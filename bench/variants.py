@@ -101,15 +101,15 @@ def case_shapes(names: list[str]) -> list[ConvShape]:
 def case_dtypes(items: list[str], dtypes: str) -> list[tuple[ConvShape, str]]:
     """(case, dtype) pairs in the order asked: `name` in each of `dtypes` (comma-separated), `name@dtype` in that
     dtype alone (one layer in fp32 beside a bf16 run, e.g. unet_64@fp32: TF32 on the Gluon kernel)."""
+    named = [item.partition("@") for item in items]
     pairs = []
-    for item in items:
-        name, _, own = item.partition("@")
+    for shape, (name, _, own) in zip(case_shapes([name for name, _, _ in named]), named, strict=True):
         for dtype_name in [own] if own else dtypes.split(","):
             if dtype_name not in DTYPES_BY_NAME:
                 raise ValueError(
                     f"unknown dtype {dtype_name!r} for case {name!r}; expected one of {list(DTYPES_BY_NAME)}"
                 )
-            pairs.append((case_shapes([name])[0], dtype_name))
+            pairs.append((shape, dtype_name))
     return pairs
 
 
@@ -130,16 +130,10 @@ def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str
     """`config` (persistent) with the most stages, up to 8, whose shared memory still fits as many programs an SM
     as it has now."""
     weight_grad = direction == "wgrad"
-
-    def programs(c):  # programs an SM holds at once, 0 where even they do not fit
-        shared = conv_gluon.persistent_shared_bytes(c, element_size, weight_grad)
-        count = conv_gluon.persistent_programs_per_sm(c, shared)
-        return count if (shared + 1024) * count <= conv_gluon.SM_SHARED_BYTES else 0
-
-    deepest, now = config, programs(config)
+    deepest, now = config, conv_gluon.resident_programs(config, element_size, weight_grad)
     for stages in range(config.num_stages + 1, 9):
         deeper = dataclasses.replace(config, num_stages=stages)
-        if programs(deeper) != now:
+        if conv_gluon.resident_programs(deeper, element_size, weight_grad) != now:
             break
         deepest = deeper
     return deepest

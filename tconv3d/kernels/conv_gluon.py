@@ -133,6 +133,14 @@ def programs_an_sm(config: KernelConfig, element_size: int, weight_grad: bool) -
     return persistent_programs_per_sm(config, persistent_shared_bytes(config, element_size, weight_grad))
 
 
+def resident_programs(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+    """programs_an_sm where that many fit the SM's shared memory together, else 0 (a ring too deep for them): what
+    a deeper ring may be compared by."""
+    shared = persistent_shared_bytes(config, element_size, weight_grad)
+    count = persistent_programs_per_sm(config, shared)
+    return count if count * (shared + 1024) <= SM_SHARED_BYTES else 0
+
+
 @contextlib.contextmanager
 def programs_per_sm_at_most(programs: int):
     """Inside, persistent launches run at most `programs` programs an SM: bench.variants times the two-program

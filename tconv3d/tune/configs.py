@@ -538,9 +538,7 @@ def whole_steps_twin(
     programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
     for stages in range(min(8, 2 * config.num_stages), config.num_stages - 1, -1):
         twin = replace(config, block_k=half, num_stages=stages)
-        shared = conv_gluon.persistent_shared_bytes(twin, element_size, weight_grad=False)
-        fits = programs * (shared + 1024) <= conv_gluon.SM_SHARED_BYTES
-        if fits and conv_gluon.persistent_programs_per_sm(twin, shared) == programs:
+        if conv_gluon.resident_programs(twin, element_size, weight_grad=False) == programs:
             return twin
     return None
 
