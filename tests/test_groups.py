@@ -19,7 +19,8 @@ CL = torch.channels_last_3d
 
 
 # (name, batch, cin, cout, groups, size, kernel, stride, padding, dilation): odd channel counts per group (3, 5),
-# channel multipliers 1 and 2, sizes no tile divides.
+# channel multipliers 1, 2, 3, 4 and 32 (the depthwise kernels read a power of two's channels as one run and gather
+# the others, and the input gradient gathers where the run would pass _DGRAD_REPEAT_COLUMNS), sizes no tile divides.
 GROUP_CASES = [
     ("groups2_odd", 2, 6, 10, 2, (4, 5, 6), 3, 1, 1, 1),
     ("groups4_mult2", 1, 8, 16, 4, (3, 5, 4), 3, 2, 1, 1),
@@ -33,6 +34,9 @@ GROUP_CASES = [
     ("depthwise_mult2_stride2", 1, 3, 6, 3, (5, 6, 7), 3, 2, 1, 1),
     ("depthwise_stride_1_2_2_k133", 1, 4, 4, 4, (3, 7, 6), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1),
     ("depthwise_dilation2_asym", 1, 3, 6, 3, (6, 5, 7), 3, 1, (2, 0, 1, 2, 2, 1), 2),
+    ("depthwise_mult3", 1, 4, 12, 4, (3, 5, 6), 3, 1, 1, 1),
+    ("depthwise_mult4_stride2", 1, 5, 20, 5, (5, 6, 5), 3, 2, 1, 1),
+    ("depthwise_mult32_k133", 1, 2, 64, 2, (2, 3, 5), (1, 3, 3), 1, (0, 1, 1), 1),
 ]
 
 

@@ -284,6 +284,20 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
         assert "LDG.E.128" in r["loads"], r
 
 
+
+def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(records):
+    """The suite's depthwise layers, channel multipliers 1 and 2: every direct kernel loads activations and
+    gradients in 128-bit vectors along the contiguous channels, and the weight gradient (which reads no weight)
+    nothing narrower. Reading x[.., co // 2] or go[.., ci * 2 + j] for a run of channels compiled to one load
+    an element (LDG.E.U16 alone in bf16, 72 loads a forward tap row where the multiplier-1 layer issues 30)."""
+    found = [(r, k) for r in records if r["case"] in ("x3d_depthwise_192", "depthwise_mult2_96")
+             for k in r["kernels"] if k["kernel"].startswith("_depthwise_")]  # fmt: skip
+    assert len(found) == 2 * 3 * 3 * len(STATIC_ARCHS)
+    for r, k in found:
+        assert "LDG.E.128" in k["loads"], (r["case"], r["dtype"], r["direction"], r["arch"], k["loads"])
+        if r["direction"] == "wgrad":
+            assert k["loads"] == ["LDG.E.128"], (r["case"], r["dtype"], r["arch"], k["loads"])
+
 TMA_COMPILE = """
 import dataclasses, json, torch
 from tconv3d.geometry import conv_geometry

@@ -3,6 +3,12 @@ launchers. One input channel per group leaves nothing for a GEMM tile to reduce 
 output, a 16-wide MMA at most 1/16 used per multiplier), so each program takes a tile of voxels x a block of
 channels and sums the taps in registers: loads run along the contiguous NDHWC channels, accumulation is fp32,
 and the taps are unrolled. The weight gradient reduces over voxels in fixed-order splits (no atomics).
+
+A channel multiplier ties input channel ci to outputs ci x multiplier + r. Every load reads a contiguous run of
+channels (16-byte vectors on a GPU), never x[.., co // multiplier] or go[.., ci x multiplier + r] for a run of
+co or ci: the compiler cannot see such addresses as contiguous and loads them one element at a time (sm_90, bf16,
+multiplier 2: 72 loads a forward tap row where the multiplier-1 layer issues 30). The forward gives each program
+one r (grid axis 1: channel block x r), the gradients split the run in registers (REPEAT).
 """
 
 import torch
@@ -18,7 +24,7 @@ from .utils import cdiv, split_voxel
 @triton.jit
 def _depthwise_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr,
-    M, C_OUT, D_IN, H_IN, W_IN, D_OUT, H_OUT, W_OUT,
+    M, C_IN, D_IN, H_IN, W_IN, D_OUT, H_OUT, W_OUT,
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
     stride_wo, stride_wd, stride_wh, stride_ww,
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
@@ -26,16 +32,20 @@ def _depthwise_fwd_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """y[m, co] = sum over taps of x[voxel(m) + tap, co // MULTIPLIER] * w[co, tap] (+ bias[co]); zeros padding."""
+    """y[m, ci * MULTIPLIER + r] = sum over taps of x[voxel(m) + tap, ci] * w[ci * MULTIPLIER + r, tap] (+ bias);
+    zeros padding. Grid axis 1 is (block of BLOCK_C input channels, r): the program reads its input channels
+    contiguously and writes every MULTIPLIER-th output channel (the output is written once, the input read 27
+    times)."""
+    r = tl.program_id(1) % MULTIPLIER
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # output channels
+    offs_c = (tl.program_id(1) // MULTIPLIER) * BLOCK_C + tl.arange(0, BLOCK_C)  # input channels
+    offs_co = offs_c * MULTIPLIER + r
     mask_m = offs_m < M
-    mask_c = offs_c < C_OUT
+    mask_c = offs_c < C_IN
     n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, W_OUT)
     d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
     h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
     w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
-    x_cols = (offs_c // MULTIPLIER) * stride_xc
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     # kd and kh loop at run time, kw is unrolled: a full unroll hoists all 27 taps' loads and spills.
     for kd in range(KD):
@@ -47,14 +57,14 @@ def _depthwise_fwd_kernel(
                 inside = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                 x_rows = (n * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
                           + iw.to(tl.int64) * stride_xw)  # fmt: skip
-                x_ptrs = x_ptr + x_rows[:, None] + x_cols[None, :]
+                x_ptrs = x_ptr + x_rows[:, None] + (offs_c * stride_xc)[None, :]
                 x = tl.load(x_ptrs, mask=inside[:, None] & mask_c[None, :], other=0.0)
-                w = tl.load(w_ptr + offs_c * stride_wo + kd * stride_wd + kh * stride_wh + kw * stride_ww, mask=mask_c)
+                w = tl.load(w_ptr + offs_co * stride_wo + kd * stride_wd + kh * stride_wh + kw * stride_ww, mask=mask_c)
                 acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + offs_co, mask=mask_c, other=0.0).to(tl.float32)[None, :]
     y_rows = n * stride_yn + od * stride_yd + oh * stride_yh + ow * stride_yw
-    y_ptrs = y_ptr + y_rows[:, None] + offs_c[None, :] * stride_yc
+    y_ptrs = y_ptr + y_rows[:, None] + offs_co[None, :] * stride_yc
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_c[None, :])
 
 
@@ -67,11 +77,13 @@ def _depthwise_dgrad_kernel(
     stride_in, stride_ic, stride_id, stride_ih, stride_iw,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over taps and j < MULTIPLIER of go[(i + pad - tap * dil) / stride, ci * MULTIPLIER + j]
     * w[ci * MULTIPLIER + j, tap], over the taps for which that division is exact (the forward's taps flipped;
-    a strided layer's other taps are masked, the tile is voxels whatever the phase)."""
+    a strided layer's other taps are masked, the tile is voxels whatever the phase). REPEAT (_repeats): the block's
+    BLOCK_C x MULTIPLIER output channels are one contiguous load a voxel, viewed as [BLOCK_C, MULTIPLIER] and summed
+    over j in registers; otherwise a gather per j (every MULTIPLIER-th channel: element by element)."""
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # input channels
     mask_m = offs_m < M
@@ -81,6 +93,9 @@ def _depthwise_dgrad_kernel(
     d0 = (id_ + PAD_D).to(tl.int32)
     h0 = (ih + PAD_H).to(tl.int32)
     w0 = (iw + PAD_W).to(tl.int32)
+    if REPEAT:  # the block's output channels: as one run, and as [BLOCK_C, MULTIPLIER]
+        offs_co = tl.program_id(1) * BLOCK_C * MULTIPLIER + tl.arange(0, BLOCK_C * MULTIPLIER)
+        offs_co2 = offs_c[:, None] * MULTIPLIER + tl.arange(0, MULTIPLIER)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     for kd in range(KD):  # run-time loops, kw unrolled: as in the forward
         td = d0 - kd * DIL_D
@@ -96,12 +111,20 @@ def _depthwise_dgrad_kernel(
                 hit = mask_m & ok_d & ok_h & (tw >= 0) & (ow * STRIDE_W == tw) & (ow < W_OUT)
                 go_rows = (n * stride_gn + od.to(tl.int64) * stride_gd + oh.to(tl.int64) * stride_gh
                            + ow.to(tl.int64) * stride_gw)  # fmt: skip
-                for j in range(MULTIPLIER):  # at run time: unrolled with kw, the gathers spill
-                    co = offs_c * MULTIPLIER + j
-                    go = tl.load(go_ptr + go_rows[:, None] + (co * stride_gc)[None, :],
-                                 mask=hit[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
-                    w = tl.load(w_ptr + co * stride_wo + kd * stride_wd + kh * stride_wh + kw * stride_ww, mask=mask_c)
-                    acc += go.to(tl.float32) * w.to(tl.float32)[None, :]
+                tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
+                if REPEAT:
+                    go = tl.load(go_ptr + go_rows[:, None] + (offs_co * stride_gc)[None, :],
+                                 mask=hit[:, None] & (offs_co < C_IN * MULTIPLIER)[None, :], other=0.0)  # fmt: skip
+                    go = tl.reshape(go, (BLOCK_M, BLOCK_C, MULTIPLIER))
+                    w = tl.load(w_ptr + offs_co2 * stride_wo + tap, mask=mask_c[:, None])
+                    acc += tl.sum(go.to(tl.float32) * w.to(tl.float32)[None, :, :], axis=2)
+                else:
+                    for j in range(MULTIPLIER):  # at run time: unrolled with kw, the gathers spill
+                        co = offs_c * MULTIPLIER + j
+                        go = tl.load(go_ptr + go_rows[:, None] + (co * stride_gc)[None, :],
+                                     mask=hit[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
+                        w = tl.load(w_ptr + co * stride_wo + tap, mask=mask_c)
+                        acc += go.to(tl.float32) * w.to(tl.float32)[None, :]
     gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw
     gi_ptrs = gi_ptr + gi_rows[:, None] + offs_c[None, :] * stride_ic
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_c[None, :])
@@ -116,22 +139,28 @@ def _depthwise_wgrad_kernel(
     stride_os, stride_oo,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr,
 ):  # fmt: skip
     """Partial sums, one per split of the output voxels (grid axis 1): out[split, co, tap] = sum over the split's
     voxels m of go[m, co] * x[voxel(m) + tap, co // MULTIPLIER]. One program per (channel block, tap): its
-    reduction is a per-channel sum over voxels, kept in a [BLOCK_M, BLOCK_C] fp32 tile and folded at the end."""
+    reduction is a per-channel sum over voxels, kept in a [BLOCK_M, Q, R] fp32 tile (co = q * R + r) and folded at
+    the end. REPEAT (_repeats): R = MULTIPLIER, so q is an input channel, loaded once for its R outputs;
+    otherwise R = 1 and each output channel gathers its input channel."""
+    R: tl.constexpr = MULTIPLIER if REPEAT else 1
+    Q: tl.constexpr = BLOCK_C // R
     taps: tl.constexpr = KD * KH * KW
     tap = tl.program_id(0) % taps
     offs_c = (tl.program_id(0) // taps) * BLOCK_C + tl.arange(0, BLOCK_C)  # output channels
+    offs_q = (tl.program_id(0) // taps) * Q + tl.arange(0, Q)
     mask_c = offs_c < C_OUT
+    mask_q = offs_q < C_OUT // R
+    x_cols = (offs_q // (MULTIPLIER // R)) * stride_xc
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
-    x_cols = (offs_c // MULTIPLIER) * stride_xc
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
-    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, Q, R), dtype=tl.float32)
     for m0 in range(row_start, row_end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < row_end
@@ -145,10 +174,24 @@ def _depthwise_wgrad_kernel(
                      mask=mask_m[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
         x_rows = (n * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
                   + iw.to(tl.int64) * stride_xw)  # fmt: skip
-        x = tl.load(x_ptr + x_rows[:, None] + x_cols[None, :], mask=inside[:, None] & mask_c[None, :], other=0.0)
-        acc += go.to(tl.float32) * x.to(tl.float32)
+        x = tl.load(x_ptr + x_rows[:, None] + x_cols[None, :], mask=inside[:, None] & mask_q[None, :], other=0.0)
+        acc += tl.reshape(go, (BLOCK_M, Q, R)).to(tl.float32) * x.to(tl.float32)[:, :, None]
     out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_c * stride_oo + tap
-    tl.store(out_ptrs, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=mask_c)
+    tl.store(out_ptrs, tl.reshape(tl.sum(acc, axis=0), (BLOCK_C,)).to(out_ptr.dtype.element_ty), mask=mask_c)
+
+
+# The input gradient's REPEAT tile loads BLOCK_C x multiplier output-gradient channels a voxel: at most this many.
+_DGRAD_REPEAT_COLUMNS = 256
+
+
+def _repeats(direction: str, multiplier: int, block_c: int) -> bool:
+    """Whether a kernel's block of block_c channels reads the channels that the multiplier ties together (an input
+    channel and its multiplier outputs) as one contiguous run, split in registers: where the multiplier is a power
+    of two (tile dimensions are), it divides the weight gradient's block of outputs, and the input gradient's run
+    of block_c x multiplier outputs stays within _DGRAD_REPEAT_COLUMNS. Otherwise they gather."""
+    if multiplier & (multiplier - 1):
+        return False
+    return block_c % multiplier == 0 if direction == "wgrad" else block_c * multiplier <= _DGRAD_REPEAT_COLUMNS
 
 
 def _geometry_arguments(geom: ConvGeometry) -> tuple:
@@ -162,12 +205,12 @@ def _weight_strides(weight: torch.Tensor) -> tuple:
 
 
 def depthwise_fwd(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
-    rows = geom.output_voxels
-    grid = (cdiv(rows, config.block_m), cdiv(geom.out_channels, config.block_n))
+    rows, multiplier = geom.output_voxels, geom.group_out_channels
+    grid = (cdiv(rows, config.block_m), cdiv(geom.in_channels, config.block_n) * multiplier)
     launch(
         _depthwise_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, y,
-        rows, geom.out_channels, *geom.in_size, *geom.out_size,
+        rows, geom.in_channels, *geom.in_size, *geom.out_size,
         *x.stride(), *_weight_strides(weight), *y.stride(),
         *_geometry_arguments(geom),
         *geom.kernel, MULTIPLIER=geom.group_out_channels, HAS_BIAS=bias is not None,
@@ -186,7 +229,8 @@ def depthwise_dgrad(grad_out, weight, grad_in, geom: ConvGeometry, config: Kerne
         *grad_out.stride(), *_weight_strides(weight), *grad_in.stride(),
         *_geometry_arguments(geom),
         *geom.kernel, MULTIPLIER=geom.group_out_channels,
-        BLOCK_M=config.block_m, BLOCK_C=config.block_n, num_warps=config.num_warps, num_stages=1,
+        BLOCK_M=config.block_m, BLOCK_C=config.block_n, REPEAT=_repeats("dgrad", geom.group_out_channels, config.block_n),
+        num_warps=config.num_warps, num_stages=1,
     )  # fmt: skip
     return grad_in
 
@@ -194,7 +238,7 @@ def depthwise_dgrad(grad_out, weight, grad_in, geom: ConvGeometry, config: Kerne
 def depthwise_wgrad(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, rows_per_split: int) -> None:
     """Fills out, [splits, Cout, taps, 1]: each split's partial sum over its rows_per_split output voxels (the
     caller adds the splits in a fixed order)."""
-    rows, c_out, taps = geom.output_voxels, geom.out_channels, geom.taps
+    rows, c_out, taps, multiplier = geom.output_voxels, geom.out_channels, geom.taps, geom.group_out_channels
     grid = (cdiv(c_out, config.block_n) * taps, out.shape[0])
     launch(
         _depthwise_wgrad_kernel, grid,
@@ -202,6 +246,8 @@ def depthwise_wgrad(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, 
         rows, c_out, *geom.in_size, *geom.out_size, rows_per_split,
         *grad_out.stride(), *x.stride(), out.stride(0), out.stride(1),
         *_geometry_arguments(geom),
-        *geom.kernel, MULTIPLIER=geom.group_out_channels,
-        BLOCK_M=config.block_m, BLOCK_C=config.block_n, num_warps=config.num_warps, num_stages=1,
+        *geom.kernel, MULTIPLIER=multiplier,
+        BLOCK_M=config.block_m, BLOCK_C=config.block_n,
+        REPEAT=_repeats("wgrad", multiplier, config.block_n),
+        num_warps=config.num_warps, num_stages=1,
     )  # fmt: skip

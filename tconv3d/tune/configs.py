@@ -306,10 +306,16 @@ def candidates(
     return kept + twins
 
 
+def _direct_channels(direction: str, geom: ConvGeometry) -> int:
+    """The channels a direct kernel's block runs over: the weight gradient's output channels, the forward's and
+    the input gradient's input channels (conv_depthwise)."""
+    return geom.out_channels if direction == "wgrad" else geom.in_channels
+
+
 def _direct_candidates(direction: str, geom: ConvGeometry) -> list[KernelConfig]:
     """The depthwise direct kernels' tiles: voxels x channels, warps, and the weight gradient's splits; no tile
     wider than the channels' next power of two, at most 64 fp32 accumulators per thread."""
-    channels = geom.in_channels if direction == "dgrad" else geom.out_channels
+    channels = _direct_channels(direction, geom)
     splits = (1, 2, 4, 8, 16, 32, 64) if direction == "wgrad" else (1,)
     found = []
     for block_m, block_c, warps, split in itertools.product((32, 64, 128), (16, 32, 64, 128), (4, 8), splits):
@@ -400,7 +406,7 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
     """Tiles of the depthwise direct kernels: 64 voxels x 64 channels (128-byte rows of 16-bit channels per load)
     on a GPU, fewer channels where there are fewer; the weight gradient split until its programs fill the SMs
     about four times over, keeping at least 8 tile steps per split. Under the interpreter, few large tiles."""
-    channels = geom.in_channels if direction == "dgrad" else geom.out_channels
+    channels = _direct_channels(direction, geom)
     voxels = geom.input_voxels if direction == "dgrad" else geom.output_voxels
     block_c = _pow2_clamp(channels, MIN_TILE, 64)
     # The input gradient gathers per (tap, multiple), each with its own mask: 16 voxels a program, where 32 and
