@@ -152,6 +152,24 @@ def test_depthwise_weight_gradient_is_deterministic(device):
     assert torch.equal(grads[0], grads[1])
 
 
+def test_depthwise_kernels_index_in_int64_past_int32(monkeypatch):
+    """The direct kernels index in int32 unless an offset into one of their tensors may pass 2^31 - 1 (WIDE):
+    the decision on shapes and strides alone, and the WIDE kernels (forced here on small tensors) as right."""
+    from tconv3d.kernels import conv_depthwise
+
+    assert conv_depthwise._wide(torch.empty(2**15, 2**16, device="meta"))  # last offset 2^31 - 1
+    assert not conv_depthwise._wide(torch.empty(2**31 - 1, device="meta"), torch.empty(7))  # 2^31 - 2
+    assert conv_depthwise._wide(torch.empty(3, device="meta").as_strided((2, 2), (2**31, 1)))  # strides, not numel
+    assert not conv_depthwise._wide(torch.empty(1, device="meta").expand(2**32))  # stride 0: every offset 0
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("no kernels run on this path")
+    monkeypatch.setattr(conv_depthwise, "_INT32_ELEMENTS", 0)
+    for case in GROUP_CASES:
+        if case[2] == case[4] and case[3] in (case[2], 2 * case[2]):  # depthwise, multipliers 1 and 2
+            ours, expected = _run(case, torch.float32, "cpu")
+            assert all(rel_l2(o, e) < TOLERANCE[torch.float32] for o, e in zip(ours, expected, strict=True)), case[0]
+
+
 def test_depthwise_under_other_padding_modes_and_cached_frames(device):
     """Depthwise forward and weight gradient with replicate padding and frames_before run the grouped GEMM
     kernels (the direct kernels take zeros padding only); the input gradient borders and runs direct."""

@@ -284,7 +284,6 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
         assert "LDG.E.128" in r["loads"], r
 
 
-
 def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(records):
     """The suite's depthwise layers, channel multipliers 1 and 2: every direct kernel loads activations and
     gradients in 128-bit vectors along the contiguous channels, and the weight gradient (which reads no weight)
@@ -297,6 +296,7 @@ def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(reco
         assert "LDG.E.128" in k["loads"], (r["case"], r["dtype"], r["direction"], r["arch"], k["loads"])
         if r["direction"] == "wgrad":
             assert k["loads"] == ["LDG.E.128"], (r["case"], r["dtype"], r["arch"], k["loads"])
+
 
 TMA_COMPILE = """
 import dataclasses, json, torch

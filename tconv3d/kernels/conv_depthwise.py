@@ -30,14 +30,14 @@ def _depthwise_fwd_kernel(
     stride_yn, stride_yc, stride_yd, stride_yh, stride_yw,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """y[m, ci * MULTIPLIER + r] = sum over taps of x[voxel(m) + tap, ci] * w[ci * MULTIPLIER + r, tap] (+ bias);
     zeros padding. Grid axis 1 is (block of BLOCK_C input channels, r): the program reads its input channels
     contiguously and writes every MULTIPLIER-th output channel (the output is written once, the input read 27
     times)."""
     r = tl.program_id(1) % MULTIPLIER
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(0).to(tl.int64 if WIDE else tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = (tl.program_id(1) // MULTIPLIER) * BLOCK_C + tl.arange(0, BLOCK_C)  # input channels
     offs_co = offs_c * MULTIPLIER + r
     mask_m = offs_m < M
@@ -55,8 +55,8 @@ def _depthwise_fwd_kernel(
             for kw in tl.static_range(KW):
                 iw = w0 + kw * DIL_W
                 inside = mask_m & (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
-                x_rows = (n * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
-                          + iw.to(tl.int64) * stride_xw)  # fmt: skip
+                x_rows = (n * stride_xn + id_.to(n.dtype) * stride_xd + ih.to(n.dtype) * stride_xh
+                          + iw.to(n.dtype) * stride_xw)  # fmt: skip
                 x_ptrs = x_ptr + x_rows[:, None] + (offs_c * stride_xc)[None, :]
                 x = tl.load(x_ptrs, mask=inside[:, None] & mask_c[None, :], other=0.0)
                 w = tl.load(w_ptr + offs_co * stride_wo + kd * stride_wd + kh * stride_wh + kw * stride_ww, mask=mask_c)
@@ -77,14 +77,14 @@ def _depthwise_dgrad_kernel(
     stride_in, stride_ic, stride_id, stride_ih, stride_iw,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over taps and j < MULTIPLIER of go[(i + pad - tap * dil) / stride, ci * MULTIPLIER + j]
     * w[ci * MULTIPLIER + j, tap], over the taps for which that division is exact (the forward's taps flipped;
     a strided layer's other taps are masked, the tile is voxels whatever the phase). REPEAT (_repeats): the block's
     BLOCK_C x MULTIPLIER output channels are one contiguous load a voxel, viewed as [BLOCK_C, MULTIPLIER] and summed
     over j in registers; otherwise a gather per j (every MULTIPLIER-th channel: element by element)."""
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(0).to(tl.int64 if WIDE else tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # input channels
     mask_m = offs_m < M
     mask_c = offs_c < C_IN
@@ -109,8 +109,8 @@ def _depthwise_dgrad_kernel(
                 tw = w0 - kw * DIL_W
                 ow = tw // STRIDE_W
                 hit = mask_m & ok_d & ok_h & (tw >= 0) & (ow * STRIDE_W == tw) & (ow < W_OUT)
-                go_rows = (n * stride_gn + od.to(tl.int64) * stride_gd + oh.to(tl.int64) * stride_gh
-                           + ow.to(tl.int64) * stride_gw)  # fmt: skip
+                go_rows = (n * stride_gn + od.to(n.dtype) * stride_gd + oh.to(n.dtype) * stride_gh
+                           + ow.to(n.dtype) * stride_gw)  # fmt: skip
                 tap = kd * stride_wd + kh * stride_wh + kw * stride_ww
                 if REPEAT:
                     go = tl.load(go_ptr + go_rows[:, None] + (offs_co * stride_gc)[None, :],
@@ -139,7 +139,7 @@ def _depthwise_wgrad_kernel(
     stride_os, stride_oo,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """Partial sums, one per split of the output voxels (grid axis 1): out[split, co, tap] = sum over the split's
     voxels m of go[m, co] * x[voxel(m) + tap, co // MULTIPLIER]. One program per (channel block, tap): its
@@ -164,7 +164,9 @@ def _depthwise_wgrad_kernel(
     for m0 in range(row_start, row_end, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < row_end
-        n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, W_OUT)
+        # Each step splits its voxel indices and forms its addresses: in int32 unless a tensor has 2^31 elements
+        # (WIDE; an int64 division is a subroutine: 487 instructions a step on sm_90 against 357).
+        n, od, oh, ow = split_voxel(offs_m if WIDE else offs_m.to(tl.int32), D_OUT, H_OUT, W_OUT)
         id_ = (od * STRIDE_D - PAD_D + kd * DIL_D).to(tl.int32)
         ih = (oh * STRIDE_H - PAD_H + kh * DIL_H).to(tl.int32)
         iw = (ow * STRIDE_W - PAD_W + kw * DIL_W).to(tl.int32)
@@ -172,12 +174,22 @@ def _depthwise_wgrad_kernel(
         go_rows = n * stride_gn + od * stride_gd + oh * stride_gh + ow * stride_gw
         go = tl.load(go_ptr + go_rows[:, None] + (offs_c * stride_gc)[None, :],
                      mask=mask_m[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
-        x_rows = (n * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
-                  + iw.to(tl.int64) * stride_xw)  # fmt: skip
+        x_rows = (n * stride_xn + id_.to(n.dtype) * stride_xd + ih.to(n.dtype) * stride_xh
+                  + iw.to(n.dtype) * stride_xw)  # fmt: skip
         x = tl.load(x_ptr + x_rows[:, None] + x_cols[None, :], mask=inside[:, None] & mask_q[None, :], other=0.0)
         acc += tl.reshape(go, (BLOCK_M, Q, R)).to(tl.float32) * x.to(tl.float32)[:, :, None]
     out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_c * stride_oo + tap
     tl.store(out_ptrs, tl.reshape(tl.sum(acc, axis=0), (BLOCK_C,)).to(out_ptr.dtype.element_ty), mask=mask_c)
+
+
+# Tensors of up to this many elements are indexed in int32 arithmetic (WIDE beyond).
+_INT32_ELEMENTS = 2**31 - 1
+
+
+def _wide(*tensors: torch.Tensor) -> bool:
+    """Whether an index into one of the tensors may pass int32: its last element's offset, whatever the strides."""
+    last = (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) for t in tensors)
+    return max(last, default=0) >= _INT32_ELEMENTS
 
 
 # The input gradient's REPEAT tile loads BLOCK_C x multiplier output-gradient channels a voxel: at most this many.
@@ -214,7 +226,7 @@ def depthwise_fwd(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig) 
         *x.stride(), *_weight_strides(weight), *y.stride(),
         *_geometry_arguments(geom),
         *geom.kernel, MULTIPLIER=geom.group_out_channels, HAS_BIAS=bias is not None,
-        BLOCK_M=config.block_m, BLOCK_C=config.block_n, num_warps=config.num_warps, num_stages=1,
+        BLOCK_M=config.block_m, BLOCK_C=config.block_n, WIDE=_wide(x, y), num_warps=config.num_warps, num_stages=1,
     )  # fmt: skip
     return y
 
@@ -229,8 +241,9 @@ def depthwise_dgrad(grad_out, weight, grad_in, geom: ConvGeometry, config: Kerne
         *grad_out.stride(), *_weight_strides(weight), *grad_in.stride(),
         *_geometry_arguments(geom),
         *geom.kernel, MULTIPLIER=geom.group_out_channels,
-        BLOCK_M=config.block_m, BLOCK_C=config.block_n, REPEAT=_repeats("dgrad", geom.group_out_channels, config.block_n),
-        num_warps=config.num_warps, num_stages=1,
+        BLOCK_M=config.block_m, BLOCK_C=config.block_n,
+        REPEAT=_repeats("dgrad", geom.group_out_channels, config.block_n),
+        WIDE=_wide(grad_out, grad_in), num_warps=config.num_warps, num_stages=1,
     )  # fmt: skip
     return grad_in
 
@@ -248,6 +261,6 @@ def depthwise_wgrad(grad_out, x, out, geom: ConvGeometry, config: KernelConfig, 
         *_geometry_arguments(geom),
         *geom.kernel, MULTIPLIER=multiplier,
         BLOCK_M=config.block_m, BLOCK_C=config.block_n,
-        REPEAT=_repeats("wgrad", multiplier, config.block_n),
+        REPEAT=_repeats("wgrad", multiplier, config.block_n), WIDE=_wide(grad_out, x),
         num_warps=config.num_warps, num_stages=1,
     )  # fmt: skip
