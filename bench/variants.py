@@ -79,6 +79,9 @@ TWO_PER_SM = "gluon_ws_two_per_sm"
 # The row of a forward's or input gradient's few tiles on one warpgroup with the reduction split to fill the SMs
 # (configs.small_grid_twin: hunyuan_512, unet_320).
 SMALL_GRID = "gluon_ws_small_grid"
+# The row of a weight gradient of few output channels (32 or fewer) computed transposed: the taps' input channels on
+# the wgmma's rows, Cout on its columns (configs.swapped_wgrad_twin: unet_32's 32 of 64 rows -> 27 of 28 taps).
+SWAPPED_WGRAD = "gluon_ws_swapped_wgrad"
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
 WHOLE_STEPS = "gluon_ws_whole_steps"
@@ -192,6 +195,10 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)
         if grouped is not None:
             found[GROUPED_TAPS] = grouped
+        # a weight gradient of few output channels transposed, the taps' input channels filling the wgmma's rows
+        transposed = configs.swapped_wgrad_twin(found["gluon_ws"], geom) if direction == "wgrad" else None
+        if transposed is not None:
+            found[SWAPPED_WGRAD] = transposed
         # the chosen persistent tiles on the deepest ring that leaves the programs an SM as they are: what more
         # boxes in flight gain (latency) where the tiles themselves gain nothing (shared-memory bandwidth)
         deep = deepest_ring(found["gluon_ws"], dtype.itemsize, direction)

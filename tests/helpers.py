@@ -32,6 +32,15 @@ def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
     return replace(config, gluon=2, tap_group=group, block_n=per_tap * group)
 
 
+def swapped_weight_grad_tiles(config: KernelConfig, group: int) -> KernelConfig:
+    """A weight gradient's `config` on the warp-specialized Gluon kernel transposed (swap_ab): `group` taps (1, 2 or
+    4) of 128 // group // 2 input channels (whole swizzle rows: at least GROUPED_TAP_COLUMNS) on the wgmma's rows,
+    16 a warp; the output channels as before on its columns."""
+    per_tap = max(GROUPED_TAP_COLUMNS, 64 // group)
+    rows = per_tap * group
+    return replace(config, gluon=2, swap_ab=1, tap_group=group if group > 1 else 0, block_n=rows, num_warps=rows // 16)
+
+
 def leaf_copy(t: torch.Tensor) -> torch.Tensor:
     """A detached copy of `t` that collects its own gradient."""
     return t.detach().clone().requires_grad_()

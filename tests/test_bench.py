@@ -398,6 +398,13 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
     for direction in ("fwd", "dgrad", "wgrad"):  # 96 channels a tap: three 32-deep steps, not two 64-deep
         wan_96 = variants.variant_configs(direction, shapes["wan_dec_96"].geometry(), torch.bfloat16, cuda)
         assert (wan_96.get(variants.WHOLE_STEPS, wan_96["gluon_ws"]).block_k == 32) == (direction != "wgrad")
+        # 32 output channels: the weight gradient transposed, 4 taps of 32 input channels on the wgmma's 128 rows
+        unet_32 = variants.variant_configs(direction, shapes["unet_32"].geometry(), torch.bfloat16, cuda)
+        assert (variants.SWAPPED_WGRAD in unet_32) == (direction == "wgrad")
+        assert variants.SWAPPED_WGRAD not in wan_96  # 96 output channels fill their rows
+    transposed = unet_32[variants.SWAPPED_WGRAD]
+    assert transposed.mma_tile == (128, 32)
+    assert (transposed.tap_group, transposed.swap_ab, transposed.gluon) == (4, 1, 2)
 
 
 def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, device):

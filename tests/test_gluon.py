@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import conv_and_reference, dtype_id, grouped_taps, swapped_tiles
+from helpers import conv_and_reference, dtype_id, grouped_taps, swapped_tiles, swapped_weight_grad_tiles
 from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
@@ -119,6 +119,35 @@ def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, devi
     first = "gluon" if gluon_runs(device) else "tma"
     assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
     assert chosen == [("fwd", 0), ("dgrad", 0), ("wgrad", group if gluon_runs(device) else 0)]
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("index", range(len(TMA_CASES)))
+def test_gluon_swapped_weight_gradient_matches_float64(index, group, gluon, monkeypatch, device):
+    """The warp-specialized weight gradient computed transposed (swap_ab: the taps' input boxes on the wgmma's rows,
+    `group` of them a tile, 32 channels each where there are 2 or 4, in a buffer swizzled 64 bytes wide) on every
+    TMA case, bf16. On CPU the TMA kernel runs in its place, the tile back to one tap, unswapped (one case shows
+    that; tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
+    if device != "cuda" and (index, group) != (0, 2):
+        pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
+    select, chosen = choice._select, []
+
+    def transposed(direction, *args):
+        config = select(direction, *args)
+        if config.gluon and direction == "wgrad":
+            config = swapped_weight_grad_tiles(config, group)
+        config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
+        chosen.append((direction, config.swap_ab, config.tap_group))
+        return config
+
+    monkeypatch.setattr(choice, "_select", transposed)
+    ours, expected = conv_and_reference(TMA_CASES[index], torch.bfloat16, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+    swapped = (1, group if group > 1 else 0) if gluon_runs(device) else (0, 0)
+    assert chosen == [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", *swapped)]
 
 
 CAUSAL_BORDERS = [  # (mode along D, modes in H and W, cached frames), as the video VAEs' causal convs call them
@@ -260,9 +289,11 @@ def test_gluon_config_field_round_trips_and_is_checked():
         KernelConfig.from_dict({**swapped.to_dict(), "gluon": 0})
     grouped = KernelConfig(128, 256, 64, 8, 3, tma_box_w=16, gluon=2, tap_group=2)  # two taps of 128 channels
     assert KernelConfig.from_dict(grouped.to_dict()) == grouped and "tap_group" not in specialized.to_dict()
+    transposed = KernelConfig(32, 128, 64, 8, 3, tma_box_w=16, gluon=2, swap_ab=1, tap_group=4)  # 4 x 32 rows
+    assert KernelConfig.from_dict(transposed.to_dict()) == transposed and transposed.mma_tile == (128, 32)
     for change, message in (
         ({"tap_group": 3}, "tap_group is 0, 1, 2 or 4"), ({"gluon": 1}, "only a warp-specialized gluon config"),
-        ({"swap_ab": 1}, "does not swap"), ({"block_n": 128, "tap_group": 4}, "64\\+ columns a tap"),
+        ({"block_n": 64, "tap_group": 4, "num_warps": 4}, "32\\+ columns a tap"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**grouped.to_dict(), **change})
@@ -299,7 +330,7 @@ def test_force_variant_rules(monkeypatch):
         assert force(direction, torch.bfloat16, "pointer", config=forced).variant == "pointer"
         swapped = configs.swapped_twin(dataclasses.replace(forced, block_m=128, block_n=64, num_warps=4), direction)
         if direction == "wgrad":
-            assert swapped is None  # the weight gradient does not swap
+            assert swapped is None  # the weight gradient swaps by its own rule (swapped_wgrad_twin)
         else:  # a swapped table entry on TMA or pointer (no sm_90 / Triton 3.6) drops the swap with the Gluon kernel
             assert swapped.swap_ab and force(direction, torch.bfloat16, "auto", config=swapped) == swapped
             assert not force(direction, torch.bfloat16, "auto", runs=False, config=swapped).swap_ab
@@ -313,9 +344,10 @@ def test_force_variant_rules(monkeypatch):
             for fallback in (force(direction, torch.bfloat16, "auto", runs=False, config=grouped),
                              force(direction, torch.bfloat16, "pointer", config=grouped)):  # fmt: skip
                 assert (fallback.gluon, fallback.tap_group, fallback.block_n) == (0, 0, 128)
-            # 32 channels a tap (a slice narrower than the buffer's 128-byte swizzle rows: the compiler refused it
-            # on the H100, 2026-11-26): not a tile the kernel takes; forced to Gluon, the taps go back to one
-            narrow = dataclasses.replace(grouped, block_n=128, tap_group=4)
+            # 16 channels a tap (a slice of 32-byte rows, narrower than the 64 bytes the kernel swizzles a tap's box
+            # at least; 32 channels a tap in a buffer swizzled 128 bytes wide were what the compiler refused on the
+            # H100, 2026-11-26): not a tile the kernel takes; forced to Gluon, the taps go back to one
+            narrow = dataclasses.replace(grouped, block_n=64, tap_group=4)
             assert not configs.gluon_takes(narrow) and configs.gluon_takes(dataclasses.replace(narrow, tap_group=2))
             refused = force(direction, torch.bfloat16, "gluon", config=narrow)
             assert configs.gluon_takes(refused) and refused.tap_group == 0 and refused.gluon == 1

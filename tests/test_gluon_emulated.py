@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 from gluon_emulator import KernelFault, emulating
-from helpers import case_reference, conv_and_reference, grouped_taps, swapped_tiles
+from helpers import case_reference, conv_and_reference, grouped_taps, swapped_tiles, swapped_weight_grad_tiles
 from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
 
 import tconv3d
@@ -46,7 +46,7 @@ def emulator(monkeypatch):
     monkeypatch.setattr(settings, "KERNELS", "gluon")
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        emu.mode, emu.swap, emu.tap_group, emu.configs = 1, False, 0, []
+        emu.mode, emu.swap, emu.tap_group, emu.swap_wgrad, emu.configs = 1, False, 0, 0, []
 
         def select(direction, geom, dtype, device, run):
             config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY)
@@ -58,6 +58,9 @@ def emulator(monkeypatch):
                     assert configs.gluon_takes(config), config
                 if emu.tap_group and direction == "wgrad":
                     config = grouped_taps(config, emu.tap_group)
+                if emu.swap_wgrad and direction == "wgrad":
+                    config = swapped_weight_grad_tiles(config, emu.swap_wgrad)
+                    assert configs.gluon_takes(config), config
             emu.configs.append((direction, config))
             return config
 
@@ -107,6 +110,20 @@ def test_emulated_gluon_grouped_taps_match_float64(case, group, emulator):
     _check(case, torch.bfloat16, emulator)
     assert [(d, c.tap_group) for d, c in emulator.configs] == [("fwd", 0), ("dgrad", 0), ("wgrad", group)]
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.name)
+def test_emulated_gluon_swapped_weight_gradient_matches_float64(case, group, emulator):
+    """The warp-specialized weight gradient computing each tile transposed (swap_ab: the taps' input boxes as
+    wgmma's A read M-major, `group` of them side by side on its rows, 32 channels each where there are 2 or 4; the
+    grad_out box as its B; the accumulator stored through a transposed view) on every TMA case, against float64."""
+    emulator.mode, emulator.swap_wgrad = 2, group
+    _check(case, torch.bfloat16, emulator)
+    expected = [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", 1, group if group > 1 else 0)]
+    assert [(d, c.swap_ab, c.tap_group) for d, c in emulator.configs] == expected
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
+    _check_persistent_grids(emulator)
 
 
 def _check_persistent_grids(emu):

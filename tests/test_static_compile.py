@@ -448,6 +448,11 @@ if conv_gluon.UNAVAILABLE is None:
                     one = configs.with_gluon(dataclasses.replace(chosen, block_m=128, block_n=ci, block_k=64,
                                                                  num_warps=8, num_stages=3), geom, direction, True)
                     tiles.append(configs.grouped_taps_twin(one, direction))
+                # the weight gradient of 32 output channels transposed, the taps' input channels on the wgmma's
+                # rows (configs.swapped_wgrad_twin: 4 taps on two warpgroups, unet_aniso's 9 taps 2 on one)
+                if direction == "wgrad" and dtype == torch.bfloat16 and shape.name in ("unet_32", "unet_aniso"):
+                    forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
+                    tiles.append(configs.swapped_wgrad_twin(dataclasses.replace(forced, gluon=2), geom))
                 # swapped through the phase views (down_s2) and from registers (last_cout3's 3-channel rows)
                 if shape.name in ("down_s2", "last_cout3") and dtype == torch.bfloat16:
                     tall = dataclasses.replace(chosen, block_m=128, block_n=64, block_k=64, num_warps=4, num_stages=3)
@@ -510,7 +515,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     gradient in fp32 as TF32, one layer of each kind; the chosen tiles and, on the Wan layers, 128x256x64 on 8 warps,
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized, and 256x128x64 with the
     forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
-    taps a 256-column tile (down_s2's: four, through the phase views); down_s2's phase views warp-specialized too, and
+    taps a 256-column tile (down_s2's: four, through the phase views), and unet_32's (unet_aniso's under 3.6)
+    transposed, 2-4 taps of 32 input channels on the wgmma's rows; down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
     hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
     (last_cout3's forward, and wan_dec_96's under 3.6); last_cout3's forward storing its 3-channel rows
@@ -568,9 +574,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         {("wan_dec_96", "fwd"), ("wan_dec_96", "dgrad")} if wan_96 else set()
     )
     assert all(r["config"]["block_k"] == 32 for r in whole.values())
-    grouped = [r for r in reports if r["config"].get("tap_group")]  # one wgmma across the taps' columns
+    grouped = [r for r in reports if r["config"].get("tap_group") and not r["config"].get("swap_ab")]
     assert {(r["case"], r["config"]["tap_group"]) for r in grouped} >= {("wan_dec_384b", 2), ("down_s2", 4)}
-    assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]
+    assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]  # one wgmma across the taps
+    transposed = {r["case"]: r for r in swapped if r["direction"] == "wgrad"}  # the taps on the wgmma's rows
+    assert "unet_32" in transposed and transposed["unet_32"]["config"]["tap_group"] == 4
+    assert all(r["mma"].startswith("HGMMA.64x32x") for r in transposed.values())
     programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"

@@ -629,6 +629,29 @@ def test_whole_steps_twin_reads_96_channels_in_three_full_steps(monkeypatch):
     assert weight.gluon == 2 and configs.whole_steps_twin("wgrad", geom, weight, 2) is None
 
 
+def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
+    """configs.swapped_wgrad_twin (bench.variants' gluon_ws_swapped_wgrad row, a tuning candidate): a weight gradient
+    of at most 32 output channels transposed, Cout on the wgmma's columns, taps of 32 input channels side by side on
+    its rows: 4 on 8 warps for 27 taps (28 slots), 2 on 4 warps for 9 (10 slots, where 4 would take 12); its split,
+    box and ring the chosen tile's. None for 33+ output channels or off the persistent kernel."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape.geometry() for shape in load_shape_set("bench")}
+    for name, (warps, group, fill) in {"unet_32": (8, 4, 27 / 28), "unet_aniso": (4, 2, 9 / 10)}.items():
+        geom = shapes[name]
+        chosen = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+        twin = configs.swapped_wgrad_twin(chosen, geom)
+        assert (twin.mma_tile, twin.num_warps, twin.tap_group, twin.swap_ab) == ((16 * warps, 32), warps, group, 1)
+        kept = ("split_k", "block_k", "num_stages", "tma_box_w")
+        assert [getattr(twin, f) for f in kept] == [getattr(chosen, f) for f in kept]
+        assert configs.mma_fill("wgrad", geom, chosen) == 0.5
+        assert configs.mma_fill("wgrad", geom, twin) == pytest.approx(fill)
+        assert configs.swapped_wgrad_twin(dataclasses.replace(chosen, gluon=1), geom) is None
+    wide = shapes["wan_dec_96"]
+    assert configs.swapped_wgrad_twin(configs.heuristic_config("wgrad", wide, torch.bfloat16, 132, 90), wide) is None
+    space = configs.candidates("wgrad", shapes["unet_32"], torch.bfloat16, 227 * 1024, tma=True, gluon=True)
+    assert any(c.swap_ab for c in space)
+
+
 def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     """The share of a launch's MMA work that is the convolution's (configs.mma_fill), against hand counts: tiles that
     divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an

@@ -16,10 +16,11 @@ DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
 # tl.dot needs every tile dimension to be at least 16.
 MIN_TILE = 16
-# A grouped weight-gradient tile's taps (tap_group) land in column slices of one buffer whose rows are swizzled
-# 128 bytes wide; a slice must hold whole swizzle rows (the compiler refuses narrower ones): 64 channels a tap of
-# the Gluon kernels' 16-bit operands.
-GROUPED_TAP_COLUMNS = 64
+# A grouped weight-gradient tile's taps (tap_group) land in column slices of one buffer, swizzled as each tap's box
+# is (the box's row bytes, up to 128); a slice must hold whole swizzle rows (the compiler refuses narrower ones),
+# and a swizzle row is at least 64 bytes here: 32 channels a tap of the Gluon kernels' 16-bit operands. (Until
+# 2026-11-27 the buffer was swizzled 128 bytes wide whatever the box, so a tap took 64 channels.)
+GROUPED_TAP_COLUMNS = 32
 # Elements per program of the elementwise pass that adds weight-gradient split-K partials.
 SPLIT_SUM_BLOCK = 1024
 
@@ -103,8 +104,8 @@ class KernelConfig:
             raise ValueError(f"swap_ab is 0 or 1, and only a gluon config swaps its operands: {config}")
         if config.tap_group not in (0, 1, 2, 4) or (config.tap_group > 1 and config.gluon != 2):
             raise ValueError(f"tap_group is 0, 1, 2 or 4, and only a warp-specialized gluon config has it: {config}")
-        if config.tap_group > 1 and (config.swap_ab or config.block_n // config.tap_group < GROUPED_TAP_COLUMNS):
-            raise ValueError(f"a tap_group config does not swap and has {GROUPED_TAP_COLUMNS}+ columns a tap: {config}")
+        if config.tap_group > 1 and config.block_n // config.tap_group < GROUPED_TAP_COLUMNS:
+            raise ValueError(f"a tap_group config has {GROUPED_TAP_COLUMNS}+ columns a tap: {config}")
         rows, cols = config.mma_tile
         if config.gluon and (rows < 16 * config.num_warps or cols > 256 or config.num_stages < 2):
             raise ValueError(

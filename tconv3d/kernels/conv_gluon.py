@@ -188,9 +188,10 @@ if UNAVAILABLE is None:
         is [BLOCK_K, 1, BLOCK_N] (W_KN: the input gradient's, N-major), else used transposed (the forward's and the
         input gradient's over a transposed weight: K-major, as wgmma takes fp32). Weight gradient: A [BLOCK_M, BLOCK_K]
         the grad_out box read M-major (a transposed view), B [BLOCK_K, BLOCK_N] the input box as it landed, BLOCK_K =
-        the box's voxels. SWAP_AB (forward, input gradient): the tile transposed, dst^T = B^T A^T: A [BLOCK_N, BLOCK_K]
-        the weight box (K-major, the input gradient's 16-bit one M-major), B [BLOCK_K, BLOCK_M] the source box read
-        K-major; both views of the same boxes, nothing moves."""
+        the box's voxels. SWAP_AB: the tile transposed, dst^T = B^T A^T. Forward and input gradient: A [BLOCK_N,
+        BLOCK_K] the weight box (K-major, the input gradient's 16-bit one M-major), B [BLOCK_K, BLOCK_M] the source box
+        read K-major. Weight gradient: A [BLOCK_N, BLOCK_K] the input boxes read M-major, B [BLOCK_K, BLOCK_M] the
+        grad_out box as it landed (N-major). Both views of the same boxes, nothing moves."""
         if WEIGHT_GRAD:
             BLOCK_K: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
             a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]]).permute((1, 0))
@@ -203,8 +204,8 @@ if UNAVAILABLE is None:
                 b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
             else:
                 b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
-            if SWAP_AB:
-                a, b = b.permute((1, 0)), a.permute((1, 0))
+        if SWAP_AB:
+            a, b = b.permute((1, 0)), a.permute((1, 0))
         return a, b
 
     @gluon.jit
@@ -668,14 +669,17 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
-                          mma_layout: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr):  # fmt: skip
+                          mma_layout: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr,
+                          SWAP_AB: gl.constexpr = False):  # fmt: skip
         """One tile of out[split, Cout, tap, Cin], from registers (the rows and columns past the channels and the
-        taps dropped): its columns GROUP taps from `tap` on, BLOCK_N / GROUP input channels each."""
-        BLOCK_M: gl.constexpr = acc.type.shape[0]
-        BLOCK_N: gl.constexpr = acc.type.shape[1]
+        taps dropped): its columns GROUP taps from `tap` on, BLOCK_N / GROUP input channels each. SWAP_AB: acc is the
+        tile transposed, [BLOCK_N, BLOCK_M]."""
+        CO_AXIS: gl.constexpr = 1 if SWAP_AB else 0  # acc's axis along Cout; its other runs along the columns
+        BLOCK_M: gl.constexpr = acc.type.shape[CO_AXIS]
+        BLOCK_N: gl.constexpr = acc.type.shape[1 - CO_AXIS]
         BLOCK_CI: gl.constexpr = BLOCK_N // GROUP
-        offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        columns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        offs_m = co0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1 - CO_AXIS, mma_layout))
+        columns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(CO_AXIS, mma_layout))
         if GROUP == 1:
             offs_n = ci0 + columns
             column_offsets = tap * stride_ot + offs_n * stride_oi
@@ -685,9 +689,9 @@ if UNAVAILABLE is None:
             taps = tap + columns // BLOCK_CI
             column_offsets = taps * stride_ot + offs_n * stride_oi
             column_mask = (offs_n < C_IN) & (taps < TAPS)
-        out_ptrs = (out_ptr + split * stride_os + gl.expand_dims(offs_m, 1) * stride_oo
-                    + gl.expand_dims(column_offsets, 0))  # fmt: skip
-        mask = gl.expand_dims(offs_m < C_OUT, 1) & gl.expand_dims(column_mask, 0)
+        out_ptrs = (out_ptr + split * stride_os + gl.expand_dims(offs_m, 1 - CO_AXIS) * stride_oo
+                    + gl.expand_dims(column_offsets, CO_AXIS))  # fmt: skip
+        mask = gl.expand_dims(offs_m < C_OUT, 1 - CO_AXIS) & gl.expand_dims(column_mask, CO_AXIS)
         gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
@@ -732,6 +736,7 @@ if UNAVAILABLE is None:
     def _wgrad_mma_tiles(
         a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
         stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
+        SWAP_AB: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
         from the ring as the producer fills it, then the tile stored from registers while the producer loads the
@@ -742,12 +747,12 @@ if UNAVAILABLE is None:
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             first = split * SPLIT_PATCHES
-            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+            acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, False)
+            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, SWAP_AB)
             _store_wgrad_tile(
                 acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
-                mma_layout, TAPS, GROUP,
+                mma_layout, TAPS, GROUP, SWAP_AB,
             )  # fmt: skip
 
     @gluon.jit
@@ -797,7 +802,7 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        TAP_GROUP: gl.constexpr, num_warps: gl.constexpr,
+        TAP_GROUP: gl.constexpr, SWAP_AB: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
@@ -810,7 +815,10 @@ if UNAVAILABLE is None:
         own (copies from several views into one stage would put a CTA barrier between every two). TAP_GROUP (2 or
         4, warp-specialized only): a tile is that many taps' Cin blocks side by side, one grad_out box and TAP_GROUP
         input boxes a stage, so that one wgmma spans them (m64n256 from 2 x 128 input channels) and reads the
-        grad_out box once for all of them."""
+        grad_out box once for all of them. SWAP_AB (warp-specialized only): the tile transposed, gw^T = x^T go, the
+        taps' input channels along the wgmma's M and Cout along its N: a layer of few output channels (32: half of
+        the 64 rows a wgmma takes unswapped) fills its rows with 2-4 taps of 32-64 input channels (a tap's box a
+        slice of the buffer as wide as its swizzle rows, so 32 16-bit channels do)."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
@@ -824,12 +832,16 @@ if UNAVAILABLE is None:
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         if TAP_GROUP == 1:
             b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], x_desc.layout)
-        else:  # the taps' boxes land in column slices of one swizzled buffer
-            b_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, 1, BOX_H, BOX_W, BLOCK_N], dtype)
+        else:  # the taps' boxes land in column slices of one buffer, swizzled as each box is (whole swizzle rows)
+            b_layout: gl.constexpr = gl.NVMMASharedLayout(
+                swizzle_byte_width=x_desc.layout.swizzle_byte_width, element_bitwidth=dtype.primitive_bitwidth, rank=5
+            )
             b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], b_layout)
         ready = _stage_barriers(STAGES)
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 256 // dtype.primitive_bitwidth]
+            version=[3, 0],
+            warps_per_cta=[num_warps, 1],
+            instr_shape=[16, BLOCK_M if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
         )
         if WARP_SPECIALIZE:
             groups: gl.constexpr = (TAPS + TAP_GROUP - 1) // TAP_GROUP
@@ -840,7 +852,7 @@ if UNAVAILABLE is None:
                 [
                     (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
                                         C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, TAP_GROUP,
-                                        mma_layout)),
+                                        mma_layout, SWAP_AB)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
                                          DIL_D, DIL_H, DIL_W, KH, KW, TAPS, TAP_GROUP, STRIDE_D, STRIDE_H, STRIDE_W,
@@ -953,12 +965,12 @@ def conv3d_wgrad_gluon(
     """The Gluon weight gradient into `out` ([splits, Cout, taps, Cin]), over the TMA weight gradient's patches
     and splits (conv_tma.wgrad_tma_patches), persistent and warp-specialized where config.gluon is 2: both
     tensors 16-bit, unit-stride channels, TMA-aligned strides."""
-    if config.swap_ab:
-        raise ValueError(f"the Gluon weight gradient does not swap its operands (swap_ab): {config}")
+    if config.swap_ab and config.gluon != 2:
+        raise ValueError(f"the Gluon weight gradient swaps its operands (swap_ab) warp-specialized only: {config}")
     if not grouped_taps_fit(config):
         raise ValueError(
             f"grouped taps (tap_group) need the warp-specialized kernel and {GROUPED_TAP_COLUMNS}+ input channels "
-            f"a tap (a tap's slice of the swizzled buffer holds whole 128-byte rows): {config}"
+            f"a tap (a tap's slice of the swizzled buffer holds whole swizzle rows): {config}"
         )
     group = max(config.tap_group, 1)
     box_h, box_w = config.tma_box(config.block_k)
@@ -977,6 +989,6 @@ def conv3d_wgrad_gluon(
         *source_frames(geom), *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
-        HAS_PREFIX=prefix is not None, TAP_GROUP=group, num_warps=config.num_warps,
+        HAS_PREFIX=prefix is not None, TAP_GROUP=group, SWAP_AB=bool(config.swap_ab), num_warps=config.num_warps,
         **options,
     )  # fmt: skip

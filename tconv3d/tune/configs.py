@@ -284,8 +284,8 @@ def candidates(
 ) -> list[KernelConfig]:
     """The pruned search space; with `tma` (an sm_90+ target) and an eligible problem, each config's TMA twin
     too, and with `gluon` (sm_90 with a Triton whose Gluon the kernel is written for) the Gluon twins of the
-    tiles it takes (the persistent ones also swapped, swapped_twin, or with taps grouped, grouped_taps_twin), so
-    tuning tables choose the variant per key.
+    tiles it takes (the persistent ones also swapped, swapped_twin and swapped_wgrad_twin, or with taps grouped,
+    grouped_taps_twin), so tuning tables choose the variant per key.
     Depthwise problems search the direct kernels' tiles."""
     if direct_eligible(direction, geom):
         return _direct_candidates(direction, geom)
@@ -301,6 +301,10 @@ def candidates(
         element = torch.empty((), dtype=dtype).element_size()
         for twin_of in (swapped_twin, grouped_taps_twin):  # the persistent tiles swapped, then with taps grouped
             specialized += [t for t in (twin_of(c, direction) for c in specialized) if t]
+        if direction == "wgrad":  # few output channels: transposed, the taps' input channels on the wgmma's rows
+            # (from every kept tile: unswapped, their 32 rows of output channels are too few for the Gluon kernel)
+            transposed = (swapped_wgrad_twin(with_gluon(c, geom, direction, specialized=True), geom) for c in kept)
+            specialized += list(dict.fromkeys(t for t in transposed if t))
         twins += [c for c in specialized
                   if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad") <= smem_bytes]  # fmt: skip
     return kept + twins
@@ -754,11 +758,35 @@ def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | No
 def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
     """The Gluon forward's or input gradient's `config` with its operands swapped (swap_ab), where that gives the
     wgmma a wider N than it has unswapped (block_m voxels over block_n columns) and the kernel takes it: the
-    tiles a 384-channel layer needs for m64n256 (256 voxels x 128 columns). None elsewhere (the weight gradient
-    does not swap)."""
+    tiles a 384-channel layer needs for m64n256 (256 voxels x 128 columns). None elsewhere (the weight gradient's
+    is swapped_wgrad_twin)."""
     if direction == "wgrad" or not config.gluon or config.block_m <= config.block_n:
         return None
     twin = replace(config, swap_ab=1)
+    return twin if gluon_takes(twin) else None
+
+
+# The swapped weight gradient's rows (wgmma M): this many taps' input channels a tile, on two warpgroups.
+SWAPPED_WGRAD_ROWS = 128
+
+
+def swapped_wgrad_twin(config: KernelConfig, geom: ConvGeometry) -> KernelConfig | None:
+    """The warp-specialized Gluon weight gradient's `config` transposed (swap_ab) for a layer of at most 32 output
+    channels, which fill half or less of the 64 rows a wgmma takes unswapped (unet_32: 32 of 64): Cout on the wgmma's
+    N (block_m its next power of two, 16 at least) and taps of the tile's c = 32 or 64 input channels side by side on
+    its M (tap_group), SWAPPED_WGRAD_ROWS rows on 8 warps, or half as many taps on 4 warps where that wastes fewer
+    taps past the kernel's last (9 taps: 2 x 5 = 10 slots, not 4 x 3 = 12); its split, box and ring as `config`'s.
+    The grad_out box is read once for all the taps. None elsewhere."""
+    per_tap = config.block_n
+    if config.gluon != 2 or config.swap_ab or config.tap_group > 1 or geom.group_out_channels > 32:
+        return None
+    if per_tap not in (32, 64) or geom.group_in_channels < per_tap:
+        return None
+    most = SWAPPED_WGRAD_ROWS // per_tap
+    group = max((most, most // 2), key=lambda g: (geom.taps / (cdiv(geom.taps, g) * g), g))
+    rows = per_tap * group
+    twin = replace(config, block_m=_pow2_clamp(geom.group_out_channels, MIN_TILE, 32), block_n=rows,
+                   num_warps=rows // 16, swap_ab=1, tap_group=group if group > 1 else 0)  # fmt: skip
     return twin if gluon_takes(twin) else None
 
 
