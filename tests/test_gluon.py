@@ -93,6 +93,29 @@ def test_gluon_swapped_operands_match_float64(index, dtype, gluon, monkeypatch, 
     assert chosen == [("fwd", swaps), ("dgrad", swaps), ("wgrad", 0)]
 
 
+def _with_weight_grad_tiles(index, retile, gluon, monkeypatch, device) -> list:
+    """TMA case `index` in bf16 against float64 with the Gluon weight gradient's tiles `retile`d, every direction
+    forced to Gluon as a GPU forces it (on CPU the TMA kernel runs instead, the tile back to what it takes); returns
+    (direction, swap_ab, tap_group) as launched."""
+    select, chosen = choice._select, []
+
+    def retiled(direction, *args):
+        config = select(direction, *args)
+        if config.gluon and direction == "wgrad":
+            config = retile(config)
+        config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
+        chosen.append((direction, config.swap_ab, config.tap_group))
+        return config
+
+    monkeypatch.setattr(choice, "_select", retiled)
+    ours, expected = conv_and_reference(TMA_CASES[index], torch.bfloat16, device)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    first = "gluon" if gluon_runs(device) else "tma"
+    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+    return chosen
+
+
 @pytest.mark.parametrize("group", [2, 4])
 @pytest.mark.parametrize("index", range(len(TMA_CASES)))
 def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, device):
@@ -102,23 +125,8 @@ def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, devi
     kernel on the emulator)."""
     if device != "cuda" and (index, group) != (0, 2):
         pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
-    select, chosen = choice._select, []
-
-    def grouped(direction, *args):
-        config = select(direction, *args)
-        if config.gluon and direction == "wgrad":
-            config = grouped_taps(config, group)
-        config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
-        chosen.append((direction, config.tap_group))
-        return config
-
-    monkeypatch.setattr(choice, "_select", grouped)
-    ours, expected = conv_and_reference(TMA_CASES[index], torch.bfloat16, device)
-    for got, want in zip(ours, expected, strict=True):
-        assert rel_l2(got, want) < tolerance(torch.bfloat16)
-    first = "gluon" if gluon_runs(device) else "tma"
-    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
-    assert chosen == [("fwd", 0), ("dgrad", 0), ("wgrad", group if gluon_runs(device) else 0)]
+    chosen = _with_weight_grad_tiles(index, lambda config: grouped_taps(config, group), gluon, monkeypatch, device)
+    assert chosen == [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", 0, group if gluon_runs(device) else 0)]
 
 
 @pytest.mark.parametrize("group", [1, 2, 4])
@@ -130,22 +138,8 @@ def test_gluon_swapped_weight_gradient_matches_float64(index, group, gluon, monk
     that; tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
     if device != "cuda" and (index, group) != (0, 2):
         pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
-    select, chosen = choice._select, []
-
-    def transposed(direction, *args):
-        config = select(direction, *args)
-        if config.gluon and direction == "wgrad":
-            config = swapped_weight_grad_tiles(config, group)
-        config = choice.force_variant(direction, args[0], args[1], config, "gluon", gluon_runs(device))
-        chosen.append((direction, config.swap_ab, config.tap_group))
-        return config
-
-    monkeypatch.setattr(choice, "_select", transposed)
-    ours, expected = conv_and_reference(TMA_CASES[index], torch.bfloat16, device)
-    for got, want in zip(ours, expected, strict=True):
-        assert rel_l2(got, want) < tolerance(torch.bfloat16)
-    first = "gluon" if gluon_runs(device) else "tma"
-    assert gluon == [(first, "fwd"), (first, "dgrad"), (first, "wgrad")]
+    retile = lambda config: swapped_weight_grad_tiles(config, group)  # noqa: E731
+    chosen = _with_weight_grad_tiles(index, retile, gluon, monkeypatch, device)
     swapped = (1, group if group > 1 else 0) if gluon_runs(device) else (0, 0)
     assert chosen == [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", *swapped)]
 
