@@ -41,6 +41,18 @@ def swapped_weight_grad_tiles(config: KernelConfig, group: int) -> KernelConfig:
     return replace(config, gluon=2, swap_ab=1, tap_group=group if group > 1 else 0, block_n=rows, num_warps=rows // 16)
 
 
+# The transposed weight gradient's tests run 4 taps a tile (unet_32's twin) on every TMA case, 1 and 2 on these:
+# a phase view, dilation, 70 taps, a strided and dilated box.
+SWAPPED_WGRAD_FEW_TAPS_CASES = ("stride_1_2_2_c8", "dilation2_c8", "kernel_7x2x5_c8", "stride_w_dilated")
+
+
+def swapped_weight_grad_params(cases: list) -> list[tuple[int, int]]:
+    """(index into `cases`, taps a tile) for the transposed weight gradient's tests."""
+    few = [i for i, case in enumerate(cases) if case.name in SWAPPED_WGRAD_FEW_TAPS_CASES]
+    assert len(few) == len(SWAPPED_WGRAD_FEW_TAPS_CASES), "a case named here left the TMA cases"
+    return [(i, 4) for i in range(len(cases))] + [(i, group) for group in (1, 2) for i in few]
+
+
 def leaf_copy(t: torch.Tensor) -> torch.Tensor:
     """A detached copy of `t` that collects its own gradient."""
     return t.detach().clone().requires_grad_()
