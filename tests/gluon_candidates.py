@@ -44,10 +44,17 @@ def gluon_configs(direction: str, shape, dtype: torch.dtype) -> list:
     geom = shape.geometry()
     found = configs.candidates(direction, geom, dtype, H100_SMEM, tma=True, gluon=True)
     default = configs.heuristic_config(direction, geom, dtype, H100_SMS, configs.GLUON_CAPABILITY)
-    planned = [default, *nearest_candidates(found, default, CANDIDATES_PER_KEY)]
+    twins = configs.own_twins(direction, geom, default, dtype, H100_SMEM)
+    planned = [default, *nearest_candidates(found, default, CANDIDATES_PER_KEY, twins)]
     planned += [choice.force_variant(direction, geom, dtype, c, "gluon", True) for c in planned]
     gluon = [c for c in planned if c.gluon]
-    return list(dict.fromkeys(gluon + [dataclasses.replace(c, gluon=3 - c.gluon) for c in gluon]))
+    # the other form, where there is one: a weight gradient's grouped or transposed tiles are warp-specialized only
+    other = [
+        dataclasses.replace(c, gluon=3 - c.gluon)
+        for c in gluon
+        if not (c.tap_group > 1 or (c.swap_ab and direction == "wgrad"))
+    ]
+    return list(dict.fromkeys(gluon + other))
 
 
 def check(direction: str, shape, dtype: torch.dtype, config, seed: int) -> float:

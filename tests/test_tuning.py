@@ -650,6 +650,13 @@ def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
     assert configs.swapped_wgrad_twin(configs.heuristic_config("wgrad", wide, torch.bfloat16, 132, 90), wide) is None
     space = configs.candidates("wgrad", shapes["unet_32"], torch.bfloat16, 227 * 1024, tma=True, gluon=True)
     assert any(c.swap_ab for c in space)
+    # 7 doublings from the default, where the 24 nearest stop: the tuner times the default's own twins first
+    default = configs.heuristic_config("wgrad", shapes["unet_32"], torch.bfloat16, 132, 90)
+    twins = configs.own_twins("wgrad", shapes["unet_32"], default, torch.bfloat16, 227 * 1024)
+    assert twins == [configs.swapped_wgrad_twin(default, shapes["unet_32"])]
+    assert not any(c.swap_ab for c in tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY))
+    timed = tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY, twins)
+    assert timed[0] == twins[0] and len(timed) == tuner.CANDIDATES_PER_KEY
 
 
 def test_mma_fill_counts_the_tiles_work_over_the_real_work():

@@ -790,6 +790,22 @@ def swapped_wgrad_twin(config: KernelConfig, geom: ConvGeometry) -> KernelConfig
     return twin if gluon_takes(twin) else None
 
 
+def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
+    """`config`'s own Gluon twins, those that fit `smem_bytes`: its tile swapped (swapped_twin; the weight gradient's,
+    swapped_wgrad_twin) or with its taps grouped (grouped_taps_twin). They differ from it in tile dimensions, so a
+    tuner that times the candidates nearest a default (tuner.nearest_candidates) would not reach them (unet_32's
+    transposed weight gradient is 7 doublings from the default; the 24th nearest, 7), and its split may be one the
+    space does not hold."""
+    if not config.gluon:
+        return []
+    found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
+    if direction == "wgrad":
+        found.append(swapped_wgrad_twin(config, geom))
+    element = torch.empty((), dtype=dtype).element_size()
+    return [t for t in found
+            if t and conv_gluon.persistent_shared_bytes(t, element, direction == "wgrad") <= smem_bytes]  # fmt: skip
+
+
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
     """`config`'s tiles on the Gluon kernel: the TMA variant's patch, and a ring of at least two stages (wgmma
     tiles want at least 64 rows a warpgroup: `gluon_takes` says which tiles fit); `specialized`: persistent, with

@@ -35,7 +35,7 @@ from ..kernels.conv_fwd import conv3d_fwd
 from ..kernels.conv_wgrad import conv3d_wgrad
 from ..testing import exact_fp32, hang_guard, random_conv_inputs, rel_l2, tolerance
 from . import configs, tables
-from .configs import TuningKey, candidates, default_config, tuning_key
+from .configs import TuningKey, candidates, default_config, own_twins, tuning_key
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
 Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
@@ -167,15 +167,19 @@ def _tile(config: KernelConfig) -> tuple:
     return config.block_m, config.block_n, config.block_k, config.num_warps, config.num_stages, config.group_m
 
 
-def nearest_candidates(configs: Iterable[KernelConfig], default: KernelConfig, limit: int) -> list[KernelConfig]:
-    """The `limit` candidates nearest `default` (the default itself aside): first its own tile in each other form
-    the space holds (another variant, TMA box or split: a row box or an unsplit twin is several doublings away,
+def nearest_candidates(
+    configs: Iterable[KernelConfig], default: KernelConfig, limit: int, twins: Iterable[KernelConfig] = ()
+) -> list[KernelConfig]:
+    """The `limit` candidates nearest `default` (the default itself aside): first its `twins` (configs.own_twins:
+    its tile swapped or with taps grouped, whether or not the space holds them), then its own tile in each other
+    form the space holds (another variant, TMA box or split: a row box or an unsplit twin is several doublings away,
     and would otherwise never be timed against it), then the fewest steps away; the space's order among equals."""
-    others = [c for c in configs if c != default]
+    twins = [t for t in dict.fromkeys(twins) if t != default]
+    others = [c for c in configs if c != default and c not in twins]
     forms = [c for c in others if _tile(c) == _tile(default)]
     rest = [c for c in others if _tile(c) != _tile(default)]
     by_steps = lambda c: config_steps(c, default)  # noqa: E731
-    return (sorted(forms, key=by_steps) + sorted(rest, key=by_steps))[:limit]
+    return (twins + sorted(forms, key=by_steps) + sorted(rest, key=by_steps))[:limit]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,7 +197,8 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
         run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
     found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device))
-    configs = nearest_candidates(found, default, CANDIDATES_PER_KEY)
+    twins = own_twins(direction, geom, default, dtype, smem_limit(device)) if _has_gluon(device) else []
+    configs = nearest_candidates(found, default, CANDIDATES_PER_KEY, twins)
     outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
@@ -234,7 +239,9 @@ def job_configs(
         job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device)
     )
     hung = set(hung)
-    return default, nearest_candidates([c for c in found if c not in hung], default, CANDIDATES_PER_KEY)
+    twins = own_twins(job.direction, geom, default, job.dtype, smem_limit(device)) if _has_gluon(device) else []
+    unhung = [c for c in found if c not in hung]
+    return default, nearest_candidates(unhung, default, CANDIDATES_PER_KEY, [t for t in twins if t not in hung])
 
 
 def searched_variants(device: torch.device) -> set[str]:
