@@ -34,8 +34,8 @@ def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
 
 def swapped_weight_grad_tiles(config: KernelConfig, group: int) -> KernelConfig:
     """A weight gradient's `config` on the warp-specialized Gluon kernel transposed (swap_ab): `group` taps (1, 2 or
-    4) of 128 // group // 2 input channels (whole swizzle rows: at least GROUPED_TAP_COLUMNS) on the wgmma's rows,
-    16 a warp; the output channels as before on its columns."""
+    4) on the wgmma's rows, 64 input channels for one, GROUPED_TAP_COLUMNS (32, whole swizzle rows) for 2 or 4, 16
+    rows a warp; the output channels as before on its columns."""
     per_tap = max(GROUPED_TAP_COLUMNS, 64 // group)
     rows = per_tap * group
     return replace(config, gluon=2, swap_ab=1, tap_group=group if group > 1 else 0, block_n=rows, num_warps=rows // 16)

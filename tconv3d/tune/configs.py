@@ -305,9 +305,13 @@ def candidates(
             # (from every kept tile: unswapped, their 32 rows of output channels are too few for the Gluon kernel)
             transposed = (swapped_wgrad_twin(with_gluon(c, geom, direction, specialized=True), geom) for c in kept)
             specialized += list(dict.fromkeys(t for t in transposed if t))
-        twins += [c for c in specialized
-                  if conv_gluon.persistent_shared_bytes(c, element, direction == "wgrad") <= smem_bytes]  # fmt: skip
+        twins += [c for c in specialized if _persistent_fits(c, element, direction, smem_bytes)]
     return kept + twins
+
+
+def _persistent_fits(config: KernelConfig, element_size: int, direction: str, smem_bytes: int) -> bool:
+    """Whether a persistent Gluon config's rings (and epilogue tile) fit `smem_bytes`."""
+    return conv_gluon.persistent_shared_bytes(config, element_size, direction == "wgrad") <= smem_bytes
 
 
 def _direct_channels(direction: str, geom: ConvGeometry) -> int:
@@ -413,8 +417,8 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
     channels = _direct_channels(direction, geom)
     voxels = geom.input_voxels if direction == "dgrad" else geom.output_voxels
     block_c = _pow2_clamp(channels, MIN_TILE, 64)
-    # The input gradient gathers per (tap, multiple), each with its own mask: 16 voxels a program, where 32 and
-    # 64 spilled somewhere (multiplier 2, fp32, sm_80 and sm_90, triton 3.6 or 3.9).
+    # The input gradient reads each tap's channels x multiplier (or gathers each multiple), with a mask a tap: 16
+    # voxels a program, where 32 and 64 spilled somewhere when it gathered (multiplier 2, fp32, sm_80 and sm_90).
     block_m = _pow2_clamp(voxels, MIN_TILE, 512) if interpreter else 16 if direction == "dgrad" else 64
     split_k = 1
     if direction == "wgrad":
@@ -802,8 +806,7 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
     if direction == "wgrad":
         found.append(swapped_wgrad_twin(config, geom))
     element = torch.empty((), dtype=dtype).element_size()
-    return [t for t in found
-            if t and conv_gluon.persistent_shared_bytes(t, element, direction == "wgrad") <= smem_bytes]  # fmt: skip
+    return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes)]
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:

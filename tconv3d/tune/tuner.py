@@ -182,6 +182,11 @@ def nearest_candidates(
     return (twins + sorted(forms, key=by_steps) + sorted(rest, key=by_steps))[:limit]
 
 
+def _twins(direction: str, geom: ConvGeometry, default: KernelConfig, dtype, device) -> list[KernelConfig]:
+    """The default's own Gluon twins (configs.own_twins) where this device runs the Gluon kernel, else none."""
+    return own_twins(direction, geom, default, dtype, smem_limit(device)) if _has_gluon(device) else []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # first-use tuning (TCONV3D_AUTOTUNE=1)
 
@@ -197,8 +202,7 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
         run, reference, tolerance(dtype), compiles_cleanly=_compile_filter(direction, geom, dtype, device)
     )
     found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device))
-    twins = own_twins(direction, geom, default, dtype, smem_limit(device)) if _has_gluon(device) else []
-    configs = nearest_candidates(found, default, CANDIDATES_PER_KEY, twins)
+    configs = nearest_candidates(found, default, CANDIDATES_PER_KEY, _twins(direction, geom, default, dtype, device))
     outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
     if outcome is None:
         return default
@@ -239,9 +243,8 @@ def job_configs(
         job.direction, geom, job.dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device)
     )
     hung = set(hung)
-    twins = own_twins(job.direction, geom, default, job.dtype, smem_limit(device)) if _has_gluon(device) else []
-    unhung = [c for c in found if c not in hung]
-    return default, nearest_candidates(unhung, default, CANDIDATES_PER_KEY, [t for t in twins if t not in hung])
+    twins = [t for t in _twins(job.direction, geom, default, job.dtype, device) if t not in hung]
+    return default, nearest_candidates([c for c in found if c not in hung], default, CANDIDATES_PER_KEY, twins)
 
 
 def searched_variants(device: torch.device) -> set[str]:
