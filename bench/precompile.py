@@ -111,9 +111,14 @@ def wheel_key(wheel: Path) -> str:
 
 
 def _keyed_as(key: str) -> None:
-    """In a compiling process: Triton's disk cache keyed as the target Triton's (wheel_key), niced below other work."""
+    """In a compiling process: Triton's disk cache keyed as the target Triton's (wheel_key), niced below other work,
+    and with none of the variables Triton keys its cache on (TRITON_DISABLE_LINE_INFO, which the test suite sets,
+    among them): the GPU machines set none, and a kernel compiled under one is looked up under another key there."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache
 
+    for name in get_cache_invalidating_env_vars():
+        os.environ.pop(name, None)
     cache.triton_key = lambda: key
     with contextlib.suppress(OSError):
         os.nice(10)

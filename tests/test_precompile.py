@@ -43,7 +43,8 @@ def test_the_wheels_key_is_this_tritons_with_its_libtriton(tmp_path):
 
 
 def _run(script: str, tmp_path: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # The JIT's side as on a GPU machine: neither the interpreter nor conftest's TRITON_DISABLE_LINE_INFO.
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DISABLE_LINE_INFO")}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "unrelated")  # the scripts' own compiles never reach the shared cache
     result = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "shapes.json")], cwd=ROOT, env=env, capture_output=True,
@@ -110,14 +111,16 @@ from tconv3d.geometry import check_conv3d
 geom = check_conv3d(x, w, None, 1, 1, 1, 1)
 planned = ("fwd", geom, torch.bfloat16, KernelConfig(64, 16, 16, 4, 2))
 other = ("fwd", geom, torch.bfloat16, KernelConfig(64, 16, 16, 4, 3))
+import os
+os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # as pytest's conftest sets it: the build compiles as a GPU would
 manifest = precompile.build([planned], precompile.local_key(), out, 1)
+del os.environ["TRITON_DISABLE_LINE_INFO"]
 assert manifest["launches"] == 1 and manifest["failed"] == 0 and len(manifest["kernels"]) == 1, manifest
 packed = {{p.suffix for p in precompile.CACHE_DIR.glob("*/*")}}
 assert {{".cubin", ".json", ".ptx"}} <= packed, packed  # built with everything; packed without the PTX and the IRs
 shutil.rmtree(precompile.CACHE_DIR)
 cache = precompile.unpack(out)
 assert sorted(p.suffix for p in Path(cache).glob("*/*") if p.suffix) == [".cubin", ".json", ".json"]
-import os
 os.environ["TRITON_CACHE_DIR"] = cache
 compile_launch(*planned, 90)
 assert precompile.census(out) == {{"carried": 1, "unpacked": True, "compiled_here": 0}}, precompile.census(out)
