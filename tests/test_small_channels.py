@@ -22,6 +22,9 @@ SMALL = [
     Case("cin4_cout1_s2", 2, 4, 1, (7, 6, 9), 3, stride=2, padding=1),
     Case("cin7_cout2_causal", 1, 7, 2, (5, 6, 7), (3, 2, 3), padding=(2, 0, 1, 0, 1, 1)),
     Case("cin3_cout20", 1, 3, 20, (4, 6, 5), 3, padding=1),  # the stem: only forward and weight-grad pack
+    # 45 taps: the forward's tap bits in int64 (at most 31 in int32); 64 taps: bounds per element again
+    Case("cin2_cout5_3x3x5", 1, 2, 5, (4, 5, 7), (3, 3, 5), padding=(1, 1, 2)),
+    Case("cin1_cout3_4x4x4", 1, 1, 3, (5, 5, 6), 4, padding=(2, 1, 1, 2, 2, 1)),
 ]
 
 

@@ -24,6 +24,8 @@ from .utils import (
     select,
     source_blocks,
     split_voxel,
+    tap_bits,
+    tap_inside,
 )
 
 
@@ -56,11 +58,13 @@ def _conv3d_dgrad_kernel(
     Within a phase the same taps land on whole output voxels for every row, so the host lists those live taps
     and the dead ones, most of a strided transposed convolution, cost nothing. Per dimension the live taps of a
     phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
-    nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step) K runs over
-    (live tap, channel) pairs, as in the forward. A second source along K (HAS_AFTER: grad_output is a channel
-    concatenation read in place, a transposed convolution's input) adds its channel blocks after go's, as the
-    forward's HAS_AFTER adds the input's. Split-K (grid axis 2), as in the forward: program s reduces
-    steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32 gi.
+    nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step: it is that count,
+    C_OUT, a constexpr) K runs over (live tap, channel) pairs, as in the forward, and at unit stride with at most
+    63 taps its bounds are a bit a tap, found once a tile (utils.tap_bits), as there. A second source along K
+    (HAS_AFTER: grad_output is a channel concatenation read in place, a transposed convolution's input) adds its
+    channel blocks after go's, as the forward's HAS_AFTER adds the input's. Split-K (grid axis 2), as in the
+    forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32
+    gi.
     """
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
@@ -111,14 +115,20 @@ def _conv3d_dgrad_kernel(
     if HAS_AFTER:
         tl.static_assert(not PACK_TAPS, "channels_after: unpacked channels")
         q_rows = (Q_DELTA + n * stride_qn + jd * stride_qd + jh * stride_qh + jw * stride_qw) - go_offsets  # [BLOCK_M]
+    TAPS: tl.constexpr = KD * KH * KW
+    TAP_BITS: tl.constexpr = PACK_TAPS and TAPS < 64
+    if live_taps_ptr is None and TAP_BITS:  # unit stride: tap (kd, kh, kw) of row (jd, jh, jw) reads go at
+        # (jd + PAD_D - kd * DIL_D, ..)
+        inside_taps = tap_bits(jd32 + PAD_D, jh32 + PAD_H, jw32 + PAD_W, mask_m, D_OUT, H_OUT, W_OUT,
+                               -DIL_D, -DIL_H, -DIL_W, KD, KH, KW)  # fmt: skip
     steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few output channels: BLOCK_K (live tap, channel) pairs a step, each with its own tap
             offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = j * C_OUT + channel
-            j = offs_r // C_OUT
-            offs_c = offs_r - j * C_OUT
-            mask_c = offs_r < live * C_OUT
+            j = offs_r // PACK_TAPS
+            offs_c = offs_r - j * PACK_TAPS
+            mask_c = offs_r < live * PACK_TAPS
         else:  # the j-th live tap, BLOCK_K of its channels (of one source)
             j = step // k_blocks
             block = step - j * k_blocks
@@ -131,14 +141,18 @@ def _conv3d_dgrad_kernel(
         shift_h = (rh + PAD_H - kh * DIL_H) // STRIDE_H
         shift_w = (rw + PAD_W - kw * DIL_W) // STRIDE_W
         if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
-            od = jd32[:, None] + shift_d[None, :]
-            oh = jh32[:, None] + shift_h[None, :]
-            ow = jw32[:, None] + shift_w[None, :]
-            inside = (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
             g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
                      + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
             g_ptrs = go_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
-            a = tl.load(g_ptrs, mask=inside & mask_m[:, None] & mask_c[None, :], other=0.0)
+            if live_taps_ptr is None and TAP_BITS:  # j is the tap
+                mask_a = tap_inside(inside_taps, j, mask_c, TAPS)
+            else:
+                od = jd32[:, None] + shift_d[None, :]
+                oh = jh32[:, None] + shift_h[None, :]
+                ow = jw32[:, None] + shift_w[None, :]
+                inside = (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
+                mask_a = inside & mask_m[:, None] & mask_c[None, :]
+            a = tl.load(g_ptrs, mask=mask_a, other=0.0)
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wo)[:, None]
         else:
             od = jd32 + shift_d
@@ -222,7 +236,8 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        PACK_TAPS=packs_taps("dgrad", geom), HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
+        PACK_TAPS=geom.group_out_channels if packs_taps("dgrad", geom) else 0,
+        HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -26,6 +26,8 @@ from .utils import (
     select,
     source_blocks,
     split_voxel,
+    tap_bits,
+    tap_inside,
 )
 
 
@@ -61,8 +63,11 @@ def _conv3d_fwd_kernel(
     mask, other modes and a second source along D (HAS_PREFIX) remap each row's load (kernel_utils.border_gather).
     A second source along C (HAS_AFTER: a channel concatenation read in place) adds its own channel blocks after
     x's: each step's block lies in one source, whose rows the step selects (utils.select, no branch).
-    With PACK_TAPS (fewer channels than one MMA step) the loop runs over (tap, channel) pairs instead: the
-    Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27 steps 3/16 full.
+    With PACK_TAPS (fewer channels than one MMA step: it is that count, C_IN, a constexpr) the loop runs over (tap,
+    channel) pairs instead: the Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27
+    steps 3/16 full. Each pair then has its own tap, so each element of a step's tile its own bounds: with zeros
+    borders and at most 63 taps, which of a row's taps lie inside the input is found once a tile, a bit a tap
+    (TAP_BITS), and a step tests one bit an element instead of six bounds.
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
     y, the bias in split 0's; split_k.sum_splits adds the splits.
     """
@@ -103,27 +108,37 @@ def _conv3d_fwd_kernel(
         # q's rows under tap (0, 0, 0), as offsets from x's
         q_rows = (Q_DELTA + n * stride_qn + d0.to(tl.int64) * stride_qd + h0.to(tl.int64) * stride_qh
                   + w0.to(tl.int64) * stride_qw) - x_offsets  # [BLOCK_M]  # fmt: skip
-    steps = tl.cdiv(KD * KH * KW * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * KW * k_blocks
+    TAPS: tl.constexpr = KD * KH * KW
+    TAP_BITS: tl.constexpr = PACK_TAPS and MASK_ONLY and TAPS < 64
+    if TAP_BITS:  # bit t of a row: tap t reads inside the input (and the row is one)
+        inside_taps = tap_bits(d0, h0, w0, mask_m, D_IN, H_IN, W_IN, DIL_D, DIL_H, DIL_W, KD, KH, KW)
+    steps = tl.cdiv(TAPS * C_IN, BLOCK_K) if PACK_TAPS else TAPS * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few channels: BLOCK_K (tap, channel) pairs a step, each with its own tap
             offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = tap * C_IN + channel
-            tap = offs_r // C_IN
-            offs_c = offs_r - tap * C_IN
-            mask_c = offs_r < KD * KH * KW * C_IN
+            tap = offs_r // PACK_TAPS
+            offs_c = offs_r - tap * PACK_TAPS
+            mask_c = offs_r < TAPS * PACK_TAPS
             kw = tap % KW
             kh = (tap // KW) % KH
             kd = tap // (KW * KH)
-            id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]: bounds and offsets per (voxel, pair)
-            ih = h0[:, None] + (kh * DIL_H)[None, :]
-            iw = w0[:, None] + (kw * DIL_W)[None, :]
             if MASK_ONLY:
-                inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                 x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
                          + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
                 x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]
-                mask_a = inside & mask_m[:, None] & mask_c[None, :]
+                if TAP_BITS:
+                    mask_a = tap_inside(inside_taps, tap, mask_c, TAPS)
+                else:  # more than 63 taps: bounds per (voxel, pair)
+                    id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]
+                    ih = h0[:, None] + (kh * DIL_H)[None, :]
+                    iw = w0[:, None] + (kw * DIL_W)[None, :]
+                    inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
+                    mask_a = inside & mask_m[:, None] & mask_c[None, :]
             else:
+                id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]: bounds and offsets per (voxel, pair)
+                ih = h0[:, None] + (kh * DIL_H)[None, :]
+                iw = w0[:, None] + (kw * DIL_W)[None, :]
                 x_voxels, inside = border_gather(
                     n[:, None], id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
                     stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
@@ -280,7 +295,8 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
         geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, PACK_TAPS=packs_taps("fwd", geom), HAS_PREFIX=frames_before is not None,
+        HAS_BIAS=bias is not None, PACK_TAPS=c_in if packs_taps("fwd", geom) else 0,
+        HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,

@@ -43,6 +43,39 @@ def split_voxel(offs, D, H, W):
 
 
 @triton.jit
+def tap_bits(d0, h0, w0, rows, D, H, W, DIL_D, DIL_H, DIL_W, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr):
+    """Which taps of a row read inside a D x H x W input with zeros borders, once a tile for a loop whose steps mix
+    taps (PACK_TAPS): bit (kd * KH + kh) * KW + kw is set where tap (kd, kh, kw) of the row whose tap (0, 0, 0)
+    reads (d0, h0, w0) lies inside, and the row is one (rows). int32 for at most 31 taps, else int64 (at most 63):
+    the top bit is never set (tap_inside's "no tap")."""
+    if KD * KH * KW < 32:
+        bits = tl.zeros(d0.shape, tl.int32)
+    else:
+        tl.static_assert(KD * KH * KW < 64, "tap_bits: at most 63 taps")
+        bits = tl.zeros(d0.shape, tl.int64)
+    for kd in tl.static_range(KD):
+        d = d0 + kd * DIL_D
+        inside_d = rows & (d >= 0) & (d < D)
+        for kh in tl.static_range(KH):
+            h = h0 + kh * DIL_H
+            inside_dh = inside_d & (h >= 0) & (h < H)
+            for kw in tl.static_range(KW):
+                w = w0 + kw * DIL_W
+                inside = inside_dh & (w >= 0) & (w < W)
+                bits |= inside.to(bits.dtype) << ((kd * KH + kh) * KW + kw)
+    return bits
+
+
+@triton.jit
+def tap_inside(bits, tap, valid, TAPS: tl.constexpr):
+    """[rows, pairs]: whether pair k (tap[k], valid[k]: whether it is one of the reduction's) reads inside for row m,
+    from tap_bits' bits (one shift and one test an element, where six bounds took twelve instructions)."""
+    NONE: tl.constexpr = 31 if TAPS < 32 else 63  # a bit never set
+    shift = tl.where(valid, tap, NONE)
+    return ((bits[:, None] >> shift.to(bits.dtype)[None, :]) & 1) != 0
+
+
+@triton.jit
 def padded_coord(i, size, PAD_MODE: tl.constexpr):
     """The input coordinate that padded coordinate `i` (which may lie in the border) reads under its dimension's
     padding mode (PAD_MODE indexes geometry.PADDING_MODES); zeros mode leaves it as it is, for a mask. The
