@@ -112,8 +112,8 @@ def wheel_key(wheel: Path) -> str:
 
 def _keyed_as(key: str) -> None:
     """In a compiling process: Triton's disk cache keyed as the target Triton's (wheel_key), niced below other work,
-    and with none of the variables Triton keys its cache on (TRITON_DISABLE_LINE_INFO, which the test suite sets,
-    among them): the GPU machines set none, and a kernel compiled under one is looked up under another key there."""
+    and with none of the variables Triton keys its cache on (TRITON_DISABLE_LINE_INFO among them): the GPU machines
+    set none, and a kernel compiled under one would be looked up under another key there."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache
 

@@ -10,12 +10,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-# The kernels the tests compile (here: the static compile tests' subprocesses; on a GPU: every kernel) are built
-# without line tables: a quarter less compile time (46 -> 35 s for 24 inspect records, triton 3.9), the same SASS.
-# Triton keys its cache on the variable, so these kernels never stand in for a session's own (bench/precompile.py
-# compiles without it, as the GPU machines run). TRITON_DISABLE_LINE_INFO=0 keeps the tables (compute-sanitizer's
-# source lines).
-os.environ.setdefault("TRITON_DISABLE_LINE_INFO", "1")
 
 import pytest
 

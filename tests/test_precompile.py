@@ -43,7 +43,7 @@ def test_the_wheels_key_is_this_tritons_with_its_libtriton(tmp_path):
 
 
 def _run(script: str, tmp_path: Path) -> str:
-    # The JIT's side as on a GPU machine: neither the interpreter nor conftest's TRITON_DISABLE_LINE_INFO.
+    # The JIT's side as on a GPU machine: neither the interpreter nor a variable Triton keys its cache on.
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DISABLE_LINE_INFO")}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "unrelated")  # the scripts' own compiles never reach the shared cache
     result = subprocess.run(
@@ -112,7 +112,7 @@ geom = check_conv3d(x, w, None, 1, 1, 1, 1)
 planned = ("fwd", geom, torch.bfloat16, KernelConfig(64, 16, 16, 4, 2))
 other = ("fwd", geom, torch.bfloat16, KernelConfig(64, 16, 16, 4, 3))
 import os
-os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # as pytest's conftest sets it: the build compiles as a GPU would
+os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # one of the variables Triton keys its cache on: the build drops it
 manifest = precompile.build([planned], precompile.local_key(), out, 1)
 del os.environ["TRITON_DISABLE_LINE_INFO"]
 assert manifest["launches"] == 1 and manifest["failed"] == 0 and len(manifest["kernels"]) == 1, manifest
