@@ -43,8 +43,7 @@ def test_the_wheels_key_is_this_tritons_with_its_libtriton(tmp_path):
 
 
 def _run(script: str, tmp_path: Path) -> str:
-    # The JIT's side as on a GPU machine: neither the interpreter nor a variable Triton keys its cache on.
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DISABLE_LINE_INFO")}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "unrelated")  # the scripts' own compiles never reach the shared cache
     result = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "shapes.json")], cwd=ROOT, env=env, capture_output=True,

@@ -374,9 +374,9 @@ for case, direction in (("first_cin3", "fwd"), ("last_cout3", "dgrad"), ("cin1",
         with compile_only(capability, launches):
             launch_on_meta(direction, shape.launched_geometry(), torch.bfloat16, config)
         body = _main_loop_body(_cuobjdump(launches[0][3].asm["cubin"])[1])
-        ops = [re.sub(r"^@!?U?P\\w+\\s+", "", line).split(" ")[0].split(".")[0] for line in body]
         out.append({"case": case, "direction": direction, "arch": capability, "kernel": launches[0][0],
-                    "instructions": len(ops), "compares": ops.count("ISETP"), "divisions": ops.count("MUFU")})
+                    "compares": sum(bool(re.search(r"\\bISETP\\.", line)) for line in body),
+                    "divisions": sum("MUFU.RCP" in line for line in body)})
 print(json.dumps(out))
 """
 

@@ -123,22 +123,20 @@ def _conv3d_fwd_kernel(
             kw = tap % KW
             kh = (tap // KW) % KH
             kd = tap // (KW * KH)
+            if not TAP_BITS:  # bounds per (voxel, pair)
+                id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]
+                ih = h0[:, None] + (kh * DIL_H)[None, :]
+                iw = w0[:, None] + (kw * DIL_W)[None, :]
             if MASK_ONLY:
                 x_tap = ((kd * DIL_D).to(tl.int64) * stride_xd + (kh * DIL_H).to(tl.int64) * stride_xh
                          + (kw * DIL_W).to(tl.int64) * stride_xw)  # fmt: skip
                 x_ptrs = x_rows[:, None] + (x_tap + offs_c * stride_xc)[None, :]
                 if TAP_BITS:
                     mask_a = tap_inside(inside_taps, tap, mask_c, TAPS)
-                else:  # more than 63 taps: bounds per (voxel, pair)
-                    id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]
-                    ih = h0[:, None] + (kh * DIL_H)[None, :]
-                    iw = w0[:, None] + (kw * DIL_W)[None, :]
+                else:  # more than 63 taps
                     inside = (id_ >= 0) & (id_ < D_IN) & (ih >= 0) & (ih < H_IN) & (iw >= 0) & (iw < W_IN)
                     mask_a = inside & mask_m[:, None] & mask_c[None, :]
             else:
-                id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]: bounds and offsets per (voxel, pair)
-                ih = h0[:, None] + (kh * DIL_H)[None, :]
-                iw = w0[:, None] + (kw * DIL_W)[None, :]
                 x_voxels, inside = border_gather(
                     n[:, None], id_, ih, iw, D_IN, H_IN, W_IN, P_FRAMES, P_DELTA,
                     stride_xn, stride_xd, stride_xh, stride_xw, stride_pn, stride_pd, stride_ph, stride_pw,
