@@ -3,12 +3,15 @@ the columns (weight-grad: Cin) when there are fewer channels than one MMA step. 
 with the interpreter's tiles and with the tiles an H100 would launch, and the one-tap-per-step form kept honest
 on the same geometries."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import CASES, Case, conv_and_reference, dtype_id
 
 from tconv3d.geometry import check_conv3d
 from tconv3d.kernels import config as kernel_config
+from tconv3d.kernels import conv_wgrad
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice, configs
 
@@ -25,6 +28,19 @@ SMALL = [
     # 45 taps: the forward's tap bits in int64 (at most 31 in int32); 64 taps: bounds per element again
     Case("cin2_cout5_3x3x5", 1, 2, 5, (4, 5, 7), (3, 3, 5), padding=(1, 1, 2)),
     Case("cin1_cout3_4x4x4", 1, 1, 3, (5, 5, 6), 4, padding=(2, 1, 1, 2, 2, 1)),
+]
+
+
+# Few output channels from many input channels (a decoder's conv to RGB, a UNet's head): the weight gradient's rows
+# are (tap, output channel) pairs reduced over input voxels (config.packs_out_taps), their bounds a bit a tap,
+# int64 past 31 taps; rows past 128 pairs take several row tiles (5 x 27 = 135), valid convolutions leave border
+# voxels fewer taps.
+FEW_OUT = [
+    Case("cin16_cout3", 2, 16, 3, (4, 6, 5), 3, padding=1),
+    Case("cin17_cout1_dil_asym", 1, 17, 1, (5, 7, 6), 3, padding=(1, 2, 0, 1, 2, 0), dilation=(1, 2, 1)),
+    Case("cin20_cout5_3x3x5", 1, 20, 5, (4, 5, 7), (3, 3, 5), padding=(1, 1, 2)),
+    Case("cin24_cout2_valid", 2, 24, 2, (5, 6, 7), (2, 3, 3)),
+    Case("cin33_cout5_3x3x3", 1, 33, 5, (3, 5, 6), 3, padding=1),
 ]
 
 
@@ -91,3 +107,50 @@ def test_one_tap_per_step_on_the_same_geometries(case, one_tap_per_step, device)
     ours, expected = conv_and_reference(case, torch.float32, device)
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
         assert rel_l2(a, e) < TOLERANCE[torch.float32], name
+
+
+@pytest.mark.parametrize("tiles", ["chosen", "gpu_heuristic_tiles"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("case", FEW_OUT, ids=lambda c: c.name)
+def test_few_output_channels_match_float64(case, dtype, tiles, device, request, monkeypatch):
+    """Every direction against float64, the weight gradient on the out-pairs kernel (and nothing else)."""
+    if tiles != "chosen":
+        request.getfixturevalue(tiles)
+    x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
+    geom = check_conv3d(x, w, None, case.stride, case.padding, case.dilation, 1)
+    assert kernel_config.packs_out_taps(geom) and packed_directions(case, device) == ["dgrad"]
+    launched, real_launch = [], conv_wgrad.launch
+    monkeypatch.setattr(
+        conv_wgrad, "launch", lambda kernel, *a, **k: launched.append(kernel) or real_launch(kernel, *a, **k)
+    )
+    # (a one-channel bias gradient is one sum of rounded values whose cancellation no relative tolerance bounds)
+    ours, expected = conv_and_reference(case, dtype, device, bias=case.cout > 1)
+    for name, a, e in zip(
+        ("output", "input grad", "weight grad", "bias grad")[: len(ours)], ours, expected, strict=True
+    ):
+        assert a.shape == e.shape and a.dtype == dtype, name
+        assert rel_l2(a, e) < TOLERANCE[dtype], name
+    assert launched == [conv_wgrad._conv3d_wgrad_out_pairs_kernel], launched
+
+
+def test_few_output_channels_pack_where_the_kernel_can():
+    """The out-pairs form takes unit-stride, zeros-bordered, one-source weight gradients of 2-63 taps and fewer than
+    16 output channels, where the input channels are not packed; the view it reduces is the input's voxels."""
+    x, w = torch.empty(1, 96, 17, 64, 64, device="meta"), torch.empty(3, 96, 3, 3, 3, device="meta")
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    view = kernel_config.gemm_view("wgrad", geom)
+    assert kernel_config.packs_out_taps(geom) and (view.rows, view.cols, view.grid_taps) == (81, 96, 1)
+    assert view.reduction == geom.input_voxels
+    assert kernel_config.gemm_view("wgrad", geom, box=True).rows == 3  # the box kernels take one tap a program
+    wgrad = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+    assert (wgrad.variant, wgrad.block_m, wgrad.block_k) == ("pointer", 128, 32)
+    assert configs.mma_fill("wgrad", geom, wgrad) > 0.45  # 81 / 128 x 96 / 128; one tap a program: 3 / 64 x 0.75
+    not_packed = [
+        check_conv3d(x, w, None, 2, 1, 1, 1),  # strided
+        check_conv3d(x, torch.empty(16, 96, 3, 3, 3, device="meta"), None, 1, 1, 1, 1),  # 16 output channels
+        check_conv3d(x, torch.empty(3, 96, 4, 4, 4, device="meta"), None, 1, 1, 1, 1),  # 64 taps
+        check_conv3d(x, torch.empty(3, 96, 1, 1, 1, device="meta"), None, 1, 0, 1, 1),  # one tap
+        check_conv3d(x, torch.empty(12, 8, 3, 3, 3, device="meta"), None, 1, 1, 1, 12),  # 8 in a group: columns pack
+        dataclasses.replace(geom, padding_mode="replicate"),
+    ]
+    assert not any(kernel_config.packs_out_taps(g) for g in not_packed)

@@ -146,12 +146,29 @@ def packs_taps(direction: str, geom: ConvGeometry) -> bool:
     return channels < PACK_TAPS_BELOW and geom.taps > 1
 
 
+def packs_out_taps(geom: ConvGeometry) -> bool:
+    """Whether the weight gradient runs its few-output-channel form (conv_wgrad's out-pairs kernel): fewer output
+    channels than one MMA step (and enough input channels that packs_taps does not pack those), 2 to 63 taps (a
+    bit a tap), unit stride, zeros borders, one source. Its rows are (tap, output channel) pairs, reduced over
+    input voxels: a decoder's conv to 3 channels fills 81 of 128 rows, where one tap a program filled 3 of 64."""
+    return (
+        geom.group_out_channels < PACK_TAPS_BELOW
+        and 1 < geom.taps < 64
+        and not packs_taps("wgrad", geom)
+        and tuple(geom.stride) == (1, 1, 1)
+        and geom.dim_modes == ("zeros", "zeros", "zeros")
+        and not geom.prefix_frames
+        and not geom.after_channels
+    )
+
+
 @dataclass(frozen=True)
 class GemmView:
     """The implicit GEMM a direction computes, one per group: `rows` x `cols`, reduced over `reduction` (fwd:
     Cin, dgrad: Cout, per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap
     (wgrad), or 1, and `groups` such GEMMs side by side. Packed into (tap, channel) pairs, the small-channel
-    forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad)."""
+    forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad); a weight gradient of few
+    output channels makes (tap, output channel) pairs its rows and reduces over input voxels (packs_out_taps)."""
 
     rows: int
     cols: int
@@ -160,7 +177,8 @@ class GemmView:
     groups: int = 1
 
 
-def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
+def gemm_view(direction: str, geom: ConvGeometry, box: bool = False) -> GemmView:
+    """`direction`'s GEMM on the pointer kernels, or (box) on the box kernels, which pack no output pairs."""
     packed = geom.taps if packs_taps(direction, geom) else 1
     cin, cout, groups = geom.group_in_channels, geom.group_out_channels, geom.groups
     if direction == "fwd":
@@ -168,6 +186,8 @@ def gemm_view(direction: str, geom: ConvGeometry) -> GemmView:
     if direction == "dgrad":
         return GemmView(geom.input_voxels, cin, cout * packed, groups=groups)
     if direction == "wgrad":
+        if packs_out_taps(geom) and not box:
+            return GemmView(cout * geom.taps, cin, geom.input_voxels, groups=groups)
         return GemmView(cout, cin * packed, geom.output_voxels, geom.taps // packed, groups)
     raise ValueError(f"unknown direction {direction!r}; expected one of {DIRECTIONS}")
 

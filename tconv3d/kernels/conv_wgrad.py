@@ -1,5 +1,5 @@
-"""Conv3d weight gradient: a split-K implicit-GEMM Triton kernel on NDHWC tensors, a deterministic reduction of
-the splits, and their launcher."""
+"""Conv3d weight gradient: split-K implicit-GEMM Triton kernels on NDHWC tensors (one tap a program, or (tap,
+output channel) pairs for few output channels), a deterministic reduction of the splits, and their launcher."""
 
 from dataclasses import replace
 
@@ -8,7 +8,15 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, channel_blocks, channel_sources, gemm_view, packs_taps, split_rows
+from .config import (
+    KernelConfig,
+    channel_blocks,
+    channel_sources,
+    gemm_view,
+    packs_out_taps,
+    packs_taps,
+    split_rows,
+)
 from .conv_depthwise import depthwise_wgrad
 from .conv_fwd import border_parts
 from .conv_gluon import conv3d_wgrad_gluon
@@ -23,9 +31,12 @@ from .utils import (
     mma,
     ndhwc,
     ndhwc_strides,
+    next_voxels,
     second_source_arguments,
     select,
-    split_voxel,
+    tap_bits,
+    tap_inside,
+    voxel_steps,
 )
 
 
@@ -109,15 +120,8 @@ def _conv3d_wgrad_kernel(
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
-    # Voxel coordinates of this step's BLOCK_K output voxels. Divided out once here, then advanced by BLOCK_K in
-    # mixed radix (W, H, D, N) each step: per-step int64 division cost ~6x the MMA time (first H100 run).
-    n, od, oh, ow = split_voxel(row_start + tl.arange(0, BLOCK_K), D_OUT, H_OUT, W_OUT)
-    n, od, oh, ow = n.to(tl.int32), od.to(tl.int32), oh.to(tl.int32), ow.to(tl.int32)
-    # BLOCK_K's digits, divided step by step so that no product of sizes can overflow int32.
-    step_w = BLOCK_K % W_OUT
-    step_h = (BLOCK_K // W_OUT) % H_OUT
-    step_d = (BLOCK_K // W_OUT // H_OUT) % D_OUT
-    step_n = BLOCK_K // W_OUT // H_OUT // D_OUT
+    # This step's BLOCK_K output voxels, advanced in mixed radix each step
+    n, od, oh, ow, digits = voxel_steps(row_start, D_OUT, H_OUT, W_OUT, BLOCK_K)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
@@ -174,17 +178,7 @@ def _conv3d_wgrad_kernel(
             x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
             b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
-        # Each digit stays below twice its radix, so one conditional subtraction carries it.
-        ow += step_w
-        carry = ow >= W_OUT
-        ow = tl.where(carry, ow - W_OUT, ow)
-        oh += step_h + carry.to(tl.int32)
-        carry = oh >= H_OUT
-        oh = tl.where(carry, oh - H_OUT, oh)
-        od += step_d + carry.to(tl.int32)
-        carry = od >= D_OUT
-        od = tl.where(carry, od - D_OUT, od)
-        n += step_n + carry.to(tl.int32)
+        n, od, oh, ow = next_voxels(n, od, oh, ow, digits, D_OUT, H_OUT, W_OUT)
 
     if PACK_TAPS:
         out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
@@ -192,6 +186,85 @@ def _conv3d_wgrad_kernel(
     else:
         out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
                     + offs_m[:, None] * stride_oo + out_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _conv3d_wgrad_out_pairs_kernel(
+    # pointers
+    go_ptr, x_ptr, out_ptr,
+    # sizes (M: input voxels N*D*H*W; C_IN and x's strides are one group's)
+    M, C_IN, D_IN, H_IN, W_IN, D_OUT, H_OUT, W_OUT, SPLIT_ROWS,
+    # strides, in elements: go and x in logical (N, C, D, H, W) order; out is [split, Cout, tap, Cin]
+    stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
+    stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
+    stride_os, stride_oo, stride_ot, stride_oi,
+    # convolution geometry (unit stride, zeros borders; front padding)
+    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    # meta-parameters
+    C_OUT: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """gw[co, tap, ci] = sum over input voxels v of go[v + pad - tap * dil, co] * x[v, ci], at unit stride, for
+    fewer output channels than one MMA's rows (a decoder's conv to 3 channels, a UNet's to its classes).
+
+    GEMM view: M = taps x Cout (tap, output channel) rows, N = Cin columns, K = N*D*H*W input voxels. The one-tap
+    form (_conv3d_wgrad_kernel) puts Cout = 3 on 64 MMA rows, a program a tap, and gathers x 27 times over; here
+    27 x 3 = 81 pairs fill 128 rows, x's rows load once, whole, and go is gathered per (pair, voxel), its bounds a
+    bit a tap (utils.tap_bits, once a step for the step's voxels). The pairs' offsets and bit indices are the
+    program's, found before the loop. C_OUT (the group's output channels) is a constexpr: constant divisions.
+    Split-K over the voxels as the one-tap form, into the same fp32 partials.
+    """
+    TAPS: tl.constexpr = KD * KH * KW
+    tl.static_assert(TAPS < 64, "tap bits: at most 63 taps")
+    group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
+    go_ptr += group * C_OUT * stride_gc
+    x_ptr += group * C_IN * stride_xc
+    out_ptr += group * C_OUT * stride_oo
+    num_n = tl.cdiv(C_IN, BLOCK_N)
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] (tap, output channel) pairs
+    tap = offs_m // C_OUT
+    offs_co = offs_m - tap * C_OUT
+    mask_m = offs_m < TAPS * C_OUT
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    # Tap (kd, kh, kw) of input voxel v reads go at v + pad - k * dil: the pair's part of that offset.
+    g_pairs = (offs_co * stride_gc - (kd * DIL_D).to(tl.int64) * stride_gd - (kh * DIL_H).to(tl.int64) * stride_gh
+               - (kw * DIL_W).to(tl.int64) * stride_gw)  # [BLOCK_M]  # fmt: skip
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
+    mask_n = offs_n < C_IN
+
+    row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
+    row_end = tl.minimum(row_start + SPLIT_ROWS, M)
+    n, vd, vh, vw, digits = voxel_steps(row_start, D_IN, H_IN, W_IN, BLOCK_K)  # the step's input voxels
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(row_start, row_end, BLOCK_K):
+        mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] input voxels
+        # go's voxel under tap (0, 0, 0), and which taps of each voxel read inside go
+        gd, gh, gw = vd + PAD_D, vh + PAD_H, vw + PAD_W
+        inside_taps = tap_bits(gd, gh, gw, mask_k, D_OUT, H_OUT, W_OUT, -DIL_D, -DIL_H, -DIL_W, KD, KH, KW)
+        g_rows = (n.to(tl.int64) * stride_gn + gd.to(tl.int64) * stride_gd + gh.to(tl.int64) * stride_gh
+                  + gw.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
+        # Loaded as [voxels, pairs] and transposed into the dot: Triton then lays a warp's threads along the voxels,
+        # each thread one voxel's tap bits a step and 8 pairs. Loaded as [pairs, voxels] it laid them along the
+        # pairs, each thread 8 voxels' bits a step (sm_90, triton 3.6: 1883 instructions a 16-voxel step, not 325).
+        g_ptrs = go_ptr + g_rows[:, None] + g_pairs[None, :]  # [BLOCK_K, BLOCK_M]
+        mask_a = tap_inside(inside_taps, tap, mask_m, TAPS)
+        a = tl.trans(tl.load(g_ptrs, mask=mask_a, other=0.0))
+        x_rows = (n.to(tl.int64) * stride_xn + vd.to(tl.int64) * stride_xd + vh.to(tl.int64) * stride_xh
+                  + vw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
+        x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
+        b = tl.load(x_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
+        n, vd, vh, vw = next_voxels(n, vd, vh, vw, digits, D_IN, H_IN, W_IN)
+
+    out_rows = offs_co * stride_oo + tap * stride_ot  # [BLOCK_M]
+    out_ptrs = out_ptr + tl.program_id(1) * stride_os + out_rows[:, None] + offs_n[None, :] * stride_oi
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -242,8 +315,8 @@ def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int, int
     voxels."""
     if config.tma_box_w:
         reduced, step = wgrad_tma_patches(geom, config), 1
-    else:  # the direct kernels step block_m voxels, the pointer kernel block_k
-        reduced, step = geom.output_voxels, config.block_m if config.direct else config.block_k
+    else:  # voxels (input voxels for out pairs: gemm_view); the direct kernels step block_m, the pointer ones block_k
+        reduced, step = gemm_view("wgrad", geom).reduction, config.block_m if config.direct else config.block_k
     per_split = split_rows(reduced, config.split_k, step)
     return reduced, per_split, cdiv(reduced, per_split)
 
@@ -273,6 +346,20 @@ def _launch_pointer_kernel(
     grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
 ):
     c_out, c_in, rows = geom.group_out_channels, geom.group_in_channels, geom.output_voxels
+    if packs_out_taps(geom):  # one source, zeros borders, unit stride
+        grid = (cdiv(c_out * geom.taps, config.block_m) * cdiv(c_in, config.block_n), out.shape[0], geom.groups)
+        launch(
+            _conv3d_wgrad_out_pairs_kernel, grid,
+            grad_out, x, out,
+            geom.input_voxels, c_in, *geom.in_size, *geom.out_size, rows_per_split,
+            *ndhwc_strides(grad_out), *x.stride(), *out.stride(),
+            *geom.front_padding, *geom.dilation,
+            *geom.kernel,
+            C_OUT=c_out, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+        return
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     view = gemm_view("wgrad", geom)

@@ -43,26 +43,66 @@ def split_voxel(offs, D, H, W):
 
 
 @triton.jit
+def voxel_steps(start, D, H, W, BLOCK: tl.constexpr):
+    """The int32 coordinates (n, d, h, w) of voxels start .. start + BLOCK - 1 over (N, D, H, W), divided out once,
+    and BLOCK's digits in that radix, for next_voxels: a loop over voxels then advances them without dividing
+    (per-step int64 division cost ~6x the MMA time, first H100 run)."""
+    n, d, h, w = split_voxel(start + tl.arange(0, BLOCK), D, H, W)
+    # BLOCK's digits, divided step by step so that no product of sizes can overflow int32.
+    step_w = BLOCK % W
+    step_h = (BLOCK // W) % H
+    step_d = (BLOCK // W // H) % D
+    step_n = BLOCK // W // H // D
+    digits = (step_n, step_d, step_h, step_w)
+    return n.to(tl.int32), d.to(tl.int32), h.to(tl.int32), w.to(tl.int32), digits
+
+
+@triton.jit
+def next_voxels(n, d, h, w, digits, D, H, W):
+    """The coordinates BLOCK voxels on (voxel_steps' digits): each digit stays below twice its radix, so one
+    conditional subtraction carries it."""
+    step_n, step_d, step_h, step_w = digits
+    w += step_w
+    carry = w >= W
+    w = tl.where(carry, w - W, w)
+    h += step_h + carry.to(tl.int32)
+    carry = h >= H
+    h = tl.where(carry, h - H, h)
+    d += step_d + carry.to(tl.int32)
+    carry = d >= D
+    d = tl.where(carry, d - D, d)
+    n += step_n + carry.to(tl.int32)
+    return n, d, h, w
+
+
+@triton.jit
 def tap_bits(d0, h0, w0, rows, D, H, W, DIL_D, DIL_H, DIL_W, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr):
-    """Which taps of a row read inside a D x H x W input with zeros borders, once a tile for a loop whose steps mix
-    taps (PACK_TAPS): bit (kd * KH + kh) * KW + kw is set where tap (kd, kh, kw) of the row whose tap (0, 0, 0)
-    reads (d0, h0, w0) lies inside, and the row is one (rows). int32 for at most 31 taps, else int64 (at most 63):
-    the top bit is never set (tap_inside's "no tap")."""
+    """Which taps of a row read inside a D x H x W input with zeros borders, for a loop whose steps mix taps
+    (PACK_TAPS, the out-pairs weight gradient): bit (kd * KH + kh) * KW + kw is set where tap (kd, kh, kw) of the
+    row whose tap (0, 0, 0) reads (d0, h0, w0) lies inside, and the row is one (rows). int32 for at most 31 taps,
+    else int64 (at most 63): the top bit is never set (tap_inside's "no tap"). The bounds are separable: the taps
+    inside along D, along H and along W, each a constant mask a kernel coordinate, and together (KD + KH + KW
+    bounds a row, not KD * KH * KW)."""
     if KD * KH * KW < 32:
-        bits = tl.zeros(d0.shape, tl.int32)
+        zero = tl.zeros(d0.shape, tl.int32)
     else:
         tl.static_assert(KD * KH * KW < 64, "tap_bits: at most 63 taps")
-        bits = tl.zeros(d0.shape, tl.int64)
-    for kd in tl.static_range(KD):
-        d = d0 + kd * DIL_D
-        inside_d = rows & (d >= 0) & (d < D)
-        for kh in tl.static_range(KH):
-            h = h0 + kh * DIL_H
-            inside_dh = inside_d & (h >= 0) & (h < H)
-            for kw in tl.static_range(KW):
-                w = w0 + kw * DIL_W
-                inside = inside_dh & (w >= 0) & (w < W)
-                bits |= inside.to(bits.dtype) << ((kd * KH + kh) * KW + kw)
+        zero = tl.zeros(d0.shape, tl.int64)
+    bits = _taps_inside_along(d0, D, DIL_D, zero, KD, KH * KW, 1)
+    bits &= _taps_inside_along(h0, H, DIL_H, zero, KH, KW, KD)
+    bits &= _taps_inside_along(w0, W, DIL_W, zero, KW, 1, KD * KH)
+    return tl.where(rows, bits, zero)
+
+
+@triton.jit
+def _taps_inside_along(c0, size, DIL, zero, K: tl.constexpr, INNER: tl.constexpr, OUTER: tl.constexpr):
+    """tap_bits along one dimension: the taps whose coordinate there, c0 + k * DIL, lies in [0, size). Taps number
+    (outer * K + k) * INNER + inner, so kernel coordinate k owns INNER bits in each of OUTER runs."""
+    REPEAT: tl.constexpr = ((1 << (OUTER * K * INNER)) - 1) // ((1 << (K * INNER)) - 1)  # bit 0 of each run
+    bits = zero
+    for k in tl.static_range(K):
+        c = c0 + k * DIL
+        bits |= tl.where((c >= 0) & (c < size), (((1 << INNER) - 1) << (k * INNER)) * REPEAT, 0).to(zero.dtype)
     return bits
 
 

@@ -22,6 +22,7 @@ from ..kernels.config import (
     channel_blocks,
     gemm_view,
     grouped_taps_fit,
+    packs_out_taps,
     packs_taps,
     reduction_steps,
     split_rows,
@@ -196,7 +197,7 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     (bench/NOTES.md, "What 64 columns cost"). None for the direct (depthwise) kernels, which are no GEMM."""
     if config.direct:
         return None
-    view = gemm_view(direction, geom)
+    view = gemm_view(direction, geom, bool(config.tma_box_w))
     taps, group = view.grid_taps, max(1, config.tap_group)
     tiles_m, tiles_n = cdiv(view.rows, config.block_m), cdiv(view.cols, config.block_n // group)
     # Per row of the reduction (its length, taps and an input gradient's live taps included, cancels out): each
@@ -225,13 +226,14 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         h, w = (cdiv(n, s) for n, s in zip(size[1:], stride[1:], strict=True))
         return share(h, rows) * share(w, width)
 
-    view, box = gemm_view(direction, geom), bool(config.tma_box_w)
+    box = bool(config.tma_box_w)
+    view = gemm_view(direction, geom, box)
     packed = packs_taps(direction, geom) and not box
     if direction == "wgrad":
         group = max(1, config.tap_group)
         columns = share(view.cols, config.block_n) if packed else share(geom.group_in_channels, config.block_n // group)
         voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
-        taps = 1.0 if packed else share(geom.taps, group)
+        taps = 1.0 if packed or view.grid_taps == 1 else share(geom.taps, group)  # or the rows pack them
         return share(view.rows, config.block_m) * columns * voxels * taps
     if not box:
         rows = share(view.rows, config.block_m)
@@ -256,7 +258,7 @@ def _pow2_at_least(n: int) -> int:
 def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int) -> bool:
     """Prune a candidate: no tile larger than the problem's next power of two, pipeline buffers within shared
     memory, the accumulator within registers, and 8 warps only for tiles big enough to feed them."""
-    view = gemm_view(direction, geom)
+    view = gemm_view(direction, geom, bool(config.tma_box_w))
     if config.block_m > _pow2_at_least(view.rows) or config.block_n > _pow2_at_least(view.cols):
         return False
     if config.block_k > _pow2_at_least(view.reduction):
@@ -453,7 +455,7 @@ def heuristic_config(
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    if direction == "wgrad" and packs_taps(direction, geom):
+    if direction == "wgrad" and (packs_taps(direction, geom) or packs_out_taps(geom)):
         # The packed tiles' columns are (tap, channel) pairs, the pointer kernel's; a box kernel's are one tap's
         # input channels a program: the 8-channel stack layer's 27 x 8 = 216 pairs fill 2 x 128 columns, where the
         # TMA kernel on the same tiles ran 27 programs of 128 columns with 8 of them real (16x the MMA work, 27x
@@ -576,6 +578,11 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
+        elif packs_out_taps(geom):
+            # (tap, output channel) pairs gathered from grad_out per (pair, voxel): 32 voxels a step on 8 warps,
+            # 16 gathered elements a thread, for 3 to 4 instructions a (voxel, tap) (sm_90 bf16, 128x128: 336 a step
+            # under triton 3.6, 446 under 3.9; fp32 and sm_80 without spills; 64 voxels spilled under 3.6).
+            block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if view.reduction == 0:  # an empty batch: nothing to split
