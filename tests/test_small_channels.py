@@ -11,7 +11,7 @@ from helpers import CASES, Case, conv_and_reference, dtype_id
 
 from tconv3d.geometry import check_conv3d
 from tconv3d.kernels import config as kernel_config
-from tconv3d.kernels import conv_wgrad
+from tconv3d.kernels import conv_wgrad, utils
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice, configs
 
@@ -154,3 +154,14 @@ def test_few_output_channels_pack_where_the_kernel_can():
         dataclasses.replace(geom, padding_mode="replicate"),
     ]
     assert not any(kernel_config.packs_out_taps(g) for g in not_packed)
+
+
+@pytest.mark.parametrize("case", [SMALL[0], SMALL[2], SMALL[6], FEW_OUT[0]], ids=lambda c: c.name)
+def test_gathers_either_way_match_float64(case, device, monkeypatch):
+    """The packed loops' gathered tiles load transposed or not as the installed Triton lays its threads
+    (utils.gather_tile): the other Triton's way, the GPU image's 3.6 under 3.9 and the reverse, computes the same."""
+    monkeypatch.setattr(utils, "_TIES_TO_FIRST", not utils._TIES_TO_FIRST)
+    monkeypatch.setattr(choice, "_memo", {})
+    ours, expected = conv_and_reference(case, torch.float32, device)
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
+        assert rel_l2(a, e) < TOLERANCE[torch.float32], name

@@ -17,6 +17,7 @@ from .utils import (
     dot_flags,
     empty_ndhwc,
     fold_padding,
+    gather_tile,
     grouped_tile,
     mma,
     ndhwc,
@@ -152,7 +153,7 @@ def _conv3d_dgrad_kernel(
                 ow = jw32[:, None] + shift_w[None, :]
                 inside = (od >= 0) & (od < D_OUT) & (oh >= 0) & (oh < H_OUT) & (ow >= 0) & (ow < W_OUT)
                 mask_a = inside & mask_m[:, None] & mask_c[None, :]
-            a = tl.load(g_ptrs, mask=mask_a, other=0.0)
+            a = gather_tile(g_ptrs, mask_a, THREADS_ALONG_ROWS=False)  # each thread few pairs, many voxels
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wo)[:, None]
         else:
             od = jd32 + shift_d

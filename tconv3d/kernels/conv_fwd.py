@@ -19,6 +19,7 @@ from .utils import (
     cdiv,
     dot_flags,
     empty_ndhwc,
+    gather_tile,
     grouped_tile,
     mma,
     ndhwc,
@@ -144,7 +145,7 @@ def _conv3d_fwd_kernel(
                 )  # fmt: skip
                 x_ptrs = x_ptr + x_voxels + (offs_c * stride_xc)[None, :]
                 mask_a = inside & mask_m[:, None] & mask_c[None, :]
-            a = tl.load(x_ptrs, mask=mask_a, other=0.0)
+            a = gather_tile(x_ptrs, mask_a, THREADS_ALONG_ROWS=False)  # each thread few pairs, many voxels
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wi)[:, None]
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         else:  # one tap, BLOCK_K of its channels (of one source)

@@ -28,6 +28,7 @@ from .utils import (
     cdiv,
     dense_ndhwc_strides,
     dot_flags,
+    gather_tile,
     mma,
     ndhwc,
     ndhwc_strides,
@@ -163,7 +164,7 @@ def _conv3d_wgrad_kernel(
                 )  # fmt: skip
                 mask_b = inside & mask_k[:, None] & mask_n[None, :]
                 x_ptrs = x_ptr + x_voxels + (offs_c * stride_xc)[None, :]
-            b = tl.load(x_ptrs, mask=mask_b, other=0.0)
+            b = gather_tile(x_ptrs, mask_b, THREADS_ALONG_ROWS=False)  # each thread few voxels, many pairs
         else:
             if MASK_ONLY:
                 x_rows = (n.to(tl.int64) * stride_xn + id_.to(tl.int64) * stride_xd + ih.to(tl.int64) * stride_xh
@@ -250,12 +251,10 @@ def _conv3d_wgrad_out_pairs_kernel(
         inside_taps = tap_bits(gd, gh, gw, mask_k, D_OUT, H_OUT, W_OUT, -DIL_D, -DIL_H, -DIL_W, KD, KH, KW)
         g_rows = (n.to(tl.int64) * stride_gn + gd.to(tl.int64) * stride_gd + gh.to(tl.int64) * stride_gh
                   + gw.to(tl.int64) * stride_gw)  # [BLOCK_K]  # fmt: skip
-        # Loaded as [voxels, pairs] and transposed into the dot: Triton then lays a warp's threads along the voxels,
-        # each thread one voxel's tap bits a step and 8 pairs. Loaded as [pairs, voxels] it laid them along the
-        # pairs, each thread 8 voxels' bits a step (sm_90, triton 3.6: 1883 instructions a 16-voxel step, not 325).
+        # A warp's threads along the voxels: each thread one voxel's tap bits a step and several pairs (along the
+        # pairs, each thread 8 voxels' bits a step: sm_90, triton 3.6, 1883 instructions a 16-voxel step, not 325).
         g_ptrs = go_ptr + g_rows[:, None] + g_pairs[None, :]  # [BLOCK_K, BLOCK_M]
-        mask_a = tap_inside(inside_taps, tap, mask_m, TAPS)
-        a = tl.trans(tl.load(g_ptrs, mask=mask_a, other=0.0))
+        a = tl.trans(gather_tile(g_ptrs, tap_inside(inside_taps, tap, mask_m, TAPS), THREADS_ALONG_ROWS=True))
         x_rows = (n.to(tl.int64) * stride_xn + vd.to(tl.int64) * stride_xd + vh.to(tl.int64) * stride_xh
                   + vw.to(tl.int64) * stride_xw)  # [BLOCK_K]  # fmt: skip
         x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]

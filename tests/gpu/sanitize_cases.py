@@ -3,12 +3,13 @@
     python3 tests/gpu/sanitize_cases.py [--quick] [--family NAME[,NAME...]] [--list]
 
 Families: the pointer kernels (odd channels, stride 2, dilation, causal 6-value padding, 1x3x3, a Cin=3 stem on the
-packed small-channel path), the TMA kernels (patch and one-row boxes, stride-2 phase views, asymmetric padding
-with dilation), the Gluon kernels software-pipelined and persistent warp-specialized (sm_90 with a Triton they are
-written for), split-K in the forward and input gradient (pointer, TMA and Gluon), depthwise and grouped
-convolution, the padding modes inside the kernels, `frames_before`, ConvTranspose3d, the NDHWC GroupNorm and
-rms_norm. Each variant is forced where the problem allows it. Every result is also checked against float64, so a
-run that touches no bad memory also computed the right thing; the last line is one row per family.
+packed small-channel path, Cout = 3 and 5 on the out-pairs weight gradient), the TMA kernels (patch and one-row
+boxes, stride-2 phase views, asymmetric padding with dilation), the Gluon kernels software-pipelined and
+persistent warp-specialized (sm_90 with a Triton they are written for), split-K in the forward and input gradient
+(pointer, TMA and Gluon), depthwise and grouped convolution, the padding modes inside the kernels, `frames_before`,
+ConvTranspose3d, the NDHWC GroupNorm and rms_norm. Each variant is forced where the problem allows it. Every result
+is also checked against float64, so a run that touches no bad memory also computed the right thing; the last line is
+one row per family.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ POINTER = [
     (1, 5, 6, (5, 6, 7), 3, 1, (2, 0, 1, 1, 1, 1), 1),
     (2, 24, 20, (4, 9, 7), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1),
     (1, 4, 5, (9, 8, 10), 3, 1, 2, 2),
+    (2, 20, 3, (5, 7, 9), 3, 1, 1, 1),  # Cout = 3: the weight gradient's (tap, output channel) rows
+    (1, 18, 5, (4, 6, 7), (3, 3, 5), 1, (1, 1, 2), 1),  # 45 taps: their bits in int64
 ]
 # 16-byte channel rows: what the TMA and Gluon kernels take.
 BOXED = [
