@@ -144,6 +144,7 @@ def test_few_output_channels_pack_where_the_kernel_can():
     assert kernel_config.gemm_view("wgrad", geom, box=True).rows == 3  # the box kernels take one tap a program
     wgrad = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
     assert (wgrad.variant, wgrad.block_m, wgrad.block_k) == ("pointer", 128, 32)
+    assert 120 <= wgrad.split_k <= 132  # one 8-warp program an SM (its registers): a wave, as splits round
     assert configs.mma_fill("wgrad", geom, wgrad) > 0.45  # 81 / 128 x 96 / 128; one tap a program: 3 / 64 x 0.75
     not_packed = [
         check_conv3d(x, w, None, 2, 1, 1, 1),  # strided

@@ -585,11 +585,17 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
+        fill = 0.75
+        if packs_out_taps(geom):
+            # ~160-230 registers a thread (inspect: sm_80 and sm_90, 3.6 and 3.9): one program an SM on 8 warps,
+            # two on 4, whatever the shared memory would allow; whole waves of them (last_cout3: 132 splits, where
+            # six programs an SM asked for 1201, 37 MB of fp32 partials for 4 MB)
+            most, fill = (1 if num_warps == 8 else 2), 1.0
         if view.reduction == 0:  # an empty batch: nothing to split
             return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
         split_k = _wave_filling_split(
             tiles, most, sm_count, _max_split(view, block_k),
-            splits_of=lambda split: cdiv(view.reduction, split_rows(view.reduction, split, block_k)),
+            splits_of=lambda split: cdiv(view.reduction, split_rows(view.reduction, split, block_k)), min_fill=fill,
         )  # fmt: skip
         return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=split_k)
     if packs_taps(direction, geom):
