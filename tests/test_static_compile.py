@@ -403,9 +403,10 @@ def test_packed_loops_test_one_bit_an_element():
             assert r["kernel"] == "_conv3d_wgrad_out_pairs_kernel", r
             assert r["instructions"] * r["warps"] <= 6 * r["block_k"] * r["taps"], r
         else:  # each thread few pairs and many voxels (utils.gather_tile): under 3.6 first_cin3's forward took
-            # 447 instructions a step and last_cout3's input gradient 467 with 8 pairs a thread, now 148 and 154
+            # 447 instructions a step and last_cout3's input gradient 467 with 8 pairs a thread, now 148 and 154;
+            # under 3.9 the forward's weight tile 320 (sm_90) and 330 (sm_80), now 155 and 173
             assert r["kernel"] in ("_conv3d_fwd_kernel", "_conv3d_dgrad_kernel"), r
-            assert r["compares"] <= 32 and r["instructions"] <= 340, r
+            assert r["compares"] <= 32 and r["instructions"] <= 200, r
 
 
 def test_pointer_kernels_read_channels_after_at_the_same_width():

@@ -147,7 +147,7 @@ def _conv3d_fwd_kernel(
                 mask_a = inside & mask_m[:, None] & mask_c[None, :]
             a = gather_tile(x_ptrs, mask_a, THREADS_ALONG_ROWS=False)  # each thread few pairs, many voxels
             w_ptrs = w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww + offs_c * stride_wi)[:, None]
-            b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+            b = gather_tile(w_ptrs, mask_c[:, None] & mask_n[None, :], THREADS_ALONG_ROWS=True)
         else:  # one tap, BLOCK_K of its channels (of one source)
             tap = step // k_blocks
             block = step - tap * k_blocks
