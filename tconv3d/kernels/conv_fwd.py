@@ -29,6 +29,7 @@ from .utils import (
     split_voxel,
     tap_bits,
     tap_inside,
+    tap_pairs,
 )
 
 
@@ -118,12 +119,7 @@ def _conv3d_fwd_kernel(
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few channels: BLOCK_K (tap, channel) pairs a step, each with its own tap
             offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = tap * C_IN + channel
-            tap = offs_r // PACK_TAPS
-            offs_c = offs_r - tap * PACK_TAPS
-            mask_c = offs_r < TAPS * PACK_TAPS
-            kw = tap % KW
-            kh = (tap // KW) % KH
-            kd = tap // (KW * KH)
+            tap, kd, kh, kw, offs_c, mask_c = tap_pairs(offs_r, PACK_TAPS, KD, KH, KW)
             if not TAP_BITS:  # bounds per (voxel, pair)
                 id_ = d0[:, None] + (kd * DIL_D)[None, :]  # [BLOCK_M, BLOCK_K]
                 ih = h0[:, None] + (kh * DIL_H)[None, :]

@@ -37,6 +37,7 @@ from .utils import (
     select,
     tap_bits,
     tap_inside,
+    tap_pairs,
     voxel_steps,
 )
 
@@ -228,12 +229,7 @@ def _conv3d_wgrad_out_pairs_kernel(
     pid_n = tl.program_id(0) % num_n
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] (tap, output channel) pairs
-    tap = offs_m // C_OUT
-    offs_co = offs_m - tap * C_OUT
-    mask_m = offs_m < TAPS * C_OUT
-    kw = tap % KW
-    kh = (tap // KW) % KH
-    kd = tap // (KW * KH)
+    tap, kd, kh, kw, offs_co, mask_m = tap_pairs(offs_m, C_OUT, KD, KH, KW)
     # Tap (kd, kh, kw) of input voxel v reads go at v + pad - k * dil: the pair's part of that offset.
     g_pairs = (offs_co * stride_gc - (kd * DIL_D).to(tl.int64) * stride_gd - (kh * DIL_H).to(tl.int64) * stride_gh
                - (kw * DIL_W).to(tl.int64) * stride_gw)  # [BLOCK_M]  # fmt: skip

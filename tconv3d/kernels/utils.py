@@ -82,6 +82,18 @@ def next_voxels(n, d, h, w, digits, D, H, W):
 
 
 @triton.jit
+def tap_pairs(offs, CHANNELS, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr):
+    """The packed loops' (tap, channel) pairs, numbered tap * CHANNELS + channel: each one's tap, its kernel
+    coordinates (kd, kh, kw), its channel, and whether it is one of the kernel's."""
+    tap = offs // CHANNELS
+    channel = offs - tap * CHANNELS
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    return tap, kd, kh, kw, channel, offs < KD * KH * KW * CHANNELS
+
+
+@triton.jit
 def tap_bits(d0, h0, w0, rows, D, H, W, DIL_D, DIL_H, DIL_W, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr):
     """Which taps of a row read inside a D x H x W input with zeros borders, for a loop whose steps mix taps
     (PACK_TAPS, the out-pairs weight gradient): bit (kd * KH + kh) * KW + kw is set where tap (kd, kh, kw) of the
