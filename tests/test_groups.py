@@ -30,6 +30,8 @@ GROUP_CASES = [
     # 2 coarse groups, where the cases above become one dense block-diagonal convolution
     ("groups2_16_a_group", 1, 32, 32, 2, (3, 4, 5), 3, 1, 1, 1),
     ("groups16_8_a_group", 1, 128, 64, 16, (2, 3, 4), 3, 1, 1, 1),
+    # 17 input and 3 output channels a group: the weight gradient's (tap, output channel) rows, a group a program
+    ("groups2_few_out", 1, 34, 6, 2, (3, 5, 6), 3, 1, 1, 1),
     ("depthwise", 2, 5, 5, 5, (4, 5, 6), 3, 1, 1, 1),
     ("depthwise_mult2_stride2", 1, 3, 6, 3, (5, 6, 7), 3, 2, 1, 1),
     ("depthwise_stride_1_2_2_k133", 1, 4, 4, 4, (3, 7, 6), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1),
