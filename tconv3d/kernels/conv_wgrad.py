@@ -341,12 +341,14 @@ def _launch_pointer_kernel(
     grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
 ):
     c_out, c_in, rows = geom.group_out_channels, geom.group_in_channels, geom.output_voxels
+    view = gemm_view("wgrad", geom)  # rows: Cout, or (tap, output channel) pairs (packs_out_taps)
+    col_tiles = channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(view.cols, config.block_n)
+    grid = (cdiv(view.rows, config.block_m) * col_tiles * view.grid_taps, out.shape[0], geom.groups)
     if packs_out_taps(geom):  # one source, zeros borders, unit stride
-        grid = (cdiv(c_out * geom.taps, config.block_m) * cdiv(c_in, config.block_n), out.shape[0], geom.groups)
         launch(
             _conv3d_wgrad_out_pairs_kernel, grid,
             grad_out, x, out,
-            geom.input_voxels, c_in, *geom.in_size, *geom.out_size, rows_per_split,
+            view.reduction, c_in, *geom.in_size, *geom.out_size, rows_per_split,
             *ndhwc_strides(grad_out), *x.stride(), *out.stride(),
             *geom.front_padding, *geom.dilation,
             *geom.kernel,
@@ -357,9 +359,6 @@ def _launch_pointer_kernel(
         return
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
-    view = gemm_view("wgrad", geom)
-    col_tiles = channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(view.cols, config.block_n)
-    grid = (cdiv(c_out, config.block_m) * col_tiles * view.grid_taps, out.shape[0], geom.groups)
     go_strides = ndhwc_strides(grad_out)
     launch(
         _conv3d_wgrad_kernel, grid,
