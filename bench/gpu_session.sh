@@ -63,8 +63,9 @@ case "${1:-}" in
     # forward and input gradient on one-warpgroup Gluon tiles with a split reduction ("Few tiles, a long reduction");
     # Wan's 96-channel layers in 32-deep steps ("Whole steps"); unet_64 in fp32, chosen against the Gluon kernel as
     # TF32 (its first timing: "unet_64 in fp32 (TF32)"); unet_32's weight gradient transposed, the taps' input
-    # channels on the wgmma's rows ("32 output channels"); then the suite and the stack (its 64-channel layer is the
-    # suite's stack_64)
+    # channels on the wgmma's rows ("32 output channels"); the decoder head's forward (last_cout3, and stack_out8's)
+    # with its W taps as columns against the Gluon kernel ("A forward of few output channels"); then the suite and
+    # the stack (its 64-channel layer is the suite's stack_64)
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
       unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
       unet_64:gluon_ws_256x64_swapped resnext3d_g32_256:chosen stack_in8:chosen stack_in8:pointer stack_in8:tma \
@@ -74,11 +75,11 @@ case "${1:-}" in
       hunyuan_dec_128_replicate:gluon_ws mochi_dec_256_replicate:chosen mochi_dec_256_replicate:gluon_ws \
       hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid \
       wan_dec_96_cached:gluon_ws_whole_steps wan_dec_96:chosen wan_dec_96:gluon_ws_whole_steps unet_32:chosen \
-      unet_32:gluon_ws_swapped_wgrad )unet_64:gluon_ws
+      unet_32:gluon_ws_swapped_wgrad last_cout3:chosen last_cout3:gluon_ws stack_out8:gluon_ws )unet_64:gluon_ws
     # the decoders' layers first: they decide where 90-100% of three VAE decodes' FLOPs run (a call cut short
     # keeps the first cases)
     PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate
-    PLAN2_CASES=$PLAN2_CASES,wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8
+    PLAN2_CASES=$PLAN2_CASES,last_cout3,wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8
     PLAN2_CASES=$PLAN2_CASES,hunyuan_512,unet_320,wan_dec_96,unet_64@fp32,unet_32
     export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-190} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \

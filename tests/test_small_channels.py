@@ -7,11 +7,14 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import CASES, Case, conv_and_reference, dtype_id
 
-from tconv3d.geometry import check_conv3d
+import tconv3d
+from tconv3d.geometry import check_conv3d, check_padding_mode, resolve_padding, split_padding_mode, triple
 from tconv3d.kernels import config as kernel_config
-from tconv3d.kernels import conv_wgrad, utils
+from tconv3d.kernels import conv_fwd, conv_wgrad, utils
+from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice, configs
 
@@ -113,7 +116,8 @@ def test_one_tap_per_step_on_the_same_geometries(case, one_tap_per_step, device)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("case", FEW_OUT, ids=lambda c: c.name)
 def test_few_output_channels_match_float64(case, dtype, tiles, device, request, monkeypatch):
-    """Every direction against float64, the weight gradient on the out-pairs kernel (and nothing else)."""
+    """Every direction against float64, the forward with its W taps as columns, the weight gradient on the
+    out-pairs kernel (and nothing else)."""
     if tiles != "chosen":
         request.getfixturevalue(tiles)
     x, w = case.input(torch.float32, device), case.weight(torch.float32, device)
@@ -123,6 +127,7 @@ def test_few_output_channels_match_float64(case, dtype, tiles, device, request, 
     monkeypatch.setattr(
         conv_wgrad, "launch", lambda kernel, *a, **k: launched.append(kernel) or real_launch(kernel, *a, **k)
     )
+    w_taps = forward_w_taps(monkeypatch)
     # (a one-channel bias gradient is one sum of rounded values whose cancellation no relative tolerance bounds)
     ours, expected = conv_and_reference(case, dtype, device, bias=case.cout > 1)
     for name, a, e in zip(
@@ -131,6 +136,84 @@ def test_few_output_channels_match_float64(case, dtype, tiles, device, request, 
         assert a.shape == e.shape and a.dtype == dtype, name
         assert rel_l2(a, e) < TOLERANCE[dtype], name
     assert launched == [conv_wgrad._conv3d_wgrad_out_pairs_kernel], launched
+    assert w_taps == [kernel_config.w_tap_columns(geom)] and w_taps[0] >= triple(case.kernel, "kernel")[2], w_taps
+
+
+def padded_reference(x, w, b, padding_mode, stride, padding, dilation, groups):
+    """F.conv3d of x padded along each dimension by its mode (F.pad), unpadded."""
+    stride, dilation = triple(stride, "stride"), triple(dilation, "dilation")
+    pads = resolve_padding(padding, w.shape[2:], stride, dilation)
+    for dim, mode in enumerate(split_padding_mode(check_padding_mode(padding_mode))):
+        six = [0] * 6
+        six[4 - 2 * dim : 6 - 2 * dim] = pads[2 * dim : 2 * dim + 2]  # F.pad's pairs run W, H, D
+        x = F.pad(x, six, mode="constant" if mode == "zeros" else mode)
+    return F.conv3d(x, w, b, stride, 0, dilation, groups)
+
+
+def forward_w_taps(monkeypatch) -> list:
+    """The W_TAPS of each pointer forward launched from now on (0: one tap a step)."""
+    seen, real_launch = [], conv_fwd.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        seen.append(kwargs["W_TAPS"])
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(conv_fwd, "launch", spy)
+    return seen
+
+
+# The forward with its W taps as columns (config.w_tap_columns) under what else its one-tap loop reads: border modes
+# (remapped rows, W's included: an extended row's voxels past the edge), cached frames in front along D, a channel
+# concatenation read in place, groups, strides in D and H, a dilated W reaching the most rows (halo 8 of a 16-row
+# tile), and, with 16 x 16 x 16 tiles, 4 output channels a column tile (two for 5) and three reduction splits.
+W_TAPS = [
+    dict(name="replicate", cin=16, cout=3, kernel=3, padding=1, padding_mode="replicate"),
+    dict(
+        name="reflect_w",
+        cin=18,
+        cout=2,
+        kernel=(3, 3, 5),
+        padding=(1, 0, 2),
+        padding_mode=("zeros", "zeros", "reflect"),
+    ),
+    dict(name="circular_hw", cin=16, cout=5, kernel=3, padding=1, padding_mode=("zeros", "circular", "circular")),
+    dict(name="frames_before", cin=17, cout=3, kernel=3, padding=(0, 0, 1, 1, 1, 1), frames=2),
+    dict(name="channels_after", cin=16, cout=3, kernel=3, padding=1, after=8),
+    dict(name="groups2", cin=2 * 17, cout=2 * 3, kernel=3, padding=1, groups=2),
+    dict(name="stride_2_2_1", cin=16, cout=5, kernel=3, padding=1, stride=(2, 2, 1)),
+    dict(name="dilation_w4", cin=20, cout=1, kernel=(1, 3, 3), padding=(0, 1, 4), dilation=(1, 1, 4)),
+]
+
+
+@pytest.mark.parametrize("tiles", ["chosen", "small_tiles", "gpu_heuristic_tiles"])
+@pytest.mark.parametrize("spec", W_TAPS, ids=lambda s: s["name"])
+def test_w_taps_forward_matches_float64(spec, tiles, device, request, monkeypatch):
+    if tiles != "chosen":
+        request.getfixturevalue(tiles)
+    torch.manual_seed(7)
+    cin, cout, groups = spec["cin"], spec["cout"], spec.get("groups", 1)
+    kernel, after, frames = triple(spec["kernel"], "kernel"), spec.get("after", 0), spec.get("frames", 0)
+    x = torch.randn(2, cin - after, 4, 6, 19, device=device).contiguous(memory_format=CL)
+    w = (torch.randn(cout, cin // groups, *kernel, device=device) / 4).contiguous(memory_format=CL)
+    b = torch.randn(cout, device=device)
+    second = dict(
+        frames_before=torch.randn(2, cin, frames, 6, 19, device=device).contiguous(memory_format=CL)
+        if frames
+        else None,
+        channels_after=torch.randn(2, after, 4, 6, 19, device=device).contiguous(memory_format=CL) if after else None,
+    )
+    args = dict(stride=spec.get("stride", 1), padding=spec["padding"], dilation=spec.get("dilation", 1), groups=groups)
+    w_taps = forward_w_taps(monkeypatch)
+    y = tconv3d.conv3d(x, w, b, padding_mode=spec.get("padding_mode", "zeros"), **args, **second)
+    # float64: the sources concatenated, then padded per dimension by its mode, then an unpadded convolution
+    whole = x.double()
+    if frames:
+        whole = torch.cat([second["frames_before"].double(), whole], dim=2)
+    if after:
+        whole = torch.cat([whole, second["channels_after"].double()], dim=1)
+    ref = padded_reference(whole, w.double(), b.double(), spec.get("padding_mode", "zeros"), **args)
+    assert w_taps and all(t >= kernel[2] for t in w_taps), w_taps
+    assert y.shape == ref.shape and rel_l2(y, ref) < TOLERANCE[torch.float32]
 
 
 def test_few_output_channels_pack_where_the_kernel_can():
@@ -166,3 +249,29 @@ def test_gathers_either_way_match_float64(case, device, monkeypatch):
     ours, expected = conv_and_reference(case, torch.float32, device)
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
         assert rel_l2(a, e) < TOLERANCE[torch.float32], name
+
+
+def test_a_w_taps_tile_writes_only_the_outputs_it_holds(monkeypatch, device):
+    """A W_TAPS tile computes BLOCK_M rows and writes the BLOCK_M - HALO whose W taps all lie in it; the next tile
+    writes the rest. The interpreter runs programs in order, so a tile that wrote more would be overwritten by the
+    next (on a GPU, raced): the first program runs alone here, into an output of NaNs."""
+    tiles = KernelConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", lambda *args: tiles)
+    real_launch = conv_fwd.launch
+
+    def first_program(kernel, grid, x, w, b, out, *args, **kwargs):
+        out.fill_(float("nan"))
+        return real_launch(kernel, (1, *grid[1:]), x, w, b, out, *args, **kwargs)
+
+    monkeypatch.setattr(conv_fwd, "launch", first_program)
+    torch.manual_seed(3)
+    x = torch.randn(1, 16, 2, 3, 19, device=device).contiguous(memory_format=CL)
+    w = torch.randn(3, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    y = tconv3d.conv3d(x, w, None, padding=1)
+    ref = F.conv3d(x.double(), w.double(), None, padding=1)
+    held = (0, slice(None), 0, 0, slice(0, 16 - 2))  # the first output row's first 14 voxels: 16 rows, halo 2
+    assert rel_l2(y[held], ref[held]) < TOLERANCE[torch.float32]
+    unwritten = torch.ones_like(y, dtype=torch.bool)
+    unwritten[held] = False
+    assert torch.isnan(y[unwritten]).all()

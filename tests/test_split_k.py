@@ -140,11 +140,14 @@ def test_split_k_with_borders_groups_and_cached_frames(kwargs, forced, device):
 
 
 def test_more_splits_than_steps_and_uneven_splits(forced, device):
-    case = Case("few_steps", 1, 16, 5, (3, 4, 5), 3, padding=1)  # 27 steps: a tap of 16 channels each
-    geom = tconv3d.geometry.conv_geometry((1, 16, 3, 4, 5), (5, 16, 3, 3, 3), 1, 1, 1)
+    case = Case("few_steps", 1, 16, 17, (3, 4, 5), 3, padding=1)  # 27 steps: a tap of 16 channels each
+    geom = tconv3d.geometry.conv_geometry((1, 16, 3, 4, 5), (17, 16, 3, 3, 3), 1, 1, 1)
     many = dataclasses.replace(TILES, split_k=64)
     assert k_splits("fwd", geom, many) == (1, 27)  # one step each: never an empty split
     assert k_splits("fwd", geom, dataclasses.replace(TILES, split_k=4)) == (7, 4)  # 7 + 7 + 7 + 6
+    # 5 output channels: the W taps are columns (config.w_tap_columns), 9 (kd, kh) steps
+    few_out = tconv3d.geometry.conv_geometry((1, 16, 3, 4, 5), (5, 16, 3, 3, 3), 1, 1, 1)
+    assert k_splits("fwd", few_out, many) == (1, 9)
     summed = forced(many)
     ours, expected = conv_and_reference(case, torch.float32, device)
     for got, want in zip(ours, expected, strict=True):

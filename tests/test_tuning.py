@@ -664,9 +664,14 @@ def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an
     8-channel weight gradient packed ((tap, channel) pairs: 216 of 256 columns) and on the TMA kernel (8 of 128
     columns a tap: the launch the sm_90 heuristic used to pick); 24 channels in 16-deep steps; grouped taps, 27 in 14
-    pairs; a direct kernel, None."""
+    pairs; a direct kernel, None. A forward of 8 output channels with its W taps as columns: 24 of 32 columns, rows
+    past a tile's outputs."""
     assert configs.mma_fill("fwd", geometry(), KernelConfig(128, 64, 64, 4, 3)) == 1.0
-    assert configs.mma_fill("fwd", geometry(cout=8), KernelConfig(128, 16, 64, 4, 3)) == 0.5
+    assert configs.mma_fill("fwd", geometry(cout=8, kernel=(3, 3, 1)), KernelConfig(128, 16, 64, 4, 3)) == 0.5
+    # with 3 W taps, the columns are (output channel, W tap) pairs, 24 of 32, over rows of 16 + 2: 19 tiles of 128
+    # rows write 126 each, 2048 outputs in all
+    w_taps = KernelConfig(128, 32, 64, 4, 3)
+    assert configs.mma_fill("fwd", geometry(cout=8), w_taps) == pytest.approx(2048 / (19 * 128) * 24 / 32)
     patch = KernelConfig(64, 64, 64, 4, 3, tma_box_w=16)
     assert configs.mma_fill("fwd", geometry(size=(2, 6, 20)), patch) == pytest.approx(6 / 8 * 20 / 32)
     stack_in8 = geometry(cin=8, size=(8, 32, 32))
@@ -683,7 +688,8 @@ def test_operand_intensity_counts_each_tiles_rows_and_columns():
     """FLOPs a byte of the operands the tiles read (the L2 model of bench/NOTES.md, "What 64 columns cost"), against
     hand counts: a tile of R rows and C columns reads (R + C) elements a reduction row for 2RC FLOPs; a narrow
     layer's 16-column tile reads all 64 input channels of a row for 8 outputs; the weight gradient's grouped taps
-    read grad_output once for two taps; a stride-2 input gradient's fewer live taps shorten both sides alike."""
+    read grad_output once for two taps; a stride-2 input gradient's fewer live taps shorten both sides alike; a forward
+    with its W taps as columns reads its rows once for the three."""
     tile = KernelConfig(128, 64, 64, 4, 3)
     assert configs.operand_intensity("fwd", geometry(), tile, 2) == pytest.approx(2 * 128 * 64 / (2 * (128 + 64)))
     assert configs.operand_intensity("fwd", geometry(), tile, 4) == pytest.approx(128 * 64 / (2 * (128 + 64)))
@@ -691,7 +697,13 @@ def test_operand_intensity_counts_each_tiles_rows_and_columns():
     assert configs.operand_intensity("dgrad", strided, tile, 2) == pytest.approx(42.667, rel=1e-3)
     narrow = KernelConfig(128, 16, 64, 4, 3)
     # 8 output channels: every row tile reads its 128 rows and the 8 columns, for 2 x 128 x 8 FLOPs a reduction row
-    assert configs.operand_intensity("fwd", geometry(cout=8), narrow, 2) == pytest.approx(2 * 128 * 8 / (2 * 136))
+    one_w_tap = geometry(cout=8, kernel=(3, 3, 1))
+    assert configs.operand_intensity("fwd", one_w_tap, narrow, 2) == pytest.approx(2 * 128 * 8 / (2 * 136))
+    # with 3 W taps as columns: 19 tiles of 128 rows (126 outputs each) and the 24 (channel, W tap) columns, for
+    # 2 x 2048 x 24 FLOPs a (kd, kh, input channel)
+    w_taps = KernelConfig(128, 32, 64, 4, 3)
+    expected = 2 * 2048 * 24 / (2 * (19 * 128 + 24 * 19))
+    assert configs.operand_intensity("fwd", geometry(cout=8), w_taps, 2) == pytest.approx(expected)
     wide = geometry(cin=128, cout=128)
     plain = KernelConfig(128, 128, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2)
     grouped = KernelConfig(128, 256, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2, tap_group=2)

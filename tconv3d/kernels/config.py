@@ -162,13 +162,40 @@ def packs_out_taps(geom: ConvGeometry) -> bool:
     )
 
 
+# The forward's W taps as columns (w_tap_columns) reach this far along W past a tile's outputs at most: a tile of
+# block_m >= 16 rows keeps at least half of them as outputs.
+W_TAPS_MAX_HALO = 8
+
+
+def w_tap_columns(geom: ConvGeometry) -> int:
+    """The W taps a column tile of the pointer forward holds per output channel (conv_fwd's W_TAPS: KW's next power
+    of two), or 0 where it runs one tap a step. A forward of fewer output channels than one MMA step (and enough
+    input channels that packs_taps does not pack those), 2+ taps along W at stride 1 in W, reaching at most
+    W_TAPS_MAX_HALO voxels: its columns are (output channel, W tap) pairs, its reduction the (kd, kh) taps' input
+    channels, each of its rows a voxel of an output row extended by the taps' reach (w_tap_halo), read once for
+    all the W taps; the epilogue adds each output voxel's W taps from the rows that hold them. A decoder's conv to
+    3 channels reads its input a third as often as one tap a step did, and computes 9 real columns of 16, not 3."""
+    kw, dil_w = geom.kernel[2], geom.dilation[2]
+    if geom.group_out_channels >= PACK_TAPS_BELOW or kw < 2 or (kw - 1) * dil_w > W_TAPS_MAX_HALO:
+        return 0
+    if geom.stride[2] != 1 or packs_taps("fwd", geom):
+        return 0
+    return 1 << (kw - 1).bit_length()
+
+
+def w_tap_halo(geom: ConvGeometry) -> int:
+    """How far past an output voxel along W its last W tap reads: the rows a W_TAPS tile holds beyond its outputs."""
+    return (geom.kernel[2] - 1) * geom.dilation[2]
+
+
 @dataclass(frozen=True)
 class GemmView:
     """The implicit GEMM a direction computes, one per group: `rows` x `cols`, reduced over `reduction` (fwd:
     Cin, dgrad: Cout, per tap; wgrad: all output voxels), with `grid_taps` programs per tile, one per tap
     (wgrad), or 1, and `groups` such GEMMs side by side. Packed into (tap, channel) pairs, the small-channel
     forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad); a weight gradient of few
-    output channels makes (tap, output channel) pairs its rows and reduces over input voxels (packs_out_taps)."""
+    output channels makes (tap, output channel) pairs its rows and reduces over input voxels (packs_out_taps), and
+    its forward makes (output channel, W tap) pairs its columns over W-extended output rows (w_tap_columns)."""
 
     rows: int
     cols: int
@@ -182,6 +209,10 @@ def gemm_view(direction: str, geom: ConvGeometry, box: bool = False) -> GemmView
     packed = geom.taps if packs_taps(direction, geom) else 1
     cin, cout, groups = geom.group_in_channels, geom.group_out_channels, geom.groups
     if direction == "fwd":
+        if w_tap_columns(geom) and not box:  # output rows extended by the W taps' reach; (channel, W tap) columns
+            batch, (d_out, h_out, w_out) = geom.batch, geom.out_size
+            rows = batch * d_out * h_out * (w_out + w_tap_halo(geom))
+            return GemmView(rows, cout * w_tap_columns(geom), cin, groups=groups)
         return GemmView(geom.output_voxels, cout, cin * packed, groups=groups)
     if direction == "dgrad":
         return GemmView(geom.input_voxels, cin, cout * packed, groups=groups)
@@ -256,6 +287,8 @@ def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) ->
     in BLOCK_K steps where the pointer kernels pack them."""
     if direction == "fwd":
         taps, channels = geom.taps, geom.group_in_channels
+        if w_tap_columns(geom) and not config.tma_box_w:  # the W taps are columns
+            taps //= geom.kernel[2]
     elif direction == "dgrad":
         phases = live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation)
         taps, channels = max(math.prod(count for _, _, count in phase) for phase in phases), geom.group_out_channels

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry, check_padding_mode
-from .config import KernelConfig, channel_sources, k_splits, packs_taps
+from .config import KernelConfig, channel_sources, gemm_view, k_splits, packs_taps, w_tap_columns, w_tap_halo
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
@@ -53,7 +53,8 @@ def _conv3d_fwd_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -70,6 +71,13 @@ def _conv3d_fwd_kernel(
     steps 3/16 full. Each pair then has its own tap, so each element of a step's tile its own bounds: with zeros
     borders and at most 63 taps, which of a row's taps lie inside the input is found once a tile, a bit a tap
     (TAP_BITS), and a step tests one bit an element instead of six bounds.
+    With W_TAPS (fewer output channels than one MMA step: a decoder's conv to 3 channels) the columns are (output
+    channel, W tap) pairs, W_TAPS of them a channel, and the loop runs over the (kd, kh) taps only: a row is a
+    voxel of an output row extended by the W taps' reach (HALO), M counts them, and each (kd, kh) step reads its
+    input row once for every W tap, Q[r, (co, kw)] = sum over (kd, kh, ci) of x[voxel(r) + (kd, kh, 0), ci] *
+    w[co, kd, kh, kw, ci]. Output voxel r then adds Q[r + kw * DIL_W, (co, kw)] over kw (a gather along the tile's
+    rows): a tile computes BLOCK_M rows and writes the BLOCK_M - HALO whose last tap lies in it, tiles overlapping
+    by HALO rows.
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
     y, the bias in split 0's; split_k.sum_splits adds the splits.
     """
@@ -85,15 +93,31 @@ def _conv3d_fwd_kernel(
     bias_ptr += group * C_OUT
     split = tl.program_id(2)
     y_ptr += split * stride_ys
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
+    if W_TAPS:  # BLOCK_M rows a tile, BLOCK_M - HALO of them outputs; W_TAPS columns an output channel
+        tl.static_assert(not PACK_TAPS and W_TAPS >= KW and BLOCK_N % W_TAPS == 0, "W_TAPS: KW <= W_TAPS | BLOCK_N")
+        HALO = (KW - 1) * DIL_W
+        ROW = W_OUT + HALO  # an output row extended by the taps' reach
+        OUT_COLS: tl.constexpr = BLOCK_N // W_TAPS
+        tile_rows = BLOCK_M - HALO
+    else:
+        ROW = W_OUT
+        OUT_COLS: tl.constexpr = BLOCK_N
+        tile_rows = BLOCK_M
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, tile_rows), tl.cdiv(C_OUT, OUT_COLS), GROUP_M)
 
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_m = pid_m.to(tl.int64) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     mask_m = offs_m < M
-    mask_n = offs_n < C_OUT
+    offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the tile's output channels
+    if W_TAPS:  # column j: output channel j // W_TAPS, W tap j % W_TAPS
+        offs_n = pid_n * OUT_COLS + tl.arange(0, BLOCK_N) // W_TAPS  # [BLOCK_N]
+        col_tap = tl.arange(0, BLOCK_N) % W_TAPS
+        mask_n = (offs_n < C_OUT) & (col_tap < KW)
+    else:
+        offs_n = offs_o
+        mask_n = offs_n < C_OUT
 
-    n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, W_OUT)
+    n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, ROW)
     # The input voxel under tap (0, 0, 0); coordinates fit int32, offsets from them need int64.
     d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
     h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
@@ -102,6 +126,8 @@ def _conv3d_fwd_kernel(
                  + w0.to(tl.int64) * stride_xw)  # fmt: skip
     x_rows = x_ptr + x_offsets  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wo  # [BLOCK_N] pointers
+    if W_TAPS:
+        w_cols += col_tap * stride_ww
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     a_blocks, k_blocks = source_blocks(C_A, C_IN, BLOCK_K, HAS_AFTER)  # x's channel blocks, then q's
@@ -111,10 +137,11 @@ def _conv3d_fwd_kernel(
         q_rows = (Q_DELTA + n * stride_qn + d0.to(tl.int64) * stride_qd + h0.to(tl.int64) * stride_qh
                   + w0.to(tl.int64) * stride_qw) - x_offsets  # [BLOCK_M]  # fmt: skip
     TAPS: tl.constexpr = KD * KH * KW
+    STEP_KW: tl.constexpr = 1 if W_TAPS else KW  # the W taps a step walks: one (kw = 0) where they are columns
     TAP_BITS: tl.constexpr = PACK_TAPS and MASK_ONLY and TAPS < 64
     if TAP_BITS:  # bit t of a row: tap t reads inside the input (and the row is one)
         inside_taps = tap_bits(d0, h0, w0, mask_m, D_IN, H_IN, W_IN, DIL_D, DIL_H, DIL_W, KD, KH, KW)
-    steps = tl.cdiv(TAPS * C_IN, BLOCK_K) if PACK_TAPS else TAPS * k_blocks
+    steps = tl.cdiv(TAPS * C_IN, BLOCK_K) if PACK_TAPS else KD * KH * STEP_KW * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
         if PACK_TAPS:  # few channels: BLOCK_K (tap, channel) pairs a step, each with its own tap
@@ -148,9 +175,9 @@ def _conv3d_fwd_kernel(
             tap = step // k_blocks
             block = step - tap * k_blocks
             second, offs_c, mask_c, w_c = block_channels(block, a_blocks, C_A, C_IN, offs_k, BLOCK_K, HAS_AFTER)
-            kw = tap % KW
-            kh = (tap // KW) % KH
-            kd = tap // (KW * KH)
+            kw = tap % STEP_KW
+            kh = (tap // STEP_KW) % KH
+            kd = tap // (STEP_KW * KH)
             id_ = d0 + kd * DIL_D
             ih = h0 + kh * DIL_H
             iw = w0 + kw * DIL_W
@@ -182,12 +209,17 @@ def _conv3d_fwd_kernel(
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
+    if W_TAPS:  # row r adds each W tap's column from row r + kw * DIL_W (past the tile: rows it does not write)
+        rows = tl.arange(0, BLOCK_M)
+        tap_rows = tl.minimum(rows[:, None] + (col_tap * DIL_W)[None, :], BLOCK_M - 1)  # [BLOCK_M, BLOCK_N]
+        acc = tl.sum(tl.reshape(tl.gather(acc, tap_rows, axis=0), [BLOCK_M, OUT_COLS, W_TAPS]), axis=2)
+        mask_m &= (rows < tile_rows) & (ow < W_OUT)
     if HAS_BIAS:
         bias_cols = tl.where(split == 0, C_OUT, 0)  # split 0's partial carries the bias
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < bias_cols, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + offs_o, mask=offs_o < bias_cols, other=0.0).to(tl.float32)[None, :]
     y_rows = n * stride_yn + od * stride_yd + oh * stride_yh + ow * stride_yw  # [BLOCK_M]
-    y_ptrs = y_ptr + y_rows[:, None] + offs_n[None, :] * stride_yc  # [BLOCK_M, BLOCK_N]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    y_ptrs = y_ptr + y_rows[:, None] + offs_o[None, :] * stride_yc  # [BLOCK_M, OUT_COLS]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_OUT)[None, :])
 
 
 def conv3d_fwd(
@@ -278,19 +310,22 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     upcast, precision = dot_flags(x.dtype)
-    rows, c_in, c_out = geom.output_voxels, geom.group_in_channels, geom.group_out_channels
+    view = gemm_view("fwd", geom)  # rows: output voxels, or W-extended output rows (w_tap_columns)
+    c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns(geom)
     splits = out.shape[0] // geom.batch
-    grid = (cdiv(rows, config.block_m) * cdiv(c_out, config.block_n), geom.groups, splits)
+    # a W_TAPS tile writes the outputs of block_m - halo of its rows, block_n // w_taps output channels
+    tile_rows = config.block_m - w_tap_halo(geom) if w_taps else config.block_m
+    grid = (cdiv(view.rows, tile_rows) * cdiv(c_out, config.block_n // max(w_taps, 1)), geom.groups, splits)
     launch(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,
-        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
+        view.rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
         q_delta, per_split,
         *x.stride(), *p_strides, *q_strides, *weight.stride(),
         geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, PACK_TAPS=c_in if packs_taps("fwd", geom) else 0,
+        HAS_BIAS=bias is not None, PACK_TAPS=c_in if packs_taps("fwd", geom) else 0, W_TAPS=w_taps,
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],

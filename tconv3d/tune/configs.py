@@ -26,6 +26,8 @@ from ..kernels.config import (
     packs_taps,
     reduction_steps,
     split_rows,
+    w_tap_columns,
+    w_tap_halo,
 )
 from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES
@@ -194,10 +196,19 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     a box fetches past a tensor's edge, L2 misses and split-K partials are not counted. Times the bandwidth of
     reads that hit L2 (bench's `l2_read_tbps`) it bounds the launch's TFLOP/s: a 128x64 tile reads
     (128 + 64) x 2 bytes a row of the reduction for 2 x 128 x 64 FLOPs, 42.7 a byte, 299 TFLOP/s at 7 TB/s
-    (bench/NOTES.md, "What 64 columns cost"). None for the direct (depthwise) kernels, which are no GEMM."""
+    (bench/NOTES.md, "What 64 columns cost"). A forward with its W taps as columns (config.w_tap_columns) reads each
+    tile's rows, halo included, once for all its W taps. None for the direct (depthwise) kernels, which are no
+    GEMM."""
     if config.direct:
         return None
     view = gemm_view(direction, geom, bool(config.tma_box_w))
+    w_taps = w_tap_columns(geom) if direction == "fwd" and not config.tma_box_w else 0
+    if w_taps:  # per (kd, kh) tap and input channel: each tile's block_m rows, once a column tile; the real columns
+        real = geom.group_out_channels * geom.kernel[2]  # (output channel, W tap) pairs
+        tiles_m = cdiv(view.rows, config.block_m - w_tap_halo(geom))
+        tiles_n = cdiv(geom.group_out_channels, config.block_n // w_taps)
+        read = tiles_m * config.block_m * tiles_n + real * tiles_m
+        return 2 * geom.output_voxels * real / (element_size * read) if read else 0.0
     taps, group = view.grid_taps, max(1, config.tap_group)
     tiles_m, tiles_n = cdiv(view.rows, config.block_m), cdiv(view.cols, config.block_n // group)
     # Per row of the reduction (its length, taps and an input gradient's live taps included, cancels out): each
@@ -212,7 +223,9 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
     program computes a block_m x block_n tile over its whole reduction in block_k steps: the pointer kernels' rows
     and columns over the GEMM's (gemm_view; (tap, channel) pairs where they pack them), the box kernels' patches
     (tma_box) over the volume's H x W (each phase's at a stride), one tap a step or a program, block_k of a source's
-    channels a step (tap_group taps' blocks side by side in the weight gradient). 1.0 where the tiles divide the
+    channels a step (tap_group taps' blocks side by side in the weight gradient); a forward with its W taps as
+    columns (config.w_tap_columns), its tiles' rows over the outputs they write and their columns over the real (output
+    channel, W tap) pairs. 1.0 where the tiles divide the
     problem; the 8-channel stack layer's weight gradient on the TMA kernel, one tap of 8 channels in 128 columns a
     program: 0.06 (bench/NOTES.md). None for the direct (depthwise) kernels, which are no GEMM."""
     if config.direct:
@@ -235,7 +248,15 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
         taps = 1.0 if packed or view.grid_taps == 1 else share(geom.taps, group)  # or the rows pack them
         return share(view.rows, config.block_m) * columns * voxels * taps
-    if not box:
+    w_taps = w_tap_columns(geom) if direction == "fwd" and not box else 0
+    cols = share(view.cols, config.block_n)
+    if (
+        w_taps and geom.output_voxels
+    ):  # each tile writes block_m - halo of its rows; of its columns, KW taps of each output channel
+        per_tile, channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
+        rows = geom.output_voxels / (cdiv(view.rows, per_tile) * config.block_m)
+        cols = geom.group_out_channels * geom.kernel[2] / (cdiv(geom.group_out_channels, channels) * config.block_n)
+    elif not box:
         rows = share(view.rows, config.block_m)
     elif direction == "fwd":
         rows = patches(geom.out_size, (1, 1, 1), config.block_m)
@@ -248,7 +269,7 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         after = geom.out_after_channels if direction == "dgrad" else geom.after_channels
         blocks = channel_blocks(geom, config.block_k, direction) if after else cdiv(channels, config.block_k)
         reduction = channels / (blocks * config.block_k)
-    return rows * share(view.cols, config.block_n) * reduction
+    return rows * cols * reduction
 
 
 def _pow2_at_least(n: int) -> int:
@@ -455,6 +476,12 @@ def heuristic_config(
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
+    if direction == "fwd" and w_tap_columns(geom):
+        # (output channel, W tap) columns over W-extended rows are the pointer forward's (config.w_tap_columns): a
+        # decoder's conv to 3 channels reads each (kd, kh) tap's input rows once for its three W taps, where the
+        # box kernels read them once a tap (last_cout3: 9 loads of 192 bytes a voxel, not 27; fill 56%, not 14%;
+        # inspect, sm_90 bf16). Not timed yet: bench/NOTES.md, "A forward of few output channels".
+        return config
     if direction == "wgrad" and (packs_taps(direction, geom) or packs_out_taps(geom)):
         # The packed tiles' columns are (tap, channel) pairs, the pointer kernel's; a box kernel's are one tap's
         # input channels a program: the 8-channel stack layer's 27 x 8 = 216 pairs fill 2 x 128 columns, where the
