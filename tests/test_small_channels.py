@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import CASES, Case, conv_and_reference, dtype_id
+from helpers import CASES, Case, conv_and_reference, dtype_id, leaf_copy
 
 import tconv3d
 from tconv3d.geometry import check_conv3d, check_padding_mode, resolve_padding, split_padding_mode, triple
 from tconv3d.kernels import config as kernel_config
-from tconv3d.kernels import conv_fwd, conv_wgrad, utils
+from tconv3d.kernels import conv_dgrad, conv_fwd, conv_wgrad, utils
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice, configs
@@ -127,7 +127,7 @@ def test_few_output_channels_match_float64(case, dtype, tiles, device, request, 
     monkeypatch.setattr(
         conv_wgrad, "launch", lambda kernel, *a, **k: launched.append(kernel) or real_launch(kernel, *a, **k)
     )
-    w_taps = forward_w_taps(monkeypatch)
+    w_taps = launched_w_taps(monkeypatch, conv_fwd)
     # (a one-channel bias gradient is one sum of rounded values whose cancellation no relative tolerance bounds)
     ours, expected = conv_and_reference(case, dtype, device, bias=case.cout > 1)
     for name, a, e in zip(
@@ -136,7 +136,9 @@ def test_few_output_channels_match_float64(case, dtype, tiles, device, request, 
         assert a.shape == e.shape and a.dtype == dtype, name
         assert rel_l2(a, e) < TOLERANCE[dtype], name
     assert launched == [conv_wgrad._conv3d_wgrad_out_pairs_kernel], launched
-    assert w_taps == [kernel_config.w_tap_columns(geom)] and w_taps[0] >= triple(case.kernel, "kernel")[2], w_taps
+    assert w_taps == [kernel_config.w_tap_columns("fwd", geom)] and w_taps[0] >= triple(case.kernel, "kernel")[2], (
+        w_taps
+    )
 
 
 def padded_reference(x, w, b, padding_mode, stride, padding, dilation, groups):
@@ -150,22 +152,25 @@ def padded_reference(x, w, b, padding_mode, stride, padding, dilation, groups):
     return F.conv3d(x, w, b, stride, 0, dilation, groups)
 
 
-def forward_w_taps(monkeypatch) -> list:
-    """The W_TAPS of each pointer forward launched from now on (0: one tap a step)."""
-    seen, real_launch = [], conv_fwd.launch
+def launched_w_taps(monkeypatch, module) -> list:
+    """The W_TAPS of each pointer forward (module conv_fwd) or input gradient (conv_dgrad) launched from now on (0: one
+    tap a step)."""
+    seen, real_launch = [], module.launch
 
     def spy(kernel, grid, *args, **kwargs):
         seen.append(kwargs["W_TAPS"])
         return real_launch(kernel, grid, *args, **kwargs)
 
-    monkeypatch.setattr(conv_fwd, "launch", spy)
+    monkeypatch.setattr(module, "launch", spy)
     return seen
 
 
-# The forward with its W taps as columns (config.w_tap_columns) under what else its one-tap loop reads: border modes
-# (remapped rows, W's included: an extended row's voxels past the edge), cached frames in front along D, a channel
-# concatenation read in place, groups, strides in D and H, a dilated W reaching the most rows (halo 8 of a 16-row
-# tile), and, with 16 x 16 x 16 tiles, 4 output channels a column tile (two for 5) and three reduction splits.
+# The forward and input gradient with their W taps as columns (config.w_tap_columns) under what else their one-tap
+# loops read: border modes (remapped rows, W's included: an extended row's voxels past the edge; the input gradient's
+# bordered input, folded), cached frames in front along D, a channel concatenation read in place, groups, strides in
+# D and H (the forward), asymmetric padding, a dilated W reaching the most rows (halo 8 of a 16-row tile), and, with
+# 16 x 16 x 16 tiles, 4 channels a column tile (two for 5) and three reduction splits. The forward's cases have few
+# output channels, the input gradient's few input channels.
 W_TAPS = [
     dict(name="replicate", cin=16, cout=3, kernel=3, padding=1, padding_mode="replicate"),
     dict(
@@ -183,37 +188,69 @@ W_TAPS = [
     dict(name="stride_2_2_1", cin=16, cout=5, kernel=3, padding=1, stride=(2, 2, 1)),
     dict(name="dilation_w4", cin=20, cout=1, kernel=(1, 3, 3), padding=(0, 1, 4), dilation=(1, 1, 4)),
 ]
+W_TAPS_DGRAD = [
+    dict(name="dgrad_replicate", cin=3, cout=16, kernel=3, padding=1, padding_mode="replicate"),
+    dict(
+        name="dgrad_reflect_w",
+        cin=5,
+        cout=17,
+        kernel=(3, 3, 5),
+        padding=(1, 0, 2),
+        padding_mode=("zeros", "zeros", "reflect"),
+    ),
+    dict(name="dgrad_frames_before", cin=4, cout=16, kernel=3, padding=(0, 0, 1, 1, 1, 1), frames=2),
+    dict(name="dgrad_channels_after", cin=6, cout=16, kernel=3, padding=1, after=2),
+    dict(name="dgrad_groups2", cin=2 * 3, cout=2 * 16, kernel=3, padding=1, groups=2),
+    dict(name="dgrad_same_2x3x4", cin=3, cout=16, kernel=(2, 3, 4), padding="same"),
+    dict(name="dgrad_dilation_w4", cin=2, cout=20, kernel=(1, 3, 3), padding=(0, 1, 4), dilation=(1, 1, 4)),
+]
 
 
 @pytest.mark.parametrize("tiles", ["chosen", "small_tiles", "gpu_heuristic_tiles"])
-@pytest.mark.parametrize("spec", W_TAPS, ids=lambda s: s["name"])
-def test_w_taps_forward_matches_float64(spec, tiles, device, request, monkeypatch):
+@pytest.mark.parametrize("spec", W_TAPS + W_TAPS_DGRAD, ids=lambda s: s["name"])
+def test_w_taps_match_float64(spec, tiles, device, request, monkeypatch):
+    """The output (the forward's cases) or the gradients of every input source (the input gradient's) against
+    float64, and the launches with W_TAPS."""
     if tiles != "chosen":
         request.getfixturevalue(tiles)
     torch.manual_seed(7)
+    dgrad = spec["name"].startswith("dgrad")
     cin, cout, groups = spec["cin"], spec["cout"], spec.get("groups", 1)
     kernel, after, frames = triple(spec["kernel"], "kernel"), spec.get("after", 0), spec.get("frames", 0)
-    x = torch.randn(2, cin - after, 4, 6, 19, device=device).contiguous(memory_format=CL)
+
+    def activation(channels, depth):
+        return torch.randn(2, channels, depth, 6, 19, device=device).contiguous(memory_format=CL)
+
+    sources = {"input": activation(cin - after, 4)}
+    if frames:
+        sources["frames_before"] = activation(cin, frames)
+    if after:
+        sources["channels_after"] = activation(after, 4)
+    for t in sources.values():
+        t.requires_grad_(dgrad)
     w = (torch.randn(cout, cin // groups, *kernel, device=device) / 4).contiguous(memory_format=CL)
     b = torch.randn(cout, device=device)
-    second = dict(
-        frames_before=torch.randn(2, cin, frames, 6, 19, device=device).contiguous(memory_format=CL)
-        if frames
-        else None,
-        channels_after=torch.randn(2, after, 4, 6, 19, device=device).contiguous(memory_format=CL) if after else None,
-    )
     args = dict(stride=spec.get("stride", 1), padding=spec["padding"], dilation=spec.get("dilation", 1), groups=groups)
-    w_taps = forward_w_taps(monkeypatch)
-    y = tconv3d.conv3d(x, w, b, padding_mode=spec.get("padding_mode", "zeros"), **args, **second)
+    mode = spec.get("padding_mode", "zeros")
+    w_taps = launched_w_taps(monkeypatch, conv_dgrad if dgrad else conv_fwd)
+    seconds = {name: t for name, t in sources.items() if name != "input"}
+    y = tconv3d.conv3d(sources["input"], w, b, padding_mode=mode, **args, **seconds)
     # float64: the sources concatenated, then padded per dimension by its mode, then an unpadded convolution
-    whole = x.double()
+    exact = {name: leaf_copy(t.detach().double()) if dgrad else t.double() for name, t in sources.items()}
+    whole = exact["input"]
     if frames:
-        whole = torch.cat([second["frames_before"].double(), whole], dim=2)
+        whole = torch.cat([exact["frames_before"], whole], dim=2)
     if after:
-        whole = torch.cat([whole, second["channels_after"].double()], dim=1)
-    ref = padded_reference(whole, w.double(), b.double(), spec.get("padding_mode", "zeros"), **args)
-    assert w_taps and all(t >= kernel[2] for t in w_taps), w_taps
+        whole = torch.cat([whole, exact["channels_after"]], dim=1)
+    ref = padded_reference(whole, w.double(), b.double(), mode, **args)
     assert y.shape == ref.shape and rel_l2(y, ref) < TOLERANCE[torch.float32]
+    if dgrad:
+        grad_out = torch.randn_like(ref)
+        ours = torch.autograd.grad(y, list(sources.values()), grad_out.float())
+        expected = torch.autograd.grad(ref, list(exact.values()), grad_out)
+        for name, a, e in zip(sources, ours, expected, strict=True):
+            assert rel_l2(a, e) < TOLERANCE[torch.float32], name
+    assert w_taps and all(t >= kernel[2] for t in w_taps), w_taps
 
 
 def test_few_output_channels_pack_where_the_kernel_can():
@@ -251,27 +288,37 @@ def test_gathers_either_way_match_float64(case, device, monkeypatch):
         assert rel_l2(a, e) < TOLERANCE[torch.float32], name
 
 
-def test_a_w_taps_tile_writes_only_the_outputs_it_holds(monkeypatch, device):
+@pytest.mark.parametrize("direction", ["fwd", "dgrad"])
+def test_a_w_taps_tile_writes_only_the_outputs_it_holds(direction, monkeypatch, device):
     """A W_TAPS tile computes BLOCK_M rows and writes the BLOCK_M - HALO whose W taps all lie in it; the next tile
     writes the rest. The interpreter runs programs in order, so a tile that wrote more would be overwritten by the
-    next (on a GPU, raced): the first program runs alone here, into an output of NaNs."""
+    next (on a GPU, raced): the first program runs alone here, into an output of NaNs (the forward's output, the
+    input gradient)."""
     tiles = KernelConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1)
     monkeypatch.setattr(choice, "_memo", {})
     monkeypatch.setattr(choice, "_select", lambda *args: tiles)
-    real_launch = conv_fwd.launch
+    module = conv_fwd if direction == "fwd" else conv_dgrad
+    real_launch = module.launch
 
-    def first_program(kernel, grid, x, w, b, out, *args, **kwargs):
+    def first_program(kernel, grid, first, w, third, fourth, *args, **kwargs):
+        out = fourth if direction == "fwd" else third  # (x, w, bias, y) or (grad_out, w, grad_in, taps)
         out.fill_(float("nan"))
-        return real_launch(kernel, (1, *grid[1:]), x, w, b, out, *args, **kwargs)
+        return real_launch(kernel, (1, *grid[1:]), first, w, third, fourth, *args, **kwargs)
 
-    monkeypatch.setattr(conv_fwd, "launch", first_program)
+    monkeypatch.setattr(module, "launch", first_program)
     torch.manual_seed(3)
-    x = torch.randn(1, 16, 2, 3, 19, device=device).contiguous(memory_format=CL)
-    w = torch.randn(3, 16, 3, 3, 3, device=device).contiguous(memory_format=CL)
-    y = tconv3d.conv3d(x, w, None, padding=1)
-    ref = F.conv3d(x.double(), w.double(), None, padding=1)
-    held = (0, slice(None), 0, 0, slice(0, 16 - 2))  # the first output row's first 14 voxels: 16 rows, halo 2
-    assert rel_l2(y[held], ref[held]) < TOLERANCE[torch.float32]
-    unwritten = torch.ones_like(y, dtype=torch.bool)
+    cin, cout = (16, 3) if direction == "fwd" else (3, 16)
+    x = torch.randn(1, cin, 2, 3, 19, device=device).contiguous(memory_format=CL)
+    w = torch.randn(cout, cin, 3, 3, 3, device=device).contiguous(memory_format=CL)
+    if direction == "fwd":
+        ours, exact = tconv3d.conv3d(x, w, None, padding=1), F.conv3d(x.double(), w.double(), None, padding=1)
+    else:
+        grad_out = torch.randn(1, cout, 2, 3, 19, device=device).contiguous(memory_format=CL)
+        x.requires_grad_()
+        (ours,) = torch.autograd.grad(tconv3d.conv3d(x, w, None, padding=1), x, grad_out)
+        exact = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
+    held = (0, slice(None), 0, 0, slice(0, 16 - 2))  # the first row's first 14 voxels: 16 rows, halo 2
+    assert rel_l2(ours[held], exact[held]) < TOLERANCE[torch.float32]
+    unwritten = torch.ones_like(ours, dtype=torch.bool)
     unwritten[held] = False
-    assert torch.isnan(y[unwritten]).all()
+    assert torch.isnan(ours[unwritten]).all()

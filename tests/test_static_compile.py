@@ -367,7 +367,7 @@ from tconv3d.tune.shapes import load_shape_set
 shapes = {s.name: s for name in ("bench", "awkward") for s in load_shape_set(name)}
 out = []
 for case, direction in (("first_cin3", "fwd"), ("last_cout3", "dgrad"), ("cin1", "fwd"), ("conv2d_like_c2", "dgrad"),
-                        ("last_cout3", "wgrad"), ("last_cout3", "fwd")):
+                        ("last_cout3", "wgrad"), ("last_cout3", "fwd"), ("first_cin3", "dgrad")):
     for capability in ARCHS:
         shape = shapes[case]
         config = plan([shape], ["bf16"], [direction], [capability], False)[0][4]
@@ -377,7 +377,8 @@ for case, direction in (("first_cin3", "fwd"), ("last_cout3", "dgrad"), ("cin1",
         usage, sass = _cuobjdump(launches[0][3].asm["cubin"])
         body = _main_loop_body(sass)
         out.append({"case": case, "direction": direction, "arch": capability, "kernel": launches[0][0],
-                    "grid": launches[0][1], "block_m": config.block_m, "variant": config.variant,
+                    "grid": launches[0][1], "block_m": config.block_m, "block_n": config.block_n,
+                    "variant": config.variant,
                     "compares": sum(bool(re.search(r"\\bISETP\\.", line)) for line in body),
                     "divisions": sum("MUFU.RCP" in line for line in body), "instructions": len(body),
                     "local": sum(bool(re.search(r"\\b[LS]TL\\b", line)) for line in body),
@@ -392,10 +393,10 @@ def test_packed_loops_test_one_bit_an_element():
     loop (bf16, as the suite's stem, decoder head and two awkward shapes launch them on the pointer kernel) has
     no run-time division and at most 32 compares, where six bounds an element took 102 (first_cin3's forward,
     sm_90, triton 3.9: 584 instructions a pass, now 320; under 3.6 661 -> 447 -> 148 with its threads laid along
-    the pairs). The decoder head's forward, whose W taps are its columns, reads each (kd, kh) tap's rows in one
-    step."""
+    the pairs). The decoder head's forward and the stem's input gradient, whose W taps are their columns, read
+    each (kd, kh) tap's rows in one step."""
     reports = compile_script(PACKED_COMPILE)
-    assert len(reports) == 6 * len(STATIC_ARCHS)
+    assert len(reports) == 7 * len(STATIC_ARCHS)
     for r in reports:
         assert not r["local"], r
         if (r["case"], r["direction"]) == ("last_cout3", "fwd"):
@@ -407,6 +408,14 @@ def test_packed_loops_test_one_bit_an_element():
             assert (r["kernel"], r["variant"], r["block_m"]) == ("_conv3d_fwd_kernel", "pointer", 128), r
             assert r["grid"][0] == -(-17 * 256 * 258 // 126), r
             assert r["instructions"] <= 300 and r["divisions"] <= 1, r
+            continue
+        if (r["case"], r["direction"]) == ("first_cin3", "dgrad"):
+            # The stem's input gradient: its 3 input channels' W taps as columns, 4 a channel (16 columns, one
+            # column tile), rows of 256 + 2, block_m - 2 written a tile; a step one (kd, kh) tap's block of 128
+            # output channels: 296-401 instructions (sm_80, sm_90 under 3.9; 310 under 3.6)
+            assert (r["kernel"], r["variant"], r["block_n"]) == ("_conv3d_dgrad_kernel", "pointer", 16), r
+            assert r["grid"][0] == -(-17 * 256 * 258 // (r["block_m"] - 2)), r
+            assert r["instructions"] <= 420 and r["divisions"] <= 1, r
             continue
         assert not r["divisions"], r
         if r["direction"] == "wgrad":

@@ -162,30 +162,41 @@ def packs_out_taps(geom: ConvGeometry) -> bool:
     )
 
 
-# The forward's W taps as columns (w_tap_columns) reach this far along W past a tile's outputs at most: a tile of
-# block_m >= 16 rows keeps at least half of them as outputs.
+# A forward's or input gradient's W taps as columns (w_tap_columns) reach this far along W past a tile's outputs at
+# most: a tile of block_m >= 16 rows keeps at least half of them as outputs.
 W_TAPS_MAX_HALO = 8
 
 
-def w_tap_columns(geom: ConvGeometry) -> int:
-    """The W taps a column tile of the pointer forward holds per output channel (conv_fwd's W_TAPS: KW's next power
-    of two), or 0 where it runs one tap a step. A forward of fewer output channels than one MMA step (and enough
-    input channels that packs_taps does not pack those), 2+ taps along W at stride 1 in W, reaching at most
-    W_TAPS_MAX_HALO voxels: its columns are (output channel, W tap) pairs, its reduction the (kd, kh) taps' input
-    channels, each of its rows a voxel of an output row extended by the taps' reach (w_tap_halo), read once for
-    all the W taps; the epilogue adds each output voxel's W taps from the rows that hold them. A decoder's conv to
-    3 channels reads its input a third as often as one tap a step did, and computes 9 real columns of 16, not 3."""
-    kw, dil_w = geom.kernel[2], geom.dilation[2]
-    if geom.group_out_channels >= PACK_TAPS_BELOW or kw < 2 or (kw - 1) * dil_w > W_TAPS_MAX_HALO:
+def w_tap_columns(direction: str, geom: ConvGeometry) -> int:
+    """The W taps a column tile of the pointer forward or input gradient holds per column channel (their W_TAPS:
+    KW's next power of two), or 0 where it runs one tap a step. A forward of fewer output channels than one MMA
+    step (an input gradient: of fewer input channels) whose reduced channels are not packed with taps (packs_taps),
+    2+ taps along W at stride 1 in W (the input gradient: unit stride), reaching at most W_TAPS_MAX_HALO voxels:
+    its columns are (channel, W tap) pairs, its reduction the (kd, kh) taps' channels, each of its rows a voxel of
+    a row extended by the taps' reach (w_tap_halo), read once for all the W taps; the epilogue adds each voxel's W
+    taps from the rows that hold them. A decoder's conv to 3 channels reads its input a third as often as one tap
+    a step did, and computes 9 real columns of 16, not 3; so does the input gradient of a conv from 3 channels."""
+    if direction not in ("fwd", "dgrad"):
         return 0
-    if geom.stride[2] != 1 or packs_taps("fwd", geom):
+    columns = geom.group_out_channels if direction == "fwd" else geom.group_in_channels
+    kw, dil_w = geom.kernel[2], geom.dilation[2]
+    if columns >= PACK_TAPS_BELOW or kw < 2 or (kw - 1) * dil_w > W_TAPS_MAX_HALO or packs_taps(direction, geom):
+        return 0
+    if geom.stride[2] != 1 or (direction == "dgrad" and tuple(geom.stride) != (1, 1, 1)):
         return 0
     return 1 << (kw - 1).bit_length()
 
 
 def w_tap_halo(geom: ConvGeometry) -> int:
-    """How far past an output voxel along W its last W tap reads: the rows a W_TAPS tile holds beyond its outputs."""
+    """How far along W a voxel's W taps reach past it: the rows a W_TAPS tile holds beyond its outputs."""
     return (geom.kernel[2] - 1) * geom.dilation[2]
+
+
+def w_tap_rows(batch: int, size: tuple, geom: ConvGeometry) -> int:
+    """A W_TAPS launch's rows: the voxels of a (D, H, W) volume (the output, the input gradient's input) with each
+    row extended by the W taps' reach."""
+    d, h, w = size
+    return batch * d * h * (w + w_tap_halo(geom))
 
 
 @dataclass(frozen=True)
@@ -195,7 +206,8 @@ class GemmView:
     (wgrad), or 1, and `groups` such GEMMs side by side. Packed into (tap, channel) pairs, the small-channel
     forms reduce over taps x channels (fwd, dgrad) or make them the columns (wgrad); a weight gradient of few
     output channels makes (tap, output channel) pairs its rows and reduces over input voxels (packs_out_taps), and
-    its forward makes (output channel, W tap) pairs its columns over W-extended output rows (w_tap_columns)."""
+    its forward (input gradient) makes (output (input) channel, W tap) pairs its columns over W-extended rows
+    (w_tap_columns)."""
 
     rows: int
     cols: int
@@ -209,12 +221,12 @@ def gemm_view(direction: str, geom: ConvGeometry, box: bool = False) -> GemmView
     packed = geom.taps if packs_taps(direction, geom) else 1
     cin, cout, groups = geom.group_in_channels, geom.group_out_channels, geom.groups
     if direction == "fwd":
-        if w_tap_columns(geom) and not box:  # output rows extended by the W taps' reach; (channel, W tap) columns
-            batch, (d_out, h_out, w_out) = geom.batch, geom.out_size
-            rows = batch * d_out * h_out * (w_out + w_tap_halo(geom))
-            return GemmView(rows, cout * w_tap_columns(geom), cin, groups=groups)
+        if w_taps := (w_tap_columns(direction, geom) if not box else 0):  # rows extended by the W taps' reach
+            return GemmView(w_tap_rows(geom.batch, geom.out_size, geom), cout * w_taps, cin, groups=groups)
         return GemmView(geom.output_voxels, cout, cin * packed, groups=groups)
     if direction == "dgrad":
+        if w_taps := (w_tap_columns(direction, geom) if not box else 0):
+            return GemmView(w_tap_rows(geom.batch, geom.in_size, geom), cin * w_taps, cout, groups=groups)
         return GemmView(geom.input_voxels, cin, cout * packed, groups=groups)
     if direction == "wgrad":
         if packs_out_taps(geom) and not box:
@@ -287,13 +299,13 @@ def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) ->
     in BLOCK_K steps where the pointer kernels pack them."""
     if direction == "fwd":
         taps, channels = geom.taps, geom.group_in_channels
-        if w_tap_columns(geom) and not config.tma_box_w:  # the W taps are columns
-            taps //= geom.kernel[2]
     elif direction == "dgrad":
         phases = live_taps(geom.kernel, geom.stride, geom.front_padding, geom.dilation)
         taps, channels = max(math.prod(count for _, _, count in phase) for phase in phases), geom.group_out_channels
     else:
         raise ValueError(f"the weight gradient splits its voxels, not taps x channels; got {direction!r}")
+    if w_tap_columns(direction, geom) and not config.tma_box_w:  # the W taps are columns (unit stride in W)
+        taps //= geom.kernel[2]
     if packs_taps(direction, geom) and not config.tma_box_w:
         return cdiv(taps * channels, config.block_k)
     if geom.out_after_channels if direction == "dgrad" else geom.after_channels:  # read in place (else a copy)

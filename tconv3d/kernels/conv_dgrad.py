@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, channel_sources, k_splits, packs_taps
+from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_columns, w_tap_halo
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
@@ -25,6 +25,8 @@ from .utils import (
     select,
     source_blocks,
     split_voxel,
+    split_w_tap_columns,
+    sum_w_taps,
     tap_bits,
     tap_inside,
 )
@@ -48,7 +50,8 @@ def _conv3d_dgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    PACK_TAPS: tl.constexpr, HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
@@ -63,7 +66,11 @@ def _conv3d_dgrad_kernel(
     C_OUT, a constexpr) K runs over (live tap, channel) pairs, as in the forward, and at unit stride with at most
     63 taps its bounds are a bit a tap, found once a tile (utils.tap_bits), as there. A second source along K
     (HAS_AFTER: grad_output is a channel concatenation read in place, a transposed convolution's input) adds its
-    channel blocks after go's, as the forward's HAS_AFTER adds the input's. Split-K (grid axis 2), as in the
+    channel blocks after go's, as the forward's HAS_AFTER adds the input's. With W_TAPS (fewer input channels than
+    one MMA step, unit stride) the columns are (input channel, W tap) pairs, as the forward's W_TAPS: a row is an
+    input voxel of a row extended by the W taps' reach (W_PHASE counts them), each step reads go under the row's
+    last W tap (kw = KW - 1) for all of them, and input voxel r adds W tap kw's column from row r + (KW - 1 - kw) *
+    DIL_W. Split-K (grid axis 2), as in the
     forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32
     gi.
     """
@@ -73,24 +80,37 @@ def _conv3d_dgrad_kernel(
     gi_ptr += group * C_IN * stride_ic
     split = tl.program_id(2)
     gi_ptr += split * stride_is
-    num_m = tl.cdiv(M_PHASE, BLOCK_M)
-    num_n = tl.cdiv(C_IN, BLOCK_N)
+    if W_TAPS:  # BLOCK_M rows a tile, BLOCK_M - HALO of them written; W_TAPS columns an input channel
+        tl.static_assert(not PACK_TAPS and W_TAPS >= KW and BLOCK_N % W_TAPS == 0, "W_TAPS: KW <= W_TAPS | BLOCK_N")
+        OUT_COLS: tl.constexpr = BLOCK_N // W_TAPS
+        tile_rows = BLOCK_M - (KW - 1) * DIL_W
+    else:
+        OUT_COLS: tl.constexpr = BLOCK_N
+        tile_rows = BLOCK_M
+    num_m = tl.cdiv(M_PHASE, tile_rows)
+    num_n = tl.cdiv(C_IN, OUT_COLS)
     phase = tl.program_id(0) // (num_m * num_n)
     rw = phase % STRIDE_W
     rh = (phase // STRIDE_W) % STRIDE_H
     rd = phase // (STRIDE_W * STRIDE_H)
     pid_m, pid_n = grouped_tile(tl.program_id(0) % (num_m * num_n), num_m, num_n, GROUP_M)
 
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] voxels of this phase
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] input channels
+    offs_m = pid_m.to(tl.int64) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M] voxels of this phase
+    offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the input channels the tile writes
+    if W_TAPS:
+        offs_n, col_tap, mask_n = split_w_tap_columns(pid_n, C_IN, KW, W_TAPS, BLOCK_N)  # [BLOCK_N]
+    else:
+        offs_n = offs_o  # [BLOCK_N] input channels
+        mask_n = offs_n < C_IN
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K] output channels
-    mask_n = offs_n < C_IN
 
     n, jd, jh, jw = split_voxel(offs_m, D_PHASE, H_PHASE, W_PHASE)
     id_ = rd + jd * STRIDE_D
     ih = rh + jh * STRIDE_H
     iw = rw + jw * STRIDE_W
-    mask_m = (offs_m < M_PHASE) & (id_ < D_IN) & (ih < H_IN) & (iw < W_IN)
+    mask_m = (offs_m < M_PHASE) & (id_ < D_IN) & (ih < H_IN)
+    if not W_TAPS:  # (a W_TAPS tile's rows past W_IN hold its last voxels' taps)
+        mask_m &= iw < W_IN
     # For a live tap, output voxel = (jd, jh, jw) + a per-tap shift, so rows are addressed from (jd, jh, jw).
     jd32 = jd.to(tl.int32)
     jh32 = jh.to(tl.int32)
@@ -98,6 +118,8 @@ def _conv3d_dgrad_kernel(
     go_offsets = n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw
     go_rows = go_ptr + go_offsets  # [BLOCK_M] pointers
     w_cols = w_ptr + offs_n * stride_wi  # [BLOCK_N] pointers
+    if W_TAPS:  # each column's W tap, from the loop's (KW - 1)
+        w_cols += (col_tap - (KW - 1)) * stride_ww
 
     # This phase's live taps: [d, h, w] x (first, step, count); at unit stride (no table) every tap.
     if live_taps_ptr is None:
@@ -109,6 +131,8 @@ def _conv3d_dgrad_kernel(
         first_d, step_d, count_d = tl.load(live_ptr), tl.load(live_ptr + 1), tl.load(live_ptr + 2)
         first_h, step_h, count_h = tl.load(live_ptr + 3), tl.load(live_ptr + 4), tl.load(live_ptr + 5)
         first_w, step_w, count_w = tl.load(live_ptr + 6), tl.load(live_ptr + 7), tl.load(live_ptr + 8)
+    if W_TAPS:  # the W taps are columns: a step reads go under the last one
+        first_w, step_w, count_w = KW - 1, 1, 1
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     live = count_d * count_h * count_w
@@ -175,9 +199,12 @@ def _conv3d_dgrad_kernel(
         b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
+    if W_TAPS:  # input voxel r adds W tap kw's column from row r + (KW - 1 - kw) * DIL_W
+        acc = sum_w_taps(acc, tl.where(col_tap < KW, KW - 1 - col_tap, 0) * DIL_W, W_TAPS)  # [BLOCK_M, OUT_COLS]
+        mask_m &= (tl.arange(0, BLOCK_M) < tile_rows) & (iw < W_IN)
     gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw  # [BLOCK_M]
-    gi_ptrs = gi_ptr + gi_rows[:, None] + offs_n[None, :] * stride_ic  # [BLOCK_M, BLOCK_N]
-    tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    gi_ptrs = gi_ptr + gi_rows[:, None] + offs_o[None, :] * stride_ic  # [BLOCK_M, OUT_COLS]
+    tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_IN)[None, :])
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None) -> torch.Tensor:
@@ -223,10 +250,14 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         else live_tap_table(geom.kernel, geom.stride, geom.front_padding, geom.dilation, grad_out.device)
     )
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
+    c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("dgrad", geom)
+    tile_rows, tile_channels = config.block_m, config.block_n
+    if w_taps:  # (unit stride) rows extended by the W taps' reach, block_m - reach written a tile
+        phase_size[2] += w_tap_halo(geom)
+        tile_rows, tile_channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
-    c_in, c_out = geom.group_in_channels, geom.group_out_channels
     splits = out.shape[0] // geom.batch
-    grid = (cdiv(rows, config.block_m) * cdiv(c_in, config.block_n) * phases, geom.groups, splits)
+    grid = (cdiv(rows, tile_rows) * cdiv(c_in, tile_channels) * phases, geom.groups, splits)
     q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
     launch(
         _conv3d_dgrad_kernel, grid,
@@ -237,7 +268,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        PACK_TAPS=geom.group_out_channels if packs_taps("dgrad", geom) else 0,
+        PACK_TAPS=geom.group_out_channels if packs_taps("dgrad", geom) else 0, W_TAPS=w_taps,
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

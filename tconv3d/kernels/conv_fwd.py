@@ -27,6 +27,8 @@ from .utils import (
     select,
     source_blocks,
     split_voxel,
+    split_w_tap_columns,
+    sum_w_taps,
     tap_bits,
     tap_inside,
     tap_pairs,
@@ -110,9 +112,7 @@ def _conv3d_fwd_kernel(
     mask_m = offs_m < M
     offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the tile's output channels
     if W_TAPS:  # column j: output channel j // W_TAPS, W tap j % W_TAPS
-        offs_n = pid_n * OUT_COLS + tl.arange(0, BLOCK_N) // W_TAPS  # [BLOCK_N]
-        col_tap = tl.arange(0, BLOCK_N) % W_TAPS
-        mask_n = (offs_n < C_OUT) & (col_tap < KW)
+        offs_n, col_tap, mask_n = split_w_tap_columns(pid_n, C_OUT, KW, W_TAPS, BLOCK_N)  # [BLOCK_N]
     else:
         offs_n = offs_o
         mask_n = offs_n < C_OUT
@@ -209,11 +209,9 @@ def _conv3d_fwd_kernel(
             b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
-    if W_TAPS:  # row r adds each W tap's column from row r + kw * DIL_W (past the tile: rows it does not write)
-        rows = tl.arange(0, BLOCK_M)
-        tap_rows = tl.minimum(rows[:, None] + (col_tap * DIL_W)[None, :], BLOCK_M - 1)  # [BLOCK_M, BLOCK_N]
-        acc = tl.sum(tl.reshape(tl.gather(acc, tap_rows, axis=0), [BLOCK_M, OUT_COLS, W_TAPS]), axis=2)
-        mask_m &= (rows < tile_rows) & (ow < W_OUT)
+    if W_TAPS:  # output voxel r adds W tap kw's column from row r + kw * DIL_W
+        acc = sum_w_taps(acc, col_tap * DIL_W, W_TAPS)  # [BLOCK_M, OUT_COLS]
+        mask_m &= (tl.arange(0, BLOCK_M) < tile_rows) & (ow < W_OUT)
     if HAS_BIAS:
         bias_cols = tl.where(split == 0, C_OUT, 0)  # split 0's partial carries the bias
         acc += tl.load(bias_ptr + offs_o, mask=offs_o < bias_cols, other=0.0).to(tl.float32)[None, :]
@@ -311,7 +309,7 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     upcast, precision = dot_flags(x.dtype)
     view = gemm_view("fwd", geom)  # rows: output voxels, or W-extended output rows (w_tap_columns)
-    c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns(geom)
+    c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("fwd", geom)
     splits = out.shape[0] // geom.batch
     # a W_TAPS tile writes the outputs of block_m - halo of its rows, block_n // w_taps output channels
     tile_rows = config.block_m - w_tap_halo(geom) if w_taps else config.block_m

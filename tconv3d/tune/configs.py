@@ -202,13 +202,14 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     if config.direct:
         return None
     view = gemm_view(direction, geom, bool(config.tma_box_w))
-    w_taps = w_tap_columns(geom) if direction == "fwd" and not config.tma_box_w else 0
-    if w_taps:  # per (kd, kh) tap and input channel: each tile's block_m rows, once a column tile; the real columns
-        real = geom.group_out_channels * geom.kernel[2]  # (output channel, W tap) pairs
+    w_taps = w_tap_columns(direction, geom) if not config.tma_box_w else 0
+    if w_taps:  # per (kd, kh) tap and reduced channel: each tile's block_m rows, once a column tile; the real columns
+        voxels, channels = _w_tap_outputs(direction, geom)
+        real = channels * geom.kernel[2]  # (channel, W tap) pairs
         tiles_m = cdiv(view.rows, config.block_m - w_tap_halo(geom))
-        tiles_n = cdiv(geom.group_out_channels, config.block_n // w_taps)
+        tiles_n = cdiv(channels, config.block_n // w_taps)
         read = tiles_m * config.block_m * tiles_n + real * tiles_m
-        return 2 * geom.output_voxels * real / (element_size * read) if read else 0.0
+        return 2 * voxels * real / (element_size * read) if read else 0.0
     taps, group = view.grid_taps, max(1, config.tap_group)
     tiles_m, tiles_n = cdiv(view.rows, config.block_m), cdiv(view.cols, config.block_n // group)
     # Per row of the reduction (its length, taps and an input gradient's live taps included, cancels out): each
@@ -248,14 +249,13 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
         taps = 1.0 if packed or view.grid_taps == 1 else share(geom.taps, group)  # or the rows pack them
         return share(view.rows, config.block_m) * columns * voxels * taps
-    w_taps = w_tap_columns(geom) if direction == "fwd" and not box else 0
+    w_taps = w_tap_columns(direction, geom) if not box else 0
     cols = share(view.cols, config.block_n)
-    if (
-        w_taps and geom.output_voxels
-    ):  # each tile writes block_m - halo of its rows; of its columns, KW taps of each output channel
-        per_tile, channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
-        rows = geom.output_voxels / (cdiv(view.rows, per_tile) * config.block_m)
-        cols = geom.group_out_channels * geom.kernel[2] / (cdiv(geom.group_out_channels, channels) * config.block_n)
+    voxels, channels = _w_tap_outputs(direction, geom)
+    if w_taps and voxels:  # each tile writes block_m - halo of its rows; of its columns, KW taps of each channel
+        per_tile, per_tile_channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
+        rows = voxels / (cdiv(view.rows, per_tile) * config.block_m)
+        cols = channels * geom.kernel[2] / (cdiv(channels, per_tile_channels) * config.block_n)
     elif not box:
         rows = share(view.rows, config.block_m)
     elif direction == "fwd":
@@ -270,6 +270,13 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         blocks = channel_blocks(geom, config.block_k, direction) if after else cdiv(channels, config.block_k)
         reduction = channels / (blocks * config.block_k)
     return rows * cols * reduction
+
+
+def _w_tap_outputs(direction: str, geom: ConvGeometry) -> tuple[int, int]:
+    """(voxels, channels) a forward or input gradient writes: its rows and columns before W taps extend them."""
+    if direction == "dgrad":
+        return geom.input_voxels, geom.group_in_channels
+    return geom.output_voxels, geom.group_out_channels
 
 
 def _pow2_at_least(n: int) -> int:
@@ -468,19 +475,21 @@ def heuristic_config(
       its reduction to fill a small grid (unet_320: 0.50x) and 64-row tiles (hunyuan_512 on the H100: 0.310 ms,
       the tuned pointer config 0.234).
     A weight gradient whose columns pack (tap, channel) pairs (packs_taps: fewer than 16 input channels) keeps
-    the pointer kernel, the only one that packs them. A problem reading frames_before or channels_after (each
-    step's box from one of two descriptors), or a forward or weight gradient whose border in H or W reads input
-    voxels (its interior on a box kernel, its border strips on the pointer kernel), stays on the pointer kernels
-    until a GPU has timed it, a tuning table or TCONV3D_KERNELS aside; a border mode along D alone leaves the box
-    loops as they are."""
+    the pointer kernel, the only one that packs them, and so does a forward (input gradient) of fewer than 16 output
+    (input) channels whose W taps are its columns (config.w_tap_columns). A problem reading frames_before or
+    channels_after (each step's box from one of two descriptors), or a forward or weight gradient whose border in H
+    or W reads input voxels (its interior on a box kernel, its border strips on the pointer kernel), stays on the
+    pointer kernels until a GPU has timed it, a tuning table or TCONV3D_KERNELS aside; a border mode along D alone
+    leaves the box loops as they are."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
-    if direction == "fwd" and w_tap_columns(geom):
-        # (output channel, W tap) columns over W-extended rows are the pointer forward's (config.w_tap_columns): a
-        # decoder's conv to 3 channels reads each (kd, kh) tap's input rows once for its three W taps, where the
-        # box kernels read them once a tap (last_cout3: 9 loads of 192 bytes a voxel, not 27; fill 56%, not 14%;
-        # inspect, sm_90 bf16). Not timed yet: bench/NOTES.md, "A forward of few output channels".
+    if w_tap_columns(direction, geom):
+        # (channel, W tap) columns over W-extended rows are the pointer kernels' (config.w_tap_columns): a decoder's
+        # conv to 3 channels reads each (kd, kh) tap's input rows once for its three W taps, where the box kernels
+        # read them once a tap (last_cout3's forward: 9 loads of 192 bytes a voxel, not 27; fill 41%, not 14%;
+        # inspect, sm_90 bf16; the stem's input gradient: 54%, not 19%). Not timed yet: bench/NOTES.md, "A forward
+        # of few output channels".
         return config
     if direction == "wgrad" and (packs_taps(direction, geom) or packs_out_taps(geom)):
         # The packed tiles' columns are (tap, channel) pairs, the pointer kernel's; a box kernel's are one tap's
