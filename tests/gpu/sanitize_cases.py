@@ -3,7 +3,8 @@
     python3 tests/gpu/sanitize_cases.py [--quick] [--family NAME[,NAME...]] [--list]
 
 Families: the pointer kernels (odd channels, stride 2, dilation, causal 6-value padding, 1x3x3, a Cin=3 stem on the
-packed small-channel path, Cout = 3 and 5 on the out-pairs weight gradient), the TMA kernels (patch and one-row
+packed small-channel path, Cout = 3 and 5 on the out-pairs weight gradient and the forward's W-tap columns, Cin = 2
+and 3 on the input gradient's, W dilated to the taps' longest reach), the TMA kernels (patch and one-row
 boxes, stride-2 phase views, asymmetric padding with dilation), the Gluon kernels software-pipelined and
 persistent warp-specialized (sm_90 with a Triton they are written for), split-K in the forward and input gradient
 (pointer, TMA and Gluon), depthwise and grouped convolution, the padding modes inside the kernels, `frames_before`,
@@ -40,6 +41,10 @@ POINTER = [
     (1, 4, 5, (9, 8, 10), 3, 1, 2, 2),
     (2, 20, 3, (5, 7, 9), 3, 1, 1, 1),  # Cout = 3: the weight gradient's (tap, output channel) rows
     (1, 18, 5, (4, 6, 7), (3, 3, 5), 1, (1, 1, 2), 1),  # 45 taps: their bits in int64
+    # W taps as columns reaching 8 voxels (config.W_TAPS_MAX_HALO): the forward's (Cout = 2), the input gradient's
+    # (Cin = 2); Cin = 3 above and Cout = 3 and 5 take them at a reach of 2 and 4
+    (1, 20, 2, (4, 5, 19), (1, 3, 3), 1, (0, 1, 4), (1, 1, 4)),
+    (1, 2, 20, (4, 5, 19), (1, 3, 3), 1, (0, 1, 4), (1, 1, 4)),
 ]
 # 16-byte channel rows: what the TMA and Gluon kernels take.
 BOXED = [
