@@ -322,3 +322,19 @@ def test_a_w_taps_tile_writes_only_the_outputs_it_holds(direction, monkeypatch, 
     unwritten = torch.ones_like(ours, dtype=torch.bool)
     unwritten[held] = False
     assert torch.isnan(ours[unwritten]).all()
+
+
+def test_explain_names_the_small_channel_form(device):
+    """tconv3d.explain says which small-channel form each pointer launch runs (config.pointer_form), and nothing
+    where one tap a step runs."""
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    expected = {
+        (3, 20): {"fwd": "tap_pairs", "dgrad": "w_tap_columns", "wgrad": "tap_pairs"},  # a stem
+        (20, 3): {"fwd": "w_tap_columns", "dgrad": "tap_pairs", "wgrad": "out_tap_rows"},  # a decoder's head
+        (20, 24): {},
+    }
+    for (cin, cout), forms in expected.items():
+        x, w = torch.randn(1, cin, 3, 4, 5, device=device), torch.randn(cout, cin, 3, 3, 3, device=device)
+        plan = tconv3d.explain(x, w, padding=1)
+        assert {d: p["form"] for d, p in plan.items() if "form" in p} == forms, (cin, cout)

@@ -34,7 +34,7 @@ import torch
 
 from .. import settings
 from ..kernels import conv_gluon
-from ..kernels.config import DIRECTIONS
+from ..kernels.config import DIRECTIONS, pointer_form
 from ..tune import choice
 from ..tune.configs import GLUON_CAPABILITY, candidates, mma_fill, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
@@ -54,6 +54,7 @@ def _job_record(job) -> dict:
         "arch": capability,
         "config": config.to_dict(),
         "config_source": source,
+        "form": None if config.tma_box_w or config.direct else pointer_form(direction, geom),
         "compiled": False,
         "error": None,
     }
@@ -148,10 +149,15 @@ def run(jobs: list[tuple], workers: int) -> list[dict]:
         return pool.map(_job_record, jobs, chunksize=1)
 
 
-def _config_text(config: dict) -> str:
+# A pointer launch's small-channel form (config.pointer_form) in the config column.
+_FORM_TEXT = {"tap_pairs": "pairs", "out_tap_rows": "out-rows", "w_tap_columns": "w-cols"}
+
+
+def _config_text(config: dict, form: str | None = None) -> str:
     text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
     gluon = config.get("gluon")
     variant = "gluon-ws" if gluon == 2 else "gluon" if gluon else "tma" if config.get("tma_box_w") else ""
+    variant = variant or _FORM_TEXT.get(form, "")
     variant += " swap" if config.get("swap_ab") else ""
     return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "") + (f" {variant}" if variant else "")
 
@@ -178,10 +184,8 @@ def table(records: list[dict]) -> str:
     )
     lines = [header, "-" * len(header)]
     for r in records:
-        start = (
-            f"{r['case']:16} {r['dtype']:5} {r['direction']:5} {r['arch']:>3} {_config_text(r['config']):28} "
-            f"{r['config_source']:9}"
-        )
+        config = _config_text(r["config"], r.get("form"))
+        start = f"{r['case']:16} {r['dtype']:5} {r['direction']:5} {r['arch']:>3} {config:28} {r['config_source']:9}"
         if not r["compiled"]:
             lines.append(f"{start} FAILED: {r['error']}")
             continue
@@ -209,7 +213,7 @@ def problems(records: list[dict]) -> list[str]:
     for r in records:
         if r["config_source"] == "space":
             continue
-        name = f"{r['case']} {r['dtype']} {r['direction']} sm_{r['arch']} {_config_text(r['config'])}"
+        name = f"{r['case']} {r['dtype']} {r['direction']} sm_{r['arch']} {_config_text(r['config'], r.get('form'))}"
         if not r["compiled"]:
             found.append(f"{name}: did not compile ({r['error']})")
         elif not r["fits"]:

@@ -199,6 +199,18 @@ def w_tap_rows(batch: int, size: tuple, geom: ConvGeometry) -> int:
     return batch * d * h * (w + w_tap_halo(geom))
 
 
+def pointer_form(direction: str, geom: ConvGeometry) -> str | None:
+    """The small-channel form a pointer launch of `direction` runs, or None (one tap a step): "tap_pairs" (the
+    reduction or, in the weight gradient, the columns are (tap, channel) pairs: packs_taps), "out_tap_rows" (the
+    weight gradient's rows are (tap, output channel) pairs: packs_out_taps) or "w_tap_columns" (the columns are
+    (channel, W tap) pairs: w_tap_columns)."""
+    if packs_taps(direction, geom):
+        return "tap_pairs"
+    if direction == "wgrad" and packs_out_taps(geom):
+        return "out_tap_rows"
+    return "w_tap_columns" if w_tap_columns(direction, geom) else None
+
+
 @dataclass(frozen=True)
 class GemmView:
     """The implicit GEMM a direction computes, one per group: `rows` x `cols`, reduced over `reduction` (fwd:

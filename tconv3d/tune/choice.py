@@ -21,7 +21,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon, grouped
-from ..kernels.config import DIRECTIONS, KernelConfig, reads_channels_after
+from ..kernels.config import DIRECTIONS, KernelConfig, pointer_form, reads_channels_after
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
@@ -279,8 +279,10 @@ def explain(
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
     "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
     config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
-    no kernels)}. With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why; with
-    TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether torch.compile hands the launch to Inductor or why not.
+    no kernels)}, and for a pointer launch of few channels "form": the small-channel form it runs
+    (config.pointer_form: "tap_pairs", "out_tap_rows" or "w_tap_columns"). With TCONV3D_KERNELS=gluon where the
+    Gluon kernel cannot run, "gluon_unavailable" says why; with TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether
+    torch.compile hands the launch to Inductor or why not.
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
     With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
     gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
@@ -311,6 +313,8 @@ def explain(
         if config.tma_box_w and not _tma_describable(direction, *operands, channels_after=second):
             config = dataclasses.replace(config, tma_box_w=0, gluon=0)
         plan[direction] = {"variant": config.variant, "config": config, "source": source}
+        if config.variant == "pointer" and (form := pointer_form(direction, coarse)):
+            plan[direction]["form"] = form
         if coarse is not geom:
             plan[direction]["block_diagonal"] = geom.groups // coarse.groups
         if second is not None:
