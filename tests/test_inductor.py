@@ -36,7 +36,7 @@ choice._select = lambda direction, geom, dtype, device, run: dataclasses.replace
 cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
 
 
-def layers(x, w, b, w2, w_dw, scale, shift, frames):
+def layers(x, w, b, w2, w_dw, scale, shift, frames, w_out, w_in):
     y = torch.ops.tconv3d.conv3d(x, w, b, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
     y, _, _ = torch.ops.tconv3d.group_norm(y, scale, shift, 8, 1e-5, "silu")
     y = torch.ops.tconv3d.rms_norm(y, scale, shift, 1e-12, "silu", True)
@@ -44,7 +44,10 @@ def layers(x, w, b, w2, w_dw, scale, shift, frames):
     y = torch.ops.tconv3d.conv3d(y, w_dw, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 32)  # depthwise
     if frames is not None:  # frames_before: the kernels address it from the input; stays one op
         y = torch.ops.tconv3d.conv3d(y, w_dw, None, [1, 1, 1], [0, 1, 1], [1, 1, 1], 32, "zeros", frames)
-    return y
+    # to 3 channels and from them: the small-channel forms (forward W-tap columns, packed input gradient, out-tap
+    # rows; packed forward, W-tap input gradient, packed weight gradient)
+    y = torch.ops.tconv3d.conv3d(y, w_out, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
+    return torch.ops.tconv3d.conv3d(y, w_in, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], 1)
 
 
 def inputs(with_frames):
@@ -55,7 +58,9 @@ def inputs(with_frames):
     w_dw = torch.randn(32, 1, 3, 3, 3).to(**cl).requires_grad_()
     scale, shift = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
     frames = torch.randn(1, 32, 2, 8, 8).to(**cl) if with_frames else None
-    return x, w, b, w2, w_dw, scale, shift, frames
+    w_out = torch.randn(3, 32, 3, 3, 3).to(**cl).requires_grad_()
+    w_in = torch.randn(16, 3, 3, 3, 3).to(**cl).requires_grad_()
+    return x, w, b, w2, w_dw, scale, shift, frames, w_out, w_in
 
 
 def tensor(value):
@@ -112,12 +117,13 @@ for with_frames in (False, True):
         made = [base(n.kwargs["kwargs"][name]) for name in n.kwargs["tensors_to_clone"]]
         if not all(m.op == "call_function" and "empty" in str(m.target) for m in made):
             cloned.append([n.kwargs["tensors_to_clone"], [str(m.target) for m in made]])
-    kernels = {}  # name -> (the kernel, its launch options, a wrapper node launching it)
+    kernels = {}  # name and small-channel form -> (the kernel, its launch options, a wrapper node launching it)
     for n in wrappers:
         entry = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])  # launch options make it an Autotuner
         kernel, options = (entry.fn, entry.configs[0].__dict__) if hasattr(entry, "configs") else (entry, {})
         options = {k: options[k] for k in ("num_warps", "num_stages") if options.get(k) is not None}
-        kernels.setdefault(kernel.__name__, (kernel, options, n))
+        form = "".join(f" {k}" for k in ("PACK_TAPS", "W_TAPS") if n.kwargs["kwargs"].get(k))
+        kernels.setdefault(kernel.__name__ + form, (kernel, options, n))
     # Copies in the graph: only of the norms' per-channel statistics and constants, never of a layer's tensors.
     copy_ops = ("clone", "copy", "copy_", "_to_copy", "contiguous", "lift_fresh_copy")
     copies = [(str(n.target), n.meta["val"].numel()) for n in nodes
@@ -127,7 +133,8 @@ for with_frames in (False, True):
         "copies": len(copies),
         "ops": sorted({str(n.target) for n in nodes if "tconv3d" in str(n.target)}),
         "targets": sorted({str(n.target) for n in nodes}),
-        "kernels": sorted(kernels),
+        "kernels": sorted({name.split()[0] for name in kernels}),
+        "forms": sorted(kernels),
         "cloned": cloned,
         "same_launches": compiled == eager,
         "launched": [name for name, _, _ in compiled],
@@ -139,12 +146,13 @@ for with_frames in (False, True):
     # compiles to the kernel's own PTX.
     same_ptx = {}
     folder = tempfile.mkdtemp()
-    for name, (kernel, options, node) in kernels.items():
+    for label, (kernel, options, node) in kernels.items():
+        name = kernel.__name__
         source = user_defined_triton_kernel_transitive_closure_source_code(kernel)
-        path = os.path.join(folder, name + ".py")
+        path = os.path.join(folder, label.replace(" ", "_") + ".py")
         with open(path, "w") as f:
             f.write("import triton\nimport triton.language as tl\n\n@triton.jit\n" + source)
-        spec = importlib.util.spec_from_file_location("inductor_copy_" + name, path)
+        spec = importlib.util.spec_from_file_location("inductor_copy_" + label.replace(" ", "_"), path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         copy = getattr(module, name)
@@ -153,6 +161,7 @@ for with_frames in (False, True):
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
 
         kwargs = {k: meta(v) if isinstance(v, torch.fx.Node) else v for k, v in node.kwargs["kwargs"].items()}
+        kwargs |= {arg: None for arg in kernel.arg_names if arg not in kwargs}  # the graph leaves None arguments out
         grid = node.kwargs["grid"][0]
         ptx = []
         for compiled in (kernel, copy):
@@ -160,7 +169,7 @@ for with_frames in (False, True):
             with compile_only(90, launches):
                 compiled[grid](**kwargs, **options)
             ptx.append(launches[0][3].asm["ptx"])
-        same_ptx[name] = ptx_code(ptx[0]) == ptx_code(ptx[1])
+        same_ptx[label] = ptx_code(ptx[0]) == ptx_code(ptx[1])
     out["same_ptx"] = same_ptx
 print(json.dumps(out))
 """
@@ -204,7 +213,12 @@ def test_inductor_receives_the_kernels_and_launches_them_as_eager_does():
         "_conv3d_fwd_kernel", "_conv3d_dgrad_kernel", "_conv3d_wgrad_kernel", "_sum_splits_kernel",
         "_channel_reduce_kernel", "_affine_kernel", "_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel",
         "_depthwise_fwd_kernel", "_depthwise_dgrad_kernel", "_depthwise_wgrad_kernel",
+        "_conv3d_wgrad_out_pairs_kernel",
     }, plain["kernels"]  # fmt: skip
+    # the small-channel forms, each compared as Inductor's copy compiles it
+    for form in ("_conv3d_fwd_kernel W_TAPS", "_conv3d_dgrad_kernel W_TAPS", "_conv3d_fwd_kernel PACK_TAPS",
+                 "_conv3d_dgrad_kernel PACK_TAPS", "_conv3d_wgrad_kernel PACK_TAPS"):  # fmt: skip
+        assert form in plain["forms"] and form in result["same_ptx"], plain["forms"]
     assert plain["cloned"] == [], plain["cloned"]  # inputs, weights and activations are never cloned
     assert plain["copies"] and plain["large_copies"] == [], plain["large_copies"]  # the smallest layer tensor: 864
     assert plain["same_launches"], (plain["launched"], plain["eager_launched"])
