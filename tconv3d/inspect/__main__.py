@@ -54,7 +54,7 @@ def _job_record(job) -> dict:
         "arch": capability,
         "config": config.to_dict(),
         "config_source": source,
-        "form": None if config.tma_box_w or config.direct else pointer_form(direction, geom),
+        "form": pointer_form(direction, geom) if config.variant == "pointer" else None,
         "compiled": False,
         "error": None,
     }

@@ -178,7 +178,7 @@ def w_tap_columns(direction: str, geom: ConvGeometry) -> int:
     a step did, and computes 9 real columns of 16, not 3; so does the input gradient of a conv from 3 channels."""
     if direction not in ("fwd", "dgrad"):
         return 0
-    columns = geom.group_out_channels if direction == "fwd" else geom.group_in_channels
+    columns = w_tap_outputs(direction, geom)[1]
     kw, dil_w = geom.kernel[2], geom.dilation[2]
     if columns >= PACK_TAPS_BELOW or kw < 2 or (kw - 1) * dil_w > W_TAPS_MAX_HALO or packs_taps(direction, geom):
         return 0
@@ -190,6 +190,23 @@ def w_tap_columns(direction: str, geom: ConvGeometry) -> int:
 def w_tap_halo(geom: ConvGeometry) -> int:
     """How far along W a voxel's W taps reach past it: the rows a W_TAPS tile holds beyond its outputs."""
     return (geom.kernel[2] - 1) * geom.dilation[2]
+
+
+def w_tap_outputs(direction: str, geom: ConvGeometry) -> tuple[int, int]:
+    """(voxels, channels) a forward or input gradient writes: its rows and columns before W taps extend them."""
+    if direction == "dgrad":
+        return geom.input_voxels, geom.group_in_channels
+    return geom.output_voxels, geom.group_out_channels
+
+
+def w_tap_tiles(direction: str, geom: ConvGeometry, config: KernelConfig) -> tuple[int, int]:
+    """(row tiles, column tiles) of a W_TAPS launch (w_tap_columns): each tile writes block_m - w_tap_halo of its
+    rows, and block_n // W_TAPS channels."""
+    channels = w_tap_outputs(direction, geom)[1]
+    rows = gemm_view(direction, geom).rows
+    return cdiv(rows, config.block_m - w_tap_halo(geom)), cdiv(
+        channels, config.block_n // w_tap_columns(direction, geom)
+    )
 
 
 def w_tap_rows(batch: int, size: tuple, geom: ConvGeometry) -> int:

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_columns, w_tap_halo
+from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_columns, w_tap_halo, w_tap_tiles
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
@@ -251,13 +251,12 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
     )
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("dgrad", geom)
-    tile_rows, tile_channels = config.block_m, config.block_n
-    if w_taps:  # (unit stride) rows extended by the W taps' reach, block_m - reach written a tile
+    if w_taps:  # unit stride: one phase, its rows extended by the W taps' reach
         phase_size[2] += w_tap_halo(geom)
-        tile_rows, tile_channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
+    tiles = w_tap_tiles("dgrad", geom, config) if w_taps else (cdiv(rows, config.block_m), cdiv(c_in, config.block_n))
     splits = out.shape[0] // geom.batch
-    grid = (cdiv(rows, tile_rows) * cdiv(c_in, tile_channels) * phases, geom.groups, splits)
+    grid = (tiles[0] * tiles[1] * phases, geom.groups, splits)
     q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
     launch(
         _conv3d_dgrad_kernel, grid,

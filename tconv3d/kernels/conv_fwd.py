@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry, check_padding_mode
-from .config import KernelConfig, channel_sources, gemm_view, k_splits, packs_taps, w_tap_columns, w_tap_halo
+from .config import KernelConfig, channel_sources, gemm_view, k_splits, packs_taps, w_tap_columns, w_tap_tiles
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
@@ -311,9 +311,10 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
     view = gemm_view("fwd", geom)  # rows: output voxels, or W-extended output rows (w_tap_columns)
     c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("fwd", geom)
     splits = out.shape[0] // geom.batch
-    # a W_TAPS tile writes the outputs of block_m - halo of its rows, block_n // w_taps output channels
-    tile_rows = config.block_m - w_tap_halo(geom) if w_taps else config.block_m
-    grid = (cdiv(view.rows, tile_rows) * cdiv(c_out, config.block_n // max(w_taps, 1)), geom.groups, splits)
+    tiles = (
+        w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(view.rows, config.block_m), cdiv(c_out, config.block_n))
+    )
+    grid = (tiles[0] * tiles[1], geom.groups, splits)
     launch(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,

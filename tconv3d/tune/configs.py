@@ -27,7 +27,8 @@ from ..kernels.config import (
     reduction_steps,
     split_rows,
     w_tap_columns,
-    w_tap_halo,
+    w_tap_outputs,
+    w_tap_tiles,
 )
 from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES
@@ -202,12 +203,11 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     if config.direct:
         return None
     view = gemm_view(direction, geom, bool(config.tma_box_w))
-    w_taps = w_tap_columns(direction, geom) if not config.tma_box_w else 0
-    if w_taps:  # per (kd, kh) tap and reduced channel: each tile's block_m rows, once a column tile; the real columns
-        voxels, channels = _w_tap_outputs(direction, geom)
+    if w_tap_columns(direction, geom) and not config.tma_box_w:
+        # per (kd, kh) tap and reduced channel: each tile's block_m rows, once a column tile; the real columns
+        voxels, channels = w_tap_outputs(direction, geom)
         real = channels * geom.kernel[2]  # (channel, W tap) pairs
-        tiles_m = cdiv(view.rows, config.block_m - w_tap_halo(geom))
-        tiles_n = cdiv(channels, config.block_n // w_taps)
+        tiles_m, tiles_n = w_tap_tiles(direction, geom, config)
         read = tiles_m * config.block_m * tiles_n + real * tiles_m
         return 2 * voxels * real / (element_size * read) if read else 0.0
     taps, group = view.grid_taps, max(1, config.tap_group)
@@ -249,13 +249,13 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
         taps = 1.0 if packed or view.grid_taps == 1 else share(geom.taps, group)  # or the rows pack them
         return share(view.rows, config.block_m) * columns * voxels * taps
-    w_taps = w_tap_columns(direction, geom) if not box else 0
     cols = share(view.cols, config.block_n)
-    voxels, channels = _w_tap_outputs(direction, geom)
-    if w_taps and voxels:  # each tile writes block_m - halo of its rows; of its columns, KW taps of each channel
-        per_tile, per_tile_channels = config.block_m - w_tap_halo(geom), config.block_n // w_taps
-        rows = voxels / (cdiv(view.rows, per_tile) * config.block_m)
-        cols = channels * geom.kernel[2] / (cdiv(channels, per_tile_channels) * config.block_n)
+    voxels, written = w_tap_outputs(direction, geom)
+    if w_tap_columns(direction, geom) and not box and voxels:
+        # each tile writes block_m - halo of its rows; of its columns, KW taps of each channel
+        tiles_m, tiles_n = w_tap_tiles(direction, geom, config)
+        rows = voxels / (tiles_m * config.block_m)
+        cols = written * geom.kernel[2] / (tiles_n * config.block_n)
     elif not box:
         rows = share(view.rows, config.block_m)
     elif direction == "fwd":
@@ -270,13 +270,6 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
         blocks = channel_blocks(geom, config.block_k, direction) if after else cdiv(channels, config.block_k)
         reduction = channels / (blocks * config.block_k)
     return rows * cols * reduction
-
-
-def _w_tap_outputs(direction: str, geom: ConvGeometry) -> tuple[int, int]:
-    """(voxels, channels) a forward or input gradient writes: its rows and columns before W taps extend them."""
-    if direction == "dgrad":
-        return geom.input_voxels, geom.group_in_channels
-    return geom.output_voxels, geom.group_out_channels
 
 
 def _pow2_at_least(n: int) -> int:
