@@ -171,7 +171,8 @@ run_stage() {
     fi
     ;;
   tests)  # here the kernels run; the static compile (the same triton 3.6) and the scripts' CPU logic are CI's
-    timeout "$(left "${TESTS_TIMEOUT:-560}")" python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
+    # SIGINT at the limit: pytest stops as on Ctrl-C and still names the failures so far
+    timeout -s INT -k 15 "$(left "${TESTS_TIMEOUT:-560}")" python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
       $per_test --ignore=tests/test_compile.py --ignore=tests/test_gpu.py --ignore=tests/test_static_compile.py \
       --ignore=tests/test_gpu_scripts.py ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log"
     ;;
