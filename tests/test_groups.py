@@ -90,8 +90,11 @@ def test_depthwise_runs_the_direct_kernels(case, device):
     if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
         pytest.skip("no kernels run on this path")
     plan = tconv3d.explain(x, w, None, stride, padding, dilation, groups)
-    expected = "direct" if cin == groups else "pointer"
-    assert {direction: p["variant"] for direction, p in plan.items()} == dict.fromkeys(plan, expected)
+    variants = {direction: p["variant"] for direction, p in plan.items()}
+    if cin == groups:
+        assert variants == dict.fromkeys(plan, "direct")
+    else:  # a grouped GEMM, on whichever GEMM kernel the device's heuristic takes (on an H100: the TMA input gradient)
+        assert set(variants.values()) <= {"pointer", "tma", "gluon"}, variants
 
 
 @pytest.mark.parametrize(

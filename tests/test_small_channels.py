@@ -280,7 +280,11 @@ def test_few_output_channels_pack_where_the_kernel_can():
 @pytest.mark.parametrize("case", [SMALL[0], SMALL[2], SMALL[6], FEW_OUT[0]], ids=lambda c: c.name)
 def test_gathers_either_way_match_float64(case, device, monkeypatch):
     """The packed loops' gathered tiles load transposed or not as the installed Triton lays its threads
-    (utils.gather_tile): the other Triton's way, the GPU image's 3.6 under 3.9 and the reverse, computes the same."""
+    (utils.gather_tile): the other Triton's way, the GPU image's 3.6 under 3.9 and the reverse, computes the same.
+    Through the interpreter only: a compiled kernel holds the module global it was compiled with, and Triton refuses
+    a call after it changes (H100 run 14); CI runs this under both Tritons."""
+    if device == "cuda":
+        pytest.skip("compiled kernels keep the global they were compiled with; the interpreter's test covers both ways")
     monkeypatch.setattr(utils, "_TIES_TO_FIRST", not utils._TIES_TO_FIRST)
     monkeypatch.setattr(choice, "_memo", {})
     ours, expected = conv_and_reference(case, torch.float32, device)
