@@ -129,19 +129,6 @@ def wanted(impls: set | None, case: str, name: str) -> bool:
     return impls is None or name in impls or f"{case}:{name}" in impls
 
 
-def deepest_ring(config: configs.KernelConfig, element_size: int, direction: str) -> configs.KernelConfig:
-    """`config` (persistent) with the most stages, up to 8, whose shared memory still fits as many programs an SM
-    as it has now."""
-    weight_grad = direction == "wgrad"
-    deepest, now = config, conv_gluon.resident_programs(config, element_size, weight_grad)
-    for stages in range(config.num_stages + 1, 9):
-        deeper = dataclasses.replace(config, num_stages=stages)
-        if conv_gluon.resident_programs(deeper, element_size, weight_grad) != now:
-            break
-        deepest = deeper
-    return deepest
-
-
 def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.KernelConfig]:
     """name -> config: the chosen one, and each variant the problem and this device can run."""
     chosen = choice.pick_config(direction, geom, dtype, device)
@@ -201,7 +188,7 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
             found[SWAPPED_WGRAD] = transposed
         # the chosen persistent tiles on the deepest ring that leaves the programs an SM as they are: what more
         # boxes in flight gain (latency) where the tiles themselves gain nothing (shared-memory bandwidth)
-        deep = deepest_ring(found["gluon_ws"], dtype.itemsize, direction)
+        deep = configs.deepest_ring(found["gluon_ws"], dtype.itemsize, direction)
         if deep.num_stages > found["gluon_ws"].num_stages:
             found[DEEP_RING] = deep
         # where the persistent kernel runs two programs an SM (one-warpgroup tiles that fit twice), the same tiles

@@ -359,6 +359,46 @@ print(json.dumps(out))
 """
 
 
+DECODERS_COMPILE = """
+import json, torch
+from tconv3d.kernels import conv_gluon
+from tconv3d.tune import configs
+from tconv3d.tune.shapes import load_shape_set
+from tconv3d.inspect.compile import compile_launch
+out = []
+if conv_gluon.UNAVAILABLE is None:
+    for shape in load_shape_set("decoders"):
+        geom = shape.launched_geometry()
+        config = configs.heuristic_config("fwd", geom, torch.bfloat16, 132, 90)
+        for report in compile_launch("fwd", geom, torch.bfloat16, config, 90):
+            out.append({"case": shape.name, "config": config.to_dict(), **report.to_dict()})
+print(json.dumps(out))
+"""
+
+
+def test_the_decoders_forwards_compile_as_chosen_without_spills():
+    """The video VAE decoders' forwards as the sm_90 heuristic chooses them (the persistent Gluon kernel: H100 run 15
+    timed it 1.7-2.8x the pointer kernels'): Wan's reading its cached frames, HunyuanVideo's and Mochi's interior
+    within replicate borders, their border strips on the pointer kernel at tiles of at most 128 rows (the 256x128
+    swapped tile's spilled 24 bytes there); no kernel of a launch spills, the Gluon one on the Hopper main loop."""
+    from tconv3d.tune.shapes import load_shape_set
+
+    if 90 not in STATIC_ARCHS:
+        pytest.skip("sm_90 is not among the static archs")
+    reports = compile_script(DECODERS_COMPILE)
+    if not reports:
+        pytest.skip("this Triton has no Gluon kernel")
+    assert {r["case"] for r in reports} == {s.name for s in load_shape_set("decoders")}
+    assert all(r["config"]["gluon"] == 2 for r in reports)
+    spilled = [(r["case"], r["kernel"], r["spill_bytes"]) for r in reports if r["spill_bytes"] or r["local_accesses"]]
+    assert not spilled
+    gluon = [r for r in reports if "gluon" in r["kernel"]]
+    assert len(gluon) == 4 and all(r["mma"].startswith("HGMMA") and r["loop_smem_ops"] == 0 for r in gluon)
+    assert all(r["loop_wgmma_waits"] == [1] for r in gluon), [r["loop_wgmma_waits"] for r in gluon]
+    strips = [r for r in reports if r["kernel"] == "_conv3d_fwd_kernel"]  # the bordered layers' strips
+    assert {r["case"] for r in strips} == {"hunyuan_dec_128_replicate", "mochi_dec_256_replicate"}
+
+
 PACKED_COMPILE = """
 import json, re, torch
 from tconv3d.inspect.compile import _cuobjdump, _main_loop_body, compile_only, launch_on_meta

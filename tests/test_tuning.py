@@ -15,7 +15,7 @@ import triton
 from tconv3d import settings
 from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
-from tconv3d.kernels.config import KernelConfig
+from tconv3d.kernels.config import KernelConfig, packs_taps
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
 from tconv3d.tune.shapes import load_shape_set
@@ -489,7 +489,7 @@ def test_first_use_tuning_refuses_a_capture(fake_gpu, monkeypatch):
 HANGING_CHECK = """
 import json, sys, time, torch
 import tconv3d.testing
-from tconv3d.kernels.config import KernelConfig
+from tconv3d.kernels.config import KernelConfig, packs_taps
 from tconv3d.tune import tables, tuner
 from tconv3d.tune.configs import TuningKey
 tconv3d.testing.HANG_S = 0.5
@@ -572,6 +572,33 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
     assert (weight.block_m, weight.block_n, weight.num_warps, weight.swap_ab) == (128, 128, 8, 0)
 
 
+def test_sm90_heuristic_takes_what_run_15_timed_faster(monkeypatch):
+    """H100 run 15 (bench.variants): the decoders' forwards (cached frames, replicate borders) on the persistent Gluon
+    kernel, their weight gradients still on the pointer kernels (untimed); the deepest ring for one-warpgroup forward
+    and input-gradient tiles at two programs an SM and for 8-warp weight-gradient tiles at one, not for one-warpgroup
+    weight gradients; the forward's 96 channels a tap in whole 32-deep steps; a forward (input gradient) reducing
+    over fewer than 16 input (output) channels a tap on the pointer kernel's packed pairs."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape for name in ("bench", "decoders", "stack") for shape in load_shape_set(name)}
+
+    def h100(direction, name):
+        return configs.heuristic_config(direction, shapes[name].launched_geometry(), torch.bfloat16, 132, 90)
+
+    for name in ("wan_dec_384_cached", "wan_dec_96_cached", "hunyuan_dec_128_replicate", "mochi_dec_256_replicate"):
+        assert h100("fwd", name).gluon == 2 and h100("wgrad", name).variant == "pointer", name
+    assert (h100("fwd", "wan_dec_96_cached").block_k, h100("fwd", "wan_dec_384_cached").block_k) == (32, 64)
+    for direction in ("fwd", "dgrad"):
+        ring = h100(direction, "unet_64")
+        assert (ring.num_warps, ring.num_stages) == (4, 4) and ring == configs.deepest_ring(ring, 2, direction)
+        assert conv_gluon.programs_an_sm(ring, 2, weight_grad=False) == 2
+    assert h100("wgrad", "wan_dec_384b").num_stages == 7 and h100("wgrad", "unet_64").num_stages == 3
+    assert conv_gluon.programs_an_sm(h100("wgrad", "wan_dec_384b"), 2, weight_grad=True) == 1
+    assert (h100("fwd", "wan_dec_384b").num_stages, h100("dgrad", "wan_dec_96").block_k) == (3, 64)
+    for direction, name in (("fwd", "stack_in8"), ("dgrad", "stack_out8")):
+        packed = h100(direction, name)
+        assert packed.variant == "pointer" and packs_taps(direction, shapes[name].geometry()), (direction, name)
+
+
 def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatch):
     """configs.small_grid_twin (bench.variants' gluon_ws_small_grid row): a forward or input gradient of few tiles on
     64-row one-warpgroup Gluon tiles, two programs an SM, its reduction split until the last round of (tile, split)
@@ -612,6 +639,9 @@ def test_whole_steps_twin_reads_96_channels_in_three_full_steps(monkeypatch):
     geom = shapes["wan_dec_96"]
     for direction in ("fwd", "dgrad"):
         chosen = configs.heuristic_config(direction, geom, torch.bfloat16, 132, 90)
+        if direction == "fwd":  # the heuristic takes the forward's twin (H100 run 15: 1.36x); the tiles it came from
+            assert (chosen.block_k, chosen.num_stages) == (32, 6)
+            chosen = dataclasses.replace(chosen, block_k=64, num_stages=3)
         twin = configs.whole_steps_twin(direction, geom, chosen, 2)
         assert (twin.block_k, twin.num_stages) == (chosen.block_k // 2, 2 * chosen.num_stages) == (32, 6), twin
         assert dataclasses.replace(twin, block_k=64, num_stages=3) == chosen

@@ -7,7 +7,16 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry, check_padding_mode
-from .config import KernelConfig, channel_sources, gemm_view, k_splits, packs_taps, w_tap_columns, w_tap_tiles
+from .config import (
+    KernelConfig,
+    border_strip_config,
+    channel_sources,
+    gemm_view,
+    k_splits,
+    packs_taps,
+    w_tap_columns,
+    w_tap_tiles,
+)
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
@@ -238,9 +247,7 @@ def conv3d_fwd(
     if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
         # The box kernels read zeros past H and W: they compute the interior, the pointer kernel the border.
         for part, view, box in border_parts(geom, y):
-            part_config = dataclasses.replace(config, split_k=1)
-            if not box:
-                part_config = dataclasses.replace(part_config, tma_box_w=0, gluon=0)
+            part_config = dataclasses.replace(config if box else border_strip_config(config), split_k=1)
             steps = k_splits("fwd", part, part_config)[0]
             _launch(x, weight, bias, frames_before, channels_after, view, part, part_config, steps)
         return y

@@ -10,6 +10,7 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import (
     KernelConfig,
+    border_strip_config,
     channel_blocks,
     channel_sources,
     gemm_view,
@@ -283,7 +284,7 @@ def conv3d_wgrad(
     # in H or W reads input voxels, the interior on it and the border strips on the pointer kernel
     # (conv_fwd.border_parts, as the forward), each part's fp32 partial sums in splits of their own.
     if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
-        pointer = replace(config, tma_box_w=0, gluon=0)
+        pointer = border_strip_config(config)
         parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]
     else:
         parts = [(geom, grad_out, config)]

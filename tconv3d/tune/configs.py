@@ -467,13 +467,14 @@ def heuristic_config(
       layer the Gluon kernel now runs, and lost on a strided one (down_s2: 0.56x the pointer kernel), one split over
       its reduction to fill a small grid (unet_320: 0.50x) and 64-row tiles (hunyuan_512 on the H100: 0.310 ms,
       the tuned pointer config 0.234).
-    A weight gradient whose columns pack (tap, channel) pairs (packs_taps: fewer than 16 input channels) keeps
-    the pointer kernel, the only one that packs them, and so does a forward (input gradient) of fewer than 16 output
-    (input) channels whose W taps are its columns (config.w_tap_columns). A problem reading frames_before or
-    channels_after (each step's box from one of two descriptors), or a forward or weight gradient whose border in H
-    or W reads input voxels (its interior on a box kernel, its border strips on the pointer kernel), stays on the
-    pointer kernels until a GPU has timed it, a tuning table or TCONV3D_KERNELS aside; a border mode along D alone
-    leaves the box loops as they are."""
+    A problem whose reduction or columns pack (tap, channel) pairs (packs_taps: fewer than 16 channels a tap; the
+    weight gradient's packs_out_taps) keeps the pointer kernel, the only one that packs them, and so does a forward
+    (input gradient) of fewer than 16 output (input) channels whose W taps are its columns (config.w_tap_columns).
+    A forward reading frames_before or bordered in H or W (its interior on a box kernel, its border strips on the
+    pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
+    problems, and a problem reading channels_after (each step's box from one of two descriptors), stay on the
+    pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode along D
+    alone leaves the box loops as they are."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -481,18 +482,26 @@ def heuristic_config(
         # (channel, W tap) columns over W-extended rows are the pointer kernels' (config.w_tap_columns): a decoder's
         # conv to 3 channels reads each (kd, kh) tap's input rows once for its three W taps, where the box kernels
         # read them once a tap (last_cout3's forward: 9 loads of 192 bytes a voxel, not 27; fill 41%, not 14%;
-        # inspect, sm_90 bf16; the stem's input gradient: 54%, not 19%). Not timed yet: bench/NOTES.md, "A forward
-        # of few output channels".
+        # inspect, sm_90 bf16; the stem's input gradient: 54%, not 19%). H100 run 15: last_cout3's forward 0.621 ms
+        # against 1.383 on the Gluon kernel (1.27x cuDNN), stack_in8's input gradient 13.26 against 16.91.
         return config
-    if direction == "wgrad" and (packs_taps(direction, geom) or packs_out_taps(geom)):
+    if packs_taps(direction, geom) or (direction == "wgrad" and packs_out_taps(geom)):
         # The packed tiles' columns are (tap, channel) pairs, the pointer kernel's; a box kernel's are one tap's
         # input channels a program: the 8-channel stack layer's 27 x 8 = 216 pairs fill 2 x 128 columns, where the
         # TMA kernel on the same tiles ran 27 programs of 128 columns with 8 of them real (16x the MMA work, 27x
-        # the programs; python -m tconv3d.inspect --shapes stack: 54 waves against 6).
+        # the programs; python -m tconv3d.inspect --shapes stack: 54 waves against 6). Its forward reduces over
+        # (tap, channel) pairs as rows of a step: 8.52 ms on the pointer kernel (fill 96%), 13.45 on the Gluon
+        # kernel's 16-deep steps, 8 of them real (H100 run 15); the input gradient of 8 output channels mirrors it.
         return config
     borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
     second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
-    if capability < TMA_MIN_CAPABILITY or second_source or borders or not tma_eligible(direction, geom, dtype):
+    # The video VAE decoders' forwards, reading cached frames (Wan) or bordered by replicate (HunyuanVideo, Mochi),
+    # ran 1.7-2.8x faster on the warp-specialized Gluon kernel than on the pointer kernels (H100 run 15: 0.569 ms
+    # against 1.571, 1.765 against 3.831, 2.946 against 4.888); their gradients and channels_after are not timed.
+    timed = direction == "fwd" and not geom.after_channels
+    if capability < TMA_MIN_CAPABILITY or not tma_eligible(direction, geom, dtype):
+        return config
+    if (second_source or borders) and not timed:
         return config
     strided = tuple(geom.stride) != (1, 1, 1)
     if direction == "fwd" and (strided or config.split_k > 1):
@@ -512,28 +521,57 @@ WIDE_TILE_GAIN = 1.18
 def _persistent_tiles(
     direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
 ) -> KernelConfig:
-    """The persistent Gluon forward's and input gradient's tiles from the heuristic's, as timed on the H100
-    (bench.variants, tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47 and run13_1739e47):
-    - 128x128 -> 256x128 with the operands swapped (one m64n256 wgmma a warpgroup, less shared-memory traffic a
-      FLOP) where its rounds of tiles over the SMs, each WIDE_TILE_GAIN faster a FLOP, end sooner than the
-      128x128 ones: wan_dec_384b's forward 69.6% -> 85.5% of the matmul peak (1.23x), its input gradient 1.18x; a
-      layer of few tiles keeps 128x128 (half as many tiles fill fewer SMs);
+    """The persistent Gluon kernels' tiles from the heuristic's, as timed on the H100 (bench.variants,
+    tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47, run13_1739e47 and run15_84dc0b7):
+    - the forward's and input gradient's 128x128 -> 256x128 with the operands swapped (one m64n256 wgmma a
+      warpgroup, less shared-memory traffic a FLOP) where its rounds of tiles over the SMs, each WIDE_TILE_GAIN
+      faster a FLOP, end sooner than the 128x128 ones: wan_dec_384b's forward 69.6% -> 85.5% of the matmul peak
+      (1.23x), its input gradient 1.18x; a layer of few tiles keeps 128x128 (half as many tiles fill fewer SMs);
     - a 128-row tile of at most 64 columns on one warpgroup instead of two, where that runs two programs an SM
-      (one's epilogue and next tile under the other's wgmmas): unet_64's forward 1.18x, input gradient 1.20x.
-    The weight gradient keeps its tiles (its grouped-taps and deep-ring rows are not timed yet)."""
-    if direction == "wgrad" or config.split_k > 1:
+      (one's epilogue and next tile under the other's wgmmas): unet_64's forward 1.18x, input gradient 1.20x;
+    - a forward's taps of 96 channels in three whole 32-deep steps, not two 64-deep ones half empty
+      (whole_steps_twin): wan_dec_96_cached's forward 3.414 -> 2.515 ms (1.36x);
+    - the deepest ring that keeps the programs an SM (deepest_ring) where more boxes in flight timed faster: the
+      forward's and input gradient's one-warpgroup tiles at two programs an SM (unet_64: 0.328 -> 0.310 ms and
+      0.327 -> 0.310) and the weight gradient's 8-warp tiles at one (wan_dec_384b: 2.033 -> 1.854 ms, 1.10x); not
+      the weight gradient's one-warpgroup tiles (unet_64: 0.340 -> 0.373) nor the 128x128 forward (run 12: within
+      1%).
+    The weight gradient's taps grouped to 256 columns lost (wan_dec_384b 2.183 ms, unet_64 0.410): not taken."""
+    if direction == "wgrad":
+        if config.num_warps == 8 and conv_gluon.programs_an_sm(config, element_size, weight_grad=True) == 1:
+            return deepest_ring(config, element_size, direction)
+        return config
+    if config.split_k > 1:
         return config
     if (config.block_m, config.block_n) == (128, 128):
         view = gemm_view(direction, geom)
         tall = replace(config, block_m=256, swap_ab=1)
         rounds = [cdiv(cdiv(view.rows, rows) * cdiv(view.cols, 128), sm_count) for rows in (128, 256)]
         if rounds[1] * 2 / WIDE_TILE_GAIN < rounds[0] and gluon_takes(tall):
-            return tall
+            config = tall
     if config.num_warps == 8 and config.block_m == 128 and config.block_n <= 64:
         one = replace(config, num_warps=4)
         if gluon_takes(one) and conv_gluon.programs_an_sm(one, element_size, weight_grad=False) == 2:
-            return one
+            config = one
+    whole = whole_steps_twin(direction, geom, config, element_size) if direction == "fwd" else None
+    if whole is not None:
+        return whole
+    if config.num_warps == 4 and conv_gluon.programs_an_sm(config, element_size, weight_grad=False) == 2:
+        return deepest_ring(config, element_size, direction)
     return config
+
+
+def deepest_ring(config: KernelConfig, element_size: int, direction: str) -> KernelConfig:
+    """Persistent `config` with the most stages, up to 8, whose shared memory still fits as many programs an SM as
+    it has now (conv_gluon.resident_programs)."""
+    weight_grad = direction == "wgrad"
+    deepest, now = config, conv_gluon.resident_programs(config, element_size, weight_grad)
+    for stages in range(config.num_stages + 1, 9):
+        deeper = replace(config, num_stages=stages)
+        if conv_gluon.resident_programs(deeper, element_size, weight_grad) != now:
+            break
+        deepest = deeper
+    return deepest
 
 
 def small_grid_twin(
