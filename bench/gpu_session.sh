@@ -37,53 +37,39 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-# The 15-minute session's two calls (bench/NOTES.md, "The next GPU session in 15 minutes", as re-planned after the
-# H200 session of 2026-11-26), each one word; any variable set in the call's environment still wins:
+# The 15-minute session's two calls (bench/NOTES.md, "Third H100 session", as re-planned after H100 runs 14 and
+# 15 of 2026-11-27), each one word; any variable set in the call's environment still wins:
 #   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
-#           the main job: the correctness of what the H200 session changed
-#   plan2   bench.variants on wan_dec_384b and unet_64 (the weight gradients' grouped taps and deep ring, unet_64's
-#           swapped forward and input gradient, the heuristic's new tiles), resnext3d_g32_256 and the stack's two
-#           8-channel layers, then python -m bench, bf16 forward and backward against cuDNN channels_last_3d, and
-#           the stack scenario (both measure L2's read bandwidth beside the matmul peak)
+#           the main job: the correctness of what changed since
+#   plan2   bench.variants on what run 15 left or changed (the decoders' forwards as now chosen, wan_dec_96's whole
+#           steps, the stack's 8-channel layers, the small grids, unet_32's transposed weight gradient, the deeper
+#           rings, unet_64 in fp32), then python -m bench, bf16 forward and backward against cuDNN
+#           channels_last_3d, and the stack scenario (both measure L2's read bandwidth beside the matmul peak)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
-  plan1)  # the H100's of 2026-11-26 ran 330 s (the suite 164 s on 12 workers)
-    export CALL_SECONDS=${CALL_SECONDS:-385} TESTS_TIMEOUT=${TESTS_TIMEOUT:-220} GPU_TIMEOUT=${GPU_TIMEOUT:-110}
+  plan1)  # the H100's of 2026-11-27 (run 14): probe 15 s, the suite cut at 183 s (1608 tests), then 45 s of memcheck
+    export CALL_SECONDS=${CALL_SECONDS:-330} TESTS_TIMEOUT=${TESTS_TIMEOUT:-230} GPU_TIMEOUT=${GPU_TIMEOUT:-70}
     set -- probe tests gpu
     ;;
   plan2)
-    # the weight gradient's Gluon rows the H100 session of 2026-11-26 had no time for (bench/NOTES.md, "Second
-    # H100 session"): grouped taps and the deep ring on wan_dec_384b and unet_64; unet_64's forward and input
-    # gradient swapped ("Narrow layers"); the heuristic's new tiles (chosen); resnext3d_g32_256 as block-diagonal
-    # coarse groups ("Groups of few channels side by side"); the stack's two 8-channel layers, never timed alone,
-    # per direction as chosen and on each other variant that may suit them ("The stack's narrow layers"); the video
-    # VAE decoders' layers (the decoders set: Wan's reading 2 cached frames, Hunyuan's and Mochi's replicate-bordered),
-    # forward, as chosen (pointer) and on the Gluon kernel ("What the video VAE decodes run"); the small grids'
-    # forward and input gradient on one-warpgroup Gluon tiles with a split reduction ("Few tiles, a long reduction");
-    # Wan's 96-channel layers in 32-deep steps ("Whole steps"); unet_64 in fp32, chosen against the Gluon kernel as
-    # TF32 (its first timing: "unet_64 in fp32 (TF32)"); unet_32's weight gradient transposed, the taps' input
-    # channels on the wgmma's rows ("32 output channels"); the decoder head's forward (last_cout3, and stack_out8's)
-    # with its W taps as columns against the Gluon kernel ("A forward of few output channels"); then the suite and
-    # the stack (its 64-channel layer is the suite's stack_64)
-    PLAN2_IMPLS=$(printf '%s,' wan_dec_384b:chosen wan_dec_384b:gluon_ws_grouped_taps wan_dec_384b:gluon_ws_deep_ring \
-      unet_64:chosen unet_64:gluon_ws_grouped_taps unet_64:gluon_ws_deep_ring unet_64:gluon_ws_chosen_swapped \
-      unet_64:gluon_ws_256x64_swapped resnext3d_g32_256:chosen stack_in8:chosen stack_in8:pointer stack_in8:tma \
-      stack_in8:gluon_ws stack_out8:chosen stack_out8:pointer stack_out8:tma stack_out8:gluon_ws_chosen_swapped \
-      stack_out8:gluon_ws_grouped_taps wan_dec_384_cached:chosen wan_dec_384_cached:gluon_ws \
-      wan_dec_96_cached:chosen wan_dec_96_cached:gluon_ws hunyuan_dec_128_replicate:chosen \
-      hunyuan_dec_128_replicate:gluon_ws mochi_dec_256_replicate:chosen mochi_dec_256_replicate:gluon_ws \
-      hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid \
-      wan_dec_96_cached:gluon_ws_whole_steps wan_dec_96:chosen wan_dec_96:gluon_ws_whole_steps unet_32:chosen \
-      unet_32:gluon_ws_swapped_wgrad last_cout3:chosen last_cout3:gluon_ws stack_out8:gluon_ws )unet_64:gluon_ws
-    # the decoders' layers first: they decide where 90-100% of three VAE decodes' FLOPs run (a call cut short
-    # keeps the first cases)
-    PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate
-    PLAN2_CASES=$PLAN2_CASES,last_cout3,wan_dec_384b,unet_64,resnext3d_g32_256,stack_in8,stack_out8
-    PLAN2_CASES=$PLAN2_CASES,hunyuan_512,unet_320,wan_dec_96,unet_64@fp32,unet_32
-    export CALL_SECONDS=${CALL_SECONDS:-380} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-190} \
+    # What H100 run 15 (2026-11-27) left or changed (bench/NOTES.md, "Third H100 session"): the decoders' forwards
+    # as the heuristic now chooses them (the persistent Gluon kernel at 256x128 swapped, Wan's 96 channels in whole
+    # 32-deep steps; run 15 timed 128x128 unswapped); wan_dec_96's input gradient in whole steps (its forward takes
+    # them now); the stack's layers (stack_in8's forward on the packed pointer kernel at 8 warps, run 15's 4;
+    # stack_out8, never timed); the small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's
+    # weight gradient transposed; unet_64 and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32).
+    # Then the suite and the stack scenario.
+    PLAN2_IMPLS=$(printf '%s,' wan_dec_384_cached:chosen wan_dec_96_cached:chosen hunyuan_dec_128_replicate:chosen \
+      mochi_dec_256_replicate:chosen wan_dec_96:chosen wan_dec_96:gluon_ws_whole_steps stack_in8:chosen \
+      stack_in8:pointer stack_out8:chosen stack_out8:pointer stack_out8:gluon_ws hunyuan_512:chosen \
+      hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
+      unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
+    PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate,wan_dec_96
+    PLAN2_CASES=$PLAN2_CASES,stack_in8,stack_out8,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
+    export CALL_SECONDS=${CALL_SECONDS:-420} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-200} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
-      BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-105} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45}
     set -- variants bench
     ;;
