@@ -541,7 +541,8 @@ if conv_gluon.UNAVAILABLE is None:
                 tiles = [choice.force_variant(direction, geom, dtype, chosen, "gluon", True)]
                 # the Hopper GEMM tile on the Wan layers, 128 x 256 x 64 on two warpgroups
                 if shape.name.startswith("wan_") and dtype == torch.bfloat16:
-                    hopper = dataclasses.replace(chosen, block_m=128, block_n=256, block_k=64, num_warps=8)
+                    hopper = dataclasses.replace(chosen, block_m=128, block_n=256, block_k=64, num_warps=8,
+                                                 num_stages=3)  # (the chosen weight gradient's ring is deeper)
                     tiles.append(configs.with_gluon(hopper, geom, direction))
                     # and persistent, warp-specialized (3 stages beside the forward's epilogue tile)
                     ws = dataclasses.replace(hopper, num_stages=3)
@@ -581,6 +582,8 @@ if conv_gluon.UNAVAILABLE is None:
                 if shape.name in ("wan_dec_96", "last_cout3") and dtype == torch.bfloat16:
                     forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
                     whole = configs.whole_steps_twin(direction, geom, dataclasses.replace(forced, gluon=2), 2)
+                    if forced.gluon == 2 and forced.block_k == 32 and direction == "fwd":
+                        whole = forced  # the heuristic took the twin (wan_dec_96's forward)
                     if whole is not None:
                         report = compile_launch(direction, geom, dtype, whole, 90)[0]
                         out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
@@ -597,7 +600,8 @@ if conv_gluon.UNAVAILABLE is None:
     def pipelined_and_specialized(case, geom, directions):
         for direction in directions:
             chosen, _ = choice.choose(direction, geom, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-            tiles = choice.force_variant(direction, geom, torch.bfloat16, chosen, "gluon", True)
+            # (off the Gluon kernel first: where the heuristic chose the persistent one, the pipelined one too)
+            tiles = choice.force_variant(direction, geom, torch.bfloat16, choice.off_gluon(chosen), "gluon", True)
             for config in (tiles, configs.with_gluon(tiles, geom, direction, specialized=True)):
                 report = compile_launch(direction, geom, torch.bfloat16, config, 90)[0]
                 out.append({"case": case, "direction": direction, "dtype": str(torch.bfloat16),
