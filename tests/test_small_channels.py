@@ -203,6 +203,9 @@ W_TAPS_DGRAD = [
     dict(name="dgrad_groups2", cin=2 * 3, cout=2 * 16, kernel=3, padding=1, groups=2),
     dict(name="dgrad_same_2x3x4", cin=3, cout=16, kernel=(2, 3, 4), padding="same"),
     dict(name="dgrad_dilation_w4", cin=2, cout=20, kernel=(1, 3, 3), padding=(0, 1, 4), dilation=(1, 1, 4)),
+    # a power of two input channels a group: each tap's channels one run of the weight's row (conv_dgrad's W_CIN)
+    dict(name="dgrad_cin8", cin=8, cout=16, kernel=3, padding=1),
+    dict(name="dgrad_groups2_cin4", cin=2 * 4, cout=2 * 16, kernel=3, padding=1, groups=2),
 ]
 
 
@@ -290,6 +293,16 @@ def test_gathers_either_way_match_float64(case, device, monkeypatch):
     ours, expected = conv_and_reference(case, torch.float32, device)
     for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
         assert rel_l2(a, e) < TOLERANCE[torch.float32], name
+
+
+def test_w_taps_input_gradient_reads_a_dense_channels_last_weight():
+    """conv_dgrad's W_CIN: the weight's strides come from its channels, so any other layout is refused, not read
+    wrong."""
+    weight = torch.randn(16, 8, 3, 3, 3).contiguous(memory_format=CL)
+    assert conv_dgrad.dense_channels_last(weight) == 8
+    for other in (weight.contiguous(), torch.randn(16, 16, 3, 3, 3).contiguous(memory_format=CL)[:, ::2]):
+        with pytest.raises(ValueError, match="dense channels-last weight"):
+            conv_dgrad.dense_channels_last(other)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "dgrad"])

@@ -50,7 +50,8 @@ def _conv3d_dgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr, HAS_AFTER: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -70,10 +71,19 @@ def _conv3d_dgrad_kernel(
     one MMA step, unit stride) the columns are (input channel, W tap) pairs, as the forward's W_TAPS: a row is an
     input voxel of a row extended by the W taps' reach (W_PHASE counts them), each step reads go under the row's
     last W tap (kw = KW - 1) for all of them, and input voxel r adds W tap kw's column from row r + (KW - 1 - kw) *
-    DIL_W. Split-K (grid axis 2), as in the
+    DIL_W; at a power of two channels a group (W_CIN) the columns are tap-major, each tap's channels one aligned
+    run of the weight's row. Split-K (grid axis 2), as in the
     forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32
     gi.
     """
+    if W_CIN:  # W_TAPS at a power of two channels a group, the weight channels-last and dense (the launcher
+        # checks): its strides from the constexpr channels, so that the compiler sees each tap's channels as one
+        # aligned run (8 in 16 bits: one 16-byte copy) where it gathered them element by element
+        stride_wi = 1
+        stride_ww = W_CIN
+        stride_wh = KW * W_CIN
+        stride_wd = KH * KW * W_CIN
+        stride_wo = KD * KH * KW * W_CIN
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo
@@ -98,7 +108,10 @@ def _conv3d_dgrad_kernel(
     offs_m = pid_m.to(tl.int64) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M] voxels of this phase
     offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the input channels the tile writes
     if W_TAPS:
-        offs_n, col_tap, mask_n = split_w_tap_columns(pid_n, C_IN, KW, W_TAPS, BLOCK_N)  # [BLOCK_N]
+        if W_CIN:  # each tap's channels side by side: one run of a weight row
+            offs_n, col_tap, mask_n = split_w_tap_columns(pid_n, W_CIN, KW, W_TAPS, BLOCK_N, TAP_MAJOR=True)
+        else:
+            offs_n, col_tap, mask_n = split_w_tap_columns(pid_n, C_IN, KW, W_TAPS, BLOCK_N)  # [BLOCK_N]
     else:
         offs_n = offs_o  # [BLOCK_N] input channels
         mask_n = offs_n < C_IN
@@ -200,7 +213,7 @@ def _conv3d_dgrad_kernel(
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
     if W_TAPS:  # input voxel r adds W tap kw's column from row r + (KW - 1 - kw) * DIL_W
-        acc = sum_w_taps(acc, tl.where(col_tap < KW, KW - 1 - col_tap, 0) * DIL_W, W_TAPS)  # [BLOCK_M, OUT_COLS]
+        acc = sum_w_taps(acc, tl.where(col_tap < KW, KW - 1 - col_tap, 0) * DIL_W, W_TAPS, TAP_MAJOR=W_CIN > 0)
         mask_m &= (tl.arange(0, BLOCK_M) < tile_rows) & (iw < W_IN)
     gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw  # [BLOCK_M]
     gi_ptrs = gi_ptr + gi_rows[:, None] + offs_o[None, :] * stride_ic  # [BLOCK_M, OUT_COLS]
@@ -268,8 +281,21 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         PACK_TAPS=geom.group_out_channels if packs_taps("dgrad", geom) else 0, W_TAPS=w_taps,
+        W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0,
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def dense_channels_last(weight: torch.Tensor) -> int:
+    """The input channels of a weight [Cout, Cin, KD, KH, KW] stored channels-last and dense (as ndhwc leaves it),
+    whose strides a W_TAPS input gradient of a power of two input channels takes from them (W_CIN: 3 channels
+    gather element by element either way, and under triton 3.6 their constant strides cost 88 instructions a step);
+    ValueError for any other layout."""
+    _, c_in, kd, kh, kw = weight.shape
+    dense = (kd * kh * kw * c_in, 1, kh * kw * c_in, kw * c_in, c_in)
+    if any(s != d for s, d, n in zip(weight.stride(), dense, weight.shape, strict=True) if n > 1):
+        raise ValueError(f"a W_TAPS input gradient reads a dense channels-last weight, got strides {weight.stride()}")
+    return c_in

@@ -147,23 +147,35 @@ def gather_tile(ptrs, mask, THREADS_ALONG_ROWS: tl.constexpr):
 
 
 @triton.jit
-def split_w_tap_columns(pid_n, CHANNELS, KW: tl.constexpr, W_TAPS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A W_TAPS tile's columns (config.w_tap_columns): column j is channel pid_n * (BLOCK_N // W_TAPS) + j // W_TAPS
-    and W tap j % W_TAPS. Its channels, taps, and whether each is one (a channel below CHANNELS, a tap below KW)."""
-    channel = pid_n * (BLOCK_N // W_TAPS) + tl.arange(0, BLOCK_N) // W_TAPS
-    tap = tl.arange(0, BLOCK_N) % W_TAPS
+def split_w_tap_columns(
+    pid_n, CHANNELS, KW: tl.constexpr, W_TAPS: tl.constexpr, BLOCK_N: tl.constexpr, TAP_MAJOR: tl.constexpr = False
+):
+    """A W_TAPS tile's columns (config.w_tap_columns), BLOCK_N // W_TAPS channels from pid_n * (BLOCK_N // W_TAPS):
+    column j is channel j // W_TAPS and W tap j % W_TAPS, or with TAP_MAJOR W tap j // (BLOCK_N // W_TAPS) and
+    channel j % (BLOCK_N // W_TAPS), each tap's channels side by side (one contiguous run of a channels-last weight
+    row where the tile holds all its channels). Its channels, taps, and whether each is one (a channel below
+    CHANNELS, a tap below KW)."""
+    CHANNELS_A_TILE: tl.constexpr = BLOCK_N // W_TAPS
+    if TAP_MAJOR:
+        channel = pid_n * CHANNELS_A_TILE + tl.arange(0, BLOCK_N) % CHANNELS_A_TILE
+        tap = tl.arange(0, BLOCK_N) // CHANNELS_A_TILE
+    else:
+        channel = pid_n * CHANNELS_A_TILE + tl.arange(0, BLOCK_N) // W_TAPS
+        tap = tl.arange(0, BLOCK_N) % W_TAPS
     return channel, tap, (channel < CHANNELS) & (tap < KW)
 
 
 @triton.jit
-def sum_w_taps(acc, tap_rows, W_TAPS: tl.constexpr):
-    """A W_TAPS tile's accumulator [rows, channels x W_TAPS] -> [rows, channels]: row r adds column j's value from row
-    r + tap_rows[j] (a gather along the tile's rows; rows whose taps reach past the tile read its last row, and
-    their sums are not written)."""
+def sum_w_taps(acc, tap_rows, W_TAPS: tl.constexpr, TAP_MAJOR: tl.constexpr = False):
+    """A W_TAPS tile's accumulator [rows, channels x W_TAPS] (split_w_tap_columns' order) -> [rows, channels]: row r
+    adds column j's value from row r + tap_rows[j] (a gather along the tile's rows; rows whose taps reach past the
+    tile read its last row, and their sums are not written)."""
     BLOCK_M: tl.constexpr = acc.shape[0]
     rows = tl.arange(0, BLOCK_M)
     source = tl.minimum(rows[:, None] + tap_rows[None, :], BLOCK_M - 1)
     gathered = tl.gather(acc, source, axis=0)
+    if TAP_MAJOR:
+        return tl.sum(tl.reshape(gathered, [BLOCK_M, W_TAPS, acc.shape[1] // W_TAPS]), axis=1)
     return tl.sum(tl.reshape(gathered, [BLOCK_M, acc.shape[1] // W_TAPS, W_TAPS]), axis=2)
 
 
