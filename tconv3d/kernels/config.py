@@ -134,14 +134,18 @@ def grouped_taps_fit(config: KernelConfig) -> bool:
     return config.tap_group <= 1 or (config.gluon == 2 and config.block_n // config.tap_group >= GROUPED_TAP_COLUMNS)
 
 
+def off_gluon(config: KernelConfig) -> KernelConfig:
+    """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
+    columns)."""
+    block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
+    return replace(config, gluon=0, swap_ab=0, tap_group=0, block_n=block_n)
+
+
 def border_strip_config(config: KernelConfig) -> KernelConfig:
     """The pointer kernel's tiles for the border strips of a box launch whose border in H or W reads input voxels
-    (conv_fwd.border_parts): the box launch's, without what only the box kernels have (the box, the Gluon kernel,
-    swapped operands, a tile's taps grouped: one tap's columns), at most 128 rows: the pointer forward of the 256x128
-    swapped tile's strips spilled 24 bytes on sm_90 (hunyuan_dec_128_replicate, bf16)."""
-    block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
-    return replace(config, block_m=min(config.block_m, 128), block_n=block_n, tma_box_w=0, gluon=0, swap_ab=0,
-                   tap_group=0)  # fmt: skip
+    (conv_fwd.border_parts): the box launch's off the box kernels (off_gluon, no box), at most 128 rows: the pointer
+    forward of the 256x128 swapped tile's strips spilled 24 bytes on sm_90 (hunyuan_dec_128_replicate, bf16)."""
+    return replace(off_gluon(config), block_m=min(config.block_m, 128), tma_box_w=0)
 
 
 # Channel counts below which a kernel packs (tap, channel) pairs into its reduction (fwd, dgrad) or its columns

@@ -21,7 +21,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon, grouped
-from ..kernels.config import DIRECTIONS, KernelConfig, pointer_form, reads_channels_after
+from ..kernels.config import DIRECTIONS, KernelConfig, off_gluon, pointer_form, reads_channels_after
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
@@ -75,13 +75,6 @@ def force_variant(
     if kernels in ("tma", "gluon") and not config.tma_box_w:
         return with_tma(config, geom, direction)
     return config
-
-
-def off_gluon(config: KernelConfig) -> KernelConfig:
-    """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
-    columns)."""
-    block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
-    return dataclasses.replace(config, gluon=0, swap_ab=0, tap_group=0, block_n=block_n)
 
 
 def heuristic_gluon_tiles(config: KernelConfig) -> KernelConfig:
