@@ -355,3 +355,65 @@ def test_explain_names_the_small_channel_form(device):
         x, w = torch.randn(1, cin, 3, 4, 5, device=device), torch.randn(cout, cin, 3, 3, 3, device=device)
         plan = tconv3d.explain(x, w, padding=1)
         assert {d: p["form"] for d, p in plan.items() if "form" in p} == forms, (cin, cout)
+
+
+def test_channel_run_is_the_alignment_every_stride_shares():
+    """utils.channel_run: the packed loops' vector of channels, at most 16 bytes, dividing the channels and every
+    stride but the channels' (size-1 dims aside); the kernels take the strides as multiples of it."""
+    dense = torch.empty(2, 8, 3, 4, 5, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    assert utils.channel_run(8, dense) == 8
+    assert utils.channel_run(8, dense.float()) == 4  # 16 bytes of fp32
+    assert utils.channel_run(4, dense[:, :4]) == 4  # a slice keeps 8-element strides: 4 channels' run
+    sliced = torch.empty(2, 12, 3, 4, 5, dtype=torch.bfloat16).contiguous(memory_format=CL)[:, 2:10]
+    assert utils.channel_run(8, sliced) == 4  # strides multiples of 12
+    assert utils.channel_run(3, torch.empty(1, 3, 2, 2, 2).contiguous(memory_format=CL)) == 1
+    assert utils.channel_run(8, dense, torch.empty(1, 8, 1, 1, 6).contiguous(memory_format=CL)[..., ::3]) == 8
+    assert utils.channel_run(8, dense, dense[..., ::3]) == 8  # W stride 24
+    assert utils.channel_run(8, dense, dense[:, :, :, ::3]) == 8
+    odd = torch.empty(1, 8, 3, 3, 9, dtype=torch.bfloat16).contiguous(memory_format=CL)[..., 1::1]
+    assert utils.channel_run(8, odd) == 8  # an offset start: Triton itself checks the pointer's alignment
+    assert utils.channel_run(8, torch.empty(2, 8, 3, 4, 5, dtype=torch.bfloat16)) == 1  # NCDHW channels
+
+
+RUN_CASES = [
+    Case("cin8_cout6", 1, 8, 6, (4, 5, 6), 3, padding=1),
+    Case("cin4_cout8_dil", 1, 4, 8, (5, 6, 5), 3, padding=(2, 1, 1), dilation=(2, 1, 1)),
+    Case("cin16_cout8", 1, 16, 8, (4, 5, 6), 3, padding=1),  # the weight gradient's out-pairs kernel
+]
+
+
+@pytest.mark.parametrize("layout", ["dense", "sliced"])
+@pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: c.name)
+def test_packed_runs_match_float64(case, layout, gpu_heuristic_tiles, device):
+    """The packed forward, input gradient and weight gradients (pairs as columns; the out-pairs kernel) with the
+    channels' runs as vectors (RUN: 8 for 8 bf16 channels, dense; 4 for 8 channels sliced from 12, whose strides are
+    multiples of 12; 2 for 6 channels), at the tiles an H100 launches (32 deep for 16-byte runs), against float64.
+    The sliced tensors start 4 bytes past an allocation's 16-byte alignment, the input and grad_out both."""
+    dtype = torch.bfloat16
+    extra = 4 if layout == "sliced" else 0  # channels of the whole tensor besides the operand's
+
+    def operand(channels, size):
+        whole = torch.randn(case.batch, channels + extra, *size, device=device).to(dtype).contiguous(memory_format=CL)
+        return whole[:, 2 : 2 + channels] if extra else whole
+
+    def run(channels):  # the largest power of two up to 8 dividing the channels and the whole tensor's
+        return max(p for p in (1, 2, 4, 8) if channels % p == 0 and (channels + extra) % p == 0)
+
+    x = operand(case.cin, case.size)
+    w = case.weight(dtype, device)
+    stride, padding = triple(case.stride, "stride"), triple(case.padding, "padding")
+    dilation = triple(case.dilation, "dilation")
+    y = tconv3d.conv3d(x, w, None, stride, padding, dilation)
+    ref = F.conv3d(x.double(), w.double(), None, stride, padding, dilation)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+    grad_out = operand(case.cout, ref.shape[2:]) if layout == "sliced" else torch.randn_like(y)
+    expected = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), stride, padding, dilation)
+    grad_in = torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), stride, padding, dilation)
+    assert rel_l2(grad_in, expected) < TOLERANCE[dtype]
+    expected = torch.nn.grad.conv3d_weight(x.double(), w.shape, grad_out.double(), stride, padding, dilation)
+    grad_w = torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, list(w.shape), stride, padding, dilation)
+    assert rel_l2(grad_w, expected) < TOLERANCE[dtype]
+    # what the kernels took: runs of more than one element, 8 only where every stride allows
+    assert utils.channel_run(case.cout, grad_out) == run(case.cout) > 1
+    if case.cin < 16:
+        assert utils.channel_run(case.cin, x, w) == run(case.cin) > 1

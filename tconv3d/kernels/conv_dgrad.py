@@ -14,6 +14,7 @@ from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
     cdiv,
+    channel_run,
     dot_flags,
     empty_ndhwc,
     fold_padding,
@@ -21,6 +22,7 @@ from .utils import (
     grouped_tile,
     mma,
     ndhwc,
+    run_aligned,
     second_source_arguments,
     select,
     source_blocks,
@@ -29,6 +31,7 @@ from .utils import (
     sum_w_taps,
     tap_bits,
     tap_inside,
+    tap_pairs,
 )
 
 
@@ -50,9 +53,8 @@ def _conv3d_dgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr, HAS_AFTER: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr,
+    HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
@@ -65,7 +67,8 @@ def _conv3d_dgrad_kernel(
     phase are an arithmetic progression (first, step, count), read once per program: the reduction loop loads
     nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step: it is that count,
     C_OUT, a constexpr) K runs over (live tap, channel) pairs, as in the forward, and at unit stride with at most
-    63 taps its bounds are a bit a tap, found once a tile (utils.tap_bits), as there. A second source along K
+    63 taps its bounds are a bit a tap, found once a tile (utils.tap_bits), and go's channel runs load as vectors
+    where its strides allow (RUN), as there. A second source along K
     (HAS_AFTER: grad_output is a channel concatenation read in place, a transposed convolution's input) adds its
     channel blocks after go's, as the forward's HAS_AFTER adds the input's. With W_TAPS (fewer input channels than
     one MMA step, unit stride) the columns are (input channel, W tap) pairs, as the forward's W_TAPS: a row is an
@@ -84,6 +87,10 @@ def _conv3d_dgrad_kernel(
         stride_wh = KW * W_CIN
         stride_wd = KH * KW * W_CIN
         stride_wo = KD * KH * KW * W_CIN
+    if RUN > 1:  # go's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
+        C_OUT = run_aligned(C_OUT, RUN)
+        stride_gn, stride_gd = run_aligned(stride_gn, RUN), run_aligned(stride_gd, RUN)
+        stride_gh, stride_gw = run_aligned(stride_gh, RUN), run_aligned(stride_gw, RUN)
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo
@@ -155,6 +162,8 @@ def _conv3d_dgrad_kernel(
         q_rows = (Q_DELTA + n * stride_qn + jd * stride_qd + jh * stride_qh + jw * stride_qw) - go_offsets  # [BLOCK_M]
     TAPS: tl.constexpr = KD * KH * KW
     TAP_BITS: tl.constexpr = PACK_TAPS and TAPS < 64
+    if PACK_TAPS and live_taps_ptr is None:  # unit stride: go under tap (0, 0, 0), past the row's front padding
+        padded_rows = go_rows + (PAD_D * stride_gd + PAD_H * stride_gh + PAD_W * stride_gw)
     if live_taps_ptr is None and TAP_BITS:  # unit stride: tap (kd, kh, kw) of row (jd, jh, jw) reads go at
         # (jd + PAD_D - kd * DIL_D, ..)
         inside_taps = tap_bits(jd32 + PAD_D, jh32 + PAD_H, jw32 + PAD_W, mask_m, D_OUT, H_OUT, W_OUT,
@@ -162,26 +171,36 @@ def _conv3d_dgrad_kernel(
     steps = tl.cdiv(live * C_OUT, BLOCK_K) if PACK_TAPS else live * k_blocks
     first = split * SPLIT_STEPS
     for step in range(first, tl.minimum(first + SPLIT_STEPS, steps)):
-        if PACK_TAPS:  # few output channels: BLOCK_K (live tap, channel) pairs a step, each with its own tap
-            offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = j * C_OUT + channel
-            j = offs_r // PACK_TAPS
-            offs_c = offs_r - j * PACK_TAPS
-            mask_c = offs_r < live * PACK_TAPS
-        else:  # the j-th live tap, BLOCK_K of its channels (of one source)
-            j = step // k_blocks
-            block = step - j * k_blocks
-            second, offs_c, mask_c, w_c = block_channels(block, a_blocks, C_A, C_OUT, offs_k, BLOCK_K, HAS_AFTER)
-        kw = first_w + (j % count_w) * step_w  # d slowest
-        kh = first_h + ((j // count_w) % count_h) * step_h
-        kd = first_d + (j // (count_w * count_h)) * step_d
+        if PACK_TAPS and live_taps_ptr is None:  # unit stride: every tap live, the forward's pairs
+            offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = tap * C_OUT + channel
+            j, kd, kh, kw, offs_c, mask_c = tap_pairs(offs_r, PACK_TAPS, KD, KH, KW)
+        else:
+            if PACK_TAPS:  # few output channels: BLOCK_K (live tap, channel) pairs a step, each with its own tap
+                offs_r = step * BLOCK_K + offs_k  # [BLOCK_K] = j * C_OUT + channel
+                j = offs_r // PACK_TAPS
+                offs_c = offs_r - j * PACK_TAPS
+                mask_c = offs_r < live * PACK_TAPS
+            else:  # the j-th live tap, BLOCK_K of its channels (of one source)
+                j = step // k_blocks
+                block = step - j * k_blocks
+                second, offs_c, mask_c, w_c = block_channels(block, a_blocks, C_A, C_OUT, offs_k, BLOCK_K, HAS_AFTER)
+            kw = first_w + (j % count_w) * step_w  # d slowest
+            kh = first_h + ((j // count_w) % count_h) * step_h
+            kd = first_d + (j // (count_w * count_h)) * step_d
         # Exact divisions: the host listed only taps for which they are.
         shift_d = (rd + PAD_D - kd * DIL_D) // STRIDE_D
         shift_h = (rh + PAD_H - kh * DIL_H) // STRIDE_H
         shift_w = (rw + PAD_W - kw * DIL_W) // STRIDE_W
         if PACK_TAPS:  # the tap varies along K: bounds and offsets per (voxel, pair)
-            g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
-                     + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
-            g_ptrs = go_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
+            if live_taps_ptr is None:  # unit stride: each pair's offset from the rows' padded origin, as the
+                # forward's (one phase: rd = rh = rw = 0)
+                g_tap = -((kd * DIL_D).to(tl.int64) * stride_gd + (kh * DIL_H).to(tl.int64) * stride_gh
+                          + (kw * DIL_W).to(tl.int64) * stride_gw)  # fmt: skip
+                g_ptrs = padded_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
+            else:
+                g_tap = (shift_d.to(tl.int64) * stride_gd + shift_h.to(tl.int64) * stride_gh
+                         + shift_w.to(tl.int64) * stride_gw)  # fmt: skip
+                g_ptrs = go_rows[:, None] + (g_tap + offs_c * stride_gc)[None, :]  # [BLOCK_M, BLOCK_K]
             if live_taps_ptr is None and TAP_BITS:  # j is the tap
                 mask_a = tap_inside(inside_taps, j, mask_c, TAPS)
             else:
@@ -264,6 +283,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
     )
     phase_size = [cdiv(size, s) for size, s in zip(geom.in_size, geom.stride, strict=True)]
     c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("dgrad", geom)
+    packed = packs_taps("dgrad", geom)
     if w_taps:  # unit stride: one phase, its rows extended by the W taps' reach
         phase_size[2] += w_tap_halo(geom)
     rows = geom.batch * phase_size[0] * phase_size[1] * phase_size[2]
@@ -280,7 +300,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        PACK_TAPS=geom.group_out_channels if packs_taps("dgrad", geom) else 0, W_TAPS=w_taps,
+        PACK_TAPS=c_out if packed else 0, RUN=channel_run(c_out, grad_out) if packed else 1, W_TAPS=w_taps,
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0,
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
         INPUT_PRECISION=precision,

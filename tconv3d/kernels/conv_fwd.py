@@ -26,12 +26,14 @@ from .utils import (
     block_channels,
     border_gather,
     cdiv,
+    channel_run,
     dot_flags,
     empty_ndhwc,
     gather_tile,
     grouped_tile,
     mma,
     ndhwc,
+    run_aligned,
     second_source_arguments,
     select,
     source_blocks,
@@ -64,8 +66,8 @@ def _conv3d_fwd_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, W_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr,
-    HAS_AFTER: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -81,7 +83,9 @@ def _conv3d_fwd_kernel(
     channel) pairs instead: the Cin = 3 stem's 27 x 3 = 81 fill three 32-wide steps, where one tap per step took 27
     steps 3/16 full. Each pair then has its own tap, so each element of a step's tile its own bounds: with zeros
     borders and at most 63 taps, which of a row's taps lie inside the input is found once a tile, a bit a tap
-    (TAP_BITS), and a step tests one bit an element instead of six bounds.
+    (TAP_BITS), and a step tests one bit an element instead of six bounds. Where every stride of x (p) and the
+    weight but the channels' is a multiple of RUN elements (utils.channel_run: 8 in 16 bits at 8 channels), each
+    tap's channels of a voxel are one aligned run, loaded as a vector.
     With W_TAPS (fewer output channels than one MMA step: a decoder's conv to 3 channels) the columns are (output
     channel, W tap) pairs, W_TAPS of them a channel, and the loop runs over the (kd, kh) taps only: a row is a
     voxel of an output row extended by the W taps' reach (HALO), M counts them, and each (kd, kh) step reads its
@@ -92,6 +96,14 @@ def _conv3d_fwd_kernel(
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
     y, the bias in split 0's; split_k.sum_splits adds the splits.
     """
+    if RUN > 1:  # multiples of RUN, as the compiler can see (utils.run_aligned)
+        C_IN = run_aligned(C_IN, RUN)  # a group's channels (its first one's offset)
+        stride_xn, stride_xd = run_aligned(stride_xn, RUN), run_aligned(stride_xd, RUN)
+        stride_xh, stride_xw = run_aligned(stride_xh, RUN), run_aligned(stride_xw, RUN)
+        stride_pn, stride_pd = run_aligned(stride_pn, RUN), run_aligned(stride_pd, RUN)
+        stride_ph, stride_pw = run_aligned(stride_ph, RUN), run_aligned(stride_pw, RUN)
+        stride_wo, stride_wd = run_aligned(stride_wo, RUN), run_aligned(stride_wd, RUN)
+        stride_wh, stride_ww = run_aligned(stride_wh, RUN), run_aligned(stride_ww, RUN)
     # Zeros borders and one source: a mask suffices and each tap's offset is one constant added to every row.
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
     # Grouped convolution (grid axis 1): a group's channels are a contiguous run of every voxel's and its output
@@ -317,6 +329,7 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
     upcast, precision = dot_flags(x.dtype)
     view = gemm_view("fwd", geom)  # rows: output voxels, or W-extended output rows (w_tap_columns)
     c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("fwd", geom)
+    packed = packs_taps("fwd", geom)
     splits = out.shape[0] // geom.batch
     tiles = (
         w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(view.rows, config.block_m), cdiv(c_out, config.block_n))
@@ -331,7 +344,8 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
         geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        HAS_BIAS=bias is not None, PACK_TAPS=c_in if packs_taps("fwd", geom) else 0, W_TAPS=w_taps,
+        HAS_BIAS=bias is not None, PACK_TAPS=c_in if packed else 0,
+        RUN=channel_run(c_in, x, frames_before, weight) if packed else 1, W_TAPS=w_taps,
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],

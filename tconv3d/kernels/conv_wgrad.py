@@ -27,6 +27,7 @@ from .split_k import sum_splits
 from .utils import (
     border_gather,
     cdiv,
+    channel_run,
     dense_ndhwc_strides,
     dot_flags,
     gather_tile,
@@ -34,6 +35,7 @@ from .utils import (
     ndhwc,
     ndhwc_strides,
     next_voxels,
+    run_aligned,
     second_source_arguments,
     select,
     tap_bits,
@@ -62,7 +64,8 @@ def _conv3d_wgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, HAS_PREFIX: tl.constexpr,
+    HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -72,27 +75,35 @@ def _conv3d_wgrad_kernel(
     GEMM view, one per tap: M = Cout rows, N = Cin columns, K = N*Do*Ho*Wo output voxels. K is huge and the
     output small, so grid axis 1 splits K into SPLIT_ROWS-long slices, each writing its own fp32 partial sum;
     a second pass adds them in a fixed order, so the result is the same bit for bit on every run. With
-    PACK_TAPS (fewer input channels than one MMA step) there is one GEMM whose N = taps x Cin (tap, channel)
-    pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles 3/16 full. A second source
+    PACK_TAPS (fewer input channels than one MMA step: it is that count, C_IN, a constexpr) there is one GEMM whose
+    N = taps x Cin (tap, channel) pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles
+    3/16 full; where x's strides are multiples of RUN (the forward's), each tap's channels of a voxel load as a
+    vector. A second source
     along C (HAS_AFTER, a channel concatenation read in place) adds its own column tiles after x's: a program's
     columns lie in one source, whose base and strides it takes once (utils.select).
     """
     taps: tl.constexpr = KD * KH * KW
     # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
+    if RUN > 1:  # x's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
+        C_IN = run_aligned(C_IN, RUN)
+        stride_xn, stride_xd = run_aligned(stride_xn, RUN), run_aligned(stride_xd, RUN)
+        stride_xh, stride_xw = run_aligned(stride_xh, RUN), run_aligned(stride_xw, RUN)
+        stride_pn, stride_pd = run_aligned(stride_pn, RUN), run_aligned(stride_pd, RUN)
+        stride_ph, stride_pw = run_aligned(stride_ph, RUN), run_aligned(stride_pw, RUN)
     group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     x_ptr += group * C_IN * stride_xc
     out_ptr += group * C_OUT * stride_oo
     pid = tl.program_id(0)
     if PACK_TAPS:  # few input channels: the columns are (tap, channel) pairs, several taps per program
-        cols = taps * C_IN
-        num_n = tl.cdiv(cols, BLOCK_N)
+        cols: tl.constexpr = taps * PACK_TAPS
+        num_n: tl.constexpr = (cols + BLOCK_N - 1) // BLOCK_N
         pid_m = pid // num_n
         pid_n = pid % num_n
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] (tap, channel) pairs
-        tap = offs_n // C_IN  # [BLOCK_N]
-        offs_c = offs_n - tap * C_IN
+        tap = offs_n // PACK_TAPS  # [BLOCK_N]
+        offs_c = offs_n - tap * PACK_TAPS
         mask_n = offs_n < cols
     else:  # one tap per program, its columns the input channels
         tap = pid % taps  # neighbouring programs share go and x rows: keep taps innermost
@@ -206,7 +217,7 @@ def _conv3d_wgrad_out_pairs_kernel(
     PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    C_OUT: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    C_OUT: tl.constexpr, RUN: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """gw[co, tap, ci] = sum over input voxels v of go[v + pad - tap * dil, co] * x[v, ci], at unit stride, for
@@ -217,10 +228,14 @@ def _conv3d_wgrad_out_pairs_kernel(
     27 x 3 = 81 pairs fill 128 rows, x's rows load once, whole, and go is gathered per (pair, voxel), its bounds a
     bit a tap (utils.tap_bits, once a step for the step's voxels). The pairs' offsets and bit indices are the
     program's, found before the loop. C_OUT (the group's output channels) is a constexpr: constant divisions.
+    Where go's strides are multiples of RUN (the forward's), a voxel's run of a tap's channels loads as a vector.
     Split-K over the voxels as the one-tap form, into the same fp32 partials.
     """
     TAPS: tl.constexpr = KD * KH * KW
     tl.static_assert(TAPS < 64, "tap bits: at most 63 taps")
+    if RUN > 1:  # go's strides multiples of RUN, as the compiler can see
+        stride_gn, stride_gd = run_aligned(stride_gn, RUN), run_aligned(stride_gd, RUN)
+        stride_gh, stride_gw = run_aligned(stride_gh, RUN), run_aligned(stride_gw, RUN)
     group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     x_ptr += group * C_IN * stride_xc
@@ -353,7 +368,7 @@ def _launch_pointer_kernel(
             *ndhwc_strides(grad_out), *x.stride(), *out.stride(),
             *geom.front_padding, *geom.dilation,
             *geom.kernel,
-            C_OUT=c_out, UPCAST_DOT=upcast, INPUT_PRECISION=precision,
+            C_OUT=c_out, RUN=channel_run(c_out, grad_out), UPCAST_DOT=upcast, INPUT_PRECISION=precision,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
@@ -361,6 +376,7 @@ def _launch_pointer_kernel(
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
+    packed = packs_taps("wgrad", geom)
     launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
@@ -369,7 +385,8 @@ def _launch_pointer_kernel(
         *go_strides, *x.stride(), *p_strides, *q_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=packs_taps("wgrad", geom),
+        GO_DENSE=go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
+        RUN=channel_run(c_in, x, frames_before) if packed else 1,
         HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,

@@ -84,13 +84,16 @@ def next_voxels(n, d, h, w, digits, D, H, W):
 @triton.jit
 def tap_pairs(offs, CHANNELS, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr):
     """The packed loops' (tap, channel) pairs, numbered tap * CHANNELS + channel: each one's tap, its kernel
-    coordinates (kd, kh, kw), its channel, and whether it is one of the kernel's."""
-    tap = offs // CHANNELS
-    channel = offs - tap * CHANNELS
+    coordinates (kd, kh, kw), its channel, and whether it is one of the kernel's. The pairs count from 0: unsigned
+    divisions (a multiply-high and a shift each, without the signed ones' rounding fix-ups), int32 results."""
+    pair = offs.to(tl.uint32)
+    tap = pair // CHANNELS
+    channel = pair - tap * CHANNELS
     kw = tap % KW
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
-    return tap, kd, kh, kw, channel, offs < KD * KH * KW * CHANNELS
+    return (tap.to(tl.int32), kd.to(tl.int32), kh.to(tl.int32), kw.to(tl.int32), channel.to(tl.int32),
+            offs < KD * KH * KW * CHANNELS)  # fmt: skip
 
 
 @triton.jit
@@ -131,6 +134,17 @@ def tap_inside(bits, tap, valid, TAPS: tl.constexpr):
     NONE: tl.constexpr = 31 if TAPS < 32 else 63  # a bit never set
     shift = tl.where(valid, tap, NONE)
     return ((bits[:, None] >> shift.to(bits.dtype)[None, :]) & 1) != 0
+
+
+@triton.jit
+def run_aligned(stride, RUN: tl.constexpr):
+    """`stride`, which the launcher checked is a multiple of RUN (utils.channel_run), in a form the compiler
+    knows is one: Triton proves alignment only of integer arguments divisible by 16, and a packed loop's strides
+    are multiples of its few channels (8: the W stride of an 8-channel NDHWC tensor), so without this each
+    (tap, channel) run of a row is gathered element by element."""
+    if RUN > 1:
+        return stride // RUN * RUN
+    return stride
 
 
 @triton.jit
@@ -322,6 +336,21 @@ def ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
         sn if n > 1 else d * h * w * c, sc if c > 1 else 1, sd if d > 1 else h * w * c, sh if h > 1 else w * c,
         sw if w > 1 else c,
     )  # fmt: skip
+
+
+def channel_run(channels: int, *tensors: torch.Tensor | None) -> int:
+    """RUN of a packed loop (its reduction (tap, channel) pairs, `channels` a tap): the largest power of two
+    elements, at most 16 bytes, that divides `channels` and every stride but the channels' of each tensor given
+    (channels unit-stride: ndhwc's; size-1 dims, whose index is 0, aside), so that each tap's run of channels of
+    a voxel starts 16-byte aligned when the tensor does (which Triton checks itself) and loads as vectors; 1
+    where no power of two does."""
+    present = [t for t in tensors if t is not None]
+    run = 16 // present[0].element_size()
+    for t in present:
+        strides = [s for i, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if i != 1 and n > 1]
+        while run > 1 and (channels % run or any(s % run for s in strides) or (t.shape[1] > 1 and t.stride(1) != 1)):
+            run //= 2
+    return run
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:

@@ -645,6 +645,11 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
+            if dtype != torch.float32 and geom.group_in_channels * dtype.itemsize % 16 == 0 and block_m == 64:
+                # each tap's channels of a voxel one 16-byte vector (utils.channel_run): 32 voxels a step on 4
+                # warps, 255 instructions a step where 16 on 8 warps took 128 (stack_in8, sm_90 bf16 under 3.9:
+                # 510 issue cycles an SM for 256 of wgmma, 3.6: 740 for 256, where 16 deep took 1024 and 976)
+                block_k, num_warps = 32, 4
         elif packs_out_taps(geom):
             # (tap, output channel) pairs gathered from grad_out per (pair, voxel): 32 voxels a step on 8 warps,
             # 16 gathered elements a thread, for 3 to 4 instructions a (voxel, tap) (sm_90 bf16, 128x128: 336 a step
@@ -675,6 +680,15 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # The input gradient gathers the weight per pair too: 128 x 128 (fp32 128 x 64) spilled 16 bytes on sm_80
         # under triton 3.6 (last_cout3, the decoder's conv to 3 channels, whose input gradient reduces 27 x 3).
         block_n = _pow2_clamp(view.cols, MIN_TILE, widest // 2 if direction == "dgrad" else widest)
+        packed = geom.group_in_channels if direction == "fwd" else geom.group_out_channels
+        if dtype != torch.float32 and packed * dtype.itemsize % 16 == 0:
+            # Each tap's channels one 16-byte run (8 in 16 bits; utils.channel_run, as dense tensors have): the
+            # pairs move as vectors straight into shared memory, and a step decodes one tap for 8 of them, so
+            # 32 deep costs little more a step than 16 (sm_90 bf16, stack_in8's forward: 128x64x16 on 8 warps
+            # 91 instructions a step, 182 issue cycles an SM for 64 of wgmma; 128x64x32 on 4 warps 116 for 128;
+            # stack_out8's input gradient 89 -> 147); 8 warps from 128 x 128 (4 spill 72 bytes there).
+            num_warps = 8 if block_m * block_n >= 128 * 128 else 4
+            return KernelConfig(block_m, block_n, 32, num_warps, 3, group_m=8)
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
