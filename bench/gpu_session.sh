@@ -56,13 +56,14 @@ case "${1:-}" in
     # What H100 run 15 (2026-11-27) left or changed (bench/NOTES.md, "Third H100 session"): the decoders' forwards
     # as the heuristic now chooses them (the persistent Gluon kernel at 256x128 swapped, Wan's 96 channels in whole
     # 32-deep steps; run 15 timed 128x128 unswapped); wan_dec_96's input gradient in whole steps (its forward takes
-    # them now); the stack's layers (stack_in8's forward on the packed pointer kernel at 8 warps, run 15's 4;
-    # stack_out8, never timed); the small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's
+    # them now); the stack's layers, their 8 channels' runs now vectors (chosen: 32 deep on 4 warps, against the
+    # same vectors 16 deep on 8; stack_out8 never timed); the small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's
     # weight gradient transposed; unet_64 and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32).
     # Then the suite and the stack scenario.
     PLAN2_IMPLS=$(printf '%s,' wan_dec_384_cached:chosen wan_dec_96_cached:chosen hunyuan_dec_128_replicate:chosen \
       mochi_dec_256_replicate:chosen wan_dec_96:chosen wan_dec_96:gluon_ws_whole_steps stack_in8:chosen \
-      stack_in8:pointer stack_out8:chosen stack_out8:pointer stack_out8:gluon_ws hunyuan_512:chosen \
+      stack_in8:pointer stack_in8:packed_16deep stack_out8:chosen stack_out8:packed_16deep stack_out8:gluon_ws \
+      hunyuan_512:chosen \
       hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
       unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
     PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate,wan_dec_96

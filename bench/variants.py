@@ -33,6 +33,7 @@ from tconv3d import testing
 from tconv3d.geometry import check_conv3d
 from tconv3d.inspect.compile import arch_of, compile_ahead
 from tconv3d.kernels import conv_gluon, grouped
+from tconv3d.kernels.config import packs_taps
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
@@ -139,6 +140,10 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         # Both TMA boxes on the chosen tiles: the 16-wide patch and the one-row box (bench/NOTES.md predicts them).
         found["tma_patch"] = configs.with_tma(found["pointer"], geom, direction, rows=False)
         found["tma_rows"] = configs.with_tma(found["pointer"], geom, direction, rows=True)
+    if packs_taps(direction, geom) and found["pointer"].block_k == 32:
+        # the packed loops' 16-byte runs at 32 deep on 4 warps against the 16 deep on 8 they took before
+        # (bench/NOTES.md, "The stack's 8-channel layers: their channels as vectors")
+        found["packed_16deep"] = dataclasses.replace(found["pointer"], block_k=16, num_warps=8)
     if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
         split = configs.small_grid_split(direction, geom, chosen, configs.multiprocessor_count(device))
         if chosen.split_k > 1:
