@@ -23,6 +23,7 @@ from .utils import (
     mma,
     ndhwc,
     run_aligned,
+    runs_aligned,
     second_source_arguments,
     select,
     source_blocks,
@@ -89,8 +90,7 @@ def _conv3d_dgrad_kernel(
         stride_wo = KD * KH * KW * W_CIN
     if RUN > 1:  # go's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
         C_OUT = run_aligned(C_OUT, RUN)
-        stride_gn, stride_gd = run_aligned(stride_gn, RUN), run_aligned(stride_gd, RUN)
-        stride_gh, stride_gw = run_aligned(stride_gh, RUN), run_aligned(stride_gw, RUN)
+        stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, RUN)
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo

@@ -34,6 +34,7 @@ from .utils import (
     mma,
     ndhwc,
     run_aligned,
+    runs_aligned,
     second_source_arguments,
     select,
     source_blocks,
@@ -98,12 +99,9 @@ def _conv3d_fwd_kernel(
     """
     if RUN > 1:  # multiples of RUN, as the compiler can see (utils.run_aligned)
         C_IN = run_aligned(C_IN, RUN)  # a group's channels (its first one's offset)
-        stride_xn, stride_xd = run_aligned(stride_xn, RUN), run_aligned(stride_xd, RUN)
-        stride_xh, stride_xw = run_aligned(stride_xh, RUN), run_aligned(stride_xw, RUN)
-        stride_pn, stride_pd = run_aligned(stride_pn, RUN), run_aligned(stride_pd, RUN)
-        stride_ph, stride_pw = run_aligned(stride_ph, RUN), run_aligned(stride_pw, RUN)
-        stride_wo, stride_wd = run_aligned(stride_wo, RUN), run_aligned(stride_wd, RUN)
-        stride_wh, stride_ww = run_aligned(stride_wh, RUN), run_aligned(stride_ww, RUN)
+        stride_xn, stride_xd, stride_xh, stride_xw = runs_aligned(stride_xn, stride_xd, stride_xh, stride_xw, RUN)
+        stride_pn, stride_pd, stride_ph, stride_pw = runs_aligned(stride_pn, stride_pd, stride_ph, stride_pw, RUN)
+        stride_wo, stride_wd, stride_wh, stride_ww = runs_aligned(stride_wo, stride_wd, stride_wh, stride_ww, RUN)
     # Zeros borders and one source: a mask suffices and each tap's offset is one constant added to every row.
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
     # Grouped convolution (grid axis 1): a group's channels are a contiguous run of every voxel's and its output

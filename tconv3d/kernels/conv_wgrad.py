@@ -36,6 +36,7 @@ from .utils import (
     ndhwc_strides,
     next_voxels,
     run_aligned,
+    runs_aligned,
     second_source_arguments,
     select,
     tap_bits,
@@ -87,10 +88,8 @@ def _conv3d_wgrad_kernel(
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
     if RUN > 1:  # x's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
         C_IN = run_aligned(C_IN, RUN)
-        stride_xn, stride_xd = run_aligned(stride_xn, RUN), run_aligned(stride_xd, RUN)
-        stride_xh, stride_xw = run_aligned(stride_xh, RUN), run_aligned(stride_xw, RUN)
-        stride_pn, stride_pd = run_aligned(stride_pn, RUN), run_aligned(stride_pd, RUN)
-        stride_ph, stride_pw = run_aligned(stride_ph, RUN), run_aligned(stride_pw, RUN)
+        stride_xn, stride_xd, stride_xh, stride_xw = runs_aligned(stride_xn, stride_xd, stride_xh, stride_xw, RUN)
+        stride_pn, stride_pd, stride_ph, stride_pw = runs_aligned(stride_pn, stride_pd, stride_ph, stride_pw, RUN)
     group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     x_ptr += group * C_IN * stride_xc
@@ -234,8 +233,7 @@ def _conv3d_wgrad_out_pairs_kernel(
     TAPS: tl.constexpr = KD * KH * KW
     tl.static_assert(TAPS < 64, "tap bits: at most 63 taps")
     if RUN > 1:  # go's strides multiples of RUN, as the compiler can see
-        stride_gn, stride_gd = run_aligned(stride_gn, RUN), run_aligned(stride_gd, RUN)
-        stride_gh, stride_gw = run_aligned(stride_gh, RUN), run_aligned(stride_gw, RUN)
+        stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, RUN)
     group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     x_ptr += group * C_IN * stride_xc

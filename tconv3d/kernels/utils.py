@@ -1,6 +1,7 @@
 """Pieces the kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
 
 import itertools
+import math
 
 import torch
 import triton
@@ -145,6 +146,13 @@ def run_aligned(stride, RUN: tl.constexpr):
     if RUN > 1:
         return stride // RUN * RUN
     return stride
+
+
+@triton.jit
+def runs_aligned(stride_n, stride_d, stride_h, stride_w, RUN: tl.constexpr):
+    """run_aligned of a tensor's four strides besides its channels' (N, D, H, W; or a weight's Cout, KD, KH, KW)."""
+    return (run_aligned(stride_n, RUN), run_aligned(stride_d, RUN), run_aligned(stride_h, RUN),
+            run_aligned(stride_w, RUN))  # fmt: skip
 
 
 @triton.jit
@@ -345,12 +353,14 @@ def channel_run(channels: int, *tensors: torch.Tensor | None) -> int:
     a voxel starts 16-byte aligned when the tensor does (which Triton checks itself) and loads as vectors; 1
     where no power of two does."""
     present = [t for t in tensors if t is not None]
-    run = 16 // present[0].element_size()
+    common = channels
     for t in present:
-        strides = [s for i, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if i != 1 and n > 1]
-        while run > 1 and (channels % run or any(s % run for s in strides) or (t.shape[1] > 1 and t.stride(1) != 1)):
-            run //= 2
-    return run
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            return 1
+        common = math.gcd(
+            common, *(s for i, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if i != 1 and n > 1)
+        )
+    return min(16 // present[0].element_size(), common & -common)  # the largest power of two dividing them all
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:

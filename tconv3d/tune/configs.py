@@ -626,6 +626,12 @@ def whole_steps_twin(
     return None
 
 
+def _vector_runs(channels: int, dtype: torch.dtype) -> bool:
+    """Whether a packed loop's `channels` a tap make 16-byte runs in 16 bits (utils.channel_run's RUN, as dense
+    tensors have it), which its heuristic tiles take 32 deep."""
+    return dtype != torch.float32 and channels * dtype.itemsize % 16 == 0
+
+
 def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
     """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
     128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
@@ -645,7 +651,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
-            if dtype != torch.float32 and geom.group_in_channels * dtype.itemsize % 16 == 0 and block_m == 64:
+            if _vector_runs(geom.group_in_channels, dtype) and block_m == 64:
                 # each tap's channels of a voxel one 16-byte vector (utils.channel_run): 32 voxels a step on 4
                 # warps, 255 instructions a step where 16 on 8 warps took 128 (stack_in8, sm_90 bf16 under 3.9:
                 # 510 issue cycles an SM for 256 of wgmma, 3.6: 740 for 256, where 16 deep took 1024 and 976)
@@ -680,8 +686,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # The input gradient gathers the weight per pair too: 128 x 128 (fp32 128 x 64) spilled 16 bytes on sm_80
         # under triton 3.6 (last_cout3, the decoder's conv to 3 channels, whose input gradient reduces 27 x 3).
         block_n = _pow2_clamp(view.cols, MIN_TILE, widest // 2 if direction == "dgrad" else widest)
-        packed = geom.group_in_channels if direction == "fwd" else geom.group_out_channels
-        if dtype != torch.float32 and packed * dtype.itemsize % 16 == 0:
+        if _vector_runs(geom.group_in_channels if direction == "fwd" else geom.group_out_channels, dtype):
             # Each tap's channels one 16-byte run (8 in 16 bits; utils.channel_run, as dense tensors have): the
             # pairs move as vectors straight into shared memory, and a step decodes one tap for 8 of them, so
             # 32 deep costs little more a step than 16 (sm_90 bf16, stack_in8's forward: 128x64x16 on 8 warps
