@@ -37,37 +37,32 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-# The 15-minute session's two calls (bench/NOTES.md, "Third H100 session", as re-planned after H100 runs 14 and
-# 15 of 2026-11-27), each one word; any variable set in the call's environment still wins:
+# The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
+# 18 of 2026-11-27), each one word; any variable set in the call's environment still wins:
 #   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
-#           the main job: the correctness of what changed since
-#   plan2   bench.variants on what run 15 left or changed (the decoders' forwards as now chosen, wan_dec_96's whole
-#           steps, the stack's 8-channel layers, the small grids, unet_32's transposed weight gradient, the deeper
-#           rings, unet_64 in fp32), then python -m bench, bf16 forward and backward against cuDNN
-#           channels_last_3d, and the stack scenario (both measure L2's read bandwidth beside the matmul peak)
+#           the main job: the correctness of what changed since; then the small layers' host time (issue 29)
+#   plan2   bench.variants on what runs 17 and 18 left or changed (the small grids, unet_32's transposed weight
+#           gradient, the deeper rings, unet_64 in fp32, the stack's 8-channel layers as now chosen), then python -m
+#           bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario (both measure
+#           L2's read bandwidth beside the matmul peak)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
-  plan1)  # the H100's of 2026-11-27 (run 14): probe 15 s, the suite cut at 183 s (1608 tests), then 45 s of memcheck
-    export CALL_SECONDS=${CALL_SECONDS:-330} TESTS_TIMEOUT=${TESTS_TIMEOUT:-230} GPU_TIMEOUT=${GPU_TIMEOUT:-70}
-    set -- probe tests gpu
+  plan1)  # the H100's of 2026-11-27 (run 16): probe 15 s, the suite cut at 195 s (1432 passed, ~96%), GPU tests 60 s
+    export CALL_SECONDS=${CALL_SECONDS:-360} TESTS_TIMEOUT=${TESTS_TIMEOUT:-190} GPU_TIMEOUT=${GPU_TIMEOUT:-50} \
+      HOST_TIMEOUT=${HOST_TIMEOUT:-80}
+    set -- probe tests gpu host
     ;;
   plan2)
-    # What H100 run 15 (2026-11-27) left or changed (bench/NOTES.md, "Third H100 session"): the decoders' forwards
-    # as the heuristic now chooses them (the persistent Gluon kernel at 256x128 swapped, Wan's 96 channels in whole
-    # 32-deep steps; run 15 timed 128x128 unswapped); wan_dec_96's input gradient in whole steps (its forward takes
-    # them now); the stack's layers, their 8 channels' runs now vectors (chosen: 32 deep on 4 warps, against the
-    # same vectors 16 deep on 8; stack_out8 never timed); the small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's
-    # weight gradient transposed; unet_64 and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32).
-    # Then the suite and the stack scenario.
-    PLAN2_IMPLS=$(printf '%s,' wan_dec_384_cached:chosen wan_dec_96_cached:chosen hunyuan_dec_128_replicate:chosen \
-      mochi_dec_256_replicate:chosen wan_dec_96:chosen wan_dec_96:gluon_ws_whole_steps stack_in8:chosen \
-      stack_in8:pointer stack_in8:packed_16deep stack_out8:chosen stack_out8:packed_16deep stack_out8:gluon_ws \
-      hunyuan_512:chosen \
-      hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
-      unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
-    PLAN2_CASES=wan_dec_384_cached,wan_dec_96_cached,hunyuan_dec_128_replicate,mochi_dec_256_replicate,wan_dec_96
-    PLAN2_CASES=$PLAN2_CASES,stack_in8,stack_out8,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
+    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left untimed: the small grids on
+    # one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64 and
+    # wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32); the stack's last layer's weight gradient
+    # (the out-pairs kernel) and its packed input gradient now 16 deep on 8 warps, against 32 on 4; the stack's first
+    # layer as chosen. Then the suite and the stack scenario.
+    PLAN2_IMPLS=$(printf '%s,' hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
+      unet_320:gluon_ws_small_grid unet_32:chosen unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen \
+      stack_out8:chosen stack_out8:packed_32deep stack_in8:chosen )unet_64:gluon_ws
+    PLAN2_CASES=hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32,stack_out8,stack_in8
     export CALL_SECONDS=${CALL_SECONDS:-420} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-200} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-105} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
@@ -207,7 +202,7 @@ run_stage() {
     timeout "$(left 200)" python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
     ;;
   host)
-    timeout "$(left 200)" python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 \
+    timeout "$(left "${HOST_TIMEOUT:-200}")" python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 \
       | tee "$OUT/host_overhead.log"
     ;;
   variants)  # VARIANTS_TESTS=0: the timings alone (after a tests stage, which runs these tests too)

@@ -140,10 +140,18 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         # Both TMA boxes on the chosen tiles: the 16-wide patch and the one-row box (bench/NOTES.md predicts them).
         found["tma_patch"] = configs.with_tma(found["pointer"], geom, direction, rows=False)
         found["tma_rows"] = configs.with_tma(found["pointer"], geom, direction, rows=True)
-    if packs_taps(direction, geom) and found["pointer"].block_k == 32:
-        # the packed loops' 16-byte runs at 32 deep on 4 warps against the 16 deep on 8 they took before
-        # (bench/NOTES.md, "The stack's 8-channel layers: their channels as vectors")
-        found["packed_16deep"] = dataclasses.replace(found["pointer"], block_k=16, num_warps=8)
+    if packs_taps(direction, geom):
+        # the packed loops at the other of the two depths the H100 compared on 16-byte runs (bench/NOTES.md, "Fourth
+        # H100 session"): 16 deep on 8 warps (the forward's and input gradient's) and 32 on 4 (the weight gradient's)
+        pointer = found["pointer"]
+        if pointer.block_k == 32:
+            found["packed_16deep"] = dataclasses.replace(pointer, block_k=16, num_warps=8)
+        elif (
+            pointer.block_k == 16
+            and pointer.block_m * pointer.block_n < 128 * 128
+            and configs._vector_runs(geom.group_out_channels if direction == "dgrad" else geom.group_in_channels, dtype)
+        ):
+            found["packed_32deep"] = dataclasses.replace(pointer, block_k=32, num_warps=4)
     if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
         split = configs.small_grid_split(direction, geom, chosen, configs.multiprocessor_count(device))
         if chosen.split_k > 1:

@@ -602,6 +602,31 @@ def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
         assert found["chosen"].gluon == 2 and found["pointer"].variant == "pointer", shape.name
 
 
+def test_variants_offer_the_packed_loops_at_the_other_depth(monkeypatch):
+    """The stack's 8-channel layers on an H100 (capability and SM count stubbed): the packed forward and input
+    gradient as chosen (16 deep on 8 warps, timed 1.08x faster on run 18) beside 32 deep on 4, the packed weight
+    gradient as chosen (32 voxels on 4 warps, 1.08x faster) beside 16 on 8; each row the same tile otherwise."""
+    from bench import variants
+    from tconv3d.tune import choice, configs
+
+    monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: False)
+    h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
+    monkeypatch.setattr(choice, "pick_config", h100)
+    shapes = {s.name: s.launched_geometry() for s in load_shape_set("stack")}
+    for case, direction, other, depth, warps in (
+        ("stack_in8", "fwd", "packed_32deep", 32, 4),
+        ("stack_out8", "dgrad", "packed_32deep", 32, 4),
+        ("stack_in8", "wgrad", "packed_16deep", 16, 8),
+    ):
+        found = variants.variant_configs(direction, shapes[case], torch.bfloat16, torch.device("cuda"))
+        chosen = found["chosen"]
+        assert chosen.variant == "pointer" and (chosen.block_k, chosen.num_warps) != (depth, warps), (case, chosen)
+        assert found[other] == dataclasses.replace(chosen, block_k=depth, num_warps=warps), (case, found)
+        assert not {"packed_16deep", "packed_32deep"} - {other} & found.keys(), case
+
+
 def test_census_sees_every_convolution_of_a_decode():
     """bench.census on the test-size Wan VAE: the dispatch mode records one geometry per tconv3d conv call (as many
     as the converted conv modules' forwards), the chunks after the first read cached frames, each row names the

@@ -152,10 +152,10 @@ def test_the_session_script_hands_a_plans_own_arguments_to_precompile(tmp_path):
     assert argv[:6] == ["-m", "bench.precompile", "--wheel", "/wheels/triton.whl", "--stages", "variants bench"]
     options = dict(zip(argv[6::2], argv[7::2], strict=True))
     assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack"
-    assert (
-        options["--variants-args"].startswith("--cases wan_dec_384_cached,")
-        and "--impls " in options["--variants-args"]
-    )
+    flag, cases, impls_flag, impls = options["--variants-args"].split()
+    assert (flag, impls_flag) == ("--cases", "--impls"), options["--variants-args"]
+    cases = {case.split("@")[0] for case in cases.split(",")}  # each impl names a case the call times
+    assert cases and all(impl.split(":")[0] in cases for impl in impls.split(",")), options["--variants-args"]
 
 
 def test_a_gpu_calls_unpack_and_census_import_neither_torch_nor_triton_to_start(tmp_path):

@@ -387,7 +387,8 @@ RUN_CASES = [
 def test_packed_runs_match_float64(case, layout, gpu_heuristic_tiles, device):
     """The packed forward, input gradient and weight gradients (pairs as columns; the out-pairs kernel) with the
     channels' runs as vectors (RUN: 8 for 8 bf16 channels, dense; 4 for 8 channels sliced from 12, whose strides are
-    multiples of 12; 2 for 6 channels), at the tiles an H100 launches (32 deep for 16-byte runs), against float64.
+    multiples of 12; 2 for 6 channels), at the tiles an H100 launches (16-byte runs: the forward and input gradient
+    16 deep on 8 warps, the weight gradient 32 voxels deep on 4), against float64.
     The sliced tensors start 4 bytes past an allocation's 16-byte alignment, the input and grad_out both."""
     dtype = torch.bfloat16
     extra = 4 if layout == "sliced" else 0  # channels of the whole tensor besides the operand's

@@ -628,7 +628,7 @@ def whole_steps_twin(
 
 def _vector_runs(channels: int, dtype: torch.dtype) -> bool:
     """Whether a packed loop's `channels` a tap make 16-byte runs in 16 bits (utils.channel_run's RUN, as dense
-    tensors have it), which its heuristic tiles take 32 deep."""
+    tensors have it), which the packed weight gradient's heuristic tiles take 32 voxels deep."""
     return dtype != torch.float32 and channels * dtype.itemsize % 16 == 0
 
 
@@ -686,14 +686,11 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # The input gradient gathers the weight per pair too: 128 x 128 (fp32 128 x 64) spilled 16 bytes on sm_80
         # under triton 3.6 (last_cout3, the decoder's conv to 3 channels, whose input gradient reduces 27 x 3).
         block_n = _pow2_clamp(view.cols, MIN_TILE, widest // 2 if direction == "dgrad" else widest)
-        if _vector_runs(geom.group_in_channels if direction == "fwd" else geom.group_out_channels, dtype):
-            # Each tap's channels one 16-byte run (8 in 16 bits; utils.channel_run, as dense tensors have): the
-            # pairs move as vectors straight into shared memory, and a step decodes one tap for 8 of them, so
-            # 32 deep costs little more a step than 16 (sm_90 bf16, stack_in8's forward: 128x64x16 on 8 warps
-            # 91 instructions a step, 182 issue cycles an SM for 64 of wgmma; 128x64x32 on 4 warps 116 for 128;
-            # stack_out8's input gradient 89 -> 147); 8 warps from 128 x 128 (4 spill 72 bytes there).
-            num_warps = 8 if block_m * block_n >= 128 * 128 else 4
-            return KernelConfig(block_m, block_n, 32, num_warps, 3, group_m=8)
+        # Where each tap's channels make one 16-byte run (8 in 16 bits; utils.channel_run) the pairs move as
+        # vectors straight into shared memory, at this same 16-deep step on 8 warps: the H100 (run 18) timed it
+        # 1.08x faster than 32 deep on 4 warps (stack_in8's forward, stack_out8's input gradient) at ~11% of the
+        # peak either way, far under what issue allows (35% and 100%, sm_90 bf16): latency-bound loops, and
+        # two programs an SM both ways (102 registers x 256 threads, 190 x 128) hold twice the warps at 16 deep.
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
