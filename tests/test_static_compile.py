@@ -602,8 +602,8 @@ if conv_gluon.UNAVAILABLE is None:
                 if shape.name in ("wan_dec_96", "last_cout3") and dtype == torch.bfloat16:
                     forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
                     whole = configs.whole_steps_twin(direction, geom, dataclasses.replace(forced, gluon=2), 2)
-                    if forced.gluon == 2 and forced.block_k == 32 and direction == "fwd":
-                        whole = forced  # the heuristic took the twin (wan_dec_96's forward)
+                    if forced.gluon == 2 and forced.block_k == 32 and direction != "wgrad":
+                        whole = forced  # the heuristic took the twin (wan_dec_96's forward and input gradient)
                     if whole is not None:
                         report = compile_launch(direction, geom, dtype, whole, 90)[0]
                         out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),

@@ -522,15 +522,16 @@ def _persistent_tiles(
     direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
 ) -> KernelConfig:
     """The persistent Gluon kernels' tiles from the heuristic's, as timed on the H100 (bench.variants,
-    tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47, run13_1739e47 and run15_84dc0b7):
+    tests/gpu_logs/NVIDIA_H100_80GB_HBM3/run12_1739e47, run13_1739e47, run15_84dc0b7 and run17_9ab2ef8):
     - the forward's and input gradient's 128x128 -> 256x128 with the operands swapped (one m64n256 wgmma a
       warpgroup, less shared-memory traffic a FLOP) where its rounds of tiles over the SMs, each WIDE_TILE_GAIN
       faster a FLOP, end sooner than the 128x128 ones: wan_dec_384b's forward 69.6% -> 85.5% of the matmul peak
       (1.23x), its input gradient 1.18x; a layer of few tiles keeps 128x128 (half as many tiles fill fewer SMs);
     - a 128-row tile of at most 64 columns on one warpgroup instead of two, where that runs two programs an SM
       (one's epilogue and next tile under the other's wgmmas): unet_64's forward 1.18x, input gradient 1.20x;
-    - a forward's taps of 96 channels in three whole 32-deep steps, not two 64-deep ones half empty
-      (whole_steps_twin): wan_dec_96_cached's forward 3.414 -> 2.515 ms (1.36x);
+    - a forward's and input gradient's taps of 96 channels in three whole 32-deep steps, not two 64-deep ones
+      half empty (whole_steps_twin): wan_dec_96_cached's forward 3.414 -> 2.515 ms (1.36x, run 15), wan_dec_96's
+      input gradient 3.774 -> 2.629 (1.44x, run 17);
     - the deepest ring that keeps the programs an SM (deepest_ring) where more boxes in flight timed faster: the
       forward's and input gradient's one-warpgroup tiles at two programs an SM (unet_64: 0.328 -> 0.310 ms and
       0.327 -> 0.310) and the weight gradient's 8-warp tiles at one (wan_dec_384b: 2.033 -> 1.854 ms, 1.10x); not
@@ -553,7 +554,7 @@ def _persistent_tiles(
         one = replace(config, num_warps=4)
         if gluon_takes(one) and conv_gluon.programs_an_sm(one, element_size, weight_grad=False) == 2:
             config = one
-    whole = whole_steps_twin(direction, geom, config, element_size) if direction == "fwd" else None
+    whole = whole_steps_twin(direction, geom, config, element_size)
     if whole is not None:
         return whole
     if config.num_warps == 4 and conv_gluon.programs_an_sm(config, element_size, weight_grad=False) == 2:
