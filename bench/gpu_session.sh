@@ -54,15 +54,17 @@ case "${1:-}" in
     set -- probe tests gpu host
     ;;
   plan2)
-    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left untimed: the small grids on
-    # one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64 and
-    # wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32); the stack's last layer's weight gradient
-    # (the out-pairs kernel) and its packed input gradient now 16 deep on 8 warps, against 32 on 4; the stack's first
-    # layer as chosen. Then the suite and the stack scenario.
-    PLAN2_IMPLS=$(printf '%s,' hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
+    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left untimed, the stack's layers
+    # first (the stack is ~2% over cuDNN's step): its 8-channel forwards and input gradients on the deepest ring in
+    # half an SM's shared memory (latency-bound loops), its packed input gradient now 16 deep on 8 warps against 32 on
+    # 4, its last layer's weight gradient (the out-pairs kernel); then the small grids on one-warpgroup split tiles
+    # (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64 and wan_dec_384b as chosen (the deeper
+    # rings); unet_64 in fp32 (TF32). Then the suite and the stack scenario.
+    PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:packed_32deep stack_out8:pointer_deep_ring stack_in8:chosen \
+      stack_in8:pointer_deep_ring hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
       unet_320:gluon_ws_small_grid unet_32:chosen unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen \
-      stack_out8:chosen stack_out8:packed_32deep stack_in8:chosen )unet_64:gluon_ws
-    PLAN2_CASES=hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32,stack_out8,stack_in8
+      )unet_64:gluon_ws
+    PLAN2_CASES=stack_out8,stack_in8,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-420} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-200} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-105} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \

@@ -33,7 +33,7 @@ from tconv3d import testing
 from tconv3d.geometry import check_conv3d
 from tconv3d.inspect.compile import arch_of, compile_ahead
 from tconv3d.kernels import conv_gluon, grouped
-from tconv3d.kernels.config import packs_taps
+from tconv3d.kernels.config import packs_taps, w_tap_columns
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
@@ -83,6 +83,9 @@ SMALL_GRID = "gluon_ws_small_grid"
 # The row of a weight gradient of few output channels (32 or fewer) computed transposed: the taps' input channels on
 # the wgmma's rows, Cout on its columns (configs.swapped_wgrad_twin: unet_32's 32 of 64 rows -> 27 of 28 taps).
 SWAPPED_WGRAD = "gluon_ws_swapped_wgrad"
+# The row of a small-channel pointer forward's or input gradient's tiles (packed (tap, channel) pairs of 16-byte runs,
+# or W taps as columns) on the deepest ring within half an SM's shared memory (pointer_deep_ring).
+POINTER_DEEP_RING = "pointer_deep_ring"
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
 WHOLE_STEPS = "gluon_ws_whole_steps"
@@ -130,6 +133,29 @@ def wanted(impls: set | None, case: str, name: str) -> bool:
     return impls is None or name in impls or f"{case}:{name}" in impls
 
 
+def pointer_deep_ring(
+    direction: str, geom, config: configs.KernelConfig, dtype: torch.dtype
+) -> configs.KernelConfig | None:
+    """A 16-bit small-channel pointer forward's or input gradient's `config` (its reduction packed (tap, channel)
+    pairs of 16-byte runs, or its columns (channel, W tap) pairs) with the deepest ring, at most 8 stages, whose
+    buffers fit half an SM's shared memory: the stack's 8-channel layers' loops ran at 6-12% of the peak on the H100
+    (run 18) where issue allowed 35-100%, so each tile waits on its gathers; their registers (94-173 a thread,
+    inspect) hold two programs an SM at 3 stages already. None elsewhere, or where the ring is that deep already."""
+    if direction == "wgrad" or config.variant != "pointer" or dtype == torch.float32 or config.num_stages < 2:
+        return None
+    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
+    vectors = packs_taps(direction, geom) and configs._vector_runs(channels, dtype)
+    if not (vectors or w_tap_columns(direction, geom)):
+        return None
+    stage = (config.block_m + config.block_n) * config.block_k * dtype.itemsize
+    stages = min(8, (HALF_SM_SHARED_MEMORY - 1024) // stage)
+    return dataclasses.replace(config, num_stages=stages) if stages > config.num_stages else None
+
+
+# What two programs an SM may each hold of an H100's or H200's shared memory (228 KB a multiprocessor).
+HALF_SM_SHARED_MEMORY = 114 * 1024
+
+
 def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.KernelConfig]:
     """name -> config: the chosen one, and each variant the problem and this device can run."""
     chosen = choice.pick_config(direction, geom, dtype, device)
@@ -152,6 +178,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
             and configs._vector_runs(geom.group_out_channels if direction == "dgrad" else geom.group_in_channels, dtype)
         ):
             found["packed_32deep"] = dataclasses.replace(pointer, block_k=32, num_warps=4)
+    deep = pointer_deep_ring(direction, geom, found["pointer"], dtype)
+    if deep is not None:
+        found[POINTER_DEEP_RING] = deep
     if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
         split = configs.small_grid_split(direction, geom, chosen, configs.multiprocessor_count(device))
         if chosen.split_k > 1:

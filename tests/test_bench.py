@@ -602,10 +602,12 @@ def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
         assert found["chosen"].gluon == 2 and found["pointer"].variant == "pointer", shape.name
 
 
-def test_variants_offer_the_packed_loops_at_the_other_depth(monkeypatch):
+def test_variants_offer_the_packed_loops_at_the_other_depth_and_a_deep_ring(monkeypatch):
     """The stack's 8-channel layers on an H100 (capability and SM count stubbed): the packed forward and input
     gradient as chosen (16 deep on 8 warps, timed 1.08x faster on run 18) beside 32 deep on 4, the packed weight
-    gradient as chosen (32 voxels on 4 warps, 1.08x faster) beside 16 on 8; each row the same tile otherwise."""
+    gradient as chosen (32 voxels on 4 warps, 1.08x faster) beside 16 on 8; each row the same tile otherwise. The
+    forwards and input gradients (packed, or W taps as columns) beside their deepest ring in half an SM's shared
+    memory; not the weight gradient's, not fp32's."""
     from bench import variants
     from tconv3d.tune import choice, configs
 
@@ -625,6 +627,26 @@ def test_variants_offer_the_packed_loops_at_the_other_depth(monkeypatch):
         assert chosen.variant == "pointer" and (chosen.block_k, chosen.num_warps) != (depth, warps), (case, chosen)
         assert found[other] == dataclasses.replace(chosen, block_k=depth, num_warps=warps), (case, found)
         assert not {"packed_16deep", "packed_32deep"} - {other} & found.keys(), case
+    # the latency-bound small-channel forwards and input gradients on the deepest ring within half an SM's shared
+    # memory: 6 KB a stage of 128 x 64 x 16 (8 stages at most), 20 KB of 128 x 32 x 64 (W taps as columns)
+    rings = {}
+    for case, direction in (
+        ("stack_in8", "fwd"),
+        ("stack_out8", "dgrad"),
+        ("stack_in8", "dgrad"),
+        ("stack_out8", "fwd"),
+    ):
+        found = variants.variant_configs(direction, shapes[case], torch.bfloat16, torch.device("cuda"))
+        deep = found[variants.POINTER_DEEP_RING]
+        assert deep == dataclasses.replace(found["pointer"], num_stages=deep.num_stages), (case, direction, deep)
+        buffers = deep.num_stages * (deep.block_m + deep.block_n) * deep.block_k * 2
+        assert buffers <= variants.HALF_SM_SHARED_MEMORY - 1024, (case, direction, deep)
+        rings[case, direction] = deep.num_stages
+    assert rings == {("stack_in8", "fwd"): 8, ("stack_out8", "dgrad"): 8, ("stack_in8", "dgrad"): 5,
+                     ("stack_out8", "fwd"): 5}  # fmt: skip
+    for case, direction, dtype in (("stack_in8", "wgrad", torch.bfloat16), ("stack_in8", "fwd", torch.float32)):
+        found = variants.variant_configs(direction, shapes[case], dtype, torch.device("cuda"))
+        assert variants.POINTER_DEEP_RING not in found, (case, direction, dtype)
 
 
 def test_census_sees_every_convolution_of_a_decode():
