@@ -12,7 +12,8 @@
 #             and cuDNN per large layer, each checked before it is timed, compiled ahead in parallel
 #   tune      python -m tconv3d.tune over the bench suite (resumes; rerun until done)
 #   bench     python -m bench, merged into bench/results/<device>.json (STACK_LAYERS=1: the stack's layers too)
-#   reliability  compute-sanitizer, a >2**31-element tensor, the UNet training run
+#   memcheck  compute-sanitizer memcheck over every kernel family, racecheck on the TMA, Gluon and split-K ones
+#   reliability  memcheck, a >2**31-element tensor, the UNet training run
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
 #             replay, tests/test_integrations.py on CUDA
@@ -39,8 +40,10 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 # The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
 # 18 of 2026-11-27), each one word; any variable set in the call's environment still wins:
-#   plan1   probe, the whole suite on CUDA as the heuristic now chooses (Gluon included), the GPU-marked tests and
-#           the main job: the correctness of what changed since; then the small layers' host time (issue 29)
+#   plan1   probe, compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet), the small
+#           layers' host time (issue 29), the GPU-marked tests and the main job. The suite on CUDA passed whole but
+#           its last ~4% at 9ab2ef8 (run 16); what changed since is configs, each timed checked on the H100 as a
+#           bench.variants row: `tests` runs it where a call has the time
 #   plan2   bench.variants on what runs 17 and 18 left or changed (the small grids, unet_32's transposed weight
 #           gradient, the deeper rings, unet_64 in fp32, the stack's 8-channel layers as now chosen), then python -m
 #           bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario (both measure
@@ -48,10 +51,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
-  plan1)  # the H100's of 2026-11-27 (run 16): probe 15 s, the suite cut at 195 s (1432 passed, ~96%), GPU tests 60 s
-    export CALL_SECONDS=${CALL_SECONDS:-360} TESTS_TIMEOUT=${TESTS_TIMEOUT:-190} GPU_TIMEOUT=${GPU_TIMEOUT:-50} \
-      HOST_TIMEOUT=${HOST_TIMEOUT:-80}
-    set -- probe tests gpu host
+  plan1)  # run 14 (2026-11-27): memcheck's first 8 pointer problems took 45 s, compiling each kernel on first use
+    export CALL_SECONDS=${CALL_SECONDS:-360} SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-210} HOST_TIMEOUT=${HOST_TIMEOUT:-70} \
+      GPU_TIMEOUT=${GPU_TIMEOUT:-40}
+    set -- probe memcheck host gpu
     ;;
   plan2)
     # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left untimed, the stack's layers
@@ -78,8 +81,8 @@ case "${1:-}" in
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | reliability | host | variants | models | profile | fuzz) ;;
-    *) echo "unknown stage $stage: plan1, plan2 or plan3 alone, or check, probe, tests, gpu, report, tune, bench, reliability, host, variants, models, profile or fuzz" >&2
+    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | variants | models | profile | fuzz) ;;
+    *) echo "unknown stage $stage: plan1, plan2 or plan3 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, variants, models, profile or fuzz" >&2
        exit 2 ;;
   esac
 done
@@ -197,8 +200,11 @@ run_stage() {
     # The JSON alone (the tool returns 8 files a call): `python -m bench.report` remakes the .md and .png here.
     cp "bench/results/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json" "$OUT/"
     ;;
-  reliability)
+  memcheck)
     OUT="$OUT" timeout "$(left "${SANITIZER_TIMEOUT:-300}")" bash tests/gpu/memcheck.sh
+    ;;
+  reliability)
+    run_stage memcheck
     timeout "$(left 150)" python3 tests/gpu/huge_tensor.py --out "$OUT/huge_tensor.json" 2>&1 \
       | tee "$OUT/huge_tensor.log"
     timeout "$(left 200)" python3 tests/gpu/train_unet.py --out "$OUT/train_unet.json" 2>&1 | tee "$OUT/train_unet.log"
