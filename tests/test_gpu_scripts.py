@@ -56,6 +56,54 @@ def test_sanitizer_cases_force_each_family():
     assert listed.returncode == 2 and "unknown family" in listed.stderr
 
 
+def _stub_sanitizer(tmp_path):
+    """A compute-sanitizer that logs its arguments, says 0 errors, and fails (or hangs) where its families' list
+    names FAIL_FAMILY (SLOW_FAMILY)."""
+    stub = tmp_path / "bin" / "compute-sanitizer"
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "sanitizer $*"\n'
+        'if [ -n "${SLOW_FAMILY:-}" ] && [[ "$*" == *"$SLOW_FAMILY"* ]]; then echo "started"; exec sleep 60; fi\n'
+        'if [ -n "${FAIL_FAMILY:-}" ] && [[ "$*" == *"$FAIL_FAMILY"* ]]; then\n'
+        '  echo "========= ERROR SUMMARY: 1 error"; exit 1; fi\n'
+        'echo "========= ERROR SUMMARY: 0 errors"\n'
+    )
+    stub.chmod(0o755)
+    path = f"{stub.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}"  # python3: this one, with tconv3d
+    return {**os.environ, "PATH": path, "OUT": str(tmp_path / "out")}
+
+
+def test_memcheck_shares_the_families_out_and_keeps_every_log(tmp_path):
+    """tests/gpu/memcheck.sh with a stub sanitizer: every family of sanitize_cases.FAMILIES memchecked once, pointer
+    alone in the first of JOBS processes, one memcheck.log holding every process's ERROR SUMMARY; a failing family
+    fails the script; stopped at a limit (gpu_session.sh's timeout), it still leaves what each process logged."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import sanitize_cases
+
+    env = _stub_sanitizer(tmp_path)
+    run = lambda extra, *prefix: subprocess.run(  # noqa: E731
+        [*prefix, "bash", "tests/gpu/memcheck.sh"], cwd=ROOT, env={**env, "JOBS": "3", **extra},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    result = run({})
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (tmp_path / "out" / "memcheck.log").read_text()
+    groups = [line.split()[-1].split(",") for line in log.splitlines() if line.startswith("=== families")]
+    assert groups[0] == ["pointer"] and len(groups) == 3, groups
+    assert sorted(f for group in groups for f in group) == sorted(sanitize_cases.FAMILIES)
+    assert log.count("ERROR SUMMARY: 0 errors") == 3 and "--tool memcheck" in log
+    race = (tmp_path / "out" / "racecheck.log").read_text()
+    assert "--tool racecheck" in race and "--quick --family tma,split_k,gluon,gluon_ws" in race
+    assert run({"FAIL_FAMILY": "depthwise"}).returncode == 1
+    nothing = run({"FAMILIES": " "})  # no families to check: an error, not a pass
+    assert nothing.returncode == 2 and "no families" in nothing.stderr
+    stopped = run({"SLOW_FAMILY": "group_norm"}, "timeout", "-s", "TERM", "8")
+    assert stopped.returncode == 124, stopped.stdout + stopped.stderr
+    log = (tmp_path / "out" / "memcheck.log").read_text()
+    assert log.count("=== families") == 3 and log.count("ERROR SUMMARY: 0 errors") == 2 and "started" in log
+
+
 def test_tma_probe_script_logic(monkeypatch):
     """tests/gpu/tma_probe.py on the interpreter: every case's box loads as the torch reference cuts it (the
     interpreter takes any map), and a reference cut one voxel off is told apart."""

@@ -206,6 +206,11 @@ def every(test):
     return lambda configs: bool(configs) and all(test(c) for c in configs)
 
 
+# The families, in families()' order: memcheck.sh shares them out over parallel sanitizer processes from this list.
+FAMILIES = ("pointer", "tma", "gluon", "gluon_ws", "split_k", "depthwise", "grouped", "padding_modes", "frames_before",
+            "conv_transpose", "channels_after", "group_norm", "rms_norm")  # fmt: skip
+
+
 def families() -> dict[str, list[Problem]]:
     """name -> its problems; a family the device or its Triton cannot run has none."""
     device = torch.device(DEVICE)
@@ -253,6 +258,7 @@ def main(argv=None) -> int:
     global DEVICE
     DEVICE = args.device
     found = families()
+    assert tuple(found) == FAMILIES, (tuple(found), FAMILIES)
     wanted = list(found) if args.family is None else args.family.split(",")
     unknown = [name for name in wanted if name not in found]
     if unknown:
