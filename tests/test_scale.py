@@ -55,10 +55,14 @@ class _KilledRanks(Exception):
 def _run_ranks_once(scenario: str, out_dir: Path, world_size: int) -> list[dict]:
     port = _free_port()
     ranks, logs = [], [out_dir / f"rank{rank}.log" for rank in range(world_size)]
+    # Inductor compiles in the rank's own process, not a pool of compile workers: CI (2 cores, 2026-11-27) once saw
+    # ddp_compile's rank 0 run past the deadline after rank 1 had exited 0 (every collective done), and a worker
+    # pool's shutdown is the suspect; two cores gain nothing from the pool either way.
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     for rank, log in enumerate(logs):  # output to files: an unread pipe could fill and stall a rank
         command = [sys.executable, str(TESTS / "scale_worker.py"), scenario, str(rank), str(world_size), str(port)]
         with open(log, "w") as out:
-            ranks.append(subprocess.Popen([*command, str(out_dir)], stdout=out, stderr=subprocess.STDOUT))
+            ranks.append(subprocess.Popen([*command, str(out_dir)], stdout=out, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     killed = set()
     try:
