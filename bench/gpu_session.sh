@@ -44,37 +44,38 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #           layers' host time (issue 29), the GPU-marked tests and the main job. The suite on CUDA passed whole but
 #           its last ~4% at 9ab2ef8 (run 16); what changed since is configs, each timed checked on the H100 as a
 #           bench.variants row: `tests` runs it where a call has the time
-#   plan2   bench.variants on what runs 17 and 18 left or changed (the small grids, unet_32's transposed weight
-#           gradient, the deeper rings, unet_64 in fp32, the stack's 8-channel layers as now chosen), then python -m
-#           bench, bf16 forward and backward against cuDNN channels_last_3d, and the stack scenario (both measure
-#           L2's read bandwidth beside the matmul peak)
+#   plan2   the tuner over the stack's layers (its table then in force), bench.variants on what runs 17 and 18 left
+#           (the 8-channel loops on deep rings, the small grids, unet_32's transposed weight gradient, the deeper
+#           rings, unet_64 in fp32), then python -m bench, bf16 forward and backward against cuDNN channels_last_3d,
+#           the stack scenario (both measure L2's read bandwidth beside the matmul peak) and the host-bound cases'
+#           CUDA-graph replays
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 case "${1:-}" in
   plan1)  # run 14 (2026-11-27): memcheck's first 8 pointer problems took 45 s, compiling each kernel on first use
-    export CALL_SECONDS=${CALL_SECONDS:-360} SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-210} HOST_TIMEOUT=${HOST_TIMEOUT:-70} \
+    export CALL_SECONDS=${CALL_SECONDS:-340} SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-200} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
       GPU_TIMEOUT=${GPU_TIMEOUT:-40}
     set -- probe memcheck host gpu
     ;;
   plan2)
-    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left untimed, the stack's layers
-    # first (the stack is ~2% over cuDNN's step): its 8-channel forwards and input gradients on the deepest ring in
-    # half an SM's shared memory (latency-bound loops), its packed input gradient now 16 deep on 8 warps against 32 on
-    # 4, its last layer's weight gradient (the out-pairs kernel); then the small grids on one-warpgroup split tiles
-    # (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64 and wan_dec_384b as chosen (the deeper
-    # rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and the host-bound cases eager and
-    # replayed from CUDA graphs (issue 29's graph columns).
-    PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:packed_32deep stack_out8:pointer_deep_ring stack_in8:chosen \
-      stack_in8:pointer_deep_ring hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
-      unet_320:gluon_ws_small_grid unet_32:chosen unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen \
-      )unet_64:gluon_ws
+    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left, the stack first (its step is
+    # ~2% over cuDNN's): the tuner over the stack's three layers (9 keys; each candidate's time in tune.log; the table
+    # it writes is what the suite and the stack scenario then run), the 8-channel forwards and input gradients on the
+    # deepest ring in half an SM's shared memory (8 stages of the packed loops: past the tuner's space); then the
+    # small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64
+    # and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and
+    # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns).
+    PLAN2_IMPLS=$(printf '%s,' stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring hunyuan_512:chosen \
+      hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
+      unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
     PLAN2_CASES=stack_out8,stack_in8,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
-    export CALL_SECONDS=${CALL_SECONDS:-440} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-200} \
+    export CALL_SECONDS=${CALL_SECONDS:-450} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \
+      TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-110} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
-      BENCH_TIMEOUT=${BENCH_TIMEOUT:-105} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-50}
-    set -- variants bench
+    set -- tune variants bench
     ;;
   plan3)
     export CALL_SECONDS=${CALL_SECONDS:-220} PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-190}

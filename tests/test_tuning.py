@@ -342,7 +342,13 @@ def test_generator_writes_table_and_resumes(tmp_path):
             stand_in_prepare(job)[2] + [stand_in_prepare(job)[1]], key=lambda c: stand_in_cost(c) or 1e9
         )
         assert entry["shape"] == job.shape.name
-    assert "6 to tune" in lines[0] and "[" in lines[1]
+    assert "6 to tune" in lines[0] and sum(line.startswith("[") for line in lines) == 6
+    # every config timed, a line each under its key's, the default marked
+    candidates = [line for line in lines if line.startswith("    ")]
+    assert sum(line.endswith(" ms") or line.endswith("did not compile") for line in candidates) == len(candidates)
+    assert sum("(default)" in line for line in candidates) == 6
+    default_line = f"    {tuner.config_text(stand_in_prepare(jobs[0])[1])} (default):"
+    assert any(line.startswith(default_line) for line in candidates), default_line
 
     def must_not_run(job):
         raise AssertionError("a key already in the table was tuned again")

@@ -348,7 +348,15 @@ def tune_jobs(
     for index, job in enumerate(todo, start=1):
         started = time.monotonic()
         measure, default, configs = prepare(job)
-        outcome = search(configs, default, measure, budget_s)
+
+        def logged(config: KernelConfig, measure=measure, default=default) -> float | None:
+            """Each candidate's time in the log, the default marked: what a table entry won against."""
+            ms = measure(config)
+            time_text = "failed its check or did not compile" if ms is None else f"{ms:.4f} ms"
+            out(f"    {config_text(config)}{' (default)' if config == default else ''}: {time_text}")
+            return ms
+
+        outcome = search(configs, default, logged, budget_s)
         if outcome is None:
             out(f"{_progress(index, len(todo))} {job.key}: no config passed its check; left out of the table")
             continue
@@ -360,6 +368,15 @@ def tune_jobs(
             f"{outcome.tried} configs in {time.monotonic() - started:.0f} s"
         )
     return outcomes
+
+
+def config_text(config: KernelConfig) -> str:
+    """A config in one short line: '128x64x16 w8 s3', then its split, variant and forms where it has them."""
+    text = f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
+    extras = [f"k{config.split_k}"] if config.split_k > 1 else []
+    extras += [] if config.variant == "pointer" else [config.variant + ("-ws" if config.gluon == 2 else "")]
+    extras += ["swap"] * bool(config.swap_ab) + [f"taps{config.tap_group}"] * bool(config.tap_group)
+    return " ".join([text, *extras])
 
 
 def summarize(outcomes: list[Outcome]) -> str:
