@@ -143,8 +143,7 @@ def pointer_deep_ring(
     inspect) hold two programs an SM at 3 stages already. None elsewhere, or where the ring is that deep already."""
     if direction == "wgrad" or config.variant != "pointer" or dtype == torch.float32 or config.num_stages < 2:
         return None
-    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
-    vectors = packs_taps(direction, geom) and configs._vector_runs(channels, dtype)
+    vectors = packs_taps(direction, geom) and configs.vector_runs(direction, geom, dtype)
     if not (vectors or w_tap_columns(direction, geom)):
         return None
     stage = (config.block_m + config.block_n) * config.block_k * dtype.itemsize
@@ -175,7 +174,7 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         elif (
             pointer.block_k == 16
             and pointer.block_m * pointer.block_n < 128 * 128
-            and configs._vector_runs(geom.group_out_channels if direction == "dgrad" else geom.group_in_channels, dtype)
+            and configs.vector_runs(direction, geom, dtype)
         ):
             found["packed_32deep"] = dataclasses.replace(pointer, block_k=32, num_warps=4)
     deep = pointer_deep_ring(direction, geom, found["pointer"], dtype)

@@ -153,11 +153,16 @@ def border_strip_config(config: KernelConfig) -> KernelConfig:
 PACK_TAPS_BELOW = 16
 
 
+def packed_channels(direction: str, geom: ConvGeometry) -> int:
+    """The channels `direction` walks per tap, which its small-channel form packs with the taps (fwd: Cin reduced,
+    dgrad: Cout reduced, wgrad: Cin as columns)."""
+    return geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
+
+
 def packs_taps(direction: str, geom: ConvGeometry) -> bool:
-    """Whether `direction` runs its small-channel form: the channels it walks per tap (fwd: Cin reduced, dgrad:
-    Cout reduced, wgrad: Cin as columns) are fewer than one MMA step and the kernel has more than one tap."""
-    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
-    return channels < PACK_TAPS_BELOW and geom.taps > 1
+    """Whether `direction` runs its small-channel form: its packed_channels are fewer than one MMA step and the
+    kernel has more than one tap."""
+    return packed_channels(direction, geom) < PACK_TAPS_BELOW and geom.taps > 1
 
 
 def packs_out_taps(geom: ConvGeometry) -> bool:

@@ -22,6 +22,7 @@ from ..kernels.config import (
     channel_blocks,
     gemm_view,
     grouped_taps_fit,
+    packed_channels,
     packs_out_taps,
     packs_taps,
     reduction_steps,
@@ -627,10 +628,11 @@ def whole_steps_twin(
     return None
 
 
-def _vector_runs(channels: int, dtype: torch.dtype) -> bool:
-    """Whether a packed loop's `channels` a tap make 16-byte runs in 16 bits (utils.channel_run's RUN, as dense
-    tensors have it), which the packed weight gradient's heuristic tiles take 32 voxels deep."""
-    return dtype != torch.float32 and channels * dtype.itemsize % 16 == 0
+def vector_runs(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
+    """Whether `direction`'s packed channels a tap (config.packed_channels) make 16-byte runs in 16 bits
+    (utils.channel_run's RUN, as dense tensors have it), which the packed weight gradient's heuristic tiles take 32
+    voxels deep."""
+    return dtype != torch.float32 and packed_channels(direction, geom) * dtype.itemsize % 16 == 0
 
 
 def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
@@ -652,7 +654,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # (32 spilled at 128x128 under triton 3.6, 64 for Cin = 1 under 3.9), one stage for fp32.
             block_k, stages = MIN_TILE, 1 if dtype == torch.float32 else stages
             num_warps = 8 if block_n == 128 else num_warps  # at most 8 gathered elements per thread
-            if _vector_runs(geom.group_in_channels, dtype) and block_m == 64:
+            if vector_runs(direction, geom, dtype) and block_m == 64:
                 # each tap's channels of a voxel one 16-byte vector (utils.channel_run): 32 voxels a step on 4
                 # warps, 255 instructions a step where 16 on 8 warps took 128 (stack_in8, sm_90 bf16 under 3.9:
                 # 510 issue cycles an SM for 256 of wgmma, 3.6: 740 for 256, where 16 deep took 1024 and 976)
