@@ -44,6 +44,8 @@ FEW_OUT = [
     Case("cin20_cout5_3x3x5", 1, 20, 5, (4, 5, 7), (3, 3, 5), padding=(1, 1, 2)),
     Case("cin24_cout2_valid", 2, 24, 2, (5, 6, 7), (2, 3, 3)),
     Case("cin33_cout5_3x3x3", 1, 33, 5, (3, 5, 6), 3, padding=1),
+    # a video VAE decoder's conv_out: the input gradient's 96 columns in one 128-wide tile (16 bits, GPU tiles)
+    Case("cin96_cout3", 1, 96, 3, (3, 4, 6), 3, padding=1),
 ]
 
 

@@ -685,10 +685,14 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
         # than 8 gathered elements per thread, and fp32 pipelines spill (python -m tconv3d.inspect, Cin = 1
         # and 2, triton 3.6 and 3.9).
         block_m = 128 if view.rows >= 128 * sm_count else 64
-        widest = 64 if dtype == torch.float32 else 128
-        # The input gradient gathers the weight per pair too: 128 x 128 (fp32 128 x 64) spilled 16 bytes on sm_80
-        # under triton 3.6 (last_cout3, the decoder's conv to 3 channels, whose input gradient reduces 27 x 3).
-        block_n = _pow2_clamp(view.cols, MIN_TILE, widest // 2 if direction == "dgrad" else widest)
+        # The input gradient gathers the weight per pair too, and in 16 bits as wide: 128 x 128 spilled 16 bytes on
+        # sm_80 under triton 3.6 until the gathered tiles' threads ran along the pairs (utils.gather_tile), and
+        # spills nothing now, sm_80 and sm_90, 3.6 and 3.9 (last_cout3's, the decoders' conv to 3 channels: 211-222
+        # registers, one program an SM as at 64 columns, 153-170 instructions a step as at 64, for half the tiles,
+        # each gathering grad_out's pairs once). fp32's keeps 32 columns: 64 spill nothing either, but hold one
+        # program an SM where 32 hold two (stack_out8, sm_90), and these loops wait on their gathers.
+        widest = (32 if direction == "dgrad" else 64) if dtype == torch.float32 else 128
+        block_n = _pow2_clamp(view.cols, MIN_TILE, widest)
         # Where each tap's channels make one 16-byte run (8 in 16 bits; utils.channel_run) the pairs move as
         # vectors straight into shared memory, at this same 16-deep step on 8 warps: the H100 (run 18) timed it
         # 1.08x faster than 32 deep on 4 warps (stack_in8's forward, stack_out8's input gradient) at ~11% of the
