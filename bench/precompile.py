@@ -170,7 +170,8 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
     for shape, dtype_name, direction in cases:
         geom, dtype = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
         for kernel_direction in ("dgrad", "wgrad") if direction == "bwd" else (direction,):
-            launches.append((kernel_direction, geom, dtype, choice.pick_config(kernel_direction, geom, dtype, device)))
+            config = choice.pick_config(kernel_direction, geom, dtype, device)
+            launches.append((kernel_direction, shape.geometry(), dtype, config))  # compiled as choice.launch runs it
     return launches
 
 

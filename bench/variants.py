@@ -262,11 +262,14 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
     )  # fmt: skip
     conv_args = (shape.stride, shape.padding[0::2], shape.dilation, shape.groups)
     # A grouped problem of few channels a group runs coarse, on block-diagonal weights (kernels/grouped.py): its
-    # launch is the coarse kernel with the weight's expansion (or the gradient's diagonal) timed in.
+    # launch is the coarse kernel with the weight's expansion where its kernel does not read the blocks in place
+    # (or the gradient's diagonal) timed in.
     coarse = grouped.coarsened(geom)
     on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
     if direction == "fwd":
-        launch = lambda config: on_coarse(lambda x, w: conv3d_fwd(x, w, None, cached, coarse, config), x, w)  # noqa: E731
+        launch = lambda config: on_coarse(  # noqa: E731
+            lambda x, w, **diagonal: conv3d_fwd(x, w, None, cached, coarse, config, **diagonal), x, w
+        )
         source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
         if shape.padding_mode == "zeros":
             cudnn = lambda: F.conv3d(source, w, None, *conv_args)  # noqa: E731
@@ -280,7 +283,9 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
         return coarse, launch, cudnn, exact
     grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
     if direction == "dgrad":
-        launch = lambda config: on_coarse(lambda g, w: conv3d_dgrad(g, w, coarse, config), grad_out, w)  # noqa: E731
+        launch = lambda config: on_coarse(  # noqa: E731
+            lambda g, w, **diagonal: conv3d_dgrad(g, w, coarse, config, **diagonal), grad_out, w
+        )
         cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
         exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
         return coarse, launch, cudnn, exact
@@ -363,7 +368,7 @@ def measure_case(
             row["programs_per_sm"] = 1
             run = lambda config=config: _one_program_per_sm(launch, config)  # noqa: E731
         else:
-            compiled((direction, geom, dtype, config))
+            compiled((direction, shape.geometry(), dtype, config))  # as planned_launches planned it
             run = lambda config=config: launch(config)  # noqa: E731
         try:
             result = run()  # compiled and launched; then the GPU's part, guarded
@@ -445,9 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def planned_launches(cases: list[tuple[ConvShape, str]], directions: str, impls: set | None, device) -> list:
     """Every variant launch of a run over `cases` (case_dtypes), in the order it times them: (direction, geometry,
-    dtype, config)."""
+    dtype, config), the geometry the problem's (a grouped one's config its coarse geometry's: kernels/grouped.py)."""
     return [
-        (direction, shape.launched_geometry(), DTYPES_BY_NAME[dtype_name], config)
+        (direction, shape.geometry(), DTYPES_BY_NAME[dtype_name], config)
         for shape, dtype_name in cases
         for direction in case_directions(shape, directions)
         for name, config in variant_configs(

@@ -30,6 +30,8 @@ GROUP_CASES = [
     # 2 coarse groups, where the cases above become one dense block-diagonal convolution
     ("groups2_16_a_group", 1, 32, 32, 2, (3, 4, 5), 3, 1, 1, 1),
     ("groups16_8_a_group", 1, 128, 64, 16, (2, 3, 4), 3, 1, 1, 1),
+    # 3 input and 2 output channels a group, 16 side by side: blocks of 3 along 48 channels, at stride 2
+    ("groups32_3_a_group_s2", 1, 96, 64, 32, (4, 5, 6), 3, 2, 1, 1),
     # 17 input and 3 output channels a group: the weight gradient's (tap, output channel) rows, a group a program
     ("groups2_few_out", 1, 34, 6, 2, (3, 5, 6), 3, 1, 1, 1),
     ("depthwise", 2, 5, 5, 5, (4, 5, 6), 3, 1, 1, 1),
@@ -122,17 +124,38 @@ def test_block_diagonal_weights_compute_the_grouped_convolution():
     assert coarse.groups == 2  # 16 groups of 2 input and 3 output channels side by side, twice
     x = torch.randn(geom.input_shape(), dtype=torch.float64).contiguous(memory_format=CL)
     w = torch.randn(geom.weight_shape(), dtype=torch.float64).contiguous(memory_format=CL)
-    dense = grouped.block_diagonal(w, geom, coarse)
+    dense = grouped.block_diagonal(w, coarse, 16)
     assert dense.shape == coarse.weight_shape() and dense.is_contiguous(memory_format=CL)
     assert torch.count_nonzero(dense) == w.numel()
     args = (1, (1, 0, 1), 1)
     assert rel_l2(F.conv3d(x, dense, None, *args, coarse.groups), F.conv3d(x, w, None, *args, geom.groups)) < 1e-14
     grad_out = torch.randn(geom.output_shape(), dtype=torch.float64)
     coarse_grad = torch.nn.grad.conv3d_weight(x, coarse.weight_shape(), grad_out, *args, coarse.groups)
-    grad = grouped.diagonal_blocks(coarse_grad.contiguous(memory_format=CL), geom, coarse)
+    grad = grouped.diagonal_blocks(coarse_grad.contiguous(memory_format=CL), coarse, 16)
     assert grad.is_contiguous(memory_format=CL)
     expected = torch.nn.grad.conv3d_weight(x, geom.weight_shape(), grad_out, *args, geom.groups)
     assert rel_l2(grad, expected) < 1e-14
+
+
+@pytest.mark.parametrize("tiles", ["chosen", "gpu_heuristic_tiles"])
+@pytest.mark.parametrize(
+    "case", [c for c in GROUP_CASES if c[0].startswith(("groups16", "groups32"))], ids=lambda c: c[0]
+)
+def test_side_by_side_groups_read_their_weight_in_place(case, tiles, device, request, monkeypatch):
+    """The pointer kernels' forward and input gradient read a grouped weight's blocks where they lie (DIAG_CI): no
+    block-diagonal weight is made, and the results match float64; the weight gradient keeps its diagonal."""
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    if tiles != "chosen":
+        request.getfixturevalue(tiles)
+    monkeypatch.setattr(tconv3d.settings, "KERNELS", "pointer")
+    monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
+    made = []
+    monkeypatch.setattr(grouped, "block_diagonal", lambda *args: made.append(args[1:]))
+    ours, expected = _run(case, torch.float32, device)
+    assert not made
+    for name, o, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
+        assert rel_l2(o, e) < TOLERANCE[torch.float32], name
 
 
 def test_explain_says_which_groups_run_side_by_side(device):

@@ -60,7 +60,7 @@ def _job_record(job) -> dict:
     }
     start = time.perf_counter()
     try:
-        reports = compile_launch(direction, geom, dtype, config, capability)
+        reports = compile_launch(direction, shape.geometry(), dtype, config, capability)  # as choice.launch runs it
     except Exception as error:  # e.g. out of shared memory at compile time: report it
         record["error"] = f"{type(error).__name__}: {error}"[:500]
         record["compile_s"] = round(time.perf_counter() - start, 2)

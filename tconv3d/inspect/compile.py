@@ -39,7 +39,7 @@ from triton.runtime.jit import JITFunction
 
 from .. import kernels
 from ..geometry import ConvGeometry
-from ..kernels import conv_dgrad, conv_fwd, conv_wgrad, launch
+from ..kernels import conv_dgrad, conv_fwd, conv_wgrad, grouped, launch
 from ..kernels.config import KernelConfig
 from ..kernels.utils import tensor_map_problems
 
@@ -464,8 +464,13 @@ def _meta(shape, dtype) -> torch.Tensor:
 
 
 def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
-    """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles)."""
-    weight_shape = geom.weight_shape()
+    """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles). A grouped
+    problem of few channels a group runs as choice.launch runs it, on its coarse geometry (kernels/grouped.py),
+    whose config `config` is: the forward and input gradient handed the problem's own weight."""
+    coarse = grouped.coarsened(geom)
+    weight_shape = geom.weight_shape() if direction != "wgrad" else coarse.weight_shape()
+    extra = {"diagonal": geom.groups // coarse.groups} if coarse is not geom and direction != "wgrad" else {}
+    geom = coarse
     # The input, and the frames before it along D or the channels after its own when the geometry has a second
     # source there (the input gradient's: after grad_output's channels).
     n, c, d, h, w = geom.input_shape()
@@ -473,13 +478,13 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
     x, frames_before = _meta((n, c - a, d - p, h, w), dtype), _meta((n, c, p, h, w), dtype) if p else None
     channels_after = _meta((n, a, d, h, w), dtype) if a else None
     if direction == "fwd":
-        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config, channels_after)
+        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config, channels_after, **extra)
     elif direction == "dgrad":  # and grad_output's channels_after (a transposed convolution's skip connection)
         n, _, *out_size = geom.output_shape()
         first, after = geom.out_channel_sources
         grad_after = _meta((n, after, *out_size), dtype) if after else None
         grad_out = _meta((n, first, *out_size), dtype)
-        conv_dgrad.conv3d_dgrad(grad_out, _meta(weight_shape, dtype), geom, config, grad_after)
+        conv_dgrad.conv3d_dgrad(grad_out, _meta(weight_shape, dtype), geom, config, grad_after, **extra)
     elif direction == "wgrad":
         conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), x, frames_before, geom, config, channels_after)
     else:
@@ -489,8 +494,8 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
 def compile_launch(
     direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int
 ) -> list[KernelReport]:
-    """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability>: one report
-    per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate."""
+    """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability> (launch_on_meta):
+    one report per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate."""
     launches: list = []
     with compile_only(capability, launches):
         launch_on_meta(direction, geom, dtype, config)

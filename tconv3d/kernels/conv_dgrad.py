@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
+from . import grouped
 from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_columns, w_tap_halo, w_tap_tiles
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
@@ -55,7 +56,8 @@ def _conv3d_dgrad_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
     PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr,
-    HAS_AFTER: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_AFTER: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
@@ -76,10 +78,13 @@ def _conv3d_dgrad_kernel(
     input voxel of a row extended by the W taps' reach (W_PHASE counts them), each step reads go under the row's
     last W tap (kw = KW - 1) for all of them, and input voxel r adds W tap kw's column from row r + (KW - 1 - kw) *
     DIL_W; at a power of two channels a group (W_CIN) the columns are tap-major, each tap's channels one aligned
-    run of the weight's row. Split-K (grid axis 2), as in the
-    forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of its phase into split s of an fp32
-    gi.
+    run of the weight's row. With DIAG_CI (groups of few channels side by side) the weight holds only the diagonal
+    blocks of a group's block-diagonal weight, as in the forward: column ci reads output channel co's row at channel
+    ci % DIAG_CI where both lie in one block of DIAG_CI input and DIAG_CO output channels, zeros elsewhere.
+    Split-K (grid axis 2), as in the forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of
+    its phase into split s of an fp32 gi.
     """
+    tl.static_assert(not DIAG_CI or not (PACK_TAPS or W_TAPS or HAS_AFTER), "DIAG_CI: a tap's channels, one source")
     if W_CIN:  # W_TAPS at a power of two channels a group, the weight channels-last and dense (the launcher
         # checks): its strides from the constexpr channels, so that the compiler sees each tap's channels as one
         # aligned run (8 in 16 bits: one 16-byte copy) where it gathered them element by element
@@ -91,6 +96,8 @@ def _conv3d_dgrad_kernel(
     if RUN > 1:  # go's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
         C_OUT = run_aligned(C_OUT, RUN)
         stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, RUN)
+        if DIAG_CI:  # and the weight's, whose rows hold DIAG_CI channels: a block's channels one aligned run
+            stride_wo, stride_wd, stride_wh, stride_ww = runs_aligned(stride_wo, stride_wd, stride_wh, stride_ww, RUN)
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo
@@ -137,7 +144,8 @@ def _conv3d_dgrad_kernel(
     jw32 = jw.to(tl.int32)
     go_offsets = n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw
     go_rows = go_ptr + go_offsets  # [BLOCK_M] pointers
-    w_cols = w_ptr + offs_n * stride_wi  # [BLOCK_N] pointers
+    # [BLOCK_N] pointers (a column's channel within its block, DIAG_CI)
+    w_cols = w_ptr + (offs_n % DIAG_CI if DIAG_CI else offs_n) * stride_wi
     if W_TAPS:  # each column's W tap, from the loop's (KW - 1)
         w_cols += (col_tap - (KW - 1)) * stride_ww
 
@@ -228,7 +236,10 @@ def _conv3d_dgrad_kernel(
             w_ptrs = (
                 w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + w_c[:, None] * stride_wo
             )  # [BLOCK_K, BLOCK_N]
-        b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+        mask_b = mask_c[:, None] & mask_n[None, :]
+        if DIAG_CI:  # zeros off the diagonal blocks
+            mask_b &= (w_c // DIAG_CO)[:, None] == (offs_n // DIAG_CI)[None, :]
+        b = tl.load(w_ptrs, mask=mask_b, other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
     if W_TAPS:  # input voxel r adds W tap kw's column from row r + (KW - 1 - kw) * DIL_W
@@ -239,21 +250,25 @@ def _conv3d_dgrad_kernel(
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_IN)[None, :])
 
 
-def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None) -> torch.Tensor:
+def conv3d_dgrad(
+    grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1
+) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
     channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) or C
     (geom.after_channels) it is the gradient of the concatenation, which the op splits. channels_after follows
     grad_out's channels (geom.out_after_channels), read in place where the config's kernel can
-    (config.reads_channels_after), else concatenated first."""
+    (config.reads_channels_after), else concatenated first. `diagonal` > 1: `weight` is that of groups `diagonal`
+    times as many as geom's, run side by side (kernels/grouped.py)."""
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
-        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after)
+        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal)
         return fold_padding(bordered, geom)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
+    weight, *diag = grouped.diagonal_weight("dgrad", weight, geom, config, diagonal)
     grad_out, channels_after, geom = channel_sources("dgrad", grad_out, channels_after, geom, config)
     if config.direct:  # depthwise
         return depthwise_dgrad(grad_out, weight, grad_in, geom, config)
@@ -265,11 +280,11 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, config: KernelConfig, cha
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split, channels_after=channels_after)
     else:
-        _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split)
+        _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split, diag)
     return grad_in if splits == 1 else sum_splits(out, grad_in)
 
 
-def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split):
+def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split, diag=(0, 0)):
     upcast, precision = dot_flags(grad_out.dtype)
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     # At unit stride every tap is live: in 16-bit the kernel takes that as constants (sm_90: a main loop 15%
@@ -300,8 +315,10 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        PACK_TAPS=c_out if packed else 0, RUN=channel_run(c_out, grad_out) if packed else 1, W_TAPS=w_taps,
-        W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0,
+        PACK_TAPS=c_out if packed else 0, W_TAPS=w_taps,
+        RUN=channel_run(c_out, grad_out) if packed else channel_run(diag[0], grad_out, weight) if diag[0] else 1,
+        W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
+        DIAG_CO=diag[1],
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry, check_padding_mode
+from . import grouped
 from .config import (
     KernelConfig,
     border_strip_config,
@@ -68,7 +69,7 @@ def _conv3d_fwd_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
     HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr,
-    HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
+    DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -86,7 +87,7 @@ def _conv3d_fwd_kernel(
     borders and at most 63 taps, which of a row's taps lie inside the input is found once a tile, a bit a tap
     (TAP_BITS), and a step tests one bit an element instead of six bounds. Where every stride of x (p) and the
     weight but the channels' is a multiple of RUN elements (utils.channel_run: 8 in 16 bits at 8 channels), each
-    tap's channels of a voxel are one aligned run, loaded as a vector.
+    tap's channels of a voxel are one aligned run, loaded as a vector (and so are DIAG_CI's weight rows, below).
     With W_TAPS (fewer output channels than one MMA step: a decoder's conv to 3 channels) the columns are (output
     channel, W tap) pairs, W_TAPS of them a channel, and the loop runs over the (kd, kh) taps only: a row is a
     voxel of an output row extended by the W taps' reach (HALO), M counts them, and each (kd, kh) step reads its
@@ -94,6 +95,10 @@ def _conv3d_fwd_kernel(
     w[co, kd, kh, kw, ci]. Output voxel r then adds Q[r + kw * DIL_W, (co, kw)] over kw (a gather along the tile's
     rows): a tile computes BLOCK_M rows and writes the BLOCK_M - HALO whose last tap lies in it, tiles overlapping
     by HALO rows.
+    With DIAG_CI (groups of few channels run side by side, kernels/grouped.py) a group's weight is block-diagonal
+    and only its blocks are stored: the weight's rows hold DIAG_CI channels, and column co reads channel ci as
+    channel ci % DIAG_CI of its row where ci and co lie in the same block of DIAG_CI input and DIAG_CO output
+    channels, zeros elsewhere.
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
     y, the bias in split 0's; split_k.sum_splits adds the splits.
     """
@@ -107,6 +112,7 @@ def _conv3d_fwd_kernel(
     # Grouped convolution (grid axis 1): a group's channels are a contiguous run of every voxel's and its output
     # channels a run of the weight's rows, so each group is this GEMM from shifted base pointers (C_IN and C_OUT
     # count one group's channels).
+    tl.static_assert(not DIAG_CI or not (PACK_TAPS or W_TAPS or HAS_AFTER), "DIAG_CI: a tap's channels, one source")
     group = tl.program_id(1)
     x_ptr += group * C_IN * stride_xc
     w_ptr += group * C_OUT * stride_wo
@@ -222,10 +228,14 @@ def _conv3d_fwd_kernel(
                 mask_x = mask_m & inside
                 x_ptrs = x_ptr + x_voxels[:, None] + offs_c[None, :] * stride_xc
             a = tl.load(x_ptrs, mask=mask_x[:, None] & mask_c[None, :], other=0.0)
+            mask_b = mask_c[:, None] & mask_n[None, :]
+            if DIAG_CI:  # the weight's diagonal blocks where they lie (each block's channels one aligned run)
+                mask_b &= (w_c // DIAG_CI)[:, None] == (offs_n // DIAG_CO)[None, :]
+                w_c = w_c % DIAG_CI
             w_ptrs = (
                 w_cols[None, :] + (kd * stride_wd + kh * stride_wh + kw * stride_ww) + w_c[:, None] * stride_wi
             )  # [BLOCK_K, BLOCK_N]
-            b = tl.load(w_ptrs, mask=mask_c[:, None] & mask_n[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=mask_b, other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
 
     if W_TAPS:  # output voxel r adds W tap kw's column from row r + kw * DIL_W
@@ -240,15 +250,17 @@ def _conv3d_fwd_kernel(
 
 
 def conv3d_fwd(
-    x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None
+    x, weight, bias, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1
 ) -> torch.Tensor:
     """Forward convolution of checked arguments with the tiling `config`, split-K included; the output is
     channels_last_3d. channels_after follows x's channels (geom.after_channels), read in place where the config's
-    kernel can (config.reads_channels_after), else concatenated first."""
+    kernel can (config.reads_channels_after), else concatenated first. `diagonal` > 1: `weight` is that of groups
+    `diagonal` times as many as geom's, run side by side (kernels/grouped.py)."""
     y = empty_ndhwc(geom.output_shape(), like=x)
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
+    weight, *diag = grouped.diagonal_weight("fwd", weight, geom, config, diagonal)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     x, channels_after, geom = channel_sources("fwd", x, channels_after, geom, config)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
@@ -259,22 +271,22 @@ def conv3d_fwd(
         for part, view, box in border_parts(geom, y):
             part_config = dataclasses.replace(config if box else border_strip_config(config), split_k=1)
             steps = k_splits("fwd", part, part_config)[0]
-            _launch(x, weight, bias, frames_before, channels_after, view, part, part_config, steps)
+            _launch(x, weight, bias, frames_before, channels_after, view, part, part_config, steps, diag)
         return y
     per_split, splits = k_splits("fwd", geom, config)
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
-    _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split)
+    _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)
     return y if splits == 1 else sum_splits(out, y)
 
 
-def _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split):
+def _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag):
     if config.gluon:  # the tuning layer checked the problem, the device and the tensors
         conv3d_gluon(x, weight, bias, out, geom, config, False, per_split, frames_before, channels_after)
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
         conv3d_tma(x, weight, bias, out, geom, config, False, per_split, frames_before, channels_after)
     else:
-        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split)
+        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)
 
 
 def border_widths(geom: ConvGeometry) -> tuple[int, int, int, int]:
@@ -321,7 +333,7 @@ def border_parts(geom: ConvGeometry, y: torch.Tensor):
             yield part(rows, strip, False)
 
 
-def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split):
+def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag=(0, 0)):
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     upcast, precision = dot_flags(x.dtype)
@@ -343,7 +355,8 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, PACK_TAPS=c_in if packed else 0,
-        RUN=channel_run(c_in, x, frames_before, weight) if packed else 1, W_TAPS=w_taps,
+        RUN=channel_run(c_in if packed else diag[0], x, frames_before, weight) if packed or diag[0] else 1,
+        W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],

@@ -8,12 +8,14 @@ block on its diagonal and zeros elsewhere: the same convolution, since a group's
 The kernels then load 128-byte rows (64 channels of 16 bits a voxel) and multiply `factor` times the FLOPs of the
 grouped problem, the zeros included, on tensor cores that are far more than `factor` times faster than the gather.
 
-The forward and the input gradient take the block-diagonal weight (one zero fill and one strided copy of a weight
-`factor` times larger: 884 KB for resnext3d_g32_256 in bf16); the weight gradient computes the coarse problem's
-whole gradient and keeps its diagonal blocks (one strided copy): `on_coarse`. `choice.launch` applies it to every
-launch (bench.variants to the kernels it times), the
-tuner and `python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the problem the
-kernels run. Depthwise problems (one input channel a group) keep their direct kernels.
+The forward and the input gradient on the pointer kernels read the weight's diagonal blocks where they lie (a
+column's channels of its own group, zeros off its block: `reads_in_place`, the kernels' DIAG_CI and DIAG_CO), so a
+call transforms no weight; the box kernels (TMA, Gluon) and the small-channel forms take the block-diagonal weight
+(`block_diagonal`: one zero fill and one strided copy of a weight `factor` times larger, 884 KB for
+resnext3d_g32_256 in bf16). The weight gradient computes the coarse problem's whole gradient and keeps its diagonal
+blocks (one strided copy): `on_coarse`. `choice.launch` applies it to every launch (bench.variants to the kernels it
+times), the tuner and `python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the
+problem the kernels run. Depthwise problems (one input channel a group) keep their direct kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import dataclasses
 import torch
 
 from ..geometry import ConvGeometry
+from .config import KernelConfig, packs_taps, w_tap_columns
 from .utils import empty_ndhwc
 
 # A coarse group's input channels, at least where the groups allow: one 128-byte row of 16-bit channels a voxel,
@@ -62,36 +65,59 @@ def coarsened(geom: ConvGeometry) -> ConvGeometry:
     return coarse or geom
 
 
-def _blocks(geom: ConvGeometry, coarse: ConvGeometry) -> tuple[int, int, int, int, int]:
-    """(coarse groups, factor, output channels a group, taps, input channels a group) of `geom`."""
-    return coarse.groups, geom.groups // coarse.groups, geom.group_out_channels, geom.taps, geom.group_in_channels
+def _blocks(coarse: ConvGeometry, factor: int) -> tuple[int, int, int, int, int]:
+    """(coarse groups, factor, output channels a group, taps, input channels a group) of the problem whose groups
+    run `factor` at a time as `coarse`."""
+    return coarse.groups, factor, coarse.group_out_channels // factor, coarse.taps, coarse.group_in_channels // factor
 
 
-def block_diagonal(weight: torch.Tensor, geom: ConvGeometry, coarse: ConvGeometry) -> torch.Tensor:
-    """`coarse`'s weight, channels_last_3d: `weight`'s (geom's) groups on the diagonal, zeros elsewhere."""
-    groups, f, c_out, taps, c_in = _blocks(geom, coarse)
+def block_diagonal(weight: torch.Tensor, coarse: ConvGeometry, factor: int) -> torch.Tensor:
+    """`coarse`'s weight, channels_last_3d: `weight`'s groups (`factor` to a coarse one) on the diagonal, zeros
+    elsewhere."""
+    groups, f, c_out, taps, c_in = _blocks(coarse, factor)
     dense = weight.new_zeros(groups, f, c_out, taps, f, c_in)
     blocks = weight.permute(0, 2, 3, 4, 1).reshape(groups, f, c_out, taps, c_in)
     dense.diagonal(0, 1, 4).copy_(blocks.permute(0, 2, 3, 4, 1))  # the diagonal's dims: (groups, c_out, taps, c_in, f)
-    return dense.view(geom.out_channels, *geom.kernel, f * c_in).permute(0, 4, 1, 2, 3)
+    return dense.view(coarse.out_channels, *coarse.kernel, f * c_in).permute(0, 4, 1, 2, 3)
 
 
-def diagonal_blocks(grad: torch.Tensor, geom: ConvGeometry, coarse: ConvGeometry) -> torch.Tensor:
-    """`geom`'s weight gradient (channels_last_3d) from `coarse`'s: its diagonal blocks."""
-    groups, f, c_out, taps, c_in = _blocks(geom, coarse)
+def diagonal_blocks(grad: torch.Tensor, coarse: ConvGeometry, factor: int) -> torch.Tensor:
+    """The weight gradient (channels_last_3d) of the problem whose groups run `factor` at a time as `coarse`, from
+    `coarse`'s: its diagonal blocks."""
+    groups, f, c_out, taps, c_in = _blocks(coarse, factor)
     dense = grad.permute(0, 2, 3, 4, 1).reshape(groups, f, c_out, taps, f, c_in)
-    out = empty_ndhwc(geom.weight_shape(), like=grad)
+    out = empty_ndhwc((coarse.out_channels, c_in, *coarse.kernel), like=grad)
     out.permute(0, 2, 3, 4, 1).view(groups, f, c_out, taps, c_in).copy_(dense.diagonal(0, 1, 4).permute(0, 4, 1, 2, 3))
     return out
 
 
+def reads_in_place(direction: str, coarse: ConvGeometry, config: KernelConfig) -> bool:
+    """Whether `config`'s kernel for `direction` (the forward or input gradient) of `coarse` reads the diagonal
+    blocks of a grouped weight where they lie: the pointer kernels' loop over one tap's channel blocks (DIAG_CI,
+    DIAG_CO), not their small-channel forms, whose weight loads are gathers of their own."""
+    return config.variant == "pointer" and not packs_taps(direction, coarse) and not w_tap_columns(direction, coarse)
+
+
+def diagonal_weight(
+    direction: str, weight: torch.Tensor, coarse: ConvGeometry, config: KernelConfig, factor: int
+) -> tuple[torch.Tensor, int, int]:
+    """(weight, DIAG_CI, DIAG_CO) for a `direction` launch of `coarse` handed a weight of `factor` groups to a
+    coarse one (1: `coarse`'s own): the weight as it is, with its groups' channels, where the kernel reads its
+    diagonal blocks in place (reads_in_place), else the block-diagonal weight and (0, 0)."""
+    if factor == 1:
+        return weight, 0, 0
+    if reads_in_place(direction, coarse, config):
+        return weight, coarse.group_in_channels // factor, coarse.group_out_channels // factor
+    return block_diagonal(weight, coarse, factor), 0, 0
+
+
 def on_coarse(direction: str, geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):
-    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: the forward's and input
-    gradient's weight (their second tensor) block-diagonal, the weight gradient's diagonal blocks; `run(*tensors)`
-    itself where `coarse` is `geom`."""
+    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: the weight gradient's
+    diagonal blocks; the forward and input gradient as `run(*tensors, diagonal=factor)`, whose launcher takes the
+    weight (their second tensor) through `diagonal_weight`; `run(*tensors)` itself where `coarse` is `geom`."""
     if coarse is geom:
         return run(*tensors)
+    factor = geom.groups // coarse.groups
     if direction == "wgrad":
-        return diagonal_blocks(run(*tensors), geom, coarse)
-    first, weight, *rest = tensors
-    return run(first, block_diagonal(weight, geom, coarse), *rest)
+        return diagonal_blocks(run(*tensors), coarse, factor)
+    return run(*tensors, diagonal=factor)

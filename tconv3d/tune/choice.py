@@ -195,17 +195,23 @@ def launch(
     if coarse is geom:
         return _launch(direction, launcher, geom, *tensors, channels_after=channels_after)
     return grouped.on_coarse(
-        direction, geom, coarse, lambda *t: _launch(direction, launcher, coarse, *t, channels_after=channels_after),
+        direction, geom, coarse,
+        lambda *t, **diagonal: _launch(direction, launcher, coarse, *t, channels_after=channels_after, **diagonal),
         *tensors,
     )  # fmt: skip
 
 
-def _launch(direction: str, launcher, geom: ConvGeometry, *tensors, channels_after=None) -> torch.Tensor:
-    """`launch` of a problem as its kernels run it (no groups left to coarsen)."""
-    if channels_after is None:
-        run = lambda config: launcher(*tensors, geom, config)  # noqa: E731  (first-use tuning launches it too)
-    else:
-        run = lambda config: launcher(*tensors, geom, config, channels_after=channels_after)  # noqa: E731
+def _launch(
+    direction: str, launcher, geom: ConvGeometry, *tensors, channels_after=None, diagonal: int = 1
+) -> torch.Tensor:
+    """`launch` of a problem as its kernels run it (no groups left to coarsen; `diagonal` > 1: the weight is that of
+    groups `diagonal` times as many, grouped.on_coarse)."""
+    extra = {}
+    if channels_after is not None:
+        extra["channels_after"] = channels_after
+    if diagonal > 1:
+        extra["diagonal"] = diagonal
+    run = lambda config: launcher(*tensors, geom, config, **extra)  # noqa: E731  (first-use tuning launches it too)
     config = launch_config(direction, geom, *tensors, run=run, channels_after=channels_after)
     try:
         return run(config)
