@@ -4,6 +4,7 @@ with the interpreter's tiles and with the tiles an H100 would launch, and the on
 on the same geometries."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from tconv3d.kernels import conv_dgrad, conv_fwd, conv_wgrad, utils
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice, configs
+from tconv3d.tune.shapes import load_shape_set
 
 CL = torch.channels_last_3d
 
@@ -87,6 +89,22 @@ def test_packed_heuristic_tiles_reduce_over_pairs():
     assert configs.heuristic_config("wgrad", geom, torch.bfloat16, 132).block_n == 128
     one_tap = check_conv3d(x, torch.empty(128, 3, 1, 1, 1, device="meta"), None, 1, 0, 1, 1)
     assert not any(kernel_config.packs_taps(d, one_tap) for d in kernel_config.DIRECTIONS)  # nothing to pack
+
+
+def test_packed_weight_gradient_splits_for_the_programs_its_registers_allow():
+    """The packed columns' loops hold at least 128 registers a thread: their splits fill waves of at most 2 programs
+    an SM on 8 warps (4 on 4), not the 8 their shared memory would allow. The stem (first_cin3) took 1786 splits
+    of 39 steps and 71 MB of fp32 partial sums for a 41 KB gradient."""
+    shapes = {s.name: s for name in ("bench", "stack") for s in load_shape_set(name)}
+    for name, most in (("first_cin3", 2), ("stack_in8", 4)):
+        geom = shapes[name].launched_geometry()
+        config = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+        view = kernel_config.gemm_view("wgrad", geom)
+        tiles = math.ceil(view.rows / config.block_m) * math.ceil(view.cols / config.block_n)
+        assert kernel_config.packs_taps("wgrad", geom) and config.num_warps * most == 16, (name, config)
+        programs = tiles * config.split_k
+        assert programs <= 3 * most * 132, (name, config)  # a few waves at most programs an SM, not 13
+        assert config.split_k * view.rows * view.cols * 4 < 16 * 2**20, (name, config)
 
 
 def test_packed_weight_gradients_stay_packed_on_sm90():

@@ -39,6 +39,8 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 
 # fp32 accumulator registers one thread may hold before the compiler spills.
 MAX_ACC_PER_THREAD = 128
+# The fewest registers a thread of the packed weight gradient's loops holds (tconv3d.inspect: 128 to 231).
+PACKED_WGRAD_REGISTERS = 128
 # Largest fp32 split-K workspace the weight gradient may allocate (splits x Cout x taps x Cin x 4 bytes).
 WGRAD_WORKSPACE_BYTES = 256 * 2**20
 # The forward's and input gradient's (splits x their output x 4 bytes): they split only small grids, and each
@@ -666,6 +668,12 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
+        if packs_taps(direction, geom):
+            # The packed columns' gathers hold 128-231 registers a thread (inspect: first_cin3's and stack_in8's
+            # tiles, sm_80 and sm_90, 3.6 and 3.9): at most 2 programs an SM on 8 warps, 4 on 4, where the
+            # shared memory alone would allow 8 (first_cin3: 1786 splits, 71 MB of fp32 partials for a 41 KB
+            # gradient; 264 at this bound, 10 MB).
+            most = min(most, 65536 // (PACKED_WGRAD_REGISTERS * 32 * num_warps))
         fill = 0.75
         if packs_out_taps(geom):
             # ~160-230 registers a thread (inspect: sm_80 and sm_90, 3.6 and 3.9): one program an SM on 8 warps,
