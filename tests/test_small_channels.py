@@ -107,6 +107,20 @@ def test_packed_weight_gradient_splits_for_the_programs_its_registers_allow():
         assert config.split_k * view.rows * view.cols * 4 < 16 * 2**20, (name, config)
 
 
+def test_out_pairs_weight_gradient_splits_for_two_programs_an_sm_where_they_fit():
+    """The out-pairs weight gradient's 128 x 64 tiles on 8 warps hold 94-128 registers a thread in 16 bits: its
+    splits make one wave at two programs an SM (and two at one), where the 128 x 128 tiles (160-230 registers) keep
+    one wave at one."""
+    shapes = {s.name: s for name in ("bench", "stack") for s in load_shape_set(name)}
+    for name, programs in (("stack_out8", 2 * 132), ("last_cout3", 132)):
+        geom = shapes[name].launched_geometry()
+        config = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+        view = kernel_config.gemm_view("wgrad", geom)
+        assert kernel_config.packs_out_taps(geom) and config.num_warps == 8, (name, config)
+        tiles = math.ceil(view.rows / config.block_m) * math.ceil(view.cols / config.block_n)
+        assert tiles * config.split_k == programs, (name, config)
+
+
 def test_packed_weight_gradients_stay_packed_on_sm90():
     """An 8-channel input (the stack's first layer) is TMA-aligned, but its weight gradient's packed tiles are the
     pointer kernel's: (tap, channel) pairs as columns, 216 of 2 x 128 for 27 x 8. On a box kernel they would be one

@@ -676,10 +676,12 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             most = min(most, 65536 // (PACKED_WGRAD_REGISTERS * 32 * num_warps))
         fill = 0.75
         if packs_out_taps(geom):
-            # ~160-230 registers a thread (inspect: sm_80 and sm_90, 3.6 and 3.9): one program an SM on 8 warps,
-            # two on 4, whatever the shared memory would allow; whole waves of them (last_cout3: 132 splits, where
-            # six programs an SM asked for 1201, 37 MB of fp32 partials for 4 MB)
-            most, fill = (1 if num_warps == 8 else 2), 1.0
+            # ~160-230 registers a thread at 128 x 128 (inspect: sm_80 and sm_90, 3.6 and 3.9): one program an SM
+            # on 8 warps; 94-128 at 128 x 64 in 16 bits (stack_out8's; fp32 176-190 under 3.6) and on 4 warps: two.
+            # Whatever the shared memory would allow; whole waves of them at one program an SM and at two
+            # (last_cout3: 132 splits, where six programs an SM asked for 1201, 37 MB of fp32 partials for 4 MB;
+            # stack_out8: 132 splits of 2 tiles, one wave at two programs an SM where one left half of them idle).
+            most, fill = (1 if num_warps == 8 and block_m * block_n > 128 * 64 else 2), 1.0
         if view.reduction == 0:  # an empty batch: nothing to split
             return KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8, split_k=1)
         split_k = _wave_filling_split(
