@@ -65,8 +65,8 @@ case "${1:-}" in
     # small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64
     # and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and
     # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns).
-    PLAN2_IMPLS=$(printf '%s,' stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring hunyuan_512:chosen \
-      hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
+    PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
+      hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen unet_320:gluon_ws_small_grid unet_32:chosen \
       unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
     PLAN2_CASES=stack_out8,stack_in8,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-450} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \
