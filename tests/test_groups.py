@@ -164,6 +164,8 @@ def test_explain_says_which_groups_run_side_by_side(device):
     x = torch.randn(1, 128, 2, 3, 4, device=device)
     plan = tconv3d.explain(x, torch.randn(64, 8, 3, 3, 3, device=device), None, 1, 1, 1, 16)
     assert {direction: p["block_diagonal"] for direction, p in plan.items()} == dict.fromkeys(plan, 8)
+    in_place = {d: p["weight_in_place"] for d, p in plan.items() if d != "wgrad"}
+    assert in_place == {d: plan[d]["variant"] == "pointer" for d in ("fwd", "dgrad")}, plan
     plan = tconv3d.explain(x, torch.randn(64, 16, 3, 3, 3, device=device), None, 1, 1, 1, 8)
     assert not any("block_diagonal" in p for p in plan.values())
 
