@@ -123,8 +123,9 @@ def case_dtypes(items: list[str], dtypes: str) -> list[tuple[ConvShape, str]]:
 def case_directions(shape: ConvShape, directions: str) -> list[str]:
     """The directions of `directions` (comma-separated) a case is timed in: a video VAE decoder's layer as a
     converted decode calls it (the `decoders` set: reading cached frames, or bordered in a mode other than zeros) in
-    the forward alone, as inference runs it."""
-    return [d for d in directions.split(",") if d == "fwd" or not shape.decoder_layer]
+    the forward, as inference runs it, and the weight gradient, as training one runs it (the input gradient of
+    cached frames is the concatenation's, which the op splits: not timed here)."""
+    return [d for d in directions.split(",") if d != "dgrad" or not shape.decoder_layer]
 
 
 def wanted(impls: set | None, case: str, name: str) -> bool:
@@ -246,12 +247,12 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
 def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.device) -> tuple:
     """(the geometry its kernels run, launch(config), cuDNN's call, its fp32 reference as a call) of one case and
     direction on random channels_last_3d inputs. A decoder's layer (the `decoders` set: case_directions) is a
-    forward: reading cached frames (frames_before), tconv3d reads them in place where cuDNN convolves them
-    concatenated in front of the input (the concatenation made once, outside its timing); with a border mode,
-    tconv3d reads the border in place where cuDNN convolves the input padded by F.pad, as the stock VAEs call it
-    (the pad in its timing)."""
-    if shape.decoder_layer and direction != "fwd":
-        raise ValueError(f"{shape.name} is a decoder's layer (cached frames or borders): a forward, not {direction}")
+    forward or a weight gradient: reading cached frames (frames_before), tconv3d reads them in place where cuDNN
+    convolves them concatenated in front of the input (the concatenation made once, outside its timing); with a
+    border mode, tconv3d reads the border in place where cuDNN convolves the input padded by F.pad, as the stock
+    VAEs call it (the pad in its timing)."""
+    if shape.decoder_layer and direction == "dgrad":
+        raise ValueError(f"{shape.name} is a decoder's layer (cached frames or borders): no input gradient here")
     x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, device)
     stride, padding, dilation = list(shape.stride), list(shape.padding), list(shape.dilation)
     cached = None
@@ -266,20 +267,20 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
     # (or the gradient's diagonal) timed in.
     coarse = grouped.coarsened(geom)
     on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
+    # What cuDNN convolves: the cached frames concatenated in front of x, and (a border mode) padded by F.pad
+    source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
+    if shape.padding_mode == "zeros":
+        padded, source_args = (lambda t: t), conv_args
+    else:  # F.pad's order: (W front, W back, H ..., D ...)
+        pads = [p for pair in reversed(list(zip(padding[0::2], padding[1::2], strict=True))) for p in pair]
+        padded = lambda t: F.pad(t, pads, mode=shape.padding_mode)  # noqa: E731
+        source_args = (shape.stride, 0, shape.dilation, shape.groups)
     if direction == "fwd":
         launch = lambda config: on_coarse(  # noqa: E731
             lambda x, w, **diagonal: conv3d_fwd(x, w, None, cached, coarse, config, **diagonal), x, w
         )
-        source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
-        if shape.padding_mode == "zeros":
-            cudnn = lambda: F.conv3d(source, w, None, *conv_args)  # noqa: E731
-            exact = lambda: F.conv3d(source.float(), w.float(), None, *conv_args)  # noqa: E731
-        else:  # F.pad's order: (W front, W back, H ..., D ...)
-            pads = [p for pair in reversed(list(zip(padding[0::2], padding[1::2], strict=True))) for p in pair]
-            padded = lambda t: F.pad(t, pads, mode=shape.padding_mode)  # noqa: E731
-            unpadded = (shape.stride, 0, shape.dilation, shape.groups)
-            cudnn = lambda: F.conv3d(padded(source), w, None, *unpadded)  # noqa: E731
-            exact = lambda: F.conv3d(padded(source.float()), w.float(), None, *unpadded)  # noqa: E731
+        cudnn = lambda: F.conv3d(padded(source), w, None, *source_args)  # noqa: E731
+        exact = lambda: F.conv3d(padded(source.float()), w.float(), None, *source_args)  # noqa: E731
         return coarse, launch, cudnn, exact
     grad_out = torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=CL)
     if direction == "dgrad":
@@ -289,9 +290,13 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
         cudnn = lambda: torch.nn.grad.conv3d_input(x.shape, w, grad_out, *conv_args)  # noqa: E731
         exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
         return coarse, launch, cudnn, exact
-    launch = lambda config: on_coarse(lambda g, x: conv3d_wgrad(g, x, None, coarse, config), grad_out, x)  # noqa: E731
-    cudnn = lambda: torch.nn.grad.conv3d_weight(x, w.shape, grad_out, *conv_args)  # noqa: E731
-    exact = lambda: torch.nn.grad.conv3d_weight(x.float(), w.shape, grad_out.float(), *conv_args)  # noqa: E731
+    launch = lambda config: on_coarse(  # noqa: E731
+        lambda g, x: conv3d_wgrad(g, x, cached, coarse, config), grad_out, x
+    )
+    cudnn = lambda: torch.nn.grad.conv3d_weight(padded(source), w.shape, grad_out, *source_args)  # noqa: E731
+    exact = lambda: torch.nn.grad.conv3d_weight(  # noqa: E731
+        padded(source.float()), w.shape, grad_out.float(), *source_args
+    )
     return coarse, launch, cudnn, exact
 
 

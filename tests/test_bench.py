@@ -671,3 +671,30 @@ def test_census_sees_every_convolution_of_a_decode():
     assert sum(row[-1] for row in rows) == pytest.approx(1.0) and sum(by_variant.values()) == pytest.approx(1.0)
     h100 = lambda geom: choice.choose("fwd", geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
     assert all(config == h100(geom) for _, geom, config, *_ in rows)
+
+
+@pytest.mark.parametrize(
+    ("frames_before", "padding", "mode"),
+    [(2, (0, 0, 1, 1, 1, 1), "zeros"), (0, (2, 0, 1, 1, 1, 1), "replicate")],
+    ids=["cached", "replicate"],
+)
+def test_variants_time_a_decoder_layer_forward_and_weight_gradient(frames_before, padding, mode, device):
+    """bench.variants' problem for a video VAE decoder's layer (cached frames in front, or a causal replicate
+    border), as a converted decode (forward) and a training step (weight gradient) call it: tconv3d's launch, cuDNN's
+    call on the concatenated and padded input, and the fp32 reference agree; no input gradient is offered."""
+    from bench import variants
+    from tconv3d.testing import rel_l2
+    from tconv3d.tune import choice
+    from tconv3d.tune.shapes import ConvShape
+
+    shape = ConvShape("tiny_decoder", 1, 16, 16, (2, 5, 6), (3, 3, 3), (1, 1, 1), padding, (1, 1, 1), ("fp32",),
+                      frames_before=frames_before, padding_mode=mode)  # fmt: skip
+    assert variants.case_directions(shape, "fwd,dgrad,wgrad") == ["fwd", "wgrad"]
+    for direction in ("fwd", "wgrad"):
+        geom, launch, cudnn, exact = variants.problem(shape, torch.float32, direction, torch.device(device))
+        expected = exact()
+        ours = launch(choice.pick_config(direction, geom, torch.float32, torch.device(device)))
+        assert rel_l2(ours, expected) < 1e-5, direction
+        assert rel_l2(cudnn(), expected) < 1e-5, direction
+    with pytest.raises(ValueError, match="input gradient"):
+        variants.problem(shape, torch.float32, "dgrad", torch.device(device))
