@@ -268,7 +268,7 @@ def conv3d_dgrad(
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
-    weight, *diag = grouped.diagonal_weight("dgrad", weight, geom, config, diagonal)
+    weight, diag = grouped.diagonal_weight("dgrad", weight, geom, config, diagonal)
     grad_out, channels_after, geom = channel_sources("dgrad", grad_out, channels_after, geom, config)
     if config.direct:  # depthwise
         return depthwise_dgrad(grad_out, weight, grad_in, geom, config)

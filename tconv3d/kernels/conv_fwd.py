@@ -260,7 +260,7 @@ def conv3d_fwd(
     if y.numel() == 0:
         return y
     x, weight = ndhwc(x), ndhwc(weight)
-    weight, *diag = grouped.diagonal_weight("fwd", weight, geom, config, diagonal)
+    weight, diag = grouped.diagonal_weight("fwd", weight, geom, config, diagonal)
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     x, channels_after, geom = channel_sources("fwd", x, channels_after, geom, config)
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
@@ -355,7 +355,8 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, PACK_TAPS=c_in if packed else 0,
-        RUN=channel_run(c_in if packed else diag[0], x, frames_before, weight) if packed or diag[0] else 1,
+        RUN=channel_run(c_in, x, frames_before, weight) if packed else channel_run(diag[0], x, frames_before, weight)
+        if diag[0] else 1,
         W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None,

@@ -100,15 +100,15 @@ def reads_in_place(direction: str, coarse: ConvGeometry, config: KernelConfig) -
 
 def diagonal_weight(
     direction: str, weight: torch.Tensor, coarse: ConvGeometry, config: KernelConfig, factor: int
-) -> tuple[torch.Tensor, int, int]:
-    """(weight, DIAG_CI, DIAG_CO) for a `direction` launch of `coarse` handed a weight of `factor` groups to a
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(weight, (DIAG_CI, DIAG_CO)) for a `direction` launch of `coarse` handed a weight of `factor` groups to a
     coarse one (1: `coarse`'s own): the weight as it is, with its groups' channels, where the kernel reads its
     diagonal blocks in place (reads_in_place), else the block-diagonal weight and (0, 0)."""
     if factor == 1:
-        return weight, 0, 0
+        return weight, (0, 0)
     if reads_in_place(direction, coarse, config):
-        return weight, coarse.group_in_channels // factor, coarse.group_out_channels // factor
-    return block_diagonal(weight, coarse, factor), 0, 0
+        return weight, (coarse.group_in_channels // factor, coarse.group_out_channels // factor)
+    return block_diagonal(weight, coarse, factor), (0, 0)
 
 
 def on_coarse(direction: str, geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):

@@ -672,7 +672,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
             # The packed columns' gathers hold 128-231 registers a thread (inspect: first_cin3's and stack_in8's
             # tiles, sm_80 and sm_90, 3.6 and 3.9): at most 2 programs an SM on 8 warps, 4 on 4, where the
             # shared memory alone would allow 8 (first_cin3: 1786 splits, 71 MB of fp32 partials for a 41 KB
-            # gradient; 264 at this bound, 10 MB).
+            # gradient; 198 at this bound, 7.8 MB).
             most = min(most, 65536 // (PACKED_WGRAD_REGISTERS * 32 * num_warps))
         fill = 0.75
         if packs_out_taps(geom):
