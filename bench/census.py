@@ -62,7 +62,8 @@ def census(counts: collections.Counter, dtype: torch.dtype, device_name: str, sm
     for geom, calls in counts.items():
         config, source = choice.choose("fwd", geom, dtype, device_name, sm_count, capability)
         share = calls * geom.flops() / total
-        rows.append((calls, geom, config, source, configs.mma_fill("fwd", geom, config), share))
+        fill = configs.mma_fill("fwd", geom, config, dtype.itemsize)
+        rows.append((calls, geom, config, source, fill, share))
         by_variant[_kernel(config)] += share
     return sorted(rows, key=lambda row: -row[-1]), by_variant
 

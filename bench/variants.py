@@ -365,7 +365,7 @@ def measure_case(
             emit({**same, "impl": name, "same_as": same["impl"]})
             continue
         row = {"impl": name, "config": config.to_dict(), "variant": config.variant, **where}
-        row["fill"] = configs.mma_fill(direction, geom, config)
+        row["fill"] = configs.mma_fill(direction, geom, config, dtype.itemsize)
         intensity = configs.operand_intensity(direction, geom, config, dtype.itemsize)
         if intensity is not None and l2_read_tbps:
             row["l2_bound_tflops"] = intensity * l2_read_tbps

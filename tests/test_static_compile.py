@@ -541,6 +541,7 @@ from tconv3d.kernels import conv_gluon
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import load_shape_set
 from tconv3d.inspect.compile import ARCHS, compile_launch
+from tconv3d.kernels.config import KernelConfig
 out = []
 arch = ARCHS[90]
 # Every case under the GPU image's triton (3.6); elsewhere one of each kind, to keep CI's main step short.
@@ -616,6 +617,20 @@ if conv_gluon.UNAVAILABLE is None:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
+    # The last column block's half tiles (half_tail): 192 channels in 128-column blocks, swapped, both kernels
+    wide = next(s for s in load_shape_set("bench") if s.name == "wan_dec_192").geometry()
+    for direction in ("fwd", "dgrad"):
+        for specialized in (False, True):
+            tall = configs.with_gluon(KernelConfig(256, 128, 64, 8, 3), wide, direction, specialized)
+            config = configs.swapped_twin(tall, direction)
+            report = compile_launch(direction, wide, torch.bfloat16, config, 90)[0]
+            out.append({"case": "wan_dec_192", "direction": direction, "dtype": str(torch.bfloat16),
+                        "row": "half_tail", "config": config.to_dict(), **report.to_dict()})
+    # and its weight gradient's, rows and columns (wgrad_half_tails): warp-specialized, one tap a tile
+    config = configs.with_gluon(KernelConfig(128, 128, 64, 8, 3, split_k=6), wide, "wgrad", True)
+    report = compile_launch("wgrad", wide, torch.bfloat16, config, 90)[0]
+    out.append({"case": "wan_dec_192", "direction": "wgrad", "dtype": str(torch.bfloat16), "row": "half_tail",
+                "config": config.to_dict(), **report.to_dict()})
     # The chosen tiles forced to the Gluon kernel, and their warp-specialized form, per direction (bf16).
     def pipelined_and_specialized(case, geom, directions):
         for direction in directions:
@@ -657,7 +672,10 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     transposed, 2-4 taps of 32 input channels on the wgmma's rows; down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
     hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
-    (last_cout3's forward, and wan_dec_96's under 3.6); last_cout3's forward storing its 3-channel rows
+    (last_cout3's forward, and wan_dec_96's under 3.6); wan_dec_192's forward and input gradient, swapped, their last
+    column block in half tiles (half_tail: a second wgmma loop, also held to this), and its weight gradient's last
+    Cout and Cin blocks (four loops); last_cout3's forward storing its
+    3-channel rows
     from registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
     gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
     UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
@@ -718,9 +736,25 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     transposed = {r["case"]: r for r in swapped if r["direction"] == "wgrad"}  # the taps on the wgmma's rows
     assert "unet_32" in transposed and transposed["unet_32"]["config"]["tap_group"] == 4
     assert all(r["mma"].startswith("HGMMA.64x32x") for r in transposed.values())
+    half = [r for r in reports if r.get("row") == "half_tail"]
+    assert {(r["direction"], r["config"]["gluon"]) for r in half} == {
+        ("fwd", 1), ("fwd", 2), ("dgrad", 1), ("dgrad", 2), ("wgrad", 2)
+    }  # fmt: skip
+    for r in half:  # the full tiles' loop and the half tiles': one warpgroup's 64 rows, the voxels split in two
+        if r["direction"] == "wgrad":  # full, half the rows, half the columns, a quarter: 128 x 128 on 8 warps
+            shapes = ["64x128x16", "64x32x16", "64x64x16", "64x64x16"]
+        else:
+            shapes = ["64x128x16", "64x256x16"]
+        assert sorted(loop["mma"].split(".")[1] for loop in r["mma_loops"]) == shapes, r["mma_loops"]
+        assert r["mma"].split(".")[1] == shapes[-1 if r["direction"] != "wgrad" else 0], r["mma"]  # the widest
     programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"
+        # every loop of wgmmas, not only the first (the half tiles' has its own), on the Hopper main loop
+        assert r["mma_loops"] and all(loop["smem_ops"] == 0 and loop["waits"] == [1] for loop in r["mma_loops"]), (
+            name,
+            r["mma_loops"],
+        )
         assert r["config"]["gluon"] in (1, 2), name
         if r["config"]["gluon"] == 2:  # persistent: the programs an SM holds at once on every SM, within its limits
             config = KernelConfig.from_dict(r["config"])

@@ -722,6 +722,22 @@ def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     grouped = KernelConfig(128, 256, 64, 8, 3, split_k=4, tma_box_w=16, gluon=2, tap_group=2)
     assert configs.mma_fill("wgrad", geometry(cin=128, cout=128), grouped) == pytest.approx(27 / 28)
     assert configs.mma_fill("fwd", geometry(), KernelConfig(64, 64, 1, 4, 1, direct=1)) is None
+    # 192 channels in 128-column blocks: 128 + 128 on the pointer kernel, 128 + 64 on the Gluon kernel's half tail
+    # (16 x 16 patches over a 16 x 16 output); 96 in 64-column blocks: not at 16 bits, where 32 columns are narrower
+    # than a 128-byte swizzle row, nor swapped (32 rows are no warpgroup's); unswapped in fp32, whose 32 are 128 bytes
+    wide = geometry(cin=192, cout=192)
+    gluon = KernelConfig(256, 128, 64, 8, 3, tma_box_w=16, gluon=2, swap_ab=1)
+    for direction in ("fwd", "dgrad"):
+        assert configs.mma_fill(direction, wide, dataclasses.replace(gluon, gluon=0, swap_ab=0)) == 0.75
+        assert configs.mma_fill(direction, wide, gluon) == 1.0
+    assert configs.mma_fill("fwd", geometry(cout=96), dataclasses.replace(gluon, block_n=64)) == 0.75
+    assert configs.mma_fill("fwd", geometry(cout=96), dataclasses.replace(gluon, block_n=64, swap_ab=0), 4) == 1.0
+    # the weight gradient's 128 x 128 tiles over 192 x 192: rows and columns both 128 + 64 (wgrad_half_tails), not
+    # 128 + 128 each (0.75 x 0.75), on the warp-specialized kernel only
+    tiles = KernelConfig(128, 128, 64, 8, 3, split_k=2, tma_box_w=16, gluon=2)
+    assert configs.mma_fill("wgrad", wide, tiles) == 1.0
+    assert configs.mma_fill("wgrad", wide, dataclasses.replace(tiles, gluon=1)) == 0.5625
+    assert configs.mma_fill("wgrad", geometry(cin=192, cout=96), tiles) == pytest.approx(0.75)  # 96 rows: no half
 
 
 def test_operand_intensity_counts_each_tiles_rows_and_columns():

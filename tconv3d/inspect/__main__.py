@@ -67,7 +67,7 @@ def _job_record(job) -> dict:
         return record
     main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
     intensity = operand_intensity(direction, geom, config, dtype.itemsize)
-    fill = mma_fill(direction, geom, config)
+    fill = mma_fill(direction, geom, config, dtype.itemsize)
     record.update(
         compiled=True,
         registers=main.registers,

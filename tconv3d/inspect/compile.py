@@ -115,6 +115,9 @@ class KernelReport:
     loop_smem_ops: int | None = None
     loop_wgmma_waits: list[int] = field(default_factory=list)
     loop_barriers: int | None = None  # CTA-wide BAR.SYNC in the main loop
+    # Every innermost loop holding an MMA (a kernel may have several: the Gluon kernel's half tiles run their own,
+    # half_tail), in address order: {"mma": its first MMA instruction, "smem_ops", "waits"} as above.
+    mma_loops: list[dict] = field(default_factory=list)
     # What one pass of the main loop asks of a warp: instructions issued, and the tensor-core multiply-adds its
     # MMAs do, counted per warp (a wgmma is one warpgroup's: a quarter of it per warp), with their operand width.
     loop_instructions: int | None = None
@@ -319,10 +322,16 @@ def read_cubin(cubin: bytes) -> dict:
     regs = re.search(r"REG:(\d+)", usage)
     target = re.search(r"code for sm_(\d+)", sass)
     stack = re.search(r"STACK:(\d+)", usage)
-    mma = re.search(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+", sass)
+    mma = max(re.finditer(_MMA_INSTRUCTION, sass), key=lambda m: _mma_size(m.group(0)), default=None)  # the widest
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
     lines = _sass_lines(sass)
-    main = _loop_span(lines, _MMA)  # found once: the span search is the costly part of reading a cubin
+    loops = _mma_loops(lines)
+    # found once: the span search is the costly part of reading a cubin. The main loop is the one of the widest
+    # MMA where a kernel has several (a half tile's beside the full tiles': half_tail)
+    if len({_mma_size(loop["mma"]) for loop in loops}) > 1:
+        main = max(loops, key=lambda loop: _mma_size(loop["mma"]))["span"]
+    else:
+        main = _loop_span(lines, _MMA)
     body = _span_body(lines, main)
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
@@ -339,6 +348,7 @@ def read_cubin(cubin: bytes) -> dict:
         "loop_instructions": instructions,
         "loop_mma_fma": fma,
         "loop_mma_bits": bits,
+        "mma_loops": [{k: v for k, v in loop.items() if k != "span"} for loop in loops],
         **_specialized_loops(lines, main),
     }
 
@@ -373,6 +383,37 @@ def _loop_span(lines, holds=None, lacks=None, around=None) -> tuple[int, int] | 
             continue
         spans.append((branch.group(1) is None, address - start, start, address))
     return min(spans)[2:] if spans else None  # predicated first, then the innermost
+
+
+_MMA_INSTRUCTION = re.compile(r"\b(?:HGMMA|HMMA)\.[0-9A-Za-z.]+")
+
+
+def _mma_size(instruction: str) -> int:
+    """M x N x K of an HGMMA.MxNxK (HMMA: 0): which of a kernel's MMAs is its widest."""
+    found = re.match(r"HGMMA\.(\d+)x(\d+)x(\d+)", instruction)
+    return math.prod(int(v) for v in found.groups()) if found else 0
+
+
+def _mma_loops(lines) -> list[dict]:
+    """Each innermost loop (a predicated backward branch's span holding no other such span) with an MMA in it:
+    its span, first MMA instruction, shared-memory round trips and wgmma wait depths (_loop_sync), in address
+    order."""
+    spans = set()
+    for address, text in lines:
+        branch = re.search(r"^@!?U?P\w+\s+BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", text.strip())
+        if branch and int(branch.group(1), 16) < address:
+            start = int(branch.group(1), 16)
+            if any(_MMA.search(t) for a, t in lines if start <= a <= address):
+                spans.add((start, address))
+    loops = []
+    for span in sorted(spans):
+        if any(other != span and span[0] <= other[0] and other[1] <= span[1] for other in spans):
+            continue  # an outer loop around an MMA loop
+        body = _span_body(lines, span)
+        mma = next(m.group(0).rstrip(".") for t in body if (m := _MMA_INSTRUCTION.search(t)))
+        smem_ops, waits, _ = _loop_sync(body)
+        loops.append({"span": span, "mma": mma, "smem_ops": smem_ops, "waits": waits})
+    return loops
 
 
 def _span_body(lines, span) -> list[str] | None:

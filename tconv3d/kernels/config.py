@@ -134,6 +134,39 @@ def grouped_taps_fit(config: KernelConfig) -> bool:
     return config.tap_group <= 1 or (config.gluon == 2 and config.block_n // config.tap_group >= GROUPED_TAP_COLUMNS)
 
 
+# The swizzle rows of a 16-bit operand box whose rows are 128 bytes or more: a half tile's slices hold whole ones.
+SWIZZLE_BYTES = 128
+
+
+def _half_block(block: int, channels: int, element_size: int) -> bool:
+    """Whether `channels` leave their last `block` at most half full, that half whole swizzle rows of
+    `element_size`-byte elements (a slice of a shared-memory view at offset 0)."""
+    rest, half = channels % block, block // 2
+    return 0 < rest <= half and half * element_size >= SWIZZLE_BYTES
+
+
+def half_tail(config: KernelConfig, columns: int, element_size: int) -> bool:
+    """Whether the Gluon forward's or input gradient's last column block runs as a half tile (conv_gluon,
+    HALF_TAIL): `columns` (Cout forward, Cin input gradient) leave it at most half its block_n columns, so it
+    computes those from the first half of each weight box, half the MMA work (192 channels: 128 + 64, not 128 +
+    128). Only where the half is whole swizzle rows of the boxes of `element_size`-byte elements (a slice of a
+    shared-memory view at offset 0) and, with swap_ab, whole warpgroups' 64 rows."""
+    if not config.gluon or not _half_block(config.block_n, columns, element_size):
+        return False
+    return not config.swap_ab or config.block_n // 2 % 64 == 0
+
+
+def wgrad_half_tails(config: KernelConfig, c_out: int, c_in: int, element_size: int) -> tuple[bool, bool]:
+    """(rows, columns): whether the warp-specialized Gluon weight gradient's last Cout block (its rows) and last Cin
+    block (its columns) run as half tiles (conv_gluon, HALF_M_TAIL and HALF_N_TAIL), as half_tail does for the
+    forward: 192 channels in 128-row and 128-column blocks are 128 + 64 each. One tap a tile, unswapped; the rows'
+    half whole warpgroups' 64."""
+    if config.gluon != 2 or config.swap_ab or config.tap_group > 1:
+        return False, False
+    rows = _half_block(config.block_m, c_out, element_size) and config.block_m // 2 % 64 == 0
+    return rows, _half_block(config.block_n, c_in, element_size)
+
+
 def off_gluon(config: KernelConfig) -> KernelConfig:
     """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
     columns)."""

@@ -27,7 +27,7 @@ import triton
 from packaging.version import Version
 
 from ..geometry import ConvGeometry
-from .config import GROUPED_TAP_COLUMNS, KernelConfig, grouped_taps_fit
+from .config import GROUPED_TAP_COLUMNS, KernelConfig, grouped_taps_fit, half_tail, wgrad_half_tails
 from .conv_tma import (
     dst_box,
     dst_row_strides,
@@ -182,7 +182,8 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _stage_operands(a_ring, b_ring, index, W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr,
-                        SWAP_AB: gl.constexpr = False):  # fmt: skip
+                        SWAP_AB: gl.constexpr = False, HALF: gl.constexpr = False,
+                        HALF_M: gl.constexpr = False):  # fmt: skip
         """Stage `index` as the wgmma's operands, views of the boxes in shared memory. Forward and input gradient: A
         [BLOCK_M, BLOCK_K] from the 5-D source box, B [BLOCK_K, BLOCK_N] from the weight box: as it landed where the box
         is [BLOCK_K, 1, BLOCK_N] (W_KN: the input gradient's, N-major), else used transposed (the forward's and the
@@ -191,26 +192,39 @@ if UNAVAILABLE is None:
         the box's voxels. SWAP_AB: the tile transposed, dst^T = B^T A^T. Forward and input gradient: A [BLOCK_N,
         BLOCK_K] the weight box (K-major, the input gradient's 16-bit one M-major), B [BLOCK_K, BLOCK_M] the source box
         read K-major. Weight gradient: A [BLOCK_N, BLOCK_K] the input boxes read M-major, B [BLOCK_K, BLOCK_M] the
-        grad_out box as it landed (N-major). Both views of the same boxes, nothing moves."""
+        grad_out box as it landed (N-major). Both views of the same boxes, nothing moves. HALF: the first half of
+        the columns only, a half tile's (half_tail): of the weight box (forward and input gradient) or of the input
+        box (the weight gradient, one tap a tile, unswapped); HALF_M (the weight gradient's): of grad_out's rows."""
         if WEIGHT_GRAD:
             BLOCK_K: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
-            a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]]).permute((1, 0))
+            a = a_ring.index(index).reshape([BLOCK_K, a_ring.type.shape[5]])
+            if HALF_M:  # whole swizzle rows (half_tail), at offset 0
+                a = a.slice(0, a_ring.type.shape[5] // 2, dim=1)
+            a = a.permute((1, 0))
             b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[5]])
+            if HALF:
+                b = b.slice(0, b_ring.type.shape[5] // 2, dim=1)
         else:
             BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
             BLOCK_K: gl.constexpr = a_ring.type.shape[5]
             a = a_ring.index(index).reshape([BLOCK_M, BLOCK_K])
             if W_KN:
                 b = b_ring.index(index).reshape([BLOCK_K, b_ring.type.shape[3]])
+                if HALF:  # whole swizzle rows (half_tail), at offset 0
+                    b = b.slice(0, b_ring.type.shape[3] // 2, dim=1)
             else:
-                b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K]).permute((1, 0))
+                b = b_ring.index(index).reshape([b_ring.type.shape[1], BLOCK_K])
+                if HALF:
+                    b = b.slice(0, b_ring.type.shape[1] // 2, dim=0)
+                b = b.permute((1, 0))
         if SWAP_AB:
             a, b = b.permute((1, 0)), a.permute((1, 0))
         return a, b
 
     @gluon.jit
     def _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc,
-                       W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
+                       W_KN: gl.constexpr, WEIGHT_GRAD: gl.constexpr, SWAP_AB: gl.constexpr,
+                       HALF: gl.constexpr = False, HALF_M: gl.constexpr = False):  # fmt: skip
         """A warp-specialized consumer's K loop over one tile: `steps` stages from ring position `it` on, each
         waited for, wgmma'd from shared memory with one group in flight and handed back to the producer (on
         `empty`) once the group after it has been issued. Returns the finished accumulator and the ring position."""
@@ -218,7 +232,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = it % STAGES
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, W_KN, WEIGHT_GRAD, SWAP_AB)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, WEIGHT_GRAD, SWAP_AB, HALF, HALF_M)
             acc = _mma_one_in_flight(a, b, acc)
             # The previous step's group has finished: its stage may be refilled.
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -324,14 +338,15 @@ if UNAVAILABLE is None:
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, mma_layout: gl.constexpr,
         frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr,
+        HALF: gl.constexpr,
     ):  # fmt: skip
         """The K loop software-pipelined in the kernel's own warps: STAGES - 1 steps' boxes in flight, each step
         a wait, its wgmma (one group in flight), and the loads of the step STAGES - 1 ahead into the stage the
-        finished group read. Returns the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB), the ring's barriers put
-        away."""
+        finished group read. Returns the accumulator ([BLOCK_N, BLOCK_M] with SWAP_AB; BLOCK_N // 2 columns with
+        HALF, the weight boxes' first half: half_tail), the ring's barriers put away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
-        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        BLOCK_N: gl.constexpr = (b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]) // (2 if HALF else 1)
         # Each step's (tap, channel block) is divided out of its number here (step_of), not carried from the
         # step before as the warp-specialized producer and the weight gradient's loop do (next_step, next_patch):
         # carried, triton 3.6 lays this loop out so that ptxas serializes the forward's wgmmas (C7515: the
@@ -348,7 +363,7 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = step % STAGES
             mbarrier.wait(ready.index(index), (step // STAGES) & 1)
-            a, b = _stage_operands(a_ring, b_ring, index, W_KN, False, SWAP_AB)
+            a, b = _stage_operands(a_ring, b_ring, index, W_KN, False, SWAP_AB, HALF)
             acc = _mma_one_in_flight(a, b, acc)  # the previous step's stage, STAGES - 1 steps ahead, is free
             ahead = step + STAGES - 1
             refill = ahead % STAGES
@@ -402,7 +417,9 @@ if UNAVAILABLE is None:
         phase's view of grad_in, conv_tma.dst_box, for a strided input gradient), which drops what lies past the
         volume's edges. The store is left in flight: wait before reusing c_smem. DST_PTR: dst_views[0] is the
         forward's output tensor, stored from registers (_store_rows); c_smem is not used. SWAP_AB: acc is the tile
-        transposed, [columns, voxels], written into c_smem through a transposed view."""
+        transposed, [columns, voxels], written into c_smem through a transposed view. A half tile's acc (half_tail)
+        fills the first half of c_smem's columns; the store's other half lies past the tensor's last channel and is
+        dropped with what lies past the volume's edges."""
         VOXEL_AXIS: gl.constexpr = 1 if SWAP_AB else 0
         BLOCK_M: gl.constexpr = acc.type.shape[VOXEL_AXIS]
         BLOCK_N: gl.constexpr = acc.type.shape[1 - VOXEL_AXIS]
@@ -414,10 +431,14 @@ if UNAVAILABLE is None:
         if DST_PTR:
             _store_rows(acc, dst_views[0], split * BATCH + n, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
                         BOX_W, mma_layout, SWAP_AB)  # fmt: skip
-        elif SWAP_AB:
-            c_smem.reshape([BLOCK_M, BLOCK_N]).permute((1, 0)).store(acc.to(dst_views[0].dtype))
         else:
-            c_smem.reshape([BLOCK_M, BLOCK_N]).store(acc.to(dst_views[0].dtype))
+            BOX_N: gl.constexpr = c_smem.type.shape[4]
+            tile = c_smem.reshape([BLOCK_M, BOX_N])
+            if BLOCK_N < BOX_N:  # a half tile: whole swizzle rows at offset 0 (half_tail)
+                tile = tile.slice(0, BLOCK_N, dim=1)
+            if SWAP_AB:
+                tile = tile.permute((1, 0))
+            tile.store(acc.to(dst_views[0].dtype))
         if not DST_PTR:
             fence_async_shared()
             frame, view = dst_box(d, phase, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
@@ -430,20 +451,64 @@ if UNAVAILABLE is None:
                 _tma_store(dst_views[0], coords, c_smem)
 
     @gluon.jit
+    def _consume_tile(
+        a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase,
+        BATCH, C_COLS, H_DST, W_DST, dst_strides,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
+        layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF: gl.constexpr,
+    ):  # fmt: skip
+        """One tile of _mma_tiles from ring position `it`: its `steps` stages wgmma'd into an accumulator in `layout`
+        (BLOCK_N // 2 columns with HALF: half_tail), then its epilogue. Returns the ring position after it."""
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * BOX_W
+        BLOCK_N: gl.constexpr = (b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]) // (2 if HALF else 1)
+        acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False, SWAP_AB, HALF)
+        tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
+        _store_tile(
+            acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+            dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, layout, SWAP_AB,
+        )  # fmt: skip
+        return it
+
+    @gluon.jit
+    def _store_after_loop(
+        acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST, dst_strides,
+        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
+        HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
+        SWAP_AB: gl.constexpr,
+    ):  # fmt: skip
+        """The one-tile-per-program kernel's epilogue (_store_tile) and its store waited for, its buffer (BLOCK_N
+        columns) allocated after the loop, where it may reuse the ring's shared memory."""
+        BOX_H: gl.constexpr = a_ring.type.shape[3]
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        if DST_PTR:
+            c_smem = a_ring
+        else:
+            c_smem = gl.allocate_shared_memory(dst_views[0].dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_views[0].layout)
+        _store_tile(
+            acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+            dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, layout, SWAP_AB,
+        )  # fmt: skip
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
     def _mma_tiles(
         a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles, k_blocks,
         C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, half_layout: gl.constexpr, HALF_TAIL: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
-        read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads."""
+        read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads.
+        HALF_TAIL: the last column block's tiles, whose columns past the first half lie past C_COLS, compute that
+        half only (accumulators in half_layout; half_tail)."""
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
-        BLOCK_M: gl.constexpr = BOX_H * BOX_W
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
@@ -452,13 +517,19 @@ if UNAVAILABLE is None:
             n, phase, _, _, steps = _tile_work(
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
-            acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False, SWAP_AB)
-            tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
-            _store_tile(
-                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout, SWAP_AB,
-            )  # fmt: skip
+            # (the test inline: assigned to a name, a constexpr False becomes a tensor, and the half branch compiles)
+            if (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
+                it = _consume_tile(
+                    a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
+                    phase, BATCH, C_COLS, H_DST, W_DST, dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN,
+                    HAS_BIAS, DST_PTR, half_layout, SWAP_AB, True,
+                )  # fmt: skip
+            else:
+                it = _consume_tile(
+                    a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
+                    phase, BATCH, C_COLS, H_DST, W_DST, dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN,
+                    HAS_BIAS, DST_PTR, mma_layout, SWAP_AB, False,
+                )  # fmt: skip
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -519,7 +590,7 @@ if UNAVAILABLE is None:
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
         DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr, num_warps: gl.constexpr,
+        HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -535,7 +606,10 @@ if UNAVAILABLE is None:
         while the kernel's warps only wait, wgmma and store (_mma_tiles), the stages handed back and forth by two
         mbarrier rings. The producer runs on into the next tile while the consumers store the last one. SWAP_AB:
         the wgmma computes each tile transposed (_stage_operands), BLOCK_N columns on the warps' 16-row atoms and
-        the BLOCK_M voxels as its N; the loads, the ring and the tiles' order are the same."""
+        the BLOCK_M voxels as its N; the loads, the ring and the tiles' order are the same. HALF_TAIL (half_tail):
+        the last column block's tiles, where C_COLS leaves at most half of them, compute that half only, from the
+        first half of each weight box (the boxes load as before), half the MMA work: a 192-channel layer's tiles of
+        128 columns are 128 + 64, not 128 + 128."""
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
@@ -559,6 +633,16 @@ if UNAVAILABLE is None:
             warps_per_cta=[num_warps, 1],
             instr_shape=[16, BOX_H * BOX_W if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
         )
+        # A half tile's: swapped, its BLOCK_N // 2 rows on as many warpgroups as they fill (64 rows a warpgroup), the
+        # voxels split between the others; else half the columns on the same warps.
+        HALF_ROWS: gl.constexpr = BLOCK_N // 2 if SWAP_AB else BOX_H * BOX_W
+        WARPS_M: gl.constexpr = num_warps if 16 * num_warps <= HALF_ROWS else 4
+        half_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0],
+            warps_per_cta=[WARPS_M, num_warps // WARPS_M],
+            instr_shape=[16, BOX_H * BOX_W // (num_warps // WARPS_M) if SWAP_AB else BLOCK_N // 2,
+                         256 // dtype.primitive_bitwidth],
+        )  # fmt: skip
         # with HAS_AFTER: x's channel blocks, then channels_after's
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
@@ -578,7 +662,7 @@ if UNAVAILABLE is None:
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
                                   k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
                                   STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout,
-                                  SWAP_AB)),
+                                  SWAP_AB, half_layout, HALF_TAIL)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
@@ -597,21 +681,30 @@ if UNAVAILABLE is None:
             n, phase, live, first, steps = _tile_work(
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
-            acc = _pipelined_steps(
-                src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
-                PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD,
-                W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB,
-            )  # fmt: skip
-            # Allocated after the loop, the epilogue's buffer may reuse the ring's shared memory.
-            if DST_PTR:
-                c_smem = a_ring
+            # the last column block's first half only (half_tail; the test inline as in _mma_tiles); triton 3.6
+            # holds a name assigned in both branches to one type, hence half_acc
+            if (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
+                half_acc = _pipelined_steps(
+                    src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
+                    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K,
+                    INPUT_GRAD, W_KN, half_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB, True,
+                )  # fmt: skip
+                _store_after_loop(
+                    half_acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+                    dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BLOCK_N, half_layout,
+                    SWAP_AB,
+                )  # fmt: skip
             else:
-                c_smem = gl.allocate_shared_memory(dst_desc.dtype, [1, 1, BOX_H, BOX_W, BLOCK_N], dst_desc.layout)
-            _store_tile(
-                acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout, SWAP_AB,
-            )  # fmt: skip
-            tma.store_wait(pendings=0)
+                acc = _pipelined_steps(
+                    src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
+                    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K,
+                    INPUT_GRAD, W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB, False,
+                )  # fmt: skip
+                _store_after_loop(
+                    acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
+                    dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BLOCK_N, mma_layout,
+                    SWAP_AB,
+                )  # fmt: skip
 
     @gluon.jit
     def _issue_wgrad_loads(
@@ -733,27 +826,65 @@ if UNAVAILABLE is None:
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
+    def _consume_wgrad_tile(
+        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
+        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, layout: gl.constexpr,
+        SWAP_AB: gl.constexpr, HALF_M: gl.constexpr, HALF_N: gl.constexpr,
+    ):  # fmt: skip
+        """One tile of _wgrad_mma_tiles from ring position `it`: its `steps` patches wgmma'd into an accumulator in
+        `layout` (half its rows with HALF_M, half its columns with HALF_N: half_tail), then stored. Returns the ring
+        position after it."""
+        BLOCK_M: gl.constexpr = a_ring.type.shape[5] // (2 if HALF_M else 1)
+        BLOCK_N: gl.constexpr = b_ring.type.shape[5] // (2 if HALF_N else 1)
+        acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, SWAP_AB, HALF_N, HALF_M)
+        _store_wgrad_tile(
+            acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
+            layout, TAPS, GROUP, SWAP_AB,
+        )  # fmt: skip
+        return it
+
+    @gluon.jit
     def _wgrad_mma_tiles(
         a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
         stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
-        SWAP_AB: gl.constexpr,
+        SWAP_AB: gl.constexpr, half_m_layout: gl.constexpr, half_n_layout: gl.constexpr,
+        quarter_layout: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
         from the ring as the producer fills it, then the tile stored from registers while the producer loads the
-        next tile's first patches."""
+        next tile's first patches. HALF_M_TAIL, HALF_N_TAIL (one tap a tile, unswapped): the last Cout (Cin) block's
+        tiles, at most half of whose rows (columns) are channels, compute that half only, accumulating in
+        half_m_layout, half_n_layout or quarter_layout (half the rows, the columns, both) (half_tail)."""
         BLOCK_M: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
         it = 0  # patches consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             first = split * SPLIT_PATCHES
-            acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
-            acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, SWAP_AB)
-            _store_wgrad_tile(
-                acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
-                mma_layout, TAPS, GROUP, SWAP_AB,
-            )  # fmt: skip
+            # (the tests inline: assigned to a name, a constexpr False becomes a tensor and its branch compiles)
+            if (co0 + BLOCK_M // 2 >= C_OUT) if HALF_M_TAIL else False:
+                if (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
+                    it = _consume_wgrad_tile(
+                        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
+                        stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, quarter_layout, SWAP_AB, True, True,
+                    )  # fmt: skip
+                else:
+                    it = _consume_wgrad_tile(
+                        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
+                        stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, half_m_layout, SWAP_AB, True, False,
+                    )  # fmt: skip
+            elif (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
+                it = _consume_wgrad_tile(
+                    a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
+                    stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, half_n_layout, SWAP_AB, False, True,
+                )  # fmt: skip
+            else:
+                it = _consume_wgrad_tile(
+                    a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
+                    stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, mma_layout, SWAP_AB, False, False,
+                )  # fmt: skip
 
     @gluon.jit
     def _wgrad_load_tiles(
@@ -802,7 +933,8 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        TAP_GROUP: gl.constexpr, SWAP_AB: gl.constexpr, num_warps: gl.constexpr,
+        TAP_GROUP: gl.constexpr, SWAP_AB: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
@@ -818,7 +950,9 @@ if UNAVAILABLE is None:
         grad_out box once for all of them. SWAP_AB (warp-specialized only): the tile transposed, gw^T = x^T go, the
         taps' input channels along the wgmma's M and Cout along its N: a layer of few output channels (32: half of
         the 64 rows a wgmma takes unswapped) fills its rows with 2-4 taps of 32-64 input channels (a tap's box a
-        slice of the buffer as wide as its swizzle rows, so 32 16-bit channels do)."""
+        slice of the buffer as wide as its swizzle rows, so 32 16-bit channels do). HALF_M_TAIL, HALF_N_TAIL
+        (warp-specialized, one tap a tile, unswapped; half_tail): the last Cout or Cin block's tiles, at most half
+        full, compute their first half only (192 channels: 128 + 64 rows and columns, not 128 + 128)."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
@@ -843,6 +977,21 @@ if UNAVAILABLE is None:
             warps_per_cta=[num_warps, 1],
             instr_shape=[16, BLOCK_M if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
         )
+        # the half tiles' accumulators (half_tail; one tap a tile, unswapped): half the rows on one warpgroup along M
+        # (the others split the columns), half the columns, both
+        M_WARPS: gl.constexpr = num_warps if 16 * num_warps <= BLOCK_M // 2 else 4
+        half_m_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[M_WARPS, num_warps // M_WARPS],
+            instr_shape=[16, BLOCK_N // (num_warps // M_WARPS), 256 // dtype.primitive_bitwidth],
+        )  # fmt: skip
+        half_n_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1],
+            instr_shape=[16, BLOCK_N // 2, 256 // dtype.primitive_bitwidth],
+        )  # fmt: skip
+        quarter_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[M_WARPS, num_warps // M_WARPS],
+            instr_shape=[16, BLOCK_N // 2 // (num_warps // M_WARPS), 256 // dtype.primitive_bitwidth],
+        )  # fmt: skip
         if WARP_SPECIALIZE:
             groups: gl.constexpr = (TAPS + TAP_GROUP - 1) // TAP_GROUP
             ci_blocks = gl.cdiv(C_IN, x_desc.block_type.shape[4])
@@ -852,7 +1001,8 @@ if UNAVAILABLE is None:
                 [
                     (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
                                         C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, TAP_GROUP,
-                                        mma_layout, SWAP_AB)),
+                                        mma_layout, SWAP_AB, half_m_layout, half_n_layout, quarter_layout,
+                                        HALF_M_TAIL, HALF_N_TAIL)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
                                          DIL_D, DIL_H, DIL_W, KH, KW, TAPS, TAP_GROUP, STRIDE_D, STRIDE_H, STRIDE_W,
@@ -953,8 +1103,8 @@ def conv3d_gluon(
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,
         PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
-        HAS_AFTER=channels_after is not None, SWAP_AB=bool(config.swap_ab), num_warps=config.num_warps,
-        **options,
+        HAS_AFTER=channels_after is not None, SWAP_AB=bool(config.swap_ab),
+        HALF_TAIL=half_tail(config, columns, src.element_size()), num_warps=config.num_warps, **options,
     )  # fmt: skip
 
 
@@ -979,6 +1129,7 @@ def conv3d_wgrad_gluon(
     x_views = phase_descriptors(x, geom.stride, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
     prefix = prefix_descriptor(frames_before, (1, 1, box_h, box_w, ci_block), _gluon_descriptor)
     c_out, c_in = geom.out_channels, geom.in_channels
+    halves = wgrad_half_tails(config, c_out, c_in, grad_out.element_size())
     grid = (cdiv(c_out, config.block_m) * cdiv(c_in, ci_block) * cdiv(geom.taps, group), out.shape[0])
     grid, options = _persistent_launch(grid, config, out.device, grad_out.element_size(), True)
     launch(
@@ -989,6 +1140,6 @@ def conv3d_wgrad_gluon(
         *source_frames(geom), *geom.front_padding, *geom.dilation,
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
-        HAS_PREFIX=prefix is not None, TAP_GROUP=group, SWAP_AB=bool(config.swap_ab), num_warps=config.num_warps,
-        **options,
+        HAS_PREFIX=prefix is not None, TAP_GROUP=group, SWAP_AB=bool(config.swap_ab),
+        HALF_M_TAIL=halves[0], HALF_N_TAIL=halves[1], num_warps=config.num_warps, **options,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from ..kernels.config import (
     channel_blocks,
     gemm_view,
     grouped_taps_fit,
+    half_tail,
     packed_channels,
     packs_out_taps,
     packs_taps,
@@ -30,6 +31,7 @@ from ..kernels.config import (
     w_tap_columns,
     w_tap_outputs,
     w_tap_tiles,
+    wgrad_half_tails,
 )
 from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES
@@ -222,9 +224,11 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     return 2 * view.rows * view.cols * taps / (element_size * (rows_read + cols_read))
 
 
-def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float | None:
+def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int = 2) -> float | None:
     """The share of a launch's MMA work that is the convolution's: its real FLOPs over what its tiles compute. Each
-    program computes a block_m x block_n tile over its whole reduction in block_k steps: the pointer kernels' rows
+    program computes a block_m x block_n tile over its whole reduction in block_k steps (the Gluon kernels' last
+    row or column block half as wide where half_tail and wgrad_half_tails say so, for operands of `element_size`
+    bytes): the pointer kernels' rows
     and columns over the GEMM's (gemm_view; (tap, channel) pairs where they pack them), the box kernels' patches
     (tma_box) over the volume's H x W (each phase's at a stride), one tap a step or a program, block_k of a source's
     channels a step (tap_group taps' blocks side by side in the weight gradient); a forward with its W taps as
@@ -235,8 +239,8 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
     if config.direct:
         return None
 
-    def share(real: int, block: int) -> float:
-        return real / (cdiv(real, block) * block) if real else 1.0
+    def share(real: int, block: int, half_tail: bool = False) -> float:  # half_tail: the last block half as wide
+        return real / (cdiv(real, block) * block - (block // 2 if half_tail else 0)) if real else 1.0
 
     def patches(size: tuple, stride: tuple, voxels: int) -> float:  # a box kernel's patches over H x W
         rows, width = config.tma_box(voxels)
@@ -248,11 +252,15 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig) -> float 
     packed = packs_taps(direction, geom) and not box
     if direction == "wgrad":
         group = max(1, config.tap_group)
-        columns = share(view.cols, config.block_n) if packed else share(geom.group_in_channels, config.block_n // group)
+        halves = wgrad_half_tails(config, view.rows, geom.group_in_channels, element_size) if box else (False, False)
+        if packed:
+            columns = share(view.cols, config.block_n)
+        else:
+            columns = share(geom.group_in_channels, config.block_n // group, halves[1])
         voxels = patches(geom.out_size, (1, 1, 1), config.block_k) if box else share(view.reduction, config.block_k)
         taps = 1.0 if packed or view.grid_taps == 1 else share(geom.taps, group)  # or the rows pack them
-        return share(view.rows, config.block_m) * columns * voxels * taps
-    cols = share(view.cols, config.block_n)
+        return share(view.rows, config.block_m, halves[0]) * columns * voxels * taps
+    cols = share(view.cols, config.block_n, half_tail(config, view.cols, element_size))
     voxels, written = w_tap_outputs(direction, geom)
     if w_tap_columns(direction, geom) and not box and voxels:
         # each tile writes block_m - halo of its rows; of its columns, KW taps of each channel
