@@ -473,16 +473,29 @@ if UNAVAILABLE is None:
         return it
 
     @gluon.jit
-    def _store_after_loop(
-        acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST, dst_strides,
-        STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
-        HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr,
-        SWAP_AB: gl.constexpr,
+    def _pipelined_tile(
+        src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes,
+        KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        HAS_AFTER: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, SWAP_AB: gl.constexpr,
+        layout: gl.constexpr, HALF: gl.constexpr,
     ):  # fmt: skip
-        """The one-tile-per-program kernel's epilogue (_store_tile) and its store waited for, its buffer (BLOCK_N
-        columns) allocated after the loop, where it may reuse the ring's shared memory."""
+        """The one-tile-per-program kernel's tile: its K loop (_pipelined_steps) into an accumulator in `layout`
+        (half the columns with HALF: half_tail), then the epilogue (_store_tile) and its store waited for, its buffer
+        allocated after the loop, where it may reuse the ring's shared memory. tile: (n, d, h0, w0, n0, split,
+        phase, live taps, first step, steps); sizes: (k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides, front
+        padding, dilation)."""
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        n, d, h0, w0, n0, split, phase, live, first, steps = tile
+        k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]
+        acc = _pipelined_steps(
+            src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
+            sizes[6], sizes[7], sizes[8], sizes[9], sizes[10], sizes[11], KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
+            BLOCK_K, INPUT_GRAD, W_KN, layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB, HALF,
+        )  # fmt: skip
         if DST_PTR:
             c_smem = a_ring
         else:
@@ -681,30 +694,17 @@ if UNAVAILABLE is None:
             n, phase, live, first, steps = _tile_work(
                 n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
             )
-            # the last column block's first half only (half_tail; the test inline as in _mma_tiles); triton 3.6
-            # holds a name assigned in both branches to one type, hence half_acc
+            tile = (n, d, h0, w0, n0, split, phase, live, first, steps)
+            sizes = (k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W)
+            # the last column block's first half only (half_tail; the test inline as in _mma_tiles)
             if (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
-                half_acc = _pipelined_steps(
-                    src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
-                    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K,
-                    INPUT_GRAD, W_KN, half_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB, True,
-                )  # fmt: skip
-                _store_after_loop(
-                    half_acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                    dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BLOCK_N, half_layout,
-                    SWAP_AB,
-                )  # fmt: skip
+                _pipelined_tile(src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes, KH,
+                                KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
+                                HAS_BIAS, DST_PTR, SWAP_AB, half_layout, True)  # fmt: skip
             else:
-                acc = _pipelined_steps(
-                    src_views, w_desc, a_ring, b_ring, ready, first, steps, k_blocks, n, d, h0, w0, n0, phase, live,
-                    PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K,
-                    INPUT_GRAD, W_KN, mma_layout, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, SWAP_AB, False,
-                )  # fmt: skip
-                _store_after_loop(
-                    acc, a_ring, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS, H_DST, W_DST,
-                    dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BLOCK_N, mma_layout,
-                    SWAP_AB,
-                )  # fmt: skip
+                _pipelined_tile(src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes, KH,
+                                KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
+                                HAS_BIAS, DST_PTR, SWAP_AB, mma_layout, False)  # fmt: skip
 
     @gluon.jit
     def _issue_wgrad_loads(
@@ -827,17 +827,18 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _consume_wgrad_tile(
-        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
-        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, layout: gl.constexpr,
+        a_ring, b_ring, ready, empty, it, steps, work, TAPS: gl.constexpr, GROUP: gl.constexpr, layout: gl.constexpr,
         SWAP_AB: gl.constexpr, HALF_M: gl.constexpr, HALF_N: gl.constexpr,
     ):  # fmt: skip
         """One tile of _wgrad_mma_tiles from ring position `it`: its `steps` patches wgmma'd into an accumulator in
-        `layout` (half its rows with HALF_M, half its columns with HALF_N: half_tail), then stored. Returns the ring
-        position after it."""
+        `layout` (half its rows with HALF_M, half its columns with HALF_N: half_tail), then stored (work: the store's
+        (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, out's four strides)). Returns the ring position
+        after it."""
         BLOCK_M: gl.constexpr = a_ring.type.shape[5] // (2 if HALF_M else 1)
         BLOCK_N: gl.constexpr = b_ring.type.shape[5] // (2 if HALF_N else 1)
         acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
         acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, SWAP_AB, HALF_N, HALF_M)
+        out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi = work
         _store_wgrad_tile(
             acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
             layout, TAPS, GROUP, SWAP_AB,
@@ -863,28 +864,21 @@ if UNAVAILABLE is None:
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             first = split * SPLIT_PATCHES
             steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+            work = (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi)
             # (the tests inline: assigned to a name, a constexpr False becomes a tensor and its branch compiles)
             if (co0 + BLOCK_M // 2 >= C_OUT) if HALF_M_TAIL else False:
                 if (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
-                    it = _consume_wgrad_tile(
-                        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
-                        stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, quarter_layout, SWAP_AB, True, True,
-                    )  # fmt: skip
+                    it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
+                                             quarter_layout, SWAP_AB, True, True)  # fmt: skip
                 else:
-                    it = _consume_wgrad_tile(
-                        a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
-                        stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, half_m_layout, SWAP_AB, True, False,
-                    )  # fmt: skip
+                    it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
+                                             half_m_layout, SWAP_AB, True, False)  # fmt: skip
             elif (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
-                it = _consume_wgrad_tile(
-                    a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
-                    stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, half_n_layout, SWAP_AB, False, True,
-                )  # fmt: skip
+                it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
+                                         half_n_layout, SWAP_AB, False, True)  # fmt: skip
             else:
-                it = _consume_wgrad_tile(
-                    a_ring, b_ring, ready, empty, it, steps, out_ptr, split, tap, co0, ci0, C_OUT, C_IN,
-                    stride_os, stride_oo, stride_ot, stride_oi, TAPS, GROUP, mma_layout, SWAP_AB, False, False,
-                )  # fmt: skip
+                it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
+                                         mma_layout, SWAP_AB, False, False)  # fmt: skip
 
     @gluon.jit
     def _wgrad_load_tiles(
