@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import triple
-from tconv3d.kernels.config import GROUPED_TAP_COLUMNS, KernelConfig
+from tconv3d.kernels.config import GROUPED_TAP_COLUMNS, KernelConfig, half_tail, wgrad_half_tails
 from tconv3d.testing import reference_conv3d
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -223,3 +223,50 @@ class OpNames(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+# Gluon tiles whose last row or column block is half full over 192 -> 192 channels (half_tail, wgrad_half_tails):
+# (direction, block_m, block_n, block_k, warps, stages, swapped, split).
+HALF_TAIL_TILES = {
+    "fwd_128x128": ("fwd", 128, 128, 64, 8, 3, 0, 1),
+    "fwd_256x128_swapped": ("fwd", 256, 128, 64, 8, 3, 1, 1),
+    "fwd_256x128_swapped_split3": ("fwd", 256, 128, 64, 8, 3, 1, 3),
+    "fwd_128x128_w4_swapped": ("fwd", 128, 128, 64, 4, 3, 1, 1),
+    "dgrad_128x128": ("dgrad", 128, 128, 64, 8, 3, 0, 1),
+    "dgrad_256x128_swapped": ("dgrad", 256, 128, 64, 8, 3, 1, 1),
+    "dgrad_256x128_swapped_split3": ("dgrad", 256, 128, 64, 8, 3, 1, 3),
+    "dgrad_128x128_w4_swapped": ("dgrad", 128, 128, 64, 4, 3, 1, 1),
+    "wgrad_128x128_split2": ("wgrad", 128, 128, 64, 8, 3, 0, 2),
+    "wgrad_128x128_w4": ("wgrad", 128, 128, 64, 4, 3, 0, 1),
+}
+
+
+def half_tail_conv(tile: tuple, gluon: int, device, dtype=torch.bfloat16):
+    """(run, expected) of a (1, 3, 3) convolution of 192 -> 192 channels in `tile`'s direction on the Gluon kernel
+    (`gluon` 1 pipelined, 2 warp-specialized; the weight gradient warp-specialized always), in 128-row and
+    -column blocks whose last is half full: run() launches it and returns the result; expected is float64."""
+    from tconv3d.geometry import check_conv3d
+    from tconv3d.kernels import conv_dgrad, conv_fwd, conv_wgrad
+    from tconv3d.tune import configs
+
+    direction, *dims, swap, split = tile
+    cl = dict(device=device, dtype=dtype)
+    x = torch.randn(1, 192, 2, 5, 19, **cl).contiguous(memory_format=torch.channels_last_3d)
+    w = (torch.randn(192, 192, 1, 3, 3, **cl) / 40).contiguous(memory_format=torch.channels_last_3d)
+    b = torch.randn(192, **cl)
+    grad_out = torch.randn(x.shape, **cl).contiguous(memory_format=torch.channels_last_3d)
+    geom = check_conv3d(x, w, b, [1] * 3, [0, 0, 1, 1, 1, 1], [1] * 3, 1)
+    specialized = gluon == 2 or direction == "wgrad"
+    config = replace(configs.with_gluon(KernelConfig(*dims, split_k=split), geom, direction, specialized), swap_ab=swap)
+    assert configs.gluon_takes(config), config
+    size, padding = x.element_size(), (0, 1, 1)
+    if direction == "wgrad":
+        assert wgrad_half_tails(config, 192, 192, size) == (True, True)
+        expected = torch.nn.grad.conv3d_weight(x.double(), w.shape, grad_out.double(), padding=padding)
+        return (lambda: conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config)), expected
+    assert half_tail(config, 192, size) and not half_tail(config, 256, size) and not half_tail(config, 224, size)
+    if direction == "fwd":
+        expected = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=padding)
+        return (lambda: conv_fwd.conv3d_fwd(x, w, b, None, geom, config)), expected
+    expected = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=padding)
+    return (lambda: conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)), expected

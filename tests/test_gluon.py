@@ -12,9 +12,11 @@ import dataclasses
 import pytest
 import torch
 from helpers import (
+    HALF_TAIL_TILES,
     conv_and_reference,
     dtype_id,
     grouped_taps,
+    half_tail_conv,
     swapped_tiles,
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
@@ -597,6 +599,21 @@ def test_warp_specialized_gluon_matches_float64(index, monkeypatch, device):
     ours, expected = conv_and_reference(case, torch.bfloat16, device)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("gluon", [1, 2], ids=["pipelined", "warp_specialized"])
+@pytest.mark.parametrize("tile", HALF_TAIL_TILES)
+def test_gluon_half_tiles_match_float64(tile, gluon, device):
+    """The last row or column block's half tiles (half_tail, wgrad_half_tails) on the hardware: 192 -> 192 channels
+    in 128 blocks, forward and input gradient (swapped too, into split-K partials too) and the warp-specialized
+    weight gradient, against float64. sm_90 GPU only; the emulator runs the same problems on CPU
+    (tests/test_gluon_emulated.py)."""
+    if not gluon_runs(device):
+        pytest.skip("the Gluon kernels run only on sm_90 with the Triton they are written for")
+    if HALF_TAIL_TILES[tile][0] == "wgrad" and gluon == 1:
+        pytest.skip("the weight gradient's half tiles are the warp-specialized kernel's")
+    run, expected = half_tail_conv(HALF_TAIL_TILES[tile], gluon, device)
+    assert rel_l2(run(), expected) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("stride", [1, 2])

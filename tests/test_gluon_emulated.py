@@ -15,9 +15,11 @@ import pytest
 import torch
 from gluon_emulator import KernelFault, emulating
 from helpers import (
+    HALF_TAIL_TILES,
     case_reference,
     conv_and_reference,
     grouped_taps,
+    half_tail_conv,
     swapped_tiles,
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
@@ -28,7 +30,7 @@ import tconv3d
 from tconv3d import settings
 from tconv3d.geometry import check_conv3d
 from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
-from tconv3d.kernels.config import KernelConfig, half_tail, wgrad_half_tails
+from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, rel_l2, tolerance
 from tconv3d.tune import choice, configs
 
@@ -377,72 +379,27 @@ def test_emulated_gluon_large_tiles(tile, mode, monkeypatch):
         assert rel_l2(ours, expected) < tolerance(torch.bfloat16)
 
 
-HALF_TAIL_TILES = {
-    "128x128": (128, 128, 64, 8, 3),
-    "256x128_swapped": (256, 128, 64, 8, 3, 1),
-    "256x128_swapped_split3": (256, 128, 64, 8, 3, 1, 3),
-    "128x128_w4_swapped": (128, 128, 64, 4, 3, 1),
-}
-
-
-def _half_tail_conv(tile, mode, direction, monkeypatch, dtype=torch.bfloat16):
-    """(ours, float64) of a (1, 3, 3) forward or input gradient of 192 -> 192 channels on `tile` (block_m, block_n,
-    block_k, warps, stages[, swapped[, split]]): 128-column blocks, the last one half empty (half_tail)."""
-    x = torch.randn(1, 192, 2, 5, 19, dtype=dtype).contiguous(memory_format=CL)
-    w = (torch.randn(192, 192, 1, 3, 3, dtype=dtype) / 40).contiguous(memory_format=CL)
-    b = torch.randn(192, dtype=dtype)
-    geom = check_conv3d(x, w, b, [1] * 3, [0, 0, 1, 1, 1, 1], [1] * 3, 1)
-    split = tile[6] if len(tile) > 6 else 1
-    config = configs.with_gluon(KernelConfig(*tile[:5], split_k=split), geom, direction, MODES[mode] == 2)
-    if tile[5:6] == (1,):
-        config = dataclasses.replace(config, swap_ab=1)
-        assert configs.gluon_takes(config), config
-    size = x.element_size()
-    assert half_tail(config, 192, size) and not half_tail(config, 256, size) and not half_tail(config, 224, size)
+def _half_tail_conv(tile, mode, monkeypatch, dtype=torch.bfloat16):
+    """(ours on the emulator, float64) of helpers.half_tail_conv's problem."""
+    run, want = half_tail_conv(tile, MODES[mode], "cpu", dtype)
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        if direction == "fwd":
-            got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
-            want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=(0, 1, 1))
-        else:
-            grad_out = torch.randn(x.shape, dtype=dtype).contiguous(memory_format=CL)
-            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
-            want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=(0, 1, 1))
-    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+        got = run()
+    assert emu.launches == {"_conv3d_wgrad_gluon_kernel" if tile[0] == "wgrad" else "_conv3d_gluon_kernel": 1}
     return got, want
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("direction", ["fwd", "dgrad"])
 @pytest.mark.parametrize("tile", HALF_TAIL_TILES)
-def test_emulated_gluon_half_tail(tile, direction, mode, monkeypatch):
+def test_emulated_gluon_half_tail(tile, mode, monkeypatch):
     """192 channels in 128-column blocks: the last block's tiles compute its first 64 columns only (HALF_TAIL),
     from the first half of each weight box (a slice of its N-major view in the input gradient, of its K-major rows
     in the forward), stored from a half accumulator into the first half of the epilogue's buffer; swapped, on one
-    warpgroup of the two (or the one) along M, the voxels split between them; into split-K partials too."""
-    got, want = _half_tail_conv(HALF_TAIL_TILES[tile], mode, direction, monkeypatch)
-    assert rel_l2(got, want) < tolerance(torch.bfloat16)
-
-
-@pytest.mark.parametrize(
-    "tile", [(128, 128, 64, 8, 3, 2), (128, 128, 64, 4, 3, 1)], ids=["128x128_split2", "128x128_w4"]
-)
-def test_emulated_gluon_weight_gradient_half_tails(tile, monkeypatch):
-    """The warp-specialized weight gradient of 192 -> 192 channels in 128 x 128 tiles: a tap's tiles are full,
-    half the rows (the last Cout block), half the columns (the last Cin block) and a quarter (both), each its own
-    accumulator and loop (HALF_M_TAIL, HALF_N_TAIL), against float64."""
-    x = torch.randn(1, 192, 2, 5, 19, dtype=torch.bfloat16).contiguous(memory_format=CL)
-    grad_out = torch.randn(x.shape, dtype=torch.bfloat16).contiguous(memory_format=CL)
-    w = torch.randn(192, 192, 1, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
-    geom = check_conv3d(x, w, None, [1] * 3, [0, 0, 1, 1, 1, 1], [1] * 3, 1)
-    config = configs.with_gluon(KernelConfig(*tile[:5], split_k=tile[5]), geom, "wgrad", True)
-    assert wgrad_half_tails(config, 192, 192, 2) == (True, True)
-    assert wgrad_half_tails(config, 256, 224, 2) == (False, False)
-    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
-    with emulating(monkeypatch) as emu:
-        got = conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, config)
-    assert emu.launches == {"_conv3d_wgrad_gluon_kernel": 1}
-    want = torch.nn.grad.conv3d_weight(x.double(), w.shape, grad_out.double(), padding=(0, 1, 1))
+    warpgroup of the two (or the one) along M, the voxels split between them; into split-K partials too. The
+    warp-specialized weight gradient (either mode) in 128 x 128 tiles: a tap's tiles are full, half the rows (the
+    last Cout block), half the columns (the last Cin block) and a quarter (both), each its own accumulator and loop
+    (HALF_M_TAIL, HALF_N_TAIL)."""
+    got, want = _half_tail_conv(HALF_TAIL_TILES[tile], mode, monkeypatch)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
@@ -452,7 +409,8 @@ def test_emulated_gluon_half_tail_in_tf32(swap, direction, monkeypatch):
     """The half tiles over fp32 operands read as TF32: 32-deep steps, the input gradient's weight transposed
     (K-major, its half a slice of rows), fp32 epilogue buffers."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    got, want = _half_tail_conv((128, 128, 32, 8, 3, swap), "warp_specialized", direction, monkeypatch, torch.float32)
+    tile = (direction, 128, 128, 32, 8, 3, swap, 1)
+    got, want = _half_tail_conv(tile, "warp_specialized", monkeypatch, torch.float32)
     assert rel_l2(got, want) < TF32_TOLERANCE
 
 
@@ -485,11 +443,11 @@ def _stage_operands_second_half(a_ring, b_ring, index, W_KN: gl.constexpr, WEIGH
     return a, b
 
 
-@pytest.mark.parametrize("tile", ["128x128", "256x128_swapped"])
+@pytest.mark.parametrize("tile", ["fwd_128x128", "fwd_256x128_swapped"])
 def test_emulated_half_tail_is_checked(tile, monkeypatch):
     """The half tiles run and are compared: reading the weight box's other half loses the last 64 channels."""
     monkeypatch.setattr(conv_gluon, "_stage_operands", _stage_operands_second_half)
-    got, want = _half_tail_conv(HALF_TAIL_TILES[tile], "warp_specialized", "fwd", monkeypatch)
+    got, want = _half_tail_conv(HALF_TAIL_TILES[tile], "warp_specialized", monkeypatch)
     assert rel_l2(got[:, :128], want[:, :128]) < tolerance(torch.bfloat16)
     assert rel_l2(got[:, 128:], want[:, 128:]) > 0.5
 
