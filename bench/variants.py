@@ -72,6 +72,9 @@ NARROW_SWAPPED = "gluon_ws_chosen_swapped"
 NARROW_TALL_SWAPPED = "gluon_ws_256x64_swapped"
 # The row of the weight gradient's persistent tiles with their taps grouped (tap_group).
 GROUPED_TAPS = "gluon_ws_grouped_taps"
+# The row of the weight gradient's persistent tiles made of several taps' whole channel blocks where one tap's input
+# channels leave a column block partly empty (configs.channel_taps_twin: Wan's 96 as 4 taps of 32 in 128 columns).
+CHANNEL_TAPS = "gluon_ws_channel_taps"
 # The row of the chosen persistent tiles on the deepest ring that fits (deepest_ring).
 DEEP_RING = "gluon_ws_deep_ring"
 # The row of the chosen persistent tiles on one warpgroup where that fits two programs an SM and the chosen two
@@ -224,6 +227,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)
         if grouped is not None:
             found[GROUPED_TAPS] = grouped
+        channel_taps = configs.channel_taps_twin(found["gluon_ws"], geom, direction)
+        if channel_taps is not None:
+            found[CHANNEL_TAPS] = channel_taps
         # a weight gradient of few output channels transposed, the taps' input channels filling the wgmma's rows
         transposed = configs.swapped_wgrad_twin(found["gluon_ws"], geom) if direction == "wgrad" else None
         if transposed is not None:

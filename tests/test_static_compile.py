@@ -584,6 +584,10 @@ if conv_gluon.UNAVAILABLE is None:
                     one = configs.with_gluon(dataclasses.replace(chosen, block_m=128, block_n=ci, block_k=64,
                                                                  num_warps=8, num_stages=3), geom, direction, True)
                     tiles.append(configs.grouped_taps_twin(one, direction))
+                # the weight gradient's columns as 4 taps' 32 input channels where one tap's 96 leave 128 part empty
+                if direction == "wgrad" and dtype == torch.bfloat16 and shape.name == "wan_dec_96":
+                    forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
+                    tiles.append(configs.channel_taps_twin(dataclasses.replace(forced, gluon=2), geom, direction))
                 # the weight gradient of 32 output channels transposed, the taps' input channels on the wgmma's
                 # rows (configs.swapped_wgrad_twin: 4 taps on two warpgroups, unet_aniso's 9 taps 2 on one)
                 if direction == "wgrad" and dtype == torch.bfloat16 and shape.name in ("unet_32", "unet_aniso"):
@@ -672,7 +676,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     transposed, 2-4 taps of 32 input channels on the wgmma's rows; down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
     hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
-    (last_cout3's forward, and wan_dec_96's under 3.6); wan_dec_192's forward and input gradient, swapped, their last
+    (last_cout3's forward, and wan_dec_96's under 3.6, whose weight gradient also as 4 taps of 32 input channels a
+    tile); wan_dec_192's forward and input gradient, swapped, their last
     column block in half tiles (half_tail: a second wgmma loop, also held to this), and its weight gradient's last
     Cout and Cin blocks (four loops); last_cout3's forward storing its
     3-channel rows
@@ -730,7 +735,10 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         {("wan_dec_96", "fwd"), ("wan_dec_96", "dgrad")} if wan_96 else set()
     )
     assert all(r["config"]["block_k"] == 32 for r in whole.values())
+    channel_taps = [r for r in reports if r["case"] == "wan_dec_96" and r["config"].get("tap_group") == 4]
+    assert len(channel_taps) == wan_96 and all(r["mma"].startswith("HGMMA.64x128x") for r in channel_taps)
     grouped = [r for r in reports if r["config"].get("tap_group") and not r["config"].get("swap_ab")]
+    grouped = [r for r in grouped if r not in channel_taps]  # the taps grouped to 256 columns
     assert {(r["case"], r["config"]["tap_group"]) for r in grouped} >= {("wan_dec_384b", 2), ("down_s2", 4)}
     assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]  # one wgmma across the taps
     transposed = {r["case"]: r for r in swapped if r["direction"] == "wgrad"}  # the taps on the wgmma's rows

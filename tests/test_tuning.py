@@ -699,6 +699,30 @@ def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
     assert timed[0] == twins[0] and len(timed) == tuner.CANDIDATES_PER_KEY
 
 
+def test_channel_taps_twin_fills_the_columns_with_whole_channel_blocks():
+    """Wan's 96 input channels in 128 columns: the twin makes them 4 taps of 32 (tap_group 4), fill 0.5625 -> 0.72
+    (96/128 rows x 27/28 tap slots); none where the channels divide the columns (384), a half tile takes the last
+    block (192), the tile is no warp-specialized Gluon one, or the channels' blocks would be narrower than 32."""
+    tiles = KernelConfig(128, 128, 64, 8, 7, split_k=22, tma_box_w=16, gluon=2)
+    wan_96 = geometry(cin=96, cout=96)
+    twin = configs.channel_taps_twin(tiles, wan_96, "wgrad")
+    assert twin == dataclasses.replace(tiles, tap_group=4) and configs.gluon_takes(twin)
+    assert configs.mma_fill("wgrad", wan_96, tiles) == 0.5625
+    assert configs.mma_fill("wgrad", wan_96, twin) == pytest.approx(0.75 * 27 / 28)
+    assert configs.channel_taps_twin(dataclasses.replace(tiles, block_n=64), geometry(cin=96), "wgrad") == (
+        dataclasses.replace(tiles, block_n=64, tap_group=2)
+    )
+    for geom, config, direction in (
+        (geometry(cin=384, cout=384), tiles, "wgrad"),
+        (geometry(cin=192, cout=192), tiles, "wgrad"),
+        (wan_96, dataclasses.replace(tiles, gluon=1), "wgrad"),
+        (wan_96, tiles, "fwd"),
+        (geometry(cin=48), tiles, "wgrad"),
+    ):
+        assert configs.channel_taps_twin(config, geom, direction) is None, (geom.in_channels, config, direction)
+    assert twin in configs.own_twins("wgrad", wan_96, tiles, torch.bfloat16, 227 * 1024)
+
+
 def test_mma_fill_counts_the_tiles_work_over_the_real_work():
     """The share of a launch's MMA work that is the convolution's (configs.mma_fill), against hand counts: tiles that
     divide the problem; 8 output channels in 16 columns; a box kernel's 4 x 16 patches over a 6 x 20 output; an

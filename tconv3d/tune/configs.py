@@ -16,6 +16,7 @@ from ..geometry import ConvGeometry
 from ..kernels import conv_gluon
 from ..kernels.config import (
     DIRECTIONS,
+    GROUPED_TAP_COLUMNS,
     MIN_TILE,
     GemmView,
     KernelConfig,
@@ -880,6 +881,24 @@ def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | No
     return replace(config, block_n=256, tap_group=group)
 
 
+def channel_taps_twin(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig | None:
+    """The warp-specialized Gluon weight gradient's `config` with its block_n columns made of 2 or 4 taps' blocks of
+    c input channels, c the largest power of two dividing Cin (at least GROUPED_TAP_COLUMNS, at most half the
+    columns), where one tap's Cin leaves its last column block partly empty and no half tile takes it
+    (wgrad_half_tails): Wan's 96 channels in 128 columns are 4 taps of 32 (27 of 28 slots: fill 0.75 -> 0.96 along
+    the columns), not 96 of 128. None elsewhere."""
+    cin = geom.group_in_channels
+    if direction != "wgrad" or config.gluon != 2 or config.swap_ab or config.tap_group > 1 or cin % config.block_n == 0:
+        return None
+    if wgrad_half_tails(config, geom.group_out_channels, cin, 2)[1]:
+        return None
+    per_tap = min(cin & -cin, config.block_n // 2)
+    group = config.block_n // per_tap
+    if per_tap < GROUPED_TAP_COLUMNS or group not in (2, 4):
+        return None
+    return replace(config, tap_group=group)
+
+
 def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
     """The Gluon forward's or input gradient's `config` with its operands swapped (swap_ab), where that gives the
     wgmma a wider N than it has unswapped (block_m voxels over block_n columns) and the kernel takes it: the
@@ -917,7 +936,8 @@ def swapped_wgrad_twin(config: KernelConfig, geom: ConvGeometry) -> KernelConfig
 
 def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
     """`config`'s own Gluon twins, those that fit `smem_bytes`: its tile swapped (swapped_twin; the weight gradient's,
-    swapped_wgrad_twin) or with its taps grouped (grouped_taps_twin). They differ from it in tile dimensions, so a
+    swapped_wgrad_twin) or with its taps grouped (grouped_taps_twin; the weight gradient's whole channel blocks,
+    channel_taps_twin). They differ from it in tile dimensions, so a
     tuner that times the candidates nearest a default (tuner.nearest_candidates) would not reach them (unet_32's
     transposed weight gradient is 7 doublings from the default; the 24th nearest, 7), and its split may be one the
     space does not hold."""
@@ -925,7 +945,7 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
         return []
     found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
     if direction == "wgrad":
-        found.append(swapped_wgrad_twin(config, geom))
+        found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
     element = torch.empty((), dtype=dtype).element_size()
     return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes)]
 
