@@ -325,13 +325,8 @@ def read_cubin(cubin: bytes) -> dict:
     mma = max(re.finditer(_MMA_INSTRUCTION, sass), key=lambda m: _mma_size(m.group(0)), default=None)  # the widest
     loads = sorted(set(re.findall(r"\b(?:LDGSTS|UTMALDG|LDG)(?![A-Z])(?:\.[0-9A-Z_]+)*", sass)))
     lines = _sass_lines(sass)
-    loops = _mma_loops(lines)
-    # found once: the span search is the costly part of reading a cubin. The main loop is the one of the widest
-    # MMA where a kernel has several (a half tile's beside the full tiles': half_tail)
-    if len({_mma_size(loop["mma"]) for loop in loops}) > 1:
-        main = max(loops, key=lambda loop: _mma_size(loop["mma"]))["span"]
-    else:
-        main = _loop_span(lines, _MMA)
+    loops = _mma_loops(lines)  # found once: the span search is the costly part of reading a cubin
+    main = _main_span(lines, loops)
     body = _span_body(lines, main)
     smem_ops, waits, barriers = _loop_sync(body)
     instructions, fma, bits = _loop_mma(body)
@@ -416,14 +411,26 @@ def _mma_loops(lines) -> list[dict]:
     return loops
 
 
+def _main_span(lines, loops: list[dict]) -> tuple[int, int] | None:
+    """The main loop's span among a kernel's MMA loops (_mma_loops): the widest MMA's (a half tile's loop beside the
+    full tiles' is not it: half_tail), then the innermost, then the first; _loop_span's where no predicated loop holds
+    an MMA."""
+    if not loops:
+        return _loop_span(lines, _MMA)
+    first, last = min(loops, key=lambda loop: (-_mma_size(loop["mma"]), loop["span"][1] - loop["span"][0],
+                                               loop["span"]))["span"]  # fmt: skip
+    return first, last
+
+
 def _span_body(lines, span) -> list[str] | None:
     return None if span is None else [t for a, t in lines if span[0] <= a <= span[1]]
 
 
 def _main_loop_body(sass: str) -> list[str] | None:
-    """The main loop: the innermost loop around an HGMMA/HMMA (_loop_span)."""
+    """The main loop: the innermost loop around an HGMMA/HMMA, the widest MMA's where there are several
+    (_main_span)."""
     lines = _sass_lines(sass)
-    return _span_body(lines, _loop_span(lines, _MMA))
+    return _span_body(lines, _main_span(lines, _mma_loops(lines)))
 
 
 def _tile_loop_rest(lines, main) -> list[str] | None:
@@ -453,7 +460,7 @@ def specialized_loops(sass: str) -> dict:
     path between two tiles (_tile_loop_rest), their instructions and the runtime integer divisions among them (one
     MUFU.RCP each: a dependent chain of some fifteen instructions); None where there is none."""
     lines = _sass_lines(sass)
-    return _specialized_loops(lines, _loop_span(lines, _MMA))
+    return _specialized_loops(lines, _main_span(lines, _mma_loops(lines)))
 
 
 def main_loop(sass: str) -> tuple[int | None, list[int], int | None]:

@@ -163,6 +163,24 @@ if UNAVAILABLE is None:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
+    @gluon.constexpr_function
+    def _accumulator_layout(rows, cols, num_warps, instr_k):
+        """The wgmma accumulator layout of a [rows, cols] tile on `num_warps` warps (instr_k: 256 // the operands'
+        bits): every warp along M where the rows give each 16 (the tiles gluon_takes), else one warpgroup's 64 rows
+        and the other warpgroups splitting the columns (a half tile's: half_tail)."""
+        warps_m = num_warps if 16 * num_warps <= rows else 4
+        return gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[warps_m, num_warps // warps_m],
+            instr_shape=[16, cols // (num_warps // warps_m), instr_k],
+        )  # fmt: skip
+
+    @gluon.constexpr_function
+    def _tile_layout(layout, rows, cols):
+        """`layout` (a full tile's accumulator layout) for a [rows, cols] accumulator on the same warps: itself where
+        the shape is the full tile's, a half tile's otherwise (_accumulator_layout)."""
+        num_warps = layout.warps_per_cta[0] * layout.warps_per_cta[1]
+        return _accumulator_layout(rows, cols, num_warps, layout.instr_shape[2])
+
     @gluon.jit
     def _stage_barriers(STAGES: gl.constexpr):
         """One mbarrier per stage of the ring: "this stage's boxes landed" (or, for a warp-specialized producer,
@@ -456,14 +474,17 @@ if UNAVAILABLE is None:
         BATCH, C_COLS, H_DST, W_DST, dst_strides,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF: gl.constexpr,
     ):  # fmt: skip
-        """One tile of _mma_tiles from ring position `it`: its `steps` stages wgmma'd into an accumulator in `layout`
-        (BLOCK_N // 2 columns with HALF: half_tail), then its epilogue. Returns the ring position after it."""
+        """One tile of _mma_tiles from ring position `it`: its `steps` stages wgmma'd into an accumulator (BLOCK_N // 2
+        columns with HALF: half_tail, in _tile_layout's layout), then its epilogue. Returns the ring position after
+        it."""
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * BOX_W
         BLOCK_N: gl.constexpr = (b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]) // (2 if HALF else 1)
-        acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        SHAPE: gl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)
+        layout: gl.constexpr = _tile_layout(mma_layout, SHAPE[0], SHAPE[1]) if HALF else mma_layout
+        acc = gl.zeros(SHAPE, dtype=gl.float32, layout=layout)
         acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, W_KN, False, SWAP_AB, HALF)
         tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
         _store_tile(
@@ -478,17 +499,20 @@ if UNAVAILABLE is None:
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
         HAS_AFTER: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr, SWAP_AB: gl.constexpr,
-        layout: gl.constexpr, HALF: gl.constexpr,
+        mma_layout: gl.constexpr, HALF: gl.constexpr,
     ):  # fmt: skip
-        """The one-tile-per-program kernel's tile: its K loop (_pipelined_steps) into an accumulator in `layout`
-        (half the columns with HALF: half_tail), then the epilogue (_store_tile) and its store waited for, its buffer
-        allocated after the loop, where it may reuse the ring's shared memory. tile: (n, d, h0, w0, n0, split,
+        """The one-tile-per-program kernel's tile: its K loop (_pipelined_steps) into an accumulator (half the columns
+        with HALF: half_tail, in _tile_layout's layout), then the epilogue (_store_tile) and its store waited for, its
+        buffer allocated after the loop, where it may reuse the ring's shared memory. tile: (n, d, h0, w0, n0, split,
         phase, live taps, first step, steps); sizes: (k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides, front
         padding, dilation)."""
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        COLS: gl.constexpr = BLOCK_N // 2 if HALF else BLOCK_N  # the accumulator's
+        SHAPE: gl.constexpr = (COLS, BOX_H * BOX_W) if SWAP_AB else (BOX_H * BOX_W, COLS)
+        layout: gl.constexpr = _tile_layout(mma_layout, SHAPE[0], SHAPE[1]) if HALF else mma_layout
         n, d, h0, w0, n0, split, phase, live, first, steps = tile
         k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5]
         acc = _pipelined_steps(
@@ -513,13 +537,13 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, half_layout: gl.constexpr, HALF_TAIL: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
         read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads.
         HALF_TAIL: the last column block's tiles, whose columns past the first half lie past C_COLS, compute that
-        half only (accumulators in half_layout; half_tail)."""
+        half only (half_tail)."""
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
@@ -535,7 +559,7 @@ if UNAVAILABLE is None:
                 it = _consume_tile(
                     a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
                     phase, BATCH, C_COLS, H_DST, W_DST, dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN,
-                    HAS_BIAS, DST_PTR, half_layout, SWAP_AB, True,
+                    HAS_BIAS, DST_PTR, mma_layout, SWAP_AB, True,
                 )  # fmt: skip
             else:
                 it = _consume_tile(
@@ -641,21 +665,8 @@ if UNAVAILABLE is None:
         W_COLS: gl.constexpr = w_desc.block_type.shape[2]
         b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
         ready = _stage_barriers(STAGES)
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0],
-            warps_per_cta=[num_warps, 1],
-            instr_shape=[16, BOX_H * BOX_W if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
-        )
-        # A half tile's: swapped, its BLOCK_N // 2 rows on as many warpgroups as they fill (64 rows a warpgroup), the
-        # voxels split between the others; else half the columns on the same warps.
-        HALF_ROWS: gl.constexpr = BLOCK_N // 2 if SWAP_AB else BOX_H * BOX_W
-        WARPS_M: gl.constexpr = num_warps if 16 * num_warps <= HALF_ROWS else 4
-        half_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0],
-            warps_per_cta=[WARPS_M, num_warps // WARPS_M],
-            instr_shape=[16, BOX_H * BOX_W // (num_warps // WARPS_M) if SWAP_AB else BLOCK_N // 2,
-                         256 // dtype.primitive_bitwidth],
-        )  # fmt: skip
+        TILE: gl.constexpr = (BLOCK_N, BOX_H * BOX_W) if SWAP_AB else (BOX_H * BOX_W, BLOCK_N)  # the accumulator's
+        mma_layout: gl.constexpr = _accumulator_layout(TILE[0], TILE[1], num_warps, 256 // dtype.primitive_bitwidth)
         # with HAS_AFTER: x's channel blocks, then channels_after's
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
@@ -675,7 +686,7 @@ if UNAVAILABLE is None:
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
                                   k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
                                   STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout,
-                                  SWAP_AB, half_layout, HALF_TAIL)),
+                                  SWAP_AB, HALF_TAIL)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
@@ -700,7 +711,7 @@ if UNAVAILABLE is None:
             if (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
                 _pipelined_tile(src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes, KH,
                                 KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
-                                HAS_BIAS, DST_PTR, SWAP_AB, half_layout, True)  # fmt: skip
+                                HAS_BIAS, DST_PTR, SWAP_AB, mma_layout, True)  # fmt: skip
             else:
                 _pipelined_tile(src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes, KH,
                                 KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, PAD_MODE_D, HAS_PREFIX, HAS_AFTER,
@@ -827,16 +838,18 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _consume_wgrad_tile(
-        a_ring, b_ring, ready, empty, it, steps, work, TAPS: gl.constexpr, GROUP: gl.constexpr, layout: gl.constexpr,
-        SWAP_AB: gl.constexpr, HALF_M: gl.constexpr, HALF_N: gl.constexpr,
+        a_ring, b_ring, ready, empty, it, steps, work, TAPS: gl.constexpr, GROUP: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_M: gl.constexpr, HALF_N: gl.constexpr,
     ):  # fmt: skip
-        """One tile of _wgrad_mma_tiles from ring position `it`: its `steps` patches wgmma'd into an accumulator in
-        `layout` (half its rows with HALF_M, half its columns with HALF_N: half_tail), then stored (work: the store's
-        (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, out's four strides)). Returns the ring position
-        after it."""
+        """One tile of _wgrad_mma_tiles from ring position `it`: its `steps` patches wgmma'd into an accumulator (half
+        its rows with HALF_M, half its columns with HALF_N: half_tail, in _tile_layout's layout), then stored (work:
+        the store's (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, out's four strides)). Returns the ring position after
+        it."""
         BLOCK_M: gl.constexpr = a_ring.type.shape[5] // (2 if HALF_M else 1)
         BLOCK_N: gl.constexpr = b_ring.type.shape[5] // (2 if HALF_N else 1)
-        acc = gl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        SHAPE: gl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)
+        layout: gl.constexpr = _tile_layout(mma_layout, SHAPE[0], SHAPE[1]) if HALF_M or HALF_N else mma_layout
+        acc = gl.zeros(SHAPE, dtype=gl.float32, layout=layout)
         acc, it = _consume_steps(a_ring, b_ring, ready, empty, it, steps, acc, False, True, SWAP_AB, HALF_N, HALF_M)
         out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi = work
         _store_wgrad_tile(
@@ -849,14 +862,12 @@ if UNAVAILABLE is None:
     def _wgrad_mma_tiles(
         a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
         stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
-        SWAP_AB: gl.constexpr, half_m_layout: gl.constexpr, half_n_layout: gl.constexpr,
-        quarter_layout: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
+        SWAP_AB: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
         from the ring as the producer fills it, then the tile stored from registers while the producer loads the
         next tile's first patches. HALF_M_TAIL, HALF_N_TAIL (one tap a tile, unswapped): the last Cout (Cin) block's
-        tiles, at most half of whose rows (columns) are channels, compute that half only, accumulating in
-        half_m_layout, half_n_layout or quarter_layout (half the rows, the columns, both) (half_tail)."""
+        tiles, at most half of whose rows (columns) are channels, compute that half only (half_tail)."""
         BLOCK_M: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
         it = 0  # patches consumed over all this program's tiles: the ring's position and phase
@@ -869,13 +880,13 @@ if UNAVAILABLE is None:
             if (co0 + BLOCK_M // 2 >= C_OUT) if HALF_M_TAIL else False:
                 if (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
                     it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
-                                             quarter_layout, SWAP_AB, True, True)  # fmt: skip
+                                             mma_layout, SWAP_AB, True, True)  # fmt: skip
                 else:
                     it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
-                                             half_m_layout, SWAP_AB, True, False)  # fmt: skip
+                                             mma_layout, SWAP_AB, True, False)  # fmt: skip
             elif (ci0 + BLOCK_N // 2 >= C_IN) if HALF_N_TAIL else False:
                 it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
-                                         half_n_layout, SWAP_AB, False, True)  # fmt: skip
+                                         mma_layout, SWAP_AB, False, True)  # fmt: skip
             else:
                 it = _consume_wgrad_tile(a_ring, b_ring, ready, empty, it, steps, work, TAPS, GROUP,
                                          mma_layout, SWAP_AB, False, False)  # fmt: skip
@@ -966,26 +977,8 @@ if UNAVAILABLE is None:
             )
             b_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_N], b_layout)
         ready = _stage_barriers(STAGES)
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0],
-            warps_per_cta=[num_warps, 1],
-            instr_shape=[16, BLOCK_M if SWAP_AB else BLOCK_N, 256 // dtype.primitive_bitwidth],
-        )
-        # the half tiles' accumulators (half_tail; one tap a tile, unswapped): half the rows on one warpgroup along M
-        # (the others split the columns), half the columns, both
-        M_WARPS: gl.constexpr = num_warps if 16 * num_warps <= BLOCK_M // 2 else 4
-        half_m_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[M_WARPS, num_warps // M_WARPS],
-            instr_shape=[16, BLOCK_N // (num_warps // M_WARPS), 256 // dtype.primitive_bitwidth],
-        )  # fmt: skip
-        half_n_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1],
-            instr_shape=[16, BLOCK_N // 2, 256 // dtype.primitive_bitwidth],
-        )  # fmt: skip
-        quarter_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[M_WARPS, num_warps // M_WARPS],
-            instr_shape=[16, BLOCK_N // 2 // (num_warps // M_WARPS), 256 // dtype.primitive_bitwidth],
-        )  # fmt: skip
+        TILE: gl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)  # the accumulator's
+        mma_layout: gl.constexpr = _accumulator_layout(TILE[0], TILE[1], num_warps, 256 // dtype.primitive_bitwidth)
         if WARP_SPECIALIZE:
             groups: gl.constexpr = (TAPS + TAP_GROUP - 1) // TAP_GROUP
             ci_blocks = gl.cdiv(C_IN, x_desc.block_type.shape[4])
@@ -995,8 +988,7 @@ if UNAVAILABLE is None:
                 [
                     (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
                                         C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, TAP_GROUP,
-                                        mma_layout, SWAP_AB, half_m_layout, half_n_layout, quarter_layout,
-                                        HALF_M_TAIL, HALF_N_TAIL)),
+                                        mma_layout, SWAP_AB, HALF_M_TAIL, HALF_N_TAIL)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
                                          DIL_D, DIL_H, DIL_W, KH, KW, TAPS, TAP_GROUP, STRIDE_D, STRIDE_H, STRIDE_W,
