@@ -608,6 +608,45 @@ def test_sm90_heuristic_takes_what_the_h100_timed_faster(monkeypatch):
         assert (packed.block_k, packed.num_warps) == (16, 8), (direction, name, packed)
 
 
+def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sms(monkeypatch):
+    """configs._gluon_rows: a forward or input gradient of fewer voxels than 128 for each SM (the heuristic's 64-row
+    tiles, which the Gluon kernel does not take on 8 warps) runs 128-row tiles on the persistent Gluon kernel where
+    those tiles, row blocks times column blocks, keep their last round over the SMs at least two-thirds busy: Wan's
+    384-channel cached layer at 2 x 64 x 64 (192 tiles of 128 x 128: 96 of 256 x 128 swapped) and a 96-tile layer
+    (unswapped: half as many tiles would fill fewer SMs), not hunyuan_512 (160 tiles: the second round 21% busy) nor
+    unet_320 (24), nor off sm_90, nor with gluon_rows off (bench.variants' voxel_rows row: the pointer kernel, the
+    Triton TMA one for the input gradient)."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {shape.name: shape for name in ("bench", "decoders") for shape in load_shape_set(name)}
+    bf16 = torch.bfloat16
+
+    def h100(direction, geom, **options):
+        return configs.heuristic_config(direction, geom, bf16, 132, 90, **options)
+
+    for name in ("wan_dec_384_cached_64", "mochi_dec_768_replicate"):
+        geom = shapes[name].launched_geometry()
+        rows = configs.gemm_view("fwd", geom).rows
+        assert rows < 128 * 132 and rows // 128 * 3 >= 96, name  # few voxels, 384 or 768 columns
+        wide = h100("fwd", geom)
+        assert (wide.gluon, wide.block_m, wide.block_n, wide.swap_ab, wide.split_k) == (2, 256, 128, 1, 1), name
+        before = h100("fwd", geom, gluon_rows=False)
+        assert (before.variant, before.block_m) == ("pointer", 64), name
+    plain = conv_geometry((1, 384, 2, 64, 64), (384, 384, 3, 3, 3), 1, 1, 1)
+    for direction, before_variant in (("fwd", "pointer"), ("dgrad", "tma")):
+        assert h100(direction, plain).gluon == 2
+        assert h100(direction, plain, gluon_rows=False).variant == before_variant
+        assert configs.heuristic_config(direction, plain, bf16, 132, 80).block_m == 64  # no Gluon kernel on sm_80
+    assert h100("fwd", plain, gluon_rows=False).block_m == 64
+    few = conv_geometry((1, 512, 3, 32, 32), (512, 512, 3, 3, 3), 1, 1, 1)  # 24 x 4 = 96 tiles: 0.73 of a round
+    assert (h100("fwd", few).gluon, h100("fwd", few).block_m, h100("fwd", few).split_k) == (2, 128, 1)
+    for name in ("hunyuan_512", "unet_320"):  # 160 tiles (1.21 rounds), 24: as before
+        geom = shapes[name].geometry()
+        for direction in ("fwd", "dgrad"):
+            assert h100(direction, geom) == h100(direction, geom, gluon_rows=False), (name, direction)
+            assert h100(direction, geom).block_m == 64 and not h100(direction, geom).gluon, (name, direction)
+    assert h100("wgrad", plain) == h100("wgrad", plain, gluon_rows=False)
+
+
 def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatch):
     """configs.small_grid_twin (bench.variants' gluon_ws_small_grid row): a forward or input gradient of few tiles on
     64-row one-warpgroup Gluon tiles, two programs an SM, its reduction split until the last round of (tile, split)

@@ -464,7 +464,7 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
 
 
 def heuristic_config(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0, gluon_rows: bool = True
 ) -> KernelConfig:
     """The heuristic's tiles, as the direct kernels for depthwise problems and, on sm_90+ (capability >= 90), as a
     box variant where the hardware has timed one against the pointer kernels (tests/gpu_logs/NVIDIA_H200/
@@ -486,7 +486,9 @@ def heuristic_config(
     pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
     problems, and a problem reading channels_after (each step's box from one of two descriptors), stay on the
     pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode along D
-    alone leaves the box loops as they are."""
+    alone leaves the box loops as they are. A forward or input gradient of fewer voxels than 128 for each SM takes
+    128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows; not with `gluon_rows` off,
+    bench.variants' row of what the heuristic chose before)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -516,13 +518,46 @@ def heuristic_config(
     if (second_source or borders) and not timed:
         return config
     strided = tuple(geom.stride) != (1, 1, 1)
+    gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
+    gluon = gluon and gluon_eligible(direction, geom, dtype)
+    if gluon and gluon_rows and not (direction == "fwd" and strided):
+        config = _gluon_rows(direction, geom, dtype, config, sm_count)
     if direction == "fwd" and (strided or config.split_k > 1):
         return config
-    gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
-    if gluon and gluon_eligible(direction, geom, dtype) and gluon_takes(config):
+    if gluon and gluon_takes(config):
         persistent = with_gluon(config, geom, direction, specialized=True)
         return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
     return config if strided or direction == "fwd" else with_tma(config, geom, direction)
+
+
+# The least share of its last round of tiles over the SMs (tiles / SMs over its round-up) at which a forward or input
+# gradient of few voxels runs 128-row tiles on the persistent Gluon kernel rather than 64-row ones off it
+# (_gluon_rows). Where both fill the SMs the Gluon kernel ran the decoders' layers 1.7-2.8x faster than the pointer
+# kernel (H100 run 15: 0.569 ms against 1.571, 1.765 against 3.831, 2.946 against 4.888), and its 128x128 and
+# 256x128 tiles 70-92% of the matmul peak where 64-row pointer tiles ran 33-45% (hunyuan_512's forward, run 17: 37%):
+# a round two-thirds busy still leaves the Gluon kernel ahead by that margin.
+GLUON_ROWS_MIN_FILL = 2 / 3
+
+
+def _gluon_rows(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, sm_count: int
+) -> KernelConfig:
+    """The heuristic's 64-row forward or input-gradient tiles (`config`: fewer voxels than 128 for each SM) as
+    128-row ones, unsplit, where those tiles, row blocks times column blocks, fill their last round over the SMs
+    at least GLUON_ROWS_MIN_FILL (one program an SM): tiles the Gluon kernel takes (64 rows on 8 warps it does not),
+    so such layers leave the pointer kernel (the Triton TMA one for the input gradient). Counting the rows alone
+    kept Wan's 384-channel layers at 4 x 64 x 64 (192 tiles of 128 x 128, 1.45 rounds: 11% of its decode's FLOPs),
+    HunyuanVideo 1.5's 1024-channel ones at 9 x 32 x 32 (576 tiles, 4.4 rounds) and Mochi's 768-channel
+    ones off it. Otherwise `config`: a grid of fewer tiles splits its reduction over 64-row ones (small_grid_split;
+    configs.small_grid_twin is the Gluon form a GPU has yet to time)."""
+    if direction == "wgrad" or config.block_m != 64:
+        return config
+    wide = replace(_heuristic_tiles(direction, geom, dtype, sm_count, wide_rows=True), split_k=1)
+    if wide.block_m != 128 or not gluon_takes(wide):
+        return config
+    view = gemm_view(direction, geom)
+    rounds = cdiv(view.rows, wide.block_m) * cdiv(view.cols, wide.block_n) * view.groups / sm_count
+    return wide if rounds / math.ceil(rounds) >= GLUON_ROWS_MIN_FILL else config
 
 
 # How much faster a 256x128 swapped tile computes than two 128x128 ones, persistent on the H100 (wan_dec_384b,
@@ -646,11 +681,14 @@ def vector_runs(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
     return dtype != torch.float32 and packed_channels(direction, geom) * dtype.itemsize % 16 == 0
 
 
-def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int) -> KernelConfig:
+def _heuristic_tiles(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, wide_rows: bool = False
+) -> KernelConfig:
     """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
     128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
     shared memory in bounds), 8 warps from 64x128 up, small tiles where channel counts defeat vector loads; the
-    weight gradient split so that its programs fill whole waves."""
+    weight gradient split so that its programs fill whole waves. `wide_rows`: a forward's or input gradient's
+    128-row tiles however few voxels (_gluon_rows), where its channels take the plain tiles."""
     view = gemm_view(direction, geom)
     k_cap = 32 if dtype == torch.float32 else 64
     stages = 2 if dtype == torch.float32 else 3
@@ -728,7 +766,7 @@ def _heuristic_tiles(direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_
     # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators), and
     # so do 128 x 16 ones on 4 warps (8 bytes, triton 3.6 and 3.9: a conv to 3 channels): 64 rows there.
     narrow_fp32 = dtype == torch.float32 and block_n == MIN_TILE
-    block_m = 128 if view.rows >= 128 * sm_count and not narrow_fp32 else 64
+    block_m = 128 if (view.rows >= 128 * sm_count or wide_rows) and not narrow_fp32 else 64
     # 8 warps from 64x128 up: 4 warps holding 64 accumulators each plus the gather's addresses spill on sm_80,
     # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
     num_warps = 8 if block_m * block_n >= 64 * 128 else 4
