@@ -240,8 +240,8 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig, element_s
     if config.direct:
         return None
 
-    def share(real: int, block: int, half_tail: bool = False) -> float:  # half_tail: the last block half as wide
-        return real / (cdiv(real, block) * block - (block // 2 if half_tail else 0)) if real else 1.0
+    def share(real: int, block: int, half: bool = False) -> float:  # half: the last block half as wide
+        return real / (cdiv(real, block) * block - (block // 2 if half else 0)) if real else 1.0
 
     def patches(size: tuple, stride: tuple, voxels: int) -> float:  # a box kernel's patches over H x W
         rows, width = config.tma_box(voxels)
@@ -253,7 +253,7 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig, element_s
     packed = packs_taps(direction, geom) and not box
     if direction == "wgrad":
         group = max(1, config.tap_group)
-        halves = wgrad_half_tails(config, view.rows, geom.group_in_channels, element_size) if box else (False, False)
+        halves = wgrad_half_tails(config, view.rows, geom.group_in_channels, element_size)  # Gluon's alone
         if packed:
             columns = share(view.cols, config.block_n)
         else:
