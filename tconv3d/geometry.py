@@ -537,6 +537,12 @@ def check_rms_norm(input, weight, bias, eps, activation) -> None:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
 
 
+def _autocasting(device_type: str) -> bool:
+    """Whether an autocast region is on for `device_type`; False for a device autocast has no notion of (meta,
+    where torch.is_autocast_enabled raises: a model's shapes traced on the meta device)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+
+
 def conv_transpose_arguments(
     input, weight, bias, stride, padding, output_padding, groups, dilation, channels_after=None
 ):  # fmt: skip
@@ -545,7 +551,7 @@ def conv_transpose_arguments(
     it transposes has than `input` has voxels (output_padding // stride, nonzero only where output_padding reaches
     a stride, which a dilation larger than the stride allows). Checks what F.conv_transpose3d checks, of `input`
     followed along C by channels_after where given."""
-    if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
+    if isinstance(input, torch.Tensor) and _autocasting(input.device.type):
         # The op casts its floating inputs to the region's dtype, as aten's conv_transpose3d does: a bf16
         # activation meets fp32 parameters here.
         check_tensors(input=input)

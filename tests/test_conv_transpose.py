@@ -82,3 +82,16 @@ def test_convert_swaps_conv_transpose(device):
     tconv3d.nn.convert(model)
     assert type(model[0]) is type(model[1]) is tconv3d.nn.ConvTranspose3d
     assert rel_l2(model(x), expected) < TOLERANCE[torch.float32]
+
+
+def test_conv_transpose3d_on_the_meta_device():
+    """Shapes traced on the meta device (a model built there, or a census of its layers): conv_transpose3d, the
+    module and the op take meta tensors as F.conv_transpose3d does, autocast asked only of devices that have it."""
+    x = torch.empty(1, 8, 3, 4, 5, device="meta").contiguous(memory_format=CL)
+    skip = torch.empty(1, 2, 3, 4, 5, device="meta").contiguous(memory_format=CL)
+    w = torch.empty(10, 6, 2, 2, 2, device="meta")
+    expected = F.conv_transpose3d(torch.cat([x, skip], 1), w, stride=2)
+    y = tconv3d.conv_transpose3d(x, w, None, stride=2, channels_after=skip)
+    assert y.device.type == "meta" and y.shape == expected.shape
+    module = tconv3d.nn.ConvTranspose3d(8, 6, 2, stride=2, device="meta")
+    assert module(x).shape == F.conv_transpose3d(x, module.weight, module.bias, stride=2).shape
