@@ -65,10 +65,12 @@ case "${1:-}" in
     # few-voxel decoder layers on 128-row Gluon tiles against the 64-row pointer ones (configs._gluon_rows); the
     # small grids on one-warpgroup split tiles (hunyuan_512, unet_320); unet_32's weight gradient transposed; unet_64
     # and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and
-    # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns).
+    # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns). The skip scenario after
+    # the stack's: a UNet decoder's conv of [upsampled, skip] read in place, now on the Gluon forward, beside
+    # torch.cat + cuDNN and the pointer kernel (bench/NOTES.md, "MONAI's skip connections on the Gluon forward").
     PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
-      wan_dec_384_cached_64:chosen wan_dec_384_cached_64:voxel_rows mochi_dec_768_replicate:chosen \
-      mochi_dec_768_replicate:voxel_rows hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
+      wan_dec_384_cached_64:chosen wan_dec_384_cached_64:timed_only mochi_dec_768_replicate:chosen \
+      mochi_dec_768_replicate:timed_only hunyuan_512:chosen hunyuan_512:gluon_ws_small_grid unet_320:chosen \
       unet_320:gluon_ws_small_grid unet_32:chosen unet_32:gluon_ws_swapped_wgrad unet_64:chosen wan_dec_384b:chosen \
       )unet_64:gluon_ws
     PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,hunyuan_512,unet_320,unet_32,unet_64,wan_dec_384b,unet_64@fp32
@@ -76,7 +78,7 @@ case "${1:-}" in
       TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-110} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
+      SCENARIOS=${SCENARIOS:-stack,skip} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-50}
     set -- tune variants bench
     ;;
@@ -94,7 +96,7 @@ for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into 
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
-    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal}" \
+    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" \
     --tune-args "--shapes bench ${TUNE_ARGS:-}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
@@ -195,9 +197,12 @@ run_stage() {
       timeout "$(left "${BENCH_TIMEOUT:-240}")" python3 -m bench --out bench/results --merge --direction "$direction" \
         --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
     done
-    if [ "${SCENARIOS:-stack,conv2d,causal}" != none ]; then
-      timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
-        --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" 2>&1 | tee -a "$OUT/bench.log"
+    scenarios=${SCENARIOS:-stack,conv2d,causal,skip}
+    if [ "$scenarios" != none ]; then  # one invocation each: a cut-off loses that scenario, not those before it
+      for scenario in ${scenarios//,/ }; do
+        timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
+          --scenarios "$scenario" 2>&1 | tee -a "$OUT/bench.log"
+      done
     fi
     if [ -n "${GRAPH_CASES:-}" ]; then  # these cases again, eager and replayed from CUDA graphs (issue 29), after
       # the suite (a case measured again replaces its row: the graph columns stay where the last run measured them)

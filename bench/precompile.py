@@ -155,8 +155,9 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
 
 
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
-    """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack
-    scenario where `scenarios` names it, as the device tconv3d runs on (posing_as) chooses them."""
+    """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack and
+    skip scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them (the skip
+    scenario's convs, not its transposed conv: pointer kernels, quick to compile there)."""
     from bench import run
     from tconv3d.tune import choice
     from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
@@ -172,6 +173,18 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
         for kernel_direction in ("dgrad", "wgrad") if direction == "bwd" else (direction,):
             config = choice.pick_config(kernel_direction, geom, dtype, device)
             launches.append((kernel_direction, shape.geometry(), dtype, config))  # compiled as choice.launch runs it
+    if "skip" in scenarios.split(","):  # bench_skip: forward (also as TCONV3D_KERNELS=pointer) and both gradients
+        bf16 = DTYPES_BY_NAME["bf16"]
+        for name, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
+            if transposed:
+                continue
+            for direction, geom in run.skip_geometries(name, batch, channels, size, cout).items():
+                config = choice.pick_config(direction, geom, bf16, device)
+                launches.append((direction, geom, bf16, config))
+                if direction == "fwd":
+                    launches.append(
+                        (direction, geom, bf16, choice.force_variant(direction, geom, bf16, config, "pointer"))
+                    )
     return launches
 
 

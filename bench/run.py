@@ -14,6 +14,7 @@ bench/results/<device>.json, .md and .png (see bench/report.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import math
@@ -375,10 +376,48 @@ SKIP_LAYERS = [
 ]
 
 
+_FORCED_MEMOS: dict[str, dict] = {}
+
+
+@contextlib.contextmanager
+def kernels_forced(variant: str):
+    """Inside, tconv3d's launches choose as TCONV3D_KERNELS=`variant` would, from a memo of their own (the process's
+    choices are left as they were, and a timing loop inside chooses once)."""
+    from tconv3d import settings
+    from tconv3d.tune import choice
+
+    saved = settings.KERNELS, choice._memo
+    settings.KERNELS, choice._memo = variant, _FORCED_MEMOS.setdefault(variant, {})
+    try:
+        yield
+    finally:
+        settings.KERNELS, choice._memo = saved
+
+
+def _forced(variant: str, forward):
+    def run(*tensors):
+        with kernels_forced(variant):
+            return forward(*tensors)
+
+    return run
+
+
+def skip_geometries(name: str, batch: int, channels: int, size, cout: int) -> dict:
+    """A SKIP_LAYERS conv's (not transposed) geometries by the direction that launches them: the forward and the
+    weight gradient read [x, skip] in place (channels_after), the input gradient is the concatenation's."""
+    from tconv3d.geometry import conv_geometry
+
+    weight = (cout, 2 * channels, 3, 3, 3)
+    in_place = conv_geometry((batch, channels, *size), weight, 1, 1, 1, after_channels=channels)
+    return {"fwd": in_place, "dgrad": conv_geometry((batch, 2 * channels, *size), weight, 1, 1, 1), "wgrad": in_place}
+
+
 def bench_skip() -> list[dict]:
     """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
     two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv); time and peak memory,
-    fwd and fwd+bwd (the gradients of both inputs and the weight)."""
+    fwd and fwd+bwd (the gradients of both inputs and the weight). The conv's forward also as TCONV3D_KERNELS=pointer
+    runs it (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for it (configs.heuristic_config) on the
+    timings of one-source layers."""
 
     def activation(batch, channels, size):
         t = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
@@ -389,6 +428,9 @@ def bench_skip() -> list[dict]:
         False: {
             "cat_then_cudnn": lambda x, skip, w: F.conv3d(torch.cat([x, skip], dim=1), w, padding=1),
             "tconv3d": lambda x, skip, w: tconv3d.conv3d(x, w, padding=1, channels_after=skip),
+            "tconv3d_pointer": _forced(
+                "pointer", lambda x, skip, w: tconv3d.conv3d(x, w, padding=1, channels_after=skip)
+            ),
         },
         True: {
             "cat_then_cudnn": lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], dim=1), w, **up),
@@ -404,6 +446,8 @@ def bench_skip() -> list[dict]:
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
             for impl, forward in impls[transposed].items():
+                if impl == "tconv3d_pointer" and direction != "fwd":
+                    continue
                 grad = torch.randn_like(forward(*tensors)) if direction == "fwd+bwd" else None
                 fn = functools.partial(_skip_step, forward, tensors, grad)
                 row[f"{impl}_ms"] = round(bench_ms(fn), 4)

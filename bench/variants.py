@@ -89,9 +89,10 @@ SWAPPED_WGRAD = "gluon_ws_swapped_wgrad"
 # The row of a small-channel pointer forward's or input gradient's tiles (packed (tap, channel) pairs of 16-byte runs,
 # or W taps as columns) on the deepest ring within half an SM's shared memory (pointer_deep_ring).
 POINTER_DEEP_RING = "pointer_deep_ring"
-# The row of what the heuristic chose before it counted a few-voxel layer's column blocks (configs._gluon_rows): its
-# 64-row tiles off the Gluon kernel (the pointer kernel; the Triton TMA one for an input gradient).
-VOXEL_ROWS = "voxel_rows"
+# The row of what the heuristic chooses from the rules a GPU has timed alone (heuristic_config's timed_only): a
+# few-voxel layer's 64-row tiles off the Gluon kernel (configs._gluon_rows; the pointer kernel, the Triton TMA one for
+# an input gradient), a forward reading channels_after on the pointer kernel.
+TIMED_ONLY = "timed_only"
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
 WHOLE_STEPS = "gluon_ws_whole_steps"
@@ -188,9 +189,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     if deep is not None:
         found[POINTER_DEEP_RING] = deep
     sm_count, capability = configs.multiprocessor_count(device), configs.compute_capability(device)
-    before = configs.heuristic_config(direction, geom, dtype, sm_count, capability, gluon_rows=False)
+    before = configs.heuristic_config(direction, geom, dtype, sm_count, capability, timed_only=True)
     if before != configs.heuristic_config(direction, geom, dtype, sm_count, capability):
-        found[VOXEL_ROWS] = before
+        found[TIMED_ONLY] = before
     if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
         split = configs.small_grid_split(direction, geom, chosen, sm_count)
         if chosen.split_k > 1:

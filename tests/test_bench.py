@@ -604,9 +604,9 @@ def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
         assert found["chosen"].gluon == 2 and found["pointer"].variant == "pointer", shape.name
         # the few-voxel layers (configs._gluon_rows) beside the 64-row pointer tiles the heuristic gave them before
         few = shape.name in ("wan_dec_384_cached_64", "mochi_dec_768_replicate")
-        assert (variants.VOXEL_ROWS in found) == few, shape.name
+        assert (variants.TIMED_ONLY in found) == few, shape.name
         if few:
-            assert (found[variants.VOXEL_ROWS].variant, found[variants.VOXEL_ROWS].block_m) == ("pointer", 64)
+            assert (found[variants.TIMED_ONLY].variant, found[variants.TIMED_ONLY].block_m) == ("pointer", 64)
 
 
 def test_variants_offer_the_packed_loops_at_the_other_depth_and_a_deep_ring(monkeypatch):
@@ -678,3 +678,25 @@ def test_census_sees_every_convolution_of_a_decode():
     assert sum(row[-1] for row in rows) == pytest.approx(1.0) and sum(by_variant.values()) == pytest.approx(1.0)
     h100 = lambda geom: choice.choose("fwd", geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
     assert all(config == h100(geom) for _, geom, config, *_ in rows)
+
+
+def test_skip_scenario_plans_the_geometries_its_launches_check():
+    """bench's skip scenario: skip_geometries are the geometries the op's three launches check (the forward and the
+    weight gradient reading the skip in place, the input gradient the concatenation's), which bench.precompile
+    compiles ahead; kernels_forced chooses as TCONV3D_KERNELS would from a memo of its own and puts the process's
+    setting and memo back."""
+    from tconv3d import settings
+    from tconv3d.geometry import check_conv3d, check_input_grad, check_weight_grad
+    from tconv3d.tune import choice
+
+    cl = torch.channels_last_3d
+    x, skip = (torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=cl) for _ in range(2))
+    w, grad = torch.randn(6, 8, 3, 3, 3), torch.randn(1, 6, 3, 4, 5).contiguous(memory_format=cl)
+    geoms = run.skip_geometries("tiny", 1, 4, (3, 4, 5), 6)
+    assert geoms["fwd"] == check_conv3d(x, w, None, 1, 1, 1, 1, channels_after=skip) and geoms["fwd"].after_channels
+    assert geoms["dgrad"] == check_input_grad(grad, w, [1, 8, 3, 4, 5], [1] * 3, [1] * 6, [1] * 3)
+    assert geoms["wgrad"] == check_weight_grad(grad, x, w.shape, [1] * 3, [1] * 6, [1] * 3, channels_after=skip)
+    kernels, memo = settings.KERNELS, choice._memo
+    with run.kernels_forced("pointer"):
+        assert settings.KERNELS == "pointer" and choice._memo is not memo
+    assert (settings.KERNELS, choice._memo) == (kernels, memo) and choice._memo is memo

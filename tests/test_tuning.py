@@ -614,7 +614,7 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
     those tiles, row blocks times column blocks, keep their last round over the SMs at least two-thirds busy: Wan's
     384-channel cached layer at 2 x 64 x 64 (192 tiles of 128 x 128: 96 of 256 x 128 swapped) and a 96-tile layer
     (unswapped: half as many tiles would fill fewer SMs), not hunyuan_512 (160 tiles: the second round 21% busy) nor
-    unet_320 (24), nor off sm_90, nor with gluon_rows off (bench.variants' voxel_rows row: the pointer kernel, the
+    unet_320 (24), nor off sm_90, nor with timed_only (bench.variants' timed_only row: the pointer kernel, the
     Triton TMA one for the input gradient)."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = {shape.name: shape for name in ("bench", "decoders") for shape in load_shape_set(name)}
@@ -629,22 +629,44 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
         assert rows < 128 * 132 and rows // 128 * 3 >= 96, name  # few voxels, 384 or 768 columns
         wide = h100("fwd", geom)
         assert (wide.gluon, wide.block_m, wide.block_n, wide.swap_ab, wide.split_k) == (2, 256, 128, 1, 1), name
-        before = h100("fwd", geom, gluon_rows=False)
+        before = h100("fwd", geom, timed_only=True)
         assert (before.variant, before.block_m) == ("pointer", 64), name
     plain = conv_geometry((1, 384, 2, 64, 64), (384, 384, 3, 3, 3), 1, 1, 1)
     for direction, before_variant in (("fwd", "pointer"), ("dgrad", "tma")):
         assert h100(direction, plain).gluon == 2
-        assert h100(direction, plain, gluon_rows=False).variant == before_variant
+        assert h100(direction, plain, timed_only=True).variant == before_variant
         assert configs.heuristic_config(direction, plain, bf16, 132, 80).block_m == 64  # no Gluon kernel on sm_80
-    assert h100("fwd", plain, gluon_rows=False).block_m == 64
+    assert h100("fwd", plain, timed_only=True).block_m == 64
     few = conv_geometry((1, 512, 3, 32, 32), (512, 512, 3, 3, 3), 1, 1, 1)  # 24 x 4 = 96 tiles: 0.73 of a round
     assert (h100("fwd", few).gluon, h100("fwd", few).block_m, h100("fwd", few).split_k) == (2, 128, 1)
     for name in ("hunyuan_512", "unet_320"):  # 160 tiles (1.21 rounds), 24: as before
         geom = shapes[name].geometry()
         for direction in ("fwd", "dgrad"):
-            assert h100(direction, geom) == h100(direction, geom, gluon_rows=False), (name, direction)
+            assert h100(direction, geom) == h100(direction, geom, timed_only=True), (name, direction)
             assert h100(direction, geom).block_m == 64 and not h100(direction, geom).gluon, (name, direction)
-    assert h100("wgrad", plain) == h100("wgrad", plain, gluon_rows=False)
+    assert h100("wgrad", plain) == h100("wgrad", plain, timed_only=True)
+
+
+def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
+    """A UNet decoder's convolution of [upsampled, skip] reading the skip in place (channels_after): its forward on
+    the persistent Gluon kernel as a plain one's (MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs in these
+    on the pointer kernel), not with timed_only (bench's skip scenario times both), not where a border mode in H or
+    W parts it into interior and strips; its gradients as they were (the weight gradient on the pointer kernel, the
+    input gradient reads no second source)."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    bf16 = torch.bfloat16
+    skip = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)
+    plain = conv_geometry((1, 64, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1)
+
+    def h100(direction, geom, **options):
+        return configs.heuristic_config(direction, geom, bf16, 132, 90, **options)
+
+    assert h100("fwd", skip) == h100("fwd", plain) and h100("fwd", skip).gluon == 2
+    assert h100("fwd", skip, timed_only=True).variant == "pointer"
+    assert h100("wgrad", skip).variant == "pointer" and h100("wgrad", plain).gluon == 2
+    bordered = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, "zeros,replicate,replicate", 0, 1, 32)
+    assert configs.tma_eligible("fwd", bordered, bf16) and h100("fwd", bordered).variant == "pointer"
+    assert configs.heuristic_config("fwd", skip, bf16, 132, 80).variant == "pointer"  # no Gluon kernel on sm_80
 
 
 def test_small_grid_twin_fills_the_sms_with_split_one_warpgroup_tiles(monkeypatch):

@@ -464,7 +464,7 @@ def direct_config(direction: str, geom: ConvGeometry, sm_count: int, interpreter
 
 
 def heuristic_config(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0, gluon_rows: bool = True
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, capability: int = 0, timed_only: bool = False
 ) -> KernelConfig:
     """The heuristic's tiles, as the direct kernels for depthwise problems and, on sm_90+ (capability >= 90), as a
     box variant where the hardware has timed one against the pointer kernels (tests/gpu_logs/NVIDIA_H200/
@@ -486,9 +486,14 @@ def heuristic_config(
     pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
     problems, and a problem reading channels_after (each step's box from one of two descriptors), stay on the
     pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode along D
-    alone leaves the box loops as they are. A forward or input gradient of fewer voxels than 128 for each SM takes
-    128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows; not with `gluon_rows` off,
-    bench.variants' row of what the heuristic chose before)."""
+    alone leaves the box loops as they are.
+    Two rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
+    128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows); a
+    forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
+    descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
+    H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
+    pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -511,8 +516,9 @@ def heuristic_config(
     second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
     # The video VAE decoders' forwards, reading cached frames (Wan) or bordered by replicate (HunyuanVideo, Mochi),
     # ran 1.7-2.8x faster on the warp-specialized Gluon kernel than on the pointer kernels (H100 run 15: 0.569 ms
-    # against 1.571, 1.765 against 3.831, 2.946 against 4.888); their gradients and channels_after are not timed.
-    timed = direction == "fwd" and not geom.after_channels
+    # against 1.571, 1.765 against 3.831, 2.946 against 4.888); their gradients and channels_after are not timed
+    # (a channels_after forward takes the Gluon kernel all the same, but with timed_only: see the docstring).
+    timed = direction == "fwd" and (not geom.after_channels or not (timed_only or borders))
     if capability < TMA_MIN_CAPABILITY or not tma_eligible(direction, geom, dtype):
         return config
     if (second_source or borders) and not timed:
@@ -520,7 +526,7 @@ def heuristic_config(
     strided = tuple(geom.stride) != (1, 1, 1)
     gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
     gluon = gluon and gluon_eligible(direction, geom, dtype)
-    if gluon and gluon_rows and not (direction == "fwd" and strided):
+    if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count)
     if direction == "fwd" and (strided or config.split_k > 1):
         return config
