@@ -1,15 +1,17 @@
-"""`python -m bench.census`: every convolution of a converted video-VAE decode and the kernel a GPU would run it on,
-on a machine with no GPU.
+"""`python -m bench.census`: every convolution of a converted video-VAE decode (or a MONAI 3D UNet's forward) and the
+kernel a GPU would run it on, on a machine with no GPU.
 
     python -m bench.census --vae wan                    # diffusers' default config, a 17-frame 256 x 256 decode
     python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
+    python -m bench.census --unet basic_unet            # MONAI's, 1 x 1 x 128^3 (--input N,C,D,H,W)
 
 It builds the VAE (bench.vaes, random weights), converts it (tconv3d.nn.convert) and decodes a latent on the meta
 device: nothing is computed, each tconv3d conv3d call is seen by a dispatch mode and its geometry recorded. For
 each distinct geometry it prints how many calls had it, the forward's config as that GPU model would choose it
 (tconv3d.tune.choice.choose: its table, the nearest key's, or the heuristic), where that came from, the share of
 its MMA work that is the convolution's (configs.mma_fill) and its share of the decode's convolution FLOPs; then
-the FLOPs each kernel variant would run. A decode is inference: forwards only. What it showed first (bench/NOTES.md,
+the FLOPs each kernel variant would run. A decode is inference: forwards only (a transposed conv's forward is the
+input-gradient op: its rows say dgrad). What it showed first (bench/NOTES.md,
 "What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and HunyuanVideo's convs
 border H and W by replicate, and the heuristic kept both on the pointer kernels: 92-100% of those decodes' FLOPs,
 until the H100 timed the Gluon kernel 1.7-2.8x faster on them (run 15), which the heuristic now takes."""
@@ -23,15 +25,31 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
-from tconv3d.geometry import check_conv3d
+from tconv3d.geometry import check_conv3d, check_input_grad
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME
 
 from .vaes import CLASSES, DEFAULT_LATENTS, build_vae
 
+# MONAI's 3D UNets at the sizes their tutorials train (`--unet`), for the census of one forward.
+UNETS = {
+    "unet": lambda nets: nets.UNet(3, 1, 3, channels=(16, 32, 64, 128, 256), strides=(2, 2, 2, 2), num_res_units=2),
+    "basic_unet": lambda nets: nets.BasicUNet(3, 1, 3, features=(32, 32, 64, 128, 256, 32)),
+    "dynunet": lambda nets: nets.DynUNet(
+        3,
+        1,
+        3,
+        kernel_size=[3] * 5,
+        strides=[1, 2, 2, 2, 2],
+        upsample_kernel_size=[2] * 4,
+        filters=[32, 64, 128, 256, 320],
+    ),
+}
+
 
 class _ConvGeometries(TorchDispatchMode):
-    """Counts the geometries of the tconv3d.conv3d calls made inside it."""
+    """Counts the (direction, geometry) of the tconv3d.conv3d calls ("fwd") and conv3d_input_grad calls ("dgrad": a
+    transposed conv's forward) made inside it."""
 
     def __init__(self):
         super().__init__()
@@ -39,14 +57,17 @@ class _ConvGeometries(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.tconv3d.conv3d.default:
-            names = [argument.name for argument in func._schema.arguments]
-            self.counts[check_conv3d(**dict(zip(names, args, strict=False)), **kwargs)] += 1
+        for direction, op, check in (("fwd", torch.ops.tconv3d.conv3d, check_conv3d),
+                                     ("dgrad", torch.ops.tconv3d.conv3d_input_grad, check_input_grad)):  # fmt: skip
+            if func is op.default:
+                names = [argument.name for argument in func._schema.arguments]
+                self.counts[direction, check(**dict(zip(names, args, strict=False)), **kwargs)] += 1
         return func(*args, **kwargs)
 
 
 def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dtype) -> collections.Counter:
-    """geometry -> calls, of one decode of a latent of `latent_shape` by a converted VAE, moved to the meta device."""
+    """(direction, geometry) -> calls, of one decode of a latent of `latent_shape` by a converted VAE, moved to the
+    meta device."""
     converted = converted.to(device="meta", dtype=dtype)
     latent = torch.empty(latent_shape, dtype=dtype, device="meta")
     with torch.no_grad(), _ConvGeometries() as seen:
@@ -54,16 +75,25 @@ def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dty
     return seen.counts
 
 
+def forward_geometries(converted: torch.nn.Module, input_shape, dtype: torch.dtype) -> collections.Counter:
+    """(direction, geometry) -> calls, of one forward of an input of `input_shape` by a converted model (a UNet),
+    moved to the meta device."""
+    converted = converted.to(device="meta", dtype=dtype)
+    with torch.no_grad(), _ConvGeometries() as seen:
+        converted(torch.empty(input_shape, dtype=dtype, device="meta"))
+    return seen.counts
+
+
 def census(counts: collections.Counter, dtype: torch.dtype, device_name: str, sm_count: int, capability: int):
-    """One row a geometry: (calls, geometry, config, source, fill, share of the FLOPs), largest share first; and
-    the FLOPs by variant."""
-    total = sum(calls * geom.flops() for geom, calls in counts.items()) or 1
+    """One row a (direction, geometry): (calls, direction, geometry, config, source, fill, share of the FLOPs),
+    largest share first; and the FLOPs by variant."""
+    total = sum(calls * geom.flops() for (_, geom), calls in counts.items()) or 1
     rows, by_variant = [], collections.Counter()
-    for geom, calls in counts.items():
-        config, source = choice.choose("fwd", geom, dtype, device_name, sm_count, capability)
+    for (direction, geom), calls in counts.items():
+        config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability)
         share = calls * geom.flops() / total
-        fill = configs.mma_fill("fwd", geom, config, dtype.itemsize)
-        rows.append((calls, geom, config, source, fill, share))
+        fill = configs.mma_fill(direction, geom, config, dtype.itemsize)
+        rows.append((calls, direction, geom, config, source, fill, share))
         by_variant[_kernel(config)] += share
     return sorted(rows, key=lambda row: -row[-1]), by_variant
 
@@ -86,23 +116,33 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.census", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vae", default="wan", choices=sorted(CLASSES))
     parser.add_argument("--latent", default=None, help="N,C,T,H,W (default: bench.vaes.DEFAULT_LATENTS)")
+    parser.add_argument("--unet", default=None, choices=sorted(UNETS), help="a MONAI 3D UNet's forward instead")
+    parser.add_argument("--input", default="1,1,128,128,128", help="N,C,D,H,W of --unet's input")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES_BY_NAME))
     parser.add_argument("--device-name", default="NVIDIA H100 80GB HBM3", help="whose tuning table")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--capability", type=int, default=90)
     args = parser.parse_args(argv)
-    latent = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
     dtype = DTYPES_BY_NAME[args.dtype]
-    counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), latent, dtype)
+    if args.unet:
+        from monai.networks import nets
+
+        shape = tuple(int(n) for n in args.input.split(","))
+        counts = forward_geometries(tconv3d.nn.convert(UNETS[args.unet](nets)), shape, dtype)
+        what = f"{args.unet}: input {shape}"
+    else:
+        shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
+        counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
+        what = f"{args.vae}: latent {shape}"
     rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability)
-    print(f"{args.vae}: latent {latent}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
+    print(f"{what}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
           f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype} forward")  # fmt: skip
-    for calls, geom, config, source, fill, share in rows:
+    for calls, direction, geom, config, source, fill, share in rows:
         split = f" k{config.split_k}" if config.split_k > 1 else ""
         tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
         fill_text = "-" if fill is None else f"{100 * fill:.0f}%"
-        print(f"{calls:>4} x {_geometry_text(geom):58} {_kernel(config):10} {tile:14} {source:9} fill {fill_text:>4} "
-              f"FLOPs {100 * share:5.1f}%")  # fmt: skip
+        print(f"{calls:>4} x {_geometry_text(geom):58} {direction:5} {_kernel(config):10} {tile:14} {source:9} "
+              f"fill {fill_text:>4} FLOPs {100 * share:5.1f}%")  # fmt: skip
     print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
     return 0
 

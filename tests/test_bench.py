@@ -673,11 +673,29 @@ def test_census_sees_every_convolution_of_a_decode():
             module.register_forward_hook(lambda *_: calls.append(1))
     counts = census.decode_geometries(converted, (1, 16, 3, 8, 8), torch.bfloat16)
     assert sum(counts.values()) == len(calls) > 0
-    assert any(g.prefix_frames for g in counts) and any(not g.prefix_frames for g in counts)
+    assert any(g.prefix_frames for _, g in counts) and any(not g.prefix_frames for _, g in counts)
+    assert {direction for direction, _ in counts} == {"fwd"}
     rows, by_variant = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
     assert sum(row[-1] for row in rows) == pytest.approx(1.0) and sum(by_variant.values()) == pytest.approx(1.0)
     h100 = lambda geom: choice.choose("fwd", geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
-    assert all(config == h100(geom) for _, geom, config, *_ in rows)
+    assert all(config == h100(geom) for _, _, geom, config, *_ in rows)
+
+
+def test_census_sees_a_unets_transposed_convs_and_skip_connections():
+    """bench.census --unet: a converted MONAI UNet's forward on the meta device, its convs ("fwd", the decoder's
+    reading the skip connection in place: channels_after) and its transposed convs (the input-gradient op, "dgrad",
+    reading the concatenation's second half from grad_output's channels_after), one geometry per call."""
+    nets = pytest.importorskip("monai.networks.nets")
+    from bench import census
+    from tconv3d.nn import convert
+
+    counts = census.forward_geometries(convert(census.UNETS["unet"](nets)), (1, 1, 32, 32, 32), torch.bfloat16)
+    assert {direction for direction, _ in counts} == {"fwd", "dgrad"}
+    assert any(g.out_after_channels for d, g in counts if d == "dgrad")
+    counts = census.forward_geometries(convert(census.UNETS["basic_unet"](nets)), (1, 1, 32, 32, 32), torch.bfloat16)
+    assert any(g.after_channels for d, g in counts if d == "fwd")
+    rows, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
+    assert sum(row[-1] for row in rows) == pytest.approx(1.0)
 
 
 def test_skip_scenario_plans_the_geometries_its_launches_check():
