@@ -185,14 +185,22 @@ def test_input_gradient_steps_are_the_busiest_phase(kernel, stride, padding, dil
     assert reduction_steps("dgrad", geom, TILES) == brute * 2  # 24 output channels: two 16-deep blocks per tap
 
 
-def test_heuristic_splits_only_small_grids():
+def test_heuristic_splits_only_small_grids(monkeypatch):
     """On 132 SMs: unet_320 (48 tiles of 64x128) splits its forward and input gradient until about two programs
-    per SM, each split keeping at least MIN_SPLIT_STEPS steps; the large layers do not split. The input gradient
-    splits on the TMA kernel; the split forward runs the pointer kernel (on the H200 the TMA one took 2x its
+    per SM, each split keeping at least MIN_SPLIT_STEPS steps; the large layers do not split. Where this Triton has
+    the Gluon kernel, on its one-warpgroup tiles (configs.small_grid_twin); with timed_only, or without it, the input
+    gradient splits on the TMA kernel and the forward runs the pointer kernel (on the H200 the TMA one took 2x its
     time there)."""
+    from tconv3d.kernels import conv_gluon
+
     shapes = {shape.name: shape for shape in load_shape_set("bench")}
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     for direction in ("fwd", "dgrad"):
-        small = configs.heuristic_config(direction, shapes["unet_320"].geometry(), torch.bfloat16, 132, 90)
+        twin = configs.heuristic_config(direction, shapes["unet_320"].geometry(), torch.bfloat16, 132, 90)
+        assert twin.split_k > 1 and (twin.gluon, twin.num_warps) == (2, 4)
+        small = configs.heuristic_config(
+            direction, shapes["unet_320"].geometry(), torch.bfloat16, 132, 90, timed_only=True
+        )  # fmt: skip
         assert small.split_k > 1 and small.variant == ("pointer" if direction == "fwd" else "tma")
         geom = shapes["unet_320"].geometry()
         per_split, splits = k_splits(direction, geom, small)

@@ -275,12 +275,13 @@ def test_eligibility_and_box_width(monkeypatch):
     # in the forward: the Triton TMA forward lost to the pointer kernel wherever Gluon does not run it (H200, H100).
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
     long_rows = conv_geometry((1, 64, 4, 64, 256), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
-    # (replicate_d's forward is split over its reduction to fill 132 SMs: the pointer kernel; long_rows' is not)
+    # (replicate_d's forward is split over its reduction to fill 132 SMs: on one-warpgroup Gluon tiles where Gluon
+    # runs, else the pointer kernel; long_rows' is not split)
     assert heuristic_config("fwd", replicate_d, torch.bfloat16, 132, 90).split_k > 1
     for unavailable, box in ((None, "gluon"), ("a Triton without Gluon", "tma")):
         monkeypatch.setattr(conv_gluon, "UNAVAILABLE", unavailable)
         for problem, variants in (
-            (replicate_d, ["pointer", box, box]), (causal, ["pointer", box, "pointer"]),
+            (replicate_d, ["gluon" if box == "gluon" else "pointer", box, box]), (causal, ["pointer", box, "pointer"]),
             (spatial, ["pointer", box, "pointer"]), (long_rows, ["pointer" if box == "tma" else box, box, box]),
         ):  # fmt: skip
             chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90) for d in ("fwd", "dgrad", "wgrad")]

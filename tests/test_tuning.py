@@ -455,8 +455,8 @@ def test_nearest_candidates_time_every_form_of_the_default_tile(monkeypatch):
     mine = [c for c in near if tuner._tile(c) == tuner._tile(default)]
     assert default.gluon == 2  # the heuristic's sm_90 bf16 choice: the warp-specialized Gluon kernel
     assert {c.tma_box_w for c in mine} >= {0, default.block_m} and {c.gluon for c in mine} >= {0, 1}
-    small = geometry(cin=320, cout=320, size=(8, 8, 8), batch=2)  # unet_320: the heuristic splits 6 ways
-    default = configs.heuristic_config("fwd", small, torch.bfloat16, 132, 90)
+    small = geometry(cin=320, cout=320, size=(8, 8, 8), batch=2)  # unet_320: the timed heuristic splits 6 ways
+    default = configs.heuristic_config("fwd", small, torch.bfloat16, 132, 90, timed_only=True)
     near = tuner.nearest_candidates(candidates("fwd", small, torch.bfloat16, smem, tma=True), default, 24)
     assert default.split_k == 6
     assert 1 in {c.split_k for c in near if tuner._tile(c) == tuner._tile(default)}
@@ -542,18 +542,25 @@ def test_a_hanging_candidate_is_recorded_and_the_run_exits_to_be_resumed(tmp_pat
     assert [c for c in every if c != hanging] == without[: len(every) - 1]
 
 
-def test_a_forward_gluon_does_not_run_keeps_its_tuned_entry(monkeypatch):
-    """hunyuan_512's 64-row tiles are not the Gluon kernel's at 8 warps: its forward stays on the pointer kernel
-    and the shipped H100 table's tuned entry stands (the heuristic's Triton TMA forward ran it 1.32x slower on the
-    H100), while its input gradient keeps the TMA kernel and gives the table way."""
+def test_a_small_grid_takes_the_split_gluon_tiles_over_a_pointer_only_entry(monkeypatch):
+    """hunyuan_512's 64-row tiles are not the Gluon kernel's at 8 warps, and its 160 tiles of 128 rows fill 1.2
+    rounds: its forward and input gradient take the split one-warpgroup Gluon tiles (small_grid_twin), over the
+    shipped H100 table's pointer-only entry. With timed_only, as before: the forward on the pointer kernel, where
+    the table's entry stands (the Triton TMA forward ran it 1.32x slower on the H100), the input gradient on the TMA
+    kernel."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     geom = {shape.name: shape for shape in load_shape_set("bench")}["hunyuan_512"].geometry()
-    fwd = configs.heuristic_config("fwd", geom, torch.bfloat16, 132, 90)
-    dgrad = configs.heuristic_config("dgrad", geom, torch.bfloat16, 132, 90)
-    assert (fwd.variant, dgrad.variant) == ("pointer", "tma")
+    fwd, dgrad = (configs.heuristic_config(d, geom, torch.bfloat16, 132, 90) for d in ("fwd", "dgrad"))
+    for direction, config in (("fwd", fwd), ("dgrad", dgrad)):
+        small = configs.small_grid_twin(direction, geom, configs.heuristic_config(
+            direction, geom, torch.bfloat16, 132, 90, timed_only=True), 132, 2)  # fmt: skip
+        assert config == small and (config.gluon, config.block_m, config.num_warps, config.split_k) == (2, 64, 4, 2)
+    timed = [configs.heuristic_config(d, geom, torch.bfloat16, 132, 90, timed_only=True) for d in ("fwd", "dgrad")]
+    assert [c.variant for c in timed] == ["pointer", "tma"]
     name = "NVIDIA H100 80GB HBM3"
     key = tuning_key("fwd", geom, torch.bfloat16)
-    assert choice.choose("fwd", geom, torch.bfloat16, name, 132, 90) == (tables.named_table(name)[key], "table")
+    assert key in tables.named_table(name) and tables.named_table(name)[key].variant == "pointer"
+    assert choice.choose("fwd", geom, torch.bfloat16, name, 132, 90) == (fwd, "heuristic")
     assert choice.choose("dgrad", geom, torch.bfloat16, name, 132, 90) == (dgrad, "heuristic")
 
 
@@ -639,11 +646,12 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
     assert h100("fwd", plain, timed_only=True).block_m == 64
     few = conv_geometry((1, 512, 3, 32, 32), (512, 512, 3, 3, 3), 1, 1, 1)  # 24 x 4 = 96 tiles: 0.73 of a round
     assert (h100("fwd", few).gluon, h100("fwd", few).block_m, h100("fwd", few).split_k) == (2, 128, 1)
-    for name in ("hunyuan_512", "unet_320"):  # 160 tiles (1.21 rounds), 24: as before
+    for name in ("hunyuan_512", "unet_320"):  # 160 tiles (1.21 rounds), 24: the split one-warpgroup tiles
         geom = shapes[name].geometry()
         for direction in ("fwd", "dgrad"):
-            assert h100(direction, geom) == h100(direction, geom, timed_only=True), (name, direction)
-            assert h100(direction, geom).block_m == 64 and not h100(direction, geom).gluon, (name, direction)
+            timed = h100(direction, geom, timed_only=True)
+            assert timed.block_m == 64 and not timed.gluon, (name, direction)
+            assert h100(direction, geom) == configs.small_grid_twin(direction, geom, timed, 132, 2), (name, direction)
     assert h100("wgrad", plain) == h100("wgrad", plain, timed_only=True)
 
 

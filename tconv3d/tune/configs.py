@@ -487,9 +487,13 @@ def heuristic_config(
     problems, and a problem reading channels_after (each step's box from one of two descriptors), stay on the
     pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode along D
     alone leaves the box loops as they are.
-    Two rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Three rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
-    128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows); a
+    128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
+    where they do not, a plain one (no second source, zeros borders in H and W) takes the split one-warpgroup Gluon
+    tiles (small_grid_twin: hunyuan_512's and unet_320's forwards and input gradients, the suite's worst, ran at
+    9-40% of the peak on the pointer and Triton TMA kernels, whose Gluon twins keep both operands in shared memory
+    and one wgmma group in flight; the Triton TMA kernel waits for each); a
     forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
     descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
     H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
@@ -528,6 +532,12 @@ def heuristic_config(
     gluon = gluon and gluon_eligible(direction, geom, dtype)
     if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count)
+        if config.block_m == 64 and not (borders or second_source):
+            # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (not where the split would
+            # meet border strips or a second source, which no split Gluon launch has run with)
+            small = small_grid_twin(direction, geom, config, sm_count, dtype.itemsize)
+            if small is not None:
+                return whole_steps_twin(direction, geom, small, dtype.itemsize) or small
     if direction == "fwd" and (strided or config.split_k > 1):
         return config
     if gluon and gluon_takes(config):
@@ -637,8 +647,9 @@ def small_grid_twin(
     channels deep, its reduction split (into fp32 partials, summed after) so that the last round of (tile, split) units
     over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the heuristic's,
     whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the tiles alone
-    fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. Not chosen by
-    the heuristic until a GPU has timed it (bench.variants' SMALL_GRID row)."""
+    fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. The sm_90
+    heuristic's for such plain layers (heuristic_config; not with timed_only, bench.variants' timed_only row), a GPU
+    has yet to time it."""
     if direction == "wgrad":
         return None
     view = gemm_view(direction, geom)
