@@ -89,7 +89,8 @@ SWAPPED_WGRAD = "gluon_ws_swapped_wgrad"
 # The row of a small-channel pointer forward's or input gradient's tiles (packed (tap, channel) pairs of 16-byte runs,
 # or W taps as columns) on the deepest ring within half an SM's shared memory (pointer_deep_ring).
 POINTER_DEEP_RING = "pointer_deep_ring"
-# The row of what the heuristic chooses from the rules a GPU has timed alone (heuristic_config's timed_only): a
+# The row of what the choice is from the rules a GPU has timed alone (choice.choose's timed_only: a tuned table's
+# entry where it stands, else the heuristic's): a
 # few-voxel layer's 64-row tiles off the Gluon kernel (configs._gluon_rows; the pointer kernel, the Triton TMA one for
 # an input gradient), a forward reading channels_after on the pointer kernel.
 TIMED_ONLY = "timed_only"
@@ -189,9 +190,11 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
     if deep is not None:
         found[POINTER_DEEP_RING] = deep
     sm_count, capability = configs.multiprocessor_count(device), configs.compute_capability(device)
-    before = configs.heuristic_config(direction, geom, dtype, sm_count, capability, timed_only=True)
-    if before != configs.heuristic_config(direction, geom, dtype, sm_count, capability):
-        found[TIMED_ONLY] = before
+    if configs.heuristic_config(direction, geom, dtype, sm_count, capability, timed_only=True) != (
+        configs.heuristic_config(direction, geom, dtype, sm_count, capability)
+    ):  # an untimed rule moved it: what the choice was before, a tuned entry included
+        name = torch.cuda.get_device_name(device)
+        found[TIMED_ONLY] = choice.choose(direction, geom, dtype, name, sm_count, capability, timed_only=True)[0]
     if direction != "wgrad":  # split-K against none where the grid leaves SMs idle (unet_320)
         split = configs.small_grid_split(direction, geom, chosen, sm_count)
         if chosen.split_k > 1:

@@ -253,6 +253,7 @@ def test_variants_offer_both_boxes_and_split_k(monkeypatch):
 
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(
         choice, "pick_config", lambda d, geom, dtype, device: configs._heuristic_tiles(d, geom, dtype, 132)
     )
@@ -310,6 +311,7 @@ def test_variants_launch_only_for_a_profiler(monkeypatch, capsys):
 
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     monkeypatch.setattr(
         choice, "pick_config", lambda d, geom, dtype, device: configs._heuristic_tiles(d, geom, dtype, 132)
@@ -349,6 +351,7 @@ def test_variants_time_the_second_persistent_program(monkeypatch):
         pytest.skip(conv_gluon.UNAVAILABLE)
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     table = tables.named_table("NVIDIA H100 80GB HBM3")
     h100 = lambda d, geom, dtype, device: table[configs.tuning_key(d, geom, dtype)]  # noqa: E731
@@ -446,6 +449,7 @@ def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
         pytest.skip(conv_gluon.UNAVAILABLE)
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     heuristic = lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)  # noqa: E731
     two_warpgroups = lambda d, geom, dtype, device: dataclasses.replace(heuristic(d, geom, dtype, device), num_warps=8)  # noqa: E731
@@ -496,6 +500,7 @@ def test_variants_time_the_wide_tile_that_wastes_no_columns(monkeypatch):
         pytest.skip(conv_gluon.UNAVAILABLE)
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     monkeypatch.setattr(
         choice, "pick_config", lambda d, geom, dtype, device: configs.heuristic_config(d, geom, dtype, 132, 90)
@@ -596,6 +601,7 @@ def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
         pytest.skip(conv_gluon.UNAVAILABLE)
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)
     h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
     monkeypatch.setattr(choice, "pick_config", h100)
@@ -620,6 +626,7 @@ def test_variants_offer_the_packed_loops_at_the_other_depth_and_a_deep_ring(monk
 
     monkeypatch.setattr(configs, "compute_capability", lambda device: 90)
     monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(choice, "_gluon_runs", lambda device: False)
     h100 = lambda d, geom, dtype, device: choice.choose(d, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
     monkeypatch.setattr(choice, "pick_config", h100)

@@ -562,6 +562,9 @@ def test_a_small_grid_takes_the_split_gluon_tiles_over_a_pointer_only_entry(monk
     assert key in tables.named_table(name) and tables.named_table(name)[key].variant == "pointer"
     assert choice.choose("fwd", geom, torch.bfloat16, name, 132, 90) == (fwd, "heuristic")
     assert choice.choose("dgrad", geom, torch.bfloat16, name, 132, 90) == (dgrad, "heuristic")
+    # timed_only: the choice before, the table's entry where it stood (bench.variants' timed_only row)
+    before = choice.choose("fwd", geom, torch.bfloat16, name, 132, 90, timed_only=True)
+    assert before == (tables.named_table(name)[key], "table")
 
 
 def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):

@@ -38,18 +38,25 @@ from .configs import (
 
 
 def choose(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, device_name: str, sm_count: int, capability: int = 90
+    direction: str,
+    geom: ConvGeometry,
+    dtype: torch.dtype,
+    device_name: str,
+    sm_count: int,
+    capability: int = 90,
+    timed_only: bool = False,
 ) -> tuple[KernelConfig, str]:
     """The config a GPU model would use for a problem from its tables alone, and where it came from: "table",
     "nearest" or "heuristic". An entry (its key's, or the nearest key's) from a tuning that never searched the
     box kernel the heuristic would run (TMA or Gluon) gives way to the heuristic: the box kernels were timed
     faster than the pointer kernels where the heuristic chooses them (configs.heuristic_config), and the H100
     table of 2026-11-22 was tuned before they existed. python -m tconv3d.inspect asks this for GPUs that are not
-    there."""
+    there. `timed_only`: with the heuristic's timed rules alone (configs.heuristic_config), the choice before its
+    untimed ones (bench.variants' timed_only row)."""
     key = tuning_key(direction, geom, dtype)
     table = tables.named_table(device_name)
     found = key if key in table else nearest_key(key, table)
-    heuristic = heuristic_config(direction, geom, dtype, sm_count, capability)
+    heuristic = heuristic_config(direction, geom, dtype, sm_count, capability, timed_only)
     if found is None:
         return heuristic, "heuristic"
     searched = tables.searched_variants(device_name).get(found)
