@@ -4,6 +4,7 @@ kernel a GPU would run it on, on a machine with no GPU.
     python -m bench.census --vae wan                    # diffusers' default config, a 17-frame 256 x 256 decode
     python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
     python -m bench.census --unet basic_unet            # MONAI's, 1 x 1 x 128^3 (--input N,C,D,H,W)
+    python -m bench.census --vae wan --timed-only       # as chosen from the rules a GPU has timed alone
 
 It builds the VAE (bench.vaes, random weights), converts it (tconv3d.nn.convert) and decodes a latent on the meta
 device: nothing is computed, each tconv3d conv3d call is seen by a dispatch mode and its geometry recorded. For
@@ -84,13 +85,21 @@ def forward_geometries(converted: torch.nn.Module, input_shape, dtype: torch.dty
     return seen.counts
 
 
-def census(counts: collections.Counter, dtype: torch.dtype, device_name: str, sm_count: int, capability: int):
+def census(
+    counts: collections.Counter,
+    dtype: torch.dtype,
+    device_name: str,
+    sm_count: int,
+    capability: int,
+    timed_only: bool = False,
+) -> tuple[list, collections.Counter]:
     """One row a (direction, geometry): (calls, direction, geometry, config, source, fill, share of the FLOPs),
-    largest share first; and the FLOPs by variant."""
+    largest share first; and the FLOPs by variant. `timed_only`: the choice from the heuristic's timed rules alone
+    (choice.choose), what it was before its untimed ones."""
     total = sum(calls * geom.flops() for (_, geom), calls in counts.items()) or 1
     rows, by_variant = [], collections.Counter()
     for (direction, geom), calls in counts.items():
-        config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability)
+        config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability, timed_only)
         share = calls * geom.flops() / total
         fill = configs.mma_fill(direction, geom, config, dtype.itemsize)
         rows.append((calls, direction, geom, config, source, fill, share))
@@ -122,6 +131,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device-name", default="NVIDIA H100 80GB HBM3", help="whose tuning table")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--capability", type=int, default=90)
+    parser.add_argument(
+        "--timed-only",
+        action="store_true",
+        help="the choice from the heuristic's timed rules alone (as before its others)",
+    )
     args = parser.parse_args(argv)
     dtype = DTYPES_BY_NAME[args.dtype]
     if args.unet:
@@ -134,7 +148,7 @@ def main(argv=None) -> int:
         shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
         counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
         what = f"{args.vae}: latent {shape}"
-    rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability)
+    rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability, args.timed_only)
     print(f"{what}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
           f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype} forward")  # fmt: skip
     for calls, direction, geom, config, source, fill, share in rows:

@@ -695,6 +695,7 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
     nets = pytest.importorskip("monai.networks.nets")
     from bench import census
     from tconv3d.nn import convert
+    from tconv3d.tune import choice
 
     counts = census.forward_geometries(convert(census.UNETS["unet"](nets)), (1, 1, 32, 32, 32), torch.bfloat16)
     assert {direction for direction, _ in counts} == {"fwd", "dgrad"}
@@ -703,6 +704,9 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
     assert any(g.after_channels for d, g in counts if d == "fwd")
     rows, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
     assert sum(row[-1] for row in rows) == pytest.approx(1.0)
+    before, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, timed_only=True)
+    h100 = lambda d, geom: choice.choose(d, geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, True)[0]  # noqa: E731
+    assert all(config == h100(direction, geom) for _, direction, geom, config, *_ in before)
 
 
 def test_skip_scenario_plans_the_geometries_its_launches_check():
