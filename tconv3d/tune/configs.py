@@ -562,10 +562,10 @@ def _gluon_rows(
     128-row ones, unsplit, where those tiles, row blocks times column blocks, fill their last round over the SMs
     at least GLUON_ROWS_MIN_FILL (one program an SM): tiles the Gluon kernel takes (64 rows on 8 warps it does not),
     so such layers leave the pointer kernel (the Triton TMA one for the input gradient). Counting the rows alone
-    kept Wan's 384-channel layers at 4 x 64 x 64 (192 tiles of 128 x 128, 1.45 rounds: 11% of its decode's FLOPs),
-    HunyuanVideo 1.5's 1024-channel ones at 9 x 32 x 32 (576 tiles, 4.4 rounds) and Mochi's 768-channel
-    ones off it. Otherwise `config`: a grid of fewer tiles splits its reduction over 64-row ones (small_grid_split;
-    configs.small_grid_twin is the Gluon form a GPU has yet to time)."""
+    kept Wan's 384-channel layers at 2 x 64 x 64 after 2 cached frames (192 tiles of 128 x 128, 1.45 rounds: 11% of
+    its decode's FLOPs), HunyuanVideo 1.5's 1024-channel ones at 9 x 32 x 32 (576 tiles, 4.4 rounds) and Mochi's
+    768-channel ones off it. Otherwise `config`: a grid of fewer tiles splits its reduction over 64-row ones
+    (small_grid_split), which heuristic_config then runs on small_grid_twin's Gluon tiles where the layer is plain."""
     if direction == "wgrad" or config.block_m != 64:
         return config
     wide = replace(_heuristic_tiles(direction, geom, dtype, sm_count, wide_rows=True), split_k=1)
