@@ -175,10 +175,10 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
             launches.append((kernel_direction, shape.geometry(), dtype, config))  # compiled as choice.launch runs it
     if "skip" in scenarios.split(","):  # bench_skip: forward (also as TCONV3D_KERNELS=pointer) and both gradients
         bf16 = DTYPES_BY_NAME["bf16"]
-        for name, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
+        for _, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
             if transposed:
                 continue
-            for direction, geom in run.skip_geometries(name, batch, channels, size, cout).items():
+            for direction, geom in run.skip_geometries(batch, channels, size, cout).items():
                 config = choice.pick_config(direction, geom, bf16, device)
                 launches.append((direction, geom, bf16, config))
                 if direction == "fwd":

@@ -402,7 +402,7 @@ def _forced(variant: str, forward):
     return run
 
 
-def skip_geometries(name: str, batch: int, channels: int, size, cout: int) -> dict:
+def skip_geometries(batch: int, channels: int, size, cout: int) -> dict:
     """A SKIP_LAYERS conv's (not transposed) geometries by the direction that launches them: the forward and the
     weight gradient read [x, skip] in place (channels_after), the input gradient is the concatenation's."""
     from tconv3d.geometry import conv_geometry

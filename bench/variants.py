@@ -90,9 +90,10 @@ SWAPPED_WGRAD = "gluon_ws_swapped_wgrad"
 # or W taps as columns) on the deepest ring within half an SM's shared memory (pointer_deep_ring).
 POINTER_DEEP_RING = "pointer_deep_ring"
 # The row of what the choice is from the rules a GPU has timed alone (choice.choose's timed_only: a tuned table's
-# entry where it stands, else the heuristic's): a
-# few-voxel layer's 64-row tiles off the Gluon kernel (configs._gluon_rows; the pointer kernel, the Triton TMA one for
-# an input gradient), a forward reading channels_after on the pointer kernel.
+# entry where it stands, else the heuristic's), where one of the heuristic's untimed rules moved a launch: a few-voxel
+# layer's 64-row tiles off the Gluon kernel (configs._gluon_rows), a small grid's split tiles off it
+# (configs.small_grid_twin; the pointer kernel, the Triton TMA one for an input gradient), a forward reading
+# channels_after on the pointer kernel.
 TIMED_ONLY = "timed_only"
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).

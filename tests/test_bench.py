@@ -721,7 +721,7 @@ def test_skip_scenario_plans_the_geometries_its_launches_check():
     cl = torch.channels_last_3d
     x, skip = (torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=cl) for _ in range(2))
     w, grad = torch.randn(6, 8, 3, 3, 3), torch.randn(1, 6, 3, 4, 5).contiguous(memory_format=cl)
-    geoms = run.skip_geometries("tiny", 1, 4, (3, 4, 5), 6)
+    geoms = run.skip_geometries(1, 4, (3, 4, 5), 6)
     assert geoms["fwd"] == check_conv3d(x, w, None, 1, 1, 1, 1, channels_after=skip) and geoms["fwd"].after_channels
     assert geoms["dgrad"] == check_input_grad(grad, w, [1, 8, 3, 4, 5], [1] * 3, [1] * 6, [1] * 3)
     assert geoms["wgrad"] == check_weight_grad(grad, x, w.shape, [1] * 3, [1] * 6, [1] * 3, channels_after=skip)

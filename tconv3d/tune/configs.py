@@ -484,9 +484,9 @@ def heuristic_config(
     (input gradient) of fewer than 16 output (input) channels whose W taps are its columns (config.w_tap_columns).
     A forward reading frames_before or bordered in H or W (its interior on a box kernel, its border strips on the
     pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
-    problems, and a problem reading channels_after (each step's box from one of two descriptors), stay on the
-    pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode along D
-    alone leaves the box loops as they are.
+    problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
+    stay on the pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode
+    along D alone leaves the box loops as they are.
     Three rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
