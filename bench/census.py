@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import check_conv3d, check_input_grad
+from tconv3d.kernels import conv_fwd
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME
 
@@ -103,8 +104,20 @@ def census(
         share = calls * geom.flops() / total
         fill = configs.mma_fill(direction, geom, config, dtype.itemsize)
         rows.append((calls, direction, geom, config, source, fill, share))
-        by_variant[_kernel(config)] += share
+        interior = interior_share(direction, geom, config)
+        by_variant[_kernel(config)] += share * interior
+        by_variant["pointer"] += share * (1 - interior)  # the border ring's launch
     return sorted(rows, key=lambda row: -row[-1]), by_variant
+
+
+def interior_share(direction: str, geom, config) -> float:
+    """The share of a launch's output a box kernel computes: all of it but for a forward bordered in H or W by
+    another mode than zeros, whose border ring runs on the pointer kernel (conv_fwd.conv3d_fwd)."""
+    if direction != "fwd" or not config.tma_box_w or geom.dim_modes[1:] == ("zeros", "zeros"):
+        return 1.0
+    _, h, w = geom.out_size
+    top, bottom, left, right = conv_fwd.border_widths(geom)
+    return (h - top - bottom) * (w - left - right) / (h * w)
 
 
 def _kernel(config) -> str:
@@ -155,8 +168,10 @@ def main(argv=None) -> int:
         split = f" k{config.split_k}" if config.split_k > 1 else ""
         tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
         fill_text = "-" if fill is None else f"{100 * fill:.0f}%"
+        interior = interior_share(direction, geom, config)
+        ring = f" (ring {100 * (1 - interior):.0f}% pointer)" if interior < 1 else ""
         print(f"{calls:>4} x {_geometry_text(geom):58} {direction:5} {_kernel(config):10} {tile:14} {source:9} "
-              f"fill {fill_text:>4} FLOPs {100 * share:5.1f}%")  # fmt: skip
+              f"fill {fill_text:>4} FLOPs {100 * share:5.1f}%{ring}")  # fmt: skip
     print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
     return 0
 

@@ -21,7 +21,7 @@ from helpers import (
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
 )
-from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
+from test_tma import RING_BORDERS, TMA_CASES, UNALIGNED_OUTPUT, bordered_forward, conv_with_border_along_d
 
 import tconv3d
 from tconv3d import settings
@@ -176,6 +176,28 @@ def test_gluon_causal_borders_match_float64(border, dtype, gluon, device):
         assert rel_l2(got, want) < tolerance(dtype)
     first = "gluon" if gluon_runs(device) else "tma"
     assert gluon == [(first, direction) for direction in ("fwd", "dgrad", "wgrad")]
+
+
+@pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])
+@pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
+def test_gluon_forward_splits_its_interior_beside_the_border_ring(kernel, padding, modes, specialized, monkeypatch,
+                                                                  device):  # fmt: skip
+    """LTX-2's reflect-bordered layers of few tiles as the sm_90 heuristic runs them (configs.small_grid_twin): the
+    interior on the Gluon kernel's one-warpgroup 64-row tiles, split three ways into fp32 partial sums over a view
+    of them, the border ring in the same splits on the pointer kernel, against float64. On CPU
+    tests/test_gluon_emulated.py runs the same through the emulator."""
+    if not gluon_runs(device):
+        pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
+    config = KernelConfig(64, 32, 16, 4, 3, split_k=3)
+    y, want, launched = bordered_forward(
+        kernel, padding, modes, lambda geom: configs.with_gluon(config, geom, "fwd", specialized=specialized),
+        monkeypatch, torch.bfloat16, device,
+    )  # fmt: skip
+    assert rel_l2(y, want) < tolerance(torch.bfloat16)
+    assert [(name, ring) for name, _, ring in launched] == [
+        ("_conv3d_gluon_kernel", None),
+        ("_conv3d_fwd_kernel", True),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)

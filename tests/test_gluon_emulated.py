@@ -24,7 +24,7 @@ from helpers import (
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
 )
-from test_tma import TMA_CASES, UNALIGNED_OUTPUT, conv_with_border_along_d
+from test_tma import RING_BORDERS, TMA_CASES, UNALIGNED_OUTPUT, bordered_forward, conv_with_border_along_d
 
 import tconv3d
 from tconv3d import settings
@@ -220,6 +220,27 @@ def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, 
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
     assert emulator.launches["_conv3d_gluon_kernel"] == 2  # the forward's interior and the input gradient
     assert emulator.launches["_conv3d_wgrad_gluon_kernel"] == 1  # the weight gradient's interior
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
+def test_emulated_gluon_forward_splits_its_interior_beside_the_border_ring(kernel, padding, modes, mode, monkeypatch):
+    """LTX-2's decoder's reflect-bordered layers of few tiles (configs.small_grid_twin): the interior on the Gluon
+    kernel's one-warpgroup 64-row tiles, its reduction split three ways into fp32 partial sums over a view of them,
+    the border ring in the same splits on the pointer kernel (conv_fwd.conv3d_fwd), against float64."""
+    config = KernelConfig(64, 32, 16, 4, 3, split_k=3)
+    with emulating(monkeypatch):
+        y, want, launched = bordered_forward(
+            kernel, padding, modes, lambda geom: dataclasses.replace(
+                configs.with_gluon(config, geom, "fwd", specialized=True), gluon=MODES[mode]), monkeypatch,
+            torch.bfloat16,
+        )  # fmt: skip
+    assert rel_l2(y, want) < tolerance(torch.bfloat16)
+    assert [(name, ring) for name, _, ring in launched] == [
+        ("_conv3d_gluon_kernel", None),
+        ("_conv3d_fwd_kernel", True),
+    ]
+    assert launched[1][1][-1] == 3
 
 
 @pytest.mark.parametrize("seed", range(1, 5))

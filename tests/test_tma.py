@@ -261,7 +261,7 @@ def test_eligibility_and_box_width(monkeypatch):
     causal = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros", 2)
     assert all(tma_eligible(direction, causal, torch.bfloat16) for direction in ("fwd", "dgrad", "wgrad"))
     # In H and W another mode leaves the forward's and the weight gradient's interior to the box kernels
-    # (conv_fwd.border_parts) where one is left.
+    # (conv_fwd.interior_part) where one is left.
     spatial = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1, "zeros,reflect,zeros")
     assert all(tma_eligible(d, spatial, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad"))
     thin = conv_geometry((1, 64, 4, 2, 52), (64, 64, 3, 3, 3), 1, (1, 1, 1, 1, 1, 1), 1, "zeros,replicate,zeros")
@@ -275,14 +275,16 @@ def test_eligibility_and_box_width(monkeypatch):
     # in the forward: the Triton TMA forward lost to the pointer kernel wherever Gluon does not run it (H200, H100).
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
     long_rows = conv_geometry((1, 64, 4, 64, 256), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
-    # (replicate_d's forward is split over its reduction to fill 132 SMs: on one-warpgroup Gluon tiles where Gluon
-    # runs, else the pointer kernel; long_rows' is not split)
+    # (replicate_d's and spatial's forwards are split over their reduction to fill 132 SMs: on one-warpgroup Gluon
+    # tiles where Gluon runs, spatial's border ring split alike on the pointer kernel, else the pointer kernel;
+    # long_rows' is not split)
     assert heuristic_config("fwd", replicate_d, torch.bfloat16, 132, 90).split_k > 1
     for unavailable, box in ((None, "gluon"), ("a Triton without Gluon", "tma")):
         monkeypatch.setattr(conv_gluon, "UNAVAILABLE", unavailable)
         for problem, variants in (
             (replicate_d, ["gluon" if box == "gluon" else "pointer", box, box]), (causal, ["pointer", box, "pointer"]),
-            (spatial, ["pointer", box, "pointer"]), (long_rows, ["pointer" if box == "tma" else box, box, box]),
+            (spatial, ["gluon" if box == "gluon" else "pointer", box, "pointer"]),
+            (long_rows, ["pointer" if box == "tma" else box, box, box]),
         ):  # fmt: skip
             chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90) for d in ("fwd", "dgrad", "wgrad")]
             assert [c.variant for c in chosen] == variants
@@ -488,6 +490,58 @@ def test_border_modes_in_h_and_w_through_tma_interior_and_pointer_strips(modes_h
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < tolerance(torch.float32)
     assert launches == ["fwd", "dgrad", "wgrad"]
+
+
+# Borders in H or W that read input voxels, as the forward cuts them into an interior and a ring (kernel, padding,
+# modes): LTX-2's decoder's reflect; two rows on top and one below; a border in W alone (the ring is columns); in
+# H alone (whole rows).
+RING_BORDERS = [
+    ((3, 3, 3), (1, 1, 1, 1, 1, 1), "zeros,reflect,reflect"),
+    ((1, 5, 3), (0, 0, 2, 1, 1, 1), "zeros,replicate,circular"),
+    ((3, 3, 5), (2, 0, 0, 0, 2, 2), "replicate,zeros,reflect"),
+    ((3, 3, 1), (1, 1, 1, 1, 0, 0), "zeros,replicate,zeros"),
+]
+
+
+def bordered_forward(kernel, padding, modes, box_config, monkeypatch, dtype=torch.float32, device="cpu"):
+    """conv_fwd.conv3d_fwd of a bordered problem at `box_config(geom)` (with its bias), float64's of the padded
+    input, and the (kernel name, grid, RING) of its launches."""
+    x = torch.randn(2, 16, 3, 6, 7, device=device).to(dtype).contiguous(memory_format=CL)
+    w = torch.randn(24, 16, *kernel, device=device).to(dtype).contiguous(memory_format=CL)
+    bias = torch.randn(24, device=device).to(dtype)
+    geom = conv_geometry(x.shape, w.shape, 1, padding, 1, modes)
+    launched = []
+    for module in (conv_fwd, conv_tma, conv_gluon):
+        real = module.launch
+        monkeypatch.setattr(module, "launch", lambda k, grid, *a, _real=real, **kw: [
+            launched.append((k.__name__, grid, kw.get("RING"))), _real(k, grid, *a, **kw)][1])  # fmt: skip
+    y = conv_fwd.conv3d_fwd(x, w, bias, None, geom, box_config(geom))
+    padded = x.double()
+    d_pads, h_pads, w_pads = (0,) * 4 + padding[:2], (0, 0, *padding[2:4], 0, 0), padding[4:] + (0,) * 4
+    for pads, mode in zip((d_pads, h_pads, w_pads), modes.split(","), strict=True):
+        padded = torch.nn.functional.pad(padded, pads, mode="constant" if mode == "zeros" else mode)
+    want = torch.nn.functional.conv3d(padded, w.double(), bias.double())
+    assert y.is_contiguous(memory_format=CL)
+    return y, want, launched
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
+def test_bordered_forward_splits_over_its_interior_and_one_ring_launch(
+    kernel, padding, modes, split_k, monkeypatch, device
+):
+    """A forward whose border in H or W reads input voxels, on a box config: the interior on the TMA kernel, every
+    border voxel in one pointer launch over the frames' rings (utils.ring_voxel), both in the config's splits of
+    the reduction (small_grid_twin's on the Gluon kernel), against float64 of the padded input."""
+    config = KernelConfig(16, 16, 16, 4, 2, split_k=split_k)
+    y, want, launched = bordered_forward(
+        kernel, padding, modes, lambda geom: with_tma(config, geom, "fwd"), monkeypatch, device=device
+    )  # fmt: skip
+    assert rel_l2(y, want) < tolerance(torch.float32)
+    assert [(name, grid[-1] if ring else None, ring) for name, grid, ring in launched] == [
+        ("_conv3d_tma_kernel", None, None),
+        ("_conv3d_fwd_kernel", split_k, True),  # split_k splits of 27 x 1, 5 x 3 x 1 or 9 x 1 steps each
+    ]
 
 
 @triton.jit

@@ -34,6 +34,7 @@ from .utils import (
     grouped_tile,
     mma,
     ndhwc,
+    ring_voxel,
     run_aligned,
     runs_aligned,
     second_source_arguments,
@@ -54,8 +55,10 @@ def _conv3d_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr,
     # sizes (D_IN counts the P_FRAMES frames of the second source p in front of x along D; p starts P_DELTA
     # elements from x_ptr; C_IN counts the C_IN - C_A channels of the second source q after x's C_A along C, q
-    # starting Q_DELTA elements from x_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
+    # starting Q_DELTA elements from x_ptr; a split-K program reduces SPLIT_STEPS of the K steps; with RING, M
+    # counts the voxels of each frame's ring, RING_TOP / BOTTOM rows and RING_LEFT / RIGHT columns wide)
     M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, C_A, Q_DELTA, SPLIT_STEPS,
+    RING_TOP, RING_BOTTOM, RING_LEFT, RING_RIGHT,
     # strides, in elements, in logical (N, C, D, H, W) order (p, q: N, D, H, W; their channels are unit-stride
     # as x's; y's splits lie stride_ys apart)
     stride_xn, stride_xc, stride_xd, stride_xh, stride_xw,
@@ -70,7 +73,7 @@ def _conv3d_fwd_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr,
     DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
-    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
+    RING: tl.constexpr, PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -101,6 +104,9 @@ def _conv3d_fwd_kernel(
     channels, zeros elsewhere.
     Split-K (grid axis 2): program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) into split s of an fp32
     y, the bias in split 0's; split_k.sum_splits adds the splits.
+    With RING the rows are the voxels of each output frame's border ring only (utils.ring_voxel): where a box kernel
+    computes the interior of a forward whose border in H or W reads input voxels, this one launch computes the
+    rest (conv_fwd.conv3d_fwd).
     """
     if RUN > 1:  # multiples of RUN, as the compiler can see (utils.run_aligned)
         C_IN = run_aligned(C_IN, RUN)  # a group's channels (its first one's offset)
@@ -142,7 +148,11 @@ def _conv3d_fwd_kernel(
         offs_n = offs_o
         mask_n = offs_n < C_OUT
 
-    n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, ROW)
+    if RING:
+        tl.static_assert(not W_TAPS, "RING: one output voxel a row")
+        n, od, oh, ow = ring_voxel(offs_m, D_OUT, H_OUT, W_OUT, RING_TOP, RING_BOTTOM, RING_LEFT, RING_RIGHT)
+    else:
+        n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, ROW)
     # The input voxel under tap (0, 0, 0); coordinates fit int32, offsets from them need int64.
     d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
     h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
@@ -266,17 +276,19 @@ def conv3d_fwd(
     bias = bias.contiguous() if bias is not None else None  # the epilogue reads it with unit stride
     if config.direct:  # depthwise, zeros padding, one source (configs.direct_eligible; channels concatenated)
         return depthwise_fwd(x, weight, bias, y, geom, config)
-    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
-        # The box kernels read zeros past H and W: they compute the interior, the pointer kernel the border.
-        for part, view, box in border_parts(geom, y):
-            part_config = dataclasses.replace(config if box else border_strip_config(config), split_k=1)
-            steps = k_splits("fwd", part, part_config)[0]
-            _launch(x, weight, bias, frames_before, channels_after, view, part, part_config, steps, diag)
-        return y
     per_split, splits = k_splits("fwd", geom, config)
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
-    _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)
+    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
+        # The box kernels read zeros past H and W: they compute the interior, and one pointer launch the ring of
+        # border voxels around it, with the modes, in the same splits (its steps are the box kernels': one tap's
+        # channel block each, the same BLOCK_K).
+        interior, view = interior_part(geom, out)
+        _launch(x, weight, bias, frames_before, channels_after, view, interior, config, per_split, diag)
+        ring = border_strip_config(config)
+        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, ring, per_split, diag, True)
+    else:
+        _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)
     return y if splits == 1 else sum_splits(out, y)
 
 
@@ -298,58 +310,75 @@ def border_widths(geom: ConvGeometry) -> tuple[int, int, int, int]:
     return top, bottom, left, right
 
 
-def border_parts(geom: ConvGeometry, y: torch.Tensor):
-    """A stride-1 forward (in H and W) whose border in H or W reads input voxels (replicate, reflect, circular), cut
-    into parts of its output: (geometry, view of y, whether a box kernel may compute it). The interior, whose taps
-    all stay inside the input in those dimensions, reads no border there: the box kernels' zeros (none is read)
-    serve, and its geometry has no padding in them. Each border strip (the rows of the front and back padding at
-    full width, then the columns of the left and right one) keeps the modes, for the pointer kernel; its front
-    padding is moved by the strip's first row or column (negative past the border: every coordinate reads what it
-    read in the whole). configs.tma_eligible asks for a non-empty interior. The weight gradient reduces over the
-    same parts of grad_out (y's shape), each into partial sums of its own (conv_wgrad)."""
+def interior_part(geom: ConvGeometry, y: torch.Tensor) -> tuple[ConvGeometry, torch.Tensor]:
+    """The interior of a stride-1 forward (in H and W) whose border in H or W reads input voxels (replicate,
+    reflect, circular): (its geometry, its view of `y`, or of any tensor laid out as y in H and W: the fp32 partial
+    sums of y, grad_out). Its taps all stay inside the input in those dimensions, so it reads no border there: the
+    box kernels' zeros (none is read) serve, and its geometry has no padding and zeros modes in them, its front
+    padding moved by its first row and column. configs.tma_eligible asks for a non-empty interior."""
     d_out, h_out, w_out = geom.out_size
     top, bottom, left, right = border_widths(geom)
-    rows, cols = (top, h_out - bottom), (left, w_out - right)
+    padding = list(geom.padding)
+    padding[2:] = padding[2] - top, padding[3] - bottom, padding[4] - left, padding[5] - right
+    modes = check_padding_mode((geom.dim_modes[0], "zeros", "zeros"))
+    size = (d_out, h_out - top - bottom, w_out - left - right)
+    part = dataclasses.replace(geom, out_size=size, padding=tuple(padding), padding_mode=modes)
+    return part, y[:, :, :, top : h_out - bottom, left : w_out - right]
 
-    def part(row_range, col_range, box):
+
+def border_parts(geom: ConvGeometry, y: torch.Tensor):
+    """interior_part's problem cut into parts of its output: (geometry, view of y, whether a box kernel may compute
+    it), the interior, then each border strip (the rows of the front and back padding at full width, then the
+    columns of the left and right one), which keeps the modes, for the pointer kernel; its front padding is moved
+    by the strip's first row or column (negative past the border: every coordinate reads what it read in the
+    whole). The weight gradient reduces over these parts of grad_out (y's shape), each into partial sums of its own
+    (conv_wgrad); the forward computes the strips as one ring (conv3d_fwd)."""
+    yield (*interior_part(geom, y), True)
+    d_out, h_out, w_out = geom.out_size
+    top, bottom, left, right = border_widths(geom)
+
+    def strip(row_range, col_range):
         (r0, r1), (c0, c1) = row_range, col_range
         padding = list(geom.padding)
         padding[2] -= r0
         padding[4] -= c0
-        modes = geom.padding_mode
-        if box:  # the interior: no padding left in a dimension whose border reads voxels
-            padding[3] -= bottom
-            padding[5] -= right
-            modes = check_padding_mode((geom.dim_modes[0], "zeros", "zeros"))
-        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(padding), padding_mode=modes)
-        return sub, y[:, :, :, r0:r1, c0:c1], box
+        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(padding))
+        return sub, y[:, :, :, r0:r1, c0:c1], False
 
-    yield part(rows, cols, True)
-    for strip in ((0, top), (h_out - bottom, h_out)):
-        if strip[1] > strip[0]:
-            yield part(strip, (0, w_out), False)
-    for strip in ((0, left), (w_out - right, w_out)):
-        if strip[1] > strip[0]:
-            yield part(rows, strip, False)
+    for rows in ((0, top), (h_out - bottom, h_out)):
+        if rows[1] > rows[0]:
+            yield strip(rows, (0, w_out))
+    for cols in ((0, left), (w_out - right, w_out)):
+        if cols[1] > cols[0]:
+            yield strip((top, h_out - bottom), cols)
 
 
-def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag=(0, 0)):
+def _launch_pointer_kernel(
+    x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag=(0, 0), ring=False
+):
+    """The pointer kernel over the whole output, or with `ring` over the border voxels alone (border_widths), one
+    tap's channel block a step (neither packed taps nor W-tap columns: the box kernels' steps, which the ring's
+    splits share)."""
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     upcast, precision = dot_flags(x.dtype)
-    view = gemm_view("fwd", geom)  # rows: output voxels, or W-extended output rows (w_tap_columns)
-    c_in, c_out, w_taps = geom.group_in_channels, geom.group_out_channels, w_tap_columns("fwd", geom)
-    packed = packs_taps("fwd", geom)
+    c_in, c_out = geom.group_in_channels, geom.group_out_channels
+    w_taps = 0 if ring else w_tap_columns("fwd", geom)
+    packed = not ring and packs_taps("fwd", geom)
     splits = out.shape[0] // geom.batch
-    tiles = (
-        w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(view.rows, config.block_m), cdiv(c_out, config.block_n))
-    )
+    widths = border_widths(geom) if ring else (0, 0, 0, 0)
+    if ring:  # each frame's voxels within the border widths
+        (d_out, h_out, w_out), (top, bottom, left, right) = geom.out_size, widths
+        rows = geom.batch * d_out * ((top + bottom) * w_out + (h_out - top - bottom) * (left + right))
+    else:
+        rows = gemm_view("fwd", geom).rows  # output voxels, or W-extended output rows (w_tap_columns)
+    tiles = w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(rows, config.block_m), cdiv(c_out, config.block_n))
     grid = (tiles[0] * tiles[1], geom.groups, splits)
     launch(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,
-        view.rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
-        q_delta, per_split,
+        rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
+        q_delta, per_split, *widths,
         *x.stride(), *p_strides, *q_strides, *weight.stride(),
         geom.batch * out.stride(0) if splits > 1 else 0, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
@@ -359,7 +388,7 @@ def _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, 
         if diag[0] else 1,
         W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
-        HAS_AFTER=channels_after is not None,
+        HAS_AFTER=channels_after is not None, RING=ring,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -295,7 +295,8 @@ def conv3d_wgrad(
     x, channels_after, geom = channel_sources("wgrad", x, channels_after, geom, config)
     # The parts of the reduction over output voxels: all of them, or, where a box kernel runs a layer whose border
     # in H or W reads input voxels, the interior on it and the border strips on the pointer kernel
-    # (conv_fwd.border_parts, as the forward), each part's fp32 partial sums in splits of their own.
+    # (conv_fwd.border_parts: the forward's interior, its border in four strips), each part's fp32 partial sums in
+    # splits of their own.
     if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
         pointer = border_strip_config(config)
         parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]

@@ -50,6 +50,28 @@ def split_voxel(offs, D, H, W):
 
 
 @triton.jit
+def ring_voxel(offs, D, H, W, TOP, BOTTOM, LEFT, RIGHT):
+    """Linear index over (N, D, ring) -> its four coordinates (n, d, h, w), a frame's ring being its voxels within
+    TOP rows of its top edge or BOTTOM of its bottom one (whole rows, in order), then those of the rows between
+    within LEFT columns of its left edge or RIGHT of its right one (row by row, left columns first). The rows
+    between are not empty (H > TOP + BOTTOM, W > LEFT + RIGHT: the interior a box kernel computes)."""
+    full = (TOP + BOTTOM) * W  # the whole rows' voxels
+    sides = LEFT + RIGHT
+    r = offs % (full + (H - TOP - BOTTOM) * sides)
+    rest = offs // (full + (H - TOP - BOTTOM) * sides)
+    d = rest % D
+    n = rest // D
+    row = r // W  # among the whole rows, TOP of them above
+    row_h = tl.where(row < TOP, row, H - BOTTOM - TOP + row)
+    s = tl.maximum(r - full, 0)  # among the side columns
+    col = s % tl.maximum(sides, 1)
+    side_h = TOP + s // tl.maximum(sides, 1)
+    side_w = tl.where(col < LEFT, col, W - sides + col)
+    in_rows = r < full
+    return n, d, tl.where(in_rows, row_h, side_h), tl.where(in_rows, r % W, side_w)
+
+
+@triton.jit
 def voxel_steps(start, D, H, W, BLOCK: tl.constexpr):
     """The int32 coordinates (n, d, h, w) of voxels start .. start + BLOCK - 1 over (N, D, H, W), divided out once,
     and BLOCK's digits in that radix, for next_voxels: a loop over voxels then advances them without dividing

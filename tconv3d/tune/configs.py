@@ -482,7 +482,7 @@ def heuristic_config(
     A problem whose reduction or columns pack (tap, channel) pairs (packs_taps: fewer than 16 channels a tap; the
     weight gradient's packs_out_taps) keeps the pointer kernel, the only one that packs them, and so does a forward
     (input gradient) of fewer than 16 output (input) channels whose W taps are its columns (config.w_tap_columns).
-    A forward reading frames_before or bordered in H or W (its interior on a box kernel, its border strips on the
+    A forward reading frames_before or bordered in H or W (its interior on a box kernel, its border ring on the
     pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode
@@ -490,10 +490,11 @@ def heuristic_config(
     Three rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
-    where they do not, a plain one (no second source, zeros borders in H and W) takes the split one-warpgroup Gluon
-    tiles (small_grid_twin: hunyuan_512's and unet_320's forwards and input gradients, the suite's worst, ran at
-    9-40% of the peak on the pointer and Triton TMA kernels, whose Gluon twins keep both operands in shared memory
-    and one wgmma group in flight; the Triton TMA kernel waits for each); a
+    where they do not, one with no second source takes the split one-warpgroup Gluon tiles (small_grid_twin:
+    hunyuan_512's and unet_320's forwards and input gradients, the suite's worst, ran at 9-40% of the peak on the
+    pointer and Triton TMA kernels, whose Gluon twins keep both operands in shared memory and one wgmma group in
+    flight; the Triton TMA kernel waits for each; a forward bordered in H or W, LTX-2's reflect layers of few tiles,
+    its interior so and its border ring in the same splits); a
     forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
     descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
     H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
@@ -516,7 +517,7 @@ def heuristic_config(
         # (tap, channel) pairs as rows of a step: 8.52 ms on the pointer kernel (fill 96%), 13.45 on the Gluon
         # kernel's 16-deep steps, 8 of them real (H100 run 15); the input gradient of 8 output channels mirrors it.
         return config
-    borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and strips
+    borders = geom.dim_modes[1:] != ("zeros", "zeros") and direction != "dgrad"  # the interior and ring
     second_source = geom.out_after_channels > 0 if direction == "dgrad" else geom.prefix_frames or geom.after_channels
     # The video VAE decoders' forwards, reading cached frames (Wan) or bordered by replicate (HunyuanVideo, Mochi),
     # ran 1.7-2.8x faster on the warp-specialized Gluon kernel than on the pointer kernels (H100 run 15: 0.569 ms
@@ -532,9 +533,10 @@ def heuristic_config(
     gluon = gluon and gluon_eligible(direction, geom, dtype)
     if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count)
-        if config.block_m == 64 and not (borders or second_source):
-            # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (not where the split would
-            # meet border strips or a second source, which no split Gluon launch has run with)
+        if config.block_m == 64 and not second_source:
+            # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (a bordered forward's
+            # interior and border ring in the same splits; not with a second source, whose split Gluon launches
+            # no test has run)
             small = small_grid_twin(direction, geom, config, sm_count, dtype.itemsize)
             if small is not None:
                 return whole_steps_twin(direction, geom, small, dtype.itemsize) or small
@@ -648,8 +650,9 @@ def small_grid_twin(
     over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the heuristic's,
     whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the tiles alone
     fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. The sm_90
-    heuristic's for such plain layers (heuristic_config; not with timed_only, bench.variants' timed_only row), a GPU
-    has yet to time it."""
+    heuristic's for such layers with one source (heuristic_config; a forward bordered in H or W by another mode
+    than zeros runs its interior so and its border ring on the pointer kernel in the same splits; not with
+    timed_only, bench.variants' timed_only row), a GPU has yet to time it."""
     if direction == "wgrad":
         return None
     view = gemm_view(direction, geom)
@@ -847,8 +850,8 @@ def tma_eligible(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool
     second_source = geom.prefix_frames or geom.after_channels
     runs = direction == "dgrad" or (mode_h == mode_w == "zeros" and (not second_source or s_h * s_w == 1))
     # Another mode in H or W: the forward and the weight gradient at stride 1 there compute (reduce over) the
-    # interior on the box kernels and the border strips on the pointer kernel (conv_fwd.border_parts), where an
-    # interior is left.
+    # interior on the box kernels and the border on the pointer kernel (conv_fwd.interior_part), where an interior
+    # is left.
     if direction != "dgrad" and not runs and s_h == s_w == 1:
         runs = interior_left(geom)
     _, h, w = geom.in_size
