@@ -156,8 +156,8 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
 
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
     """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack and
-    skip scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them (the skip
-    scenario's convs, not its transposed conv: pointer kernels, quick to compile there)."""
+    skip scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them (of the skip
+    scenario's transposed conv, its forward: its backward's are plain launches)."""
     from bench import run
     from tconv3d.tune import choice
     from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
@@ -176,12 +176,10 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
     if "skip" in scenarios.split(","):  # bench_skip: forward (also as TCONV3D_KERNELS=pointer) and both gradients
         bf16 = DTYPES_BY_NAME["bf16"]
         for _, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
-            if transposed:
-                continue
-            for direction, geom in run.skip_geometries(batch, channels, size, cout).items():
+            for direction, geom in run.skip_geometries(batch, channels, size, cout, transposed).items():
                 config = choice.pick_config(direction, geom, bf16, device)
                 launches.append((direction, geom, bf16, config))
-                if direction == "fwd":
+                if direction == "fwd" or transposed:  # the forward's pointer column
                     launches.append(
                         (direction, geom, bf16, choice.force_variant(direction, geom, bf16, config, "pointer"))
                     )

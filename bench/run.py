@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import functools
 import math
@@ -402,11 +403,16 @@ def _forced(variant: str, forward):
     return run
 
 
-def skip_geometries(batch: int, channels: int, size, cout: int) -> dict:
-    """A SKIP_LAYERS conv's (not transposed) geometries by the direction that launches them: the forward and the
-    weight gradient read [x, skip] in place (channels_after), the input gradient is the concatenation's."""
+def skip_geometries(batch: int, channels: int, size, cout: int, transposed: bool = False) -> dict:
+    """A SKIP_LAYERS conv's geometries by the direction that launches them: the forward and the weight gradient read
+    [x, skip] in place (channels_after), the input gradient is the concatenation's. A transposed up conv's forward
+    alone: the input gradient of the stride-2 conv it transposes, reading the skip after x's channels
+    (out_after_channels)."""
     from tconv3d.geometry import conv_geometry
 
+    if transposed:  # stride 2, padding 1, output_padding 1: twice the size
+        geom = conv_geometry((batch, cout, *(2 * s for s in size)), (2 * channels, cout, 3, 3, 3), 2, 1, 1)
+        return {"dgrad": dataclasses.replace(geom, out_after_channels=channels)}
     weight = (cout, 2 * channels, 3, 3, 3)
     in_place = conv_geometry((batch, channels, *size), weight, 1, 1, 1, after_channels=channels)
     return {"fwd": in_place, "dgrad": conv_geometry((batch, 2 * channels, *size), weight, 1, 1, 1), "wgrad": in_place}
@@ -415,8 +421,8 @@ def skip_geometries(batch: int, channels: int, size, cout: int) -> dict:
 def bench_skip() -> list[dict]:
     """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
     two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv); time and peak memory,
-    fwd and fwd+bwd (the gradients of both inputs and the weight). The conv's forward also as TCONV3D_KERNELS=pointer
-    runs it (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for it (configs.heuristic_config) on the
+    fwd and fwd+bwd (the gradients of both inputs and the weight). The forward also as TCONV3D_KERNELS=pointer runs
+    it (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for both (configs.heuristic_config) on the
     timings of one-source layers."""
 
     def activation(batch, channels, size):
@@ -435,6 +441,9 @@ def bench_skip() -> list[dict]:
         True: {
             "cat_then_cudnn": lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], dim=1), w, **up),
             "tconv3d": lambda x, skip, w: tconv3d.conv_transpose3d(x, w, **up, channels_after=skip),
+            "tconv3d_pointer": _forced(
+                "pointer", lambda x, skip, w: tconv3d.conv_transpose3d(x, w, **up, channels_after=skip)
+            ),
         },
     }
     rows = []

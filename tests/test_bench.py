@@ -715,9 +715,9 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
 
 def test_skip_scenario_plans_the_geometries_its_launches_check():
     """bench's skip scenario: skip_geometries are the geometries the op's three launches check (the forward and the
-    weight gradient reading the skip in place, the input gradient the concatenation's), which bench.precompile
-    compiles ahead; kernels_forced chooses as TCONV3D_KERNELS would from a memo of its own and puts the process's
-    setting and memo back."""
+    weight gradient reading the skip in place, the input gradient the concatenation's; a transposed up conv's
+    forward), which bench.precompile compiles ahead; kernels_forced chooses as TCONV3D_KERNELS would from a memo of
+    its own and puts the process's setting and memo back."""
     from tconv3d import settings
     from tconv3d.geometry import check_conv3d, check_input_grad, check_weight_grad
     from tconv3d.tune import choice
@@ -729,6 +729,17 @@ def test_skip_scenario_plans_the_geometries_its_launches_check():
     assert geoms["fwd"] == check_conv3d(x, w, None, 1, 1, 1, 1, channels_after=skip) and geoms["fwd"].after_channels
     assert geoms["dgrad"] == check_input_grad(grad, w, [1, 8, 3, 4, 5], [1] * 3, [1] * 6, [1] * 3)
     assert geoms["wgrad"] == check_weight_grad(grad, x, w.shape, [1] * 3, [1] * 6, [1] * 3, channels_after=skip)
+    # the transposed up conv's forward: the input gradient of the conv it transposes, the skip after x's channels
+    import tconv3d
+    from bench import census
+
+    x, skip = (torch.empty(1, 4, 3, 4, 5, device="meta").contiguous(memory_format=cl) for _ in range(2))
+    with census._ConvGeometries() as seen:
+        tconv3d.conv_transpose3d(
+            x, torch.empty(8, 6, 3, 3, 3, device="meta"), stride=2, padding=1, output_padding=1, channels_after=skip
+        )  # fmt: skip
+    transposed = run.skip_geometries(1, 4, (3, 4, 5), 6, transposed=True)
+    assert list(seen.counts) == [("dgrad", transposed["dgrad"])] and transposed["dgrad"].out_after_channels == 4
     kernels, memo = settings.KERNELS, choice._memo
     with run.kernels_forced("pointer"):
         assert settings.KERNELS == "pointer" and choice._memo is not memo

@@ -667,11 +667,36 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
     assert h100("wgrad", plain) == h100("wgrad", plain, timed_only=True)
 
 
+def test_a_transposed_conv_of_a_concatenation_takes_the_gluon_input_gradient(monkeypatch):
+    """MONAI UNet's up convs (a transposed conv of [upsampled, skip]: the input gradient of a stride-2 conv reading
+    the skip in place after grad_out's channels) take the persistent Gluon kernel as a plain input gradient does,
+    32 + 32 channels a tap in two full 32-deep steps, not two half-empty 64-deep ones (whole_steps_twin); not with
+    timed_only (bench's skip scenario times both), not split (no split Gluon launch has read a second source), not
+    on sm_80."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    bf16 = torch.bfloat16
+
+    def h100(geom, **options):
+        return configs.heuristic_config("dgrad", geom, bf16, 132, 90, **options)
+
+    up = dataclasses.replace(conv_geometry((1, 16, 64, 64, 64), (64, 16, 3, 3, 3), 2, 1, 1), out_after_channels=32)
+    plain = conv_geometry((1, 16, 64, 64, 64), (64, 16, 3, 3, 3), 2, 1, 1)
+    chosen = h100(up)
+    assert (chosen.gluon, chosen.block_k, chosen.split_k) == (2, 32, 1)
+    assert configs.mma_fill("dgrad", up, chosen) == 1.0
+    assert configs.mma_fill("dgrad", up, dataclasses.replace(chosen, block_k=64)) == 0.5
+    assert h100(plain).gluon == 2 and h100(plain).block_k == 64  # one source of 64: whole 64-deep steps
+    assert h100(up, timed_only=True).variant == "pointer"
+    assert configs.heuristic_config("dgrad", up, bf16, 132, 80).variant == "pointer"
+    few = dataclasses.replace(conv_geometry((1, 64, 16, 16, 16), (384, 64, 3, 3, 3), 2, 1, 1), out_after_channels=192)
+    assert h100(few).split_k > 1 and h100(few).variant == "pointer"
+
+
 def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
     """A UNet decoder's convolution of [upsampled, skip] reading the skip in place (channels_after): its forward on
     the persistent Gluon kernel as a plain one's (MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs in these
-    on the pointer kernel), not with timed_only (bench's skip scenario times both), not where a border mode in H or
-    W parts it into interior and strips; its gradients as they were (the weight gradient on the pointer kernel, the
+    on the pointer kernel), each source's channels in whole steps (whole_steps_twin), not with timed_only (bench's
+    skip scenario times both), not where a border mode in H or W parts it into interior and ring; its gradients as they were (the weight gradient on the pointer kernel, the
     input gradient reads no second source)."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     bf16 = torch.bfloat16
@@ -681,7 +706,12 @@ def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
     def h100(direction, geom, **options):
         return configs.heuristic_config(direction, geom, bf16, 132, 90, **options)
 
-    assert h100("fwd", skip) == h100("fwd", plain) and h100("fwd", skip).gluon == 2
+    # as the plain one's, but each source's 32 channels in a whole 32-deep step, not half of a 64-deep one
+    chosen = h100("fwd", skip)
+    assert dataclasses.replace(h100("fwd", plain), block_k=32, num_stages=chosen.num_stages) == chosen
+    assert (chosen.gluon, h100("fwd", plain).block_k) == (2, 64)
+    assert conv_gluon.programs_an_sm(chosen, 2, weight_grad=False) == 2
+    assert configs.mma_fill("fwd", skip, h100("fwd", skip)) == 1.0
     assert h100("fwd", skip, timed_only=True).variant == "pointer"
     assert h100("wgrad", skip).variant == "pointer" and h100("wgrad", plain).gluon == 2
     bordered = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, "zeros,replicate,replicate", 0, 1, 32)

@@ -487,7 +487,7 @@ def heuristic_config(
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode
     along D alone leaves the box loops as they are.
-    Three rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Four rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, one with no second source takes the split one-warpgroup Gluon tiles (small_grid_twin:
@@ -498,7 +498,10 @@ def heuristic_config(
     forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
     descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
     H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
-    pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels)."""
+    pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels); and an input gradient
+    reading channels_after after grad_out's channels (a transposed conv of a concatenation: MONAI UNet's up convs,
+    13% of its forward's FLOPs on the pointer kernel), unsplit, takes the Gluon kernel as a plain one does, each
+    source's channels in whole steps (whole_steps_twin)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -524,9 +527,12 @@ def heuristic_config(
     # against 1.571, 1.765 against 3.831, 2.946 against 4.888); their gradients and channels_after are not timed
     # (a channels_after forward takes the Gluon kernel all the same, but with timed_only: see the docstring).
     timed = direction == "fwd" and (not geom.after_channels or not (timed_only or borders))
+    # A transposed conv of a concatenation (MONAI UNet's up convs: an input gradient reading the skip connection in
+    # place after grad_out's channels) takes the Gluon kernel as a plain input gradient does, not with timed_only.
+    after_dgrad = direction == "dgrad" and geom.out_after_channels > 0 and not timed_only
     if capability < TMA_MIN_CAPABILITY or not tma_eligible(direction, geom, dtype):
         return config
-    if (second_source or borders) and not timed:
+    if (second_source or borders) and not (timed or after_dgrad):
         return config
     strided = tuple(geom.stride) != (1, 1, 1)
     gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
@@ -542,9 +548,11 @@ def heuristic_config(
                 return whole_steps_twin(direction, geom, small, dtype.itemsize) or small
     if direction == "fwd" and (strided or config.split_k > 1):
         return config
-    if gluon and gluon_takes(config):
+    if gluon and gluon_takes(config) and not (after_dgrad and config.split_k > 1):
         persistent = with_gluon(config, geom, direction, specialized=True)
         return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
+    if after_dgrad:  # off the Gluon kernel: the pointer one (the Triton TMA one reading two sources is not timed)
+        return config
     return config if strided or direction == "fwd" else with_tma(config, geom, direction)
 
 
@@ -676,15 +684,17 @@ def whole_steps_twin(
     """The persistent Gluon forward's or input gradient's `config` with reduction steps half as deep where a tap's
     channels fill whole steps only so: Wan's 96-channel decoder layers read a tap in two 64-deep steps, the second
     half empty (mma_fill 0.56 with 96 columns of 128), and in three full 32-deep ones (0.75: 1.33x less MMA work),
-    on a ring twice as deep (the same bytes in flight) or the deepest that keeps the programs an SM it has. None
-    elsewhere: the weight gradient (it reduces over voxels), other kernels, channels that fill their steps already
-    or not half ones, two sources along the channels (their blocks are the sources')."""
-    channels = geom.group_out_channels if direction == "dgrad" else geom.group_in_channels
-    second = geom.out_after_channels if direction == "dgrad" else geom.after_channels
+    on a ring twice as deep (the same bytes in flight) or the deepest that keeps the programs an SM it has. With two
+    sources along the channels each fills steps of its own (config.channel_blocks): MONAI UNet's up conv of 32 + 32
+    channels reads a tap in two 64-deep steps, each half empty, and in two full 32-deep ones. None elsewhere: the
+    weight gradient (it reduces over voxels), other kernels, sources that fill their steps already or not half
+    ones."""
+    sources = geom.out_channel_sources if direction == "dgrad" else geom.channel_sources
+    sources = [channels for channels in sources if channels]  # with one source: its channels (groups == 1 here)
     half = config.block_k // 2
-    if direction == "wgrad" or config.gluon != 2 or second or half < MIN_TILE:
+    if direction == "wgrad" or config.gluon != 2 or half < MIN_TILE:
         return None
-    if channels % config.block_k == 0 or channels % half:
+    if all(channels % config.block_k == 0 for channels in sources) or any(channels % half for channels in sources):
         return None
     programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
     for stages in range(min(8, 2 * config.num_stages), config.num_stages - 1, -1):
