@@ -6,9 +6,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
-from tconv3d.geometry import triple
+from tconv3d.geometry import check_conv3d, check_input_grad, triple
+from tconv3d.kernels import conv_dgrad, conv_fwd
 from tconv3d.kernels.config import GROUPED_TAP_COLUMNS, KernelConfig, half_tail, wgrad_half_tails
 from tconv3d.testing import reference_conv3d
+from tconv3d.tune.configs import with_gluon
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -270,3 +272,35 @@ def half_tail_conv(tile: tuple, gluon: int, device, dtype=torch.bfloat16):
         return (lambda: conv_fwd.conv3d_fwd(x, w, b, None, geom, config)), expected
     expected = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=padding)
     return (lambda: conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)), expected
+
+
+def second_source_split(source: str, config: KernelConfig, device="cpu"):
+    """A forward reading frames_before or channels_after, or an input gradient reading channels_after after
+    grad_out's (a stride-2 transposed conv of a concatenation), at `config` (with_gluon'd to the problem) with its
+    reduction split: tconv3d's result, float64's, the config launched."""
+
+    def bf16(*shape):
+        return torch.randn(*shape, device=device).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+
+    x, other = bf16(1, 16, 3, 5, 6), bf16(1, 16, 2, 5, 6) if source == "frames_before" else bf16(1, 16, 3, 5, 6)
+    if source == "out_after":  # the transposed conv's weight, as the conv it transposes holds it: (32, 24, k)
+        w = bf16(32, 24, 3, 3, 3)
+        geom = check_input_grad(x, w, (1, 24, 6, 10, 12), [2] * 3, [1] * 6, [1] * 3, channels_after=other)
+        config = with_gluon(config, geom, "dgrad", specialized=config.gluon == 2)
+        got = conv_dgrad.conv3d_dgrad(x, w, geom, config, channels_after=other)
+        want = torch.nn.functional.conv_transpose3d(
+            torch.cat([x, other], 1).double(), w.double(), stride=2, padding=1, output_padding=1
+        )  # fmt: skip
+        return got, want, config
+    w = bf16(24, 32 if source == "channels_after" else 16, 3, 3, 3)
+    sources = {source: other}
+    geom = check_conv3d(x, w, None, [1] * 3, (0, 0, 1, 1, 1, 1) if source == "frames_before" else [1] * 6,
+                        [1] * 3, 1, **sources)  # fmt: skip
+    config = with_gluon(config, geom, "fwd", specialized=config.gluon == 2)
+    frames = other if source == "frames_before" else None
+    got = conv_fwd.conv3d_fwd(x, w, None, frames, geom, config, channels_after=sources.get("channels_after"))
+    if source == "frames_before":
+        want = torch.nn.functional.conv3d(torch.cat([other, x], 2).double(), w.double(), padding=(0, 1, 1))
+    else:
+        want = torch.nn.functional.conv3d(torch.cat([x, other], 1).double(), w.double(), padding=1)
+    return got, want, config

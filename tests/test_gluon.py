@@ -17,6 +17,7 @@ from helpers import (
     dtype_id,
     grouped_taps,
     half_tail_conv,
+    second_source_split,
     swapped_tiles,
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
@@ -198,6 +199,21 @@ def test_gluon_forward_splits_its_interior_beside_the_border_ring(kernel, paddin
         ("_conv3d_gluon_kernel", None),
         ("_conv3d_fwd_kernel", True),
     ]
+
+
+@pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])
+@pytest.mark.parametrize(("source", "split"), [("frames_before", 3), ("channels_after", 5), ("out_after", 6)])
+def test_gluon_split_reads_a_second_source(source, split, specialized, device):
+    """Wan's cached-frame layers of few tiles, a UNet decoder's small convs of a concatenation and MONAI UNet's deep
+    up conv as the sm_90 heuristic runs them (configs.small_grid_twin): the Gluon kernel's one-warpgroup tiles, the
+    reduction split over both sources' blocks, against float64. On CPU tests/test_gluon_emulated.py runs the same
+    through the emulator."""
+    if not gluon_runs(device):
+        pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
+    config = dataclasses.replace(KernelConfig(64, 16, 16, 4, 3, split_k=split), gluon=2 if specialized else 1)
+    got, want, launched = second_source_split(source, config, device)
+    assert launched.gluon == (2 if specialized else 1) and launched.split_k == split
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES_16, ids=dtype_id)

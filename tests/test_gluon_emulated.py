@@ -20,6 +20,7 @@ from helpers import (
     conv_and_reference,
     grouped_taps,
     half_tail_conv,
+    second_source_split,
     swapped_tiles,
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
@@ -241,6 +242,22 @@ def test_emulated_gluon_forward_splits_its_interior_beside_the_border_ring(kerne
         ("_conv3d_fwd_kernel", True),
     ]
     assert launched[1][1][-1] == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("source", "split"), [("frames_before", 3), ("channels_after", 5), ("out_after", 6)])
+def test_emulated_gluon_split_reads_a_second_source(source, split, mode, monkeypatch):
+    """Wan's cached-frame layers of few tiles, a UNet decoder's small convs of a concatenation and MONAI UNet's deep
+    up conv (configs.small_grid_twin): the Gluon kernel's one-warpgroup tiles, the reduction split over taps x
+    channel blocks of both sources (27 taps x 1 block in 3 splits of 9, taps 0-8 reading frames_before in part;
+    27 x 2 blocks in 5 of 11, the later splits starting in the second source's block; a stride-2 phase's 8 live taps
+    x 2 blocks in 6 of 3, likewise), against float64."""
+    with emulating(monkeypatch) as emulator:
+        config = dataclasses.replace(KernelConfig(64, 16, 16, 4, 3, split_k=split), gluon=MODES[mode])
+        got, want, launched = second_source_split(source, config)
+        assert launched.gluon == MODES[mode] and launched.split_k == split
+        assert emulator.launches == {"_conv3d_gluon_kernel": 1}
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("seed", range(1, 5))

@@ -625,8 +625,8 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
     384-channel cached layer at 2 x 64 x 64 (192 tiles of 128 x 128: 96 of 256 x 128 swapped) and a 96-tile layer
     (unswapped: half as many tiles would fill fewer SMs), not hunyuan_512 (160 tiles: the second round 21% busy) nor
     unet_320 (24), nor off sm_90, nor with timed_only (bench.variants' timed_only row: the pointer kernel, the
-    Triton TMA one for the input gradient). Those two, and LTX-2's reflect-bordered layers of few tiles, take the
-    split one-warpgroup Gluon tiles (small_grid_twin); not where a second source would meet the split Gluon launch."""
+    Triton TMA one for the input gradient). Those two, and LTX-2's reflect-bordered layers of few tiles (also with
+    cached frames), take the split one-warpgroup Gluon tiles (small_grid_twin)."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = {shape.name: shape for name in ("bench", "decoders") for shape in load_shape_set(name)}
     bf16 = torch.bfloat16
@@ -662,17 +662,17 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
         assert (timed.variant, timed.block_m) == ("pointer", 64), name
         assert h100("fwd", geom) == configs.small_grid_twin("fwd", geom, timed, 132, 2), name
         assert h100("fwd", geom).split_k > 1 and h100("fwd", geom).gluon == 2, name
-        cached = dataclasses.replace(geom, prefix_frames=2, padding=(0, 0, 1, 1, 1, 1))  # a second source
-        assert not h100("fwd", cached).gluon, name  # split on the pointer kernel, as before
+        cached = dataclasses.replace(geom, prefix_frames=2, padding=(0, 0, 1, 1, 1, 1))  # a second source too
+        assert h100("fwd", cached) == configs.small_grid_twin("fwd", cached, h100("fwd", cached, timed_only=True),
+                                                              132, 2), name  # fmt: skip
     assert h100("wgrad", plain) == h100("wgrad", plain, timed_only=True)
 
 
 def test_a_transposed_conv_of_a_concatenation_takes_the_gluon_input_gradient(monkeypatch):
     """MONAI UNet's up convs (a transposed conv of [upsampled, skip]: the input gradient of a stride-2 conv reading
     the skip in place after grad_out's channels) take the persistent Gluon kernel as a plain input gradient does,
-    32 + 32 channels a tap in two full 32-deep steps, not two half-empty 64-deep ones (whole_steps_twin); not with
-    timed_only (bench's skip scenario times both), not split (no split Gluon launch has read a second source), not
-    on sm_80."""
+    32 + 32 channels a tap in two full 32-deep steps, not two half-empty 64-deep ones (whole_steps_twin), a deep one
+    of few tiles split on one warpgroup; not with timed_only (bench's skip scenario times both), not on sm_80."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     bf16 = torch.bfloat16
 
@@ -688,16 +688,19 @@ def test_a_transposed_conv_of_a_concatenation_takes_the_gluon_input_gradient(mon
     assert h100(plain).gluon == 2 and h100(plain).block_k == 64  # one source of 64: whole 64-deep steps
     assert h100(up, timed_only=True).variant == "pointer"
     assert configs.heuristic_config("dgrad", up, bf16, 132, 80).variant == "pointer"
+    # a deep one of few tiles: split on one warpgroup (small_grid_twin), as a plain one
     few = dataclasses.replace(conv_geometry((1, 64, 16, 16, 16), (384, 64, 3, 3, 3), 2, 1, 1), out_after_channels=192)
-    assert h100(few).split_k > 1 and h100(few).variant == "pointer"
+    small = configs.small_grid_twin("dgrad", few, h100(few, timed_only=True), 132, 2)
+    assert h100(few) == small and (small.gluon, small.num_warps) == (2, 4) and small.split_k > 1
+    assert h100(few, timed_only=True).variant == "pointer"
 
 
 def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
     """A UNet decoder's convolution of [upsampled, skip] reading the skip in place (channels_after): its forward on
     the persistent Gluon kernel as a plain one's (MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs in these
     on the pointer kernel), each source's channels in whole steps (whole_steps_twin), not with timed_only (bench's
-    skip scenario times both), not where a border mode in H or W parts it into interior and ring; its gradients as they were (the weight gradient on the pointer kernel, the
-    input gradient reads no second source)."""
+    skip scenario times both), not where a border mode in H or W parts it into interior and ring; its gradients as
+    they were (the weight gradient on the pointer kernel, the input gradient reads no second source)."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     bf16 = torch.bfloat16
     skip = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)

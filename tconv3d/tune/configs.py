@@ -490,18 +490,19 @@ def heuristic_config(
     Four rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
-    where they do not, one with no second source takes the split one-warpgroup Gluon tiles (small_grid_twin:
-    hunyuan_512's and unet_320's forwards and input gradients, the suite's worst, ran at 9-40% of the peak on the
-    pointer and Triton TMA kernels, whose Gluon twins keep both operands in shared memory and one wgmma group in
-    flight; the Triton TMA kernel waits for each; a forward bordered in H or W, LTX-2's reflect layers of few tiles,
-    its interior so and its border ring in the same splits); a
+    where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
+    and input gradients, the suite's worst, ran at 9-40% of the peak on the pointer and Triton TMA kernels, whose
+    Gluon twins keep both operands in shared memory and one wgmma group in flight; the Triton TMA kernel waits for
+    each; a forward bordered in H or W, LTX-2's reflect layers of few tiles, its interior so and its border ring in
+    the same splits; one reading a second source, Wan's cached-frame layers of few tiles, its blocks among the
+    split steps); a
     forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
     descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
     H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
     pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels); and an input gradient
     reading channels_after after grad_out's channels (a transposed conv of a concatenation: MONAI UNet's up convs,
-    13% of its forward's FLOPs on the pointer kernel), unsplit, takes the Gluon kernel as a plain one does, each
-    source's channels in whole steps (whole_steps_twin)."""
+    13% of its forward's FLOPs on the pointer kernel) takes the Gluon kernel as a plain one does, each source's
+    channels in whole steps (whole_steps_twin)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -539,16 +540,15 @@ def heuristic_config(
     gluon = gluon and gluon_eligible(direction, geom, dtype)
     if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count)
-        if config.block_m == 64 and not second_source:
+        if config.block_m == 64:
             # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (a bordered forward's
-            # interior and border ring in the same splits; not with a second source, whose split Gluon launches
-            # no test has run)
+            # interior and border ring in the same splits; a second source's blocks among the split steps)
             small = small_grid_twin(direction, geom, config, sm_count, dtype.itemsize)
             if small is not None:
                 return whole_steps_twin(direction, geom, small, dtype.itemsize) or small
     if direction == "fwd" and (strided or config.split_k > 1):
         return config
-    if gluon and gluon_takes(config) and not (after_dgrad and config.split_k > 1):
+    if gluon and gluon_takes(config):
         persistent = with_gluon(config, geom, direction, specialized=True)
         return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
     if after_dgrad:  # off the Gluon kernel: the pointer one (the Triton TMA one reading two sources is not timed)
