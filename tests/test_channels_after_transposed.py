@@ -132,16 +132,26 @@ def _dgrad_problem(case, device):
     return check_input_grad(x, w, size, stride, padding, dilation, "zeros", groups, skip), x, w
 
 
-def test_heuristic_keeps_it_on_the_pointer_kernel():
-    """Until a GPU has timed it: the input gradient with a second source is 'untimed', as the forward's is (the
-    Triton TMA kernel branches between two descriptors, its pipeliner then keeping one stage)."""
-    from tconv3d.tune.configs import heuristic_config
+def test_heuristic_takes_the_gluon_kernel_off_timed_only(monkeypatch):
+    """On sm_90 the input gradient with a second source takes the persistent Gluon kernel as a plain one does (the
+    emulator and tests/test_gluon.py check it; bench's skip scenario times it), split on one warpgroup where its
+    tiles are few as a plain one's; with timed_only (what a GPU has timed alone) the pointer kernel, where the plain
+    one keeps its box kernel; never the Triton TMA kernel (it branches between two descriptors, its pipeliner then
+    keeping one stage)."""
+    from tconv3d.kernels import conv_gluon
+    from tconv3d.tune.configs import heuristic_config, small_grid_twin
 
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     geom, _, _ = _dgrad_problem(("s1", (1, 64, 4, 8, 8), 64, (128, 64, 3, 3, 3), 1, 1, 0, 1), "cpu")
     assert geom.out_after_channels == 64
-    assert not heuristic_config("dgrad", geom, torch.bfloat16, 132, 90).tma_box_w
     one_source = dataclasses.replace(geom, out_after_channels=0)
-    assert heuristic_config("dgrad", one_source, torch.bfloat16, 132, 90).tma_box_w
+    chosen, plain = (heuristic_config("dgrad", g, torch.bfloat16, 132, 90) for g in (geom, one_source))
+    assert chosen.gluon == 2 and chosen == plain  # 64 + 64 channels fill 64-deep steps as 128 do
+    timed = heuristic_config("dgrad", geom, torch.bfloat16, 132, 90, timed_only=True)
+    assert not timed.tma_box_w and chosen == small_grid_twin("dgrad", geom, timed, 132, 2)
+    assert heuristic_config("dgrad", one_source, torch.bfloat16, 132, 90, timed_only=True).tma_box_w
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", "a Triton without Gluon")
+    assert not heuristic_config("dgrad", geom, torch.bfloat16, 132, 90).tma_box_w
 
 
 def test_module_and_unbatched_forms(device):

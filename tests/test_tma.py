@@ -270,19 +270,20 @@ def test_eligibility_and_box_width(monkeypatch):
     strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
     assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
     # The heuristic on sm_90: a border mode along D keeps the box loops as they are; frames_before (a branch per step
-    # in the box loops) stays on the pointer kernels until a GPU has timed it, but in the input gradient. The box
+    # in the box loops) keeps the weight gradient on the pointer kernel until a GPU has timed it. The box
     # kernel is the warp-specialized Gluon one where this Triton has it (timed on the H200), else the TMA one, but
     # in the forward: the Triton TMA forward lost to the pointer kernel wherever Gluon does not run it (H200, H100).
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
     long_rows = conv_geometry((1, 64, 4, 64, 256), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
-    # (replicate_d's and spatial's forwards are split over their reduction to fill 132 SMs: on one-warpgroup Gluon
-    # tiles where Gluon runs, spatial's border ring split alike on the pointer kernel, else the pointer kernel;
-    # long_rows' is not split)
+    # (replicate_d's, causal's and spatial's forwards are split over their reduction to fill 132 SMs: on
+    # one-warpgroup Gluon tiles where Gluon runs, causal's cached frames among the split steps, spatial's border
+    # ring split alike on the pointer kernel; else the pointer kernel; long_rows' is not split)
     assert heuristic_config("fwd", replicate_d, torch.bfloat16, 132, 90).split_k > 1
     for unavailable, box in ((None, "gluon"), ("a Triton without Gluon", "tma")):
         monkeypatch.setattr(conv_gluon, "UNAVAILABLE", unavailable)
         for problem, variants in (
-            (replicate_d, ["gluon" if box == "gluon" else "pointer", box, box]), (causal, ["pointer", box, "pointer"]),
+            (replicate_d, ["gluon" if box == "gluon" else "pointer", box, box]),
+            (causal, ["gluon" if box == "gluon" else "pointer", box, "pointer"]),
             (spatial, ["gluon" if box == "gluon" else "pointer", box, "pointer"]),
             (long_rows, ["pointer" if box == "tma" else box, box, box]),
         ):  # fmt: skip
