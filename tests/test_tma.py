@@ -145,9 +145,26 @@ def test_input_gradient_of_padding_modes_and_cached_frames_through_tma(mode, str
     assert launches == (["fwd", "dgrad"] if stride == 1 else ["dgrad"])
 
 
+def test_pointer_tiles_of_box_configs():
+    """config.pointer_tiles, what a box config runs on the pointer kernel (a bordered launch's ring or strips, a
+    launch whose tensors TMA cannot describe): off the Gluon kernel's own fields (swapped operands; grouped taps'
+    columns back to one tap's), at most 128 rows, 8 warps from 64 x 128 up (4 spilled 56-472 bytes on sm_90), the
+    split kept."""
+    from tconv3d.kernels.config import pointer_tiles
+
+    swapped = KernelConfig(256, 128, 64, 8, 3, tma_box_w=16, gluon=2, swap_ab=1, split_k=2)
+    assert pointer_tiles(swapped) == KernelConfig(128, 128, 64, 8, 3, split_k=2)
+    grouped = KernelConfig(128, 256, 64, 8, 4, tma_box_w=16, gluon=2, tap_group=4)
+    assert pointer_tiles(grouped) == KernelConfig(128, 64, 64, 8, 4)
+    assert pointer_tiles(KernelConfig(128, 64, 64, 4, 6, tma_box_w=16, gluon=2)).num_warps == 8
+    assert pointer_tiles(KernelConfig(64, 128, 64, 4, 3, tma_box_w=16, gluon=2, split_k=3)).num_warps == 8
+    assert pointer_tiles(KernelConfig(64, 64, 64, 4, 3, tma_box_w=8)) == KernelConfig(64, 64, 64, 4, 3)
+
+
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)
 def test_unaligned_tensor_falls_back_to_pointer(variant, device):
-    """A view starting 2 elements into its storage cannot be a TMA descriptor's base: same tiles, pointer kernel."""
+    """A view starting 2 elements into its storage cannot be a TMA descriptor's base: its tiles on the pointer
+    kernel (config.pointer_tiles)."""
     _, launches = variant
     storage = torch.randn(1 * 8 * 3 * 4 * 5 + 2, device=device)
     x = storage[2:].view(1, 3, 4, 5, 8).permute(0, 4, 1, 2, 3)  # channels unit-stride, base 8 bytes off
@@ -383,7 +400,7 @@ def test_tensor_map_risks_and_packed_size_one_strides():
 def test_risky_tensor_maps_under_tma_maps_strict(maps, risk, variant, monkeypatch, device):
     """TCONV3D_TMA_MAPS=strict: a launch with a tensor map CCCL would refuse (box: a 3-voxel-high volume under
     taller patches and 8 weight rows over Cout 3; stride: the stride-2 phase views of an odd H, whose D stride is
-    shorter than their rows span) runs the pointer kernels with the same tiles, from then on; any runs it on TMA.
+    shorter than their rows span) runs the pointer kernels on its tiles, from then on; any runs it on TMA.
     Both match float64."""
     from tconv3d.kernels import utils as kernel_utils
 

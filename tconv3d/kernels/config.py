@@ -174,12 +174,15 @@ def off_gluon(config: KernelConfig) -> KernelConfig:
     return replace(config, gluon=0, swap_ab=0, tap_group=0, block_n=block_n)
 
 
-def border_strip_config(config: KernelConfig) -> KernelConfig:
-    """The pointer kernel's tiles for the border of a box launch whose border in H or W reads input voxels (the
-    forward's ring, the weight gradient's strips: conv_fwd.interior_part): the box launch's off the box kernels
-    (off_gluon, no box), split as it is, at most 128 rows, on 8 warps from 64 x 128 up: the pointer forward of the
-    256x128 swapped tile's strips spilled 24 bytes on sm_90 (hunyuan_dec_128_replicate, bf16), and the ring of
-    small_grid_twin's 64x128x64 tile on 4 warps 472 (ltx2_dec_256_reflect; 190 registers on 8, no spill)."""
+def pointer_tiles(config: KernelConfig) -> KernelConfig:
+    """A box config's tiles on the pointer kernel: for the border of a box launch whose border in H or W reads input
+    voxels (the forward's ring, the weight gradient's strips: conv_fwd.interior_part), and for a launch whose
+    tensors TMA cannot describe (choice.launch). The box config off the box kernels (off_gluon: one tap's columns
+    where the Gluon weight gradient grouped taps; no box), split as it is, at most 128 rows, on 8 warps from
+    64 x 128 up: the pointer forward of the 256x128 swapped tile's strips spilled 24 bytes on sm_90
+    (hunyuan_dec_128_replicate, bf16), the ring of small_grid_twin's 64x128x64 tile on 4 warps 472
+    (ltx2_dec_256_reflect; 190 registers on 8, no spill), the input gradient of the Gluon kernel's 128x64x64
+    one-warpgroup tile 56 (a stride-2 transposed conv of 64 + 64 channels)."""
     block_m = min(config.block_m, 128)
     warps = max(config.num_warps, 8) if block_m * config.block_n >= 64 * 128 else config.num_warps
     return replace(off_gluon(config), block_m=block_m, tma_box_w=0, num_warps=warps)

@@ -10,11 +10,11 @@ from ..geometry import ConvGeometry, check_padding_mode
 from . import grouped
 from .config import (
     KernelConfig,
-    border_strip_config,
     channel_sources,
     gemm_view,
     k_splits,
     packs_taps,
+    pointer_tiles,
     w_tap_columns,
     w_tap_tiles,
 )
@@ -285,7 +285,7 @@ def conv3d_fwd(
         # channel block each, the same BLOCK_K).
         interior, view = interior_part(geom, out)
         _launch(x, weight, bias, frames_before, channels_after, view, interior, config, per_split, diag)
-        ring = border_strip_config(config)
+        ring = pointer_tiles(config)
         _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, ring, per_split, diag, True)
     else:
         _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)

@@ -10,12 +10,12 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import (
     KernelConfig,
-    border_strip_config,
     channel_blocks,
     channel_sources,
     gemm_view,
     packs_out_taps,
     packs_taps,
+    pointer_tiles,
     split_rows,
 )
 from .conv_depthwise import depthwise_wgrad
@@ -298,7 +298,7 @@ def conv3d_wgrad(
     # (conv_fwd.border_parts: the forward's interior, its border in four strips), each part's fp32 partial sums in
     # splits of their own.
     if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
-        pointer = border_strip_config(config)
+        pointer = pointer_tiles(config)
         parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]
     else:
         parts = [(geom, grad_out, config)]

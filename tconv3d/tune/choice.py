@@ -1,14 +1,14 @@
 """The choice of kernel variant and tiling for every launch: `pick_config`, `launch`, which asks it and runs a
 launcher, and `explain`, which says what would run.
 
-Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1) a
-tuning run on first use, else the table's nearest key if it is near, else the heuristic, which on sm_90+ takes
-the TMA variant for an eligible problem (configs.tma_eligible); the Gluon kernel runs where a table or
-TCONV3D_KERNELS=gluon asks for it on sm_90. TCONV3D_KERNELS then forces a variant where eligible, and a launch
-whose tensors TMA cannot describe (unaligned, odd strides) runs the pointer variant with the same tiles. Choices
-are memoised per problem, so after the first call a lookup is one dict probe. No launcher holds a tile literal
-and none chooses its own: this module sits above the kernels (configs and tables below them, the tuner beside
-it).
+Order of choice for a CUDA launch: the exact key in this GPU's tuning table, else (with TCONV3D_AUTOTUNE=1) a tuning
+run on first use, else the table's nearest key if it is near, else the heuristic, which on sm_90+ takes the TMA
+variant for an eligible problem (configs.tma_eligible); the Gluon kernel runs where a table or TCONV3D_KERNELS=gluon
+asks for it on sm_90. TCONV3D_KERNELS then forces a variant where eligible, and a launch whose tensors TMA cannot
+describe (unaligned, odd strides) runs the pointer variant on its tiles as far as that takes them
+(config.pointer_tiles). Choices are memoised per problem, so after the first call a lookup is one dict probe. No
+launcher holds a tile literal and none chooses its own: this module sits above the kernels (configs and tables below
+them, the tuner beside it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon, grouped
-from ..kernels.config import DIRECTIONS, KernelConfig, off_gluon, pointer_form, reads_channels_after
+from ..kernels.config import DIRECTIONS, KernelConfig, off_gluon, pointer_form, pointer_tiles, reads_channels_after
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
@@ -186,18 +186,18 @@ def launch_config(
     first = tensors[0]
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
     if config.tma_box_w and not _tma_describable(direction, *tensors, channels_after=channels_after):
-        config = dataclasses.replace(config, tma_box_w=0, gluon=0)
+        config = pointer_tiles(config)
     return config
 
 
 def launch(
     direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None, channels_after=None
 ) -> torch.Tensor:
-    """launcher(*tensors, geom, config) (and channels_after=, where given) with the config chosen for `direction`
-    on the first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would
-    refuse runs (and from then on is) the pointer kernels with the same tiles; a tensor map the driver refuses is
-    an error that says so. A grouped problem of few channels a group runs as block-diagonal groups of more
-    (kernels/grouped.py): its launches, configs and tuning keys are the coarse problem's."""
+    """launcher(*tensors, geom, config) (and channels_after=, where given) with the config chosen for `direction` on the
+    first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would refuse
+    runs (and from then on is) the pointer kernels on its tiles (config.pointer_tiles); a tensor map the driver
+    refuses is an error that says so. A grouped problem of few channels a group runs as block-diagonal groups of
+    more (kernels/grouped.py): its launches, configs and tuning keys are the coarse problem's."""
     coarse = grouped.coarsened(geom)
     if coarse is geom:
         return _launch(direction, launcher, geom, *tensors, channels_after=channels_after)
@@ -223,7 +223,7 @@ def _launch(
     try:
         return run(config)
     except RiskyTensorMap:  # raised while the launcher built its descriptors: nothing has run
-        pointer = dataclasses.replace(config, tma_box_w=0, gluon=0)
+        pointer = pointer_tiles(config)
         _memo[_memo_key(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
         return run(pointer)
     except RuntimeError as error:
