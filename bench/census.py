@@ -113,11 +113,10 @@ def census(
 def interior_share(direction: str, geom, config) -> float:
     """The share of a launch's output a box kernel computes: all of it but for a forward bordered in H or W by
     another mode than zeros, whose border ring runs on the pointer kernel (conv_fwd.conv3d_fwd)."""
-    if direction != "fwd" or not config.tma_box_w or geom.dim_modes[1:] == ("zeros", "zeros"):
+    if direction != "fwd" or not conv_fwd.leaves_border_ring(geom, config):
         return 1.0
     _, h, w = geom.out_size
-    top, bottom, left, right = conv_fwd.border_widths(geom)
-    return (h - top - bottom) * (w - left - right) / (h * w)
+    return 1 - conv_fwd.ring_voxels(geom) / (h * w)
 
 
 def _kernel(config) -> str:

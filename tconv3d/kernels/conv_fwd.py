@@ -279,7 +279,7 @@ def conv3d_fwd(
     per_split, splits = k_splits("fwd", geom, config)
     # One split writes y; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = y if splits == 1 else ndhwc_partials(y, splits)
-    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
+    if leaves_border_ring(geom, config):
         # The box kernels read zeros past H and W: they compute the interior, and one pointer launch the ring of
         # border voxels around it, with the modes, in the same splits (its steps are the box kernels': one tap's
         # channel block each, the same BLOCK_K).
@@ -308,6 +308,19 @@ def border_widths(geom: ConvGeometry) -> tuple[int, int, int, int]:
     top, bottom = (geom.padding[2], geom.padding[3]) if mode_h != "zeros" else (0, 0)
     left, right = (geom.padding[4], geom.padding[5]) if mode_w != "zeros" else (0, 0)
     return top, bottom, left, right
+
+
+def leaves_border_ring(geom: ConvGeometry, config: KernelConfig) -> bool:
+    """Whether `config`, a box kernel's, leaves the border of `geom` to the pointer kernel: the border in H or W
+    reads input voxels (another mode than zeros), which a box's rows past the edge read as the TMA unit's zeros."""
+    return bool(config.tma_box_w) and geom.dim_modes[1:] != ("zeros", "zeros")
+
+
+def ring_voxels(geom: ConvGeometry) -> int:
+    """The voxels of one output frame within the border widths (border_widths): those of its border ring."""
+    _, h_out, w_out = geom.out_size
+    top, bottom, left, right = border_widths(geom)
+    return (top + bottom) * w_out + (h_out - top - bottom) * (left + right)
 
 
 def interior_part(geom: ConvGeometry, y: torch.Tensor) -> tuple[ConvGeometry, torch.Tensor]:
@@ -367,11 +380,8 @@ def _launch_pointer_kernel(
     packed = not ring and packs_taps("fwd", geom)
     splits = out.shape[0] // geom.batch
     widths = border_widths(geom) if ring else (0, 0, 0, 0)
-    if ring:  # each frame's voxels within the border widths
-        (d_out, h_out, w_out), (top, bottom, left, right) = geom.out_size, widths
-        rows = geom.batch * d_out * ((top + bottom) * w_out + (h_out - top - bottom) * (left + right))
-    else:
-        rows = gemm_view("fwd", geom).rows  # output voxels, or W-extended output rows (w_tap_columns)
+    # the ring's voxels, or the output voxels, or W-extended output rows (w_tap_columns)
+    rows = geom.batch * geom.out_size[0] * ring_voxels(geom) if ring else gemm_view("fwd", geom).rows
     tiles = w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(rows, config.block_m), cdiv(c_out, config.block_n))
     grid = (tiles[0] * tiles[1], geom.groups, splits)
     launch(

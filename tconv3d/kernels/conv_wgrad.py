@@ -19,7 +19,7 @@ from .config import (
     split_rows,
 )
 from .conv_depthwise import depthwise_wgrad
-from .conv_fwd import border_parts
+from .conv_fwd import border_parts, leaves_border_ring
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .launch import launch
@@ -297,7 +297,7 @@ def conv3d_wgrad(
     # in H or W reads input voxels, the interior on it and the border strips on the pointer kernel
     # (conv_fwd.border_parts: the forward's interior, its border in four strips), each part's fp32 partial sums in
     # splits of their own.
-    if config.tma_box_w and geom.dim_modes[1:] != ("zeros", "zeros"):
+    if leaves_border_ring(geom, config):
         pointer = pointer_tiles(config)
         parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]
     else:

@@ -57,8 +57,9 @@ def ring_voxel(offs, D, H, W, TOP, BOTTOM, LEFT, RIGHT):
     between are not empty (H > TOP + BOTTOM, W > LEFT + RIGHT: the interior a box kernel computes)."""
     full = (TOP + BOTTOM) * W  # the whole rows' voxels
     sides = LEFT + RIGHT
-    r = offs % (full + (H - TOP - BOTTOM) * sides)
-    rest = offs // (full + (H - TOP - BOTTOM) * sides)
+    ring = full + (H - TOP - BOTTOM) * sides
+    r = offs % ring
+    rest = offs // ring
     d = rest % D
     n = rest // D
     row = r // W  # among the whole rows, TOP of them above

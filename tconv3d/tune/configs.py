@@ -658,9 +658,9 @@ def small_grid_twin(
     over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the heuristic's,
     whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the tiles alone
     fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. The sm_90
-    heuristic's for such layers with one source (heuristic_config; a forward bordered in H or W by another mode
-    than zeros runs its interior so and its border ring on the pointer kernel in the same splits; not with
-    timed_only, bench.variants' timed_only row), a GPU has yet to time it."""
+    heuristic's for such layers (heuristic_config; a forward bordered in H or W by another mode than zeros runs its
+    interior so and its border ring on the pointer kernel in the same splits; a second source's blocks are among
+    the split steps; not with timed_only, bench.variants' timed_only row), a GPU has yet to time it."""
     if direction == "wgrad":
         return None
     view = gemm_view(direction, geom)
