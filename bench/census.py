@@ -4,6 +4,7 @@ kernel a GPU would run it on, on a machine with no GPU.
     python -m bench.census --vae wan                    # diffusers' default config, a 17-frame 256 x 256 decode
     python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
     python -m bench.census --unet basic_unet            # MONAI's, 1 x 1 x 128^3 (--input N,C,D,H,W)
+    python -m bench.census --unet unet --training       # a training step's: forward, input and weight gradients
     python -m bench.census --vae wan --timed-only       # as chosen from the rules a GPU has timed alone
 
 It builds the VAE (bench.vaes, random weights), converts it (tconv3d.nn.convert) and decodes a latent on the meta
@@ -12,7 +13,8 @@ each distinct geometry it prints how many calls had it, the forward's config as 
 (tconv3d.tune.choice.choose: its table, the nearest key's, or the heuristic), where that came from, the share of
 its MMA work that is the convolution's (configs.mma_fill) and its share of the decode's convolution FLOPs; then
 the FLOPs each kernel variant would run. A decode is inference: forwards only (a transposed conv's forward is the
-input-gradient op: its rows say dgrad). What it showed first (bench/NOTES.md,
+input-gradient op: its rows say dgrad); a UNet's training step (`--training`) adds the backward's input gradients
+(dgrad; a transposed conv's: fwd) and weight gradients (wgrad). What it showed first (bench/NOTES.md,
 "What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and HunyuanVideo's convs
 border H and W by replicate, and the heuristic kept both on the pointer kernels: 92-100% of those decodes' FLOPs,
 until the H100 timed the Gluon kernel 1.7-2.8x faster on them (run 15), which the heuristic now takes."""
@@ -26,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
-from tconv3d.geometry import check_conv3d, check_input_grad
+from tconv3d.geometry import check_conv3d, check_input_grad, check_weight_grad
 from tconv3d.kernels import conv_fwd
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME
@@ -50,8 +52,8 @@ UNETS = {
 
 
 class _ConvGeometries(TorchDispatchMode):
-    """Counts the (direction, geometry) of the tconv3d.conv3d calls ("fwd") and conv3d_input_grad calls ("dgrad": a
-    transposed conv's forward) made inside it."""
+    """Counts the (direction, geometry) of the tconv3d.conv3d calls ("fwd"), conv3d_input_grad calls ("dgrad": a
+    transposed conv's forward, or a conv's backward) and conv3d_weight_grad calls ("wgrad") made inside it."""
 
     def __init__(self):
         super().__init__()
@@ -60,7 +62,8 @@ class _ConvGeometries(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for direction, op, check in (("fwd", torch.ops.tconv3d.conv3d, check_conv3d),
-                                     ("dgrad", torch.ops.tconv3d.conv3d_input_grad, check_input_grad)):  # fmt: skip
+                                     ("dgrad", torch.ops.tconv3d.conv3d_input_grad, check_input_grad),
+                                     ("wgrad", torch.ops.tconv3d.conv3d_weight_grad, check_weight_grad)):  # fmt: skip
             if func is op.default:
                 names = [argument.name for argument in func._schema.arguments]
                 self.counts[direction, check(**dict(zip(names, args, strict=False)), **kwargs)] += 1
@@ -77,12 +80,17 @@ def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dty
     return seen.counts
 
 
-def forward_geometries(converted: torch.nn.Module, input_shape, dtype: torch.dtype) -> collections.Counter:
+def forward_geometries(
+    converted: torch.nn.Module, input_shape, dtype: torch.dtype, training: bool = False
+) -> collections.Counter:
     """(direction, geometry) -> calls, of one forward of an input of `input_shape` by a converted model (a UNet),
-    moved to the meta device."""
-    converted = converted.to(device="meta", dtype=dtype)
-    with torch.no_grad(), _ConvGeometries() as seen:
-        converted(torch.empty(input_shape, dtype=dtype, device="meta"))
+    moved to the meta device; with `training`, a training step's: the forward, then the backward of its output's
+    sum (the input takes no gradient, as a training batch does not)."""
+    converted = converted.to(device="meta", dtype=dtype).train(training)
+    with torch.set_grad_enabled(training), _ConvGeometries() as seen:
+        out = converted(torch.empty(input_shape, dtype=dtype, device="meta"))
+        if training:
+            out.sum().backward()
     return seen.counts
 
 
@@ -111,9 +119,10 @@ def census(
 
 
 def interior_share(direction: str, geom, config) -> float:
-    """The share of a launch's output a box kernel computes: all of it but for a forward bordered in H or W by
-    another mode than zeros, whose border ring runs on the pointer kernel (conv_fwd.conv3d_fwd)."""
-    if direction != "fwd" or not conv_fwd.leaves_border_ring(geom, config):
+    """The share of a launch's output a box kernel computes: all of it but for a forward or weight gradient bordered
+    in H or W by another mode than zeros, whose border ring (the forward's one launch, the weight gradient's four
+    strips) runs on the pointer kernel (conv_fwd.conv3d_fwd, conv_wgrad.conv3d_wgrad)."""
+    if direction == "dgrad" or not conv_fwd.leaves_border_ring(geom, config):
         return 1.0
     _, h, w = geom.out_size
     return 1 - conv_fwd.ring_voxels(geom) / (h * w)
@@ -139,6 +148,9 @@ def main(argv=None) -> int:
     parser.add_argument("--latent", default=None, help="N,C,T,H,W (default: bench.vaes.DEFAULT_LATENTS)")
     parser.add_argument("--unet", default=None, choices=sorted(UNETS), help="a MONAI 3D UNet's forward instead")
     parser.add_argument("--input", default="1,1,128,128,128", help="N,C,D,H,W of --unet's input")
+    parser.add_argument(
+        "--training", action="store_true", help="with --unet: a training step's convolutions, backward included"
+    )
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES_BY_NAME))
     parser.add_argument("--device-name", default="NVIDIA H100 80GB HBM3", help="whose tuning table")
     parser.add_argument("--sms", type=int, default=132)
@@ -154,15 +166,15 @@ def main(argv=None) -> int:
         from monai.networks import nets
 
         shape = tuple(int(n) for n in args.input.split(","))
-        counts = forward_geometries(tconv3d.nn.convert(UNETS[args.unet](nets)), shape, dtype)
-        what = f"{args.unet}: input {shape}"
+        counts = forward_geometries(tconv3d.nn.convert(UNETS[args.unet](nets)), shape, dtype, args.training)
+        what = f"{args.unet}: input {shape}" + (", a training step" if args.training else "")
     else:
         shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
         counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
         what = f"{args.vae}: latent {shape}"
     rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability, args.timed_only)
     print(f"{what}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
-          f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype} forward")  # fmt: skip
+          f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype}")  # fmt: skip
     for calls, direction, geom, config, source, fill, share in rows:
         split = f" k{config.split_k}" if config.split_k > 1 else ""
         tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
@@ -172,6 +184,11 @@ def main(argv=None) -> int:
         print(f"{calls:>4} x {_geometry_text(geom):58} {direction:5} {_kernel(config):10} {tile:14} {source:9} "
               f"fill {fill_text:>4} FLOPs {100 * share:5.1f}%{ring}")  # fmt: skip
     print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
+    known = [(share, fill) for *_, fill, share in rows if fill]
+    if known:  # the MMA work the tiles do for each FLOP of the convolutions (1.0: no row, column or step wasted)
+        work = sum(share / fill for share, fill in known) / sum(share for share, _ in known)
+        print(f"MMA work per convolution FLOP: {work:.2f} (the {100 * sum(s for s, _ in known):.0f}% of FLOPs "
+              f"whose fill is known)")  # fmt: skip
     return 0
 
 

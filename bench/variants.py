@@ -47,7 +47,7 @@ CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
 DEFAULT_CASES = "wan_dec_384b,unet_320,down_s2,hunyuan_512,wan_dec_384a,wan_dec_192,hunyuan_128,cogvideo_256,unet_64"
 # Where --cases are looked up.
-SHAPE_SETS = ("bench", "stack", "decoders")
+SHAPE_SETS = ("bench", "stack", "decoders", "unets")
 HOPPER_TILES = (configs.KernelConfig(128, 256, 64, 8, 3), configs.KernelConfig(256, 128, 64, 8, 3))
 
 
@@ -242,8 +242,16 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         channel_taps = configs.channel_taps_twin(found["gluon_ws"], geom, direction)
         if channel_taps is not None:
             found[CHANNEL_TAPS] = channel_taps
-        # a weight gradient of few output channels transposed, the taps' input channels filling the wgmma's rows
-        transposed = configs.swapped_wgrad_twin(found["gluon_ws"], geom) if direction == "wgrad" else None
+        # a weight gradient of few output channels transposed, the taps' input channels filling the wgmma's rows: the
+        # twin of the unswapped tiles, its split kept (the tuner's candidate; the heuristic's own, its split
+        # refitted, is `chosen`, and the unswapped tiles then `timed_only`'s)
+        transposed = None
+        if direction == "wgrad":
+            plain = found["gluon_ws"]
+            if plain.swap_ab and TIMED_ONLY in found:
+                plain = choice.force_variant(direction, geom, dtype, found[TIMED_ONLY], "gluon", gluon_runs=True)
+                plain = dataclasses.replace(plain, gluon=2)
+            transposed = configs.swapped_wgrad_twin(plain, geom)
         if transposed is not None:
             found[SWAPPED_WGRAD] = transposed
         # the chosen persistent tiles on the deepest ring that leaves the programs an SM as they are: what more

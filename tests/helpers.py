@@ -34,25 +34,28 @@ def grouped_taps(config: KernelConfig, group: int) -> KernelConfig:
     return replace(config, gluon=2, tap_group=group, block_n=per_tap * group)
 
 
-def swapped_weight_grad_tiles(config: KernelConfig, group: int) -> KernelConfig:
+def swapped_weight_grad_tiles(config: KernelConfig, group: int, per_tap: int = 32) -> KernelConfig:
     """A weight gradient's `config` on the warp-specialized Gluon kernel transposed (swap_ab): `group` taps (1, 2 or
-    4) on the wgmma's rows, 64 input channels for one, GROUPED_TAP_COLUMNS (32, whole swizzle rows) for 2 or 4, 16
-    rows a warp; the output channels as before on its columns."""
-    per_tap = max(GROUPED_TAP_COLUMNS, 64 // group)
+    4) on the wgmma's rows, 64 input channels for one, `per_tap` (32 or 16: whole swizzle rows of 64 or 32 bytes)
+    for 2 or 4, on as many warps as the rows take (16 a warp, a warpgroup at least); the output channels as before
+    on its columns."""
+    per_tap = max(per_tap, 64 // group)
     rows = per_tap * group
-    return replace(config, gluon=2, swap_ab=1, tap_group=group if group > 1 else 0, block_n=rows, num_warps=rows // 16)
+    warps = max(rows // 16, 4)
+    return replace(config, gluon=2, swap_ab=1, tap_group=group if group > 1 else 0, block_n=rows, num_warps=warps)
 
 
-# The transposed weight gradient's tests run 4 taps a tile (unet_32's twin) on every TMA case, 1 and 2 on these:
-# a phase view, dilation, 70 taps, a strided and dilated box.
+# The transposed weight gradient's tests run 4 taps of 32 channels a tile (unet_32's twin) on every TMA case; 1 and
+# 2 taps, and 4 of 16 channels (MONAI UNet's 16-channel level: 32-byte swizzle rows) on these: a phase view,
+# dilation, 70 taps, a strided and dilated box.
 SWAPPED_WGRAD_FEW_TAPS_CASES = ("stride_1_2_2_c8", "dilation2_c8", "kernel_7x2x5_c8", "stride_w_dilated")
 
 
-def swapped_weight_grad_params(cases: list) -> list[tuple[int, int]]:
-    """(index into `cases`, taps a tile) for the transposed weight gradient's tests."""
+def swapped_weight_grad_params(cases: list) -> list[tuple[int, int, int]]:
+    """(index into `cases`, taps a tile, channels a tap) for the transposed weight gradient's tests."""
     few = [i for i, case in enumerate(cases) if case.name in SWAPPED_WGRAD_FEW_TAPS_CASES]
     assert len(few) == len(SWAPPED_WGRAD_FEW_TAPS_CASES), "a case named here left the TMA cases"
-    return [(i, 4) for i in range(len(cases))] + [(i, group) for group in (1, 2) for i in few]
+    return [(i, 4, 32) for i in range(len(cases))] + [(i, g, c) for g, c in ((1, 64), (2, 32), (4, 16)) for i in few]
 
 
 def leaf_copy(t: torch.Tensor) -> torch.Tensor:

@@ -139,15 +139,16 @@ def test_gluon_grouped_taps_match_float64(index, group, gluon, monkeypatch, devi
     assert chosen == [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", 0, group if gluon_runs(device) else 0)]
 
 
-@pytest.mark.parametrize("index, group", swapped_weight_grad_params(TMA_CASES))
-def test_gluon_swapped_weight_gradient_matches_float64(index, group, gluon, monkeypatch, device):
+@pytest.mark.parametrize("index, group, per_tap", swapped_weight_grad_params(TMA_CASES))
+def test_gluon_swapped_weight_gradient_matches_float64(index, group, per_tap, gluon, monkeypatch, device):
     """The warp-specialized weight gradient computed transposed (swap_ab: the taps' input boxes on the wgmma's rows,
-    `group` of them a tile, 32 channels each where there are 2 or 4, in a buffer swizzled 64 bytes wide), bf16: 4
-    taps a tile on every TMA case, 1 and 2 on a few. On CPU the TMA kernel runs in its place, the tile back to one
-    tap, unswapped (one case shows that; tests/test_gluon_emulated.py runs the Gluon kernel on the emulator)."""
+    `group` of them a tile, `per_tap` channels each where there are 2 or 4, in a buffer swizzled 64 or 32 bytes
+    wide), bf16: 4 taps of 32 channels a tile on every TMA case; 1, 2, and 4 of 16 channels on a few. On CPU the TMA
+    kernel runs in its place, the tile back to one tap, unswapped (one case shows that; tests/test_gluon_emulated.py
+    runs the Gluon kernel on the emulator)."""
     if device != "cuda" and (index, group) != (0, 4):
         pytest.skip("the interpreter runs the TMA kernel in the Gluon one's place: one case shows that")
-    retile = lambda config: swapped_weight_grad_tiles(config, group)  # noqa: E731
+    retile = lambda config: swapped_weight_grad_tiles(config, group, per_tap)  # noqa: E731
     chosen = _with_weight_grad_tiles(index, retile, gluon, monkeypatch, device)
     swapped = (1, group if group > 1 else 0) if gluon_runs(device) else (0, 0)
     assert chosen == [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", *swapped)]

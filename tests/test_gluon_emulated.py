@@ -56,10 +56,13 @@ def emulator(monkeypatch):
     monkeypatch.setattr(settings, "KERNELS", "gluon")
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        emu.mode, emu.swap, emu.tap_group, emu.swap_wgrad, emu.configs = 1, False, 0, 0, []
+        emu.mode, emu.swap, emu.tap_group, emu.swap_wgrad, emu.configs = 1, False, 0, None, []
 
         def select(direction, geom, dtype, device, run):
-            config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY)
+            # The heuristic's transposed weight gradient (swapped_wgrad_tiles; not with timed_only) is warp-specialized
+            # and its own tiles: a test that sets the pipelined kernel or tiles of its own starts from the plain ones.
+            plain = direction == "wgrad" and (emu.mode == 1 or emu.tap_group or emu.swap_wgrad)
+            config = configs.heuristic_config(direction, geom, dtype, 132, configs.GLUON_CAPABILITY, plain)
             config = choice.force_variant(direction, geom, dtype, config, "gluon", True)
             if config.gluon:
                 config = dataclasses.replace(config, gluon=emu.mode)
@@ -69,7 +72,7 @@ def emulator(monkeypatch):
                 if emu.tap_group and direction == "wgrad":
                     config = grouped_taps(config, emu.tap_group)
                 if emu.swap_wgrad and direction == "wgrad":
-                    config = swapped_weight_grad_tiles(config, emu.swap_wgrad)
+                    config = swapped_weight_grad_tiles(config, *emu.swap_wgrad)
                     assert configs.gluon_takes(config), config
             emu.configs.append((direction, config))
             return config
@@ -101,11 +104,12 @@ def test_emulated_gluon_kernels_match_float64(case, mode, emulator):
 def test_emulated_gluon_swapped_operands_match_float64(case, mode, emulator):
     """The forward and input gradient computing each tile transposed (swap_ab: the weight box as wgmma's A, the
     voxel box as its B, the accumulator stored through a transposed view, the bias along its rows) on every TMA
-    case; the weight gradient as it is."""
+    case; the weight gradient as chosen."""
     emulator.mode, emulator.swap = MODES[mode], True
     _check(case, torch.bfloat16, emulator)
     m = MODES[mode]
-    assert [(d, c.gluon, c.swap_ab) for d, c in emulator.configs] == [("fwd", m, 1), ("dgrad", m, 1), ("wgrad", m, 0)]
+    assert [(d, c.gluon, c.swap_ab) for d, c in emulator.configs][:2] == [("fwd", m, 1), ("dgrad", m, 1)]
+    assert emulator.configs[2][0] == "wgrad" and emulator.configs[2][1].gluon == m
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 1}
 
 
@@ -123,16 +127,16 @@ def test_emulated_gluon_grouped_taps_match_float64(case, group, emulator):
 
 
 @pytest.mark.parametrize(
-    "index, group",
-    [pytest.param(i, g, id=f"{TMA_CASES[i].name}-{g}") for i, g in swapped_weight_grad_params(TMA_CASES)],
+    "index, group, per_tap",
+    [pytest.param(i, g, c, id=f"{TMA_CASES[i].name}-{g}x{c}") for i, g, c in swapped_weight_grad_params(TMA_CASES)],
 )
-def test_emulated_gluon_swapped_weight_gradient_matches_float64(index, group, emulator):
+def test_emulated_gluon_swapped_weight_gradient_matches_float64(index, group, per_tap, emulator):
     """The warp-specialized weight gradient computing each tile transposed (swap_ab: the taps' input boxes as
-    wgmma's A read M-major, `group` of them side by side on its rows, 32 channels each where there are 2 or 4; the
-    grad_out box as its B; the accumulator stored through a transposed view) against float64: 4 taps a tile on
-    every TMA case, 1 and 2 on a few."""
+    wgmma's A read M-major, `group` of them side by side on its rows, `per_tap` channels each where there are 2 or
+    4; the grad_out box as its B; the accumulator stored through a transposed view) against float64: 4 taps of 32
+    channels a tile on every TMA case; 1, 2, and 4 of 16 channels (32-byte swizzle rows) on a few."""
     case = TMA_CASES[index]
-    emulator.mode, emulator.swap_wgrad = 2, group
+    emulator.mode, emulator.swap_wgrad = 2, (group, per_tap)
     _check(case, torch.bfloat16, emulator)
     expected = [("fwd", 0, 0), ("dgrad", 0, 0), ("wgrad", 1, group if group > 1 else 0)]
     assert [(d, c.swap_ab, c.tap_group) for d, c in emulator.configs] == expected

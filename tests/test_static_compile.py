@@ -119,9 +119,11 @@ def _heuristic(records):
 
 
 def test_weight_gradient_tiles_are_wgmma_sized(records):
-    """wgmma works on 64-row tiles: the weight gradient's 32x32 tiles for 32-channel layers ran mma.sync."""
+    """wgmma works on 64-row tiles: the weight gradient's 32x32 tiles for 32-channel layers ran mma.sync. (A
+    transposed tile's rows are its block_n: its taps' input channels.)"""
     gemm = [r for r in _heuristic(records) if not r["config"].get("direct")]  # the direct kernels have no MMA
-    small = [r for r in gemm if r["direction"] == "wgrad" and r["config"]["block_m"] < 64]
+    rows = lambda config: config["block_n"] if config.get("swap_ab") else config["block_m"]  # noqa: E731
+    small = [r for r in gemm if r["direction"] == "wgrad" and rows(r["config"]) < 64]
     assert not small, _names(small)
 
 
@@ -303,6 +305,7 @@ def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(reco
 TMA_COMPILE = """
 import dataclasses, json, torch
 from tconv3d.geometry import conv_geometry
+from tconv3d.kernels.config import off_gluon
 from tconv3d.tune import configs
 from tconv3d.tune.shapes import load_shape_set
 from tconv3d.inspect.compile import ARCHS, compile_launch
@@ -314,7 +317,7 @@ for shape in load_shape_set("bench"):
             if not configs.tma_eligible(direction, geom, dtype):
                 continue
             config = configs.heuristic_config(direction, geom, dtype, ARCHS[90].sm_count, capability=90)
-            config = dataclasses.replace(config, gluon=0)  # the Triton TMA kernel on the Gluon kernel's tiles
+            config = off_gluon(config)  # the Triton TMA kernel on the Gluon kernel's tiles (one tap's, unswapped)
             if not config.tma_box_w:  # strided: the heuristic keeps the pointer kernels, a table may take TMA
                 config = configs.with_tma(config, geom, direction)
             report = compile_launch(direction, geom, dtype, config, 90)[0]
@@ -324,14 +327,14 @@ for shape in load_shape_set("bench"):
 skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
 for direction in ("fwd", "wgrad"):
     config = configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90)
-    config = configs.with_tma(dataclasses.replace(config, gluon=0), skip, direction)
+    config = configs.with_tma(off_gluon(config), skip, direction)
     for report in (r for r in compile_launch(direction, skip, torch.bfloat16, config, 90) if "tma" in r.kernel):
         out.append({"case": "unet_skip", "direction": direction, "config": config.to_dict(), **report.to_dict()})
 # MONAI UNet's up conv (stride 2) transposing a 64 + 64-channel concatenation: the input gradient's boxes from two
 # descriptors, through the phase views of grad_in
 up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
 config = configs.heuristic_config("dgrad", up, torch.bfloat16, 132, 90)
-config = configs.with_tma(dataclasses.replace(config, gluon=0), up, "dgrad")
+config = configs.with_tma(off_gluon(config), up, "dgrad")
 report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
 out.append({"case": "unet_up", "direction": "dgrad", "config": config.to_dict(), **report.to_dict()})
 print(json.dumps(out))
@@ -595,8 +598,11 @@ if conv_gluon.UNAVAILABLE is None:
                     tiles.append(configs.channel_taps_twin(dataclasses.replace(forced, gluon=2), geom, direction))
                 # the weight gradient of 32 output channels transposed, the taps' input channels on the wgmma's
                 # rows (configs.swapped_wgrad_twin: 4 taps on two warpgroups, unet_aniso's 9 taps 2 on one)
+                # (the twin of the timed rules' choice, its split kept: the tuner's candidate; the heuristic's own,
+                # its split refitted, is `chosen`)
                 if direction == "wgrad" and dtype == torch.bfloat16 and shape.name in ("unet_32", "unet_aniso"):
-                    forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
+                    plain, _ = choice.choose(direction, geom, dtype, arch.device_name, arch.sm_count, 90, True)
+                    forced = choice.force_variant(direction, geom, dtype, plain, "gluon", True)
                     tiles.append(configs.swapped_wgrad_twin(dataclasses.replace(forced, gluon=2), geom))
                 # swapped through the phase views (down_s2) and from registers (last_cout3's 3-channel rows)
                 if shape.name in ("down_s2", "last_cout3") and dtype == torch.bfloat16:
@@ -626,6 +632,13 @@ if conv_gluon.UNAVAILABLE is None:
                     report = compile_launch(direction, geom, dtype, config, 90)[0]
                     out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
                                 "config": config.to_dict(), **report.to_dict()})
+    # MONAI UNet's 16-channel weight gradients as chosen: transposed, 4 taps of 16 input channels (32-byte swizzle
+    # rows) on one warpgroup's rows
+    for shape in load_shape_set("unets"):
+        chosen, _ = choice.choose("wgrad", shape.geometry(), torch.bfloat16, arch.device_name, arch.sm_count, 90)
+        report = compile_launch("wgrad", shape.geometry(), torch.bfloat16, chosen, 90)[0]
+        out.append({"case": shape.name, "direction": "wgrad", "dtype": str(torch.bfloat16), "config": chosen.to_dict(),
+                    **report.to_dict()})
     # The last column block's half tiles (half_tail): 192 channels in 128-column blocks, swapped, both kernels
     wide = next(s for s in load_shape_set("bench") if s.name == "wan_dec_192").geometry()
     for direction in ("fwd", "dgrad"):
@@ -678,7 +691,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     also warp-specialized, and on wan_dec_384b 64x256x16 on one warpgroup, warp-specialized, and 256x128x64 with the
     forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
     taps a 256-column tile (down_s2's: four, through the phase views), and unet_32's (unet_aniso's under 3.6)
-    transposed, 2-4 taps of 32 input channels on the wgmma's rows; down_s2's phase views warp-specialized too, and
+    transposed, 2-4 taps of 32 input channels on the wgmma's rows, as the tuner's twin and as chosen, and MONAI
+    UNet's 16-channel ones (the unets set) as chosen, 4 taps of 16; down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
     hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
     (last_cout3's forward, and wan_dec_96's under 3.6, whose weight gradient also as 4 taps of 32 input channels a
@@ -748,7 +762,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert all(r["mma"].startswith("HGMMA.64x256x") for r in grouped), grouped[0]["mma"]  # one wgmma across the taps
     transposed = {r["case"]: r for r in swapped if r["direction"] == "wgrad"}  # the taps on the wgmma's rows
     assert "unet_32" in transposed and transposed["unet_32"]["config"]["tap_group"] == 4
-    assert all(r["mma"].startswith("HGMMA.64x32x") for r in transposed.values())
+    assert transposed["unet_16"]["config"]["block_n"] == 64 and transposed["unet_16"]["config"]["tap_group"] == 4
+    assert all(r["mma"].startswith(f"HGMMA.64x{r['config']['block_m']}x") for r in transposed.values())
     half = [r for r in reports if r.get("row") == "half_tail"]
     assert {(r["direction"], r["config"]["gluon"]) for r in half} == {
         ("fwd", 1), ("fwd", 2), ("dgrad", 1), ("dgrad", 2), ("wgrad", 2)

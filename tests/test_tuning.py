@@ -5,6 +5,7 @@ No GPU needed: devices are named, tables are files in tmp_path, and timings come
 
 import dataclasses
 import json
+import math
 import time
 import warnings
 
@@ -15,7 +16,9 @@ import triton
 from tconv3d import settings
 from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
-from tconv3d.kernels.config import KernelConfig, packs_taps
+from tconv3d.kernels.config import KernelConfig, packs_taps, split_rows
+from tconv3d.kernels.conv_tma import wgrad_tma_patches
+from tconv3d.kernels.utils import cdiv
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
 from tconv3d.tune.shapes import load_shape_set
@@ -787,12 +790,13 @@ def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
     """configs.swapped_wgrad_twin (bench.variants' gluon_ws_swapped_wgrad row, a tuning candidate): a weight gradient
     of at most 32 output channels transposed, Cout on the wgmma's columns, taps of 32 input channels side by side on
     its rows: 4 on 8 warps for 27 taps (28 slots), 2 on 4 warps for 9 (10 slots, where 4 would take 12); its split,
-    box and ring the chosen tile's. None for 33+ output channels or off the persistent kernel."""
+    box and ring the chosen tile's (the timed rules' choice: the heuristic now takes the twin, swapped_wgrad_tiles).
+    None for 33+ output channels or off the persistent kernel."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = {shape.name: shape.geometry() for shape in load_shape_set("bench")}
     for name, (warps, group, fill) in {"unet_32": (8, 4, 27 / 28), "unet_aniso": (4, 2, 9 / 10)}.items():
         geom = shapes[name]
-        chosen = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+        chosen = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90, timed_only=True)
         twin = configs.swapped_wgrad_twin(chosen, geom)
         assert (twin.mma_tile, twin.num_warps, twin.tap_group, twin.swap_ab) == ((16 * warps, 32), warps, group, 1)
         kept = ("split_k", "block_k", "num_stages", "tma_box_w")
@@ -805,12 +809,47 @@ def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
     space = configs.candidates("wgrad", shapes["unet_32"], torch.bfloat16, 227 * 1024, tma=True, gluon=True)
     assert any(c.swap_ab for c in space)
     # 7 doublings from the default, where the 24 nearest stop: the tuner times the default's own twins first
-    default = configs.heuristic_config("wgrad", shapes["unet_32"], torch.bfloat16, 132, 90)
+    default = configs.heuristic_config("wgrad", shapes["unet_32"], torch.bfloat16, 132, 90, timed_only=True)
     twins = configs.own_twins("wgrad", shapes["unet_32"], default, torch.bfloat16, 227 * 1024)
     assert twins == [configs.swapped_wgrad_twin(default, shapes["unet_32"])]
-    assert not any(c.swap_ab for c in tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY))
+    assert twins[0] not in tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY)
     timed = tuner.nearest_candidates(space, default, tuner.CANDIDATES_PER_KEY, twins)
     assert timed[0] == twins[0] and len(timed) == tuner.CANDIDATES_PER_KEY
+
+
+def test_heuristic_transposes_weight_gradients_of_few_output_channels(monkeypatch):
+    """sm_90's heuristic computes a Gluon weight gradient of at most 32 output channels transposed
+    (configs.swapped_wgrad_tiles; not with timed_only): MONAI UNet's 16-channel layers 4 taps of 16 input channels
+    on one warpgroup's rows (fill 16/64 -> 27/28), unet_32's 4 of 32 on two; the split refitted to the tap groups,
+    the last round over the SMs at least SWAPPED_WGRAD_FILL busy (the twin's kept split, sized for one tap's tiles,
+    leaves unet_32 3.5 rounds). 33+ output channels, and a transposed config's grouped twin: untouched."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {s.name: s.geometry() for name in ("bench", "unets") for s in load_shape_set(name)}
+    for name, (per_tap, warps) in {"unet_16": (16, 4), "unet_down_16": (16, 4), "unet_32": (32, 8)}.items():
+        geom = shapes[name]
+        plain = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90, timed_only=True)
+        chosen = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, 90)
+        assert (plain.swap_ab, chosen.swap_ab, chosen.gluon) == (0, 1, 2), name
+        assert (chosen.block_n, chosen.tap_group, chosen.num_warps) == (4 * per_tap, 4, warps), name
+        assert configs.mma_fill("wgrad", geom, plain) <= 0.5
+        assert configs.mma_fill("wgrad", geom, chosen) == pytest.approx(27 / 28)
+        per_sm = conv_gluon.programs_an_sm(chosen, 2, weight_grad=True)
+        patches = wgrad_tma_patches(geom, chosen)
+        units = 7 * cdiv(patches, split_rows(patches, chosen.split_k, 1))  # 7 tap groups, one channel block each
+        rounds = units / (per_sm * 132)
+        assert rounds / math.ceil(rounds) >= configs.SWAPPED_WGRAD_FILL, (name, units)
+        kept = configs.swapped_wgrad_twin(plain, geom)
+        kept_rounds = 7 * cdiv(patches, split_rows(patches, kept.split_k, 1)) / (per_sm * 132)
+        assert kept_rounds / math.ceil(kept_rounds) < configs.SWAPPED_WGRAD_FILL, name  # what the refit is for
+        assert configs.grouped_taps_twin(chosen, "wgrad") is None
+        # off the Gluon kernel (TCONV3D_KERNELS=tma, a Triton without it): one tap's columns on 64 rows, one warpgroup
+        tma = choice.force_variant("wgrad", geom, torch.bfloat16, chosen, "tma")
+        assert (tma.block_m, tma.block_n, tma.num_warps, tma.swap_ab, tma.tap_group, tma.gluon) == (
+            64, per_tap, 4, 0, 0, 0
+        ), name  # fmt: skip
+        assert configs.gluon_takes(tma) and tma.tma_box_w
+    wide = shapes["unet_64"]
+    assert configs.heuristic_config("wgrad", wide, torch.bfloat16, 132, 90).swap_ab == 0
 
 
 def test_channel_taps_twin_fills_the_columns_with_whole_channel_blocks():

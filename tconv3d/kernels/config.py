@@ -17,10 +17,11 @@ DIRECTIONS = ("fwd", "dgrad", "wgrad")
 # tl.dot needs every tile dimension to be at least 16.
 MIN_TILE = 16
 # A grouped weight-gradient tile's taps (tap_group) land in column slices of one buffer, swizzled as each tap's box
-# is (the box's row bytes, up to 128); a slice must hold whole swizzle rows (the compiler refuses narrower ones),
-# and a swizzle row is at least 64 bytes here: 32 channels a tap of the Gluon kernels' 16-bit operands. (Until
-# 2026-11-27 the buffer was swizzled 128 bytes wide whatever the box, so a tap took 64 channels.)
-GROUPED_TAP_COLUMNS = 32
+# is (the box's row bytes, up to 128: TMA's 32-, 64- and 128-byte swizzles); a slice must hold whole swizzle rows
+# (the compiler refuses narrower ones), and a 16-bit box of 16 channels has 32-byte rows: 16 channels a tap. (Until
+# 2026-11-27 the buffer was swizzled 128 bytes wide whatever the box, so a tap took 64 channels; until 2026-11-28
+# the configs asked for 32.)
+GROUPED_TAP_COLUMNS = 16
 # Elements per program of the elementwise pass that adds weight-gradient split-K partials.
 SPLIT_SUM_BLOCK = 1024
 
@@ -169,9 +170,14 @@ def wgrad_half_tails(config: KernelConfig, c_out: int, c_in: int, element_size: 
 
 def off_gluon(config: KernelConfig) -> KernelConfig:
     """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
-    columns)."""
+    columns). A transposed weight gradient's (swap_ab with fewer than 64 rows of output channels: a swapped forward's
+    or input gradient's block_m, its voxels, is 128+) back to the 64 rows wgmma takes, on one warpgroup: the
+    unswapped tile the heuristic gives such a layer (configs._heuristic_tiles; 32 rows ran mma.sync)."""
     block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
-    return replace(config, gluon=0, swap_ab=0, tap_group=0, block_n=block_n)
+    block_m, warps = config.block_m, config.num_warps
+    if config.swap_ab and block_m < 64:
+        block_m, warps = 64, 4
+    return replace(config, gluon=0, swap_ab=0, tap_group=0, block_m=block_m, block_n=block_n, num_warps=warps)
 
 
 def pointer_tiles(config: KernelConfig) -> KernelConfig:

@@ -35,7 +35,7 @@ from ..kernels.config import (
     wgrad_half_tails,
 )
 from ..kernels.conv_fwd import border_widths
-from ..kernels.conv_tma import MAX_PHASES
+from ..kernels.conv_tma import MAX_PHASES, wgrad_tma_patches
 from ..kernels.utils import cdiv, exact_products
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -487,7 +487,7 @@ def heuristic_config(
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode
     along D alone leaves the box loops as they are.
-    Four rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Five rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
@@ -502,7 +502,9 @@ def heuristic_config(
     pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels); and an input gradient
     reading channels_after after grad_out's channels (a transposed conv of a concatenation: MONAI UNet's up convs,
     13% of its forward's FLOPs on the pointer kernel) takes the Gluon kernel as a plain one does, each source's
-    channels in whole steps (whole_steps_twin)."""
+    channels in whole steps (whole_steps_twin); and a Gluon weight gradient of at most 32 output channels is
+    computed transposed, 2-4 taps' input channels on the wgmma's rows (swapped_wgrad_tiles: MONAI UNet's 16-channel
+    level filled 16 of the 64 rows a wgmma takes, 9.6% of a training step's FLOPs at a quarter of the MMA's work)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -550,6 +552,8 @@ def heuristic_config(
         return config
     if gluon and gluon_takes(config):
         persistent = with_gluon(config, geom, direction, specialized=True)
+        if direction == "wgrad" and not timed_only:  # few output channels: the taps on the wgmma's rows
+            persistent = swapped_wgrad_tiles(geom, persistent, sm_count, dtype.itemsize) or persistent
         return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
     if after_dgrad:  # off the Gluon kernel: the pointer one (the Triton TMA one reading two sources is not timed)
         return config
@@ -942,9 +946,9 @@ def gluon_takes(config: KernelConfig) -> bool:
 def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
     """The warp-specialized Gluon weight gradient's `config` with as many taps a tile (tap_group 2 or 4) as make its
     columns 256 (m64n256 from 2 x 128 or 4 x 64 input channels), each tap's input channels as before. None elsewhere
-    (other directions, other kernels, tiles already 256 wide)."""
+    (other directions, other kernels, tiles already 256 wide, transposed ones: swapped_wgrad_twin's)."""
     group = 256 // config.block_n
-    if direction != "wgrad" or config.gluon != 2 or group not in (2, 4):
+    if direction != "wgrad" or config.gluon != 2 or config.swap_ab or group not in (2, 4):
         return None
     return replace(config, block_n=256, tap_group=group)
 
@@ -984,22 +988,53 @@ SWAPPED_WGRAD_ROWS = 128
 
 def swapped_wgrad_twin(config: KernelConfig, geom: ConvGeometry) -> KernelConfig | None:
     """The warp-specialized Gluon weight gradient's `config` transposed (swap_ab) for a layer of at most 32 output
-    channels, which fill half or less of the 64 rows a wgmma takes unswapped (unet_32: 32 of 64): Cout on the wgmma's
-    N (block_m its next power of two, 16 at least) and taps of the tile's c = 32 or 64 input channels side by side on
-    its M (tap_group), SWAPPED_WGRAD_ROWS rows on 8 warps, or half as many taps on 4 warps where that wastes fewer
-    taps past the kernel's last (9 taps: 2 x 5 = 10 slots, not 4 x 3 = 12); its split, box and ring as `config`'s.
-    The grad_out box is read once for all the taps. None elsewhere."""
+    channels, which fill half or less of the 64 rows a wgmma takes unswapped (unet_32: 32 of 64; MONAI UNet's
+    16-channel level: 16 of 64): Cout on the wgmma's N (block_m its next power of two, 16 at least) and taps of the
+    tile's c = 16, 32 or 64 input channels side by side on its M (tap_group, at most 4), SWAPPED_WGRAD_ROWS rows on
+    8 warps, or half as many taps where that wastes fewer taps past the kernel's last (9 taps: 2 x 5 = 10 slots, not
+    4 x 3 = 12) and keeps a warpgroup's 64 rows (16 channels: 4 taps on 4 warps); its split, box and ring as
+    `config`'s. The grad_out box is read once for all the taps. None elsewhere."""
     per_tap = config.block_n
     if config.gluon != 2 or config.swap_ab or config.tap_group > 1 or geom.group_out_channels > 32:
         return None
-    if per_tap not in (32, 64) or geom.group_in_channels < per_tap:
+    if per_tap not in (16, 32, 64) or geom.group_in_channels < per_tap:
         return None
-    most = SWAPPED_WGRAD_ROWS // per_tap
-    group = max((most, most // 2), key=lambda g: (geom.taps / (cdiv(geom.taps, g) * g), g))
+    most = min(SWAPPED_WGRAD_ROWS // per_tap, 4)
+    groups = [g for g in (most, most // 2) if per_tap * g >= 64]
+    group = max(groups, key=lambda g: (geom.taps / (cdiv(geom.taps, g) * g), g))
     rows = per_tap * group
     twin = replace(config, block_m=_pow2_clamp(geom.group_out_channels, MIN_TILE, 32), block_n=rows,
                    num_warps=rows // 16, swap_ab=1, tap_group=group if group > 1 else 0)  # fmt: skip
     return twin if gluon_takes(twin) else None
+
+
+# The least share of its last round over the SMs a transposed weight gradient's split leaves busy
+# (swapped_wgrad_tiles): more than the weight gradient's three quarters (_heuristic_tiles), since its splits' fp32
+# partials are small (at most 32 output channels: unet_32's 110 KB a split) and its few tiles run one round or two
+# (unet_32: 7 tap groups, one program an SM; 15 splits would leave 27 of 132 SMs idle, 17 leave 13).
+SWAPPED_WGRAD_FILL = 0.9
+
+
+def swapped_wgrad_tiles(
+    geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
+) -> KernelConfig | None:
+    """The heuristic's weight gradient of at most 32 output channels (`config`: its persistent Gluon tiles) as
+    swapped_wgrad_twin's transposed tiles, its split refitted to them: the twin keeps a split sized for one tap's tiles
+    (27 for a 3x3x3 conv), and its tap groups are fewer (7 of 4 taps: unet_32's 7 x 66 = 462 units, 3.5 rounds of
+    132). The fewest splits whose last round over the SMs is at least SWAPPED_WGRAD_FILL busy (_wave_filling_split),
+    at the programs an SM the twin runs (conv_gluon.programs_an_sm). None where the twin is (swapped_wgrad_twin)."""
+    twin = swapped_wgrad_twin(config, geom)
+    if twin is None:
+        return None
+    patches = wgrad_tma_patches(geom, twin)
+    per_sm = conv_gluon.programs_an_sm(twin, element_size, weight_grad=True)
+    tiles = cdiv(geom.taps, max(twin.tap_group, 1)) * cdiv(geom.group_out_channels, twin.block_m) * geom.groups
+    tiles *= cdiv(geom.group_in_channels, twin.block_n // max(twin.tap_group, 1))
+    most = _max_split(gemm_view("wgrad", geom), twin.block_k)
+    split = _wave_filling_split(
+        tiles, per_sm, sm_count, most, lambda split: cdiv(patches, split_rows(patches, split, 1)), SWAPPED_WGRAD_FILL
+    )
+    return replace(twin, split_k=split)
 
 
 def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
