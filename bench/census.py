@@ -5,6 +5,7 @@ kernel a GPU would run it on, on a machine with no GPU.
     python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
     python -m bench.census --unet basic_unet            # MONAI's, 1 x 1 x 128^3 (--input N,C,D,H,W)
     python -m bench.census --unet unet --training       # a training step's: forward, input and weight gradients
+    python -m bench.census --vae wan --encode 1,3,17,256,256  # the VAE's encode of a video instead
     python -m bench.census --vae wan --timed-only       # as chosen from the rules a GPU has timed alone
 
 It builds the VAE (bench.vaes, random weights), converts it (tconv3d.nn.convert) and decodes a latent on the meta
@@ -25,13 +26,14 @@ import argparse
 import collections
 
 import torch
+import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.geometry import check_conv3d, check_input_grad, check_weight_grad
 from tconv3d.kernels import conv_fwd
 from tconv3d.tune import choice, configs
-from tconv3d.tune.shapes import DTYPES_BY_NAME
+from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape
 
 from .vaes import CLASSES, DEFAULT_LATENTS, build_vae
 
@@ -77,6 +79,16 @@ def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dty
     latent = torch.empty(latent_shape, dtype=dtype, device="meta")
     with torch.no_grad(), _ConvGeometries() as seen:
         converted.decode(latent)
+    return seen.counts
+
+
+def encode_geometries(converted: torch.nn.Module, video_shape, dtype: torch.dtype) -> collections.Counter:
+    """(direction, geometry) -> calls, of one encode of a video of `video_shape` by a converted VAE, moved to the
+    meta device (image-to-video conditioning, a training step's latents)."""
+    converted = converted.to(device="meta", dtype=dtype)
+    video = torch.empty(video_shape, dtype=dtype, device="meta")
+    with torch.no_grad(), _ConvGeometries() as seen:
+        converted.encode(video)
     return seen.counts
 
 
@@ -133,6 +145,78 @@ def _kernel(config) -> str:
     return config.variant + ("-ws" if config.gluon == 2 else "")
 
 
+def timeable_shape(direction: str, geom, name: str, dtype_name: str) -> ConvShape | None:
+    """A census row's problem as a bench case (tconv3d.tune.shapes.ConvShape) that bench.variants times against
+    cuDNN (`--time`), or None where a case cannot say it: a second source along the channels (channels_after, a
+    transposed conv's skip), the input gradient of zero padding that differs front and back (a causal conv's:
+    cuDNN's forward and weight gradient read F.pad's copy, its input gradient pads both sides alike), or the input
+    gradient of a decoder's layer (cached frames or borders: bench.variants times those forward and weight
+    gradient)."""
+    if geom.after_channels or geom.out_after_channels:
+        return None
+    if direction == "dgrad" and geom.padding[0::2] != geom.padding[1::2]:
+        return None
+    d, h, w = geom.in_size
+    shape = ConvShape(
+        name, geom.batch, geom.in_channels, geom.out_channels, (d - geom.prefix_frames, h, w), geom.kernel,
+        geom.stride, geom.padding, geom.dilation, (dtype_name,), geom.groups, geom.prefix_frames, geom.padding_mode,
+    )  # fmt: skip
+    return None if shape.decoder_layer and direction == "dgrad" else shape
+
+
+def timeable_rows(rows: list, dtype_name: str) -> list[tuple[int, ConvShape]]:
+    """(index into `rows`, its bench case) of the census rows `--time` times (timeable_shape), named by index."""
+    found = []
+    for index, (_, direction, geom, *_) in enumerate(rows):
+        shape = timeable_shape(direction, geom, f"row{index}", dtype_name)
+        if shape is not None:
+            found.append((index, shape))
+    return found
+
+
+def time_rows(rows: list, dtype_name: str, log=print) -> list[dict]:
+    """Each timeable row's chosen kernels against cuDNN channels_last_3d on this CUDA device, through
+    bench.variants.measure_case (each result checked against cuDNN in fp32 first; cuDNN convolves the
+    concatenation of cached frames, and F.pad's copy for a border mode, as the stock model calls it): one dict a
+    row, `ms` and `cudnn_ms` (None where untimed: not timeable, or failed)."""
+    from .variants import measure_case
+
+    timed = {}
+    for index, shape in timeable_rows(rows, dtype_name):
+        direction = rows[index][1]
+        found: list[dict] = []
+        measure_case(shape, dtype_name, direction, None, found.append, impls={"chosen"})
+        by_impl = {row["impl"]: row for row in found}
+        chosen, cudnn = by_impl.get("chosen", {}), by_impl.get("cudnn_cl3d", {})
+        failed = chosen.get("failed") if chosen else "no chosen row"
+        timed[index] = {"ms": chosen.get("ms"), "cudnn_ms": cudnn.get("ms"), "failed": failed}
+        log(f"row {index:>3} {direction:5} {_geometry_text(rows[index][2])}: tconv3d {_ms(chosen.get('ms'))} ms, "
+            f"cuDNN {_ms(cudnn.get('ms'))} ms" + (f" FAILED: {failed}" if failed else ""))  # fmt: skip
+    out = []
+    for index, (calls, direction, geom, config, *_, share) in enumerate(rows):
+        row = {"calls": calls, "direction": direction, "geometry": _geometry_text(geom), "config": config.to_dict(),
+               "flops_share": share, "ms": None, "cudnn_ms": None, "failed": None}  # fmt: skip
+        out.append({**row, **timed.get(index, {})})
+    return out
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def timed_totals(timed: list[dict]) -> dict:
+    """The rows timed both ways: their calls times each's ms, summed (the model's convolutions, as far as they were
+    timed), and the share of the model's convolution FLOPs they hold."""
+    both = [row for row in timed if row["ms"] is not None and row["cudnn_ms"] is not None]
+    return {
+        "tconv3d_ms": sum(row["calls"] * row["ms"] for row in both),
+        "cudnn_ms": sum(row["calls"] * row["cudnn_ms"] for row in both),
+        "flops_share_timed": sum(row["flops_share"] for row in both),
+        "rows_timed": len(both),
+        "rows": len(timed),
+    }
+
+
 def _geometry_text(geom) -> str:
     k = "x".join(map(str, geom.kernel))
     s = "x".join(map(str, geom.stride))
@@ -142,10 +226,18 @@ def _geometry_text(geom) -> str:
     return f"{geom.in_channels:>4} -> {geom.out_channels:<4} k{k} s{s} in {size}{cached}{modes}"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, also read by bench.precompile to compile what a `--time` run launches."""
     parser = argparse.ArgumentParser(prog="python -m bench.census", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vae", default="wan", choices=sorted(CLASSES))
     parser.add_argument("--latent", default=None, help="N,C,T,H,W (default: bench.vaes.DEFAULT_LATENTS)")
+    parser.add_argument(
+        "--encode",
+        default=None,
+        metavar="N,C,T,H,W",
+        help="the VAE's encode of a video of this shape instead of its decode (1,3,17,256,256: 17 frames, 19 for "
+        "Mochi's 6x time compression)",
+    )
     parser.add_argument("--unet", default=None, choices=sorted(UNETS), help="a MONAI 3D UNet's forward instead")
     parser.add_argument("--input", default="1,1,128,128,128", help="N,C,D,H,W of --unet's input")
     parser.add_argument(
@@ -160,35 +252,83 @@ def main(argv=None) -> int:
         action="store_true",
         help="the choice from the heuristic's timed rules alone (as before its others)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--time",
+        action="store_true",
+        help="on a CUDA device (whose name, SMs and capability replace those above): time each row's chosen "
+        "kernels against cuDNN channels_last_3d, and the model's convolutions in all",
+    )
+    parser.add_argument("--out", default=None, help="with --time: write the rows and totals here (JSON)")
+    return parser
+
+
+def model_counts(args) -> tuple[collections.Counter, str]:
+    """The (direction, geometry) -> calls of the model `args` name (build_parser's), and a line saying which."""
     dtype = DTYPES_BY_NAME[args.dtype]
     if args.unet:
         from monai.networks import nets
 
         shape = tuple(int(n) for n in args.input.split(","))
         counts = forward_geometries(tconv3d.nn.convert(UNETS[args.unet](nets)), shape, dtype, args.training)
-        what = f"{args.unet}: input {shape}" + (", a training step" if args.training else "")
-    else:
-        shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
-        counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
-        what = f"{args.vae}: latent {shape}"
+        return counts, f"{args.unet}: input {shape}" + (", a training step" if args.training else "")
+    if args.encode:
+        shape = tuple(int(n) for n in args.encode.split(","))
+        counts = encode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
+        return counts, f"{args.vae}: encode of a video {shape}"
+    shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
+    counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
+    return counts, f"{args.vae}: latent {shape}"
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.time:
+        if not torch.cuda.is_available():
+            print("python -m bench.census --time times kernels: it needs a CUDA device")
+            return 2
+        properties = torch.cuda.get_device_properties(0)
+        args.device_name, args.sms = properties.name, properties.multi_processor_count
+        args.capability = 10 * properties.major + properties.minor
+        torch.backends.cudnn.benchmark = True
+    dtype = DTYPES_BY_NAME[args.dtype]
+    counts, what = model_counts(args)
     rows, by_variant = census(counts, dtype, args.device_name, args.sms, args.capability, args.timed_only)
     print(f"{what}, {sum(counts.values())} conv calls, {len(counts)} geometries; "
           f"{args.device_name} ({args.sms} SMs, sm_{args.capability}), {args.dtype}")  # fmt: skip
-    for calls, direction, geom, config, source, fill, share in rows:
+    for index, (calls, direction, geom, config, source, fill, share) in enumerate(rows):
         split = f" k{config.split_k}" if config.split_k > 1 else ""
         tile = f"{config.block_m}x{config.block_n}x{config.block_k}{split}"
         fill_text = "-" if fill is None else f"{100 * fill:.0f}%"
         interior = interior_share(direction, geom, config)
         ring = f" (ring {100 * (1 - interior):.0f}% pointer)" if interior < 1 else ""
-        print(f"{calls:>4} x {_geometry_text(geom):58} {direction:5} {_kernel(config):10} {tile:14} {source:9} "
-              f"fill {fill_text:>4} FLOPs {100 * share:5.1f}%{ring}")  # fmt: skip
+        print(f"{index:>3} {calls:>4} x {_geometry_text(geom):58} {direction:5} {_kernel(config):10} {tile:14} "
+              f"{source:9} fill {fill_text:>4} FLOPs {100 * share:5.1f}%{ring}")  # fmt: skip
     print("FLOPs by variant: " + ", ".join(f"{v} {100 * s:.0f}%" for v, s in by_variant.most_common()))
     known = [(share, fill) for *_, fill, share in rows if fill]
     if known:  # the MMA work the tiles do for each FLOP of the convolutions (1.0: no row, column or step wasted)
         work = sum(share / fill for share, fill in known) / sum(share for share, _ in known)
         print(f"MMA work per convolution FLOP: {work:.2f} (the {100 * sum(s for s, _ in known):.0f}% of FLOPs "
               f"whose fill is known)")  # fmt: skip
+    if args.time:
+        timed = time_rows(rows, args.dtype)
+        totals = timed_totals(timed)
+        print(f"timed {totals['rows_timed']} of {totals['rows']} rows ({100 * totals['flops_share_timed']:.0f}% of "
+              f"the FLOPs): tconv3d {totals['tconv3d_ms']:.3f} ms, cuDNN {totals['cudnn_ms']:.3f} ms (calls x "
+              f"each row's median)")  # fmt: skip
+        slowest = sorted(
+            (r for r in timed if r["ms"] is not None and r["cudnn_ms"] is not None),
+            key=lambda r: r["calls"] * (r["cudnn_ms"] - r["ms"]),
+        )[:5]
+        for r in slowest:  # where the model loses most against cuDNN
+            print(f"  {r['calls']:>3} x {r['geometry']:58} {r['direction']:5} {r['ms']:.3f} ms vs {r['cudnn_ms']:.3f}")
+        if args.out:
+            import json
+
+            record = {"model": what, "device": args.device_name, "torch": torch.__version__,
+                      "triton": triton.__version__, "dtype": args.dtype, "rows": timed, "totals": totals}  # fmt: skip
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=1)
     return 0
 
 

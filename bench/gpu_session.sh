@@ -38,6 +38,10 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+# The census stage's models (bench.census argument lists): MONAI's UNets training at their tutorials' size, and the
+# video VAEs' decodes of 17 frames at 256 x 256 (bench.vaes.DEFAULT_LATENTS).
+DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --unet dynunet --training; --vae wan; \
+--vae hunyuan_video; --vae cogvideox; --vae ltx2"
 # The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
 # 18 of 2026-11-27), each one word; any variable set in the call's environment still wins:
 #   plan1   probe, compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet), the small
@@ -51,6 +55,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 #           CUDA-graph replays
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
+#   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
+#           decodes, each geometry's chosen kernels against cuDNN and the model's convolutions in all (needs .whl:
+#           bench/fetch_wheels.sh)
 case "${1:-}" in
   plan1)  # run 14 (2026-11-27): memcheck's first 8 pointer problems took 45 s, compiling each kernel on first use
     export CALL_SECONDS=${CALL_SECONDS:-340} SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-200} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
@@ -93,18 +100,22 @@ case "${1:-}" in
     export CALL_SECONDS=${CALL_SECONDS:-220} PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-190}
     set -- profile
     ;;
+  plan4)
+    export CALL_SECONDS=${CALL_SECONDS:-420} CENSUS_TIMEOUT=${CENSUS_TIMEOUT:-90}
+    set -- census
+    ;;
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | variants | models | profile | fuzz) ;;
-    *) echo "unknown stage $stage: plan1, plan2 or plan3 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, variants, models, profile or fuzz" >&2
+    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | variants | models | census | profile | fuzz) ;;
+    *) echo "unknown stage $stage: plan1, plan2, plan3 or plan4 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, variants, models, census, profile or fuzz" >&2
        exit 2 ;;
   esac
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
     --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" \
-    --tune-args "--shapes bench ${TUNE_ARGS:-}"
+    --tune-args "--shapes bench ${TUNE_ARGS:-}" --census-models "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
 CALL_SECONDS=${CALL_SECONDS:-570}
@@ -259,6 +270,19 @@ run_stage() {
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
+    ;;
+  census)  # CENSUS_MODELS: bench.census argument lists, ';'-separated; each model's conv rows timed against cuDNN
+    if ! python3 -c "import diffusers, monai" 2>/dev/null; then
+      echo "diffusers or monai is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/census.log"
+      return 1
+    fi
+    local index=0 spec
+    IFS=';' read -ra specs <<< "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}"
+    for spec in "${specs[@]}"; do
+      index=$((index + 1))
+      timeout "$(left "${CENSUS_TIMEOUT:-90}")" python3 -m bench.census --time $spec \
+        --out "$OUT/census_$index.json" 2>&1 | tee -a "$OUT/census.log"
+    done
     ;;
   profile)  # each launch's report in profile.log, in the order bench.variants prints its "launched" lines
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)

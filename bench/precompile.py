@@ -196,6 +196,28 @@ def variants_launches(variants_args: list[str], device) -> list:
     return variants.planned_launches(cases, args.directions, impls, device)
 
 
+def census_launches(models: str, device) -> list:
+    """The launches of python -m bench.census --time for each of `models` (";"-separated argument lists, one model
+    each, as the census stage passes them): each timed row's chosen config, on the device tconv3d runs on
+    (posing_as)."""
+    import torch
+
+    from bench import census, variants
+    from tconv3d.tune.shapes import DTYPES_BY_NAME
+
+    launches = []
+    for spec in filter(None, (part.strip() for part in models.split(";"))):
+        args = census.build_parser().parse_args(shlex.split(spec))
+        counts, _ = census.model_counts(args)
+        properties = torch.cuda.get_device_properties(device)
+        capability = 10 * properties.major + properties.minor
+        rows, _ = census.census(counts, DTYPES_BY_NAME[args.dtype], properties.name,
+                                properties.multi_processor_count, capability)  # fmt: skip
+        for index, shape in census.timeable_rows(rows, args.dtype):
+            launches += variants.planned_launches([(shape, args.dtype)], rows[index][1], {"chosen"}, device)
+    return launches
+
+
 def tune_launches(tune_args: list[str], device) -> list:
     """What python -m tconv3d.tune with `tune_args` times: each job's default and candidates."""
     from tconv3d.tune import tuner
@@ -207,11 +229,15 @@ def tune_launches(tune_args: list[str], device) -> list:
     return launches
 
 
-def plan(stages: list[str], variants_args: str, bench_args: str, scenarios: str, tune_args: str = "") -> list:
+def plan(
+    stages: list[str], variants_args: str, bench_args: str, scenarios: str, tune_args: str = "", census_models: str = ""
+) -> list:
     """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES."""
     launches = []
     for name in DEVICES:
         with posing_as(name) as device:
+            if "census" in stages:
+                launches += census_launches(census_models, device)
             if "tune" in stages:
                 launches += tune_launches(shlex.split(tune_args), device)
             if "variants" in stages:
@@ -310,6 +336,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bench-args", default="", help="python -m bench's arguments, as the stage passes them")
     parser.add_argument("--scenarios", default="stack", help="python -m bench's scenarios (stack is planned)")
     parser.add_argument("--tune-args", default="", help="python -m tconv3d.tune's arguments, as the stage passes them")
+    parser.add_argument(
+        "--census-models", default="", help="python -m bench.census's argument lists, ';'-separated (census stage)"
+    )
     parser.add_argument("--out", type=Path, default=Path(".triton-sm90"), help="where the packed cache goes")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiling processes")
     parser.add_argument("--unpack", type=Path, help="unpack this carried cache; print the directory for Triton")
@@ -335,7 +364,9 @@ def main(argv=None) -> int:
         key = wheel_key(args.wheel)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         parser.error(str(error))
-    launches = plan(args.stages.split(), args.variants_args, args.bench_args, args.scenarios, args.tune_args)
+    launches = plan(
+        args.stages.split(), args.variants_args, args.bench_args, args.scenarios, args.tune_args, args.census_models
+    )
     print(f"[precompile] {len(launches)} launches for {', '.join(DEVICES)} (sm_{CAPABILITY}), {args.jobs} processes")
     manifest = build(launches, key, args.out, args.jobs)
     print(

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tconv3d import testing
-from tconv3d.geometry import check_conv3d
+from tconv3d.geometry import check_conv3d, split_padding_mode
 from tconv3d.inspect.compile import arch_of, compile_ahead
 from tconv3d.kernels import conv_gluon, grouped
 from tconv3d.kernels.config import packs_taps, w_tap_columns
@@ -295,12 +295,7 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
     on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
     # What cuDNN convolves: the cached frames concatenated in front of x, and (a border mode) padded by F.pad
     source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
-    if shape.padding_mode == "zeros":
-        padded, source_args = (lambda t: t), conv_args
-    else:  # F.pad's order: (W front, W back, H ..., D ...)
-        pads = [p for pair in reversed(list(zip(padding[0::2], padding[1::2], strict=True))) for p in pair]
-        padded = lambda t: F.pad(t, pads, mode=shape.padding_mode)  # noqa: E731
-        source_args = (shape.stride, 0, shape.dilation, shape.groups)
+    padded, source_args = cudnn_padding(shape)
     if direction == "fwd":
         launch = lambda config: on_coarse(  # noqa: E731
             lambda x, w, **diagonal: conv3d_fwd(x, w, None, cached, coarse, config, **diagonal), x, w
@@ -324,6 +319,27 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
         padded(source.float()), w.shape, grad_out.float(), *source_args
     )
     return coarse, launch, cudnn, exact
+
+
+def cudnn_padding(shape: ConvShape) -> tuple:
+    """(what cuDNN's calls do to the input first, their conv args) for `shape`'s padding as the stock models have
+    it done: zeros alike front and back inside the convolution, the rest by one F.pad copy a mode (a border mode's,
+    or zeros front and back unlike: a causal conv's, as constant), the dimensions it pads unpadded in the conv."""
+    modes, front, back = split_padding_mode(shape.padding_mode), shape.padding[0::2], shape.padding[1::2]
+    inside = [f if mode == "zeros" and f == b else 0 for mode, f, b in zip(modes, front, back, strict=True)]
+    copies: dict[str, list] = {}  # F.pad mode -> its pads, in F.pad's order: (W front, W back, H ..., D ...)
+    for dim in range(3):
+        if inside[dim] or not (front[dim] or back[dim]):
+            continue
+        pads = copies.setdefault("constant" if modes[dim] == "zeros" else modes[dim], [0] * 6)
+        pads[4 - 2 * dim : 6 - 2 * dim] = front[dim], back[dim]
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        for mode, pads in copies.items():
+            t = F.pad(t, pads, mode=mode)
+        return t
+
+    return padded, (shape.stride, inside, shape.dilation, shape.groups)
 
 
 def launch_once(shape: ConvShape, dtype_name: str, direction: str, impls: set | None, device: torch.device) -> list:

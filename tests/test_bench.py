@@ -574,7 +574,11 @@ def test_variants_time_the_decoders_layers(device):
     )  # fmt: skip
     bordered = dataclasses.replace(cached, name="tiny_replicate", frames_before=0, padding=(2, 0, 1, 1, 2, 1),
                                    padding_mode="replicate")  # fmt: skip
-    for (tiny, size), direction in itertools.product(((cached, (4, 5, 6)), (bordered, (2, 5, 6))), ("fwd", "wgrad")):
+    # CogVideoX's: replicate along D, zeros in H and W (cuDNN: F.pad along D, the conv's own zeros in H and W)
+    mixed = dataclasses.replace(bordered, name="tiny_mixed", padding=(2, 0, 1, 1, 1, 1),
+                                padding_mode="replicate,zeros,zeros")  # fmt: skip
+    tinies = ((cached, (4, 5, 6)), (bordered, (2, 5, 6)), (mixed, (2, 5, 6)))
+    for (tiny, size), direction in itertools.product(tinies, ("fwd", "wgrad")):
         geom, launch, cudnn, exact = variants.problem(tiny, torch.float32, direction, torch.device(device))
         assert (geom.prefix_frames, geom.padding_mode, geom.in_size) == (tiny.frames_before, tiny.padding_mode, size)
         ours, reference = launch(KernelConfig(16, 16, 16, 4, 1)), exact()
@@ -587,6 +591,13 @@ def test_variants_time_the_decoders_layers(device):
             run.plan_cases([tiny], "fp32", ("fwd",))
         with pytest.raises(ValueError, match="a decoder's layer"):
             tuner.plan_jobs([tiny])
+    # a causal conv's zeros, 2 frames in front and none behind: cuDNN reads F.pad's constant copy
+    causal = dataclasses.replace(mixed, name="tiny_causal", padding_mode="zeros")
+    for direction in ("fwd", "wgrad"):
+        geom, launch, cudnn, exact = variants.problem(causal, torch.float32, direction, torch.device(device))
+        ours, reference = launch(KernelConfig(16, 16, 16, 4, 1)), exact()
+        assert ours.shape == reference.shape == cudnn().shape and geom.padding == causal.padding
+        assert rel_l2(ours, reference) < tolerance(torch.float32), direction
 
 
 def test_variants_offer_the_decoders_layers_on_the_gluon_kernel(monkeypatch):
@@ -711,6 +722,53 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
     before, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, timed_only=True)
     h100 = lambda d, geom: choice.choose(d, geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, True)[0]  # noqa: E731
     assert all(config == h100(direction, geom) for _, direction, geom, config, *_ in before)
+
+
+def test_census_of_a_training_step_and_its_timing(monkeypatch):
+    """bench.census --training: a MONAI UNet's training step on the meta device records its backward's input and
+    weight gradients beside the forward (the input takes no gradient: the first conv has none); --time's rows are
+    bench cases that rebuild each row's geometry exactly (a decode's cached frames, causal zeros and per-dimension
+    border modes included), the rows it cannot say (a transposed conv's skip) left untimed, and its totals are the
+    calls times each row's time (bench.variants.measure_case stubbed: it needs a GPU)."""
+    nets = pytest.importorskip("monai.networks.nets")
+    pytest.importorskip("diffusers")
+    from bench import census, variants
+    from bench.vaes import build_vae
+    from tconv3d.nn import convert
+
+    model = convert(census.UNETS["unet"](nets))
+    counts = census.forward_geometries(model, (1, 1, 32, 32, 32), torch.bfloat16, training=True)
+    assert {direction for direction, _ in counts} == {"fwd", "dgrad", "wgrad"}
+    forward = census.forward_geometries(model, (1, 1, 32, 32, 32), torch.bfloat16)
+    convs = sum(calls for (direction, geom), calls in forward.items() if direction == "fwd")
+    assert sum(calls for (direction, _), calls in counts.items() if direction == "wgrad") >= convs + sum(
+        calls for (direction, _), calls in forward.items() if direction == "dgrad"
+    )  # every conv and transposed conv has a weight gradient (a transposed conv of a concatenation one a source)
+    rows, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
+    timeable = dict(census.timeable_rows(rows, "bf16"))
+    assert 0 < len(timeable) < len(rows)
+    assert all(rows[i][2].out_after_channels for i in range(len(rows)) if i not in timeable)
+    decode = census.decode_geometries(convert(build_vae("cogvideox", scale=1)), (1, 4, 3, 8, 8), torch.bfloat16)
+    decode += census.decode_geometries(convert(build_vae("wan", scale=1)), (1, 16, 3, 8, 8), torch.bfloat16)
+    decoded, _ = census.census(decode, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
+    assert any(len(set(g.dim_modes)) > 1 for _, _, g, *_ in decoded) and any(g.prefix_frames for _, _, g, *_ in decoded)
+    for table in (rows, decoded):
+        for index, shape in census.timeable_rows(table, "bf16"):
+            assert shape.geometry() == table[index][2], shape
+    assert len(census.timeable_rows(decoded, "bf16")) == len(decoded)
+
+    def measured(shape, dtype_name, direction, peak, emit, impls):
+        assert impls == {"chosen"} and dtype_name == "bf16"
+        emit({"impl": "cudnn_cl3d", "ms": 2.0})
+        emit({"impl": "chosen", "ms": 1.0})
+
+    monkeypatch.setattr(variants, "measure_case", measured)
+    timed = census.time_rows(rows, "bf16", log=lambda line: None)
+    totals = census.timed_totals(timed)
+    calls = sum(rows[i][0] for i in timeable)
+    assert (totals["tconv3d_ms"], totals["cudnn_ms"], totals["rows_timed"]) == (calls, 2 * calls, len(timeable))
+    assert totals["flops_share_timed"] == pytest.approx(sum(rows[i][-1] for i in timeable))
+    assert all(row["ms"] is None for i, row in enumerate(timed) if i not in timeable)
 
 
 def test_skip_scenario_plans_the_geometries_its_launches_check():
