@@ -318,9 +318,10 @@ def _select(problem: Problem):
             if direction != "wgrad" and not config.swap_ab and rng.random() < 0.3:  # the tile computed transposed
                 swapped = swapped_tiles(config)
                 config = swapped if configs.gluon_takes(swapped) else config
-            if config.tap_group > 1 and config.gluon != 2:  # grouped taps are warp-specialized only
+            transposed = direction == "wgrad" and config.swap_ab  # the taps on the wgmma's rows (swapped_wgrad_tiles)
+            if (config.tap_group > 1 or transposed) and config.gluon != 2:  # both warp-specialized only
                 config = dataclasses.replace(config, gluon=2)
-            if direction == "wgrad" and not config.tap_group and rng.random() < 0.3:  # taps side by side in a tile
+            if direction == "wgrad" and not (config.tap_group or transposed) and rng.random() < 0.3:  # taps in a tile
                 config = grouped_taps(config, rng.choice((2, 4)))  # 64 to 128 channels a tap
         select.configs.append((direction, config))
         return config

@@ -334,7 +334,7 @@ def test_gluon_config_field_round_trips_and_is_checked():
     assert KernelConfig.from_dict(transposed.to_dict()) == transposed and transposed.mma_tile == (128, 32)
     for change, message in (
         ({"tap_group": 3}, "tap_group is 0, 1, 2 or 4"), ({"gluon": 1}, "only a warp-specialized gluon config"),
-        ({"block_n": 64, "tap_group": 4, "num_warps": 4}, "32\\+ columns a tap"),
+        ({"block_n": 32, "tap_group": 4, "num_warps": 4}, "16\\+ columns a tap"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**grouped.to_dict(), **change})
@@ -385,10 +385,11 @@ def test_force_variant_rules(monkeypatch):
             for fallback in (force(direction, torch.bfloat16, "auto", runs=False, config=grouped),
                              force(direction, torch.bfloat16, "pointer", config=grouped)):  # fmt: skip
                 assert (fallback.gluon, fallback.tap_group, fallback.block_n) == (0, 0, 128)
-            # 16 channels a tap (a slice of 32-byte rows, narrower than the 64 bytes the kernel swizzles a tap's box
-            # at least; 32 channels a tap in a buffer swizzled 128 bytes wide were what the compiler refused on the
-            # H100, 2026-11-26): not a tile the kernel takes; forced to Gluon, the taps go back to one
-            narrow = dataclasses.replace(grouped, block_n=64, tap_group=4)
+            # 8 channels a tap (16-byte rows, narrower than TMA's narrowest swizzle, 32 bytes: 16 channels a tap are
+            # whole swizzle rows since 2026-11-28; 32 channels a tap in a buffer swizzled 128 bytes wide were what the
+            # compiler refused on the H100, 2026-11-26): not a tile the kernel takes; forced to Gluon, the taps go
+            # back to one
+            narrow = dataclasses.replace(grouped, block_n=32, tap_group=4)
             assert not configs.gluon_takes(narrow) and configs.gluon_takes(dataclasses.replace(narrow, tap_group=2))
             refused = force(direction, torch.bfloat16, "gluon", config=narrow)
             assert configs.gluon_takes(refused) and refused.tap_group == 0 and refused.gluon == 1
