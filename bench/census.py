@@ -222,6 +222,8 @@ def _geometry_text(geom) -> str:
     s = "x".join(map(str, geom.stride))
     size = "x".join(map(str, geom.in_size))
     cached = f" +{geom.prefix_frames} cached" if geom.prefix_frames else ""
+    if geom.after_channels or geom.out_after_channels:  # a second source along the channels: a skip connection
+        cached += f" +{geom.after_channels or geom.out_after_channels} skip"
     modes = "" if set(geom.dim_modes) == {"zeros"} else f" {'/'.join(geom.dim_modes)}"
     return f"{geom.in_channels:>4} -> {geom.out_channels:<4} k{k} s{s} in {size}{cached}{modes}"
 

@@ -187,6 +187,29 @@ def test_emulated_gluon_channels_after(case, mode, emulator):
     assert emulator.launches == {"_conv3d_gluon_kernel": 2, "_conv3d_wgrad_gluon_kernel": 2}
 
 
+@pytest.mark.parametrize(
+    ("case", "per_tap"),
+    [
+        (("skip_16", (1, 16, 3, 4, 5), 16, (16, 32, 3, 3, 3), 1, 1, 1, 1, "zeros"), 16),  # 16 + 16 channels
+        (("skip_32_16", (1, 32, 2, 4, 5), 16, (24, 48, 3, 3, 3), 1, 1, 1, 1, "zeros"), 32),  # the wider source's
+    ],
+    ids=lambda value: value[0] if isinstance(value, tuple) else None,
+)
+def test_emulated_gluon_channels_after_weight_gradient_as_chosen(case, per_tap, emulator):
+    """The sm_90 heuristic's weight gradient reading channels_after (configs.heuristic_config: a plain one's Gluon
+    tiles for the wider source, here transposed: 16-24 output channels, 4 taps of its input channels on the wgmma's
+    rows), one launch a source into its columns, warp-specialized, against float64 of the concatenation."""
+    from test_channels_after import conv_and_reference as after_conv_and_reference
+
+    emulator.mode = 2
+    ours, expected = after_conv_and_reference(case, torch.bfloat16, "cpu")
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    wgrad = [c for d, c in emulator.configs if d == "wgrad"]
+    assert [(c.gluon, c.swap_ab, c.tap_group, c.block_n) for c in wgrad] == [(2, 1, 4, 4 * per_tap)], wgrad
+    assert emulator.launches["_conv3d_wgrad_gluon_kernel"] == 2
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", ["unet_up", "kernel_2_stride_2"])  # bf16: 16 + 16 and 24 + 8 channels
 def test_emulated_gluon_transposed_channels_after(case, mode, emulator, monkeypatch):

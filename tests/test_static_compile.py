@@ -639,6 +639,14 @@ if conv_gluon.UNAVAILABLE is None:
         report = compile_launch("wgrad", shape.geometry(), torch.bfloat16, chosen, 90)[0]
         out.append({"case": shape.name, "direction": "wgrad", "dtype": str(torch.bfloat16), "config": chosen.to_dict(),
                     **report.to_dict()})
+    # BasicUNet's decoder conv of [upsampled, skip] (32 + 32 -> 32), its weight gradient as chosen: one transposed
+    # launch a source, 4 taps of 32 input channels on the wgmma's rows
+    skip_32 = conv_geometry((1, 32, 16, 32, 32), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)
+    chosen, _ = choice.choose("wgrad", skip_32, torch.bfloat16, arch.device_name, arch.sm_count, 90)
+    for report in compile_launch("wgrad", skip_32, torch.bfloat16, chosen, 90):
+        if report.kernel == "_conv3d_wgrad_gluon_kernel":
+            out.append({"case": "unet_skip_32", "direction": "wgrad", "dtype": str(torch.bfloat16),
+                        "config": chosen.to_dict(), **report.to_dict()})
     # The last column block's half tiles (half_tail): 192 channels in 128-column blocks, swapped, both kernels
     wide = next(s for s in load_shape_set("bench") if s.name == "wan_dec_192").geometry()
     for direction in ("fwd", "dgrad"):
@@ -692,7 +700,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     forward's and input gradient's operands swapped (m64n256 wgmmas), both kernels, and the weight gradient with two
     taps a 256-column tile (down_s2's: four, through the phase views), and unet_32's (unet_aniso's under 3.6)
     transposed, 2-4 taps of 32 input channels on the wgmma's rows, as the tuner's twin and as chosen, and MONAI
-    UNet's 16-channel ones (the unets set) as chosen, 4 taps of 16; down_s2's phase views warp-specialized too, and
+    UNet's 16-channel ones (the unets set) as chosen, 4 taps of 16, and BasicUNet's decoder conv of a skip
+    connection (32 + 32 -> 32), one transposed launch a source; down_s2's phase views warp-specialized too, and
     swapped, as last_cout3's forward; the forward and input gradient of the layers of few tiles (unet_320, and
     hunyuan_512 under 3.6) on one warpgroup with their reduction split, and 96 channels a tap in three 32-deep steps
     (last_cout3's forward, and wan_dec_96's under 3.6, whose weight gradient also as 4 taps of 32 input channels a
@@ -763,6 +772,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     transposed = {r["case"]: r for r in swapped if r["direction"] == "wgrad"}  # the taps on the wgmma's rows
     assert "unet_32" in transposed and transposed["unet_32"]["config"]["tap_group"] == 4
     assert transposed["unet_16"]["config"]["block_n"] == 64 and transposed["unet_16"]["config"]["tap_group"] == 4
+    skip_32 = [r for r in swapped if r["case"] == "unet_skip_32"]  # one launch a source
+    assert len(skip_32) == 2 and all(r["config"]["tap_group"] == 4 for r in skip_32)
     assert all(r["mma"].startswith(f"HGMMA.64x{r['config']['block_m']}x") for r in transposed.values())
     half = [r for r in reports if r.get("row") == "half_tail"]
     assert {(r["direction"], r["config"]["gluon"]) for r in half} == {

@@ -702,8 +702,9 @@ def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
     """A UNet decoder's convolution of [upsampled, skip] reading the skip in place (channels_after): its forward on
     the persistent Gluon kernel as a plain one's (MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs in these
     on the pointer kernel), each source's channels in whole steps (whole_steps_twin), not with timed_only (bench's
-    skip scenario times both), not where a border mode in H or W parts it into interior and ring; its gradients as
-    they were (the weight gradient on the pointer kernel, the input gradient reads no second source)."""
+    skip scenario times both), not where a border mode in H or W parts it into interior and ring; its weight
+    gradient on the Gluon kernel as a plain one of one source's channels (not with timed_only: the pointer kernel),
+    its input gradient reads no second source."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     bf16 = torch.bfloat16
     skip = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)
@@ -719,7 +720,8 @@ def test_a_skip_connection_read_in_place_takes_the_gluon_forward(monkeypatch):
     assert conv_gluon.programs_an_sm(chosen, 2, weight_grad=False) == 2
     assert configs.mma_fill("fwd", skip, h100("fwd", skip)) == 1.0
     assert h100("fwd", skip, timed_only=True).variant == "pointer"
-    assert h100("wgrad", skip).variant == "pointer" and h100("wgrad", plain).gluon == 2
+    assert h100("wgrad", skip, timed_only=True).variant == "pointer" and h100("wgrad", plain).gluon == 2
+    assert h100("wgrad", skip) == h100("wgrad", conv_geometry((1, 32, 128, 128, 128), (32, 32, 3, 3, 3), 1, 1, 1))
     bordered = conv_geometry((1, 32, 128, 128, 128), (32, 64, 3, 3, 3), 1, 1, 1, "zeros,replicate,replicate", 0, 1, 32)
     assert configs.tma_eligible("fwd", bordered, bf16) and h100("fwd", bordered).variant == "pointer"
     assert configs.heuristic_config("fwd", skip, bf16, 132, 80).variant == "pointer"  # no Gluon kernel on sm_80
@@ -850,6 +852,15 @@ def test_heuristic_transposes_weight_gradients_of_few_output_channels(monkeypatc
         assert configs.gluon_takes(tma) and tma.tma_box_w
     wide = shapes["unet_64"]
     assert configs.heuristic_config("wgrad", wide, torch.bfloat16, 132, 90).swap_ab == 0
+    # a weight gradient reading channels_after (BasicUNet's decoder conv of [upsampled, skip], 32 + 32 -> 32): the
+    # tiles of a plain one of its wider source, one launch a source; the timed rules kept the pointer kernel
+    skip = conv_geometry((1, 32, 64, 64, 64), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)
+    source = conv_geometry((1, 32, 64, 64, 64), (32, 32, 3, 3, 3), 1, 1, 1)
+    assert configs.heuristic_config("wgrad", skip, torch.bfloat16, 132, 90) == (
+        configs.heuristic_config("wgrad", source, torch.bfloat16, 132, 90)
+    )  # fmt: skip
+    assert configs.heuristic_config("wgrad", skip, torch.bfloat16, 132, 90).swap_ab == 1
+    assert configs.heuristic_config("wgrad", skip, torch.bfloat16, 132, 90, timed_only=True).variant == "pointer"
 
 
 def test_channel_taps_twin_fills_the_columns_with_whole_channel_blocks():

@@ -485,9 +485,9 @@ def heuristic_config(
     A forward reading frames_before or bordered in H or W (its interior on a box kernel, its border ring on the
     pointer kernel) takes the Gluon kernel as a plain one does (timed on the H100); the other directions of such
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
-    stay on the pointer kernels until a GPU has timed them, a tuning table or TCONV3D_KERNELS aside; a border mode
-    along D alone leaves the box loops as they are.
-    Five rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    stay on the pointer kernels until a GPU has timed them (but for the untimed rules below), a tuning table or
+    TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are.
+    Six rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
@@ -502,9 +502,11 @@ def heuristic_config(
     pointer kernel (their decoders' convolutions of the concatenation, at 32 to 128 channels); and an input gradient
     reading channels_after after grad_out's channels (a transposed conv of a concatenation: MONAI UNet's up convs,
     13% of its forward's FLOPs on the pointer kernel) takes the Gluon kernel as a plain one does, each source's
-    channels in whole steps (whole_steps_twin); and a Gluon weight gradient of at most 32 output channels is
+    channels in whole steps (whole_steps_twin); a Gluon weight gradient of at most 32 output channels is
     computed transposed, 2-4 taps' input channels on the wgmma's rows (swapped_wgrad_tiles: MONAI UNet's 16-channel
-    level filled 16 of the 64 rows a wgmma takes, 9.6% of a training step's FLOPs at a quarter of the MMA's work)."""
+    level filled 16 of the 64 rows a wgmma takes, 9.6% of a training step's FLOPs at a quarter of the MMA's work);
+    and a weight gradient reading channels_after takes the Gluon tiles of a plain one of its wider source, one
+    launch a source (BasicUNet's and DynUNet's decoder convs, 13-15% of their training steps' FLOPs)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -535,6 +537,15 @@ def heuristic_config(
     after_dgrad = direction == "dgrad" and geom.out_after_channels > 0 and not timed_only
     if capability < TMA_MIN_CAPABILITY or not tma_eligible(direction, geom, dtype):
         return config
+    if direction == "wgrad" and geom.after_channels and not timed_only:
+        # A weight gradient reading channels_after (a UNet decoder's conv of [upsampled, skip]) runs one box launch
+        # a source, each a plain weight gradient into its columns (conv_wgrad._launch): the tiles a plain one of
+        # the wider source's channels takes, where those are the Gluon kernel's (BasicUNet's 32 + 32 -> 32 at
+        # 128^3, 13% of its training step's FLOPs, ran the pointer kernel).
+        source = replace(geom, in_channels=max(geom.channel_sources), after_channels=0)
+        tiles = heuristic_config(direction, source, dtype, sm_count, capability)
+        if tiles.gluon:
+            return tiles
     if (second_source or borders) and not (timed or after_dgrad):
         return config
     strided = tuple(geom.stride) != (1, 1, 1)
