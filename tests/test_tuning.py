@@ -844,6 +844,9 @@ def test_heuristic_transposes_weight_gradients_of_few_output_channels(monkeypatc
         kept_rounds = 7 * cdiv(patches, split_rows(patches, kept.split_k, 1)) / (per_sm * 132)
         assert kept_rounds / math.ceil(kept_rounds) < configs.SWAPPED_WGRAD_FILL, name  # what the refit is for
         assert configs.grouped_taps_twin(chosen, "wgrad") is None
+        # the tuner times its unswapped one-tap tile first (configs.own_twins): 7 doublings from it otherwise
+        unswapped = configs.own_twins("wgrad", geom, chosen, torch.bfloat16, 227 * 1024)
+        assert [(c.block_m, c.block_n, c.swap_ab, c.tap_group, c.gluon) for c in unswapped] == [(64, per_tap, 0, 0, 2)]
         # off the Gluon kernel (TCONV3D_KERNELS=tma, a Triton without it): one tap's columns on 64 rows, one warpgroup
         tma = choice.force_variant("wgrad", geom, torch.bfloat16, chosen, "tma")
         assert (tma.block_m, tma.block_n, tma.num_warps, tma.swap_ab, tma.tap_group, tma.gluon) == (

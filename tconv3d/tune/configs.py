@@ -24,6 +24,7 @@ from ..kernels.config import (
     gemm_view,
     grouped_taps_fit,
     half_tail,
+    off_gluon,
     packed_channels,
     packs_out_taps,
     packs_taps,
@@ -1051,7 +1052,8 @@ def swapped_wgrad_tiles(
 def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
     """`config`'s own Gluon twins, those that fit `smem_bytes`: its tile swapped (swapped_twin; the weight gradient's,
     swapped_wgrad_twin) or with its taps grouped (grouped_taps_twin; the weight gradient's whole channel blocks,
-    channel_taps_twin). They differ from it in tile dimensions, so a
+    channel_taps_twin; a transposed weight gradient's, its one-tap tile unswapped on 64 rows: off_gluon's, on the
+    Gluon kernel). They differ from it in tile dimensions, so a
     tuner that times the candidates nearest a default (tuner.nearest_candidates) would not reach them (unet_32's
     transposed weight gradient is 7 doublings from the default; the 24th nearest, 7), and its split may be one the
     space does not hold."""
@@ -1060,6 +1062,8 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
     found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
     if direction == "wgrad":
         found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
+        if config.swap_ab:  # the heuristic's transposed tile (swapped_wgrad_tiles): one tap's, unswapped, beside it
+            found.append(replace(off_gluon(config), gluon=config.gluon))
     element = torch.empty((), dtype=dtype).element_size()
     return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes)]
 
