@@ -173,16 +173,13 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
         for kernel_direction in ("dgrad", "wgrad") if direction == "bwd" else (direction,):
             config = choice.pick_config(kernel_direction, geom, dtype, device)
             launches.append((kernel_direction, shape.geometry(), dtype, config))  # compiled as choice.launch runs it
-    if "skip" in scenarios.split(","):  # bench_skip: forward (also as TCONV3D_KERNELS=pointer) and both gradients
+    if "skip" in scenarios.split(","):  # bench_skip: forward and both gradients, also as TCONV3D_KERNELS=pointer
         bf16 = DTYPES_BY_NAME["bf16"]
         for _, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
             for direction, geom in run.skip_geometries(batch, channels, size, cout, transposed).items():
                 config = choice.pick_config(direction, geom, bf16, device)
                 launches.append((direction, geom, bf16, config))
-                if direction == "fwd" or transposed:  # the forward's pointer column
-                    launches.append(
-                        (direction, geom, bf16, choice.force_variant(direction, geom, bf16, config, "pointer"))
-                    )
+                launches.append((direction, geom, bf16, choice.force_variant(direction, geom, bf16, config, "pointer")))
     return launches
 
 

@@ -421,9 +421,9 @@ def skip_geometries(batch: int, channels: int, size, cout: int, transposed: bool
 def bench_skip() -> list[dict]:
     """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
     two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv); time and peak memory,
-    fwd and fwd+bwd (the gradients of both inputs and the weight). The forward also as TCONV3D_KERNELS=pointer runs
-    it (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for both (configs.heuristic_config) on the
-    timings of one-source layers."""
+    fwd and fwd+bwd (the gradients of both inputs and the weight). Both also as TCONV3D_KERNELS=pointer runs them
+    (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for the forward and the weight gradient reading
+    the skip (configs.heuristic_config) on the timings of one-source layers."""
 
     def activation(batch, channels, size):
         t = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
@@ -455,8 +455,6 @@ def bench_skip() -> list[dict]:
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
             for impl, forward in impls[transposed].items():
-                if impl == "tconv3d_pointer" and direction != "fwd":
-                    continue
                 grad = torch.randn_like(forward(*tensors)) if direction == "fwd+bwd" else None
                 fn = functools.partial(_skip_step, forward, tensors, grad)
                 row[f"{impl}_ms"] = round(bench_ms(fn), 4)
