@@ -289,9 +289,9 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("python -m bench.census --time times kernels: it needs a CUDA device")
             return 2
-        properties = torch.cuda.get_device_properties(0)
-        args.device_name, args.sms = properties.name, properties.multi_processor_count
-        args.capability = 10 * properties.major + properties.minor
+        device = torch.device("cuda")
+        args.device_name, args.sms = torch.cuda.get_device_name(device), configs.multiprocessor_count(device)
+        args.capability = configs.compute_capability(device)
         torch.backends.cudnn.benchmark = True
     dtype = DTYPES_BY_NAME[args.dtype]
     counts, what = model_counts(args)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -193,6 +194,16 @@ def variants_launches(variants_args: list[str], device) -> list:
     return variants.planned_launches(cases, args.directions, impls, device)
 
 
+@functools.cache
+def _census_counts(spec: str) -> tuple:
+    """(the model's (direction, geometry) -> calls, its dtype's name) of one bench.census argument list: built once
+    for all of DEVICES (a default-size VAE takes seconds to build, even on the meta device)."""
+    from bench import census
+
+    args = census.build_parser().parse_args(shlex.split(spec))
+    return census.model_counts(args)[0], args.dtype
+
+
 def census_launches(models: str, device) -> list:
     """The launches of python -m bench.census --time for each of `models` (";"-separated argument lists, one model
     each, as the census stage passes them): each timed row's chosen config, on the device tconv3d runs on
@@ -200,18 +211,17 @@ def census_launches(models: str, device) -> list:
     import torch
 
     from bench import census, variants
+    from tconv3d.tune import configs
     from tconv3d.tune.shapes import DTYPES_BY_NAME
 
+    name, sms, capability = (torch.cuda.get_device_name(device), configs.multiprocessor_count(device),
+                             configs.compute_capability(device))  # fmt: skip
     launches = []
     for spec in filter(None, (part.strip() for part in models.split(";"))):
-        args = census.build_parser().parse_args(shlex.split(spec))
-        counts, _ = census.model_counts(args)
-        properties = torch.cuda.get_device_properties(device)
-        capability = 10 * properties.major + properties.minor
-        rows, _ = census.census(counts, DTYPES_BY_NAME[args.dtype], properties.name,
-                                properties.multi_processor_count, capability)  # fmt: skip
-        for index, shape in census.timeable_rows(rows, args.dtype):
-            launches += variants.planned_launches([(shape, args.dtype)], rows[index][1], {"chosen"}, device)
+        counts, dtype_name = _census_counts(spec)
+        rows, _ = census.census(counts, DTYPES_BY_NAME[dtype_name], name, sms, capability)
+        for index, shape in census.timeable_rows(rows, dtype_name):
+            launches += variants.planned_launches([(shape, dtype_name)], rows[index][1], {"chosen"}, device)
     return launches
 
 
