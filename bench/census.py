@@ -5,6 +5,7 @@ kernel a GPU would run it on, on a machine with no GPU.
     python -m bench.census --vae wan --latent 1,16,5,60,104 --device-name "NVIDIA H100 80GB HBM3"
     python -m bench.census --unet basic_unet            # MONAI's, 1 x 1 x 128^3 (--input N,C,D,H,W)
     python -m bench.census --unet unet --training       # a training step's: forward, input and weight gradients
+    python -m bench.census --vae wan --training         # a decoder's fine-tuning step (its latent takes no gradient)
     python -m bench.census --vae wan --encode 1,3,17,256,256  # the VAE's encode of a video instead
     python -m bench.census --vae wan --timed-only       # as chosen from the rules a GPU has timed alone
 
@@ -14,8 +15,8 @@ each distinct geometry it prints how many calls had it, the forward's config as 
 (tconv3d.tune.choice.choose: its table, the nearest key's, or the heuristic), where that came from, the share of
 its MMA work that is the convolution's (configs.mma_fill) and its share of the decode's convolution FLOPs; then
 the FLOPs each kernel variant would run. A decode is inference: forwards only (a transposed conv's forward is the
-input-gradient op: its rows say dgrad); a UNet's training step (`--training`) adds the backward's input gradients
-(dgrad; a transposed conv's: fwd) and weight gradients (wgrad). What it showed first (bench/NOTES.md,
+input-gradient op: its rows say dgrad); a training step (`--training`: a UNet's, a VAE's decode or encode) adds the
+backward's input gradients (dgrad; a transposed conv's: fwd) and weight gradients (wgrad). What it showed first (bench/NOTES.md,
 "What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and HunyuanVideo's convs
 border H and W by replicate, and the heuristic kept both on the pointer kernels: 92-100% of those decodes' FLOPs,
 until the H100 timed the Gluon kernel 1.7-2.8x faster on them (run 15), which the heuristic now takes."""
@@ -72,38 +73,31 @@ class _ConvGeometries(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def decode_geometries(converted: torch.nn.Module, latent_shape, dtype: torch.dtype) -> collections.Counter:
-    """(direction, geometry) -> calls, of one decode of a latent of `latent_shape` by a converted VAE, moved to the
-    meta device."""
-    converted = converted.to(device="meta", dtype=dtype)
-    latent = torch.empty(latent_shape, dtype=dtype, device="meta")
-    with torch.no_grad(), _ConvGeometries() as seen:
-        converted.decode(latent)
-    return seen.counts
-
-
-def encode_geometries(converted: torch.nn.Module, video_shape, dtype: torch.dtype) -> collections.Counter:
-    """(direction, geometry) -> calls, of one encode of a video of `video_shape` by a converted VAE, moved to the
-    meta device (image-to-video conditioning, a training step's latents)."""
-    converted = converted.to(device="meta", dtype=dtype)
-    video = torch.empty(video_shape, dtype=dtype, device="meta")
-    with torch.no_grad(), _ConvGeometries() as seen:
-        converted.encode(video)
-    return seen.counts
-
-
-def forward_geometries(
-    converted: torch.nn.Module, input_shape, dtype: torch.dtype, training: bool = False
+def model_geometries(
+    converted: torch.nn.Module, run, input_shape, dtype: torch.dtype, training: bool = False
 ) -> collections.Counter:
-    """(direction, geometry) -> calls, of one forward of an input of `input_shape` by a converted model (a UNet),
-    moved to the meta device; with `training`, a training step's: the forward, then the backward of its output's
-    sum (the input takes no gradient, as a training batch does not)."""
+    """(direction, geometry) -> calls, of `run(converted, x)` on an input x of `input_shape` (a UNet's forward, a
+    VAE's decode of a latent or its encode of a video), the model converted and moved to the meta device; with
+    `training`, a training step's: that, then the backward of its output's sum (the input takes no gradient, as a
+    training batch, or a decoder's latent from a frozen encoder, does not)."""
     converted = converted.to(device="meta", dtype=dtype).train(training)
     with torch.set_grad_enabled(training), _ConvGeometries() as seen:
-        out = converted(torch.empty(input_shape, dtype=dtype, device="meta"))
+        out = run(converted, torch.empty(input_shape, dtype=dtype, device="meta"))
         if training:
             out.sum().backward()
     return seen.counts
+
+
+def forward(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return net(x)
+
+
+def decoded(vae: torch.nn.Module, latent: torch.Tensor) -> torch.Tensor:
+    return vae.decode(latent).sample
+
+
+def encoded(vae: torch.nn.Module, video: torch.Tensor) -> torch.Tensor:
+    return vae.encode(video).latent_dist.mean
 
 
 def census(
@@ -243,7 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unet", default=None, choices=sorted(UNETS), help="a MONAI 3D UNet's forward instead")
     parser.add_argument("--input", default="1,1,128,128,128", help="N,C,D,H,W of --unet's input")
     parser.add_argument(
-        "--training", action="store_true", help="with --unet: a training step's convolutions, backward included"
+        "--training",
+        action="store_true",
+        help="a training step's convolutions: the forward (a UNet's, the VAE's decode or encode), then the "
+        "backward of its output's sum: input and weight gradients",
     )
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES_BY_NAME))
     parser.add_argument("--device-name", default="NVIDIA H100 80GB HBM3", help="whose tuning table")
@@ -271,15 +268,15 @@ def model_counts(args) -> tuple[collections.Counter, str]:
         from monai.networks import nets
 
         shape = tuple(int(n) for n in args.input.split(","))
-        counts = forward_geometries(tconv3d.nn.convert(UNETS[args.unet](nets)), shape, dtype, args.training)
-        return counts, f"{args.unet}: input {shape}" + (", a training step" if args.training else "")
-    if args.encode:
+        model, run, what = UNETS[args.unet](nets), forward, f"{args.unet}: input {shape}"
+    elif args.encode:
         shape = tuple(int(n) for n in args.encode.split(","))
-        counts = encode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
-        return counts, f"{args.vae}: encode of a video {shape}"
-    shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
-    counts = decode_geometries(tconv3d.nn.convert(build_vae(args.vae, scale=0)), shape, dtype)
-    return counts, f"{args.vae}: latent {shape}"
+        model, run, what = build_vae(args.vae, scale=0), encoded, f"{args.vae}: encode of a video {shape}"
+    else:
+        shape = tuple(int(n) for n in args.latent.split(",")) if args.latent else DEFAULT_LATENTS[args.vae]
+        model, run, what = build_vae(args.vae, scale=0), decoded, f"{args.vae}: latent {shape}"
+    counts = model_geometries(tconv3d.nn.convert(model), run, shape, dtype, args.training)
+    return counts, what + (", a training step" if args.training else "")
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,6 @@
 """The parts of the benchmarks that need no GPU: the suite, FLOP and byte counts, the plan, result writing."""
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -693,7 +694,7 @@ def test_census_sees_every_convolution_of_a_decode():
     for module in converted.modules():
         if isinstance(module, Conv3d):
             module.register_forward_hook(lambda *_: calls.append(1))
-    counts = census.decode_geometries(converted, (1, 16, 3, 8, 8), torch.bfloat16)
+    counts = census.model_geometries(converted, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16)
     assert sum(counts.values()) == len(calls) > 0
     assert any(g.prefix_frames for _, g in counts) and any(not g.prefix_frames for _, g in counts)
     assert {direction for direction, _ in counts} == {"fwd"}
@@ -712,16 +713,40 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
     from tconv3d.nn import convert
     from tconv3d.tune import choice
 
-    counts = census.forward_geometries(convert(census.UNETS["unet"](nets)), (1, 1, 32, 32, 32), torch.bfloat16)
+    counts = census.model_geometries(
+        convert(census.UNETS["unet"](nets)), census.forward, (1, 1, 32, 32, 32), torch.bfloat16
+    )
     assert {direction for direction, _ in counts} == {"fwd", "dgrad"}
     assert any(g.out_after_channels for d, g in counts if d == "dgrad")
-    counts = census.forward_geometries(convert(census.UNETS["basic_unet"](nets)), (1, 1, 32, 32, 32), torch.bfloat16)
+    counts = census.model_geometries(
+        convert(census.UNETS["basic_unet"](nets)), census.forward, (1, 1, 32, 32, 32), torch.bfloat16
+    )
     assert any(g.after_channels for d, g in counts if d == "fwd")
     rows, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
     assert sum(row[-1] for row in rows) == pytest.approx(1.0)
     before, _ = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, timed_only=True)
     h100 = lambda d, geom: choice.choose(d, geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90, True)[0]  # noqa: E731
     assert all(config == h100(direction, geom) for _, direction, geom, config, *_ in before)
+
+
+def test_census_of_a_vae_decoders_training_step():
+    """bench.census --vae NAME --training: a decoder's fine-tuning step (its latent from a frozen encoder takes no
+    gradient) records each conv's weight gradient, cached frames included (Wan's chunks after the first), and an
+    input gradient for every conv but the first, none of them reading frames_before (x's gradient alone)."""
+    pytest.importorskip("diffusers")
+    from bench import census
+    from bench.vaes import build_vae
+    from tconv3d.nn import convert
+
+    model = convert(build_vae("wan", scale=1))
+    counts = census.model_geometries(model, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16, training=True)
+    calls = collections.Counter()
+    for (direction, geom), n in counts.items():
+        calls[direction, bool(geom.prefix_frames)] += n
+    assert calls["wgrad", True] == calls["fwd", True] > 0 and calls["wgrad", False] == calls["fwd", False] > 0
+    assert calls["dgrad", False] == calls["fwd", True] + calls["fwd", False] - 1 and not calls["dgrad", True]
+    inference = census.model_geometries(model, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16)
+    assert {direction for direction, _ in inference} == {"fwd"}
 
 
 def test_census_of_a_training_step_and_its_timing(monkeypatch):
@@ -737,9 +762,9 @@ def test_census_of_a_training_step_and_its_timing(monkeypatch):
     from tconv3d.nn import convert
 
     model = convert(census.UNETS["unet"](nets))
-    counts = census.forward_geometries(model, (1, 1, 32, 32, 32), torch.bfloat16, training=True)
+    counts = census.model_geometries(model, census.forward, (1, 1, 32, 32, 32), torch.bfloat16, training=True)
     assert {direction for direction, _ in counts} == {"fwd", "dgrad", "wgrad"}
-    forward = census.forward_geometries(model, (1, 1, 32, 32, 32), torch.bfloat16)
+    forward = census.model_geometries(model, census.forward, (1, 1, 32, 32, 32), torch.bfloat16)
     convs = sum(calls for (direction, geom), calls in forward.items() if direction == "fwd")
     assert sum(calls for (direction, _), calls in counts.items() if direction == "wgrad") >= convs + sum(
         calls for (direction, _), calls in forward.items() if direction == "dgrad"
@@ -748,8 +773,12 @@ def test_census_of_a_training_step_and_its_timing(monkeypatch):
     timeable = dict(census.timeable_rows(rows, "bf16"))
     assert 0 < len(timeable) < len(rows)
     assert all(rows[i][2].out_after_channels for i in range(len(rows)) if i not in timeable)
-    decode = census.decode_geometries(convert(build_vae("cogvideox", scale=1)), (1, 4, 3, 8, 8), torch.bfloat16)
-    decode += census.decode_geometries(convert(build_vae("wan", scale=1)), (1, 16, 3, 8, 8), torch.bfloat16)
+    decode = census.model_geometries(
+        convert(build_vae("cogvideox", scale=1)), census.decoded, (1, 4, 3, 8, 8), torch.bfloat16
+    )
+    decode += census.model_geometries(
+        convert(build_vae("wan", scale=1)), census.decoded, (1, 16, 3, 8, 8), torch.bfloat16
+    )
     decoded, _ = census.census(decode, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
     assert any(len(set(g.dim_modes)) > 1 for _, _, g, *_ in decoded) and any(g.prefix_frames for _, _, g, *_ in decoded)
     for table in (rows, decoded):
