@@ -16,10 +16,11 @@ each distinct geometry it prints how many calls had it, the forward's config as 
 its MMA work that is the convolution's (configs.mma_fill) and its share of the decode's convolution FLOPs; then
 the FLOPs each kernel variant would run. A decode is inference: forwards only (a transposed conv's forward is the
 input-gradient op: its rows say dgrad); a training step (`--training`: a UNet's, a VAE's decode or encode) adds the
-backward's input gradients (dgrad; a transposed conv's: fwd) and weight gradients (wgrad). What it showed first (bench/NOTES.md,
-"What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and HunyuanVideo's convs
-border H and W by replicate, and the heuristic kept both on the pointer kernels: 92-100% of those decodes' FLOPs,
-until the H100 timed the Gluon kernel 1.7-2.8x faster on them (run 15), which the heuristic now takes."""
+backward's input gradients (dgrad; a transposed conv's: fwd) and weight gradients (wgrad). What it showed first
+(bench/NOTES.md, "What the video VAE decodes run"): Wan's chunks after the first read cached frames, Mochi's and
+HunyuanVideo's convs border H and W by replicate, and the heuristic kept both on the pointer kernels: 92-100% of
+those decodes' FLOPs, until the H100 timed the Gluon kernel 1.7-2.8x faster on them (run 15), which the heuristic
+now takes."""
 
 from __future__ import annotations
 

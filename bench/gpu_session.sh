@@ -71,6 +71,7 @@ case "${1:-}" in
     # deepest ring in half an SM's shared memory (8 stages of the packed loops: past the tuner's space); then the
     # few-voxel decoder layers on 128-row Gluon tiles against the 64-row pointer ones (configs._gluon_rows), LTX-2's
     # reflect-bordered ones of few tiles split on the Gluon kernel beside their border ring (small_grid_twin); the
+    # decoders' weight gradients of cached and bordered layers on the Gluon kernel against the pointer one; the
     # small grids on one-warpgroup split tiles (hunyuan_512, unet_320: now chosen, against what they ran before);
     # down_s2's strided forward on the persistent Gluon kernel against the pointer kernel it keeps (H200 run 1's
     # Gluon forward, before the persistent kernel's rings and tiles, took 1.9x its time); the weight gradients of at
@@ -84,13 +85,14 @@ case "${1:-}" in
     PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
       wan_dec_384_cached_64:chosen wan_dec_384_cached_64:timed_only mochi_dec_768_replicate:chosen \
       mochi_dec_768_replicate:timed_only ltx2_dec_256_reflect:chosen ltx2_dec_256_reflect:timed_only \
-      ltx2_dec_512_reflect:chosen ltx2_dec_512_reflect:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
+      ltx2_dec_512_reflect:chosen ltx2_dec_512_reflect:timed_only wan_dec_96_cached:chosen wan_dec_96_cached:timed_only \
+      hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
       unet_320:chosen unet_320:timed_only down_s2:chosen down_s2:gluon_ws unet_32:chosen unet_32:gluon_ws_swapped_wgrad \
       unet_32:timed_only unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
       unet_64:chosen wan_dec_384b:chosen )unet_64:gluon_ws
-    PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,ltx2_dec_256_reflect,ltx2_dec_512_reflect,hunyuan_512,unet_320,down_s2,unet_32,unet_64,wan_dec_384b,unet_64@fp32,unet_16,unet_down_16
-    export CALL_SECONDS=${CALL_SECONDS:-450} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \
-      TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-110} \
+    PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_96_cached,hunyuan_dec_128_replicate,hunyuan_512,unet_320,down_s2,unet_32,unet_64,wan_dec_384b,unet_64@fp32,unet_16,unet_down_16
+    export CALL_SECONDS=${CALL_SECONDS:-465} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \
+      TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-125} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
       SCENARIOS=${SCENARIOS:-stack,skip} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \

@@ -22,7 +22,16 @@ from helpers import (
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
 )
-from test_tma import RING_BORDERS, TMA_CASES, UNALIGNED_OUTPUT, bordered_forward, conv_with_border_along_d
+from test_tma import (
+    DECODER_WEIGHT_GRAD_IDS,
+    DECODER_WEIGHT_GRADS,
+    RING_BORDERS,
+    TMA_CASES,
+    UNALIGNED_OUTPUT,
+    bordered_forward,
+    conv_with_border_along_d,
+    decoder_geometry,
+)
 
 import tconv3d
 from tconv3d import settings
@@ -178,6 +187,28 @@ def test_gluon_causal_borders_match_float64(border, dtype, gluon, device):
         assert rel_l2(got, want) < tolerance(dtype)
     first = "gluon" if gluon_runs(device) else "tma"
     assert gluon == [(first, direction) for direction in ("fwd", "dgrad", "wgrad")]
+
+
+@pytest.mark.parametrize(("channels", "modes", "before", "swapped"), DECODER_WEIGHT_GRADS, ids=DECODER_WEIGHT_GRAD_IDS)
+def test_gluon_decoder_weight_gradients_as_chosen(channels, modes, before, swapped, monkeypatch, device):
+    """A video VAE decoder's fine-tuning step: the weight gradient of a layer reading cached frames or bordered in
+    H and W on the Gluon kernel as the sm_90 heuristic chooses it (transposed where Cout <= 32; the border strips
+    on the pointer kernel), against float64. On CPU tests/test_gluon_emulated.py runs the same through the
+    emulator."""
+    if not gluon_runs(device):
+        pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
+    sms = configs.multiprocessor_count(torch.device(device))
+    monkeypatch.setattr(choice, "_memo", {})
+    monkeypatch.setattr(choice, "_select", lambda d, g, dtype, dev, run: configs.heuristic_config(d, g, dtype, sms, 90))
+    launched = []
+    real = conv_wgrad.conv3d_wgrad_gluon
+    monkeypatch.setattr(conv_wgrad, "conv3d_wgrad_gluon", lambda *a: launched.append(a[4]) or real(*a))
+    mode_d, *modes_hw = modes
+    ours, expected = conv_with_border_along_d(mode_d, 1, before, torch.bfloat16, device, tuple(modes_hw), channels)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    chosen = configs.heuristic_config("wgrad", decoder_geometry(channels, modes, before), torch.bfloat16, sms, 90)
+    assert launched == [chosen] and chosen.gluon == 2 and (chosen.tap_group if chosen.swap_ab else 0) == swapped
 
 
 @pytest.mark.parametrize("specialized", [False, True], ids=["pipelined", "warp_specialized"])

@@ -25,7 +25,16 @@ from helpers import (
     swapped_weight_grad_params,
     swapped_weight_grad_tiles,
 )
-from test_tma import RING_BORDERS, TMA_CASES, UNALIGNED_OUTPUT, bordered_forward, conv_with_border_along_d
+from test_tma import (
+    DECODER_WEIGHT_GRAD_IDS,
+    DECODER_WEIGHT_GRADS,
+    RING_BORDERS,
+    TMA_CASES,
+    UNALIGNED_OUTPUT,
+    bordered_forward,
+    conv_with_border_along_d,
+    decoder_geometry,
+)
 
 import tconv3d
 from tconv3d import settings
@@ -167,6 +176,26 @@ def test_emulated_gluon_border_modes_and_cached_frames_along_d(mode_d, stride, b
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
     assert [(d, c.gluon) for d, c in emulator.configs] == [(d, emulator.mode) for d in ("fwd", "dgrad", "wgrad")]
     assert emulator.configs[-1][1].tap_group == emulator.tap_group
+
+
+@pytest.mark.parametrize(("channels", "modes", "before", "swapped"), DECODER_WEIGHT_GRADS, ids=DECODER_WEIGHT_GRAD_IDS)
+def test_emulated_gluon_decoder_weight_gradients_as_chosen(channels, modes, before, swapped, emulator):
+    """A video VAE decoder's fine-tuning step: the weight gradient of a layer reading cached frames or bordered in
+    H and W on the Gluon kernel as the sm_90 heuristic now chooses it (configs.heuristic_config's untimed rule;
+    with timed_only the pointer kernel): its interior there, transposed where Cout <= 32 (swapped_wgrad_tiles), the
+    border strips on the pointer kernel, each step's box from frames_before's descriptor or x's; against float64 of
+    the concatenated, padded input."""
+    emulator.mode = 2
+    mode_d, *modes_hw = modes
+    ours, expected = conv_with_border_along_d(mode_d, 1, before, torch.bfloat16, "cpu", tuple(modes_hw), channels)
+    for got, want in zip(ours, expected, strict=True):
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    geom = decoder_geometry(channels, modes, before)
+    chosen = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, configs.GLUON_CAPABILITY)
+    timed = configs.heuristic_config("wgrad", geom, torch.bfloat16, 132, configs.GLUON_CAPABILITY, timed_only=True)
+    assert (chosen.gluon, chosen.tap_group if chosen.swap_ab else 0, timed.variant) == (2, swapped, "pointer")
+    assert emulator.configs[-1] == ("wgrad", chosen)
+    assert emulator.launches["_conv3d_wgrad_gluon_kernel"] == 1
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -287,9 +287,10 @@ def test_eligibility_and_box_width(monkeypatch):
     strided_cached = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), (1, 2, 2), 1, 1, "zeros", 2)
     assert [tma_eligible(d, strided_cached, torch.bfloat16) for d in ("fwd", "dgrad", "wgrad")] == [False, True, False]
     # The heuristic on sm_90: a border mode along D keeps the box loops as they are; frames_before (a branch per step
-    # in the box loops) keeps the weight gradient on the pointer kernel until a GPU has timed it. The box
-    # kernel is the warp-specialized Gluon one where this Triton has it (timed on the H200), else the TMA one, but
-    # in the forward: the Triton TMA forward lost to the pointer kernel wherever Gluon does not run it (H200, H100).
+    # in the box loops) and a border in H or W keep the weight gradient on the pointer kernel off the Gluon kernel
+    # and with timed_only (on it, an untimed rule takes it there as the forward is). The box kernel is the
+    # warp-specialized Gluon one where this Triton has it (timed on the H200), else the TMA one, but in the
+    # forward: the Triton TMA forward lost to the pointer kernel wherever Gluon does not run it (H200, H100).
     replicate_d = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
     long_rows = conv_geometry((1, 64, 4, 64, 256), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1, "replicate,zeros,zeros")
     # (replicate_d's, causal's and spatial's forwards are split over their reduction to fill 132 SMs: on
@@ -300,13 +301,15 @@ def test_eligibility_and_box_width(monkeypatch):
         monkeypatch.setattr(conv_gluon, "UNAVAILABLE", unavailable)
         for problem, variants in (
             (replicate_d, ["gluon" if box == "gluon" else "pointer", box, box]),
-            (causal, ["gluon" if box == "gluon" else "pointer", box, "pointer"]),
-            (spatial, ["gluon" if box == "gluon" else "pointer", box, "pointer"]),
+            (causal, ["gluon" if box == "gluon" else "pointer", box, "gluon" if box == "gluon" else "pointer"]),
+            (spatial, ["gluon" if box == "gluon" else "pointer", box, "gluon" if box == "gluon" else "pointer"]),
             (long_rows, ["pointer" if box == "tma" else box, box, box]),
         ):  # fmt: skip
             chosen = [heuristic_config(d, problem, torch.bfloat16, 132, 90) for d in ("fwd", "dgrad", "wgrad")]
             assert [c.variant for c in chosen] == variants
             assert all(c.gluon in (0, 2) for c in chosen)
+            if problem in (causal, spatial):
+                assert heuristic_config("wgrad", problem, torch.bfloat16, 132, 90, True).variant == "pointer"
 
 
 def test_row_box_where_rows_fill_it():
@@ -448,13 +451,14 @@ def test_refused_tensor_map_says_what_to_do(monkeypatch):
     assert "tensor map descriptor" in str(error.value.__cause__)
 
 
-def conv_with_border_along_d(mode_d, stride, before, dtype, device, modes_hw=("zeros", "zeros")):
-    """tconv3d's [y, dx, dw (, d frames_before)] of a conv with `mode_d` borders along D (and `modes_hw` in H and
-    W: zeros, as the video VAEs' causal convs have, by default) and `before` frames_before, and float64's of the
-    concatenated, padded input, under one random upstream gradient."""
-    x = torch.randn(1, 8, 3, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
-    frames = torch.randn(1, 8, before, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
-    w = torch.randn(16, 8, 3, 3, 3, device=device).to(dtype).requires_grad_()
+def conv_with_border_along_d(mode_d, stride, before, dtype, device, modes_hw=("zeros", "zeros"), channels=(8, 16)):
+    """tconv3d's [y, dx, dw (, d frames_before)] of a conv of `channels` (in, out) with `mode_d` borders along D (and
+    `modes_hw` in H and W: zeros, as the video VAEs' causal convs have, by default) and `before` frames_before, and
+    float64's of the concatenated, padded input, under one random upstream gradient."""
+    c_in, c_out = channels
+    x = torch.randn(1, c_in, 3, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
+    frames = torch.randn(1, c_in, before, 5, 6, device=device).to(dtype).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(c_out, c_in, 3, 3, 3, device=device).to(dtype).requires_grad_()
     padding, mode = (2, 1, 1, 1, 1, 1), ",".join((mode_d, *modes_hw))
     y = tconv3d.conv3d(x, w, None, stride, padding, padding_mode=mode, frames_before=frames if before else None)
     grad_out = torch.randn_like(y)
@@ -473,6 +477,23 @@ def conv_with_border_along_d(mode_d, stride, before, dtype, device, modes_hw=("z
     if before:
         ours, expected = [*ours, frames.grad], [*expected, frames64.grad]
     return ours, expected
+
+
+# A video VAE decoder's fine-tuning step, as conv_with_border_along_d's arguments: (channels, modes along D, H and
+# W, frames_before, the sm_90 heuristic's weight gradient's tap_group where it computes it transposed, else 0).
+DECODER_WEIGHT_GRADS = [
+    ((16, 16), ("zeros", "zeros", "zeros"), 2, 4),  # Wan's cached frames: 4 taps of 16 on the wgmma's rows
+    ((32, 48), ("replicate",) * 3, 0, 0),  # HunyuanVideo's and Mochi's borders: the interior, then the strips
+    ((16, 32), ("replicate", "reflect", "reflect"), 2, 4),  # LTX-2's reflect borders, cached frames too
+    ((32, 16), ("replicate",) * 3, 2, 4),  # 32 channels a tap, 8 warps
+]
+DECODER_WEIGHT_GRAD_IDS = ["cached", "replicate", "reflect_cached", "replicate_cached_32"]
+
+
+def decoder_geometry(channels, modes, before):
+    """conv_with_border_along_d's geometry."""
+    c_in, c_out = channels
+    return conv_geometry((1, c_in, 3, 5, 6), (c_out, c_in, 3, 3, 3), 1, (2, 1, 1, 1, 1, 1), 1, ",".join(modes), before)
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)

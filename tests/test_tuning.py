@@ -593,7 +593,7 @@ def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
 
 def test_sm90_heuristic_takes_what_the_h100_timed_faster(monkeypatch):
     """H100 runs 15, 17 and 18 (bench.variants): the decoders' forwards (cached frames, replicate borders) on the
-    persistent Gluon kernel, their weight gradients still on the pointer kernels (untimed); the deepest ring for
+    persistent Gluon kernel, their weight gradients too but with timed_only (an untimed rule); the deepest ring for
     one-warpgroup forward and input-gradient tiles at two programs an SM and for 8-warp weight-gradient tiles at one,
     not for one-warpgroup weight gradients; the forward's and input gradient's 96 channels a tap in whole 32-deep
     steps; a forward (input gradient) reducing over fewer than 16 input (output) channels a tap on the pointer
@@ -601,11 +601,14 @@ def test_sm90_heuristic_takes_what_the_h100_timed_faster(monkeypatch):
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = {shape.name: shape for name in ("bench", "decoders", "stack") for shape in load_shape_set(name)}
 
-    def h100(direction, name):
-        return configs.heuristic_config(direction, shapes[name].launched_geometry(), torch.bfloat16, 132, 90)
+    def h100(direction, name, timed_only=False):
+        return configs.heuristic_config(
+            direction, shapes[name].launched_geometry(), torch.bfloat16, 132, 90, timed_only
+        )
 
     for name in ("wan_dec_384_cached", "wan_dec_96_cached", "hunyuan_dec_128_replicate", "mochi_dec_256_replicate"):
-        assert h100("fwd", name).gluon == 2 and h100("wgrad", name).variant == "pointer", name
+        assert h100("fwd", name).gluon == 2 and h100("fwd", name, timed_only=True).gluon == 2, name
+        assert h100("wgrad", name).gluon == 2 and h100("wgrad", name, timed_only=True).variant == "pointer", name
     assert (h100("fwd", "wan_dec_96_cached").block_k, h100("fwd", "wan_dec_384_cached").block_k) == (32, 64)
     for direction in ("fwd", "dgrad"):
         ring = h100(direction, "unet_64")

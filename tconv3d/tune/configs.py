@@ -488,7 +488,7 @@ def heuristic_config(
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them (but for the untimed rules below), a tuning table or
     TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are.
-    Six rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Seven rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
@@ -506,8 +506,10 @@ def heuristic_config(
     channels in whole steps (whole_steps_twin); a Gluon weight gradient of at most 32 output channels is
     computed transposed, 2-4 taps' input channels on the wgmma's rows (swapped_wgrad_tiles: MONAI UNet's 16-channel
     level filled 16 of the 64 rows a wgmma takes, 9.6% of a training step's FLOPs at a quarter of the MMA's work);
-    and a weight gradient reading channels_after takes the Gluon tiles of a plain one of its wider source, one
-    launch a source (BasicUNet's and DynUNet's decoder convs, 13-15% of their training steps' FLOPs)."""
+    a weight gradient reading channels_after takes the Gluon tiles of a plain one of its wider source, one launch
+    a source (BasicUNet's and DynUNet's decoder convs, 13-15% of their training steps' FLOPs); and a weight gradient
+    reading frames_before or bordered in H or W takes the Gluon kernel as a plain one does, its border ring on the
+    pointer kernel (a video VAE decoder's fine-tuning step: 15-38% of its FLOPs, bench.census --training)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -547,11 +549,16 @@ def heuristic_config(
         tiles = heuristic_config(direction, source, dtype, sm_count, capability)
         if tiles.gluon:
             return tiles
-    if (second_source or borders) and not (timed or after_dgrad):
-        return config
-    strided = tuple(geom.stride) != (1, 1, 1)
     gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
     gluon = gluon and gluon_eligible(direction, geom, dtype)
+    # A weight gradient reading frames_before or bordered in H or W (a video VAE decoder's fine-tuning step: Wan's,
+    # CogVideoX's and EasyAnimate's cached frames, HunyuanVideo's, Mochi's and LTX-2's borders, 15-38% of those
+    # steps' FLOPs) takes the Gluon kernel as a plain one does, its interior so and its border ring on the pointer
+    # kernel, as the forwards of the same layers do (timed); not with timed_only, nor off the Gluon kernel.
+    decoder_wgrad = direction == "wgrad" and gluon and not geom.after_channels and not timed_only
+    if (second_source or borders) and not (timed or after_dgrad or decoder_wgrad):
+        return config
+    strided = tuple(geom.stride) != (1, 1, 1)
     if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count)
         if config.block_m == 64:
