@@ -269,7 +269,7 @@ def test_emulated_gluon_transposed_channels_after(case, mode, emulator, monkeypa
 @pytest.mark.parametrize("modes_hw", [("replicate", "replicate"), ("reflect", "zeros")], ids=lambda m: "_".join(m))
 def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, before, mode, emulator):
     """HunyuanVideo's and Mochi's convs (replicate in all three dimensions): the forward's interior on the Gluon
-    kernel over a view of the output, the border strips on the pointer kernel (conv_fwd.border_parts); the weight
+    kernel over a view of the output, the border ring on the pointer kernel (conv_fwd.interior_part); the weight
     gradient reduces over the same parts."""
     emulator.mode = MODES[mode]
     ours, expected = conv_with_border_along_d("replicate", 1, before, torch.bfloat16, "cpu", modes_hw)

@@ -95,7 +95,7 @@ def test_fp32_with_tf32_through_tma(variant, device, monkeypatch):
 INELIGIBLE = [
     ("stride_3", dict(stride=(1, 3, 2), padding=1), 8),  # 6 phase views
     ("odd_channels", dict(padding=1), 5),
-    # replicate in H and W at a stride there: no interior of stride-1 boxes (conv_fwd.border_parts)
+    # replicate in H and W at a stride there: no interior of stride-1 boxes (conv_fwd.interior_part)
     ("replicate_strided", dict(stride=(1, 2, 2), padding=1, padding_mode="replicate"), 8),
 ]
 
@@ -521,9 +521,9 @@ BORDERS_HW = [("replicate", "replicate"), ("reflect", "reflect"), ("zeros", "cir
 @pytest.mark.parametrize("modes_hw", BORDERS_HW, ids=lambda m: "_".join(m))
 def test_border_modes_in_h_and_w_through_tma_interior_and_pointer_strips(modes_hw, mode_d, before, variant, device):
     """A forward whose border in H or W reads input voxels (HunyuanVideo's and Mochi's replicate, LTX-2's
-    decoder's reflect): its interior on the TMA kernel over a view of the output, its border strips on the
-    pointer kernel with the modes (conv_fwd.border_parts); the weight gradient reduces over the same parts, each
-    into partial sums of its own."""
+    decoder's reflect): its interior on the TMA kernel over a view of the output, its border ring on the pointer
+    kernel with the modes (conv_fwd.interior_part, utils.ring_voxel); the weight gradient reduces over the same
+    parts, each into partial sums of its own."""
     _, launches = variant
     ours, expected = conv_with_border_along_d(mode_d, 1, before, torch.float32, device, modes_hw)
     for got, want in zip(ours, expected, strict=True):
@@ -549,19 +549,43 @@ def bordered_forward(kernel, padding, modes, box_config, monkeypatch, dtype=torc
     w = torch.randn(24, 16, *kernel, device=device).to(dtype).contiguous(memory_format=CL)
     bias = torch.randn(24, device=device).to(dtype)
     geom = conv_geometry(x.shape, w.shape, 1, padding, 1, modes)
+    launched = _recording_launches(monkeypatch, (conv_fwd, conv_tma, conv_gluon))
+    y = conv_fwd.conv3d_fwd(x, w, bias, None, geom, box_config(geom))
+    want = torch.nn.functional.conv3d(_padded(x.double(), padding, modes), w.double(), bias.double())
+    assert y.is_contiguous(memory_format=CL)
+    return y, want, launched
+
+
+def bordered_weight_grad(
+    kernel, padding, modes, box_config, monkeypatch, dtype=torch.float32, device="cpu", size=(3, 6, 7)
+):
+    """conv_wgrad.conv3d_wgrad of bordered_forward's problem (of `size`) at `box_config(geom)` under a random
+    grad_out, float64's of the padded input, and the (kernel name, grid, RING) of its launches."""
+    x = torch.randn(2, 16, *size, device=device).to(dtype).contiguous(memory_format=CL)
+    geom = conv_geometry(x.shape, (24, 16, *kernel), 1, padding, 1, modes)
+    grad_out = torch.randn(2, 24, *geom.out_size, device=device).to(dtype).contiguous(memory_format=CL)
+    launched = _recording_launches(monkeypatch, (conv_wgrad, conv_tma, conv_gluon))
+    got = conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, box_config(geom))
+    padded = _padded(x.double(), padding, modes)
+    want = torch.nn.grad.conv3d_weight(padded, (24, 16, *kernel), grad_out.double())
+    return got, want, launched
+
+
+def _recording_launches(monkeypatch, modules) -> list:
     launched = []
-    for module in (conv_fwd, conv_tma, conv_gluon):
+    for module in modules:
         real = module.launch
         monkeypatch.setattr(module, "launch", lambda k, grid, *a, _real=real, **kw: [
             launched.append((k.__name__, grid, kw.get("RING"))), _real(k, grid, *a, **kw)][1])  # fmt: skip
-    y = conv_fwd.conv3d_fwd(x, w, bias, None, geom, box_config(geom))
-    padded = x.double()
+    return launched
+
+
+def _padded(x, padding, modes):
+    """x padded by `padding` (front and back along D, H, W) with each dimension's mode of `modes`."""
     d_pads, h_pads, w_pads = (0,) * 4 + padding[:2], (0, 0, *padding[2:4], 0, 0), padding[4:] + (0,) * 4
     for pads, mode in zip((d_pads, h_pads, w_pads), modes.split(","), strict=True):
-        padded = torch.nn.functional.pad(padded, pads, mode="constant" if mode == "zeros" else mode)
-    want = torch.nn.functional.conv3d(padded, w.double(), bias.double())
-    assert y.is_contiguous(memory_format=CL)
-    return y, want, launched
+        x = torch.nn.functional.pad(x, pads, mode="constant" if mode == "zeros" else mode)
+    return x
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
@@ -580,6 +604,35 @@ def test_bordered_forward_splits_over_its_interior_and_one_ring_launch(
     assert [(name, grid[-1] if ring else None, ring) for name, grid, ring in launched] == [
         ("_conv3d_tma_kernel", None, None),
         ("_conv3d_fwd_kernel", split_k, True),  # split_k splits of 27 x 1, 5 x 3 x 1 or 9 x 1 steps each
+    ]
+
+
+@pytest.mark.parametrize(("split_k", "size"), [(1, (3, 6, 7)), (4, (3, 6, 7)), (4, (4, 12, 14))])
+@pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
+def test_bordered_weight_gradient_reduces_over_its_interior_and_one_ring_launch(
+    kernel, padding, modes, split_k, size, monkeypatch, device
+):
+    """A weight gradient whose border in H or W reads input voxels, on a box config: its reduction over the
+    interior's output voxels on the TMA kernel in the config's splits, over every border voxel in one pointer
+    launch over the frames' rings (utils.ring_voxel) in as many splits as far as each keeps RING_SPLIT_STEPS steps
+    (6-10 steps of 16 voxels: one; at 4 x 12 x 14, 14-30: 1-3), each into fp32 partial sums of its own; against
+    float64 of the padded input."""
+    config = KernelConfig(16, 16, 16, 4, 2, split_k=split_k)
+    got, want, launched = bordered_weight_grad(
+        kernel, padding, modes, lambda geom: with_tma(config, geom, "wgrad"), monkeypatch, device=device, size=size
+    )  # fmt: skip
+    assert rel_l2(got, want) < tolerance(torch.float32)
+    geom = conv_geometry((2, 16, *size), (24, 16, *kernel), 1, padding, 1, modes)
+    interior, _ = conv_fwd.interior_part(geom, torch.empty(2, 24, *geom.out_size))
+    box_h, box_w = with_tma(config, geom, "wgrad").tma_box(16)
+    _, d, h, w = 2, *interior.out_size
+    patches = 2 * d * -(-h // box_h) * -(-w // box_w)
+    interior_splits = -(-patches // -(-patches // split_k))
+    ring_steps = -(-2 * d * conv_fwd.ring_voxels(geom) // 16)
+    ring_splits = min(interior_splits, max(1, ring_steps // conv_wgrad.RING_SPLIT_STEPS))
+    assert [(name, grid[1], ring) for name, grid, ring in launched] == [
+        ("_conv3d_wgrad_tma_kernel", interior_splits, None),
+        ("_conv3d_wgrad_kernel", ring_splits, True),
     ]
 
 

@@ -182,7 +182,7 @@ def off_gluon(config: KernelConfig) -> KernelConfig:
 
 def pointer_tiles(config: KernelConfig) -> KernelConfig:
     """A box config's tiles on the pointer kernel: for the border of a box launch whose border in H or W reads input
-    voxels (the forward's ring, the weight gradient's strips: conv_fwd.interior_part), and for a launch whose
+    voxels (the forward's and the weight gradient's ring: conv_fwd.interior_part), and for a launch whose
     tensors TMA cannot describe (choice.launch). The box config off the box kernels (off_gluon: one tap's columns
     where the Gluon weight gradient grouped taps; no box), split as it is, at most 128 rows, on 8 warps from
     64 x 128 up: the pointer forward of the 256x128 swapped tile's strips spilled 24 bytes on sm_90

@@ -339,33 +339,6 @@ def interior_part(geom: ConvGeometry, y: torch.Tensor) -> tuple[ConvGeometry, to
     return part, y[:, :, :, top : h_out - bottom, left : w_out - right]
 
 
-def border_parts(geom: ConvGeometry, y: torch.Tensor):
-    """interior_part's problem cut into parts of its output: (geometry, view of y, whether a box kernel may compute
-    it), the interior, then each border strip (the rows of the front and back padding at full width, then the
-    columns of the left and right one), which keeps the modes, for the pointer kernel; its front padding is moved
-    by the strip's first row or column (negative past the border: every coordinate reads what it read in the
-    whole). The weight gradient reduces over these parts of grad_out (y's shape), each into partial sums of its own
-    (conv_wgrad); the forward computes the strips as one ring (conv3d_fwd)."""
-    yield (*interior_part(geom, y), True)
-    d_out, h_out, w_out = geom.out_size
-    top, bottom, left, right = border_widths(geom)
-
-    def strip(row_range, col_range):
-        (r0, r1), (c0, c1) = row_range, col_range
-        padding = list(geom.padding)
-        padding[2] -= r0
-        padding[4] -= c0
-        sub = dataclasses.replace(geom, out_size=(d_out, r1 - r0, c1 - c0), padding=tuple(padding))
-        return sub, y[:, :, :, r0:r1, c0:c1], False
-
-    for rows in ((0, top), (h_out - bottom, h_out)):
-        if rows[1] > rows[0]:
-            yield strip(rows, (0, w_out))
-    for cols in ((0, left), (w_out - right, w_out)):
-        if cols[1] > cols[0]:
-            yield strip((top, h_out - bottom), cols)
-
-
 def _launch_pointer_kernel(
     x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag=(0, 0), ring=False
 ):

@@ -19,7 +19,7 @@ from .config import (
     split_rows,
 )
 from .conv_depthwise import depthwise_wgrad
-from .conv_fwd import border_parts, leaves_border_ring
+from .conv_fwd import border_widths, interior_part, leaves_border_ring, ring_voxels
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .launch import launch
@@ -35,6 +35,7 @@ from .utils import (
     ndhwc,
     ndhwc_strides,
     next_voxels,
+    ring_voxel,
     run_aligned,
     runs_aligned,
     second_source_arguments,
@@ -54,6 +55,9 @@ def _conv3d_wgrad_kernel(
     # elements from x_ptr; C_IN counts the C_IN - C_A channels of the second source q after x's C_A along C, q
     # starting Q_DELTA elements from x_ptr)
     M, C_IN, D_IN, H_IN, W_IN, C_OUT, D_OUT, H_OUT, W_OUT, P_FRAMES, P_DELTA, C_A, Q_DELTA, SPLIT_ROWS,
+    # with RING, M counts the voxels of each output frame's border ring, RING_TOP / BOTTOM rows and RING_LEFT /
+    # RIGHT columns wide (utils.ring_voxel)
+    RING_TOP, RING_BOTTOM, RING_LEFT, RING_RIGHT,
     # strides, in elements: go and x in logical (N, C, D, H, W) order, p and q as (N, D, H, W) (their channels are
     # unit-stride as x's); out is [split, Cout, tap, Cin]
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
@@ -66,7 +70,7 @@ def _conv3d_wgrad_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
     GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, HAS_PREFIX: tl.constexpr,
-    HAS_AFTER: tl.constexpr,
+    HAS_AFTER: tl.constexpr, RING: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -81,7 +85,9 @@ def _conv3d_wgrad_kernel(
     3/16 full; where x's strides are multiples of RUN (the forward's), each tap's channels of a voxel load as a
     vector. A second source
     along C (HAS_AFTER, a channel concatenation read in place) adds its own column tiles after x's: a program's
-    columns lie in one source, whose base and strides it takes once (utils.select).
+    columns lie in one source, whose base and strides it takes once (utils.select). With RING the reduction runs
+    over the output voxels of each frame's border ring alone (where a box kernel reduced over the interior), their
+    coordinates from the ring's index each step.
     """
     taps: tl.constexpr = KD * KH * KW
     # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
@@ -133,12 +139,17 @@ def _conv3d_wgrad_kernel(
     row_start = tl.program_id(1).to(tl.int64) * SPLIT_ROWS
     row_end = tl.minimum(row_start + SPLIT_ROWS, M)
 
-    # This step's BLOCK_K output voxels, advanced in mixed radix each step
+    # This step's BLOCK_K output voxels, advanced in mixed radix each step (the ring's: from its index)
     n, od, oh, ow, digits = voxel_steps(row_start, D_OUT, H_OUT, W_OUT, BLOCK_K)
+    tl.static_assert(not (RING and (PACK_TAPS or GO_DENSE)), "RING: one tap a program, grad_out's rows by voxel")
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
         mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] output voxels
+        if RING:
+            n, od, oh, ow = ring_voxel(k0 + tl.arange(0, BLOCK_K), D_OUT, H_OUT, W_OUT, RING_TOP, RING_BOTTOM,
+                                       RING_LEFT, RING_RIGHT)  # fmt: skip
+            n, od, oh, ow = n.to(tl.int32), od.to(tl.int32), oh.to(tl.int32), ow.to(tl.int32)
         if not PACK_TAPS:  # one tap: its input voxels, one per output voxel
             id_ = od * STRIDE_D - PAD_D + kd * DIL_D
             ih = oh * STRIDE_H - PAD_H + kh * DIL_H
@@ -191,7 +202,8 @@ def _conv3d_wgrad_kernel(
             x_ptrs = x_ptr + x_rows[:, None] + offs_n[None, :] * stride_xc  # [BLOCK_K, BLOCK_N]
             b = tl.load(x_ptrs, mask=mask_x[:, None] & mask_n[None, :], other=0.0)
         acc = mma(acc, a, b, UPCAST_DOT, INPUT_PRECISION)
-        n, od, oh, ow = next_voxels(n, od, oh, ow, digits, D_OUT, H_OUT, W_OUT)
+        if not RING:
+            n, od, oh, ow = next_voxels(n, od, oh, ow, digits, D_OUT, H_OUT, W_OUT)
 
     if PACK_TAPS:
         out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
@@ -277,6 +289,11 @@ def _conv3d_wgrad_out_pairs_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+# The fewest reduction steps a split of the border ring's launch takes (where the interior's splits would leave
+# fewer, the ring takes fewer splits): LTX-2's 512-channel layer at 5 x 16 x 16 has a ring of 4 steps a frame.
+RING_SPLIT_STEPS = 8
+
+
 def conv3d_wgrad(
     grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None
 ) -> torch.Tensor:
@@ -294,26 +311,33 @@ def conv3d_wgrad(
     frames_before = ndhwc(frames_before) if geom.prefix_frames else None
     x, channels_after, geom = channel_sources("wgrad", x, channels_after, geom, config)
     # The parts of the reduction over output voxels: all of them, or, where a box kernel runs a layer whose border
-    # in H or W reads input voxels, the interior on it and the border strips on the pointer kernel
-    # (conv_fwd.border_parts: the forward's interior, its border in four strips), each part's fp32 partial sums in
-    # splits of their own.
+    # in H or W reads input voxels, the interior on it (conv_fwd.interior_part) and the border ring around it on the
+    # pointer kernel in one launch, each part's fp32 partial sums in splits of their own: the ring's as many as the
+    # interior's (its programs, tiled alike, fill the SMs alike), as far as they keep RING_SPLIT_STEPS steps each.
     if leaves_border_ring(geom, config):
-        pointer = pointer_tiles(config)
-        parts = [(part, view, config if box else pointer) for part, view, box in border_parts(geom, grad_out)]
+        interior, view = interior_part(geom, grad_out)
+        plan = _split_plan(interior, config)
+        ring, ring_rows = pointer_tiles(config), geom.batch * geom.out_size[0] * ring_voxels(geom)
+        ring_splits = min(plan[2], max(1, cdiv(ring_rows, ring.block_k) // RING_SPLIT_STEPS))
+        ring_split = split_rows(ring_rows, ring_splits, ring.block_k)
+        parts = [
+            (interior, view, config, plan),
+            (geom, grad_out, ring, (ring_rows, ring_split, cdiv(ring_rows, ring_split))),
+        ]
     else:
-        parts = [(geom, grad_out, config)]
-    plans = [(*part, _split_plan(part[0], part[2])) for part in parts]
-    splits = sum(plan[2] for *_, plan in plans)
+        parts = [(geom, grad_out, config, _split_plan(geom, config))]
+    splits = sum(plan[2] for *_, plan in parts)
     # One split writes the result directly; several write fp32 partial sums that split_k.sum_splits adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     first = 0
-    for part, view, part_config, (reduced, per_split, count) in plans:
+    for index, (part, view, part_config, (reduced, per_split, count)) in enumerate(parts):
         # One part writes out whole (a slice of it would be a view that Inductor's tracing copies back).
-        part_out = out if len(plans) == 1 else out[first : first + count]
-        _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split)
+        part_out = out if len(parts) == 1 else out[first : first + count]
+        ring = index == 1  # the border ring's launch
+        _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split, ring)
         first += count
     if splits > 1:
         sum_splits(out, grad_w)
@@ -331,8 +355,9 @@ def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int, int
     return reduced, per_split, cdiv(reduced, per_split)
 
 
-def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split):
-    """One part's launch(es) into `out`, its `reduced` patches (box kernels) or voxels `per_split` a split."""
+def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, ring=False):
+    """One part's launch(es) into `out`, its `reduced` patches (box kernels) or voxels `per_split` a split; with
+    `ring`, the pointer kernel's over the border ring's voxels (border_widths) alone."""
     if config.tma_box_w:
         box_launch = conv3d_wgrad_gluon if config.gluon else conv3d_wgrad_tma
         patches = reduced
@@ -348,18 +373,23 @@ def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduc
     else:
         upcast, precision = dot_flags(x.dtype)
         _launch_pointer_kernel(
-            grad_out, x, frames_before, channels_after, out, geom, config, per_split, upcast, precision
+            grad_out, x, frames_before, channels_after, out, geom, config, per_split, upcast, precision, ring
         )
 
 
 def _launch_pointer_kernel(
-    grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision
+    grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision, ring=False
 ):
-    c_out, c_in, rows = geom.group_out_channels, geom.group_in_channels, geom.output_voxels
-    view = gemm_view("wgrad", geom)  # rows: Cout, or (tap, output channel) pairs (packs_out_taps)
-    col_tiles = channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(view.cols, config.block_n)
-    grid = (cdiv(view.rows, config.block_m) * col_tiles * view.grid_taps, out.shape[0], geom.groups)
-    if packs_out_taps(geom):  # one source, zeros borders, unit stride
+    c_out, c_in = geom.group_out_channels, geom.group_in_channels
+    rows = geom.batch * geom.out_size[0] * ring_voxels(geom) if ring else geom.output_voxels
+    # rows: Cout, or (tap, output channel) pairs (packs_out_taps); the ring's one tap a program whatever they pack
+    view = gemm_view("wgrad", geom)
+    rows_cols_taps = (c_out, c_in, geom.taps) if ring else (view.rows, view.cols, view.grid_taps)
+    col_tiles = (
+        channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(rows_cols_taps[1], config.block_n)
+    )
+    grid = (cdiv(rows_cols_taps[0], config.block_m) * col_tiles * rows_cols_taps[2], out.shape[0], geom.groups)
+    if packs_out_taps(geom) and not ring:  # one source, zeros borders, unit stride
         launch(
             _conv3d_wgrad_out_pairs_kernel, grid,
             grad_out, x, out,
@@ -375,18 +405,18 @@ def _launch_pointer_kernel(
     p_delta, *p_strides = second_source_arguments(frames_before, x)
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
-    packed = packs_taps("wgrad", geom)
+    packed = not ring and packs_taps("wgrad", geom)
     launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
-        q_delta, rows_per_split,
+        q_delta, rows_per_split, *(border_widths(geom) if ring else (0, 0, 0, 0)),
         *go_strides, *x.stride(), *p_strides, *q_strides, *out.stride(),
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
-        GO_DENSE=go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
+        GO_DENSE=not ring and go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
         RUN=channel_run(c_in, x, frames_before) if packed else 1,
-        HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None,
+        HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring,
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
