@@ -86,6 +86,7 @@ case "${1:-}" in
       wan_dec_384_cached_64:chosen wan_dec_384_cached_64:timed_only mochi_dec_768_replicate:chosen \
       mochi_dec_768_replicate:timed_only ltx2_dec_256_reflect:chosen ltx2_dec_256_reflect:timed_only \
       ltx2_dec_512_reflect:chosen ltx2_dec_512_reflect:timed_only wan_dec_96_cached:chosen wan_dec_96_cached:timed_only \
+      wan_dec_96_cached:gluon_ws_channel_taps \
       hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
       unet_320:chosen unet_320:timed_only down_s2:chosen down_s2:gluon_ws unet_32:chosen unet_32:gluon_ws_swapped_wgrad \
       unet_32:timed_only unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
