@@ -101,11 +101,20 @@ def tma_launches(monkeypatch):
     return launches
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("unet_skip", "straddling_blocks", "residual_1x1")],
-                         ids=lambda c: c[0])  # fmt: skip
+# 16 + 16 channels bordered by replicate: the box kernels' interior, one source a weight-gradient launch, and the
+# border ring's pointer launches reading both sources
+REPLICATE_ALIGNED = ("replicate_aligned", (1, 16, 3, 5, 6), 16, (8, 32, 3, 3, 3), 1, 1, 1, 1, "replicate")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [*(c for c in CASES if c[0] in ("unet_skip", "straddling_blocks", "residual_1x1")), REPLICATE_ALIGNED],
+    ids=lambda c: c[0],
+)
 def test_channels_after_through_tma(case, tma_launches, device):
     """Each forward channel block from one of two descriptors (blocks past a source's channels read the TMA unit's
-    zeros); the weight gradient one launch per source, into its columns."""
+    zeros); the weight gradient one launch per source, into its columns (bordered in H and W: over the interior,
+    the ring's one pointer launch reading both sources)."""
     ours, expected = conv_and_reference(case, torch.float32, device)
     for got, want in zip(ours, expected, strict=True):
         assert rel_l2(got, want) < TOLERANCE[torch.float32]
