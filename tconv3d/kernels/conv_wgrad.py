@@ -321,22 +321,21 @@ def conv3d_wgrad(
         ring_splits = min(plan[2], max(1, cdiv(ring_rows, ring.block_k) // RING_SPLIT_STEPS))
         ring_split = split_rows(ring_rows, ring_splits, ring.block_k)
         parts = [
-            (interior, view, config, plan),
-            (geom, grad_out, ring, (ring_rows, ring_split, cdiv(ring_rows, ring_split))),
+            (interior, view, config, plan, False),
+            (geom, grad_out, ring, (ring_rows, ring_split, cdiv(ring_rows, ring_split)), True),
         ]
     else:
-        parts = [(geom, grad_out, config, _split_plan(geom, config))]
-    splits = sum(plan[2] for *_, plan in parts)
+        parts = [(geom, grad_out, config, _split_plan(geom, config), False)]
+    splits = sum(plan[2] for *_, plan, _ in parts)
     # One split writes the result directly; several write fp32 partial sums that split_k.sum_splits adds.
     if splits == 1:
         out = grad_w[None]
     else:
         out = torch.empty((splits, c_out, taps, c_in), dtype=torch.float32, device=x.device)
     first = 0
-    for index, (part, view, part_config, (reduced, per_split, count)) in enumerate(parts):
+    for part, view, part_config, (reduced, per_split, count), ring in parts:
         # One part writes out whole (a slice of it would be a view that Inductor's tracing copies back).
         part_out = out if len(parts) == 1 else out[first : first + count]
-        ring = index == 1  # the border ring's launch
         _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split, ring)
         first += count
     if splits > 1:
@@ -373,27 +372,26 @@ def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduc
     else:
         upcast, precision = dot_flags(x.dtype)
         _launch_pointer_kernel(
-            grad_out, x, frames_before, channels_after, out, geom, config, per_split, upcast, precision, ring
+            grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, upcast, precision, ring
         )
 
 
 def _launch_pointer_kernel(
-    grad_out, x, frames_before, channels_after, out, geom, config, rows_per_split, upcast, precision, ring=False
+    grad_out, x, frames_before, channels_after, out, geom, config, rows, rows_per_split, upcast, precision, ring=False
 ):
+    """The pointer kernels' launch reducing over `rows` voxels (gemm_view's reduction; with `ring`, the border
+    ring's), `rows_per_split` a split."""
     c_out, c_in = geom.group_out_channels, geom.group_in_channels
-    rows = geom.batch * geom.out_size[0] * ring_voxels(geom) if ring else geom.output_voxels
-    # rows: Cout, or (tap, output channel) pairs (packs_out_taps); the ring's one tap a program whatever they pack
+    # tile rows: Cout, or (tap, output channel) pairs (packs_out_taps); the ring's one tap a program whatever they pack
     view = gemm_view("wgrad", geom)
-    rows_cols_taps = (c_out, c_in, geom.taps) if ring else (view.rows, view.cols, view.grid_taps)
-    col_tiles = (
-        channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(rows_cols_taps[1], config.block_n)
-    )
-    grid = (cdiv(rows_cols_taps[0], config.block_m) * col_tiles * rows_cols_taps[2], out.shape[0], geom.groups)
+    tile_rows, cols, grid_taps = (c_out, c_in, geom.taps) if ring else (view.rows, view.cols, view.grid_taps)
+    col_tiles = channel_blocks(geom, config.block_n) if channels_after is not None else cdiv(cols, config.block_n)
+    grid = (cdiv(tile_rows, config.block_m) * col_tiles * grid_taps, out.shape[0], geom.groups)
     if packs_out_taps(geom) and not ring:  # one source, zeros borders, unit stride
         launch(
             _conv3d_wgrad_out_pairs_kernel, grid,
             grad_out, x, out,
-            view.reduction, c_in, *geom.in_size, *geom.out_size, rows_per_split,
+            rows, c_in, *geom.in_size, *geom.out_size, rows_per_split,
             *ndhwc_strides(grad_out), *x.stride(), *out.stride(),
             *geom.front_padding, *geom.dilation,
             *geom.kernel,
