@@ -89,6 +89,20 @@ CASE_COLUMNS = ["case", "dtype", "dir", "tconv3d", "cuDNN CL", "speedup", "graph
                 "cuDNN NCDHW", "compile", "max-autotune", "TFLOP/s", "% peak", "rel. err"]  # fmt: skip
 
 
+def _case_table(results: dict) -> list[str]:
+    """The cases' table; with a column naming the commit each was measured at where a merge put together cases of
+    more than one run (the heading's commit is the newest run's)."""
+    rows = [_case_row(c) for c in results["cases"]]
+    if not _mixed_runs(results):
+        return _table(CASE_COLUMNS, rows)
+    measured = [f"{c['commit']}, {c['date']}" for c in _stamped(results)]
+    return _table([*CASE_COLUMNS, "measured at"], [[*row, at] for row, at in zip(rows, measured, strict=True)])
+
+
+def _mixed_runs(results: dict) -> bool:
+    return len({c["commit"] for c in _stamped(results)}) > 1
+
+
 def _case_row(case: dict) -> list[str]:
     impls = case["impls"]
     ours = impls.get("tconv3d", {})
@@ -107,17 +121,18 @@ def markdown(results: dict) -> str:
     mm, copy = _cell(peak.get("bf16_mm_tflops"), "{:.0f}"), _cell(peak.get("copy_tbps"), "{:.2f}")
     tf32 = f", TF32 matmul {_cell(peak['tf32_mm_tflops'], '{:.0f}')} TFLOP/s" if peak.get("tf32_mm_tflops") else ""
     l2 = f", reads that hit L2 {peak['l2_read_tbps']:.2f} TB/s" if peak.get("l2_read_tbps") else ""
+    newest = " (the newest run's; each case's below)" if _mixed_runs(results) else ""
     lines = [
         f"# tconv3d vs cuDNN on {results['device']}",
         "",
         f"torch {results['torch']}, triton {results['triton']}, cuDNN {results.get('cudnn')}, "
-        f"commit {results.get('commit')}, {results.get('date')}.",
+        f"commit {results.get('commit')}, {results.get('date')}{newest}.",
         f"Measured peaks: bf16 matmul {mm} TFLOP/s{tf32}, device copy {copy} TB/s{l2} (fp32 cases are quoted against "
         "TF32's). Times are medians of "
         "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time; graph: the same "
         "call replayed from a CUDA graph (no host time).",
         "",
-        *_table(CASE_COLUMNS, [_case_row(c) for c in results["cases"]]),
+        *_case_table(results),
         "",
     ]
     summary_rows = [
@@ -169,14 +184,21 @@ def plot(results: dict, path: Path) -> bool:
     return True
 
 
+def _stamped(results: dict) -> list[dict]:
+    """results' cases, each carrying the commit and date it was measured at: its own where a merge gave it one,
+    else the run's."""
+    return [{"commit": results.get("commit"), "date": results.get("date"), **case} for case in results.get("cases", [])]
+
+
 def merge(old: dict, new: dict) -> dict:
-    """`new` over `old`: cases replaced by (name, direction, dtype), scenarios replaced when present in `new`."""
+    """`new` over `old`: cases replaced by (name, direction, dtype), scenarios replaced when present in `new`.
+    Each case keeps the commit and date of the run that measured it (the file's own are the newest run's)."""
 
     def case_key(c):
         return c["name"], c["direction"], c["dtype"]
 
-    cases = {case_key(c): c for c in old.get("cases", [])}
-    cases.update({case_key(c): c for c in new.get("cases", [])})
+    cases = {case_key(c): c for c in _stamped(old)}
+    cases.update({case_key(c): c for c in _stamped(new)})
     merged = {**old, **{k: v for k, v in new.items() if v not in (None, [], {})}}
     merged["cases"] = list(cases.values())
     return merged

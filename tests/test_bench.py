@@ -191,6 +191,30 @@ def test_merge_replaces_cases_by_name_direction_dtype(tmp_path):
     assert data["stack"]["compile"]["layout_conversion_kernels"] == 6  # kept: the update measured no stack
 
 
+def test_merged_cases_keep_the_commit_they_were_measured_at(tmp_path):
+    """A file put together from two runs says which run measured each case: the file's commit is the newest run's,
+    and a case the newer run did not measure keeps the older one's, in the JSON and as a column of the table."""
+    older = synthetic_results()
+    older["commit"], older["date"] = "aaaaaaa", "2026-11-01"
+    report.write_results(older, tmp_path)
+    assert "measured at" not in (tmp_path / "NVIDIA_H100_80GB_HBM3.md").read_text()  # one run: no column
+    newer = synthetic_results()
+    newer["commit"], newer["date"] = "bbbbbbb", "2026-11-02"
+    newer["cases"] = [newer["cases"][1]]
+    paths = report.write_results(newer, tmp_path, merge_existing=True)
+    data = json.loads(paths["json"].read_text())
+    assert data["commit"] == "bbbbbbb"
+    measured = {(c["name"], c["direction"]): (c["commit"], c["date"]) for c in data["cases"]}
+    older_run, newer_run = ("aaaaaaa", "2026-11-01"), ("bbbbbbb", "2026-11-02")
+    assert measured == {("a", "fwd"): older_run, ("b", "fwd"): newer_run, ("a", "bwd"): older_run}
+    text = paths["md"].read_text()
+    assert "commit bbbbbbb, 2026-11-02 (the newest run's; each case's below)" in text
+    assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x |" in text and "| bbbbbbb, 2026-11-02 |" in text
+    assert text.count("| aaaaaaa, 2026-11-01 |") == 2
+    again = report.write_results(synthetic_results() | {"cases": []}, tmp_path, merge_existing=True)  # no cases
+    assert {c["commit"] for c in json.loads(again["json"].read_text())["cases"]} == {"aaaaaaa", "bbbbbbb"}
+
+
 def test_bench_command_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the command would benchmark for real")
