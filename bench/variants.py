@@ -95,6 +95,9 @@ POINTER_DEEP_RING = "pointer_deep_ring"
 # (configs.small_grid_twin; the pointer kernel, the Triton TMA one for an input gradient), a forward reading
 # channels_after on the pointer kernel.
 TIMED_ONLY = "timed_only"
+# The row of the forward's chosen persistent tiles as halo tiles (configs.halo_twin: two output frames a tile, the
+# input frames of the three taps along D loaded once as one box, each wgmma reading its frame as a slice).
+HALO = "gluon_ws_halo"
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
 WHOLE_STEPS = "gluon_ws_whole_steps"
@@ -230,6 +233,10 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         )  # fmt: skip
         if small is not None and small != chosen:
             found[SMALL_GRID] = small
+        # two output frames a tile reading the input once for the three taps along D (the narrow layers' L2 bound)
+        halo = configs.halo_twin(direction, geom, found["gluon_ws"], dtype.itemsize)
+        if halo is not None:
+            found[HALO] = halo
         # 96 channels a tap in three full 32-deep steps instead of two 64-deep ones, the second half empty
         whole = configs.whole_steps_twin(direction, geom, found["gluon_ws"], dtype.itemsize)
         if whole is not None:

@@ -901,8 +901,14 @@ def _static_range(*args):
     return range(*[int(a) for a in args])
 
 
+def _static_assert(condition, message=""):
+    if not condition:
+        raise KernelFault(f"static_assert: {message}")
+
+
 _OPERATIONS = dict(
-    allocate_shared_memory=_allocate_shared_memory, static_range=_static_range, program_id=_program_id,
+    allocate_shared_memory=_allocate_shared_memory, static_range=_static_range, static_assert=_static_assert,
+    program_id=_program_id,
     num_programs=_num_programs, zeros=_zeros, arange=_arange, expand_dims=_expand_dims, where=_where,
     minimum=_minimum, maximum=_maximum, cdiv=_cdiv, load=_load, store=_store, warp_specialize=_warp_specialize,
     # mbarrier

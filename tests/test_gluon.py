@@ -382,6 +382,69 @@ def test_gluon_config_field_round_trips_and_is_checked():
             KernelConfig.from_dict({**config.to_dict(), **change})
 
 
+def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
+    """Halo tiles (configs.halo_twin: two output frames a tile, the three kd taps' input frames one box) for a
+    plain stride-1 3x3x3 forward on the persistent Gluon kernel, the ring the deepest that keeps its programs an SM;
+    nowhere a box of four frames would be remapped, strided, longer than the tensor or stored from registers; a
+    table entry lent to such a layer drops them; the config field round-trips and is checked."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
+    narrow = conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 1, 1, 1)  # unet_64
+    tile = configs.heuristic_config("fwd", narrow, torch.bfloat16, 132, 90)
+    halo = configs.halo_twin("fwd", narrow, tile, 2)
+    assert (halo.halo_d, halo.block_m, halo.block_n, halo.gluon) == (2, 128, 64, 2) and halo.halo_d == 2
+    element = 2
+    assert conv_gluon.programs_an_sm(halo, element, False) == conv_gluon.programs_an_sm(tile, element, False) == 2
+    assert conv_gluon.resident_programs(halo, element, False) == 2  # its ring and epilogue tile fit twice
+    assert KernelConfig.from_dict(halo.to_dict()) == halo and "halo_d" not in tile.to_dict()
+    for change, message in (({"halo_d": 3}, "halo_d is 0 or 2"), ({"gluon": 1}, "only an unswapped warp-specialized"),
+                            ({"swap_ab": 1}, "only an unswapped warp-specialized")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            KernelConfig.from_dict({**halo.to_dict(), **change})
+    for direction in ("dgrad", "wgrad"):
+        other = configs.heuristic_config(direction, narrow, torch.bfloat16, 132, 90)
+        assert configs.halo_twin(direction, narrow, other, 2) is None
+    refused = {
+        "causal": conv_geometry((2, 64, 8, 64, 64), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
+                                padding_mode="replicate,zeros,zeros"),
+        "cached_frames": conv_geometry((2, 64, 8, 64, 64), (64, 64, 3, 3, 3), 1, (0, 0, 1, 1, 1, 1), 1,
+                                       prefix_frames=2),
+        "strided": conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 2, 1, 1),
+        "three_frames": conv_geometry((2, 64, 3, 64, 64), (64, 64, 3, 3, 3), 1, 1, 1),
+        "1x3x3": conv_geometry((2, 64, 64, 64, 64), (64, 64, 1, 3, 3), 1, (0, 0, 1, 1, 1, 1), 1),
+        "dilated": conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 1, 2, 2),
+        "3_channels": conv_geometry((2, 64, 64, 64, 64), (3, 64, 3, 3, 3), 1, 1, 1),
+    }  # fmt: skip
+    for name, geom in refused.items():
+        plain = choice.force_variant("fwd", geom, torch.bfloat16, tile, "gluon", True)
+        assert configs.halo_twin("fwd", geom, dataclasses.replace(plain, gluon=2), 2) is None, name
+        # the narrow layer's halo tiles lent to it (a nearest key's) run without the halo
+        assert choice.force_variant("fwd", geom, torch.bfloat16, halo, "auto", True).halo_d == 0, name
+    assert choice.force_variant("fwd", narrow, torch.bfloat16, halo, "auto", True) == halo
+    assert choice.force_variant("fwd", narrow, torch.bfloat16, halo, "pointer", True).halo_d == 0
+    assert halo in configs.own_twins("fwd", narrow, tile, torch.bfloat16, 232448)  # the tuner times it
+
+
+@pytest.mark.parametrize(("frames", "split", "after"), [(4, 1, 0), (5, 1, 0), (6, 3, 0), (5, 1, 16)])
+def test_gluon_halo_tiles_match_float64(frames, split, after, device):
+    """Halo tiles on the GPU (tests/test_gluon_emulated.py runs the same on CPU): two frames a tile, the four
+    input frames of the three kd taps one box, split-K, an odd D's last tile, channels_after."""
+    if not gluon_runs(device):
+        pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
+    x = torch.randn(2, 32, frames, 8, 32, device=device).to(torch.bfloat16).contiguous(memory_format=CL)
+    skip = torch.randn(2, after, frames, 8, 32, device=device).to(torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.randn(64, 32 + after, 3, 3, 3, device=device).to(torch.bfloat16).contiguous(memory_format=CL)
+    b = torch.randn(64, device=device).to(torch.bfloat16)
+    skip = skip if after else None
+    geom = tconv3d.geometry.check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, channels_after=skip)
+    tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 3, split_k=split), geom, "fwd", specialized=True)
+    config = configs.halo_twin("fwd", geom, tile, 2)
+    assert config.halo_d == 2 and config.split_k == split
+    got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
+    source = x if skip is None else torch.cat([x, skip], dim=1)
+    want = torch.nn.functional.conv3d(source.double(), w.double(), b.double(), padding=1)
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
 def test_force_variant_rules(monkeypatch):
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
     geom = conv_geometry((1, 64, 4, 8, 52), (64, 64, 3, 3, 3), 1, 1, 1)

@@ -518,6 +518,7 @@ mbarrier = conv_gluon.mbarrier
 # The real helpers the broken ones call, bound here before any test replaces them in conv_gluon.
 _real_stage_operands = conv_gluon._stage_operands
 _real_tile_origin = conv_gluon._tile_origin
+_real_store_tile = conv_gluon._store_tile
 
 
 @gluon.jit
@@ -601,9 +602,24 @@ def _consume_steps_early_release(a_ring, b_ring, ready, empty, it, steps, acc, I
 
 @gluon.jit
 def _tile_origin_one_column_off(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H: gl.constexpr,
-                                BOX_W: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-    n, d, h0, w0, n0, split = _real_tile_origin(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
+                                BOX_W: gl.constexpr, BLOCK_N: gl.constexpr, FRAMES: gl.constexpr = 1):  # fmt: skip
+    n, d, h0, w0, n0, split = _real_tile_origin(
+        tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, FRAMES
+    )
     return n, d, h0, w0 + 1, n0, split
+
+
+@gluon.jit
+def _store_tile_frames_swapped(acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, phase, BATCH, C_COLS,
+                               H_DST, W_DST, dst_strides, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr,
+                               STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr,
+                               DST_PTR: gl.constexpr, BOX_W: gl.constexpr, mma_layout: gl.constexpr,
+                               SWAP_AB: gl.constexpr):  # fmt: skip
+    """A halo tile's two frames stored each where the other belongs (its tiles start at even frames)."""
+    _real_store_tile(
+        acc, c_smem, dst_views, bias_ptr, n, d + 1 - 2 * (d % 2), h0, w0, n0, split, phase, BATCH, C_COLS, H_DST,
+        W_DST, dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HAS_BIAS, DST_PTR, BOX_W, mma_layout, SWAP_AB,
+    )  # fmt: skip
 
 
 BROKEN = {
@@ -633,3 +649,45 @@ def test_emulator_catches_a_wrong_coordinate(emulator, monkeypatch):
     emulator.mode = 2
     ours, expected = conv_and_reference(TMA_CASES[0], torch.bfloat16, "cpu")
     assert rel_l2(ours[0], expected[0]) > 0.1 and rel_l2(ours[1], expected[1]) > 0.1
+
+
+HALO_CASES = {  # (frames, split_k, channels_after): an even and an odd D (a tile's second frame past the end)
+    "d4": (4, 1, 0), "d5": (5, 1, 0), "d6_split3": (6, 3, 0), "d5_after": (5, 1, 16),
+}  # fmt: skip
+
+
+def _halo_conv(frames, split, after, monkeypatch):
+    """(ours on the emulator with halo tiles, float64, the config) of a 3x3x3 forward of 32 (+ `after`
+    channels_after) -> 16 channels over 2 x frames x 4 x 16 voxels, bias, zeros padding."""
+    x = torch.randn(2, 32, frames, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    skip = torch.randn(2, after, frames, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL) if after else None
+    w = torch.randn(16, 32 + after, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    b = torch.randn(16, dtype=torch.bfloat16)
+    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, channels_after=skip)
+    tile = configs.with_gluon(KernelConfig(64, 16, 32, 4, 2, split_k=split), geom, "fwd", specialized=True)
+    config = configs.halo_twin("fwd", geom, tile, 2)
+    assert config is not None and config.halo_d == 2 and config.split_k == split, config
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
+    with emulating(monkeypatch) as emu:
+        got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
+    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    source = x if skip is None else torch.cat([x, skip], dim=1)
+    want = torch.nn.functional.conv3d(source.double(), w.double(), b.double(), padding=1)
+    return got, want
+
+
+@pytest.mark.parametrize("case", HALO_CASES)
+def test_emulated_gluon_halo_tiles_match_float64(case, monkeypatch):
+    """Halo tiles (configs.halo_twin): two output frames a tile, each step one box of the four input frames they
+    read and the three weight boxes along D, every (frame, kd) wgmma reading its frame of the box as a slice; an
+    odd D's last tile stores one frame (the TMA store drops the other); split-K partials over the (kh, kw) steps;
+    channels_after's blocks read in place beside x's."""
+    got, want = _halo_conv(*HALO_CASES[case], monkeypatch)
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+def test_emulated_halo_tiles_store_each_frame_where_it_belongs(monkeypatch):
+    """A halo tile's two frames stored each in the other's place must fail the comparison with float64."""
+    monkeypatch.setattr(conv_gluon, "_store_tile", _store_tile_frames_swapped)
+    got, want = _halo_conv(4, 1, 0, monkeypatch)
+    assert rel_l2(got, want) > 0.5

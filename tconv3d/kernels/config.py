@@ -22,12 +22,17 @@ MIN_TILE = 16
 # 2026-11-27 the buffer was swizzled 128 bytes wide whatever the box, so a tap took 64 channels; until 2026-11-28
 # the configs asked for 32.)
 GROUPED_TAP_COLUMNS = 16
+# The output frames of a Gluon forward tile that reads its input frames once for all the taps along D (halo_d):
+# with KD = 3 its box is 4 frames, a power of two as boxes and shared-memory buffers must be.
+HALO_FRAMES = 2
+HALO_KD = 3
+HALO_BOX_FRAMES = HALO_FRAMES + HALO_KD - 1
 # Elements per program of the elementwise pass that adds weight-gradient split-K partials.
 SPLIT_SUM_BLOCK = 1024
 
 
 # Fields a pointer config leaves at 0 and a table entry may omit.
-OPTIONAL_FIELDS = ("tma_box_w", "direct", "gluon", "swap_ab", "tap_group")
+OPTIONAL_FIELDS = ("tma_box_w", "direct", "gluon", "swap_ab", "tap_group", "halo_d")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,11 @@ class KernelConfig:
     # block_n / tap_group channels each, so that one wgmma spans them (m64n256 from two taps of 128 channels) and
     # each grad_out box is loaded once for all of them; warp-specialized (gluon 2) only.
     tap_group: int = 0
+    # 2 (0: off): the Gluon forward's tile is that many output frames of the same patch, and each K step loads one box
+    # of the halo_d + KD - 1 input frames they read and the weight boxes of all KD taps along D, each frame's box
+    # read by the wgmmas of every (output frame, kd) pair that needs it: the input read from L2 once for the KD taps
+    # along D instead of once a tap (conv_gluon's docstring: halo_eligible); warp-specialized (gluon 2) only.
+    halo_d: int = 0
 
     @property
     def mma_tile(self) -> tuple[int, int]:
@@ -105,6 +115,10 @@ class KernelConfig:
             raise ValueError(f"swap_ab is 0 or 1, and only a gluon config swaps its operands: {config}")
         if config.tap_group not in (0, 1, 2, 4) or (config.tap_group > 1 and config.gluon != 2):
             raise ValueError(f"tap_group is 0, 1, 2 or 4, and only a warp-specialized gluon config has it: {config}")
+        if config.halo_d not in (0, HALO_FRAMES) or (config.halo_d and (config.gluon != 2 or config.swap_ab)):
+            raise ValueError(
+                f"halo_d is 0 or {HALO_FRAMES}, and only an unswapped warp-specialized gluon config has it: {config}"
+            )
         if config.tap_group > 1 and config.block_n // config.tap_group < GROUPED_TAP_COLUMNS:
             raise ValueError(f"a tap_group config has {GROUPED_TAP_COLUMNS}+ columns a tap: {config}")
         rows, cols = config.mma_tile
@@ -169,15 +183,15 @@ def wgrad_half_tails(config: KernelConfig, c_out: int, c_in: int, element_size: 
 
 
 def off_gluon(config: KernelConfig) -> KernelConfig:
-    """`config` without what only the Gluon kernels have: gluon, swap_ab, and tap_group (the tile back to one tap's
-    columns). A transposed weight gradient's (swap_ab with fewer than 64 rows of output channels: a swapped forward's
-    or input gradient's block_m, its voxels, is 128+) back to the 64 rows wgmma takes, on one warpgroup: the
-    unswapped tile the heuristic gives such a layer (configs._heuristic_tiles; 32 rows ran mma.sync)."""
+    """`config` without what only the Gluon kernels have: gluon, swap_ab, halo_d, and tap_group (the tile back to one
+    tap's columns). A transposed weight gradient's (swap_ab with fewer than 64 rows of output channels: a swapped
+    forward's or input gradient's block_m, its voxels, is 128+) back to the 64 rows wgmma takes, on one warpgroup:
+    the unswapped tile the heuristic gives such a layer (configs._heuristic_tiles; 32 rows ran mma.sync)."""
     block_n = config.block_n // config.tap_group if config.tap_group > 1 else config.block_n
     block_m, warps = config.block_m, config.num_warps
     if config.swap_ab and block_m < 64:
         block_m, warps = 64, 4
-    return replace(config, gluon=0, swap_ab=0, tap_group=0, block_m=block_m, block_n=block_n, num_warps=warps)
+    return replace(config, gluon=0, swap_ab=0, tap_group=0, halo_d=0, block_m=block_m, block_n=block_n, num_warps=warps)
 
 
 def pointer_tiles(config: KernelConfig) -> KernelConfig:

@@ -27,7 +27,15 @@ import triton
 from packaging.version import Version
 
 from ..geometry import ConvGeometry
-from .config import GROUPED_TAP_COLUMNS, KernelConfig, grouped_taps_fit, half_tail, wgrad_half_tails
+from .config import (
+    GROUPED_TAP_COLUMNS,
+    HALO_BOX_FRAMES,
+    HALO_KD,
+    KernelConfig,
+    grouped_taps_fit,
+    half_tail,
+    wgrad_half_tails,
+)
 from .conv_tma import (
     dst_box,
     dst_row_strides,
@@ -103,7 +111,11 @@ def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad
     the ring and its barriers and, beside the ring, the forward's and input gradient's epilogue tile (fp32 where
     split-K writes partial sums), which it keeps while the next tile's loads land (the weight gradient stores from
     registers)."""
-    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * element_size + 1024
+    if config.halo_d:  # a stage: the box of HALO_BOX_FRAMES input frames and the weight boxes of the HALO_KD taps
+        stage = HALO_BOX_FRAMES * config.block_m + HALO_KD * config.block_n
+    else:
+        stage = config.block_m + config.block_n
+    ring = config.num_stages * stage * config.block_k * element_size + 1024
     if weight_grad:
         return ring
     return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element_size)
@@ -119,7 +131,10 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
     tile. At most 128 columns a wgmma (voxels with swap_ab): ptxas holds each instruction to the kernel's maxnreg (128
     at two programs), not to the consumer's limit that setmaxnreg raises, and one m64n256 wgmma alone keeps 128
     accumulators a thread (64 x 256 on one warpgroup does not compile there: C7602, "register target of 154")."""
-    one_warpgroup = config.num_warps == 4 and config.block_m * config.block_n <= 128 * 128 and config.mma_tile[1] <= 128
+    frames = max(config.halo_d, 1)  # a halo tile's accumulators, one a frame
+    one_warpgroup = (
+        config.num_warps == 4 and frames * config.block_m * config.block_n <= 128 * 128 and config.mma_tile[1] <= 128
+    )
     fits_twice = one_warpgroup and 2 * (shared_bytes + 1024) <= SM_SHARED_BYTES
     return min(2 if fits_twice else 1, _most_programs_per_sm)
 
@@ -312,24 +327,27 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _issue_loads(
-        src_views, w_desc, a_buf, b_buf, bar, k_tap, k_block, n, d, h0, w0, n0, phase, live,
+        src_views, w_desc, a_buf, b_ring, b_index, bar, k_tap, k_block, n, d, h0, w0, n0, phase, live,
         PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         BLOCK_K: gl.constexpr, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, pred,
         frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
+        KD_BOXES: gl.constexpr = 1,
     ):  # fmt: skip
-        """The K step (k_tap, k_block)'s (conv_tma.step_of's) two boxes into one stage: the source box its tap reads
+        """The K step (k_tap, k_block)'s (conv_tma.step_of's) boxes into one stage: the source box its tap reads
         (conv_tma.step_box; zeros where it leaves the volume, from the TMA unit) and the weight box of its (tap, channel
-        block): [c0, tap, n0] of the weight as stored where W_KN (the input gradient's), else [n0, tap, c0] (the
-        forward's; the input gradient's over the weight transposed to [Cin, taps, Cout]). HAS_AFTER (the forward at one
-        phase; the input gradient at any): the channel blocks past the first source's frames[2] channels (x's;
-        grad_out's) are channels_after's (src_views[4]), both copies issued, one predicated off, as
-        conv_tma.channel_block counts them."""
+        block), into b_ring.index(b_index): [c0, tap, n0] of the weight as stored where W_KN (the input gradient's),
+        else [n0, tap, c0] (the forward's; the input gradient's over the weight transposed to [Cin, taps, Cout]).
+        HAS_AFTER (the forward at one phase; the input gradient at any): the channel blocks past the first source's
+        frames[2] channels (x's; grad_out's) are channels_after's (src_views[4]), both copies issued, one predicated
+        off, as conv_tma.channel_block counts them. KD_BOXES > 1 (a halo tile's, halo_eligible): k_tap is a (kh, kw)
+        tap at kd 0, whose box spans the frames of every kd, and the weight boxes of its KD_BOXES taps along D land in
+        b_ring.index(b_index + kd)."""
         tap, c0, src_d, view, row, col = step_box(
             k_tap, k_block, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
-        mbarrier.expect(bar, src_views[0].block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        mbarrier.expect(bar, src_views[0].block_type.nbytes + KD_BOXES * w_desc.block_type.nbytes, pred=pred)
         c_w = c0
         if HAS_AFTER:  # the forward (one phase, one source along D: configs.tma_eligible) or the input gradient
             a_end = gl.cdiv(frames[2], BLOCK_K) * BLOCK_K  # the first source's channel blocks end
@@ -344,10 +362,11 @@ if UNAVAILABLE is None:
         else:
             _copy_source_box(src_views, [n, src_d, row, col, c0], bar, a_buf, view, pred, STRIDE_H * STRIDE_W,
                              frames, PAD_MODE_D, HAS_PREFIX)  # fmt: skip
-        if W_KN:
-            _tma_load(w_desc, [c_w, tap, n0], bar, b_buf, pred)
-        else:
-            _tma_load(w_desc, [n0, tap, c_w], bar, b_buf, pred)
+        for kd in gl.static_range(KD_BOXES):
+            if W_KN:
+                _tma_load(w_desc, [c_w, tap + kd * KH * KW, n0], bar, b_ring.index(b_index + kd), pred)
+            else:
+                _tma_load(w_desc, [n0, tap + kd * KH * KW, c_w], bar, b_ring.index(b_index + kd), pred)
 
     @gluon.jit
     def _pipelined_steps(
@@ -372,7 +391,7 @@ if UNAVAILABLE is None:
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             k_tap, k_block = step_of(first + s, k_blocks)
             _issue_loads(
-                src_views, w_desc, a_ring.index(s), b_ring.index(s), ready.index(s), k_tap, k_block,
+                src_views, w_desc, a_ring.index(s), b_ring, s, ready.index(s), k_tap, k_block,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, s < steps, frames, PAD_MODE_D, HAS_PREFIX,
                 HAS_AFTER,
@@ -387,7 +406,7 @@ if UNAVAILABLE is None:
             refill = ahead % STAGES
             k_tap, k_block = step_of(first + ahead, k_blocks)
             _issue_loads(
-                src_views, w_desc, a_ring.index(refill), b_ring.index(refill), ready.index(refill), k_tap, k_block,
+                src_views, w_desc, a_ring.index(refill), b_ring, refill, ready.index(refill), k_tap, k_block,
                 n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                 STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, ahead < steps, frames, PAD_MODE_D,
                 HAS_PREFIX, HAS_AFTER,
@@ -396,15 +415,17 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _tile_origin(tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
-                     BLOCK_N: gl.constexpr):  # fmt: skip
+                     BLOCK_N: gl.constexpr, FRAMES: gl.constexpr = 1):  # fmt: skip
         """A persistent program's tile `tile` -> (batch entry, d, h0, w0, first column, split) over ENTRIES batch
         entries (a strided input gradient's count each phase's): the column blocks of one patch are neighbours
-        (they read the same input boxes, from L2), then the patches, then the splits."""
+        (they read the same input boxes, from L2), then the patches, then the splits. A tile of FRAMES output frames
+        (a halo tile's) starts at a multiple of FRAMES along D."""
         num_cols = gl.cdiv(C_COLS, BLOCK_N)
-        patches = ENTRIES * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+        d_tiles = gl.cdiv(D_DST, FRAMES)
+        patches = ENTRIES * d_tiles * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
         rest = tile // num_cols
-        n, d, h0, w0 = patch_origin(rest % patches, D_DST, H_DST, W_DST, BOX_H, BOX_W)
-        return n, d, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
+        n, d, h0, w0 = patch_origin(rest % patches, d_tiles, H_DST, W_DST, BOX_H, BOX_W)
+        return n, d * FRAMES, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
 
     @gluon.jit
     def _store_rows(acc, dst_ptr, entry, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
@@ -494,6 +515,54 @@ if UNAVAILABLE is None:
         return it
 
     @gluon.jit
+    def _consume_halo_tile(
+        a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
+        BATCH, C_COLS, H_DST, W_DST, dst_strides, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
+    ):  # fmt: skip
+        """_consume_tile for a halo tile (halo_eligible: the forward at stride 1, KD taps along D, FRAMES = 2 output
+        frames d and d + 1 of one patch). Each stage holds the box of the FRAMES + KD - 1 input frames the patch reads
+        at one (kh, kw) tap and channel block, and the KD weight boxes of that (kh, kw) along D; output frame f and
+        tap kd read the box's frame f + kd, a BLOCK_M-row slice of its 2-D view (a multiple of its own length: no
+        descriptor offset). So 2 x KD wgmmas a step into two accumulators, the step before's all finished (its stage
+        handed back) when this step's are issued; then each frame's epilogue, the second frame's dropped by the TMA
+        store where it lies past D."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BOX_D: gl.constexpr = a_ring.type.shape[2]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[1]
+        KD: gl.constexpr = b_ring.type.shape[0] // STAGES
+        gl.static_assert(BOX_D - KD + 1 == 2, "a halo tile is two output frames")
+        acc0 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        acc1 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for step in range(steps):
+            index = it % STAGES
+            mbarrier.wait(ready.index(index), (it // STAGES) & 1)
+            frames = a_ring.index(index).reshape([BOX_D * BLOCK_M, BLOCK_K])
+            for kd in gl.static_range(KD):
+                b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+                acc0 = warpgroup_mma(frames.slice(kd * BLOCK_M, BLOCK_M, dim=0), b, acc0, is_async=True)
+                acc1 = warpgroup_mma(frames.slice((kd + 1) * BLOCK_M, BLOCK_M, dim=0), b, acc1, is_async=True)
+            # This step's 2 x KD groups in flight, the step before's finished: its stage may be refilled.
+            acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=2 * KD, deps=(acc0, acc1, frames))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
+            it += 1
+        acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=steps > 0)  # the tile's last
+        BOX_W: gl.constexpr = a_ring.type.shape[4]
+        tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
+        _store_tile(
+            acc0, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST, dst_strides,
+            1, 1, 1, False, HAS_BIAS, False, BOX_W, mma_layout, False,
+        )  # fmt: skip
+        tma.store_wait(pendings=0)  # the first frame's store has read c_smem
+        _store_tile(
+            acc1, c_smem, dst_views, bias_ptr, n, d + 1, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST,
+            dst_strides, 1, 1, 1, False, HAS_BIAS, False, BOX_W, mma_layout, False,
+        )  # fmt: skip
+        return it
+
+    @gluon.jit
     def _pipelined_tile(
         src_views, w_desc, dst_views, bias_ptr, a_ring, b_ring, ready, frames, tile, sizes,
         KH: gl.constexpr, KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
@@ -537,25 +606,34 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, HALO: gl.constexpr = False,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
         read back to the producer; then the tile's epilogue, its TMA store overlapping the next tile's loads.
         HALF_TAIL: the last column block's tiles, whose columns past the first half lie past C_COLS, compute that
-        half only (half_tail)."""
+        half only (half_tail). HALO: each tile two output frames, each step all KD taps along D
+        (_consume_halo_tile)."""
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
-            n, phase, _, _, steps = _tile_work(
-                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
+            n, d, h0, w0, n0, split = _tile_origin(
+                tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
             )
+            n, phase, _, _, steps = _tile_work(
+                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H,
+                STRIDE_W, INPUT_GRAD,
+            )  # fmt: skip
+            if HALO:
+                it = _consume_halo_tile(
+                    a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
+                    BATCH, C_COLS, H_DST, W_DST, dst_strides, HAS_BIAS, mma_layout,
+                )  # fmt: skip
             # (the test inline: assigned to a name, a constexpr False becomes a tensor, and the half branch compiles)
-            if (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
+            elif (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
                 it = _consume_tile(
                     a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
                     phase, BATCH, C_COLS, H_DST, W_DST, dst_strides, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN,
@@ -576,31 +654,37 @@ if UNAVAILABLE is None:
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
         W_KN: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
+        HALO: gl.constexpr = False,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
-        as a stage is free (its `empty` barrier; all are free at first), load the next step's two boxes into it,
-        running up to STAGES steps ahead of the wgmma and on into the next tile during the epilogue."""
+        as a stage is free (its `empty` barrier; all are free at first), load the next step's boxes into it,
+        running up to STAGES steps ahead of the wgmma and on into the next tile during the epilogue. HALO: each
+        step a (kh, kw) tap's box of the tile's input frames and its KD weight boxes along D."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        KD_BOXES: gl.constexpr = KD if HALO else 1  # weight boxes a stage
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N)
-            n, phase, live, first, steps = _tile_work(
-                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
+            n, d, h0, w0, n0, split = _tile_origin(
+                tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
             )
+            n, phase, live, first, steps = _tile_work(
+                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H,
+                STRIDE_W, INPUT_GRAD,
+            )  # fmt: skip
             k_tap, k_block = step_of(first, k_blocks)  # the tile's first step, then carried (next_step)
             for _ in range(steps):
                 stage = it % STAGES
                 mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_loads(
-                    src_views, w_desc, a_ring.index(stage), b_ring.index(stage), ready.index(stage), k_tap, k_block,
-                    n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
+                    src_views, w_desc, a_ring.index(stage), b_ring, stage * KD_BOXES, ready.index(stage), k_tap,
+                    k_block, n, d, h0, w0, n0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
                     STRIDE_D, STRIDE_H, STRIDE_W, BLOCK_K, INPUT_GRAD, W_KN, True, frames, PAD_MODE_D, HAS_PREFIX,
-                    HAS_AFTER,
+                    HAS_AFTER, KD_BOXES,
                 )  # fmt: skip
                 k_tap, k_block = next_step(k_tap, k_block, k_blocks)
                 it += 1
@@ -647,9 +731,12 @@ if UNAVAILABLE is None:
         the last column block's tiles, where C_COLS leaves at most half of them, compute that half only, from the
         first half of each weight box (the boxes load as before), half the MMA work: a 192-channel layer's tiles of
         128 columns are 128 + 64, not 128 + 128."""
+        BOX_D: gl.constexpr = src_desc.block_type.shape[1]  # 1, or a halo tile's input frames (halo_eligible)
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
+        HALO: gl.constexpr = BOX_D > 1
+        KD_BOXES: gl.constexpr = KD if HALO else 1  # weight boxes a stage
         W_KN: gl.constexpr = INPUT_GRAD and not W_TRANSPOSED  # the weight box is [BLOCK_K, 1, BLOCK_N]
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if W_KN else w_desc.block_type.shape[0]
         dtype: gl.constexpr = src_desc.dtype
@@ -660,19 +747,23 @@ if UNAVAILABLE is None:
         dst_strides = (stride_dn, stride_dd, stride_dh, stride_dw)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
-        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
+        a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, BOX_D, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
         W_ROWS: gl.constexpr = w_desc.block_type.shape[0]
         W_COLS: gl.constexpr = w_desc.block_type.shape[2]
-        b_ring = gl.allocate_shared_memory(dtype, [STAGES, W_ROWS, 1, W_COLS], w_desc.layout)
+        b_ring = gl.allocate_shared_memory(dtype, [STAGES * KD_BOXES, W_ROWS, 1, W_COLS], w_desc.layout)
         ready = _stage_barriers(STAGES)
         TILE: gl.constexpr = (BLOCK_N, BOX_H * BOX_W) if SWAP_AB else (BOX_H * BOX_W, BLOCK_N)  # the accumulator's
         mma_layout: gl.constexpr = _accumulator_layout(TILE[0], TILE[1], num_warps, 256 // dtype.primitive_bitwidth)
         # with HAS_AFTER: x's channel blocks, then channels_after's
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
+        if HALO:
+            gl.static_assert(WARP_SPECIALIZE and not (INPUT_GRAD or SWAP_AB or HALF_TAIL or DST_PTR or HAS_PREFIX),
+                             "a halo tile: the warp-specialized forward, unswapped, stored by TMA")  # fmt: skip
+            gl.static_assert(BOX_D == KD + 1 and STRIDE_D * STRIDE_H * STRIDE_W == 1, "halo: 2 frames, stride 1")
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
             entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
-            patches = entries * D_DST * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+            patches = entries * gl.cdiv(D_DST, 2 if HALO else 1) * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
             tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * SPLITS
             empty = _stage_barriers(STAGES)  # "this stage was read": the producer may refill it
             # The epilogue's buffer lives beside the ring: the next tile's loads land while the last one stores.
@@ -686,11 +777,11 @@ if UNAVAILABLE is None:
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
                                   k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
                                   STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout,
-                                  SWAP_AB, HALF_TAIL)),
+                                  SWAP_AB, HALF_TAIL, HALO)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
                                    DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
-                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER)),
+                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, HALO)),
                 ],
                 [1],
                 [_PRODUCER_REGS],

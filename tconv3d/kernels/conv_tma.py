@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, live_taps
+from .config import HALO_BOX_FRAMES, KernelConfig, live_taps
 from .launch import launch, tracing
 from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, padded_coord, tensor_descriptor, tma_aligned
 
@@ -380,7 +380,9 @@ def patch_descriptors(
         w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
     w_desc = tensor_descriptor(weight, w_shape, (taps * w_shape[2], w_shape[2], 1), w_box, make)
     stride = tuple(geom.stride)
-    src_box, dst_box = (1, 1, box_h, box_w, config.block_k), (1, 1, box_h, box_w, config.block_n)
+    # A halo tile (config.halo_d, the Gluon forward's) reads the input frames of its halo_d output frames in one box.
+    box_d, frames = (HALO_BOX_FRAMES, config.halo_d) if config.halo_d else (1, 1)
+    src_box, dst_box = (1, box_d, box_h, box_w, config.block_k), (1, 1, box_h, box_w, config.block_n)
     batch = src.shape[0]
     volume = dst.shape[2:]
     live = None
@@ -399,7 +401,7 @@ def patch_descriptors(
     channels = (c_out, c_in) if input_grad else (c_in, c_out)
     d, h, w = volume
     grid = (
-        batch * d * cdiv(h, box_h) * cdiv(w, box_w),
+        batch * cdiv(d, frames) * cdiv(h, box_h) * cdiv(w, box_w),
         cdiv(channels[1], config.block_n),
         dst.shape[0] // src.shape[0],
     )

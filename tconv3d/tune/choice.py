@@ -28,6 +28,7 @@ from .configs import (
     default_config,
     gluon_eligible,
     gluon_takes,
+    halo_eligible,
     heuristic_config,
     nearest_key,
     tma_eligible,
@@ -81,6 +82,8 @@ def force_variant(
         config = off_gluon(config)
     if kernels in ("tma", "gluon") and not config.tma_box_w:
         return with_tma(config, geom, direction)
+    if config.halo_d and not halo_eligible(direction, geom, config, dtype.itemsize):  # a nearest key's, lent
+        return dataclasses.replace(config, halo_d=0)
     return config
 
 

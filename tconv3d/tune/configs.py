@@ -17,6 +17,9 @@ from ..kernels import conv_gluon
 from ..kernels.config import (
     DIRECTIONS,
     GROUPED_TAP_COLUMNS,
+    HALO_BOX_FRAMES,
+    HALO_FRAMES,
+    HALO_KD,
     MIN_TILE,
     GemmView,
     KernelConfig,
@@ -1001,6 +1004,53 @@ def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
     return twin if gluon_takes(twin) else None
 
 
+def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> bool:
+    """Whether the warp-specialized Gluon forward with `config`'s tiles may run halo tiles (halo_d): HALO_FRAMES
+    output frames of one patch a tile, each K step one box of the HALO_BOX_FRAMES input frames they read at one
+    (kh, kw) tap and channel block, and the HALO_KD weight boxes of that tap along D, every (frame, kd) pair's wgmma
+    reading its frame of the box as a slice of shared memory. So the input comes from L2 once for the three kd
+    taps of two frames (4 frames of box for 6 frame-taps) instead of once a tap: the operands' FLOPs a byte
+    (operand_intensity) go from 2RC / (R + C) to 12RC / (4R + 3C), 42.7 -> 69.8 a 16-bit byte at 128 x 64, the
+    narrow layers' bound (bench/NOTES.md, "What 64 columns cost"). It takes: the forward, stride 1 and no dilation
+    along D (the frames of a box are consecutive), KD = HALO_KD (4 frames of box, a power of two), zeros along D
+    and no frames_before (no frame of a box is remapped), at least HALO_BOX_FRAMES input frames (a box no longer
+    than the tensor), stride 1 in H and W (one phase view), an output stored by TMA (whole 16-byte rows), one
+    group, the tile unswapped and whole (no half tail)."""
+    return (
+        direction == "fwd"
+        and config.gluon == 2
+        and not config.swap_ab
+        and config.tap_group <= 1
+        and tuple(geom.stride) == (1, 1, 1)
+        and geom.kernel[0] == HALO_KD
+        and geom.dilation[0] == 1
+        and geom.dim_modes[0] == "zeros"
+        and not geom.prefix_frames
+        and geom.in_size[0] >= HALO_BOX_FRAMES
+        and geom.groups == 1
+        and geom.out_channels * element_size % 16 == 0
+        and not half_tail(config, geom.out_channels, element_size)
+    )
+
+
+def halo_twin(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> KernelConfig | None:
+    """`config` with halo tiles (halo_eligible), on the deepest ring of at least two stages that keeps the programs
+    an SM it has (the two accumulators a tile count against the one-warpgroup tiles' registers), its reduction steps
+    halved where a stage of the 4-frame box and three weight boxes would not fit twice; else on one program an SM.
+    None where the forward may not take halo tiles or no ring fits."""
+    if not halo_eligible(direction, geom, config, element_size):
+        return None
+    programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
+    depths = [config.block_k, config.block_k // 2]
+    for wanted in sorted({programs, 1}, reverse=True):
+        for block_k in [depth for depth in depths if depth >= MIN_TILE]:
+            for stages in range(8, 1, -1):
+                twin = replace(config, halo_d=HALO_FRAMES, block_k=block_k, num_stages=stages)
+                if conv_gluon.resident_programs(twin, element_size, weight_grad=False) == wanted:
+                    return twin
+    return None
+
+
 # The swapped weight gradient's rows (wgmma M): this many taps' input channels a tile, on two warpgroups.
 SWAPPED_WGRAD_ROWS = 128
 
@@ -1058,7 +1108,8 @@ def swapped_wgrad_tiles(
 
 def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
     """`config`'s own Gluon twins, those that fit `smem_bytes`: its tile swapped (swapped_twin; the weight gradient's,
-    swapped_wgrad_twin) or with its taps grouped (grouped_taps_twin; the weight gradient's whole channel blocks,
+    swapped_wgrad_twin), a forward's as halo tiles (halo_twin) or with its taps grouped (grouped_taps_twin; the
+    weight gradient's whole channel blocks,
     channel_taps_twin; a transposed weight gradient's, its one-tap tile unswapped on 64 rows: off_gluon's, on the
     Gluon kernel). They differ from it in tile dimensions, so a
     tuner that times the candidates nearest a default (tuner.nearest_candidates) would not reach them (unet_32's
@@ -1066,12 +1117,13 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
     space does not hold."""
     if not config.gluon:
         return []
+    element = torch.empty((), dtype=dtype).element_size()
     found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
+    found.append(halo_twin(direction, geom, config, element))
     if direction == "wgrad":
         found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
         if config.swap_ab:  # the heuristic's transposed tile (swapped_wgrad_tiles): one tap's, unswapped, beside it
             found.append(replace(off_gluon(config), gluon=config.gluon))
-    element = torch.empty((), dtype=dtype).element_size()
     return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes)]
 
 
