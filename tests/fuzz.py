@@ -323,6 +323,9 @@ def _select(problem: Problem):
                 config = dataclasses.replace(config, gluon=2)
             if direction == "wgrad" and not (config.tap_group or transposed) and rng.random() < 0.3:  # taps in a tile
                 config = grouped_taps(config, rng.choice((2, 4)))  # 64 to 128 channels a tap
+            if direction != "wgrad" and not config.swap_ab and rng.random() < 0.5:  # two frames a tile (halo_twin)
+                halo = configs.halo_twin(direction, geom, dataclasses.replace(config, gluon=2), dtype.itemsize)
+                config = halo or config
         select.configs.append((direction, config))
         return config
 
@@ -400,7 +403,7 @@ def run(problem: Problem, monkeypatch) -> dict:
         else:
             errors[name] = rel_l2(got, want)
     launched = [
-        (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.tap_group, c.swap_ab)
+        (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.halo_d, c.tap_group, c.swap_ab)
         for d, c in select.configs
     ]
     bad = {name: error for name, error in errors.items() if not error < bound}
@@ -440,7 +443,8 @@ def main() -> int:
             result = check(problem)
             variants.update(
                 f"{direction} {variant}{' swapped' if swap else ''}{f' {group} taps' if group else ''}"
-                for direction, variant, *_, group, swap in result["launched"]
+                f"{' halo' if halo else ''}"
+                for direction, variant, *_, halo, group, swap in result["launched"]
             )
         except Exception as error:  # a failure of any kind is a finding, reported as one
             failed += 1

@@ -400,9 +400,10 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
                             ({"swap_ab": 1}, "only an unswapped warp-specialized")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**halo.to_dict(), **change})
-    for direction in ("dgrad", "wgrad"):
-        other = configs.heuristic_config(direction, narrow, torch.bfloat16, 132, 90)
-        assert configs.halo_twin(direction, narrow, other, 2) is None
+    wgrad = configs.heuristic_config("wgrad", narrow, torch.bfloat16, 132, 90)
+    assert configs.halo_twin("wgrad", narrow, wgrad, 2) is None and configs.halo_twin("fwd", narrow, tile, 4) is None
+    dgrad = configs.heuristic_config("dgrad", narrow, torch.bfloat16, 132, 90)
+    assert configs.halo_twin("dgrad", narrow, dgrad, 2).halo_d == 2  # a forward of grad_out, its taps flipped
     refused = {
         "causal": conv_geometry((2, 64, 8, 64, 64), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
                                 padding_mode="replicate,zeros,zeros"),
@@ -415,13 +416,35 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
         "3_channels": conv_geometry((2, 64, 64, 64, 64), (3, 64, 3, 3, 3), 1, 1, 1),
     }  # fmt: skip
     for name, geom in refused.items():
-        plain = choice.force_variant("fwd", geom, torch.bfloat16, tile, "gluon", True)
-        assert configs.halo_twin("fwd", geom, dataclasses.replace(plain, gluon=2), 2) is None, name
-        # the narrow layer's halo tiles lent to it (a nearest key's) run without the halo
-        assert choice.force_variant("fwd", geom, torch.bfloat16, halo, "auto", True).halo_d == 0, name
+        for direction in ("fwd", "dgrad"):
+            if name == "3_channels" and direction == "dgrad":
+                continue  # 64 input channels: its input gradient may (its 3-channel grad_out is not TMA-aligned)
+            plain = choice.force_variant(direction, geom, torch.bfloat16, tile, "gluon", True)
+            assert configs.halo_twin(direction, geom, dataclasses.replace(plain, gluon=2), 2) is None, name
+            # the narrow layer's halo tiles lent to it (a nearest key's) run without the halo
+            assert choice.force_variant(direction, geom, torch.bfloat16, halo, "auto", True).halo_d == 0, name
     assert choice.force_variant("fwd", narrow, torch.bfloat16, halo, "auto", True) == halo
     assert choice.force_variant("fwd", narrow, torch.bfloat16, halo, "pointer", True).halo_d == 0
     assert halo in configs.own_twins("fwd", narrow, tile, torch.bfloat16, 232448)  # the tuner times it
+
+
+@pytest.mark.parametrize(("frames", "split", "front"), [(5, 1, 1), (6, 3, 1), (4, 1, 2)])
+def test_gluon_halo_input_gradients_match_float64(frames, split, front, device):
+    """The stride-1 input gradient's halo tiles on the GPU (the emulator's test runs the same on CPU)."""
+    if not gluon_runs(device):
+        pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
+    x = torch.randn(2, 64, frames, 8, 32, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, 64, 3, 3, 3, device=device).to(torch.bfloat16).contiguous(memory_format=CL)
+    padding = [front, 2 - front, 1, 1, 1, 1]
+    geom = tconv3d.geometry.check_conv3d(x.detach().to(torch.bfloat16), w, None, [1] * 3, padding, [1] * 3, 1)
+    grad_out = torch.randn(geom.output_shape(), device=device).to(torch.bfloat16).contiguous(memory_format=CL)
+    tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 3, split_k=split), geom, "dgrad", specialized=True)
+    config = configs.halo_twin("dgrad", geom, tile, 2)
+    assert config.halo_d == 2 and config.split_k == split
+    got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1, front, 2 - front))
+    torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
+    assert rel_l2(got, x.grad) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize(("frames", "split", "after"), [(4, 1, 0), (5, 1, 0), (6, 3, 0), (5, 1, 16)])

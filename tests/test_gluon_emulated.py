@@ -676,6 +676,55 @@ def _halo_conv(frames, split, after, monkeypatch):
     return got, want
 
 
+HALO_INPUT_GRADS = {  # (frames, split_k, D padding front and back): the taps flipped, asymmetric padding too
+    "d5": (5, 1, (1, 1)), "d6_split3": (6, 3, (1, 1)), "d4_causal": (4, 1, (2, 0)), "d5_back": (5, 1, (0, 2)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HALO_INPUT_GRADS)
+def test_emulated_gluon_halo_input_gradients_match_float64(case, monkeypatch):
+    """The stride-1 input gradient's halo tiles: grad_out's four frames a box, output frame f reading frame
+    f + 2 - kd at tap kd (the taps flipped), D padded either way."""
+    frames, split, (front, back) = HALO_INPUT_GRADS[case]
+    x = torch.randn(2, 16, frames, 4, 16, dtype=torch.float64)
+    w = torch.randn(32, 16, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    padding = [front, back, 1, 1, 1, 1]
+    geom = check_conv3d(x.to(torch.bfloat16), w, None, [1] * 3, padding, [1] * 3, 1)
+    grad_out = torch.randn(geom.output_shape(), dtype=torch.bfloat16).contiguous(memory_format=CL)
+    tile = configs.with_gluon(KernelConfig(64, 16, 32, 4, 2, split_k=split), geom, "dgrad", specialized=True)
+    config = configs.halo_twin("dgrad", geom, tile, 2)
+    assert config is not None and config.halo_d == 2 and config.split_k == split, config
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
+    with emulating(monkeypatch) as emu:
+        got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    x.requires_grad_()
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1, front, back))
+    torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
+    assert rel_l2(got, x.grad) < tolerance(torch.bfloat16)
+
+
+def test_emulated_gluon_halo_input_gradient_reads_grad_outs_second_source(monkeypatch):
+    """A stride-1 transposed conv of a concatenation (grad_out's 16 channels, then channels_after's 16), its halo
+    boxes from both sources' descriptors at the same shifted frames."""
+    from tconv3d.geometry import check_input_grad
+
+    def bf16(*shape):
+        return torch.randn(*shape, dtype=torch.bfloat16).contiguous(memory_format=CL)
+
+    x, other, w = bf16(2, 16, 5, 4, 16), bf16(2, 16, 5, 4, 16), bf16(32, 24, 3, 3, 3)
+    geom = check_input_grad(x, w, (2, 24, 5, 4, 16), [1] * 3, [1] * 6, [1] * 3, channels_after=other)
+    tile = configs.with_gluon(KernelConfig(64, 16, 16, 4, 2), geom, "dgrad", specialized=True)
+    config = configs.halo_twin("dgrad", geom, tile, 2)
+    assert config is not None and config.halo_d == 2, config
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
+    with emulating(monkeypatch) as emu:
+        got = conv_dgrad.conv3d_dgrad(x, w, geom, config, channels_after=other)
+    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    want = torch.nn.functional.conv_transpose3d(torch.cat([x, other], 1).double(), w.double(), padding=1)
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
 @pytest.mark.parametrize("case", HALO_CASES)
 def test_emulated_gluon_halo_tiles_match_float64(case, monkeypatch):
     """Halo tiles (configs.halo_twin): two output frames a tile, each step one box of the four input frames they

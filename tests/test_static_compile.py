@@ -626,7 +626,7 @@ if conv_gluon.UNAVAILABLE is None:
                                     "row": "whole_steps", "config": whole.to_dict(), **report.to_dict()})
                 # the narrow forwards' halo tiles (configs.halo_twin): two frames a tile, the kd taps' input
                 # frames one box, every (frame, kd) wgmma reading its frame as a slice
-                if shape.name in ("unet_32", "unet_64") and dtype == torch.bfloat16 and direction == "fwd":
+                if shape.name in ("unet_32", "unet_64") and dtype == torch.bfloat16 and direction != "wgrad":
                     forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
                     halo = configs.halo_twin(direction, geom, dataclasses.replace(forced, gluon=2), 2)
                     report = compile_launch(direction, geom, dtype, halo, 90)[0]
@@ -795,8 +795,12 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
             shapes = ["64x128x16", "64x256x16"]
         assert sorted(loop["mma"].split(".")[1] for loop in r["mma_loops"]) == shapes, r["mma_loops"]
         assert r["mma"].split(".")[1] == shapes[-1 if r["direction"] != "wgrad" else 0], r["mma"]  # the widest
-    halo = {r["case"]: r for r in reports if r.get("row") == "halo"}  # unet_64's under 3.6
-    assert "unet_32" in halo and set(halo) <= {"unet_32", "unet_64"}
+    halo = {(r["case"], r["direction"]): r for r in reports if r.get("row") == "halo"}  # unet_64's under 3.6
+    assert (
+        {("unet_32", "fwd"), ("unet_32", "dgrad")}
+        <= set(halo)
+        <= {(case, direction) for case in ("unet_32", "unet_64") for direction in ("fwd", "dgrad")}
+    )
     assert all(r["config"]["halo_d"] == 2 and r["tensor_maps"][0]["box"][1] == 4 for r in halo.values())
     programs_seen = set()
     for r in reports:

@@ -62,10 +62,11 @@ class KernelConfig:
     # block_n / tap_group channels each, so that one wgmma spans them (m64n256 from two taps of 128 channels) and
     # each grad_out box is loaded once for all of them; warp-specialized (gluon 2) only.
     tap_group: int = 0
-    # 2 (0: off): the Gluon forward's tile is that many output frames of the same patch, and each K step loads one box
-    # of the halo_d + KD - 1 input frames they read and the weight boxes of all KD taps along D, each frame's box
-    # read by the wgmmas of every (output frame, kd) pair that needs it: the input read from L2 once for the KD taps
-    # along D instead of once a tap (conv_gluon's docstring: halo_eligible); warp-specialized (gluon 2) only.
+    # 2 (0: off): the Gluon forward's or stride-1 input gradient's tile is that many output frames of the same patch,
+    # and each K step loads one box of the halo_d + KD - 1 source frames they read and the weight boxes of all KD taps
+    # along D, each frame of the box read by the wgmmas of every (output frame, kd) pair that needs it: the source
+    # read from L2 once for the KD taps along D instead of once a tap (configs.halo_eligible); warp-specialized
+    # (gluon 2) only.
     halo_d: int = 0
 
     @property

@@ -341,12 +341,15 @@ if UNAVAILABLE is None:
         HAS_AFTER (the forward at one phase; the input gradient at any): the channel blocks past the first source's
         frames[2] channels (x's; grad_out's) are channels_after's (src_views[4]), both copies issued, one predicated
         off, as conv_tma.channel_block counts them. KD_BOXES > 1 (a halo tile's, halo_eligible): k_tap is a (kh, kw)
-        tap at kd 0, whose box spans the frames of every kd, and the weight boxes of its KD_BOXES taps along D land in
+        tap at kd 0, whose box spans the frames of every kd (the input gradient's from the frame kd = KD - 1 reads for
+        the tile's first frame), and the weight boxes of its KD_BOXES taps along D land in
         b_ring.index(b_index + kd)."""
         tap, c0, src_d, view, row, col = step_box(
             k_tap, k_block, d, h0, w0, phase, live, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW,
             STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, BLOCK_K,
         )  # fmt: skip
+        if INPUT_GRAD and KD_BOXES > 1:  # the taps flipped: kd 0 reads the box's last frames, its first kd's last
+            src_d -= KD_BOXES - 1
         mbarrier.expect(bar, src_views[0].block_type.nbytes + KD_BOXES * w_desc.block_type.nbytes, pred=pred)
         c_w = c0
         if HAS_AFTER:  # the forward (one phase, one source along D: configs.tma_eligible) or the input gradient
@@ -517,20 +520,22 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _consume_halo_tile(
         a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
-        BATCH, C_COLS, H_DST, W_DST, dst_strides, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
+        BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr,
+        HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
     ):  # fmt: skip
-        """_consume_tile for a halo tile (halo_eligible: the forward at stride 1, KD taps along D, FRAMES = 2 output
-        frames d and d + 1 of one patch). Each stage holds the box of the FRAMES + KD - 1 input frames the patch reads
-        at one (kh, kw) tap and channel block, and the KD weight boxes of that (kh, kw) along D; output frame f and
-        tap kd read the box's frame f + kd, a BLOCK_M-row slice of its 2-D view (a multiple of its own length: no
-        descriptor offset). So 2 x KD wgmmas a step into two accumulators, the step before's all finished (its stage
-        handed back) when this step's are issued; then each frame's epilogue, the second frame's dropped by the TMA
-        store where it lies past D."""
+        """_consume_tile for a halo tile (halo_eligible: stride 1, KD taps along D, FRAMES = 2 output frames d and
+        d + 1 of one patch). Each stage holds the box of the FRAMES + KD - 1 source frames the patch reads at one
+        (kh, kw) tap and channel block, and the KD weight boxes of that (kh, kw) along D; output frame f and tap kd
+        read the box's frame f + kd (the input gradient's, its taps flipped: f + KD - 1 - kd), a BLOCK_M-row slice of
+        its 2-D view (a multiple of its own length: no descriptor offset). So 2 x KD wgmmas a step into two
+        accumulators, the step before's all finished (its stage handed back) when this step's are issued; then each
+        frame's epilogue, the second frame's dropped by the TMA store where it lies past D. The weight boxes as
+        _stage_operands reads them (W_KN: the input gradient's 16-bit one, N-major)."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_D: gl.constexpr = a_ring.type.shape[2]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
-        BLOCK_N: gl.constexpr = b_ring.type.shape[1]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         KD: gl.constexpr = b_ring.type.shape[0] // STAGES
         gl.static_assert(BOX_D - KD + 1 == 2, "a halo tile is two output frames")
         acc0 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
@@ -540,9 +545,16 @@ if UNAVAILABLE is None:
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
             frames = a_ring.index(index).reshape([BOX_D * BLOCK_M, BLOCK_K])
             for kd in gl.static_range(KD):
-                b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
-                acc0 = warpgroup_mma(frames.slice(kd * BLOCK_M, BLOCK_M, dim=0), b, acc0, is_async=True)
-                acc1 = warpgroup_mma(frames.slice((kd + 1) * BLOCK_M, BLOCK_M, dim=0), b, acc1, is_async=True)
+                if W_KN:
+                    b = b_ring.index(index * KD + kd).reshape([BLOCK_K, BLOCK_N])
+                else:
+                    b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+                # frame d reads box frame kd (the input gradient's KD - 1 - kd), frame d + 1 the next (the frame's
+                # row inline: assigned to a name, it would be a tensor, and a slice takes a constant)
+                acc0 = warpgroup_mma(frames.slice((KD - 1 - kd if INPUT_GRAD else kd) * BLOCK_M, BLOCK_M, dim=0), b,
+                                     acc0, is_async=True)  # fmt: skip
+                acc1 = warpgroup_mma(frames.slice((KD - kd if INPUT_GRAD else kd + 1) * BLOCK_M, BLOCK_M, dim=0), b,
+                                     acc1, is_async=True)  # fmt: skip
             # This step's 2 x KD groups in flight, the step before's finished: its stage may be refilled.
             acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=2 * KD, deps=(acc0, acc1, frames))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -553,12 +565,12 @@ if UNAVAILABLE is None:
         tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
         _store_tile(
             acc0, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST, dst_strides,
-            1, 1, 1, False, HAS_BIAS, False, BOX_W, mma_layout, False,
+            1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, False,
         )  # fmt: skip
         tma.store_wait(pendings=0)  # the first frame's store has read c_smem
         _store_tile(
             acc1, c_smem, dst_views, bias_ptr, n, d + 1, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST,
-            dst_strides, 1, 1, 1, False, HAS_BIAS, False, BOX_W, mma_layout, False,
+            dst_strides, 1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, False,
         )  # fmt: skip
         return it
 
@@ -630,7 +642,7 @@ if UNAVAILABLE is None:
             if HALO:
                 it = _consume_halo_tile(
                     a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
-                    BATCH, C_COLS, H_DST, W_DST, dst_strides, HAS_BIAS, mma_layout,
+                    BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD, W_KN, HAS_BIAS, mma_layout,
                 )  # fmt: skip
             # (the test inline: assigned to a name, a constexpr False becomes a tensor, and the half branch compiles)
             elif (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
@@ -758,8 +770,8 @@ if UNAVAILABLE is None:
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
         if HALO:
-            gl.static_assert(WARP_SPECIALIZE and not (INPUT_GRAD or SWAP_AB or HALF_TAIL or DST_PTR or HAS_PREFIX),
-                             "a halo tile: the warp-specialized forward, unswapped, stored by TMA")  # fmt: skip
+            gl.static_assert(WARP_SPECIALIZE and not (SWAP_AB or HALF_TAIL or DST_PTR or HAS_PREFIX),
+                             "a halo tile: warp-specialized, unswapped, stored by TMA")  # fmt: skip
             gl.static_assert(BOX_D == KD + 1 and STRIDE_D * STRIDE_H * STRIDE_W == 1, "halo: 2 frames, stride 1")
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
             entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)

@@ -1005,20 +1005,24 @@ def swapped_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
 
 
 def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> bool:
-    """Whether the warp-specialized Gluon forward with `config`'s tiles may run halo tiles (halo_d): HALO_FRAMES
-    output frames of one patch a tile, each K step one box of the HALO_BOX_FRAMES input frames they read at one
-    (kh, kw) tap and channel block, and the HALO_KD weight boxes of that tap along D, every (frame, kd) pair's wgmma
-    reading its frame of the box as a slice of shared memory. So the input comes from L2 once for the three kd
-    taps of two frames (4 frames of box for 6 frame-taps) instead of once a tap: the operands' FLOPs a byte
-    (operand_intensity) go from 2RC / (R + C) to 12RC / (4R + 3C), 42.7 -> 69.8 a 16-bit byte at 128 x 64, the
-    narrow layers' bound (bench/NOTES.md, "What 64 columns cost"). It takes: the forward, stride 1 and no dilation
-    along D (the frames of a box are consecutive), KD = HALO_KD (4 frames of box, a power of two), zeros along D
-    and no frames_before (no frame of a box is remapped), at least HALO_BOX_FRAMES input frames (a box no longer
-    than the tensor), stride 1 in H and W (one phase view), an output stored by TMA (whole 16-byte rows), one
-    group, the tile unswapped and whole (no half tail)."""
+    """Whether the warp-specialized Gluon forward or input gradient with `config`'s tiles may run halo tiles
+    (halo_d): HALO_FRAMES output frames of one patch a tile, each K step one box of the HALO_BOX_FRAMES source frames
+    they read at one (kh, kw) tap and channel block, and the HALO_KD weight boxes of that tap along D, every (frame,
+    kd) pair's wgmma reading its frame of the box as a slice of shared memory. So the source comes from L2 once for
+    the three kd taps of two frames (4 frames of box for 6 frame-taps) instead of once a tap: the operands' FLOPs a
+    byte (operand_intensity) go from 2RC / (R + C) to 12RC / (4R + 3C), 42.7 -> 69.8 a 16-bit byte at 128 x 64, the
+    narrow layers' bound (bench/NOTES.md, "What 64 columns cost"). It takes: stride 1 (the input gradient's is a
+    forward of grad_out, its taps flipped) and no dilation along D (the frames of a box are consecutive), KD =
+    HALO_KD (4 frames of box, a power of two), zeros along D and no frames_before (no frame of a box is remapped), a
+    source of at least HALO_BOX_FRAMES frames (a box no longer than the tensor), an output stored by TMA (whole
+    16-byte rows), one group, 16-bit operands (not yet compiled or emulated as TF32), the tile unswapped and whole
+    (no half tail)."""
+    if direction == "wgrad" or element_size != 2:
+        return False
+    source_frames = geom.in_size[0] if direction == "fwd" else geom.out_size[0]
+    columns = geom.out_channels if direction == "fwd" else geom.in_channels
     return (
-        direction == "fwd"
-        and config.gluon == 2
+        config.gluon == 2
         and not config.swap_ab
         and config.tap_group <= 1
         and tuple(geom.stride) == (1, 1, 1)
@@ -1026,10 +1030,10 @@ def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, elem
         and geom.dilation[0] == 1
         and geom.dim_modes[0] == "zeros"
         and not geom.prefix_frames
-        and geom.in_size[0] >= HALO_BOX_FRAMES
+        and source_frames >= HALO_BOX_FRAMES
         and geom.groups == 1
-        and geom.out_channels * element_size % 16 == 0
-        and not half_tail(config, geom.out_channels, element_size)
+        and columns * element_size % 16 == 0
+        and not half_tail(config, columns, element_size)
     )
 
 
@@ -1037,7 +1041,7 @@ def halo_twin(direction: str, geom: ConvGeometry, config: KernelConfig, element_
     """`config` with halo tiles (halo_eligible), on the deepest ring of at least two stages that keeps the programs
     an SM it has (the two accumulators a tile count against the one-warpgroup tiles' registers), its reduction steps
     halved where a stage of the 4-frame box and three weight boxes would not fit twice; else on one program an SM.
-    None where the forward may not take halo tiles or no ring fits."""
+    None where the launch may not take halo tiles or no ring fits."""
     if not halo_eligible(direction, geom, config, element_size):
         return None
     programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
