@@ -431,6 +431,25 @@ if UNAVAILABLE is None:
         return n, d * FRAMES, h0, w0, (tile % num_cols) * BLOCK_N, rest // patches
 
     @gluon.jit
+    def _persistent_tile(
+        tile, C_COLS, ENTRIES, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS,
+        BOX_H: gl.constexpr, BOX_W: gl.constexpr, BLOCK_N: gl.constexpr, KD: gl.constexpr, KH: gl.constexpr,
+        KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, HALO: gl.constexpr,
+    ):  # fmt: skip
+        """A persistent program's tile `tile`, as its producer and its consumers both walk it: (batch entry, d, h0,
+        w0, first column, split, phase, live taps, first step, steps) (_tile_origin, _tile_work); a HALO tile two
+        output frames, its steps the (kh, kw) taps', each step all KD taps along D."""
+        n, d, h0, w0, n0, split = _tile_origin(
+            tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
+        )
+        n, phase, live, first, steps = _tile_work(
+            n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
+            INPUT_GRAD,
+        )  # fmt: skip
+        return n, d, h0, w0, n0, split, phase, live, first, steps
+
+    @gluon.jit
     def _store_rows(acc, dst_ptr, entry, d, h0, w0, n0, H_DST, W_DST, C_COLS, dst_strides,
                     BOX_W: gl.constexpr, mma_layout: gl.constexpr, SWAP_AB: gl.constexpr):  # fmt: skip
         """A patch stored from registers, rows and columns past the volume's edges and the channels dropped: the
@@ -632,12 +651,9 @@ if UNAVAILABLE is None:
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(
-                tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
-            )
-            n, phase, _, _, steps = _tile_work(
-                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H,
-                STRIDE_W, INPUT_GRAD,
+            n, d, h0, w0, n0, split, phase, _, _, steps = _persistent_tile(
+                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, BOX_H, BOX_W,
+                BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO,
             )  # fmt: skip
             if HALO:
                 it = _consume_halo_tile(
@@ -681,12 +697,9 @@ if UNAVAILABLE is None:
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-            n, d, h0, w0, n0, split = _tile_origin(
-                tile, C_COLS, entries, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
-            )
-            n, phase, live, first, steps = _tile_work(
-                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H,
-                STRIDE_W, INPUT_GRAD,
+            n, d, h0, w0, n0, _, phase, live, first, steps = _persistent_tile(
+                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, BOX_H, BOX_W,
+                BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO,
             )  # fmt: skip
             k_tap, k_block = step_of(first, k_blocks)  # the tile's first step, then carried (next_step)
             for _ in range(steps):
