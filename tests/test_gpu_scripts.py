@@ -94,7 +94,7 @@ def test_memcheck_shares_the_families_out_and_keeps_every_log(tmp_path):
     assert sorted(f for group in groups for f in group) == sorted(sanitize_cases.FAMILIES)
     assert log.count("ERROR SUMMARY: 0 errors") == 3 and "--tool memcheck" in log
     race = (tmp_path / "out" / "racecheck.log").read_text()
-    assert "--tool racecheck" in race and "--quick --family tma,split_k,gluon,gluon_ws" in race
+    assert "--tool racecheck" in race and "--quick --family tma,split_k,gluon,gluon_ws,halo" in race
     assert run({"FAIL_FAMILY": "depthwise"}).returncode == 1
     nothing = run({"FAMILIES": " "})  # no families to check: an error, not a pass
     assert nothing.returncode == 2 and "no families" in nothing.stderr

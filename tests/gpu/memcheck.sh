@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over every kernel family on small awkward problems (tests/gpu/sanitize_cases.py): memcheck on
-# all of them, racecheck on the first problem of the TMA, Gluon and split-K families (RACE_FAMILIES). Run from the
-# repository root on a CUDA machine; logs go to ${OUT:-tests/gpu_logs}.
+# all of them, racecheck on the first problem of the TMA, Gluon (halo tiles too) and split-K families
+# (RACE_FAMILIES). Run from the repository root on a CUDA machine; logs go to ${OUT:-tests/gpu_logs}.
 # Compiling each kernel on first use is most of a memcheck's time (H100 run 14: 8 problems in 45 s), and a GPU
 # machine has the cores: the families go to JOBS sanitizer processes at once (default 4), each its own log, one
 # memcheck.log after (the device tool brings back eight files a call), each process's ERROR SUMMARY line kept.
@@ -52,6 +52,6 @@ trap - TERM INT
 assemble
 rm -rf "$parts"
 "$sanitizer" --tool racecheck --error-exitcode 1 python3 tests/gpu/sanitize_cases.py --quick \
-  --family "${RACE_FAMILIES:-tma,split_k,gluon,gluon_ws}" 2>&1 | tee "$out/racecheck.log" || status=1
+  --family "${RACE_FAMILIES:-tma,split_k,gluon,gluon_ws,halo}" 2>&1 | tee "$out/racecheck.log" || status=1
 grep -h "ERROR SUMMARY" "$out/memcheck.log" "$out/racecheck.log"
 exit $status

@@ -4,13 +4,13 @@
 
 Families: the pointer kernels (odd channels, stride 2, dilation, causal 6-value padding, 1x3x3, a Cin=3 stem on the
 packed small-channel path, Cout = 3 and 5 on the out-pairs weight gradient and the forward's W-tap columns, Cin = 2
-and 3 on the input gradient's, W dilated to the taps' longest reach), the TMA kernels (patch and one-row
-boxes, stride-2 phase views, asymmetric padding with dilation), the Gluon kernels software-pipelined and
-persistent warp-specialized (sm_90 with a Triton they are written for), split-K in the forward and input gradient
-(pointer, TMA and Gluon), depthwise and grouped convolution, the padding modes inside the kernels, `frames_before`,
-ConvTranspose3d, the NDHWC GroupNorm and rms_norm. Each variant is forced where the problem allows it. Every result
-is also checked against float64, so a run that touches no bad memory also computed the right thing; the last line is
-one row per family.
+and 3 on the input gradient's, W dilated to the taps' longest reach), the TMA kernels (patch and one-row boxes,
+stride-2 phase views, asymmetric padding with dilation), the Gluon kernels software-pipelined and persistent
+warp-specialized (sm_90 with a Triton they are written for) and as halo tiles, split-K in the forward and input
+gradient (pointer, TMA and Gluon), depthwise and grouped convolution, the padding modes inside the kernels,
+`frames_before`, ConvTranspose3d, the NDHWC GroupNorm and rms_norm. Each variant is forced where the problem allows
+it. Every result is also checked against float64, so a run that touches no bad memory also computed the right thing;
+the last line is one row per family.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def split_three(direction, geom, config):
 
 def warp_specialized(direction, geom, config):
     return dataclasses.replace(config, gluon=2) if config.gluon else config
+
+
+def halo_tiles(direction, geom, config):
+    """The warp-specialized twin as halo tiles (configs.halo_twin) where the launch may take them."""
+    config = warp_specialized(direction, geom, config)
+    return (config.gluon and configs.halo_twin(direction, geom, config, 2)) or config
 
 
 def conv_errors(case, dtype, groups: int = 1) -> list[float]:
@@ -207,8 +213,8 @@ def every(test):
 
 
 # The families, in families()' order: memcheck.sh shares them out over parallel sanitizer processes from this list.
-FAMILIES = ("pointer", "tma", "gluon", "gluon_ws", "split_k", "depthwise", "grouped", "padding_modes", "frames_before",
-            "conv_transpose", "channels_after", "group_norm", "rms_norm")  # fmt: skip
+FAMILIES = ("pointer", "tma", "gluon", "gluon_ws", "halo", "split_k", "depthwise", "grouped", "padding_modes",
+            "frames_before", "conv_transpose", "channels_after", "group_norm", "rms_norm")  # fmt: skip
 
 
 def families() -> dict[str, list[Problem]]:
@@ -230,6 +236,9 @@ def families() -> dict[str, list[Problem]]:
                   for c in BOXED if gluon],
         "gluon_ws": [Problem(f"{c}", bf16, lambda c=c: conv_errors(c, bf16), "gluon", warp_specialized,
                              every(lambda c: c.gluon == 2)) for c in BOXED if gluon],
+        # two frames a tile (forward and input gradient): the borders on every side, and causal, dilated in W
+        "halo": [Problem(f"{c}", bf16, lambda c=c: conv_errors(c, bf16), "gluon", halo_tiles,
+                         lambda configs: any(c.halo_d for c in configs)) for c in (BOXED[0], BOXED[3]) if gluon],
         "split_k": [Problem(f"{k} {BOXED[0]}", bf16, lambda: conv_errors(BOXED[0], bf16), k, split_three,
                             lambda configs, k=k: any(c.split_k == 3 and c.variant == k for c in configs))
                     for k, runs in (("pointer", True), ("tma", tma), ("gluon", gluon)) if runs],
