@@ -395,6 +395,9 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     element = 2
     assert conv_gluon.programs_an_sm(halo, element, False) == conv_gluon.programs_an_sm(tile, element, False) == 2
     assert conv_gluon.resident_programs(halo, element, False) == 2  # its ring and epilogue tile fit twice
+    # FLOPs a byte of operands from L2: 4 frames of box for the 3 taps along D of 2 frames
+    intensity = configs.operand_intensity("fwd", narrow, halo, element)
+    assert round(configs.operand_intensity("fwd", narrow, tile, element), 1) == 42.7 and round(intensity, 1) == 69.8
     assert KernelConfig.from_dict(halo.to_dict()) == halo and "halo_d" not in tile.to_dict()
     for change, message in (({"halo_d": 3}, "halo_d is 0 or 2"), ({"gluon": 1}, "only an unswapped warp-specialized"),
                             ({"swap_ab": 1}, "only an unswapped warp-specialized")):  # fmt: skip
@@ -797,16 +800,20 @@ def test_warp_specialized_weight_gradient_equals_the_pipelined_one(stride, devic
 
 def test_inspect_forces_the_warp_specialized_twin(monkeypatch):
     """python -m tconv3d.inspect --variant gluon-ws plans the Gluon kernel's persistent warp-specialized twin of
-    each eligible launch on sm_90 (gluon forces the software-pipelined one); sm_80 keeps its own kernels."""
-    from tconv3d.inspect.__main__ import plan
+    each eligible launch on sm_90 (gluon forces the software-pipelined one, gluon-halo the twin's halo tiles where
+    the forward and input gradient may take them); sm_80 keeps its own kernels."""
+    from tconv3d.inspect.__main__ import _wait_depth, plan
     from tconv3d.tune.shapes import load_shape_set
 
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = [s for s in load_shape_set("bench") if s.name in ("unet_32", "first_cin3")]
-    jobs = {(job[0].name, job[2], job[3], variant): job[4] for variant in ("gluon", "gluon-ws")
+    jobs = {(job[0].name, job[2], job[3], variant): job[4] for variant in ("gluon", "gluon-ws", "gluon-halo")
             for job in plan(shapes, ["bf16"], DIRECTIONS, [90, 80], False, variant)}  # fmt: skip
     for direction in DIRECTIONS:
         assert jobs[("unet_32", direction, 90, "gluon")].gluon == 1
         assert jobs[("unet_32", direction, 90, "gluon-ws")].gluon == 2
+        halo = jobs[("unet_32", direction, 90, "gluon-halo")]
+        assert (halo.gluon, halo.halo_d) == (2, 0 if direction == "wgrad" else 2)
+        assert _wait_depth({"config": halo.to_dict()}) == (1 if direction == "wgrad" else 6)
         assert not jobs[("unet_32", direction, 80, "gluon-ws")].gluon
         assert not jobs[("first_cin3", direction, 90, "gluon-ws")].gluon  # 3 channels: no TMA box

@@ -16,7 +16,8 @@ TFLOP/s), the share of its MMA work that is the convolution's ('fill', configs.m
 columns and reduction), and the compile time; the tensor maps each TMA launch
 hands the driver are checked against cuTensorMapEncodeTiled's requirements (compile.tensor_maps). `--variant
 gluon` (or tma, pointer) compiles what TCONV3D_KERNELS would force, the Gluon kernel software-pipelined; gluon-ws,
-its persistent warp-specialized twin (the sm_90 heuristic's choice).
+its persistent warp-specialized twin (the sm_90 heuristic's choice); gluon-halo, that twin's halo tiles
+(configs.halo_twin: two output frames a tile) where a forward or input gradient may take them.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import torch
 
 from .. import settings
 from ..kernels import conv_gluon
-from ..kernels.config import DIRECTIONS, pointer_form
+from ..kernels.config import DIRECTIONS, HALO_KD, pointer_form
 from ..tune import choice
-from ..tune.configs import GLUON_CAPABILITY, candidates, mma_fill, operand_intensity
+from ..tune.configs import GLUON_CAPABILITY, candidates, halo_twin, mma_fill, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 from .compile import ARCHS, compile_launch, fits
 
@@ -123,11 +124,13 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, varian
                     )
                     if variant != "auto":  # what TCONV3D_KERNELS=<variant> would run on that GPU
                         gluon_runs = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
-                        kernels = "gluon" if variant == "gluon-ws" else variant
+                        kernels = "gluon" if variant.startswith("gluon") else variant
                         forced = choice.force_variant(direction, geom, dtype, config, kernels, gluon_runs)
-                        if variant in ("gluon", "gluon-ws") and forced.gluon:  # pipelined, or the persistent
-                            # warp-specialized twin (what the sm_90 heuristic chooses)
-                            forced = dataclasses.replace(forced, gluon=2 if variant == "gluon-ws" else 1)
+                        if variant.startswith("gluon") and forced.gluon:  # pipelined, or the persistent
+                            # warp-specialized twin (what the sm_90 heuristic chooses), or its halo tiles
+                            forced = dataclasses.replace(forced, gluon=1 if variant == "gluon" else 2)
+                            if variant == "gluon-halo":
+                                forced = halo_twin(direction, geom, forced, dtype.itemsize) or forced
                         config, source = forced, source if forced == config else f"{variant}"
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:
@@ -159,7 +162,14 @@ def _config_text(config: dict, form: str | None = None) -> str:
     variant = "gluon-ws" if gluon == 2 else "gluon" if gluon else "tma" if config.get("tma_box_w") else ""
     variant = variant or _FORM_TEXT.get(form, "")
     variant += " swap" if config.get("swap_ab") else ""
+    variant += " halo" if config.get("halo_d") else ""
     return text + (f" k{config['split_k']}" if config["split_k"] > 1 else "") + (f" {variant}" if variant else "")
+
+
+def _wait_depth(record: dict) -> int:
+    """The wgmma wait depth a Gluon main loop with one step's groups in flight has: 1, a halo tile's 2 x KD (each
+    step's wgmmas, one a frame and tap along D; the step before's retired)."""
+    return 2 * HALO_KD if record["config"].get("halo_d") else 1
 
 
 def _loop_text(record: dict) -> str:
@@ -223,7 +233,7 @@ def problems(records: list[dict]) -> list[str]:
             and r["mma"] != "HGMMA"
         ):  # fmt: skip
             found.append(f"{name}: {r['mma_instruction']} where wgmma (HGMMA) was expected")
-        elif r["config"].get("gluon") and (r["loop_smem_ops"] != 0 or r["loop_wgmma_waits"] != [1]):
+        elif r["config"].get("gluon") and (r["loop_smem_ops"] != 0 or r["loop_wgmma_waits"] != [_wait_depth(r)]):
             found.append(f"{name}: the Gluon main loop is not TMA -> shared memory -> wgmma with one group in flight "
                          f"({_loop_text(r)})")  # fmt: skip
         found += [f"{name}: the driver would refuse a tensor map: {p}" for p in r.get("tensor_map_problems", [])]
@@ -239,9 +249,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
     parser.add_argument(
-        "--variant", default="auto", choices=(*settings.KERNEL_VARIANTS, "gluon-ws"),
+        "--variant", default="auto", choices=(*settings.KERNEL_VARIANTS, "gluon-ws", "gluon-halo"),
         help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 or 3.9; "
-        "gluon-ws: its persistent warp-specialized twin, as the tuner may choose)",
+        "gluon-ws: its persistent warp-specialized twin, as the tuner may choose; gluon-halo: that twin's halo "
+        "tiles where a forward or input gradient may take them)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")

@@ -208,8 +208,8 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     reads that hit L2 (bench's `l2_read_tbps`) it bounds the launch's TFLOP/s: a 128x64 tile reads
     (128 + 64) x 2 bytes a row of the reduction for 2 x 128 x 64 FLOPs, 42.7 a byte, 299 TFLOP/s at 7 TB/s
     (bench/NOTES.md, "What 64 columns cost"). A forward with its W taps as columns (config.w_tap_columns) reads each
-    tile's rows, halo included, once for all its W taps. None for the direct (depthwise) kernels, which are no
-    GEMM."""
+    tile's rows, halo included, once for all its W taps; halo tiles (halo_d) read 4 frames of rows for the 3 taps
+    along D of 2 frames, 69.8 a byte at 128x64. None for the direct (depthwise) kernels, which are no GEMM."""
     if config.direct:
         return None
     view = gemm_view(direction, geom, bool(config.tma_box_w))
@@ -226,6 +226,10 @@ def operand_intensity(direction: str, geom: ConvGeometry, config: KernelConfig, 
     # column tile's programs read the rows, once a tap group; each row tile's, the columns of every tap.
     rows_read = view.rows * tiles_n * cdiv(taps, group)
     cols_read = view.cols * tiles_m * taps
+    if config.halo_d:  # HALO_BOX_FRAMES frames of rows for the HALO_KD taps of HALO_FRAMES frames; the columns of
+        # every tap once a pair of row tiles (halo_eligible)
+        rows_read = view.rows * tiles_n * taps * HALO_BOX_FRAMES / (HALO_FRAMES * HALO_KD)
+        cols_read = view.cols * cdiv(tiles_m, HALO_FRAMES) * taps
     return 2 * view.rows * view.cols * taps / (element_size * (rows_read + cols_read))
 
 
