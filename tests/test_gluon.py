@@ -399,10 +399,15 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     intensity = configs.operand_intensity("fwd", narrow, halo, element)
     assert round(configs.operand_intensity("fwd", narrow, tile, element), 1) == 42.7 and round(intensity, 1) == 69.8
     assert KernelConfig.from_dict(halo.to_dict()) == halo and "halo_d" not in tile.to_dict()
-    for change, message in (({"halo_d": 3}, "halo_d is 0 or 2"), ({"gluon": 1}, "only an unswapped warp-specialized"),
-                            ({"swap_ab": 1}, "only an unswapped warp-specialized")):  # fmt: skip
+    for change, message in (({"halo_d": 3}, "halo_d is 0 or 2"), ({"gluon": 1}, "only a warp-specialized gluon"),
+                            ({"gluon": 0}, "only a warp-specialized gluon")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**halo.to_dict(), **change})
+    swapped = configs.swapped_twin(halo, "fwd")  # each frame's tile transposed: m64n128
+    assert swapped.swap_ab and KernelConfig.from_dict(swapped.to_dict()) == swapped
+    assert configs.halo_eligible("fwd", narrow, swapped, 2) and swapped in configs.own_twins(
+        "fwd", narrow, tile, torch.bfloat16, 232448
+    )
     wgrad = configs.heuristic_config("wgrad", narrow, torch.bfloat16, 132, 90)
     assert configs.halo_twin("wgrad", narrow, wgrad, 2) is None and configs.halo_twin("fwd", narrow, tile, 4) is None
     dgrad = configs.heuristic_config("dgrad", narrow, torch.bfloat16, 132, 90)
@@ -431,9 +436,11 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     assert halo in configs.own_twins("fwd", narrow, tile, torch.bfloat16, 232448)  # the tuner times it
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize(("frames", "split", "front"), [(5, 1, 1), (6, 3, 1), (4, 1, 2)])
-def test_gluon_halo_input_gradients_match_float64(frames, split, front, device):
-    """The stride-1 input gradient's halo tiles on the GPU (the emulator's test runs the same on CPU)."""
+def test_gluon_halo_input_gradients_match_float64(frames, split, front, swap, device):
+    """The stride-1 input gradient's halo tiles on the GPU, also swapped (the emulator's tests run the same on
+    CPU)."""
     if not gluon_runs(device):
         pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
     x = torch.randn(2, 64, frames, 8, 32, device=device, dtype=torch.float64, requires_grad=True)
@@ -443,15 +450,17 @@ def test_gluon_halo_input_gradients_match_float64(frames, split, front, device):
     grad_out = torch.randn(geom.output_shape(), device=device).to(torch.bfloat16).contiguous(memory_format=CL)
     tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 3, split_k=split), geom, "dgrad", specialized=True)
     config = configs.halo_twin("dgrad", geom, tile, 2)
-    assert config.halo_d == 2 and config.split_k == split
+    config = configs.swapped_twin(config, "dgrad") if swap else config
+    assert config.halo_d == 2 and config.split_k == split and config.swap_ab == swap
     got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
     padded = torch.nn.functional.pad(x, (1, 1, 1, 1, front, 2 - front))
     torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
     assert rel_l2(got, x.grad) < tolerance(torch.bfloat16)
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize(("frames", "split", "after"), [(4, 1, 0), (5, 1, 0), (6, 3, 0), (5, 1, 16)])
-def test_gluon_halo_tiles_match_float64(frames, split, after, device):
+def test_gluon_halo_tiles_match_float64(frames, split, after, swap, device):
     """Halo tiles on the GPU (tests/test_gluon_emulated.py runs the same on CPU): two frames a tile, the four
     input frames of the three kd taps one box, split-K, an odd D's last tile, channels_after."""
     if not gluon_runs(device):
@@ -464,7 +473,8 @@ def test_gluon_halo_tiles_match_float64(frames, split, after, device):
     geom = tconv3d.geometry.check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, channels_after=skip)
     tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 3, split_k=split), geom, "fwd", specialized=True)
     config = configs.halo_twin("fwd", geom, tile, 2)
-    assert config.halo_d == 2 and config.split_k == split
+    config = configs.swapped_twin(config, "fwd") if swap else config
+    assert config.halo_d == 2 and config.split_k == split and config.swap_ab == swap
     got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
     source = x if skip is None else torch.cat([x, skip], dim=1)
     want = torch.nn.functional.conv3d(source.double(), w.double(), b.double(), padding=1)

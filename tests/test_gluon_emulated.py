@@ -735,6 +735,30 @@ def test_emulated_gluon_halo_tiles_match_float64(case, monkeypatch):
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
+@pytest.mark.parametrize(("direction", "split"), [("fwd", 1), ("fwd", 3), ("dgrad", 1), ("dgrad", 2)])
+def test_emulated_gluon_swapped_halo_tiles_match_float64(direction, split, monkeypatch):
+    """Halo tiles swapped (swap_ab): each frame's tile transposed, the weight box wgmma's A and the frame's slice of
+    the box its B (m64n128 at 128 voxels x 64 columns), forward and input gradient, split-K."""
+    x = torch.randn(2, 32, 5, 8, 16, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.randn(64, 32, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    b = torch.randn(64, dtype=torch.bfloat16)
+    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1)
+    tile = configs.with_gluon(KernelConfig(128, 64, 32, 4, 2, split_k=split), geom, direction, specialized=True)
+    config = configs.swapped_twin(configs.halo_twin(direction, geom, tile, 2), direction)
+    assert config.halo_d == 2 and config.swap_ab and config.mma_tile == (64, 128), config
+    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
+    with emulating(monkeypatch) as emu:
+        if direction == "fwd":
+            got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
+            want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
+        else:
+            grad_out = torch.randn(geom.output_shape(), dtype=torch.bfloat16).contiguous(memory_format=CL)
+            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+            want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
+    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
 def test_emulated_halo_tiles_store_each_frame_where_it_belongs(monkeypatch):
     """A halo tile's two frames stored each in the other's place must fail the comparison with float64."""
     monkeypatch.setattr(conv_gluon, "_store_tile", _store_tile_frames_swapped)

@@ -655,6 +655,14 @@ if conv_gluon.UNAVAILABLE is None:
         if report.kernel == "_conv3d_wgrad_gluon_kernel":
             out.append({"case": "unet_skip_32", "direction": "wgrad", "dtype": str(torch.bfloat16),
                         "config": chosen.to_dict(), **report.to_dict()})
+    # unet_64's halo tiles swapped (each frame's tile transposed: m64n128), forward and input gradient
+    narrow = next(s for s in load_shape_set("bench") if s.name == "unet_64").geometry()
+    for direction in ("fwd", "dgrad"):
+        tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 4), narrow, direction, True)
+        config = configs.swapped_twin(configs.halo_twin(direction, narrow, tile, 2), direction)
+        report = compile_launch(direction, narrow, torch.bfloat16, config, 90)[0]
+        out.append({"case": "unet_64", "direction": direction, "dtype": str(torch.bfloat16), "row": "halo_swapped",
+                    "config": config.to_dict(), **report.to_dict()})
     # The last column block's half tiles (half_tail): 192 channels in 128-column blocks, swapped, both kernels
     wide = next(s for s in load_shape_set("bench") if s.name == "wan_dec_192").geometry()
     for direction in ("fwd", "dgrad"):
@@ -721,11 +729,11 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
     UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
-    single wait at depth 1 per step; unet_32's and unet_64's halo tiles, two frames a tile reading the input frames of
-    the three taps along D from one box, 6: a step's 2 x 3), no spills, within the 227 KB a program may take; a
-    warp-specialized kernel's load loop without a runtime division (the strided input gradient's live taps aside).
-    Runs where the Triton is one the kernel is written for (CI's main step, triton 3.9, and its triton 3.6 step);
-    elsewhere the kernel says it is unavailable."""
+    single wait at depth 1 per step; unet_32's and unet_64's halo tiles (unet_64's swapped too), two frames a tile
+    reading the input frames of the three taps along D from one box, 6: a step's 2 x 3), no spills, within the 227
+    KB a program may take; a warp-specialized kernel's load loop without a runtime division (the strided input
+    gradient's live taps aside). Runs where the Triton is one the kernel is written for (CI's main step, triton 3.9,
+    and its triton 3.6 step); elsewhere the kernel says it is unavailable."""
     from tconv3d.inspect.compile import ARCHS
     from tconv3d.kernels import conv_gluon
     from tconv3d.kernels.config import KernelConfig
@@ -802,12 +810,15 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
         <= {(case, direction) for case in ("unet_32", "unet_64") for direction in ("fwd", "dgrad")}
     )
     assert all(r["config"]["halo_d"] == 2 and r["tensor_maps"][0]["box"][1] == 4 for r in halo.values())
+    halo_swapped = [r for r in reports if r.get("row") == "halo_swapped"]
+    assert {r["direction"] for r in halo_swapped} == {"fwd", "dgrad"}
+    assert all(r["mma"].startswith("HGMMA.64x128x16") and r["config"]["swap_ab"] for r in halo_swapped)
     programs_seen = set()
     for r in reports:
         name = f"{r['case']} {r['direction']} {r['dtype']} {r['config']}"
         # one wgmma group in flight: a halo tile's step issues 2 x 3 (two frames, three kd taps), the step before's
         # retired before its stage goes back
-        depth = [6] if r.get("row") == "halo" else [1]
+        depth = [6] if r["config"].get("halo_d") else [1]
         # every loop of wgmmas, not only the first (the half tiles' has its own), on the Hopper main loop
         assert r["mma_loops"] and all(loop["smem_ops"] == 0 and loop["waits"] == depth for loop in r["mma_loops"]), (
             name,

@@ -116,9 +116,10 @@ class KernelConfig:
             raise ValueError(f"swap_ab is 0 or 1, and only a gluon config swaps its operands: {config}")
         if config.tap_group not in (0, 1, 2, 4) or (config.tap_group > 1 and config.gluon != 2):
             raise ValueError(f"tap_group is 0, 1, 2 or 4, and only a warp-specialized gluon config has it: {config}")
-        if config.halo_d not in (0, HALO_FRAMES) or (config.halo_d and (config.gluon != 2 or config.swap_ab)):
+        if config.halo_d not in (0, HALO_FRAMES) or (config.halo_d and (config.gluon != 2 or config.tap_group > 1)):
             raise ValueError(
-                f"halo_d is 0 or {HALO_FRAMES}, and only an unswapped warp-specialized gluon config has it: {config}"
+                f"halo_d is 0 or {HALO_FRAMES}, and only a warp-specialized gluon config of one tap a tile has it: "
+                f"{config}"
             )
         if config.tap_group > 1 and config.block_n // config.tap_group < GROUPED_TAP_COLUMNS:
             raise ValueError(f"a tap_group config has {GROUPED_TAP_COLUMNS}+ columns a tap: {config}")

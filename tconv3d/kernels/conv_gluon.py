@@ -540,7 +540,7 @@ if UNAVAILABLE is None:
     def _consume_halo_tile(
         a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
         BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr,
-        HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
+        HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr, SWAP_AB: gl.constexpr,
     ):  # fmt: skip
         """_consume_tile for a halo tile (halo_eligible: stride 1, KD taps along D, FRAMES = 2 output frames d and
         d + 1 of one patch). Each stage holds the box of the FRAMES + KD - 1 source frames the patch reads at one
@@ -549,7 +549,8 @@ if UNAVAILABLE is None:
         its 2-D view (a multiple of its own length: no descriptor offset). So 2 x KD wgmmas a step into two
         accumulators, the step before's all finished (its stage handed back) when this step's are issued; then each
         frame's epilogue, the second frame's dropped by the TMA store where it lies past D. The weight boxes as
-        _stage_operands reads them (W_KN: the input gradient's 16-bit one, N-major)."""
+        _stage_operands reads them (W_KN: the input gradient's 16-bit one, N-major); SWAP_AB, each frame's tile
+        transposed as there (the weight box wgmma's A, the frame's slice its B: m64n128 at 128 voxels)."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_D: gl.constexpr = a_ring.type.shape[2]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
@@ -557,8 +558,9 @@ if UNAVAILABLE is None:
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         KD: gl.constexpr = b_ring.type.shape[0] // STAGES
         gl.static_assert(BOX_D - KD + 1 == 2, "a halo tile is two output frames")
-        acc0 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        acc1 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        SHAPE: gl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)
+        acc0 = gl.zeros(SHAPE, dtype=gl.float32, layout=mma_layout)
+        acc1 = gl.zeros(SHAPE, dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = it % STAGES
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
@@ -570,10 +572,14 @@ if UNAVAILABLE is None:
                     b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
                 # frame d reads box frame kd (the input gradient's KD - 1 - kd), frame d + 1 the next (the frame's
                 # row inline: assigned to a name, it would be a tensor, and a slice takes a constant)
-                acc0 = warpgroup_mma(frames.slice((KD - 1 - kd if INPUT_GRAD else kd) * BLOCK_M, BLOCK_M, dim=0), b,
-                                     acc0, is_async=True)  # fmt: skip
-                acc1 = warpgroup_mma(frames.slice((KD - kd if INPUT_GRAD else kd + 1) * BLOCK_M, BLOCK_M, dim=0), b,
-                                     acc1, is_async=True)  # fmt: skip
+                a0 = frames.slice((KD - 1 - kd if INPUT_GRAD else kd) * BLOCK_M, BLOCK_M, dim=0)
+                a1 = frames.slice((KD - kd if INPUT_GRAD else kd + 1) * BLOCK_M, BLOCK_M, dim=0)
+                if SWAP_AB:  # dst^T = W^T x^T
+                    acc0 = warpgroup_mma(b.permute((1, 0)), a0.permute((1, 0)), acc0, is_async=True)
+                    acc1 = warpgroup_mma(b.permute((1, 0)), a1.permute((1, 0)), acc1, is_async=True)
+                else:
+                    acc0 = warpgroup_mma(a0, b, acc0, is_async=True)
+                    acc1 = warpgroup_mma(a1, b, acc1, is_async=True)
             # This step's 2 x KD groups in flight, the step before's finished: its stage may be refilled.
             acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=2 * KD, deps=(acc0, acc1, frames))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
@@ -584,12 +590,12 @@ if UNAVAILABLE is None:
         tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
         _store_tile(
             acc0, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST, dst_strides,
-            1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, False,
+            1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, SWAP_AB,
         )  # fmt: skip
         tma.store_wait(pendings=0)  # the first frame's store has read c_smem
         _store_tile(
             acc1, c_smem, dst_views, bias_ptr, n, d + 1, h0, w0, n0, split, 0, BATCH, C_COLS, H_DST, W_DST,
-            dst_strides, 1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, False,
+            dst_strides, 1, 1, 1, INPUT_GRAD, HAS_BIAS, False, BOX_W, mma_layout, SWAP_AB,
         )  # fmt: skip
         return it
 
@@ -658,7 +664,7 @@ if UNAVAILABLE is None:
             if HALO:
                 it = _consume_halo_tile(
                     a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
-                    BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD, W_KN, HAS_BIAS, mma_layout,
+                    BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD, W_KN, HAS_BIAS, mma_layout, SWAP_AB,
                 )  # fmt: skip
             # (the test inline: assigned to a name, a constexpr False becomes a tensor, and the half branch compiles)
             elif (n0 + BLOCK_N // 2 >= C_COLS) if HALF_TAIL else False:
@@ -783,8 +789,8 @@ if UNAVAILABLE is None:
         k_blocks = gl.cdiv(C_A, BLOCK_K) + gl.cdiv(C_RED - C_A, BLOCK_K) if HAS_AFTER else gl.cdiv(C_RED, BLOCK_K)
 
         if HALO:
-            gl.static_assert(WARP_SPECIALIZE and not (SWAP_AB or HALF_TAIL or DST_PTR or HAS_PREFIX),
-                             "a halo tile: warp-specialized, unswapped, stored by TMA")  # fmt: skip
+            gl.static_assert(WARP_SPECIALIZE and not (HALF_TAIL or DST_PTR or HAS_PREFIX),
+                             "a halo tile: warp-specialized, whole, stored by TMA")  # fmt: skip
             gl.static_assert(BOX_D == KD + 1 and STRIDE_D * STRIDE_H * STRIDE_W == 1, "halo: 2 frames, stride 1")
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
             entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)

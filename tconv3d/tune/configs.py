@@ -1019,15 +1019,14 @@ def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, elem
     forward of grad_out, its taps flipped) and no dilation along D (the frames of a box are consecutive), KD =
     HALO_KD (4 frames of box, a power of two), zeros along D and no frames_before (no frame of a box is remapped), a
     source of at least HALO_BOX_FRAMES frames (a box no longer than the tensor), an output stored by TMA (whole
-    16-byte rows), one group, 16-bit operands (not yet compiled or emulated as TF32), the tile unswapped and whole
-    (no half tail)."""
+    16-byte rows), one group, 16-bit operands (not yet compiled or emulated as TF32), one tap a tile, whole (no half
+    tail); swapped (swap_ab) too, each frame's tile transposed."""
     if direction == "wgrad" or element_size != 2:
         return False
     source_frames = geom.in_size[0] if direction == "fwd" else geom.out_size[0]
     columns = geom.out_channels if direction == "fwd" else geom.in_channels
     return (
         config.gluon == 2
-        and not config.swap_ab
         and config.tap_group <= 1
         and tuple(geom.stride) == (1, 1, 1)
         and geom.kernel[0] == HALO_KD
@@ -1127,7 +1126,8 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
         return []
     element = torch.empty((), dtype=dtype).element_size()
     found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
-    found.append(halo_twin(direction, geom, config, element))
+    halo = halo_twin(direction, geom, config, element)
+    found += [halo, halo and not halo.swap_ab and swapped_twin(halo, direction)]
     if direction == "wgrad":
         found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
         if config.swap_ab:  # the heuristic's transposed tile (swapped_wgrad_tiles): one tap's, unswapped, beside it
