@@ -424,17 +424,24 @@ def test_emulated_gluon_split_k(cout, direction, mode, swap, monkeypatch):
     if swap:
         config = swapped_tiles(config)
         assert configs.gluon_takes(config), config
+    got, want = _forward_or_input_gradient(direction, x, w, b, geom, config, monkeypatch)
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+def _forward_or_input_gradient(direction, x, w, b, geom, config, monkeypatch):
+    """(ours on the emulator at `config`, float64) of the forward of x (with bias b) or the input gradient of a
+    random grad_out, padding 1: one Gluon launch."""
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         if direction == "fwd":
             got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
             want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
         else:
-            grad_out = torch.randn(2, cout, 3, 4, 20, dtype=torch.bfloat16).contiguous(memory_format=CL)
+            grad_out = torch.randn(geom.output_shape(), dtype=torch.bfloat16).contiguous(memory_format=CL)
             got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
             want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
-    assert rel_l2(got, want) < tolerance(torch.bfloat16)
+    return got, want
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -746,16 +753,7 @@ def test_emulated_gluon_swapped_halo_tiles_match_float64(direction, split, monke
     tile = configs.with_gluon(KernelConfig(128, 64, 32, 4, 2, split_k=split), geom, direction, specialized=True)
     config = configs.swapped_twin(configs.halo_twin(direction, geom, tile, 2), direction)
     assert config.halo_d == 2 and config.swap_ab and config.mma_tile == (64, 128), config
-    monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
-    with emulating(monkeypatch) as emu:
-        if direction == "fwd":
-            got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config)
-            want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
-        else:
-            grad_out = torch.randn(geom.output_shape(), dtype=torch.bfloat16).contiguous(memory_format=CL)
-            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
-            want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
-    assert emu.launches == {"_conv3d_gluon_kernel": 1}
+    got, want = _forward_or_input_gradient(direction, x, w, b, geom, config, monkeypatch)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
