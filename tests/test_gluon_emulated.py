@@ -629,6 +629,23 @@ def _store_tile_frames_swapped(acc, c_smem, dst_views, bias_ptr, n, d, h0, w0, n
     )  # fmt: skip
 
 
+@gluon.jit
+def _halo_step_two_in_flight(a_ring, b_ring, index, acc0, acc1, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr,
+                             SWAP_AB: gl.constexpr):  # fmt: skip
+    """A halo step leaving the step before's groups in flight too: its stage is handed back while they read it."""
+    STAGES: gl.constexpr = a_ring.type.shape[0]
+    KD: gl.constexpr = b_ring.type.shape[0] // STAGES
+    frames = a_ring.index(index).reshape([a_ring.type.shape[2] * a_ring.type.shape[3] * a_ring.type.shape[4],
+                                          a_ring.type.shape[5]])  # fmt: skip
+    BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+    for kd in gl.static_range(KD):
+        b = b_ring.index(index * KD + kd).reshape([b_ring.type.shape[1], b_ring.type.shape[3]]).permute((1, 0))
+        acc0 = warpgroup_mma(frames.slice(kd * BLOCK_M, BLOCK_M, dim=0), b, acc0, is_async=True)
+        acc1 = warpgroup_mma(frames.slice((kd + 1) * BLOCK_M, BLOCK_M, dim=0), b, acc1, is_async=True)
+    acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=4 * KD, deps=(acc0, acc1, frames))
+    return acc0, acc1
+
+
 BROKEN = {
     "mma_never_waited": ("_mma_one_in_flight", _mma_never_waited, "pipelined", "unretired wgmma"),
     "mma_two_in_flight": ("_mma_one_in_flight", _mma_two_in_flight, "pipelined", "unretired wgmma"),
@@ -663,7 +680,7 @@ HALO_CASES = {  # (frames, split_k, channels_after): an even and an odd D (a til
 }  # fmt: skip
 
 
-def _halo_conv(frames, split, after, monkeypatch):
+def _halo_conv(frames, split, after, monkeypatch, seed=0):
     """(ours on the emulator with halo tiles, float64, the config) of a 3x3x3 forward of 32 (+ `after`
     channels_after) -> 16 channels over 2 x frames x 4 x 16 voxels, bias, zeros padding."""
     x = torch.randn(2, 32, frames, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL)
@@ -675,7 +692,7 @@ def _halo_conv(frames, split, after, monkeypatch):
     config = configs.halo_twin("fwd", geom, tile, 2)
     assert config is not None and config.halo_d == 2 and config.split_k == split, config
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
-    with emulating(monkeypatch) as emu:
+    with emulating(monkeypatch, seed) as emu:
         got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
     source = x if skip is None else torch.cat([x, skip], dim=1)
@@ -762,3 +779,17 @@ def test_emulated_halo_tiles_store_each_frame_where_it_belongs(monkeypatch):
     monkeypatch.setattr(conv_gluon, "_store_tile", _store_tile_frames_swapped)
     got, want = _halo_conv(4, 1, 0, monkeypatch)
     assert rel_l2(got, want) > 0.5
+
+
+def test_emulator_catches_a_halo_stage_released_early(monkeypatch):
+    """A halo tile handing a stage back while the step before's wgmmas still read it: the emulator must fault."""
+    monkeypatch.setattr(conv_gluon, "_halo_step", _halo_step_two_in_flight)
+    with pytest.raises(KernelFault, match="unretired wgmma"):
+        _halo_conv(6, 1, 0, monkeypatch)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_emulated_halo_tiles_in_other_interleavings(seed, monkeypatch):
+    """Halo tiles with the producer and the consumers taking turns in other orders (seeded), split-K."""
+    got, want = _halo_conv(6, 3, 0, monkeypatch, seed)
+    assert rel_l2(got, want) < tolerance(torch.bfloat16)

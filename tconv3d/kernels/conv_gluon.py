@@ -537,6 +537,37 @@ if UNAVAILABLE is None:
         return it
 
     @gluon.jit
+    def _halo_step(a_ring, b_ring, index, acc0, acc1, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr,
+                   SWAP_AB: gl.constexpr):  # fmt: skip
+        """One K step of a halo tile (_consume_halo_tile) from stage `index`: frame d's and frame d + 1's wgmma for
+        each of the KD weight boxes, each reading its frame of the box (a BLOCK_M-row slice of its 2-D view), 2 x KD
+        groups left in flight once the step before's have finished (the stage it read may then be refilled)."""
+        STAGES: gl.constexpr = a_ring.type.shape[0]
+        BOX_D: gl.constexpr = a_ring.type.shape[2]
+        BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
+        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
+        BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
+        KD: gl.constexpr = b_ring.type.shape[0] // STAGES
+        frames = a_ring.index(index).reshape([BOX_D * BLOCK_M, BLOCK_K])
+        for kd in gl.static_range(KD):
+            if W_KN:
+                b = b_ring.index(index * KD + kd).reshape([BLOCK_K, BLOCK_N])
+            else:
+                b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+            # frame d reads box frame kd (the input gradient's KD - 1 - kd), frame d + 1 the next (the frame's row
+            # inline: assigned to a name, it would be a tensor, and a slice takes a constant)
+            a0 = frames.slice((KD - 1 - kd if INPUT_GRAD else kd) * BLOCK_M, BLOCK_M, dim=0)
+            a1 = frames.slice((KD - kd if INPUT_GRAD else kd + 1) * BLOCK_M, BLOCK_M, dim=0)
+            if SWAP_AB:  # dst^T = W^T x^T
+                acc0 = warpgroup_mma(b.permute((1, 0)), a0.permute((1, 0)), acc0, is_async=True)
+                acc1 = warpgroup_mma(b.permute((1, 0)), a1.permute((1, 0)), acc1, is_async=True)
+            else:
+                acc0 = warpgroup_mma(a0, b, acc0, is_async=True)
+                acc1 = warpgroup_mma(a1, b, acc1, is_async=True)
+        acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=2 * KD, deps=(acc0, acc1, frames))
+        return acc0, acc1
+
+    @gluon.jit
     def _consume_halo_tile(
         a_ring, b_ring, ready, empty, it, steps, c_smem, dst_views, bias_ptr, n, d, h0, w0, n0, split,
         BATCH, C_COLS, H_DST, W_DST, dst_strides, INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr,
@@ -554,7 +585,6 @@ if UNAVAILABLE is None:
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_D: gl.constexpr = a_ring.type.shape[2]
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
-        BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         KD: gl.constexpr = b_ring.type.shape[0] // STAGES
         gl.static_assert(BOX_D - KD + 1 == 2, "a halo tile is two output frames")
@@ -564,24 +594,8 @@ if UNAVAILABLE is None:
         for step in range(steps):
             index = it % STAGES
             mbarrier.wait(ready.index(index), (it // STAGES) & 1)
-            frames = a_ring.index(index).reshape([BOX_D * BLOCK_M, BLOCK_K])
-            for kd in gl.static_range(KD):
-                if W_KN:
-                    b = b_ring.index(index * KD + kd).reshape([BLOCK_K, BLOCK_N])
-                else:
-                    b = b_ring.index(index * KD + kd).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
-                # frame d reads box frame kd (the input gradient's KD - 1 - kd), frame d + 1 the next (the frame's
-                # row inline: assigned to a name, it would be a tensor, and a slice takes a constant)
-                a0 = frames.slice((KD - 1 - kd if INPUT_GRAD else kd) * BLOCK_M, BLOCK_M, dim=0)
-                a1 = frames.slice((KD - kd if INPUT_GRAD else kd + 1) * BLOCK_M, BLOCK_M, dim=0)
-                if SWAP_AB:  # dst^T = W^T x^T
-                    acc0 = warpgroup_mma(b.permute((1, 0)), a0.permute((1, 0)), acc0, is_async=True)
-                    acc1 = warpgroup_mma(b.permute((1, 0)), a1.permute((1, 0)), acc1, is_async=True)
-                else:
-                    acc0 = warpgroup_mma(a0, b, acc0, is_async=True)
-                    acc1 = warpgroup_mma(a1, b, acc1, is_async=True)
-            # This step's 2 x KD groups in flight, the step before's finished: its stage may be refilled.
-            acc0, acc1, _ = warpgroup_mma_wait(num_outstanding=2 * KD, deps=(acc0, acc1, frames))
+            acc0, acc1 = _halo_step(a_ring, b_ring, index, acc0, acc1, INPUT_GRAD, W_KN, SWAP_AB)
+            # The step before's groups have finished: its stage may be refilled.
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1, pred=step > 0)
             it += 1
         acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
