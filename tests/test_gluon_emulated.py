@@ -39,6 +39,7 @@ from test_tma import (
 import tconv3d
 from tconv3d import settings
 from tconv3d.geometry import check_conv3d
+from tconv3d.kernels import config as kernel_config
 from tconv3d.kernels import conv_dgrad, conv_fwd, conv_gluon, conv_wgrad
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, rel_l2, tolerance
@@ -757,6 +758,20 @@ def test_emulated_gluon_halo_tiles_match_float64(case, monkeypatch):
     channels_after's blocks read in place beside x's."""
     got, want = _halo_conv(*HALO_CASES[case], monkeypatch)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
+
+
+def test_halo_splits_share_the_kh_kw_steps():
+    """A halo tile's reduction is its (kh, kw) taps' channel blocks, each step all three taps along D: split-K
+    divides those, every split a share (counted as 27 taps, the splits past the first third would run nothing)."""
+    x = torch.randn(2, 32, 6, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    w = torch.randn(16, 32, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
+    geom = check_conv3d(x, w, None, [1] * 3, [1] * 6, [1] * 3, 1)
+    tile = configs.with_gluon(KernelConfig(64, 16, 32, 4, 2, split_k=3), geom, "fwd", specialized=True)
+    halo = configs.halo_twin("fwd", geom, tile, 2)
+    blocks = 32 // halo.block_k
+    assert kernel_config.reduction_steps("fwd", geom, halo) == 9 * blocks
+    assert kernel_config.k_splits("fwd", geom, halo) == (3 * blocks, 3)
+    assert kernel_config.reduction_steps("fwd", geom, tile) == 27 * 32 // tile.block_k
 
 
 @pytest.mark.parametrize(("direction", "split"), [("fwd", 1), ("fwd", 3), ("dgrad", 1), ("dgrad", 2)])

@@ -413,7 +413,7 @@ def channel_blocks(geom: ConvGeometry, block: int, direction: str = "fwd") -> in
 def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) -> int:
     """BLOCK_K steps of a forward or input-gradient program's reduction (the input gradient's: of the phase with
     the most live taps), which split_k divides between programs: taps x channel blocks, or (tap, channel) pairs
-    in BLOCK_K steps where the pointer kernels pack them."""
+    in BLOCK_K steps where the pointer kernels pack them; a halo tile's (halo_d) (kh, kw) taps x channel blocks."""
     if direction == "fwd":
         taps, channels = geom.taps, geom.group_in_channels
     elif direction == "dgrad":
@@ -423,6 +423,8 @@ def reduction_steps(direction: str, geom: ConvGeometry, config: KernelConfig) ->
         raise ValueError(f"the weight gradient splits its voxels, not taps x channels; got {direction!r}")
     if w_tap_columns(direction, geom) and not config.tma_box_w:  # the W taps are columns (unit stride in W)
         taps //= geom.kernel[2]
+    if config.halo_d:  # a halo tile's step takes every tap along D (stride 1: each is live)
+        taps //= geom.kernel[0]
     if packs_taps(direction, geom) and not config.tma_box_w:
         return cdiv(taps * channels, config.block_k)
     if geom.out_after_channels if direction == "dgrad" else geom.after_channels:  # read in place (else a copy)
