@@ -81,7 +81,8 @@ case "${1:-}" in
     # and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and
     # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns). The narrow forwards' halo
     # tiles (unet_32, unet_64, and stack_64 last: bench/NOTES.md, "The narrow layers' input read once for the taps
-    # along D") beside their chosen rows, and swapped where they have 64 columns. The skip scenario after
+    # along D") beside their chosen rows, and swapped where they have 64 columns; unet_64's also on one program an
+    # SM with a deeper ring. The skip scenario after
     # the stack's: a UNet decoder's conv of [upsampled, skip] read in place, now on the Gluon forward, beside
     # torch.cat + cuDNN and the pointer kernel (bench/NOTES.md, "MONAI's skip connections on the Gluon forward").
     PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
@@ -92,7 +93,8 @@ case "${1:-}" in
       hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
       unet_320:chosen unet_320:timed_only down_s2:chosen down_s2:gluon_ws unet_32:chosen unet_32:gluon_ws_swapped_wgrad \
       unet_32:timed_only unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
-      unet_32:gluon_ws_halo unet_64:chosen unet_64:gluon_ws_halo unet_64:gluon_ws_halo_swapped wan_dec_384b:chosen \
+      unet_32:gluon_ws_halo unet_64:chosen unet_64:gluon_ws_halo unet_64:gluon_ws_halo_swapped \
+      unet_64:gluon_ws_halo_deep wan_dec_384b:chosen \
       stack_64:chosen stack_64:gluon_ws_halo stack_64:gluon_ws_halo_swapped )unet_64:gluon_ws
     PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_96_cached,hunyuan_dec_128_replicate,hunyuan_512,unet_320,down_s2,unet_32,unet_64,wan_dec_384b,unet_64@fp32,unet_16,unet_down_16,stack_64
     export CALL_SECONDS=${CALL_SECONDS:-465} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \

@@ -99,6 +99,7 @@ TIMED_ONLY = "timed_only"
 # input frames of the three taps along D loaded once as one box, each wgmma reading its frame as a slice).
 HALO = "gluon_ws_halo"
 HALO_SWAPPED = "gluon_ws_halo_swapped"  # and each frame's tile transposed (m64n128 at 128 voxels x 64 columns)
+HALO_DEEP = "gluon_ws_halo_deep"  # and on one program an SM, its ring deeper (configs.halo_twin's programs=1)
 # The row of the chosen persistent tiles in reduction steps half as deep where a tap's channels fill whole steps
 # only so (configs.whole_steps_twin: 96 channels in three 32-deep steps, not two 64-deep ones, the second half empty).
 WHOLE_STEPS = "gluon_ws_whole_steps"
@@ -241,6 +242,9 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
             swapped = None if halo.swap_ab else configs.swapped_twin(halo, direction)
             if swapped is not None:
                 found[HALO_SWAPPED] = swapped
+            deep = configs.halo_twin(direction, geom, found["gluon_ws"], dtype.itemsize, programs=1)
+            if deep is not None and deep != halo:
+                found[HALO_DEEP] = deep
         # 96 channels a tap in three full 32-deep steps instead of two 64-deep ones, the second half empty
         whole = configs.whole_steps_twin(direction, geom, found["gluon_ws"], dtype.itemsize)
         if whole is not None:

@@ -403,6 +403,9 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
                             ({"gluon": 0}, "only a warp-specialized gluon")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             KernelConfig.from_dict({**halo.to_dict(), **change})
+    deep = configs.halo_twin("fwd", narrow, tile, 2, programs=1)  # one program an SM, a deeper ring
+    assert (deep.block_k, deep.num_stages, conv_gluon.programs_an_sm(deep, element, False)) == (32, 4, 1)
+    assert deep in configs.own_twins("fwd", narrow, tile, torch.bfloat16, 232448)
     swapped = configs.swapped_twin(halo, "fwd")  # each frame's tile transposed: m64n128
     assert swapped.swap_ab and KernelConfig.from_dict(swapped.to_dict()) == swapped
     assert configs.halo_eligible("fwd", narrow, swapped, 2) and swapped in configs.own_twins(

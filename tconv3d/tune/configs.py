@@ -1040,15 +1040,23 @@ def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, elem
     )
 
 
-def halo_twin(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> KernelConfig | None:
+def halo_twin(
+    direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int, programs: int | None = None
+) -> KernelConfig | None:
     """`config` with halo tiles (halo_eligible), on the deepest ring of at least two stages that keeps the programs
     an SM it has (the two accumulators a tile count against the one-warpgroup tiles' registers), its reduction steps
     halved where a stage of the 4-frame box and three weight boxes would not fit twice; else on one program an SM.
-    None where the launch may not take halo tiles or no ring fits."""
+    `programs` = 1: on one program an SM whatever `config` has, the deepest ring of steps at most 32 channels deep
+    that fits (4 stages of 45 KB at 128 x 64 against two programs' 2 each: what a deeper ring gains where the second
+    program's wgmmas do not cover the first's waits on its loads). None where the launch may not take halo tiles or
+    no ring fits."""
     if not halo_eligible(direction, geom, config, element_size):
         return None
-    programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
-    depths = [config.block_k, config.block_k // 2]
+    if programs is None:
+        programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
+        depths = [config.block_k, config.block_k // 2]
+    else:  # steps at most 32 channels deep, so that the ring holds more of them
+        depths = [min(config.block_k, 32)]
     for wanted in sorted({programs, 1}, reverse=True):
         for block_k in [depth for depth in depths if depth >= MIN_TILE]:
             for stages in range(8, 1, -1):
@@ -1127,7 +1135,8 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
     element = torch.empty((), dtype=dtype).element_size()
     found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
     halo = halo_twin(direction, geom, config, element)
-    found += [halo, halo and not halo.swap_ab and swapped_twin(halo, direction)]
+    deep = halo_twin(direction, geom, config, element, programs=1)
+    found += [halo, halo and not halo.swap_ab and swapped_twin(halo, direction), deep if deep != halo else None]
     if direction == "wgrad":
         found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
         if config.swap_ab:  # the heuristic's transposed tile (swapped_wgrad_tiles): one tap's, unswapped, beside it
