@@ -38,6 +38,7 @@ import threading
 import types
 
 import torch
+import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -954,6 +955,8 @@ def _python(jit, mocks: dict, cache: dict):
             scope[name] = mocks[id(value)]
         elif isinstance(value, (JITFunction, InterpretedFunction)):
             scope[name] = _python(value, mocks, cache)
+        elif isinstance(value, tl.constexpr):  # a module's constant, as the compiler reads it
+            scope[name] = value.value
     return emulated
 
 

@@ -22,8 +22,8 @@ MIN_TILE = 16
 # 2026-11-27 the buffer was swizzled 128 bytes wide whatever the box, so a tap took 64 channels; until 2026-11-28
 # the configs asked for 32.)
 GROUPED_TAP_COLUMNS = 16
-# The output frames of a Gluon forward tile that reads its input frames once for all the taps along D (halo_d):
-# with KD = 3 its box is 4 frames, a power of two as boxes and shared-memory buffers must be.
+# The output frames of a Gluon forward or input-gradient tile that reads its source frames once for all the taps
+# along D (halo_d): with KD = 3 its box is 4 frames, a power of two as boxes and shared-memory buffers must be.
 HALO_FRAMES = 2
 HALO_KD = 3
 HALO_BOX_FRAMES = HALO_FRAMES + HALO_KD - 1

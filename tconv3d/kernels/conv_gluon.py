@@ -30,6 +30,7 @@ from ..geometry import ConvGeometry
 from .config import (
     GROUPED_TAP_COLUMNS,
     HALO_BOX_FRAMES,
+    HALO_FRAMES,
     HALO_KD,
     KernelConfig,
     grouped_taps_fit,
@@ -173,6 +174,7 @@ if UNAVAILABLE is None:
 
     _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
     _GROUPED_PRODUCER_REGS = gl.constexpr(GROUPED_PRODUCER_REGS)
+    _HALO_FRAMES = gl.constexpr(HALO_FRAMES)  # a halo tile's output frames (config.halo_d)
     # The TMA copies' names: async_copy_global_to_shared / async_copy_shared_to_global in 3.6, async_load /
     # async_store from 3.7 on.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -441,7 +443,7 @@ if UNAVAILABLE is None:
         w0, first column, split, phase, live taps, first step, steps) (_tile_origin, _tile_work); a HALO tile two
         output frames, its steps the (kh, kw) taps', each step all KD taps along D."""
         n, d, h0, w0, n0, split = _tile_origin(
-            tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, 2 if HALO else 1
+            tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, _HALO_FRAMES if HALO else 1
         )
         n, phase, live, first, steps = _tile_work(
             n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
@@ -587,7 +589,7 @@ if UNAVAILABLE is None:
         BLOCK_M: gl.constexpr = a_ring.type.shape[3] * a_ring.type.shape[4]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
         KD: gl.constexpr = b_ring.type.shape[0] // STAGES
-        gl.static_assert(BOX_D - KD + 1 == 2, "a halo tile is two output frames")
+        gl.static_assert(BOX_D - KD + 1 == _HALO_FRAMES, "a halo tile's box: its frames' sources")
         SHAPE: gl.constexpr = (BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N)
         acc0 = gl.zeros(SHAPE, dtype=gl.float32, layout=mma_layout)
         acc1 = gl.zeros(SHAPE, dtype=gl.float32, layout=mma_layout)
@@ -713,7 +715,7 @@ if UNAVAILABLE is None:
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_K: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[3] if W_KN else b_ring.type.shape[1]
-        KD_BOXES: gl.constexpr = KD if HALO else 1  # weight boxes a stage
+        KD_BOXES: gl.constexpr = b_ring.type.shape[0] // STAGES  # weight boxes a stage (KD for a halo tile)
         entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
@@ -781,6 +783,7 @@ if UNAVAILABLE is None:
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
         BLOCK_K: gl.constexpr = src_desc.block_type.shape[4]
         HALO: gl.constexpr = BOX_D > 1
+        FRAMES: gl.constexpr = _HALO_FRAMES if HALO else 1  # output frames a tile
         KD_BOXES: gl.constexpr = KD if HALO else 1  # weight boxes a stage
         W_KN: gl.constexpr = INPUT_GRAD and not W_TRANSPOSED  # the weight box is [BLOCK_K, 1, BLOCK_N]
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[2] if W_KN else w_desc.block_type.shape[0]
@@ -805,10 +808,11 @@ if UNAVAILABLE is None:
         if HALO:
             gl.static_assert(WARP_SPECIALIZE and not (HALF_TAIL or DST_PTR or HAS_PREFIX),
                              "a halo tile: warp-specialized, whole, stored by TMA")  # fmt: skip
-            gl.static_assert(BOX_D == KD + 1 and STRIDE_D * STRIDE_H * STRIDE_W == 1, "halo: 2 frames, stride 1")
+            gl.static_assert(BOX_D == _HALO_FRAMES + KD - 1 and STRIDE_D * STRIDE_H * STRIDE_W == 1,
+                             "a halo tile: its frames' sources in one box, stride 1")  # fmt: skip
         if WARP_SPECIALIZE:  # persistent: program_id(0) walks tiles num_programs(0) apart
             entries = BATCH * (STRIDE_D * STRIDE_H * STRIDE_W if INPUT_GRAD else 1)
-            patches = entries * gl.cdiv(D_DST, 2 if HALO else 1) * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
+            patches = entries * gl.cdiv(D_DST, FRAMES) * gl.cdiv(H_DST, BOX_H) * gl.cdiv(W_DST, BOX_W)
             tiles = patches * gl.cdiv(C_COLS, BLOCK_N) * SPLITS
             empty = _stage_barriers(STAGES)  # "this stage was read": the producer may refill it
             # The epilogue's buffer lives beside the ring: the next tile's loads land while the last one stores.

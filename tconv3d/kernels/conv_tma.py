@@ -380,7 +380,7 @@ def patch_descriptors(
         w_box = (config.block_k, 1, config.block_n) if input_grad else (config.block_n, 1, config.block_k)
     w_desc = tensor_descriptor(weight, w_shape, (taps * w_shape[2], w_shape[2], 1), w_box, make)
     stride = tuple(geom.stride)
-    # A halo tile (config.halo_d, the Gluon forward's) reads the input frames of its halo_d output frames in one box.
+    # A halo tile (config.halo_d, the Gluon kernel's) reads the source frames of its halo_d output frames in one box.
     box_d, frames = (HALO_BOX_FRAMES, config.halo_d) if config.halo_d else (1, 1)
     src_box, dst_box = (1, box_d, box_h, box_w, config.block_k), (1, 1, box_h, box_w, config.block_n)
     batch = src.shape[0]
