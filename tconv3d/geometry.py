@@ -488,6 +488,11 @@ def conv_arguments(
     list of ints, and the canonical padding_mode. Checks what the schema could only reject with a dispatcher error
     (argument types) and resolves 'same' / 'valid'; everything else is checked once, by the op."""
     check_tensors(input=input, weight=weight, bias=bias, frames_before=frames_before, channels_after=channels_after)
+    key = _arguments_key(stride, padding, dilation, groups, padding_mode)
+    known = _resolved.get(key) if key is not None else None
+    if known is not None:
+        stride, padding, dilation, padding_mode = known
+        return [*stride], [*padding], [*dilation], padding_mode
     if not _is_int(groups):
         raise TypeError(f"groups must be an int, got {groups!r}")
     padding_mode = check_padding_mode(padding_mode)
@@ -499,7 +504,32 @@ def conv_arguments(
         ).padding
     else:
         padding = resolve_padding(padding, None, stride, dilation)
+        if key is not None and len(_resolved) < _MAX_CHECKED:
+            _resolved[key] = tuple(stride), tuple(padding), tuple(dilation), padding_mode
     return list(stride), list(padding), list(dilation), padding_mode
+
+
+# conv_arguments' results by their arguments where they need no shapes (padding not 'same' or 'valid'), so that a
+# layer's repeated call does not resolve them again (issue 29).
+_resolved: dict[tuple, tuple] = {}
+
+
+def _arguments_key(*arguments) -> tuple | None:
+    """conv_arguments' int, str and int-sequence arguments as a key, each sequence as a tuple; None where any is
+    something else (a bool or a SymInt where an int belongs, a padding string: resolved afresh)."""
+    key = []
+    for index, value in enumerate(arguments):
+        kind = type(value)
+        if kind is int or (kind is str and index == len(arguments) - 1):  # only padding_mode may be a string
+            key.append(value)
+        elif kind in (list, tuple):
+            for v in value:
+                if type(v) is not int:
+                    return None
+            key.append((kind, *value))  # a sequence is told from an int: (3,) from 3
+        else:
+            return None
+    return tuple(key)
 
 
 def check_group_norm(input, weight, bias, groups, activation) -> None:
