@@ -9,9 +9,11 @@ timing loop, so the figure is the host's issue time whenever the kernel is short
 
 Then the launch path alone: each direction's launcher (argument preparation, descriptors, grid) with every
 Triton kernel replaced by a stand-in that launches nothing, pointer variant against TMA variant, on a bf16
-64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch). Last, Triton's side of
+64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch). Then Triton's side of
 the same launches: JITFunction.run against the direct path (issue 29), the kernels compiled for sm_90 and each
-launcher a stand-in, so both stop at the driver.
+launcher a stand-in, so both stop at the driver. Last, whole layers as the H100 runs them (the configs
+choice.choose gives that device, compiled for sm_90, launches stopping at the driver): a forward and a backward
+of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
@@ -186,6 +188,75 @@ def triton_launch(calls: int) -> dict:
     return times
 
 
+PLAN_CASES = ("unet_320", "down_s2", "hunyuan_512", "resnext3d_g32_256")
+H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs and capability
+
+
+def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
+    """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight)
+    at the H100's configs, with the kernels compiled for sm_90 and stopping at the driver, with call plans and
+    without (plans.find and plans.recorded bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}}, plus
+    why a plan was refused where one was."""
+    from tconv3d import plans, settings
+    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d.kernels import launch
+    from tconv3d.testing import random_conv_inputs
+    from tconv3d.tune import choice
+    from tconv3d.tune.shapes import load_shape_set
+
+    if launch.OFF is not None:
+        return {"off": launch.OFF}
+    find, recorded = plans.find, plans.recorded
+
+    def use_plans(on: bool):
+        plans.find = find if on else (lambda key: None)
+        plans.recorded = recorded if on else (lambda key, inputs, call: call())
+
+    def h100(direction, geom, dtype, device, run):
+        config, _ = choice.choose(direction, geom, dtype, *H100)
+        return choice.force_variant(direction, geom, dtype, config, settings.KERNELS, True), "H100"
+
+    saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
+    settings.CPU_BACKEND, choice._select_with_source = "triton", h100  # CPU tensors launch as CUDA ones do
+    shapes = {s.name: s for s in load_shape_set("bench")}
+    results = {}
+    try:
+        with stubbed_launches(90):
+            for name in cases:
+                choice._memo = {}
+                shape = shapes[name]
+                x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, torch.bfloat16, "cpu")
+                x, w = x.requires_grad_(), w.requires_grad_()
+                args = list(shape.stride), list(shape.padding), list(shape.dilation), shape.groups
+                y = tconv3d.conv3d(x, w, None, *args)
+                grad = torch.randn_like(y)
+                forward = lambda x=x, w=w, args=args: tconv3d.conv3d(x, w, None, *args)  # noqa: E731
+                backward = lambda x=x, w=w, y=y, g=grad: torch.autograd.grad(  # noqa: E731
+                    y, (x, w), g, retain_graph=True
+                )
+
+                def on(fn, plans_on):
+                    def call():
+                        use_plans(plans_on)
+                        fn()
+
+                    return call
+
+                fns = {(d, p): on(fn, p) for d, fn in (("fwd", forward), ("bwd", backward)) for p in (True, False)}
+                times = per_call_us(fns, calls)
+                use_plans(True)
+                results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "bwd")}
+                refused = {
+                    k[1]: str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan
+                }
+                if refused:
+                    results[name]["refused"] = refused
+    finally:
+        use_plans(True)
+        settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -217,12 +288,23 @@ def main(argv=None) -> int:
         if name != "off":
             print(f"{name:22s} run {t['run']:6.1f}  direct {t['direct']:6.1f}  direct/run {t['direct'] / t['run']:5.2f}"
                   f"  ({t['arguments']} arguments)")  # fmt: skip
+    replays = plan_replay(args.calls // 10)
+    print("\nwhole layers at the H100's configs, kernels stopping at the driver, us per call: call plans on / off")
+    if "off" in replays:
+        print(f"direct path off: {replays['off']}")
+    for name, times in replays.items():
+        if name == "off":
+            continue
+        cells = [f"{d} {t['plans']:7.1f} / {t['no_plans']:7.1f} ({t['plans'] / t['no_plans']:4.2f}x)"
+                 for d, t in times.items() if d != "refused"]  # fmt: skip
+        print(f"{name:20s} {'   '.join(cells)}" + (f"   refused: {times['refused']}" if "refused" in times else ""))
     if args.json is not None:
         meta = {
             "device": args.device, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
-        results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct}
+        results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
+                   "plan_replay_us": replays}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

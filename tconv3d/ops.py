@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
-from . import settings
+from . import plans, settings
 from .geometry import (
     PLAIN_TENSORS,
     check_conv3d,
@@ -51,6 +51,21 @@ from .tune import choice
 
 def _runs_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.is_cpu and settings.CPU_BACKEND == "triton")
+
+
+def _planned(op: str, tensors: tuple, second_source, int_sequences: tuple, scalars: tuple, run):
+    """run(), which checks a conv op's arguments and runs it on `tensors` (its first on the device it runs on),
+    replayed from the plan of these arguments where one was recorded (plans.py). A call with a second source
+    (frames_before or channels_after: second_source not None) has none."""
+    first = tensors[0]
+    if second_source is not None or not _runs_triton(first):
+        return run()
+    plan_key = plans.key(op, tensors, int_sequences, *scalars)
+    plan = plans.find(plan_key)
+    with _device_guard(first):
+        if plan is not None:
+            return plans.replay(plan, plan_key, tensors, run)
+        return plans.recorded(plan_key, tensors, run)
 
 
 def _device_guard(t: torch.Tensor):
@@ -296,13 +311,19 @@ def conv3d(
     input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
     channels_after=None,
 ):  # fmt: skip
-    geom = check_conv3d(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
-    )
-    if not _runs_triton(input):
-        return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
-    with _device_guard(input):
-        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after)
+    def run():
+        geom = check_conv3d(
+            input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+        )
+        if not _runs_triton(input):
+            return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
+        with _device_guard(input):
+            return choice.launch(
+                "fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after
+            )
+
+    second = channels_after if frames_before is None else frames_before
+    return _planned("fwd", (input, weight, bias), second, (stride, padding, dilation), (groups, padding_mode), run)
 
 
 def _trailing_arguments(rest, defaults=("zeros", None, None)) -> tuple:
@@ -411,13 +432,17 @@ def _input_grad_fake(
 def conv3d_input_grad(
     grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
 ):  # fmt: skip
-    geom = check_input_grad(
-        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
-    )
-    if not _runs_triton(grad_output):
-        return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
-    with _device_guard(grad_output):
-        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+    def run():
+        geom = check_input_grad(
+            grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+        )
+        if not _runs_triton(grad_output):
+            return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
+        with _device_guard(grad_output):
+            return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+
+    ints = (input_size, stride, padding, dilation)
+    return _planned("dgrad", (grad_output, weight), channels_after, ints, (padding_mode, groups), run)
 
 
 def _save_gradient_context(
@@ -510,16 +535,21 @@ def conv3d_weight_grad(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode="zeros", frames_before=None, groups=1,
     channels_after=None,
 ):  # fmt: skip
-    geom = check_weight_grad(
-        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
-        channels_after,
-    )  # fmt: skip
-    if not _runs_triton(input):
-        return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
-    with _device_guard(input):
-        return choice.launch(
-            "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
-        )
+    def run():
+        geom = check_weight_grad(
+            grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
+            channels_after,
+        )  # fmt: skip
+        if not _runs_triton(input):
+            return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
+        with _device_guard(input):
+            return choice.launch(
+                "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
+            )
+
+    second = channels_after if frames_before is None else frames_before
+    ints = (weight_size, stride, padding, dilation)
+    return _planned("wgrad", (grad_output, input), second, ints, (padding_mode, groups), run)
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):

@@ -15,7 +15,8 @@ TCONV3D_TMA_MAPS       any (default) | strict: strict runs a TMA or Gluon launch
                        stride shorter than the dimensions inside it span: utils.tensor_map_problems' risks), for a
                        driver that refuses them (tests/gpu/tma_probe.py shows what a GPU's driver does).
 TCONV3D_DIRECT_LAUNCH  1 (default) | 0: after a kernel's first launch with an argument signature, call its
-                       compiled launcher directly instead of Triton's run (kernels/launch.py); 0 always uses run.
+                       compiled launcher directly instead of Triton's run (kernels/launch.py), and replay a conv
+                       op's launches from the plan of its arguments (plans.py); 0 always uses run, no plans.
 TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and norm ops of a CUDA graph hand Inductor
                        their Triton launches (torch.library.wrap_triton), so its generated code launches them itself
                        with no per-call op in Python; 0 leaves each op one opaque call (ops.py). With 1, Inductor's

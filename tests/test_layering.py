@@ -4,7 +4,7 @@
     kernels/                      every @triton.jit family with its launcher, the config type, the aten fallback
     inspect/                      compiling the kernels for a GPU that is not there (compile.py)
     tune/                         configs as data, tables, shape sets, the tuner, the choice of variant and tiling
-    ops, functional               the torch.library ops and the functional entry
+    plans, ops, functional        call plans, the torch.library ops and the functional entry
     nn/                           modules, convert, audit, the video-VAE and MONAI adapters
     tconv3d (__init__)            the public surface
 
@@ -23,7 +23,7 @@ FLOORS = [
     ("tconv3d.kernels",),
     ("tconv3d.inspect",),
     ("tconv3d.tune",),
-    ("tconv3d.ops", "tconv3d.functional"),
+    ("tconv3d.plans", "tconv3d.ops", "tconv3d.functional"),
     ("tconv3d.nn",),
     ("tconv3d",),
 ]

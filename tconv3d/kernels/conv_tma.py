@@ -354,7 +354,9 @@ def live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Ten
 
 @functools.lru_cache(maxsize=256)
 def _live_tap_table(kernel, stride, front_padding, dilation, device) -> torch.Tensor:
-    return torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
+    table = torch.tensor(live_taps(kernel, stride, front_padding, dilation), dtype=torch.int32, device=device)
+    table.plan_constant = True  # a call plan (tconv3d/plans.py) may keep it: never written, a function of its key
+    return table
 
 
 def patch_descriptors(

@@ -80,11 +80,27 @@ _compiled: dict = {}
 _MAX_COMPILED = 8192
 _suspended = 0
 _traced = 0
+# Which set of remembered kernels is current: forget() starts a new one, so that whatever holds a compiled kernel
+# past it (plans.py) can tell that it may no longer launch it.
+generation = 0
+# While a call plan records (tconv3d/plans.py), a list: each launch appends (compiled, trailing values, grid, args)
+# where it is direct, None where it went through Triton's run (RUN_NOW: it compiled just now; RUN_ALWAYS: it
+# always will, so there is no plan to make).
+recorder: list | None = None
+RUN_NOW, RUN_ALWAYS = "compiled now", "not on the direct path"
 
 
 def forget() -> None:
     """Drop every remembered kernel: the next launch of each signature goes through run again."""
+    global generation
     _compiled.clear()
+    generation += 1
+
+
+def signature_state() -> tuple:
+    """What a launch's signature holds besides its kernel and arguments: the device and Triton's debug and
+    instrumentation settings (plans.py checks these before launching a remembered kernel)."""
+    return driver.active.get_current_device(), knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
 @contextlib.contextmanager
@@ -155,9 +171,10 @@ def launch(kernel, grid, *args, **kwargs):
         or callable(grid)
         or getattr(kernel, "pre_run_hooks", None)
     ):
+        if recorder is not None:
+            recorder.append(RUN_ALWAYS)
         return kernel[grid](*args, **kwargs)
-    active = driver.active
-    device = active.get_current_device()
+    device = driver.active.get_current_device()
     try:
         signature = (
             id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
@@ -165,19 +182,30 @@ def launch(kernel, grid, *args, **kwargs):
         )  # fmt: skip
         compiled = _compiled.get(signature)
     except TypeError:  # an argument type the signature does not know, or an unhashable value: run decides
+        if recorder is not None:
+            recorder.append(RUN_ALWAYS)
         return kernel[grid](*args, **kwargs)
     if compiled is None:
+        if recorder is not None:
+            recorder.append(RUN_NOW)
         compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
         if compiled is not None and len(_compiled) < _MAX_COMPILED:
             _compiled[signature] = compiled, _trailing_values(kernel, len(args), kwargs)
         return compiled
     compiled, trailing = compiled
-    values = args + trailing
-    stream = active.get_current_stream(device)
+    if recorder is not None:
+        recorder.append((compiled, trailing, grid, args))
+    launch_compiled(compiled, grid, args + trailing, device)
+    return compiled
+
+
+def launch_compiled(compiled, grid, values, device) -> None:
+    """What JITFunction.run does last: the compiled kernel's launcher on the current stream of `device`, with
+    `values` (every parameter's, in order) and the launch hooks."""
+    stream = driver.active.get_current_stream(device)
     size = len(grid)
     compiled.run(
         grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
         compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values,
     )  # fmt: skip
-    return compiled

@@ -1,0 +1,284 @@
+"""Call plans: a convolution op's launches replayed without the Python that chose them (issue 29).
+
+A layer calls its op with the same arguments but data step after step, and each call checks them, chooses a
+config, and builds every launch's grid, descriptors and integer arguments again: 60-100 us of host Python an op on
+an H100's host, more than the kernels of a small layer take. A plan is what one such call did, kept by its
+arguments (`key`): the tensors it allocated (shape, strides, dtype, device), and each launch's compiled kernel,
+grid and arguments, every tensor among them as a slot (an input of the call, or an allocation) or a view of one,
+every TMA descriptor as its checked template on such a tensor. A later call with the same key allocates the same
+tensors and calls the compiled kernels' launchers directly (kernels/launch.py's direct path, the last step of
+each launch); nothing else runs.
+
+A plan is recorded from a call that already ran every launch directly (so not the first, which compiles), and it
+is only made where replaying it is the same call:
+- what the key holds decides everything the call did: every tensor's shape, strides, storage offset, dtype,
+  device and 16-byte alignment (the only property of an address a launch reads: a second source's distance from
+  the input, the other, is not replayed, so calls with frames_before or channels_after have no plan), the integer
+  arguments (plain ints only, as geometry's memo), the groups and padding mode, and whether fp32 may run as TF32;
+- every aten op the call ran was an allocation or a view (a TorchDispatchMode watches the recording call): a copy,
+  a fill or a reduction on the host side is not replayed, so a call that ran one gets no plan;
+- every tensor a launch reads is an input's storage or a tensor the call allocated;
+- every launch was direct: a kernel that goes through Triton's run (pre-run hooks, a callable grid) has no plan.
+Such calls are remembered as refused and run as before.
+
+Plans live in tune/choice.py's memo of decisions, so whatever clears or swaps that memo (a setting changed in a
+test, a forced variant in the bench) drops them with it; they hold compiled kernels, so launch.forget() ends them
+too (launch.generation). A replay is checked the same way as the direct path: the device and Triton's debug and
+instrumentation settings must be those recorded. Under the interpreter, with TCONV3D_DIRECT_LAUNCH=0, while a
+graph is traced for Inductor or compile-only runs are made, there are no plans (`key` is None).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import settings
+from .geometry import PLAIN_TENSORS
+from .kernels import launch
+from .tune import choice
+
+aten = torch.ops.aten
+_ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                aten.new_empty_strided.default)  # fmt: skip
+_PLAN = object()  # first element of a plan's key in choice's memo, so no decision's key equals it
+
+
+class Refused(str):
+    """A key's entry when its calls cannot be replayed: why."""
+
+
+_SEEN = Refused("called once: the next call records")
+
+
+def key(op: str, tensors: tuple, int_sequences: tuple, *scalars) -> tuple | None:
+    """The plan key of a call of `op` with these tensors (None where absent), sequences of ints and other
+    scalars (str or int), or None where the call can have no plan (see the module's docstring)."""
+    if launch.OFF is not None or launch._suspended or launch._traced:
+        return None
+    parts = [_PLAN, op, *scalars]
+    for s in scalars:
+        if type(s) not in (int, str):
+            return None
+    for values in int_sequences:
+        if type(values) not in (list, tuple, torch.Size):
+            return None
+        for v in values:
+            if type(v) is not int:
+                return None
+        parts.append(tuple(values))
+    fp32 = False
+    for t in tensors:
+        if t is None:
+            parts.append(None)
+            continue
+        if type(t) not in PLAIN_TENSORS:
+            return None
+        dtype = t.dtype
+        fp32 = fp32 or dtype == torch.float32
+        parts += (t.shape, t.stride(), t.storage_offset(), dtype, t.device, t.data_ptr() % 16)
+    if fp32:
+        parts.append(settings.tf32_allowed())
+    return tuple(parts)
+
+
+def find(plan_key):
+    """The plan remembered for `plan_key` (a `key`), or None: none yet, refused, or made before launch.forget()."""
+    if plan_key is None:
+        return None
+    plan = choice._memo.get(plan_key)
+    if type(plan) is not Plan or plan.generation != launch.generation:
+        return None
+    return plan
+
+
+def recorded(plan_key, inputs: tuple, call):
+    """call(), which launches the op's kernels on `inputs`; from the second call of `plan_key` on, recorded as its
+    plan where it can be replayed (see the module's docstring): the first may tune or compile. Returns what call
+    returns."""
+    if plan_key is None:
+        return call()
+    entry = choice._memo.get(plan_key)
+    if entry is None or type(entry) is Plan:  # none yet, or one made before launch.forget() (find passed it by)
+        choice._memo[plan_key] = _SEEN
+        return call()
+    if entry is not _SEEN:
+        return call()
+    watch, launches = _Watch(), []
+    launch.recorder = launches
+    try:
+        with watch:
+            output = call()
+    finally:
+        launch.recorder = None
+    plan = _plan(inputs, output, watch, launches)
+    if plan is not None:  # a call that compiled a kernel is recorded again next time
+        choice._memo[plan_key] = plan
+    return output
+
+
+class _Watch(TorchDispatchMode):
+    """The tensors allocated under it, and the first aten op that was neither an allocation nor a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.allocated, self.other = [], None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _ALLOCATIONS:
+            self.allocated.append(out)
+        elif not func.is_view and self.other is None:
+            self.other = str(func)
+        return out
+
+
+class Plan:
+    """One recorded call: `allocations` [(shape, strides, dtype, device)], `constants` [tensor], `launches`
+    [_Launch], `output` (slot, view). Slots are the call's inputs, its allocations, then the constants."""
+
+    __slots__ = ("allocations", "constants", "generation", "launches", "output", "state")
+
+    def __init__(self, allocations, constants, launches, output):
+        self.allocations, self.constants, self.launches, self.output = allocations, constants, launches, output
+        self.state, self.generation = launch.signature_state(), launch.generation
+
+    def __call__(self, inputs: tuple) -> torch.Tensor:
+        state = launch.signature_state()
+        if state != self.state:
+            raise _Stale
+        slots = list(inputs)
+        for shape, strides, dtype, device in self.allocations:
+            slots.append(torch.empty_strided(shape, strides, dtype=dtype, device=device))
+        slots += self.constants
+        device = state[0]
+        for step in self.launches:
+            values = step.template.copy()
+            for position, slot, view, descriptor in step.tensors:
+                t = slots[slot] if view is None else slots[slot].as_strided(*view)
+                if descriptor is not None:
+                    t = _on_base(descriptor, t)
+                values[position] = t
+            launch.launch_compiled(step.compiled, step.grid, values, device)
+        slot, view = self.output
+        return slots[slot] if view is None else slots[slot].as_strided(*view)
+
+
+class _Stale(Exception):
+    """A plan recorded under another device or Triton setting than the current ones."""
+
+
+def replay(plan: Plan, plan_key, inputs: tuple, call):
+    """plan(inputs), or call() recorded afresh where the device or Triton's settings changed since it was made."""
+    try:
+        return plan(inputs)
+    except _Stale:
+        del choice._memo[plan_key]
+        return recorded(plan_key, inputs, call)
+
+
+class _Launch:
+    __slots__ = ("compiled", "grid", "template", "tensors")
+
+    def __init__(self, compiled, grid, template, tensors):
+        self.compiled, self.grid, self.template, self.tensors = compiled, grid, template, tensors
+
+
+def _on_base(descriptor, t: torch.Tensor):
+    """A copy of a checked descriptor template on the tensor t (as kernels/utils.tensor_descriptor makes them)."""
+    copy = object.__new__(type(descriptor))
+    copy.__dict__.update(descriptor.__dict__)
+    copy.base = t
+    return copy
+
+
+def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refused | None:
+    """The plan of a recorded call, Refused (why), or None where the call compiled a kernel (record again)."""
+    if watch.other is not None:
+        return Refused(f"the call ran {watch.other} on the host side")
+    if any(step is launch.RUN_ALWAYS for step in launches):
+        return Refused("a launch goes through Triton's run")
+    if any(step is launch.RUN_NOW for step in launches):
+        return None
+    try:
+        slots = _Slots(inputs, watch.allocated)
+        steps = [_launch_of(step, slots) for step in launches]
+        if not isinstance(output, torch.Tensor):
+            raise _Unplanned("the call returns no tensor")
+        output = slots.of(output)
+    except _Unplanned as why:
+        return Refused(str(why))
+    # Allocations no launch reads and the call does not return (a launcher's attempt that raised before it
+    # launched, choice.launch's RiskyTensorMap) are not made again; constants follow the allocations kept.
+    used = {output[0]} | {slot for step in steps for _, slot, _, _ in step.tensors}
+    count = len(inputs)
+    kept = [i for i in range(count, count + len(watch.allocated)) if i in used]
+    renumber = {i: i for i in range(count)}
+    for new, old in enumerate(kept + slots.constants):
+        renumber[old] = count + new
+    for step in steps:
+        step.tensors = [(position, renumber[slot], view, d) for position, slot, view, d in step.tensors]
+    output = renumber[output[0]], output[1]
+    tensors = slots.tensors
+    allocations = [(tuple(tensors[i].shape), tensors[i].stride(), tensors[i].dtype, tensors[i].device) for i in kept]
+    return Plan(allocations, [tensors[i] for i in slots.constants], steps, output)
+
+
+class _Unplanned(Exception):
+    pass
+
+
+class _Slots:
+    """The tensors of a recorded call by storage: its inputs, its allocations, and the constants its launches
+    read (a table a launcher keeps, marked `plan_constant`: conv_tma.live_tap_table's), in that order."""
+
+    def __init__(self, inputs, allocated):
+        self.tensors, self.by_storage, self.constants = [*inputs, *allocated], {}, []
+        for index, t in enumerate(self.tensors):
+            if t is None:
+                continue
+            if t.untyped_storage().nbytes() == 0:
+                raise _Unplanned("an empty tensor")
+            if self.by_storage.setdefault(_storage(t), index) != index:
+                raise _Unplanned("two inputs or allocations share a storage")
+
+    def of(self, t: torch.Tensor) -> tuple:
+        """(slot, view): t is the slot's tensor if view is None, else its .as_strided(*view)."""
+        if type(t) not in PLAIN_TENSORS:
+            raise _Unplanned(f"a launch reads a {type(t).__name__}")
+        slot = self.by_storage.get(_storage(t))
+        if slot is None:
+            if not getattr(t, "plan_constant", False):
+                raise _Unplanned("a launch reads a tensor that is neither an input nor allocated by the call")
+            slot = self.by_storage[_storage(t)] = len(self.tensors)
+            self.tensors.append(t)
+            self.constants.append(slot)
+        own = self.tensors[slot]
+        if t is own or (t.shape, t.stride(), t.storage_offset(), t.dtype) == (
+            own.shape, own.stride(), own.storage_offset(), own.dtype
+        ):  # fmt: skip
+            return slot, None
+        if t.dtype != own.dtype:
+            raise _Unplanned("a launch reads a tensor as another dtype")
+        return slot, (tuple(t.shape), t.stride(), t.storage_offset())
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _launch_of(step, slots: _Slots) -> _Launch:
+    compiled, trailing, grid, args = step
+    template, tensors = [], []
+    for position, a in enumerate(args):
+        if a is None or type(a) in (int, float, bool, str):
+            template.append(a)
+        elif isinstance(a, torch.Tensor):
+            template.append(None)
+            tensors.append((position, *slots.of(a), None))
+        elif hasattr(a, "launch_signature") and isinstance(a.base, torch.Tensor):  # utils.tensor_descriptor's
+            template.append(None)
+            tensors.append((position, *slots.of(a.base), _on_base(a, None)))
+        else:
+            raise _Unplanned(f"a launch takes a {type(a).__name__}")
+    return _Launch(compiled, tuple(grid), template + list(trailing), tensors)

@@ -1,0 +1,276 @@
+"""Call plans (tconv3d/plans.py): a conv op's launches replayed without the Python that chose them.
+
+Compiled kernels cannot run here, so the checks stop at the driver (inspect.compile.stubbed_launches: the kernels
+compile for sm_90 and each launcher is a recorder), in a process without the interpreter. A layer's forward and
+backward run twice (the first call compiles, the second records), then on fresh tensors at other addresses: that
+call is replayed, and it must reach the driver with what the whole path gives the same tensors, launch by launch:
+each tensor (or a TMA descriptor's base) named by the input whose storage it is in or by its order among the
+call's allocations, with its shape, strides, offset and dtype; every int, grid and constexpr as it is. The configs
+are the H100's (the persistent Gluon kernels, split-K, the pointer kernels) and the interpreter's defaults, in
+16 bits and fp32, on inputs that are views at an offset. A call that runs a copy on the host side, or reads a
+second source, gets no plan; a plan made before launch.forget() or under another device is not replayed."""
+
+import pytest
+from test_static_compile import CUOBJDUMP, compile_script
+
+pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
+
+SCRIPT = """
+import json, torch
+import tconv3d
+from tconv3d import plans, settings
+from tconv3d.inspect.compile import stubbed_launches
+from tconv3d.kernels import launch
+from tconv3d.tune import choice
+
+assert launch.OFF is None, launch.OFF
+settings.CPU_BACKEND = "triton"  # CPU tensors launch the kernels (stubbed), as CUDA tensors do
+default_select = choice._select_with_source
+
+def h100(direction, geom, dtype, device, run):
+    config, _ = choice.choose(direction, geom, dtype, "NVIDIA H100 80GB HBM3", 132, 90)
+    return choice.force_variant(direction, geom, dtype, config, settings.KERNELS, True), "h100"
+
+replays = []
+plan_call = plans.Plan.__call__
+def counted(self, inputs):
+    replays.append(1)
+    return plan_call(self, inputs)
+plans.Plan.__call__ = counted
+find, recorded = plans.find, plans.recorded
+def use_plans(on):
+    plans.find = find if on else (lambda key: None)
+    plans.recorded = recorded if on else (lambda key, inputs, call: call())
+
+def storage(t):
+    return t.untyped_storage().data_ptr()
+
+def describe(value, inputs, allocated):
+    if isinstance(value, torch.Tensor):
+        owner = next((f"input {i}" for i, t in enumerate(inputs) if storage(t) == storage(value)), None)
+        if owner is None:
+            owner = f"allocation {allocated.setdefault(storage(value), len(allocated))}"
+        return [owner, list(value.shape), list(value.stride()), value.storage_offset(), str(value.dtype)]
+    if isinstance(getattr(value, "base", None), torch.Tensor):
+        return [type(value).__name__, describe(value.base, inputs, allocated), list(value.shape),
+                list(value.strides), list(value.block_shape), repr(getattr(value, "layout", None))]
+    if type(value).__name__ == "LazyDict":
+        return sorted(value.data)
+    if value is None or isinstance(value, (int, float, bool, str)):
+        return value
+    if isinstance(value, tuple) and all(isinstance(v, (int, bool)) for v in value):
+        return list(value)
+    return type(value).__name__
+
+def launches(record, inputs):
+    allocated = {}
+    return [[name, [describe(v, inputs, allocated) for v in args]] for name, args in record]
+
+def step(x, w, b, kwargs):
+    # a layer's forward and backward; its tensors: the inputs, the output, its gradient, the gradients
+    y = tconv3d.conv3d(x, w, b, **kwargs)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], g)
+    return [t for t in (x, w, b) if t is not None] + [y, g, *grads]
+
+def fresh(shape, cout, dtype, bias, offset, weight_cl=True):
+    n, c, d, h, w = shape
+    # the input a view at `offset` frames into a longer one: an offset into its storage
+    x = torch.randn(n, c, d + offset, h, w).to(dtype=dtype, memory_format=torch.channels_last_3d)[:, :, offset:]
+    wt = torch.randn(cout, c, 3, 3, 3).to(dtype)
+    wt = wt.to(memory_format=torch.channels_last_3d) if weight_cl else wt.contiguous()
+    b = torch.randn(cout).to(dtype) if bias else None
+    return [t.requires_grad_() if t is not None else None for t in (x, wt, b)]
+
+CASES = {
+    # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs)
+    "unet_320 h100": (h100, (2, 320, 8, 8, 8), 320, torch.bfloat16, False, 0, dict(padding=1)),
+    "down_s2 h100": (h100, (1, 64, 16, 16, 16), 128, torch.bfloat16, True, 2, dict(stride=2, padding=1)),
+    "small default bf16": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1)),
+    "small default fp32": (default_select, (1, 16, 4, 8, 8), 16, torch.float32, False, 0, dict(padding=(1, 0, 1))),
+}
+out = {"cases": {}}
+record = []
+with stubbed_launches(90, record):
+    for name, (select, shape, cout, dtype, bias, offset, kwargs) in CASES.items():
+        choice._select_with_source = select
+        kept = [fresh(shape, cout, dtype, bias, offset) for _ in range(2)]
+        for tensors in kept:  # the first call compiles, the second records
+            step(*tensors, kwargs)
+        made = {key[1]: type(entry).__name__ for key, entry in choice._memo.items() if key[0] is plans._PLAN}
+        inputs = fresh(shape, cout, dtype, bias, offset)
+        del record[:], replays[:]
+        replayed = launches(record, step(*inputs, kwargs))
+        replay_count = len(replays)
+        use_plans(False)
+        del record[:]
+        whole = launches(record, step(*inputs, kwargs))
+        use_plans(True)
+        out["cases"][name] = {"made": made, "replays": replay_count, "launches": len(whole),
+                              "same": replayed == whole, "whole": whole if replayed != whole else None,
+                              "replayed": replayed if replayed != whole else None}
+        choice._memo.clear()
+
+    # fp32 as TF32 or not is the key's too: a plan made with TF32 off is not replayed with it on.
+    choice._select_with_source = default_select
+    select, shape, cout, dtype, bias, offset, kwargs = CASES["small default fp32"]
+    conv = torch.backends.cudnn.conv
+    before = conv.fp32_precision
+    conv.fp32_precision = "ieee"
+    for _ in range(2):
+        step(*fresh(shape, cout, dtype, bias, offset), kwargs)
+    conv.fp32_precision = "tf32"
+    inputs = fresh(shape, cout, dtype, bias, offset)
+    del record[:]
+    with_plans = launches(record, step(*inputs, kwargs))
+    use_plans(False)
+    del record[:]
+    out["tf32_switch"] = with_plans == launches(record, step(*inputs, kwargs))
+    use_plans(True)
+    conv.fp32_precision = before
+    choice._memo.clear()
+
+    # A broken plan is told apart: the forward's output slot pointed at its input.
+    choice._select_with_source = default_select
+    select, shape, cout, dtype, bias, offset, kwargs = CASES["small default bf16"]
+    for _ in range(2):
+        step(*fresh(shape, cout, dtype, bias, offset), kwargs)
+    plan = next(e for k, e in choice._memo.items() if k[0] is plans._PLAN and k[1] == "fwd")
+    first = plan.launches[0]
+    position, slot, view, descriptor = first.tensors[-1]
+    first.tensors[-1] = (position, 0 if slot else 1, view, descriptor)
+    inputs = fresh(shape, cout, dtype, bias, offset)
+    del record[:]
+    tconv3d.conv3d(*inputs, **kwargs)
+    broken = launches(record, [t for t in inputs if t is not None])
+    use_plans(False)
+    del record[:]
+    tconv3d.conv3d(*inputs, **kwargs)
+    use_plans(True)
+    out["broken_told_apart"] = broken != launches(record, [t for t in inputs if t is not None])
+    choice._memo.clear()
+
+    # What gets no plan: a copy on the host side (a weight not channels_last_3d), a second source.
+    for _ in range(3):
+        x, w, b = fresh(shape, cout, dtype, bias, offset, weight_cl=False)
+        with torch.no_grad():
+            tconv3d.conv3d(x, w, b, **kwargs)
+    out["copy_on_host"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
+    choice._memo.clear()
+    for _ in range(3):
+        x, w, b = fresh(shape, cout, dtype, bias, offset)
+        after = torch.randn(1, 8, 4, 8, 8).to(dtype=dtype, memory_format=torch.channels_last_3d)
+        w2 = torch.randn(cout, 24, 3, 3, 3).to(dtype=dtype, memory_format=torch.channels_last_3d)
+        with torch.no_grad():
+            tconv3d.conv3d(x, w2, b, channels_after=after, **kwargs)
+    out["second_source"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
+    choice._memo.clear()
+
+    # A plan outlives neither launch.forget() nor the device it was made on.
+    x, w, b = fresh(shape, cout, dtype, bias, offset)
+    args = (x, w, b, [1, 1, 1], [1] * 6, [1, 1, 1], 1)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.ops.tconv3d.conv3d(*args)
+        key = plans.key("fwd", (x, w, b), ([1, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
+        out["found"] = plans.find(key) is not None
+        launch.forget()
+        out["found_after_forget"] = plans.find(key) is not None
+        for _ in range(2):
+            torch.ops.tconv3d.conv3d(*args)
+        out["found_again"] = plans.find(key) is not None
+        state = launch.signature_state
+        launch.signature_state = lambda: ("another device", *state()[1:])
+        del replays[:]
+        torch.ops.tconv3d.conv3d(*args)
+        launch.signature_state = state
+        out["stale"] = [len(replays), plans.find(key) is not None, str(choice._memo.get(key))]
+    # Arguments a fresh check would refuse are never a plan's: stride True where 1 was recorded.
+    out["bool_key"] = plans.key("fwd", (x, w, b), ([True, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
+print(json.dumps(out))
+"""
+
+
+def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
+    result = compile_script(SCRIPT)
+    for name, case in result["cases"].items():
+        # the forward, its input gradient and its weight gradient each have a plan, and the third step replays all
+        assert case["made"] == {"fwd": "Plan", "dgrad": "Plan", "wgrad": "Plan"}, (name, case["made"])
+        assert case["replays"] == 3, (name, case)
+        assert case["launches"] >= 3, (name, case)
+        assert case["same"], (name, case["whole"], case["replayed"])
+    assert result["broken_told_apart"]
+    assert result["tf32_switch"]
+    assert len(result["copy_on_host"]) == 1 and "host side" in result["copy_on_host"][0], result["copy_on_host"]
+    assert result["second_source"] == [], result["second_source"]
+    assert result["found"] and not result["found_after_forget"] and result["found_again"], result
+    # another device: not replayed, dropped, and the call counts as the key's first again
+    assert result["stale"] == [1, False, "called once: the next call records"], result["stale"]
+    assert result["bool_key"] is None
+
+
+CUDA_CASES = {
+    # name: (input shape, Cout, dtype, bias, conv kwargs): the small suite layers the host bounds, and a fp32 one
+    "unet_320": ((2, 320, 8, 8, 8), 320, "bfloat16", False, dict(padding=1)),
+    "down_s2": ((2, 64, 32, 32, 32), 128, "bfloat16", True, dict(stride=2, padding=1)),
+    "causal": ((1, 64, 6, 24, 24), 64, "float16", True, dict(padding=(2, 0, 1, 1, 1, 1))),
+    "fp32": ((1, 32, 4, 16, 16), 32, "float32", True, dict(padding=1)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CUDA_CASES))
+def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
+    """On a GPU: a layer's third forward and backward (replayed from the plans the second recorded) give the whole
+    path's results bit for bit, and so does a CUDA graph captured from replays."""
+    import torch
+
+    import tconv3d
+    from tconv3d import plans
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    shape, cout, dtype, bias, kwargs = CUDA_CASES[name]
+    dtype = getattr(torch, dtype)
+    cl = dict(device="cuda", dtype=dtype, memory_format=torch.channels_last_3d)
+    x = torch.randn(shape, **cl).requires_grad_()
+    w = (torch.randn(cout, shape[1], 3, 3, 3, **cl) / 30).requires_grad_()
+    b = torch.randn(cout, device="cuda", dtype=dtype).requires_grad_() if bias else None
+    leaves = [t for t in (x, w, b) if t is not None]
+    g = torch.randn_like(tconv3d.conv3d(x, w, b, **kwargs))
+
+    def step():
+        y = tconv3d.conv3d(x, w, b, **kwargs)
+        return [y, *torch.autograd.grad(y, leaves, g)]
+
+    replays = []
+    original = plans.Plan.__call__
+    monkeypatch.setattr(plans.Plan, "__call__", lambda self, inputs: replays.append(1) or original(self, inputs))
+    for _ in range(2):
+        step()
+    replayed = step()
+    assert len(replays) == 3, len(replays)  # forward, input gradient, weight gradient
+    with monkeypatch.context() as off:
+        off.setattr(plans, "find", lambda key: None)
+        off.setattr(plans, "recorded", lambda key, inputs, call: call())
+        whole = step()
+    for got, want in zip(replayed, whole, strict=True):
+        assert torch.equal(got, want)
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        captured = step()
+    x.data.copy_(torch.randn_like(x))  # the graph reads the tensors' new values
+    graph.replay()
+    torch.cuda.synchronize()
+    with monkeypatch.context() as off:
+        off.setattr(plans, "find", lambda key: None)
+        off.setattr(plans, "recorded", lambda key, inputs, call: call())
+        want = step()
+    for got, expected in zip(captured, want, strict=True):
+        assert torch.equal(got, expected)
