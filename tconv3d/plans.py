@@ -105,12 +105,8 @@ def recorded(plan_key, inputs: tuple, call):
     if entry is not _SEEN:
         return call()
     watch, launches = _Watch(), []
-    launch.recorder = launches
-    try:
-        with watch:
-            output = call()
-    finally:
-        launch.recorder = None
+    with launch.recording(launches), watch:  # the dispatch mode is this thread's too
+        output = call()
     plan = _plan(inputs, output, watch, launches)
     if plan is not None:  # a call that compiled a kernel is recorded again next time
         choice._memo[plan_key] = plan

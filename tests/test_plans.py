@@ -8,7 +8,8 @@ each tensor (or a TMA descriptor's base) named by the input whose storage it is 
 call's allocations, with its shape, strides, offset and dtype; every int, grid and constexpr as it is. The configs
 are the H100's (the persistent Gluon kernels, split-K, the pointer kernels) and the interpreter's defaults, in
 16 bits and fp32, on inputs that are views at an offset. A call that runs a copy on the host side, or reads a
-second source, gets no plan; a plan made before launch.forget() or under another device is not replayed."""
+second source, gets no plan; a plan made before launch.forget() or under another device is not replayed; a
+recording takes no other thread's launches."""
 
 import pytest
 from test_static_compile import CUOBJDUMP, compile_script
@@ -185,6 +186,18 @@ with stubbed_launches(90, record):
         torch.ops.tconv3d.conv3d(*args)
         launch.signature_state = state
         out["stale"] = [len(replays), plans.find(key) is not None, str(choice._memo.get(key))]
+    # A recording takes its own thread's launches only (another thread's, a DataParallel replica's, never).
+    import threading
+    taken = []
+    use_plans(False)  # the whole path, which launches through launch.launch
+    with launch.recording(taken), torch.no_grad():
+        worker = threading.Thread(target=lambda: torch.ops.tconv3d.conv3d(*args))
+        worker.start()
+        worker.join()
+        out["thread"] = [len(taken)]
+        torch.ops.tconv3d.conv3d(*args)
+        out["thread"].append(len(taken) > 0)
+    use_plans(True)
     # Arguments a fresh check would refuse are never a plan's: stride True where 1 was recorded.
     out["bool_key"] = plans.key("fwd", (x, w, b), ([True, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
 print(json.dumps(out))
@@ -207,6 +220,7 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     # another device: not replayed, dropped, and the call counts as the key's first again
     assert result["stale"] == [1, False, "called once: the next call records"], result["stale"]
     assert result["bool_key"] is None
+    assert result["thread"] == [0, True], result["thread"]
 
 
 CUDA_CASES = {

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 
 import torch
 from triton.runtime import driver
@@ -83,11 +84,22 @@ _traced = 0
 # Which set of remembered kernels is current: forget() starts a new one, so that whatever holds a compiled kernel
 # past it (plans.py) can tell that it may no longer launch it.
 generation = 0
-# While a call plan records (tconv3d/plans.py), a list: each launch appends (compiled, trailing values, grid, args)
-# where it is direct, None where it went through Triton's run (RUN_NOW: it compiled just now; RUN_ALWAYS: it
-# always will, so there is no plan to make).
-recorder: list | None = None
+# While a call plan records on this thread (tconv3d/plans.py, `recording`), its list: each launch appends
+# (compiled, trailing values, grid, args) where it is direct, a marker where it went through Triton's run (RUN_NOW:
+# it compiled just now; RUN_ALWAYS: it always will, so there is no plan to make). Per thread, so that another
+# thread's launches (DataParallel's replicas) never enter a plan.
+_thread = threading.local()
 RUN_NOW, RUN_ALWAYS = "compiled now", "not on the direct path"
+
+
+@contextlib.contextmanager
+def recording(launches: list):
+    """Inside, this thread's launches are appended to `launches` (see _thread)."""
+    _thread.recorder = launches
+    try:
+        yield launches
+    finally:
+        _thread.recorder = None
 
 
 def forget() -> None:
@@ -164,6 +176,7 @@ def launch(kernel, grid, *args, **kwargs):
             raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
         return torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
     kwargs.setdefault("enable_fp_fusion", FP_FUSION)  # kwargs is this call's own dict
+    recorder = getattr(_thread, "recorder", None)
     if (
         OFF is not None
         or _suspended
