@@ -195,7 +195,7 @@ H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs an
 def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
     """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight)
     at the H100's configs, with the kernels compiled for sm_90 and stopping at the driver, with call plans and
-    without (plans.find and plans.recorded bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}}, plus
+    without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}}, plus
     why a plan was refused where one was."""
     from tconv3d import plans, settings
     from tconv3d.inspect.compile import stubbed_launches
@@ -206,11 +206,6 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
 
     if launch.OFF is not None:
         return {"off": launch.OFF}
-    find, recorded = plans.find, plans.recorded
-
-    def use_plans(on: bool):
-        plans.find = find if on else (lambda key: None)
-        plans.recorded = recorded if on else (lambda key, inputs, call: call())
 
     def h100(direction, geom, dtype, device, run):
         config, _ = choice.choose(direction, geom, dtype, *H100)
@@ -235,16 +230,17 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
                     y, (x, w), g, retain_graph=True
                 )
 
-                def on(fn, plans_on):
+                def whole(fn):
                     def call():
-                        use_plans(plans_on)
-                        fn()
+                        with plans.bypassed():
+                            fn()
 
                     return call
 
-                fns = {(d, p): on(fn, p) for d, fn in (("fwd", forward), ("bwd", backward)) for p in (True, False)}
+                fns = {}
+                for direction, fn in (("fwd", forward), ("bwd", backward)):
+                    fns[direction, True], fns[direction, False] = fn, whole(fn)
                 times = per_call_us(fns, calls)
-                use_plans(True)
                 results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "bwd")}
                 refused = {
                     k[1]: str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan
@@ -252,7 +248,6 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
                 if refused:
                     results[name]["refused"] = refused
     finally:
-        use_plans(True)
         settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
     return results
 

@@ -53,12 +53,11 @@ def _runs_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.is_cpu and settings.CPU_BACKEND == "triton")
 
 
-def _planned(op: str, tensors: tuple, second_source, int_sequences: tuple, scalars: tuple, run):
+def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run):
     """run(), which checks a conv op's arguments and runs it on `tensors` (its first on the device it runs on),
-    replayed from the plan of these arguments where one was recorded (plans.py). A call with a second source
-    (frames_before or channels_after: second_source not None) has none."""
+    replayed from the plan of these arguments where one was recorded (plans.py)."""
     first = tensors[0]
-    if second_source is not None or not _runs_triton(first):
+    if not _runs_triton(first):
         return run()
     plan_key = plans.key(op, tensors, int_sequences, *scalars)
     plan = plans.find(plan_key)
@@ -322,8 +321,8 @@ def conv3d(
                 "fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after
             )
 
-    second = channels_after if frames_before is None else frames_before
-    return _planned("fwd", (input, weight, bias), second, (stride, padding, dilation), (groups, padding_mode), run)
+    tensors = (input, weight, bias, frames_before, channels_after)
+    return _planned("fwd", tensors, (stride, padding, dilation), (groups, padding_mode), run)
 
 
 def _trailing_arguments(rest, defaults=("zeros", None, None)) -> tuple:
@@ -442,7 +441,7 @@ def conv3d_input_grad(
             return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
 
     ints = (input_size, stride, padding, dilation)
-    return _planned("dgrad", (grad_output, weight), channels_after, ints, (padding_mode, groups), run)
+    return _planned("dgrad", (grad_output, weight, channels_after), ints, (padding_mode, groups), run)
 
 
 def _save_gradient_context(
@@ -547,9 +546,9 @@ def conv3d_weight_grad(
                 "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
             )
 
-    second = channels_after if frames_before is None else frames_before
     ints = (weight_size, stride, padding, dilation)
-    return _planned("wgrad", (grad_output, input), second, ints, (padding_mode, groups), run)
+    tensors = (grad_output, input, frames_before, channels_after)
+    return _planned("wgrad", tensors, ints, (padding_mode, groups), run)
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):

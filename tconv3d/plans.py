@@ -12,9 +12,10 @@ each launch); nothing else runs.
 A plan is recorded from a call that already ran every launch directly (so not the first, which compiles), and it
 is only made where replaying it is the same call:
 - what the key holds decides everything the call did: every tensor's shape, strides, storage offset, dtype,
-  device and 16-byte alignment (the only property of an address a launch reads: a second source's distance from
-  the input, the other, is not replayed, so calls with frames_before or channels_after have no plan), the integer
-  arguments (plain ints only, as geometry's memo), the groups and padding mode, and whether fp32 may run as TF32;
+  device and 16-byte alignment, the integer arguments (plain ints only, as geometry's memo), the groups and
+  padding mode, and whether fp32 may run as TF32;
+- no launch takes an int computed from addresses (the pointer kernels' distance of a second source,
+  frames_before or channels_after, from the input: launch.note_address_argument);
 - every aten op the call ran was an allocation or a view (a TorchDispatchMode watches the recording call): a copy,
   a fill or a reduction on the host side is not replayed, so a call that ran one gets no plan;
 - every tensor a launch reads is an input's storage or a tensor the call allocated;
@@ -29,6 +30,8 @@ graph is traced for Inductor or compile-only runs are made, there are no plans (
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,10 +54,25 @@ class Refused(str):
 _SEEN = Refused("called once: the next call records")
 
 
+_bypassed = 0
+
+
+@contextlib.contextmanager
+def bypassed():
+    """Inside, calls neither replay nor record plans: each takes the whole path (to time or check one against the
+    other)."""
+    global _bypassed
+    _bypassed += 1
+    try:
+        yield
+    finally:
+        _bypassed -= 1
+
+
 def key(op: str, tensors: tuple, int_sequences: tuple, *scalars) -> tuple | None:
     """The plan key of a call of `op` with these tensors (None where absent), sequences of ints and other
     scalars (str or int), or None where the call can have no plan (see the module's docstring)."""
-    if launch.OFF is not None or launch._suspended or launch._traced:
+    if launch.OFF is not None or launch._suspended or launch._traced or _bypassed:
         return None
     parts = [_PLAN, op, *scalars]
     for s in scalars:
@@ -194,6 +212,8 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         return Refused(f"the call ran {watch.other} on the host side")
     if any(step is launch.RUN_ALWAYS for step in launches):
         return Refused("a launch goes through Triton's run")
+    if any(step is launch.ADDRESS for step in launches):
+        return Refused("a launch takes a second source's distance in memory from the input")
     if any(step is launch.RUN_NOW for step in launches):
         return None
     try:

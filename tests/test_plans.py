@@ -7,8 +7,9 @@ call is replayed, and it must reach the driver with what the whole path gives th
 each tensor (or a TMA descriptor's base) named by the input whose storage it is in or by its order among the
 call's allocations, with its shape, strides, offset and dtype; every int, grid and constexpr as it is. The configs
 are the H100's (the persistent Gluon kernels, split-K, the pointer kernels) and the interpreter's defaults, in
-16 bits and fp32, on inputs that are views at an offset. A call that runs a copy on the host side, or reads a
-second source, gets no plan; a plan made before launch.forget() or under another device is not replayed; a
+16 bits and fp32, on inputs that are views at an offset, with a skip connection's channels read in place. A call
+that runs a copy on the host side, or hands a pointer kernel a second source's distance from the input, gets no
+plan; a plan made before launch.forget() or under another device is not replayed; a
 recording takes no other thread's launches."""
 
 import pytest
@@ -38,10 +39,6 @@ def counted(self, inputs):
     replays.append(1)
     return plan_call(self, inputs)
 plans.Plan.__call__ = counted
-find, recorded = plans.find, plans.recorded
-def use_plans(on):
-    plans.find = find if on else (lambda key: None)
-    plans.recorded = recorded if on else (lambda key, inputs, call: call())
 
 def storage(t):
     return t.untyped_storage().data_ptr()
@@ -67,46 +64,48 @@ def launches(record, inputs):
     allocated = {}
     return [[name, [describe(v, inputs, allocated) for v in args]] for name, args in record]
 
-def step(x, w, b, kwargs):
+def step(x, w, b, after, kwargs):
     # a layer's forward and backward; its tensors: the inputs, the output, its gradient, the gradients
-    y = tconv3d.conv3d(x, w, b, **kwargs)
+    y = tconv3d.conv3d(x, w, b, channels_after=after, **kwargs)
     g = torch.randn_like(y)
-    grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], g)
-    return [t for t in (x, w, b) if t is not None] + [y, g, *grads]
+    inputs = [t for t in (x, w, b, after) if t is not None]
+    return inputs + [y, g, *torch.autograd.grad(y, inputs, g)]
 
-def fresh(shape, cout, dtype, bias, offset, weight_cl=True):
+def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True):
     n, c, d, h, w = shape
+    cl = dict(dtype=dtype, memory_format=torch.channels_last_3d)
     # the input a view at `offset` frames into a longer one: an offset into its storage
-    x = torch.randn(n, c, d + offset, h, w).to(dtype=dtype, memory_format=torch.channels_last_3d)[:, :, offset:]
-    wt = torch.randn(cout, c, 3, 3, 3).to(dtype)
+    x = torch.randn(n, c, d + offset, h, w).to(**cl)[:, :, offset:]
+    wt = torch.randn(cout, c + after, 3, 3, 3).to(dtype)
     wt = wt.to(memory_format=torch.channels_last_3d) if weight_cl else wt.contiguous()
     b = torch.randn(cout).to(dtype) if bias else None
-    return [t.requires_grad_() if t is not None else None for t in (x, wt, b)]
+    second = torch.randn(n, after, d, h, w).to(**cl) if after else None  # a skip connection's channels
+    return [t.requires_grad_() if t is not None else None for t in (x, wt, b, second)]
 
 CASES = {
-    # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs)
-    "unet_320 h100": (h100, (2, 320, 8, 8, 8), 320, torch.bfloat16, False, 0, dict(padding=1)),
-    "down_s2 h100": (h100, (1, 64, 16, 16, 16), 128, torch.bfloat16, True, 2, dict(stride=2, padding=1)),
-    "small default bf16": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1)),
-    "small default fp32": (default_select, (1, 16, 4, 8, 8), 16, torch.float32, False, 0, dict(padding=(1, 0, 1))),
+    # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs, channels_after's channels)
+    "unet_320 h100": (h100, (2, 320, 8, 8, 8), 320, torch.bfloat16, False, 0, dict(padding=1), 0),
+    "down_s2 h100": (h100, (1, 64, 16, 16, 16), 128, torch.bfloat16, True, 2, dict(stride=2, padding=1), 0),
+    "skip h100": (h100, (1, 32, 8, 16, 16), 32, torch.bfloat16, True, 0, dict(padding=1), 32),
+    "small default bf16": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1), 0),
+    "small default fp32": (default_select, (1, 16, 4, 8, 8), 16, torch.float32, False, 0, dict(padding=(1, 0, 1)), 0),
 }
 out = {"cases": {}}
 record = []
 with stubbed_launches(90, record):
-    for name, (select, shape, cout, dtype, bias, offset, kwargs) in CASES.items():
+    for name, (select, shape, cout, dtype, bias, offset, kwargs, after) in CASES.items():
         choice._select_with_source = select
-        kept = [fresh(shape, cout, dtype, bias, offset) for _ in range(2)]
+        kept = [fresh(shape, cout, dtype, bias, offset, after) for _ in range(2)]
         for tensors in kept:  # the first call compiles, the second records
             step(*tensors, kwargs)
         made = {key[1]: type(entry).__name__ for key, entry in choice._memo.items() if key[0] is plans._PLAN}
-        inputs = fresh(shape, cout, dtype, bias, offset)
+        inputs = fresh(shape, cout, dtype, bias, offset, after)
         del record[:], replays[:]
         replayed = launches(record, step(*inputs, kwargs))
         replay_count = len(replays)
-        use_plans(False)
-        del record[:]
-        whole = launches(record, step(*inputs, kwargs))
-        use_plans(True)
+        with plans.bypassed():
+            del record[:]
+            whole = launches(record, step(*inputs, kwargs))
         out["cases"][name] = {"made": made, "replays": replay_count, "launches": len(whole),
                               "same": replayed == whole, "whole": whole if replayed != whole else None,
                               "replayed": replayed if replayed != whole else None}
@@ -114,7 +113,7 @@ with stubbed_launches(90, record):
 
     # fp32 as TF32 or not is the key's too: a plan made with TF32 off is not replayed with it on.
     choice._select_with_source = default_select
-    select, shape, cout, dtype, bias, offset, kwargs = CASES["small default fp32"]
+    select, shape, cout, dtype, bias, offset, kwargs, _ = CASES["small default fp32"]
     conv = torch.backends.cudnn.conv
     before = conv.fp32_precision
     conv.fp32_precision = "ieee"
@@ -124,16 +123,15 @@ with stubbed_launches(90, record):
     inputs = fresh(shape, cout, dtype, bias, offset)
     del record[:]
     with_plans = launches(record, step(*inputs, kwargs))
-    use_plans(False)
-    del record[:]
-    out["tf32_switch"] = with_plans == launches(record, step(*inputs, kwargs))
-    use_plans(True)
+    with plans.bypassed():
+        del record[:]
+        out["tf32_switch"] = with_plans == launches(record, step(*inputs, kwargs))
     conv.fp32_precision = before
     choice._memo.clear()
 
     # A broken plan is told apart: the forward's output slot pointed at its input.
     choice._select_with_source = default_select
-    select, shape, cout, dtype, bias, offset, kwargs = CASES["small default bf16"]
+    select, shape, cout, dtype, bias, offset, kwargs, _ = CASES["small default bf16"]
     for _ in range(2):
         step(*fresh(shape, cout, dtype, bias, offset), kwargs)
     plan = next(e for k, e in choice._memo.items() if k[0] is plans._PLAN and k[1] == "fwd")
@@ -142,38 +140,35 @@ with stubbed_launches(90, record):
     first.tensors[-1] = (position, 0 if slot else 1, view, descriptor)
     inputs = fresh(shape, cout, dtype, bias, offset)
     del record[:]
-    tconv3d.conv3d(*inputs, **kwargs)
+    tconv3d.conv3d(*inputs[:3], **kwargs)
     broken = launches(record, [t for t in inputs if t is not None])
-    use_plans(False)
-    del record[:]
-    tconv3d.conv3d(*inputs, **kwargs)
-    use_plans(True)
+    with plans.bypassed():
+        del record[:]
+        tconv3d.conv3d(*inputs[:3], **kwargs)
     out["broken_told_apart"] = broken != launches(record, [t for t in inputs if t is not None])
     choice._memo.clear()
 
     # What gets no plan: a copy on the host side (a weight not channels_last_3d), a second source.
     for _ in range(3):
-        x, w, b = fresh(shape, cout, dtype, bias, offset, weight_cl=False)
+        x, w, b, _ = fresh(shape, cout, dtype, bias, offset, weight_cl=False)
         with torch.no_grad():
             tconv3d.conv3d(x, w, b, **kwargs)
     out["copy_on_host"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
     choice._memo.clear()
     for _ in range(3):
-        x, w, b = fresh(shape, cout, dtype, bias, offset)
-        after = torch.randn(1, 8, 4, 8, 8).to(dtype=dtype, memory_format=torch.channels_last_3d)
-        w2 = torch.randn(cout, 24, 3, 3, 3).to(dtype=dtype, memory_format=torch.channels_last_3d)
+        x, w, b, after = fresh(shape, cout, dtype, bias, offset, after=8)
         with torch.no_grad():
-            tconv3d.conv3d(x, w2, b, channels_after=after, **kwargs)
+            tconv3d.conv3d(x, w, b, channels_after=after, **kwargs)
     out["second_source"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
     choice._memo.clear()
 
     # A plan outlives neither launch.forget() nor the device it was made on.
-    x, w, b = fresh(shape, cout, dtype, bias, offset)
+    x, w, b, _ = fresh(shape, cout, dtype, bias, offset)
     args = (x, w, b, [1, 1, 1], [1] * 6, [1, 1, 1], 1)
     with torch.no_grad():
         for _ in range(2):
             torch.ops.tconv3d.conv3d(*args)
-        key = plans.key("fwd", (x, w, b), ([1, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
+        key = plans.key("fwd", (x, w, b, None, None), ([1, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
         out["found"] = plans.find(key) is not None
         launch.forget()
         out["found_after_forget"] = plans.find(key) is not None
@@ -189,17 +184,15 @@ with stubbed_launches(90, record):
     # A recording takes its own thread's launches only (another thread's, a DataParallel replica's, never).
     import threading
     taken = []
-    use_plans(False)  # the whole path, which launches through launch.launch
-    with launch.recording(taken), torch.no_grad():
+    with plans.bypassed(), launch.recording(taken), torch.no_grad():  # the whole path: through launch.launch
         worker = threading.Thread(target=lambda: torch.ops.tconv3d.conv3d(*args))
         worker.start()
         worker.join()
         out["thread"] = [len(taken)]
         torch.ops.tconv3d.conv3d(*args)
         out["thread"].append(len(taken) > 0)
-    use_plans(True)
     # Arguments a fresh check would refuse are never a plan's: stride True where 1 was recorded.
-    out["bool_key"] = plans.key("fwd", (x, w, b), ([True, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
+    out["bool_key"] = plans.key("fwd", (x, w, b, None, None), ([True, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
 print(json.dumps(out))
 """
 
@@ -215,7 +208,9 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     assert result["broken_told_apart"]
     assert result["tf32_switch"]
     assert len(result["copy_on_host"]) == 1 and "host side" in result["copy_on_host"][0], result["copy_on_host"]
-    assert result["second_source"] == [], result["second_source"]
+    # the pointer kernels take a second source's distance from the input: no plan there (the Gluon forward of
+    # "skip h100" reads it by a descriptor, and has one)
+    assert len(result["second_source"]) == 1 and "distance" in result["second_source"][0], result["second_source"]
     assert result["found"] and not result["found_after_forget"] and result["found_again"], result
     # another device: not replayed, dropped, and the call counts as the key's first again
     assert result["stale"] == [1, False, "called once: the next call records"], result["stale"]
@@ -224,11 +219,13 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
 
 
 CUDA_CASES = {
-    # name: (input shape, Cout, dtype, bias, conv kwargs): the small suite layers the host bounds, and a fp32 one
-    "unet_320": ((2, 320, 8, 8, 8), 320, "bfloat16", False, dict(padding=1)),
-    "down_s2": ((2, 64, 32, 32, 32), 128, "bfloat16", True, dict(stride=2, padding=1)),
-    "causal": ((1, 64, 6, 24, 24), 64, "float16", True, dict(padding=(2, 0, 1, 1, 1, 1))),
-    "fp32": ((1, 32, 4, 16, 16), 32, "float32", True, dict(padding=1)),
+    # name: (input shape, Cout, dtype, bias, conv kwargs, channels_after's channels): the small suite layers the
+    # host bounds, a causal one, a UNet decoder's conv of a skip connection, and a fp32 one
+    "unet_320": ((2, 320, 8, 8, 8), 320, "bfloat16", False, dict(padding=1), 0),
+    "down_s2": ((2, 64, 32, 32, 32), 128, "bfloat16", True, dict(stride=2, padding=1), 0),
+    "causal": ((1, 64, 6, 24, 24), 64, "float16", True, dict(padding=(2, 0, 1, 1, 1, 1)), 0),
+    "skip": ((2, 32, 16, 16, 16), 32, "bfloat16", True, dict(padding=1), 32),
+    "fp32": ((1, 32, 4, 16, 16), 32, "float32", True, dict(padding=1), 0),
 }
 
 
@@ -244,17 +241,18 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    shape, cout, dtype, bias, kwargs = CUDA_CASES[name]
+    shape, cout, dtype, bias, kwargs, after = CUDA_CASES[name]
     dtype = getattr(torch, dtype)
     cl = dict(device="cuda", dtype=dtype, memory_format=torch.channels_last_3d)
     x = torch.randn(shape, **cl).requires_grad_()
-    w = (torch.randn(cout, shape[1], 3, 3, 3, **cl) / 30).requires_grad_()
+    w = (torch.randn(cout, shape[1] + after, 3, 3, 3, **cl) / 30).requires_grad_()
     b = torch.randn(cout, device="cuda", dtype=dtype).requires_grad_() if bias else None
-    leaves = [t for t in (x, w, b) if t is not None]
-    g = torch.randn_like(tconv3d.conv3d(x, w, b, **kwargs))
+    skip = torch.randn(shape[0], after, *shape[2:], **cl).requires_grad_() if after else None
+    leaves = [t for t in (x, w, b, skip) if t is not None]
+    g = torch.randn_like(tconv3d.conv3d(x, w, b, channels_after=skip, **kwargs))
 
     def step():
-        y = tconv3d.conv3d(x, w, b, **kwargs)
+        y = tconv3d.conv3d(x, w, b, channels_after=skip, **kwargs)
         return [y, *torch.autograd.grad(y, leaves, g)]
 
     replays = []
@@ -263,10 +261,9 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
     for _ in range(2):
         step()
     replayed = step()
-    assert len(replays) == 3, len(replays)  # forward, input gradient, weight gradient
-    with monkeypatch.context() as off:
-        off.setattr(plans, "find", lambda key: None)
-        off.setattr(plans, "recorded", lambda key, inputs, call: call())
+    # the forward, input gradient and weight gradient, but for one a pointer kernel runs with the skip's distance
+    assert len(replays) >= 2, len(replays)
+    with plans.bypassed():
         whole = step()
     for got, want in zip(replayed, whole, strict=True):
         assert torch.equal(got, want)
@@ -282,9 +279,7 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
     x.data.copy_(torch.randn_like(x))  # the graph reads the tensors' new values
     graph.replay()
     torch.cuda.synchronize()
-    with monkeypatch.context() as off:
-        off.setattr(plans, "find", lambda key: None)
-        off.setattr(plans, "recorded", lambda key, inputs, call: call())
+    with plans.bypassed():
         want = step()
     for got, expected in zip(captured, want, strict=True):
         assert torch.equal(got, expected)

@@ -90,6 +90,15 @@ generation = 0
 # thread's launches (DataParallel's replicas) never enter a plan.
 _thread = threading.local()
 RUN_NOW, RUN_ALWAYS = "compiled now", "not on the direct path"
+ADDRESS = "an argument computed from addresses"
+
+
+def note_address_argument() -> None:
+    """Where a launcher computes an integer argument from tensors' addresses (a second source's distance from the
+    input): a plan recording on this thread cannot replay such a call, whose arguments change with the addresses."""
+    recorder = getattr(_thread, "recorder", None)
+    if recorder is not None:
+        recorder.append(ADDRESS)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from packaging.version import Version
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import settings
+from . import launch
 
 # Where Triton's coalescing pass proves no dimension of a load's pointers more contiguous than another (a gather),
 # 3.6 lays a warp's threads along the first dimension and 3.9 along the last (sm_90 TTGIR of the packed loops: the
@@ -536,6 +537,7 @@ def second_source_arguments(second, x) -> tuple:
     if second is None:
         return 0, 0, 0, 0, 0
     n_stride, _, d_stride, h_stride, w_stride = second.stride()
+    launch.note_address_argument()
     delta = (second.data_ptr() - x.data_ptr()) // x.element_size()
     return delta, n_stride, d_stride, h_stride, w_stride
 

@@ -2,7 +2,8 @@
 against the whole op (tconv3d.conv3d, autograd), the op under torch.compile(fullgraph=True) (what a compiled
 model pays per tconv3d call: issue 29), once as an op call ("compiled") and once with TCONV3D_INDUCTOR_KERNELS's
 path, Inductor launching the kernel itself ("inductor"; the same as "compiled" where the launch is on TMA or Gluon
-kernels, which stay op calls), and the host's time to issue each. And what Triton's launcher spends encoding one
+kernels, which stay op calls), and the host's time to issue each; the op's forward and backward again without
+call plans (tconv3d/plans.py: each call the whole path). And what Triton's launcher spends encoding one
 TMA descriptor (cuTensorMapEncodeTiled), which it does for every descriptor of every launch (2-5 a TMA or Gluon
 launch): the saving a cache of encoded maps would buy.
 
@@ -21,6 +22,7 @@ import torch
 import triton.testing
 
 import tconv3d
+from tconv3d import plans
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
@@ -67,6 +69,16 @@ def encode_us(calls: int = 2000) -> float | str:
     return 1e6 * (time.perf_counter() - start) / calls
 
 
+def without_plans(fn):
+    """fn, with no call plan replayed or recorded: the whole path each call."""
+
+    def call():
+        with plans.bypassed():
+            return fn()
+
+    return call
+
+
 def measure(name: str, dtype_name: str) -> dict:
     shape = next(s for s in load_shape_set("bench") if s.name == name)
     dtype, geom = DTYPES_BY_NAME[dtype_name], shape.geometry()
@@ -85,6 +97,9 @@ def measure(name: str, dtype_name: str) -> dict:
     ms = {k: triton.testing.do_bench(f, return_mode="median") for k, f in kernels.items()}
     ms["op_fwd"] = triton.testing.do_bench(op, return_mode="median")
     ms["op_bwd"] = triton.testing.do_bench(bwd, return_mode="median")
+    op_whole, bwd_whole = without_plans(op), without_plans(bwd)  # the same calls, no call plans (plans.py)
+    ms["op_fwd_no_plans"] = triton.testing.do_bench(op_whole, return_mode="median")
+    ms["op_bwd_no_plans"] = triton.testing.do_bench(bwd_whole, return_mode="median")
     compiled = torch.compile(op, fullgraph=True)
     compiled()  # compiles
     ms["compiled_fwd"] = triton.testing.do_bench(compiled, return_mode="median")
@@ -101,6 +116,7 @@ def measure(name: str, dtype_name: str) -> dict:
     us = {
         "launcher_fwd": host_us(kernels["fwd"]), "op_fwd": host_us(op), "op_bwd": host_us(bwd),
         "compiled_fwd": host_us(compiled), "inductor_fwd": host_us(inductor),
+        "op_fwd_no_plans": host_us(op_whole), "op_bwd_no_plans": host_us(bwd_whole),
     }  # fmt: skip
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
             "host_us": us, "inductor_refusal": refusal}  # fmt: skip
@@ -116,14 +132,16 @@ def main(argv=None) -> int:
         found = {"device": torch.cuda.get_device_name(), "rows": rows, "tensor_map_encode_us": encode}
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
-          f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd")  # fmt: skip
+          f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd; without call plans: "
+          "op_fwd op_bwd ms, op_fwd op_bwd host us")  # fmt: skip
     for r in rows:
         m, u = r["ms"], r["host_us"]
         note = f"  (op call: {r['inductor_refusal'][:40]})" if r["inductor_refusal"] else ""
         print(f"{r['case']:12s} {r['dtype']:5s} {m['fwd']:7.3f} {m['op_fwd']:7.3f} {m['compiled_fwd']:8.3f} "
               f"{m['inductor_fwd']:8.3f} {m['dgrad']:7.3f} {m['wgrad']:7.3f} {m['op_bwd']:7.3f}  "
               f"{u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['compiled_fwd']:8.0f} {u['inductor_fwd']:8.0f} "
-              f"{u['op_bwd']:6.0f}{note}")  # fmt: skip
+              f"{u['op_bwd']:6.0f}; {m['op_fwd_no_plans']:7.3f} {m['op_bwd_no_plans']:7.3f} "
+              f"{u['op_fwd_no_plans']:6.0f} {u['op_bwd_no_plans']:6.0f}{note}")  # fmt: skip
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     return 0
 
