@@ -163,6 +163,50 @@ def _check_persistent_grids(emu):
         assert options["maxnreg"] * 32 * (warps + 4) * per_sm <= 65536, (name, grid, warps, options)
 
 
+@pytest.mark.parametrize("direction", ["fwd", "dgrad"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("padding", "live"), [((1, 1, 1, 1, 1, 1), 10), ((2, 0, 1, 1, 1, 1), 9)], ids=["same", "causal"]
+)
+def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
+    padding, live, mode, direction, emulator, monkeypatch
+):
+    """A tile at a D border reduces only the taps along D that read inside the source (conv_gluon.live_d_eligible):
+    at D = 4 and 3 taps along D, `live` of the 12 (frame, tap) pairs read inside it (10 padded (1, 1), 9 causal
+    (2, 0), the input gradient's too), so the kernel issues live/12 of the wgmmas it issues with every tap, and both
+    match float64."""
+    from gluon_emulator import _OPERATIONS
+
+    emulator.mode = MODES[mode]
+    wgmmas = []
+    mma = _OPERATIONS["warpgroup_mma"]
+    monkeypatch.setitem(_OPERATIONS, "warpgroup_mma", lambda *args, **kwargs: wgmmas.append(1) or mma(*args, **kwargs))
+    torch.manual_seed(0)
+    x = torch.randn(1, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
+    w = torch.randn(32, 32, 3, 3, 3).to(dtype=torch.bfloat16, memory_format=CL)
+    g = torch.randn(1, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
+    pads = [padding[4], padding[5], padding[2], padding[3], padding[0], padding[1]]
+    if direction == "fwd":
+        run = lambda: tconv3d.conv3d(x, w, None, 1, padding)  # noqa: E731
+        want = torch.nn.functional.conv3d(torch.nn.functional.pad(x.double(), pads), w.double())
+    else:
+        run = lambda: torch.ops.tconv3d.conv3d_input_grad(g, w, list(x.shape), [1] * 3, list(padding), [1] * 3)  # noqa: E731
+        xd = x.double().requires_grad_()
+        y = torch.nn.functional.conv3d(torch.nn.functional.pad(xd, pads), w.double())
+        want = torch.autograd.grad(y, xd, g.double())[0]
+    counts, eligible = [], conv_gluon.live_d_eligible
+    for skip in (True, False):
+        monkeypatch.setattr(conv_gluon, "live_d_eligible", lambda *args, skip=skip: skip)
+        del wgmmas[:]
+        got = run()
+        assert rel_l2(got, want) < tolerance(torch.bfloat16)
+        counts.append(len(wgmmas))
+    assert emulator.launches == {"_conv3d_gluon_kernel": 2}
+    assert counts[0] * 12 == counts[1] * live, counts
+    geom = check_conv3d(x, w, None, 1, padding, 1, 1)
+    assert eligible(geom, emulator.configs[-1][1], direction == "dgrad")  # as the launcher decides it
+
+
 @pytest.mark.parametrize("mode", [*MODES, "grouped_taps"])
 @pytest.mark.parametrize("before", [0, 2], ids=["one_source", "frames_before"])
 @pytest.mark.parametrize("stride", [1, (2, 1, 1)], ids=["stride1", "stride211"])

@@ -311,12 +311,16 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _tile_work(
-        n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS,
+        n, d, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, live_d,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
+        LIVE_D: gl.constexpr,
     ):  # fmt: skip
-        """What a tile whose patch is at batch entry `n` (patch_origin's) reduces: (batch entry, phase, the phase's
-        live taps (a strided input gradient's; else 0), first K step, steps: those of split `split`)."""
+        """What a tile whose patch is at batch entry `n` (patch_origin's) and output frame d reduces: (batch entry,
+        phase, the phase's live taps (a strided input gradient's; else 0), first K step, steps: those of split
+        `split`). LIVE_D (live_d_eligible; live_d = (source frames, front padding, dilation) along D): only the
+        steps of the taps along D that read inside the source (_live_kd), the others' boxes all zeros; a split
+        outside them has none, and stores zeros."""
         n, phase = patch_phase(n, BATCH, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD)
         live = 0
         if INPUT_GRAD and STRIDE_D * STRIDE_H * STRIDE_W > 1:
@@ -325,7 +329,27 @@ if UNAVAILABLE is None:
         else:
             total = KD * KH * KW * k_blocks
         first = split * SPLIT_STEPS
+        if LIVE_D:
+            kd_lo, kd_hi = _live_kd(d, live_d, KD, INPUT_GRAD)
+            first = gl.maximum(first, kd_lo * KH * KW * k_blocks)
+            end = gl.minimum(split * SPLIT_STEPS + SPLIT_STEPS, kd_hi * KH * KW * k_blocks)
+            return n, phase, live, first, gl.maximum(end - first, 0)
         return n, phase, live, first, gl.minimum(first + SPLIT_STEPS, total) - first
+
+    @gluon.jit
+    def _live_kd(d, live_d, KD: gl.constexpr, INPUT_GRAD: gl.constexpr):
+        """The taps along D that output frame d reads inside the source, a run [kd_lo, kd_hi) (empty where kd_hi <=
+        kd_lo), at stride 1 along D: the forward's tap kd reads frame d - pad + kd * dil, the input gradient's
+        (the taps flipped) grad_out's frame d + pad - kd * dil. live_d: (source frames, front padding, dilation).
+        Every numerator is non-negative, so the divisions floor."""
+        frames, pad, dil = live_d
+        if INPUT_GRAD:
+            kd_lo = gl.maximum(d + pad - frames + dil, 0) // dil  # d + pad - kd * dil <= frames - 1
+            kd_hi = gl.minimum((d + pad + dil) // dil, KD)  # d + pad - kd * dil >= 0
+        else:
+            kd_lo = gl.maximum(pad - d + dil - 1, 0) // dil  # d - pad + kd * dil >= 0
+            kd_hi = gl.minimum(gl.maximum(frames - 1 - d + pad + dil, 0) // dil, KD)  # ... <= frames - 1
+        return kd_lo, gl.maximum(kd_hi, kd_lo)
 
     @gluon.jit
     def _issue_loads(
@@ -434,10 +458,10 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _persistent_tile(
-        tile, C_COLS, ENTRIES, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS,
+        tile, C_COLS, ENTRIES, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, live_d,
         BOX_H: gl.constexpr, BOX_W: gl.constexpr, BLOCK_N: gl.constexpr, KD: gl.constexpr, KH: gl.constexpr,
         KW: gl.constexpr, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        INPUT_GRAD: gl.constexpr, HALO: gl.constexpr,
+        INPUT_GRAD: gl.constexpr, HALO: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
         """A persistent program's tile `tile`, as its producer and its consumers both walk it: (batch entry, d, h0,
         w0, first column, split, phase, live taps, first step, steps) (_tile_origin, _tile_work); a HALO tile two
@@ -446,8 +470,8 @@ if UNAVAILABLE is None:
             tile, C_COLS, ENTRIES, D_DST, H_DST, W_DST, BOX_H, BOX_W, BLOCK_N, _HALO_FRAMES if HALO else 1
         )
         n, phase, live, first, steps = _tile_work(
-            n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, 1 if HALO else KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
-            INPUT_GRAD,
+            n, d, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, live_d, 1 if HALO else KD, KH, KW, STRIDE_D,
+            STRIDE_H, STRIDE_W, INPUT_GRAD, LIVE_D and not HALO,
         )  # fmt: skip
         return n, d, h0, w0, n0, split, phase, live, first, steps
 
@@ -655,11 +679,12 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _mma_tiles(
         a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles, k_blocks,
-        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides,
+        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, live_d,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, W_KN: gl.constexpr, HAS_BIAS: gl.constexpr, DST_PTR: gl.constexpr,
-        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, HALO: gl.constexpr = False,
+        mma_layout: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, HALO: gl.constexpr,
+        LIVE_D: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's default partition, persistent: for each of its tiles, wait for each
         step's stage, wgmma it from shared memory with one group in flight and hand the stage the previous group
@@ -674,8 +699,8 @@ if UNAVAILABLE is None:
         it = 0  # steps consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             n, d, h0, w0, n0, split, phase, _, _, steps = _persistent_tile(
-                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, BOX_H, BOX_W,
-                BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO,
+                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, live_d, BOX_H,
+                BOX_W, BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO, LIVE_D,
             )  # fmt: skip
             if HALO:
                 it = _consume_halo_tile(
@@ -700,11 +725,11 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _load_tiles(
         src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
-        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, live_d,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr, INPUT_GRAD: gl.constexpr,
         W_KN: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, HAS_AFTER: gl.constexpr,
-        HALO: gl.constexpr = False,
+        HALO: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized kernel's producer, one warp, persistent over the same tiles as _mma_tiles: as soon
         as a stage is free (its `empty` barrier; all are free at first), load the next step's boxes into it,
@@ -720,8 +745,8 @@ if UNAVAILABLE is None:
         it = 0
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             n, d, h0, w0, n0, _, phase, live, first, steps = _persistent_tile(
-                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, BOX_H, BOX_W,
-                BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO,
+                tile, C_COLS, entries, BATCH, D_DST, H_DST, W_DST, live_ptr, k_blocks, SPLIT_STEPS, live_d, BOX_H,
+                BOX_W, BLOCK_N, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, HALO, LIVE_D,
             )  # fmt: skip
             k_tap, k_block = step_of(first, k_blocks)  # the tile's first step, then carried (next_step)
             for _ in range(steps):
@@ -753,12 +778,13 @@ if UNAVAILABLE is None:
         # stride 1 in H and W): x's C_A channels, then channels_after's C_RED - C_A (prefix_desc).
         src_desc, w_desc, dst_desc, view1, view2, view3, prefix_desc, bias_ptr, live_ptr,
         C_RED, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, SPLITS, stride_dn, stride_dd, stride_dh, stride_dw,
-        D_IN, P_FRAMES, C_A, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        D_IN, P_FRAMES, C_A, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, D_SRC,
         KD: gl.constexpr, KH: gl.constexpr, KW: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         INPUT_GRAD: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
         DST_PTR: gl.constexpr, W_TRANSPOSED: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
-        HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, num_warps: gl.constexpr,
+        HAS_AFTER: gl.constexpr, SWAP_AB: gl.constexpr, HALF_TAIL: gl.constexpr, LIVE_D: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """dst[v, col] = sum over (tap, red) of src[v + shift(tap), red] * w[tap][red, col] for a BOX_H x BOX_W
         patch of dst voxels at one (n, d) and BLOCK_N columns: the GEMM view M = N*D*H*W voxels (patches of
@@ -777,7 +803,8 @@ if UNAVAILABLE is None:
         the BLOCK_M voxels as its N; the loads, the ring and the tiles' order are the same. HALF_TAIL (half_tail):
         the last column block's tiles, where C_COLS leaves at most half of them, compute that half only, from the
         first half of each weight box (the boxes load as before), half the MMA work: a 192-channel layer's tiles of
-        128 columns are 128 + 64, not 128 + 128."""
+        128 columns are 128 + 64, not 128 + 128. LIVE_D (live_d_eligible): a tile reduces only the taps along D
+        that read inside the source's D_SRC frames (_live_kd): at a D border, the others read zeros."""
         BOX_D: gl.constexpr = src_desc.block_type.shape[1]  # 1, or a halo tile's input frames (halo_eligible)
         BOX_H: gl.constexpr = src_desc.block_type.shape[2]
         BOX_W: gl.constexpr = src_desc.block_type.shape[3]
@@ -793,6 +820,7 @@ if UNAVAILABLE is None:
         frames = (D_IN, P_FRAMES, C_A)
         dst_views = (dst_desc, view1, view2, view3)  # the input gradient's
         dst_strides = (stride_dn, stride_dd, stride_dh, stride_dw)
+        live_d = (D_SRC, PAD_D, DIL_D)
 
         # The stage ring: STAGES source boxes, STAGES weight boxes, one barrier each ("this stage's boxes landed").
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, BOX_D, BOX_H, BOX_W, BLOCK_K], src_desc.layout)
@@ -824,13 +852,13 @@ if UNAVAILABLE is None:
             gl.warp_specialize(
                 [
                     (_mma_tiles, (a_ring, b_ring, ready, empty, c_smem, dst_views, bias_ptr, live_ptr, tiles,
-                                  k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, KD, KH, KW,
-                                  STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR, mma_layout,
-                                  SWAP_AB, HALF_TAIL, HALO)),
+                                  k_blocks, C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, dst_strides, live_d, KD,
+                                  KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD, W_KN, HAS_BIAS, DST_PTR,
+                                  mma_layout, SWAP_AB, HALF_TAIL, HALO, LIVE_D)),
                     (_load_tiles, (src_views, w_desc, a_ring, b_ring, ready, empty, live_ptr, tiles, k_blocks,
                                    C_COLS, BATCH, D_DST, H_DST, W_DST, SPLIT_STEPS, PAD_D, PAD_H, PAD_W,
-                                   DIL_D, DIL_H, DIL_W, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
-                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, HALO)),
+                                   DIL_D, DIL_H, DIL_W, live_d, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD,
+                                   W_KN, frames, PAD_MODE_D, HAS_PREFIX, HAS_AFTER, HALO, LIVE_D)),
                 ],
                 [1],
                 [_PRODUCER_REGS],
@@ -843,8 +871,9 @@ if UNAVAILABLE is None:
             n0 = gl.program_id(1) * BLOCK_N
             split = gl.program_id(2)
             n, phase, live, first, steps = _tile_work(
-                n, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W, INPUT_GRAD
-            )
+                n, d, split, BATCH, live_ptr, k_blocks, SPLIT_STEPS, live_d, KD, KH, KW, STRIDE_D, STRIDE_H, STRIDE_W,
+                INPUT_GRAD, LIVE_D,
+            )  # fmt: skip
             tile = (n, d, h0, w0, n0, split, phase, live, first, steps)
             sizes = (k_blocks, BATCH, C_COLS, H_DST, W_DST, dst_strides, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W)
             # the last column block's first half only (half_tail; the test inline as in _mma_tiles)
@@ -1200,6 +1229,19 @@ def _persistent_launch(
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
 
+def live_d_eligible(geom: ConvGeometry, config: KernelConfig, input_grad: bool) -> bool:
+    """Whether a forward or input-gradient launch skips the taps along D that read only zeros (LIVE_D): padding
+    along D read as zeros (no frames_before, whose frames are the front padding's), stride 1 along D (and in every
+    dimension for the input gradient, whose strided launches walk phases of live taps instead), no halo tile (its
+    steps hold every tap along D). A tile at a D border then skips up to a third of its steps at 3 taps: a video
+    VAE's latent of 5-7 frames has 11-13% of its taps in the padding."""
+    strides_one = geom.stride[0] == 1 and (not input_grad or geom.stride == (1, 1, 1))
+    padded = geom.padding[0] > 0 or geom.padding[1] > 0
+    return (
+        padded and strides_one and geom.dim_modes[0] == "zeros" and not geom.prefix_frames and not config.halo_d
+    )
+
+
 def conv3d_gluon(
     src, weight, bias, dst, geom: ConvGeometry, config: KernelConfig, input_grad: bool, split_steps: int,
     frames_before=None, channels_after=None,
@@ -1225,12 +1267,13 @@ def conv3d_gluon(
         *descriptors, bias if bias is not None else dst, live,
         reduced, columns, src.shape[0], *volume, split_steps, splits, *dst_row_strides(dst, dst_ptr),
         *source_frames(geom, input_grad), first_channels(geom, input_grad), *geom.front_padding, *geom.dilation,
-        *geom.kernel, *stride,
+        geom.out_size[0] if input_grad else geom.in_size[0], *geom.kernel, *stride,
         INPUT_GRAD=input_grad, HAS_BIAS=bias is not None, STAGES=config.num_stages,
         WARP_SPECIALIZE=config.gluon == 2, DST_PTR=dst_ptr, W_TRANSPOSED=transposed,
         PAD_MODE_D=0 if input_grad else geom.pad_mode_indices[0], HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None, SWAP_AB=bool(config.swap_ab),
-        HALF_TAIL=half_tail(config, columns, src.element_size()), num_warps=config.num_warps, **options,
+        HALF_TAIL=half_tail(config, columns, src.element_size()), LIVE_D=live_d_eligible(geom, config, input_grad),
+        num_warps=config.num_warps, **options,
     )  # fmt: skip
 
 
