@@ -163,7 +163,7 @@ def _check_persistent_grids(emu):
         assert options["maxnreg"] * 32 * (warps + 4) * per_sm <= 65536, (name, grid, warps, options)
 
 
-@pytest.mark.parametrize("direction", ["fwd", "dgrad"])
+@pytest.mark.parametrize("direction", ["fwd", "dgrad", "wgrad"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("padding", "live"), [((1, 1, 1, 1, 1, 1), 10), ((2, 0, 1, 1, 1, 1), 9)], ids=["same", "causal"]
@@ -171,10 +171,11 @@ def _check_persistent_grids(emu):
 def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
     padding, live, mode, direction, emulator, monkeypatch
 ):
-    """A tile at a D border reduces only the taps along D that read inside the source (conv_gluon.live_d_eligible):
-    at D = 4 and 3 taps along D, `live` of the 12 (frame, tap) pairs read inside it (10 padded (1, 1), 9 causal
-    (2, 0), the input gradient's too), so the kernel issues live/12 of the wgmmas it issues with every tap, and both
-    match float64."""
+    """A tile reduces only the (frame, tap along D) pairs that read inside the source (conv_gluon.live_d_eligible): at
+    D = 4 and 3 taps along D, `live` of the 12 read inside it (10 padded (1, 1), 9 causal (2, 0)), so the forward
+    and input gradient issue live/12 of the wgmmas they issue with every tap; the weight gradient skips a tile's
+    patches in frames none of its taps along D reads inside (with taps grouped, a group spanning two kd keeps the
+    frames either reads). All match float64."""
     from gluon_emulator import _OPERATIONS
 
     emulator.mode = MODES[mode]
@@ -186,14 +187,17 @@ def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
     w = torch.randn(32, 32, 3, 3, 3).to(dtype=torch.bfloat16, memory_format=CL)
     g = torch.randn(1, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
     pads = [padding[4], padding[5], padding[2], padding[3], padding[0], padding[1]]
-    if direction == "fwd":
-        run = lambda: tconv3d.conv3d(x, w, None, 1, padding)  # noqa: E731
-        want = torch.nn.functional.conv3d(torch.nn.functional.pad(x.double(), pads), w.double())
-    else:
-        run = lambda: torch.ops.tconv3d.conv3d_input_grad(g, w, list(x.shape), [1] * 3, list(padding), [1] * 3)  # noqa: E731
-        xd = x.double().requires_grad_()
-        y = torch.nn.functional.conv3d(torch.nn.functional.pad(xd, pads), w.double())
-        want = torch.autograd.grad(y, xd, g.double())[0]
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    y = torch.nn.functional.conv3d(torch.nn.functional.pad(xd, pads), wd)
+    ints = ([1] * 3, list(padding), [1] * 3)
+    runs = {
+        "fwd": (lambda: tconv3d.conv3d(x, w, None, 1, padding), y),
+        "dgrad": (lambda: torch.ops.tconv3d.conv3d_input_grad(g, w, list(x.shape), *ints), None),
+        "wgrad": (lambda: torch.ops.tconv3d.conv3d_weight_grad(g, x, list(w.shape), *ints), None),
+    }
+    run, want = runs[direction]
+    if want is None:
+        want = torch.autograd.grad(y, xd if direction == "dgrad" else wd, g.double())[0]
     counts, eligible = [], conv_gluon.live_d_eligible
     for skip in (True, False):
         monkeypatch.setattr(conv_gluon, "live_d_eligible", lambda *args, skip=skip: skip)
@@ -201,10 +205,21 @@ def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
         got = run()
         assert rel_l2(got, want) < tolerance(torch.bfloat16)
         counts.append(len(wgmmas))
-    assert emulator.launches == {"_conv3d_gluon_kernel": 2}
-    assert counts[0] * 12 == counts[1] * live, counts
+    config = emulator.configs[-1][1]
+    if direction == "wgrad":
+        assert emulator.launches == {"_conv3d_wgrad_gluon_kernel": 2}
+        group, front = max(config.tap_group, 1), padding[0]
+        kept = 0  # frames a group of taps along D reads inside the source at: od - front + kd in [0, 4)
+        for first in range(0, 27, group):
+            kd_first, kd_last = first // 9, min(first + group - 1, 26) // 9
+            kept += min(4 + front - kd_first, 4) - max(front - kd_last, 0)
+        live, total = kept, 4 * -(-27 // group)
+    else:
+        assert emulator.launches == {"_conv3d_gluon_kernel": 2}
+        total = 12
+    assert counts[0] * total == counts[1] * live, (counts, live, total)
     geom = check_conv3d(x, w, None, 1, padding, 1, 1)
-    assert eligible(geom, emulator.configs[-1][1], direction == "dgrad")  # as the launcher decides it
+    assert eligible(geom, config, direction == "dgrad", direction == "wgrad")  # as the launcher decides it
 
 
 @pytest.mark.parametrize("mode", [*MODES, "grouped_taps"])

@@ -941,6 +941,28 @@ if UNAVAILABLE is None:
         return (tile % groups) * GROUP, (mn // num_n) * BLOCK_M, (mn % num_n) * BLOCK_CI, rest // tiles_mn
 
     @gluon.jit
+    def _wgrad_patches(
+        tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH: gl.constexpr, KW: gl.constexpr,
+        TAPS: gl.constexpr, GROUP: gl.constexpr, LIVE_D: gl.constexpr,
+    ):  # fmt: skip
+        """(first patch, patches) of a weight-gradient tile: its split's. LIVE_D (live_d_eligible's weight gradient:
+        one batch entry, so patch p lies in output frame p // PER_FRAME): only the frames where some tap along D of
+        the tile's taps (tap .. tap + GROUP - 1) reads inside the source, live_d = (source frames, output frames,
+        front padding, dilation) at stride 1 along D: output frame od, tap kd read source frame od - pad + kd * dil.
+        Where the taps' runs of frames leave a gap (a dilation past the source's frames), the range spans it."""
+        first = split * SPLIT_PATCHES
+        end = gl.minimum(first + SPLIT_PATCHES, PATCHES)
+        if LIVE_D:
+            frames, out_frames, pad, dil = live_d
+            kd_first = tap // (KH * KW)
+            kd_last = gl.minimum(tap + GROUP - 1, TAPS - 1) // (KH * KW)
+            od_lo = gl.maximum(pad - kd_last * dil, 0)  # od - pad + kd_last * dil >= 0
+            od_hi = gl.minimum(frames + pad - kd_first * dil, out_frames)  # od - pad + kd_first * dil < frames
+            first = gl.maximum(first, od_lo * PER_FRAME)
+            end = gl.minimum(end, od_hi * PER_FRAME)
+        return first, gl.maximum(end - first, 0)
+
+    @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
                           mma_layout: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr,
                           SWAP_AB: gl.constexpr = False):  # fmt: skip
@@ -1030,8 +1052,9 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _wgrad_mma_tiles(
         a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
-        stride_os, stride_oo, stride_ot, stride_oi, TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
-        SWAP_AB: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
+        stride_os, stride_oo, stride_ot, stride_oi, live_d, PER_FRAME, KH: gl.constexpr, KW: gl.constexpr,
+        TAPS: gl.constexpr, GROUP: gl.constexpr, mma_layout: gl.constexpr,
+        SWAP_AB: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's default partition, persistent: each tile's patches consumed
         from the ring as the producer fills it, then the tile stored from registers while the producer loads the
@@ -1042,8 +1065,9 @@ if UNAVAILABLE is None:
         it = 0  # patches consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
-            first = split * SPLIT_PATCHES
-            steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+            _, steps = _wgrad_patches(
+                tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH, KW, TAPS, GROUP, LIVE_D
+            )  # fmt: skip
             work = (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi)
             # (the tests inline: assigned to a name, a constexpr False becomes a tensor and its branch compiles)
             if (co0 + BLOCK_M // 2 >= C_OUT) if HALF_M_TAIL else False:
@@ -1063,10 +1087,10 @@ if UNAVAILABLE is None:
     @gluon.jit
     def _wgrad_load_tiles(
         go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES, SPLIT_PATCHES, C_IN, C_OUT,
-        D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
+        D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, live_d, PER_FRAME,
         KH: gl.constexpr, KW: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr,
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
         """The warp-specialized weight gradient's producer, one warp, over the same tiles as _wgrad_mma_tiles: each
         free stage gets the next patch's grad_out box and its input boxes, one a tap of the tile's group (each from
@@ -1081,9 +1105,11 @@ if UNAVAILABLE is None:
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             shifts = _group_shifts(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, GROUP)
-            first = split * SPLIT_PATCHES
-            origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the split's first patch, then carried
-            for _ in range(gl.minimum(first + SPLIT_PATCHES, PATCHES) - first):
+            first, steps = _wgrad_patches(
+                tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH, KW, TAPS, GROUP, LIVE_D
+            )  # fmt: skip
+            origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the tile's first patch, then carried
+            for _ in range(steps):
                 stage = it % STAGES
                 mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
                 _issue_wgrad_loads(
@@ -1108,7 +1134,7 @@ if UNAVAILABLE is None:
         STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
         STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
         TAP_GROUP: gl.constexpr, SWAP_AB: gl.constexpr, HALF_M_TAIL: gl.constexpr, HALF_N_TAIL: gl.constexpr,
-        num_warps: gl.constexpr,
+        LIVE_D: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """gw[co, tap, ci] = sum over output voxels v of go[v, co] * x[v * stride + tap * dil - pad, ci]: the
         GEMM view M = Cout, N = Cin, K = output voxels, one tap per tile, K split over the output patches
@@ -1126,7 +1152,9 @@ if UNAVAILABLE is None:
         the 64 rows a wgmma takes unswapped) fills its rows with 2-4 taps of 32-64 input channels (a tap's box a
         slice of the buffer as wide as its swizzle rows, so 32 16-bit channels do). HALF_M_TAIL, HALF_N_TAIL
         (warp-specialized, one tap a tile, unswapped; half_tail): the last Cout or Cin block's tiles, at most half
-        full, compute their first half only (192 channels: 128 + 64 rows and columns, not 128 + 128)."""
+        full, compute their first half only (192 channels: 128 + 64 rows and columns, not 128 + 128). LIVE_D
+        (live_d_eligible): a tile reduces only the output frames its taps along D read inside the source at
+        (_wgrad_patches): the others' input boxes are all padding."""
         BOX_H: gl.constexpr = go_desc.block_type.shape[2]
         BOX_W: gl.constexpr = go_desc.block_type.shape[3]
         BLOCK_M: gl.constexpr = go_desc.block_type.shape[4]
@@ -1136,6 +1164,8 @@ if UNAVAILABLE is None:
         PHASES: gl.constexpr = STRIDE_H * STRIDE_W
         x_views = (x_desc, x_phase1, x_phase2, x_phase3, prefix_desc)
         frames = (D_IN, P_FRAMES)
+        live_d = (D_IN, D_OUT, PAD_D, DIL_D)
+        per_frame = gl.cdiv(H_OUT, BOX_H) * gl.cdiv(W_OUT, BOX_W)  # patches an output frame (of one batch entry)
 
         a_ring = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BOX_H, BOX_W, BLOCK_M], go_desc.layout)
         if TAP_GROUP == 1:
@@ -1156,12 +1186,13 @@ if UNAVAILABLE is None:
             gl.warp_specialize(
                 [
                     (_wgrad_mma_tiles, (a_ring, b_ring, ready, empty, out_ptr, tiles, PATCHES, SPLIT_PATCHES,
-                                        C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, TAPS, TAP_GROUP,
-                                        mma_layout, SWAP_AB, HALF_M_TAIL, HALF_N_TAIL)),
+                                        C_IN, C_OUT, stride_os, stride_oo, stride_ot, stride_oi, live_d, per_frame,
+                                        KH, KW, TAPS, TAP_GROUP, mma_layout, SWAP_AB, HALF_M_TAIL, HALF_N_TAIL,
+                                        LIVE_D)),
                     (_wgrad_load_tiles, (go_desc, x_views, a_ring, b_ring, ready, empty, tiles, PATCHES,
                                          SPLIT_PATCHES, C_IN, C_OUT, D_OUT, H_OUT, W_OUT, PAD_D, PAD_H, PAD_W,
-                                         DIL_D, DIL_H, DIL_W, KH, KW, TAPS, TAP_GROUP, STRIDE_D, STRIDE_H, STRIDE_W,
-                                         frames, PAD_MODE_D, HAS_PREFIX)),
+                                         DIL_D, DIL_H, DIL_W, live_d, per_frame, KH, KW, TAPS, TAP_GROUP, STRIDE_D,
+                                         STRIDE_H, STRIDE_W, frames, PAD_MODE_D, HAS_PREFIX, LIVE_D)),
                 ],
                 [1],
                 [_GROUPED_PRODUCER_REGS if TAP_GROUP == 4 else _PRODUCER_REGS],
@@ -1173,8 +1204,9 @@ if UNAVAILABLE is None:
             tile = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
             shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
-            first = split * SPLIT_PATCHES
-            steps = gl.minimum(first + SPLIT_PATCHES, PATCHES) - first
+            first, steps = _wgrad_patches(
+                tap, split, SPLIT_PATCHES, PATCHES, live_d, per_frame, KH, KW, TAPS, 1, LIVE_D
+            )  # fmt: skip
             if PHASES == 1:
                 acc = _wgrad_steps(
                     go_desc, x_views, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
@@ -1229,17 +1261,20 @@ def _persistent_launch(
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
 
-def live_d_eligible(geom: ConvGeometry, config: KernelConfig, input_grad: bool) -> bool:
-    """Whether a forward or input-gradient launch skips the taps along D that read only zeros (LIVE_D): padding
-    along D read as zeros (no frames_before, whose frames are the front padding's), stride 1 along D (and in every
-    dimension for the input gradient, whose strided launches walk phases of live taps instead), no halo tile (its
-    steps hold every tap along D). A tile at a D border then skips up to a third of its steps at 3 taps: a video
-    VAE's latent of 5-7 frames has 11-13% of its taps in the padding."""
+def live_d_eligible(geom: ConvGeometry, config: KernelConfig, input_grad: bool, weight_grad: bool = False) -> bool:
+    """Whether a launch skips the (frame, tap along D) pairs that read only zeros (LIVE_D): padding along D read as
+    zeros (no frames_before, whose frames are the front padding's), stride 1 along D (and in every dimension for
+    the input gradient, whose strided launches walk phases of live taps instead), no halo tile (its steps hold
+    every tap along D); the weight gradient, one batch entry (its patches then run frame by frame). A forward or
+    input-gradient tile at a D border then skips up to a third of its steps at 3 taps, a weight-gradient tile of
+    the first or last tap along D a frame of patches: a video VAE's latent of 5-7 frames has 9.5-13% of its
+    (frame, tap) pairs in the padding."""
     strides_one = geom.stride[0] == 1 and (not input_grad or geom.stride == (1, 1, 1))
     padded = geom.padding[0] > 0 or geom.padding[1] > 0
     return (
         padded and strides_one and geom.dim_modes[0] == "zeros" and not geom.prefix_frames and not config.halo_d
-    )
+        and (not weight_grad or geom.batch == 1)
+    )  # fmt: skip
 
 
 def conv3d_gluon(
@@ -1310,5 +1345,6 @@ def conv3d_wgrad_gluon(
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
         HAS_PREFIX=prefix is not None, TAP_GROUP=group, SWAP_AB=bool(config.swap_ab),
-        HALF_M_TAIL=halves[0], HALF_N_TAIL=halves[1], num_warps=config.num_warps, **options,
+        HALF_M_TAIL=halves[0], HALF_N_TAIL=halves[1], LIVE_D=live_d_eligible(geom, config, False, True),
+        num_warps=config.num_warps, **options,
     )  # fmt: skip
