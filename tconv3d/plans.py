@@ -45,6 +45,7 @@ aten = torch.ops.aten
 _ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default)  # fmt: skip
 _PLAN = object()  # first element of a plan's key in choice's memo, so no decision's key equals it
+MAX_ENTRIES = 16384  # entries of choice's memo past which no call is remembered for a plan
 
 
 class Refused(str):
@@ -118,7 +119,8 @@ def recorded(plan_key, inputs: tuple, call):
         return call()
     entry = choice._memo.get(plan_key)
     if entry is None or type(entry) is Plan:  # none yet, or one made before launch.forget() (find passed it by)
-        choice._memo[plan_key] = _SEEN
+        if len(choice._memo) < MAX_ENTRIES:  # past that (shapes that never repeat), calls run whole
+            choice._memo[plan_key] = _SEEN
         return call()
     if entry is not _SEEN:
         return call()

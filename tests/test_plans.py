@@ -191,6 +191,14 @@ with stubbed_launches(90, record):
         out["thread"] = [len(taken)]
         torch.ops.tconv3d.conv3d(*args)
         out["thread"].append(len(taken) > 0)
+    # Past MAX_ENTRIES entries of the memo, calls are not remembered (shapes that never repeat would fill it).
+    choice._memo.clear()
+    plans.MAX_ENTRIES = 0
+    with torch.no_grad():
+        for _ in range(3):
+            torch.ops.tconv3d.conv3d(*args)
+    out["full_memo"] = [type(e).__name__ for k, e in choice._memo.items() if k[0] is plans._PLAN]
+    plans.MAX_ENTRIES = 16384
     # Arguments a fresh check would refuse are never a plan's: stride True where 1 was recorded.
     out["bool_key"] = plans.key("fwd", (x, w, b, None, None), ([True, 1, 1], [1] * 6, [1, 1, 1]), 1, "zeros")
 print(json.dumps(out))
@@ -216,6 +224,7 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     assert result["stale"] == [1, False, "called once: the next call records"], result["stale"]
     assert result["bool_key"] is None
     assert result["thread"] == [0, True], result["thread"]
+    assert result["full_memo"] == [], result["full_memo"]
 
 
 CUDA_CASES = {
