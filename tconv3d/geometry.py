@@ -459,12 +459,10 @@ def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
         return None
     key = [groups, padding_mode]
     for values in int_sequences:
-        if type(values) not in (list, tuple, torch.Size):  # the gradient checks take a tensor's shape as a size
+        values = int_sequence_key(values)
+        if values is None:
             return None
-        for v in values:
-            if type(v) is not int:
-                return None
-        key.append(tuple(values))
+        key.append(values)
     for t in tensors:
         if t is None:
             key.append(None)
@@ -473,6 +471,18 @@ def _memo_key(tensors, int_sequences, groups, padding_mode) -> tuple | None:
         else:
             return None
     return tuple(key)
+
+
+def int_sequence_key(values) -> tuple | None:
+    """A list, tuple or torch.Size of plain ints as a tuple (a memo key's part; the gradient checks take a tensor's
+    shape as a size), or None: anything else (a bool or SymInt where an int belongs; an int where a sequence may
+    be) is checked afresh, as 1.0 and True equal 1 as keys."""
+    if type(values) not in (list, tuple, torch.Size):
+        return None
+    for v in values:
+        if type(v) is not int:
+            return None
+    return tuple(values)
 
 
 def _remember(key, geom: ConvGeometry) -> None:
@@ -515,20 +525,18 @@ _resolved: dict[tuple, tuple] = {}
 
 
 def _arguments_key(*arguments) -> tuple | None:
-    """conv_arguments' int, str and int-sequence arguments as a key, each sequence as a tuple; None where any is
-    something else (a bool or a SymInt where an int belongs, a padding string: resolved afresh)."""
+    """conv_arguments' int, str and int-sequence arguments as a key, each sequence as a tuple (int_sequence_key);
+    None where any is something else (a bool or a SymInt where an int belongs, a padding string: resolved afresh)."""
     key = []
     for index, value in enumerate(arguments):
         kind = type(value)
         if kind is int or (kind is str and index == len(arguments) - 1):  # only padding_mode may be a string
             key.append(value)
-        elif kind in (list, tuple):
-            for v in value:
-                if type(v) is not int:
-                    return None
-            key.append((kind, *value))  # a sequence is told from an int: (3,) from 3
         else:
-            return None
+            value = int_sequence_key(value)
+            if value is None:
+                return None
+            key.append(value)  # a tuple, told from an int: (3,) from 3
     return tuple(key)
 
 

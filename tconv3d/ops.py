@@ -54,8 +54,8 @@ def _runs_triton(t: torch.Tensor) -> bool:
 
 
 def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run):
-    """run(), which checks a conv op's arguments and runs it on `tensors` (its first on the device it runs on),
-    replayed from the plan of these arguments where one was recorded (plans.py)."""
+    """run(), which checks a conv op's arguments and runs it on `tensors`, under the device guard of the first (the
+    device it runs on), or replayed from the plan of these arguments where one was recorded (plans.py)."""
     first = tensors[0]
     if not _runs_triton(first):
         return run()
@@ -316,10 +316,7 @@ def conv3d(
         )
         if not _runs_triton(input):
             return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
-        with _device_guard(input):
-            return choice.launch(
-                "fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after
-            )
+        return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after)
 
     tensors = (input, weight, bias, frames_before, channels_after)
     return _planned("fwd", tensors, (stride, padding, dilation), (groups, padding_mode), run)
@@ -437,8 +434,7 @@ def conv3d_input_grad(
         )
         if not _runs_triton(grad_output):
             return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
-        with _device_guard(grad_output):
-            return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
 
     ints = (input_size, stride, padding, dilation)
     return _planned("dgrad", (grad_output, weight, channels_after), ints, (padding_mode, groups), run)
@@ -541,10 +537,9 @@ def conv3d_weight_grad(
         )  # fmt: skip
         if not _runs_triton(input):
             return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
-        with _device_guard(input):
-            return choice.launch(
-                "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
-            )
+        return choice.launch(
+            "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
+        )
 
     ints = (weight_size, stride, padding, dilation)
     tensors = (grad_output, input, frames_before, channels_after)

@@ -37,8 +37,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import settings
-from .geometry import PLAIN_TENSORS
+from .geometry import PLAIN_TENSORS, int_sequence_key
 from .kernels import launch
+from .kernels.utils import on_base
 from .tune import choice
 
 aten = torch.ops.aten
@@ -80,12 +81,10 @@ def key(op: str, tensors: tuple, int_sequences: tuple, *scalars) -> tuple | None
         if type(s) not in (int, str):
             return None
     for values in int_sequences:
-        if type(values) not in (list, tuple, torch.Size):
+        values = int_sequence_key(values)
+        if values is None:
             return None
-        for v in values:
-            if type(v) is not int:
-                return None
-        parts.append(tuple(values))
+        parts.append(values)
     fp32 = False
     for t in tensors:
         if t is None:
@@ -173,7 +172,7 @@ class Plan:
             for position, slot, view, descriptor in step.tensors:
                 t = slots[slot] if view is None else slots[slot].as_strided(*view)
                 if descriptor is not None:
-                    t = _on_base(descriptor, t)
+                    t = on_base(descriptor, t)
                 values[position] = t
             launch.launch_compiled(step.compiled, step.grid, values, device)
         slot, view = self.output
@@ -198,14 +197,6 @@ class _Launch:
 
     def __init__(self, compiled, grid, template, tensors):
         self.compiled, self.grid, self.template, self.tensors = compiled, grid, template, tensors
-
-
-def _on_base(descriptor, t: torch.Tensor):
-    """A copy of a checked descriptor template on the tensor t (as kernels/utils.tensor_descriptor makes them)."""
-    copy = object.__new__(type(descriptor))
-    copy.__dict__.update(descriptor.__dict__)
-    copy.base = t
-    return copy
 
 
 def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refused | None:
@@ -296,7 +287,7 @@ def _launch_of(step, slots: _Slots) -> _Launch:
             tensors.append((position, *slots.of(a), None))
         elif hasattr(a, "launch_signature") and isinstance(a.base, torch.Tensor):  # utils.tensor_descriptor's
             template.append(None)
-            tensors.append((position, *slots.of(a.base), _on_base(a, None)))
+            tensors.append((position, *slots.of(a.base), on_base(a, None)))
         else:
             raise _Unplanned(f"a launch takes a {type(a).__name__}")
     return _Launch(compiled, tuple(grid), template + list(trailing), tensors)

@@ -437,7 +437,13 @@ def tensor_descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tupl
         checked.launch_signature = next(_descriptor_ids)
         if len(_descriptors) < 4096:
             _descriptors[key] = checked
-    descriptor = object.__new__(type(checked))  # a checked one's fields, on this base
+    return on_base(checked, t)
+
+
+def on_base(checked, t: torch.Tensor):
+    """A copy of a checked descriptor (tensor_descriptor's template) with t as its base: its fields as they are,
+    without the constructor's checks (also what a call plan replays, tconv3d/plans.py)."""
+    descriptor = object.__new__(type(checked))
     descriptor.__dict__.update(checked.__dict__)
     descriptor.base = t
     return descriptor

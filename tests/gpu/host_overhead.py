@@ -69,16 +69,6 @@ def encode_us(calls: int = 2000) -> float | str:
     return 1e6 * (time.perf_counter() - start) / calls
 
 
-def without_plans(fn):
-    """fn, with no call plan replayed or recorded: the whole path each call."""
-
-    def call():
-        with plans.bypassed():
-            return fn()
-
-    return call
-
-
 def measure(name: str, dtype_name: str) -> dict:
     shape = next(s for s in load_shape_set("bench") if s.name == name)
     dtype, geom = DTYPES_BY_NAME[dtype_name], shape.geometry()
@@ -97,7 +87,7 @@ def measure(name: str, dtype_name: str) -> dict:
     ms = {k: triton.testing.do_bench(f, return_mode="median") for k, f in kernels.items()}
     ms["op_fwd"] = triton.testing.do_bench(op, return_mode="median")
     ms["op_bwd"] = triton.testing.do_bench(bwd, return_mode="median")
-    op_whole, bwd_whole = without_plans(op), without_plans(bwd)  # the same calls, no call plans (plans.py)
+    op_whole, bwd_whole = plans.bypassed()(op), plans.bypassed()(bwd)  # the same calls, no call plans (plans.py)
     ms["op_fwd_no_plans"] = triton.testing.do_bench(op_whole, return_mode="median")
     ms["op_bwd_no_plans"] = triton.testing.do_bench(bwd_whole, return_mode="median")
     compiled = torch.compile(op, fullgraph=True)
