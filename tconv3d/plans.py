@@ -16,8 +16,11 @@ is only made where replaying it is the same call:
   padding mode, and whether fp32 may run as TF32;
 - no launch takes an int computed from addresses (the pointer kernels' distance of a second source,
   frames_before or channels_after, from the input: launch.note_address_argument);
-- every aten op the call ran was an allocation or a view (a TorchDispatchMode watches the recording call): a copy,
-  a fill or a reduction on the host side is not replayed, so a call that ran one gets no plan;
+- every aten op the call ran was an allocation, a view, or a copy, clone or fill between tensors of the call (a
+  TorchDispatchMode watches the recording call): these are replayed in their place among the launches (a grouped
+  weight gradient's diagonal blocks; a weight cloned into channels_last_3d, as an allocation and a copy); any
+  other op on the host side (a reduction, an op on a tensor of unknown origin) is not, so a call that ran one
+  gets no plan;
 - every tensor a launch reads is an input's storage or a tensor the call allocated;
 - every launch was direct: a kernel that goes through Triton's run (pre-run hooks, a callable grid) has no plan.
 Such calls are remembered as refused and run as before.
@@ -45,6 +48,9 @@ from .tune import choice
 aten = torch.ops.aten
 _ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default)  # fmt: skip
+# Host-side ops a plan replays in place among its launches: what they do depends on the tensors' shapes, strides
+# and dtypes alone, which the key holds.
+_REPLAYED = (aten.copy_.default, aten.zero_.default, aten.fill_.Scalar)
 _PLAN = object()  # first element of a plan's key in choice's memo, so no decision's key equals it
 MAX_ENTRIES = 16384  # entries of choice's memo past which no call is remembered for a plan
 
@@ -123,7 +129,8 @@ def recorded(plan_key, inputs: tuple, call):
         return call()
     if entry is not _SEEN:
         return call()
-    watch, launches = _Watch(), []
+    launches = []
+    watch = _Watch(launches)
     with launch.recording(launches), watch:  # the dispatch mode is this thread's too
         output = call()
     plan = _plan(inputs, output, watch, launches)
@@ -133,19 +140,38 @@ def recorded(plan_key, inputs: tuple, call):
 
 
 class _Watch(TorchDispatchMode):
-    """The tensors allocated under it, and the first aten op that was neither an allocation nor a view."""
+    """The tensors allocated under it; each copy or fill (_REPLAYED), appended to `steps` (the recording's launches,
+    so that it keeps its place among them) as (func, args), a clone as an allocation and a copy; and the first aten
+    op that was none of these nor a view."""
 
-    def __init__(self):
+    def __init__(self, steps: list):
         super().__init__()
-        self.allocated, self.other = [], None
+        self.allocated, self.steps, self.other = [], steps, None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view:  # an op that may alias or copy (contiguous, reshape) reaches a mode whole where another
+            with self:  # mode is stacked below this one: what it does, an alias or a clone, is seen here
+                out = func.decompose(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
         out = func(*args, **(kwargs or {}))
         if func in _ALLOCATIONS:
             self.allocated.append(out)
+        elif func in _REPLAYED and not kwargs:
+            self.steps.append(_HostOp(func, args))
+        elif func is aten.clone.default:  # its strides follow from its input's and the format: empty + copy
+            self.allocated.append(out)
+            self.steps.append(_HostOp(aten.copy_.default, (out, args[0])))
         elif not func.is_view and self.other is None:
             self.other = str(func)
         return out
+
+
+class _HostOp:
+    __slots__ = ("args", "func")
+
+    def __init__(self, func, args):
+        self.func, self.args = func, args
 
 
 class Plan:
@@ -174,7 +200,10 @@ class Plan:
                 if descriptor is not None:
                     t = on_base(descriptor, t)
                 values[position] = t
-            launch.launch_compiled(step.compiled, step.grid, values, device)
+            if step.compiled is None:  # a copy or fill on the host side: grid is its aten op
+                step.grid(*values)
+            else:
+                launch.launch_compiled(step.compiled, step.grid, values, device)
         slot, view = self.output
         return slots[slot] if view is None else slots[slot].as_strided(*view)
 
@@ -193,6 +222,10 @@ def replay(plan: Plan, plan_key, inputs: tuple, call):
 
 
 class _Launch:
+    """A step of a plan: a compiled kernel's launch on `grid`, or (compiled None) the aten op `grid` called on the
+    values; `template` holds the values that are not tensors, `tensors` (position, slot, view, descriptor) the
+    others."""
+
     __slots__ = ("compiled", "grid", "template", "tensors")
 
     def __init__(self, compiled, grid, template, tensors):
@@ -277,7 +310,11 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _launch_of(step, slots: _Slots) -> _Launch:
-    compiled, trailing, grid, args = step
+    if type(step) is _HostOp:
+        compiled, trailing, grid, args = None, (), step.func, step.args
+    else:
+        compiled, trailing, grid, args = step
+        grid = tuple(grid)
     template, tensors = [], []
     for position, a in enumerate(args):
         if a is None or type(a) in (int, float, bool, str):
@@ -290,4 +327,4 @@ def _launch_of(step, slots: _Slots) -> _Launch:
             tensors.append((position, *slots.of(a.base), on_base(a, None)))
         else:
             raise _Unplanned(f"a launch takes a {type(a).__name__}")
-    return _Launch(compiled, tuple(grid), template + list(trailing), tensors)
+    return _Launch(compiled, grid, template + list(trailing), tensors)

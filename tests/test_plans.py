@@ -7,10 +7,12 @@ call is replayed, and it must reach the driver with what the whole path gives th
 each tensor (or a TMA descriptor's base) named by the input whose storage it is in or by its order among the
 call's allocations, with its shape, strides, offset and dtype; every int, grid and constexpr as it is. The configs
 are the H100's (the persistent Gluon kernels, split-K, the pointer kernels) and the interpreter's defaults, in
-16 bits and fp32, on inputs that are views at an offset, with a skip connection's channels read in place. A call
-that runs a copy on the host side, or hands a pointer kernel a second source's distance from the input, gets no
-plan; a plan made before launch.forget() or under another device is not replayed; a
-recording takes no other thread's launches."""
+16 bits and fp32, on inputs that are views at an offset, with a skip connection's channels read in place, a grouped
+layer (whose weight gradient keeps the coarse problem's diagonal blocks by a copy on the host side) and a weight
+not in channels_last_3d (cloned into it each call): the host side's copies are in the record too, in their
+place among the launches. A call that runs another op on the host side, or hands a pointer kernel a second
+source's distance from the input, gets no plan; a plan made before launch.forget() or under another device is not
+replayed; a recording takes no other thread's launches."""
 
 import pytest
 from test_static_compile import CUOBJDUMP, compile_script
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton whee
 
 SCRIPT = """
 import json, torch
+from torch.utils._python_dispatch import TorchDispatchMode
 import tconv3d
 from tconv3d import plans, settings
 from tconv3d.inspect.compile import stubbed_launches
@@ -60,6 +63,23 @@ def describe(value, inputs, allocated):
         return list(value)
     return type(value).__name__
 
+class HostCopies(TorchDispatchMode):
+    # the host side's copies and fills, into the record among the launches; entered inside each conv op (a mode
+    # entered outside sees the op whole), below the mode a plan's recording stacks on it
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.clone.default:  # as a plan replays it: (destination, source)
+            record.append(("copy", (out, args[0])))
+        elif func in (torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar, torch.ops.aten.zero_.default):
+            record.append(("copy", args))
+        return out
+
+planned = tconv3d.ops._planned
+def watched(*args):
+    with HostCopies():
+        return planned(*args)
+tconv3d.ops._planned = watched
+
 def launches(record, inputs):
     allocated = {}
     return [[name, [describe(v, inputs, allocated) for v in args]] for name, args in record]
@@ -71,35 +91,41 @@ def step(x, w, b, after, kwargs):
     inputs = [t for t in (x, w, b, after) if t is not None]
     return inputs + [y, g, *torch.autograd.grad(y, inputs, g)]
 
-def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True):
+def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True, groups=1):
     n, c, d, h, w = shape
     cl = dict(dtype=dtype, memory_format=torch.channels_last_3d)
     # the input a view at `offset` frames into a longer one: an offset into its storage
     x = torch.randn(n, c, d + offset, h, w).to(**cl)[:, :, offset:]
-    wt = torch.randn(cout, c + after, 3, 3, 3).to(dtype)
+    wt = torch.randn(cout, (c + after) // groups, 3, 3, 3).to(dtype)
     wt = wt.to(memory_format=torch.channels_last_3d) if weight_cl else wt.contiguous()
     b = torch.randn(cout).to(dtype) if bias else None
     second = torch.randn(n, after, d, h, w).to(**cl) if after else None  # a skip connection's channels
     return [t.requires_grad_() if t is not None else None for t in (x, wt, b, second)]
 
 CASES = {
-    # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs, channels_after's channels)
-    "unet_320 h100": (h100, (2, 320, 8, 8, 8), 320, torch.bfloat16, False, 0, dict(padding=1), 0),
-    "down_s2 h100": (h100, (1, 64, 16, 16, 16), 128, torch.bfloat16, True, 2, dict(stride=2, padding=1), 0),
-    "skip h100": (h100, (1, 32, 8, 16, 16), 32, torch.bfloat16, True, 0, dict(padding=1), 32),
-    "small default bf16": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1), 0),
-    "small default fp32": (default_select, (1, 16, 4, 8, 8), 16, torch.float32, False, 0, dict(padding=(1, 0, 1)), 0),
+    # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs, channels_after's channels, fresh's kwargs)
+    "unet_320 h100": (h100, (2, 320, 8, 8, 8), 320, torch.bfloat16, False, 0, dict(padding=1), 0, {}),
+    "down_s2 h100": (h100, (1, 64, 16, 16, 16), 128, torch.bfloat16, True, 2, dict(stride=2, padding=1), 0, {}),
+    "skip h100": (h100, (1, 32, 8, 16, 16), 32, torch.bfloat16, True, 0, dict(padding=1), 32, {}),
+    "grouped h100": (h100, (1, 256, 4, 8, 8), 256, torch.bfloat16, False, 0, dict(padding=1, groups=32), 0,
+                     dict(groups=32)),
+    "small default bf16": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1), 0, {}),
+    "small default fp32": (default_select, (1, 16, 4, 8, 8), 16, torch.float32, False, 0, dict(padding=(1, 0, 1)), 0,
+                           {}),
+    "contiguous weight": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 0, dict(padding=1), 0,
+                          dict(weight_cl=False)),
 }
 out = {"cases": {}}
 record = []
 with stubbed_launches(90, record):
-    for name, (select, shape, cout, dtype, bias, offset, kwargs, after) in CASES.items():
+    for name, (select, shape, cout, dtype, bias, offset, kwargs, after, made_as) in CASES.items():
         choice._select_with_source = select
-        kept = [fresh(shape, cout, dtype, bias, offset, after) for _ in range(2)]
+        kept = [fresh(shape, cout, dtype, bias, offset, after, **made_as) for _ in range(2)]
         for tensors in kept:  # the first call compiles, the second records
             step(*tensors, kwargs)
-        made = {key[1]: type(entry).__name__ for key, entry in choice._memo.items() if key[0] is plans._PLAN}
-        inputs = fresh(shape, cout, dtype, bias, offset, after)
+        made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
+                for key, entry in choice._memo.items() if key[0] is plans._PLAN}
+        inputs = fresh(shape, cout, dtype, bias, offset, after, **made_as)
         del record[:], replays[:]
         replayed = launches(record, step(*inputs, kwargs))
         replay_count = len(replays)
@@ -107,13 +133,14 @@ with stubbed_launches(90, record):
             del record[:]
             whole = launches(record, step(*inputs, kwargs))
         out["cases"][name] = {"made": made, "replays": replay_count, "launches": len(whole),
+                              "copies": sum(name == "copy" for name, _ in whole),
                               "same": replayed == whole, "whole": whole if replayed != whole else None,
                               "replayed": replayed if replayed != whole else None}
         choice._memo.clear()
 
     # fp32 as TF32 or not is the key's too: a plan made with TF32 off is not replayed with it on.
     choice._select_with_source = default_select
-    select, shape, cout, dtype, bias, offset, kwargs, _ = CASES["small default fp32"]
+    select, shape, cout, dtype, bias, offset, kwargs, _, _ = CASES["small default fp32"]
     conv = torch.backends.cudnn.conv
     before = conv.fp32_precision
     conv.fp32_precision = "ieee"
@@ -131,7 +158,7 @@ with stubbed_launches(90, record):
 
     # A broken plan is told apart: the forward's output slot pointed at its input.
     choice._select_with_source = default_select
-    select, shape, cout, dtype, bias, offset, kwargs, _ = CASES["small default bf16"]
+    select, shape, cout, dtype, bias, offset, kwargs, _, _ = CASES["small default bf16"]
     for _ in range(2):
         step(*fresh(shape, cout, dtype, bias, offset), kwargs)
     plan = next(e for k, e in choice._memo.items() if k[0] is plans._PLAN and k[1] == "fwd")
@@ -148,12 +175,26 @@ with stubbed_launches(90, record):
     out["broken_told_apart"] = broken != launches(record, [t for t in inputs if t is not None])
     choice._memo.clear()
 
-    # What gets no plan: a copy on the host side (a weight not channels_last_3d), a second source.
+    # What gets no plan: an op on the host side that is not a copy (a made-up call that doubles its input), a
+    # second source.
+    x, w, b, _ = fresh(shape, cout, dtype, bias, offset)
+    doubled = (plans._PLAN, "doubled", x.shape)
     for _ in range(3):
-        x, w, b, _ = fresh(shape, cout, dtype, bias, offset, weight_cl=False)
         with torch.no_grad():
+            plans.recorded(doubled, (x,), lambda: x * 2)
+    out["other_on_host"] = str(choice._memo[doubled])
+    choice._memo.clear()
+    # Under a dispatch mode entered outside the op (a user's), the weight's conversion reaches the recording's mode
+    # as aten.contiguous, which may alias or clone: it is taken apart, and the clone replayed.
+    x, w, b, _ = fresh(shape, cout, dtype, bias, offset, weight_cl=False)
+    del replays[:]
+    class Outer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with torch.no_grad(), Outer():
+        for _ in range(3):
             tconv3d.conv3d(x, w, b, **kwargs)
-    out["copy_on_host"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
+    out["outer_mode"] = [len(replays), *(type(e).__name__ for k, e in choice._memo.items() if k[0] is plans._PLAN)]
     choice._memo.clear()
     for _ in range(3):
         x, w, b, after = fresh(shape, cout, dtype, bias, offset, after=8)
@@ -215,7 +256,11 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
         assert case["same"], (name, case["whole"], case["replayed"])
     assert result["broken_told_apart"]
     assert result["tf32_switch"]
-    assert len(result["copy_on_host"]) == 1 and "host side" in result["copy_on_host"][0], result["copy_on_host"]
+    # the grouped layer's weight gradient copies its diagonal blocks; the contiguous weight is cloned by the
+    # forward and the input gradient
+    assert result["cases"]["grouped h100"]["copies"] == 1 and result["cases"]["contiguous weight"]["copies"] == 2
+    assert result["outer_mode"] == [1, "Plan"], result["outer_mode"]
+    assert result["other_on_host"] == "the call ran aten.mul.Tensor on the host side", result["other_on_host"]
     # the pointer kernels take a second source's distance from the input: no plan there (the Gluon forward of
     # "skip h100" reads it by a descriptor, and has one)
     assert len(result["second_source"]) == 1 and "distance" in result["second_source"][0], result["second_source"]
@@ -235,6 +280,8 @@ CUDA_CASES = {
     "causal": ((1, 64, 6, 24, 24), 64, "float16", True, dict(padding=(2, 0, 1, 1, 1, 1)), 0),
     "skip": ((2, 32, 16, 16, 16), 32, "bfloat16", True, dict(padding=1), 32),
     "fp32": ((1, 32, 4, 16, 16), 32, "float32", True, dict(padding=1), 0),
+    # a grouped layer: its weight gradient copies the coarse problem's diagonal blocks on the host side
+    "grouped": ((2, 256, 8, 16, 16), 256, "bfloat16", False, dict(padding=1, groups=32), 0),
 }
 
 
@@ -254,7 +301,7 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
     dtype = getattr(torch, dtype)
     cl = dict(device="cuda", dtype=dtype, memory_format=torch.channels_last_3d)
     x = torch.randn(shape, **cl).requires_grad_()
-    w = (torch.randn(cout, shape[1] + after, 3, 3, 3, **cl) / 30).requires_grad_()
+    w = (torch.randn(cout, (shape[1] + after) // kwargs.get("groups", 1), 3, 3, 3, **cl) / 30).requires_grad_()
     b = torch.randn(cout, device="cuda", dtype=dtype).requires_grad_() if bias else None
     skip = torch.randn(shape[0], after, *shape[2:], **cl).requires_grad_() if after else None
     leaves = [t for t in (x, w, b, skip) if t is not None]
