@@ -327,7 +327,7 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
         exact = lambda: torch.nn.grad.conv3d_input(x.shape, w.float(), grad_out.float(), *conv_args)  # noqa: E731
         return coarse, launch, cudnn, exact
     launch = lambda config: on_coarse(  # noqa: E731
-        lambda g, x: conv3d_wgrad(g, x, cached, coarse, config), grad_out, x
+        lambda g, x, **diagonal: conv3d_wgrad(g, x, cached, coarse, config, **diagonal), grad_out, x
     )
     cudnn = lambda: torch.nn.grad.conv3d_weight(padded(source), w.shape, grad_out, *source_args)  # noqa: E731
     exact = lambda: torch.nn.grad.conv3d_weight(  # noqa: E731

@@ -142,8 +142,9 @@ def test_block_diagonal_weights_compute_the_grouped_convolution():
     "case", [c for c in GROUP_CASES if c[0].startswith(("groups16", "groups32"))], ids=lambda c: c[0]
 )
 def test_side_by_side_groups_read_their_weight_in_place(case, tiles, device, request, monkeypatch):
-    """The pointer kernels' forward and input gradient read a grouped weight's blocks where they lie (DIAG_CI): no
-    block-diagonal weight is made, and the results match float64; the weight gradient keeps its diagonal."""
+    """The pointer kernels' forward and input gradient read a grouped weight's blocks where they lie (DIAG_CI), and
+    the weight gradient stores its blocks alone: no block-diagonal weight is made, no coarse gradient copied, and
+    the results match float64."""
     if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
         pytest.skip("no kernels run on this path")
     if tiles != "chosen":
@@ -152,6 +153,7 @@ def test_side_by_side_groups_read_their_weight_in_place(case, tiles, device, req
     monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
     made = []
     monkeypatch.setattr(grouped, "block_diagonal", lambda *args: made.append(args[1:]))
+    monkeypatch.setattr(grouped, "diagonal_blocks", lambda *args: made.append(args[1:]))
     ours, expected = _run(case, torch.float32, device)
     assert not made
     for name, o, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
@@ -164,8 +166,8 @@ def test_explain_says_which_groups_run_side_by_side(device):
     x = torch.randn(1, 128, 2, 3, 4, device=device)
     plan = tconv3d.explain(x, torch.randn(64, 8, 3, 3, 3, device=device), None, 1, 1, 1, 16)
     assert {direction: p["block_diagonal"] for direction, p in plan.items()} == dict.fromkeys(plan, 8)
-    in_place = {d: p["weight_in_place"] for d, p in plan.items() if d != "wgrad"}
-    assert in_place == {d: plan[d]["variant"] == "pointer" for d in ("fwd", "dgrad")}, plan
+    in_place = {d: p["weight_in_place"] for d, p in plan.items()}
+    assert in_place == {d: plan[d]["variant"] == "pointer" for d in ("fwd", "dgrad", "wgrad")}, plan
     plan = tconv3d.explain(x, torch.randn(64, 16, 3, 3, 3, device=device), None, 1, 1, 1, 8)
     assert not any("block_diagonal" in p for p in plan.values())
 

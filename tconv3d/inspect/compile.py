@@ -514,10 +514,10 @@ def _meta(shape, dtype) -> torch.Tensor:
 def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
     """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles). A grouped
     problem of few channels a group runs as choice.launch runs it, on its coarse geometry (kernels/grouped.py),
-    whose config `config` is: the forward and input gradient handed the problem's own weight."""
+    whose config `config` is, handed the problem's own weight and returning its own weight gradient."""
     coarse = grouped.coarsened(geom)
-    weight_shape = geom.weight_shape() if direction != "wgrad" else coarse.weight_shape()
-    extra = {"diagonal": geom.groups // coarse.groups} if coarse is not geom and direction != "wgrad" else {}
+    weight_shape = geom.weight_shape()
+    extra = {"diagonal": geom.groups // coarse.groups} if coarse is not geom else {}
     geom = coarse
     # The input, and the frames before it along D or the channels after its own when the geometry has a second
     # source there (the input gradient's: after grad_output's channels).
@@ -534,7 +534,8 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
         grad_out = _meta((n, first, *out_size), dtype)
         conv_dgrad.conv3d_dgrad(grad_out, _meta(weight_shape, dtype), geom, config, grad_after, **extra)
     elif direction == "wgrad":
-        conv_wgrad.conv3d_wgrad(_meta(geom.output_shape(), dtype), x, frames_before, geom, config, channels_after)
+        grad_out = _meta(geom.output_shape(), dtype)
+        conv_wgrad.conv3d_wgrad(grad_out, x, frames_before, geom, config, channels_after, **extra)
     else:
         raise ValueError(f"unknown direction {direction!r}")
 

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ..geometry import ConvGeometry
+from . import grouped
 from .config import (
     KernelConfig,
     channel_blocks,
@@ -70,7 +71,7 @@ def _conv3d_wgrad_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
     GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, HAS_PREFIX: tl.constexpr,
-    HAS_AFTER: tl.constexpr, RING: tl.constexpr,
+    HAS_AFTER: tl.constexpr, RING: tl.constexpr, DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -87,8 +88,11 @@ def _conv3d_wgrad_kernel(
     along C (HAS_AFTER, a channel concatenation read in place) adds its own column tiles after x's: a program's
     columns lie in one source, whose base and strides it takes once (utils.select). With RING the reduction runs
     over the output voxels of each frame's border ring alone (where a box kernel reduced over the interior), their
-    coordinates from the ring's index each step.
+    coordinates from the ring's index each step. With DIAG_CI (groups of few channels run side by side,
+    kernels/grouped.py) a tile stores only its elements in the diagonal blocks of DIAG_CO output and DIAG_CI input
+    channels, column ci at channel ci % DIAG_CI: out holds the grouped weight's gradient, DIAG_CI channels a row.
     """
+    tl.static_assert(not DIAG_CI or not (PACK_TAPS or HAS_AFTER), "DIAG_CI: a tap's channels, one source")
     taps: tl.constexpr = KD * KH * KW
     # Zeros borders and one source: a mask suffices (else kernel_utils.border_gather remaps each load).
     MASK_ONLY: tl.constexpr = PAD_MODE_D == 0 and PAD_MODE_H == 0 and PAD_MODE_W == 0 and not HAS_PREFIX
@@ -205,13 +209,17 @@ def _conv3d_wgrad_kernel(
         if not RING:
             n, od, oh, ow = next_voxels(n, od, oh, ow, digits, D_OUT, H_OUT, W_OUT)
 
+    mask_out = mask_m[:, None] & mask_n[None, :]
     if PACK_TAPS:
         out_cols = tap * stride_ot + offs_c * stride_oi  # [BLOCK_N]
         out_ptrs = out_ptr + tl.program_id(1) * stride_os + offs_m[:, None] * stride_oo + out_cols[None, :]
     else:
+        if DIAG_CI:  # the diagonal blocks alone, each at its group's channels
+            mask_out &= (offs_m // DIAG_CO)[:, None] == (out_n // DIAG_CI)[None, :]
+            out_n = out_n % DIAG_CI
         out_ptrs = (out_ptr + tl.program_id(1) * stride_os + tap * stride_ot
                     + offs_m[:, None] * stride_oo + out_n[None, :] * stride_oi)  # [BLOCK_M, BLOCK_N]  # fmt: skip
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
 
 
 @triton.jit
@@ -295,12 +303,20 @@ RING_SPLIT_STEPS = 8
 
 
 def conv3d_wgrad(
-    grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None
+    grad_out, x, frames_before, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1
 ) -> torch.Tensor:
     """Weight gradient of checked arguments, in x's dtype, laid out channels_last_3d: (Cout, kd, kh, kw, Cin).
     The tiling, split-K included, is `config`. channels_after follows x's channels (geom.after_channels), read in
-    place where the config's kernel can (config.reads_channels_after), else concatenated first."""
-    c_out, c_in, taps = geom.out_channels, geom.group_in_channels, geom.taps
+    place where the config's kernel can (config.reads_channels_after), else concatenated first. `diagonal` > 1:
+    the gradient of the weight of groups `diagonal` times as many as geom's, run side by side (kernels/grouped.py):
+    the diagonal blocks of geom's, stored alone by the pointer kernel (grouped.in_place), else copied out."""
+    diag = (0, 0)
+    if diagonal > 1:
+        if channels_after is not None or not grouped.in_place("wgrad", geom, config):
+            whole = conv3d_wgrad(grad_out, x, frames_before, geom, config, channels_after)
+            return grouped.diagonal_blocks(whole, geom, diagonal)
+        diag = grouped.diagonal_channels(geom, diagonal)
+    c_out, c_in, taps = geom.out_channels, diag[0] or geom.group_in_channels, geom.taps
     # (Cout, taps, Cin) storage viewed as the logical (Cout, Cin, kd, kh, kw) weight is its channels_last_3d form.
     grad_w = torch.empty((c_out, taps, c_in), dtype=x.dtype, device=x.device)
     grad_w_logical = grad_w.view(c_out, *geom.kernel, c_in).permute(0, 4, 1, 2, 3)
@@ -336,7 +352,7 @@ def conv3d_wgrad(
     for part, view, part_config, (reduced, per_split, count), ring in parts:
         # One part writes out whole (a slice of it would be a view that Inductor's tracing copies back).
         part_out = out if len(parts) == 1 else out[first : first + count]
-        _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split, ring)
+        _launch(view, x, frames_before, channels_after, part_out, part, part_config, reduced, per_split, ring, diag)
         first += count
     if splits > 1:
         sum_splits(out, grad_w)
@@ -354,9 +370,10 @@ def _split_plan(geom: ConvGeometry, config: KernelConfig) -> tuple[int, int, int
     return reduced, per_split, cdiv(reduced, per_split)
 
 
-def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, ring=False):
+def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, ring=False, diag=(0, 0)):
     """One part's launch(es) into `out`, its `reduced` patches (box kernels) or voxels `per_split` a split; with
-    `ring`, the pointer kernel's over the border ring's voxels (border_widths) alone."""
+    `ring`, the pointer kernel's over the border ring's voxels (border_widths) alone; `diag`, the pointer kernel's
+    (DIAG_CI, DIAG_CO)."""
     if config.tma_box_w:
         box_launch = conv3d_wgrad_gluon if config.gluon else conv3d_wgrad_tma
         patches = reduced
@@ -372,12 +389,36 @@ def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduc
     else:
         upcast, precision = dot_flags(x.dtype)
         _launch_pointer_kernel(
-            grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, upcast, precision, ring
+            grad_out,
+            x,
+            frames_before,
+            channels_after,
+            out,
+            geom,
+            config,
+            reduced,
+            per_split,
+            upcast,
+            precision,
+            ring,
+            diag,
         )
 
 
 def _launch_pointer_kernel(
-    grad_out, x, frames_before, channels_after, out, geom, config, rows, rows_per_split, upcast, precision, ring=False
+    grad_out,
+    x,
+    frames_before,
+    channels_after,
+    out,
+    geom,
+    config,
+    rows,
+    rows_per_split,
+    upcast,
+    precision,
+    ring=False,
+    diag=(0, 0),
 ):
     """The pointer kernels' launch reducing over `rows` voxels (gemm_view's reduction; with `ring`, the border
     ring's), `rows_per_split` a split."""
@@ -414,7 +455,8 @@ def _launch_pointer_kernel(
         *geom.kernel,
         GO_DENSE=not ring and go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
         RUN=channel_run(c_in, x, frames_before) if packed else 1,
-        HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring,
+        HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring, DIAG_CI=diag[0],
+        DIAG_CO=diag[1],
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

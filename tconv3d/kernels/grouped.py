@@ -9,13 +9,18 @@ The kernels then load 128-byte rows (64 channels of 16 bits a voxel) and multipl
 grouped problem, the zeros included, on tensor cores that are far more than `factor` times faster than the gather.
 
 The forward and the input gradient on the pointer kernels read the weight's diagonal blocks where they lie (a
-column's channels of its own group, zeros off its block: `reads_in_place`, the kernels' DIAG_CI and DIAG_CO), so a
+column's channels of its own group, zeros off its block: `in_place`, the kernels' DIAG_CI and DIAG_CO), so a
 call transforms no weight; the box kernels (TMA, Gluon) and the small-channel forms take the block-diagonal weight
 (`block_diagonal`: one zero fill and one strided copy of a weight `factor` times larger, 884 KB for
-resnext3d_g32_256 in bf16). The weight gradient computes the coarse problem's whole gradient and keeps its diagonal
-blocks (one strided copy): `on_coarse`. `choice.launch` applies it to every launch (bench.variants to the kernels it
-times), the tuner and `python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the
-problem the kernels run. Depthwise problems (one input channel a group) keep their direct kernels.
+resnext3d_g32_256 in bf16). The pointer weight gradient computes the coarse problem's tiles and stores their
+diagonal blocks alone, at the grouped weight's channels (its DIAG_CI and DIAG_CO): its fp32 split partials are
+`factor` times smaller than the coarse gradient's (resnext3d_g32_256 at the H100's 11 splits: 2.4 MB, not 19.5),
+and nothing is copied after. The box kernels' weight gradient computes the coarse problem's whole gradient and
+keeps its diagonal blocks (one strided copy, `diagonal_blocks`). `on_coarse` runs a launch either way.
+`choice.launch` applies it to every launch (bench.variants to the kernels it times), the tuner and
+`python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the problem the kernels run
+(the tuner times the coarse problem on its block-diagonal weight, the blocks neither read nor stored in place).
+Depthwise problems (one input channel a group) keep their direct kernels.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import dataclasses
 import torch
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, packs_taps, w_tap_columns
+from .config import KernelConfig, packs_out_taps, packs_taps, w_tap_columns
 from .utils import empty_ndhwc
 
 # A coarse group's input channels, at least where the groups allow: one 128-byte row of 16-bit channels a voxel,
@@ -91,11 +96,16 @@ def diagonal_blocks(grad: torch.Tensor, coarse: ConvGeometry, factor: int) -> to
     return out
 
 
-def reads_in_place(direction: str, coarse: ConvGeometry, config: KernelConfig) -> bool:
-    """Whether `config`'s kernel for `direction` (the forward or input gradient) of `coarse` reads the diagonal
-    blocks of a grouped weight where they lie: the pointer kernels' loop over one tap's channel blocks (DIAG_CI,
-    DIAG_CO), not their small-channel forms, whose weight loads are gathers of their own."""
-    return config.variant == "pointer" and not packs_taps(direction, coarse) and not w_tap_columns(direction, coarse)
+def in_place(direction: str, coarse: ConvGeometry, config: KernelConfig) -> bool:
+    """Whether `config`'s kernel for `direction` of `coarse` takes the diagonal blocks of a grouped weight where
+    they lie: reads them (the forward and input gradient) or stores them (the weight gradient), the pointer
+    kernels' tiles of one tap (DIAG_CI, DIAG_CO); not their small-channel forms, whose weight loads are gathers of
+    their own, nor the weight gradient's packed rows or columns."""
+    if config.variant != "pointer" or packs_taps(direction, coarse):
+        return False
+    if direction == "wgrad":
+        return not packs_out_taps(coarse)
+    return not w_tap_columns(direction, coarse)
 
 
 def diagonal_weight(
@@ -103,21 +113,25 @@ def diagonal_weight(
 ) -> tuple[torch.Tensor, tuple[int, int]]:
     """(weight, (DIAG_CI, DIAG_CO)) for a `direction` launch of `coarse` handed a weight of `factor` groups to a
     coarse one (1: `coarse`'s own): the weight as it is, with its groups' channels, where the kernel reads its
-    diagonal blocks in place (reads_in_place), else the block-diagonal weight and (0, 0)."""
+    diagonal blocks in place (in_place), else the block-diagonal weight and (0, 0)."""
     if factor == 1:
         return weight, (0, 0)
-    if reads_in_place(direction, coarse, config):
-        return weight, (coarse.group_in_channels // factor, coarse.group_out_channels // factor)
+    if in_place(direction, coarse, config):
+        return weight, diagonal_channels(coarse, factor)
     return block_diagonal(weight, coarse, factor), (0, 0)
 
 
+def diagonal_channels(coarse: ConvGeometry, factor: int) -> tuple[int, int]:
+    """(input, output) channels of a diagonal block of `coarse`'s weight, its groups `factor` to a coarse one: the
+    kernels' (DIAG_CI, DIAG_CO)."""
+    return coarse.group_in_channels // factor, coarse.group_out_channels // factor
+
+
 def on_coarse(direction: str, geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):
-    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: the weight gradient's
-    diagonal blocks; the forward and input gradient as `run(*tensors, diagonal=factor)`, whose launcher takes the
-    weight (their second tensor) through `diagonal_weight`; `run(*tensors)` itself where `coarse` is `geom`."""
+    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: `run(*tensors,
+    diagonal=factor)`, whose launcher takes the weight (the forward's and input gradient's second tensor) through
+    `diagonal_weight`, or returns the weight gradient's diagonal blocks (stored in place, or `diagonal_blocks`);
+    `run(*tensors)` itself where `coarse` is `geom`."""
     if coarse is geom:
         return run(*tensors)
-    factor = geom.groups // coarse.groups
-    if direction == "wgrad":
-        return diagonal_blocks(run(*tensors), coarse, factor)
-    return run(*tensors, diagonal=factor)
+    return run(*tensors, diagonal=geom.groups // coarse.groups)

@@ -297,8 +297,9 @@ def explain(
     gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
     Gluon variants need its base and strides 16-byte aligned, as the input's). A grouped problem run as
     block-diagonal groups of more (kernels/grouped.py) reports its configs for those, "block_diagonal": how many
-    of its groups each coarse one holds, and for the forward and input gradient "weight_in_place": whether the
-    kernel reads the weight's blocks where they lie (else the call builds the block-diagonal weight)."""
+    of its groups each coarse one holds, and "weight_in_place": whether the kernel reads the weight's blocks where
+    they lie (the forward and input gradient; else the call builds the block-diagonal weight) or stores the weight
+    gradient's (else it computes the coarse gradient and copies its diagonal blocks)."""
     geom = check_conv3d(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
@@ -327,8 +328,8 @@ def explain(
             plan[direction]["form"] = form
         if coarse is not geom:
             plan[direction]["block_diagonal"] = geom.groups // coarse.groups
-            if direction != "wgrad":  # or is the block-diagonal weight built for the call
-                plan[direction]["weight_in_place"] = grouped.reads_in_place(direction, coarse, config)
+            # else the call builds the block-diagonal weight, or copies the gradient's diagonal blocks
+            plan[direction]["weight_in_place"] = grouped.in_place(direction, coarse, config)
         if second is not None:
             plan[direction]["reads_in_place"] = reads_channels_after(direction, geom, config)
         if settings.KERNELS == "gluon" and not config.gluon:
