@@ -44,10 +44,12 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 --vae hunyuan_video; --vae cogvideox; --vae ltx2"
 # The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
 # 18 of 2026-11-27), each one word; any variable set in the call's environment still wins:
-#   plan1   probe, compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet), the small
-#           layers' host time (issue 29), the GPU-marked tests and the main job. The suite on CUDA passed whole but
-#           its last ~4% at 9ab2ef8 (run 16); what changed since is configs, each timed checked on the H100 as a
-#           bench.variants row: `tests` runs it where a call has the time
+#   plan1   probe, the suite on CUDA (it passed at 9ab2ef8 up to its cut, run 16; since then every launch on a GPU
+#           replays a call plan from the third call of its arguments on, every zeros-padded Gluon launch skips the
+#           taps along D in the padding, and the grouped weight gradient stores its blocks in place: none of it has
+#           run on a GPU), the small layers' host time with plans on and off (issue 29), the GPU-marked tests and
+#           the main job. compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet) is
+#           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
 #   plan2   the tuner over the stack's layers (its table then in force), bench.variants on what runs 17 and 18 left
 #           (the 8-channel loops on deep rings, the small grids, unet_32's transposed weight gradient, the deeper
 #           rings, unet_64 in fp32), then python -m bench, bf16 forward and backward against cuDNN channels_last_3d,
@@ -59,10 +61,10 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           decodes, each geometry's chosen kernels against cuDNN and the model's convolutions in all (needs .whl:
 #           bench/fetch_wheels.sh)
 case "${1:-}" in
-  plan1)  # run 14 (2026-11-27): memcheck's first 8 pointer problems took 45 s, compiling each kernel on first use
-    export CALL_SECONDS=${CALL_SECONDS:-340} SANITIZER_TIMEOUT=${SANITIZER_TIMEOUT:-200} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
+  plan1)  # run 16 (2026-11-27): the suite reached ~96% in 195 s on 12 workers, compiling its own kernels
+    export CALL_SECONDS=${CALL_SECONDS:-350} TESTS_TIMEOUT=${TESTS_TIMEOUT:-210} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
       GPU_TIMEOUT=${GPU_TIMEOUT:-40}
-    set -- probe memcheck host gpu
+    set -- probe tests host gpu
     ;;
   plan2)
     # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left, the stack first (its step is
