@@ -414,6 +414,72 @@ def test_cosmos_downsampler_without_its_copies(size, space, time, left_alone, at
 
 # The layers that read the model's own inputs (the clip, the latent): the only places a layout copy may stay.
 # Cosmos's input edge is its first projection's spatial conv, after the Haar patcher (torch's, NCDHW).
+def minimax_h3(padding_mode: str = "reflect", clip_length: int = 17, token_drop: int = 3):
+    """MiniMax-H3's VAE, small: its video encoder's causal convs (reflect in space, zeros in front in time), strided
+    downsamplers padded after H and W, per-frame GroupNorms; its decoder is a ViT (no 3-D convolution)."""
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLMiniMaxH3(
+        latent_channels=4, block_out_channels=(8, 16, 16, 16, 16, 16), layers_per_block=1, norm_num_groups=4,
+        spatial_padding_mode=padding_mode, decoder_num_layers=1, decoder_num_attention_heads=2,
+        decoder_attention_head_dim=8, clip_length=clip_length, token_drop=token_drop, latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    )  # fmt: skip
+
+
+def encode(model, x):
+    return model.encode(x).latent_dist.mode()
+
+
+def silu_calls(model, x) -> int:
+    """The SiLUs encode(model, x) runs outside tconv3d's ops (a fused one runs inside its norm's op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func in (torch.ops.aten.silu.default, torch.ops.aten.silu_.default)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count():
+        encode(model, x)
+    return Count.calls
+
+
+@pytest.mark.parametrize("padding_mode", ["reflect", "replicate", "constant"])
+def test_minimax_h3_encoder_without_its_pads_and_layout_copies(padding_mode, aten_path):
+    """MiniMax-H3's encoder (a 17-frame clip, its own length): every conv on tconv3d with its reflect (or other)
+    padding in space and zero frames in front inside the op, the downsamplers' pad after H and W too; the
+    per-frame GroupNorms on the frames' view with their SiLU fused, no layout copy into a norm; the latents and
+    the encoder's parameter gradients match the stock model's."""
+    stock, converted = stock_and_converted(functools.partial(minimax_h3, padding_mode))
+    x = torch.randn(1, 3, 17, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode(converted, x), encode(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=encode, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=encode, verbose=False)
+    assert before.aten_conv3d_calls == after.tconv3d_calls > 0
+    assert_all_on_tconv3d(after, every_layer_called=False)  # post_quant_conv is the decoder's
+    assert sum(layer.pad_copies for layer in before.layers) > 0 and after.totals["pads"] == 0, after.table()
+    assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
+    assert silu_calls(stock, x) > 0 and silu_calls(converted, x) == 0  # each fused into its norm
+    for model in (stock, converted):
+        encode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+def test_minimax_h3_encoder_through_the_triton_interpreter():
+    """The kernels themselves (Triton interpreter on CPU): reflect in space and zeros in front in time per
+    dimension, the downsamplers' one-sided reflect after H and W at stride 2, per-frame norms with the SiLU."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(functools.partial(minimax_h3, clip_length=9, token_drop=1))
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode(converted, x), encode(stock, x)) < MATCH
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}

@@ -460,6 +460,115 @@ class _EasyAnimateDownsampler:
         return self.conv(hidden_states, bottom_right=1)
 
 
+class _MiniMaxH3VideoCausalConv3d:
+    """diffusers' MiniMaxH3VideoCausalConv3d (MiniMax-H3's video encoder): F.pad in space in its
+    spatial_padding_mode (reflect as released), zero frames in front in time, then the conv (whose own padding its
+    forward ignores): one op, each dimension padded in its mode inside it. `bottom_right` (tconv3d's): as many more
+    rows and columns after H and W in the same mode, what MiniMaxH3VideoDownsample3d pads in front of a conv that
+    pads no space itself."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoCausalConv3d",)
+    attributes = ("spatial_padding", "temporal_padding", "spatial_padding_mode")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if module.spatial_padding_mode not in _FPAD_MODES:
+            return f"its spatial_padding_mode {module.spatial_padding_mode!r} is not one tconv3d pads in"
+        return conv_reason(module)
+
+    def forward(self, hidden_states, bottom_right: int = 0):
+        p, t, mode = self.spatial_padding, self.temporal_padding, _FPAD_MODES[self.spatial_padding_mode]
+        padding = (t, 0, p, p + bottom_right, p, p + bottom_right)
+        return self.convolve(hidden_states, padding, f"zeros,{mode},{mode}")
+
+
+class _MiniMaxH3VideoDownsample3d:
+    """diffusers' MiniMaxH3VideoDownsample3d: at a spatial stride of 2, F.pad of one row and column after H and W in
+    its spatial_padding_mode, then its causal conv: the padding inside the conv's op."""
+
+    wraps_conv = True  # its forward calls its conv with tconv3d's bottom_right: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoDownsample3d",)
+    attributes = ("conv", "spatial_stride", "spatial_padding_mode")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        conv = module.conv
+        if class_name(type(conv)) not in _MiniMaxH3VideoCausalConv3d.classes:
+            return f"its conv is a {type(conv).__name__}"
+        stride_padded = module.spatial_stride == 2
+        if stride_padded and (conv.spatial_padding or conv.spatial_padding_mode != module.spatial_padding_mode):
+            return "its conv pads space after F.pad, or in another mode"
+        return _MiniMaxH3VideoCausalConv3d.reason(conv)
+
+    def forward(self, hidden_states):
+        return self.conv(hidden_states, bottom_right=1 if self.spatial_stride == 2 else 0)
+
+
+class _MiniMaxH3VideoGroupNorm:
+    """diffusers' MiniMaxH3VideoGroupNorm normalises each frame on its own, through an NCDHW copy of the video
+    (permute + contiguous) and another back: one tconv3d group_norm over the frames' view of a channels_last_3d
+    input instead (frame_group_norm), no copy. The blocks that follow it with a SiLU fuse the SiLU
+    (`_frame_norm_silu`)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoGroupNorm",)
+    attributes = ("num_groups", "eps")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if module.weight is not None and module.weight.dtype not in SUPPORTED_DTYPES:
+            return f"its weight is {module.weight.dtype}"
+        return None
+
+    def forward(self, hidden_states, activation: str | None = None):
+        if hidden_states.dim() != 5 or hidden_states.dtype not in SUPPORTED_DTYPES:
+            hidden_states = super().forward(hidden_states)
+            return F.silu(hidden_states) if activation == "silu" else hidden_states
+        return frame_group_norm(self, hidden_states, activation)
+
+
+def _frame_norm_silu(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """F.silu(norm(x)), one fused pass where the norm is a converted MiniMaxH3VideoGroupNorm."""
+    if getattr(type(norm), "tconv3d_adapter", None) is _MiniMaxH3VideoGroupNorm:
+        return norm(x, activation="silu")
+    return F.silu(norm(x))
+
+
+class _MiniMaxH3VideoResnetBlock3d:
+    """diffusers' MiniMaxH3VideoResnetBlock3d, each norm's SiLU fused into it."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoResnetBlock3d",)
+    attributes = ("norm1", "norm2", "conv1", "conv2", "conv_shortcut")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        hidden_states = self.conv1(_frame_norm_silu(self.norm1, hidden_states))
+        hidden_states = self.conv2(_frame_norm_silu(self.norm2, hidden_states))
+        if self.conv_shortcut is not None:
+            residual = self.conv_shortcut(residual)
+        return residual + hidden_states
+
+
+class _MiniMaxH3VideoEncoder3d:
+    """diffusers' MiniMaxH3VideoEncoder3d, its last norm's SiLU fused into it."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoEncoder3d",)
+    attributes = ("conv_in", "down_blocks", "norm_out", "conv_out")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        hidden_states = self.conv_in(hidden_states)
+        for down_block in self.down_blocks:
+            hidden_states = down_block(hidden_states)
+        return self.conv_out(_frame_norm_silu(self.norm_out, hidden_states))
+
+
 def _last_frames(front, x, frames: int) -> torch.Tensor:
     """torch.cat([front, x], dim=2)[:, :, -frames:] as a new channels_last_3d tensor, the first frame of x
     repeated where front is None (frames == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
@@ -1055,7 +1164,8 @@ ADAPTERS = (
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
     _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
-    _EasyAnimateDownsampler,
+    _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
+    _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d,
 )  # fmt: skip
 
 
