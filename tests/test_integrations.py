@@ -480,6 +480,44 @@ def test_minimax_h3_encoder_through_the_triton_interpreter():
         assert rel_l2(encode(converted, x), encode(stock, x)) < MATCH
 
 
+def kvae_video():
+    """Kandinsky 5's video VAE (AutoencoderKLKVAEVideo), small: causal convs that cache the last frames of each
+    segment of 16 frames for the next (its GroupNorms take 32 groups: 32 channels)."""
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLKVAEVideo(ch=32, ch_mult=(1, 1, 1, 1), num_res_blocks=1, z_channels=4)
+
+
+def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
+    """Kandinsky 5's VAE over three segments of frames (33 in all: the caches carried from one to the next, at
+    stride 2 in time in the encoder): every conv on tconv3d, a cached conv one op where diffusers runs two convs
+    and concatenates, its replicate padding in space and the cached (or repeated first) frames in front inside the
+    op, no pad or concatenation copy into a conv; the video and the parameter gradients match the stock model's."""
+    stock, converted = stock_and_converted(kvae_video)
+    x = torch.randn(1, 3, 41, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert before.aten_conv3d_calls > after.tconv3d_calls == sum(layer.calls for layer in after.layers) > 0
+    assert_all_on_tconv3d(after)
+    assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
+    x = x[:, :, :21]  # two segments
+    for model in (stock, converted):
+        encode_decode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+def test_kvae_video_through_the_triton_interpreter():
+    """The kernels themselves: replicate in space, the cached frames of the first segment read in front of the
+    second's, a strided temporal conv."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(kvae_video)
+    x = torch.randn(1, 3, 21, 16, 16)  # a segment of 17 frames, then 4
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}

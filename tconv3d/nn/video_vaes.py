@@ -11,6 +11,8 @@ their `.conv`: that conv is taken over with them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -567,6 +569,58 @@ class _MiniMaxH3VideoEncoder3d:
         for down_block in self.down_blocks:
             hidden_states = down_block(hidden_states)
         return self.conv_out(_frame_norm_silu(self.norm_out, hidden_states))
+
+
+class _KVAESafeConv3d:
+    """diffusers' KVAESafeConv3d (Kandinsky 5's video VAE): above 3 GB of input it splits time into overlapping
+    chunks (clones and torch.cat copies) to keep cuDNN in bounds. tconv3d's kernels index with int64, so the whole
+    clip is one op; `write_to`, where given, receives the result as diffusers' does."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAESafeConv3d",)
+    attributes = ()
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return conv_reason(module)
+
+    def forward(self, input, write_to=None):
+        output = Conv3d.forward(self, input)
+        if write_to is None:
+            return output
+        write_to[...] = output
+        return write_to
+
+
+class _KVAECachedCausalConv3d:
+    """diffusers' KVAECachedCausalConv3d: F.pad in space (replicate), then in front in time the previous chunk's
+    last frames (`cache["padding"]`) or the first frame repeated, over two conv calls into a preallocated output and
+    a torch.cat: one op, the cached frames read in place as frames_before, the rest of the padding inside it. The
+    cache keeps the frames the next chunk reads, as diffusers does but not padded in space (the op pads them)."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedCausalConv3d",)
+    attributes = ("conv", "height_pad", "width_pad", "time_pad", "time_kernel_size", "stride")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and (any(module.conv.padding) or tuple(module.conv.stride) != tuple(module.stride)):
+            reason = "its conv pads, or strides otherwise, on its own"
+        return reason
+
+    def forward(self, input, cache):
+        front = cache["padding"]
+        # diffusers' F.pad pads W by height_pad and H by width_pad (equal for its square kernels)
+        space = (self.width_pad, self.width_pad, self.height_pad, self.height_pad)
+        time = (self.time_pad, 0) if front is None else (0, 0)
+        output = self.conv.convolve(input, (*time, *space), "replicate", front)
+        # the frames diffusers keeps for the next chunk: from its pad_offset on
+        stride, kernel = self.stride[0], self.time_kernel_size
+        ahead = self.time_pad if front is None else front.shape[2]
+        offset_in = math.ceil(ahead / stride) * stride - ahead
+        kept = offset_in + stride * math.trunc((input.shape[2] - offset_in - kernel) / stride) + stride
+        cache["padding"] = input[:, :, kept:].clone(memory_format=_CL)
+        return output
 
 
 def _last_frames(front, x, frames: int) -> torch.Tensor:
@@ -1165,7 +1219,7 @@ ADAPTERS = (
     _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
-    _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d,
+    _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
 )  # fmt: skip
 
 
