@@ -389,37 +389,15 @@ def _launch(grad_out, x, frames_before, channels_after, out, geom, config, reduc
     else:
         upcast, precision = dot_flags(x.dtype)
         _launch_pointer_kernel(
-            grad_out,
-            x,
-            frames_before,
-            channels_after,
-            out,
-            geom,
-            config,
-            reduced,
-            per_split,
-            upcast,
-            precision,
-            ring,
-            diag,
-        )
+            grad_out, x, frames_before, channels_after, out, geom, config, reduced, per_split, upcast, precision, ring,
+            diag
+        )  # fmt: skip
 
 
 def _launch_pointer_kernel(
-    grad_out,
-    x,
-    frames_before,
-    channels_after,
-    out,
-    geom,
-    config,
-    rows,
-    rows_per_split,
-    upcast,
-    precision,
-    ring=False,
-    diag=(0, 0),
-):
+    grad_out, x, frames_before, channels_after, out, geom, config, rows, rows_per_split, upcast, precision, ring=False,
+    diag=(0, 0)
+):  # fmt: skip
     """The pointer kernels' launch reducing over `rows` voxels (gemm_view's reduction; with `ring`, the border
     ring's), `rows_per_split` a split."""
     c_out, c_in = geom.group_out_channels, geom.group_in_channels

@@ -92,9 +92,9 @@ def convert(
       (NDHWC kernels, channels_last_3d outputs), and a GroupNorm or InstanceNorm3d followed by `nn.SiLU` in an
       `nn.Sequential` becomes one fused norm + SiLU (the SiLU slot an `nn.Identity`).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
-      LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, MiniMax-H3's encoder) are taken over with their padding, repeated frames and
-      cached frames inside one op: no F.pad or torch.cat copy of an activation remains around them. Their forward
-      signatures and results are diffusers'.
+      LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, MiniMax-H3's encoder) are taken over with their padding,
+      repeated frames and cached frames inside one op: no F.pad or torch.cat copy of an activation remains around
+      them. Their forward signatures and results are diffusers'.
     - Other subclasses of nn.Conv3d are left alone unless `subclasses="rebase"`: then their own forward still
       runs, and its super().forward runs tconv3d.
 
