@@ -60,13 +60,14 @@ def emulator(monkeypatch):
     """TCONV3D_KERNELS=gluon on the emulator, at the heuristic's H100 tiles (132 SMs) forced to the Gluon kernel
     as the GPU would force them; `emulator.mode` picks pipelined (1) or warp-specialized (2), `emulator.swap` the
     forward's and input gradient's operands swapped (swapped_tiles), `emulator.tap_group` the weight gradient's taps
-    grouped (grouped_taps). Records the configs launched in `emulator.configs`. The persistent kernels get 2 SMs
+    grouped (grouped_taps), `emulator.wgrad_split` the weight gradient's split_k. Records the configs launched in
+    `emulator.configs`. The persistent kernels get 2 SMs
     (at most 4 programs), so that each program walks several tiles (the ring's position and phases carried from
     one tile to the next, the epilogue's buffer reused)."""
     monkeypatch.setattr(settings, "KERNELS", "gluon")
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
-        emu.mode, emu.swap, emu.tap_group, emu.swap_wgrad, emu.configs = 1, False, 0, None, []
+        emu.mode, emu.swap, emu.tap_group, emu.swap_wgrad, emu.wgrad_split, emu.configs = 1, False, 0, None, 0, []
 
         def select(direction, geom, dtype, device, run):
             # The heuristic's transposed weight gradient (swapped_wgrad_tiles; not with timed_only) is warp-specialized
@@ -84,6 +85,8 @@ def emulator(monkeypatch):
                 if emu.swap_wgrad and direction == "wgrad":
                     config = swapped_weight_grad_tiles(config, *emu.swap_wgrad)
                     assert configs.gluon_takes(config), config
+                if emu.wgrad_split and direction == "wgrad":
+                    config = dataclasses.replace(config, split_k=emu.wgrad_split)
             emu.configs.append((direction, config))
             return config
 
@@ -168,24 +171,26 @@ def _check_persistent_grids(emu):
 @pytest.mark.parametrize(
     ("padding", "live"), [((1, 1, 1, 1, 1, 1), 10), ((2, 0, 1, 1, 1, 1), 9)], ids=["same", "causal"]
 )
+@pytest.mark.parametrize("batch", [1, 3])
 def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
-    padding, live, mode, direction, emulator, monkeypatch
+    batch, padding, live, mode, direction, emulator, monkeypatch
 ):
     """A tile reduces only the (frame, tap along D) pairs that read inside the source (conv_gluon.live_d_eligible): at
     D = 4 and 3 taps along D, `live` of the 12 read inside it (10 padded (1, 1), 9 causal (2, 0)), so the forward
     and input gradient issue live/12 of the wgmmas they issue with every tap; the weight gradient skips a tile's
     patches in frames none of its taps along D reads inside (with taps grouped, a group spanning two kd keeps the
-    frames either reads). All match float64."""
+    frames either reads), in each batch entry, its splits cut across the entries (split_k 5 over 3 x 4 frames). All
+    match float64."""
     from gluon_emulator import _OPERATIONS
 
-    emulator.mode = MODES[mode]
+    emulator.mode, emulator.wgrad_split = MODES[mode], 5
     wgmmas = []
     mma = _OPERATIONS["warpgroup_mma"]
     monkeypatch.setitem(_OPERATIONS, "warpgroup_mma", lambda *args, **kwargs: wgmmas.append(1) or mma(*args, **kwargs))
     torch.manual_seed(0)
-    x = torch.randn(1, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
+    x = torch.randn(batch, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
     w = torch.randn(32, 32, 3, 3, 3).to(dtype=torch.bfloat16, memory_format=CL)
-    g = torch.randn(1, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
+    g = torch.randn(batch, 32, 4, 8, 16).to(dtype=torch.bfloat16, memory_format=CL)
     pads = [padding[4], padding[5], padding[2], padding[3], padding[0], padding[1]]
     xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
     y = torch.nn.functional.conv3d(torch.nn.functional.pad(xd, pads), wd)
@@ -214,12 +219,13 @@ def test_emulated_gluon_tiles_skip_the_taps_along_d_in_the_padding(
             kd_first, kd_last = first // 9, min(first + group - 1, 26) // 9
             kept += min(4 + front - kd_first, 4) - max(front - kd_last, 0)
         live, total = kept, 4 * -(-27 // group)
+        assert config.split_k == 5
     else:
         assert emulator.launches == {"_conv3d_gluon_kernel": 2}
         total = 12
     assert counts[0] * total == counts[1] * live, (counts, live, total)
     geom = check_conv3d(x, w, None, 1, padding, 1, 1)
-    assert eligible(geom, config, direction == "dgrad", direction == "wgrad")  # as the launcher decides it
+    assert eligible(geom, config, direction == "dgrad")  # as the launcher decides it
 
 
 @pytest.mark.parametrize("mode", [*MODES, "grouped_taps"])

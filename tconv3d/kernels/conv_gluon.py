@@ -945,22 +945,58 @@ if UNAVAILABLE is None:
         tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH: gl.constexpr, KW: gl.constexpr,
         TAPS: gl.constexpr, GROUP: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
-        """(first patch, patches) of a weight-gradient tile: its split's. LIVE_D (live_d_eligible's weight gradient:
-        one batch entry, so patch p lies in output frame p // PER_FRAME): only the frames where some tap along D of
-        the tile's taps (tap .. tap + GROUP - 1) reads inside the source, live_d = (source frames, output frames,
-        front padding, dilation) at stride 1 along D: output frame od, tap kd read source frame od - pad + kd * dil.
-        Where the taps' runs of frames leave a gap (a dilation past the source's frames), the range spans it."""
+        """(first patch, patches, live frames) of a weight-gradient tile: its split's patches from `first` on (in
+        patch_origin's order: batch entry, output frame, then the frame's PER_FRAME patches), and live frames =
+        (d_lo, d_hi), the output frames of each batch entry a walk of them visits (_live_origin, _next_live_patch).
+        LIVE_D (live_d_eligible's weight gradient): only the frames where some tap along D of the tile's taps (tap ..
+        tap + GROUP - 1) reads inside the source, live_d = (source frames, output frames, front padding, dilation)
+        at stride 1 along D: output frame od, tap kd read source frame od - pad + kd * dil; the patches are the
+        split's in those frames of every batch entry it spans (_live_patches). Where the taps' runs of frames leave a
+        gap (a dilation past the source's frames), the range spans it. Else every frame."""
+        frames, out_frames, pad, dil = live_d
         first = split * SPLIT_PATCHES
         end = gl.minimum(first + SPLIT_PATCHES, PATCHES)
         if LIVE_D:
-            frames, out_frames, pad, dil = live_d
             kd_first = tap // (KH * KW)
             kd_last = gl.minimum(tap + GROUP - 1, TAPS - 1) // (KH * KW)
-            od_lo = gl.maximum(pad - kd_last * dil, 0)  # od - pad + kd_last * dil >= 0
-            od_hi = gl.minimum(frames + pad - kd_first * dil, out_frames)  # od - pad + kd_first * dil < frames
-            first = gl.maximum(first, od_lo * PER_FRAME)
-            end = gl.minimum(end, od_hi * PER_FRAME)
-        return first, gl.maximum(end - first, 0)
+            d_lo = gl.maximum(pad - kd_last * dil, 0)  # od - pad + kd_last * dil >= 0
+            d_hi = gl.maximum(gl.minimum(frames + pad - kd_first * dil, out_frames), d_lo)  # ... kd_first ... < frames
+            steps = _live_patches(end, d_lo, d_hi, out_frames, PER_FRAME)
+            steps -= _live_patches(first, d_lo, d_hi, out_frames, PER_FRAME)
+            return first, steps, (d_lo, d_hi)
+        return first, gl.maximum(end - first, 0), (0, out_frames)
+
+    @gluon.jit
+    def _live_patches(p, d_lo, d_hi, out_frames, PER_FRAME):
+        """How many of the patches before patch p lie in output frames [d_lo, d_hi) of their batch entry."""
+        entry = out_frames * PER_FRAME
+        live = (d_hi - d_lo) * PER_FRAME
+        n = p // entry
+        return n * live + gl.minimum(gl.maximum(p - n * entry - d_lo * PER_FRAME, 0), live)
+
+    @gluon.jit
+    def _live_origin(first, live, D_OUT, H_OUT, W_OUT, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
+                     LIVE_D: gl.constexpr):  # fmt: skip
+        """The origin (patch_origin's) of the first patch at or after patch `first` in the live frames `live` =
+        (d_lo, d_hi) of its batch entry (LIVE_D), else of patch `first`."""
+        n, d, h0, w0 = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+        if LIVE_D:
+            d_lo, d_hi = live
+            after = (d >= d_hi).to(gl.int32)  # past the entry's live frames: the next entry's first
+            moved = gl.maximum((d < d_lo).to(gl.int32), after)
+            n += after
+            d += moved * (d_lo - d)
+            h0 *= 1 - moved
+            w0 *= 1 - moved
+        return n, d, h0, w0
+
+    @gluon.jit
+    def _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H: gl.constexpr, BOX_W: gl.constexpr):
+        """The patch after `origin` in the live frames `live` = (d_lo, d_hi): the next one, or past frame d_hi - 1 of
+        a batch entry the first patch of frame d_lo of the next (next_patch's walk over d_hi frames, d_lo on)."""
+        d_lo, d_hi = live
+        n, d, h0, w0 = next_patch(*origin, d_hi, H_OUT, W_OUT, BOX_H, BOX_W)
+        return n, gl.maximum(d, d_lo), h0, w0
 
     @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
@@ -991,26 +1027,26 @@ if UNAVAILABLE is None:
 
     @gluon.jit
     def _wgrad_steps(
-        go_desc, x_views, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+        go_desc, x_views, a_ring, b_ring, ready, first, steps, live, D_OUT, H_OUT, W_OUT, co0, ci0,
         shift_d, shift_h, shift_w, STRIDE_D: gl.constexpr, STRIDE_H: gl.constexpr, STRIDE_W: gl.constexpr,
-        mma_layout: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr,
+        mma_layout: gl.constexpr, frames, PAD_MODE_D: gl.constexpr, HAS_PREFIX: gl.constexpr, LIVE_D: gl.constexpr,
     ):  # fmt: skip
-        """The weight gradient's K loop over output patches, software-pipelined as the forward's, reading the
-        input from one view, x_views[0] (or frames_before, x_views[4]). Returns the accumulator, the ring's
-        barriers put away."""
+        """The weight gradient's K loop over output patches (_wgrad_patches' `steps` from `first`, in the live
+        frames `live` with LIVE_D), software-pipelined as the forward's, reading the input from one view, x_views[0]
+        (or frames_before, x_views[4]). Returns the accumulator, the ring's barriers put away."""
         STAGES: gl.constexpr = a_ring.type.shape[0]
         BOX_H: gl.constexpr = a_ring.type.shape[3]
         BOX_W: gl.constexpr = a_ring.type.shape[4]
         BLOCK_M: gl.constexpr = a_ring.type.shape[5]
         BLOCK_N: gl.constexpr = b_ring.type.shape[5]
-        origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the next patch to load, carried
+        origin = _live_origin(first, live, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W, LIVE_D)  # the next patch to load
         for s in gl.static_range(STAGES - 1):
             _issue_wgrad_loads(
                 go_desc, x_views, a_ring.index(s), b_ring.index(s), ready.index(s), origin, co0, ci0,
                 ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, s < steps, frames, PAD_MODE_D,
                 HAS_PREFIX,
             )  # fmt: skip
-            origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
@@ -1024,7 +1060,7 @@ if UNAVAILABLE is None:
                 ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, ahead < steps, frames, PAD_MODE_D,
                 HAS_PREFIX,
             )  # fmt: skip
-            origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
@@ -1065,7 +1101,7 @@ if UNAVAILABLE is None:
         it = 0  # patches consumed over all this program's tiles: the ring's position and phase
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
-            _, steps = _wgrad_patches(
+            _, steps, _ = _wgrad_patches(
                 tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH, KW, TAPS, GROUP, LIVE_D
             )  # fmt: skip
             work = (out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi)
@@ -1105,10 +1141,10 @@ if UNAVAILABLE is None:
         for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N // GROUP, TAPS, GROUP)
             shifts = _group_shifts(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW, GROUP)
-            first, steps = _wgrad_patches(
+            first, steps, live = _wgrad_patches(
                 tap, split, SPLIT_PATCHES, PATCHES, live_d, PER_FRAME, KH, KW, TAPS, GROUP, LIVE_D
             )  # fmt: skip
-            origin = patch_origin(first, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)  # the tile's first patch, then carried
+            origin = _live_origin(first, live, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W, LIVE_D)  # then carried
             for _ in range(steps):
                 stage = it % STAGES
                 mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a new barrier passes phase 1
@@ -1116,7 +1152,7 @@ if UNAVAILABLE is None:
                     go_desc, x_views, a_ring.index(stage), b_ring.index(stage), ready.index(stage), origin, co0, ci0,
                     shifts, STRIDE_D, STRIDE_H, STRIDE_W, STRIDE_H * STRIDE_W, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
-                origin = next_patch(*origin, D_OUT, H_OUT, W_OUT, BOX_H, BOX_W)
+                origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
                 it += 1
 
     @gluon.jit
@@ -1204,13 +1240,14 @@ if UNAVAILABLE is None:
             tile = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
             tap, co0, ci0, split = _wgrad_tile(tile, C_IN, C_OUT, BLOCK_M, BLOCK_N, TAPS)
             shift_d, shift_h, shift_w = tap_shift(tap, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W, KH, KW)
-            first, steps = _wgrad_patches(
+            first, steps, live = _wgrad_patches(
                 tap, split, SPLIT_PATCHES, PATCHES, live_d, per_frame, KH, KW, TAPS, 1, LIVE_D
             )  # fmt: skip
             if PHASES == 1:
                 acc = _wgrad_steps(
-                    go_desc, x_views, a_ring, b_ring, ready, first, steps, D_OUT, H_OUT, W_OUT, co0, ci0,
+                    go_desc, x_views, a_ring, b_ring, ready, first, steps, live, D_OUT, H_OUT, W_OUT, co0, ci0,
                     shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W, mma_layout, frames, PAD_MODE_D, HAS_PREFIX,
+                    LIVE_D,
                 )  # fmt: skip
             else:
                 phase = tap_box(0, 0, 0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H, STRIDE_W)[1]
@@ -1219,8 +1256,8 @@ if UNAVAILABLE is None:
                     if phase == p:
                         acc = _wgrad_steps(
                             go_desc, (phase_view(x_views, p), None, None, None, None), a_ring, b_ring, ready, first,
-                            steps, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H,
-                            STRIDE_W, mma_layout, frames, PAD_MODE_D, False,
+                            steps, live, D_OUT, H_OUT, W_OUT, co0, ci0, shift_d, shift_h, shift_w, STRIDE_D, STRIDE_H,
+                            STRIDE_W, mma_layout, frames, PAD_MODE_D, False, LIVE_D,
                         )  # fmt: skip
             _store_wgrad_tile(
                 acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
@@ -1261,19 +1298,17 @@ def _persistent_launch(
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
 
-def live_d_eligible(geom: ConvGeometry, config: KernelConfig, input_grad: bool, weight_grad: bool = False) -> bool:
+def live_d_eligible(geom: ConvGeometry, config: KernelConfig, input_grad: bool) -> bool:
     """Whether a launch skips the (frame, tap along D) pairs that read only zeros (LIVE_D): padding along D read as
     zeros (no frames_before, whose frames are the front padding's), stride 1 along D (and in every dimension for
     the input gradient, whose strided launches walk phases of live taps instead), no halo tile (its steps hold
-    every tap along D); the weight gradient, one batch entry (its patches then run frame by frame). A forward or
-    input-gradient tile at a D border then skips up to a third of its steps at 3 taps, a weight-gradient tile of
-    the first or last tap along D a frame of patches: a video VAE's latent of 5-7 frames has 9.5-13% of its
-    (frame, tap) pairs in the padding."""
+    every tap along D). A forward or input-gradient tile at a D border then skips up to a third of its steps at 3
+    taps, a weight-gradient tile of the first or last tap along D a frame of patches of each batch entry: a video
+    VAE's latent of 5-7 frames has 9.5-13% of its (frame, tap) pairs in the padding."""
     strides_one = geom.stride[0] == 1 and (not input_grad or geom.stride == (1, 1, 1))
     padded = geom.padding[0] > 0 or geom.padding[1] > 0
     return (
         padded and strides_one and geom.dim_modes[0] == "zeros" and not geom.prefix_frames and not config.halo_d
-        and (not weight_grad or geom.batch == 1)
     )  # fmt: skip
 
 
@@ -1345,6 +1380,6 @@ def conv3d_wgrad_gluon(
         *geom.kernel, *geom.stride,
         STAGES=config.num_stages, WARP_SPECIALIZE=config.gluon == 2, PAD_MODE_D=geom.pad_mode_indices[0],
         HAS_PREFIX=prefix is not None, TAP_GROUP=group, SWAP_AB=bool(config.swap_ab),
-        HALF_M_TAIL=halves[0], HALF_N_TAIL=halves[1], LIVE_D=live_d_eligible(geom, config, False, True),
+        HALF_M_TAIL=halves[0], HALF_N_TAIL=halves[1], LIVE_D=live_d_eligible(geom, config, False),
         num_warps=config.num_warps, **options,
     )  # fmt: skip
