@@ -54,8 +54,9 @@ def _runs_triton(t: torch.Tensor) -> bool:
 
 
 def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run):
-    """run(), which checks a conv op's arguments and runs it on `tensors`, under the device guard of the first (the
-    device it runs on), or replayed from the plan of these arguments where one was recorded (plans.py)."""
+    """run(), which checks an op's arguments (a convolution's or a norm's) and runs it on `tensors`, under the device
+    guard of the first (the device it runs on), or replayed from the plan of these arguments where one was
+    recorded (plans.py)."""
     first = tensors[0]
     if not _runs_triton(first):
         return run()
@@ -589,11 +590,13 @@ def _group_norm_fake(input, weight, bias, groups, eps, activation="none"):
     _group_norm_fake,
 )
 def group_norm(input, weight, bias, groups, eps, activation="none"):
-    check_group_norm(input, weight, bias, groups, activation)
-    if not _runs_triton(input):
-        return aten.group_norm_fwd(input, weight, bias, groups, eps, activation)
-    with _device_guard(input):
+    def run():
+        check_group_norm(input, weight, bias, groups, activation)
+        if not _runs_triton(input):
+            return aten.group_norm_fwd(input, weight, bias, groups, eps, activation)
         return group_norm_fwd(input, weight, bias, groups, eps, activation)
+
+    return _planned("group_norm", (input, weight, bias), (), (groups, eps, activation), run)
 
 
 def _norm_backward_fake(input):
@@ -622,10 +625,13 @@ def _group_norm_backward_fake(grad_output, input, mean, rstd, weight, bias, grou
     _group_norm_backward_fake,
 )
 def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
-    if not _runs_triton(input):
-        return aten.group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
-    with _device_guard(input):
+    def run():
+        if not _runs_triton(input):
+            return aten.group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
+
+    tensors = (grad_output, input, mean, rstd, weight, bias)
+    return _planned("group_norm_backward", tensors, (), (groups, activation), run)
 
 
 def _group_norm_setup_context(ctx, inputs, output):
@@ -664,11 +670,13 @@ def _rms_norm_fake(input, weight, bias, eps, activation="none", clamp=False):
     _rms_norm_fake,
 )
 def rms_norm(input, weight, bias, eps, activation="none", clamp=False):
-    check_rms_norm(input, weight, bias, eps, activation)
-    if not _runs_triton(input):
-        return aten.rms_norm_fwd(input, weight, bias, eps, activation, clamp)
-    with _device_guard(input):
+    def run():
+        check_rms_norm(input, weight, bias, eps, activation)
+        if not _runs_triton(input):
+            return aten.rms_norm_fwd(input, weight, bias, eps, activation, clamp)
         return rms_norm_fwd(input, weight, bias, eps, activation, clamp)
+
+    return _planned("rms_norm", (input, weight, bias), (), (eps, activation, clamp), run)
 
 
 def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none", clamp=False):
@@ -681,10 +689,13 @@ def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="n
     _rms_norm_backward_fake,
 )
 def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none", clamp=False):
-    if not _runs_triton(input):
-        return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
-    with _device_guard(input):
+    def run():
+        if not _runs_triton(input):
+            return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
         return rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
+
+    tensors = (grad_output, input, weight, bias)
+    return _planned("rms_norm_backward", tensors, (), (eps, activation, clamp), run)
 
 
 def _rms_norm_setup_context(ctx, inputs, output):

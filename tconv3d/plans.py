@@ -47,7 +47,7 @@ from .tune import choice
 
 aten = torch.ops.aten
 _ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
-                aten.new_empty_strided.default)  # fmt: skip
+                aten.new_empty_strided.default, aten.empty_like.default)  # fmt: skip
 # Host-side ops a plan replays in place among its launches: what they do depends on the tensors' shapes, strides
 # and dtypes alone, which the key holds.
 _REPLAYED = (aten.copy_.default, aten.zero_.default, aten.fill_.Scalar)
@@ -79,12 +79,13 @@ def bypassed():
 
 def key(op: str, tensors: tuple, int_sequences: tuple, *scalars) -> tuple | None:
     """The plan key of a call of `op` with these tensors (None where absent), sequences of ints and other
-    scalars (str or int), or None where the call can have no plan (see the module's docstring)."""
+    scalars (str, int, float or bool: a norm's eps), or None where the call can have no plan (see the module's
+    docstring)."""
     if launch.OFF is not None or launch._suspended or launch._traced or _bypassed:
         return None
     parts = [_PLAN, op, *scalars]
     for s in scalars:
-        if type(s) not in (int, str):
+        if type(s) not in (int, str, float, bool):
             return None
     for values in int_sequences:
         values = int_sequence_key(values)
@@ -176,12 +177,14 @@ class _HostOp:
 
 class Plan:
     """One recorded call: `allocations` [(shape, strides, dtype, device)], `constants` [tensor], `launches`
-    [_Launch], `output` (slot, view). Slots are the call's inputs, its allocations, then the constants."""
+    [_Launch], `outputs` ((slot, view), ...), returned as a tuple (a norm's output and statistics) or, `single`,
+    the one tensor. Slots are the call's inputs, its allocations, then the constants."""
 
-    __slots__ = ("allocations", "constants", "generation", "launches", "output", "state")
+    __slots__ = ("allocations", "constants", "generation", "launches", "outputs", "single", "state")
 
-    def __init__(self, allocations, constants, launches, output):
-        self.allocations, self.constants, self.launches, self.output = allocations, constants, launches, output
+    def __init__(self, allocations, constants, launches, outputs, single):
+        self.allocations, self.constants, self.launches = allocations, constants, launches
+        self.outputs, self.single = outputs, single
         self.state, self.generation = launch.signature_state(), launch.generation
 
     def __call__(self, inputs: tuple) -> torch.Tensor:
@@ -204,8 +207,10 @@ class Plan:
                 step.grid(*values)
             else:
                 launch.launch_compiled(step.compiled, step.grid, values, device)
-        slot, view = self.output
-        return slots[slot] if view is None else slots[slot].as_strided(*view)
+        if self.single:
+            slot, view = self.outputs[0]
+            return slots[slot] if view is None else slots[slot].as_strided(*view)
+        return tuple(slots[slot] if view is None else slots[slot].as_strided(*view) for slot, view in self.outputs)
 
 
 class _Stale(Exception):
@@ -245,14 +250,15 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
     try:
         slots = _Slots(inputs, watch.allocated)
         steps = [_launch_of(step, slots) for step in launches]
-        if not isinstance(output, torch.Tensor):
-            raise _Unplanned("the call returns no tensor")
-        output = slots.of(output)
+        returned = output if isinstance(output, tuple) else (output,)
+        if not returned or not all(isinstance(t, torch.Tensor) for t in returned):
+            raise _Unplanned("the call returns something other than tensors")
+        returned = [slots.of(t) for t in returned]
     except _Unplanned as why:
         return Refused(str(why))
     # Allocations no launch reads and the call does not return (a launcher's attempt that raised before it
     # launched, choice.launch's RiskyTensorMap) are not made again; constants follow the allocations kept.
-    used = {output[0]} | {slot for step in steps for _, slot, _, _ in step.tensors}
+    used = {slot for slot, _ in returned} | {slot for step in steps for _, slot, _, _ in step.tensors}
     count = len(inputs)
     kept = [i for i in range(count, count + len(watch.allocated)) if i in used]
     renumber = {i: i for i in range(count)}
@@ -260,10 +266,10 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         renumber[old] = count + new
     for step in steps:
         step.tensors = [(position, renumber[slot], view, d) for position, slot, view, d in step.tensors]
-    output = renumber[output[0]], output[1]
+    returned = tuple((renumber[slot], view) for slot, view in returned)
     tensors = slots.tensors
     allocations = [(tuple(tensors[i].shape), tensors[i].stride(), tensors[i].dtype, tensors[i].device) for i in kept]
-    return Plan(allocations, [tensors[i] for i in slots.constants], steps, output)
+    return Plan(allocations, [tensors[i] for i in slots.constants], steps, returned, not isinstance(output, tuple))
 
 
 class _Unplanned(Exception):

@@ -164,5 +164,5 @@ def test_every_launch_asks_for_fused_multiply_adds(environment, monkeypatch):
             pytest.skip(f"triton {triton.__version__} has no TRITON_FORCE_DISABLE_FP_FUSION")
         monkeypatch.setenv("TRITON_FORCE_DISABLE_FP_FUSION", "1")
     fused = compile_script(FUSION)
-    assert set(fused) == {"_channel_reduce_kernel", "_affine_kernel"}
+    assert set(fused) == {"_channel_reduce_kernel", "_fold_kernel", "_affine_kernel"}
     assert set(fused.values()) == {environment == "unfused_default"}, fused

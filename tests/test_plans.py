@@ -137,6 +137,36 @@ with stubbed_launches(90, record):
                               "replayed": replayed if replayed != whole else None}
         choice._memo.clear()
 
+    # The norms: a GroupNorm's and an RMS norm's forward and backward (three and four launches of the group norm's
+    # kernels, its statistics among the outputs), each fused with its SiLU.
+    choice._select_with_source = default_select
+    norms = {"group_norm": lambda x, w, b: tconv3d.ops.call_group_norm(x, w, b, 4, 1e-6, "silu")[0],
+             "rms_norm": lambda x, w, b: tconv3d.ops.call_rms_norm(x, w, b, 1e-6, "silu", False)}
+    for name, norm in norms.items():
+        def fresh_norm():
+            x = torch.randn(2, 32, 3, 5, 6).to(torch.bfloat16, memory_format=torch.channels_last_3d)[:, :, 1:]
+            w, b = torch.randn(32).to(torch.bfloat16), torch.randn(32).to(torch.bfloat16)
+            return [t.requires_grad_() for t in (x, w, b)]
+        def norm_step(x, w, b):
+            y = norm(x, w, b)
+            g = torch.randn_like(y)
+            return [x, w, b, y, g, *torch.autograd.grad(y, (x, w, b), g)]
+        for _ in range(2):
+            norm_step(*fresh_norm())
+        made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
+                for key, entry in choice._memo.items() if key[0] is plans._PLAN}
+        inputs = fresh_norm()
+        del record[:], replays[:]
+        replayed = launches(record, norm_step(*inputs))
+        replay_count = len(replays)
+        with plans.bypassed():
+            del record[:]
+            whole = launches(record, norm_step(*inputs))
+        out["cases"][name] = {"made": made, "replays": replay_count, "launches": len(whole), "copies": 0,
+                              "same": replayed == whole, "whole": whole if replayed != whole else None,
+                              "replayed": replayed if replayed != whole else None}
+        choice._memo.clear()
+
     # fp32 as TF32 or not is the key's too: a plan made with TF32 off is not replayed with it on.
     choice._select_with_source = default_select
     select, shape, cout, dtype, bias, offset, kwargs, _, _ = CASES["small default fp32"]
@@ -248,6 +278,12 @@ print(json.dumps(out))
 def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     result = compile_script(SCRIPT)
     for name, case in result["cases"].items():
+        if name in ("group_norm", "rms_norm"):  # its forward and backward each have a plan, and both replay
+            assert case["made"] == {name: "Plan", f"{name}_backward": "Plan"}, (name, case["made"])
+            assert case["replays"] == 2, (name, case)
+            assert case["launches"] >= (7 if name == "group_norm" else 4), (name, case)
+            assert case["same"], (name, case["whole"], case["replayed"])
+            continue
         # the forward, its input gradient and its weight gradient each have a plan, and the third step replays all
         assert case["made"] == {"fwd": "Plan", "dgrad": "Plan", "wgrad": "Plan"}, (name, case["made"])
         assert case["replays"] == 3, (name, case)

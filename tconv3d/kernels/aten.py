@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
-from .group_norm import backward_coefficients, scale_shift
 from .utils import cat_channels, fold_padding
 
 
@@ -62,6 +61,39 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=
         _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation, geom.groups
     )
     return _as_ndhwc(grad)
+
+
+def scale_shift(mean, rstd, weight, bias, channels: int):
+    """Per (n, channel) a, b with normalised-and-affine x = x * a + b (fp32 [N, C]), as group_norm._fold_kernel's."""
+    groups = mean.shape[1]
+    a = rstd.repeat_interleave(channels // groups, dim=1)
+    b = -mean.repeat_interleave(channels // groups, dim=1) * a
+    if weight is not None:
+        a = a * weight.float()
+        b = b * weight.float()
+    if bias is not None:
+        b = b + bias.float()
+    return a.contiguous(), b.contiguous()
+
+
+def backward_coefficients(sums, voxels: int, mean, rstd, weight, groups: int):
+    """From per (n, channel) sums of dy' and dy' * x: the coefficients of dx = dy' * k1 + x * k2 + k3 (fp32
+    [N, C] each) and the weight and bias gradients (fp32 [C]), as group_norm._fold_kernel's FOLD_BACKWARD."""
+    n, _, c = sums.shape
+    per_group = c // groups
+    expand = lambda t: t.repeat_interleave(per_group, dim=1)  # noqa: E731  [N, groups] -> [N, C]
+    gamma = weight.float()[None, :] if weight is not None else torch.ones(1, c, device=sums.device)
+    dy_sum, dyx_sum = sums[:, 0], sums[:, 1]
+    dy_xhat = expand(rstd) * (dyx_sum - expand(mean) * dy_sum)  # sum over voxels of dy' * xhat, [N, C]
+    grad_bias = dy_sum.sum(dim=0)
+    grad_weight = dy_xhat.sum(dim=0)
+    group_a = (gamma * dy_sum).view(n, groups, per_group).sum(dim=2)  # sum over the group of gamma * dy'
+    group_b = (gamma * dy_xhat).view(n, groups, per_group).sum(dim=2)  # ... of gamma * dy' * xhat
+    total = voxels * per_group
+    k1 = expand(rstd) * gamma
+    k2 = expand(-rstd.square() * group_b / total)
+    k3 = expand(-rstd * group_a / total + rstd.square() * mean * group_b / total)
+    return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
 
 
 def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):

@@ -7,9 +7,15 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   squared deviations, combined block by block with Chan's formula: no cancellation), or the two sums the
   backward needs. The host folds channels into groups and splits into totals in a fixed order, so both
   directions are bitwise deterministic, with no atomics.
+- `_fold_kernel`: a program a group folds the partials into what the other two take, splits and channels in a
+  fixed order: the forward's mean and rstd per (batch, group) and a, b per (batch, channel); a and b again from
+  mean and rstd (the backward's first step); the backward's k1, k2, k3 and the weight and bias gradients (summed
+  over the batch in order). One launch where the same arithmetic in torch ops was some 25 tiny kernels and their
+  host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch for the aten path).
 - `_affine_kernel`: y = act(x * a + b) with per-(batch, channel) a and b that fold mean, rstd, weight and bias;
   backward dx = dy' * k1 + x * k2 + k3 with dy' = dy * act'(x * a + b), recomputed, not stored.
-Statistics and coefficients are fp32 whatever the tensor dtype; nothing NCDHW is ever made.
+A norm is three launches each way (the backward's fold twice: four). Statistics and coefficients are fp32 whatever
+the tensor dtype; nothing NCDHW is ever made.
 """
 
 import torch
@@ -107,6 +113,113 @@ def _affine_kernel(
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# _fold_kernel's modes
+FOLD_STATISTICS, FOLD_SCALE, FOLD_BACKWARD = 0, 1, 2
+
+
+@triton.jit
+def _fold_kernel(
+    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr, dw_ptr, db_ptr,
+    N, C, SPLITS, VOXELS, PER_SPLIT, eps,
+    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PER_GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """One group's channels (program_id(0)) for every batch entry, in order. partial is [N, SPLITS, 2, C] fp32
+    (_channel_reduce_kernel's); mean and rstd [N, groups]; a, b, k1, k2, k3 [N, C]; dw, db [C].
+    FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts: the last split
+    holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias - mean * a from mean and
+    rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' * k1 + x * k2 + k3 and the weight and bias
+    gradients."""
+    g = tl.program_id(0)
+    groups = C // PER_GROUP
+    offs = tl.arange(0, BLOCK_G)
+    mask = offs < PER_GROUP
+    channels = g * PER_GROUP + offs
+    gamma = tl.load(weight_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    beta = tl.load(bias_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_BIAS else 0.0
+    total = VOXELS * 1.0 * PER_GROUP  # fp32: the count may pass int32
+    dw = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    for n in range(N):
+        row = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * 2 * C + channels  # split 0's first moment
+        if MODE == 0:
+            first = 0.0
+            for s in range(SPLITS):
+                count = tl.minimum(PER_SPLIT, VOXELS - s * PER_SPLIT) * 1.0
+                first += tl.sum(tl.load(row + s * 2 * C, mask=mask, other=0.0)) * count
+            mean = first / total
+            spread = 0.0
+            for s in range(SPLITS):
+                count = tl.minimum(PER_SPLIT, VOXELS - s * PER_SPLIT) * 1.0
+                split_mean = tl.load(row + s * 2 * C, mask=mask, other=0.0)
+                deviation = tl.where(mask, split_mean - mean, 0.0)
+                m2 = tl.load(row + s * 2 * C + C, mask=mask, other=0.0)
+                spread += tl.sum(m2) + tl.sum(deviation * deviation) * count
+            rstd = 1.0 / tl.sqrt(spread / total + eps)
+            tl.store(mean_ptr + n * groups + g, mean)
+            tl.store(rstd_ptr + n * groups + g, rstd)
+        else:
+            mean = tl.load(mean_ptr + n * groups + g)
+            rstd = tl.load(rstd_ptr + n * groups + g)
+        if MODE == 2:
+            dy_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
+            dyx_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
+            for s in range(SPLITS):
+                dy_sum += tl.load(row + s * 2 * C, mask=mask, other=0.0)
+                dyx_sum += tl.load(row + s * 2 * C + C, mask=mask, other=0.0)
+            dy_xhat = rstd * (dyx_sum - mean * dy_sum)  # sum over the voxels of dy' * xhat
+            db += dy_sum
+            dw += dy_xhat
+            group_a = tl.sum(gamma * dy_sum)  # over the group, of gamma * dy'
+            group_b = tl.sum(gamma * dy_xhat)  # ... of gamma * dy' * xhat
+            k2 = -rstd * rstd * group_b / total
+            k3 = -rstd * group_a / total + rstd * rstd * mean * group_b / total
+            out = n * C + channels
+            tl.store(k1_ptr + out, rstd * gamma + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
+            tl.store(k2_ptr + out, k2 + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
+            tl.store(k3_ptr + out, k3 + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
+        else:
+            a = rstd * gamma + tl.zeros((BLOCK_G,), dtype=tl.float32)
+            tl.store(a_ptr + n * C + channels, a, mask=mask)
+            tl.store(b_ptr + n * C + channels, beta - mean * a, mask=mask)
+    if MODE == 2:
+        tl.store(dw_ptr + channels, dw, mask=mask)
+        tl.store(db_ptr + channels, db, mask=mask)
+
+
+def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: int, channels: int, eps: float = 0.0):
+    """_fold_kernel's launch: what `mode` makes, fp32 (see the kernel): (mean, rstd, a, b), (a, b) or (k1, k2, k3,
+    grad_weight, grad_bias)."""
+    n = mean.shape[0] if mean is not None else partials.shape[0]
+    device = (partials if partials is not None else mean).device
+    per_split, splits = _splits(voxels)
+    if mode == FOLD_STATISTICS:
+        mean = torch.empty((n, groups), dtype=torch.float32, device=device)
+        rstd = torch.empty_like(mean)
+    per_channel = [torch.empty((n, channels), dtype=torch.float32, device=device) for _ in range(3 if mode else 2)]
+    if mode == FOLD_BACKWARD:
+        k1, k2, k3 = per_channel
+        a = b = k1
+        dw, db = (torch.empty(channels, dtype=torch.float32, device=device) for _ in range(2))
+    else:
+        a, b = per_channel[:2]
+        k1 = k2 = k3 = dw = db = a
+    per_group = channels // groups
+    launch(
+        _fold_kernel, (groups,),
+        partials if partials is not None else a, mean, rstd, weight if weight is not None else a,
+        bias if bias is not None else a, a, b, k1, k2, k3, dw, db,
+        n, channels, splits, voxels, per_split, eps,
+        MODE=mode, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
+        BLOCK_G=triton.next_power_of_2(per_group),
+    )  # fmt: skip
+    if mode == FOLD_STATISTICS:
+        return mean, rstd, a, b
+    if mode == FOLD_SCALE:
+        return a, b
+    return k1, k2, k3, dw, db
+
+
 def _splits(voxels: int) -> tuple[int, int]:
     """(voxels per split, splits): each reduction program walks SPLIT_BLOCKS voxel blocks."""
     per_split = max(BLOCK_S * SPLIT_BLOCKS, 1)
@@ -148,35 +261,6 @@ def _affine(x, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
     return out
 
 
-def group_statistics(partials: torch.Tensor, voxels: int, groups: int, eps: float):
-    """Per (n, group) mean and rstd (fp32 [N, groups]) from the forward partials, combined in a fixed order."""
-    n, splits, _, c = partials.shape
-    per_split, _ = _splits(voxels)
-    # made on the device (the last split's count is the rest): nothing copied from the host, which a CUDA-graph
-    # capture refuses
-    counts = (voxels - per_split * torch.arange(splits, device=partials.device)).clamp_(max=per_split).float()
-    means = partials[:, :, 0].view(n, splits, groups, c // groups)
-    m2 = partials[:, :, 1].view(n, splits, groups, c // groups)
-    weights = counts.view(1, splits, 1, 1)
-    total = voxels * (c // groups)
-    mean = (means * weights).sum(dim=(1, 3)) / total
-    spread = m2.sum(dim=(1, 3)) + ((means - mean[:, None, :, None]).square() * weights).sum(dim=(1, 3))
-    return mean, torch.rsqrt(spread / total + eps)
-
-
-def scale_shift(mean, rstd, weight, bias, channels: int):
-    """Per (n, channel) a, b with normalised-and-affine x = x * a + b (fp32 [N, C])."""
-    groups = mean.shape[1]
-    a = rstd.repeat_interleave(channels // groups, dim=1)
-    b = -mean.repeat_interleave(channels // groups, dim=1) * a
-    if weight is not None:
-        a = a * weight.float()
-        b = b * weight.float()
-    if bias is not None:
-        b = b + bias.float()
-    return a.contiguous(), b.contiguous()
-
-
 def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     """(y channels_last_3d, mean, rstd); mean and rstd fp32 [N, groups]."""
     x = dense_voxels(x)
@@ -185,8 +269,8 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     if x.numel() == 0:
         stats = torch.full((n, groups), float("nan"), device=x.device)
         return empty_ndhwc(x.shape, like=x), stats, stats.clone()
-    mean, rstd = group_statistics(_channel_reduce(x, None, None, None, False, False), voxels, groups, eps)
-    a, b = scale_shift(mean, rstd, weight, bias, c)
+    partials = _channel_reduce(x, None, None, None, False, False)
+    mean, rstd, a, b = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, c, eps)
     return _affine(x, None, a, b, silu=activation == "silu"), mean, rstd
 
 
@@ -197,28 +281,8 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device)
         return empty_ndhwc(x.shape, like=x), zeros, zeros.clone()
-    silu = activation == "silu"
-    a, b = scale_shift(mean, rstd, weight, bias, c)
-    sums = _channel_reduce(x, grad_out, a, b, silu, True).sum(dim=1)  # [N, 2, C]: sum dy', sum dy' * x
-    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), mean, rstd, weight, groups)
+    silu, voxels = activation == "silu", x[0, 0].numel()
+    a, b = _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, c)
+    partials = _channel_reduce(x, grad_out, a, b, silu, True)  # [N, splits, 2, C]: sums of dy', dy' * x
+    k1, k2, k3, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, c)
     return _affine(x, grad_out, a, b, k1, k2, k3, silu), grad_weight, grad_bias
-
-
-def backward_coefficients(sums, voxels: int, mean, rstd, weight, groups: int):
-    """From per (n, channel) sums of dy' and dy' * x: the coefficients of dx = dy' * k1 + x * k2 + k3 (fp32
-    [N, C] each) and the weight and bias gradients (fp32 [C]). Also the aten path's backward."""
-    n, _, c = sums.shape
-    per_group = c // groups
-    expand = lambda t: t.repeat_interleave(per_group, dim=1)  # noqa: E731  [N, groups] -> [N, C]
-    gamma = weight.float()[None, :] if weight is not None else torch.ones(1, c, device=sums.device)
-    dy_sum, dyx_sum = sums[:, 0], sums[:, 1]
-    dy_xhat = expand(rstd) * (dyx_sum - expand(mean) * dy_sum)  # sum over voxels of dy' * xhat, [N, C]
-    grad_bias = dy_sum.sum(dim=0)
-    grad_weight = dy_xhat.sum(dim=0)
-    group_a = (gamma * dy_sum).view(n, groups, per_group).sum(dim=2)  # sum over the group of gamma * dy'
-    group_b = (gamma * dy_xhat).view(n, groups, per_group).sum(dim=2)  # ... of gamma * dy' * xhat
-    total = voxels * per_group
-    k1 = expand(rstd) * gamma
-    k2 = expand(-rstd.square() * group_b / total)
-    k3 = expand(-rstd * group_a / total + rstd.square() * mean * group_b / total)
-    return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias

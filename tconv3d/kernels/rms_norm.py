@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch
+from .split_k import sum_splits
 from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
 
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
@@ -148,13 +149,16 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     row_steps = min(BACKWARD_ROWS, cdiv(rows, BACKWARD_PROGRAMS))
     row_steps = max(block_r, cdiv(row_steps, block_r) * block_r)  # whole BLOCK_R steps
     programs = cdiv(rows, row_steps)
-    partials = torch.empty((2, programs, channels), dtype=torch.float32, device=x.device)
+    # each program's sums of the weight and bias gradients (two buffers, not views of one: a compiled graph would
+    # scatter each kernel's writes back into their base)
+    dw_partials, db_partials = (torch.empty((programs, channels), dtype=torch.float32, device=x.device) for _ in "wb")
     launch(
         _rms_norm_bwd_kernel, (programs,),
         x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
-        partials[0], partials[1], rows, channels, eps,
+        dw_partials, db_partials, rows, channels, eps,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
         CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
-    sums = partials.sum(dim=1)
-    return grad_in, sums[0], sums[1]
+    # summed over the programs in their order (deterministic), one launch each
+    grad_weight, grad_bias = (torch.empty(channels, dtype=torch.float32, device=x.device) for _ in "wb")
+    return grad_in, sum_splits(dw_partials, grad_weight), sum_splits(db_partials, grad_bias)
