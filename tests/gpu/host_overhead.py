@@ -5,7 +5,8 @@ path, Inductor launching the kernel itself ("inductor"; the same as "compiled" w
 kernels, which stay op calls), and the host's time to issue each; the op's forward and backward again without
 call plans (tconv3d/plans.py: each call the whole path). And what Triton's launcher spends encoding one
 TMA descriptor (cuTensorMapEncodeTiled), which it does for every descriptor of every launch (2-5 a TMA or Gluon
-launch): the saving a cache of encoded maps would buy.
+launch): the saving a cache of encoded maps would buy. And a VAE decoder's GroupNorm with its SiLU at two sizes,
+forward and backward, with call plans and without.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -31,6 +32,8 @@ from tconv3d.tune import choice
 from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
 
 CASES = (("unet_320", "bf16"), ("down_s2", "bf16"), ("hunyuan_512", "bf16"), ("hunyuan_512", "fp16"))
+# GroupNorms (32 groups, bf16, affine, SiLU) of a video VAE decoder's latent-sized and mid levels
+NORM_SHAPES = ((1, 128, 5, 32, 32), (1, 256, 9, 64, 64))
 
 
 def host_us(fn, calls: int = 200) -> float:
@@ -112,14 +115,32 @@ def measure(name: str, dtype_name: str) -> dict:
             "host_us": us, "inductor_refusal": refusal}  # fmt: skip
 
 
+def measure_norm(shape) -> dict:
+    """The GroupNorm op of `shape` forward, and backward through autograd, with call plans and without: ms and the
+    host's us a call (three launches each way since the statistics fold on the device, the backward four)."""
+    cl = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(shape, **cl).contiguous(memory_format=torch.channels_last_3d)
+    w, b = torch.randn(shape[1], **cl), torch.randn(shape[1], **cl)
+    op = lambda: tconv3d.ops.call_group_norm(x, w, b, 32, 1e-6, "silu")  # noqa: E731
+    xg, wg, bg = (t.detach().requires_grad_() for t in (x, w, b))
+    y = tconv3d.ops.call_group_norm(xg, wg, bg, 32, 1e-6, "silu")[0]
+    g = torch.randn_like(y)
+    bwd = lambda: torch.autograd.grad(y, (xg, wg, bg), g, retain_graph=True)  # noqa: E731
+    calls = {"fwd": op, "bwd": bwd, "fwd_no_plans": plans.bypassed()(op), "bwd_no_plans": plans.bypassed()(bwd)}
+    return {"shape": list(shape), "ms": {k: triton.testing.do_bench(f, return_mode="median") for k, f in calls.items()},
+            "host_us": {k: host_us(f) for k, f in calls.items()}}  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     rows = [measure(name, dtype) for name, dtype in CASES]
+    norms = [measure_norm(shape) for shape in NORM_SHAPES]
     encode = encode_us()
     if args.out is not None:
-        found = {"device": torch.cuda.get_device_name(), "rows": rows, "tensor_map_encode_us": encode}
+        found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms,
+                 "tensor_map_encode_us": encode}  # fmt: skip
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
           f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd; without call plans: "
@@ -132,6 +153,13 @@ def main(argv=None) -> int:
               f"{u['launcher_fwd']:6.0f} {u['op_fwd']:6.0f} {u['compiled_fwd']:8.0f} {u['inductor_fwd']:8.0f} "
               f"{u['op_bwd']:6.0f}; {m['op_fwd_no_plans']:7.3f} {m['op_bwd_no_plans']:7.3f} "
               f"{u['op_fwd_no_plans']:6.0f} {u['op_bwd_no_plans']:6.0f}{note}")  # fmt: skip
+    print("GroupNorm + SiLU, bf16: ms fwd bwd, host us fwd bwd; without call plans: the same")
+    for r in norms:
+        m, u = r["ms"], r["host_us"]
+        print(
+            f"{'x'.join(map(str, r['shape'])):18s} {m['fwd']:7.3f} {m['bwd']:7.3f} {u['fwd']:6.0f} {u['bwd']:6.0f}; "
+            f"{m['fwd_no_plans']:7.3f} {m['bwd_no_plans']:7.3f} {u['fwd_no_plans']:6.0f} {u['bwd_no_plans']:6.0f}"
+        )
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     return 0
 
