@@ -73,6 +73,28 @@ def test_input_in_any_layout_and_deterministic_gradients(device):
     assert torch.equal(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("tile_splits", [1, 2], ids=["one_split_a_step", "two"])
+def test_group_norm_folds_its_splits_a_tile_at_a_time(tile_splits, device, monkeypatch):
+    """The fold of a group's partials (group_norm._fold_kernel) walks the splits FOLD_SPLITS at a time: at 1 and
+    2 of a volume's 3 splits (the last one short), forward and gradients still match float64."""
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    from tconv3d.kernels import group_norm
+
+    monkeypatch.setattr(group_norm, "FOLD_SPLITS", tile_splits)
+    assert group_norm._splits(5 * 20 * 25)[1] == 3
+    x = leaf_copy(torch.randn(2, 12, 5, 20, 25, device=device).contiguous(memory_format=CL))
+    w, b = (leaf_copy(torch.randn(12, device=device)) for _ in range(2))
+    x64, w64, b64 = (leaf_copy(t.double()) for t in (x, w, b))
+    want = reference(x64, w64, b64, 3, 1e-5, "silu")
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got = torch.ops.tconv3d.group_norm(x, w, b, 3, 1e-5, "silu")[0]
+    got.backward(grad.float())
+    for ours, theirs in ((got, want), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert rel_l2(ours, theirs) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize(
     ("shape", "groups", "weight_shape", "error", "message"),
     [

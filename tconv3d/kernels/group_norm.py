@@ -122,14 +122,14 @@ def _fold_kernel(
     partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr, dw_ptr, db_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
     MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PER_GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
-    """One group's channels (program_id(0)) for every batch entry, in order. partial is [N, SPLITS, 2, C] fp32
-    (_channel_reduce_kernel's); mean and rstd [N, groups]; a, b, k1, k2, k3 [N, C]; dw, db [C].
-    FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts: the last split
-    holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias - mean * a from mean and
-    rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' * k1 + x * k2 + k3 and the weight and bias
-    gradients."""
+    """One group's channels (program_id(0)) for every batch entry, in order, its splits BLOCK_S at a time (a
+    large volume has thousands). partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd
+    [N, groups]; a, b, k1, k2, k3 [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's
+    formula over the splits' counts: the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd *
+    weight, b = bias - mean * a from mean and rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' *
+    k1 + x * k2 + k3 and the weight and bias gradients."""
     g = tl.program_id(0)
     groups = C // PER_GROUP
     offs = tl.arange(0, BLOCK_G)
@@ -138,23 +138,23 @@ def _fold_kernel(
     gamma = tl.load(weight_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
     beta = tl.load(bias_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_BIAS else 0.0
     total = VOXELS * 1.0 * PER_GROUP  # fp32: the count may pass int32
-    dw = tl.zeros((BLOCK_G,), dtype=tl.float32)
-    db = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    zeros = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    dw = zeros
+    db = zeros
     for n in range(N):
-        row = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * 2 * C + channels  # split 0's first moment
+        base = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * 2 * C
         if MODE == 0:
             first = 0.0
-            for s in range(SPLITS):
-                count = tl.minimum(PER_SPLIT, VOXELS - s * PER_SPLIT) * 1.0
-                first += tl.sum(tl.load(row + s * 2 * C, mask=mask, other=0.0)) * count
+            for s0 in range(0, SPLITS, BLOCK_S):
+                means, counts, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
+                first += tl.sum(tl.sum(means, axis=1) * counts)
             mean = first / total
             spread = 0.0
-            for s in range(SPLITS):
-                count = tl.minimum(PER_SPLIT, VOXELS - s * PER_SPLIT) * 1.0
-                split_mean = tl.load(row + s * 2 * C, mask=mask, other=0.0)
-                deviation = tl.where(mask, split_mean - mean, 0.0)
-                m2 = tl.load(row + s * 2 * C + C, mask=mask, other=0.0)
-                spread += tl.sum(m2) + tl.sum(deviation * deviation) * count
+            for s0 in range(0, SPLITS, BLOCK_S):
+                means, counts, tile = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
+                m2, _, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
+                deviation = tl.where(tile, means - mean, 0.0)
+                spread += tl.sum(tl.sum(m2, axis=1) + tl.sum(deviation * deviation, axis=1) * counts)
             rstd = 1.0 / tl.sqrt(spread / total + eps)
             tl.store(mean_ptr + n * groups + g, mean)
             tl.store(rstd_ptr + n * groups + g, rstd)
@@ -162,11 +162,11 @@ def _fold_kernel(
             mean = tl.load(mean_ptr + n * groups + g)
             rstd = tl.load(rstd_ptr + n * groups + g)
         if MODE == 2:
-            dy_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            dyx_sum = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            for s in range(SPLITS):
-                dy_sum += tl.load(row + s * 2 * C, mask=mask, other=0.0)
-                dyx_sum += tl.load(row + s * 2 * C + C, mask=mask, other=0.0)
+            dy_sum = zeros
+            dyx_sum = zeros
+            for s0 in range(0, SPLITS, BLOCK_S):
+                dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)[0], 0)
+                dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)[0], 0)
             dy_xhat = rstd * (dyx_sum - mean * dy_sum)  # sum over the voxels of dy' * xhat
             db += dy_sum
             dw += dy_xhat
@@ -175,16 +175,34 @@ def _fold_kernel(
             k2 = -rstd * rstd * group_b / total
             k3 = -rstd * group_a / total + rstd * rstd * mean * group_b / total
             out = n * C + channels
-            tl.store(k1_ptr + out, rstd * gamma + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
-            tl.store(k2_ptr + out, k2 + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
-            tl.store(k3_ptr + out, k3 + tl.zeros((BLOCK_G,), dtype=tl.float32), mask=mask)
+            tl.store(k1_ptr + out, rstd * gamma + zeros, mask=mask)
+            tl.store(k2_ptr + out, k2 + zeros, mask=mask)
+            tl.store(k3_ptr + out, k3 + zeros, mask=mask)
         else:
-            a = rstd * gamma + tl.zeros((BLOCK_G,), dtype=tl.float32)
+            a = rstd * gamma + zeros
             tl.store(a_ptr + n * C + channels, a, mask=mask)
             tl.store(b_ptr + n * C + channels, beta - mean * a, mask=mask)
     if MODE == 2:
         tl.store(dw_ptr + channels, dw, mask=mask)
         tl.store(db_ptr + channels, db, mask=mask)
+
+
+@triton.jit
+def _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr, MOMENT: tl.constexpr):
+    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0), moment MOMENT of the group's
+    channels: ([BLOCK_S, BLOCK_G] values, zeros outside; [BLOCK_S] voxel counts, 0 past the last split; the tile's
+    mask)."""
+    splits = s0 + tl.arange(0, BLOCK_S)
+    inside = splits < SPLITS
+    tile = inside[:, None] & mask[None, :]
+    values = tl.load(base + (splits * 2 * C + MOMENT * C)[:, None] + channels[None, :], mask=tile, other=0.0)
+    counts = tl.where(inside, tl.minimum(PER_SPLIT, VOXELS - splits * PER_SPLIT), 0) * 1.0
+    return values, counts, tile
+
+
+# The fold's tiles: at most this many splits by a group's channels (a GroupNorm's per-group channels times up to
+# FOLD_SPLITS splits a step)
+FOLD_ELEMENTS, FOLD_SPLITS = 4096, 64
 
 
 def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: int, channels: int, eps: float = 0.0):
@@ -205,13 +223,14 @@ def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: in
         a, b = per_channel[:2]
         k1 = k2 = k3 = dw = db = a
     per_group = channels // groups
+    block_g = triton.next_power_of_2(per_group)
     launch(
         _fold_kernel, (groups,),
         partials if partials is not None else a, mean, rstd, weight if weight is not None else a,
         bias if bias is not None else a, a, b, k1, k2, k3, dw, db,
         n, channels, splits, voxels, per_split, eps,
         MODE=mode, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
-        BLOCK_G=triton.next_power_of_2(per_group),
+        BLOCK_S=min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // block_g)), BLOCK_G=block_g,
     )  # fmt: skip
     if mode == FOLD_STATISTICS:
         return mean, rstd, a, b
