@@ -488,10 +488,12 @@ def kvae_video():
 
 
 def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
-    """Kandinsky 5's VAE over three segments of frames (33 in all: the caches carried from one to the next, at
+    """Kandinsky 5's VAE over three segments of frames (41 in all: the caches carried from one to the next, at
     stride 2 in time in the encoder): every conv on tconv3d, a cached conv one op where diffusers runs two convs
     and concatenates, its replicate padding in space and the cached (or repeated first) frames in front inside the
-    op, no pad or concatenation copy into a conv; the video and the parameter gradients match the stock model's."""
+    op, no pad or concatenation copy into a conv; the pixel (un)shuffles' means and repeats pooled and interpolated
+    on the channels_last_3d activation, so only the input edge takes a layout copy and no norm one; the video and
+    the parameter gradients match the stock model's."""
     stock, converted = stock_and_converted(kvae_video)
     x = torch.randn(1, 3, 41, 32, 32)
     with torch.no_grad():
@@ -501,6 +503,8 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert before.aten_conv3d_calls > after.tconv3d_calls == sum(layer.calls for layer in after.layers) > 0
     assert_all_on_tconv3d(after)
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
+    assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
+    assert after.norm_layout_copies == 0
     x = x[:, :, :21]  # two segments
     for model in (stock, converted):
         encode_decode(model.train(), x).square().mean().backward()

@@ -623,6 +623,82 @@ class _KVAECachedCausalConv3d:
         return output
 
 
+class _KVAECachedSpatialNorm3D:
+    """diffusers' KVAECachedSpatialNorm3D: the latent zq interpolated (nearest) to the features' size in one call
+    on the channels_last_3d latent, where diffusers interpolates it 32 channels at a time (each chunk a strided
+    view, interpolated into NCDHW) and concatenates them; on a clip's first segment its first frame on its own, the
+    others together, as diffusers does. Then the norm, scaled and shifted by its 1x1x1 convs of zq."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedSpatialNorm3D",)
+    attributes = ("norm_layer", "add_conv", "conv_y", "conv_b")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, f, zq, cache):
+        if cache["norm"].get("mean") is None and cache["norm"].get("var") is None:
+            first = F.interpolate(zq[:, :, :1], size=(1, *f.shape[-2:]), mode="nearest")
+            if zq.shape[2] > 1:
+                rest = F.interpolate(zq[:, :, 1:], size=(f.shape[2] - 1, *f.shape[-2:]), mode="nearest")
+                zq = torch.cat([first, rest], dim=2)
+            else:
+                zq = first
+        else:
+            zq = F.interpolate(zq, size=tuple(f.shape[-3:]), mode="nearest")
+        if self.add_conv:
+            zq = self.conv(zq, cache["add_conv"])
+        return self.norm_layer(f, cache["norm"]) * self.conv_y(zq) + self.conv_b(zq)
+
+
+class _KVAECachedPXSDownsample:
+    """diffusers' KVAECachedPXSDownsample: its pixel-unshuffle mean (the video copied frame by frame into a (B*T, C,
+    H, W) tensor, unshuffled, averaged, permuted back) is a 2x2 average pool in space, and its temporal mean (a
+    (B*H*W, C, T) copy, pooled, permuted back) a 2-frame average pool in time (the first frame of a clip's first
+    segment kept): both pooled on the channels_last_3d activation where it lies."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedPXSDownsample",)
+    attributes = ("factor", "temporal_compress", "spatial_conv", "linear")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None if module.factor == 2 else f"its factor is {module.factor}, not 2"
+
+    def forward(self, x, cache):
+        out = self.spatial_conv(x) + F.avg_pool3d(x, (1, 2, 2))
+        if self.temporal_compress:
+            if cache[0]["padding"] is None and out.shape[2] > 1:  # the first frame, then the others in pairs
+                pooled = torch.cat([out[:, :, :1], F.avg_pool3d(out[:, :, 1:], (2, 1, 1))], dim=2)
+            elif cache[0]["padding"] is None:
+                pooled = out
+            else:
+                pooled = F.avg_pool3d(out, (2, 1, 1))
+            out = self.temporal_conv(out, cache[0]) + pooled
+        return self.linear(out)
+
+
+class _KVAECachedPXSUpsample:
+    """diffusers' KVAECachedPXSUpsample: frames repeated in time and pixels in space on the channels_last_3d
+    activation (`_repeat`: nearest interpolation in its memory format), where diffusers interpolates a (B, T*C, H,
+    W) copy and permutes it back; its last conv's result returned, not copied into a fresh tensor first."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedPXSUpsample",)
+    attributes = ("factor", "temporal_compress", "spatial_conv", "linear")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None if module.factor == 2 else f"its factor is {module.factor}, not 2"
+
+    def forward(self, x, cache):
+        if self.temporal_compress:
+            factor = 2 if x.shape[2] > 1 else 1
+            repeated = _repeat(x, (factor, 1, 1))
+            tail = repeated[:, :, factor - 1 :] if cache["padding"] is None else repeated
+            x = self.temporal_conv(tail, cache) + tail
+        upsampled = _repeat(x, (1, 2, 2))
+        return self.linear(upsampled + self.spatial_conv(upsampled))
+
+
 def _last_frames(front, x, frames: int) -> torch.Tensor:
     """torch.cat([front, x], dim=2)[:, :, -frames:] as a new channels_last_3d tensor, the first frame of x
     repeated where front is None (frames == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
@@ -1220,6 +1296,7 @@ ADAPTERS = (
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
+    _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D,
 )  # fmt: skip
 
 
