@@ -307,7 +307,7 @@ def problem(shape: ConvShape, dtype: torch.dtype, direction: str, device: torch.
     # launch is the coarse kernel with the weight's expansion where its kernel does not read the blocks in place
     # (or the gradient's diagonal) timed in.
     coarse = grouped.coarsened(geom)
-    on_coarse = functools.partial(grouped.on_coarse, direction, geom, coarse)
+    on_coarse = functools.partial(grouped.on_coarse, geom, coarse)
     # What cuDNN convolves: the cached frames concatenated in front of x, and (a border mode) padded by F.pad
     source = x if cached is None else torch.cat([cached, x], dim=2).contiguous(memory_format=CL)
     padded, source_args = cudnn_padding(shape)

@@ -991,12 +991,16 @@ if UNAVAILABLE is None:
         return n, d, h0, w0
 
     @gluon.jit
-    def _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H: gl.constexpr, BOX_W: gl.constexpr):
-        """The patch after `origin` in the live frames `live` = (d_lo, d_hi): the next one, or past frame d_hi - 1 of
-        a batch entry the first patch of frame d_lo of the next (next_patch's walk over d_hi frames, d_lo on)."""
+    def _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H: gl.constexpr, BOX_W: gl.constexpr,
+                         LIVE_D: gl.constexpr):  # fmt: skip
+        """The patch after `origin` in the live frames `live` = (d_lo, d_hi) (LIVE_D): the next one, or past frame
+        d_hi - 1 of a batch entry the first patch of frame d_lo of the next (next_patch's walk over d_hi frames,
+        d_lo on); else next_patch's."""
         d_lo, d_hi = live
         n, d, h0, w0 = next_patch(*origin, d_hi, H_OUT, W_OUT, BOX_H, BOX_W)
-        return n, gl.maximum(d, d_lo), h0, w0
+        if LIVE_D:
+            d = gl.maximum(d, d_lo)
+        return n, d, h0, w0
 
     @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
@@ -1046,7 +1050,7 @@ if UNAVAILABLE is None:
                 ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, s < steps, frames, PAD_MODE_D,
                 HAS_PREFIX,
             )  # fmt: skip
-            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
+            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W, LIVE_D)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for step in range(steps):
             index = step % STAGES
@@ -1060,7 +1064,7 @@ if UNAVAILABLE is None:
                 ((shift_d, shift_h, shift_w),), STRIDE_D, STRIDE_H, STRIDE_W, 1, ahead < steps, frames, PAD_MODE_D,
                 HAS_PREFIX,
             )  # fmt: skip
-            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
+            origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W, LIVE_D)
         return _drain(acc, ready, STAGES)
 
     @gluon.jit
@@ -1152,7 +1156,7 @@ if UNAVAILABLE is None:
                     go_desc, x_views, a_ring.index(stage), b_ring.index(stage), ready.index(stage), origin, co0, ci0,
                     shifts, STRIDE_D, STRIDE_H, STRIDE_W, STRIDE_H * STRIDE_W, True, frames, PAD_MODE_D, HAS_PREFIX,
                 )  # fmt: skip
-                origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W)
+                origin = _next_live_patch(origin, live, H_OUT, W_OUT, BOX_H, BOX_W, LIVE_D)
                 it += 1
 
     @gluon.jit

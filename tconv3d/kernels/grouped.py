@@ -127,11 +127,11 @@ def diagonal_channels(coarse: ConvGeometry, factor: int) -> tuple[int, int]:
     return coarse.group_in_channels // factor, coarse.group_out_channels // factor
 
 
-def on_coarse(direction: str, geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):
-    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s direction: `run(*tensors,
-    diagonal=factor)`, whose launcher takes the weight (the forward's and input gradient's second tensor) through
-    `diagonal_weight`, or returns the weight gradient's diagonal blocks (stored in place, or `diagonal_blocks`);
-    `run(*tensors)` itself where `coarse` is `geom`."""
+def on_coarse(geom: ConvGeometry, coarse: ConvGeometry, run, *tensors: torch.Tensor):
+    """`run(*tensors)`, a launch of `coarse` (coarsened(geom)), as `geom`'s: `run(*tensors, diagonal=factor)`,
+    whose launcher takes the weight (the forward's and input gradient's second tensor) through `diagonal_weight`,
+    or returns the weight gradient's diagonal blocks (stored in place, or `diagonal_blocks`); `run(*tensors)`
+    itself where `coarse` is `geom`."""
     if coarse is geom:
         return run(*tensors)
     return run(*tensors, diagonal=geom.groups // coarse.groups)

@@ -151,7 +151,9 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     programs = cdiv(rows, row_steps)
     # each program's sums of the weight and bias gradients (two buffers, not views of one: a compiled graph would
     # scatter each kernel's writes back into their base)
-    dw_partials, db_partials = (torch.empty((programs, channels), dtype=torch.float32, device=x.device) for _ in "wb")
+    dw_partials, db_partials = (
+        torch.empty((programs, channels), dtype=torch.float32, device=x.device) for _ in range(2)
+    )
     launch(
         _rms_norm_bwd_kernel, (programs,),
         x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
@@ -160,5 +162,5 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
         CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
     # summed over the programs in their order (deterministic), one launch each
-    grad_weight, grad_bias = (torch.empty(channels, dtype=torch.float32, device=x.device) for _ in "wb")
+    grad_weight, grad_bias = (torch.empty(channels, dtype=torch.float32, device=x.device) for _ in range(2))
     return grad_in, sum_splits(dw_partials, grad_weight), sum_splits(db_partials, grad_bias)

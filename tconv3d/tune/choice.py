@@ -205,7 +205,7 @@ def launch(
     if coarse is geom:
         return _launch(direction, launcher, geom, *tensors, channels_after=channels_after)
     return grouped.on_coarse(
-        direction, geom, coarse,
+        geom, coarse,
         lambda *t, **diagonal: _launch(direction, launcher, coarse, *t, channels_after=channels_after, **diagonal),
         *tensors,
     )  # fmt: skip
