@@ -73,15 +73,19 @@ def test_input_in_any_layout_and_deterministic_gradients(device):
     assert torch.equal(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("fold_channels", [1, 8, 4096], ids=["a_group_a_program", "two_groups", "every_group"])
 @pytest.mark.parametrize("tile_splits", [1, 2], ids=["one_split_a_step", "two"])
-def test_group_norm_folds_its_splits_a_tile_at_a_time(tile_splits, device, monkeypatch):
-    """The fold of a group's partials (group_norm._fold_kernel) walks the splits FOLD_SPLITS at a time: at 1 and
-    2 of a volume's 3 splits (the last one short), forward and gradients still match float64."""
+def test_group_norm_folds_its_splits_a_tile_at_a_time(tile_splits, fold_channels, device, monkeypatch):
+    """The fold of the groups' partials (group_norm._fold_kernel) walks the splits FOLD_SPLITS at a time: at 1 and
+    2 of a volume's 3 splits (the last one short), forward and gradients still match float64, whether a program
+    folds one of the 3 groups of 4 channels (FOLD_CHANNELS 1), two (8: the second program's other group masked) or
+    all three (the interpreter's 4096: one masked)."""
     if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
         pytest.skip("no kernels run on this path")
     from tconv3d.kernels import group_norm
 
     monkeypatch.setattr(group_norm, "FOLD_SPLITS", tile_splits)
+    monkeypatch.setattr(group_norm, "FOLD_CHANNELS", fold_channels)
     assert group_norm._splits(5 * 20 * 25)[1] == 3
     x = leaf_copy(torch.randn(2, 12, 5, 20, 25, device=device).contiguous(memory_format=CL))
     w, b = (leaf_copy(torch.randn(12, device=device)) for _ in range(2))

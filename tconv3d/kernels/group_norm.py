@@ -7,11 +7,12 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   squared deviations, combined block by block with Chan's formula: no cancellation), or the two sums the
   backward needs. The host folds channels into groups and splits into totals in a fixed order, so both
   directions are bitwise deterministic, with no atomics.
-- `_fold_kernel`: a program a group folds the partials into what the other two take, splits and channels in a
-  fixed order: the forward's mean and rstd per (batch, group) and a, b per (batch, channel); a and b again from
-  mean and rstd (the backward's first step); the backward's k1, k2, k3 and the weight and bias gradients (summed
-  over the batch in order). One launch where the same arithmetic in torch ops was some 25 tiny kernels and their
-  host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch for the aten path).
+- `_fold_kernel`: a program a few groups (FOLD_CHANNELS) folds the partials into what the other two take, splits
+  and channels in a fixed order: the forward's mean and rstd per (batch, group) and a, b per (batch, channel); a
+  and b again from mean and rstd (the backward's first step); the backward's k1, k2, k3 and the weight and bias
+  gradients (summed over the batch in order). One launch where the same arithmetic in torch ops was some 25 tiny
+  kernels and their host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch
+  for the aten path).
 - `_affine_kernel`: y = act(x * a + b) with per-(batch, channel) a and b that fold mean, rstd, weight and bias;
   backward dx = dy' * k1 + x * k2 + k3 with dy' = dy * act'(x * a + b), recomputed, not stored.
 A norm is three launches each way (the backward's fold twice: four). Statistics and coefficients are fp32 whatever
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import settings
 from .launch import launch
 from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
 
@@ -113,8 +115,10 @@ def _affine_kernel(
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# _fold_kernel's modes
-FOLD_STATISTICS, FOLD_SCALE, FOLD_BACKWARD = 0, 1, 2
+# _fold_kernel's modes (the host passes their .value)
+FOLD_STATISTICS: tl.constexpr = tl.constexpr(0)
+FOLD_SCALE: tl.constexpr = tl.constexpr(1)
+FOLD_BACKWARD: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -122,90 +126,99 @@ def _fold_kernel(
     partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr, dw_ptr, db_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
     MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PER_GROUP: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
-    """One group's channels (program_id(0)) for every batch entry, in order, its splits BLOCK_S at a time (a
-    large volume has thousands). partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd
-    [N, groups]; a, b, k1, k2, k3 [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's
-    formula over the splits' counts: the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd *
-    weight, b = bias - mean * a from mean and rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' *
-    k1 + x * k2 + k3 and the weight and bias gradients."""
-    g = tl.program_id(0)
+    """BLOCK_GROUPS groups' channels (program_id(0)'s) for every batch entry, in order, their splits BLOCK_S at a
+    time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
+    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; a, b, k1, k2, k3
+    [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts:
+    the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias - mean * a from
+    mean and rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' * k1 + x * k2 + k3 and the weight
+    and bias gradients. Each group's sums run over its own splits and channels in the same order whatever
+    BLOCK_GROUPS is."""
     groups = C // PER_GROUP
+    group = tl.program_id(0) * BLOCK_GROUPS + tl.arange(0, BLOCK_GROUPS)
     offs = tl.arange(0, BLOCK_G)
-    mask = offs < PER_GROUP
-    channels = g * PER_GROUP + offs
+    in_group = group < groups
+    mask = in_group[:, None] & (offs < PER_GROUP)[None, :]
+    channels = group[:, None] * PER_GROUP + offs[None, :]  # [BLOCK_GROUPS, BLOCK_G]
     gamma = tl.load(weight_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
     beta = tl.load(bias_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_BIAS else 0.0
     total = VOXELS * 1.0 * PER_GROUP  # fp32: the count may pass int32
-    zeros = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    zeros = tl.zeros((BLOCK_GROUPS, BLOCK_G), dtype=tl.float32)
     dw = zeros
     db = zeros
     for n in range(N):
         base = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * 2 * C
-        if MODE == 0:
-            first = 0.0
+        if MODE == FOLD_STATISTICS:
+            first = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             for s0 in range(0, SPLITS, BLOCK_S):
                 means, counts, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
-                first += tl.sum(tl.sum(means, axis=1) * counts)
+                first += tl.sum(tl.sum(means, axis=2) * counts[:, None], axis=0)
             mean = first / total
-            spread = 0.0
+            spread = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             for s0 in range(0, SPLITS, BLOCK_S):
                 means, counts, tile = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
                 m2, _, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
-                deviation = tl.where(tile, means - mean, 0.0)
-                spread += tl.sum(tl.sum(m2, axis=1) + tl.sum(deviation * deviation, axis=1) * counts)
+                deviation = tl.where(tile, means - mean[None, :, None], 0.0)
+                spread += tl.sum(tl.sum(m2, axis=2) + tl.sum(deviation * deviation, axis=2) * counts[:, None], axis=0)
             rstd = 1.0 / tl.sqrt(spread / total + eps)
-            tl.store(mean_ptr + n * groups + g, mean)
-            tl.store(rstd_ptr + n * groups + g, rstd)
+            tl.store(mean_ptr + n * groups + group, mean, mask=in_group)
+            tl.store(rstd_ptr + n * groups + group, rstd, mask=in_group)
         else:
-            mean = tl.load(mean_ptr + n * groups + g)
-            rstd = tl.load(rstd_ptr + n * groups + g)
-        if MODE == 2:
+            mean = tl.load(mean_ptr + n * groups + group, mask=in_group, other=0.0)
+            rstd = tl.load(rstd_ptr + n * groups + group, mask=in_group, other=0.0)
+        out = n * C + channels
+        if MODE == FOLD_BACKWARD:
             dy_sum = zeros
             dyx_sum = zeros
             for s0 in range(0, SPLITS, BLOCK_S):
                 dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)[0], 0)
                 dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)[0], 0)
-            dy_xhat = rstd * (dyx_sum - mean * dy_sum)  # sum over the voxels of dy' * xhat
+            dy_xhat = rstd[:, None] * (dyx_sum - mean[:, None] * dy_sum)  # sum over the voxels of dy' * xhat
             db += dy_sum
             dw += dy_xhat
-            group_a = tl.sum(gamma * dy_sum)  # over the group, of gamma * dy'
-            group_b = tl.sum(gamma * dy_xhat)  # ... of gamma * dy' * xhat
+            group_a = tl.sum(gamma * dy_sum, axis=1)  # over each group, of gamma * dy'
+            group_b = tl.sum(gamma * dy_xhat, axis=1)  # ... of gamma * dy' * xhat
             k2 = -rstd * rstd * group_b / total
             k3 = -rstd * group_a / total + rstd * rstd * mean * group_b / total
-            out = n * C + channels
-            tl.store(k1_ptr + out, rstd * gamma + zeros, mask=mask)
-            tl.store(k2_ptr + out, k2 + zeros, mask=mask)
-            tl.store(k3_ptr + out, k3 + zeros, mask=mask)
+            tl.store(k1_ptr + out, rstd[:, None] * gamma + zeros, mask=mask)
+            tl.store(k2_ptr + out, k2[:, None] + zeros, mask=mask)
+            tl.store(k3_ptr + out, k3[:, None] + zeros, mask=mask)
         else:
-            a = rstd * gamma + zeros
-            tl.store(a_ptr + n * C + channels, a, mask=mask)
-            tl.store(b_ptr + n * C + channels, beta - mean * a, mask=mask)
-    if MODE == 2:
+            a = rstd[:, None] * gamma + zeros
+            tl.store(a_ptr + out, a, mask=mask)
+            tl.store(b_ptr + out, beta - mean[:, None] * a, mask=mask)
+    if MODE == FOLD_BACKWARD:
         tl.store(dw_ptr + channels, dw, mask=mask)
         tl.store(db_ptr + channels, db, mask=mask)
 
 
 @triton.jit
 def _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr, MOMENT: tl.constexpr):
-    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0), moment MOMENT of the group's
-    channels: ([BLOCK_S, BLOCK_G] values, zeros outside; [BLOCK_S] voxel counts, 0 past the last split; the tile's
-    mask)."""
+    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0), moment MOMENT of `channels`
+    ([groups, channels a group], `mask`): ([BLOCK_S, groups, channels] values, zeros outside; [BLOCK_S] voxel
+    counts, 0 past the last split; the tile's mask)."""
     splits = s0 + tl.arange(0, BLOCK_S)
     inside = splits < SPLITS
-    tile = inside[:, None] & mask[None, :]
-    values = tl.load(base + (splits * 2 * C + MOMENT * C)[:, None] + channels[None, :], mask=tile, other=0.0)
+    tile = inside[:, None, None] & mask[None, :, :]
+    rows = (splits * 2 * C + MOMENT * C)[:, None, None]
+    values = tl.load(base + rows + channels[None, :, :], mask=tile, other=0.0)
     counts = tl.where(inside, tl.minimum(PER_SPLIT, VOXELS - splits * PER_SPLIT), 0) * 1.0
     return values, counts, tile
 
 
-# The fold's tiles: at most this many splits by a group's channels (a GroupNorm's per-group channels times up to
-# FOLD_SPLITS splits a step)
+# The fold's tiles: at most FOLD_ELEMENTS splits x channels, up to FOLD_SPLITS splits a step. A program folds the
+# groups of up to FOLD_CHANNELS channels (at least one group): a row of 32 fp32 channels is a 128-byte load, and a
+# group a program keeps the grid wide. The interpreter runs a program at a time, in Python: there, one program
+# takes as many groups as a tile holds (57 GroupNorms of a KVAE test took 19 s at a group a program).
 FOLD_ELEMENTS, FOLD_SPLITS = 4096, 64
+FOLD_CHANNELS = FOLD_ELEMENTS if settings.INTERPRET else 32
 
 
-def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: int, channels: int, eps: float = 0.0):
+def _fold(
+    mode: tl.constexpr, partials, mean, rstd, weight, bias, groups: int, voxels: int, channels: int, eps: float = 0.0
+):
     """_fold_kernel's launch: what `mode` makes, fp32 (see the kernel): (mean, rstd, a, b), (a, b) or (k1, k2, k3,
     grad_weight, grad_bias)."""
     n = mean.shape[0] if mean is not None else partials.shape[0]
@@ -214,7 +227,9 @@ def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: in
     if mode == FOLD_STATISTICS:
         mean = torch.empty((n, groups), dtype=torch.float32, device=device)
         rstd = torch.empty_like(mean)
-    per_channel = [torch.empty((n, channels), dtype=torch.float32, device=device) for _ in range(3 if mode else 2)]
+    per_channel = [
+        torch.empty((n, channels), dtype=torch.float32, device=device) for _ in range(3 if mode == FOLD_BACKWARD else 2)
+    ]
     if mode == FOLD_BACKWARD:
         k1, k2, k3 = per_channel
         a = b = k1
@@ -224,13 +239,15 @@ def _fold(mode: int, partials, mean, rstd, weight, bias, groups: int, voxels: in
         k1 = k2 = k3 = dw = db = a
     per_group = channels // groups
     block_g = triton.next_power_of_2(per_group)
+    block_groups = min(triton.next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
+    block_s = min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
     launch(
-        _fold_kernel, (groups,),
+        _fold_kernel, (cdiv(groups, block_groups),),
         partials if partials is not None else a, mean, rstd, weight if weight is not None else a,
         bias if bias is not None else a, a, b, k1, k2, k3, dw, db,
         n, channels, splits, voxels, per_split, eps,
-        MODE=mode, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
-        BLOCK_S=min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // block_g)), BLOCK_G=block_g,
+        MODE=mode.value, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
+        BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
     )  # fmt: skip
     if mode == FOLD_STATISTICS:
         return mean, rstd, a, b
