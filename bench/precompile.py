@@ -232,7 +232,7 @@ def tune_launches(tune_args: list[str], device) -> list:
     launches = []
     for job in tuner.planned_jobs(tuner.build_parser().parse_args(tune_args)):
         default, found = tuner.job_configs(job, device)
-        launches += [(job.direction, job.shape.launched_geometry(), job.dtype, c) for c in (default, *found)]
+        launches += [(job.direction, job.shape.geometry(), job.dtype, c) for c in (default, *found)]  # as timed
     return launches
 
 

@@ -19,9 +19,10 @@ from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.config import KernelConfig, packs_taps, split_rows
 from tconv3d.kernels.conv_tma import wgrad_tma_patches
 from tconv3d.kernels.utils import cdiv
+from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
-from tconv3d.tune.shapes import load_shape_set
+from tconv3d.tune.shapes import ConvShape, load_shape_set
 
 H100 = "NVIDIA H100 80GB HBM3"
 CUDA = torch.device("cuda", 0)
@@ -479,6 +480,27 @@ def test_grouped_keys_carry_groups_and_depthwise_searches_the_direct_kernels():
         assert KernelConfig.from_dict(found[0].to_dict()) == found[0]
     assert {c.split_k for c in candidates("wgrad", depthwise, torch.bfloat16, 227 * 1024)} > {1}
     assert not configs.heuristic_config("fwd", grouped, torch.bfloat16, 132, 90).direct
+
+
+@pytest.mark.parametrize("direction", ["fwd", "dgrad", "wgrad"])
+@pytest.mark.parametrize("in_place", [True, False], ids=["blocks_in_place", "block_diagonal"])
+def test_the_tuner_times_a_grouped_problem_as_choice_launches_it(direction, in_place, monkeypatch):
+    """A grouped job of few channels a group is timed on its coarse geometry (its key's) handed the problem's own
+    weight, as choice.launch runs it: the pointer kernels' blocks in place, or the box kernels' block-diagonal
+    copy; the weight gradient is the problem's own. Both match float64 under the interpreter."""
+    if settings.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    monkeypatch.setattr(tuner.grouped, "in_place", lambda *args: in_place)
+    shape = ConvShape("grouped", 1, 16, 24, (3, 4, 5), (3, 3, 3), (1, 1, 1), (1,) * 6, (1, 1, 1), ("fp32",), groups=8)
+    coarse = shape.launched_geometry()
+    assert coarse.groups < shape.groups  # the test's premise: its groups run several at a time
+    job = tuner.Job(tuning_key(direction, coarse, torch.float32), shape, direction, torch.float32)
+    run, reference = tuner.job_problem(job, torch.device("cpu"))
+    config = configs.heuristic_config(direction, coarse, torch.float32, 132, 80)
+    result = run(config)
+    expected = shape.geometry().weight_shape() if direction == "wgrad" else reference.shape
+    assert result.shape == reference.shape == expected
+    assert rel_l2(result.double(), reference.double()) < tolerance(torch.float32)
 
 
 def test_first_use_tuning_refuses_a_capture(fake_gpu, monkeypatch):

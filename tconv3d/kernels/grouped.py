@@ -19,7 +19,7 @@ and nothing is copied after. The box kernels' weight gradient computes the coars
 keeps its diagonal blocks (one strided copy, `diagonal_blocks`). `on_coarse` runs a launch either way.
 `choice.launch` applies it to every launch (bench.variants to the kernels it times), the tuner and
 `python -m tconv3d.inspect` to the problems they tune and compile, so a tuning key is the problem the kernels run
-(the tuner times the coarse problem on its block-diagonal weight, the blocks neither read nor stored in place).
+and a candidate's time counts what its variant pays for the grouped weight (tuner.job_problem).
 Depthwise problems (one input channel a group) keep their direct kernels.
 """
 

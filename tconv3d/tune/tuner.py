@@ -14,6 +14,7 @@ rewritten after every key, so an interrupted run resumes where it stopped. A can
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -28,7 +29,7 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry
 from ..inspect import compile as static_compile
-from ..kernels import aten, conv_gluon
+from ..kernels import aten, conv_gluon, grouped
 from ..kernels.config import DIRECTIONS, KernelConfig
 from ..kernels.conv_dgrad import conv3d_dgrad
 from ..kernels.conv_fwd import conv3d_fwd
@@ -279,28 +280,28 @@ def compile_ahead(jobs: list[Job], device: torch.device, workers: int) -> tuple[
     planned = []
     for job in jobs:
         default, found = job_configs(job, device)
-        planned += [(job.direction, job.shape.launched_geometry(), job.dtype, config) for config in (default, *found)]
+        planned += [(job.direction, job.shape.geometry(), job.dtype, config) for config in (default, *found)]
     wait, shutdown = static_compile.compile_ahead(planned, arch, workers)
 
     def check(job: Job, config: KernelConfig) -> bool:
-        clean = wait((job.direction, job.shape.launched_geometry(), job.dtype, config))
+        clean = wait((job.direction, job.shape.geometry(), job.dtype, config))
         if clean is None:  # a config not planned ahead: compile it here
-            return _compile_filter(job.direction, job.shape.launched_geometry(), job.dtype, device)(config)
+            return _compile_filter(job.direction, job.shape.geometry(), job.dtype, device)(config)
         return clean
 
     return check, shutdown
 
 
-def _gpu_measure(
-    job: Job, compiled: CompiledCheck | None = None, hung_path: Path | None = None
-) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
-    """A measure for one job on the current GPU: random inputs, a cuDNN fp32 reference, the job's launcher; with
-    `hung_path`, candidates that hung before are left out and one that hangs now is recorded there."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    shape, geom, dtype = job.shape, job.shape.launched_geometry(), job.dtype
-    x, w = random_conv_inputs(shape.input_shape, geom.weight_shape(), dtype, device)
+def job_problem(job: Job, device: torch.device) -> tuple[Callable[[KernelConfig], torch.Tensor], torch.Tensor]:
+    """(run, reference): the launch of one job's problem with a config, on random inputs, and its fp32 result by
+    torch. A grouped problem of few channels a group runs as choice.launch runs it: on its coarse geometry (the
+    key's), handed the problem's own weight (kernels/grouped.py), so a candidate's time counts what its variant
+    pays for the grouped weight (the block-diagonal copy of the box kernels, the in-place blocks of the pointer
+    kernels) and its weight gradient is the problem's own."""
+    geom, coarse = job.shape.geometry(), job.shape.launched_geometry()
+    x, w = random_conv_inputs(job.shape.input_shape, geom.weight_shape(), job.dtype, device)
     grad_out = (
-        torch.randn(geom.output_shape(), device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        torch.randn(geom.output_shape(), device=device).to(job.dtype).contiguous(memory_format=torch.channels_last_3d)
     )
     x32, w32, g32 = x.float(), w.float(), grad_out.float()
     references = {
@@ -308,19 +309,33 @@ def _gpu_measure(
         "dgrad": lambda: aten.conv3d_dgrad(g32, w32, geom),
         "wgrad": lambda: aten.conv3d_wgrad(g32, x32, None, geom),
     }
-    launches = {
-        "fwd": lambda config: conv3d_fwd(x, w, None, None, geom, config),
-        "dgrad": lambda config: conv3d_dgrad(grad_out, w, geom, config),
-        "wgrad": lambda config: conv3d_wgrad(grad_out, x, None, geom, config),
+    launchers = {
+        "fwd": (lambda *t, config, **diagonal: conv3d_fwd(*t, coarse, config, **diagonal), (x, w, None, None)),
+        "dgrad": (lambda *t, config, **diagonal: conv3d_dgrad(*t, coarse, config, **diagonal), (grad_out, w)),
+        "wgrad": (lambda *t, config, **diagonal: conv3d_wgrad(*t, coarse, config, **diagonal), (grad_out, x, None)),
     }
+    launcher, tensors = launchers[job.direction]
     with exact_fp32():
         reference = references[job.direction]()
+    run = lambda config: grouped.on_coarse(geom, coarse, functools.partial(launcher, config=config), *tensors)  # noqa: E731
+    return run, reference
+
+
+def _gpu_measure(
+    job: Job, compiled: CompiledCheck | None = None, hung_path: Path | None = None
+) -> tuple[Measure, KernelConfig, list[KernelConfig]]:
+    """A measure for one job on the current GPU (job_problem's run against its cuDNN fp32 reference); with
+    `hung_path`, candidates that hung before are left out and one that hangs now is recorded there."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    run, reference = job_problem(job, device)
     compiles_cleanly = (
-        _compile_filter(job.direction, geom, dtype, device) if compiled is None else lambda c: compiled(job, c)
+        _compile_filter(job.direction, job.shape.geometry(), job.dtype, device)
+        if compiled is None
+        else lambda c: compiled(job, c)
     )
     on_hang = None if hung_path is None else lambda config: tables.record_hung(hung_path, job.key, config)
     measure = _timed_if_correct(
-        launches[job.direction], reference, tolerance(dtype), compiles_cleanly=compiles_cleanly, on_hang=on_hang
+        run, reference, tolerance(job.dtype), compiles_cleanly=compiles_cleanly, on_hang=on_hang
     )
     hung = () if hung_path is None else tables.read_hung(hung_path).get(str(job.key), ())
     default, configs = job_configs(job, device, hung)
