@@ -414,12 +414,14 @@ def test_cosmos_downsampler_without_its_copies(size, space, time, left_alone, at
 
 # The layers that read the model's own inputs (the clip, the latent): the only places a layout copy may stay.
 # Cosmos's input edge is its first projection's spatial conv, after the Haar patcher (torch's, NCDHW).
-def minimax_h3(padding_mode: str = "reflect", clip_length: int = 17, token_drop: int = 3):
+def minimax_h3(
+    padding_mode: str = "reflect", clip_length: int = 17, token_drop: int = 3, levels=(8, 16, 16, 16, 16, 16)
+):
     """MiniMax-H3's VAE, small: its video encoder's causal convs (reflect in space, zeros in front in time), strided
     downsamplers padded after H and W, per-frame GroupNorms; its decoder is a ViT (no 3-D convolution)."""
     torch.manual_seed(0)
     return diffusers.AutoencoderKLMiniMaxH3(
-        latent_channels=4, block_out_channels=(8, 16, 16, 16, 16, 16), layers_per_block=1, norm_num_groups=4,
+        latent_channels=4, block_out_channels=levels, layers_per_block=1, norm_num_groups=4,
         spatial_padding_mode=padding_mode, decoder_num_layers=1, decoder_num_attention_heads=2,
         decoder_attention_head_dim=8, clip_length=clip_length, token_drop=token_drop, latents_mean=(0.0,) * 4,
         latents_std=(1.0,) * 4,
@@ -480,11 +482,11 @@ def test_minimax_h3_encoder_through_the_triton_interpreter():
         assert rel_l2(encode(converted, x), encode(stock, x)) < MATCH
 
 
-def kvae_video():
+def kvae_video(ch_mult=(1, 1, 1, 1)):
     """Kandinsky 5's video VAE (AutoencoderKLKVAEVideo), small: causal convs that cache the last frames of each
     segment of 16 frames for the next (its GroupNorms take 32 groups: 32 channels)."""
     torch.manual_seed(0)
-    return diffusers.AutoencoderKLKVAEVideo(ch=32, ch_mult=(1, 1, 1, 1), num_res_blocks=1, z_channels=4)
+    return diffusers.AutoencoderKLKVAEVideo(ch=32, ch_mult=ch_mult, num_res_blocks=1, z_channels=4)
 
 
 def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
@@ -513,11 +515,11 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
 
 def test_kvae_video_through_the_triton_interpreter():
     """The kernels themselves: replicate in space, the cached frames of the first segment read in front of the
-    second's, a strided temporal conv."""
+    second's, a strided temporal conv (two levels: each layer kind of the VAE)."""
     if tconv3d.CPU_BACKEND != "triton":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
-    stock, converted = stock_and_converted(kvae_video)
-    x = torch.randn(1, 3, 21, 16, 16)  # a segment of 17 frames, then 4
+    stock, converted = stock_and_converted(functools.partial(kvae_video, (1, 1)))
+    x = torch.randn(1, 3, 21, 8, 8)  # a segment of 17 frames, then 4
     with torch.no_grad():
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
 
