@@ -109,7 +109,13 @@ def _overflow_checks(request):
 # first: pytest-xdist hands whole files to workers (--dist loadfile), and a long file handed out last ends the run
 # on one worker while the others wait (the static compile tests, last by xdist's own order of files by test count,
 # held one worker for their last 5 minutes).
-LONGEST_FIRST = ("test_static_compile.py", "test_integrations.py", "test_tma.py", "test_gluon_emulated.py")
+LONGEST_FIRST = (
+    "test_static_compile.py",
+    "test_integrations.py",
+    "test_tma.py",
+    "test_gluon_emulated.py",
+    "test_hopper_main_loops.py",
+)
 
 
 def pytest_configure(config):

@@ -58,7 +58,7 @@ from .conv_tma import (
 from .launch import launch
 from .utils import cdiv, ndhwc_descriptor, padded_coord
 
-# Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_static_compile.py).
+# Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_hopper_main_loops.py).
 GLUON_TRITON = ("3.6", "3.9")
 
 try:
@@ -416,7 +416,7 @@ if UNAVAILABLE is None:
         # Each step's (tap, channel block) is divided out of its number here (step_of), not carried from the
         # step before as the warp-specialized producer and the weight gradient's loop do (next_step, next_patch):
         # carried, triton 3.6 lays this loop out so that ptxas serializes the forward's wgmmas (C7515: the
-        # accumulator's zeros on a path into the drain; tests/test_static_compile.py would fail).
+        # accumulator's zeros on a path into the drain; tests/test_hopper_main_loops.py would fail).
         for s in gl.static_range(STAGES - 1):  # the prologue: the first STAGES - 1 steps in flight
             k_tap, k_block = step_of(first + s, k_blocks)
             _issue_loads(
