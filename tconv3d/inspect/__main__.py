@@ -110,8 +110,14 @@ def _tensor_map_notes(reports, kind: str) -> list[str]:
     ]
 
 
-def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto") -> list[tuple]:
+def plan(
+    shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto", distinct: bool = False
+) -> list[tuple]:
+    """(shape, dtype, direction, arch, config, source) of each launch to compile. With `distinct`, a 16-bit dtype's
+    launch whose config an earlier 16-bit dtype's launch of the same case, direction and arch has is left out: the
+    two compile to one kernel but for the MMA's operand type and the epilogue's conversion."""
     jobs = []
+    sixteen_bit = {}  # (case, direction, arch) -> the configs its 16-bit launches have
     for shape in shapes:
         geom = shape.launched_geometry()
         for dtype_name in dtypes:
@@ -132,6 +138,11 @@ def plan(shapes: list[ConvShape], dtypes, directions, archs, space: bool, varian
                             if variant == "gluon-halo":
                                 forced = halo_twin(direction, geom, forced, dtype.itemsize) or forced
                         config, source = forced, source if forced == config else f"{variant}"
+                    if distinct and dtype.itemsize == 2:
+                        seen = sixteen_bit.setdefault((shape.name, direction, capability), set())
+                        if config in seen:
+                            continue
+                        seen.add(config)
                     jobs.append((shape, dtype_name, direction, capability, config, source))
                     if space:
                         gluon = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
@@ -254,6 +265,11 @@ def main(argv=None) -> int:
         "gluon-ws: its persistent warp-specialized twin, as the tuner may choose; gluon-halo: that twin's halo "
         "tiles where a forward or input gradient may take them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--distinct", action="store_true",
+        help="leave out a 16-bit launch whose config the other 16-bit dtype's launch of the case already has (fp16 "
+        "after bf16: the same kernel but for the MMA's operand type)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
     args = parser.parse_args(argv)
@@ -274,7 +290,7 @@ def main(argv=None) -> int:
     if args.cases:
         shapes = [s for s in shapes if s.name in set(args.cases.split(","))]
     torch.set_num_threads(1)
-    records = run(plan(shapes, dtypes, directions, archs, args.space, args.variant), args.jobs)
+    records = run(plan(shapes, dtypes, directions, archs, args.space, args.variant, args.distinct), args.jobs)
     print(table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
