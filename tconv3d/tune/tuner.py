@@ -14,7 +14,6 @@ rewritten after every key, so an interrupted run resumes where it stopped. A can
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import statistics
@@ -309,15 +308,18 @@ def job_problem(job: Job, device: torch.device) -> tuple[Callable[[KernelConfig]
         "dgrad": lambda: aten.conv3d_dgrad(g32, w32, geom),
         "wgrad": lambda: aten.conv3d_wgrad(g32, x32, None, geom),
     }
-    launchers = {
-        "fwd": (lambda *t, config, **diagonal: conv3d_fwd(*t, coarse, config, **diagonal), (x, w, None, None)),
-        "dgrad": (lambda *t, config, **diagonal: conv3d_dgrad(*t, coarse, config, **diagonal), (grad_out, w)),
-        "wgrad": (lambda *t, config, **diagonal: conv3d_wgrad(*t, coarse, config, **diagonal), (grad_out, x, None)),
-    }
-    launcher, tensors = launchers[job.direction]
+    launcher, tensors = {
+        "fwd": (conv3d_fwd, (x, w, None, None)),
+        "dgrad": (conv3d_dgrad, (grad_out, w)),
+        "wgrad": (conv3d_wgrad, (grad_out, x, None)),
+    }[job.direction]
     with exact_fp32():
         reference = references[job.direction]()
-    run = lambda config: grouped.on_coarse(geom, coarse, functools.partial(launcher, config=config), *tensors)  # noqa: E731
+
+    def run(config: KernelConfig) -> torch.Tensor:
+        launch = lambda *t, **diagonal: launcher(*t, coarse, config, **diagonal)  # noqa: E731
+        return grouped.on_coarse(geom, coarse, launch, *tensors)
+
     return run, reference
 
 
