@@ -87,6 +87,9 @@ case "${1:-}" in
     # SM with a deeper ring. The skip scenario after
     # the stack's: a UNet decoder's conv of [upsampled, skip] read in place, now on the Gluon forward, beside
     # torch.cat + cuDNN and the pointer kernel (bench/NOTES.md, "MONAI's skip connections on the Gluon forward").
+    # The timed_only rows also hold the persistent weight gradients' former splits (hunyuan_512 3, wan_dec_384b 3,
+    # down_s2 34, unet_64 44) beside the refitted ones (bench/NOTES.md, "The persistent weight gradient's split by
+    # what it buys").
     PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
       wan_dec_384_cached_64:chosen wan_dec_384_cached_64:timed_only mochi_dec_768_replicate:chosen \
       mochi_dec_768_replicate:timed_only ltx2_dec_256_reflect:chosen ltx2_dec_256_reflect:timed_only \
@@ -96,7 +99,7 @@ case "${1:-}" in
       unet_320:chosen unet_320:timed_only down_s2:chosen down_s2:gluon_ws unet_32:chosen unet_32:gluon_ws_swapped_wgrad \
       unet_32:timed_only unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
       unet_32:gluon_ws_halo unet_64:chosen unet_64:gluon_ws_halo unet_64:gluon_ws_halo_swapped \
-      unet_64:gluon_ws_halo_deep wan_dec_384b:chosen \
+      unet_64:gluon_ws_halo_deep wan_dec_384b:chosen wan_dec_384b:timed_only down_s2:timed_only unet_64:timed_only \
       stack_64:chosen stack_64:gluon_ws_halo stack_64:gluon_ws_halo_swapped )unet_64:gluon_ws
     PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_96_cached,hunyuan_dec_128_replicate,hunyuan_512,unet_320,down_s2,unet_32,unet_64,wan_dec_384b,unet_64@fp32,unet_16,unet_down_16,stack_64
     export CALL_SECONDS=${CALL_SECONDS:-465} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \

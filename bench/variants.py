@@ -93,7 +93,8 @@ POINTER_DEEP_RING = "pointer_deep_ring"
 # entry where it stands, else the heuristic's), where one of the heuristic's untimed rules moved a launch: a few-voxel
 # layer's 64-row tiles off the Gluon kernel (configs._gluon_rows), a small grid's split tiles off it
 # (configs.small_grid_twin; the pointer kernel, the Triton TMA one for an input gradient), a forward reading
-# channels_after on the pointer kernel.
+# channels_after on the pointer kernel, a persistent weight gradient's split before its refit
+# (configs.persistent_wgrad_split).
 TIMED_ONLY = "timed_only"
 # The row of the forward's chosen persistent tiles as halo tiles (configs.halo_twin: two output frames a tile, the
 # input frames of the three taps along D loaded once as one box, each wgmma reading its frame as a slice).

@@ -5,7 +5,6 @@ No GPU needed: devices are named, tables are files in tmp_path, and timings come
 
 import dataclasses
 import json
-import math
 import time
 import warnings
 
@@ -693,7 +692,9 @@ def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sm
         cached = dataclasses.replace(geom, prefix_frames=2, padding=(0, 0, 1, 1, 1, 1))  # a second source too
         assert h100("fwd", cached) == configs.small_grid_twin("fwd", cached, h100("fwd", cached, timed_only=True),
                                                               132, 2), name  # fmt: skip
-    assert h100("wgrad", plain) == h100("wgrad", plain, timed_only=True)
+    # the weight gradient's tiles as before (its split refitted to the persistent programs: persistent_wgrad_split)
+    refitted = h100("wgrad", plain)
+    assert refitted == dataclasses.replace(h100("wgrad", plain, timed_only=True), split_k=refitted.split_k)
 
 
 def test_a_transposed_conv_of_a_concatenation_takes_the_gluon_input_gradient(monkeypatch):
@@ -813,6 +814,52 @@ def test_whole_steps_twin_reads_96_channels_in_three_full_steps(monkeypatch):
     assert weight.gluon == 2 and configs.whole_steps_twin("wgrad", geom, weight, 2) is None
 
 
+def test_the_persistent_weight_gradient_splits_by_what_a_split_buys(monkeypatch):
+    """sm_90's Gluon weight gradient takes the split its model times best, or the fewest within
+    WGRAD_LEANER_WITHIN of it (configs.persistent_wgrad_split; not with timed_only, which keeps the split that leaves
+    the last round three quarters busy at up to 3 programs an SM): unsplit where a split does not shorten the rounds
+    enough to pay for its fp32 partials (hunyuan_512: 432 tiles, 81 MB of partials for 3 splits; Wan's 384-channel
+    layers: 2 rounds at any split up to 6), fewer splits where the narrow layers' few tiles fill one round of
+    units at fewer (down_s2 34 -> 9: 28.7 -> 7.6 MB of partials), as many as fill the rounds where the reduction is
+    long. With the partials' traffic and the fixed costs free, the model splits wan_dec_384b to shorten its rounds:
+    the rounds count."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    shapes = {s.name: s.geometry() for name in ("bench", "decoders") for s in load_shape_set(name)}
+
+    def h100(name, **options):
+        return configs.heuristic_config("wgrad", shapes[name], torch.bfloat16, 132, 90, **options)
+
+    def partial_mb(name, config):
+        geom = shapes[name]
+        splits = config.split_k if config.split_k > 1 else 0
+        return splits * geom.out_channels * geom.taps * geom.in_channels * 4 / 2**20
+
+    for name in ("hunyuan_512", "wan_dec_384a", "wan_dec_384b"):
+        chosen, before = h100(name), h100(name, timed_only=True)
+        assert chosen.gluon == 2 and chosen.split_k == 1 and before.split_k > 1, (name, before.split_k)
+        assert chosen == dataclasses.replace(before, split_k=1), name  # the tiles as before
+    for name in ("wan_dec_384_cached", "ltx2_dec_512_reflect"):  # a decoder's fine-tuning step (an untimed rule)
+        assert (h100(name).gluon, h100(name).split_k) == (2, 1), name
+    assert partial_mb("hunyuan_512", h100("hunyuan_512", timed_only=True)) == 81
+    for name in ("down_s2", "unet_64", "wan_dec_96", "hunyuan_128", "stack_64"):
+        chosen, before = h100(name), h100(name, timed_only=True)
+        per_sm = conv_gluon.programs_an_sm(chosen, 2, weight_grad=True)
+        patches = wgrad_tma_patches(shapes[name], chosen)
+        units = 27 * cdiv(patches, split_rows(patches, chosen.split_k, 1))  # 27 tiles: one a tap
+        rounds = units / (per_sm * 132)
+        assert 1 < chosen.split_k < before.split_k and rounds / -(-units // (per_sm * 132)) >= 0.9, (name, rounds)
+        assert partial_mb(name, chosen) < partial_mb(name, before), name
+    assert h100("down_s2").split_k == 9
+    for name in ("cogvideo_256", "wan_dec_192"):  # 108 tiles: 1 round at 82%, 5 rounds of sixths at 98%
+        assert h100(name).split_k == h100(name, timed_only=True).split_k == 6, name
+    geom, wide = shapes["wan_dec_384b"], h100("wan_dec_384b")
+    for constant, free in (("WGRAD_DRAM_BYTES", 1e30), ("WGRAD_UNIT_SECONDS", 0), ("WGRAD_SUM_SECONDS", 0),
+                           ("WGRAD_LEANER_WITHIN", 1.0)):  # fmt: skip
+        monkeypatch.setattr(configs, constant, free)
+    split = configs.persistent_wgrad_split(geom, wide, 132, 2)
+    assert split > 1 and -(-243 * split // 132) / split < 2, split  # fewer tile-times than the 2 rounds unsplit
+
+
 def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
     """configs.swapped_wgrad_twin (bench.variants' gluon_ws_swapped_wgrad row, a tuning candidate): a weight gradient
     of at most 32 output channels transposed, Cout on the wgmma's columns, taps of 32 input channels side by side on
@@ -848,8 +895,8 @@ def test_heuristic_transposes_weight_gradients_of_few_output_channels(monkeypatc
     """sm_90's heuristic computes a Gluon weight gradient of at most 32 output channels transposed
     (configs.swapped_wgrad_tiles; not with timed_only): MONAI UNet's 16-channel layers 4 taps of 16 input channels
     on one warpgroup's rows (fill 16/64 -> 27/28), unet_32's 4 of 32 on two; the split refitted to the tap groups,
-    the last round over the SMs at least SWAPPED_WGRAD_FILL busy (the twin's kept split, sized for one tap's tiles,
-    leaves unet_32 3.5 rounds). 33+ output channels, and a transposed config's grouped twin: untouched."""
+    one round of units over the SMs (configs.persistent_wgrad_split; the twin's kept split, sized for one tap's
+    tiles, leaves unet_32 3.5 rounds). 33+ output channels, and a transposed config's grouped twin: untouched."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
     shapes = {s.name: s.geometry() for name in ("bench", "unets") for s in load_shape_set(name)}
     for name, (per_tap, warps) in {"unet_16": (16, 4), "unet_down_16": (16, 4), "unet_32": (32, 8)}.items():
@@ -863,11 +910,10 @@ def test_heuristic_transposes_weight_gradients_of_few_output_channels(monkeypatc
         per_sm = conv_gluon.programs_an_sm(chosen, 2, weight_grad=True)
         patches = wgrad_tma_patches(geom, chosen)
         units = 7 * cdiv(patches, split_rows(patches, chosen.split_k, 1))  # 7 tap groups, one channel block each
-        rounds = units / (per_sm * 132)
-        assert rounds / math.ceil(rounds) >= configs.SWAPPED_WGRAD_FILL, (name, units)
+        assert units <= per_sm * 132, (name, units)  # one round of units, each a larger share of its tile
         kept = configs.swapped_wgrad_twin(plain, geom)
         kept_rounds = 7 * cdiv(patches, split_rows(patches, kept.split_k, 1)) / (per_sm * 132)
-        assert kept_rounds / math.ceil(kept_rounds) < configs.SWAPPED_WGRAD_FILL, name  # what the refit is for
+        assert kept_rounds > 2, name  # what the refit is for: 2 to 3.5 rounds of units a seventh as long
         assert configs.grouped_taps_twin(chosen, "wgrad") is None
         # the tuner times its unswapped one-tap tile first (configs.own_twins): 7 doublings from it otherwise
         unswapped = configs.own_twins("wgrad", geom, chosen, torch.bfloat16, 227 * 1024)

@@ -495,7 +495,7 @@ def heuristic_config(
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them (but for the untimed rules below), a tuning table or
     TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are.
-    Seven rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Eight rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
@@ -516,7 +516,10 @@ def heuristic_config(
     a weight gradient reading channels_after takes the Gluon tiles of a plain one of its wider source, one launch
     a source (BasicUNet's and DynUNet's decoder convs, 13-15% of their training steps' FLOPs); and a weight gradient
     reading frames_before or bordered in H or W takes the Gluon kernel as a plain one does, its border ring on the
-    pointer kernel (a video VAE decoder's fine-tuning step: 15-38% of its FLOPs, bench.census --training)."""
+    pointer kernel (a video VAE decoder's fine-tuning step: 15-38% of its FLOPs, bench.census --training); and the
+    persistent Gluon weight gradient's split is refitted to the programs the kernel runs and to its partials'
+    traffic (persistent_wgrad_split: hunyuan_512 and Wan's 384-channel layers unsplit, 81 and 46 MB of fp32
+    partials fewer)."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
     config = _heuristic_tiles(direction, geom, dtype, sm_count)
@@ -580,7 +583,10 @@ def heuristic_config(
         persistent = with_gluon(config, geom, direction, specialized=True)
         if direction == "wgrad" and not timed_only:  # few output channels: the taps on the wgmma's rows
             persistent = swapped_wgrad_tiles(geom, persistent, sm_count, dtype.itemsize) or persistent
-        return _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
+        persistent = _persistent_tiles(direction, geom, persistent, sm_count, dtype.itemsize)
+        if direction == "wgrad" and not timed_only:  # the split refitted to the persistent programs
+            persistent = replace(persistent, split_k=persistent_wgrad_split(geom, persistent, sm_count, dtype.itemsize))
+        return persistent
     if after_dgrad:  # off the Gluon kernel: the pointer one (the Triton TMA one reading two sources is not timed)
         return config
     return config if strided or direction == "fwd" else with_tma(config, geom, direction)
@@ -663,6 +669,55 @@ def _persistent_tiles(
     if config.num_warps == 4 and conv_gluon.programs_an_sm(config, element_size, weight_grad=False) == 2:
         return deepest_ring(config, element_size, direction)
     return config
+
+
+# The persistent Gluon weight gradient's split model (persistent_wgrad_split), for an H100-class sm_90 GPU: the wgmma
+# FLOP/s an SM reaches on a weight-gradient tile (85% of the matmul peak measured on the H100, 775 TFLOP/s over its
+# 132 SMs: wan_dec_384a's Gluon forward ran 86.5%, run 17), the DRAM bytes/s an fp32 partial moves at (HBM3: 3.35
+# peak; an H200's 4.8 only makes splits cheaper), what each (tile, split) unit adds to its program's time (its ring's
+# first fills and its fp32 tile stored from registers) and what a split adds once (the sum pass: a launch and its tail).
+WGRAD_SM_FLOPS = 5.0e12
+WGRAD_DRAM_BYTES = 3.0e12
+WGRAD_UNIT_SECONDS = 2e-6
+WGRAD_SUM_SECONDS = 5e-6
+# The leaner split within the model's error: the fewest splits whose modeled time is at most this much the best's.
+WGRAD_LEANER_WITHIN = 1.05
+
+
+def persistent_wgrad_split(geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int) -> int:
+    """The split of the persistent Gluon weight gradient's reduction (its output patches) for `config`'s tiles: by a
+    model of what a split buys and costs, not by a share of the last round's SMs kept busy. The kernel runs
+    programs_an_sm programs an SM, each walking (tile, split) units num_programs apart, so its time is its busiest
+    program's: ceil(units / programs) units, each 1 / splits of a tile's MMA work at the SM's rate shared by its
+    programs, plus WGRAD_UNIT_SECONDS. A split also writes splits fp32 copies of the weight and the sum pass reads
+    them back and writes the gradient (WGRAD_DRAM_BYTES, WGRAD_SUM_SECONDS). Of the splits within
+    WGRAD_LEANER_WITHIN of the best modeled time, the fewest: they hold the least workspace.
+
+    The former rule (_wave_filling_split: the fewest splits leaving the last round three quarters busy at one to
+    `most` programs an SM, `most` the pointer kernel's bound from shared memory, up to 3 for these tiles) split
+    layers of many tiles whose rounds a split does not shorten and whose weights are large: hunyuan_512's 432 tiles
+    of 128 x 128 (3.3 rounds) 3 ways, 81 MB of fp32 partials for a 14 MB gradient whose reduction is 80 patches;
+    wan_dec_384a's and b's 243 (1.84 rounds: 2 whatever the split up to 6) 3 ways, 46 MB; and split the few tiles
+    of narrow layers past the point where more rounds of shorter units gain anything (down_s2: 34 ways, 29 MB for a
+    0.8 MB gradient, where 9 fill one round at two programs an SM)."""
+    view = gemm_view("wgrad", geom, True)
+    group = max(config.tap_group, 1)
+    tiles = cdiv(geom.taps, group) * cdiv(geom.group_out_channels, config.block_m) * geom.groups
+    tiles *= cdiv(geom.group_in_channels, config.block_n // group)
+    patches = wgrad_tma_patches(geom, config)
+    per_sm = conv_gluon.programs_an_sm(config, element_size, weight_grad=True)
+    tile_seconds = 2 * config.block_m * config.block_n * config.block_k * patches * per_sm / WGRAD_SM_FLOPS
+    weight = geom.out_channels * geom.taps * geom.group_in_channels
+    modeled = {}  # splits -> seconds
+    for asked in range(1, _max_split(view, config.block_k) + 1):
+        splits = cdiv(patches, split_rows(patches, asked, 1))
+        rounds = math.ceil(tiles * splits / (per_sm * sm_count))
+        seconds = rounds * (tile_seconds / splits + WGRAD_UNIT_SECONDS)
+        if splits > 1:
+            seconds += (2 * splits * weight * 4 + weight * element_size) / WGRAD_DRAM_BYTES + WGRAD_SUM_SECONDS
+        modeled.setdefault(splits, seconds)
+    best = min(modeled.values())
+    return min(splits for splits, seconds in modeled.items() if seconds <= best * WGRAD_LEANER_WITHIN)
 
 
 def deepest_ring(config: KernelConfig, element_size: int, direction: str) -> KernelConfig:
@@ -1092,13 +1147,6 @@ def swapped_wgrad_twin(config: KernelConfig, geom: ConvGeometry) -> KernelConfig
     return twin if gluon_takes(twin) else None
 
 
-# The least share of its last round over the SMs a transposed weight gradient's split leaves busy
-# (swapped_wgrad_tiles): more than the weight gradient's three quarters (_heuristic_tiles), since its splits' fp32
-# partials are small (at most 32 output channels: unet_32's 110 KB a split) and its few tiles run one round or two
-# (unet_32: 7 tap groups, one program an SM; 15 splits would leave 27 of 132 SMs idle, 17 leave 13).
-SWAPPED_WGRAD_FILL = 0.9
-
-
 def swapped_wgrad_tiles(
     geom: ConvGeometry, config: KernelConfig, sm_count: int, element_size: int
 ) -> KernelConfig | None:
@@ -1110,15 +1158,7 @@ def swapped_wgrad_tiles(
     twin = swapped_wgrad_twin(config, geom)
     if twin is None:
         return None
-    patches = wgrad_tma_patches(geom, twin)
-    per_sm = conv_gluon.programs_an_sm(twin, element_size, weight_grad=True)
-    tiles = cdiv(geom.taps, max(twin.tap_group, 1)) * cdiv(geom.group_out_channels, twin.block_m) * geom.groups
-    tiles *= cdiv(geom.group_in_channels, twin.block_n // max(twin.tap_group, 1))
-    most = _max_split(gemm_view("wgrad", geom), twin.block_k)
-    split = _wave_filling_split(
-        tiles, per_sm, sm_count, most, lambda split: cdiv(patches, split_rows(patches, split, 1)), SWAPPED_WGRAD_FILL
-    )
-    return replace(twin, split_k=split)
+    return replace(twin, split_k=persistent_wgrad_split(geom, twin, sm_count, element_size))
 
 
 def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: torch.dtype, smem_bytes: int) -> list:
