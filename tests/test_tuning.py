@@ -395,6 +395,22 @@ def test_search_respects_its_time_bound():
     assert outcome.tried == 4 and outcome.default_config == CONFIG_B
 
 
+def test_search_takes_the_leaner_of_candidates_as_fast():
+    """Of the candidates within LEANER_WITHIN of the fastest, the one with the least split-K workspace wins (the
+    faster of equals); one slower than that does not, however lean. The workspace is the fp32 partials' bytes."""
+    geom = geometry(cin=512, cout=512, size=(5, 32, 32))  # hunyuan_512's
+    split = lambda k: dataclasses.replace(CONFIG_A, split_k=k)  # noqa: E731
+    times = {split(1): 1.015, split(3): 1.0, split(4): 0.999, split(2): 1.01}
+    workspace = lambda config: configs.split_workspace_bytes("wgrad", geom, config)  # noqa: E731
+    assert [workspace(split(k)) for k in (1, 3)] == [0, 3 * 512 * 27 * 512 * 4]
+    outcome = tuner.search(list(times), split(3), times.get, budget_s=60, workspace=workspace)
+    assert outcome.config == split(1) and outcome.ms == 1.015 and outcome.default_ms == 1.0
+    assert tuner.search(list(times), split(3), times.get, budget_s=60).config == split(4)  # no workspace: fastest
+    times[split(1)] = 1.03  # past 2%: the fastest of those within it, the leanest (split 2)
+    assert tuner.search(list(times), split(3), times.get, budget_s=60, workspace=workspace).config == split(2)
+    assert tuner.search([], split(3), lambda config: None, budget_s=60, workspace=workspace) is None
+
+
 def test_summary_reports_median_and_worst():
     outcome = lambda ms, default_ms: tuner.Outcome(CONFIG_A, ms, CONFIG_B, default_ms, 3)  # noqa: E731
     text = tuner.summarize([outcome(1.0, 2.0), outcome(1.0, 1.0), outcome(1.0, 1.5)])

@@ -292,6 +292,15 @@ def mma_fill(direction: str, geom: ConvGeometry, config: KernelConfig, element_s
     return rows * cols * reduction
 
 
+def split_workspace_bytes(direction: str, geom: ConvGeometry, config: KernelConfig) -> int:
+    """About the bytes of fp32 partial sums `config`'s split-K allocates (splits x the GEMM's output, kernels/
+    split_k.py): 0 unsplit. What the tuner weighs between candidates of the same time (tuner.search)."""
+    if config.split_k <= 1:
+        return 0
+    view = gemm_view(direction, geom, bool(config.tma_box_w))
+    return config.split_k * view.rows * view.cols * view.grid_taps * view.groups * 4
+
+
 def _pow2_at_least(n: int) -> int:
     return max(MIN_TILE, triton.next_power_of_2(max(int(n), 1)))
 
@@ -307,8 +316,7 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
     if direction == "wgrad":
         if config.split_k > cdiv(view.reduction, config.block_k):
             return False
-        workspace = config.split_k * view.rows * view.cols * view.grid_taps * 4 if config.split_k > 1 else 0
-        if workspace > WGRAD_WORKSPACE_BYTES:
+        if split_workspace_bytes(direction, geom, config) > WGRAD_WORKSPACE_BYTES:
             return False
     elif config.split_k > 1 and config.split_k > _max_k_split(direction, geom, config):
         return False

@@ -35,7 +35,7 @@ from ..kernels.conv_fwd import conv3d_fwd
 from ..kernels.conv_wgrad import conv3d_wgrad
 from ..testing import exact_fp32, hang_guard, random_conv_inputs, rel_l2, tolerance
 from . import configs, tables
-from .configs import TuningKey, candidates, default_config, own_twins, tuning_key
+from .configs import TuningKey, candidates, default_config, own_twins, split_workspace_bytes, tuning_key
 from .shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
 Measure = Callable[[KernelConfig], "float | None"]  # ms, or None when the config fails to compile or to check
@@ -78,18 +78,26 @@ class Outcome:
         }
 
 
+# A candidate within this factor of the fastest time is as fast, within a timing's noise: of those, the one whose
+# split-K holds the least fp32 workspace wins (search's `workspace`).
+LEANER_WITHIN = 1.02
+
+
 def search(
     configs: Iterable[KernelConfig],
     default: KernelConfig,
     measure: Measure,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
+    workspace: Callable[[KernelConfig], int] = lambda config: 0,
 ) -> Outcome | None:
-    """Time the default, then candidates until the budget runs out; the fastest that passed its check wins.
-    None if nothing, not even the default, ran correctly."""
+    """Time the default, then candidates until the budget runs out; of those that passed their check, the fastest
+    wins, or where others ran within LEANER_WITHIN of its time, the one of them with the least `workspace` (bytes of
+    split-K partial sums: configs.split_workspace_bytes), the faster between equals. None if nothing, not even the
+    default, ran correctly."""
     start = clock()
     default_ms = measure(default)
-    best, best_ms = (default, default_ms) if default_ms is not None else (None, float("inf"))
+    timed = [(default_ms, default)] if default_ms is not None else []
     tried = 1
     for config in configs:
         if clock() - start > budget_s:
@@ -98,10 +106,15 @@ def search(
             continue
         ms = measure(config)
         tried += 1
-        if ms is not None and ms < best_ms:
-            best, best_ms = config, ms
-    if best is None:
+        if ms is not None:
+            timed.append((ms, config))
+    if not timed:
         return None
+    fastest = min(ms for ms, _ in timed)
+    best_ms, best = min(
+        ((ms, config) for ms, config in timed if ms <= fastest * LEANER_WITHIN),
+        key=lambda entry: (workspace(entry[1]), entry[0]),
+    )
     return Outcome(best, best_ms, default, default_ms, tried)
 
 
@@ -182,6 +195,11 @@ def nearest_candidates(
     return (twins + sorted(forms, key=by_steps) + sorted(rest, key=by_steps))[:limit]
 
 
+def _workspace(direction: str, geom: ConvGeometry) -> Callable[[KernelConfig], int]:
+    """search's `workspace` for a problem: a config's bytes of split-K partial sums."""
+    return lambda config: split_workspace_bytes(direction, geom, config)
+
+
 def _twins(direction: str, geom: ConvGeometry, default: KernelConfig, dtype, device) -> list[KernelConfig]:
     """The default's own Gluon twins (configs.own_twins) where this device runs the Gluon kernel, else none."""
     return own_twins(direction, geom, default, dtype, smem_limit(device)) if _has_gluon(device) else []
@@ -203,7 +221,7 @@ def tune_on_first_use(key: TuningKey, direction: str, geom: ConvGeometry, dtype,
     )
     found = candidates(direction, geom, dtype, smem_limit(device), tma=_has_tma(device), gluon=_has_gluon(device))
     configs = nearest_candidates(found, default, CANDIDATES_PER_KEY, _twins(direction, geom, default, dtype, device))
-    outcome = search(configs, default, measure, FIRST_USE_BUDGET_S)
+    outcome = search(configs, default, measure, FIRST_USE_BUDGET_S, workspace=_workspace(direction, geom))
     if outcome is None:
         return default
     device_name = torch.cuda.get_device_name(device)
@@ -373,7 +391,7 @@ def tune_jobs(
             out(f"    {config_text(config)}{' (default)' if config == default else ''}: {time_text}")
             return ms
 
-        outcome = search(configs, default, logged, budget_s)
+        outcome = search(configs, default, logged, budget_s, workspace=_workspace(job.direction, job.shape.geometry()))
         if outcome is None:
             out(f"{_progress(index, len(todo))} {job.key}: no config passed its check; left out of the table")
             continue
