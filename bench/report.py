@@ -56,8 +56,16 @@ def geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def memory_ratio(case: dict, impl: str = "tconv3d", baseline: str = BASELINE) -> float | None:
+    """tconv3d's peak memory over cuDNN channels_last_3d's for a case (what the call allocated beyond its inputs):
+    below 1 means tconv3d is leaner."""
+    ours, theirs = (case["impls"].get(name, {}).get("peak_mem_mb") for name in (impl, baseline))
+    return ours / theirs if ours and theirs else None
+
+
 def summary(results: dict) -> dict:
-    """Per (direction, dtype): geomean speedup of tconv3d over cuDNN channels_last_3d and the worst case."""
+    """Per (direction, dtype): geomean speedup of tconv3d over cuDNN channels_last_3d and the worst case; where the
+    cases measured peak memory, the geomean of tconv3d's over cuDNN's and the case most over it."""
     out = {}
     for direction in DIRECTIONS:
         for dtype in sorted({c["dtype"] for c in results["cases"]}):
@@ -71,6 +79,14 @@ def summary(results: dict) -> dict:
                     "worst_case": worst[1],
                     "cases": len(ratios),
                 }
+                memory = [(memory_ratio(c), c["name"]) for c in cases if memory_ratio(c)]
+                if memory:
+                    most = max(memory)
+                    out[f"{direction}/{dtype}"].update(
+                        geomean_memory_ratio=round(geomean(r for r, _ in memory), 3),
+                        most_memory_ratio=round(most[0], 3),
+                        most_memory_case=most[1],
+                    )
     return out
 
 
@@ -86,7 +102,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 CASE_COLUMNS = ["case", "dtype", "dir", "tconv3d", "cuDNN CL", "speedup", "graph: tconv3d", "graph: cuDNN CL",
-                "cuDNN NCDHW", "compile", "max-autotune", "TFLOP/s", "% peak", "rel. err"]  # fmt: skip
+                "cuDNN NCDHW", "compile", "max-autotune", "TFLOP/s", "% peak", "rel. err", "peak MiB: tconv3d",
+                "peak MiB: cuDNN CL", "memory ratio"]  # fmt: skip
 
 
 def _case_table(results: dict) -> list[str]:
@@ -112,7 +129,8 @@ def _case_row(case: dict) -> list[str]:
     return [
         case["name"], case["dtype"], case["direction"], *times, _cell(speedup(case), "{:.2f}x"), *graphs, *others,
         _cell(ours.get("tflops"), "{:.0f}"), _cell(ours.get("pct_of_peak"), "{:.0f}%"),
-        _cell(ours.get("max_rel_err"), "{:.1e}"),
+        _cell(ours.get("max_rel_err"), "{:.1e}"), _cell(ours.get("peak_mem_mb"), "{:.1f}"),
+        _cell(impls.get("cudnn_cl3d", {}).get("peak_mem_mb"), "{:.1f}"), _cell(memory_ratio(case), "{:.2f}x"),
     ]  # fmt: skip
 
 
@@ -130,16 +148,20 @@ def markdown(results: dict) -> str:
         f"Measured peaks: bf16 matmul {mm} TFLOP/s{tf32}, device copy {copy} TB/s{l2} (fp32 cases are quoted against "
         "TF32's). Times are medians of "
         "`triton.testing.do_bench` in ms; speedup = cuDNN channels_last_3d time / tconv3d time; graph: the same "
-        "call replayed from a CUDA graph (no host time).",
+        "call replayed from a CUDA graph (no host time); peak MiB: what the call allocated beyond its inputs "
+        "(torch.cuda.max_memory_allocated), memory ratio = tconv3d's / cuDNN channels_last_3d's (below 1: leaner).",
         "",
         *_case_table(results),
         "",
     ]
     summary_rows = [
-        [name, f"{row['geomean_speedup']:.2f}x", f"{row['worst_speedup']:.2f}x", row["worst_case"]]
+        [name, f"{row['geomean_speedup']:.2f}x", f"{row['worst_speedup']:.2f}x", row["worst_case"],
+         _cell(row.get("geomean_memory_ratio"), "{:.2f}x"),
+         f"{row['most_memory_ratio']:.2f}x ({row['most_memory_case']})" if "most_memory_ratio" in row else "-"]
         for name, row in summary(results).items()
-    ]
-    lines += _table(["direction/dtype", "geomean speedup", "worst", "worst case"], summary_rows)
+    ]  # fmt: skip
+    header = ["direction/dtype", "geomean speedup", "worst", "worst case", "peak memory / cuDNN (geomean)", "most over"]
+    lines += _table(header, summary_rows)
     if results.get("stack"):
         lines += ["", "3-layer stack: fwd+bwd step time and layout-conversion kernels in the profiler trace", ""]
         stack_rows = [

@@ -141,8 +141,17 @@ def test_figures_and_summary():
     assert fig["tflops"] == 500.0 and fig["pct_of_peak"] == 62.5 and fig["peak_mem_mb"] == 12.0
     assert report.speedup(results["cases"][0]) == 2.0
     summary = report.summary(results)
-    assert summary["fwd/bf16"] == {"geomean_speedup": 1.0, "worst_speedup": 0.5, "worst_case": "b", "cases": 2}
+    speed = {"geomean_speedup": 1.0, "worst_speedup": 0.5, "worst_case": "b", "cases": 2}
+    memory = {"geomean_memory_ratio": 1.2, "most_memory_ratio": 1.2, "most_memory_case": "b"}
+    assert summary["fwd/bf16"] == {**speed, **memory}
     assert summary["bwd/bf16"]["geomean_speedup"] == 3.0
+    # peak memory over cuDNN's: a geomean, and the case most over it (tconv3d's 12 MiB against 10 and 40)
+    results["cases"][0]["impls"]["cudnn_cl3d"]["peak_mem_mb"] = 40.0
+    summary = report.summary(results)["fwd/bf16"]
+    assert (summary["geomean_memory_ratio"], summary["most_memory_case"]) == (round((0.3 * 1.2) ** 0.5, 3), "b")
+    assert report.memory_ratio(results["cases"][0]) == 0.3
+    del results["cases"][0]["impls"]["cudnn_cl3d"]["peak_mem_mb"]  # a run that measured none: no memory ratio
+    assert report.memory_ratio(results["cases"][0]) is None and report.summary(results)["fwd/bf16"]["cases"] == 2
 
 
 def test_results_files(tmp_path):
@@ -159,7 +168,8 @@ def test_results_files(tmp_path):
     text = paths["md"].read_text()
     assert "| a | bf16 | fwd | 2.000 | 4.000 | 2.00x | 1.500 | 3.750 |" in text
     assert "| b | bf16 | fwd | 4.000 | 2.000 | 0.50x | - | - |" in text
-    assert "| fwd/bf16 | 1.00x | 0.50x | b |" in text
+    assert "| fwd/bf16 | 1.00x | 0.50x | b | 1.20x | 1.20x (b) |" in text
+    assert "| 12.0 | 10.0 | 1.20x |" in text  # each case's peak memory, tconv3d's and cuDNN's
     assert "| compile | 12.000 | 6 |" in text
     if "png" in paths:
         assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
