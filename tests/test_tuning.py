@@ -4,6 +4,7 @@ No GPU needed: devices are named, tables are files in tmp_path, and timings come
 """
 
 import dataclasses
+import itertools
 import json
 import time
 import warnings
@@ -15,7 +16,7 @@ import triton
 from tconv3d import settings
 from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
-from tconv3d.kernels.config import KernelConfig, packs_taps, split_rows
+from tconv3d.kernels.config import DIRECTIONS, KernelConfig, packs_taps, split_rows
 from tconv3d.kernels.conv_tma import wgrad_tma_patches
 from tconv3d.kernels.utils import cdiv
 from tconv3d.testing import rel_l2, tolerance
@@ -868,12 +869,36 @@ def test_the_persistent_weight_gradient_splits_by_what_a_split_buys(monkeypatch)
     assert h100("down_s2").split_k == 9
     for name in ("cogvideo_256", "wan_dec_192"):  # 108 tiles: 1 round at 82%, 5 rounds of sixths at 98%
         assert h100(name).split_k == h100(name, timed_only=True).split_k == 6, name
+    empty = conv_geometry((0, 384, 6, 60, 104), (384, 384, 3, 3, 3), 1, 1, 1)  # no patches: one split
+    assert configs.heuristic_config("wgrad", empty, torch.bfloat16, 132, 90).split_k == 1
     geom, wide = shapes["wan_dec_384b"], h100("wan_dec_384b")
     for constant, free in (("WGRAD_DRAM_BYTES", 1e30), ("WGRAD_UNIT_SECONDS", 0), ("WGRAD_SUM_SECONDS", 0),
                            ("WGRAD_LEANER_WITHIN", 1.0)):  # fmt: skip
         monkeypatch.setattr(configs, constant, free)
     split = configs.persistent_wgrad_split(geom, wide, 132, 2)
     assert split > 1 and -(-243 * split // 132) / split < 2, split  # fewer tile-times than the 2 rounds unsplit
+
+
+@pytest.mark.parametrize(
+    ("input_shape", "cout", "stride", "groups"),
+    [((0, 384, 6, 60, 104), 384, 1, 1), ((0, 384, 6, 60, 104), 16, 1, 1), ((0, 320, 8, 8, 8), 320, 1, 1),
+     ((0, 64, 8, 8, 8), 128, 2, 1), ((0, 3, 8, 16, 16), 8, 1, 1), ((0, 96, 4, 8, 8), 3, 1, 1),
+     ((0, 8, 4, 8, 8), 64, 1, 1), ((0, 256, 8, 28, 28), 256, 1, 32), ((0, 192, 16, 56, 56), 192, 1, 192)],
+    ids=["wide", "few_out", "small_grid", "strided", "packed_in", "few_out_3", "packed_out", "grouped", "depthwise"],
+)  # fmt: skip
+def test_the_heuristic_takes_an_empty_batch(input_shape, cout, stride, groups, monkeypatch):
+    """A batch of 0 has no tiles: every direction's heuristic config, on sm_80 and sm_90, timed rules or all, is a
+    valid one (a split of at least 1), with no division by its zero tiles (small_grid_split, _gluon_rows,
+    _wave_filling_split and persistent_wgrad_split divided by them: a CUDA call on an empty batch raised
+    ZeroDivisionError before its launcher's early return), whatever variant is forced."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    geom = conv_geometry(input_shape, (cout, input_shape[1] // groups, 3, 3, 3), stride, 1, 1, groups=groups)
+    for direction, dtype, capability in itertools.product(DIRECTIONS, configs.DTYPE_NAMES, (80, 90)):
+        for timed_only in (False, True):
+            config = configs.heuristic_config(direction, geom, dtype, 132, capability, timed_only)
+            assert config.split_k >= 1, (direction, dtype, capability, config)
+            for kernels in ("pointer", "tma", "gluon"):
+                assert choice.force_variant(direction, geom, dtype, config, kernels, True).split_k >= 1
 
 
 def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):

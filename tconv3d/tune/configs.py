@@ -424,6 +424,8 @@ def _wave_filling_split(
         waves = tiles * splits_of(split) / (per_sm * sm_count)
         return waves / math.ceil(waves)
 
+    if tiles == 0:  # an empty batch
+        return 1
     best, best_fill = max_split, 0.0
     for split in range(1, max_split + 1):
         worst = min(fill(split, per_sm) for per_sm in range(1, most_per_sm + 1))
@@ -447,10 +449,11 @@ def _max_k_split(direction: str, geom: ConvGeometry, config: KernelConfig) -> in
 
 def small_grid_split(direction: str, geom: ConvGeometry, config: KernelConfig, sm_count: int) -> int:
     """Splits of a forward or input gradient whose tiles leave SMs idle (unet_320's forward: 48 programs on
-    132 SMs): enough for about two programs per SM, within _max_k_split. 1 where the tiles alone reach every SM."""
+    132 SMs): enough for about two programs per SM, within _max_k_split. 1 where the tiles alone reach every SM, and
+    where there are none (an empty batch)."""
     view = gemm_view(direction, geom)
     tiles = cdiv(view.rows, config.block_m) * cdiv(view.cols, config.block_n) * view.groups
-    if tiles >= sm_count:
+    if tiles == 0 or tiles >= sm_count:
         return 1
     return max(1, min(cdiv(2 * sm_count, tiles), _max_k_split(direction, geom, config)))
 
@@ -627,7 +630,7 @@ def _gluon_rows(
         return config
     view = gemm_view(direction, geom)
     rounds = cdiv(view.rows, wide.block_m) * cdiv(view.cols, wide.block_n) * view.groups / sm_count
-    return wide if rounds / math.ceil(rounds) >= GLUON_ROWS_MIN_FILL else config
+    return wide if rounds and rounds / math.ceil(rounds) >= GLUON_ROWS_MIN_FILL else config  # none: an empty batch
 
 
 # How much faster a 256x128 swapped tile computes than two 128x128 ones, persistent on the H100 (wan_dec_384b,
@@ -713,6 +716,8 @@ def persistent_wgrad_split(geom: ConvGeometry, config: KernelConfig, sm_count: i
     tiles = cdiv(geom.taps, group) * cdiv(geom.group_out_channels, config.block_m) * geom.groups
     tiles *= cdiv(geom.group_in_channels, config.block_n // group)
     patches = wgrad_tma_patches(geom, config)
+    if patches == 0:  # an empty batch: nothing to split
+        return 1
     per_sm = conv_gluon.programs_an_sm(config, element_size, weight_grad=True)
     tile_seconds = 2 * config.block_m * config.block_n * config.block_k * patches * per_sm / WGRAD_SM_FLOPS
     weight = geom.out_channels * geom.taps * geom.group_in_channels
