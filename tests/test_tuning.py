@@ -13,6 +13,7 @@ import pytest
 import torch
 import triton
 
+import tconv3d
 from tconv3d import settings
 from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
@@ -899,6 +900,33 @@ def test_the_heuristic_takes_an_empty_batch(input_shape, cout, stride, groups, m
             assert config.split_k >= 1, (direction, dtype, capability, config)
             for kernels in ("pointer", "tma", "gluon"):
                 assert choice.force_variant(direction, geom, dtype, config, kernels, True).split_k >= 1
+
+
+def test_an_empty_batch_runs_through_the_h100_choices(monkeypatch):
+    """The layers of test_the_heuristic_takes_an_empty_batch as a model calls them, forward and backward with a bias,
+    at the H100's choices (CPU tensors standing in for CUDA ones): empty outputs and input gradients, zero weight and
+    bias gradients. At 8d49751 seven of these eight raised ZeroDivisionError in the heuristic."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    monkeypatch.setattr(settings, "CPU_BACKEND", "triton")
+    monkeypatch.setattr(choice, "_memo", {})
+
+    def h100(direction, geom, dtype, device, run):
+        config, _ = choice.choose(direction, geom, dtype, H100, 132, 90)
+        return choice.force_variant(direction, geom, dtype, config, settings.KERNELS, True), "h100"
+
+    monkeypatch.setattr(choice, "_select_with_source", h100)
+    layers = [((0, 512, 5, 32, 32), 512, 1, 1), ((0, 320, 8, 8, 8), 320, 1, 1), ((0, 64, 16, 16, 16), 128, 1, 2),
+              ((0, 256, 8, 28, 28), 256, 32, 1), ((0, 192, 16, 56, 56), 192, 192, 1), ((0, 3, 17, 64, 64), 128, 1, 1),
+              ((0, 96, 17, 64, 64), 3, 1, 1), ((0, 32, 8, 32, 32), 32, 1, 1)]  # fmt: skip
+    cl = {"dtype": torch.bfloat16, "memory_format": torch.channels_last_3d}
+    for shape, cout, groups, stride in layers:
+        x = torch.randn(*shape).to(**cl).requires_grad_()
+        w = torch.randn(cout, shape[1] // groups, 3, 3, 3).to(**cl).requires_grad_()
+        b = torch.randn(cout, dtype=torch.bfloat16, requires_grad=True)
+        y = tconv3d.conv3d(x, w, b, stride=stride, padding=1, groups=groups)
+        gx, gw, gb = torch.autograd.grad(y, (x, w, b), torch.randn_like(y))
+        assert y.shape[0] == 0 and gx.shape == x.shape and gw.shape == w.shape, shape
+        assert not gw.any() and not gb.any(), shape
 
 
 def test_swapped_wgrad_twin_fills_the_rows_with_taps(monkeypatch):
