@@ -59,6 +59,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("zeros", "replicate", "reflect", "circular")
 KERNELS = ("auto", "pointer", "tma", "gluon")
 TILINGS = ("default", "heuristic", "candidate")
+# The share of problems drawn with an empty batch.
+EMPTY_SHARE = 0.04
 H100_SMS, H100_SMEM = 132, 232448
 
 
@@ -107,6 +109,7 @@ class Problem:
     output_padding: tuple = (0, 0, 0)
     second_order: bool = False  # the gradients' own gradients (double backward), grad_output's included
     after: int = 0  # channels_after's channels (a skip connection concatenated after the input's); 0: none
+    empty: bool = False  # a batch of no entries (N = 0, batched even where `batch` says unbatched)
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -216,6 +219,10 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
         if not (frames or groups > 1) and rng.random() < 0.25:
             after = rng.choice(scale.tma_channels if tma_shaped else scale.channels)
             problem = dataclasses.replace(problem, after=after)
+        # An empty batch, from a generator of its own (the draws above stay each seed's): every heuristic divided
+        # by its zero tiles until fuzz run 33's session (a CUDA call raised ZeroDivisionError).
+        if random.Random(f"{seed}-empty").random() < EMPTY_SHARE:
+            problem = dataclasses.replace(problem, empty=True)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
 
@@ -225,7 +232,7 @@ def _tensors(problem: Problem, dtype: torch.dtype):
     the weight ((Cout, (Cin + after) / groups, k...); transposed (Cin, Cout / groups, k...)), the bias or None,
     channels_after (N, after, D, H, W; x's layout, a view's packed) or None."""
     gen = torch.Generator().manual_seed(problem.seed)
-    n = max(problem.batch, 1)
+    n = 0 if problem.empty else max(problem.batch, 1)
     shape = (n, problem.cin, *problem.size)
     if problem.layout == "view":  # one more channel and one more column: a view with strides of a wider tensor
         wide = torch.randn(n, problem.cin + 1, problem.size[0], problem.size[1], problem.size[2] + 1, generator=gen)
@@ -249,7 +256,7 @@ def _tensors(problem: Problem, dtype: torch.dtype):
     w = (torch.randn(*w_channels, *problem.kernel, generator=gen) / fan_in**0.5).to(DEVICE, dtype)
     w = w.contiguous(memory_format=CL) if problem.weight_cl else w.contiguous()
     b = torch.randn(problem.cout, generator=gen).to(DEVICE, dtype) if problem.bias else None
-    if problem.batch == 0:
+    if problem.batch == 0 and not problem.empty:
         x = x[0]
         before = None if before is None else before[0]
         skip = None if skip is None else skip[0]

@@ -25,8 +25,9 @@ def test_random_problem_matches_float64(seed):
 
 
 def test_draws_cover_what_the_suite_does_not_name():
-    """The seeds above draw transposed, grouped, depthwise, cached-frame, channels-after, non-zeros-padded, strided and
-    second-order problems, and every variant; a change to draw() that lost one would leave it unfuzzed in CI."""
+    """The seeds above draw transposed, grouped, depthwise, cached-frame, channels-after, non-zeros-padded, strided,
+    second-order and empty-batch problems, and every variant; a change to draw() that lost one would leave it unfuzzed
+    in CI."""
     problems = [draw(seed, KERNELS_HERE, SCALE) for seed in SEEDS]
     drawn = {
         "transpose": any(p.transpose for p in problems),
@@ -38,7 +39,8 @@ def test_draws_cover_what_the_suite_does_not_name():
         "modes": {m for p in problems for m in p.modes} == {"zeros", "replicate", "reflect", "circular"},
         "strided": any(max(p.stride) > 1 for p in problems),
         "dilated": any(max(p.dilation) > 1 for p in problems),
-        "unbatched": any(p.batch == 0 for p in problems),
+        "unbatched": any(p.batch == 0 and not p.empty for p in problems),
+        "empty_batch": any(p.empty for p in problems),
         "second_order": any(p.second_order for p in problems),
         "second_order_transpose": any(p.second_order and p.transpose for p in problems),
         "view": any(p.layout == "view" for p in problems),
