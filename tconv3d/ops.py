@@ -389,19 +389,52 @@ def _conv3d_setup_context(ctx, inputs, output):
 def _conv3d_backward(ctx, grad_output):
     input, weight, frames_before, channels_after = ctx.saved_tensors
     grad_input = grad_weight = grad_bias = grad_frames_before = grad_channels_after = None
-    if ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9):
+    input_grad = ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9)
+    grad_concat, tensors = None, (grad_output, weight, input, frames_before, channels_after)
+    if input_grad and ctx.needs_input_grad[1] and _plain_call(*tensors):
+        grad_concat, grad_weight = _both_gradients(ctx, grad_output, weight, input, frames_before, channels_after)
+    elif input_grad:
         grad_concat = call_conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None)
+    if grad_concat is not None:
         grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
         grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
     if ctx.needs_input_grad[1]:
-        grad_weight = call_conv3d_weight_grad(
-            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
-        )
+        if grad_weight is None:
+            grad_weight = call_conv3d_weight_grad(
+                grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
+            )
         grad_weight = in_strides_of(grad_weight, ctx.weight_stride)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
     grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before, grad_channels_after)
     return grads[: len(ctx.needs_input_grad)]
+
+
+def _plain_call(*tensors) -> bool:
+    """Whether a backward's ops may run as one call here, as the eager callers run one op (`_register_autograd`):
+    not traced or compiled, nothing intercepting ops, plain tensors, and no graph of the gradients recorded
+    (create_graph=False, so no op's own autograd Function is needed)."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() or _intercepted():
+        return False
+    return all(t is None or (type(t) in PLAIN_TENSORS and not _is_functorch_wrapper(t)) for t in tensors)
+
+
+def _both_gradients(ctx, grad_output, weight, input, frames_before, channels_after):
+    """(The input's (the concatenation's) gradient, the weight's) of a convolution's backward, as the two ops
+    compute them, in one call planned by all its arguments (plans.py): one key, one replay, where the two ops
+    would each take theirs (issue 29: ~10 us of a small layer's backward on the host)."""
+    stride, padding, dilation, mode = ctx.conv_args
+
+    def run():
+        grad_concat = _input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None)
+        grad_weight = _weight_grad(
+            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
+        )
+        return grad_concat, grad_weight
+
+    tensors = (grad_output, weight, input, frames_before, channels_after)
+    ints = (ctx.input_size, ctx.weight_size, stride, padding, dilation)
+    return _planned("backward", tensors, ints, (mode, ctx.groups), run)
 
 
 call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)
@@ -430,15 +463,22 @@ def conv3d_input_grad(
     grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
 ):  # fmt: skip
     def run():
-        geom = check_input_grad(
+        return _input_grad(
             grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
         )
-        if not _runs_triton(grad_output):
-            return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
-        return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
 
     ints = (input_size, stride, padding, dilation)
     return _planned("dgrad", (grad_output, weight, channels_after), ints, (padding_mode, groups), run)
+
+
+def _input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after):
+    """The input gradient op's arguments checked and its launches run (or torch's ops where the kernels do not)."""
+    geom = check_input_grad(
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+    )
+    if not _runs_triton(grad_output):
+        return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
+    return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
 
 
 def _save_gradient_context(
@@ -532,19 +572,27 @@ def conv3d_weight_grad(
     channels_after=None,
 ):  # fmt: skip
     def run():
-        geom = check_weight_grad(
+        return _weight_grad(
             grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
             channels_after,
         )  # fmt: skip
-        if not _runs_triton(input):
-            return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
-        return choice.launch(
-            "wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after
-        )
 
     ints = (weight_size, stride, padding, dilation)
     tensors = (grad_output, input, frames_before, channels_after)
     return _planned("wgrad", tensors, ints, (padding_mode, groups), run)
+
+
+def _weight_grad(
+    grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups, channels_after
+):  # fmt: skip
+    """The weight gradient op's arguments checked and its launches run (or torch's ops where the kernels do not)."""
+    geom = check_weight_grad(
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
+        channels_after,
+    )  # fmt: skip
+    if not _runs_triton(input):
+        return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
+    return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after)
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):

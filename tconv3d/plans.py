@@ -9,8 +9,9 @@ every TMA descriptor as its checked template on such a tensor. A later call with
 tensors and calls the compiled kernels' launchers directly (kernels/launch.py's direct path, the last step of
 each launch); nothing else runs.
 
-A plan is recorded from a call that already ran every launch directly (so not the first, which compiles), and it
-is only made where replaying it is the same call:
+A convolution's backward that needs both gradients (ops._both_gradients) is one call, with one plan of both ops'
+launches. A plan is recorded from a call that already ran every launch directly (so not the first, which
+compiles), and it is only made where replaying it is the same call:
 - what the key holds decides everything the call did: every tensor's shape, strides, storage offset, dtype,
   device and 16-byte alignment, the integer arguments (plain ints only, as geometry's memo), the groups and
   padding mode, and whether fp32 may run as TF32;
@@ -178,25 +179,32 @@ class _HostOp:
 class Plan:
     """One recorded call: `allocations` [(shape, strides, dtype, device)], `constants` [tensor], `launches`
     [_Launch], `outputs` ((slot, view), ...), returned as a tuple (a norm's output and statistics) or, `single`,
-    the one tensor. Slots are the call's inputs, its allocations, then the constants."""
+    the one tensor. Slots are the call's inputs, its allocations, then the constants. An allocation is made before
+    the first step that uses it and dropped after its last (an output at the end), as the whole path's Python
+    lets go of it: a backward's split partials of the input gradient are freed before the weight gradient's are
+    made (`lifetimes`)."""
 
-    __slots__ = ("allocations", "constants", "generation", "launches", "outputs", "single", "state")
+    __slots__ = ("allocations", "constants", "frees", "generation", "launches", "makes", "outputs", "single", "state")
 
-    def __init__(self, allocations, constants, launches, outputs, single):
+    def __init__(self, allocations, constants, launches, outputs, single, lifetimes=None):
         self.allocations, self.constants, self.launches = allocations, constants, launches
         self.outputs, self.single = outputs, single
         self.state, self.generation = launch.signature_state(), launch.generation
+        # per step (and one past the last): the allocations made before it, those dropped after it
+        self.makes, self.frees = lifetimes or ([tuple(range(len(allocations)))] + [()] * len(launches), None)
 
     def __call__(self, inputs: tuple) -> torch.Tensor:
         state = launch.signature_state()
         if state != self.state:
             raise _Stale
-        slots = list(inputs)
-        for shape, strides, dtype, device in self.allocations:
-            slots.append(torch.empty_strided(shape, strides, dtype=dtype, device=device))
-        slots += self.constants
+        first = len(inputs)
+        slots = [*inputs, *([None] * len(self.allocations)), *self.constants]
+        allocations, makes, frees = self.allocations, self.makes, self.frees
         device = state[0]
-        for step in self.launches:
+        for index, step in enumerate(self.launches):
+            for made in makes[index]:
+                shape, strides, dtype, place = allocations[made]
+                slots[first + made] = torch.empty_strided(shape, strides, dtype=dtype, device=place)
             values = step.template.copy()
             for position, slot, view, descriptor in step.tensors:
                 t = slots[slot] if view is None else slots[slot].as_strided(*view)
@@ -207,6 +215,13 @@ class Plan:
                 step.grid(*values)
             else:
                 launch.launch_compiled(step.compiled, step.grid, values, device)
+            if frees is not None:
+                values = t = None  # nothing here keeps a dropped allocation alive
+                for freed in frees[index]:
+                    slots[first + freed] = None
+        for made in makes[-1]:  # outputs no step uses
+            shape, strides, dtype, place = allocations[made]
+            slots[first + made] = torch.empty_strided(shape, strides, dtype=dtype, device=place)
         if self.single:
             slot, view = self.outputs[0]
             return slots[slot] if view is None else slots[slot].as_strided(*view)
@@ -269,7 +284,29 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
     returned = tuple((renumber[slot], view) for slot, view in returned)
     tensors = slots.tensors
     allocations = [(tuple(tensors[i].shape), tensors[i].stride(), tensors[i].dtype, tensors[i].device) for i in kept]
-    return Plan(allocations, [tensors[i] for i in slots.constants], steps, returned, not isinstance(output, tuple))
+    constants = [tensors[i] for i in slots.constants]
+    lifetimes = _lifetimes(count, kept, steps, returned)
+    return Plan(allocations, constants, steps, returned, not isinstance(output, tuple), lifetimes)
+
+
+def _lifetimes(count: int, kept: list, steps: list, returned: tuple) -> tuple:
+    """(makes, frees) of Plan: per step, the allocations (numbered from 0) made before it (one more entry: those
+    made after the last step, outputs that no step uses), and those dropped after it (the last step to use them,
+    unless returned)."""
+    first_use, last_use = {}, {}
+    for index, step in enumerate(steps):
+        for _, slot, _, _ in step.tensors:
+            if count <= slot < count + len(kept):
+                first_use.setdefault(slot - count, index)
+                last_use[slot - count] = index
+    outputs = {slot - count for slot, _ in returned}
+    makes = [[] for _ in range(len(steps) + 1)]
+    frees = [[] for _ in steps]
+    for made in range(len(kept)):
+        makes[first_use.get(made, len(steps))].append(made)
+        if made in last_use and made not in outputs:
+            frees[last_use[made]].append(made)
+    return [tuple(m) for m in makes], [tuple(f) for f in frees]
 
 
 class _Unplanned(Exception):

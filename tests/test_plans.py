@@ -124,6 +124,17 @@ with stubbed_launches(90, record):
             step(*tensors, kwargs)
         made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
                 for key, entry in choice._memo.items() if key[0] is plans._PLAN}
+        # the backward plan's bytes alive at its peak (each allocation made before its first step and dropped after
+        # its last) against all of them at once
+        for key, entry in choice._memo.items():
+            if key[0] is plans._PLAN and key[1] == "backward" and type(entry) is plans.Plan:
+                sizes = [torch.Size(a[0]).numel() * a[2].itemsize for a in entry.allocations]
+                live = peak = 0
+                for i in range(len(entry.launches)):
+                    live += sum(sizes[m] for m in entry.makes[i])
+                    peak = max(peak, live)
+                    live -= sum(sizes[f] for f in entry.frees[i])
+                out.setdefault("backward_bytes", {})[name] = [peak, sum(sizes)]
         inputs = fresh(shape, cout, dtype, bias, offset, after, **made_as)
         del record[:], replays[:]
         replayed = launches(record, step(*inputs, kwargs))
@@ -155,6 +166,17 @@ with stubbed_launches(90, record):
             norm_step(*fresh_norm())
         made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
                 for key, entry in choice._memo.items() if key[0] is plans._PLAN}
+        # the backward plan's bytes alive at its peak (each allocation made before its first step and dropped after
+        # its last) against all of them at once
+        for key, entry in choice._memo.items():
+            if key[0] is plans._PLAN and key[1] == "backward" and type(entry) is plans.Plan:
+                sizes = [torch.Size(a[0]).numel() * a[2].itemsize for a in entry.allocations]
+                live = peak = 0
+                for i in range(len(entry.launches)):
+                    live += sum(sizes[m] for m in entry.makes[i])
+                    peak = max(peak, live)
+                    live -= sum(sizes[f] for f in entry.frees[i])
+                out.setdefault("backward_bytes", {})[name] = [peak, sum(sizes)]
         inputs = fresh_norm()
         del record[:], replays[:]
         replayed = launches(record, norm_step(*inputs))
@@ -284,11 +306,17 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
             assert case["launches"] >= (7 if name == "group_norm" else 4), (name, case)
             assert case["same"], (name, case["whole"], case["replayed"])
             continue
-        # the forward, its input gradient and its weight gradient each have a plan, and the third step replays all
-        assert case["made"] == {"fwd": "Plan", "dgrad": "Plan", "wgrad": "Plan"}, (name, case["made"])
-        assert case["replays"] == 3, (name, case)
+        # the forward and the backward (its input and weight gradients in one call: ops._both_gradients) each have
+        # a plan, and the third step replays both
+        assert case["made"] == {"fwd": "Plan", "backward": "Plan"}, (name, case["made"])
+        assert case["replays"] == 2, (name, case)
         assert case["launches"] >= 3, (name, case)
         assert case["same"], (name, case["whole"], case["replayed"])
+    # unet_320's input gradient is split 5 ways on the H100 (6.5 MB of fp32 partials), its weight gradient not: the
+    # replayed backward drops the partials, summed, before it makes the weight gradient (5.3 MB), as the two ops did
+    peak, total = result["backward_bytes"]["unet_320 h100"]
+    dx, partials, dw = 2 * 320 * 512 * 2, 5 * 2 * 320 * 512 * 4, 320 * 27 * 320 * 2
+    assert (peak, total) == (dx + partials, dx + partials + dw), (peak, total)
     assert result["broken_told_apart"]
     assert result["tf32_switch"]
     # the contiguous weight is cloned by the forward and the input gradient; the grouped layer's pointer kernels
