@@ -45,6 +45,7 @@ from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
 from .kernels.group_norm import group_norm_bwd, group_norm_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
+from .kernels.split_k import channel_sums
 from .kernels.utils import empty_ndhwc
 from .tune import choice
 
@@ -388,24 +389,31 @@ def _conv3d_setup_context(ctx, inputs, output):
 
 def _conv3d_backward(ctx, grad_output):
     input, weight, frames_before, channels_after = ctx.saved_tensors
-    grad_input = grad_weight = grad_bias = grad_frames_before = grad_channels_after = None
-    input_grad = ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9)
-    grad_concat, tensors = None, (grad_output, weight, input, frames_before, channels_after)
-    if input_grad and ctx.needs_input_grad[1] and _plain_call(*tensors):
-        grad_concat, grad_weight = _both_gradients(ctx, grad_output, weight, input, frames_before, channels_after)
-    elif input_grad:
-        grad_concat = call_conv3d_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None)
-    if grad_concat is not None:
-        grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
-        grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
-    if ctx.needs_input_grad[1]:
-        if grad_weight is None:
+    grad_input = grad_weight = grad_bias = grad_frames_before = grad_channels_after = grad_concat = None
+    needs = (
+        ctx.needs_input_grad[0] or _needs_grad(ctx, 8) or _needs_grad(ctx, 9),
+        ctx.needs_input_grad[1],
+        ctx.has_bias and ctx.needs_input_grad[2],
+    )
+    if any(needs) and _plain_call(grad_output, weight, input, frames_before, channels_after):
+        grads = iter(_gradients(ctx, needs, grad_output, weight, input, frames_before, channels_after))
+        grad_concat, grad_weight, grad_bias = (next(grads) if need else None for need in needs)
+    else:
+        if needs[0]:
+            grad_concat = call_conv3d_input_grad(
+                grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None
+            )  # fmt: skip
+        if needs[1]:
             grad_weight = call_conv3d_weight_grad(
                 grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
             )
+        if needs[2]:
+            grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
+    if grad_concat is not None:
+        grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
+        grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
+    if grad_weight is not None:
         grad_weight = in_strides_of(grad_weight, ctx.weight_stride)
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
     grads = (grad_input, grad_weight, grad_bias, None, None, None, None, None, grad_frames_before, grad_channels_after)
     return grads[: len(ctx.needs_input_grad)]
 
@@ -419,22 +427,36 @@ def _plain_call(*tensors) -> bool:
     return all(t is None or (type(t) in PLAIN_TENSORS and not _is_functorch_wrapper(t)) for t in tensors)
 
 
-def _both_gradients(ctx, grad_output, weight, input, frames_before, channels_after):
-    """(The input's (the concatenation's) gradient, the weight's) of a convolution's backward, as the two ops
-    compute them, in one call planned by all its arguments (plans.py): one key, one replay, where the two ops
-    would each take theirs (issue 29: ~10 us of a small layer's backward on the host)."""
+def _gradients(ctx, needs: tuple, grad_output, weight, input, frames_before, channels_after) -> tuple:
+    """The gradients a convolution's backward needs (`needs`: the input's (the concatenation's), the weight's, the
+    bias's), in that order, as the gradient ops and torch's sum compute them, in one call planned by all its
+    arguments (plans.py): one key and one replay where the ops would each take theirs (issue 29: ~10 us of a small
+    layer's backward on the host), with the bias gradient's two launches (split_k.channel_sums) among the plan's
+    where torch's sum and cast ran outside it."""
     stride, padding, dilation, mode = ctx.conv_args
 
     def run():
-        grad_concat = _input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None)
-        grad_weight = _weight_grad(
-            grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
-        )
-        return grad_concat, grad_weight
+        grads = []
+        if needs[0]:
+            grads.append(_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None))
+        if needs[1]:
+            grads.append(_weight_grad(
+                grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
+            ))  # fmt: skip
+        if needs[2]:
+            grads.append(_bias_grad(grad_output, ctx.bias_dtype))
+        return tuple(grads)
 
     tensors = (grad_output, weight, input, frames_before, channels_after)
     ints = (ctx.input_size, ctx.weight_size, stride, padding, dilation)
-    return _planned("backward", tensors, ints, (mode, ctx.groups), run)
+    return _planned("backward", tensors, ints, (mode, ctx.groups, *needs, str(ctx.bias_dtype)), run)
+
+
+def _bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
+    """A convolution's bias gradient: grad_output summed over all but its channels, in fp32, as `dtype`."""
+    if not _runs_triton(grad_output):
+        return grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dtype)
+    return channel_sums(grad_output, dtype)
 
 
 call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)

@@ -9,9 +9,9 @@ every TMA descriptor as its checked template on such a tensor. A later call with
 tensors and calls the compiled kernels' launchers directly (kernels/launch.py's direct path, the last step of
 each launch); nothing else runs.
 
-A convolution's backward that needs both gradients (ops._both_gradients) is one call, with one plan of both ops'
-launches. A plan is recorded from a call that already ran every launch directly (so not the first, which
-compiles), and it is only made where replaying it is the same call:
+A convolution's backward (ops._gradients) is one call, with one plan of its gradients' launches. A plan is
+recorded from a call that already ran every launch directly (so not the first, which compiles), and it is only made
+where replaying it is the same call:
 - what the key holds decides everything the call did: every tensor's shape, strides, storage offset, dtype,
   device and 16-byte alignment, the integer arguments (plain ints only, as geometry's memo), the groups and
   padding mode, and whether fp32 may run as TF32;

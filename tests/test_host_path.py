@@ -80,25 +80,28 @@ def test_plain_backward_runs_no_op_through_the_dispatcher(device, monkeypatch):
 
 
 @pytest.mark.parametrize("second", ["frames_before", "channels_after"])
-def test_a_backward_of_both_gradients_is_one_call_computing_what_the_ops_do(second, device, monkeypatch):
-    """A plain backward that needs the input's and the weight's gradients computes them in one call
-    (ops._both_gradients: one plan on a GPU), bit for bit what the two gradient ops compute, a second source's
-    gradient split from the input's as before; one gradient alone, a dispatch mode, and create_graph take the ops."""
+def test_a_backward_is_one_call_computing_what_the_ops_do(second, device, monkeypatch):
+    """A plain backward computes the gradients it needs (the input's, the weight's, the bias's) in one call
+    (ops._gradients: one plan on a GPU): the input's and weight's bit for bit what the gradient ops compute, a second
+    source's split from the input's as before, the bias's torch's sum in fp32 (in another order: within fp32's
+    rounding); a weight gradient alone is such a call too; a dispatch mode and create_graph take the ops."""
     from tconv3d import ops
 
     calls = []
-    both = ops._both_gradients
-    monkeypatch.setattr(ops, "_both_gradients", lambda *args: calls.append(1) or both(*args))
+    gradients = ops._gradients
+    record = lambda ctx, needs, *args: calls.append(needs) or gradients(ctx, needs, *args)  # noqa: E731
+    monkeypatch.setattr(ops, "_gradients", record)
     x = torch.randn(2, 8, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
     shape = (2, 8, 2, 5, 6) if second == "frames_before" else (2, 4, 4, 5, 6)
     other = torch.randn(*shape, device=device).contiguous(memory_format=CL).requires_grad_()
     cin = 12 if second == "channels_after" else 8
     w = torch.randn(6, cin, 3, 3, 3, device=device).contiguous(memory_format=CL).requires_grad_()
+    b = torch.randn(6, device=device, requires_grad=True)
     padding = [0, 1, 1, 1, 1, 1]
-    y = tconv3d.conv3d(x, w, None, 1, padding, **{second: other})
+    y = tconv3d.conv3d(x, w, b, 1, padding, **{second: other})
     grad = torch.randn_like(y)
-    ours = torch.autograd.grad(y, (x, other, w), grad, retain_graph=True)
-    assert calls == [1]
+    ours = torch.autograd.grad(y, (x, other, w, b), grad, retain_graph=True)
+    assert calls == [(True, True, True)]
     before, after = (other, None) if second == "frames_before" else (None, other)
     concat = torch.ops.tconv3d.conv3d_input_grad(grad, w, [2, cin, 4 + 2 * (before is not None), 5, 6], [1] * 3,
                                                  padding, [1] * 3)  # fmt: skip
@@ -108,15 +111,18 @@ def test_a_backward_of_both_gradients_is_one_call_computing_what_the_ops_do(seco
         expected = (concat[:, :, 2:], concat[:, :, :2], weight)
     else:
         expected = (concat[:, :8], concat[:, 8:], weight)
-    for got, want in zip(ours, expected, strict=True):
+    for got, want in zip(ours[:3], expected, strict=True):
         assert got.shape == want.shape and torch.equal(got, want)
+    bias = grad.double().sum(dim=(0, 2, 3, 4))
+    assert ours[3].dtype == b.dtype and torch.allclose(ours[3].double(), bias, rtol=1e-5, atol=1e-5)
     calls.clear()
     alone = tconv3d.conv3d(x.detach(), w, None, 1, padding, **{second: other.detach()})  # the weight's alone
     torch.autograd.grad(alone, w, grad)
+    assert calls == [(False, True, False)]
     torch.autograd.grad(y, (x, w), grad, retain_graph=True, create_graph=True)  # recorded: the ops' Functions
     with OpNames() as mode:
         torch.autograd.grad(y, (x, w), grad, retain_graph=True)
-    assert calls == [] and "tconv3d.conv3d_weight_grad.default" in mode.names
+    assert calls == [(False, True, False)] and "tconv3d.conv3d_weight_grad.default" in mode.names
 
 
 def test_a_layers_repeated_steps_check_nothing_afresh(device, monkeypatch):

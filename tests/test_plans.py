@@ -306,7 +306,7 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
             assert case["launches"] >= (7 if name == "group_norm" else 4), (name, case)
             assert case["same"], (name, case["whole"], case["replayed"])
             continue
-        # the forward and the backward (its input and weight gradients in one call: ops._both_gradients) each have
+        # the forward and the backward (its input and weight gradients in one call: ops._gradients) each have
         # a plan, and the third step replays both
         assert case["made"] == {"fwd": "Plan", "backward": "Plan"}, (name, case["made"])
         assert case["replays"] == 2, (name, case)

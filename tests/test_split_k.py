@@ -218,3 +218,28 @@ def test_tuner_offers_splits_only_where_tiles_are_few():
     assert {c.split_k for c in small if c.tma_box_w} == {1, 2, 4, 8, 16}
     large = configs.candidates("fwd", shapes["wan_dec_384b"].geometry(), torch.bfloat16, smem, tma=True)
     assert {c.split_k for c in large} == {1}
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "programs"),
+    [((2, 8, 3, 4, 5), torch.bfloat16, 512), ((1, 200, 2, 3, 7), torch.float32, 3),
+     ((3, 24, 5, 6, 7), torch.float16, 4), ((0, 16, 2, 3, 4), torch.bfloat16, 512)],
+    ids=["one_program", "two_channel_blocks", "programs", "empty"],
+)  # fmt: skip
+@pytest.mark.parametrize("view", [False, True], ids=["dense", "view"])
+def test_channel_sums_are_the_bias_gradient(shape, dtype, programs, view, device, monkeypatch):
+    """split_k.channel_sums (a conv's bias gradient): the tensor summed over all but C, in fp32 and the given dtype,
+    against float64: one program, 200 channels in two blocks of 128, the voxels split between programs (each a
+    partial row, then sum_splits: the first program's sums alone fail it), an empty batch (zeros), and a view whose
+    rows are not packed (made dense first)."""
+    monkeypatch.setattr(split_k, "CHANNEL_SUM_PROGRAMS", programs)
+    n, c, d, h, w = shape
+    source = torch.randn(n, c + view, d, h, w + view, device=device) * 3 + 1  # a mean away from 0
+    x = source.to(dtype).contiguous(memory_format=torch.channels_last_3d)[:, view:, :, :, view:]
+    got = split_k.channel_sums(x, dtype)
+    want = x.double().sum(dim=(0, 2, 3, 4))
+    assert got.dtype == dtype and got.shape == (c,)
+    if n == 0:
+        assert not got.any()
+    else:
+        assert rel_l2(got, want) < tolerance(dtype)

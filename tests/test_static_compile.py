@@ -213,6 +213,26 @@ print(json.dumps(out))
 """
 
 
+CHANNEL_SUMS_COMPILE = """
+import json, torch
+from tconv3d.kernels.split_k import channel_sums
+from tconv3d.inspect.compile import compile_only, read_cubin
+out = []
+for capability in ARCHS:
+    for dtype in (torch.bfloat16, torch.float32):
+        for channels in (96, 320, 512):
+            x = torch.empty(2, channels, 8, 32, 32, device="meta", dtype=dtype).contiguous(
+                memory_format=torch.channels_last_3d)
+            launches = []
+            with compile_only(capability, launches):
+                channel_sums(x, dtype)
+            for name, grid, warps, kernel, seconds, _ in launches:
+                out.append({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
+                            "grid": list(grid), **read_cubin(kernel.asm["cubin"])})
+print(json.dumps(out))
+"""
+
+
 def compile_script(script: str) -> list[dict]:
     """Run a compile script in a process without the interpreter; its last stdout line is the JSON reports. The
     script sees ARCHS, the static archs (STATIC_ARCHS)."""
@@ -298,6 +318,20 @@ def test_group_norm_kernels_compile_without_spills_and_vectorised():
         assert r["sm"] == r["arch"], r
         assert not r["spill_bytes"] and not r["local_accesses"], r
         assert "LDG.E.128" in r["loads"] or r["kernel"] == "_fold_kernel", r
+
+
+def test_the_bias_gradient_kernels_compile_without_spills_and_vectorised():
+    """split_k.channel_sums (a conv's bias gradient) for the static archs, bf16 and fp32, 96 to 512 channels: its
+    partial sums (128-bit loads along the contiguous channels, the voxels split between up to CHANNEL_SUM_PROGRAMS
+    programs) and the fixed-order sum of them, no spills."""
+    reports = compile_script(CHANNEL_SUMS_COMPILE)
+    assert len(reports) == 2 * 2 * 3 * len(STATIC_ARCHS)  # archs x 2 dtypes x 3 widths x (partials + their sum)
+    for r in reports:
+        assert r["sm"] == r["arch"], r
+        assert not r["spill_bytes"] and not r["local_accesses"], r
+        if r["kernel"] == "_channel_sums_kernel":
+            assert "LDG.E.128" in r["loads"], r
+            assert r["grid"][0] > 100, r  # 16,384 voxels: split between many programs
 
 
 def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(records):

@@ -29,6 +29,10 @@ HALO_KD = 3
 HALO_BOX_FRAMES = HALO_FRAMES + HALO_KD - 1
 # Elements per program of the elementwise pass that adds weight-gradient split-K partials.
 SPLIT_SUM_BLOCK = 1024
+# The per-channel sums of a conv's output gradient (its bias gradient, split_k.channel_sums): a program's tile of
+# voxels x channels, and the most programs along the voxels (each then one row of fp32 partials).
+CHANNEL_SUM_TILE = 4096
+CHANNEL_SUM_PROGRAMS = 512
 
 
 # Fields a pointer config leaves at 0 and a table entry may omit.

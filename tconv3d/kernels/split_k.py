@@ -1,5 +1,6 @@
 """Split-K for every direction: the fp32 buffer the splits write their partial sums into, and the pass that adds
-them in a fixed order (deterministic, no atomics) into the result.
+them in a fixed order (deterministic, no atomics) into the result; and a tensor's per-channel sums (a conv's bias
+gradient) the same way: each program's fp32 sums of its voxels, then that pass.
 
 The weight gradient splits its huge reduction (the output voxels) so that its few output tiles fill the machine;
 the forward and input gradient split theirs (taps x channels) where a small volume leaves most SMs idle (issue 28:
@@ -10,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import SPLIT_SUM_BLOCK
+from .config import CHANNEL_SUM_PROGRAMS, CHANNEL_SUM_TILE, SPLIT_SUM_BLOCK
 from .launch import launch
-from .utils import cdiv
+from .utils import cdiv, dense_voxels
 
 
 @triton.jit
@@ -42,3 +43,39 @@ def sum_splits(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     splits = partials.numel() // max(numel, 1)
     launch(_sum_splits_kernel, (cdiv(numel, SPLIT_SUM_BLOCK),), partials, out, numel, splits, BLOCK=SPLIT_SUM_BLOCK)
     return out
+
+
+@triton.jit
+def _channel_sums_kernel(x_ptr, partial_ptr, ROWS, C, ROWS_PER_PROGRAM, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """partial[p, c] = the fp32 sum over program p's voxels (rows [p * ROWS_PER_PROGRAM, ...) of the dense
+    channels_last_3d x, C channels a row) of x[row, c], its BLOCK_C channels from program_id(1)'s on, in row order."""
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    start = tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM
+    end = tl.minimum(start + ROWS_PER_PROGRAM, ROWS)
+    total = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for first in range(start, end, BLOCK_R):
+        rows = first + tl.arange(0, BLOCK_R)
+        mask = (rows < end)[:, None] & mask_c[None, :]
+        total += tl.load(x_ptr + rows[:, None] * C + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(partial_ptr + tl.program_id(0) * C + offs_c, tl.sum(total, axis=0), mask=mask_c)
+
+
+def channel_sums(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (N, C, D, H, W) summed over all but C, in fp32 and a fixed order, as `dtype`: a conv's bias gradient from
+    its output's, in two launches (each program's partial sums, then sum_splits), where torch's sum and cast are two
+    aten calls outside the backward's plan."""
+    x = dense_voxels(x)
+    channels = x.shape[1]
+    out = torch.empty(channels, dtype=dtype, device=x.device)
+    rows = x.numel() // channels if channels else 0
+    if rows == 0:
+        return out.zero_()
+    block_c = min(triton.next_power_of_2(channels), 128)
+    block_r = max(1, CHANNEL_SUM_TILE // block_c)
+    per_program = cdiv(cdiv(rows, CHANNEL_SUM_PROGRAMS), block_r) * block_r  # whole BLOCK_R steps
+    programs = cdiv(rows, per_program)
+    partials = torch.empty((programs, channels), dtype=torch.float32, device=x.device)
+    grid = (programs, cdiv(channels, block_c))
+    launch(_channel_sums_kernel, grid, x, partials, rows, channels, per_program, BLOCK_R=block_r, BLOCK_C=block_c)
+    return sum_splits(partials, out)
