@@ -166,17 +166,6 @@ with stubbed_launches(90, record):
             norm_step(*fresh_norm())
         made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
                 for key, entry in choice._memo.items() if key[0] is plans._PLAN}
-        # the backward plan's bytes alive at its peak (each allocation made before its first step and dropped after
-        # its last) against all of them at once
-        for key, entry in choice._memo.items():
-            if key[0] is plans._PLAN and key[1] == "backward" and type(entry) is plans.Plan:
-                sizes = [torch.Size(a[0]).numel() * a[2].itemsize for a in entry.allocations]
-                live = peak = 0
-                for i in range(len(entry.launches)):
-                    live += sum(sizes[m] for m in entry.makes[i])
-                    peak = max(peak, live)
-                    live -= sum(sizes[f] for f in entry.frees[i])
-                out.setdefault("backward_bytes", {})[name] = [peak, sum(sizes)]
         inputs = fresh_norm()
         del record[:], replays[:]
         replayed = launches(record, norm_step(*inputs))
