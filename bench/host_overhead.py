@@ -188,15 +188,16 @@ def triton_launch(calls: int) -> dict:
     return times
 
 
-PLAN_CASES = ("unet_320", "down_s2", "hunyuan_512", "resnext3d_g32_256")
+# The suite's host-bound layers; "+bias" adds a bias to the layer (its gradient among the backward's launches).
+PLAN_CASES = ("unet_320", "unet_320+bias", "down_s2", "hunyuan_512", "resnext3d_g32_256")
 H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs and capability
 
 
 def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
-    """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight)
-    at the H100's configs, with the kernels compiled for sm_90 and stopping at the driver, with call plans and
-    without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}}, plus
-    why a plan was refused where one was."""
+    """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight,
+    and bias where the case asks for one) at the H100's configs, with the kernels compiled for sm_90 and stopping at
+    the driver, with call plans and without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}},
+    plus why a plan was refused where one was."""
     from tconv3d import plans, settings
     from tconv3d.inspect.compile import stubbed_launches
     from tconv3d.kernels import launch
@@ -219,15 +220,17 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
         with stubbed_launches(90):
             for name in cases:
                 choice._memo = {}
-                shape = shapes[name]
+                shape = shapes[name.removesuffix("+bias")]
                 x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, torch.bfloat16, "cpu")
+                b = torch.randn(w.shape[0], dtype=torch.bfloat16, requires_grad=True) if "+bias" in name else None
                 x, w = x.requires_grad_(), w.requires_grad_()
                 args = list(shape.stride), list(shape.padding), list(shape.dilation), shape.groups
-                y = tconv3d.conv3d(x, w, None, *args)
+                y = tconv3d.conv3d(x, w, b, *args)
                 grad = torch.randn_like(y)
-                forward = lambda x=x, w=w, args=args: tconv3d.conv3d(x, w, None, *args)  # noqa: E731
-                backward = lambda x=x, w=w, y=y, g=grad: torch.autograd.grad(  # noqa: E731
-                    y, (x, w), g, retain_graph=True
+                forward = lambda x=x, w=w, b=b, args=args: tconv3d.conv3d(x, w, b, *args)  # noqa: E731
+                leaves = (x, w) if b is None else (x, w, b)
+                backward = lambda leaves=leaves, y=y, g=grad: torch.autograd.grad(  # noqa: E731
+                    y, leaves, g, retain_graph=True
                 )
 
                 fns = {}
