@@ -408,7 +408,7 @@ def _conv3d_backward(ctx, grad_output):
                 grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
             )
         if needs[2]:
-            grad_bias = grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(ctx.bias_dtype)
+            grad_bias = _summed_bias_grad(grad_output, ctx.bias_dtype)
     if grad_concat is not None:
         grad_input, grad_frames_before = _split_prefix(grad_concat, ctx.prefix_frames)
         grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
@@ -453,10 +453,14 @@ def _gradients(ctx, needs: tuple, grad_output, weight, input, frames_before, cha
 
 
 def _bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
-    """A convolution's bias gradient: grad_output summed over all but its channels, in fp32, as `dtype`."""
-    if not _runs_triton(grad_output):
-        return grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dtype)
-    return channel_sums(grad_output, dtype)
+    """A convolution's bias gradient: grad_output summed over all but its channels, in fp32, as `dtype`; by the
+    kernels where the convolution's run (split_k.channel_sums), else by torch."""
+    return channel_sums(grad_output, dtype) if _runs_triton(grad_output) else _summed_bias_grad(grad_output, dtype)
+
+
+def _summed_bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
+    """The bias gradient by torch's sum: what a traced or intercepted backward records."""
+    return grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dtype)
 
 
 call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)

@@ -186,12 +186,12 @@ class Plan:
 
     __slots__ = ("allocations", "constants", "frees", "generation", "launches", "makes", "outputs", "single", "state")
 
-    def __init__(self, allocations, constants, launches, outputs, single, lifetimes=None):
+    def __init__(self, allocations, constants, launches, outputs, single, lifetimes):
         self.allocations, self.constants, self.launches = allocations, constants, launches
         self.outputs, self.single = outputs, single
         self.state, self.generation = launch.signature_state(), launch.generation
-        # per step (and one past the last): the allocations made before it, those dropped after it
-        self.makes, self.frees = lifetimes or ([tuple(range(len(allocations)))] + [()] * len(launches), None)
+        # per step (and one past the last): the allocations made before it, those dropped after it (_lifetimes)
+        self.makes, self.frees = lifetimes
 
     def __call__(self, inputs: tuple) -> torch.Tensor:
         state = launch.signature_state()
@@ -215,10 +215,9 @@ class Plan:
                 step.grid(*values)
             else:
                 launch.launch_compiled(step.compiled, step.grid, values, device)
-            if frees is not None:
-                values = t = None  # nothing here keeps a dropped allocation alive
-                for freed in frees[index]:
-                    slots[first + freed] = None
+            values = t = None  # nothing here keeps a dropped allocation alive
+            for freed in frees[index]:
+                slots[first + freed] = None
         for made in makes[-1]:  # outputs no step uses
             shape, strides, dtype, place = allocations[made]
             slots[first + made] = torch.empty_strided(shape, strides, dtype=dtype, device=place)
