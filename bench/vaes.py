@@ -6,7 +6,7 @@ import torch
 
 LATENT_CHANNELS = {
     "wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4, "ltx2": 8,
-    "cosmos": 4, "easyanimate": 4,
+    "cosmos": 4, "easyanimate": 4, "hunyuan_image_refiner": 4,
 }  # fmt: skip
 
 # Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
@@ -14,12 +14,14 @@ DEFAULT_LATENTS = {
     "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
     "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8), "hunyuan_video15": (1, 32, 5, 16, 16),
     "ltx2": (1, 128, 3, 8, 8), "cosmos": (1, 16, 3, 32, 32), "easyanimate": (1, 16, 5, 32, 32),
+    "hunyuan_image_refiner": (1, 32, 17, 16, 16),
 }  # fmt: skip
 CLASSES = {
     "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
     "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
     "hunyuan_video15": "AutoencoderKLHunyuanVideo15", "ltx2": "AutoencoderKLLTX2Video",
     "cosmos": "AutoencoderKLCosmos", "easyanimate": "AutoencoderKLMagvit",
+    "hunyuan_image_refiner": "AutoencoderKLHunyuanImageRefiner",
 }  # fmt: skip
 
 
@@ -86,5 +88,10 @@ def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
         return diffusers.AutoencoderKLMagvit(
             latent_channels=4, block_out_channels=[8 * scale] + [16 * scale] * 3, layers_per_block=1,
             norm_num_groups=4,
+        )  # fmt: skip
+    if name == "hunyuan_image_refiner":  # HunyuanImage 2.1's refiner: 8x in space here (16x released), frames kept
+        return diffusers.AutoencoderKLHunyuanImageRefiner(
+            latent_channels=4, block_out_channels=(8 * scale,) + (16 * scale,) * 3, layers_per_block=1,
+            spatial_compression_ratio=8,
         )  # fmt: skip
     raise ValueError(f"unknown VAE {name!r}; known: {', '.join(LATENT_CHANNELS)}")

@@ -32,7 +32,7 @@ MATCH = 1e-4  # fp32, relative L2 of a whole encode + decode
 
 
 VAES = {name: functools.partial(build_vae, name) for name in LATENT_CHANNELS}
-RMS_NORMED = ("wan", "hunyuan_video15", "ltx_video", "ltx2")
+RMS_NORMED = ("wan", "hunyuan_video15", "ltx_video", "ltx2", "hunyuan_image_refiner")
 
 
 def encode_decode(model, x):
@@ -684,16 +684,22 @@ def test_wan_frame_interleave_writes_channels_last():
 @pytest.mark.parametrize("frames", [1, 2, 5])
 def test_hunyuan_video15_resampling_in_channels_last(temporal, cin, cout, frames, aten_path):
     """HunyuanVideo 1.5's upsample and downsample (depth-to-space, space-to-depth, the shortcut repeated or averaged
-    over channels, the first frame in space only), written into one channels_last_3d result from views, against
-    diffusers' modules: outputs, input gradients and parameter gradients, with channel counts that do not split
-    into the 4 spatial positions (6: diffusers then repeats before it rearranges). Shapes diffusers' own modules
-    cannot take are left out."""
+    over channels, the first frame in space only), and HunyuanImage 2.1's refiner's (every frame as that first
+    frame), written into one channels_last_3d result from views, against diffusers' modules: outputs, input
+    gradients and parameter gradients, with channel counts that do not split into the 4 spatial positions (6:
+    diffusers then repeats before it rearranges). Shapes diffusers' own modules cannot take are left out."""
+    from diffusers.models.autoencoders import autoencoder_kl_hunyuanimage_refiner as refiner
     from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hv15
 
     for cls, flag, size in ((hv15.HunyuanVideo15Upsample, "add_temporal_upsample", (3, 5)),
-                            (hv15.HunyuanVideo15Downsample, "add_temporal_downsample", (6, 4))):  # fmt: skip
+                            (hv15.HunyuanVideo15Downsample, "add_temporal_downsample", (6, 4)),
+                            (refiner.HunyuanImageRefinerUpsampleDCAE, "add_temporal_upsample", (3, 5)),
+                            (refiner.HunyuanImageRefinerDownsampleDCAE, "add_temporal_downsample", (6, 4))):  # fmt: skip
         torch.manual_seed(0)
-        stock = cls(cin, cout, **{flag: temporal}).eval()
+        try:
+            stock = cls(cin, cout, **{flag: temporal}).eval()
+        except AssertionError:  # the refiner's downsample asserts its output channels split into its factor
+            continue
         converted = tconv3d.nn.convert(copy.deepcopy(stock))
         assert is_converted(converted)
         x = torch.randn(2, cin, frames, *size)

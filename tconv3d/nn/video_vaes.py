@@ -189,13 +189,15 @@ class _PaddedConv:
 
 
 class _ReplicatePaddedConv3d(_PaddedConv):
-    """diffusers' HunyuanVideoCausalConv3d (and HunyuanVideo15CausalConv3d, the same class): F.pad(x,
+    """diffusers' HunyuanVideoCausalConv3d (and HunyuanVideo15CausalConv3d and HunyuanImageRefinerCausalConv3d, the
+    same class): F.pad(x,
     time_causal_padding, mode=pad_mode) then its conv, as one op with the padding and its mode inside."""
 
     wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
     classes = (
         "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoCausalConv3d",
         "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15CausalConv3d",
+        "diffusers.models.autoencoders.autoencoder_kl_hunyuanimage_refiner.HunyuanImageRefinerCausalConv3d",
     )
     attributes = ("conv", "pad_mode", "time_causal_padding")
 
@@ -946,12 +948,24 @@ def _unpacked_frames(x: torch.Tensor, factors) -> torch.Tensor:
     return x.view(b, c, f // r1, r1, h // r2, r2, w // r3, r3).permute(0, 3, 5, 7, 1, 2, 4, 6)
 
 
-def _frame_parts(frames_in: int, frames_out: int, temporal: bool, r1: int):
-    """(input frames, output frames, factors) of HunyuanVideo 1.5's resampling: with `temporal`, the first frame in
-    space only and the others in space and time (r1), else all frames alike."""
+def _frame_parts(frames_in: int, first: int, r1: int, up: bool):
+    """The output's frames and the (input frames, output frames, factors) of HunyuanVideo 1.5's resampling: the
+    first `first` frames in space only (the first frame with time resampling; all of them in HunyuanImage 2.1's
+    refiner), the others in space and time by r1 (up: depth-to-space, else space-to-depth)."""
+    rest = frames_in - first
+    frames_out = first + (rest * r1 if up else rest // r1)
+    parts = [(slice(0, first), slice(0, first), (1, 2, 2))] if first else []
+    if rest:
+        parts.append((slice(first, frames_in), slice(first, frames_out), (r1, 2, 2)))
+    return frames_out, parts
+
+
+def _space_only_frames(module, temporal: bool, frames: int) -> int:
+    """How many of the input's frames a HunyuanVideo 1.5 resampler (`temporal`: with time) resamples in space
+    only, as its first frame: the first, or all of them in the refiner's (time_resampled False)."""
     if not temporal:
-        return [(slice(0, frames_in), slice(0, frames_out), (r1, 2, 2))]
-    return [(slice(0, 1), slice(0, 1), (1, 2, 2)), (slice(1, frames_in), slice(1, frames_out), (r1, 2, 2))]
+        return 0
+    return min(frames, 1) if module.time_resampled else frames
 
 
 def _rms_norm_takes(x: torch.Tensor, *params) -> bool:
@@ -963,16 +977,17 @@ def _rms_norm_takes(x: torch.Tensor, *params) -> bool:
 
 
 class _ChannelRMSNorm:
-    """diffusers' RMS_norm of Wan, Qwen-Image and HunyuanVideo 1.5 on 5-D activations: F.normalize over the channels
-    (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One tconv3d rms_norm pass (clamped, fp32
-    inside, rounded once) instead of an fp32 copy and five more passes; the result in the dtype diffusers' returns
-    (a 16-bit input with fp32 parameters gives fp32 there: then one cast). 4-D inputs (the attention blocks'
-    per-frame norm) run diffusers' forward."""
+    """diffusers' RMS_norm of Wan, Qwen-Image, HunyuanVideo 1.5 and HunyuanImage 2.1's refiner on 5-D activations:
+    F.normalize over the channels (in fp32 for 16-bit inputs, cast back), times sqrt(C) and gamma, plus bias. One
+    tconv3d rms_norm pass (clamped, fp32 inside, rounded once) instead of an fp32 copy and five more passes; the
+    result in the dtype diffusers' returns (a 16-bit input with fp32 parameters gives fp32 there: then one cast). 4-D
+    inputs (the attention blocks' per-frame norm) run diffusers' forward."""
 
     classes = (
         "diffusers.models.autoencoders.autoencoder_kl_wan.WanRMS_norm",
         "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageRMS_norm",
         "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15RMS_norm",
+        "diffusers.models.autoencoders.autoencoder_kl_hunyuanimage_refiner.HunyuanImageRefinerRMS_norm",
     )
     attributes = ("channel_first", "scale", "gamma", "bias")
     eps = 1e-12  # F.normalize's default, which diffusers uses
@@ -1073,6 +1088,7 @@ class _HunyuanVideo15Upsample:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Upsample",)
     attributes = ("conv", "add_temporal_upsample", "repeats")
+    time_resampled = True  # with add_temporal_upsample, the frames after the first are upsampled in time
 
     @staticmethod
     def reason(module) -> str | None:
@@ -1090,12 +1106,10 @@ class _HunyuanVideo15Upsample:
         temporal = self.add_temporal_upsample
         r1 = 2 if temporal else 1
         c = packed // (r1 * 4)
-        frames = 1 + (t - 1) * r1 if temporal else t
+        frames, parts = _frame_parts(t, _space_only_frames(self, temporal, t), r1, up=True)
         out = torch.empty((b, c, frames, 2 * height, 2 * width), dtype=h.dtype, device=h.device, memory_format=_CL)
-        for source, target, factors in _frame_parts(t, frames, temporal, r1):
-            if target.start == target.stop:
-                continue
-            first = temporal and factors[0] == 1  # the first frame: half the channels, half the repeats
+        for source, target, factors in parts:
+            first = temporal and factors[0] == 1  # a frame in space only: half the channels, half the repeats
             part = out[:, :, target]
             view = part.view(b, c, part.shape[2] // factors[0], factors[0], height, 2, width, 2)
             conv_part = _packed_frames(h[:, :, source], factors)
@@ -1122,6 +1136,7 @@ class _HunyuanVideo15Downsample:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Downsample",)
     attributes = ("conv", "add_temporal_downsample", "group_size")
+    time_resampled = True  # with add_temporal_downsample, the frames after the first are downsampled in time
 
     @staticmethod
     def reason(module) -> str | None:
@@ -1136,13 +1151,11 @@ class _HunyuanVideo15Downsample:
         b, c, t, height, width = h.shape
         temporal = self.add_temporal_downsample
         r1 = 2 if temporal else 1
-        frames = 1 + (t - 1) // r1 if temporal else t // r1
+        frames, parts = _frame_parts(t, _space_only_frames(self, temporal, t), r1, up=False)
         out = torch.empty((b, 4 * r1 * c, frames, height // 2, width // 2), dtype=h.dtype, device=h.device,
                           memory_format=_CL)  # fmt: skip
-        for source, target, factors in _frame_parts(t, frames, temporal, r1):
-            if target.start == target.stop:
-                continue
-            first = temporal and factors[0] == 1  # the first frame: its channels twice, half the group
+        for source, target, factors in parts:
+            first = temporal and factors[0] == 1  # a frame in space only: its channels twice, half the group
             part = out[:, :, target]
             conv_part = _unpacked_frames(h[:, :, source], factors)  # (B, r1, r2, r3, C, F, H, W)
             copies = 2 if first else 1
@@ -1153,6 +1166,22 @@ class _HunyuanVideo15Downsample:
             means = inputs.unflatten(4, (inputs.shape[4] // group, group)).mean(dim=5)
             out[:, :, target].view(b, *means.shape[1:5], *part.shape[2:]).add_(means)  # a fresh view (Upsample's)
         return out
+
+
+class _HunyuanImageRefinerUpsample(_HunyuanVideo15Upsample):
+    """diffusers' HunyuanImageRefinerUpsampleDCAE (HunyuanImage 2.1's refiner): HunyuanVideo 1.5's upsample, but
+    with add_temporal_upsample every frame goes its first frame's way (space only, half the channels)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanimage_refiner.HunyuanImageRefinerUpsampleDCAE",)
+    time_resampled = False
+
+
+class _HunyuanImageRefinerDownsample(_HunyuanVideo15Downsample):
+    """diffusers' HunyuanImageRefinerDownsampleDCAE: HunyuanVideo 1.5's downsample, but with
+    add_temporal_downsample every frame goes its first frame's way (space only, the conv's channels twice)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanimage_refiner.HunyuanImageRefinerDownsampleDCAE",)
+    time_resampled = False
 
 
 class _CogVideoXSpatialNorm:
@@ -1292,7 +1321,8 @@ ADAPTERS = (
     _WanCausalConv3d, _PlainConv3d, _CogVideoXCausalConv3d, _ReplicatePaddedConv3d, _LTXVideoCausalConv3d,
     _HunyuanVideoResnetBlock, _HunyuanVideoUpsample, _MochiChunkedGroupNorm, _LTXVideoUpsampler, _WanResample,
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
-    _ChannelRMSNorm, _LTX2VideoCausalConv3d, _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
+    _HunyuanImageRefinerUpsample, _HunyuanImageRefinerDownsample, _ChannelRMSNorm, _LTX2VideoCausalConv3d,
+    _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
@@ -1321,6 +1351,7 @@ FRAME_BLOCKS = (
 _WAN = "diffusers.models.autoencoders.autoencoder_kl_wan."
 _QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage."
 _HV15 = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15."
+_HIR = "diffusers.models.autoencoders.autoencoder_kl_hunyuanimage_refiner."
 _LTX = "diffusers.models.autoencoders.autoencoder_kl_ltx."
 _LTX2 = "diffusers.models.autoencoders.autoencoder_kl_ltx2."
 _BLOCK, _OUT, _OUT_ACT = (
@@ -1333,6 +1364,8 @@ NORM_SILU_BLOCKS = {
     _QWEN + "QwenImageResidualBlock": _BLOCK, _QWEN + "QwenImageEncoder3d": _OUT, _QWEN + "QwenImageDecoder3d": _OUT,
     _HV15 + "HunyuanVideo15ResnetBlock": _BLOCK, _HV15 + "HunyuanVideo15Encoder3D": _OUT_ACT,
     _HV15 + "HunyuanVideo15Decoder3D": _OUT_ACT,
+    _HIR + "HunyuanImageRefinerResnetBlock": _BLOCK, _HIR + "HunyuanImageRefinerEncoder3D": _OUT_ACT,
+    _HIR + "HunyuanImageRefinerDecoder3D": _OUT_ACT,
     _LTX + "LTXVideoResnetBlock3d": _BLOCK, _LTX + "LTXVideoEncoder3d": _OUT_ACT, _LTX + "LTXVideoDecoder3d": _OUT_ACT,
     _LTX2 + "LTX2VideoResnetBlock3d": _BLOCK, _LTX2 + "LTX2VideoEncoder3d": _OUT_ACT,
     _LTX2 + "LTX2VideoDecoder3d": _OUT_ACT,
