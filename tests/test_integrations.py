@@ -524,6 +524,97 @@ def test_kvae_video_through_the_triton_interpreter():
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
 
 
+def kandinsky6_sr(channels=(8, 16, 16, 16)):
+    """Kandinsky 6's SR VAE (Kandinsky6SRVAE), small: causal convs that cache frames across segments of 16 frames,
+    zeros in space, 4x in time (one strided temporal conv a downsampling level), 8x in space."""
+    torch.manual_seed(0)
+    return diffusers.Kandinsky6SRVAE(
+        latent_channels=4, encoder_block_out_channels=channels, decoder_block_out_channels=channels,
+        layers_per_block=1,
+    )  # fmt: skip
+
+
+def test_kandinsky6_sr_convs_in_one_op_each_with_their_cached_frames(aten_path):
+    """Kandinsky 6's SR VAE over three segments (41 frames: the caches carried from one to the next, none left at
+    the stride-2 conv; a decode whose last segment is too short to fill them, so they keep frames from before it):
+    every conv on tconv3d (its SafeConv3d a plain one, its cached causal
+    conv one op with its zero padding in space and the cached or repeated frames in front), its RMS norms on
+    tconv3d, the latent's resizing, the pixel-unshuffle mean and the frame repeats on the channels_last_3d
+    activation: no pad or concatenation copy into a conv, a layout copy at the input edge only; the video and the
+    parameter gradients match the stock model's."""
+    stock, converted = stock_and_converted(kandinsky6_sr)
+    x = torch.randn(1, 3, 41, 32, 32)
+    z = torch.randn(1, 4, 10, 4, 4)  # segments of 5, 4 and 1 latent frames: the last too short to fill the caches
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+        assert rel_l2(converted.decode(z).sample, stock.decode(z).sample) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert before.aten_conv3d_calls > after.tconv3d_calls == sum(layer.calls for layer in after.layers) > 0
+    assert before.totals["converted"] == 0  # an nn.Conv3d subclass each: convert leaves them alone unadapted
+    assert_all_on_tconv3d(after)
+    assert before.totals["upstream_copies_into_convs"] > 0 and after.totals["upstream_copies_into_convs"] == 0
+    assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
+    assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    x = x[:, :, :21]  # two segments
+    for model in (stock, converted):
+        encode_decode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+SHORT_SEGMENTS = ([5, 1, 1, 3], [1, 2, 1, 6], [2, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "segments"),
+    [(3, 1, SHORT_SEGMENTS), ((2, 1, 1), 1, SHORT_SEGMENTS), ((2, 1, 1), 2, ([5, 2, 4], [3, 6]))],
+)
+def test_kandinsky6_sr_causal_conv_over_segments_of_any_length(kernel, stride, segments, aten_path):
+    """The cached causal conv called segment by segment with one cache, segments shorter than its window among
+    them (the cache then keeps frames from before the segment, as diffusers' does): each segment's output and
+    the gradients as diffusers', segment lengths diffusers' own module cannot take left out. At stride 2 the
+    segments are odd, then even, as the VAE's (others leave diffusers' preallocated output a window short, and it
+    broadcasts a frame into two)."""
+    from diffusers.models.autoencoders.autoencoder_kandinsky6_sr import Kandinsky6SRCausalConv3d
+
+    torch.manual_seed(0)
+    stock = Kandinsky6SRCausalConv3d(4, 8, kernel, stride=(stride, 1, 1))
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    checked = 0
+    for lengths in segments:
+        x = torch.randn(2, 4, sum(lengths), 5, 6)
+        ours_in = x.clone().contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+        theirs_in = x.clone().requires_grad_()
+        ours_cache, theirs_cache = stock.make_cache(), stock.make_cache()
+        ours, theirs = [], []
+        try:
+            for a, b in zip(ours_in.split(lengths, 2), theirs_in.split(lengths, 2), strict=True):
+                theirs.append(stock(b, theirs_cache))
+                ours.append(converted(a, ours_cache))
+        except RuntimeError:  # a window diffusers' preallocated output does not match
+            continue
+        for o, t in zip(ours, theirs, strict=True):
+            assert o.shape == t.shape and (t.numel() == 0 or rel_l2(o, t) < MATCH)
+        grads = [torch.randn_like(t) for t in theirs]
+        torch.autograd.backward(ours, grads)
+        torch.autograd.backward(theirs, grads)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+        checked += 1
+    assert checked
+
+
+def test_kandinsky6_sr_through_the_triton_interpreter():
+    """The kernels themselves: zeros in space and the first frame repeated in front, the first segment's cached
+    frames read in front of the second's, the strided temporal conv, the 1x1x1 convs of the resized latent."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(functools.partial(kandinsky6_sr, (4, 8, 8)))
+    x = torch.randn(1, 3, 21, 8, 8)  # a segment of 17 frames, then 4
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}
@@ -691,10 +782,12 @@ def test_hunyuan_video15_resampling_in_channels_last(temporal, cin, cout, frames
     from diffusers.models.autoencoders import autoencoder_kl_hunyuanimage_refiner as refiner
     from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hv15
 
-    for cls, flag, size in ((hv15.HunyuanVideo15Upsample, "add_temporal_upsample", (3, 5)),
-                            (hv15.HunyuanVideo15Downsample, "add_temporal_downsample", (6, 4)),
-                            (refiner.HunyuanImageRefinerUpsampleDCAE, "add_temporal_upsample", (3, 5)),
-                            (refiner.HunyuanImageRefinerDownsampleDCAE, "add_temporal_downsample", (6, 4))):  # fmt: skip
+    for cls, flag, size in (
+        (hv15.HunyuanVideo15Upsample, "add_temporal_upsample", (3, 5)),
+        (hv15.HunyuanVideo15Downsample, "add_temporal_downsample", (6, 4)),
+        (refiner.HunyuanImageRefinerUpsampleDCAE, "add_temporal_upsample", (3, 5)),
+        (refiner.HunyuanImageRefinerDownsampleDCAE, "add_temporal_downsample", (6, 4)),
+    ):
         torch.manual_seed(0)
         try:
             stock = cls(cin, cout, **{flag: temporal}).eval()

@@ -115,11 +115,14 @@ class _WanCausalConv3d:
 
 
 class _PlainConv3d:
-    """A Conv3d subclass whose forward only works around cuDNN: diffusers' CogVideoXSafeConv3d splits time into
-    overlapping chunks (torch.cat copies) above 2 GiB to keep cuDNN in bounds. tconv3d's kernels take any size
-    (int64 offsets), so the whole clip is one op."""
+    """A Conv3d subclass whose forward only works around cuDNN: diffusers' CogVideoXSafeConv3d (and Kandinsky 6's
+    Kandinsky6SRSafeConv3d) splits time into overlapping chunks (torch.cat copies) above 2 GiB (2e9 elements) to keep
+    cuDNN in bounds. tconv3d's kernels take any size (int64 offsets), so the whole clip is one op."""
 
-    classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSafeConv3d",)
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSafeConv3d",
+        "diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRSafeConv3d",
+    )
     attributes = ()
 
     @staticmethod
@@ -625,6 +628,41 @@ class _KVAECachedCausalConv3d:
         return output
 
 
+class _Kandinsky6SRCausalConv3d:
+    """diffusers' Kandinsky6SRCausalConv3d (Kandinsky 6's SR VAE): KVAE's cached causal conv with zeros in space,
+    the cache carried as diffusers does (across a segment too short to fill it, the frames it had before too): one
+    op, the cached (or repeated first) frames in front, where diffusers runs two convs into a preallocated output."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRCausalConv3d",)
+    attributes = ("conv", "height_pad", "width_pad", "time_pad", "time_kernel_size", "time_stride")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and (any(module.conv.padding) or module.conv.stride[0] != module.time_stride):
+            reason = "its conv pads, or strides otherwise, on its own"
+        return reason
+
+    def forward(self, hidden_states, cache):
+        front = cache["padding"]
+        space = (self.height_pad, self.height_pad, self.width_pad, self.width_pad)
+        if front is None:
+            output = self.conv.convolve(hidden_states, (self.time_pad, 0, *space), "replicate,zeros,zeros")
+        else:
+            output = self.conv.convolve(hidden_states, (0, 0, *space), "zeros", front)
+        # the frames diffusers keeps for the next segment: from its pad_offset on, of the padding and the input
+        stride, kernel, frames = self.time_stride, self.time_kernel_size, hidden_states.shape[2]
+        ahead = self.time_pad if front is None else front.shape[2]
+        offset_in = math.ceil(ahead / stride) * stride - ahead
+        kept = offset_in + stride * math.trunc((frames - offset_in - kernel) / stride) + stride
+        if kept >= 0:
+            cache["padding"] = hidden_states[:, :, kept:].clone(memory_format=_CL)
+        else:
+            cache["padding"] = _last_frames(front, hidden_states, frames + min(-kept, ahead))
+        return output
+
+
 class _KVAECachedSpatialNorm3D:
     """diffusers' KVAECachedSpatialNorm3D: the latent zq interpolated (nearest) to the features' size in one call
     on the channels_last_3d latent, where diffusers interpolates it 32 channels at a time (each chunk a strided
@@ -651,6 +689,95 @@ class _KVAECachedSpatialNorm3D:
         if self.add_conv:
             zq = self.conv(zq, cache["add_conv"])
         return self.norm_layer(f, cache["norm"]) * self.conv_y(zq) + self.conv_b(zq)
+
+
+class _Kandinsky6SRSpatialNorm3D:
+    """diffusers' Kandinsky6SRSpatialNorm3D: the latent zq interpolated (nearest) to the features' size, 32
+    channels at a time and concatenated there (on a clip's first segment, its first frame on its own and the others
+    together, concatenated in time): here each part in one call on the channels_last_3d latent, written into one
+    channels_last_3d tensor, no concatenation. Then the norm, scaled and shifted by its 1x1x1 convs of zq."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRSpatialNorm3D",)
+    attributes = ("norm_layer", "conv_y", "conv_b")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, zq, cache):
+        size = tuple(hidden_states.shape[-3:])
+        if cache["is_first_segment"] and zq.shape[2] > 1:
+            parts = ((slice(0, 1), slice(0, 1)), (slice(1, None), slice(1, None)))
+        elif cache["is_first_segment"]:
+            parts = ((slice(0, 1), slice(0, 1)),)
+        else:
+            parts = ((slice(None), slice(None)),)
+        frames = sum(len(range(*target.indices(size[0]))) for _, target in parts)
+        shape = (zq.shape[0], zq.shape[1], frames, *size[1:])
+        resized = torch.empty(shape, dtype=zq.dtype, device=zq.device, memory_format=_CL)
+        for source, target in parts:
+            part = resized[:, :, target]
+            part.copy_(F.interpolate(zq[:, :, source], size=tuple(part.shape[-3:]), mode="nearest"))
+        output = self.norm_layer(hidden_states) * self.conv_y(resized) + self.conv_b(resized)
+        cache["is_first_segment"] = False
+        return output
+
+
+class _Kandinsky6SRDownsample:
+    """diffusers' Kandinsky6SRDownsample: its pixel-unshuffle mean (the video permuted into (B*T, C, H, W) frames,
+    unshuffled, pairs of sub-pixels averaged, permuted back) is an average of W pairs with H's parity moved into the
+    channels, added into the strided conv's channels_last_3d output through a view of it; its temporal mean (a
+    (B*H*W, C, T) copy, pooled, the first frame of a clip's first segment kept) a 2-frame average pool added into
+    the temporal convs' output: both on the activation where it lies."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRDownsample",)
+    attributes = ("compress_time", "spatial_conv", "linear")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, cache):
+        c, h, w = hidden_states.shape[1], hidden_states.shape[3], hidden_states.shape[4]
+        out = self.spatial_conv(hidden_states)  # (B, 2C, T, H/2, W/2): channel 2c + i, row 2y + i's W pair mean
+        pairs = F.avg_pool3d(hidden_states[..., : h // 2 * 2, : w // 2 * 2], (1, 1, 2))  # (B, C, T, H, W/2)
+        pairs = pairs.unflatten(3, (h // 2, 2)).permute(0, 1, 4, 2, 3, 5)  # (B, C, 2, T, H/2, W/2)
+        out.unflatten(1, (c, 2)).add_(pairs)
+        if not self.compress_time:
+            return self.linear(out)
+        first_segment = cache["temporal_conv"][0]["padding"] is None
+        conv_out = self.temporal_conv[0](out, cache["temporal_conv"][0])
+        conv_out = self.temporal_conv[1](conv_out, cache["temporal_conv"][1])
+        if first_segment:  # the first frame kept, the others in pairs
+            conv_out[:, :, :1].add_(out[:, :, :1])
+            if out.shape[2] > 1:
+                conv_out[:, :, 1:].add_(F.avg_pool3d(out[:, :, 1:], (2, 1, 1)))
+        else:
+            conv_out.add_(F.avg_pool3d(out, (2, 1, 1)))
+        return self.linear(conv_out)
+
+
+class _Kandinsky6SRUpsample:
+    """diffusers' Kandinsky6SRUpsample: frames repeated in time and pixels in space on the channels_last_3d
+    activation (`_repeat`: nearest interpolation in its memory format), where diffusers' repeat_interleave
+    answers a fresh NCDHW copy."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRUpsample",)
+    attributes = ("compress_time", "spatial_conv", "linear")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, cache):
+        if self.compress_time:
+            repeated = _repeat(hidden_states, (2, 1, 1))
+            if cache["temporal_conv"]["padding"] is None:
+                repeated = repeated[:, :, 1:]
+            hidden_states = self.temporal_conv(repeated, cache["temporal_conv"]) + repeated
+        hidden_states = _repeat(hidden_states, (1, 2, 2))
+        hidden_states = hidden_states + self.spatial_conv(hidden_states)
+        return self.linear(hidden_states)
 
 
 class _KVAECachedPXSDownsample:
@@ -1009,7 +1136,8 @@ class _ChannelRMSNorm:
         if not _rms_norm_takes(x, self.gamma.reshape(-1)):
             y = super().forward(x)
             return F.silu(y) if self.activation == "silu" else y
-        bias = self.bias.reshape(-1) if isinstance(self.bias, torch.Tensor) else None
+        bias = getattr(self, "bias", None)
+        bias = bias.reshape(-1) if isinstance(bias, torch.Tensor) else None
         # F.normalize(x, eps=e) * scale = x / max(rms(x), e / sqrt(C)) * scale / sqrt(C); diffusers' scale is sqrt(C)
         weight = self.gamma.reshape(-1)
         if self.scale != channels**0.5:
@@ -1020,6 +1148,18 @@ class _ChannelRMSNorm:
         if bias is not None:
             dtype = torch.promote_types(dtype, bias.dtype)
         return y if y.dtype == dtype else y.to(dtype)
+
+
+class _Kandinsky6RMSNorm(_ChannelRMSNorm):
+    """diffusers' Kandinsky6VAERMSNorm: the same arithmetic (normalized in fp32, cast back, times sqrt(C) and
+    gamma), without the flags or a bias."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6VAERMSNorm",)
+    attributes = ("scale", "gamma")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None if module.gamma.dtype in SUPPORTED_DTYPES else f"its gamma is {module.gamma.dtype}"
 
 
 class _PerChannelRMSNorm:
@@ -1326,7 +1466,8 @@ ADAPTERS = (
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
-    _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D,
+    _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
+    _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
 )  # fmt: skip
 
 
