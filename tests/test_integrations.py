@@ -615,6 +615,79 @@ def test_kandinsky6_sr_through_the_triton_interpreter():
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
 
 
+def vidtok(tiling=True):
+    """VidTok (AutoencoderVidTok), small: causal convs with a cache of frames per chunk when tiled, 4x in time."""
+    torch.manual_seed(0)
+    model = diffusers.AutoencoderVidTok(ch=8, ch_mult=[1, 2, 2], num_res_blocks=1, z_channels=4)
+    if tiling:
+        model.enable_tiling()
+    return model
+
+
+def vidtok_run(model, x):
+    return model(x, sample_posterior=False).sample
+
+
+def test_vidtok_causal_convs_in_one_op_each(aten_path):
+    """VidTok's encode + decode in chunks of frames (tiled: each causal conv reads the previous chunk's frames, the
+    decoder's trimmed by cache_offset): every conv on tconv3d with its repeated or cached frames in front and its
+    padding in space inside the op, none of the 120 pad and concatenation copies stock makes into its convs; the
+    video and the parameter gradients match stock's."""
+    stock, converted = stock_and_converted(vidtok)
+    x = torch.randn(1, 3, 17, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(vidtok_run(converted, x), vidtok_run(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=vidtok_run, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=vidtok_run, verbose=False)
+    assert before.aten_conv3d_calls == after.tconv3d_calls > 0
+    assert_all_on_tconv3d(after)
+    assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
+    for model in (stock, converted):
+        vidtok_run(model.train(), x[:, :, :9]).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+def test_vidtok_through_the_triton_interpreter():
+    """The kernels themselves: the repeated first frame and the cached frames of the chunk before in front, zeros in
+    space, the strided time convs of the encoder."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(vidtok)
+    x = torch.randn(1, 3, 9, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(vidtok_run(converted, x), vidtok_run(stock, x)) < MATCH
+
+
+@pytest.mark.parametrize("pad_mode", ["constant", "replicate"])
+@pytest.mark.parametrize(("kernel", "stride"), [(3, 1), (3, (2, 1, 1)), ((1, 3, 3), 1)])
+def test_vidtok_causal_conv_over_chunks(pad_mode, kernel, stride, aten_path):
+    """VidTok's causal conv over chunks with one module's cache, chunks shorter than its time padding and
+    cache_offset trims among them: each chunk's output and the gradients as diffusers'."""
+    from diffusers.models.autoencoders.autoencoder_vidtok import VidTokCausalConv3d
+
+    torch.manual_seed(0)
+    stock = VidTokCausalConv3d(4, 8, kernel, stride=stride, pad_mode=pad_mode)
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    # at stride 2 in time its padding is one frame: a chunk of one frame is shorter than the window (stock raises)
+    lengths, offsets = ([5, 1, 1, 2, 4] if stride == 1 else [5, 2, 3, 2, 4]), [0, 0, 1, 0, 2]
+    x = torch.randn(2, 4, sum(lengths), 5, 6)
+    ours_in = x.clone().contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    theirs_in = x.clone().requires_grad_()
+    ours, theirs = [], []
+    for i, (a, b) in enumerate(zip(ours_in.split(lengths, 2), theirs_in.split(lengths, 2), strict=True)):
+        for model in (stock, converted):
+            model.is_first_chunk, model.cache_offset = i == 0, offsets[i]
+        theirs.append(stock(b))
+        ours.append(converted(a))
+    for o, t in zip(ours, theirs, strict=True):
+        assert o.shape == t.shape and rel_l2(o, t) < MATCH
+    grads = [torch.randn_like(t) for t in theirs]
+    torch.autograd.backward(ours, grads)
+    torch.autograd.backward(theirs, grads)
+    assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}

@@ -663,6 +663,48 @@ class _Kandinsky6SRCausalConv3d:
         return output
 
 
+class _VidTokCausalConv3d:
+    """diffusers' VidTokCausalConv3d (VidTok): the first chunk's first frame repeated time_pad times in front, or
+    the previous chunk's last frames (`causal_cache`), concatenated; then F.pad in space in its pad_mode; then its
+    conv. One op: the cached frames read in place as frames_before, both paddings inside. diffusers keeps a clone
+    of the whole concatenated input (less its last `cache_offset` frames) as the cache and reads its last time_pad
+    frames; here only those are kept."""
+
+    wraps_conv = True  # its forward calls self.conv.convolve: the conv is taken over with it
+    classes = ("diffusers.models.autoencoders.autoencoder_vidtok.VidTokCausalConv3d",)
+    attributes = ("conv", "pad_mode", "time_pad", "spatial_padding", "is_first_chunk", "causal_cache", "cache_offset")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        reason = conv_reason(module.conv)
+        if reason is None and (any(module.conv.padding) or module.time_pad < 0):
+            reason = "its conv pads on its own, or its stride exceeds its window in time"
+        if reason is None and module.pad_mode not in _FPAD_MODES:
+            reason = f"its pad_mode {module.pad_mode!r} is not one tconv3d pads with"
+        return reason
+
+    def forward(self, x):
+        wl, wr, ht, hb = self.spatial_padding[:4]
+        mode, pad = _FPAD_MODES[self.pad_mode], self.time_pad
+        if self.is_first_chunk:
+            front = x[:, :, :1].expand(-1, -1, pad, -1, -1) if pad else None
+            output = self.conv.convolve(x, (pad, 0, ht, hb, wl, wr), f"replicate,{mode},{mode}")
+        else:
+            cached = self.causal_cache
+            front = cached[:, :, max(cached.shape[2] - pad, 0) :] if pad and cached.shape[2] else None
+            output = self.conv.convolve(x, (0, 0, ht, hb, wl, wr), f"zeros,{mode},{mode}", front)
+        # the last time_pad frames of what diffusers keeps: torch.cat([front, x], 2) less its last cache_offset
+        ahead = 0 if front is None else front.shape[2]
+        end = max(ahead + x.shape[2] - self.cache_offset, 0)
+        start = max(end - pad, 0)
+        if start >= ahead:
+            tail = x[:, :, start - ahead : end - ahead]
+        else:
+            tail = torch.cat([front[:, :, start : min(end, ahead)], x[:, :, : max(end - ahead, 0)]], dim=2)
+        self.causal_cache = tail.clone(memory_format=_CL)
+        return output
+
+
 class _KVAECachedSpatialNorm3D:
     """diffusers' KVAECachedSpatialNorm3D: the latent zq interpolated (nearest) to the features' size in one call
     on the channels_last_3d latent, where diffusers interpolates it 32 channels at a time (each chunk a strided
@@ -1468,6 +1510,7 @@ ADAPTERS = (
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
+    _VidTokCausalConv3d,
 )  # fmt: skip
 
 
