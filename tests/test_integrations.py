@@ -688,6 +688,75 @@ def test_vidtok_causal_conv_over_chunks(pad_mode, kernel, stride, aten_path):
     assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
 
 
+def allegro():
+    """Allegro's VAE (AutoencoderKLAllegro), small: 2-D layers on the frames, temporal conv layers between them,
+    4x in time (a strided temporal conv layer down, an upsampling one up per level that has them)."""
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLAllegro(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1)
+
+
+def allegro_run(model, x):
+    """Its encoder then decoder: diffusers' encode and decode raise without tiling, whose tiles are 24 frames of
+    at least 128 x 128 (its overlaps are fixed at 120 and 80 pixels)."""
+    return model.decoder(model.encoder(x)[:, : model.config.latent_channels])
+
+
+def test_allegro_frames_and_temporal_convs_in_channels_last(aten_path):
+    """Allegro's temporal conv layers on tconv3d: every Conv3d one op, every GroupNorm (with the SiLU after it) one
+    tconv3d pass, no activation or norm input in another layout (its 2-D layers' weights channels_last, so the
+    frames stay NHWC and their video views channels_last_3d), the repeated end frames one concatenation a stage
+    where diffusers makes two (its norms' statistics count them, so they stay); the video and the gradients as
+    stock's."""
+    stock, converted = stock_and_converted(allegro)
+    x = torch.randn(1, 3, 8, 32, 32)
+    with torch.no_grad():
+        out, expected = allegro_run(converted, x), allegro_run(stock, x)
+    assert rel_l2(out, expected) < MATCH and out.is_contiguous(memory_format=torch.channels_last_3d)
+    before = tconv3d.nn.audit(stock, x, run=allegro_run, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=allegro_run, verbose=False)
+    assert before.aten_conv3d_calls == after.tconv3d_calls > 0
+    assert_all_on_tconv3d(after)
+    assert after.totals["layout_copies"] == after.norm_layout_copies == 0 and after.norm_calls > 0
+    assert 2 * after.concats == before.concats > 0
+    for model in (stock, converted):  # eval: the temporal layers' Dropout(0.1) would draw different masks
+        allegro_run(model, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+def test_allegro_through_the_triton_interpreter():
+    """The kernels themselves: the temporal convs of (3, 1, 1), the strided (2, 3, 3) down and the (1, 3, 3) up,
+    the norms on the frames' channels_last_3d views."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    stock, converted = stock_and_converted(allegro)
+    x = torch.randn(1, 3, 8, 16, 16)
+    with torch.no_grad():
+        assert rel_l2(allegro_run(converted, x), allegro_run(stock, x)) < MATCH
+
+
+@pytest.mark.parametrize("kind", ["plain", "down_sample", "up_sample"])
+def test_allegro_temporal_conv_layer(kind, aten_path):
+    """One temporal conv layer of each kind on (B*T, C, H, W) frames, channels_last or not: outputs, input and
+    parameter gradients as diffusers'."""
+    from diffusers.models.autoencoders.autoencoder_kl_allegro import AllegroTemporalConvLayer
+
+    torch.manual_seed(0)
+    flags = {} if kind == "plain" else {kind: True, "stride": 3}
+    stock = AllegroTemporalConvLayer(8, 8, norm_num_groups=4, **flags).eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    for memory_format in (torch.channels_last, torch.contiguous_format):
+        x = torch.randn(2 * 6, 8, 5, 7).contiguous(memory_format=memory_format)
+        ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours, theirs = converted(ours_in, batch_size=2), stock(theirs_in, batch_size=2)
+        assert ours.shape == theirs.shape and rel_l2(ours, theirs) < MATCH
+        grad = torch.randn_like(theirs)
+        ours.backward(grad)
+        theirs.backward(grad)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
+    assert_same_gradients(stock, converted)
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}

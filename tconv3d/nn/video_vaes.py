@@ -705,6 +705,61 @@ class _VidTokCausalConv3d:
         return output
 
 
+class _AllegroTemporalConvLayer:
+    """diffusers' AllegroTemporalConvLayer: four (GroupNorm, SiLU, [Dropout], Conv3d) stages over the frames of a
+    (B*T, C, H, W) activation viewed as a video, each but the resampling one after `_pad_temporal_dim` (two
+    torch.cats repeating the first and last frame). The norm's statistics count those repeated frames, so the
+    padding is made here too (one torch.cat, channels_last_3d), not folded into the op; each stage is then one
+    fused norm pass and one op. The upsampling conv's channel pairs are interleaved into frames in one
+    channels_last_3d write (diffusers' flatten answers NCDHW), and the identity's repeats are nearest
+    interpolation. With channels_last frames (what convert makes of Allegro's: FRAME_BLOCKS) the views between
+    the 2-D and 3-D layers are free."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_allegro.AllegroTemporalConvLayer",)
+    attributes = ("conv1", "conv2", "conv3", "conv4", "down_sample", "up_sample")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        for stage in (module.conv1, module.conv2, module.conv3, module.conv4):
+            conv = stage[-1] if isinstance(stage, nn.Sequential) else None
+            reason = conv_reason(conv) if conv is not None else "a stage without its Conv3d last"
+            if reason is None and not isinstance(stage[0], nn.GroupNorm):
+                reason = "a stage that does not start with its GroupNorm"
+            if reason:
+                return reason
+        return None
+
+    @staticmethod
+    def _stage(stage: nn.Sequential, x: torch.Tensor, repeat_ends: bool) -> torch.Tensor:
+        if repeat_ends:  # diffusers' _pad_temporal_dim: the first and last frame once more at each end
+            x = torch.cat([x[:, :, :1], x, x[:, :, -1:]], dim=2)
+        x = norm_then_activation(stage[0], stage[1], x)
+        for layer in stage[2:]:  # the Dropout, the conv
+            x = layer(x)
+        return x
+
+    def forward(self, hidden_states, batch_size):
+        x = hidden_states.unflatten(0, (batch_size, -1)).permute(0, 2, 1, 3, 4)
+        if self.down_sample:
+            identity = x[:, :, ::2]
+        elif self.up_sample:
+            identity = _repeat(x, (2, 1, 1))
+        else:
+            identity = x
+        resampling = self.down_sample or self.up_sample
+        h = self.tconv3d_adapter._stage(self.conv1, x, not resampling)
+        if self.up_sample:  # channel halves (s, c) into frames 2t + s
+            b, channels, t, height, width = h.shape
+            interleaved = torch.empty(
+                (b, channels // 2, 2 * t, height, width), dtype=h.dtype, device=h.device, memory_format=_CL
+            )
+            interleaved.unflatten(2, (t, 2)).copy_(h.unflatten(1, (2, -1)).permute(0, 2, 3, 1, 4, 5))
+            h = interleaved
+        for stage in (self.conv2, self.conv3, self.conv4):
+            h = self.tconv3d_adapter._stage(stage, h, True)
+        return (identity + h).permute(0, 2, 1, 3, 4).flatten(0, 1)
+
+
 class _KVAECachedSpatialNorm3D:
     """diffusers' KVAECachedSpatialNorm3D: the latent zq interpolated (nearest) to the features' size in one call
     on the channels_last_3d latent, where diffusers interpolates it 32 channels at a time (each chunk a strided
@@ -1510,7 +1565,7 @@ ADAPTERS = (
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
-    _VidTokCausalConv3d,
+    _VidTokCausalConv3d, _AllegroTemporalConvLayer,
 )  # fmt: skip
 
 
@@ -1525,6 +1580,8 @@ FRAME_BLOCKS = (
     "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageAttentionBlock",
     "diffusers.models.downsampling.CogVideoXDownsample3D",
     "diffusers.models.upsampling.CogVideoXUpsample3D",
+    "diffusers.models.autoencoders.autoencoder_kl_allegro.AllegroEncoder3D",
+    "diffusers.models.autoencoders.autoencoder_kl_allegro.AllegroDecoder3D",
 )
 
 
