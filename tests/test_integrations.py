@@ -844,6 +844,35 @@ def test_monai_compile_adds_no_graph_breaks(name, aten_path):
     assert_same_gradients(eager, converted)
 
 
+@pytest.mark.parametrize("name", ["var_autoencoder", "segresnet_vae"])
+def test_monai_networks_that_flatten_by_view(name, aten_path):
+    """VarAutoEncoder's encoder and SegResNetVAE's VAE loss (in training) flatten an activation with
+    `.view(batch, -1)`, which a channels_last_3d tensor refuses: converted, that activation reaches them NCDHW (a
+    hook on the module that makes it), so both run, with stock's outputs, loss and gradients."""
+    from monai.networks import nets
+
+    build = {
+        "var_autoencoder": lambda: nets.VarAutoEncoder(
+            spatial_dims=3, in_shape=(1, 16, 16, 16), out_channels=1, latent_size=4, channels=(4, 8), strides=(2, 2)
+        ),
+        "segresnet_vae": lambda: nets.SegResNetVAE(  # SiLU: its default ReLU flips on fp32 rounding in this loss
+            input_image_size=(16, 16, 16), spatial_dims=3, init_filters=8, in_channels=1, out_channels=2, act="swish"
+        ),
+    }[name]
+    stock, converted = stock_and_converted(build)
+    assert is_converted(converted)
+    x = torch.randn(2, 1, 16, 16, 16)
+    outputs = []
+    for model in (stock, converted):
+        torch.manual_seed(1)  # both sample their latent with torch.randn_like
+        outputs.append(model.train()(x))
+    for ours, theirs in zip(outputs[1], outputs[0], strict=True):
+        assert rel_l2(ours, theirs) < MATCH
+    for out in outputs:
+        (out[0].square().mean() + out[1].mean()).backward()
+    assert_same_gradients(stock, converted)
+
+
 def test_monai_checkpoint_unet_still_recomputes(aten_path):
     """Converted, CheckpointUNet keeps MONAI's activation checkpointing: each level's up path (its transposed conv
     reading the skip connection in place) runs again in the backward, as stock's does."""

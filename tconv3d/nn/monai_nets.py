@@ -208,4 +208,34 @@ class _UNet:
         return _through_connections(self.model, x)
 
 
-ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer)
+def _ncdhw_output(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+    """A forward hook: the module's output NCDHW-contiguous (a copy where it is channels_last_3d)."""
+    return output.contiguous()
+
+
+class _FlattensByView:
+    """MONAI networks whose own code flattens an activation with `.view(batch, -1)`: VarAutoEncoder's
+    encode_forward (the output of `intermediate`) and SegResNetVAE's VAE loss in training (the output of
+    `vae_down`). A view flattens C with the voxels only where the tensor is NCDHW-contiguous; converted, the
+    activation is channels_last_3d and the view raises. A forward hook on the module that makes it returns it
+    NCDHW (one copy of a bottleneck activation), the values stock's view reads, in its order."""
+
+    classes = ("monai.networks.nets.varautoencoder.VarAutoEncoder", "monai.networks.nets.segresnet.SegResNetVAE")
+    attributes = ()
+
+    @staticmethod
+    def _flattened(module) -> nn.Module | None:
+        """The module whose output the network views flat."""
+        name = "intermediate" if type(module).__name__ == "VarAutoEncoder" else "vae_down"
+        return getattr(module, name, None)
+
+    @classmethod
+    def reason(cls, module) -> str | None:
+        return None if isinstance(cls._flattened(module), nn.Module) else "not the MONAI layout this tconv3d knows"
+
+    @classmethod
+    def prepare(cls, module) -> None:
+        cls._flattened(module).register_forward_hook(_ncdhw_output)
+
+
+ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView)
