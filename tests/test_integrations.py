@@ -844,6 +844,21 @@ def test_monai_compile_adds_no_graph_breaks(name, aten_path):
     assert_same_gradients(eager, converted)
 
 
+def test_monai_densenet_keeps_channels_last(aten_path):
+    """MONAI's DenseNet121 (3-D): its transitions' AvgPool3d (torch's CPU kernel answers NCDHW) swapped for
+    tconv3d.nn.AvgPool3d, so no dense layer's concatenation, and none of its 120 convolutions, gets another layout
+    (38 layout copies before); the output as stock's."""
+    from monai.networks import nets
+
+    stock, converted = stock_and_converted(lambda: nets.DenseNet121(spatial_dims=3, in_channels=1, out_channels=2))
+    x = torch.randn(1, 1, 32, 32, 32).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.totals["layout_copies"] == 0
+
+
 @pytest.mark.parametrize("name", ["var_autoencoder", "segresnet_vae"])
 def test_monai_networks_that_flatten_by_view(name, aten_path):
     """VarAutoEncoder's encoder and SegResNetVAE's VAE loss (in training) flatten an activation with

@@ -1,5 +1,6 @@
 """tconv3d.nn.Conv3d, tconv3d.nn.convert and autocast."""
 
+import copy
 import itertools
 import logging
 
@@ -102,6 +103,27 @@ def test_convert_swaps_in_place_and_keeps_parameters(device, caplog):
     model(x).square().mean().backward()
     optimizer.step()
     assert not torch.equal(first.weight.detach(), weight_before)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "ceil_mode"), [(2, 2, 0, False), (3, 2, 1, True), ((1, 2, 2), 1, 0, False)]
+)
+def test_avg_pool_answers_channels_last_3d(kernel, stride, padding, ceil_mode, device):
+    """convert swaps nn.AvgPool3d for tconv3d.nn.AvgPool3d: torch's values and gradients, answered channels_last_3d
+    for a channels_last_3d input (torch's CPU kernel answers NCDHW), torch's layout for any other input."""
+    stock = nn.AvgPool3d(kernel, stride, padding, ceil_mode=ceil_mode)
+    ours = tconv3d.nn.convert(nn.Sequential(copy.deepcopy(stock)))[0]
+    assert type(ours) is tconv3d.nn.AvgPool3d
+    for memory_format in (torch.channels_last_3d, torch.contiguous_format):
+        x = torch.randn(2, 8, 5, 6, 7, device=device).contiguous(memory_format=memory_format)
+        ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, expected = ours(ours_in), stock(theirs_in)
+        assert torch.equal(out, expected)
+        assert out.is_contiguous(memory_format=memory_format)
+        grad = torch.randn_like(expected)
+        out.backward(grad)
+        expected.backward(grad)
+        assert torch.equal(ours_in.grad, theirs_in.grad)
 
 
 def test_convert_filter_chooses_layers(device):

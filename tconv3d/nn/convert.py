@@ -21,7 +21,7 @@ from torch import nn
 
 from ..geometry import SUPPORTED_DTYPES
 from . import monai_nets, video_vaes
-from .modules import Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
+from .modules import AvgPool3d, Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, keep_memory_format
 from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
 
 logger = logging.getLogger("tconv3d")
@@ -62,7 +62,7 @@ KNOWN_CLASSES = {name: adapter for adapter in video_vaes.ADAPTERS + monai_nets.A
 
 # The torch modules tconv3d has a drop-in for: exact classes (subclasses bring their own forward).
 DROP_INS = {nn.Conv3d: Conv3d, nn.ConvTranspose3d: ConvTranspose3d, nn.GroupNorm: GroupNorm,
-            nn.InstanceNorm3d: InstanceNorm3d}  # fmt: skip
+            nn.InstanceNorm3d: InstanceNorm3d, nn.AvgPool3d: AvgPool3d}  # fmt: skip
 
 
 def is_converted(module: nn.Module) -> bool:

@@ -1,5 +1,5 @@
 """tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm and InstanceNorm3d on
-tconv3d's NDHWC kernels, and CausalConv3d."""
+tconv3d's NDHWC kernels, CausalConv3d, and AvgPool3d (torch's, answering channels_last_3d)."""
 
 from __future__ import annotations
 
@@ -207,6 +207,25 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class AvgPool3d(nn.AvgPool3d):
+    """`torch.nn.AvgPool3d` that answers a channels_last_3d input channels_last_3d. torch's CPU kernel answers
+    NCDHW whatever the input's layout, and what follows it then passes NCDHW on: after a DenseNet transition, every
+    dense layer's concatenation, and each convolution of it a layout copy. Here the pool's output (an eighth of its
+    input at kernel 2) is copied channels_last_3d once where torch answers otherwise. Same constructor, no
+    parameters."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        output = super().forward(input)
+        if input.dim() == 5 and _channels_last_3d_only(input) and not output.is_contiguous(memory_format=_CL):
+            return output.contiguous(memory_format=_CL)
+        return output
+
+
+def _channels_last_3d_only(input: torch.Tensor) -> bool:
+    """A 5-D input laid out channels_last_3d and not also contiguous (where both hold, NCDHW is as good)."""
+    return input.is_contiguous(memory_format=_CL) and not input.is_contiguous()
 
 
 def _frames_of_channels_last(input: torch.Tensor) -> bool:
