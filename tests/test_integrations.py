@@ -310,6 +310,10 @@ def _monai_nets():
             lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
         ),
         "swin_unetr": transformer(lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12)),
+        # a residual conv block in front of each Swin stage, whose input MONAI made NCDHW (the adapter: as it is)
+        "swin_unetr_v2": transformer(
+            lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, use_v2=True)
+        ),
         "basic_unet": lambda: nets.BasicUNet(3, 1, 2, features=(4, 4, 8, 8, 16, 4)),
     }
 
@@ -323,6 +327,7 @@ MONAI_NETS = {
     "dynunet": 16,
     "unetr": 32,
     "swin_unetr": 64,
+    "swin_unetr_v2": 64,
     "basic_unet": 32,
 }
 # Skip-connection concatenations that feed a convolution (MONAI UNet: a transposed one) in a forward, stock: each
@@ -334,6 +339,7 @@ MONAI_SKIP_CONCATS = {
     "dynunet": 2,
     "unetr": 8,
     "swin_unetr": 10,
+    "swin_unetr_v2": 10,
     "basic_unet": 8,
 }
 

@@ -208,6 +208,39 @@ class _UNet:
         return _through_connections(self.model, x)
 
 
+def _kept_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """x.contiguous() where x is not a channels_last_3d 5-D tensor; a channels_last_3d one as it is."""
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return x
+    return x.contiguous()
+
+
+class _SwinTransformer:
+    """MONAI's SwinTransformer (SwinUNETR's encoder) calls `.contiguous()` on each stage's input: an NCDHW copy of
+    the patch embedding's channels_last_3d output and of each stage's output (its blocks work on (B, D, H, W, C),
+    permuted back at the end: a channels_last_3d view), which the stage permutes to (B, D, H, W, C) again, then a
+    strided view. Here a 5-D channels_last_3d input goes on as it is: no copy, contiguous (B, D, H, W, C) for the
+    blocks, and SwinUNETR v2's residual conv blocks in front of each stage (layers1c ...) read it without a layout
+    copy. Values as MONAI's."""
+
+    classes = ("monai.networks.nets.swin_unetr.SwinTransformer",)
+    attributes = ("patch_embed", "pos_drop", "use_v2", "layers1", "layers2", "layers3", "layers4")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x, normalize=True):
+        x = self.pos_drop(self.patch_embed(x))
+        outputs = [self.proj_out(x, normalize)]
+        for stage in range(1, 5):
+            if self.use_v2:
+                x = getattr(self, f"layers{stage}c")[0](_kept_channels_last(x))
+            x = getattr(self, f"layers{stage}")[0](_kept_channels_last(x))
+            outputs.append(self.proj_out(x, normalize))
+        return outputs
+
+
 def _ncdhw_output(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
     """A forward hook: the module's output NCDHW-contiguous (a copy where it is channels_last_3d)."""
     return output.contiguous()
@@ -238,4 +271,4 @@ class _FlattensByView:
         cls._flattened(module).register_forward_hook(_ncdhw_output)
 
 
-ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView)
+ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer)
