@@ -779,6 +779,24 @@ def test_more_vaes_training_keep_no_more_than_stock(name, aten_path):
     assert 0 < ours <= stock_bytes, (ours, stock_bytes)
 
 
+@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
+def test_more_vaes_compile_without_new_graph_breaks(name, aten_path):
+    """As test_compile_adds_no_graph_breaks, for the VAEs built here (their adapters' forwards traced whole)."""
+    build, run, x = {
+        "kandinsky6_sr": (kandinsky6_sr, lambda model, z: model.decode(z).sample, torch.randn(1, 4, 5, 4, 4)),
+        "vidtok": (functools.partial(vidtok, tiling=False), vidtok_run, torch.randn(1, 3, 9, 16, 16)),
+        "allegro": (allegro, allegro_run, torch.randn(1, 3, 8, 16, 16)),
+    }[name]
+    stock, converted = stock_and_converted(build)
+    breaks = []
+    for model in (stock, converted):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(functools.partial(run, model.eval()))(x)
+        breaks.append(explained.graph_break_count)
+    assert breaks[1] <= breaks[0]
+    assert any("tconv3d.conv3d" in str(node.target) for g in explained.graphs for node in g.graph.nodes)
+
+
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}
