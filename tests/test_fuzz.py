@@ -63,6 +63,40 @@ def test_replay_line_round_trips():
     assert Problem.from_json(json.dumps(old)).transpose is False
 
 
+# Fuzz run 34's first kind of failure: a second-order problem of an empty batch. torch's float64 double backward
+# leaves the weight unreached (its .grad None), tconv3d's gives it zeros: the check takes exact zeros as that None.
+EMPTY_SECOND_ORDER = {
+    "seed": 643,
+    "dtype": "bf16",
+    "batch": 0,
+    "cin": 27,
+    "cout": 12,
+    "groups": 3,
+    "size": [4, 1, 8],
+    "frames": 0,
+    "kernel": [2, 1, 2],
+    "stride": [1, 2, 1],
+    "dilation": [2, 1, 1],
+    "padding": [3, 1, 0, 0, 1, 0],
+    "modes": ["replicate", "replicate", "replicate"],
+    "bias": True,
+    "layout": "cl",
+    "weight_cl": False,
+    "tiling": "default",
+    "kernels": "auto",
+    "transpose": False,
+    "output_padding": [0, 0, 0],
+    "second_order": True,
+    "after": 0,
+    "empty": True,
+}
+
+
+def test_an_empty_batch_has_zero_second_order_gradients():
+    result = check(Problem.from_json(json.dumps(EMPTY_SECOND_ORDER)))
+    assert result["errors"]["grad2_weight"] == 0.0
+
+
 @pytest.mark.parametrize(
     ("direction", "caught"),
     [("fwd", "output"), ("dgrad", "grad_input"), ("wgrad", "grad_weight")],
