@@ -568,6 +568,19 @@ def test_kandinsky6_sr_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert_same_gradients(stock, converted)
 
 
+@pytest.mark.parametrize("name", ["kandinsky6_sr", "kvae_video"])
+def test_resampler_means_run_in_bf16_on_cpu(name, aten_path):
+    """Kandinsky 6's and KVAE's downsamplers average pixels and frames; torch's avg_pool3d has no bfloat16 CPU
+    kernel, where diffusers' own means run: the adapters' block means do too, as near an fp32 reference as stock."""
+    stock, converted = stock_and_converted(kandinsky6_sr if name == "kandinsky6_sr" else kvae_video)
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        reference = encode_decode(stock, x)
+        stock_error = rel_l2(encode_decode(stock.bfloat16(), x.bfloat16()), reference)
+        ours_error = rel_l2(encode_decode(converted.bfloat16(), x.bfloat16()), reference)
+    assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
+
+
 SHORT_SEGMENTS = ([5, 1, 1, 3], [1, 2, 1, 6], [2, 2, 3])
 
 
@@ -1205,9 +1218,20 @@ def test_whole_converted_vaes_load_in_fresh_process(aten_path, tmp_path):
         assert rel_l2(loaded[path][1], output) < MATCH, path
 
 
+def _densenet121():
+    from monai.networks import nets
+
+    return nets.DenseNet121(spatial_dims=3, in_channels=1, out_channels=2)
+
+
+# name: (builder, or a MONAI_NETS name; input shape; what to run)
 CUDA_MODELS = {
-    **{f"vae_{name}": (build, (1, 3, 5, 32, 32)) for name, build in VAES.items()},
-    **{f"monai_{name}": (name, (1, 1, *(max(32, size),) * 3)) for name, size in MONAI_NETS.items()},
+    **{f"vae_{name}": (build, (1, 3, 5, 32, 32), encode_decode) for name, build in VAES.items()},
+    "vae_kandinsky6_sr": (kandinsky6_sr, (1, 3, 21, 32, 32), encode_decode),  # two segments
+    "vae_vidtok": (vidtok, (1, 3, 17, 32, 32), vidtok_run),
+    "vae_allegro": (allegro, (1, 3, 8, 32, 32), allegro_run),
+    **{f"monai_{name}": (name, (1, 1, *(max(32, size),) * 3), None) for name, size in MONAI_NETS.items()},
+    "monai_densenet121": (_densenet121, (1, 1, 32, 32, 32), None),
 }
 
 
@@ -1218,11 +1242,11 @@ def test_real_models_on_cuda_match_stock(name):
     """The compiled kernels in the real models, on the GPU: each converted model's forward (a VAE's encode and
     decode) against stock on cuDNN, in fp32 with TF32 off (both exact up to summation order); in bf16, no further
     from a float32 reference than stock bf16 is, within a margin."""
-    build, shape = CUDA_MODELS[name]
-    build = _monai_nets()[build] if name.startswith("monai") else build
-    stock, converted = (m.cuda() for m in stock_and_converted(build))
+    build, shape, run = CUDA_MODELS[name]
+    build = _monai_nets()[build] if isinstance(build, str) else build
+    stock, converted = (m.cuda().eval() for m in stock_and_converted(build))
     x = torch.randn(shape, device="cuda")
-    run = encode_decode if name.startswith("vae") else (lambda model, x: model(x))
+    run = run or (lambda model, x: model(x))
     with torch.no_grad():
         reference = run(stock, x)
         assert rel_l2(run(converted, x), reference) < MATCH

@@ -837,7 +837,7 @@ class _Kandinsky6SRDownsample:
     def forward(self, hidden_states, cache):
         c, h, w = hidden_states.shape[1], hidden_states.shape[3], hidden_states.shape[4]
         out = self.spatial_conv(hidden_states)  # (B, 2C, T, H/2, W/2): channel 2c + i, row 2y + i's W pair mean
-        pairs = F.avg_pool3d(hidden_states[..., : h // 2 * 2, : w // 2 * 2], (1, 1, 2))  # (B, C, T, H, W/2)
+        pairs = _block_mean(hidden_states[..., : h // 2 * 2, : w // 2 * 2], (1, 1, 2))  # (B, C, T, H, W/2)
         pairs = pairs.unflatten(3, (h // 2, 2)).permute(0, 1, 4, 2, 3, 5)  # (B, C, 2, T, H/2, W/2)
         out.unflatten(1, (c, 2)).add_(pairs)
         if not self.compress_time:
@@ -848,9 +848,9 @@ class _Kandinsky6SRDownsample:
         if first_segment:  # the first frame kept, the others in pairs
             conv_out[:, :, :1].add_(out[:, :, :1])
             if out.shape[2] > 1:
-                conv_out[:, :, 1:].add_(F.avg_pool3d(out[:, :, 1:], (2, 1, 1)))
+                conv_out[:, :, 1:].add_(_block_mean(out[:, :, 1:], (2, 1, 1)))
         else:
-            conv_out.add_(F.avg_pool3d(out, (2, 1, 1)))
+            conv_out.add_(_block_mean(out, (2, 1, 1)))
         return self.linear(conv_out)
 
 
@@ -891,14 +891,14 @@ class _KVAECachedPXSDownsample:
         return None if module.factor == 2 else f"its factor is {module.factor}, not 2"
 
     def forward(self, x, cache):
-        out = self.spatial_conv(x) + F.avg_pool3d(x, (1, 2, 2))
+        out = self.spatial_conv(x) + _block_mean(x, (1, 2, 2))
         if self.temporal_compress:
             if cache[0]["padding"] is None and out.shape[2] > 1:  # the first frame, then the others in pairs
-                pooled = torch.cat([out[:, :, :1], F.avg_pool3d(out[:, :, 1:], (2, 1, 1))], dim=2)
+                pooled = torch.cat([out[:, :, :1], _block_mean(out[:, :, 1:], (2, 1, 1))], dim=2)
             elif cache[0]["padding"] is None:
                 pooled = out
             else:
-                pooled = F.avg_pool3d(out, (2, 1, 1))
+                pooled = _block_mean(out, (2, 1, 1))
             out = self.temporal_conv(out, cache[0]) + pooled
         return self.linear(out)
 
@@ -923,6 +923,17 @@ class _KVAECachedPXSUpsample:
             x = self.temporal_conv(tail, cache) + tail
         upsampled = _repeat(x, (1, 2, 2))
         return self.linear(upsampled + self.spatial_conv(upsampled))
+
+
+def _block_mean(x: torch.Tensor, factors) -> torch.Tensor:
+    """F.avg_pool3d(x, factors) (stride the kernel, no padding, a remainder dropped) as the mean over the blocks of
+    x's (N, D, H, W, C) view: channels_last_3d out, and any dtype on any device (CPU's avg_pool3d has no bfloat16,
+    where diffusers' pixel-unshuffle means do)."""
+    fd, fh, fw = factors
+    _, _, d, h, w = x.shape
+    blocks = x[:, :, : d // fd * fd, : h // fh * fh, : w // fw * fw].permute(0, 2, 3, 4, 1)
+    blocks = blocks.unflatten(1, (d // fd, fd)).unflatten(3, (h // fh, fh)).unflatten(5, (w // fw, fw))
+    return blocks.mean((2, 4, 6)).permute(0, 4, 1, 2, 3)
 
 
 def _last_frames(front, x, frames: int) -> torch.Tensor:
