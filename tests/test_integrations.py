@@ -1241,17 +1241,20 @@ CUDA_MODELS = {
 def test_real_models_on_cuda_match_stock(name):
     """The compiled kernels in the real models, on the GPU: each converted model's forward (a VAE's encode and
     decode) against stock on cuDNN, in fp32 with TF32 off (both exact up to summation order); in bf16, no further
-    from a float32 reference than stock bf16 is, within a margin."""
+    from a float32 reference than stock bf16 is, within a margin, summed over 8 inputs: one input's bf16 error is
+    rounding amplified through the small random networks, and the two sides' ratio for one input ranged 0.6-2.6
+    (HunyuanVideo's VAE on CPU, each of its layers as near float32 as stock's), 1.28 over 8."""
     build, shape, run = CUDA_MODELS[name]
     build = _monai_nets()[build] if isinstance(build, str) else build
     stock, converted = (m.cuda().eval() for m in stock_and_converted(build))
-    x = torch.randn(shape, device="cuda")
     run = run or (lambda model, x: model(x))
+    inputs = [torch.randn(shape, device="cuda") for _ in range(8)]
     with torch.no_grad():
-        reference = run(stock, x)
-        assert rel_l2(run(converted, x), reference) < MATCH
-        stock_error = rel_l2(run(stock.bfloat16(), x.bfloat16()), reference)
-        ours_error = rel_l2(run(converted.bfloat16(), x.bfloat16()), reference)
+        references = [run(stock, x) for x in inputs]
+        assert rel_l2(run(converted, inputs[0]), references[0]) < MATCH
+        stock, converted = stock.bfloat16(), converted.bfloat16()
+        stock_error = sum(rel_l2(run(stock, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
+        ours_error = sum(rel_l2(run(converted, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
     assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
 
 
