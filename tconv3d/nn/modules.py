@@ -210,11 +210,11 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
 
 class AvgPool3d(nn.AvgPool3d):
-    """`torch.nn.AvgPool3d` that answers a channels_last_3d input channels_last_3d. torch's CPU kernel answers
-    NCDHW whatever the input's layout, and what follows it then passes NCDHW on: after a DenseNet transition, every
-    dense layer's concatenation, and each convolution of it a layout copy. Here the pool's output (an eighth of its
-    input at kernel 2) is copied channels_last_3d once where torch answers otherwise. Same constructor, no
-    parameters."""
+    """`torch.nn.AvgPool3d` that answers a channels_last_3d input channels_last_3d. torch's kernels answer NCDHW
+    whatever the input's layout (CPU's; CUDA's indexes a contiguous (N*C, D, H, W) view of its input), and what
+    follows then passes NCDHW on: after a DenseNet transition, every dense layer's concatenation, and each
+    convolution of it a layout copy. Here the pool's output (an eighth of its input at kernel 2) is copied
+    channels_last_3d once where torch answers otherwise. Same constructor, no parameters."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output = super().forward(input)
