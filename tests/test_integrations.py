@@ -51,6 +51,17 @@ def stock_and_converted(build):
     return stock, tconv3d.nn.convert(copy.deepcopy(stock))
 
 
+def converted_and_audited(build, x, run=encode_decode):
+    """Stock and converted models of `build`, the converted one checked to match stock's run(model, x), and both
+    models' audits of that run."""
+    stock, converted = stock_and_converted(build)
+    with torch.no_grad():
+        assert rel_l2(run(converted, x), run(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=run, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=run, verbose=False)
+    return stock, converted, before, after
+
+
 # Convolutions a model's own code calls outside any conv module, which stay on torch: Cosmos's Haar wavelet
 # transforms: (F.conv3d calls in its patcher, F.conv_transpose3d calls in its unpatcher), 2-tap filters.
 FUNCTIONAL_CONVS = {"cosmos": (28, 28)}
@@ -502,12 +513,8 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
     op, no pad or concatenation copy into a conv; the pixel (un)shuffles' means and repeats pooled and interpolated
     on the channels_last_3d activation, so only the input edge takes a layout copy and no norm one; the video and
     the parameter gradients match the stock model's."""
-    stock, converted = stock_and_converted(kvae_video)
     x = torch.randn(1, 3, 41, 32, 32)
-    with torch.no_grad():
-        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
-    before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
-    after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    stock, converted, before, after = converted_and_audited(kvae_video, x)
     assert before.aten_conv3d_calls > after.tconv3d_calls == sum(layer.calls for layer in after.layers) > 0
     assert_all_on_tconv3d(after)
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
@@ -548,14 +555,11 @@ def test_kandinsky6_sr_convs_in_one_op_each_with_their_cached_frames(aten_path):
     tconv3d, the latent's resizing, the pixel-unshuffle mean and the frame repeats on the channels_last_3d
     activation: no pad or concatenation copy into a conv, a layout copy at the input edge only; the video and the
     parameter gradients match the stock model's."""
-    stock, converted = stock_and_converted(kandinsky6_sr)
     x = torch.randn(1, 3, 41, 32, 32)
+    stock, converted, before, after = converted_and_audited(kandinsky6_sr, x)
     z = torch.randn(1, 4, 10, 4, 4)  # segments of 5, 4 and 1 latent frames: the last too short to fill the caches
     with torch.no_grad():
-        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
         assert rel_l2(converted.decode(z).sample, stock.decode(z).sample) < MATCH
-    before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
-    after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
     assert before.aten_conv3d_calls > after.tconv3d_calls == sum(layer.calls for layer in after.layers) > 0
     assert before.totals["converted"] == 0  # an nn.Conv3d subclass each: convert leaves them alone unadapted
     assert_all_on_tconv3d(after)
@@ -623,17 +627,6 @@ def test_kandinsky6_sr_causal_conv_over_segments_of_any_length(kernel, stride, s
     assert checked
 
 
-def test_kandinsky6_sr_through_the_triton_interpreter():
-    """The kernels themselves: zeros in space and the first frame repeated in front, the first segment's cached
-    frames read in front of the second's, the strided temporal conv, the 1x1x1 convs of the resized latent."""
-    if tconv3d.CPU_BACKEND != "triton":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
-    stock, converted = stock_and_converted(functools.partial(kandinsky6_sr, (4, 8, 8)))
-    x = torch.randn(1, 3, 21, 8, 8)  # a segment of 17 frames, then 4
-    with torch.no_grad():
-        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
-
-
 def vidtok(tiling=True):
     """VidTok (AutoencoderVidTok), small: causal convs with a cache of frames per chunk when tiled, 4x in time."""
     torch.manual_seed(0)
@@ -652,29 +645,14 @@ def test_vidtok_causal_convs_in_one_op_each(aten_path):
     decoder's trimmed by cache_offset): every conv on tconv3d with its repeated or cached frames in front and its
     padding in space inside the op, none of the 120 pad and concatenation copies stock makes into its convs; the
     video and the parameter gradients match stock's."""
-    stock, converted = stock_and_converted(vidtok)
     x = torch.randn(1, 3, 17, 32, 32)
-    with torch.no_grad():
-        assert rel_l2(vidtok_run(converted, x), vidtok_run(stock, x)) < MATCH
-    before = tconv3d.nn.audit(stock, x, run=vidtok_run, verbose=False)
-    after = tconv3d.nn.audit(converted, x, run=vidtok_run, verbose=False)
+    stock, converted, before, after = converted_and_audited(vidtok, x, vidtok_run)
     assert before.aten_conv3d_calls == after.tconv3d_calls > 0
     assert_all_on_tconv3d(after)
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
     for model in (stock, converted):
         vidtok_run(model.train(), x[:, :, :9]).square().mean().backward()
     assert_same_gradients(stock, converted)
-
-
-def test_vidtok_through_the_triton_interpreter():
-    """The kernels themselves: the repeated first frame and the cached frames of the chunk before in front, zeros in
-    space, the strided time convs of the encoder."""
-    if tconv3d.CPU_BACKEND != "triton":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
-    stock, converted = stock_and_converted(vidtok)
-    x = torch.randn(1, 3, 9, 16, 16)
-    with torch.no_grad():
-        assert rel_l2(vidtok_run(converted, x), vidtok_run(stock, x)) < MATCH
 
 
 @pytest.mark.parametrize("pad_mode", ["constant", "replicate"])
@@ -726,13 +704,10 @@ def test_allegro_frames_and_temporal_convs_in_channels_last(aten_path):
     frames stay NHWC and their video views channels_last_3d), the repeated end frames one concatenation a stage
     where diffusers makes two (its norms' statistics count them, so they stay); the video and the gradients as
     stock's."""
-    stock, converted = stock_and_converted(allegro)
     x = torch.randn(1, 3, 8, 32, 32)
+    stock, converted, before, after = converted_and_audited(allegro, x, allegro_run)
     with torch.no_grad():
-        out, expected = allegro_run(converted, x), allegro_run(stock, x)
-    assert rel_l2(out, expected) < MATCH and out.is_contiguous(memory_format=torch.channels_last_3d)
-    before = tconv3d.nn.audit(stock, x, run=allegro_run, verbose=False)
-    after = tconv3d.nn.audit(converted, x, run=allegro_run, verbose=False)
+        assert allegro_run(converted, x).is_contiguous(memory_format=torch.channels_last_3d)
     assert before.aten_conv3d_calls == after.tconv3d_calls > 0
     assert_all_on_tconv3d(after)
     assert after.totals["layout_copies"] == after.norm_layout_copies == 0 and after.norm_calls > 0
@@ -740,17 +715,6 @@ def test_allegro_frames_and_temporal_convs_in_channels_last(aten_path):
     for model in (stock, converted):  # eval: the temporal layers' Dropout(0.1) would draw different masks
         allegro_run(model, x).square().mean().backward()
     assert_same_gradients(stock, converted)
-
-
-def test_allegro_through_the_triton_interpreter():
-    """The kernels themselves: the temporal convs of (3, 1, 1), the strided (2, 3, 3) down and the (1, 3, 3) up,
-    the norms on the frames' channels_last_3d views."""
-    if tconv3d.CPU_BACKEND != "triton":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
-    stock, converted = stock_and_converted(allegro)
-    x = torch.randn(1, 3, 8, 16, 16)
-    with torch.no_grad():
-        assert rel_l2(allegro_run(converted, x), allegro_run(stock, x)) < MATCH
 
 
 @pytest.mark.parametrize("kind", ["plain", "down_sample", "up_sample"])
@@ -790,6 +754,26 @@ def test_more_vaes_training_keep_no_more_than_stock(name, aten_path):
     train = name != "allegro"
     stock_bytes, ours = (saved_for_backward(model.train(train), run, x) for model in (stock, converted))
     assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+
+
+@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
+def test_more_vaes_through_the_triton_interpreter(name):
+    """The kernels themselves. Kandinsky 6's SR VAE: zeros in space with the first frame repeated in front, the
+    first segment's cached frames read in front of the second's, the strided temporal conv, the 1x1x1 convs of the
+    resized latent. VidTok: the repeated first frame and the chunk before's frames in front, the encoder's strided
+    time convs. Allegro: its temporal convs of (3, 1, 1), the strided (2, 3, 3) down and the (1, 3, 3) up, the norms
+    on the frames' channels_last_3d views."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    build, run, shape = {
+        "kandinsky6_sr": (functools.partial(kandinsky6_sr, (4, 8, 8)), encode_decode, (1, 3, 21, 8, 8)),  # 17 + 4
+        "vidtok": (vidtok, vidtok_run, (1, 3, 9, 16, 16)),
+        "allegro": (allegro, allegro_run, (1, 3, 8, 16, 16)),
+    }[name]
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert rel_l2(run(converted, x), run(stock, x)) < MATCH
 
 
 @pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
