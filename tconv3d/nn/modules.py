@@ -218,19 +218,15 @@ class AvgPool3d(nn.AvgPool3d):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output = super().forward(input)
-        if input.dim() == 5 and _channels_last_3d_only(input) and not output.is_contiguous(memory_format=_CL):
+        if input.dim() == 5 and _laid_out_only(input, _CL) and not output.is_contiguous(memory_format=_CL):
             return output.contiguous(memory_format=_CL)
         return output
 
 
-def _channels_last_3d_only(input: torch.Tensor) -> bool:
-    """A 5-D input laid out channels_last_3d and not also contiguous (where both hold, NCDHW is as good)."""
-    return input.is_contiguous(memory_format=_CL) and not input.is_contiguous()
-
-
-def _frames_of_channels_last(input: torch.Tensor) -> bool:
-    """A 4-D input laid out channels_last and not also contiguous (where both hold, NCHW is as good)."""
-    return input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
+def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """An input laid out in `memory_format` (channels_last for 4-D, channels_last_3d for 5-D) and not also
+    contiguous (where both hold, NCHW or NCDHW is as good)."""
+    return input.is_contiguous(memory_format=memory_format) and not input.is_contiguous()
 
 
 def _check_activation(activation):
@@ -240,7 +236,7 @@ def _check_activation(activation):
 
 
 def normalize(input, groups, weight, bias, eps, activation):
-    if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _frames_of_channels_last(input):
+    if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _laid_out_only(input, torch.channels_last):
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
         # result viewed back channels_last, where torch's group_norm would answer NCHW.

@@ -791,8 +791,9 @@ class _KVAECachedSpatialNorm3D:
 class _Kandinsky6SRSpatialNorm3D:
     """diffusers' Kandinsky6SRSpatialNorm3D: the latent zq interpolated (nearest) to the features' size, 32
     channels at a time and concatenated there (on a clip's first segment, its first frame on its own and the others
-    together, concatenated in time): here each part in one call on the channels_last_3d latent, written into one
-    channels_last_3d tensor, no concatenation. Then the norm, scaled and shifted by its 1x1x1 convs of zq."""
+    together, concatenated in time; one latent frame: resized to one frame): here in one interpolation of the
+    channels_last_3d latent (`_nearest_first_apart`), no concatenation. Then the norm, scaled and shifted by its
+    1x1x1 convs of zq."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRSpatialNorm3D",)
     attributes = ("norm_layer", "conv_y", "conv_b")
@@ -802,19 +803,11 @@ class _Kandinsky6SRSpatialNorm3D:
         return None
 
     def forward(self, hidden_states, zq, cache):
-        size = tuple(hidden_states.shape[-3:])
-        if cache["is_first_segment"] and zq.shape[2] > 1:
-            parts = ((slice(0, 1), slice(0, 1)), (slice(1, None), slice(1, None)))
-        elif cache["is_first_segment"]:
-            parts = ((slice(0, 1), slice(0, 1)),)
+        frames, height, width = hidden_states.shape[-3:]
+        if cache["is_first_segment"]:
+            resized = _nearest_first_apart(zq, (frames if zq.shape[2] > 1 else 1, height, width))
         else:
-            parts = ((slice(None), slice(None)),)
-        frames = sum(len(range(*target.indices(size[0]))) for _, target in parts)
-        shape = (zq.shape[0], zq.shape[1], frames, *size[1:])
-        resized = torch.empty(shape, dtype=zq.dtype, device=zq.device, memory_format=_CL)
-        for source, target in parts:
-            part = resized[:, :, target]
-            part.copy_(F.interpolate(zq[:, :, source], size=tuple(part.shape[-3:]), mode="nearest"))
+            resized = F.interpolate(zq, size=(frames, height, width))
         output = self.norm_layer(hidden_states) * self.conv_y(resized) + self.conv_b(resized)
         cache["is_first_segment"] = False
         return output
@@ -1432,11 +1425,25 @@ class _HunyuanImageRefinerDownsample(_HunyuanVideo15Downsample):
     time_resampled = False
 
 
+def _nearest_first_apart(zq: torch.Tensor, size) -> torch.Tensor:
+    """zq resized (nearest) to size (D, H, W) as diffusers resizes a clip's first latent frames: the first frame on
+    its own, the others together (two interpolations and a torch.cat at full resolution). The same result, bit for
+    bit, from picking the latent's frames first (frame 0 from frame 0, the rest by nearest over frames 1..:
+    interpolate's own index rule, read off an arange so it is the same arithmetic; a gather at latent resolution),
+    then one interpolation."""
+    frames = size[0]
+    if frames > 1 and zq.shape[2] > 1:
+        rest = torch.arange(1, zq.shape[2], dtype=torch.float32, device=zq.device).view(1, 1, -1, 1, 1)
+        rest = F.interpolate(rest, size=(frames - 1, 1, 1)).flatten().long()
+        index = torch.cat([rest.new_zeros(1), rest])
+        zq = zq.index_select(2, index).contiguous(memory_format=_CL)
+    return F.interpolate(zq, size=size)
+
+
 class _CogVideoXSpatialNorm:
     """diffusers' CogVideoXSpatialNorm3D resizes the latent to the features' size (first frame on its own, the
-    rest together, then a torch.cat at full resolution) for its conv_y and conv_b. The same nearest-neighbour
-    result, bit for bit, comes from picking the latent's frames first (a gather at latent resolution) and then
-    one interpolation: one full-resolution write instead of two."""
+    rest together, then a torch.cat at full resolution) for its conv_y and conv_b: `_nearest_first_apart`, one
+    full-resolution write instead of two."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSpatialNorm3D",)
     attributes = ("norm_layer", "conv_y", "conv_b")
@@ -1447,15 +1454,10 @@ class _CogVideoXSpatialNorm:
 
     def forward(self, f, zq, conv_cache=None):
         conv_cache = conv_cache or {}
-        frames = f.shape[2]
-        if frames > 1 and frames % 2 == 1 and zq.shape[2] > 1:
-            # Frame 0 from frame 0, the rest by nearest-neighbour over frames 1.. (interpolate's own index rule,
-            # read off an arange so it is the same arithmetic).
-            rest = torch.arange(1, zq.shape[2], dtype=torch.float32, device=zq.device).view(1, 1, -1, 1, 1)
-            rest = F.interpolate(rest, size=(frames - 1, 1, 1)).flatten().long()
-            index = torch.cat([rest.new_zeros(1), rest])
-            zq = zq.index_select(2, index).contiguous(memory_format=_CL)
-        zq = F.interpolate(zq, size=f.shape[-3:])
+        if f.shape[2] % 2 == 1:  # diffusers resizes an odd count of frames with the first apart
+            zq = _nearest_first_apart(zq, tuple(f.shape[-3:]))
+        else:
+            zq = F.interpolate(zq, size=f.shape[-3:])
         new_conv_cache = {}
         conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
         conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
