@@ -511,7 +511,8 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
     stride 2 in time in the encoder): every conv on tconv3d, a cached conv one op where diffusers runs two convs
     and concatenates, its replicate padding in space and the cached (or repeated first) frames in front inside the
     op, no pad or concatenation copy into a conv; the pixel (un)shuffles' means and repeats pooled and interpolated
-    on the channels_last_3d activation, so only the input edge takes a layout copy and no norm one; the video and
+    on the channels_last_3d activation, so only the input edge takes a layout copy and no norm one, and the spatial
+    norms' first-segment latent is resized without a concatenation (no copy upstream of a conv); the video and
     the parameter gradients match the stock model's."""
     x = torch.randn(1, 3, 41, 32, 32)
     stock, converted, before, after = converted_and_audited(kvae_video, x)
@@ -520,6 +521,7 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
     assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
     assert after.norm_layout_copies == 0
+    assert after.totals["upstream_copies_into_convs"] == 0 < before.totals["upstream_copies_into_convs"]
     x = x[:, :, :21]  # two segments
     for model in (stock, converted):
         encode_decode(model.train(), x).square().mean().backward()

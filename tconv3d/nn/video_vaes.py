@@ -764,7 +764,8 @@ class _KVAECachedSpatialNorm3D:
     """diffusers' KVAECachedSpatialNorm3D: the latent zq interpolated (nearest) to the features' size in one call
     on the channels_last_3d latent, where diffusers interpolates it 32 channels at a time (each chunk a strided
     view, interpolated into NCDHW) and concatenates them; on a clip's first segment its first frame on its own, the
-    others together, as diffusers does. Then the norm, scaled and shifted by its 1x1x1 convs of zq."""
+    others together, as diffusers does, without concatenating them (`_nearest_first_apart`; one latent frame:
+    resized to one frame). Then the norm, scaled and shifted by its 1x1x1 convs of zq."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedSpatialNorm3D",)
     attributes = ("norm_layer", "add_conv", "conv_y", "conv_b")
@@ -775,12 +776,8 @@ class _KVAECachedSpatialNorm3D:
 
     def forward(self, f, zq, cache):
         if cache["norm"].get("mean") is None and cache["norm"].get("var") is None:
-            first = F.interpolate(zq[:, :, :1], size=(1, *f.shape[-2:]), mode="nearest")
-            if zq.shape[2] > 1:
-                rest = F.interpolate(zq[:, :, 1:], size=(f.shape[2] - 1, *f.shape[-2:]), mode="nearest")
-                zq = torch.cat([first, rest], dim=2)
-            else:
-                zq = first
+            frames, height, width = f.shape[-3:]
+            zq = _nearest_first_apart(zq, (frames if zq.shape[2] > 1 else 1, height, width))
         else:
             zq = F.interpolate(zq, size=tuple(f.shape[-3:]), mode="nearest")
         if self.add_conv:
