@@ -882,6 +882,68 @@ def test_monai_densenet_keeps_channels_last(aten_path):
     assert report.totals["layout_copies"] == 0
 
 
+def _efficientnets():
+    def nets():
+        return pytest.importorskip("monai.networks.nets")
+
+    return {
+        "efficientnet_b0": lambda: nets().EfficientNetBN(
+            "efficientnet-b0", pretrained=False, spatial_dims=3, in_channels=1, num_classes=2
+        ),
+        "flexible_unet": lambda: nets().FlexibleUNet(1, 2, "efficientnet-b0", pretrained=False, spatial_dims=3),
+    }
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "flexible_unet"])
+def test_monai_efficientnet_pads_inside_its_convs(name, aten_path):
+    """MONAI's EfficientNet pads for TensorFlow's "same" with a ConstantPad3d module in front of its convolutions
+    (asymmetric at stride 2, fixed for its image_size): converted, each convolution pads inside its op (the
+    padders nn.Identity), no copy upstream of a convolution (17 pads in EfficientNet-B0 stock; FlexibleUNet's
+    encoder is one, and its decoder's UpCat reads the skip features in place); outputs and gradients as stock's.
+    A convolution the filter leaves on torch keeps its padder."""
+    stock, converted = stock_and_converted(_efficientnets()[name])
+    x = torch.randn(2, 1, 32, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, verbose=False)
+    after = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(after, every_layer_called=False)
+    assert before.totals["upstream_copies_into_convs"] >= 17
+    assert after.totals["upstream_copies_into_convs"] == 0
+    strided = [m for m in converted.modules() if isinstance(m, tconv3d.nn.Conv3d) and m.stride != (1, 1, 1)]
+    assert strided and all(len(m.padding) == 6 and m.padding[::2] != m.padding[1::2] for m in strided)
+    for model in (stock, converted):  # eval: training's batch norms over 2 x 1 voxels at the head amplify rounding
+        model(x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+    kept = tconv3d.nn.convert(copy.deepcopy(stock), filter=lambda qualified, module: qualified[-10:] != "_conv_stem")
+    owner = next(module for module in kept.modules() if hasattr(module, "_conv_stem_padding"))
+    assert type(owner._conv_stem) is torch.nn.Conv3d and type(owner._conv_stem_padding) is torch.nn.ConstantPad3d
+    with torch.no_grad():
+        assert rel_l2(kept(x), stock(x)) < MATCH
+
+
+def test_monai_efficientnet_block_through_the_triton_interpreter():
+    """The kernels themselves on the padding a same-padder gives: an MBConvBlock's strided depthwise conv padded
+    (0, 1) per dimension inside the op, its 1x1 convs and squeeze-excitation; outputs and input gradient."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    from monai.networks.nets.efficientnet import MBConvBlock
+
+    build = lambda: MBConvBlock(3, 4, 8, 3, 2, image_size=[6, 6, 6], expand_ratio=2, se_ratio=0.25)  # noqa: E731
+    stock, converted = stock_and_converted(build)
+    assert converted._depthwise_conv.padding == (0, 1, 0, 1, 0, 1)
+    x = torch.randn(2, 4, 6, 6, 6)
+    grads = []
+    for model in (stock, converted):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf)
+        out.square().mean().backward()
+        grads.append((out, leaf.grad))
+    assert rel_l2(grads[1][0], grads[0][0]) < MATCH
+    assert rel_l2(grads[1][1], grads[0][1]) < MATCH
+
+
 @pytest.mark.parametrize("name", ["var_autoencoder", "segresnet_vae"])
 def test_monai_networks_that_flatten_by_view(name, aten_path):
     """VarAutoEncoder's encoder and SegResNetVAE's VAE loss (in training) flatten an activation with
@@ -1218,6 +1280,7 @@ CUDA_MODELS = {
     "vae_allegro": (allegro, (1, 3, 8, 32, 32), allegro_run),
     **{f"monai_{name}": (name, (1, 1, *(max(32, size),) * 3), None) for name, size in MONAI_NETS.items()},
     "monai_densenet121": (_densenet121, (1, 1, 32, 32, 32), None),
+    **{f"monai_{name}": (build, (2, 1, 32, 32, 32), None) for name, build in _efficientnets().items()},
 }
 
 

@@ -95,6 +95,8 @@ def convert(
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, MiniMax-H3's encoder) are taken over with their padding,
       repeated frames and cached frames inside one op: no F.pad or torch.cat copy of an activation remains around
       them. Their forward signatures and results are diffusers'.
+    - MONAI's networks: skip connections handed to their convolutions as `channels_after`, EfficientNet's
+      "same" padders folded into the convolutions they feed (monai_nets).
     - Other subclasses of nn.Conv3d are left alone unless `subclasses="rebase"`: then their own forward still
       runs, and its super().forward runs tconv3d.
 
@@ -139,6 +141,7 @@ def convert(
     _fuse_norm_silu(model)
     fuse_norm_silu_blocks(model)
     _frame_convs_channels_last(model)
+    monai_nets.fold_same_padders(model)
     logger.info("tconv3d.nn.convert took over %d module(s)", converted)
     return model
 

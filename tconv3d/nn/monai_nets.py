@@ -271,4 +271,29 @@ class _FlattensByView:
         cls._flattened(module).register_forward_hook(_ncdhw_output)
 
 
+# MONAI's EfficientNet (and the encoders built from it: EfficientNetBN, EfficientNetBNFeatures, FlexibleUNet's
+# EfficientNetEncoder) and its MBConvBlock: each conv `X` is called as `self.X(self.X_padding(x))`.
+_SAME_PADDED = "monai.networks.nets.efficientnet"
+
+
+def fold_same_padders(model: nn.Module) -> None:
+    """MONAI's EfficientNet pads for TensorFlow's "same" with a ConstantPad3d module in front of each convolution
+    (`_conv_stem_padding` before `_conv_stem`, ...): zeros, fixed at construction for its image_size, asymmetric
+    where the stride is 2 (a copy of the activation, 17 in EfficientNet-B0). A taken-over convolution pads inside
+    its op instead: its padding becomes the padder's 6 values (same zeros, same places) and the padder an
+    nn.Identity. A padder with another value, or a convolution left on torch or padding itself, stays."""
+    for block in model.modules():
+        if type(block).__module__ != _SAME_PADDED:
+            continue
+        for name, padder in list(block._modules.items()):
+            conv = block._modules.get(name.removesuffix("_padding"))
+            if not (name.endswith("_padding") and type(padder) is nn.ConstantPad3d and padder.value == 0):
+                continue
+            if type(conv) is not Conv3d or conv.padding_mode != "zeros" or any(conv.padding):
+                continue
+            w_left, w_right, h_top, h_bottom, d_front, d_back = padder.padding
+            conv.padding = (d_front, d_back, h_top, h_bottom, w_left, w_right)
+            block._modules[name] = nn.Identity()
+
+
 ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer)
