@@ -882,6 +882,87 @@ def test_monai_densenet_keeps_channels_last(aten_path):
     assert report.totals["layout_copies"] == 0
 
 
+def _generative_autoencoders():
+    def nets():
+        return pytest.importorskip("monai.networks.nets")
+
+    def maisi():
+        return pytest.importorskip("monai.apps.generation.maisi.networks.autoencoderkl_maisi").AutoencoderKlMaisi
+
+    small = dict(spatial_dims=3, in_channels=1, out_channels=1, latent_channels=4, norm_num_groups=4)
+    return {
+        # attention at the lowest level: at batch 1 its output's strides were not channels_last_3d to torch
+        "autoencoderkl": lambda: nets().AutoencoderKL(
+            channels=(8, 16, 16), num_res_blocks=1, attention_levels=(False, False, True), **small
+        ),
+        "maisi": lambda: maisi()(
+            num_channels=(8, 16, 16),
+            num_res_blocks=(1, 1, 1),
+            attention_levels=(False, False, False),
+            num_splits=2,
+            dim_split=1,
+            **small,
+        ),
+    }
+
+
+def autoencode(model, x):
+    """A MONAI AutoencoderKL's reconstruction from its latent mean (forward samples the latent)."""
+    return model.decode(model.encode(x)[0])
+
+
+@pytest.mark.parametrize("name", ["autoencoderkl", "maisi"])
+def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
+    """MONAI's AutoencoderKL and MAISI's AutoencoderKlMaisi (3-D latent diffusion's autoencoders): the
+    downsamplers' F.pad inside their strided convolutions, the res blocks' norms with their SiLU in one pass, MAISI's
+    split convolutions one op each (no slabs or concatenation) and its norms on tconv3d, no NCDHW copy of a block's
+    output (MAISI's convert_to_tensor) or of the attention's output at batch 1: no layout copy and no copy upstream
+    of a convolution; outputs and gradients as stock's."""
+    stock, converted = stock_and_converted(_generative_autoencoders()[name])
+    x = torch.randn(1, 1, 32, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(autoencode(converted, x), autoencode(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=autoencode, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=autoencode, verbose=False)
+    assert_all_on_tconv3d(after, every_layer_called=False)
+    assert all(layer.calls == 1 for layer in after.layers)  # MAISI's split convolutions one op each
+    assert before.totals["upstream_copies_into_convs"] > 0 or before.totals["layout_copies"] > 0
+    assert after.totals["upstream_copies_into_convs"] == after.totals["layout_copies"] == 0, after.table()
+    assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    blocks = [m for m in converted.modules() if type(m).__name__.endswith("ResBlock")]
+    assert blocks and all(b.norm1.activation == b.norm2.activation == "silu" for b in blocks)
+    for model in (stock, converted):
+        autoencode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+    if name == "maisi":  # a downsampler whose split convolution is left to MAISI pads as MAISI does
+        kept = tconv3d.nn.convert(copy.deepcopy(stock), filter=lambda name, module: name != "encoder.blocks.2.conv")
+        assert not kept.encoder.blocks[2].pads_inside and kept.encoder.blocks[4].pads_inside
+        with torch.no_grad():
+            assert rel_l2(autoencode(kept.eval(), x), autoencode(stock.eval(), x)) < MATCH
+
+
+def test_monai_maisi_blocks_through_the_triton_interpreter():
+    """The kernels themselves: MAISI's downsampler (its padding inside the strided conv), a res block with a 1x1
+    shortcut (its norms and their SiLU on tconv3d's GroupNorm kernels); a norm with norm_float16 answers float16
+    as MAISI's does."""
+    if tconv3d.CPU_BACKEND != "triton":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1, set by conftest without CUDA)")
+    maisi = pytest.importorskip("monai.apps.generation.maisi.networks.autoencoderkl_maisi")
+    splits = dict(num_splits=2, dim_split=0, print_info=False)
+    stock, converted = stock_and_converted(
+        lambda: nn.Sequential(maisi.MaisiDownsample(3, 4, **splits), maisi.MaisiResBlock(3, 4, 2, 1e-6, 8, **splits))
+    )
+    x = torch.randn(2, 4, 12, 8, 8)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    stock, converted = stock_and_converted(lambda: maisi.MaisiGroupNorm3D(2, 8, 1e-6, norm_float16=True))
+    x = torch.randn(2, 8, 4, 6, 6).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        ours, theirs = converted(x), stock(x)
+    assert ours.dtype == theirs.dtype == torch.float16 and rel_l2(ours, theirs) < 1e-3  # float16 rounding
+
+
 def _efficientnets():
     def nets():
         return pytest.importorskip("monai.networks.nets")
@@ -1281,6 +1362,7 @@ CUDA_MODELS = {
     **{f"monai_{name}": (name, (1, 1, *(max(32, size),) * 3), None) for name, size in MONAI_NETS.items()},
     "monai_densenet121": (_densenet121, (1, 1, 32, 32, 32), None),
     **{f"monai_{name}": (build, (2, 1, 32, 32, 32), None) for name, build in _efficientnets().items()},
+    **{f"monai_{name}": (build, (1, 1, 32, 32, 32), autoencode) for name, build in _generative_autoencoders().items()},
 }
 
 

@@ -141,7 +141,8 @@ def convert(
     _fuse_norm_silu(model)
     fuse_norm_silu_blocks(model)
     _frame_convs_channels_last(model)
-    monai_nets.fold_same_padders(model)
+    monai_nets.fold_paddings(model)
+    monai_nets.fuse_res_block_norms(model)
     logger.info("tconv3d.nn.convert took over %d module(s)", converted)
     return model
 

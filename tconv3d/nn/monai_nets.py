@@ -8,10 +8,13 @@ of a convolution (MONAI UNet's: of a transposed convolution), which the adapters
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .modules import Conv3d, ConvTranspose3d
+from .modules import Conv3d, ConvTranspose3d, GroupNorm, format_strides, normalize
+
+_CL = torch.channels_last_3d
 
 # MONAI's blocks that run their input through conv1 (and, UnetResBlock, conv3 on the residual path): the decoder
 # blocks' convolutions of the concatenation.
@@ -271,29 +274,216 @@ class _FlattensByView:
         cls._flattened(module).register_forward_hook(_ncdhw_output)
 
 
+# MONAI's generative autoencoders: AutoencoderKL (monai.networks.nets) and MAISI's (monai.apps.generation.maisi).
+_AEKL = "monai.networks.nets.autoencoderkl."
+_MAISI = "monai.apps.generation.maisi.networks.autoencoderkl_maisi."
+
+
+def _conv_inside(module: nn.Module) -> nn.Module | None:
+    """The convolution under a chain of `.conv` attributes that call it on their whole input (MONAI's
+    Convolution, MAISI's MaisiConvolution once converted), else None."""
+    while not isinstance(module, nn.Conv3d):
+        whole = (
+            type(module).__name__ == "Convolution"
+            or getattr(type(module), "tconv3d_adapter", None) is _MaisiConvolution
+        )
+        if not whole:
+            return None  # e.g. MAISI's split convolution left on torch: it would pad each slab
+        module = module.conv
+    return module
+
+
+class _SpatialAttentionBlock:
+    """MONAI's SpatialAttentionBlock (AutoencoderKL's and MAISI's attention) turns a channels_last_3d activation
+    into (B, voxels, C) tokens and back by views, no copy; but at batch 1 the view back has the batch stride C,
+    which torch does not recognise as channels_last_3d (`suggest_memory_format`): after the residual add, the
+    decoder's upsampling (nearest interpolation) answered NCDHW and the convolution after it took a layout copy.
+    The attention's output is viewed with channels_last_3d's own strides (the same memory) before the add."""
+
+    classes = ("monai.networks.blocks.spatialattention.SpatialAttentionBlock",)
+    attributes = ("norm", "attn")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        residual = x
+        shape = x.shape
+        h = self.norm(x).reshape(*shape[:2], -1).transpose(1, 2)
+        h = self.attn(h).transpose(1, 2).reshape(shape)
+        if len(shape) == 5 and h.is_contiguous(memory_format=_CL):
+            h = h.as_strided(shape, format_strides(shape, _CL))
+        return h + residual
+
+
+class _PaddedDownsample:
+    """AutoencoderKL's AEKLDownsample and MAISI's MaisiDownsample: F.pad (0, 1) per dimension with zeros, a copy
+    of the activation, then a stride-2 convolution with no padding. Converted, the convolution pads inside its op
+    (`fold_paddings` gives it the padding) and the block calls it alone."""
+
+    classes = (_AEKL + "AEKLDownsample", _MAISI + "MaisiDownsample")
+    attributes = ("pad", "conv")
+    pads_inside = False
+
+    @staticmethod
+    def reason(module) -> str | None:
+        pad = tuple(getattr(module.pad, "pad", module.pad))
+        if pad != (0, 1) * 3:
+            return f"its padding is {pad}, not a 3-D network's (0, 1, 0, 1, 0, 1)"
+        return None
+
+    def forward(self, x):
+        return self.conv(x) if self.pads_inside else super().forward(x)
+
+
+class _ResBlock:
+    """AutoencoderKL's AEKLResBlock: GroupNorm, F.silu, conv, twice, and the shortcut: each norm's SiLU in its
+    pass (`fuse_res_block_norms` sets the converted norms' activation), where F.silu reads and writes the
+    activation again."""
+
+    classes = (_AEKL + "AEKLResBlock",)
+    attributes = ("norm1", "conv1", "norm2", "conv2", "nin_shortcut")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        h = self.conv1(_silu_after(self.norm1, x))
+        h = self.conv2(_silu_after(self.norm2, h))
+        return self.nin_shortcut(x) + h
+
+
+def _silu_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    h = norm(x)
+    return h if getattr(norm, "activation", None) == "silu" else F.silu(h)
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """What MAISI's blocks return through MONAI's convert_to_tensor, without its copy: a torch.Tensor (a MetaTensor
+    unwrapped), in its own layout. convert_to_tensor also makes it contiguous: an NCDHW copy of every block's
+    channels_last_3d output, and a layout copy into the next convolution."""
+    return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
+
+
+class _MaisiResBlock(_ResBlock):
+    """MAISI's MaisiResBlock: AutoencoderKL's block on MAISI's norms and split convolutions, emptying CUDA's cache
+    after each step (save_mem) and returning through convert_to_tensor. Converted: the norms' SiLU fused, the
+    convolutions one op each, no cache emptying inside the block (the encoder's and decoder's loops still empty it
+    after each block) and no NCDHW copy of its output."""
+
+    classes = (_MAISI + "MaisiResBlock",)
+
+    def forward(self, x):
+        return _plain(_ResBlock.forward(self, x))
+
+
+class _MaisiConvolution:
+    """MAISI's MaisiConvolution splits its input into num_splits slabs along one dimension with 3 voxels of
+    overlap, convolves each, trims and concatenates them (on the CPU when a dimension reaches 500): a way around
+    cuDNN's workspace and 2**31-element limits that copies the activation twice. tconv3d's kernels take the whole
+    tensor (64-bit offsets) into one op: the same values (the overlap covers the kernel), input and output only."""
+
+    classes = (_MAISI + "MaisiConvolution",)
+    attributes = ("conv",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class _MaisiGroupNorm3D:
+    """MAISI's MaisiGroupNorm3D normalizes one group at a time in float32 and concatenates the groups (on the CPU
+    when a dimension reaches 500), then scales in place: tconv3d's GroupNorm kernels in one pass, float32
+    statistics, channels_last_3d out, with the SiLU that follows in a converted MaisiResBlock. Its output is in
+    the input's dtype (float16 with norm_float16, as MAISI's): MAISI answers float32 for a half input, which only
+    autocast's next convolution reads, casting it back."""
+
+    classes = (_MAISI + "MaisiGroupNorm3D",)
+    attributes = ("norm_float16",)
+    activation = None
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, input):
+        if input.dim() != 5:
+            raise ValueError("Expected a 5D tensor")
+        output = normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
+        return output.to(torch.float16) if self.norm_float16 else output
+
+
+class _MaisiUpsample:
+    """MAISI's MaisiUpsample: trilinear interpolation (or a transposed convolution), its convolution, emptying
+    CUDA's cache between them; converted, without the cache emptying and the NCDHW copy of its output (see
+    `_plain`)."""
+
+    classes = (_MAISI + "MaisiUpsample",)
+    attributes = ("conv", "use_convtranspose")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        if not self.use_convtranspose:
+            x = F.interpolate(x, scale_factor=2.0, mode="trilinear")
+        return _plain(self.conv(x))
+
+
+def fuse_res_block_norms(model: nn.Module) -> None:
+    """The F.silu after each norm of a converted AEKLResBlock or MaisiResBlock, into the norm's pass."""
+    for block in model.modules():
+        if getattr(type(block), "tconv3d_adapter", None) not in (_ResBlock, _MaisiResBlock):
+            continue
+        norms = (block.norm1, block.norm2)
+        if all(isinstance(n, GroupNorm) or hasattr(type(n), "tconv3d_adapter") for n in norms):
+            for norm in norms:
+                norm.activation = norm.activation or "silu"
+
+
 # MONAI's EfficientNet (and the encoders built from it: EfficientNetBN, EfficientNetBNFeatures, FlexibleUNet's
 # EfficientNetEncoder) and its MBConvBlock: each conv `X` is called as `self.X(self.X_padding(x))`.
 _SAME_PADDED = "monai.networks.nets.efficientnet"
 
 
-def fold_same_padders(model: nn.Module) -> None:
-    """MONAI's EfficientNet pads for TensorFlow's "same" with a ConstantPad3d module in front of each convolution
-    (`_conv_stem_padding` before `_conv_stem`, ...): zeros, fixed at construction for its image_size, asymmetric
-    where the stride is 2 (a copy of the activation, 17 in EfficientNet-B0). A taken-over convolution pads inside
-    its op instead: its padding becomes the padder's 6 values (same zeros, same places) and the padder an
-    nn.Identity. A padder with another value, or a convolution left on torch or padding itself, stays."""
+def fold_paddings(model: nn.Module) -> None:
+    """Zero padding that MONAI's code makes as a copy of the activation before a convolution, given to the
+    convolution, once it is taken over, to pad inside its op:
+    - EfficientNet's "same" padding (TensorFlow's) is a ConstantPad3d module in front of each convolution
+      (`_conv_stem_padding` before `_conv_stem`, ...), fixed at construction for its image_size, asymmetric where
+      the stride is 2 (17 in EfficientNet-B0): the convolution's padding becomes the padder's 6 values and the
+      padder an nn.Identity;
+    - AutoencoderKL's and MAISI's downsamplers pad (0, 1) per dimension before their stride-2 convolution.
+    A padder with another value, or a convolution left on torch or padding itself, stays."""
     for block in model.modules():
+        if getattr(type(block), "tconv3d_adapter", None) is _PaddedDownsample:
+            conv = _conv_inside(block.conv)
+            if _pads_nothing(conv):
+                conv.padding = (0, 1) * 3
+                block.pads_inside = True
         if type(block).__module__ != _SAME_PADDED:
             continue
         for name, padder in list(block._modules.items()):
             conv = block._modules.get(name.removesuffix("_padding"))
-            if not (name.endswith("_padding") and type(padder) is nn.ConstantPad3d and padder.value == 0):
-                continue
-            if type(conv) is not Conv3d or conv.padding_mode != "zeros" or any(conv.padding):
-                continue
-            w_left, w_right, h_top, h_bottom, d_front, d_back = padder.padding
-            conv.padding = (d_front, d_back, h_top, h_bottom, w_left, w_right)
-            block._modules[name] = nn.Identity()
+            zeros = name.endswith("_padding") and type(padder) is nn.ConstantPad3d and padder.value == 0
+            if zeros and _pads_nothing(conv):
+                w_left, w_right, h_top, h_bottom, d_front, d_back = padder.padding
+                conv.padding = (d_front, d_back, h_top, h_bottom, w_left, w_right)
+                block._modules[name] = nn.Identity()
 
 
-ADAPTERS = (_UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer)
+def _pads_nothing(conv) -> bool:
+    """A convolution taken over by tconv3d (not a subclass of another library) that pads nothing itself."""
+    return type(conv) is Conv3d and conv.padding_mode == "zeros" and not any(conv.padding)
+
+
+ADAPTERS = (
+    _UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer, _SpatialAttentionBlock,
+    _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
+)  # fmt: skip
