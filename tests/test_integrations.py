@@ -963,6 +963,101 @@ def test_monai_maisi_blocks_through_the_triton_interpreter():
     assert ours.dtype == theirs.dtype == torch.float16 and rel_l2(ours, theirs) < 1e-3  # float16 rounding
 
 
+def _diffusion_unets():
+    def nets():
+        return pytest.importorskip("monai.networks.nets")
+
+    def maisi():
+        return pytest.importorskip("monai.apps.generation.maisi.networks.diffusion_model_unet_maisi")
+
+    small = dict(spatial_dims=3, in_channels=4, out_channels=4, num_res_blocks=1, norm_num_groups=4)
+    small["num_head_channels"] = 8
+
+    def perturbed(build):  # its zero-initialised output convolutions made nonzero, so that the output says something
+        def made():
+            model = build()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    if not parameter.any():
+                        parameter.normal_(0, 0.1)
+            return model
+
+        return made
+
+    return {
+        "self_attention": perturbed(
+            lambda: nets().DiffusionModelUNet(channels=(8, 16, 16), attention_levels=(False, False, True), **small)
+        ),
+        "cross_attention": perturbed(
+            lambda: nets().DiffusionModelUNet(
+                channels=(8, 16, 16), attention_levels=(False, True, True), with_conditioning=True,
+                cross_attention_dim=6, resblock_updown=True, **small,
+            )
+        ),
+        "maisi": perturbed(
+            lambda: maisi().DiffusionModelUNetMaisi(
+                num_channels=(8, 16, 16), attention_levels=(False, False, True), **small
+            )
+        ),
+    }  # fmt: skip
+
+
+def denoise(model, x):
+    """A diffusion UNet's prediction at a timestep per sample (with a context for cross-attention)."""
+    timesteps = torch.arange(len(x), device=x.device) * 100 + 10
+    if getattr(model, "with_conditioning", False):
+        return model(x, timesteps, context=torch.linspace(-1, 1, len(x) * 18, device=x.device).view(len(x), 3, 6))
+    return model(x, timesteps)
+
+
+@pytest.mark.parametrize("name", ["self_attention", "cross_attention", "maisi"])
+def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
+    """MONAI's DiffusionModelUNet (and MAISI's, of the same blocks): its attention blocks made each attention's
+    output `.contiguous()` (NCDHW) and its SpatialTransformer permuted its tokens back with `.contiguous()`, so the
+    next norm and convolution took layout copies; converted, none (the input is NDHWC), the res blocks' norms with
+    their SiLU in one pass; the up blocks' skip concatenations stay (each feeds a GroupNorm as well as a 1x1x1
+    shortcut). Outputs and gradients as stock's, at batch 1 and 2."""
+    stock, converted = stock_and_converted(_diffusion_unets()[name])
+    for batch in (1, 2):
+        x = torch.randn(batch, 4, 16, 16, 16).contiguous(memory_format=torch.channels_last_3d)
+        with torch.no_grad():
+            assert rel_l2(denoise(converted, x), denoise(stock, x)) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=denoise, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=denoise, verbose=False)
+    assert_all_on_tconv3d(after, every_layer_called=False)
+    assert after.totals["layout_copies"] == after.norm_layout_copies == 0 < after.norm_calls, after.table()
+    assert after.totals["upstream_copies_into_convs"] == before.totals["upstream_copies_into_convs"]
+    blocks = [m for m in converted.modules() if type(m).__name__ == "DiffusionUNetResnetBlock"]
+    assert blocks and all(b.norm1.activation == b.norm2.activation == "silu" for b in blocks)
+    for model in (stock, converted):
+        denoise(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
+@pytest.mark.parametrize("name", ["maisi_autoencoder", "cross_attention_unet"])
+def test_monai_generative_compile_adds_no_graph_breaks(name, aten_path):
+    """torch.compile traces MAISI's converted autoencoder and a converted diffusion UNet (cross-attention, res
+    block up/downsampling) with no more graph breaks than stock, the tconv3d ops in the graph; compiled (aot_eager)
+    outputs as eager."""
+    if name == "maisi_autoencoder":
+        build, run, x = _generative_autoencoders()["maisi"], autoencode, torch.randn(1, 1, 32, 32, 32)
+    else:
+        build, run, x = _diffusion_unets()["cross_attention"], denoise, torch.randn(2, 4, 16, 16, 16)
+    stock, converted = stock_and_converted(build)
+    breaks = []
+    for model in (stock, converted):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(functools.partial(run, model))(x)
+        breaks.append(explained.graph_break_count)
+    assert breaks[1] <= breaks[0]
+    targets = {str(node.target) for g in explained.graphs for node in g.graph.nodes}
+    assert any("tconv3d.conv3d" in t for t in targets), targets
+    torch._dynamo.reset()
+    compiled = torch.compile(functools.partial(run, converted), backend="aot_eager")
+    with torch.no_grad():
+        assert rel_l2(compiled(x), run(converted, x)) < MATCH
+
+
 def _efficientnets():
     def nets():
         return pytest.importorskip("monai.networks.nets")
@@ -1363,6 +1458,7 @@ CUDA_MODELS = {
     "monai_densenet121": (_densenet121, (1, 1, 32, 32, 32), None),
     **{f"monai_{name}": (build, (2, 1, 32, 32, 32), None) for name, build in _efficientnets().items()},
     **{f"monai_{name}": (build, (1, 1, 32, 32, 32), autoencode) for name, build in _generative_autoencoders().items()},
+    **{f"monai_diffusion_{name}": (build, (2, 4, 16, 16, 16), denoise) for name, build in _diffusion_unets().items()},
 }
 
 

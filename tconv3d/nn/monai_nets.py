@@ -311,10 +311,16 @@ class _SpatialAttentionBlock:
         residual = x
         shape = x.shape
         h = self.norm(x).reshape(*shape[:2], -1).transpose(1, 2)
-        h = self.attn(h).transpose(1, 2).reshape(shape)
-        if len(shape) == 5 and h.is_contiguous(memory_format=_CL):
-            h = h.as_strided(shape, format_strides(shape, _CL))
-        return h + residual
+        return _channels_last_strides(self.attn(h).transpose(1, 2).reshape(shape)) + residual
+
+
+def _channels_last_strides(x: torch.Tensor) -> torch.Tensor:
+    """A 5-D tensor laid out channels_last_3d viewed with channels_last_3d's own strides (the same memory): a view
+    back from (B, voxels, C) tokens at batch 1 has the batch stride C, and torch's kernels that follow an input's
+    `suggest_memory_format` (interpolation, for one) then answer NCDHW."""
+    if x.dim() == 5 and x.is_contiguous(memory_format=_CL):
+        return x.as_strided(x.shape, format_strides(x.shape, _CL))
+    return x
 
 
 class _PaddedDownsample:
@@ -355,9 +361,9 @@ class _ResBlock:
         return self.nin_shortcut(x) + h
 
 
-def _silu_after(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _silu_after(norm: nn.Module, x: torch.Tensor, silu=F.silu) -> torch.Tensor:
     h = norm(x)
-    return h if getattr(norm, "activation", None) == "silu" else F.silu(h)
+    return h if getattr(norm, "activation", None) == "silu" else silu(h)
 
 
 def _plain(x: torch.Tensor) -> torch.Tensor:
@@ -436,10 +442,131 @@ class _MaisiUpsample:
         return _plain(self.conv(x))
 
 
+# MONAI's diffusion UNet (DiffusionModelUNet, ControlNet, and MAISI's DiffusionModelUNetMaisi, built of its blocks).
+_DIFF = "monai.networks.nets.diffusion_model_unet."
+
+
+class _DiffusionResnetBlock:
+    """The diffusion UNet's DiffusionUNetResnetBlock: GroupNorm then its `nonlinearity` (SiLU), twice, with the
+    timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`)."""
+
+    classes = (_DIFF + "DiffusionUNetResnetBlock",)
+    attributes = ("norm1", "nonlinearity", "conv1", "upsample", "downsample", "time_emb_proj", "norm2", "conv2",
+                  "skip_connection", "spatial_dims")  # fmt: skip
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x, emb):
+        h = _silu_after(self.norm1, x, self.nonlinearity)
+        if self.upsample is not None:
+            x, h = self.upsample(x), self.upsample(h)
+        elif self.downsample is not None:
+            x, h = self.downsample(x), self.downsample(h)
+        h = self.conv1(h)
+        temb = self.time_emb_proj(self.nonlinearity(emb))
+        h = h + temb.view(*temb.shape, *(1,) * self.spatial_dims)
+        h = self.conv2(_silu_after(self.norm2, h, self.nonlinearity))
+        return self.skip_connection(x) + h
+
+
+def _attend(attention: nn.Module, x: torch.Tensor, context) -> torch.Tensor:
+    """An attention of the diffusion UNet's blocks as they call it: SpatialTransformer with the context,
+    SpatialAttentionBlock without (its blocks drop the context)."""
+    return attention(x, context=context) if hasattr(attention, "transformer_blocks") else attention(x)
+
+
+class _AttnDownBlock:
+    """The diffusion UNet's AttnDownBlock and CrossAttnDownBlock make each attention's output `.contiguous()`:
+    an NCDHW copy of the channels_last_3d activation, a layout copy into the next convolution (and norm)
+    again. The same calls without it."""
+
+    classes = (_DIFF + "AttnDownBlock", _DIFF + "CrossAttnDownBlock")
+    attributes = ("resnets", "attentions", "downsampler")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, temb, context=None):
+        output_states = []
+        for resnet, attention in zip(self.resnets, self.attentions, strict=True):
+            hidden_states = _attend(attention, resnet(hidden_states, temb), context)
+            output_states.append(hidden_states)
+        if self.downsampler is not None:
+            hidden_states = self.downsampler(hidden_states, temb)
+            output_states.append(hidden_states)
+        return hidden_states, output_states
+
+
+class _AttnMidBlock:
+    """The diffusion UNet's AttnMidBlock: as `_AttnDownBlock`, its attention's output not made `.contiguous()`."""
+
+    classes = (_DIFF + "AttnMidBlock",)
+    attributes = ("resnet_1", "attention", "resnet_2")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, temb, context=None):
+        return self.resnet_2(self.attention(self.resnet_1(hidden_states, temb)), temb)
+
+
+class _AttnUpBlock:
+    """The diffusion UNet's AttnUpBlock: as `_AttnDownBlock`, its attentions' outputs not made `.contiguous()`.
+    The skip connection's concatenation stays: it feeds the res block's GroupNorm as well as its shortcut."""
+
+    classes = (_DIFF + "AttnUpBlock",)
+    attributes = ("resnets", "attentions", "upsampler")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, res_hidden_states_list, temb, context=None):
+        for resnet, attention in zip(self.resnets, self.attentions, strict=True):
+            res_hidden_states = res_hidden_states_list[-1]
+            res_hidden_states_list = res_hidden_states_list[:-1]
+            hidden_states = torch.cat([hidden_states, res_hidden_states], dim=1)
+            hidden_states = attention(resnet(hidden_states, temb))
+        if self.upsampler is not None:
+            hidden_states = self.upsampler(hidden_states, temb)
+        return hidden_states
+
+
+class _SpatialTransformer:
+    """The diffusion UNet's SpatialTransformer (3-D): its tokens go back to the volume through
+    `.permute(...).contiguous()`, an NCDHW copy that its 1x1x1 proj_out then takes a layout copy of: the permuted
+    view is channels_last_3d already (`_channels_last_strides`)."""
+
+    classes = (_DIFF + "SpatialTransformer",)
+    attributes = ("norm", "proj_in", "transformer_blocks", "proj_out", "spatial_dims")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None if module.spatial_dims == 3 else "it is 2-D"
+
+    def forward(self, x, context=None):
+        batch, _, height, width, depth = x.shape
+        residual = x
+        x = self.proj_in(self.norm(x))
+        inner_dim = x.shape[1]
+        x = x.permute(0, 2, 3, 4, 1).reshape(batch, height * width * depth, inner_dim)
+        for block in self.transformer_blocks:
+            x = block(x, context=context)
+        x = x.reshape(batch, height, width, depth, inner_dim).permute(0, 4, 1, 2, 3)
+        return self.proj_out(_channels_last_strides(x)) + residual
+
+
 def fuse_res_block_norms(model: nn.Module) -> None:
-    """The F.silu after each norm of a converted AEKLResBlock or MaisiResBlock, into the norm's pass."""
+    """The SiLU after each norm of a converted AEKLResBlock, MaisiResBlock or DiffusionUNetResnetBlock, into the
+    norm's pass."""
     for block in model.modules():
-        if getattr(type(block), "tconv3d_adapter", None) not in (_ResBlock, _MaisiResBlock):
+        if getattr(type(block), "tconv3d_adapter", None) not in (_ResBlock, _MaisiResBlock, _DiffusionResnetBlock):
+            continue
+        if type(getattr(block, "nonlinearity", nn.SiLU())) is not nn.SiLU:
             continue
         norms = (block.norm1, block.norm2)
         if all(isinstance(n, GroupNorm) or hasattr(type(n), "tconv3d_adapter") for n in norms):
@@ -486,4 +613,5 @@ def _pads_nothing(conv) -> bool:
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer, _SpatialAttentionBlock,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
+    _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _AttnUpBlock, _SpatialTransformer,
 )  # fmt: skip
