@@ -934,6 +934,8 @@ def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
     for model in (stock, converted):
         autoencode(model.train(), x).square().mean().backward()
     assert_same_gradients(stock, converted)
+    stock_bytes, ours = (saved_for_backward(model, autoencode, x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
 
     if name == "maisi":  # a downsampler whose split convolution is left to MAISI pads as MAISI does
         kept = tconv3d.nn.convert(copy.deepcopy(stock), filter=lambda name, module: name != "encoder.blocks.2.conv")
@@ -1032,6 +1034,8 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     for model in (stock, converted):
         denoise(model.train(), x).square().mean().backward()
     assert_same_gradients(stock, converted)
+    stock_bytes, ours = (saved_for_backward(model, denoise, x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
 
 
 @pytest.mark.parametrize("name", ["maisi_autoencoder", "cross_attention_unet"])
