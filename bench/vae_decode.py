@@ -1,5 +1,5 @@
 """`python -m bench.vae_decode`: one video-VAE decode, stock diffusers vs converted by tconv3d.nn.convert, eager
-and torch.compile'd: time and peak memory.
+and torch.compile'd: time and peak memory (also MAISI's CT autoencoder, `--model maisi`: bench.vaes).
 
 Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, the ops as calls),
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
@@ -131,10 +131,10 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     import tconv3d
     from bench.vaes import build_vae
 
-    vae = build_vae(model_name, scale).eval().to(device=device, dtype=dtype)
+    vae = build_vae(model_name, scale, dtype=dtype).eval().to(device=device, dtype=dtype)
     if variant.startswith("converted"):
         tconv3d.nn.convert(vae)
-    decode = lambda z: vae.decode(z).sample  # noqa: E731
+    decode = lambda z: getattr(out := vae.decode(z), "sample", out)  # noqa: E731 (MONAI's answer a tensor)
     if variant.endswith(("compiled", "inductor")):
         tconv3d.settings.INDUCTOR_KERNELS = variant.endswith("inductor")  # read when the graph is traced
         decode = torch.compile(decode)
@@ -196,12 +196,15 @@ def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
 
 
 def main(argv=None) -> int:
-    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS
+    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS, VOLUME_AUTOENCODERS
 
+    latent_channels = {**LATENT_CHANNELS, **{name: v[0] for name, v in VOLUME_AUTOENCODERS.items()}}
+    default_latents = {**DEFAULT_LATENTS, **{name: v[1] for name, v in VOLUME_AUTOENCODERS.items()}}
     parser = argparse.ArgumentParser(prog="python -m bench.vae_decode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="hunyuan_video", choices=list(LATENT_CHANNELS))
+    parser.add_argument("--model", default="hunyuan_video", choices=list(latent_channels))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
+    parser.add_argument("--dtype", default=None,
+                        help="on CUDA bfloat16 (MAISI's: float16), on CPU float32 by default")  # fmt: skip
     parser.add_argument("--scale", type=int, default=4,
                         help="channel width multiplier over the test config; 0: diffusers' default config")  # fmt: skip
     parser.add_argument("--latent", default=None,
@@ -211,12 +214,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process measuring one variant
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    native = VOLUME_AUTOENCODERS[args.model][2] if args.model in VOLUME_AUTOENCODERS else torch.bfloat16
+    dtype = getattr(torch, args.dtype) if args.dtype else native if args.device == "cuda" else torch.float32
     if args.latent is None and args.scale == 0:
-        shape = list(DEFAULT_LATENTS[args.model])
+        shape = list(default_latents[args.model])
     else:
         shape = [int(v) for v in (args.latent or "1,4,3,16,16").split(",")]
-        shape[1] = DEFAULT_LATENTS[args.model][1] if args.scale == 0 else LATENT_CHANNELS[args.model]
+        shape[1] = default_latents[args.model][1] if args.scale == 0 else latent_channels[args.model]
     if args.one:
         print(json.dumps(measure(args.model, args.one, args.device, dtype, args.scale, shape)))
         return 0
@@ -252,14 +256,16 @@ def main(argv=None) -> int:
         if row.get("kernels"):
             print(" " * 21 + "kernels: " + ", ".join(f"{key} {count}" for key, count in row["kernels"].items()))
     if args.json:
-        import diffusers
+        import importlib.metadata
+
         import triton
 
         from bench.run import git_commit
 
+        library = "monai" if args.model in VOLUME_AUTOENCODERS else "diffusers"
         meta = {
             "setup": header, "device": args.device, "cpu": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__,
+            "torch": torch.__version__, "triton": triton.__version__, library: importlib.metadata.version(library),
             "commit": git_commit(),
         }  # fmt: skip
         with open(args.json, "w") as f:

@@ -1,6 +1,7 @@
 """The video VAEs of diffusers with random weights: what tests/test_integrations.py converts and `python -m
 bench.vae_decode` measures. `scale` multiplies the channel widths of a small config (1: the test size); 0 is
-diffusers' default config, the released model's size."""
+diffusers' default config, the released model's size. Also MONAI's autoencoders of 3-D volumes
+(VOLUME_AUTOENCODERS: MAISI's, the CT generator's), which bench.vae_decode decodes the same way."""
 
 import torch
 
@@ -25,7 +26,16 @@ CLASSES = {
 }  # fmt: skip
 
 
-def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
+# MONAI's autoencoders of volumes (N, C, D, H, W): latent channels, the latent the released config decodes (MAISI's:
+# a 256^3 CT volume from 64^3), and the dtype it runs in (MAISI's norms answer float16 with norm_float16, as its
+# bundle configures them; stock MAISI cannot run bfloat16 weights without autocast).
+VOLUME_AUTOENCODERS = {"maisi": (4, (1, 4, 64, 64, 64), torch.float16)}
+
+
+def build_vae(name: str, scale: int = 1, seed: int = 0, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """`dtype`: what the model will run in, where its config depends on it (MAISI's norm_float16)."""
+    if name in VOLUME_AUTOENCODERS:
+        return _build_volume_autoencoder(name, scale, seed, dtype)
     import diffusers
 
     torch.manual_seed(seed)
@@ -95,3 +105,19 @@ def build_vae(name: str, scale: int = 1, seed: int = 0) -> torch.nn.Module:
             spatial_compression_ratio=8,
         )  # fmt: skip
     raise ValueError(f"unknown VAE {name!r}; known: {', '.join(LATENT_CHANNELS)}")
+
+
+def _build_volume_autoencoder(name: str, scale: int, seed: int, dtype: torch.dtype | None) -> torch.nn.Module:
+    from monai.apps.generation.maisi.networks.autoencoderkl_maisi import AutoencoderKlMaisi
+
+    torch.manual_seed(seed)
+    # The released MAISI autoencoder's shape (64, 128, 256 channels, two res blocks a level, no attention), split
+    # into 8 slabs along H as MONAI's bundle runs its inference; smaller widths at scale >= 1.
+    widths = (64, 128, 256) if scale == 0 else (8 * scale, 16 * scale, 16 * scale)
+    return AutoencoderKlMaisi(
+        spatial_dims=3, in_channels=1, out_channels=1, latent_channels=4, num_channels=widths,
+        num_res_blocks=(2, 2, 2) if scale == 0 else (1, 1, 1), norm_num_groups=32 if scale == 0 else 4,
+        norm_eps=1e-6, attention_levels=(False, False, False), with_encoder_nonlocal_attn=False,
+        with_decoder_nonlocal_attn=False, norm_float16=dtype == torch.float16, num_splits=8 if scale == 0 else 2,
+        dim_split=1,
+    )  # fmt: skip
