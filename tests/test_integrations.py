@@ -882,6 +882,69 @@ def test_monai_densenet_keeps_channels_last(aten_path):
     assert report.totals["layout_copies"] == 0
 
 
+def _frame_models():
+    """diffusers' video models of 2-D frame layers with temporal Conv3d layers between them (the frames viewed as
+    (B, C, T, H, W)): Stable Video Diffusion's temporal-decoder VAE and UNet, and the text-to-video UNet3D."""
+    context = torch.linspace(-1, 1, 48).view(1, 3, 16)
+    return {
+        "svd_vae": (
+            lambda: diffusers.AutoencoderKLTemporalDecoder(
+                block_out_channels=(32, 64), layers_per_block=1, latent_channels=4,
+                down_block_types=("DownEncoderBlock2D",) * 2,
+            ),
+            lambda m, x: m.decode(m.encode(x).latent_dist.mode(), num_frames=len(x)).sample,
+            (4, 3, 32, 32),
+        ),
+        "svd_unet": (
+            lambda: diffusers.UNetSpatioTemporalConditionModel(
+                block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=16, num_attention_heads=(2, 4),
+                down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+                up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"), in_channels=8,
+                out_channels=4, addition_time_embed_dim=8, projection_class_embeddings_input_dim=24,
+            ),
+            lambda m, x: m(x, 10, encoder_hidden_states=context[:, :1], added_time_ids=context[:, 0, :3]).sample,
+            (1, 4, 8, 16, 16),
+        ),
+        "unet3d": (
+            lambda: diffusers.UNet3DConditionModel(
+                block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=16, attention_head_dim=8,
+                down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+                up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), norm_num_groups=8,
+            ),
+            lambda m, x: m(x, 10, encoder_hidden_states=context).sample,
+            (1, 4, 4, 16, 16),
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["svd_vae", "svd_unet", "unet3d"])
+def test_diffusers_frame_models_temporal_convs_on_tconv3d(name, aten_path):
+    """Their temporal convolutions are plain nn.Conv3d: every one on tconv3d, no pad or concatenation copy into
+    one, none receiving another layout (the GroupNorm before each makes the frames' permuted view
+    channels_last_3d; the norm's own copy of that view is torch's too); outputs and gradients as stock's (the
+    zero-initialised output layers of the UNets made nonzero)."""
+    build, run, shape = _frame_models()[name]
+
+    def made():
+        model = build()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if not parameter.any():
+                    parameter.normal_(0, 0.1)
+        return model
+
+    stock, converted = stock_and_converted(made)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert rel_l2(run(converted, x), run(stock, x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, run=run, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.totals["layout_copies"] == report.totals["upstream_copies_into_convs"] == 0, report.table()
+    for model in (stock, converted):  # in eval: UNet3D's dropout masks follow the memory layout (bernoulli_)
+        run(model, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
 def _generative_autoencoders():
     def nets():
         return pytest.importorskip("monai.networks.nets")
