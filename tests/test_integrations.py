@@ -1125,6 +1125,35 @@ def test_monai_generative_compile_adds_no_graph_breaks(name, aten_path):
         assert rel_l2(compiled(x), run(converted, x)) < MATCH
 
 
+def test_monai_voxelmorph_reads_its_skip_connections_in_place(aten_path):
+    """MONAI's VoxelMorph: its backbone's levels concatenate each skip connection in front of the up path's
+    convolution (3 copies in the default 4-level net): converted, that convolution reads it in place; only the
+    moving and fixed images' concatenation at the input is left (model code). The warped image, the displacement
+    field (integrated: diffeomorphic) and the gradients as stock's; with a hook on the backbone's levels it runs as
+    MONAI does, with the same result."""
+    nets = pytest.importorskip("monai.networks.nets")
+    stock, converted = stock_and_converted(lambda: nets.VoxelMorph())
+    moving, fixed = torch.rand(2, 1, 16, 16, 16), torch.rand(2, 1, 16, 16, 16)
+
+    def run(model, x):
+        warped, ddf = model(x, fixed)
+        return torch.cat([warped.flatten(), ddf.flatten()])
+
+    with torch.no_grad():
+        expected = run(stock, moving)
+        assert rel_l2(run(converted, moving), expected) < MATCH
+    before = tconv3d.nn.audit(stock, moving, run=run, verbose=False)
+    after = tconv3d.nn.audit(converted, moving, run=run, verbose=False)
+    assert_all_on_tconv3d(after)
+    assert before.totals["upstream_copies_into_convs"] == 4 and after.totals["upstream_copies_into_convs"] == 1
+    for model in (stock, converted):
+        run(model.train(), moving).square().mean().backward()
+    assert_same_gradients(stock, converted)
+    converted.backbone.net.register_forward_hook(lambda module, args, output: None)
+    with torch.no_grad():
+        assert rel_l2(run(converted.eval(), moving), expected) < MATCH
+
+
 def _efficientnets():
     def nets():
         return pytest.importorskip("monai.networks.nets")

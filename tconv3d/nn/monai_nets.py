@@ -211,6 +211,28 @@ class _UNet:
         return _through_connections(self.model, x)
 
 
+class _VoxelMorphUNet:
+    """MONAI's VoxelMorphUNet (VoxelMorph's backbone): MONAI UNet's levels, nn.Sequential(down, SkipConnection
+    (subblock), up) with a convolution then nearest upsampling as the up path, and its final convolutions after
+    them: each up path's convolution reads the skip connection in place, as `_UNet`'s transposed ones do."""
+
+    classes = ("monai.networks.nets.voxelmorph.VoxelMorphUNet",)
+    attributes = ("net",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        net = module.net
+        if not (isinstance(net, nn.Sequential) and len(net) == 2 and _is_connection(net[0])):
+            return "its net is not nn.Sequential(nn.Sequential(down, SkipConnection(subblock), up), final convs)"
+        return None
+
+    def forward(self, concatenated_pairs):
+        if hooked(self.net):
+            return self.net(concatenated_pairs)
+        levels, final = self.net
+        return final(_through_connections(levels, concatenated_pairs))
+
+
 def _kept_channels_last(x: torch.Tensor) -> torch.Tensor:
     """x.contiguous() where x is not a channels_last_3d 5-D tensor; a channels_last_3d one as it is."""
     if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
@@ -611,7 +633,8 @@ def _pads_nothing(conv) -> bool:
 
 
 ADAPTERS = (
-    _UNETR, _UpBlock, _UpCat, _UNet, _AttentionLayer, _FlattensByView, _SwinTransformer, _SpatialAttentionBlock,
+    _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _FlattensByView, _SwinTransformer,
+    _SpatialAttentionBlock,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _AttnUpBlock, _SpatialTransformer,
 )  # fmt: skip
