@@ -1,9 +1,11 @@
 """Adapters for MONAI's 3D networks, as video_vaes.py holds diffusers' (same contract: `classes`, `attributes`,
 `reason`; monai is never imported here). MONAI's convolutions, transposed convolutions and norms are plain torch
 modules that convert takes over as they are; what is left are the places where a network's own code turns a
-channels_last_3d activation NCDHW, and the decoder blocks' skip connections, each a `torch.cat` along C in front
-of a convolution (MONAI UNet's: of a transposed convolution), which the adapters hand to the convolution as its
-`channels_after`, read in place."""
+channels_last_3d activation NCDHW (a `.contiguous()`, MONAI's convert_to_tensor, a view that flattens), the
+decoder blocks' skip connections, each a `torch.cat` along C in front of a convolution (MONAI UNet's: of a
+transposed convolution), which the adapters hand to the convolution as its `channels_after`, read in place, zero
+padding made as a copy before a convolution (`fold_paddings`), and MAISI's own modules (its split convolutions and
+group-by-group norms), which tconv3d runs whole."""
 
 from __future__ import annotations
 
