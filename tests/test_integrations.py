@@ -912,7 +912,7 @@ def _frame_models():
                 up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), norm_num_groups=8,
             ),
             lambda m, x: m(x, 10, encoder_hidden_states=context).sample,
-            (1, 4, 4, 16, 16),
+            (1, 4, 3, 8, 8),
         ),
     }  # fmt: skip
 
@@ -1111,8 +1111,8 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
 @pytest.mark.parametrize("name", ["maisi_autoencoder", "cross_attention_unet"])
 def test_monai_generative_compile_adds_no_graph_breaks(name, aten_path):
     """torch.compile traces MAISI's converted autoencoder and a converted diffusion UNet (cross-attention, res
-    block up/downsampling) with no more graph breaks than stock, the tconv3d ops in the graph; compiled (aot_eager)
-    outputs as eager."""
+    block up/downsampling) with no more graph breaks than stock, the tconv3d ops in the graph (compiled runs of
+    converted networks against eager: test_monai_compile_adds_no_graph_breaks)."""
     if name == "maisi_autoencoder":
         build, run, x = _generative_autoencoders()["maisi"], autoencode, torch.randn(1, 1, 32, 32, 32)
     else:
@@ -1126,10 +1126,6 @@ def test_monai_generative_compile_adds_no_graph_breaks(name, aten_path):
     assert breaks[1] <= breaks[0]
     targets = {str(node.target) for g in explained.graphs for node in g.graph.nodes}
     assert any("tconv3d.conv3d" in t for t in targets), targets
-    torch._dynamo.reset()
-    compiled = torch.compile(functools.partial(run, converted), backend="aot_eager")
-    with torch.no_grad():
-        assert rel_l2(compiled(x), run(converted, x)) < MATCH
 
 
 def test_monai_voxelmorph_reads_its_skip_connections_in_place(aten_path):
