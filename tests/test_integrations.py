@@ -882,6 +882,21 @@ def test_monai_densenet_keeps_channels_last(aten_path):
     assert report.totals["layout_copies"] == 0
 
 
+def perturbed(build):
+    """build, its all-zero parameters (a diffusion UNet's zero-initialised output convolutions) drawn at random:
+    else the output is zeros, which says nothing."""
+
+    def made():
+        model = build()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if not parameter.any():
+                    parameter.normal_(0, 0.1)
+        return model
+
+    return made
+
+
 def _frame_models():
     """diffusers' video models of 2-D frame layers with temporal Conv3d layers between them (the frames viewed as
     (B, C, T, H, W)): Stable Video Diffusion's temporal-decoder VAE and UNet, and the text-to-video UNet3D."""
@@ -924,16 +939,7 @@ def test_diffusers_frame_models_temporal_convs_on_tconv3d(name, aten_path):
     channels_last_3d; the norm's own copy of that view is torch's too); outputs and gradients as stock's (the
     zero-initialised output layers of the UNets made nonzero)."""
     build, run, shape = _frame_models()[name]
-
-    def made():
-        model = build()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if not parameter.any():
-                    parameter.normal_(0, 0.1)
-        return model
-
-    stock, converted = stock_and_converted(made)
+    stock, converted = stock_and_converted(perturbed(build))
     x = torch.randn(shape)
     with torch.no_grad():
         assert rel_l2(run(converted, x), run(stock, x)) < MATCH
@@ -1044,18 +1050,6 @@ def _diffusion_unets():
 
     small = dict(spatial_dims=3, in_channels=4, out_channels=4, num_res_blocks=1, norm_num_groups=4)
     small["num_head_channels"] = 8
-
-    def perturbed(build):  # its zero-initialised output convolutions made nonzero, so that the output says something
-        def made():
-            model = build()
-            with torch.no_grad():
-                for parameter in model.parameters():
-                    if not parameter.any():
-                        parameter.normal_(0, 0.1)
-            return model
-
-        return made
-
     return {
         "self_attention": perturbed(
             lambda: nets().DiffusionModelUNet(channels=(8, 16, 16), attention_levels=(False, False, True), **small)
