@@ -1606,3 +1606,18 @@ def test_decode_breakdown_times_convs_norms_and_activations(name, aten_path):
             rounding = 1e-3 * len(parts[label])
             assert decode["ms"] - rounding <= sum(parts[label].values()) <= wall + rounding, (parts, decode, wall)
     assert parts["stock"]["activation"] > 0 and parts["converted"]["activation"] == 0, parts
+
+
+def test_vae_decode_measures_maisis_autoencoder(aten_path):
+    """bench.vae_decode's MAISI rows (`--model maisi`): stock (its slabs) and converted decode the same latent to a
+    volume of the same shape, each with its time, peak and breakdown; in float16 the norms answer float16
+    (norm_float16, as MAISI's bundle runs), so stock runs a half model without autocast."""
+    pytest.importorskip("monai")
+    from bench.vae_decode import measure
+    from bench.vaes import build_vae
+
+    rows = [measure("maisi", variant, "cpu", torch.float32, 1, (1, 4, 8, 8, 8)) for variant in ("stock", "converted")]
+    assert [row["output"] for row in rows] == [[1, 1, 32, 32, 32]] * 2
+    assert all(row["ms"] > 0 and row["breakdown_ms"]["conv"] > 0 for row in rows)
+    norms = [m for m in build_vae("maisi", 1, dtype=torch.float16).modules() if type(m).__name__ == "MaisiGroupNorm3D"]
+    assert norms and all(norm.norm_float16 for norm in norms)
