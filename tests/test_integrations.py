@@ -1102,20 +1102,16 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
 
 
-@pytest.mark.parametrize("name", ["maisi_autoencoder", "cross_attention_unet"])
-def test_monai_generative_compile_adds_no_graph_breaks(name, aten_path):
-    """torch.compile traces MAISI's converted autoencoder and a converted diffusion UNet (cross-attention, res
-    block up/downsampling) with no more graph breaks than stock, the tconv3d ops in the graph (compiled runs of
-    converted networks against eager: test_monai_compile_adds_no_graph_breaks)."""
-    if name == "maisi_autoencoder":
-        build, run, x = _generative_autoencoders()["maisi"], autoencode, torch.randn(1, 1, 32, 32, 32)
-    else:
-        build, run, x = _diffusion_unets()["cross_attention"], denoise, torch.randn(2, 4, 16, 16, 16)
-    stock, converted = stock_and_converted(build)
+def test_monai_diffusion_unet_compiles_without_new_graph_breaks(aten_path):
+    """torch.compile traces a converted diffusion UNet (cross-attention, res block up/downsampling: each of its
+    adapters) with no more graph breaks than stock, the tconv3d ops in the graph (compiled runs of converted
+    networks against eager: test_monai_compile_adds_no_graph_breaks)."""
+    stock, converted = stock_and_converted(_diffusion_unets()["cross_attention"])
+    x = torch.randn(2, 4, 16, 16, 16)
     breaks = []
     for model in (stock, converted):
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(functools.partial(run, model))(x)
+        explained = torch._dynamo.explain(functools.partial(denoise, model))(x)
         breaks.append(explained.graph_break_count)
     assert breaks[1] <= breaks[0]
     targets = {str(node.target) for g in explained.graphs for node in g.graph.nodes}
@@ -1171,7 +1167,7 @@ def test_monai_efficientnet_pads_inside_its_convs(name, aten_path):
     encoder is one, and its decoder's UpCat reads the skip features in place); outputs and gradients as stock's.
     A convolution the filter leaves on torch keeps its padder."""
     stock, converted = stock_and_converted(_efficientnets()[name])
-    x = torch.randn(2, 1, 32, 32, 32)
+    x = torch.randn(1, 1, 32, 32, 32)
     with torch.no_grad():
         assert rel_l2(converted(x), stock(x)) < MATCH
     before = tconv3d.nn.audit(stock, x, verbose=False)
