@@ -303,8 +303,13 @@ def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
     assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 1
 
 
+def monai_nets():
+    """monai.networks.nets, imported when a builder runs (the tests skip without MONAI)."""
+    return pytest.importorskip("monai.networks.nets")
+
+
 def _monai_nets():
-    nets = pytest.importorskip("monai.networks.nets")
+    nets = monai_nets()
 
     def transformer(build):  # MONAI's UNETR and SwinUNETR need einops
         return lambda: pytest.importorskip("einops") and build()
@@ -952,16 +957,13 @@ def test_diffusers_frame_models_temporal_convs_on_tconv3d(name, aten_path):
 
 
 def _generative_autoencoders():
-    def nets():
-        return pytest.importorskip("monai.networks.nets")
-
     def maisi():
         return pytest.importorskip("monai.apps.generation.maisi.networks.autoencoderkl_maisi").AutoencoderKlMaisi
 
     small = dict(spatial_dims=3, in_channels=1, out_channels=1, latent_channels=4, norm_num_groups=4)
     return {
         # attention at the lowest level: at batch 1 its output's strides were not channels_last_3d to torch
-        "autoencoderkl": lambda: nets().AutoencoderKL(
+        "autoencoderkl": lambda: monai_nets().AutoencoderKL(
             channels=(8, 16, 16), num_res_blocks=1, attention_levels=(False, False, True), **small
         ),
         "maisi": lambda: maisi()(
@@ -1042,9 +1044,6 @@ def test_monai_maisi_blocks_through_the_triton_interpreter():
 
 
 def _diffusion_unets():
-    def nets():
-        return pytest.importorskip("monai.networks.nets")
-
     def maisi():
         return pytest.importorskip("monai.apps.generation.maisi.networks.diffusion_model_unet_maisi")
 
@@ -1052,10 +1051,12 @@ def _diffusion_unets():
     small["num_head_channels"] = 8
     return {
         "self_attention": perturbed(
-            lambda: nets().DiffusionModelUNet(channels=(8, 16, 16), attention_levels=(False, False, True), **small)
+            lambda: monai_nets().DiffusionModelUNet(
+                channels=(8, 16, 16), attention_levels=(False, False, True), **small
+            )
         ),
         "cross_attention": perturbed(
-            lambda: nets().DiffusionModelUNet(
+            lambda: monai_nets().DiffusionModelUNet(
                 channels=(8, 16, 16), attention_levels=(False, True, True), with_conditioning=True,
                 cross_attention_dim=6, resblock_updown=True, **small,
             )
@@ -1124,8 +1125,7 @@ def test_monai_voxelmorph_reads_its_skip_connections_in_place(aten_path):
     moving and fixed images' concatenation at the input is left (model code). The warped image, the displacement
     field (integrated: diffeomorphic) and the gradients as stock's; with a hook on the backbone's levels it runs as
     MONAI does, with the same result."""
-    nets = pytest.importorskip("monai.networks.nets")
-    stock, converted = stock_and_converted(lambda: nets.VoxelMorph())
+    stock, converted = stock_and_converted(monai_nets().VoxelMorph)
     moving, fixed = torch.rand(2, 1, 16, 16, 16), torch.rand(2, 1, 16, 16, 16)
 
     def run(model, x):
@@ -1148,14 +1148,11 @@ def test_monai_voxelmorph_reads_its_skip_connections_in_place(aten_path):
 
 
 def _efficientnets():
-    def nets():
-        return pytest.importorskip("monai.networks.nets")
-
     return {
-        "efficientnet_b0": lambda: nets().EfficientNetBN(
+        "efficientnet_b0": lambda: monai_nets().EfficientNetBN(
             "efficientnet-b0", pretrained=False, spatial_dims=3, in_channels=1, num_classes=2
         ),
-        "flexible_unet": lambda: nets().FlexibleUNet(1, 2, "efficientnet-b0", pretrained=False, spatial_dims=3),
+        "flexible_unet": lambda: monai_nets().FlexibleUNet(1, 2, "efficientnet-b0", pretrained=False, spatial_dims=3),
     }
 
 

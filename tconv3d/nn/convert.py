@@ -95,8 +95,9 @@ def convert(
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, MiniMax-H3's encoder) are taken over with their padding,
       repeated frames and cached frames inside one op: no F.pad or torch.cat copy of an activation remains around
       them. Their forward signatures and results are diffusers'.
-    - MONAI's networks: skip connections handed to their convolutions as `channels_after`, EfficientNet's
-      "same" padders folded into the convolutions they feed (monai_nets).
+    - MONAI's networks (monai_nets): skip connections handed to their convolutions as `channels_after`, zero
+      padding made before a convolution (EfficientNet's "same" padders, AutoencoderKL's and MAISI's downsamplers)
+      padded inside it, MAISI's split convolutions and norms run whole, res blocks' norm + SiLU in one pass.
     - Other subclasses of nn.Conv3d are left alone unless `subclasses="rebase"`: then their own forward still
       runs, and its super().forward runs tconv3d.
 

@@ -406,7 +406,7 @@ class _MaisiResBlock(_ResBlock):
     classes = (_MAISI + "MaisiResBlock",)
 
     def forward(self, x):
-        return _plain(_ResBlock.forward(self, x))
+        return _plain(super().forward(x))
 
 
 class _MaisiConvolution:
@@ -595,7 +595,7 @@ def fuse_res_block_norms(model: nn.Module) -> None:
         norms = (block.norm1, block.norm2)
         if all(isinstance(n, GroupNorm) or hasattr(type(n), "tconv3d_adapter") for n in norms):
             for norm in norms:
-                norm.activation = norm.activation or "silu"
+                norm.activation = "silu"
 
 
 # MONAI's EfficientNet (and the encoders built from it: EfficientNetBN, EfficientNetBNFeatures, FlexibleUNet's
