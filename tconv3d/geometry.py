@@ -540,10 +540,11 @@ def _arguments_key(*arguments) -> tuple | None:
     return tuple(key)
 
 
-def check_group_norm(input, weight, bias, groups, activation) -> None:
-    """Validate a group_norm call (5-D input; weight and bias per channel, of any supported dtype, as under
-    autocast a bf16 activation meets fp32 parameters)."""
-    check_tensors(input=input)
+def check_group_norm(input, weight, bias, groups, activation, channels_after=None) -> None:
+    """Validate a group_norm call (5-D input, and channels_after whose channels follow the input's; weight and
+    bias per channel of both, of any supported dtype, as under autocast a bf16 activation meets fp32
+    parameters)."""
+    check_tensors(input=input, channels_after=channels_after)
     if weight is not None or bias is not None:
         check_tensors(weight=weight, bias=bias)
         param = weight if weight is not None else bias
@@ -551,7 +552,7 @@ def check_group_norm(input, weight, bias, groups, activation) -> None:
             raise ValueError(f"weight and bias are on {param.device} but input is on {input.device}")
     if input.dim() != 5:
         raise ValueError(f"input must be 5-D (N, C, D, H, W), got shape {tuple(input.shape)}")
-    channels = input.shape[1]
+    channels = input.shape[1] + after_channel_count(input, channels_after)
     if not _is_int(groups) or groups < 1 or channels % groups:
         raise ValueError(f"groups must be a positive divisor of the {channels} channels, got {groups!r}")
     for name, t in (("weight", weight), ("bias", bias)):

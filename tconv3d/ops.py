@@ -6,7 +6,8 @@
                                         groups=1, channels_after=None)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
                                          frames_before=None, groups=1, channels_after=None)
-    torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none") -> (y, mean, rstd)
+    torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None)
+        -> (y, mean, rstd)
 
 padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_right); padding_mode one of
 "zeros", "replicate", "reflect", "circular" or three of them "d,h,w" (F.pad's meaning, done inside the kernels).
@@ -15,7 +16,8 @@ then returns the gradient of that concatenation (input_size counts its frames) a
 channels_after (N, C2, D, H, W) follows the input's channels, as if torch.cat([input, channels_after], dim=1) were
 convolved (a UNet decoder's skip connection), likewise read in place and its gradient split off; the input
 gradient op's channels_after (N, C2, Do, Ho, Wo) follows grad_output's channels (conv_transpose3d of such a
-concatenation: MONAI UNet's decoder), its weight gradient the two sources' rows of it. Every
+concatenation: MONAI UNet's decoder), its weight gradient the two sources' rows of it; group_norm's normalizes
+that concatenation (a diffusion UNet's res block takes its skip connection into its norm first). Every
 result is channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies.
 The two gradient ops are differentiable too (each is linear in both tensor arguments), so double backward works.
 """
@@ -113,8 +115,8 @@ _is_functorch_wrapper = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _register_autograd(name: str, implementation, backward, setup_context):
-    """Register the op's autograd kernel and return its eager caller (see `_intercepted`), which takes every
-    argument of the schema, positionally.
+    """Register the op's autograd kernel and return its eager caller (see `_intercepted`), which takes the
+    schema's arguments positionally (trailing ones with defaults may be left out).
 
     The kernel: below autograd, the op itself; with a gradient to record, a Function whose forward runs the op
     below autograd and calls setup_context(ctx, inputs, output), and whose backward is `backward` (which may call
@@ -160,7 +162,7 @@ def _register_autograd(name: str, implementation, backward, setup_context):
             return op(*inputs)
         records = False
         for i in tensor_positions:
-            t = inputs[i]
+            t = inputs[i] if i < len(inputs) else None
             if t is not None:
                 # A subclass (DTensor, FakeTensor...) has its own dispatch; a functorch wrapper its transform's.
                 if type(t) not in PLAIN_TENSORS or _is_functorch_wrapper(t):
@@ -652,32 +654,47 @@ _inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgra
 # group norm (instance norm = groups == channels), optionally with SiLU fused
 
 
-def _group_norm_fake(input, weight, bias, groups, eps, activation="none"):
-    check_group_norm(input, weight, bias, groups, activation)
+def _group_norm_fake(input, weight, bias, groups, eps, activation="none", channels_after=None):
+    check_group_norm(input, weight, bias, groups, activation, channels_after)
     stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
-    return empty_ndhwc(input.shape, like=input), stats, stats.clone()
+    return empty_ndhwc(_concatenated_shape(input, channels_after), like=input), stats, stats.clone()
+
+
+def _concatenated_shape(input, channels_after) -> tuple:
+    """The shape of torch.cat([input, channels_after], dim=1) (input's without channels_after)."""
+    extra = channels_after.shape[1] if channels_after is not None else 0
+    return (input.shape[0], input.shape[1] + extra, *input.shape[2:])
+
+
+def _concatenated(input, channels_after):
+    """torch.cat([input, channels_after], dim=1) channels_last_3d, for the aten path (the kernels read both in
+    place)."""
+    if channels_after is None:
+        return input
+    return torch.cat([input, channels_after], dim=1).contiguous(memory_format=torch.channels_last_3d)
 
 
 @_define(
-    'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none")'
-    " -> (Tensor, Tensor, Tensor)",
+    'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none",'
+    " Tensor? channels_after=None) -> (Tensor, Tensor, Tensor)",
     _group_norm_fake,
 )
-def group_norm(input, weight, bias, groups, eps, activation="none"):
+def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None):
     def run():
-        check_group_norm(input, weight, bias, groups, activation)
+        check_group_norm(input, weight, bias, groups, activation, channels_after)
         if not _runs_triton(input):
-            return aten.group_norm_fwd(input, weight, bias, groups, eps, activation)
-        return group_norm_fwd(input, weight, bias, groups, eps, activation)
+            return aten.group_norm_fwd(_concatenated(input, channels_after), weight, bias, groups, eps, activation)
+        return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after)
 
-    return _planned("group_norm", (input, weight, bias), (), (groups, eps, activation), run)
+    return _planned("group_norm", (input, weight, bias, channels_after), (), (groups, eps, activation), run)
 
 
-def _norm_backward_fake(input):
-    """What a norm's backward returns: the input gradient (channels_last_3d) and fp32 per-channel weight and bias
-    gradients."""
-    channels = input.new_empty((input.shape[1],), dtype=torch.float32)
-    return empty_ndhwc(input.shape, like=input), channels, channels.clone()
+def _norm_backward_fake(input, channels_after=None):
+    """What a norm's backward returns: the input gradient (channels_last_3d; of the concatenation with
+    channels_after) and fp32 per-channel weight and bias gradients."""
+    shape = _concatenated_shape(input, channels_after)
+    channels = input.new_empty((shape[1],), dtype=torch.float32)
+    return empty_ndhwc(shape, like=input), channels, channels.clone()
 
 
 def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias):
@@ -689,38 +706,47 @@ def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias):
     return (grads + (None,) * len(ctx.needs_input_grad))[: len(ctx.needs_input_grad)]
 
 
-def _group_norm_backward_fake(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
-    return _norm_backward_fake(input)
+def _group_norm_backward_fake(
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None
+):  # fmt: skip
+    return _norm_backward_fake(input, channels_after)
 
 
 @_define(
     "group_norm_backward(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
-    ' int groups, str activation="none") -> (Tensor, Tensor, Tensor)',
+    ' int groups, str activation="none", Tensor? channels_after=None) -> (Tensor, Tensor, Tensor)',
     _group_norm_backward_fake,
 )
-def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none"):
+def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None):
     def run():
         if not _runs_triton(input):
-            return aten.group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
-        return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation)
+            whole = _concatenated(input, channels_after)
+            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
+        return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after)
 
-    tensors = (grad_output, input, mean, rstd, weight, bias)
+    tensors = (grad_output, input, mean, rstd, weight, bias, channels_after)
     return _planned("group_norm_backward", tensors, (), (groups, activation), run)
 
 
 def _group_norm_setup_context(ctx, inputs, output):
-    input, weight, bias, groups, _eps, *activation = inputs
+    input, weight, bias, groups, _eps, *rest = inputs
+    activation, channels_after = _trailing_arguments(rest, ("none", None))
     _, mean, rstd = output
-    ctx.save_for_backward(input, mean, rstd, weight, bias)
-    ctx.groups, ctx.activation = groups, activation[0] if activation else "none"
+    ctx.save_for_backward(input, mean, rstd, weight, bias, channels_after)
+    ctx.groups, ctx.activation = groups, activation
+    ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
 
 
 def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
-    input, mean, rstd, weight, bias = ctx.saved_tensors
-    grads = torch.ops.tconv3d.group_norm_backward(
-        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation
+    input, mean, rstd, weight, bias, channels_after = ctx.saved_tensors
+    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
+        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after
     )
-    return _norm_input_grads(ctx, *grads, weight, bias)
+    grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
+    grads = _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias)
+    if _needs_grad(ctx, 6):  # channels_after's (a view of the concatenation's gradient, as the input's)
+        grads = (*grads[:6], grad_channels_after)
+    return grads
 
 
 call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)

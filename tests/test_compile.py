@@ -6,6 +6,7 @@ input, whose stock compiled graph gained nhwcToNchw/nchwToNhwc conversions betwe
 
 import pytest
 import torch
+import torch.nn.functional as F
 from functorch.compile import make_boxed_func
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
@@ -253,5 +254,49 @@ def test_compiled_norm_conv_upsample_stack_has_no_layout_ops(device):
         assert not any(word in target for word in FORBIDDEN), target
     assert compiled_y.is_contiguous(memory_format=CL)
     assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
+    for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
+        assert rel_l2(compiled, eager) < TOLERANCE[torch.float32]
+
+
+class SkipResBlock(nn.Module):
+    """A diffusion UNet decoder's res block on its skip connection: GroupNorm -> SiLU -> Conv3d of
+    torch.cat([x, skip]), plus a 1x1x1 shortcut of the same concatenation, each reading both sources in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = tconv3d.nn.GroupNorm(3, 6, activation="silu")
+        self.conv = tconv3d.nn.Conv3d(6, 4, 3, padding=1)
+        self.shortcut = tconv3d.nn.Conv3d(6, 4, 1)
+
+    def forward(self, x, skip):
+        return self.conv(self.norm(x, channels_after=skip)) + self.shortcut(x, channels_after=skip)
+
+
+def test_compiled_norm_of_a_concatenation_has_no_concatenation(device):
+    graphs, backend = capture_graphs()
+    model = SkipResBlock().to(device)
+    x, skip = stack_input(device), torch.randn(1, 2, 4, 5, 6, device=device).contiguous(memory_format=CL)
+
+    def step(run):
+        inputs = [t.detach().requires_grad_() for t in (x, skip)]
+        y = run(*inputs)
+        y.backward(torch.ones_like(y))
+        grads = [t.grad for t in inputs] + [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return y.detach(), grads
+
+    eager_y, eager_grads = step(model)
+    compiled_y, compiled_grads = step(torch.compile(model, backend=backend, fullgraph=True))
+    assert len(graphs) == 2
+    forward, backward = (call_targets(g) for g in graphs)
+    assert [t for t in forward if t.startswith("tconv3d.")] == [
+        "tconv3d.group_norm.default", "tconv3d.conv3d.default", "tconv3d.conv3d.default"
+    ]  # fmt: skip
+    assert "tconv3d.group_norm_backward.default" in backward
+    for target in forward + backward:
+        assert "cat" not in target and not any(word in target for word in FORBIDDEN), target
+    assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
+    expected = model.conv(F.silu(F.group_norm(torch.cat([x, skip], 1), 3, model.norm.weight, model.norm.bias)))
+    assert rel_l2(compiled_y, expected + model.shortcut(torch.cat([x, skip], 1))) < TOLERANCE[torch.float32]
     for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
         assert rel_l2(compiled, eager) < TOLERANCE[torch.float32]

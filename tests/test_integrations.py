@@ -1082,8 +1082,8 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     """MONAI's DiffusionModelUNet (and MAISI's, of the same blocks): its attention blocks made each attention's
     output `.contiguous()` (NCDHW) and its SpatialTransformer permuted its tokens back with `.contiguous()`, so the
     next norm and convolution took layout copies; converted, none (the input is NDHWC), the res blocks' norms with
-    their SiLU in one pass; the up blocks' skip concatenations stay (each feeds a GroupNorm as well as a 1x1x1
-    shortcut). Outputs and gradients as stock's, at batch 1 and 2."""
+    their SiLU in one pass; the up blocks' skip connections (each concatenated for a res block's GroupNorm and its
+    1x1x1 shortcut) read in place by both. Outputs and gradients as stock's, at batch 1 and 2."""
     stock, converted = stock_and_converted(_diffusion_unets()[name])
     for batch in (1, 2):
         x = torch.randn(batch, 4, 16, 16, 16).contiguous(memory_format=torch.channels_last_3d)
@@ -1093,7 +1093,7 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     after = tconv3d.nn.audit(converted, x, run=denoise, verbose=False)
     assert_all_on_tconv3d(after, every_layer_called=False)
     assert after.totals["layout_copies"] == after.norm_layout_copies == 0 < after.norm_calls, after.table()
-    assert after.totals["upstream_copies_into_convs"] == before.totals["upstream_copies_into_convs"]
+    assert after.totals["upstream_copies_into_convs"] == 0 < before.totals["upstream_copies_into_convs"]
     blocks = [m for m in converted.modules() if type(m).__name__ == "DiffusionUNetResnetBlock"]
     assert blocks and all(b.norm1.activation == b.norm2.activation == "silu" for b in blocks)
     for model in (stock, converted):

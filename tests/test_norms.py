@@ -125,6 +125,96 @@ def test_opcheck_group_norm(device):
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, activation))
 
 
+# (name, input's channels, channels_after's, groups, D, H, W): a group across the two sources (6 + 10 in 4 groups of
+# 4), groups within each, channel blocks of the kernels past the first (40 + 24), and several voxel splits
+SOURCES = [
+    ("a_group_across", 6, 10, 4, 3, 5, 4),
+    ("groups_within", 8, 8, 2, 2, 3, 5),
+    ("instance", 3, 5, 8, 3, 4, 3),
+    ("wide", 40, 24, 8, 2, 3, 3),
+    ("several_splits", 4, 4, 2, 4, 20, 20),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("case", SOURCES, ids=lambda c: c[0])
+def test_group_norm_of_a_concatenation_read_in_place(case, activation, dtype, device):
+    """group_norm(input, ..., channels_after) normalizes torch.cat([input, channels_after], dim=1) (a diffusion
+    UNet's res block on its skip connection) without making it: values and the gradients of both sources, the
+    weight and the bias against float64, channels_last_3d out."""
+    _name, first, after, groups, *spatial = case
+    x, skip = (
+        leaf_copy((torch.randn(2, c, *spatial, device=device) * 2 + shift).to(dtype).contiguous(memory_format=CL))
+        for c, shift in ((first, 3), (after, -1))
+    )
+    params = [leaf_copy(torch.randn(first + after, device=device).to(dtype)) for _ in range(2)]
+    y, mean, rstd = torch.ops.tconv3d.group_norm(x, *params, groups, 1e-5, activation, skip)
+    assert y.shape == (2, first + after, *spatial) and y.is_contiguous(memory_format=CL)
+    assert mean.shape == rstd.shape == (2, groups)
+    copies = [leaf_copy(t.detach().double()) for t in (x, skip, *params)]
+    expected = reference(torch.cat(copies[:2], dim=1), *copies[2:], groups, 1e-5, activation)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    y.backward(grad_out.to(dtype))
+    assert rel_l2(y, expected) < TOLERANCE[dtype]
+    for ours, ref in zip((x, skip, *params), copies, strict=True):
+        assert rel_l2(ours.grad, ref.grad) < TOLERANCE[dtype]
+
+
+def test_a_concatenation_test_can_fail(device):
+    """The second source's channels are really normalized with the first's groups: normalizing each source alone
+    gives other values where a group spans both."""
+    x, skip = torch.randn(1, 2, 2, 3, 3, device=device), torch.randn(1, 2, 2, 3, 3, device=device) * 3 + 2
+    together = torch.ops.tconv3d.group_norm(x, None, None, 1, 1e-5, "none", skip)[0]
+    assert rel_l2(together, F.group_norm(torch.cat([x, skip], 1).double(), 1)) < TOLERANCE[torch.float32]
+    apart = torch.cat([F.group_norm(x, 1), F.group_norm(skip, 1)], 1)
+    assert rel_l2(together, apart) > 0.1
+
+
+@pytest.mark.parametrize(
+    ("after_shape", "after_dtype", "weight_shape", "message"),
+    [
+        ((1, 2, 2, 3, 4), torch.float32, (6,), r"channels_after has shape \(1, 2, 2, 3, 4\); it must match"),
+        ((2, 2, 2, 3, 3), torch.float32, (6,), "must match the input"),
+        ((1, 2, 2, 3, 3), torch.float16, (6,), "channels_after dtype torch.float16 does not match"),
+        ((1, 2, 2, 3, 3), torch.float32, (4,), r"weight must have shape \(6,\)"),
+        ((1, 0, 2, 3, 3), torch.float32, (4,), "channels_after has no channels"),
+        ((1, 3, 2, 3, 3), torch.float32, (7,), "positive divisor of the 7 channels"),
+    ],
+)
+def test_bad_channels_after_of_a_group_norm(after_shape, after_dtype, weight_shape, message):
+    x = torch.randn(1, 4, 2, 3, 3)
+    with pytest.raises((ValueError, TypeError), match=message):
+        torch.ops.tconv3d.group_norm(x, torch.randn(weight_shape), None, 2, 1e-5, "none",
+                                     torch.randn(after_shape).to(after_dtype))  # fmt: skip
+
+
+def test_opcheck_group_norm_of_a_concatenation(device):
+    x = torch.randn(2, 4, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
+    skip = torch.randn(2, 2, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
+    w, b = (torch.randn(6, device=device, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, "silu", skip))
+    torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, "none", skip))
+
+
+def test_group_norm_module_takes_channels_after(device):
+    """tconv3d.nn.GroupNorm(x, channels_after=skip) is nn.GroupNorm of the concatenation, in place where both are
+    5-D of one dtype and concatenated otherwise (4-D frames)."""
+    torch.manual_seed(0)
+    stock = nn.GroupNorm(3, 9).to(device)
+    with torch.no_grad():
+        stock.weight.normal_(), stock.bias.normal_()
+    ours = tconv3d.nn.GroupNorm(3, 9, activation="silu").to(device)
+    ours.load_state_dict(stock.state_dict())
+    x, skip = torch.randn(2, 5, 3, 4, 5, device=device), torch.randn(2, 4, 3, 4, 5, device=device)
+    expected = F.silu(stock(torch.cat([x, skip], 1)))
+    assert rel_l2(ours(x, channels_after=skip), expected) < TOLERANCE[torch.float32]
+    assert ours(x, channels_after=skip).is_contiguous(memory_format=CL)
+    frames = torch.randn(2, 5, 4, 5, device=device), torch.randn(2, 4, 4, 5, device=device)
+    assert rel_l2(ours(*frames), F.silu(stock(torch.cat(frames, 1)))) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_group_norm_module_is_a_drop_in(activation, device):
     torch.manual_seed(0)

@@ -35,34 +35,38 @@ SPLIT_BLOCKS = 16  # voxel blocks per reduction program
 @triton.jit
 def _channel_reduce_kernel(
     x_ptr, dy_ptr, a_ptr, b_ptr, out_ptr,
-    S, C, SPLIT_S,
-    stride_xn, stride_dn, stride_on, stride_os, stride_oq,
+    S, C, C0, SPLIT_S,
+    stride_xn, stride_xv, stride_dn, stride_dv, stride_an, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
     the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * x, where dy' is dy through
-    the activation (SILU) at x * a + b. Grid (N, channel blocks, splits)."""
+    the activation (SILU) at x * a + b. x holds C channels, the concatenation's C0 .. C0 + C (a source of a
+    concatenation along C; C0 = 0 and C all of them without one): dy, a, b and out are the concatenation's, their
+    channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart, a's and b's rows stride_an. Grid
+    (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
+    wide_c = C0 + offs_c  # the channels in the concatenation
     s_start = tl.program_id(2) * SPLIT_S
     s_end = tl.minimum(s_start + SPLIT_S, S)
     x_base = x_ptr + n.to(tl.int64) * stride_xn
     if BACKWARD:
         dy_base = dy_ptr + n.to(tl.int64) * stride_dn
         if SILU:
-            a = tl.load(a_ptr + n * C + offs_c, mask=mask_c, other=0.0)
-            b = tl.load(b_ptr + n * C + offs_c, mask=mask_c, other=0.0)
+            a = tl.load(a_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
+            b = tl.load(b_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
     second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * x
     count = 0.0
     for s0 in range(s_start, s_end, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         mask = (offs_s < s_end)[:, None] & mask_c[None, :]
-        offsets = offs_s.to(tl.int64)[:, None] * C + offs_c[None, :]
-        x = tl.load(x_base + offsets, mask=mask, other=0.0).to(tl.float32)
+        voxels = offs_s.to(tl.int64)[:, None]
+        x = tl.load(x_base + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
         if BACKWARD:
-            dy = tl.load(dy_base + offsets, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_base + voxels * stride_dv + wide_c[None, :], mask=mask, other=0.0).to(tl.float32)
             if SILU:
                 dy = dy * silu_grad(x * a[None, :] + b[None, :])
             first += tl.sum(dy, axis=0)
@@ -77,7 +81,7 @@ def _channel_reduce_kernel(
             first += delta * (rows / total)
             second += block_m2 + delta * delta * (count * rows / total)
             count = total
-    out = out_ptr + n * stride_on + tl.program_id(2) * stride_os + offs_c
+    out = out_ptr + n * stride_on + tl.program_id(2) * stride_os + wide_c
     tl.store(out, first, mask=mask_c)
     tl.store(out + stride_oq, second, mask=mask_c)
 
@@ -85,33 +89,39 @@ def _channel_reduce_kernel(
 @triton.jit
 def _affine_kernel(
     x_ptr, dy_ptr, out_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr,
-    S, C,
-    stride_xn, stride_dn, stride_on,
+    S, C, C0,
+    stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act(x * a + b). Backward: out = dy' * k1 + x * k2 + k3, dy' = dy * act'(x * a + b).
-    a, b, k1, k2, k3 are fp32 (N, C). Grid (voxel blocks, channel blocks, N)."""
+    a, b, k1, k2, k3 are fp32 rows stride_an apart. x holds the concatenation's channels C0 .. C0 + C, the
+    others are the concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv,
+    stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     mask = (offs_s < S)[:, None] & mask_c[None, :]
-    offsets = offs_s.to(tl.int64)[:, None] * C + offs_c[None, :]
-    x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + offsets, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(a_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
-    b = tl.load(b_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
+    voxels = offs_s.to(tl.int64)[:, None]
+    wide_c = (C0 + offs_c)[None, :]  # the channels in the concatenation
+    x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    coefficients = n * stride_an + C0 + offs_c
+    a = tl.load(a_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
+    b = tl.load(b_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
     z = x * a + b
     if BACKWARD:
-        dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
         if SILU:
             dy = dy * silu_grad(z)
-        k1 = tl.load(k1_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
-        k2 = tl.load(k2_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
-        k3 = tl.load(k3_ptr + n * C + offs_c, mask=mask_c, other=0.0)[None, :]
+        k1 = tl.load(k1_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
+        k2 = tl.load(k2_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
+        k3 = tl.load(k3_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
         result = dy * k1 + x * k2 + k3
     else:
         result = z * tl.sigmoid(z) if SILU else z
-    out = out_ptr + n.to(tl.int64) * stride_on + offsets
+    out = out_ptr + n.to(tl.int64) * stride_on + voxels * stride_ov + wide_c
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -262,63 +272,92 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(x, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
-    """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel)."""
-    n, c = x.shape[:2]
-    voxels = x[0, 0].numel()
+def _channel_reduce(sources, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
+    """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
+    (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
+    launch each; dy, a and b are the concatenation's."""
+    n = sources[0].shape[0]
+    c = sum(x.shape[1] for x in sources)
+    voxels = sources[0][0, 0].numel()
     per_split, splits = _splits(voxels)
-    out = torch.empty((n, splits, 2, c), dtype=torch.float32, device=x.device)
-    grid = (n, cdiv(c, BLOCK_C), splits)
-    launch(
-        _channel_reduce_kernel, grid,
-        x, dy if dy is not None else x, a if a is not None else out, b if b is not None else out, out,
-        voxels, c, per_split,
-        x.stride(0), (dy if dy is not None else x).stride(0), *out.stride()[:3],
-        BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
-    )  # fmt: skip
+    out = torch.empty((n, splits, 2, c), dtype=torch.float32, device=sources[0].device)
+    for x, first in _channel_slices(sources):
+        width = x.shape[1]
+        grads = dy if dy is not None else x
+        scale, shift = (t if t is not None else out for t in (a, b))
+        launch(
+            _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
+            x, grads, scale, shift, out,
+            voxels, width, first, per_split,
+            x.stride(0), width, grads.stride(0), grads.shape[1], scale.stride(0), *out.stride()[:3],
+            BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+        )  # fmt: skip
     return out
 
 
-def _affine(x, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
-    n, c = x.shape[:2]
+def _channel_slices(sources):
+    """(source, its first channel in the concatenation along C) for each source."""
+    first = 0
+    for x in sources:
+        yield x, first
+        first += x.shape[1]
+
+
+def _affine(sources, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
+    """The forward's act(x * a + b) or the backward's input gradient (see _affine_kernel) of the concatenation
+    along C of `sources`, in one channels_last_3d tensor, a launch a source."""
+    x = sources[0]
+    n = x.shape[0]
+    c = sum(source.shape[1] for source in sources)
     voxels = x[0, 0].numel()
-    out = empty_ndhwc(x.shape, like=x)
+    out = empty_ndhwc((n, c, *x.shape[2:]), like=x)
     if out.numel() == 0:
         return out
     backward = dy is not None
-    grid = (cdiv(voxels, BLOCK_S), cdiv(c, BLOCK_C), n)
-    launch(
-        _affine_kernel, grid,
-        x, dy if backward else x, out, a, b, k1 if backward else a, k2 if backward else a, k3 if backward else a,
-        voxels, c,
-        x.stride(0), (dy if backward else x).stride(0), out.stride(0),
-        BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
-    )  # fmt: skip
+    for x, first in _channel_slices(sources):
+        grads = dy if backward else x
+        launch(
+            _affine_kernel, (cdiv(voxels, BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
+            x, grads, out, a, b, *((k1, k2, k3) if backward else (a, a, a)),
+            voxels, x.shape[1], first,
+            x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, a.stride(0),
+            BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+        )  # fmt: skip
     return out
 
 
-def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
-    """(y channels_last_3d, mean, rstd); mean and rstd fp32 [N, groups]."""
-    x = dense_voxels(x)
-    n, c = x.shape[:2]
+def _sources(x, channels_after) -> list:
+    """The norm's input, and channels_after where given: the tensors whose concatenation along C it normalizes,
+    each dense channels_last_3d."""
+    return [dense_voxels(x)] + ([dense_voxels(channels_after)] if channels_after is not None else [])
+
+
+def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, channels_after=None):
+    """(y channels_last_3d, mean, rstd); mean and rstd fp32 [N, groups]. With channels_after, of
+    torch.cat([x, channels_after], dim=1), each source read in place."""
+    sources = _sources(x, channels_after)
+    x = sources[0]
+    n, c = x.shape[0], sum(source.shape[1] for source in sources)
     voxels = x[0, 0].numel() if x.numel() else 0
     if x.numel() == 0:
         stats = torch.full((n, groups), float("nan"), device=x.device)
-        return empty_ndhwc(x.shape, like=x), stats, stats.clone()
-    partials = _channel_reduce(x, None, None, None, False, False)
+        return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
+    partials = _channel_reduce(sources, None, None, None, False, False)
     mean, rstd, a, b = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, c, eps)
-    return _affine(x, None, a, b, silu=activation == "silu"), mean, rstd
+    return _affine(sources, None, a, b, silu=activation == "silu"), mean, rstd
 
 
-def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
-    """(grad_input channels_last_3d, grad_weight, grad_bias), the last two fp32 [C]."""
-    x, grad_out = dense_voxels(x), dense_voxels(grad_out)
-    c = x.shape[1]
+def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
+    """(grad_input channels_last_3d, grad_weight, grad_bias), the last two fp32 [C]. With channels_after,
+    grad_input is the gradient of the concatenation (both sources' channels)."""
+    sources, grad_out = _sources(x, channels_after), dense_voxels(grad_out)
+    x = sources[0]
+    c = grad_out.shape[1]
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device)
-        return empty_ndhwc(x.shape, like=x), zeros, zeros.clone()
+        return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
     silu, voxels = activation == "silu", x[0, 0].numel()
     a, b = _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, c)
-    partials = _channel_reduce(x, grad_out, a, b, silu, True)  # [N, splits, 2, C]: sums of dy', dy' * x
+    partials = _channel_reduce(sources, grad_out, a, b, silu, True)  # [N, splits, 2, C]: sums of dy', dy' * x
     k1, k2, k3, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, c)
-    return _affine(x, grad_out, a, b, k1, k2, k3, silu), grad_weight, grad_bias
+    return _affine(sources, grad_out, a, b, k1, k2, k3, silu), grad_weight, grad_bias

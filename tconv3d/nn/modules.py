@@ -182,8 +182,11 @@ class GroupNorm(nn.GroupNorm):
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
         self.activation = _check_activation(activation)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
+    def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None) -> torch.Tensor:
+        """`channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels
+        as if torch.cat([input, channels_after], dim=1) were normalized (num_channels counts both), read in
+        place; it gets a gradient like the input."""
+        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, channels_after)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
@@ -235,7 +238,13 @@ def _check_activation(activation):
     return activation
 
 
-def normalize(input, groups, weight, bias, eps, activation):
+def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
+    """GroupNorm (then `activation`) of `input`, or of torch.cat([input, channels_after], dim=1) read in place
+    where both are 5-D tensors of one supported dtype (concatenated first otherwise)."""
+    if channels_after is not None:
+        if input.dim() == channels_after.dim() == 5 and input.dtype == channels_after.dtype in SUPPORTED_DTYPES:
+            return call_group_norm(input, weight, bias, groups, eps, activation or "none", channels_after)[0]
+        input = torch.cat([input, channels_after], dim=1)
     if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _laid_out_only(input, torch.channels_last):
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
@@ -244,4 +253,4 @@ def normalize(input, groups, weight, bias, eps, activation):
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         output = F.group_norm(input, groups, weight, bias, eps)
         return F.silu(output) if activation == "silu" else output
-    return call_group_norm(input, weight, bias, groups, eps, activation or "none")[0]
+    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None)[0]

@@ -385,8 +385,15 @@ class _ResBlock:
         return self.nin_shortcut(x) + h
 
 
-def _silu_after(norm: nn.Module, x: torch.Tensor, silu=F.silu) -> torch.Tensor:
-    h = norm(x)
+def _silu_after(norm: nn.Module, x: torch.Tensor, silu=F.silu, channels_after=None) -> torch.Tensor:
+    """silu(norm(x)), the SiLU in the norm's pass where fused; of torch.cat([x, channels_after], dim=1), read in
+    place by a tconv3d GroupNorm without hooks (concatenated for any other norm)."""
+    if channels_after is None:
+        h = norm(x)
+    elif isinstance(norm, GroupNorm) and not hooked(norm):
+        h = norm(x, channels_after=channels_after)
+    else:
+        h = norm(torch.cat([x, channels_after], dim=1))
     return h if getattr(norm, "activation", None) == "silu" else silu(h)
 
 
@@ -472,7 +479,9 @@ _DIFF = "monai.networks.nets.diffusion_model_unet."
 
 class _DiffusionResnetBlock:
     """The diffusion UNet's DiffusionUNetResnetBlock: GroupNorm then its `nonlinearity` (SiLU), twice, with the
-    timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`)."""
+    timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`). Called by a converted
+    up block with the skip connection as `channels_after`, it runs on torch.cat([x, channels_after], dim=1)
+    without making it: norm1 and the 1x1x1 skip_connection read both in place (see `_of_skip_connection`)."""
 
     classes = (_DIFF + "DiffusionUNetResnetBlock",)
     attributes = ("norm1", "nonlinearity", "conv1", "upsample", "downsample", "time_emb_proj", "norm2", "conv2",
@@ -482,8 +491,10 @@ class _DiffusionResnetBlock:
     def reason(module) -> str | None:
         return None
 
-    def forward(self, x, emb):
-        h = _silu_after(self.norm1, x, self.nonlinearity)
+    def forward(self, x, emb, channels_after=None):
+        if channels_after is not None and (self.upsample is not None or self.downsample is not None):
+            x, channels_after = torch.cat([x, channels_after], dim=1), None
+        h = _silu_after(self.norm1, x, self.nonlinearity, channels_after)
         if self.upsample is not None:
             x, h = self.upsample(x), self.upsample(h)
         elif self.downsample is not None:
@@ -492,7 +503,17 @@ class _DiffusionResnetBlock:
         temb = self.time_emb_proj(self.nonlinearity(emb))
         h = h + temb.view(*temb.shape, *(1,) * self.spatial_dims)
         h = self.conv2(_silu_after(self.norm2, h, self.nonlinearity))
-        return self.skip_connection(x) + h
+        if channels_after is None:
+            return self.skip_connection(x) + h
+        return conv_of_concatenation(self.skip_connection, x, channels_after) + h
+
+
+def _of_skip_connection(resnet: nn.Module, x: torch.Tensor, skip: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+    """resnet(torch.cat([x, skip], dim=1), temb) for a diffusion UNet decoder's res block: a converted one reads
+    the two in place (a block with hooks, or one convert left alone, gets the concatenation)."""
+    if getattr(type(resnet), "tconv3d_adapter", None) is not _DiffusionResnetBlock or hooked(resnet):
+        return resnet(torch.cat([x, skip], dim=1), temb)
+    return resnet.forward(x, temb, channels_after=skip)
 
 
 def _attend(attention: nn.Module, x: torch.Tensor, context) -> torch.Tensor:
@@ -538,23 +559,27 @@ class _AttnMidBlock:
         return self.resnet_2(self.attention(self.resnet_1(hidden_states, temb)), temb)
 
 
-class _AttnUpBlock:
-    """The diffusion UNet's AttnUpBlock: as `_AttnDownBlock`, its attentions' outputs not made `.contiguous()`.
-    The skip connection's concatenation stays: it feeds the res block's GroupNorm as well as its shortcut."""
+class _UpBlocks:
+    """The diffusion UNet's up blocks (UpBlock, AttnUpBlock, CrossAttnUpBlock) concatenate each skip connection
+    with the activation along C, `torch.cat([hidden_states, res_hidden_states], dim=1)`, for their res block's
+    GroupNorm and 1x1x1 shortcut: the adapter hands the skip to the res block (`_of_skip_connection`), which reads
+    it in place, and AttnUpBlock's attention outputs are not made `.contiguous()` (as `_AttnDownBlock`)."""
 
-    classes = (_DIFF + "AttnUpBlock",)
-    attributes = ("resnets", "attentions", "upsampler")
+    classes = (_DIFF + "UpBlock", _DIFF + "AttnUpBlock", _DIFF + "CrossAttnUpBlock")
+    attributes = ("resnets", "upsampler")
 
     @staticmethod
     def reason(module) -> str | None:
         return None
 
     def forward(self, hidden_states, res_hidden_states_list, temb, context=None):
-        for resnet, attention in zip(self.resnets, self.attentions, strict=True):
+        attentions = getattr(self, "attentions", None) or [None] * len(self.resnets)
+        for resnet, attention in zip(self.resnets, attentions, strict=True):
             res_hidden_states = res_hidden_states_list[-1]
             res_hidden_states_list = res_hidden_states_list[:-1]
-            hidden_states = torch.cat([hidden_states, res_hidden_states], dim=1)
-            hidden_states = attention(resnet(hidden_states, temb))
+            hidden_states = _of_skip_connection(resnet, hidden_states, res_hidden_states, temb)
+            if attention is not None:
+                hidden_states = _attend(attention, hidden_states, context)
         if self.upsampler is not None:
             hidden_states = self.upsampler(hidden_states, temb)
         return hidden_states
@@ -638,5 +663,5 @@ ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _FlattensByView, _SwinTransformer,
     _SpatialAttentionBlock,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
-    _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _AttnUpBlock, _SpatialTransformer,
+    _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SpatialTransformer,
 )  # fmt: skip

@@ -161,13 +161,16 @@ def channels_after_errors(dtype, transposed: bool) -> list[float]:
     return autograd_errors(ours, reference, x, skip, w)
 
 
-def norm_errors(dtype, activation) -> list[float]:
+def norm_errors(dtype, activation, skip=False) -> list[float]:
+    """GroupNorm of 48 channels in 6 groups; with `skip`, of 44 channels and a skip connection's 4 read in place
+    (channels_after: the last group spans both sources)."""
     x = torch.randn(2, 48, 3, 5, 7, device=DEVICE).to(dtype).contiguous(memory_format=CL)
     weight, bias = torch.randn(48, device=DEVICE).to(dtype), torch.randn(48, device=DEVICE).to(dtype)
     norm = tconv3d.nn.GroupNorm(6, 48, activation=activation).to(DEVICE)
 
     def ours(x, weight, bias):
-        return torch.func.functional_call(norm, {"weight": weight, "bias": bias}, (x,))
+        sources = (x[:, :44].contiguous(memory_format=CL), x[:, 44:].contiguous(memory_format=CL)) if skip else (x,)
+        return torch.func.functional_call(norm, {"weight": weight, "bias": bias}, sources)
 
     def reference(x, weight, bias):
         y = F.group_norm(x, 6, weight, bias, norm.eps)
@@ -251,7 +254,8 @@ def families() -> dict[str, list[Problem]]:
         "channels_after": [Problem(f"{'transposed ' * t}skip", bf16, lambda t=t: channels_after_errors(bf16, t))
                            for t in (False, True)],
         "group_norm": [Problem(f"{d} {a}", d, lambda d=d, a=a: norm_errors(d, a)) for d in both
-                       for a in (None, "silu")],
+                       for a in (None, "silu")]
+        + [Problem("bf16 silu skip (channels_after)", bf16, lambda: norm_errors(bf16, "silu", skip=True))],
         "rms_norm": [Problem(f"{d} {a}{' clamp' * c}", d, lambda d=d, a=a, c=c: rms_norm_errors(d, a, c))
                      for d in both for a, c in (("none", True), ("silu", False))],
     }  # fmt: skip
