@@ -1147,6 +1147,42 @@ def test_monai_voxelmorph_reads_its_skip_connections_in_place(aten_path):
         assert rel_l2(run(converted.eval(), moving), expected) < MATCH
 
 
+def test_monai_vnet_adds_its_skip_connections_in_place(aten_path):
+    """MONAI's VNet: each up level concatenates its upsampled features with the skip connection, convolves the
+    concatenation (5x5x5) and adds it back as the residual (4 concatenations into convolutions). Converted, the
+    first convolution reads the skip in place and the residual adds each source to its own channels: no
+    concatenation into a convolution, the outputs and gradients as stock's, no more kept for the backward, no graph
+    break under torch.compile; with a hook on an up level's LUConvs it runs as MONAI does, with the same result."""
+
+    def build():  # no dropout (its two lowest-resolution up levels' is 0.5 whatever the arguments)
+        net = monai_nets().VNet(3, 1, 2, dropout_prob_down=None, dropout_prob_up=(None, 0.0))
+        for module in net.modules():
+            if isinstance(module, nn.Dropout3d):
+                module.p = 0.0
+        return net
+
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(1, 1, 16, 32, 32)  # the lowest level's batch norm over 4 voxels in training
+    with torch.no_grad():
+        expected = stock(x)
+        assert rel_l2(converted(x), expected) < MATCH
+    before = tconv3d.nn.audit(stock, x, verbose=False)
+    after = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(after)
+    assert before.totals["upstream_copies_into_convs"] == 4 and after.totals["upstream_copies_into_convs"] == 0
+    stock_bytes, ours = (saved_for_backward(model.train(), lambda m, x: m(x), x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    for model in (stock, converted):
+        model(x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+    stock.eval(), converted.eval()  # the training steps moved both networks' batch-norm statistics alike
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(converted)(x).graph_break_count == 0  # as stock: the residual traced whole
+    converted.up_tr256.ops.register_forward_hook(lambda module, args, output: None)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+
+
 def _efficientnets():
     return {
         "efficientnet_b0": lambda: monai_nets().EfficientNetBN(

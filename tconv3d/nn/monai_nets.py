@@ -172,6 +172,67 @@ class _AttentionLayer:
         return conv_of_concatenation(self.merge, att, fromlower)
 
 
+class _VNetUp:
+    """MONAI's VNet up level (UpTransition): `xcat = torch.cat((out, skipx), 1)` feeds its LUConvs' first
+    convolution and is added back as the residual, `torch.add(self.ops(xcat), xcat)`. The adapter gives the first
+    convolution `skipx` as channels_after and adds each source to its own channels of the last LUConv's output
+    (`_plus_concatenation`): the concatenation is never made. Hooks on the LUConvs, or sources of two dtypes, run
+    MONAI's forward."""
+
+    classes = ("monai.networks.nets.vnet.UpTransition",)
+    attributes = ("up_conv", "bn1", "dropout", "dropout2", "act_function1", "act_function2", "ops")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        ops = module.ops
+        if not (isinstance(ops, nn.Sequential) and len(ops) and all(hasattr(m, "conv_block") for m in ops)):
+            return "its ops are not an nn.Sequential of MONAI's LUConv"
+        return None
+
+    def forward(self, x, skipx):
+        out = self.dropout(x) if self.dropout is not None else x
+        skip = self.dropout2(skipx)
+        out = self.act_function1(self.bn1(self.up_conv(out)))
+        first = self.ops[0]
+        if hooked(self.ops) or hooked(first) or out.dtype != skip.dtype:
+            xcat = torch.cat((out, skip), 1)
+            return self.act_function2(torch.add(self.ops(xcat), xcat))
+        h = first.act_function(conv_of_concatenation(first.conv_block, out, skip))
+        for layer in self.ops[1:]:
+            h = layer(h)
+        return self.act_function2(_plus_concatenation(h, out, skip))
+
+
+class _PlusConcatenation(torch.autograd.Function):
+    """h + torch.cat([a, b], dim=1) (all of one dtype and shape but C) without the concatenation: each source added
+    to its own channels of h, into one tensor laid out as h; the gradient passes to h whole and to a and b as its
+    channel slices (views, as a concatenation's backward gives)."""
+
+    @staticmethod
+    def forward(ctx, h, a, b):
+        first = ctx.first = a.shape[1]
+        out = torch.empty_like(h)
+        torch.add(h.narrow(1, 0, first), a, out=out.narrow(1, 0, first))
+        torch.add(h.narrow(1, first, b.shape[1]), b, out=out.narrow(1, first, b.shape[1]))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        first = ctx.first
+        return grad, grad.narrow(1, 0, first), grad.narrow(1, first, grad.shape[1] - first)
+
+
+def _plus_concatenation(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h + torch.cat([a, b], dim=1), the concatenation made only where the shapes or dtypes ask for torch's
+    broadcasting or promotion, and under torch.compile (Dynamo does not trace an `out=` slice; Inductor fuses the
+    concatenation into the addition's one kernel)."""
+    whole = (a.shape[0], a.shape[1] + b.shape[1], *a.shape[2:])
+    same = h.dtype == a.dtype == b.dtype and h.shape == whole and b.shape[2:] == a.shape[2:] and len(b) == len(a)
+    if not same or torch.compiler.is_compiling():
+        return h + torch.cat([a, b], dim=1)
+    return _PlusConcatenation.apply(h, a, b)
+
+
 def _is_connection(block: nn.Module) -> bool:
     """MONAI UNet's connection block: nn.Sequential(down path, SkipConnection(subblock), up path), the skip
     concatenating along C."""
@@ -660,7 +721,7 @@ def _pads_nothing(conv) -> bool:
 
 
 ADAPTERS = (
-    _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _FlattensByView, _SwinTransformer,
+    _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
     _SpatialAttentionBlock,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SpatialTransformer,
