@@ -977,6 +977,66 @@ def _generative_autoencoders():
     }
 
 
+def seeded_runs(models, run) -> list:
+    """run(model) for each model under the same seed, without gradients: a forward that samples (a VAE's latent)
+    draws the same numbers for each."""
+    outputs = []
+    for model in models:
+        torch.manual_seed(5)
+        with torch.no_grad():
+            outputs.append(run(model))
+    return outputs
+
+
+def _spade_networks():
+    small = dict(spatial_dims=3, label_nc=3, norm_num_groups=4)
+    return {
+        "autoencoder": perturbed(
+            lambda: monai_nets().SPADEAutoencoderKL(
+                in_channels=1, out_channels=1, channels=(8, 16), latent_channels=4, num_res_blocks=(1, 1),
+                attention_levels=(False, False), **small,
+            )
+        ),
+        "diffusion_unet": perturbed(
+            lambda: monai_nets().SPADEDiffusionModelUNet(
+                in_channels=4, out_channels=4, channels=(8, 16, 16), attention_levels=(False, False, True),
+                num_res_blocks=1, num_head_channels=8, **small,
+            )
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["autoencoder", "diffusion_unet"])
+def test_monai_spade_networks_keep_channels_last(name, aten_path):
+    """MONAI's SPADE networks (semantic synthesis: each norm modulated by convolutions of the segmentation map):
+    SPADE made its norm's input `.contiguous()` (NCDHW) and each norm's convolutions took a layout copy of the
+    interpolated map (an NCDHW user input); the diffusion UNet's up blocks concatenate their skip connections for
+    the res block's SPADE norm and shortcut. Converted: the map laid out channels_last_3d once as it enters, the
+    skip connections read in place, no layout copy and no copy upstream of a convolution; outputs (sampled, for
+    the autoencoder: stock's draws under one seed), gradients as stock's, no more kept for the backward."""
+    stock, converted = stock_and_converted(_spade_networks()[name])
+    if name == "autoencoder":
+        x, seg = torch.randn(1, 1, 16, 16, 16), torch.rand(1, 3, 16, 16, 16)
+        run = lambda model, x: model(x, seg)[0]  # noqa: E731
+    else:
+        x, seg = torch.randn(2, 4, 16, 16, 16), torch.rand(2, 3, 16, 16, 16)
+        run = lambda model, x: model(x, torch.tensor([10, 500]), seg=seg)  # noqa: E731
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    assert rel_l2(*seeded_runs((converted, stock), lambda model: run(model, x))) < MATCH
+    before = tconv3d.nn.audit(stock, x, run=run, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=run, verbose=False)
+    assert_all_on_tconv3d(after, every_layer_called=False)
+    assert before.totals["layout_copies"] + before.totals["upstream_copies_into_convs"] > 0
+    assert after.totals["layout_copies"] == after.totals["upstream_copies_into_convs"] == 0, after.table()
+    assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    stock_bytes, ours = (saved_for_backward(model.train(), run, x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    for model in (stock, converted):
+        torch.manual_seed(5)
+        run(model, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
 def autoencode(model, x):
     """A MONAI AutoencoderKL's reconstruction from its latent mean (forward samples the latent)."""
     return model.decode(model.encode(x)[0])
@@ -1014,6 +1074,7 @@ def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
     assert_same_gradients(stock, converted)
     stock_bytes, ours = (saved_for_backward(model, autoencode, x) for model in (stock, converted))
     assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
+    assert rel_l2(*seeded_runs((stock, converted), lambda model: model(x)[0])) < MATCH  # sampled as stock
 
     if name == "maisi":  # a downsampler whose split convolution is left to MAISI pads as MAISI does
         kept = tconv3d.nn.convert(copy.deepcopy(stock), filter=lambda name, module: name != "encoder.blocks.2.conv")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .modules import Conv3d, ConvTranspose3d, GroupNorm, format_strides, normalize
+from .modules import Conv3d, ConvTranspose3d, GroupNorm, _laid_out_only, format_strides, normalize
 
 _CL = torch.channels_last_3d
 
@@ -364,6 +364,85 @@ _AEKL = "monai.networks.nets.autoencoderkl."
 _MAISI = "monai.apps.generation.maisi.networks.autoencoderkl_maisi."
 
 
+def _noise_in_stock_order(z: torch.Tensor) -> torch.Tensor:
+    """torch.randn_like(z) as for z in NCDHW order, laid out as z: randn_like fills memory in order, so for a
+    channels_last_3d z it gives each element another draw than for the NCDHW z of a stock model under the same
+    seed. The same numbers, generated NCDHW and laid out as z (a copy of the latent, not of an activation)."""
+    eps = torch.randn(z.shape, dtype=z.dtype, device=z.device)
+    return eps.contiguous(memory_format=_CL) if z.dim() == 5 and _laid_out_only(z, _CL) else eps
+
+
+class _Autoencoder:
+    """MONAI's AutoencoderKL and MAISI's AutoencoderKlMaisi: `sampling` draws its noise with
+    `torch.randn_like(z_sigma)`, which on the converted encoder's channels_last_3d latent gives other numbers than
+    stock under the same seed (`_noise_in_stock_order`): converted, a seeded sample is stock's."""
+
+    classes = (_AEKL + "AutoencoderKL", _MAISI + "AutoencoderKlMaisi")
+    attributes = ("encoder", "decoder", "sampling")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def sampling(self, z_mu, z_sigma):
+        return z_mu + _noise_in_stock_order(z_sigma) * z_sigma
+
+
+class _SPADEAutoencoder(_Autoencoder):
+    """MONAI's SPADEAutoencoderKL: its sampling as `_Autoencoder`'s; its decoder's SPADE norms each interpolate the
+    segmentation map (a user input, NCDHW as a rule) to their activation's size and convolve it: each such
+    convolution took a layout copy. Converted, the map is laid out channels_last_3d once as it enters the decoder
+    (a copy at the input's edge) and every interpolation of it stays so."""
+
+    classes = ("monai.networks.nets.spade_autoencoderkl.SPADEAutoencoderKL",)
+
+    def decode(self, z, seg):
+        return super().decode(z, _channels_last_input(seg))
+
+
+class _SPADEDiffusionUNet:
+    """MONAI's SPADEDiffusionModelUNet: the segmentation map laid out channels_last_3d once as it enters (see
+    `_SPADEAutoencoder`)."""
+
+    classes = ("monai.networks.nets.spade_diffusion_model_unet.SPADEDiffusionModelUNet",)
+    attributes = ("conv_in", "up_blocks")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x, timesteps, seg, *args, **kwargs):
+        return super().forward(x, timesteps, _channels_last_input(seg), *args, **kwargs)
+
+
+def _channels_last_input(x: torch.Tensor) -> torch.Tensor:
+    """A 5-D input that convolutions will read (after interpolations), laid out channels_last_3d (a copy if it is
+    not)."""
+    if isinstance(x, torch.Tensor) and x.dim() == 5 and not x.is_contiguous(memory_format=_CL):
+        return x.contiguous(memory_format=_CL)
+    return x
+
+
+class _SPADE:
+    """MONAI's SPADE norm: `self.param_free_norm(x.contiguous())`, an NCDHW copy of the channels_last_3d activation
+    into its norm (and the product after it NCDHW). Converted, the norm takes x as it is."""
+
+    classes = ("monai.networks.blocks.spade_norm.SPADE",)
+    attributes = ("param_free_norm", "mlp_shared", "mlp_gamma", "mlp_beta")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x, segmap, channels_after=None):
+        if channels_after is None:
+            normalized = self.param_free_norm(_kept_channels_last(x))
+        else:  # a converted SPADE res block's norm1 of a skip connection's concatenation
+            normalized = _silu_after(self.param_free_norm, x, lambda h: h, channels_after)
+        actv = self.mlp_shared(F.interpolate(segmap, size=x.size()[2:], mode="nearest"))
+        return normalized * (1 + self.mlp_gamma(actv)) + self.mlp_beta(actv)
+
+
 def _conv_inside(module: nn.Module) -> nn.Module | None:
     """The convolution under a chain of `.conv` attributes that call it on their whole input (MONAI's
     Convolution, MAISI's MaisiConvolution once converted), else None."""
@@ -536,15 +615,17 @@ class _MaisiUpsample:
 
 # MONAI's diffusion UNet (DiffusionModelUNet, ControlNet, and MAISI's DiffusionModelUNetMaisi, built of its blocks).
 _DIFF = "monai.networks.nets.diffusion_model_unet."
+_SPADE_DIFF = "monai.networks.nets.spade_diffusion_model_unet."
 
 
 class _DiffusionResnetBlock:
     """The diffusion UNet's DiffusionUNetResnetBlock: GroupNorm then its `nonlinearity` (SiLU), twice, with the
     timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`). Called by a converted
     up block with the skip connection as `channels_after`, it runs on torch.cat([x, channels_after], dim=1)
-    without making it: norm1 and the 1x1x1 skip_connection read both in place (see `_of_skip_connection`)."""
+    without making it: norm1 and the 1x1x1 skip_connection read both in place (see `_of_skip_connection`).
+    SPADE's UNet's SPADEDiffResBlock is the same block with SPADE norms, which take the segmentation map too."""
 
-    classes = (_DIFF + "DiffusionUNetResnetBlock",)
+    classes = (_DIFF + "DiffusionUNetResnetBlock", _SPADE_DIFF + "SPADEDiffResBlock")
     attributes = ("norm1", "nonlinearity", "conv1", "upsample", "downsample", "time_emb_proj", "norm2", "conv2",
                   "skip_connection", "spatial_dims")  # fmt: skip
 
@@ -552,10 +633,10 @@ class _DiffusionResnetBlock:
     def reason(module) -> str | None:
         return None
 
-    def forward(self, x, emb, channels_after=None):
+    def forward(self, x, emb, *seg, channels_after=None):
         if channels_after is not None and (self.upsample is not None or self.downsample is not None):
             x, channels_after = torch.cat([x, channels_after], dim=1), None
-        h = _silu_after(self.norm1, x, self.nonlinearity, channels_after)
+        h = _normalized(self.norm1, x, seg, self.nonlinearity, channels_after)
         if self.upsample is not None:
             x, h = self.upsample(x), self.upsample(h)
         elif self.downsample is not None:
@@ -563,18 +644,30 @@ class _DiffusionResnetBlock:
         h = self.conv1(h)
         temb = self.time_emb_proj(self.nonlinearity(emb))
         h = h + temb.view(*temb.shape, *(1,) * self.spatial_dims)
-        h = self.conv2(_silu_after(self.norm2, h, self.nonlinearity))
+        h = self.conv2(_normalized(self.norm2, h, seg, self.nonlinearity))
         if channels_after is None:
             return self.skip_connection(x) + h
         return conv_of_concatenation(self.skip_connection, x, channels_after) + h
 
 
-def _of_skip_connection(resnet: nn.Module, x: torch.Tensor, skip: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-    """resnet(torch.cat([x, skip], dim=1), temb) for a diffusion UNet decoder's res block: a converted one reads
-    the two in place (a block with hooks, or one convert left alone, gets the concatenation)."""
+def _normalized(norm: nn.Module, x: torch.Tensor, seg: tuple, silu, channels_after=None) -> torch.Tensor:
+    """silu(norm(x)) of a diffusion res block (`_silu_after`), or, with a segmentation map (`seg` holds it), of its
+    SPADE norm: silu(norm(x, seg)), x with channels_after read in place by SPADE's converted norm."""
+    if not seg:
+        return _silu_after(norm, x, silu, channels_after)
+    if channels_after is None:
+        return silu(norm(x, *seg))
+    if getattr(type(norm), "tconv3d_adapter", None) is _SPADE and not hooked(norm):
+        return silu(norm.forward(x, *seg, channels_after=channels_after))
+    return silu(norm(torch.cat([x, channels_after], dim=1), *seg))
+
+
+def _of_skip_connection(resnet: nn.Module, x: torch.Tensor, skip: torch.Tensor, temb, *seg) -> torch.Tensor:
+    """resnet(torch.cat([x, skip], dim=1), temb[, seg]) for a diffusion UNet decoder's res block: a converted one
+    reads the two in place (a block with hooks, or one convert left alone, gets the concatenation)."""
     if getattr(type(resnet), "tconv3d_adapter", None) is not _DiffusionResnetBlock or hooked(resnet):
-        return resnet(torch.cat([x, skip], dim=1), temb)
-    return resnet.forward(x, temb, channels_after=skip)
+        return resnet(torch.cat([x, skip], dim=1), temb, *seg)
+    return resnet.forward(x, temb, *seg, channels_after=skip)
 
 
 def _attend(attention: nn.Module, x: torch.Tensor, context) -> torch.Tensor:
@@ -621,10 +714,11 @@ class _AttnMidBlock:
 
 
 class _UpBlocks:
-    """The diffusion UNet's up blocks (UpBlock, AttnUpBlock, CrossAttnUpBlock) concatenate each skip connection
-    with the activation along C, `torch.cat([hidden_states, res_hidden_states], dim=1)`, for their res block's
-    GroupNorm and 1x1x1 shortcut: the adapter hands the skip to the res block (`_of_skip_connection`), which reads
-    it in place, and AttnUpBlock's attention outputs are not made `.contiguous()` (as `_AttnDownBlock`)."""
+    """The diffusion UNet's up blocks (UpBlock, AttnUpBlock, CrossAttnUpBlock, and SPADE's UNet's, which pass the
+    segmentation map to their res blocks) concatenate each skip connection with the activation along C,
+    `torch.cat([hidden_states, res_hidden_states], dim=1)`, for their res block's GroupNorm and 1x1x1 shortcut: the
+    adapter hands the skip to the res block (`_of_skip_connection`), which reads it in place, and the attention
+    blocks' outputs are not made `.contiguous()` (as `_AttnDownBlock`)."""
 
     classes = (_DIFF + "UpBlock", _DIFF + "AttnUpBlock", _DIFF + "CrossAttnUpBlock")
     attributes = ("resnets", "upsampler")
@@ -634,16 +728,29 @@ class _UpBlocks:
         return None
 
     def forward(self, hidden_states, res_hidden_states_list, temb, context=None):
-        attentions = getattr(self, "attentions", None) or [None] * len(self.resnets)
-        for resnet, attention in zip(self.resnets, attentions, strict=True):
-            res_hidden_states = res_hidden_states_list[-1]
-            res_hidden_states_list = res_hidden_states_list[:-1]
-            hidden_states = _of_skip_connection(resnet, hidden_states, res_hidden_states, temb)
-            if attention is not None:
-                hidden_states = _attend(attention, hidden_states, context)
-        if self.upsampler is not None:
-            hidden_states = self.upsampler(hidden_states, temb)
-        return hidden_states
+        return _up_block(self, hidden_states, res_hidden_states_list, temb, context, ())
+
+
+class _SPADEUpBlocks(_UpBlocks):
+    """SPADE's UNet's up blocks: `_UpBlocks` with the segmentation map."""
+
+    classes = (_SPADE_DIFF + "SPADEUpBlock", _SPADE_DIFF + "SPADEAttnUpBlock", _SPADE_DIFF + "SPADECrossAttnUpBlock")
+
+    def forward(self, hidden_states, res_hidden_states_list, temb, seg=None, context=None):
+        return _up_block(self, hidden_states, res_hidden_states_list, temb, context, (seg,))
+
+
+def _up_block(block, hidden_states, res_hidden_states_list, temb, context, seg: tuple):
+    attentions = getattr(block, "attentions", None) or [None] * len(block.resnets)
+    for resnet, attention in zip(block.resnets, attentions, strict=True):
+        res_hidden_states = res_hidden_states_list[-1]
+        res_hidden_states_list = res_hidden_states_list[:-1]
+        hidden_states = _of_skip_connection(resnet, hidden_states, res_hidden_states, temb, *seg)
+        if attention is not None:
+            hidden_states = _attend(attention, hidden_states, context)
+    if block.upsampler is not None:
+        hidden_states = block.upsampler(hidden_states, temb)
+    return hidden_states
 
 
 class _SpatialTransformer:
@@ -672,14 +779,16 @@ class _SpatialTransformer:
 
 def fuse_res_block_norms(model: nn.Module) -> None:
     """The SiLU after each norm of a converted AEKLResBlock, MaisiResBlock or DiffusionUNetResnetBlock, into the
-    norm's pass."""
+    norm's pass (not SPADE's: its modulation comes between)."""
     for block in model.modules():
         if getattr(type(block), "tconv3d_adapter", None) not in (_ResBlock, _MaisiResBlock, _DiffusionResnetBlock):
             continue
         if type(getattr(block, "nonlinearity", nn.SiLU())) is not nn.SiLU:
             continue
         norms = (block.norm1, block.norm2)
-        if all(isinstance(n, GroupNorm) or hasattr(type(n), "tconv3d_adapter") for n in norms):
+        if all(
+            isinstance(n, GroupNorm) or getattr(type(n), "tconv3d_adapter", None) is _MaisiGroupNorm3D for n in norms
+        ):
             for norm in norms:
                 norm.activation = "silu"
 
@@ -723,6 +832,7 @@ def _pads_nothing(conv) -> bool:
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
     _SpatialAttentionBlock,
+    _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
-    _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SpatialTransformer,
+    _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
 )  # fmt: skip
