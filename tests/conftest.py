@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 import pytest
 
 import tconv3d  # noqa: F401  (registers torch.ops.tconv3d)
+from tconv3d import settings
 from tconv3d.kernels.config import KernelConfig
 from tconv3d.tune import choice, configs
 
@@ -112,6 +113,7 @@ def _overflow_checks(request):
 LONGEST_FIRST = (
     "test_static_compile.py",
     "test_integrations.py",
+    "test_monai.py",
     "test_tma.py",
     "test_gluon_emulated.py",
     "test_hopper_main_loops.py",
@@ -145,6 +147,13 @@ def _seed_and_precision():
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def aten_path(monkeypatch):
+    """CPU tensors through aten inside the ops (fast): what a converted model does on a machine without a GPU (the
+    real-model tests')."""
+    monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
 
 
 SMALL_TILES = KernelConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, group_m=2, split_k=3)
