@@ -87,8 +87,10 @@ MONAI_SKIP_CONCATS = {
 }
 
 
-@pytest.mark.parametrize("name", MONAI_NETS)
+@pytest.mark.parametrize("name", [name for name in MONAI_NETS if name != "swin_unetr"])
 def test_monai_unets(name, aten_path):
+    """Outputs, every convolution on tconv3d, and gradients against stock. SwinUNETR's v2 stands for both (its
+    blocks are v1's, with a residual block in front of each stage; v1 is in the other tests: 30 s of CI here)."""
     stock, converted = stock_and_converted(_monai_nets()[name])
     x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
     with torch.no_grad():
