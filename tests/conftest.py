@@ -106,25 +106,19 @@ def _overflow_checks(request):
     builder.options = saved
 
 
-# The test files that take longest through the interpreter and the sm_90 compiler, longest first (CPU seconds on
-# 2 cores, 2026-11-29: 578, 303, 196, 164, 155, 108, 100, 66, 51, 50, 50, 43; the whole suite 2174): pytest-xdist
-# hands whole files to workers (--dist loadfile), two to each at the start, then one to whichever is free, and a
-# long file handed out last ends the run on one worker while the others wait (test_small_channels.py, in the
-# alphabetical rest, did; the static compile tests, last by xdist's own order of files by test count, held one
-# worker for their last 5 minutes).
+# The test files that take longest through the interpreter and the sm_90 compiler, run first: pytest-xdist hands
+# whole files to workers (--dist loadfile), two to each at the start (the 1st and 3rd here to one, the 2nd and 4th
+# to the other), then one to whichever is free, and a long file handed out last ends the run on one worker while
+# the other waits (the static compile tests, last by xdist's own order of files by test count, held one worker for
+# their last 5 minutes). The two real-models files go to one worker, as the one file they were: ordered by warm-
+# cache CPU seconds instead (integrations, monai, static compile, ...), CI's cold run took 20m13s against 18m34s.
 LONGEST_FIRST = (
-    "test_integrations.py",
-    "test_monai.py",
     "test_static_compile.py",
-    "test_small_channels.py",
+    "test_integrations.py",
     "test_tma.py",
-    "test_fuzz.py",
+    "test_monai.py",
     "test_gluon_emulated.py",
-    "test_scale.py",
-    "test_gpu_scripts.py",
-    "test_backward.py",
-    "test_channels_after.py",
-    "test_gluon.py",
+    "test_hopper_main_loops.py",
 )
 
 
