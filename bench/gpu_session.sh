@@ -16,7 +16,7 @@
 #   reliability  memcheck, a >2**31-element tensor, the UNet training run
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
-#             replay, tests/test_integrations.py and test_monai.py on CUDA
+#             replay, tests/test_integrations.py on CUDA
 #   profile   Nsight Compute (ncu, NCU_ARGS: --set detailed) over one launch of each variant row PROFILE_ARGS names
 #             (bench.variants --launch-only): what bounds a kernel, where a timing cannot say
 #   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
@@ -282,7 +282,7 @@ run_stage() {
         --json "$OUT/vae_$model.json" 2>&1 | tee -a "$OUT/models.log"
     done
     if [ "${MODEL_TESTS:-1}" != 0 ]; then
-      timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py tests/test_monai.py -q \
+      timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
     ;;

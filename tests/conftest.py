@@ -106,17 +106,15 @@ def _overflow_checks(request):
     builder.options = saved
 
 
-# The test files that take longest through the interpreter and the sm_90 compiler, run first: pytest-xdist hands
-# whole files to workers (--dist loadfile), two to each at the start (the 1st and 3rd here to one, the 2nd and 4th
-# to the other), then one to whichever is free, and a long file handed out last ends the run on one worker while
-# the other waits (the static compile tests, last by xdist's own order of files by test count, held one worker for
-# their last 5 minutes). The two real-models files go to one worker, as the one file they were: ordered by warm-
-# cache CPU seconds instead (integrations, monai, static compile, ...), CI's cold run took 20m13s against 18m34s.
+# The test files that take longest through the interpreter and the sm_90 compiler (2 CPU cores, 2026-11-27), run
+# first: pytest-xdist hands whole files to workers (--dist loadfile), and a long file handed out last ends the run
+# on one worker while the others wait (the static compile tests, last by xdist's own order of files by test count,
+# held one worker for their last 5 minutes). The real-models tests stay one file: split in two (2026-11-29), every
+# order tried left a worker idle and CI's main run took 19-23 minutes against 18m34s.
 LONGEST_FIRST = (
     "test_static_compile.py",
     "test_integrations.py",
     "test_tma.py",
-    "test_monai.py",
     "test_gluon_emulated.py",
     "test_hopper_main_loops.py",
 )

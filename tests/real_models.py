@@ -1,6 +1,6 @@
-"""What the real-model tests share (tests/test_integrations.py: diffusers' video models; tests/test_monai.py:
-MONAI's networks): building a stock model and its converted copy, the checks that every convolution runs on tconv3d
-and that gradients agree, and what a training step keeps (conftest's `aten_path` runs them with aten inside the ops)."""
+"""What the real-model tests (tests/test_integrations.py: diffusers' video models and MONAI's networks) share:
+building a stock model and its converted copy, the checks that every convolution runs on tconv3d and that
+gradients agree, and what a training step keeps (conftest's `aten_path` runs them with aten inside the ops)."""
 
 import copy
 
