@@ -1024,10 +1024,13 @@ def _monai_nets():
         "unetr": transformer(
             lambda: nets.UNETR(1, 2, (32, 32, 32), feature_size=4, hidden_size=48, mlp_dim=96, num_heads=4)
         ),
-        "swin_unetr": transformer(lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12)),
+        # one Swin block a stage (MONAI's default: two, the second's window shifted; neither holds a convolution)
+        "swin_unetr": transformer(
+            lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, depths=(1, 1, 1, 1))
+        ),
         # a residual conv block in front of each Swin stage, whose input MONAI made NCDHW (the adapter: as it is)
         "swin_unetr_v2": transformer(
-            lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, use_v2=True)
+            lambda: nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, depths=(1, 1, 1, 1), use_v2=True)
         ),
         "basic_unet": lambda: nets.BasicUNet(3, 1, 2, features=(4, 4, 8, 8, 16, 4)),
     }
