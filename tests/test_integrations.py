@@ -764,6 +764,84 @@ def test_diffusers_frame_models_temporal_convs_on_tconv3d(name, aten_path):
     assert_same_gradients(stock, converted)
 
 
+def _video_transformers():
+    """diffusers' video diffusion transformers, whose one convolution is a Conv3d patch embedding (kernel = stride)
+    of the latent: Wan's (Wan 2.x, SkyReels-V2, ChronoEdit alike) and HunyuanVideo's. Each: build, run(model, x),
+    the latent's shape, the patch embedding's name."""
+    context, pooled, t = (
+        torch.linspace(-1, 1, 80).view(1, 5, 16),
+        torch.linspace(-1, 1, 8).view(1, 8),
+        torch.tensor([10]),
+    )
+    return {
+        "wan": (
+            lambda: diffusers.WanTransformer3DModel(
+                patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                text_dim=16, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32,
+            ),
+            lambda m, x: m(x, t, context).sample,
+            (1, 4, 3, 8, 12),
+            "patch_embedding",
+        ),
+        "hunyuan_video": (
+            lambda: diffusers.HunyuanVideoTransformer3DModel(
+                in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                num_single_layers=1, num_refiner_layers=1, patch_size=2, guidance_embeds=False, text_embed_dim=16,
+                pooled_projection_dim=8, rope_axes_dim=(4, 6, 6),
+            ),
+            lambda m, x: m(x, t, context, torch.ones(1, 5, dtype=torch.bool), pooled).sample,
+            (1, 4, 3, 8, 12),
+            "x_embedder.proj",
+        ),
+    }  # fmt: skip
+
+
+def copied_bytes(model, run, x) -> int:
+    """The bytes run(model, x) writes by copying tensors (clone, copy_, contiguous) outside tconv3d's ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        written = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default):
+                Copies.written += out.numel() * out.element_size()
+            return out
+
+    with torch.no_grad(), Copies():
+        run(model, x)
+    return Copies.written
+
+
+@pytest.mark.parametrize("name", ["wan", "hunyuan_video"])
+def test_video_transformers_patch_embeddings_on_tconv3d(name, aten_path):
+    """A converted video transformer's patch embedding runs on tconv3d and writes its tokens channels_last_3d: the
+    (B, C, T, H, W) -> (B, T H W, C) flatten and transpose that follows is then contiguous as it is. Wan's
+    `.contiguous()` of it, a copy of every token (at 720p, 81 frames, 14B: 0.8 GB in bf16), copies nothing; the
+    latent's layout copy into the convolution (16 channels where the tokens have 1,536 to 5,120) is what it costs.
+    Outputs and parameter gradients as stock's."""
+    build, run, shape, embedding = _video_transformers()[name]
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert rel_l2(run(converted, x), run(stock, x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, run=run, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert [layer.name for layer in report.layers] == [embedding]
+    tokens = []
+    converted.get_submodule(embedding).register_forward_hook(lambda m, args, out: tokens.append(out))
+    with torch.no_grad():
+        run(converted, x)
+    assert tokens[0].flatten(2).transpose(1, 2).is_contiguous()
+    assert report.totals["layout_copies"] == 1  # the latent's, inside the op
+    if name == "wan":
+        assert copied_bytes(converted, run, x) == copied_bytes(stock, run, x) - tokens[0].numel() * 4
+    for model in (stock, converted):
+        run(model, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
 @pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (2, 1, 1)])
 def test_ltx_depth_to_space_writes_channels_last(stride):
     """LTX-Video's upsampler shuffle, done into a channels_last_3d result, equals diffusers' permute + flatten."""
