@@ -52,6 +52,19 @@ def assert_same_gradients(stock, converted):
         assert (ours - theirs).norm() <= MATCH * theirs.norm() + 1e-6 * scale, key
 
 
+def explained_without_new_graph_breaks(run, stock, converted, *args):
+    """torch._dynamo.explain of run(converted, *args), which breaks its graph no more often than run(stock, *args).
+    A converted model traced whole breaks no more than any model, so the stock one is traced only where the
+    converted one breaks (Dynamo's time on it was half of such a test's)."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda *a: run(converted, *a))(*args)
+    if explained.graph_break_count:
+        torch._dynamo.reset()
+        stock_breaks = torch._dynamo.explain(lambda *a: run(stock, *a))(*args).graph_break_count
+        assert explained.graph_break_count <= stock_breaks, (explained.graph_break_count, stock_breaks)
+    return explained
+
+
 def perturbed(build):
     """build, its all-zero parameters (a diffusion UNet's zero-initialised output convolutions) drawn at random:
     else the output is zeros, which says nothing."""

@@ -21,6 +21,7 @@ from real_models import (
     MATCH,
     assert_all_on_tconv3d,
     assert_same_gradients,
+    explained_without_new_graph_breaks,
     perturbed,
     saved_for_backward,
     stock_and_converted,
@@ -141,12 +142,7 @@ def test_state_dicts_load_both_ways(name, aten_path):
 def test_compile_adds_no_graph_breaks(name, aten_path):
     stock, converted = stock_and_converted(VAES[name])
     z = torch.randn(1, LATENT_CHANNELS[name], 2, 4, 4)
-    decode = lambda model: lambda z: model.decode(z).sample  # noqa: E731
-    torch._dynamo.reset()
-    stock_breaks = torch._dynamo.explain(decode(stock))(z).graph_break_count
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(decode(converted))(z)
-    assert explained.graph_break_count <= stock_breaks
+    explained = explained_without_new_graph_breaks(lambda model, z: model.decode(z).sample, stock, converted, z)
     assert any("tconv3d.conv3d" in str(node.target) for g in explained.graphs for node in g.graph.nodes)
 
 
@@ -679,12 +675,7 @@ def test_more_vaes_compile_without_new_graph_breaks(name, aten_path):
         "allegro": (allegro, allegro_run, torch.randn(1, 3, 8, 16, 16)),
     }[name]
     stock, converted = stock_and_converted(build)
-    breaks = []
-    for model in (stock, converted):
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(functools.partial(run, model.eval()))(x)
-        breaks.append(explained.graph_break_count)
-    assert breaks[1] <= breaks[0]
+    explained = explained_without_new_graph_breaks(run, stock, converted, x)
     assert any("tconv3d.conv3d" in str(node.target) for g in explained.graphs for node in g.graph.nodes)
 
 
@@ -1188,11 +1179,7 @@ def test_monai_compile_adds_no_graph_breaks(name, aten_path):
     matches eager: outputs and parameter gradients."""
     stock, converted = stock_and_converted(_monai_nets()[name])
     x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
-    torch._dynamo.reset()
-    stock_breaks = torch._dynamo.explain(stock)(x).graph_break_count
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(converted)(x)
-    assert explained.graph_break_count <= stock_breaks
+    explained = explained_without_new_graph_breaks(lambda model, x: model(x), stock, converted, x)
     # with the ops of subgraphs too (a checkpointed region is one: CheckpointUNet's levels)
     graphs = [m for g in explained.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)]
     targets = {str(node.target) for g in graphs for node in g.graph.nodes}
@@ -1445,12 +1432,7 @@ def test_monai_diffusion_unet_compiles_without_new_graph_breaks(aten_path):
     networks against eager: test_monai_compile_adds_no_graph_breaks)."""
     stock, converted = stock_and_converted(_diffusion_unets()["cross_attention"])
     x = torch.randn(2, 4, 16, 16, 16)
-    breaks = []
-    for model in (stock, converted):
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(functools.partial(denoise, model))(x)
-        breaks.append(explained.graph_break_count)
-    assert breaks[1] <= breaks[0]
+    explained = explained_without_new_graph_breaks(denoise, stock, converted, x)
     targets = {str(node.target) for g in explained.graphs for node in g.graph.nodes}
     assert any("tconv3d.conv3d" in t for t in targets), targets
 
