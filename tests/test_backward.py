@@ -124,6 +124,21 @@ def test_gpu_heuristic_tiles(gpu_heuristic_tiles, dtype, device):
 
 
 @pytest.mark.parametrize("tiles", ["chosen", "gpu_heuristic_tiles"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_patch_embedding_matches_float64(dtype, tiles, device, request):
+    """A video transformer's patch embedding (Wan's, HunyuanVideo's: kernel = stride = (1, 2, 2), 16 latent channels,
+    no padding; every input voxel read by exactly one tap) on an NCDHW latent, as the interpreter's and an H100's
+    tiles launch it: the output and the three gradients against float64."""
+    if tiles != "chosen":
+        request.getfixturevalue(tiles)
+    case = Case("patch_embedding", 1, 16, 40, (3, 8, 12), (1, 2, 2), stride=(1, 2, 2), padding=0)
+    ours, expected = conv_and_reference(case, dtype, device, memory_format=torch.contiguous_format)
+    for name, a, e in zip(("output", "input grad", "weight grad", "bias grad"), ours, expected, strict=True):
+        assert a.shape == e.shape, name
+        assert rel_l2(a, e) < TOLERANCE[dtype], name
+
+
+@pytest.mark.parametrize("tiles", ["chosen", "gpu_heuristic_tiles"])
 def test_empty_batch_gradients(tiles, device, request):
     """An empty batch leaves the weight gradient nothing to reduce; the H100 heuristic once divided by it."""
     if tiles != "chosen":
