@@ -41,6 +41,12 @@ def saved_for_backward(model, run, x) -> int:
     return sum(storages.values())
 
 
+def assert_keeps_no_more_than_stock(stock, converted, run, x):
+    """Leaner: for run(model, x)'s backward, the converted model keeps no more than the stock one (and something)."""
+    stock_bytes, ours = (saved_for_backward(model, run, x) for model in (stock, converted))
+    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+
+
 def assert_same_gradients(stock, converted):
     """Parameter gradients agree; those a normalisation makes zero in exact arithmetic (a bias right before it)
     are fp32 noise on both sides, so each may also differ by a few fp32 ulps of the whole gradient's norm."""

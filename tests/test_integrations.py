@@ -20,10 +20,10 @@ import torch
 from real_models import (
     MATCH,
     assert_all_on_tconv3d,
+    assert_keeps_no_more_than_stock,
     assert_same_gradients,
     explained_without_new_graph_breaks,
     perturbed,
-    saved_for_backward,
     stock_and_converted,
 )  # fmt: skip
 from torch import nn
@@ -110,8 +110,7 @@ def test_vae_training_keeps_no_more_than_stock(name, aten_path):
     intermediates)."""
     stock, converted = stock_and_converted(VAES[name])
     x = torch.randn(1, 3, 9, 16, 16)
-    stock_bytes, ours = (saved_for_backward(model.train(), encode_decode, x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), encode_decode, x)
 
 
 @pytest.mark.parametrize("name", VAES)
@@ -642,8 +641,7 @@ def test_more_vaes_training_keep_no_more_than_stock(name, aten_path):
     stock, converted = stock_and_converted(build)
     x = torch.randn(*shape)
     train = name != "allegro"
-    stock_bytes, ours = (saved_for_backward(model.train(train), run, x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    assert_keeps_no_more_than_stock(stock.train(train), converted.train(train), run, x)
 
 
 @pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
@@ -815,16 +813,15 @@ def test_video_transformers_patch_embeddings_on_tconv3d(name, aten_path):
     build, run, shape, embedding = _video_transformers()[name]
     stock, converted = stock_and_converted(build)
     x = torch.randn(shape)
+    tokens = []
+    hook = converted.get_submodule(embedding).register_forward_hook(lambda m, args, out: tokens.append(out))
     with torch.no_grad():
         assert rel_l2(run(converted, x), run(stock, x)) < MATCH
+    hook.remove()
+    assert tokens[0].flatten(2).transpose(1, 2).is_contiguous()
     report = tconv3d.nn.audit(converted, x, run=run, verbose=False)
     assert_all_on_tconv3d(report)
     assert [layer.name for layer in report.layers] == [embedding]
-    tokens = []
-    converted.get_submodule(embedding).register_forward_hook(lambda m, args, out: tokens.append(out))
-    with torch.no_grad():
-        run(converted, x)
-    assert tokens[0].flatten(2).transpose(1, 2).is_contiguous()
     assert report.totals["layout_copies"] == 1  # the latent's, inside the op
     if name == "wan":
         assert copied_bytes(converted, run, x) == copied_bytes(stock, run, x) - tokens[0].numel() * 4
@@ -1168,8 +1165,7 @@ def test_monai_training_keeps_no_more_than_stock(name, aten_path):
     """Leaner: a converted MONAI network keeps no more for its backward than stock's autograd does."""
     stock, converted = stock_and_converted(_monai_nets()[name])
     x = torch.randn(1, 1, *(MONAI_NETS[name],) * 3)
-    stock_bytes, ours = (saved_for_backward(model.train(), lambda m, x: m(x), x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: m(x), x)
 
 
 @pytest.mark.parametrize("name", ["unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet"])
@@ -1291,8 +1287,7 @@ def test_monai_spade_networks_keep_channels_last(name, aten_path):
     assert before.totals["layout_copies"] + before.totals["upstream_copies_into_convs"] > 0
     assert after.totals["layout_copies"] == after.totals["upstream_copies_into_convs"] == 0, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
-    stock_bytes, ours = (saved_for_backward(model.train(), run, x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), run, x)
     for model in (stock, converted):
         torch.manual_seed(5)
         run(model, x).square().mean().backward()
@@ -1334,8 +1329,7 @@ def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
     for model in (stock, converted):
         autoencode(model.train(), x).square().mean().backward()
     assert_same_gradients(stock, converted)
-    stock_bytes, ours = (saved_for_backward(model, autoencode, x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
+    assert_keeps_no_more_than_stock(stock, converted, autoencode, x)
     assert rel_l2(*seeded_runs((stock, converted), lambda model: model(x)[0])) < MATCH  # sampled as stock
 
     if name == "maisi":  # a downsampler whose split convolution is left to MAISI pads as MAISI does
@@ -1422,8 +1416,7 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     for model in (stock, converted):
         denoise(model.train(), x).square().mean().backward()
     assert_same_gradients(stock, converted)
-    stock_bytes, ours = (saved_for_backward(model, denoise, x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)  # leaner
+    assert_keeps_no_more_than_stock(stock, converted, denoise, x)
 
 
 def test_monai_diffusion_unet_compiles_without_new_graph_breaks(aten_path):
@@ -1489,8 +1482,7 @@ def test_monai_vnet_adds_its_skip_connections_in_place(aten_path):
     after = tconv3d.nn.audit(converted, x, verbose=False)
     assert_all_on_tconv3d(after)
     assert before.totals["upstream_copies_into_convs"] == 4 and after.totals["upstream_copies_into_convs"] == 0
-    stock_bytes, ours = (saved_for_backward(model.train(), lambda m, x: m(x), x) for model in (stock, converted))
-    assert 0 < ours <= stock_bytes, (ours, stock_bytes)
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: m(x), x)
     for model in (stock, converted):
         model(x).square().mean().backward()
     assert_same_gradients(stock, converted)
