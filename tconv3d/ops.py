@@ -31,6 +31,7 @@ import warnings
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.autograd import forward_ad
 
 from . import plans, settings
 from .geometry import (
@@ -114,14 +115,16 @@ _function_apply = torch._C._FunctionBase.__dict__["apply"]
 _is_functorch_wrapper = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _register_autograd(name: str, implementation, backward, setup_context):
+def _register_autograd(name: str, implementation, backward, setup_context, jvp):
     """Register the op's autograd kernel and return its eager caller (see `_intercepted`), which takes the
     schema's arguments positionally (trailing ones with defaults may be left out).
 
-    The kernel: below autograd, the op itself; with a gradient to record, a Function whose forward runs the op
-    below autograd and calls setup_context(ctx, inputs, output), and whose backward is `backward` (which may call
-    the ops again, so double backward works). The eager caller runs the same Function, or the implementation,
-    directly."""
+    The kernel: below autograd, the op itself; with a gradient to record or a tangent to carry (forward-mode AD:
+    torch.func.jvp, torch.autograd.forward_ad), a Function whose forward runs the op below autograd, whose
+    setup_context is `setup_context` (a separate staticmethod, as torch.func's transforms require), whose backward
+    is `backward` (which may call the ops again, so double backward works) and whose jvp is `jvp(inputs, tangents)`
+    (the output's tangent from the call's inputs and their tangents, None where an input has none, by the ops
+    again). The eager caller runs the same Function, or the implementation, directly."""
     op = getattr(torch.ops.tconv3d, name).default
 
     def below_autograd(*inputs):
@@ -131,16 +134,32 @@ def _register_autograd(name: str, implementation, backward, setup_context):
     def function(run):
         class Function(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, *inputs):
-                output = run(*inputs)
+            def forward(*inputs):
+                return run(*inputs)
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
                 setup_context(ctx, inputs, output)
-                return output
+                if forward_ad._current_level >= 0:  # a tangent may be asked for, right after this
+                    ctx.jvp_inputs = tuple(_primal(value) for value in inputs)
+
+            @staticmethod
+            def jvp(ctx, *tangents):
+                inputs = ctx.jvp_inputs
+                del ctx.jvp_inputs  # the call's inputs, held only until its tangent is made
+                return jvp(inputs, (*tangents, *(None,) * (len(inputs) - len(tangents))))
 
         Function.backward = staticmethod(backward)
         Function.__name__ = Function.__qualname__ = f"{name}_autograd"
         return Function
 
-    dispatched = function(below_autograd)
+    # Under torch.func's transforms (grad, jvp, vjp, jacrev, vmap of those) the eager caller runs the Function's
+    # own apply, which hands it to the transforms (their custom_function_call runs forward, setup_context, backward
+    # and jvp one level down; generate_vmap_rule batches them by running them under vmap, the op's batching the
+    # dispatcher's fallback, a loop). The autograd kernel cannot: the transforms have unwrapped its inputs already.
+    transformed = function(below_autograd)
+    transformed.generate_vmap_rule = True
+    dispatched = _function_apply.__get__(None, transformed)
     disabled = _dynamo_disabled(implementation)
 
     def run_direct(*inputs):
@@ -152,7 +171,14 @@ def _register_autograd(name: str, implementation, backward, setup_context):
         return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
     def autograd_kernel(*inputs):
-        return dispatched.apply(*inputs) if records_grad(inputs) else below_autograd(*inputs)
+        if records_grad(inputs) or _has_tangent(inputs):
+            if torch._C._functorch.peek_interpreter_stack() is not None:
+                raise RuntimeError(
+                    f"torch.ops.tconv3d.{name} was called directly under a torch.func transform, which reaches "
+                    "its autograd only through tconv3d's callers: use tconv3d.functional or tconv3d.nn"
+                )
+            return dispatched(*inputs)
+        return below_autograd(*inputs)
 
     _lib.impl(name, autograd_kernel, "Autograd")
     tensor_positions = [i for i, argument in enumerate(op._schema.arguments) if _is_tensor_type(argument.type)]
@@ -165,14 +191,36 @@ def _register_autograd(name: str, implementation, backward, setup_context):
             t = inputs[i] if i < len(inputs) else None
             if t is not None:
                 # A subclass (DTensor, FakeTensor...) has its own dispatch; a functorch wrapper its transform's.
-                if type(t) not in PLAIN_TENSORS or _is_functorch_wrapper(t):
+                if _is_functorch_wrapper(t):
+                    return transformed.apply(*inputs)
+                if type(t) not in PLAIN_TENSORS:
                     return op(*inputs)
                 records = records or t.requires_grad
         if _intercepted():
             return op(*inputs)
-        return apply_direct(*inputs) if records and torch.is_grad_enabled() else run_direct(*inputs)
+        if (records and torch.is_grad_enabled()) or _has_tangent(inputs):
+            return apply_direct(*inputs)
+        return run_direct(*inputs)
 
     return eager
+
+
+def _has_tangent(inputs) -> bool:
+    """Whether forward-mode AD is on (a dual level entered: torch.autograd.forward_ad, or torch.func.jvp's) and one
+    of `inputs` carries a tangent at its level: then the op's tangent is computed by its jvp (by the kernels: they
+    see only primals). One attribute read otherwise."""
+    if forward_ad._current_level < 0:
+        return False
+    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in inputs)
+
+
+def _primal(value):
+    """A dual tensor's primal (a view of it without the tangent), anything else (a torch.func transform's wrapper
+    among them: the transform passes its jvp the primals) as it is."""
+    if not isinstance(value, torch.Tensor) or _is_functorch_wrapper(value):
+        return value
+    primal, tangent = forward_ad.unpack_dual(value)
+    return value if tangent is None else primal
 
 
 def _is_tensor_type(schema_type) -> bool:
@@ -342,9 +390,9 @@ def in_strides_of(grad: torch.Tensor, stride) -> torch.Tensor:
     FSDP's reduce-scatter take it as it is, where a gradient whose strides differ even only in a size-1 dim (a
     1x1x1 channels_last_3d weight's) is copied every step, with a warning from DDP. In the same memory order
     (the channels_last_3d weight tconv3d.nn keeps) this is a view; in another (a contiguous weight, as sharded
-    models keep) one copy."""
+    models keep) one copy. Under torch.func's vmap (per-sample gradients) the gradient is returned as it is."""
     stride = tuple(stride)
-    if grad.stride() == stride:
+    if grad.stride() == stride or _is_functorch_wrapper(grad):
         return grad
     if all(have == want for size, have, want in zip(grad.shape, grad.stride(), stride, strict=True) if size > 1):
         return grad.as_strided(grad.shape, stride)
@@ -465,7 +513,50 @@ def _summed_bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
     return grad_output.sum(dim=(0, 2, 3, 4), dtype=torch.float32).to(dtype)
 
 
-call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context)
+def _or_zeros(tangent, primal):
+    """An input's tangent for a jvp's term that needs one where the input has none: zeros like its primal (None
+    where the input is None too)."""
+    return tangent if tangent is not None or primal is None else torch.zeros_like(primal)
+
+
+def _ndhwc_tangent(tangent):
+    """A norm's tangent channels_last_3d, as its output (under torch.func's vmap, jacfwd's, as it is)."""
+    return tangent if _is_functorch_wrapper(tangent) else tangent.contiguous(memory_format=torch.channels_last_3d)
+
+
+def _summed(terms):
+    """The sum of a jvp's terms (one or two, each a call of the op)."""
+    terms = [term for term in terms if term is not None]
+    return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
+def _conv3d_jvp(inputs, tangents):
+    # conv3d is linear in its input side (input, frames_before, channels_after, with the bias) and in the weight:
+    # its tangent is the convolution of the input side's tangents (and the bias's) plus the convolution of the
+    # input by the weight's tangent, each by the kernels.
+    input, weight, bias, stride, padding, dilation, groups, *rest = inputs
+    mode, frames_before, channels_after = _trailing_arguments(rest)
+    t_input, t_weight, t_bias, *_, t_frames, t_after = (*tangents, *(None,) * (10 - len(tangents)))
+
+    def conv(x, w, b, frames, after):
+        return call_conv3d(x, w, b, stride, padding, dilation, groups, mode, frames, after)
+
+    terms = [None, None]
+    if t_input is not None or t_frames is not None or t_after is not None:
+        terms[0] = conv(
+            _or_zeros(t_input, input), weight, t_bias, _or_zeros(t_frames, frames_before),
+            _or_zeros(t_after, channels_after),
+        )  # fmt: skip
+        t_bias = None
+    if t_weight is not None:
+        terms[1] = conv(input, t_weight, t_bias, frames_before, channels_after)
+    elif terms[0] is None:  # the bias's tangent alone, broadcast
+        geom = check_conv3d(input, weight, bias, stride, padding, dilation, groups, mode, frames_before, channels_after)
+        terms[0] = empty_ndhwc(geom.output_shape(), like=input).copy_(t_bias.view(1, -1, 1, 1, 1))
+    return _summed(terms)
+
+
+call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context, _conv3d_jvp)
 _inductor_launches("conv3d", conv3d, _conv_refusal("fwd", check_conv3d))
 
 
@@ -568,8 +659,25 @@ def _weight_grad_of_rows(ctx, grad_output, channels_after, input):
     return torch.cat(rows, dim=0)
 
 
+def _input_grad_jvp(inputs, tangents):
+    # Linear in grad_output (with its channels_after) and in the weight, as the backward above says.
+    grad_output, weight, input_size, stride, padding, dilation, *rest = inputs
+    mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
+    t_grad, t_weight, *_, t_after = (*tangents, *(None,) * (9 - len(tangents)))
+
+    def dgrad(grad, w, after):
+        return call_conv3d_input_grad(grad, w, input_size, stride, padding, dilation, mode, groups, after)
+
+    terms = [None, None]
+    if t_grad is not None or t_after is not None:
+        terms[0] = dgrad(_or_zeros(t_grad, grad_output), weight, _or_zeros(t_after, channels_after))
+    if t_weight is not None:
+        terms[1] = dgrad(grad_output, t_weight, channels_after)
+    return _summed(terms)
+
+
 call_conv3d_input_grad = _register_autograd(
-    "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context
+    "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context, _input_grad_jvp
 )
 _inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad", check_input_grad))
 
@@ -644,8 +752,28 @@ def _weight_grad_backward(ctx, grad_grad_weight):
     return grads[: len(ctx.needs_input_grad)]
 
 
+def _weight_grad_jvp(inputs, tangents):
+    # Linear in grad_output and in the input side (input, frames_before, channels_after).
+    grad_output, input, weight_size, stride, padding, dilation, *rest = inputs
+    mode, frames_before, groups, channels_after = _trailing_arguments(rest, ("zeros", None, 1, None))
+    t_grad, t_input, *_, t_frames, _, t_after = (*tangents, *(None,) * (10 - len(tangents)))
+
+    def wgrad(grad, x, frames, after):
+        return call_conv3d_weight_grad(grad, x, weight_size, stride, padding, dilation, mode, frames, groups, after)
+
+    terms = [None, None]
+    if t_grad is not None:
+        terms[0] = wgrad(t_grad, input, frames_before, channels_after)
+    if t_input is not None or t_frames is not None or t_after is not None:
+        terms[1] = wgrad(
+            grad_output, _or_zeros(t_input, input), _or_zeros(t_frames, frames_before),
+            _or_zeros(t_after, channels_after),
+        )  # fmt: skip
+    return _summed(terms)
+
+
 call_conv3d_weight_grad = _register_autograd(
-    "conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context
+    "conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context, _weight_grad_jvp
 )
 _inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgrad", check_weight_grad))
 
@@ -749,7 +877,22 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     return grads
 
 
-call_group_norm = _register_autograd("group_norm", group_norm, _group_norm_backward, _group_norm_setup_context)
+def _group_norm_jvp(inputs, tangents):
+    # The tangents of (y, mean, rstd) in torch ops (aten.group_norm_jvp), over the concatenation with channels_after.
+    input, weight, bias, groups, eps, *rest = inputs
+    activation, channels_after = _trailing_arguments(rest, ("none", None))
+    t_input, t_weight, t_bias, *_, t_after = (*tangents, *(None,) * (7 - len(tangents)))
+    whole = _concatenated(input, channels_after)
+    t_whole = _concatenated(
+        _or_zeros(t_input, input), _or_zeros(t_after, channels_after)
+    )  # fmt: skip
+    t_y, t_mean, t_rstd = aten.group_norm_jvp(whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation)
+    return _ndhwc_tangent(t_y), t_mean, t_rstd
+
+
+call_group_norm = _register_autograd(
+    "group_norm", group_norm, _group_norm_backward, _group_norm_setup_context, _group_norm_jvp
+)
 _inductor_launches("group_norm", group_norm)
 _inductor_launches("group_norm_backward", group_norm_backward)
 
@@ -810,7 +953,16 @@ def _rms_norm_backward(ctx, grad_output):
     return _norm_input_grads(ctx, *grads, weight, bias)
 
 
-call_rms_norm = _register_autograd("rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context)
+def _rms_norm_jvp(inputs, tangents):
+    # The tangent in torch ops (aten.rms_norm_jvp).
+    input, weight, bias, eps, *options = inputs
+    t_input, t_weight, t_bias = (*tangents, None, None, None)[:3]
+    activation, clamp = _trailing_arguments(options, ("none", False))
+    t_y = aten.rms_norm_jvp(input, _or_zeros(t_input, input), weight, bias, t_weight, t_bias, eps, activation, clamp)
+    return _ndhwc_tangent(t_y)
+
+
+call_rms_norm = _register_autograd("rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context, _rms_norm_jvp)
 _inductor_launches("rms_norm", rms_norm)
 _inductor_launches("rms_norm_backward", rms_norm_backward)
 

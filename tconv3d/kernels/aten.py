@@ -126,7 +126,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
     """The rms_norm kernel's forward in torch ops, fp32: act(x * inverse_rms(x) * weight + bias)."""
     xf = x.float()
-    y = _rms_affine(xf * _inverse_rms(xf, eps, clamp), weight, bias)
+    y = _channel_affine(xf * _inverse_rms(xf, eps, clamp), weight, bias)
     if activation == "silu":
         y = F.silu(y)
     return _as_ndhwc(y.to(x.dtype))
@@ -138,7 +138,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     inverse = _inverse_rms(xf, eps, clamp)
     normalized = xf * inverse
     if activation == "silu":
-        dz = dz * _silu_grad(_rms_affine(normalized, weight, bias))
+        dz = dz * _silu_grad(_channel_affine(normalized, weight, bias))
     per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
     g = dz * per_channel(weight) if weight is not None else dz
     along = (g * normalized).mean(dim=1, keepdim=True)
@@ -155,7 +155,7 @@ def _inverse_rms(xf, eps: float, clamp: bool):
     return 1.0 / (mean_square.sqrt().clamp_min(eps) if clamp else (mean_square + eps).sqrt())
 
 
-def _rms_affine(normalized, weight, bias):
+def _channel_affine(normalized, weight, bias):
     if weight is not None:
         normalized = normalized * weight.float().view(1, -1, 1, 1, 1)
     if bias is not None:
@@ -167,3 +167,51 @@ def _silu_grad(z):
     """d/dz of z * sigmoid(z), as the kernels' utils.silu_grad."""
     sig = torch.sigmoid(z)
     return sig * (1 + z * (1 - sig))
+
+
+# Forward-mode derivatives (tangents) of the norms, in torch ops, fp32, on every device: the kernels compute
+# primals only. Each takes the primals and their tangents (zeros where an input has none; t_weight, t_bias None)
+# and returns the output's tangent in the input's dtype, in whatever layout torch's ops give (under vmap, as
+# jacfwd runs them, a batched tensor takes no channels_last_3d copy): the op lays it out.
+
+
+def group_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: float, activation: str):
+    """The tangents of group_norm_fwd's (y, mean, rstd) along (t_x, t_weight, t_bias): with x's groups centered
+    (c = x - mean) and r = rstd, d mean = mean(t_x), d r = -r^3 mean(c t_x), d (c r) = (t_x - d mean) r + c d r."""
+    xf, t_xf = x.float(), t_x.float()
+    n = x.shape[0]
+    grouped, t_grouped = xf.reshape(n, groups, -1), t_xf.reshape(n, groups, -1)
+    var, mean = torch.var_mean(grouped, dim=2, unbiased=False)
+    rstd = torch.rsqrt(var + eps)
+    centered = grouped - mean[..., None]
+    t_mean = t_grouped.mean(dim=2)
+    t_rstd = -rstd.pow(3) * (centered * t_grouped).mean(dim=2)
+    normalized = (centered * rstd[..., None]).reshape(x.shape)
+    t_normalized = ((t_grouped - t_mean[..., None]) * rstd[..., None] + centered * t_rstd[..., None]).reshape(x.shape)
+    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation)
+    return t_y.to(x.dtype), t_mean, t_rstd
+
+
+def rms_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, eps: float, activation: str, clamp: bool = False):
+    """The tangent of rms_norm_fwd along (t_x, t_weight, t_bias): with r = 1 / the divisor, d r = -r^3 mean(x t_x)
+    over the channels (0 where `clamp` holds the divisor at eps: a constant)."""
+    xf, t_xf = x.float(), t_x.float()
+    inverse = _inverse_rms(xf, eps, clamp)
+    t_inverse = -inverse.pow(3) * (xf * t_xf).mean(dim=1, keepdim=True)
+    if clamp:
+        t_inverse = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, t_inverse, 0.0)
+    normalized = xf * inverse
+    t_y = _affine_tangent(normalized, t_xf * inverse + xf * t_inverse, weight, bias, t_weight, t_bias, activation)
+    return t_y.to(x.dtype)
+
+
+def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation: str):
+    """The tangent of act(normalized * weight + bias) (per-channel weight and bias, either None)."""
+    t_z = _channel_affine(t_normalized, weight, None)
+    if t_weight is not None:
+        t_z = t_z + _channel_affine(normalized, t_weight, None)
+    if t_bias is not None:
+        t_z = t_z + t_bias.float().view(1, -1, 1, 1, 1)
+    if activation == "silu":
+        t_z = t_z * _silu_grad(_channel_affine(normalized, weight, bias))
+    return t_z

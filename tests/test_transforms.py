@@ -1,0 +1,292 @@
+"""Forward-mode AD (torch.func.jvp and jacfwd, torch.autograd.forward_ad's dual tensors) and torch.func's other
+transforms (grad, vmap of grad, jacrev) through tconv3d's ops, against float64 torch. The kernels compute primals
+only: each op's tangent is its own rule in ops.py (the convolution and its two gradient ops by the ops again, the
+norms in torch ops). Without the rules a tangent through a convolution came out zero, silently, and torch.func.grad
+raised inside autograd.Function."""
+
+import copy
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from test_norms import rms_reference
+from torch import nn
+from torch.func import functional_call, grad, jacrev, jvp, vmap
+
+import tconv3d
+from tconv3d.ops import call_group_norm, call_rms_norm
+from tconv3d.testing import TOLERANCE, rel_l2
+
+CL = torch.channels_last_3d
+TOL = TOLERANCE[torch.float32]
+APIS = ["func", "forward_ad"]
+
+
+def randn(*shape, device, scale=1.0):
+    t = torch.randn(shape, device=device) * scale
+    return t.contiguous(memory_format=CL) if t.dim() == 5 else t
+
+
+def jvp_of(f, primals, tangents, api="func"):
+    """f's output and tangent at `primals` along `tangents` (None: that input is held constant), by torch.func.jvp
+    or by forward_ad's dual tensors."""
+    moving = [i for i, t in enumerate(tangents) if t is not None]
+
+    def along(*moved):
+        args = list(primals)
+        for i, value in zip(moving, moved, strict=True):
+            args[i] = value
+        return f(*args)
+
+    if api == "func":
+        return jvp(along, tuple(primals[i] for i in moving), tuple(tangents[i] for i in moving))
+    with fwAD.dual_level():
+        out = along(*(fwAD.make_dual(primals[i], tangents[i]) for i in moving))
+        primal, tangent = fwAD.unpack_dual(out)
+        assert tangent is not None, "the output lost its tangent"
+        return primal.clone(), tangent.clone()
+
+
+def assert_jvp_matches(ours, reference, primals, tangents, api):
+    """ours' output and tangent against reference's in float64 on the upcast primals and tangents."""
+    out, tangent = jvp_of(ours, primals, tangents, api)
+    up = lambda ts: [t.double() if isinstance(t, torch.Tensor) else t for t in ts]  # noqa: E731
+    expected_out, expected_tangent = jvp_of(reference, up(primals), up(tangents))
+    assert rel_l2(out, expected_out) < TOL
+    assert rel_l2(tangent, expected_tangent) < TOL, "tangent"
+    assert tangent.is_contiguous(memory_format=CL)
+
+
+def pick(moving: str, names: tuple, tensors: list, device) -> list:
+    """Random tangents for the inputs `moving` names ("all": every one), None for the others."""
+    return [
+        randn(*t.shape, device=device) if moving in ("all", name) else None
+        for name, t in zip(names, tensors, strict=True)
+    ]
+
+
+# (d_front, d_back, h_top, h_bottom, w_left, w_right) and the order F.pad takes them in
+PADDING = (1, 0, 1, 1, 0, 2)
+F_PAD = (0, 2, 1, 1, 1, 0)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("moving", ["input", "weight", "bias", "all"])
+def test_conv3d_tangent_matches_float64(moving, api, device):
+    """Tangents of the input, the weight, the bias (alone: broadcast, no convolution), or all three, through a
+    strided, replicate-padded convolution with asymmetric padding."""
+    primals = [randn(1, 3, 4, 5, 6, device=device), randn(4, 3, 3, 2, 3, device=device, scale=0.3)]
+    primals.append(randn(4, device=device))
+    tangents = pick(moving, ("input", "weight", "bias"), primals, device)
+
+    def ours(x, w, b):
+        return tconv3d.conv3d(x, w, b, (1, 2, 1), PADDING, padding_mode="replicate")
+
+    def reference(x, w, b):
+        return F.conv3d(F.pad(x, F_PAD, mode="replicate"), w, b, (1, 2, 1))
+
+    assert_jvp_matches(ours, reference, primals, tangents, api)
+
+
+def test_grouped_dilated_conv3d_tangent_matches_float64(device):
+    primals = [randn(1, 4, 5, 4, 6, device=device), randn(6, 2, 2, 3, 2, device=device, scale=0.3)]
+    tangents = [randn(*t.shape, device=device) for t in primals]
+
+    def ours(x, w):
+        return tconv3d.conv3d(x, w, None, 1, 1, dilation=(2, 1, 2), groups=2)
+
+    def reference(x, w):
+        return F.conv3d(x, w, None, 1, 1, dilation=(2, 1, 2), groups=2)
+
+    assert_jvp_matches(ours, reference, primals, tangents, "func")
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("moving", ["second", "all"])
+@pytest.mark.parametrize("source", ["frames_before", "channels_after"])
+def test_second_source_tangent_matches_float64(source, moving, api, device):
+    """A second source read in place (a video VAE's cached frames, a UNet's skip connection): its tangent alone (the
+    input's zeros) or with the input's and the weight's."""
+    x = randn(1, 3, 3, 4, 5, device=device)
+    if source == "frames_before":
+        second, w = randn(1, 3, 2, 4, 5, device=device), randn(4, 3, 3, 3, 3, device=device, scale=0.2)
+    else:
+        second, w = randn(1, 2, 3, 4, 5, device=device), randn(4, 5, 3, 3, 3, device=device, scale=0.2)
+    primals = [x, second, w]
+    tangents = pick(moving, ("input", "second", "weight"), primals, device)
+
+    def ours(x, second, w):
+        return tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), **{source: second})
+
+    def reference(x, second, w):
+        whole = torch.cat([second, x], dim=2) if source == "frames_before" else torch.cat([x, second], dim=1)
+        return F.conv3d(F.pad(whole, (1, 1, 1, 1, 2, 0)), w)
+
+    assert_jvp_matches(ours, reference, primals, tangents, api)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("moving", ["weight", "after", "all"])
+def test_conv_transpose3d_tangent_matches_float64(moving, api, device):
+    """conv_transpose3d is the input gradient op: its tangents in grad_output (with its channels_after, a UNet's skip
+    connection) and in the weight."""
+    primals = [randn(1, 3, 3, 2, 3, device=device), randn(1, 2, 3, 2, 3, device=device)]
+    primals += [randn(5, 4, 2, 3, 2, device=device, scale=0.3), randn(4, device=device)]
+    tangents = pick(moving, ("input", "after", "weight", "bias"), primals, device)
+
+    def ours(x, after, w, b):
+        return tconv3d.conv_transpose3d(x, w, b, stride=(1, 2, 2), padding=(0, 1, 0), channels_after=after)
+
+    def reference(x, after, w, b):
+        return F.conv_transpose3d(torch.cat([x, after], dim=1), w, b, stride=(1, 2, 2), padding=(0, 1, 0))
+
+    assert_jvp_matches(ours, reference, primals, tangents, api)
+
+
+@pytest.mark.parametrize("source", ["frames_before", "channels_after"])
+def test_hessian_vector_products_match_float64(source, device):
+    """Forward over reverse (jvp of grad: Hessian-vector products, as sCM's and MeanFlow's training takes them)
+    through the backward's two gradient ops, with tangents in every argument of each: grad_output's (it depends on
+    the input and the weight), the weight's or input's, and the second source's."""
+    x, second = randn(1, 3, 3, 4, 5, device=device), randn(1, 3, 2, 4, 5, device=device)
+    if source == "channels_after":
+        second = randn(1, 2, 3, 4, 5, device=device)
+    w = randn(4, 3 + second.shape[1] * (source == "channels_after"), 3, 3, 3, device=device, scale=0.2)
+    primals = (x, second, w)
+    tangents = tuple(randn(*t.shape, device=device) for t in primals)
+    weights = lambda y: torch.linspace(-1, 2, y.numel(), dtype=y.dtype, device=y.device).view(y.shape)  # noqa: E731
+
+    def loss(conv):
+        def of(x, second, w):
+            y = conv(x, second, w)
+            return (y.square() * weights(y)).sum()
+
+        return of
+
+    def ours(x, second, w):
+        return tconv3d.conv3d(x, w, None, (1, 1, 2), (2, 0, 1, 1, 1, 1), **{source: second})
+
+    def reference(x, second, w):
+        whole = torch.cat([second, x], dim=2) if source == "frames_before" else torch.cat([x, second], dim=1)
+        return F.conv3d(F.pad(whole, (1, 1, 1, 1, 2, 0)), w, None, (1, 1, 2))
+
+    hvp = jvp(grad(loss(ours), argnums=(0, 1, 2)), primals, tangents)[1]
+    up = lambda ts: tuple(t.double() for t in ts)  # noqa: E731
+    expected = jvp(grad(loss(reference), argnums=(0, 1, 2)), up(primals), up(tangents))[1]
+    for a, e in zip(hvp, expected, strict=True):
+        assert rel_l2(a, e) < TOL
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("moving", ["weight", "all"])
+def test_group_norm_tangents_match_float64(moving, api, device):
+    """GroupNorm + SiLU of a concatenation read in place (a diffusion UNet's skip connection): the output's tangent,
+    and the op's mean and rstd tangents, with an offset mean."""
+    primals = [randn(2, 4, 2, 3, 3, device=device) * 2 + 3, randn(2, 2, 2, 3, 3, device=device)]
+    primals += [randn(6, device=device), randn(6, device=device)]
+    tangents = pick(moving, ("input", "after", "weight", "bias"), primals, device)
+
+    norm = tconv3d.nn.GroupNorm(3, 6, activation="silu").to(device)
+
+    def ours(x, after, w, b):
+        return functional_call(norm, {"weight": w, "bias": b}, (x,), {"channels_after": after})
+
+    def reference(x, after, w, b):
+        return F.silu(F.group_norm(torch.cat([x, after], dim=1).contiguous(), 3, w, b, 1e-5))  # torch: NCDHW
+
+    assert_jvp_matches(ours, reference, primals, tangents, api)
+
+    def statistics(x, after, w, b):
+        return call_group_norm(x, w, b, 3, 1e-5, "silu", after)[1:]
+
+    def reference_statistics(x, after, w, b):
+        var, mean = torch.var_mean(torch.cat([x, after], dim=1).reshape(2, 3, -1), dim=2, unbiased=False)
+        return mean, torch.rsqrt(var + 1e-5)
+
+    tangents = [randn(*t.shape, device=device) for t in primals]
+    ours_t = jvp(statistics, tuple(primals), tuple(tangents))[1]
+    up = lambda ts: tuple(t.double() for t in ts)  # noqa: E731
+    expected = jvp(reference_statistics, up(primals), up(tangents))[1]
+    for a, e in zip(ours_t, expected, strict=True):
+        assert rel_l2(a, e) < TOL
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("clamp", [False, True], ids=["rms", "clamp"])
+def test_rms_norm_tangent_matches_float64(clamp, api, device):
+    """The RMS norm + SiLU (LTX-2's, or Wan's clamped one), one voxel all zeros (clamped: no tangent through its
+    divisor)."""
+    x = randn(1, 5, 2, 3, 4, device=device) * 2 + 1
+    x[0, :, 0, 0, 0] = 0
+    primals = [x.contiguous(memory_format=CL), randn(5, device=device), randn(5, device=device)]
+    tangents = [randn(*t.shape, device=device) for t in primals]
+    eps = 1e-12 if clamp else 1e-6
+
+    def ours(x, w, b):
+        return call_rms_norm(x, w, b, eps, "silu", clamp)
+
+    def reference(x, w, b):
+        return rms_reference(x, w, b, eps, "silu", clamp)
+
+    assert_jvp_matches(ours, reference, primals, tangents, api)
+
+
+def _model(device):
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv3d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU(), nn.Conv3d(8, 4, 3, stride=2, padding=1)
+    ).to(device)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd_bias", "grad", "per_sample_grad", "jacrev"])
+def test_transforms_of_a_converted_model_match_stock(transform, device):
+    """torch.func over a converted model (convolutions and the norm on tconv3d) and over stock in float64, through
+    functional_call: a jvp along the input and the parameters, jacfwd in one bias, grad of a loss in the parameters,
+    per-sample gradients (vmap of grad over the batch) and jacrev in the last bias."""
+    stock = _model(device)
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    reference = copy.deepcopy(stock).double()
+    x = randn(2, 3, 4, 6, 6, device=device)
+    params = {name: p.detach() for name, p in converted.named_parameters()}
+    params64 = {name: p.detach().double() for name, p in reference.named_parameters()}
+
+    def run(model, params, x):
+        return functional_call(model, params, (x,))
+
+    if transform == "jvp":
+        t_x = randn(*x.shape, device=device)
+        t_params = {name: torch.randn_like(p) for name, p in params.items()}
+        ours = jvp(lambda p, x: run(converted, p, x), (params, x), (t_params, t_x))[1]
+        up = {name: t.double() for name, t in t_params.items()}
+        expected = jvp(lambda p, x: run(reference, p, x), (params64, x.double()), (up, t_x.double()))[1]
+        results = [(ours, expected)]
+    elif transform in ("jacfwd_bias", "jacrev"):
+        name = "0.bias" if transform == "jacfwd_bias" else "3.bias"
+        jac = torch.func.jacfwd if transform == "jacfwd_bias" else jacrev
+
+        def of(model, params, x):
+            return lambda b: run(model, {**params, name: b}, x).sum(dim=(0, 2, 3, 4))
+
+        ours = jac(of(converted, params, x))(params[name])
+        expected = jac(of(reference, params64, x.double()))(params64[name])
+        results = [(ours, expected)]
+    else:
+
+        def loss(model):
+            return lambda p, x: run(model, p, x).square().mean()
+
+        if transform == "grad":
+            ours, expected = grad(loss(converted))(params, x), grad(loss(reference))(params64, x.double())
+        else:
+            per_sample = lambda model: vmap(grad(lambda p, x: loss(model)(p, x[None])), in_dims=(None, 0))  # noqa: E731
+            ours, expected = per_sample(converted)(params, x), per_sample(reference)(params64, x.double())
+        results = [(ours[name], expected[name]) for name in params]
+    for a, e in results:
+        assert rel_l2(a, e) < TOL
+
+
+def test_an_op_called_directly_under_a_transform_names_the_way(device):
+    x, w = randn(1, 2, 3, 3, 3, device=device), randn(2, 2, 1, 1, 1, device=device)
+    with pytest.raises(RuntimeError, match=r"called directly under a torch\.func transform.*tconv3d\.functional"):
+        grad(lambda w: torch.ops.tconv3d.conv3d(x, w, None, [1] * 3, [0] * 3, [1] * 3, 1).sum())(w)
