@@ -5,8 +5,9 @@ channels after the input's (a skip connection), output padding, bias,
 unbatched and non-channels-last inputs, views whose rows are not packed), each under a tiling drawn as a GPU would
 get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
 (as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias,
-channels after; for some problems the second-order ones, grad_output's included) are held to the float64 result
-of torch.cat + F.pad + F.conv3d (F.conv_transpose3d) by relative L2 error.
+channels after; for some problems the second-order ones, grad_output's included; for some the output's tangent
+along random tangents of every input, forward-mode AD) are held to the float64 result of torch.cat + F.pad +
+F.conv3d (F.conv_transpose3d) by relative L2 error.
 
 The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
 
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from helpers import grouped_taps, swapped_tiles
 
@@ -59,8 +61,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("zeros", "replicate", "reflect", "circular")
 KERNELS = ("auto", "pointer", "tma", "gluon")
 TILINGS = ("default", "heuristic", "candidate")
-# The share of problems drawn with an empty batch.
+# The shares of problems drawn with an empty batch, and with a forward-mode tangent checked.
 EMPTY_SHARE = 0.04
+TANGENT_SHARE = 0.15
 H100_SMS, H100_SMEM = 132, 232448
 
 
@@ -110,6 +113,7 @@ class Problem:
     second_order: bool = False  # the gradients' own gradients (double backward), grad_output's included
     after: int = 0  # channels_after's channels (a skip connection concatenated after the input's); 0: none
     empty: bool = False  # a batch of no entries (N = 0, batched even where `batch` says unbatched)
+    tangent: bool = False  # the output's tangent along random tangents of every input (forward_ad's dual tensors)
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -223,6 +227,8 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
         # by its zero tiles until fuzz run 33's session (a CUDA call raised ZeroDivisionError).
         if random.Random(f"{seed}-empty").random() < EMPTY_SHARE:
             problem = dataclasses.replace(problem, empty=True)
+        if random.Random(f"{seed}-tangent").random() < TANGENT_SHARE:  # since fuzz run 38
+            problem = dataclasses.replace(problem, tangent=True)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
 
@@ -357,6 +363,42 @@ def _backward(problem: Problem, y, leaves, grad_out, probes) -> dict:
     return {**named, "grad2_output": grad_out.grad}
 
 
+def _call(problem: Problem, rng: random.Random):
+    """tconv3d's call of the problem on (x, frames_before, weight, bias, channels_after), its arguments' forms
+    drawn once from `rng`."""
+    padding = _padding_argument(problem, rng)
+    if problem.transpose:
+        return lambda x, before, w, b, skip: tconv3d.conv_transpose3d(
+            x, w, b, problem.stride, padding, problem.output_padding, problem.groups, problem.dilation,
+            channels_after=skip,
+        )  # fmt: skip
+    mode = _mode_argument(problem, rng)
+    return lambda x, before, w, b, skip: tconv3d.conv3d(
+        x, w, b, problem.stride, padding, problem.dilation, problem.groups, padding_mode=mode, frames_before=before,
+        channels_after=skip,
+    )  # fmt: skip
+
+
+def _tangents(problem: Problem, call, tensors) -> tuple:
+    """The output's tangent along random tangents of every input: tconv3d's by forward_ad's dual tensors (each op's
+    jvp, the kernels again), and float64 torch's by torch.func.jvp of the reference."""
+    gen = torch.Generator().manual_seed(problem.seed + 3)
+    tangents = [None if t is None else torch.randn(t.shape, generator=gen).to(t) for t in tensors]
+    present = [i for i, t in enumerate(tensors) if t is not None]
+    with fwAD.dual_level():
+        duals = [None if t is None else fwAD.make_dual(t.detach(), d) for t, d in zip(tensors, tangents, strict=True)]
+        ours = fwAD.unpack_dual(call(*duals)).tangent
+
+    def along(*moved):
+        args = [None] * len(tensors)
+        for i, value in zip(present, moved, strict=True):
+            args[i] = value
+        return reference(problem, *args)
+
+    upcast = lambda ts: tuple(ts[i].detach().double() for i in present)  # noqa: E731
+    return ours, torch.func.jvp(along, upcast(tensors), upcast(tangents))[1]
+
+
 def run(problem: Problem, monkeypatch) -> dict:
     """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
     AssertionError where one is over the dtype's bound."""
@@ -390,19 +432,14 @@ def run(problem: Problem, monkeypatch) -> dict:
             stack.enter_context(emulating(monkeypatch, seed=problem.seed))
         if tf32:
             torch.backends.cudnn.conv.fp32_precision = "tf32"  # exact_fp32 restores the user's setting
-        if problem.transpose:
-            y = tconv3d.conv_transpose3d(
-                ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.output_padding,
-                problem.groups, problem.dilation, channels_after=ours[4],
-            )  # fmt: skip
-        else:
-            y = tconv3d.conv3d(
-                ours[0], ours[2], ours[3], problem.stride, _padding_argument(problem, rng), problem.dilation,
-                problem.groups, padding_mode=_mode_argument(problem, rng), frames_before=ours[1],
-                channels_after=ours[4],
-            )  # fmt: skip
+        call = _call(problem, rng)
+        y = call(*ours)
         grads = _backward(problem, y, ours, grad_out, probes)
+        if problem.tangent:
+            tangent, expected_tangent = _tangents(problem, call, tensors)
     errors = {"output": rel_l2(y, expected)}
+    if problem.tangent:
+        errors["tangent"] = rel_l2(tangent, expected_tangent)
     for name, want in exact_grads.items():
         got = grads[name]
         if want is None and got is not None and problem.empty and not got.any():

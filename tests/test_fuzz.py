@@ -7,6 +7,7 @@ import pytest
 import torch
 from fuzz import DEVICE, KERNELS, SCALES, Problem, check, draw
 
+import tconv3d
 from tconv3d.kernels import conv_gluon
 from tconv3d.tune import choice
 
@@ -26,8 +27,8 @@ def test_random_problem_matches_float64(seed):
 
 def test_draws_cover_what_the_suite_does_not_name():
     """The seeds above draw transposed, grouped, depthwise, cached-frame, channels-after, non-zeros-padded, strided,
-    second-order and empty-batch problems, and every variant; a change to draw() that lost one would leave it unfuzzed
-    in CI."""
+    second-order, forward-mode (tangent) and empty-batch problems, and every variant; a change to draw() that lost
+    one would leave it unfuzzed in CI."""
     problems = [draw(seed, KERNELS_HERE, SCALE) for seed in SEEDS]
     drawn = {
         "transpose": any(p.transpose for p in problems),
@@ -43,6 +44,8 @@ def test_draws_cover_what_the_suite_does_not_name():
         "empty_batch": any(p.empty for p in problems),
         "second_order": any(p.second_order for p in problems),
         "second_order_transpose": any(p.second_order and p.transpose for p in problems),
+        "tangent": any(p.tangent and not p.transpose for p in problems),
+        "tangent_transpose": any(p.tangent and p.transpose for p in problems),
         "view": any(p.layout == "view" for p in problems),
         "kernels": {p.kernels for p in problems} == set(KERNELS_HERE),
         "dtypes": {p.dtype for p in problems} == {"fp32", "bf16", "fp16"},
@@ -115,4 +118,14 @@ def test_a_wrong_direction_fails(direction, caught, monkeypatch):
     problems = (draw(seed, ("pointer",), SCALE) for seed in range(1000))
     problem = next(p for p in problems if not p.transpose and not p.second_order and p.dtype == "fp32")
     with pytest.raises(AssertionError, match=caught):
+        check(problem)
+
+
+def test_a_wrong_tangent_fails(monkeypatch):
+    """A forward-mode problem's tangent is checked: with the convolution's jvp summing only its first term (the
+    input side's tangent, the weight's dropped), the fuzzer reports the tangent, named."""
+    monkeypatch.setattr(tconv3d.ops, "_summed", lambda terms: next(t for t in terms if t is not None))
+    problems = (draw(seed, ("pointer",), SCALE) for seed in range(1000))
+    problem = next(p for p in problems if p.tangent and not p.transpose and not p.empty and p.dtype == "fp32")
+    with pytest.raises(AssertionError, match="tangent"):
         check(problem)
