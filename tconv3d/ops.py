@@ -825,6 +825,39 @@ def _norm_backward_fake(input, channels_after=None):
     return empty_ndhwc(shape, like=input), channels, channels.clone()
 
 
+def _backward_differentiated(*tensors) -> bool:
+    """Whether a norm's backward must itself be differentiable (its kernels' backward op is not): a gradient graph
+    recorded (create_graph=True: grad mode is on inside the backward; a gradient penalty, double backward), a
+    torch.func transform over it (grad of grad, jvp of grad), or a tangent on its arguments (forward over reverse
+    by forward_ad)."""
+    return torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None or _has_tangent(tensors)
+
+
+def _vjp_of(forward, grad_output, *inputs) -> list:
+    """The gradients of forward(*inputs) (a norm's forward in torch ops, aten's) along grad_output, None for the
+    inputs that are None: torch's own differentiable ops, recomputed from the saved inputs, where a norm's backward
+    is itself differentiated."""
+    present = [i for i, t in enumerate(inputs) if t is not None]
+
+    def along(*moved):
+        args = list(inputs)
+        for i, value in zip(present, moved, strict=True):
+            args[i] = value
+        return forward(*args)
+
+    _, vjp = torch.func.vjp(along, *(inputs[i] for i in present))
+    grads = [None] * len(inputs)
+    for i, grad in zip(present, vjp(grad_output), strict=True):
+        grads[i] = grad
+    return grads
+
+
+def _needed(ctx, grads) -> tuple:
+    """An autograd Function's gradients, None where not needed, as many as its call's inputs."""
+    grads = (*grads, *(None,) * len(ctx.needs_input_grad))[: len(ctx.needs_input_grad)]
+    return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad, strict=True))
+
+
 def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias):
     """A norm's autograd gradients for (input, weight, bias, the rest): the parameter gradients in the parameters'
     dtypes, None where not needed."""
@@ -857,16 +890,24 @@ def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, ac
 
 
 def _group_norm_setup_context(ctx, inputs, output):
-    input, weight, bias, groups, _eps, *rest = inputs
+    input, weight, bias, groups, eps, *rest = inputs
     activation, channels_after = _trailing_arguments(rest, ("none", None))
     _, mean, rstd = output
     ctx.save_for_backward(input, mean, rstd, weight, bias, channels_after)
-    ctx.groups, ctx.activation = groups, activation
+    ctx.groups, ctx.eps, ctx.activation = groups, eps, activation
     ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
 
 
 def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     input, mean, rstd, weight, bias, channels_after = ctx.saved_tensors
+    if _backward_differentiated(grad_output, input, weight, bias, channels_after):
+
+        def forward(input, weight, bias, channels_after):
+            whole = _concatenated(input, channels_after)
+            return aten.group_norm_fwd(whole, weight, bias, ctx.groups, ctx.eps, ctx.activation)[0]
+
+        grads = _vjp_of(forward, grad_output, input, weight, bias, channels_after)
+        return _needed(ctx, (*grads[:3], None, None, None, grads[3]))
     grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
         grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after
     )
@@ -949,6 +990,13 @@ def _rms_norm_setup_context(ctx, inputs, output):
 
 def _rms_norm_backward(ctx, grad_output):
     input, weight, bias = ctx.saved_tensors
+    if _backward_differentiated(grad_output, input, weight, bias):
+        activation, clamp = _trailing_arguments(ctx.options, ("none", False))
+
+        def forward(input, weight, bias):
+            return aten.rms_norm_fwd(input, weight, bias, ctx.eps, activation, clamp)
+
+        return _needed(ctx, _vjp_of(forward, grad_output, input, weight, bias))
     grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, *ctx.options)
     return _norm_input_grads(ctx, *grads, weight, bias)
 

@@ -239,11 +239,57 @@ def _model(device):
     ).to(device)
 
 
-@pytest.mark.parametrize("transform", ["jvp", "jacfwd_bias", "grad", "per_sample_grad", "jacrev"])
+@pytest.mark.parametrize("norm", ["group", "group_of_concatenation", "rms"])
+def test_gradient_penalty_through_a_norm_matches_float64(norm, device):
+    """Double backward through a norm, as a discriminator's gradient penalty (R1) takes it: the norms' kernels have
+    no differentiable backward, so a backward that is itself differentiated (create_graph=True) recomputes the
+    norm's gradients in torch ops. Before, autograd warned and differentiated it as a constant: wrong gradients."""
+    x, skip = randn(1, 3, 3, 4, 4, device=device), randn(1, 2, 3, 4, 4, device=device)
+    w1, b1 = randn(4, 3, 3, 3, 3, device=device, scale=0.3), randn(4, device=device)
+    channels = 6 if norm == "group_of_concatenation" else 4
+    gamma, beta = randn(channels, device=device) + 1, randn(channels, device=device)
+    w2 = randn(2, channels, 3, 3, 3, device=device, scale=0.3)
+    leaves = [x, skip, w1, b1, gamma, beta, w2]
+
+    def ours(x, skip, w1, b1, gamma, beta, w2):
+        y = tconv3d.conv3d(x, w1, b1, 1, 1)
+        if norm == "rms":
+            y = call_rms_norm(y, gamma, beta, 1e-6, "silu")
+        else:
+            after = skip if norm == "group_of_concatenation" else None
+            y = call_group_norm(y, gamma, beta, 2, 1e-5, "silu", after)[0]
+        return tconv3d.conv3d(y, w2, None, 1, 1)
+
+    def reference(x, skip, w1, b1, gamma, beta, w2):
+        y = F.conv3d(x, w1, b1, 1, 1)
+        if norm == "rms":
+            y = rms_reference(y, gamma, beta, 1e-6, "silu", False)
+        else:
+            y = torch.cat([y, skip], dim=1) if norm == "group_of_concatenation" else y
+            y = F.silu(F.group_norm(y, 2, gamma, beta, 1e-5))
+        return F.conv3d(y, w2, None, 1, 1)
+
+    def penalty_gradients(f, tensors):
+        tensors = [t.detach().requires_grad_() for t in tensors]
+        out = f(*tensors)
+        input_grad = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum(), tensors[0],
+                                         create_graph=True)[0]  # fmt: skip
+        used = tensors if norm == "group_of_concatenation" else [t for i, t in enumerate(tensors) if i != 1]
+        return torch.autograd.grad(input_grad.square().sum(), used)
+
+    expected = penalty_gradients(reference, [t.double() for t in leaves])
+    for ours_grad, want in zip(penalty_gradients(ours, leaves), expected, strict=True):
+        assert rel_l2(ours_grad, want) < TOL
+
+
+@pytest.mark.parametrize(
+    "transform", ["jvp", "jacfwd_bias", "grad", "per_sample_grad", "jacrev", "hvp", "grad_of_grad"]
+)
 def test_transforms_of_a_converted_model_match_stock(transform, device):
     """torch.func over a converted model (convolutions and the norm on tconv3d) and over stock in float64, through
     functional_call: a jvp along the input and the parameters, jacfwd in one bias, grad of a loss in the parameters,
-    per-sample gradients (vmap of grad over the batch) and jacrev in the last bias."""
+    per-sample gradients (vmap of grad over the batch), jacrev in the last bias, and second order through the
+    norm's backward: Hessian-vector products (jvp of grad) and the gradient of the squared gradient."""
     stock = _model(device)
     converted = tconv3d.nn.convert(copy.deepcopy(stock))
     reference = copy.deepcopy(stock).double()
@@ -276,7 +322,18 @@ def test_transforms_of_a_converted_model_match_stock(transform, device):
         def loss(model):
             return lambda p, x: run(model, p, x).square().mean()
 
-        if transform == "grad":
+        def squared_gradient(model):
+            return lambda p, x: sum(g.square().sum() for g in grad(loss(model))(p, x).values())
+
+        if transform == "hvp":  # forward over reverse, through the norm's backward too
+            t_params = {name: torch.randn_like(p) for name, p in params.items()}
+            ours = jvp(lambda p: grad(loss(converted))(p, x), (params,), (t_params,))[1]
+            up = {name: t.double() for name, t in t_params.items()}
+            expected = jvp(lambda p: grad(loss(reference))(p, x.double()), (params64,), (up,))[1]
+        elif transform == "grad_of_grad":
+            ours = grad(squared_gradient(converted))(params, x)
+            expected = grad(squared_gradient(reference))(params64, x.double())
+        elif transform == "grad":
             ours, expected = grad(loss(converted))(params, x), grad(loss(reference))(params64, x.double())
         else:
             per_sample = lambda model: vmap(grad(lambda p, x: loss(model)(p, x[None])), in_dims=(None, 0))  # noqa: E731
