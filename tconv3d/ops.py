@@ -833,19 +833,25 @@ def _backward_differentiated(*tensors) -> bool:
     return torch.is_grad_enabled() or torch._C._functorch.peek_interpreter_stack() is not None or _has_tangent(tensors)
 
 
+def varying(f, args, positions):
+    """f as a function of the arguments at `positions` alone, the others held at `args`' (what torch.func's vjp and
+    jvp differentiate: tensors only, each one varied)."""
+
+    def of(*values):
+        call = list(args)
+        for i, value in zip(positions, values, strict=True):
+            call[i] = value
+        return f(*call)
+
+    return of
+
+
 def _vjp_of(forward, grad_output, *inputs) -> list:
     """The gradients of forward(*inputs) (a norm's forward in torch ops, aten's) along grad_output, None for the
     inputs that are None: torch's own differentiable ops, recomputed from the saved inputs, where a norm's backward
     is itself differentiated."""
     present = [i for i, t in enumerate(inputs) if t is not None]
-
-    def along(*moved):
-        args = list(inputs)
-        for i, value in zip(present, moved, strict=True):
-            args[i] = value
-        return forward(*args)
-
-    _, vjp = torch.func.vjp(along, *(inputs[i] for i in present))
+    _, vjp = torch.func.vjp(varying(forward, inputs, present), *(inputs[i] for i in present))
     grads = [None] * len(inputs)
     for i, grad in zip(present, vjp(grad_output), strict=True):
         grads[i] = grad

@@ -52,6 +52,7 @@ from helpers import grouped_taps, swapped_tiles
 import tconv3d
 from tconv3d import settings
 from tconv3d.kernels import conv_gluon
+from tconv3d.ops import varying
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, exact_fp32, rel_l2
 from tconv3d.tune import choice, configs
 
@@ -388,14 +389,8 @@ def _tangents(problem: Problem, call, tensors) -> tuple:
     with fwAD.dual_level():
         duals = [None if t is None else fwAD.make_dual(t.detach(), d) for t, d in zip(tensors, tangents, strict=True)]
         ours = fwAD.unpack_dual(call(*duals)).tangent
-
-    def along(*moved):
-        args = [None] * len(tensors)
-        for i, value in zip(present, moved, strict=True):
-            args[i] = value
-        return reference(problem, *args)
-
     upcast = lambda ts: tuple(ts[i].detach().double() for i in present)  # noqa: E731
+    along = varying(lambda *args: reference(problem, *args), tensors, present)
     return ours, torch.func.jvp(along, upcast(tensors), upcast(tangents))[1]
 
 

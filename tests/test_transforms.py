@@ -15,7 +15,7 @@ from torch import nn
 from torch.func import functional_call, grad, jacrev, jvp, vmap
 
 import tconv3d
-from tconv3d.ops import call_group_norm, call_rms_norm
+from tconv3d.ops import call_group_norm, call_rms_norm, varying
 from tconv3d.testing import TOLERANCE, rel_l2
 
 CL = torch.channels_last_3d
@@ -32,13 +32,7 @@ def jvp_of(f, primals, tangents, api="func"):
     """f's output and tangent at `primals` along `tangents` (None: that input is held constant), by torch.func.jvp
     or by forward_ad's dual tensors."""
     moving = [i for i, t in enumerate(tangents) if t is not None]
-
-    def along(*moved):
-        args = list(primals)
-        for i, value in zip(moving, moved, strict=True):
-            args[i] = value
-        return f(*args)
-
+    along = varying(f, primals, moving)
     if api == "func":
         return jvp(along, tuple(primals[i] for i in moving), tuple(tangents[i] for i in moving))
     with fwAD.dual_level():
