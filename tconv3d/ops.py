@@ -141,13 +141,13 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp):
             def setup_context(ctx, inputs, output):
                 setup_context(ctx, inputs, output)
                 if forward_ad._current_level >= 0:  # a tangent may be asked for, right after this
-                    ctx.jvp_inputs = tuple(_primal(value) for value in inputs)
+                    ctx.jvp_inputs = inputs  # primals: autograd hands setup_context no tangents
 
             @staticmethod
             def jvp(ctx, *tangents):
                 inputs = ctx.jvp_inputs
                 del ctx.jvp_inputs  # the call's inputs, held only until its tangent is made
-                return jvp(inputs, (*tangents, *(None,) * (len(inputs) - len(tangents))))
+                return jvp(inputs, tangents)
 
         Function.backward = staticmethod(backward)
         Function.__name__ = Function.__qualname__ = f"{name}_autograd"
@@ -212,15 +212,6 @@ def _has_tangent(inputs) -> bool:
     if forward_ad._current_level < 0:
         return False
     return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in inputs)
-
-
-def _primal(value):
-    """A dual tensor's primal (a view of it without the tangent), anything else (a torch.func transform's wrapper
-    among them: the transform passes its jvp the primals) as it is."""
-    if not isinstance(value, torch.Tensor) or _is_functorch_wrapper(value):
-        return value
-    primal, tangent = forward_ad.unpack_dual(value)
-    return value if tangent is None else primal
 
 
 def _is_tensor_type(schema_type) -> bool:
