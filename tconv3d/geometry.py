@@ -17,6 +17,25 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PADDING_MODES = ("zeros", "replicate", "reflect", "circular")
 
 
+class _cached_property:
+    """functools.cached_property without its lock (Python 3.12's): the value computed on first use, kept in the
+    instance's __dict__. Python 3.11's takes an RLock, which dynamo does not trace (a geometry built in a compiled
+    graph, tconv3d's ops in torch ops under a torch.func transform)."""
+
+    def __init__(self, function):
+        self.function = function
+        self.__doc__ = function.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.function(instance)
+        return value
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """A checked Conv3d problem. Spatial triples are (d, h, w); padding is the 6-value form
@@ -49,43 +68,43 @@ class ConvGeometry:
     # The derived values below are cached on first use (in the instance's __dict__, which a frozen dataclass
     # still has): the launchers read them on every call (issue 19).
 
-    @functools.cached_property
+    @_cached_property
     def group_in_channels(self) -> int:
         return self.in_channels // self.groups
 
-    @functools.cached_property
+    @_cached_property
     def channel_sources(self) -> tuple[int, int]:
         """(the input's channels, channels_after's) of the reduced channels: (in_channels, 0) with one source."""
         return self.in_channels - self.after_channels, self.after_channels
 
-    @functools.cached_property
+    @_cached_property
     def out_channel_sources(self) -> tuple[int, int]:
         """(grad_output's channels, its channels_after's) of the input gradient's reduced channels."""
         return self.out_channels - self.out_after_channels, self.out_after_channels
 
-    @functools.cached_property
+    @_cached_property
     def group_out_channels(self) -> int:
         return self.out_channels // self.groups
 
-    @functools.cached_property
+    @_cached_property
     def is_depthwise(self) -> bool:
         """One input channel per group (a channel multiplier of out_channels / in_channels): the direct kernels'
         case, which no GEMM tile would fill."""
         return self.groups > 1 and self.group_in_channels == 1
 
-    @functools.cached_property
+    @_cached_property
     def front_padding(self) -> tuple[int, int, int]:
         return self.padding[0], self.padding[2], self.padding[4]
 
-    @functools.cached_property
+    @_cached_property
     def dim_modes(self) -> tuple[str, str, str]:
         return split_padding_mode(self.padding_mode)
 
-    @functools.cached_property
+    @_cached_property
     def pad_mode_indices(self) -> tuple[int, int, int]:
         return tuple(PADDING_MODES.index(mode) for mode in self.dim_modes)
 
-    @functools.cached_property
+    @_cached_property
     def reads_border(self) -> bool:
         """Whether some padded border reads input voxels (a mode other than zeros) rather than zeros."""
         return self.padding_mode != "zeros"
@@ -103,20 +122,20 @@ class ConvGeometry:
             self, in_size=tuple(size), padding=tuple(padding), padding_mode="zeros", prefix_frames=0, after_channels=0
         )
 
-    @functools.cached_property
+    @_cached_property
     def is_symmetric(self) -> bool:
         p = self.padding
         return p[0] == p[1] and p[2] == p[3] and p[4] == p[5]
 
-    @functools.cached_property
+    @_cached_property
     def taps(self) -> int:
         return self.kernel[0] * self.kernel[1] * self.kernel[2]
 
-    @functools.cached_property
+    @_cached_property
     def output_voxels(self) -> int:
         return self.batch * self.out_size[0] * self.out_size[1] * self.out_size[2]
 
-    @functools.cached_property
+    @_cached_property
     def input_voxels(self) -> int:
         return self.batch * self.in_size[0] * self.in_size[1] * self.in_size[2]
 
@@ -286,8 +305,8 @@ def conv_geometry(
         raise ValueError(
             f"weight must be 5-D (Cout, Cin, kd, kh, kw), got {len(weight_shape)}-D with shape {tuple(weight_shape)}"
         )
-    batch, in_channels, *in_size = input_shape
-    in_size[0] += prefix_frames
+    batch, in_channels, frames, *in_plane = input_shape
+    in_size = [frames + prefix_frames, *in_plane]
     in_channels += after_channels
     out_channels, weight_in_channels, *kernel = weight_shape
     if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel) or weight_in_channels == 0:
@@ -578,8 +597,14 @@ def check_rms_norm(input, weight, bias, eps, activation) -> None:
 
 def _autocasting(device_type: str) -> bool:
     """Whether an autocast region is on for `device_type`; False for a device autocast has no notion of (meta,
-    where torch.is_autocast_enabled raises: a model's shapes traced on the meta device)."""
-    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    where torch.is_autocast_enabled raises: a model's shapes traced on the meta device). torch 2.11's dynamo does not
+    trace torch.amp.is_autocast_available (a graph break, an error under fullgraph=True), and a compiled graph's
+    tensors are on a device autocast knows, so it is asked outside compilation only."""
+    if not torch._C._is_any_autocast_enabled():
+        return False
+    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device_type):
+        return False
+    return torch.is_autocast_enabled(device_type)
 
 
 def conv_transpose_arguments(
