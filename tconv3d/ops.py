@@ -115,7 +115,7 @@ _function_apply = torch._C._FunctionBase.__dict__["apply"]
 _is_functorch_wrapper = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _register_autograd(name: str, implementation, backward, setup_context, jvp):
+def _register_autograd(name: str, implementation, backward, setup_context, jvp, in_torch_ops):
     """Register the op's autograd kernel and return its eager caller (see `_intercepted`), which takes the
     schema's arguments positionally (trailing ones with defaults may be left out).
 
@@ -124,7 +124,10 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp):
     setup_context is `setup_context` (a separate staticmethod, as torch.func's transforms require), whose backward
     is `backward` (which may call the ops again, so double backward works) and whose jvp is `jvp(inputs, tangents)`
     (the output's tangent from the call's inputs and their tangents, None where an input has none, by the ops
-    again). The eager caller runs the same Function, or the implementation, directly."""
+    again). The eager caller runs the same Function, or the implementation, directly.
+
+    `in_torch_ops` is the op in torch's own differentiable ops (the aten path's): what a graph compiled under a
+    torch.func transform traces in the op's place (see `eager`)."""
     op = getattr(torch.ops.tconv3d, name).default
 
     def below_autograd(*inputs):
@@ -185,6 +188,12 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp):
 
     def eager(*inputs):
         if torch.compiler.is_compiling():  # first: dynamo reads it as a constant and traces the op
+            if torch._C._are_functorch_transforms_active():  # (dynamo wraps peek_interpreter_stack's None: not None)
+                # torch.compile of torch.func.jvp, grad or vmap over the op: dynamo traces no autograd Function
+                # that has a jvp (a graph break, an error under fullgraph=True), and the op's autograd kernel does
+                # not take the transforms (it raises, below), so the graph holds the op's torch ops, which
+                # every transform and Inductor take: aten's convolutions, not tconv3d's kernels.
+                return in_torch_ops(*inputs)
             return op(*inputs)
         records = False
         for i in tensor_positions:
@@ -353,16 +362,25 @@ def conv3d(
     input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros", frames_before=None,
     channels_after=None,
 ):  # fmt: skip
+    arguments = (input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after)
+
     def run():
-        geom = check_conv3d(
-            input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
-        )
         if not _runs_triton(input):
-            return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
+            return _conv3d_in_torch_ops(*arguments)
+        geom = check_conv3d(*arguments)
         return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after)
 
     tensors = (input, weight, bias, frames_before, channels_after)
     return _planned("fwd", tensors, (stride, padding, dilation), (groups, padding_mode), run)
+
+
+def _conv3d_in_torch_ops(input, weight, bias, stride, padding, dilation, groups, *rest):
+    """conv3d in torch's ops (aten's convolution, F.pad and torch.cat where aten cannot express the call)."""
+    padding_mode, frames_before, channels_after = _trailing_arguments(rest)
+    geom = check_conv3d(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
+    )
+    return aten.conv3d_fwd(input, weight, bias, frames_before, geom, channels_after)
 
 
 def _trailing_arguments(rest, defaults=("zeros", None, None)) -> tuple:
@@ -547,7 +565,9 @@ def _conv3d_jvp(inputs, tangents):
     return _summed(terms)
 
 
-call_conv3d = _register_autograd("conv3d", conv3d, _conv3d_backward, _conv3d_setup_context, _conv3d_jvp)
+call_conv3d = _register_autograd(
+    "conv3d", conv3d, _conv3d_backward, _conv3d_setup_context, _conv3d_jvp, _conv3d_in_torch_ops
+)
 _inductor_launches("conv3d", conv3d, _conv_refusal("fwd", check_conv3d))
 
 
@@ -583,12 +603,20 @@ def conv3d_input_grad(
 
 def _input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after):
     """The input gradient op's arguments checked and its launches run (or torch's ops where the kernels do not)."""
+    arguments = (grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after)
+    if not _runs_triton(grad_output):
+        return _input_grad_in_torch_ops(*arguments)
+    geom = check_input_grad(*arguments)
+    return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+
+
+def _input_grad_in_torch_ops(grad_output, weight, input_size, stride, padding, dilation, *rest):
+    """conv3d_input_grad in torch's ops (aten's convolution backward)."""
+    padding_mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
     geom = check_input_grad(
         grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
     )
-    if not _runs_triton(grad_output):
-        return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
-    return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+    return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
 
 
 def _save_gradient_context(
@@ -668,8 +696,9 @@ def _input_grad_jvp(inputs, tangents):
 
 
 call_conv3d_input_grad = _register_autograd(
-    "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context, _input_grad_jvp
-)
+    "conv3d_input_grad", conv3d_input_grad, _input_grad_backward, _input_grad_setup_context, _input_grad_jvp,
+    _input_grad_in_torch_ops,
+)  # fmt: skip
 _inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad", check_input_grad))
 
 
@@ -713,13 +742,23 @@ def _weight_grad(
     grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups, channels_after
 ):  # fmt: skip
     """The weight gradient op's arguments checked and its launches run (or torch's ops where the kernels do not)."""
+    arguments = (
+        grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups, channels_after
+    )  # fmt: skip
+    if not _runs_triton(input):
+        return _weight_grad_in_torch_ops(*arguments)
+    geom = check_weight_grad(*arguments)
+    return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after)
+
+
+def _weight_grad_in_torch_ops(grad_output, input, weight_size, stride, padding, dilation, *rest):
+    """conv3d_weight_grad in torch's ops (aten's convolution backward)."""
+    padding_mode, frames_before, groups, channels_after = _trailing_arguments(rest, ("zeros", None, 1, None))
     geom = check_weight_grad(
         grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups,
         channels_after,
     )  # fmt: skip
-    if not _runs_triton(input):
-        return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
-    return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after)
+    return aten.conv3d_wgrad(grad_output, input, frames_before, geom, channels_after)
 
 
 def _weight_grad_backward(ctx, grad_grad_weight):
@@ -764,8 +803,9 @@ def _weight_grad_jvp(inputs, tangents):
 
 
 call_conv3d_weight_grad = _register_autograd(
-    "conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context, _weight_grad_jvp
-)
+    "conv3d_weight_grad", conv3d_weight_grad, _weight_grad_backward, _weight_grad_setup_context, _weight_grad_jvp,
+    _weight_grad_in_torch_ops,
+)  # fmt: skip
 _inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgrad", check_weight_grad))
 
 
@@ -800,12 +840,18 @@ def _concatenated(input, channels_after):
 )
 def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None):
     def run():
-        check_group_norm(input, weight, bias, groups, activation, channels_after)
         if not _runs_triton(input):
-            return aten.group_norm_fwd(_concatenated(input, channels_after), weight, bias, groups, eps, activation)
+            return _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation, channels_after)
+        check_group_norm(input, weight, bias, groups, activation, channels_after)
         return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after)
 
     return _planned("group_norm", (input, weight, bias, channels_after), (), (groups, eps, activation), run)
+
+
+def _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation="none", channels_after=None):
+    """group_norm in torch's ops (the kernels' formula, fp32), over the concatenation with channels_after."""
+    check_group_norm(input, weight, bias, groups, activation, channels_after)
+    return aten.group_norm_fwd(_concatenated(input, channels_after), weight, bias, groups, eps, activation)
 
 
 def _norm_backward_fake(input, channels_after=None):
@@ -929,8 +975,9 @@ def _group_norm_jvp(inputs, tangents):
 
 
 call_group_norm = _register_autograd(
-    "group_norm", group_norm, _group_norm_backward, _group_norm_setup_context, _group_norm_jvp
-)
+    "group_norm", group_norm, _group_norm_backward, _group_norm_setup_context, _group_norm_jvp,
+    _group_norm_in_torch_ops,
+)  # fmt: skip
 _inductor_launches("group_norm", group_norm)
 _inductor_launches("group_norm_backward", group_norm_backward)
 
@@ -952,12 +999,18 @@ def _rms_norm_fake(input, weight, bias, eps, activation="none", clamp=False):
 )
 def rms_norm(input, weight, bias, eps, activation="none", clamp=False):
     def run():
-        check_rms_norm(input, weight, bias, eps, activation)
         if not _runs_triton(input):
-            return aten.rms_norm_fwd(input, weight, bias, eps, activation, clamp)
+            return _rms_norm_in_torch_ops(input, weight, bias, eps, activation, clamp)
+        check_rms_norm(input, weight, bias, eps, activation)
         return rms_norm_fwd(input, weight, bias, eps, activation, clamp)
 
     return _planned("rms_norm", (input, weight, bias), (), (eps, activation, clamp), run)
+
+
+def _rms_norm_in_torch_ops(input, weight, bias, eps, activation="none", clamp=False):
+    """rms_norm in torch's ops (the kernel's formula, fp32)."""
+    check_rms_norm(input, weight, bias, eps, activation)
+    return aten.rms_norm_fwd(input, weight, bias, eps, activation, clamp)
 
 
 def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none", clamp=False):
@@ -1007,7 +1060,9 @@ def _rms_norm_jvp(inputs, tangents):
     return _ndhwc_tangent(t_y)
 
 
-call_rms_norm = _register_autograd("rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context, _rms_norm_jvp)
+call_rms_norm = _register_autograd(
+    "rms_norm", rms_norm, _rms_norm_backward, _rms_norm_setup_context, _rms_norm_jvp, _rms_norm_in_torch_ops
+)
 _inductor_launches("rms_norm", rms_norm)
 _inductor_launches("rms_norm_backward", rms_norm_backward)
 

@@ -226,6 +226,48 @@ def test_rms_norm_tangent_matches_float64(clamp, api, device):
     assert_jvp_matches(ours, reference, primals, tangents, api)
 
 
+def test_every_op_under_compiled_jvp_and_grad_matches_float64(device):
+    """Each op with its second source and a padding mode (a causal reflect-padded convolution of cached frames,
+    GroupNorm + SiLU of a concatenation, a transposed convolution of a skip connection, the clamped RMS norm) in one
+    function, its jvp and its gradient under torch.compile(fullgraph=True): traced as the ops' torch ops. (Not
+    replicate: torch 2.13's compiled backward of F.pad(mode="replicate") fails on CPU for a channels_last_3d input,
+    stock's too, pytorch/pytorch#179442.)"""
+    x, frames = randn(1, 3, 3, 4, 4, device=device), randn(1, 3, 2, 4, 4, device=device)
+    skip = randn(1, 2, 5, 4, 4, device=device)  # the convolution's 5 frames: 2 cached, 3 new
+    w1, w2 = randn(4, 3, 3, 3, 3, device=device, scale=0.3), randn(6, 3, 1, 2, 2, device=device, scale=0.3)
+    gamma, beta = randn(6, device=device) + 1, randn(6, device=device)
+    primals = (x, frames, skip, w1, w2, gamma, beta)
+    tangents = tuple(randn(*t.shape, device=device) for t in primals)
+
+    def ours(x, frames, skip, w1, w2, gamma, beta):
+        y = tconv3d.conv3d(x, w1, None, 1, (2, 0, 1, 1, 1, 1), padding_mode="reflect", frames_before=frames)
+        y = call_group_norm(y, gamma, beta, 3, 1e-5, "silu", skip)[0]
+        y = tconv3d.conv_transpose3d(y[:, :4], w2, None, stride=(1, 2, 2), channels_after=y[:, 4:])
+        return call_rms_norm(y, None, None, 1e-3, "none", True)
+
+    def reference(x, frames, skip, w1, w2, gamma, beta):
+        y = F.conv3d(F.pad(torch.cat([frames, x], dim=2), (1, 1, 1, 1, 2, 0), mode="reflect"), w1)
+        y = F.silu(F.group_norm(torch.cat([y, skip], dim=1), 3, gamma, beta, 1e-5))
+        y = F.conv_transpose3d(y, w2, None, stride=(1, 2, 2))
+        return rms_reference(y, None, None, 1e-3, "none", True)
+
+    def both(f):
+        def of(*primals_and_tangents):
+            primals, tangents = primals_and_tangents[:7], primals_and_tangents[7:]
+            tangent = jvp(f, primals, tangents)[1]
+            grads = grad(lambda *p: (f(*p) * tangent.detach()).sum(), argnums=tuple(range(7)))(*primals)
+            return tangent, *grads
+
+        return of
+
+    # Dynamo and AOTAutograd (what this tests); Inductor's code for aten's ops, torch's own, compiles in the model
+    # cases below (6x the time here).
+    ours_results = torch.compile(both(ours), fullgraph=True, backend="aot_eager")(*primals, *tangents)
+    expected = both(reference)(*(t.double() for t in primals + tangents))
+    for a, e in zip(ours_results, expected, strict=True):
+        assert rel_l2(a, e) < TOL
+
+
 def _model(device):
     torch.manual_seed(0)
     return nn.Sequential(
@@ -276,64 +318,64 @@ def test_gradient_penalty_through_a_norm_matches_float64(norm, device):
         assert rel_l2(ours_grad, want) < TOL
 
 
-@pytest.mark.parametrize(
-    "transform", ["jvp", "jacfwd_bias", "grad", "per_sample_grad", "jacrev", "hvp", "grad_of_grad"]
-)
+TRANSFORMS = ["jvp", "jacfwd_bias", "grad", "per_sample_grad", "jacrev", "hvp", "grad_of_grad"]
+# The transforms training recipes compile, under torch.compile(fullgraph=True): a jvp (consistency models,
+# MeanFlow), per-sample gradients (differential privacy), a Hessian-vector product.
+COMPILED = ["compiled_jvp", "compiled_per_sample_grad", "compiled_hvp"]
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS + COMPILED)
 def test_transforms_of_a_converted_model_match_stock(transform, device):
     """torch.func over a converted model (convolutions and the norm on tconv3d) and over stock in float64, through
     functional_call: a jvp along the input and the parameters, jacfwd in one bias, grad of a loss in the parameters,
     per-sample gradients (vmap of grad over the batch), jacrev in the last bias, and second order through the
-    norm's backward: Hessian-vector products (jvp of grad) and the gradient of the squared gradient."""
+    norm's backward: Hessian-vector products (jvp of grad) and the gradient of the squared gradient. A compiled case
+    runs the converted model's transform under torch.compile(fullgraph=True), which traces tconv3d's ops as their
+    torch ops (dynamo traces no autograd Function with a jvp): before, such a graph did not compile."""
     stock = _model(device)
     converted = tconv3d.nn.convert(copy.deepcopy(stock))
     reference = copy.deepcopy(stock).double()
     x = randn(2, 3, 4, 6, 6, device=device)
     params = {name: p.detach() for name, p in converted.named_parameters()}
     params64 = {name: p.detach().double() for name, p in reference.named_parameters()}
+    t_params = {name: torch.randn_like(p) for name, p in params.items()}
+    t_x = randn(*x.shape, device=device)
+    compiled = transform.startswith("compiled_")
 
     def run(model, params, x):
         return functional_call(model, params, (x,))
 
-    if transform == "jvp":
-        t_x = randn(*x.shape, device=device)
-        t_params = {name: torch.randn_like(p) for name, p in params.items()}
-        ours = jvp(lambda p, x: run(converted, p, x), (params, x), (t_params, t_x))[1]
-        up = {name: t.double() for name, t in t_params.items()}
-        expected = jvp(lambda p, x: run(reference, p, x), (params64, x.double()), (up, t_x.double()))[1]
-        results = [(ours, expected)]
-    elif transform in ("jacfwd_bias", "jacrev"):
-        name = "0.bias" if transform == "jacfwd_bias" else "3.bias"
-        jac = torch.func.jacfwd if transform == "jacfwd_bias" else jacrev
+    def loss(model):
+        return lambda p, x: run(model, p, x).square().mean()
 
-        def of(model, params, x):
-            return lambda b: run(model, {**params, name: b}, x).sum(dim=(0, 2, 3, 4))
+    def transformed(model):
+        """The transform under test over `model`: a function of (params, x, the parameters' and x's tangents)."""
+        kind = transform.removeprefix("compiled_")
+        if kind == "jvp":
+            return lambda p, x, t_p, t_x: jvp(lambda p, x: run(model, p, x), (p, x), (t_p, t_x))[1]
+        if kind in ("jacfwd_bias", "jacrev"):
+            name = "0.bias" if kind == "jacfwd_bias" else "3.bias"
+            jac = torch.func.jacfwd if kind == "jacfwd_bias" else jacrev
+            return lambda p, x, *_: jac(lambda b: run(model, {**p, name: b}, x).sum(dim=(0, 2, 3, 4)))(p[name])
+        if kind == "hvp":  # forward over reverse, through the norm's backward too
+            return lambda p, x, t_p, _: jvp(lambda p: grad(loss(model))(p, x), (p,), (t_p,))[1]
+        if kind == "grad_of_grad":
+            squared_gradient = lambda p, x: sum(g.square().sum() for g in grad(loss(model))(p, x).values())  # noqa: E731
+            return lambda p, x, *_: grad(squared_gradient)(p, x)
+        if kind == "grad":
+            return lambda p, x, *_: grad(loss(model))(p, x)
+        per_sample = vmap(grad(lambda p, x: loss(model)(p, x[None])), in_dims=(None, 0))
+        return lambda p, x, *_: per_sample(p, x)
 
-        ours = jac(of(converted, params, x))(params[name])
-        expected = jac(of(reference, params64, x.double()))(params64[name])
-        results = [(ours, expected)]
+    ours = transformed(converted)
+    ours = (torch.compile(ours, fullgraph=True) if compiled else ours)(params, x, t_params, t_x)
+    up = {name: t.double() for name, t in t_params.items()}
+    expected = transformed(reference)(params64, x.double(), up, t_x.double())
+    if isinstance(expected, dict):
+        ours, expected = [ours[name] for name in params], [expected[name] for name in params]
     else:
-
-        def loss(model):
-            return lambda p, x: run(model, p, x).square().mean()
-
-        def squared_gradient(model):
-            return lambda p, x: sum(g.square().sum() for g in grad(loss(model))(p, x).values())
-
-        if transform == "hvp":  # forward over reverse, through the norm's backward too
-            t_params = {name: torch.randn_like(p) for name, p in params.items()}
-            ours = jvp(lambda p: grad(loss(converted))(p, x), (params,), (t_params,))[1]
-            up = {name: t.double() for name, t in t_params.items()}
-            expected = jvp(lambda p: grad(loss(reference))(p, x.double()), (params64,), (up,))[1]
-        elif transform == "grad_of_grad":
-            ours = grad(squared_gradient(converted))(params, x)
-            expected = grad(squared_gradient(reference))(params64, x.double())
-        elif transform == "grad":
-            ours, expected = grad(loss(converted))(params, x), grad(loss(reference))(params64, x.double())
-        else:
-            per_sample = lambda model: vmap(grad(lambda p, x: loss(model)(p, x[None])), in_dims=(None, 0))  # noqa: E731
-            ours, expected = per_sample(converted)(params, x), per_sample(reference)(params64, x.double())
-        results = [(ours[name], expected[name]) for name in params]
-    for a, e in results:
+        ours, expected = [ours], [expected]
+    for a, e in zip(ours, expected, strict=True):
         assert rel_l2(a, e) < TOL
 
 

@@ -45,6 +45,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None) -> t
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
     grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
+    narrowed = "zeros" in geom.dim_modes
     for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
@@ -52,7 +53,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None) -> t
         return fold_padding(grad, geom)
     # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a view,
     # which an op must not return: autograd forbids modifying it in place (ConvTranspose3d adds its bias so).
-    return grad.clone(memory_format=torch.channels_last_3d) if grad._is_view() else _as_ndhwc(grad)
+    return grad.clone(memory_format=torch.channels_last_3d) if narrowed else _as_ndhwc(grad)
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
