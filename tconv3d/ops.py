@@ -340,6 +340,52 @@ def _conv_refusal(direction: str, check):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# torch.func.vmap: the vmapped dimension folded into the batch
+
+
+def _batching_rule(name: str, shared, size_argument: int | None = None) -> None:
+    """Register the op's vmap rule. Where no tensor at the positions `shared` (the weight's and the bias's, which
+    every sample shares) is vmapped, the vmapped dimension is folded into the batch of the others (a vmapped tensor's
+    moved to the front, an unvmapped one expanded: a view where the vmapped dimension is outermost in memory, as
+    vmap over a batch makes it) and the op runs once, with `size_argument`'s first entry (its output's batch)
+    scaled to match. Otherwise (per-sample weights: an ensemble's; `shared` None: an output summed over the batch,
+    the weight gradient's) the op runs once a sample, as the dispatcher's fallback would, without its warning."""
+    op = getattr(torch.ops.tconv3d, name).default
+
+    def rule(info, in_dims, *args):
+        size = info.batch_size
+        vmapped = {i: dim for i, dim in enumerate(in_dims) if isinstance(args[i], torch.Tensor) and dim is not None}
+        if shared is not None and not any(i in vmapped for i in shared):
+            args = list(args)
+            for i, arg in enumerate(args):
+                if isinstance(arg, torch.Tensor) and i not in shared:
+                    arg = arg.movedim(vmapped[i], 0) if i in vmapped else arg.expand(size, *arg.shape)
+                    args[i] = arg.flatten(0, 1)
+            if size_argument is not None:
+                args[size_argument] = [args[size_argument][0] * size, *args[size_argument][1:]]
+            out = op(*args)
+            if isinstance(out, tuple):
+                return tuple(_unfolded(t, size) for t in out), (0,) * len(out)
+            return _unfolded(out, size), 0
+        outs = [
+            op(*(arg.select(vmapped[i], sample) if i in vmapped else arg for i, arg in enumerate(args)))
+            for sample in range(size)
+        ]
+        if isinstance(outs[0], tuple):
+            return tuple(torch.stack(parts) for parts in zip(*outs, strict=True)), (0,) * len(outs[0])
+        return torch.stack(outs), 0
+
+    torch.library.register_vmap(f"tconv3d::{name}", rule, lib=_lib)
+
+
+def _unfolded(t: torch.Tensor, size: int) -> torch.Tensor:
+    """t with its batch split into (size, the rest), on t's storage but not a view of t: the op's output under vmap
+    is an autograd Function's, which callers modify in place (conv_transpose3d's bias, an in-place SiLU)."""
+    view = t.unflatten(0, (size, -1))
+    return t.new_empty(0).set_(t.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # forward
 
 
@@ -569,6 +615,7 @@ call_conv3d = _register_autograd(
     "conv3d", conv3d, _conv3d_backward, _conv3d_setup_context, _conv3d_jvp, _conv3d_in_torch_ops
 )
 _inductor_launches("conv3d", conv3d, _conv_refusal("fwd", check_conv3d))
+_batching_rule("conv3d", shared=(1, 2))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -700,6 +747,7 @@ call_conv3d_input_grad = _register_autograd(
     _input_grad_in_torch_ops,
 )  # fmt: skip
 _inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad", check_input_grad))
+_batching_rule("conv3d_input_grad", shared=(1,), size_argument=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -807,6 +855,7 @@ call_conv3d_weight_grad = _register_autograd(
     _weight_grad_in_torch_ops,
 )  # fmt: skip
 _inductor_launches("conv3d_weight_grad", conv3d_weight_grad, _conv_refusal("wgrad", check_weight_grad))
+_batching_rule("conv3d_weight_grad", shared=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -980,6 +1029,7 @@ call_group_norm = _register_autograd(
 )  # fmt: skip
 _inductor_launches("group_norm", group_norm)
 _inductor_launches("group_norm_backward", group_norm_backward)
+_batching_rule("group_norm", shared=(1, 2))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1065,6 +1115,7 @@ call_rms_norm = _register_autograd(
 )
 _inductor_launches("rms_norm", rms_norm)
 _inductor_launches("rms_norm_backward", rms_norm_backward)
+_batching_rule("rms_norm", shared=(1, 2))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ only: each op's tangent is its own rule in ops.py (the convolution and its two g
 norms in torch ops). Without the rules a tangent through a convolution came out zero, silently, and torch.func.grad
 raised inside autograd.Function."""
 
+import collections
 import copy
+import warnings
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from test_norms import rms_reference
 from torch import nn
 from torch.func import functional_call, grad, jacrev, jvp, vmap
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
 from tconv3d.ops import call_group_norm, call_rms_norm, varying
@@ -377,6 +380,63 @@ def test_transforms_of_a_converted_model_match_stock(transform, device):
         ours, expected = [ours], [expected]
     for a, e in zip(ours, expected, strict=True):
         assert rel_l2(a, e) < TOL
+
+
+class _CountedOps(TorchDispatchMode):
+    """The tconv3d ops called below every transform, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "tconv3d":
+            self.counts[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_vmap_runs_an_op_once_for_the_whole_batch(device):
+    """vmap folds the vmapped dimension into the ops' batch where the weight is shared: per-sample gradients (vmap
+    of grad) run each forward, input gradient and norm once whatever the batch (the weight gradient, a sum over the
+    batch, once a sample), with the in-place ops models run on their outputs (conv_transpose3d's bias, an in-place
+    SiLU after a norm); per-sample weights (an ensemble's) run once a sample. Before, every op ran once a sample
+    (the dispatcher's fallback, with a performance warning)."""
+    torch.manual_seed(0)
+    stock = nn.Sequential(
+        nn.Conv3d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU(inplace=True),
+        nn.Conv3d(8, 4, 3, stride=2, padding=1), nn.ConvTranspose3d(4, 2, 2, stride=2),
+    ).to(device)  # fmt: skip
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    reference = copy.deepcopy(stock).double()
+
+    def per_sample(model, x):
+        params = {name: p.detach() for name, p in model.named_parameters()}
+        loss = lambda p, x: functional_call(model, p, (x[None],)).square().mean()  # noqa: E731
+        return vmap(grad(loss), in_dims=(None, 0))(params, x)
+
+    counts = []
+    for batch in (2, 3):
+        x = randn(batch, 3, 4, 6, 6, device=device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*performance drop")
+            with _CountedOps() as counted:
+                ours = per_sample(converted, x)
+        counts.append(counted.counts)
+        expected = per_sample(reference, x.double())
+        for name, want in expected.items():
+            assert rel_l2(ours[name], want) < TOL, name
+    fixed = {name: n for name, n in counts[0].items() if name != "conv3d_weight_grad"}
+    assert fixed == {"conv3d": 3, "conv3d_input_grad": 2, "group_norm": 1}
+    assert {name: n for name, n in counts[1].items() if name != "conv3d_weight_grad"} == fixed
+    assert (counts[0]["conv3d_weight_grad"], counts[1]["conv3d_weight_grad"]) == (6, 9)
+
+    x = randn(2, 3, 4, 5, 5, device=device)
+    weights = randn(3, 4, 3, 3, 3, 3, device=device, scale=0.3)
+    ensemble = vmap(lambda w: call_rms_norm(tconv3d.conv3d(x, w, None, 1, 1), None, None, 1e-6, "silu"))(weights)
+    expected = vmap(lambda w: rms_reference(F.conv3d(x.double(), w, None, 1, 1), None, None, 1e-6, "silu", False))(
+        weights.double()
+    )
+    assert rel_l2(ensemble, expected) < TOL
 
 
 def test_an_op_called_directly_under_a_transform_names_the_way(device):
