@@ -6,8 +6,9 @@ unbatched and non-channels-last inputs, views whose rows are not packed), each u
 get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
 (as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias,
 channels after; for some problems the second-order ones, grad_output's included; for some the output's tangent
-along random tangents of every input, forward-mode AD) are held to the float64 result of torch.cat + F.pad +
-F.conv3d (F.conv_transpose3d) by relative L2 error.
+along random tangents of every input, forward-mode AD; for some the output and gradients again by torch.func.vmap
+over the batch, a sample a call) are held to the float64 result of torch.cat + F.pad + F.conv3d
+(F.conv_transpose3d) by relative L2 error.
 
 The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
 
@@ -48,6 +49,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from helpers import grouped_taps, swapped_tiles
+from torch.func import grad, vmap
 
 import tconv3d
 from tconv3d import settings
@@ -62,9 +64,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("zeros", "replicate", "reflect", "circular")
 KERNELS = ("auto", "pointer", "tma", "gluon")
 TILINGS = ("default", "heuristic", "candidate")
-# The shares of problems drawn with an empty batch, and with a forward-mode tangent checked.
+# The shares of problems drawn with an empty batch, with a forward-mode tangent checked, and run again under vmap.
 EMPTY_SHARE = 0.04
 TANGENT_SHARE = 0.15
+VMAP_SHARE = 0.15
 H100_SMS, H100_SMEM = 132, 232448
 
 
@@ -115,6 +118,7 @@ class Problem:
     after: int = 0  # channels_after's channels (a skip connection concatenated after the input's); 0: none
     empty: bool = False  # a batch of no entries (N = 0, batched even where `batch` says unbatched)
     tangent: bool = False  # the output's tangent along random tangents of every input (forward_ad's dual tensors)
+    vmapped: bool = False  # the output and first-order gradients again by vmap over the batch (batched problems)
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -230,6 +234,8 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
             problem = dataclasses.replace(problem, empty=True)
         if random.Random(f"{seed}-tangent").random() < TANGENT_SHARE:  # since fuzz run 38
             problem = dataclasses.replace(problem, tangent=True)
+        if problem.batch and not problem.empty and random.Random(f"{seed}-vmap").random() < VMAP_SHARE:  # run 39
+            problem = dataclasses.replace(problem, vmapped=True)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
 
@@ -394,6 +400,39 @@ def _tangents(problem: Problem, call, tensors) -> tuple:
     return ours, torch.func.jvp(along, upcast(tensors), upcast(tangents))[1]
 
 
+def _per_sample(problem: Problem, call, tensors, grad_out) -> dict:
+    """The output and the gradients of sum(output * grad_out) by torch.func.vmap of grad over the batch, a sample a
+    call (each op's vmap rule folds the samples back into its batch, or runs them one by one): {name: (tconv3d's,
+    float64 torch's of the whole batch)}, the per-sample gradients stacked (the input's, frames_before's,
+    channels_after's) or summed (the weight's and the bias's, which every sample shares)."""
+    present = [i for i, t in enumerate(tensors) if t is not None]
+    per_sample = [i in (0, 1, 4) for i in present]  # x, frames_before, channels_after
+
+    def loss(*args):
+        *values, g = args
+        full = [None] * len(tensors)
+        for i, value, sampled in zip(present, values, per_sample, strict=True):
+            full[i] = value[None] if sampled else value
+        y = call(*full)
+        return (y * g[None]).sum(), y[0]
+
+    values = [tensors[i].detach() for i in present]
+    in_dims = (*(0 if sampled else None for sampled in per_sample), 0)
+    grads, y = vmap(grad(loss, argnums=tuple(range(len(present))), has_aux=True), in_dims=in_dims)(
+        *values, grad_out.detach()
+    )
+    exact = [value.double().requires_grad_() for value in values]
+    full = [None] * len(tensors)
+    for i, value in zip(present, exact, strict=True):
+        full[i] = value
+    expected = reference(problem, *full)
+    exact_grads = torch.autograd.grad(expected, exact, grad_out.detach().double())
+    results = {"vmap_output": (y, expected)}
+    for k, i in enumerate(present):
+        results[f"vmap_grad_{GRADIENTS[i]}"] = (grads[k] if per_sample[k] else grads[k].sum(0), exact_grads[k])
+    return results
+
+
 def run(problem: Problem, monkeypatch) -> dict:
     """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
     AssertionError where one is over the dtype's bound."""
@@ -432,9 +471,11 @@ def run(problem: Problem, monkeypatch) -> dict:
         grads = _backward(problem, y, ours, grad_out, probes)
         if problem.tangent:
             tangent, expected_tangent = _tangents(problem, call, tensors)
+        vmapped = _per_sample(problem, call, tensors, grad_out) if problem.vmapped else {}
     errors = {"output": rel_l2(y, expected)}
     if problem.tangent:
         errors["tangent"] = rel_l2(tangent, expected_tangent)
+    errors.update({name: rel_l2(got, want) for name, (got, want) in vmapped.items()})
     for name, want in exact_grads.items():
         got = grads[name]
         if want is None and got is not None and problem.empty and not got.any():

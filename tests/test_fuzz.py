@@ -27,8 +27,8 @@ def test_random_problem_matches_float64(seed):
 
 def test_draws_cover_what_the_suite_does_not_name():
     """The seeds above draw transposed, grouped, depthwise, cached-frame, channels-after, non-zeros-padded, strided,
-    second-order, forward-mode (tangent) and empty-batch problems, and every variant; a change to draw() that lost
-    one would leave it unfuzzed in CI."""
+    second-order, forward-mode (tangent), vmapped and empty-batch problems, and every variant; a change to draw()
+    that lost one would leave it unfuzzed in CI."""
     problems = [draw(seed, KERNELS_HERE, SCALE) for seed in SEEDS]
     drawn = {
         "transpose": any(p.transpose for p in problems),
@@ -46,6 +46,8 @@ def test_draws_cover_what_the_suite_does_not_name():
         "second_order_transpose": any(p.second_order and p.transpose for p in problems),
         "tangent": any(p.tangent and not p.transpose for p in problems),
         "tangent_transpose": any(p.tangent and p.transpose for p in problems),
+        "vmapped": any(p.vmapped and not p.transpose and (p.frames or p.after) for p in problems),
+        "vmapped_transpose": any(p.vmapped and p.transpose for p in problems),
         "view": any(p.layout == "view" for p in problems),
         "kernels": {p.kernels for p in problems} == set(KERNELS_HERE),
         "dtypes": {p.dtype for p in problems} == {"fp32", "bf16", "fp16"},
@@ -128,4 +130,15 @@ def test_a_wrong_tangent_fails(monkeypatch):
     problems = (draw(seed, ("pointer",), SCALE) for seed in range(1000))
     problem = next(p for p in problems if p.tangent and not p.transpose and not p.empty and p.dtype == "fp32")
     with pytest.raises(AssertionError, match="tangent"):
+        check(problem)
+
+
+def test_a_wrong_vmap_fails(monkeypatch):
+    """A vmapped problem's results under vmap are checked: with the vmap rule's samples split back in the wrong
+    order, the fuzzer reports the vmapped output, named."""
+    unfolded = tconv3d.ops._unfolded
+    monkeypatch.setattr(tconv3d.ops, "_unfolded", lambda t, size: unfolded(t, size).flip(0))
+    problems = (draw(seed, ("pointer",), SCALE) for seed in range(1000))
+    problem = next(p for p in problems if p.vmapped and p.batch == 2 and not p.transpose and p.dtype == "fp32")
+    with pytest.raises(AssertionError, match="vmap_output"):
         check(problem)
