@@ -995,8 +995,7 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     if _backward_differentiated(grad_output, input, weight, bias, channels_after):
 
         def forward(input, weight, bias, channels_after):
-            whole = _concatenated(input, channels_after)
-            return aten.group_norm_fwd(whole, weight, bias, ctx.groups, ctx.eps, ctx.activation)[0]
+            return _group_norm_in_torch_ops(input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after)[0]
 
         grads = _vjp_of(forward, grad_output, input, weight, bias, channels_after)
         return _needed(ctx, (*grads[:3], None, None, None, grads[3]))
@@ -1094,7 +1093,7 @@ def _rms_norm_backward(ctx, grad_output):
         activation, clamp = _trailing_arguments(ctx.options, ("none", False))
 
         def forward(input, weight, bias):
-            return aten.rms_norm_fwd(input, weight, bias, ctx.eps, activation, clamp)
+            return _rms_norm_in_torch_ops(input, weight, bias, ctx.eps, activation, clamp)
 
         return _needed(ctx, _vjp_of(forward, grad_output, input, weight, bias))
     grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, *ctx.options)
