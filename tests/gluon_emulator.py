@@ -907,7 +907,25 @@ def _static_assert(condition, message=""):
         raise KernelFault(f"static_assert: {message}")
 
 
+# The asm statements the kernels hold, each as what it computes: a conversion of two fp32 elements an instruction,
+# rounding to nearest even as torch's `.to` does (conv_gluon._downcast). Any other asm is refused.
+_ASM = {
+    "cvt.rn.bf16x2.f32 $0, $2, $1;": torch.bfloat16,
+    "cvt.rn.f16x2.f32 $0, $2, $1;": torch.float16,
+}
+
+
+def _inline_asm_elementwise(asm, constraints, args, dtype, is_pure, pack):
+    if asm not in _ASM or _torch_dtype(dtype) != _ASM[asm] or len(args) != 1 or int(pack) != 2:
+        raise KernelFault(f"the emulator has no stand-in for the asm statement {asm!r} (pack {pack}, {dtype})")
+    (value,) = args
+    if value.dt != torch.float32 or value.t.shape[-1] % 2:
+        raise KernelFault(f"{asm!r} converts pairs of fp32 elements, not {value.dt} of shape {value.shape}")
+    return Val(value.t.to(_ASM[asm]))
+
+
 _OPERATIONS = dict(
+    inline_asm_elementwise=_inline_asm_elementwise,
     allocate_shared_memory=_allocate_shared_memory, static_range=_static_range, static_assert=_static_assert,
     program_id=_program_id,
     num_programs=_num_programs, zeros=_zeros, arange=_arange, expand_dims=_expand_dims, where=_where,

@@ -814,8 +814,9 @@ def test_warp_specialized_weight_gradient_equals_the_pipelined_one(stride, devic
 def test_inspect_forces_the_warp_specialized_twin(monkeypatch):
     """python -m tconv3d.inspect --variant gluon-ws plans the Gluon kernel's persistent warp-specialized twin of
     each eligible launch on sm_90 (gluon forces the software-pipelined one, gluon-halo the twin's halo tiles where
-    the forward and input gradient may take them); sm_80 keeps its own kernels."""
-    from tconv3d.inspect.__main__ import _wait_depth, plan
+    the forward and input gradient may take them; a transposed weight gradient, warp-specialized only, as its plain
+    tiles); sm_80 keeps its own kernels."""
+    from tconv3d.inspect.__main__ import _wait_depth, plan, specialized_only
     from tconv3d.tune.shapes import load_shape_set
 
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
@@ -823,7 +824,8 @@ def test_inspect_forces_the_warp_specialized_twin(monkeypatch):
     jobs = {(job[0].name, job[2], job[3], variant): job[4] for variant in ("gluon", "gluon-ws", "gluon-halo")
             for job in plan(shapes, ["bf16"], DIRECTIONS, [90, 80], False, variant)}  # fmt: skip
     for direction in DIRECTIONS:
-        assert jobs[("unet_32", direction, 90, "gluon")].gluon == 1
+        pipelined = jobs[("unet_32", direction, 90, "gluon")]  # its transposed weight gradient's plain tiles
+        assert pipelined.gluon == 1 and not specialized_only(direction, pipelined)  # what the launcher takes
         assert jobs[("unet_32", direction, 90, "gluon-ws")].gluon == 2
         halo = jobs[("unet_32", direction, 90, "gluon-halo")]
         assert (halo.gluon, halo.halo_d) == (2, 0 if direction == "wgrad" else 2)

@@ -238,6 +238,11 @@ if conv_gluon.UNAVAILABLE is None:
     # MONAI UNet's up conv transposing a skip connection's concatenation (the input gradient's second source)
     up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
     pipelined_and_specialized("unet_up", up, ("dgrad",))
+    # A strided weight gradient of channels no multiple of 8 (the awkward set's stride2_odd, 24 -> 40), its tile
+    # stored one element at a time: the conversions kept in pairs (conv_gluon._downcast), without which triton
+    # 3.9's ptxas serialized its wgmmas (C7514)
+    odd = next(s for s in load_shape_set("awkward") if s.name == "stride2_odd").geometry()
+    pipelined_and_specialized("stride2_odd", odd, ("wgrad",))
 print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
 """
 
@@ -261,7 +266,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     3-channel rows
     from registers; a video VAE's causal conv with replicate borders along D and cached frames, forward and weight
     gradient, and the interior of one with replicate borders in all three dimensions, forward and weight gradient; a
-    UNet decoder conv reading its skip connection as channels_after, forward and weight gradient), for sm_90: TMA loads,
+    UNet decoder conv reading its skip connection as channels_after, forward and weight gradient; a strided weight
+    gradient of 24 -> 40 channels, its tile stored element by element), for sm_90: TMA loads,
     wgmma with both operands in shared memory (no LDS/LDSM/STS/STSM in the main loop), one wgmma group in flight (a
     single wait at depth 1 per step; unet_32's and unet_64's halo tiles (unet_64's swapped too), two frames a tile
     reading the input frames of the three taps along D from one box, 6: a step's 2 x 3), no spills, within the 227
@@ -288,6 +294,8 @@ def test_gluon_kernels_compile_to_the_hopper_main_loop():
     assert skip == {("fwd", 1), ("fwd", 2), ("wgrad", 1), ("wgrad", 2)}  # channels_after
     up = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "unet_up"}
     assert up == {("dgrad", 1), ("dgrad", 2)}  # a transposed conv's channels_after, through phase views
+    odd = {(r["direction"], r["config"]["gluon"]) for r in reports if r["case"] == "stride2_odd"}
+    assert odd == {("wgrad", 1), ("wgrad", 2)}  # stored element by element, converted in pairs
     tf32 = [r for r in reports if r["dtype"] == "torch.float32"]  # fp32 read as TF32: k8 wgmma atoms
     assert {r["direction"] for r in tf32} == {"fwd", "dgrad"}  # the input gradient over the transposed weight
     assert all(r["mma"].startswith("HGMMA.64x") and r["mma"].endswith("x8.F32.TF32") for r in tf32), tf32[0]["mma"]

@@ -35,7 +35,7 @@ import torch
 
 from .. import settings
 from ..kernels import conv_gluon
-from ..kernels.config import DIRECTIONS, HALO_KD, pointer_form
+from ..kernels.config import DIRECTIONS, HALO_KD, KernelConfig, off_gluon, pointer_form
 from ..tune import choice
 from ..tune.configs import GLUON_CAPABILITY, candidates, halo_twin, mma_fill, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
@@ -110,6 +110,12 @@ def _tensor_map_notes(reports, kind: str) -> list[str]:
     ]
 
 
+def specialized_only(direction: str, config: KernelConfig) -> bool:
+    """Whether `config` has what only the warp-specialized Gluon kernel runs: a transposed (swap_ab) weight gradient,
+    grouped taps, halo tiles (KernelConfig's checks, conv_gluon.conv3d_wgrad_gluon's)."""
+    return (direction == "wgrad" and bool(config.swap_ab)) or config.tap_group > 1 or bool(config.halo_d)
+
+
 def plan(
     shapes: list[ConvShape], dtypes, directions, archs, space: bool, variant: str = "auto", distinct: bool = False
 ) -> list[tuple]:
@@ -132,6 +138,10 @@ def plan(
                         gluon_runs = capability == GLUON_CAPABILITY and conv_gluon.UNAVAILABLE is None
                         kernels = "gluon" if variant.startswith("gluon") else variant
                         forced = choice.force_variant(direction, geom, dtype, config, kernels, gluon_runs)
+                        if variant == "gluon" and forced.gluon and specialized_only(direction, forced):
+                            # the pipelined kernel on the plain tiles of a transposed or tap-grouped weight gradient
+                            # or of halo tiles, which only the warp-specialized one has
+                            forced = choice.force_variant(direction, geom, dtype, off_gluon(forced), kernels, True)
                         if variant.startswith("gluon") and forced.gluon:  # pipelined, or the persistent
                             # warp-specialized twin (what the sm_90 heuristic chooses), or its halo tiles
                             forced = dataclasses.replace(forced, gluon=1 if variant == "gluon" else 2)

@@ -1003,6 +1003,23 @@ if UNAVAILABLE is None:
         return n, d, h0, w0
 
     @gluon.jit
+    def _downcast(acc, dtype: gl.constexpr):
+        """acc (fp32) as `dtype`, two elements an instruction (cvt.rn.bf16x2.f32, cvt.rn.f16x2.f32). A store that
+        cannot be vectorised (a channel count not a multiple of 8) lets LLVM split `acc.to(dtype)` into one cvt an
+        element, and ptxas 13 (triton 3.9) then serializes the main loop's wgmmas (C7514) in the weight gradient at
+        a stride; an asm statement keeps the pairs. Round to nearest even, as `.to` does."""
+        if dtype == gl.bfloat16:
+            return gl.inline_asm_elementwise(
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [acc], dtype=gl.bfloat16, is_pure=True, pack=2
+            )
+        elif dtype == gl.float16:
+            return gl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [acc], dtype=gl.float16, is_pure=True, pack=2
+            )
+        else:
+            return acc.to(dtype)
+
+    @gluon.jit
     def _store_wgrad_tile(acc, out_ptr, split, tap, co0, ci0, C_OUT, C_IN, stride_os, stride_oo, stride_ot, stride_oi,
                           mma_layout: gl.constexpr, TAPS: gl.constexpr, GROUP: gl.constexpr,
                           SWAP_AB: gl.constexpr = False):  # fmt: skip
@@ -1027,7 +1044,7 @@ if UNAVAILABLE is None:
         out_ptrs = (out_ptr + split * stride_os + gl.expand_dims(offs_m, 1 - CO_AXIS) * stride_oo
                     + gl.expand_dims(column_offsets, CO_AXIS))  # fmt: skip
         mask = gl.expand_dims(offs_m < C_OUT, 1 - CO_AXIS) & gl.expand_dims(column_mask, CO_AXIS)
-        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        gl.store(out_ptrs, _downcast(acc, out_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _wgrad_steps(
