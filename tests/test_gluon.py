@@ -385,8 +385,9 @@ def test_gluon_config_field_round_trips_and_is_checked():
 def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     """Halo tiles (configs.halo_twin: two output frames a tile, the three kd taps' input frames one box) for a
     plain stride-1 3x3x3 forward on the persistent Gluon kernel, the ring the deepest that keeps its programs an SM;
-    nowhere a box of four frames would be remapped, strided, longer than the tensor or stored from registers; a
-    table entry lent to such a layer drops them; the config field round-trips and is checked."""
+    not where its two accumulators would spill; nowhere a box of four frames would be remapped, strided, longer than
+    the tensor or stored from registers; a table entry lent to such a layer drops them; the config field round-trips
+    and is checked."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
     narrow = conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 1, 1, 1)  # unet_64
     tile = configs.heuristic_config("fwd", narrow, torch.bfloat16, 132, 90)
@@ -413,6 +414,11 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     )
     wgrad = configs.heuristic_config("wgrad", narrow, torch.bfloat16, 132, 90)
     assert configs.halo_twin("wgrad", narrow, wgrad, 2) is None and configs.halo_twin("fwd", narrow, tile, 4) is None
+    # two accumulators of 256 x 128 on 8 warps (wan_dec_96's swapped tile): 256 registers a thread, spilled
+    wide = conv_geometry((1, 96, 16, 60, 104), (96, 96, 3, 3, 3), 1, 1, 1)
+    tall = configs.swapped_twin(configs.with_gluon(KernelConfig(256, 128, 32, 8, 3), wide, "fwd", True), "fwd")
+    assert configs.halo_eligible("fwd", wide, tall, 2) and configs.halo_twin("fwd", wide, tall, 2) is None
+    assert configs.halo_twin("fwd", wide, configs.with_gluon(KernelConfig(128, 128, 32, 8, 3), wide, "fwd", True), 2)
     dgrad = configs.heuristic_config("dgrad", narrow, torch.bfloat16, 132, 90)
     assert configs.halo_twin("dgrad", narrow, dgrad, 2).halo_d == 2  # a forward of grad_out, its taps flipped
     refused = {

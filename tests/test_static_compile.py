@@ -107,6 +107,22 @@ def test_every_tensor_map_meets_the_drivers_requirements(records):
     assert sum(bool(k["tensor_maps"]) for r in records if r["compiled"] for k in r["kernels"]) > 30
 
 
+def test_every_chosen_gluon_launch_keeps_the_hopper_main_loop(records):
+    """Every case of the bench and awkward sets as chosen on the Gluon kernels, under each triton CI runs: TMA into
+    shared memory, wgmma from it with one group in flight (inspect's problems). test_hopper_main_loops compiles
+    tiles of each kind; this holds every chosen one (a strided weight gradient of 24 -> 40 channels, stored element
+    by element, had its wgmmas serialized under triton 3.9 alone until conv_gluon._downcast)."""
+    from tconv3d.inspect.__main__ import problems
+
+    gluon = [r for r in records if r["compiled"] and r["config"].get("gluon")]
+    if 90 in STATIC_ARCHS and not gluon:
+        from tconv3d.kernels import conv_gluon
+
+        assert conv_gluon.UNAVAILABLE, "no chosen launch on the Gluon kernels where this triton has them"
+    found = [p for p in problems(gluon) if "Gluon main loop" in p]
+    assert not found, found
+
+
 def test_hopper_runs_wgmma_on_16_bit_tiles_of_64_rows(records):
     wanted = [
         r for r in records

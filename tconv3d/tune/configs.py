@@ -1108,6 +1108,12 @@ def halo_eligible(direction: str, geom: ConvGeometry, config: KernelConfig, elem
     )
 
 
+# A halo tile's HALO_FRAMES fp32 accumulators, registers a thread, at most: 2 x 64 compile without spills on one
+# warpgroup at two programs an SM (128 x 64, 128 registers) and on two at one (128 x 128, 168); 2 x 128 (256 x 128 on
+# 8 warps) spilled 1.5 KB a thread under triton 3.6 and 3.9.
+HALO_ACCUMULATOR_REGISTERS = 128
+
+
 def halo_twin(
     direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int, programs: int | None = None
 ) -> KernelConfig | None:
@@ -1117,8 +1123,10 @@ def halo_twin(
     `programs` = 1: on one program an SM whatever `config` has, the deepest ring of steps at most 32 channels deep
     that fits (4 stages of 45 KB at 128 x 64 against two programs' 2 each: what a deeper ring gains where the second
     program's wgmmas do not cover the first's waits on its loads). None where the launch may not take halo tiles or
-    no ring fits."""
+    no ring fits, or where the tile's HALO_FRAMES accumulators would not fit in HALO_ACCUMULATOR_REGISTERS a thread."""
     if not halo_eligible(direction, geom, config, element_size):
+        return None
+    if HALO_FRAMES * config.block_m * config.block_n > HALO_ACCUMULATOR_REGISTERS * 32 * config.num_warps:
         return None
     if programs is None:
         programs = conv_gluon.programs_an_sm(config, element_size, weight_grad=False)
