@@ -841,6 +841,12 @@ def _heuristic_tiles(
             # 16 gathered elements a thread, for 3 to 4 instructions a (voxel, tap) (sm_90 bf16, 128x128: 336 a step
             # under triton 3.6, 446 under 3.9; fp32 and sm_80 without spills; 64 voxels spilled under 3.6).
             block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
+        elif (geom.group_in_channels % 16 or geom.group_out_channels % 16) and block_m * block_n >= 64 * 64:
+            # Channel strides Triton cannot prove 16-divisible: grad_out and x gathered element by element, their
+            # addresses in registers. 64 x 64 x 64 on 4 warps spilled 104-776 bytes a thread (sm_90 bf16, triton
+            # 3.6 and 3.9: 36 -> 20 and 44 -> 12 channels, 255 registers, ~3100 instructions a step), on 8 still 48
+            # under 3.6; 32 deep on 8 warps: 128-172 registers, no spill, sm_90 and sm_80, 16 and 32 bits.
+            block_k, num_warps = 32, 8
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if packs_taps(direction, geom):
@@ -884,6 +890,11 @@ def _heuristic_tiles(
         # peak either way, far under what issue allows (35% and 100%, sm_90 bf16): latency-bound loops, and
         # two programs an SM both ways (102 registers x 256 threads, 190 x 128) hold twice the warps at 16 deep.
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
+        if view.cols % 16 and block_m * block_n >= 64 * 64:
+            # the columns' channels not 16-divisible (44 output channels of a 12-channel input, or an input gradient
+            # of 44 from 12): the weight gathered element by element too, and 64 x 64 on 4 warps spilled 512-1552
+            # bytes a thread (sm_90 bf16, triton 3.6 and 3.9); on 8, none
+            num_warps = 8
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
         # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
