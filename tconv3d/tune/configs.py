@@ -843,10 +843,13 @@ def _heuristic_tiles(
             block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
         elif (geom.group_in_channels % 16 or geom.group_out_channels % 16) and block_m * block_n >= 64 * 64:
             # Channel strides Triton cannot prove 16-divisible: grad_out and x gathered element by element, their
-            # addresses in registers. 64 x 64 x 64 on 4 warps spilled 104-776 bytes a thread (sm_90 bf16, triton
-            # 3.6 and 3.9: 36 -> 20 and 44 -> 12 channels, 255 registers, ~3100 instructions a step), on 8 still 48
-            # under 3.6; 32 deep on 8 warps: 128-172 registers, no spill, sm_90 and sm_80, 16 and 32 bits.
-            block_k, num_warps = 32, 8
+            # addresses in registers. 16-bit 64 x 64 x 64 on 4 warps spilled 104-1136 bytes a thread (sm_90 and
+            # sm_80, triton 3.6 and 3.9: 36 -> 20, 44 -> 12, 56 -> 3 channels, 255 registers, ~3100 instructions a
+            # step), on 8 still 48 under 3.6; 32 deep on 8 warps: 128-172 registers, no spill. fp32 (32 deep
+            # already) takes 8 warps from 64 x 128 (4 spilled there, sm_90 and sm_80) and keeps 4 at 64 x 64 (8
+            # spilled 8-24 bytes on sm_80 where 4 spilled 0-8).
+            block_k = 32
+            num_warps = 8 if dtype.itemsize == 2 or block_m * block_n > 64 * 64 else num_warps
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if packs_taps(direction, geom):
@@ -889,12 +892,12 @@ def _heuristic_tiles(
         # 1.08x faster than 32 deep on 4 warps (stack_in8's forward, stack_out8's input gradient) at ~11% of the
         # peak either way, far under what issue allows (35% and 100%, sm_90 bf16): latency-bound loops, and
         # two programs an SM both ways (102 registers x 256 threads, 190 x 128) hold twice the warps at 16 deep.
+        if view.cols % 16 and view.cols > MIN_TILE:
+            # the columns' channels not 16-divisible (44 output channels of a 12-channel input, an input gradient of
+            # 36 from 6): the weight gathered element by element too, and 64 x 64, 64 x 128 and 128 x 64 spilled
+            # 112-1976 bytes a thread (sm_90 and sm_80, 16 and 32 bits, triton 3.6 and 3.9); 64 x 32 none
+            block_m, block_n = 64, min(block_n, 32)
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
-        if view.cols % 16 and block_m * block_n >= 64 * 64:
-            # the columns' channels not 16-divisible (44 output channels of a 12-channel input, or an input gradient
-            # of 44 from 12): the weight gathered element by element too, and 64 x 64 on 4 warps spilled 512-1552
-            # bytes a thread (sm_90 bf16, triton 3.6 and 3.9); on 8, none
-            num_warps = 8
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
         # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
@@ -902,10 +905,17 @@ def _heuristic_tiles(
         # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway.
         return KernelConfig(64, MIN_TILE, MIN_TILE, 4, 1 if dtype == torch.float32 else 3, group_m=8)
     block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
+    # The weight's rows (output channels forward, input channels backward) not 16-divisible: its tile gathered
+    # element by element, and 64 x 64 and wider, and 128 x 32, spilled 368-2376 bytes a thread (40, 54, 56, 72 and
+    # 108 channels, 12 from 20, of 60 random problems, sm_90 and sm_80, 16 and 32 bits, triton 3.9); 64 x 32 none.
+    unaligned_cols = view.cols % 16 != 0 and view.cols > MIN_TILE  # (one column tile: the small-channel forms')
+    if unaligned_cols:
+        block_n = min(block_n, 32)
     # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators), and
     # so do 128 x 16 ones on 4 warps (8 bytes, triton 3.6 and 3.9: a conv to 3 channels): 64 rows there.
     narrow_fp32 = dtype == torch.float32 and block_n == MIN_TILE
-    block_m = 128 if (view.rows >= 128 * sm_count or wide_rows) and not narrow_fp32 else 64
+    wide = view.rows >= 128 * sm_count or wide_rows
+    block_m = 128 if wide and not narrow_fp32 and not unaligned_cols else 64
     # 8 warps from 64x128 up: 4 warps holding 64 accumulators each plus the gather's addresses spill on sm_80,
     # and so do 64-row 8-warp tiles 64 deep (a pointwise input-grad).
     num_warps = 8 if block_m * block_n >= 64 * 128 else 4
