@@ -19,6 +19,26 @@ from tconv3d.kernels.config import KernelConfig
 from tconv3d.tune import choice, configs
 
 
+def _threads_per_worker() -> int | None:
+    """The CPU threads each pytest-xdist worker may use: the machine's cores shared out between the workers; None
+    outside xdist, or where the user chose (OMP_NUM_THREADS).
+
+    Each worker's torch would otherwise start a thread a core: on CI's 2 cores, two workers ran 4 threads, and a
+    worker's torch ops (the real models on the aten path, the float64 references, the distributed tests' processes)
+    ran 2.6x slower than with one thread each (2026-11-30). The interpreted kernels (numpy) are not affected."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(workers))
+
+
+THREADS = _threads_per_worker()
+if THREADS is not None:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)  # for the processes tests start (distributed workers, fresh imports)
+    torch.set_num_threads(THREADS)
+
+
 def _patch_language_once_a_launch():
     """Make Triton's interpreter patch triton.language once a launch instead of once a device-function call.
 

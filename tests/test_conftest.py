@@ -1,5 +1,6 @@
 """What tests/conftest.py does to a run: it makes Triton's interpreter patch triton.language once a launch, runs
-int32 overflow checks only where asked (for real there), and hands the longest test files out first. CI runs this
+int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
+cores out between pytest-xdist's workers. CI runs this
 under triton 3.9 and, with the static compile tests, under 3.6: the interpreter's internals it leans on differ."""
 
 import os
@@ -87,3 +88,20 @@ def test_the_longest_files_are_handed_out_first(request):
     longest = [name for name in LONGEST_FIRST if name in files]
     assert files[: len(longest)] == longest
     assert getattr(request.config.option, "loadscopereorder", False) is False
+
+
+def test_each_xdist_worker_takes_its_share_of_the_cores():
+    """Under pytest-xdist each worker's torch runs on cores / workers threads (at least one), and the processes a test
+    starts inherit it; a run without xdist, or one whose OMP_NUM_THREADS the user set, keeps torch's own count."""
+    import conftest
+
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        assert conftest.THREADS is None
+        pytest.skip("not under pytest-xdist")
+    if conftest.THREADS is None:
+        pytest.skip("OMP_NUM_THREADS set by the user")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, cores // int(workers))
+    assert torch.get_num_threads() == threads
+    assert os.environ["OMP_NUM_THREADS"] == str(threads)
