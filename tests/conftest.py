@@ -29,8 +29,12 @@ def _threads_per_worker() -> int | None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers is None or "OMP_NUM_THREADS" in os.environ:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(workers))
+    return max(1, cores() // int(workers))
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 THREADS = _threads_per_worker()

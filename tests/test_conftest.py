@@ -1,7 +1,7 @@
 """What tests/conftest.py does to a run: it makes Triton's interpreter patch triton.language once a launch, runs
 int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
-cores out between pytest-xdist's workers. CI runs this
-under triton 3.9 and, with the static compile tests, under 3.6: the interpreter's internals it leans on differ."""
+cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, with the static compile tests, under
+3.6: the interpreter's internals it leans on differ."""
 
 import os
 
@@ -101,7 +101,6 @@ def test_each_xdist_worker_takes_its_share_of_the_cores():
         pytest.skip("not under pytest-xdist")
     if conftest.THREADS is None:
         pytest.skip("OMP_NUM_THREADS set by the user")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, cores // int(workers))
+    threads = max(1, conftest.cores() // int(workers))
     assert torch.get_num_threads() == threads
     assert os.environ["OMP_NUM_THREADS"] == str(threads)
