@@ -104,3 +104,106 @@ def test_each_xdist_worker_takes_its_share_of_the_cores():
     threads = max(1, conftest.cores() // int(workers))
     assert torch.get_num_threads() == threads
     assert os.environ["OMP_NUM_THREADS"] == str(threads)
+
+
+def _interpreter_shortcuts():
+    from triton.runtime import interpreter
+
+    _interpreted()
+    operands = interpreter.interpreter_semantic.binary_op_type_checking_impl
+    assert operands.__module__ == "conftest", "conftest's shortcuts through the interpreter's types are not in place"
+    return interpreter, operands
+
+
+def _operand_kinds(interpreter):
+    """Tensors of each element type the kernels use (and pointers, bools, unsigned), as scalars and blocks of two
+    shapes, with values that would show a conversion; and Python numbers at the edges of int32 and int64."""
+    import numpy as np
+
+    core = tl.core
+    rng = np.random.default_rng(0)
+    pointer = tl.pointer_type(tl.float32)
+    elements = [
+        tl.int1, tl.int32, tl.int64, tl.uint32, tl.int16, tl.float16, tl.bfloat16, tl.float32, tl.float64, pointer,
+    ]  # fmt: skip
+    kinds = []
+    for element in elements:
+        np_type = interpreter._get_np_dtype(element)
+        for shape in ((), (4,), (2, 4)):
+            data = rng.integers(-(2**20), 2**20, size=shape or (1,)).astype(np_type)
+            if element == pointer:
+                data = rng.integers(2**20, 2**21, size=shape or (1,)).astype(np_type) * 4
+            ty = core.block_type(element, list(shape)) if shape else element
+            kinds.append(core.tensor(interpreter.TensorHandle(data, element), ty))
+    numbers = [0, 7, -3, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2**63 - 1, 2**63, True, 1.5, -0.25]
+    return kinds + numbers
+
+
+def _described(result):
+    """What a binary operation's operands came out as: their types, shapes and values (or the error raised)."""
+    import numpy as np
+
+    if isinstance(result, Exception):
+        return type(result).__name__, str(result)
+    return [
+        (str(x.type), str(x.dtype), tuple(int(s) for s in x.shape), int(x.numel), str(x.handle.dtype),
+         x.handle.data.dtype.str, np.asarray(x.handle.data).tolist())
+        for x in result
+    ]  # fmt: skip
+
+
+def test_the_interpreters_operands_come_out_as_its_own_path_makes_them():
+    """conftest's shortcut through binary_op_type_checking_impl (behind every +, *, //, %, comparison) gives the
+    operands the interpreter's own path gives, with the same types, shapes, values and errors, for every pair of
+    operand kinds and every combination of its flags; and it is in place under this Triton (3.6 and 3.9 in CI)."""
+    interpreter, operands = _interpreter_shortcuts()
+    kinds = _operand_kinds(interpreter)
+    compared = 0
+    for lhs in kinds:
+        for rhs in kinds:
+            if not isinstance(lhs, tl.core.tensor) and not isinstance(rhs, tl.core.tensor):
+                continue
+            for flags in ((False, False, True, False), (True, True, True, False), (False, False, True, True),
+                          (False, False, False, False)):  # fmt: skip
+                results = []
+                for check in (operands, operands.original):
+                    try:
+                        results.append(_described(check(lhs, rhs, *flags)))
+                    except Exception as error:  # the errors must agree too
+                        results.append(_described(error))
+                assert results[0] == results[1], (lhs, rhs, flags)
+                compared += 1
+    assert compared > 1000
+
+
+def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
+    """conftest's cached block types and typed tensors have the fields the interpreter's constructors give them."""
+    interpreter, _ = _interpreter_shortcuts()
+    core = tl.core
+    block_init, tensor_init = core.block_type.__init__, core.tensor.__init__
+    assert block_init.__module__ == tensor_init.__module__ == "conftest"
+    for element in (tl.int32, tl.float32, tl.bfloat16, tl.pointer_type(tl.float16), tl.int1):
+        for shape in ([4], [2, 8], core.tuple([core.constexpr(2), core.constexpr(4)]), [core.constexpr(16)]):
+            for _ in range(2):  # built, then from the cache
+                ours, theirs = object.__new__(core.block_type), object.__new__(core.block_type)
+                block_init(ours, element, shape)
+                block_init.original(theirs, element, shape)
+                assert (ours.element_ty, ours.shape, ours.numel, ours.name) == (
+                    theirs.element_ty, theirs.shape, theirs.numel, theirs.name
+                )  # fmt: skip
+                data = __import__("numpy").zeros(ours.numel, interpreter._get_np_dtype(element))
+                handle = interpreter.TensorHandle(data, element)
+                for ty in (ours, element):
+                    a, b = object.__new__(core.tensor), object.__new__(core.tensor)
+                    tensor_init(a, handle, ty)
+                    tensor_init.original(b, handle, ty)
+                    assert (a.type, a.dtype, int(a.numel), str(a.shape), str(a.shape.type)) == (
+                        b.type, b.dtype, int(b.numel), str(b.shape), str(b.shape.type)
+                    )  # fmt: skip
+    for bad in ([3], [], [2**30, 2**30], (2, 8), [[2]]):  # (2, 8): a Python tuple, which triton's assertion refuses
+        errors = []
+        for init in (block_init, block_init.original):
+            with pytest.raises(Exception) as raised:  # whatever the interpreter raises
+                init(object.__new__(core.block_type), tl.int32, bad)
+            errors.append((raised.type, str(raised.value)))
+        assert errors[0] == errors[1]
