@@ -92,15 +92,16 @@ def _patch_language_once_a_launch():
     interpreter._patch_lang = patch_lang
 
 
-def _shortcut_the_interpreters_types():
+def _shortcut_the_interpreters_frontend():
     """Shortcuts through Triton's interpreter where its own path builds objects only to arrive where it started.
 
     Profiled on an interpreted kernel (a small-tiles input gradient, 2026-11-30), three fifths of its time went to
     Python objects the frontend builds for every operation, not to numpy:
     - `tl.block_type(element, shape)` unwraps and validates its shape and formats its name each time, 200,000 times
-      in that test: its fields are computed once a (element, shape) and reused; a tensor takes its shape tuple's type
-      from its block type instead of rebuilding it; `_get_np_dtype` (a 20-entry dict built a call) is looked up once
-      a type.
+      in that test: its fields are computed once a (element, shape) and reused; a tensor's shape (a tuple of
+      constexprs, with its own tuple type) is built from its block type when first read, which most never are;
+      `_get_np_dtype` (a 20-entry dict built a call) is looked up once a type; a builtin's stand-in passes its
+      keyword arguments on without copying them into a new dict on every call.
     - `binary_op_type_checking_impl`, behind every `+`, `*`, `//`, `%`, comparison and mask combination: where the
       operands need no conversion it returns them as the interpreter would, without computing a common type and
       casting to it: two tensors of one type; a scalar tensor and a block of its element type (the scalar splat by
@@ -110,6 +111,9 @@ def _shortcut_the_interpreters_types():
     Same tensors, types and errors as without (tests/test_conftest.py compares the two over every pair of operand
     kinds); where the interpreter's internals are not the ones this was written against (triton 3.6 and 3.9), it is
     left alone."""
+    import functools
+    import inspect
+
     from triton.language import core
     from triton.runtime import interpreter
 
@@ -117,6 +121,8 @@ def _shortcut_the_interpreters_types():
     check = getattr(semantic, "binary_op_type_checking_impl", None)
     np_dtype = getattr(interpreter, "_get_np_dtype", None)
     if check is None or np_dtype is None or getattr(semantic, "tensor", None) is not core.tensor:
+        return
+    if "shape" in vars(core.tensor):
         return
 
     blocks, block_init = {}, core.block_type.__init__
@@ -142,11 +148,16 @@ def _shortcut_the_interpreters_types():
         if not isinstance(type, core.dtype) or (type.is_block() and not hasattr(type, "_shape_type")):
             return tensor_init(self, handle, type)
         self.handle, self.type, self.dtype = handle, type, type.scalar
-        if type.is_block():
-            self.numel = core.constexpr(type.numel)
-            self.shape = core.tuple([core.constexpr(s) for s in type.shape], type._shape_type)
-        else:
-            self.numel, self.shape = core.constexpr(1), core.tuple([], no_shape)
+        self.numel = core.constexpr(type.numel if type.is_block() else 1)
+
+    def shape(self):  # a tensor's shape, built when first read (most of the interpreter's tensors never are)
+        ty = self.type
+        if ty.is_block():
+            return core.tuple([core.constexpr(s) for s in ty.shape], ty._shape_type)
+        return core.tuple([], no_shape)
+
+    shape = functools.cached_property(shape)
+    shape.__set_name__(core.tensor, "shape")
 
     np_dtypes = {}
 
@@ -192,17 +203,36 @@ def _shortcut_the_interpreters_types():
                 return (tensor, constant) if lhs_tensor else (constant, tensor)
         return check(lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
+    patch_attr = getattr(interpreter, "_patch_attr", None)
+
+    def interpreted_builtin(obj, name, member, builder, scope):
+        """The interpreter's stand-in for a builtin: the builtin called with `_semantic` set, without copying its
+        keyword arguments into a new dict on every call (and, under triton 3.6, which made a TritonSemantic for each
+        builtin, the one interpreter_semantic, whose only state is the same builder)."""
+        on = semantic if semantic.builder is builder else type(semantic)(builder)
+
+        def interpreted(*args, **kwargs):
+            kwargs.pop("_semantic", None)
+            return member(*args, **kwargs, _semantic=on)
+
+        scope.set_attr(obj, name, interpreted)
+
+    if patch_attr is not None and list(inspect.signature(patch_attr).parameters) == list(
+        inspect.signature(interpreted_builtin).parameters
+    ):
+        interpreter._patch_attr = interpreted_builtin
     # what tests/test_conftest.py compares them with
     operands.original, block_type_init.original, tensor_init_typed.original = check, block_init, tensor_init
     core.block_type.__init__ = block_type_init
     core.tensor.__init__ = tensor_init_typed
+    core.tensor.shape = shape  # under the attribute the interpreter's own __init__ sets on its tensors
     interpreter._get_np_dtype = np_dtype_once
     semantic.binary_op_type_checking_impl = operands
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_language_once_a_launch()
-    _shortcut_the_interpreters_types()
+    _shortcut_the_interpreters_frontend()
 
 
 def _interpreter_builder():

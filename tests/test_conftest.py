@@ -1,6 +1,7 @@
-"""What tests/conftest.py does to a run: it makes Triton's interpreter patch triton.language once a launch, runs
-int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
-cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, with the static compile tests, under
+"""What tests/conftest.py does to a run: it makes Triton's interpreter patch triton.language once a launch, takes
+shortcuts through its frontend's types that give what its own path gives, runs int32 overflow checks only where
+asked (for real there), hands the longest test files out first, and shares the cores out between pytest-xdist's
+workers. CI runs this under triton 3.9 and, with the static compile tests, under
 3.6: the interpreter's internals it leans on differ."""
 
 import os
@@ -112,6 +113,7 @@ def _interpreter_shortcuts():
     _interpreted()
     operands = interpreter.interpreter_semantic.binary_op_type_checking_impl
     assert operands.__module__ == "conftest", "conftest's shortcuts through the interpreter's types are not in place"
+    assert interpreter._patch_attr.__module__ == "conftest", "the interpreter's builtins are not conftest's stand-ins"
     return interpreter, operands
 
 
