@@ -122,7 +122,7 @@ def _shortcut_the_interpreters_frontend():
     np_dtype = getattr(interpreter, "_get_np_dtype", None)
     if check is None or np_dtype is None or getattr(semantic, "tensor", None) is not core.tensor:
         return
-    if "shape" in vars(core.tensor):
+    if "shape" in vars(core.tensor):  # installed already, or a triton whose tensors have a shape of their own
         return
 
     blocks, block_init = {}, core.block_type.__init__

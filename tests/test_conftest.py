@@ -6,6 +6,7 @@ workers. CI runs this under triton 3.9 and, with the static compile tests, under
 
 import os
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -120,8 +121,6 @@ def _interpreter_shortcuts():
 def _operand_kinds(interpreter):
     """Tensors of each element type the kernels use (and pointers, bools, unsigned), as scalars and blocks of two
     shapes, with values that would show a conversion; and Python numbers at the edges of int32 and int64."""
-    import numpy as np
-
     core = tl.core
     rng = np.random.default_rng(0)
     pointer = tl.pointer_type(tl.float32)
@@ -143,8 +142,6 @@ def _operand_kinds(interpreter):
 
 def _described(result):
     """What a binary operation's operands came out as: their types, shapes and values (or the error raised)."""
-    import numpy as np
-
     if isinstance(result, Exception):
         return type(result).__name__, str(result)
     return [
@@ -193,7 +190,7 @@ def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
                 assert (ours.element_ty, ours.shape, ours.numel, ours.name) == (
                     theirs.element_ty, theirs.shape, theirs.numel, theirs.name
                 )  # fmt: skip
-                data = __import__("numpy").zeros(ours.numel, interpreter._get_np_dtype(element))
+                data = np.zeros(ours.numel, interpreter._get_np_dtype(element))
                 handle = interpreter.TensorHandle(data, element)
                 for ty in (ours, element):
                     a, b = object.__new__(core.tensor), object.__new__(core.tensor)
