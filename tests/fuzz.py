@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import interpreter_speedups
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -519,28 +520,31 @@ def main() -> int:
         if conv_gluon.UNAVAILABLE is not None:  # this Triton has no Gluon (or not the Gluon the kernels are for)
             kernels = tuple(k for k in kernels if k != "gluon") or ("auto",)
         problems = (draw(seed, kernels, SCALES[args.size]) for seed in range(args.seed, 2**62))
-    start, done, failed = time.perf_counter(), 0, 0
-    variants = collections.Counter()  # the variants launched, so a run shows what it exercised
-    for problem in problems:
-        try:
-            result = check(problem)
-            variants.update(
-                f"{direction} {variant}{' swapped' if swap else ''}{f' {group} taps' if group else ''}"
-                f"{' halo' if halo else ''}"
-                for direction, variant, *_, halo, group, swap in result["launched"]
-            )
-        except Exception as error:  # a failure of any kind is a finding, reported as one
-            failed += 1
-            kind = "wrong" if isinstance(error, AssertionError) else type(error).__name__
-            print(json.dumps({"failure": kind, "problem": dataclasses.asdict(problem), "error": str(error)[:2000]}))
-            if args.replay:
-                traceback.print_exc()
-        else:
-            if args.replay:
-                print(json.dumps(result))
-        done += 1
-        if time.perf_counter() - start > args.seconds:
-            break
+    # On the interpreter: its speed-ups as under pytest, and int32 overflow checked as tests/test_fuzz.py checks it.
+    interpreter_speedups.install()
+    with interpreter_speedups.overflow_checks(True):
+        start, done, failed = time.perf_counter(), 0, 0
+        variants = collections.Counter()  # the variants launched, so a run shows what it exercised
+        for problem in problems:
+            try:
+                result = check(problem)
+                variants.update(
+                    f"{direction} {variant}{' swapped' if swap else ''}{f' {group} taps' if group else ''}"
+                    f"{' halo' if halo else ''}"
+                    for direction, variant, *_, halo, group, swap in result["launched"]
+                )
+            except Exception as error:  # a failure of any kind is a finding, reported as one
+                failed += 1
+                kind = "wrong" if isinstance(error, AssertionError) else type(error).__name__
+                print(json.dumps({"failure": kind, "problem": dataclasses.asdict(problem), "error": str(error)[:2000]}))
+                if args.replay:
+                    traceback.print_exc()
+            else:
+                if args.replay:
+                    print(json.dumps(result))
+            done += 1
+            if time.perf_counter() - start > args.seconds:
+                break
     launched = ", ".join(f"{name} {count}" for name, count in sorted(variants.items()))
     print(
         f"fuzz: {done} problems, {failed} failed, {time.perf_counter() - start:.0f} s; launched: {launched}",

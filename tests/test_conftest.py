@@ -1,7 +1,7 @@
-"""What tests/conftest.py does to a run: it makes Triton's interpreter patch triton.language once a launch, takes
-shortcuts through its frontend's types that give what its own path gives, runs int32 overflow checks only where
-asked (for real there), hands the longest test files out first, and shares the cores out between pytest-xdist's
-workers. CI runs this under triton 3.9 and, with the static compile tests, under
+"""What tests/conftest.py (with tests/interpreter_speedups.py) does to a run: it makes Triton's interpreter patch
+triton.language once a launch, takes shortcuts through its frontend's types that give what its own path gives, runs
+int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
+cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, with the static compile tests, under
 3.6: the interpreter's internals it leans on differ."""
 
 import os
@@ -39,7 +39,7 @@ def test_the_interpreter_patches_the_language_once_a_launch(monkeypatch):
 
     _interpreted()
     patch_lang = interpreter._patch_lang
-    assert patch_lang.__module__ == "conftest", "the interpreter's _patch_lang is not conftest's"
+    assert patch_lang.__module__ == "interpreter_speedups", "the interpreter's _patch_lang is not ours"
     originals = []
     original = patch_lang.original
     monkeypatch.setattr(patch_lang, "original", lambda fn: originals.append(fn) or original(fn))
@@ -113,8 +113,8 @@ def _interpreter_shortcuts():
 
     _interpreted()
     operands = interpreter.interpreter_semantic.binary_op_type_checking_impl
-    assert operands.__module__ == "conftest", "conftest's shortcuts through the interpreter's types are not in place"
-    assert interpreter._patch_attr.__module__ == "conftest", "the interpreter's builtins are not conftest's stand-ins"
+    assert operands.__module__ == "interpreter_speedups", "the shortcuts through its types are not in place"
+    assert interpreter._patch_attr.__module__ == "interpreter_speedups", "its builtins are not our stand-ins"
     return interpreter, operands
 
 
@@ -180,7 +180,7 @@ def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
     interpreter, _ = _interpreter_shortcuts()
     core = tl.core
     block_init, tensor_init = core.block_type.__init__, core.tensor.__init__
-    assert block_init.__module__ == tensor_init.__module__ == "conftest"
+    assert block_init.__module__ == tensor_init.__module__ == "interpreter_speedups"
     for element in (tl.int32, tl.float32, tl.bfloat16, tl.pointer_type(tl.float16), tl.int1):
         for shape in ([4], [2, 8], core.tuple([core.constexpr(2), core.constexpr(4)]), [core.constexpr(16)]):
             for _ in range(2):  # built, then from the cache
