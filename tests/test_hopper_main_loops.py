@@ -17,7 +17,7 @@ from tconv3d.geometry import conv_geometry
 from tconv3d.kernels.config import off_gluon
 from tconv3d.tune import configs
 from tconv3d.tune.shapes import load_shape_set
-from tconv3d.inspect.compile import ARCHS, compile_launch
+from tconv3d.inspect.compile import ARCHS, compile_launch, report_rows
 out = []
 for shape in load_shape_set("bench"):
     geom = shape.geometry()
@@ -29,24 +29,25 @@ for shape in load_shape_set("bench"):
             config = off_gluon(config)  # the Triton TMA kernel on the Gluon kernel's tiles (one tap's, unswapped)
             if not config.tma_box_w:  # strided: the heuristic keeps the pointer kernels, a table may take TMA
                 config = configs.with_tma(config, geom, direction)
-            report = compile_launch(direction, geom, dtype, config, 90)[0]
-            out.append({"case": shape.name, "direction": direction, "config": config.to_dict(), **report.to_dict()})
+            report = compile_launch(direction, geom, dtype, config, 90, read=False)[0]
+            out.append(({"case": shape.name, "direction": direction, "config": config.to_dict()}, report))
 # A UNet decoder's first conv reading its skip connection in place (channels_after): the forward's boxes from two
 # descriptors, the weight gradient one launch per source
 skip = conv_geometry((1, 64, 32, 64, 64), (64, 128, 3, 3, 3), 1, 1, 1, after_channels=64)
 for direction in ("fwd", "wgrad"):
     config = configs.heuristic_config(direction, skip, torch.bfloat16, 132, 90)
     config = configs.with_tma(off_gluon(config), skip, direction)
-    for report in (r for r in compile_launch(direction, skip, torch.bfloat16, config, 90) if "tma" in r.kernel):
-        out.append({"case": "unet_skip", "direction": direction, "config": config.to_dict(), **report.to_dict()})
+    for report in compile_launch(direction, skip, torch.bfloat16, config, 90, read=False):
+        if "tma" in report.kernel:
+                out.append(({"case": "unet_skip", "direction": direction, "config": config.to_dict()}, report))
 # MONAI UNet's up conv (stride 2) transposing a 64 + 64-channel concatenation: the input gradient's boxes from two
 # descriptors, through the phase views of grad_in
 up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
 config = configs.heuristic_config("dgrad", up, torch.bfloat16, 132, 90)
 config = configs.with_tma(off_gluon(config), up, "dgrad")
-report = compile_launch("dgrad", up, torch.bfloat16, config, 90)[0]
-out.append({"case": "unet_up", "direction": "dgrad", "config": config.to_dict(), **report.to_dict()})
-print(json.dumps(out))
+report = compile_launch("dgrad", up, torch.bfloat16, config, 90, read=False)[0]
+out.append(({"case": "unet_up", "direction": "dgrad", "config": config.to_dict()}, report))
+print(json.dumps(report_rows(out)))
 """
 
 
@@ -82,7 +83,7 @@ from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
 from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import load_shape_set
-from tconv3d.inspect.compile import ARCHS, compile_launch
+from tconv3d.inspect.compile import ARCHS, compile_launch, report_rows
 from tconv3d.kernels.config import KernelConfig
 out = []
 arch = ARCHS[90]
@@ -145,9 +146,9 @@ if conv_gluon.UNAVAILABLE is None:
                 # a layer of few tiles on one warpgroup, its reduction split (configs.small_grid_twin)
                 if shape.name in ("hunyuan_512", "unet_320") and dtype == torch.bfloat16 and direction != "wgrad":
                     small = configs.small_grid_twin(direction, geom, chosen, arch.sm_count, 2)
-                    report = compile_launch(direction, geom, dtype, small, 90)[0]
-                    out.append({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "small_grid",
-                                "config": small.to_dict(), **report.to_dict()})
+                    report = compile_launch(direction, geom, dtype, small, 90, read=False)[0]
+                    out.append(({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "small_grid",
+                                "config": small.to_dict()}, report))
                 # a tap's 96 channels in three full 32-deep steps (configs.whole_steps_twin)
                 if shape.name in ("wan_dec_96", "last_cout3") and dtype == torch.bfloat16:
                     forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
@@ -155,62 +156,62 @@ if conv_gluon.UNAVAILABLE is None:
                     if forced.gluon == 2 and forced.block_k == 32 and direction != "wgrad":
                         whole = forced  # the heuristic took the twin (wan_dec_96's forward and input gradient)
                     if whole is not None:
-                        report = compile_launch(direction, geom, dtype, whole, 90)[0]
-                        out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
-                                    "row": "whole_steps", "config": whole.to_dict(), **report.to_dict()})
+                        report = compile_launch(direction, geom, dtype, whole, 90, read=False)[0]
+                        out.append(({"case": shape.name, "direction": direction, "dtype": str(dtype),
+                                    "row": "whole_steps", "config": whole.to_dict()}, report))
                 # the narrow forwards' halo tiles (configs.halo_twin): two frames a tile, the kd taps' input
                 # frames one box, every (frame, kd) wgmma reading its frame as a slice
                 if shape.name in ("unet_32", "unet_64") and dtype == torch.bfloat16 and direction != "wgrad":
                     forced = choice.force_variant(direction, geom, dtype, chosen, "gluon", True)
                     halo = configs.halo_twin(direction, geom, dataclasses.replace(forced, gluon=2), 2)
-                    report = compile_launch(direction, geom, dtype, halo, 90)[0]
-                    out.append({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "halo",
-                                "config": halo.to_dict(), **report.to_dict()})
+                    report = compile_launch(direction, geom, dtype, halo, 90, read=False)[0]
+                    out.append(({"case": shape.name, "direction": direction, "dtype": str(dtype), "row": "halo",
+                                "config": halo.to_dict()}, report))
                 # down_s2's phase views, the warp-specialized producer's predicated copies too
                 if shape.name == "down_s2" and dtype == torch.bfloat16:
                     ws = choice.heuristic_gluon_tiles(chosen)
                     tiles.append(configs.with_gluon(ws, geom, direction, specialized=True))
                 for config in filter(None, tiles):  # the twins: None for the weight gradient
-                    report = compile_launch(direction, geom, dtype, config, 90)[0]
-                    out.append({"case": shape.name, "direction": direction, "dtype": str(dtype),
-                                "config": config.to_dict(), **report.to_dict()})
+                    report = compile_launch(direction, geom, dtype, config, 90, read=False)[0]
+                    out.append(({"case": shape.name, "direction": direction, "dtype": str(dtype),
+                                "config": config.to_dict()}, report))
     # MONAI UNet's 16-channel weight gradients as chosen: transposed, 4 taps of 16 input channels (32-byte swizzle
     # rows) on one warpgroup's rows
     for shape in load_shape_set("unets"):
         chosen, _ = choice.choose("wgrad", shape.geometry(), torch.bfloat16, arch.device_name, arch.sm_count, 90)
-        report = compile_launch("wgrad", shape.geometry(), torch.bfloat16, chosen, 90)[0]
-        out.append({"case": shape.name, "direction": "wgrad", "dtype": str(torch.bfloat16), "config": chosen.to_dict(),
-                    **report.to_dict()})
+        report = compile_launch("wgrad", shape.geometry(), torch.bfloat16, chosen, 90, read=False)[0]
+        out.append(({"case": shape.name, "direction": "wgrad", "dtype": str(torch.bfloat16),
+                     "config": chosen.to_dict()}, report))
     # BasicUNet's decoder conv of [upsampled, skip] (32 + 32 -> 32), its weight gradient as chosen: one transposed
     # launch a source, 4 taps of 32 input channels on the wgmma's rows
     skip_32 = conv_geometry((1, 32, 16, 32, 32), (32, 64, 3, 3, 3), 1, 1, 1, after_channels=32)
     chosen, _ = choice.choose("wgrad", skip_32, torch.bfloat16, arch.device_name, arch.sm_count, 90)
-    for report in compile_launch("wgrad", skip_32, torch.bfloat16, chosen, 90):
+    for report in compile_launch("wgrad", skip_32, torch.bfloat16, chosen, 90, read=False):
         if report.kernel == "_conv3d_wgrad_gluon_kernel":
-            out.append({"case": "unet_skip_32", "direction": "wgrad", "dtype": str(torch.bfloat16),
-                        "config": chosen.to_dict(), **report.to_dict()})
+            out.append(({"case": "unet_skip_32", "direction": "wgrad", "dtype": str(torch.bfloat16),
+                        "config": chosen.to_dict()}, report))
     # unet_64's halo tiles swapped (each frame's tile transposed: m64n128), forward and input gradient
     narrow = next(s for s in load_shape_set("bench") if s.name == "unet_64").geometry()
     for direction in ("fwd", "dgrad"):
         tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 4), narrow, direction, True)
         config = configs.swapped_twin(configs.halo_twin(direction, narrow, tile, 2), direction)
-        report = compile_launch(direction, narrow, torch.bfloat16, config, 90)[0]
-        out.append({"case": "unet_64", "direction": direction, "dtype": str(torch.bfloat16), "row": "halo_swapped",
-                    "config": config.to_dict(), **report.to_dict()})
+        report = compile_launch(direction, narrow, torch.bfloat16, config, 90, read=False)[0]
+        out.append(({"case": "unet_64", "direction": direction, "dtype": str(torch.bfloat16), "row": "halo_swapped",
+                    "config": config.to_dict()}, report))
     # The last column block's half tiles (half_tail): 192 channels in 128-column blocks, swapped, both kernels
     wide = next(s for s in load_shape_set("bench") if s.name == "wan_dec_192").geometry()
     for direction in ("fwd", "dgrad"):
         for specialized in (False, True):
             tall = configs.with_gluon(KernelConfig(256, 128, 64, 8, 3), wide, direction, specialized)
             config = configs.swapped_twin(tall, direction)
-            report = compile_launch(direction, wide, torch.bfloat16, config, 90)[0]
-            out.append({"case": "wan_dec_192", "direction": direction, "dtype": str(torch.bfloat16),
-                        "row": "half_tail", "config": config.to_dict(), **report.to_dict()})
+            report = compile_launch(direction, wide, torch.bfloat16, config, 90, read=False)[0]
+            out.append(({"case": "wan_dec_192", "direction": direction, "dtype": str(torch.bfloat16),
+                        "row": "half_tail", "config": config.to_dict()}, report))
     # and its weight gradient's, rows and columns (wgrad_half_tails): warp-specialized, one tap a tile
     config = configs.with_gluon(KernelConfig(128, 128, 64, 8, 3, split_k=6), wide, "wgrad", True)
-    report = compile_launch("wgrad", wide, torch.bfloat16, config, 90)[0]
-    out.append({"case": "wan_dec_192", "direction": "wgrad", "dtype": str(torch.bfloat16), "row": "half_tail",
-                "config": config.to_dict(), **report.to_dict()})
+    report = compile_launch("wgrad", wide, torch.bfloat16, config, 90, read=False)[0]
+    out.append(({"case": "wan_dec_192", "direction": "wgrad", "dtype": str(torch.bfloat16), "row": "half_tail",
+                "config": config.to_dict()}, report))
     # The chosen tiles forced to the Gluon kernel, and their warp-specialized form, per direction (bf16).
     def pipelined_and_specialized(case, geom, directions):
         for direction in directions:
@@ -218,9 +219,9 @@ if conv_gluon.UNAVAILABLE is None:
             # (off the Gluon kernel first: where the heuristic chose the persistent one, the pipelined one too)
             tiles = choice.force_variant(direction, geom, torch.bfloat16, choice.off_gluon(chosen), "gluon", True)
             for config in (tiles, configs.with_gluon(tiles, geom, direction, specialized=True)):
-                report = compile_launch(direction, geom, torch.bfloat16, config, 90)[0]
-                out.append({"case": case, "direction": direction, "dtype": str(torch.bfloat16),
-                            "config": config.to_dict(), **report.to_dict()})
+                report = compile_launch(direction, geom, torch.bfloat16, config, 90, read=False)[0]
+                out.append(({"case": case, "direction": direction, "dtype": str(torch.bfloat16),
+                            "config": config.to_dict()}, report))
 
     # A video VAE's causal conv as a converted decoder calls it: replicate along D and two cached frames in front
     # (frames_before).
@@ -243,7 +244,7 @@ if conv_gluon.UNAVAILABLE is None:
     # 3.9's ptxas serialized its wgmmas (C7514)
     odd = next(s for s in load_shape_set("awkward") if s.name == "stride2_odd").geometry()
     pipelined_and_specialized("stride2_odd", odd, ("wgrad",))
-print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": out}))
+print(json.dumps({"unavailable": conv_gluon.UNAVAILABLE, "reports": report_rows(out)}))
 """
 
 

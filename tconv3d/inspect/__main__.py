@@ -39,15 +39,22 @@ from ..kernels.config import DIRECTIONS, HALO_KD, KernelConfig, off_gluon, point
 from ..tune import choice
 from ..tune.configs import GLUON_CAPABILITY, candidates, halo_twin, mma_fill, operand_intensity
 from ..tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
-from .compile import ARCHS, compile_launch, fits
+from .compile import ARCHS, compile_launch, fits, read_reports
 
 DEFAULT_SHAPES = "bench,awkward"
 
 
-def _job_record(job) -> dict:
-    """Compile one (case, dtype, direction, arch, config) and describe it; a failure is a record, not a crash."""
+def _job_records(jobs: list[tuple]) -> list[dict]:
+    """Compile each (case, dtype, direction, arch, config), then read every cubin of them at once (read_reports:
+    one disassembler run an architecture) and describe each; a failure is a record, not a crash."""
+    compiled = [_compile_job(job) for job in jobs]
+    read_reports([report for _, reports in compiled for report in reports or ()])
+    return [_describe(job, record, reports) for job, (record, reports) in zip(jobs, compiled, strict=True)]
+
+
+def _compile_job(job) -> tuple[dict, list | None]:
     shape, dtype_name, direction, capability, config, source = job
-    arch, geom, dtype = ARCHS[capability], shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
+    geom, dtype = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
     record = {
         "case": shape.name,
         "dtype": dtype_name,
@@ -60,12 +67,20 @@ def _job_record(job) -> dict:
         "error": None,
     }
     start = time.perf_counter()
-    try:
-        reports = compile_launch(direction, shape.geometry(), dtype, config, capability)  # as choice.launch runs it
+    try:  # as choice.launch runs it
+        reports = compile_launch(direction, shape.geometry(), dtype, config, capability, read=False)
     except Exception as error:  # e.g. out of shared memory at compile time: report it
         record["error"] = f"{type(error).__name__}: {error}"[:500]
-        record["compile_s"] = round(time.perf_counter() - start, 2)
+        reports = None
+    record["compile_s"] = round(time.perf_counter() - start, 2)
+    return record, reports
+
+
+def _describe(job, record: dict, reports: list | None) -> dict:
+    if reports is None:
         return record
+    shape, dtype_name, direction, capability, config, _ = job
+    arch, geom, dtype = ARCHS[capability], shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
     main = reports[0]  # the convolution itself; the weight gradient's split-K reduction follows it
     intensity = operand_intensity(direction, geom, config, dtype.itemsize)
     fill = mma_fill(direction, geom, config, dtype.itemsize)
@@ -92,7 +107,6 @@ def _job_record(job) -> dict:
         issue_ceiling=None if (ceiling := main.issue_ceiling(arch)) is None else round(ceiling, 3),
         operand_flop_per_byte=None if intensity is None else round(intensity, 1),
         mma_fill=None if fill is None else round(fill, 3),
-        compile_s=round(time.perf_counter() - start, 2),
         kernels=[r.to_dict() for r in reports],
         tensor_map_problems=_tensor_map_notes(reports, "problems"),
         tensor_map_risks=_tensor_map_notes(reports, "risks"),
@@ -165,12 +179,18 @@ def plan(
     return jobs
 
 
+# Jobs a worker compiles before it reads their cubins in one go: few enough that the workers stay evenly loaded
+# (compiles take 0.1-6 s), many enough that the disassembler's set-up (some 0.5 s a run) is paid rarely.
+CHUNK = 16
+
+
 def run(jobs: list[tuple], workers: int) -> list[dict]:
-    if workers <= 1 or len(jobs) <= 1:
-        return [_job_record(job) for job in jobs]
+    chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
+    if workers <= 1 or len(chunks) <= 1:
+        return [record for chunk in chunks for record in _job_records(chunk)]
     # fork: the workers inherit the imported kernels; compiling is CPU-bound, one process per core.
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.map(_job_record, jobs, chunksize=1)
+        return [record for chunk in pool.map(_job_records, chunks, chunksize=1) for record in chunk]
 
 
 # A pointer launch's small-channel form (config.pointer_form) in the config column.

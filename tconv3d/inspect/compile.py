@@ -4,12 +4,14 @@ what the compiler made: registers, spills, shared memory, the MMA instruction an
 Triton's own JIT does the specialisation (16-byte-aligned pointers, unit strides as constants, divisibility
 hints): the launchers run on meta tensors while a stand-in driver answers the JIT's questions with the requested
 target, and every launch is turned into a compile-only warm-up. Nothing of this outlives `compile_only`: the
-driver and each kernel's per-device caches are put back. The cubin is read with the cuobjdump that Triton's
-wheel ships. `python -m tconv3d.inspect` prints it; the tuner uses it to drop candidates before timing them.
+driver and each kernel's per-device caches are put back. The cubin is read with the cuobjdump and nvdisasm that
+Triton's wheel ships (_disassemble). `python -m tconv3d.inspect` prints it; the tuner uses it to drop candidates
+before timing them.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import hashlib
@@ -20,6 +22,7 @@ import multiprocessing
 import os
 import pkgutil
 import re
+import struct
 import subprocess
 import tempfile
 import time
@@ -134,6 +137,7 @@ class KernelReport:
     # says of it.
     tensor_maps: list[dict] = field(default_factory=list)
     compile_s: float = 0.0
+    cubin: bytes | None = field(default=None, repr=False)  # what it says is read into the fields above
 
     @property
     def mma_kind(self) -> str:
@@ -166,7 +170,7 @@ class KernelReport:
         return min(1.0, tensor_clks / issue_clks)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "mma_kind": self.mma_kind}
+        return {**{k: v for k, v in asdict(self).items() if k != "cubin"}, "mma_kind": self.mma_kind}
 
 
 class _StandInDriver:
@@ -284,41 +288,156 @@ def _nvidia_tool(name: str) -> str:
     return str(path)
 
 
-def _cuobjdump(cubin: bytes) -> tuple[str, str]:
-    """cuobjdump's resource usage and SASS of a cubin, kept by content next to Triton's cache.
-
-    Disassembling costs cuobjdump some 0.6 s of set-up whatever the cubin's size, and the same cubin comes back
-    often (a config and specialisation shared by several shapes, the split-K reduction of every weight gradient):
-    the tool's output is kept, compressed, under the cubin's hash and the wheel's version, so each is read once
-    across processes and runs. What is made of it is not kept: read_cubin parses it afresh every time."""
-    digest = hashlib.sha256(cubin + triton.__version__.encode()).hexdigest()
-    knobs = getattr(triton, "knobs", None)
-    kept = Path(knobs.cache.dir) / "tconv3d-cuobjdump" / f"{digest}.json.z" if knobs is not None else None
-    if kept is not None:
-        with contextlib.suppress(OSError, ValueError, zlib.error):  # not kept yet, or torn: the tool reads it
-            usage, sass = json.loads(zlib.decompress(kept.read_bytes()))
-            return usage, sass
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
+def _elf_sections(cubin: bytes) -> dict[str, bytes] | None:
+    """A 64-bit little-endian ELF's sections by name (NOBITS ones empty); None for anything else."""
+    if cubin[:6] != b"\x7fELF\x02\x01" or len(cubin) < 64:
+        return None
     try:
-        usage, sass = (
-            subprocess.run([_nvidia_tool("cuobjdump"), flag, f.name], capture_output=True, text=True, check=True).stdout
-            for flag in ("-res-usage", "-sass")
-        )
+        shoff, entsize, count, names = *struct.unpack_from("<Q", cubin, 0x28), *struct.unpack_from("<HHH", cubin, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * entsize) for i in range(count)]
+        table = headers[names][4]
+        sections = {}
+        for name, kind, _, _, offset, size in headers:
+            label = cubin[table + name : cubin.index(b"\0", table + name)].decode()
+            sections[label] = b"" if kind == 8 else cubin[offset : offset + size]
+        return sections
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
+# nvdisasm's name of each architecture whose SASS is read from raw instructions (sm_90's as sm_90a, wgmma's).
+_RAW_ARCH = {90: ("SM90a", "sm_90a"), 80: ("SM80", "sm_80")}
+
+
+def _raw_code(cubin: bytes) -> tuple[int, str, bytes] | None:
+    """(capability, kernel name, instructions) of a cubin whose SASS nvdisasm may read as raw instructions: one
+    .text section (a kernel, the internal functions it calls inside it), nothing relocated in it, an architecture
+    of _RAW_ARCH in its ELF flags (the old format's low byte, the new format's second); None otherwise."""
+    sections = _elf_sections(cubin)
+    if sections is None:
+        return None
+    texts = [name for name in sections if name.startswith(".text.")]
+    relocated = [name for name, data in sections.items() if name.startswith(".rel") and ".text" in name and data]
+    flags = struct.unpack_from("<I", cubin, 0x30)[0]
+    capability = flags & 0xFF if flags & 0xFF in _RAW_ARCH else (flags >> 8) & 0xFF
+    if len(texts) != 1 or relocated or capability not in _RAW_ARCH or not sections[texts[0]]:
+        return None
+    return capability, texts[0][len(".text.") :], sections[texts[0]]
+
+
+_RAW_LINE = re.compile(r"^(\s*)/\*([0-9a-f]{4,})\*/(.*)$")
+# The instructions whose last operand is a code address (absolute in the disassembly, as cuobjdump prints it).
+_TARGETED = re.compile(r"^(\s*(?:@!?U?P\w+\s+)?(?:BRA|CALL|BSSY|JMP|RET)\b[^;]*?)\b0x([0-9a-f]+)(\s*;.*)$")
+_INDIRECT = re.compile(r"^\s*(?:@!?U?P\w+\s+)?(?:BRX|JMX)\b")  # a jump table's offsets: read by cuobjdump
+
+
+def _raw_sass(capability: int, codes: list[tuple[str, bytes]]) -> list[str | None]:
+    """cuobjdump -sass's text of each (kernel name, instructions) of one architecture, from one nvdisasm run over
+    all of them laid end to end (nvdisasm's set-up, some 0.5 s a run whatever the size, was most of reading a
+    cubin): each kernel's lines cut out by address, addresses and branch targets made its own again. None for a
+    kernel with a branch leaving its own code or an indirect one (read by cuobjdump instead)."""
+    starts, blob = [], bytearray()
+    for _, code in codes:
+        starts.append(len(blob))
+        blob += code
+    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as f:
+        f.write(blob)
+    try:
+        arch, _ = _RAW_ARCH[capability]
+        command = [_nvidia_tool("nvdisasm"), "-b", arch, "-hex", "-novliw", f.name]
+        text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
-    if kept is not None:
-        with contextlib.suppress(OSError):  # a read-only or full cache: the next read runs the tool again
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            partial = kept.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_bytes(zlib.compress(json.dumps([usage, sass]).encode(), 6))
-            os.replace(partial, kept)  # whole or not at all, for the other processes reading it
-    return usage, sass
+    lines: list[list[str] | None] = [[] for _ in codes]
+    index = None
+    for line in text.splitlines():
+        found = _RAW_LINE.match(line)
+        if found is None:
+            if index is not None and line.strip().startswith("/*") and lines[index] is not None:
+                lines[index].append(line)  # the instruction's second encoding word
+            continue
+        address = int(found.group(2), 16)
+        index = bisect.bisect_right(starts, address) - 1
+        if lines[index] is None:
+            continue
+        start, end = starts[index], starts[index] + len(codes[index][1])
+        rest = found.group(3)
+        if _INDIRECT.match(rest):
+            lines[index] = None
+            continue
+        targeted = _TARGETED.match(rest)
+        if targeted:
+            target = int(targeted.group(2), 16)
+            if not start <= target <= end:
+                lines[index] = None
+                continue
+            rest = f"{targeted.group(1)}0x{target - start:x}{targeted.group(3)}"
+        lines[index].append(f"{found.group(1)}/*{address - start:04x}*/{rest}")
+    _, name = _RAW_ARCH[capability]
+    return [
+        None if body is None else f"\n\tcode for {name}\n\t\tFunction : {kernel}\n" + "\n".join(body) + "\n"
+        for (kernel, _), body in zip(codes, lines, strict=True)
+    ]
+
+
+def _disassemble(cubins: list[bytes]) -> list[tuple[str, str]]:
+    """cuobjdump's resource usage and SASS of each cubin, kept by content next to Triton's cache.
+
+    The SASS of the cubins that allow it (_raw_code) comes from one nvdisasm run an architecture, over their
+    instructions laid end to end (_raw_sass: the same lines as cuobjdump -sass, which runs nvdisasm once a cubin,
+    some 0.5 s of set-up each); the rest's from cuobjdump. The same cubin comes back often (a config and
+    specialisation shared by several shapes, the split-K reduction of every weight gradient): the text is kept,
+    compressed, under the cubin's hash and the wheel's version, so each is read once across processes and runs.
+    What is made of it is not kept: read_cubins parses it afresh every time."""
+    knobs = getattr(triton, "knobs", None)
+    found: dict[bytes, tuple[str, str]] = {}
+    kept = {}
+    for cubin in dict.fromkeys(cubins):
+        digest = hashlib.sha256(cubin + triton.__version__.encode()).hexdigest()
+        kept[cubin] = Path(knobs.cache.dir) / "tconv3d-cuobjdump" / f"{digest}.json.z" if knobs is not None else None
+        if kept[cubin] is not None:
+            with contextlib.suppress(OSError, ValueError, zlib.error):  # not kept yet, or torn: the tools read it
+                usage, sass = json.loads(zlib.decompress(kept[cubin].read_bytes()))
+                found[cubin] = usage, sass
+    missing = [cubin for cubin in kept if cubin not in found]
+    raw = {cubin: code for cubin in missing if (code := _raw_code(cubin)) is not None}
+    sass: dict[bytes, str | None] = {}
+    for capability in sorted({code[0] for code in raw.values()}):
+        batch = [cubin for cubin, code in raw.items() if code[0] == capability]
+        sass.update(zip(batch, _raw_sass(capability, [raw[c][1:] for c in batch]), strict=True))
+    for cubin in missing:
+        read = sass.get(cubin)
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(cubin)
+        try:
+            flags = ("-res-usage",) if read is not None else ("-res-usage", "-sass")
+            texts = [
+                subprocess.run([_nvidia_tool("cuobjdump"), flag, f.name], capture_output=True, text=True, check=True)
+                .stdout for flag in flags
+            ]  # fmt: skip
+        finally:
+            os.unlink(f.name)
+        found[cubin] = texts[0], read if read is not None else texts[1]
+        if kept[cubin] is not None:
+            with contextlib.suppress(OSError):  # a read-only or full cache: the next read runs the tools again
+                kept[cubin].parent.mkdir(parents=True, exist_ok=True)
+                partial = kept[cubin].with_suffix(f".{os.getpid()}.tmp")
+                partial.write_bytes(zlib.compress(json.dumps(found[cubin]).encode(), 6))
+                os.replace(partial, kept[cubin])  # whole or not at all, for the other processes reading it
+    return [found[cubin] for cubin in cubins]
+
+
+def read_cubins(cubins: list[bytes]) -> list[dict]:
+    """Registers, stack frame and SASS facts of each cubin, their SASS disassembled together (_disassemble)."""
+    return [_cubin_facts(usage, sass) for usage, sass in _disassemble(cubins)]
 
 
 def read_cubin(cubin: bytes) -> dict:
-    """Registers, stack frame and SASS facts of a cubin, from cuobjdump."""
-    usage, sass = _cuobjdump(cubin)
+    """Registers, stack frame and SASS facts of a cubin, from cuobjdump's resource usage and SASS."""
+    return read_cubins([cubin])[0]
+
+
+def _cubin_facts(usage: str, sass: str) -> dict:
     regs = re.search(r"REG:(\d+)", usage)
     target = re.search(r"code for sm_(\d+)", sass)
     stack = re.search(r"STACK:(\d+)", usage)
@@ -541,22 +660,44 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
 
 
 def compile_launch(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int, read: bool = True
 ) -> list[KernelReport]:
     """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability> (launch_on_meta):
-    one report per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate."""
+    one report per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate.
+    With `read` off, the reports hold their cubins unread: read_reports reads many launches' at once."""
     launches: list = []
     with compile_only(capability, launches):
         launch_on_meta(direction, geom, dtype, config)
     reports = []
     for name, grid, num_warps, kernel, seconds, maps in launches:
-        report = KernelReport(
-            name, grid, num_warps, shared_bytes=kernel.metadata.shared, tensor_maps=maps, compile_s=seconds
-        )
-        for key, value in read_cubin(kernel.asm["cubin"]).items():
-            setattr(report, key, value)
-        reports.append(report)
+        reports.append(
+            KernelReport(
+                name, grid, num_warps, shared_bytes=kernel.metadata.shared, tensor_maps=maps, compile_s=seconds,
+                cubin=kernel.asm["cubin"],
+            )
+        )  # fmt: skip
+    if read:
+        read_reports(reports)
     return reports
+
+
+def read_reports(reports: list[KernelReport]) -> None:
+    """Fill in what each report's cubin says (read_cubins: one disassembler run an architecture for them all)."""
+    for report, facts in zip(reports, read_cubins([r.cubin for r in reports]), strict=True):
+        vars(report).update(facts)
+
+
+def report_rows(pending: list[tuple[dict, KernelReport | bytes]]) -> list[dict]:
+    """Each (fields, kernel) as one dict: the fields, and the report (compiled unread: compile_launch's read=False)
+    or what a cubin says, every cubin read at once (read_cubins)."""
+    cubins = [kernel.cubin if isinstance(kernel, KernelReport) else kernel for _, kernel in pending]
+    rows = []
+    for (fields, kernel), facts in zip(pending, read_cubins(cubins), strict=True):
+        if isinstance(kernel, KernelReport):
+            vars(kernel).update(facts)
+            facts = kernel.to_dict()
+        rows.append({**fields, **facts})
+    return rows
 
 
 def fits(reports: list[KernelReport], arch: Arch) -> bool:
