@@ -75,6 +75,33 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+CPU_PROFILE = os.environ.get("TCONV3D_CPU_PROFILE")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With TCONV3D_CPU_PROFILE=<file>, a line a test appended to it: its id, wall seconds, and the CPU seconds of
+    its worker and of the processes it started and waited for (the static compile tests' compiling pool). On CI's 2
+    cores the wall times of --durations are shared time: a test beside the compiling pool took 2.5x its own time
+    (test_gluon_emulated 94 s alone, 225-297 s in CI), and only CPU seconds add up to the run."""
+    if CPU_PROFILE is None:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    start = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    wall = time.perf_counter() - start[0]
+    own, children = cpu(resource.RUSAGE_SELF) - start[1], cpu(resource.RUSAGE_CHILDREN) - start[2]
+    with open(CPU_PROFILE, "a") as f:  # one short write a line: workers append whole lines
+        f.write(f"{item.nodeid}\t{wall:.2f}\t{own:.2f}\t{children:.2f}\n")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected

@@ -5,6 +5,8 @@ cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, wit
 3.6: the interpreter's internals it leans on differ."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -206,3 +208,34 @@ def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
                 init(object.__new__(core.block_type), tl.int32, bad)
             errors.append((raised.type, str(raised.value)))
         assert errors[0] == errors[1]
+
+
+def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
+    """TCONV3D_CPU_PROFILE: a line a test, its own CPU seconds and those of the processes it waited for apart."""
+    profile = tmp_path / "cpu.tsv"
+    script = tmp_path / "test_busy.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "def test_spins():\n"
+        "    x = 0\n"
+        "    for i in range(3_000_000):\n"
+        "        x += i\n"
+        "def test_waits_for_a_spinning_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'sum(range(30_000_000))'], check=True)\n"
+    )
+    env = {**os.environ, "TCONV3D_CPU_PROFILE": str(profile)}
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    tests = os.path.dirname(__file__)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", str(script), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "--rootdir", tests, "--confcutdir", tests, "-c", os.devnull, "-p", "conftest"],
+        env={**env, "PYTHONPATH": tests + os.pathsep + env.get("PYTHONPATH", "")}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = {line.split("\t")[0].split("::")[1]: [float(v) for v in line.split("\t")[1:]]
+            for line in profile.read_text().splitlines()}  # fmt: skip
+    assert set(rows) == {"test_spins", "test_waits_for_a_spinning_child"}
+    wall, own, children = rows["test_spins"]
+    assert own > 0.05 and children == 0 and wall >= own * 0.5
+    wall, own, children = rows["test_waits_for_a_spinning_child"]
+    assert children > 0.1 and own < children
