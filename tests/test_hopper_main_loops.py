@@ -39,7 +39,7 @@ for direction in ("fwd", "wgrad"):
     config = configs.with_tma(off_gluon(config), skip, direction)
     for report in compile_launch(direction, skip, torch.bfloat16, config, 90, read=False):
         if "tma" in report.kernel:
-                out.append(({"case": "unet_skip", "direction": direction, "config": config.to_dict()}, report))
+            out.append(({"case": "unet_skip", "direction": direction, "config": config.to_dict()}, report))
 # MONAI UNet's up conv (stride 2) transposing a 64 + 64-channel concatenation: the input gradient's boxes from two
 # descriptors, through the phase views of grad_in
 up = dataclasses.replace(conv_geometry((1, 64, 32, 64, 64), (128, 64, 3, 3, 3), 2, 1, 1), out_after_channels=64)
