@@ -15,8 +15,10 @@ where replaying it is the same call:
 - what the key holds decides everything the call did: every tensor's shape, strides, storage offset, dtype,
   device and 16-byte alignment, the integer arguments (plain ints only, as geometry's memo), the groups and
   padding mode, and whether fp32 may run as TF32;
-- no launch takes an int computed from addresses (the pointer kernels' distance of a second source,
-  frames_before or channels_after, from the input: launch.note_address_argument);
+- an int computed from addresses (a pointer kernel's launch.Distance: a second source's, frames_before's or
+  channels_after's, distance from the input) is computed again from the two tensors at each replay; where it
+  falls in another class of Triton's specialisation than the recorded one (its range or divisibility by 16,
+  which the key's 16-byte alignments do not fix), that call takes the whole path;
 - every aten op the call ran was an allocation, a view, or a copy, clone or fill between tensors of the call (a
   TorchDispatchMode watches the recording call): these are replayed in their place among the launches (a grouped
   weight gradient's diagonal blocks; a weight cloned into channels_last_3d, as an allocation and a copy); any
@@ -184,14 +186,18 @@ class Plan:
     lets go of it: a backward's split partials of the input gradient are freed before the weight gradient's are
     made (`lifetimes`)."""
 
-    __slots__ = ("allocations", "constants", "frees", "generation", "launches", "makes", "outputs", "single", "state")
+    __slots__ = ("allocations", "checks", "constants", "frees", "generation", "launches", "makes", "outputs",
+                 "single", "state")  # fmt: skip
 
-    def __init__(self, allocations, constants, launches, outputs, single, lifetimes):
+    def __init__(self, allocations, constants, launches, outputs, single, lifetimes, inputs):
         self.allocations, self.constants, self.launches = allocations, constants, launches
         self.outputs, self.single = outputs, single
         self.state, self.generation = launch.signature_state(), launch.generation
         # per step (and one past the last): the allocations made before it, those dropped after it (_lifetimes)
         self.makes, self.frees = lifetimes
+        # the distances between two of the `inputs` inputs (a second source and the input, the usual case): checked
+        # before the first step; one that involves an allocation is checked at its step
+        self.checks = [d[1:] for step in launches for d in step.distances if d[1][0] < inputs and d[2][0] < inputs]
 
     def __call__(self, inputs: tuple) -> torch.Tensor:
         state = launch.signature_state()
@@ -199,6 +205,8 @@ class Plan:
             raise _Stale
         first = len(inputs)
         slots = [*inputs, *([None] * len(self.allocations)), *self.constants]
+        for source, base, itemsize, specialized in self.checks:
+            _check_distance(slots, source, base, itemsize, specialized)
         allocations, makes, frees = self.allocations, self.makes, self.frees
         device = state[0]
         for index, step in enumerate(self.launches):
@@ -211,6 +219,8 @@ class Plan:
                 if descriptor is not None:
                     t = on_base(descriptor, t)
                 values[position] = t
+            for position, source, base, itemsize, specialized in step.distances:
+                values[position] = _check_distance(slots, source, base, itemsize, specialized)
             if step.compiled is None:  # a copy or fill on the host side: grid is its aten op
                 step.grid(*values)
             else:
@@ -231,24 +241,59 @@ class _Stale(Exception):
     """A plan recorded under another device or Triton setting than the current ones."""
 
 
+class _Unreplayable(Exception):
+    """A call whose distance between two of its tensors falls in another class of Triton's specialisation than
+    the recorded call's: it takes the whole path, and the plan stays for the calls that fit. Raised before the
+    first step where both tensors are inputs; else at the distance's step, after earlier steps wrote only into
+    allocations of their own, which the whole path makes again."""
+
+
+def _address(slots: list, slot: int, view: tuple | None, itemsize: int) -> int:
+    """The address of a plan step's tensor: slot `slot`, or its `.as_strided(*view)`, without making the view."""
+    t = slots[slot]
+    return t.data_ptr() if view is None else t.untyped_storage().data_ptr() + view[2] * itemsize
+
+
+def _check_distance(slots: list, source: tuple, base: tuple, itemsize: int, specialized) -> int:
+    """The distance in elements from `base`'s tensor to `source`'s ((slot, view, itemsize) each), if it falls in the
+    recorded class `specialized` of Triton's specialisation; else _Unreplayable."""
+    distance = (_address(slots, *source) - _address(slots, *base)) // itemsize
+    if launch.specialization(distance) != specialized:
+        raise _Unreplayable
+    return distance
+
+
 def replay(plan: Plan, plan_key, inputs: tuple, call):
-    """plan(inputs), or call() recorded afresh where the device or Triton's settings changed since it was made."""
+    """plan(inputs), or call() recorded afresh where the device or Triton's settings changed since it was made
+    (run whole where a distance does not fit the plan's kernels: _Unreplayable)."""
     try:
         return plan(inputs)
     except _Stale:
         del choice._memo[plan_key]
         return recorded(plan_key, inputs, call)
+    except _Unreplayable:
+        return call()
 
 
 class _Launch:
     """A step of a plan: a compiled kernel's launch on `grid`, or (compiled None) the aten op `grid` called on the
-    values; `template` holds the values that are not tensors, `tensors` (position, slot, view, descriptor) the
-    others."""
+    values; `template` holds the values that are neither tensors nor distances, `tensors` (position, slot, view,
+    descriptor) the tensors, `distances` (position, (slot, view, itemsize) of the source and of the base, the
+    element size, the recorded value's launch.specialization) the ints computed from addresses."""
 
-    __slots__ = ("compiled", "grid", "template", "tensors")
+    __slots__ = ("compiled", "distances", "grid", "template", "tensors")
 
-    def __init__(self, compiled, grid, template, tensors):
+    def __init__(self, compiled, grid, template, tensors, distances):
         self.compiled, self.grid, self.template, self.tensors = compiled, grid, template, tensors
+        self.distances = distances
+
+    def slots(self):
+        """The slots this step reads: its tensors', and its distances' two tensors'."""
+        for _, slot, _, _ in self.tensors:
+            yield slot
+        for _, source, base, _, _ in self.distances:
+            yield source[0]
+            yield base[0]
 
 
 def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refused | None:
@@ -257,8 +302,6 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         return Refused(f"the call ran {watch.other} on the host side")
     if any(step is launch.RUN_ALWAYS for step in launches):
         return Refused("a launch goes through Triton's run")
-    if any(step is launch.ADDRESS for step in launches):
-        return Refused("a launch takes a second source's distance in memory from the input")
     if any(step is launch.RUN_NOW for step in launches):
         return None
     try:
@@ -272,7 +315,7 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         return Refused(str(why))
     # Allocations no launch reads and the call does not return (a launcher's attempt that raised before it
     # launched, choice.launch's RiskyTensorMap) are not made again; constants follow the allocations kept.
-    used = {slot for slot, _ in returned} | {slot for step in steps for _, slot, _, _ in step.tensors}
+    used = {slot for slot, _ in returned} | {slot for step in steps for slot in step.slots()}
     count = len(inputs)
     kept = [i for i in range(count, count + len(watch.allocated)) if i in used]
     renumber = {i: i for i in range(count)}
@@ -280,12 +323,16 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         renumber[old] = count + new
     for step in steps:
         step.tensors = [(position, renumber[slot], view, d) for position, slot, view, d in step.tensors]
+        step.distances = [
+            (position, (renumber[source[0]], *source[1:]), (renumber[base[0]], *base[1:]), itemsize, specialized)
+            for position, source, base, itemsize, specialized in step.distances
+        ]
     returned = tuple((renumber[slot], view) for slot, view in returned)
     tensors = slots.tensors
     allocations = [(tuple(tensors[i].shape), tensors[i].stride(), tensors[i].dtype, tensors[i].device) for i in kept]
     constants = [tensors[i] for i in slots.constants]
     lifetimes = _lifetimes(count, kept, steps, returned)
-    return Plan(allocations, constants, steps, returned, not isinstance(output, tuple), lifetimes)
+    return Plan(allocations, constants, steps, returned, not isinstance(output, tuple), lifetimes, count)
 
 
 def _lifetimes(count: int, kept: list, steps: list, returned: tuple) -> tuple:
@@ -294,7 +341,7 @@ def _lifetimes(count: int, kept: list, steps: list, returned: tuple) -> tuple:
     unless returned)."""
     first_use, last_use = {}, {}
     for index, step in enumerate(steps):
-        for _, slot, _, _ in step.tensors:
+        for slot in step.slots():
             if count <= slot < count + len(kept):
                 first_use.setdefault(slot - count, index)
                 last_use[slot - count] = index
@@ -357,10 +404,17 @@ def _launch_of(step, slots: _Slots) -> _Launch:
     else:
         compiled, trailing, grid, args = step
         grid = tuple(grid)
-    template, tensors = [], []
+    template, tensors, distances = [], [], []
     for position, a in enumerate(args):
         if a is None or type(a) in (int, float, bool, str):
             template.append(a)
+        elif type(a) is launch.Distance:
+            template.append(None)
+            itemsize = a.base.element_size()
+            if (a.source.data_ptr() - a.base.data_ptr()) // itemsize != a:
+                raise _Unplanned("a distance that is not its tensors' distance in elements")
+            source, base = ((*slots.of(t), t.element_size()) for t in (a.source, a.base))
+            distances.append((position, source, base, itemsize, launch.specialization(a)))
         elif isinstance(a, torch.Tensor):
             template.append(None)
             tensors.append((position, *slots.of(a), None))
@@ -369,4 +423,4 @@ def _launch_of(step, slots: _Slots) -> _Launch:
             tensors.append((position, *slots.of(a.base), on_base(a, None)))
         else:
             raise _Unplanned(f"a launch takes a {type(a).__name__}")
-    return _Launch(compiled, grid, template + list(trailing), tensors)
+    return _Launch(compiled, grid, template + list(trailing), tensors, distances)

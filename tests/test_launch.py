@@ -5,7 +5,8 @@ Compiled kernels cannot run here, so the checks stop at the driver (inspect.comp
 kernels compile for sm_90 and each launcher is a recorder), in a process without the interpreter: for every
 kernel family, the second launch of the same call reaches the driver with the same arguments, grid, stream,
 function and metadata as the first, without calling run; a tensor that moves to an unaligned address or an int
-that changes goes back through run (Triton may specialise differently); compile-only runs remember nothing.
+that changes goes back through run (Triton may specialise differently), a second source's distance from the input
+only where its class of Triton's specialisation changes; compile-only runs remember nothing.
 CI runs this under triton 3.9 and, with the static compile tests, under 3.6."""
 
 import pytest
@@ -84,6 +85,17 @@ with stubbed_launches(90, record):
     del runs[:]
     launch.launch(kernel, grid, *changed, **kwargs)
     out["int_runs"] = list(runs)
+    # A second source's distance from the input (launch.Distance) counts by its class of Triton's specialisation:
+    # another value of the same class launches directly, one of another class goes through run.
+    position = kernel.arg_names.index("Q_DELTA")
+    out["distance_runs"] = []
+    for value in (2**20, 2**20 + 16 * 977, 2**20 + 8, 2**33):
+        del runs[:]
+        with_distance = args[:position] + (launch.Distance(value, go, x),) + args[position + 1:]
+        launch.launch(kernel, grid, *with_distance, **kwargs)
+        out["distance_runs"].append(list(runs))
+    handed = record[-1][1][9 + position]  # after the grid, stream, function, metadata and the two hooks
+    out["distance_handed_as"] = [type(handed).__name__, handed]
     del runs[:]
     with launch.suspended():
         launch.launch(kernel, grid, *args, **kwargs)
@@ -108,6 +120,10 @@ def test_direct_launches_reach_the_driver_with_runs_arguments():
         assert family["arguments"] > 10, (name, family)  # grid, stream, function, metadata, hooks, arguments
     assert result["unaligned_runs"] == ["_conv3d_fwd_kernel"]
     assert result["int_runs"] == ["_conv3d_fwd_kernel"]
+    fwd = ["_conv3d_fwd_kernel"]
+    # i32 divisible by 16, again, i32 not divisible, i64
+    assert result["distance_runs"] == [fwd, [], fwd, fwd], result["distance_runs"]
+    assert result["distance_handed_as"] == ["int", 2**33]  # Triton is handed a plain int
     assert result["suspended_runs"] == ["_conv3d_fwd_kernel", "_conv3d_fwd_kernel"]
     assert result["remembered_after"] == 0  # nothing compiled for the stand-in target outlives it
 

@@ -9,9 +9,12 @@ call's allocations, with its shape, strides, offset and dtype; every int, grid a
 are the H100's (the persistent Gluon kernels, split-K, the pointer kernels) and the interpreter's defaults, in
 16 bits and fp32, on inputs that are views at an offset, with a skip connection's channels read in place, a grouped
 layer, and a weight not in channels_last_3d (cloned into it each call): the host side's copies are in the record
-too, in their place among the launches. A call that runs another op on the host side, or hands a pointer kernel a second
-source's distance from the input, gets no plan; a plan made before launch.forget() or under another device is not
-replayed; a recording takes no other thread's launches."""
+too, in their place among the launches. The pointer kernels' second sources (a skip connection's channels, a
+causal layer's cached frames), which they reach by their distance from the input, replay with that distance
+computed from the call's tensors; a distance in another class of Triton's specialisation than the recorded one
+runs whole, with the kernel the whole path launches. A call that runs another op on the host side gets no plan; a
+plan made before launch.forget() or under another device is not replayed; a recording takes no other thread's
+launches."""
 
 import pytest
 from test_static_compile import CUOBJDUMP, compile_script
@@ -83,14 +86,14 @@ def launches(record, inputs):
     allocated = {}
     return [[name, [describe(v, inputs, allocated) for v in args]] for name, args in record]
 
-def step(x, w, b, after, kwargs):
+def step(x, w, b, after, kwargs, before=None):
     # a layer's forward and backward; its tensors: the inputs, the output, its gradient, the gradients
-    y = tconv3d.conv3d(x, w, b, channels_after=after, **kwargs)
+    y = tconv3d.conv3d(x, w, b, channels_after=after, frames_before=before, **kwargs)
     g = torch.randn_like(y)
-    inputs = [t for t in (x, w, b, after) if t is not None]
+    inputs = [t for t in (x, w, b, after, before) if t is not None]
     return inputs + [y, g, *torch.autograd.grad(y, inputs, g)]
 
-def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True, groups=1):
+def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True, groups=1, before=0):
     n, c, d, h, w = shape
     cl = dict(dtype=dtype, memory_format=torch.channels_last_3d)
     # the input a view at `offset` frames into a longer one: an offset into its storage
@@ -99,7 +102,10 @@ def fresh(shape, cout, dtype, bias, offset, after=0, weight_cl=True, groups=1):
     wt = wt.to(memory_format=torch.channels_last_3d) if weight_cl else wt.contiguous()
     b = torch.randn(cout).to(dtype) if bias else None
     second = torch.randn(n, after, d, h, w).to(**cl) if after else None  # a skip connection's channels
-    return [t.requires_grad_() if t is not None else None for t in (x, wt, b, second)]
+    tensors = [x, wt, b, second]
+    if before:  # a causal layer's cached frames of the previous chunk
+        tensors.append(torch.randn(n, c, before, h, w).to(**cl))
+    return [t.requires_grad_() if t is not None else None for t in tensors]
 
 CASES = {
     # name: (select, input shape, Cout, dtype, bias, offset, conv kwargs, channels_after's channels, fresh's kwargs)
@@ -113,6 +119,10 @@ CASES = {
                            {}),
     "contiguous weight": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 0, dict(padding=1), 0,
                           dict(weight_cl=False)),
+    # the pointer kernels' second sources, addressed by their distance from the input (launch.Distance)
+    "skip pointer": (default_select, (1, 16, 4, 8, 8), 32, torch.bfloat16, True, 1, dict(padding=1), 16, {}),
+    "frames_before pointer": (default_select, (1, 16, 4, 8, 8), 16, torch.float16, False, 0,
+                              dict(padding=(0, 0, 1, 1, 1, 1)), 0, dict(before=2)),
 }
 out = {"cases": {}}
 record = []
@@ -121,7 +131,7 @@ with stubbed_launches(90, record):
         choice._select_with_source = select
         kept = [fresh(shape, cout, dtype, bias, offset, after, **made_as) for _ in range(2)]
         for tensors in kept:  # the first call compiles, the second records
-            step(*tensors, kwargs)
+            step(*tensors[:4], kwargs, *tensors[4:])
         made = {key[1]: type(entry).__name__ if type(entry) is plans.Plan else str(entry)
                 for key, entry in choice._memo.items() if key[0] is plans._PLAN}
         # the backward plan's bytes alive at its peak (each allocation made before its first step and dropped after
@@ -137,11 +147,11 @@ with stubbed_launches(90, record):
                 out.setdefault("backward_bytes", {})[name] = [peak, sum(sizes)]
         inputs = fresh(shape, cout, dtype, bias, offset, after, **made_as)
         del record[:], replays[:]
-        replayed = launches(record, step(*inputs, kwargs))
+        replayed = launches(record, step(*inputs[:4], kwargs, *inputs[4:]))
         replay_count = len(replays)
         with plans.bypassed():
             del record[:]
-            whole = launches(record, step(*inputs, kwargs))
+            whole = launches(record, step(*inputs[:4], kwargs, *inputs[4:]))
         out["cases"][name] = {"made": made, "replays": replay_count, "launches": len(whole),
                               "copies": sum(name == "copy" for name, _ in whole),
                               "same": replayed == whole, "whole": whole if replayed != whole else None,
@@ -236,11 +246,40 @@ with stubbed_launches(90, record):
             tconv3d.conv3d(x, w, b, **kwargs)
     out["outer_mode"] = [len(replays), *(type(e).__name__ for k, e in choice._memo.items() if k[0] is plans._PLAN)]
     choice._memo.clear()
-    for _ in range(3):
-        x, w, b, after = fresh(shape, cout, dtype, bias, offset, after=8)
-        with torch.no_grad():
-            tconv3d.conv3d(x, w, b, channels_after=after, **kwargs)
-    out["second_source"] = [str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN]
+    # A second source's distance from the input in another class of Triton's specialisation than the recorded
+    # one (here divisible by 16 elements, or not): that call runs whole, reaching the driver as the whole path
+    # does, and the plan stays.
+    x, w, b, after = fresh(shape, cout, dtype, bias, offset, after=8)
+    import numpy as np
+    def placed(shift):  # channels_after in memory starting `shift` elements into a buffer of its own: storage
+        # offset 0 and the same 16-byte alignment (shifts of 8), so the same plan key
+        t = torch.from_numpy(np.empty(after.numel() + 64, dtype=np.uint16)[shift:shift + after.numel()])
+        t = t.view(dtype).view(after.shape[0], *after.shape[2:], after.shape[1]).permute(0, 4, 1, 2, 3)
+        return t.copy_(after)
+    def distance_class(second):
+        return (second.data_ptr() - x.data_ptr()) // x.element_size() % 16 == 0
+    placements = [placed(8 * (k % 2)) for k in range(8)]  # 16 bytes apart: distances 8 elements apart
+    classes = [[t for t in placements if distance_class(t) == c] for c in (False, True)]
+    recorded_as, (other, *_) = sorted(classes, key=len, reverse=True)
+    from triton.compiler.compiler import CompiledKernel
+    stand_in = CompiledKernel.run  # the stand-in launcher, recording which compiled kernel launched as well
+    CompiledKernel.run = property(lambda k: lambda *args: record.append((k.name, (k.hash, *args))))
+    with torch.no_grad():
+        for second in recorded_as[:2]:
+            tconv3d.conv3d(x, w, b, channels_after=second, **kwargs)
+        del replays[:], record[:]
+        tconv3d.conv3d(x, w, b, channels_after=other, **kwargs)
+        taken = launches(record, [x, w, b, other])
+        with plans.bypassed():
+            del record[:]
+            tconv3d.conv3d(x, w, b, channels_after=other, **kwargs)
+            whole = launches(record, [x, w, b, other])
+        del record[:]
+        tconv3d.conv3d(x, w, b, channels_after=recorded_as[2], **kwargs)
+    CompiledKernel.run = stand_in
+    out["other_class"] = {"same": taken == whole, "plans": [type(e).__name__ if type(e) is plans.Plan else str(e)
+                          for k, e in choice._memo.items() if k[0] is plans._PLAN], "replays": len(replays),
+                          "launches": len(record)}
     choice._memo.clear()
 
     # A plan outlives neither launch.forget() nor the device it was made on.
@@ -313,9 +352,10 @@ def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     assert result["cases"]["contiguous weight"]["copies"] == 2 and result["cases"]["grouped h100"]["copies"] == 0
     assert result["outer_mode"] == [1, "Plan"], result["outer_mode"]
     assert result["other_on_host"] == "the call ran aten.mul.Tensor on the host side", result["other_on_host"]
-    # the pointer kernels take a second source's distance from the input: no plan there (the Gluon forward of
-    # "skip h100" reads it by a descriptor, and has one)
-    assert len(result["second_source"]) == 1 and "distance" in result["second_source"][0], result["second_source"]
+    # the pointer kernels take a second source's distance from the input, recomputed at each replay (the skip and
+    # frames_before cases above); one of another class of Triton's specialisation runs whole, the plan kept
+    other = result["other_class"]
+    assert other["same"] and other["plans"] == ["Plan"] and other["replays"] == 2, other
     assert result["found"] and not result["found_after_forget"] and result["found_again"], result
     # another device: not replayed, dropped, and the call counts as the key's first again
     assert result["stale"] == [1, False, "called once: the next call records"], result["stale"]

@@ -10,7 +10,7 @@ from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_c
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
-from .launch import launch
+from .launch import launch, takes_distances
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -37,6 +37,7 @@ from .utils import (
 )
 
 
+@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_dgrad_kernel(
     # pointers

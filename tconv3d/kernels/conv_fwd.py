@@ -21,7 +21,7 @@ from .config import (
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
-from .launch import launch
+from .launch import launch, takes_distances
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -49,6 +49,7 @@ from .utils import (
 )
 
 
+@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_fwd_kernel(
     # pointers

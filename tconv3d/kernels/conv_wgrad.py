@@ -23,7 +23,7 @@ from .conv_depthwise import depthwise_wgrad
 from .conv_fwd import border_widths, interior_part, leaves_border_ring, ring_voxels
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
-from .launch import launch
+from .launch import launch, takes_distances
 from .split_k import sum_splits
 from .utils import (
     border_gather,
@@ -48,6 +48,7 @@ from .utils import (
 )
 
 
+@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_wgrad_kernel(
     # pointers

@@ -4,7 +4,8 @@
 signature goes through Triton's run, which specialises, compiles and launches; later launches with the same
 signature call the compiled kernel's launcher directly, with exactly the arguments run would pass it. The
 signature is finer than Triton's specialisation, so it can only split a specialisation, never merge two: every
-int, float, bool, None and string by value, each tensor by dtype and 16-byte alignment of its address, each TMA
+int, float, bool, None and string by value (but an int computed from addresses, a `Distance`, by Triton's own
+class of it, checked at import), each tensor by dtype and 16-byte alignment of its address, each TMA
 descriptor by base dtype and alignment, shape, strides, block and layout, every keyword (constexprs and
 options) by value, and the device and Triton's debug and instrumentation settings. Anything else (a type it
 does not know) goes through run every time, and so does a kernel with pre-run hooks (run calls them). Run's
@@ -90,15 +91,57 @@ generation = 0
 # thread's launches (DataParallel's replicas) never enter a plan.
 _thread = threading.local()
 RUN_NOW, RUN_ALWAYS = "compiled now", "not on the direct path"
-ADDRESS = "an argument computed from addresses"
 
 
-def note_address_argument() -> None:
-    """Where a launcher computes an integer argument from tensors' addresses (a second source's distance from the
-    input): a plan recording on this thread cannot replay such a call, whose arguments change with the addresses."""
-    recorder = getattr(_thread, "recorder", None)
-    if recorder is not None:
-        recorder.append(ADDRESS)
+class Distance(int):
+    """An int argument computed from addresses: a second source's distance in elements from the tensor a pointer
+    kernel addresses it from (utils.second_source_arguments; `source`, `base`). It changes whenever either tensor
+    is allocated elsewhere, so the signature holds it as Triton specialises it (`specialization`), not by value:
+    a layer's next call reuses the compiled kernel on the direct path, where keying by value sent every call of a
+    moved source through Triton's run and remembered one more signature each time. Triton itself is handed plain
+    ints; a plan (plans.py) recomputes the distance from the two tensors it replays with."""
+
+    def __new__(cls, value: int, source: torch.Tensor, base: torch.Tensor):
+        distance = super().__new__(cls, value)
+        distance.source, distance.base = source, base
+        return distance
+
+
+def specialization(value: int):
+    """What Triton's run specialises an int argument on: 1 as a constant, else its type (i32, i64 or u64 by range)
+    and whether 16 divides it (checked against this Triton's own at import: _SPECIALIZES_AS_TRITON)."""
+    if value == 1:
+        return 1
+    kind = "i32" if -(2**31) <= value < 2**31 else "i64" if -(2**63) <= value < 2**63 else "u64"
+    return kind, value % 16 == 0
+
+
+def _specializes_as_triton() -> bool:
+    """Whether `specialization` tells apart every pair of ints this Triton compiles apart (on values around each
+    boundary); where it cannot be checked or differs, distances are keyed by value, as other ints."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        return False
+    values = [v + d for v in (0, 1, 16, 2**31, -(2**31), 2**40, 2**63) for d in (-17, -16, -1, 0, 1, 15, 16)]
+    try:
+        theirs = [native_specialize_impl(BaseBackend, v, False, True, True) for v in values if v < 2**64]
+    except Exception:
+        return False
+    ours = [specialization(v) for v in values if v < 2**64]
+    return all((ours[i] == ours[j]) <= (theirs[i] == theirs[j]) for i in range(len(ours)) for j in range(i))
+
+
+_SPECIALIZES_AS_TRITON = _specializes_as_triton()
+# Kernels that may take a Distance (by id: see _compiled), registered by takes_distances.
+_distance_takers: set[int] = set()
+
+
+def takes_distances(kernel):
+    """Registers `kernel` as one whose launches may pass Distance arguments (launch hands Triton plain ints)."""
+    _distance_takers.add(id(kernel))
+    return kernel
 
 
 @contextlib.contextmanager
@@ -154,6 +197,8 @@ def tracing() -> bool:
 
 def _arg_signature(a):
     """What one non-int argument contributes to a launch's signature (ints stand for themselves)."""
+    if type(a) is Distance:
+        return Distance, specialization(a) if _SPECIALIZES_AS_TRITON else int(a)
     if type(a) is torch.Tensor or isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
     described = getattr(a, "launch_signature", None)  # a descriptor from utils.tensor_descriptor, made once there
@@ -180,6 +225,9 @@ def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tupl
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
     signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
+    given = args  # with any Distance: the signature and a recording plan take these, Triton plain ints
+    if id(kernel) in _distance_takers:
+        args = tuple([int(a) if type(a) is Distance else a for a in args])
     if _traced:
         if any(hasattr(a, "block_shape") for a in args):  # choice.inductor_refusal keeps TMA launches out
             raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
@@ -200,7 +248,7 @@ def launch(kernel, grid, *args, **kwargs):
     try:
         signature = (
             id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-            tuple([a if type(a) is int else _arg_signature(a) for a in args]), tuple(kwargs.items()),
+            tuple([a if type(a) is int else _arg_signature(a) for a in given]), tuple(kwargs.items()),
         )  # fmt: skip
         compiled = _compiled.get(signature)
     except TypeError:  # an argument type the signature does not know, or an unhashable value: run decides
@@ -216,7 +264,7 @@ def launch(kernel, grid, *args, **kwargs):
         return compiled
     compiled, trailing = compiled
     if recorder is not None:
-        recorder.append((compiled, trailing, grid, args))
+        recorder.append((compiled, trailing, grid, given))
     launch_compiled(compiled, grid, args + trailing, device)
     return compiled
 

@@ -538,13 +538,12 @@ def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
 
 def second_source_arguments(second, x) -> tuple:
     """A second source of the pointer kernels (frames_before along D, channels_after along C): (its distance from x
-    in elements, its N, D, H, W strides); zeros without one. The kernels address it from x's pointer (same dtype,
-    so the distance is whole elements)."""
+    in elements, a launch.Distance, its N, D, H, W strides); zeros without one. The kernels address it from x's
+    pointer (same dtype, so the distance is whole elements)."""
     if second is None:
         return 0, 0, 0, 0, 0
     n_stride, _, d_stride, h_stride, w_stride = second.stride()
-    launch.note_address_argument()
-    delta = (second.data_ptr() - x.data_ptr()) // x.element_size()
+    delta = launch.Distance((second.data_ptr() - x.data_ptr()) // x.element_size(), second, x)
     return delta, n_stride, d_stride, h_stride, w_stride
 
 
