@@ -13,7 +13,9 @@ Triton kernel replaced by a stand-in that launches nothing, pointer variant agai
 the same launches: JITFunction.run against the direct path (issue 29), the kernels compiled for sm_90 and each
 launcher a stand-in, so both stop at the driver. Last, whole layers as the H100 runs them (the configs
 choice.choose gives that device, compiled for sm_90, launches stopping at the driver): a forward and a backward
-of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop.
+of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop; and the
+forward of a layer with a second source on the pointer kernels (a skip connection's channels, cached frames),
+its tensors at other addresses every call, as a decoder's are.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
@@ -248,6 +250,60 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
     return results
 
 
+# Layers reading a second source on the pointer kernels (launch.Distance), bf16: (input shape, Cout, padding, the
+# source's keyword, its shape)
+SECOND_SOURCE_CASES = {
+    "skip 32+32": ((1, 32, 8, 16, 16), 32, (1, 1, 1), "channels_after", (1, 32, 8, 16, 16)),
+    "causal 64, 2 frames": ((1, 64, 4, 16, 16), 64, (0, 0, 1, 1, 1, 1), "frames_before", (1, 64, 2, 16, 16)),
+}
+
+
+def second_source_replay(calls: int, sets: int = 8) -> dict:
+    """Host time of a forward (no_grad) of each SECOND_SOURCE_CASES layer on the pointer kernels at the H100's
+    tiles, kernels stopping at the driver, its input and second source taken in turn from `sets` pairs allocated
+    apart (a distance that changes every call): {case: {"plans": us, "no_plans": us}}, and why a plan was refused
+    where one was."""
+    from tconv3d import plans, settings
+    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d.kernels import launch
+    from tconv3d.tune import choice
+
+    if launch.OFF is not None:
+        return {"off": launch.OFF}
+
+    def h100_pointer(direction, geom, dtype, device, run):
+        config, _ = choice.choose(direction, geom, dtype, *H100)
+        return choice.force_variant(direction, geom, dtype, config, "pointer"), "H100, pointer"
+
+    saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
+    settings.CPU_BACKEND, choice._select_with_source = "triton", h100_pointer
+    cl = dict(dtype=torch.bfloat16, memory_format=CL)
+    results = {}
+    try:
+        with stubbed_launches(90), torch.no_grad():
+            for name, (shape, cout, padding, keyword, second) in SECOND_SOURCE_CASES.items():
+                choice._memo = {}
+                c_in = shape[1] + (second[1] if keyword == "channels_after" else 0)
+                w = torch.randn(cout, c_in, 3, 3, 3).to(**cl)
+                pairs = [(torch.randn(shape).to(**cl), torch.randn(second).to(**cl)) for _ in range(sets)]
+                turn = iter(range(1 << 62))
+
+                def forward(w=w, pairs=pairs, turn=turn, padding=padding, keyword=keyword):
+                    x, source = pairs[next(turn) % len(pairs)]
+                    return tconv3d.conv3d(x, w, None, padding=padding, **{keyword: source})
+
+                times = per_call_us({"plans": forward, "no_plans": plans.bypassed()(forward)}, calls)
+                results[name] = times
+                refused = {
+                    k[1]: str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan
+                }
+                if refused:
+                    results[name]["refused"] = refused
+    finally:
+        settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -279,7 +335,7 @@ def main(argv=None) -> int:
         if name != "off":
             print(f"{name:22s} run {t['run']:6.1f}  direct {t['direct']:6.1f}  direct/run {t['direct'] / t['run']:5.2f}"
                   f"  ({t['arguments']} arguments)")  # fmt: skip
-    replays = plan_replay(args.calls // 10)
+    replays = plan_replay(max(1, args.calls // 10))
     print("\nwhole layers at the H100's configs, kernels stopping at the driver, us per call: call plans on / off")
     if "off" in replays:
         print(f"direct path off: {replays['off']}")
@@ -289,13 +345,22 @@ def main(argv=None) -> int:
         cells = [f"{d} {t['plans']:7.1f} / {t['no_plans']:7.1f} ({t['plans'] / t['no_plans']:4.2f}x)"
                  for d, t in times.items() if d != "refused"]  # fmt: skip
         print(f"{name:20s} {'   '.join(cells)}" + (f"   refused: {times['refused']}" if "refused" in times else ""))
+    sources = second_source_replay(max(1, args.calls // 10))
+    print("\na second source on the pointer kernels, at other addresses every call (H100 tiles, stopping at the")
+    print("driver), forward, us per call: call plans on / off")
+    for name, t in sources.items():
+        if name == "off":
+            print(f"direct path off: {t}")
+            continue
+        refused = f"   refused: {t['refused']}" if "refused" in t else ""
+        print(f"{name:20s} fwd {t['plans']:7.1f} / {t['no_plans']:7.1f} ({t['plans'] / t['no_plans']:4.2f}x){refused}")
     if args.json is not None:
         meta = {
             "device": args.device, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
         results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
-                   "plan_replay_us": replays}  # fmt: skip
+                   "plan_replay_us": replays, "second_source_us": sources}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
