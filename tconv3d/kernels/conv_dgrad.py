@@ -10,7 +10,7 @@ from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_c
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
-from .launch import launch, takes_distances
+from .launch import launch, launch_with_distances
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -37,7 +37,6 @@ from .utils import (
 )
 
 
-@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_dgrad_kernel(
     # pointers
@@ -307,7 +306,9 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
     splits = out.shape[0] // geom.batch
     grid = (tiles[0] * tiles[1] * phases, geom.groups, splits)
     q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
-    launch(
+    # a second source's distance is a launch.Distance (second_source_arguments)
+    launcher = launch if channels_after is None else launch_with_distances
+    launcher(
         _conv3d_dgrad_kernel, grid,
         grad_out, weight, out, live,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, geom.out_channel_sources[0], q_delta,

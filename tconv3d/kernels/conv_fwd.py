@@ -21,7 +21,7 @@ from .config import (
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
-from .launch import launch, takes_distances
+from .launch import launch, launch_with_distances
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -49,7 +49,6 @@ from .utils import (
 )
 
 
-@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_fwd_kernel(
     # pointers
@@ -358,7 +357,9 @@ def _launch_pointer_kernel(
     rows = geom.batch * geom.out_size[0] * ring_voxels(geom) if ring else gemm_view("fwd", geom).rows
     tiles = w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(rows, config.block_m), cdiv(c_out, config.block_n))
     grid = (tiles[0] * tiles[1], geom.groups, splits)
-    launch(
+    # a second source's distance is a launch.Distance (second_source_arguments)
+    launcher = launch if frames_before is None and channels_after is None else launch_with_distances
+    launcher(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],

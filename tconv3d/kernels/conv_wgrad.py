@@ -23,7 +23,7 @@ from .conv_depthwise import depthwise_wgrad
 from .conv_fwd import border_widths, interior_part, leaves_border_ring, ring_voxels
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
-from .launch import launch, takes_distances
+from .launch import launch, launch_with_distances
 from .split_k import sum_splits
 from .utils import (
     border_gather,
@@ -48,7 +48,6 @@ from .utils import (
 )
 
 
-@takes_distances  # a second source's distance from the input (utils.second_source_arguments)
 @triton.jit
 def _conv3d_wgrad_kernel(
     # pointers
@@ -424,7 +423,9 @@ def _launch_pointer_kernel(
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
     packed = not ring and packs_taps("wgrad", geom)
-    launch(
+    # a second source's distance is a launch.Distance (second_source_arguments)
+    launcher = launch if frames_before is None and channels_after is None else launch_with_distances
+    launcher(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],

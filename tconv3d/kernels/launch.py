@@ -134,14 +134,6 @@ def _specializes_as_triton() -> bool:
 
 
 _SPECIALIZES_AS_TRITON = _specializes_as_triton()
-# Kernels that may take a Distance (by id: see _compiled), registered by takes_distances.
-_distance_takers: set[int] = set()
-
-
-def takes_distances(kernel):
-    """Registers `kernel` as one whose launches may pass Distance arguments (launch hands Triton plain ints)."""
-    _distance_takers.add(id(kernel))
-    return kernel
 
 
 @contextlib.contextmanager
@@ -196,22 +188,27 @@ def tracing() -> bool:
 
 
 def _arg_signature(a):
-    """What one non-int argument contributes to a launch's signature (ints stand for themselves)."""
-    if type(a) is Distance:
-        return Distance, specialization(a) if _SPECIALIZES_AS_TRITON else int(a)
-    if type(a) is torch.Tensor or isinstance(a, torch.Tensor):
+    """What one non-int argument contributes to a launch's signature (ints stand for themselves). The common kinds
+    first: a launch's tensors, Nones and flags are a tenth of its arguments, and this runs for each on every
+    launch."""
+    kind = type(a)
+    if kind is torch.Tensor:
         return a.dtype, a.data_ptr() % 16 == 0
+    if a is None or kind in (bool, float, str):
+        return kind, a
+    if kind is Distance:
+        return Distance, specialization(a) if _SPECIALIZES_AS_TRITON else int(a)
     described = getattr(a, "launch_signature", None)  # a descriptor from utils.tensor_descriptor, made once there
     if described is not None:
         return described, a.base.data_ptr() % 16 == 0
-    if a is None or type(a) in (bool, float, str):
-        return type(a), a
+    if isinstance(a, torch.Tensor):  # a subclass (a Parameter)
+        return a.dtype, a.data_ptr() % 16 == 0
     base = getattr(a, "base", None)
     if isinstance(base, torch.Tensor) and hasattr(a, "block_shape"):  # any other host TMA descriptor
-        described = (type(a), base.dtype, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+        described = (kind, base.dtype, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
                      getattr(a, "layout", None), getattr(a, "padding", None))  # fmt: skip
         return described, base.data_ptr() % 16 == 0
-    raise TypeError(type(a))
+    raise TypeError(kind)
 
 
 def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tuple:
@@ -225,9 +222,18 @@ def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tupl
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
     signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
-    given = args  # with any Distance: the signature and a recording plan take these, Triton plain ints
-    if id(kernel) in _distance_takers:
-        args = tuple([int(a) if type(a) is Distance else a for a in args])
+    return _launch(kernel, grid, args, args, kwargs)
+
+
+def launch_with_distances(kernel, grid, *args, **kwargs):
+    """`launch` for arguments among which are Distances: the signature and a recording plan take them, Triton the
+    plain ints (a launch without any stays off this comprehension: 2-3 us over a pointer kernel's 60-80
+    arguments)."""
+    return _launch(kernel, grid, args, tuple([int(a) if type(a) is Distance else a for a in args]), kwargs)
+
+
+def _launch(kernel, grid, given: tuple, args: tuple, kwargs: dict):
+    """launch's body: `given` the arguments as the launcher gave them, `args` as Triton takes them."""
     if _traced:
         if any(hasattr(a, "block_shape") for a in args):  # choice.inductor_refusal keeps TMA launches out
             raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
