@@ -195,58 +195,68 @@ PLAN_CASES = ("unet_320", "unet_320+bias", "down_s2", "hunyuan_512", "resnext3d_
 H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs and capability
 
 
+@contextlib.contextmanager
+def _as_on_h100(kernels: str):
+    """Inside, CPU tensors launch as CUDA ones do, at the configs choice.choose gives the H100 under the variant
+    setting `kernels` (as TCONV3D_KERNELS), the kernels compiled for sm_90 and stopping at the driver; yields
+    `refusals`, which names why each plan of the calls since the last `refusals` was refused (and forgets them)."""
+    from tconv3d import plans, settings
+    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d.tune import choice
+
+    def h100(direction, geom, dtype, device, run):
+        config, _ = choice.choose(direction, geom, dtype, *H100)
+        return choice.force_variant(direction, geom, dtype, config, kernels, True), f"H100, {kernels}"
+
+    def refusals() -> dict:
+        memo, choice._memo = choice._memo, {}
+        return {k[1]: str(e) for k, e in memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan}
+
+    saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
+    settings.CPU_BACKEND, choice._select_with_source, choice._memo = "triton", h100, {}
+    try:
+        with stubbed_launches(90):
+            yield refusals
+    finally:
+        settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
+
+
 def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
     """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight,
     and bias where the case asks for one) at the H100's configs, with the kernels compiled for sm_90 and stopping at
     the driver, with call plans and without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}},
     plus why a plan was refused where one was."""
     from tconv3d import plans, settings
-    from tconv3d.inspect.compile import stubbed_launches
     from tconv3d.kernels import launch
     from tconv3d.testing import random_conv_inputs
-    from tconv3d.tune import choice
     from tconv3d.tune.shapes import load_shape_set
 
     if launch.OFF is not None:
         return {"off": launch.OFF}
-
-    def h100(direction, geom, dtype, device, run):
-        config, _ = choice.choose(direction, geom, dtype, *H100)
-        return choice.force_variant(direction, geom, dtype, config, settings.KERNELS, True), "H100"
-
-    saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
-    settings.CPU_BACKEND, choice._select_with_source = "triton", h100  # CPU tensors launch as CUDA ones do
     shapes = {s.name: s for s in load_shape_set("bench")}
     results = {}
-    try:
-        with stubbed_launches(90):
-            for name in cases:
-                choice._memo = {}
-                shape = shapes[name.removesuffix("+bias")]
-                x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, torch.bfloat16, "cpu")
-                b = torch.randn(w.shape[0], dtype=torch.bfloat16, requires_grad=True) if "+bias" in name else None
-                x, w = x.requires_grad_(), w.requires_grad_()
-                args = list(shape.stride), list(shape.padding), list(shape.dilation), shape.groups
-                y = tconv3d.conv3d(x, w, b, *args)
-                grad = torch.randn_like(y)
-                forward = lambda x=x, w=w, b=b, args=args: tconv3d.conv3d(x, w, b, *args)  # noqa: E731
-                leaves = (x, w) if b is None else (x, w, b)
-                backward = lambda leaves=leaves, y=y, g=grad: torch.autograd.grad(  # noqa: E731
-                    y, leaves, g, retain_graph=True
-                )
+    with _as_on_h100(settings.KERNELS) as refusals:
+        for name in cases:
+            shape = shapes[name.removesuffix("+bias")]
+            x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, torch.bfloat16, "cpu")
+            b = torch.randn(w.shape[0], dtype=torch.bfloat16, requires_grad=True) if "+bias" in name else None
+            x, w = x.requires_grad_(), w.requires_grad_()
+            args = list(shape.stride), list(shape.padding), list(shape.dilation), shape.groups
+            y = tconv3d.conv3d(x, w, b, *args)
+            grad = torch.randn_like(y)
+            forward = lambda x=x, w=w, b=b, args=args: tconv3d.conv3d(x, w, b, *args)  # noqa: E731
+            leaves = (x, w) if b is None else (x, w, b)
+            backward = lambda leaves=leaves, y=y, g=grad: torch.autograd.grad(  # noqa: E731
+                y, leaves, g, retain_graph=True
+            )
 
-                fns = {}
-                for direction, fn in (("fwd", forward), ("bwd", backward)):
-                    fns[direction, True], fns[direction, False] = fn, plans.bypassed()(fn)
-                times = per_call_us(fns, calls)
-                results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "bwd")}
-                refused = {
-                    k[1]: str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan
-                }
-                if refused:
-                    results[name]["refused"] = refused
-    finally:
-        settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
+            fns = {}
+            for direction, fn in (("fwd", forward), ("bwd", backward)):
+                fns[direction, True], fns[direction, False] = fn, plans.bypassed()(fn)
+            times = per_call_us(fns, calls)
+            results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "bwd")}
+            if refused := refusals():
+                results[name]["refused"] = refused
     return results
 
 
@@ -263,44 +273,27 @@ def second_source_replay(calls: int, sets: int = 8) -> dict:
     tiles, kernels stopping at the driver, its input and second source taken in turn from `sets` pairs allocated
     apart (a distance that changes every call): {case: {"plans": us, "no_plans": us}}, and why a plan was refused
     where one was."""
-    from tconv3d import plans, settings
-    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d import plans
     from tconv3d.kernels import launch
-    from tconv3d.tune import choice
 
     if launch.OFF is not None:
         return {"off": launch.OFF}
-
-    def h100_pointer(direction, geom, dtype, device, run):
-        config, _ = choice.choose(direction, geom, dtype, *H100)
-        return choice.force_variant(direction, geom, dtype, config, "pointer"), "H100, pointer"
-
-    saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
-    settings.CPU_BACKEND, choice._select_with_source = "triton", h100_pointer
     cl = dict(dtype=torch.bfloat16, memory_format=CL)
     results = {}
-    try:
-        with stubbed_launches(90), torch.no_grad():
-            for name, (shape, cout, padding, keyword, second) in SECOND_SOURCE_CASES.items():
-                choice._memo = {}
-                c_in = shape[1] + (second[1] if keyword == "channels_after" else 0)
-                w = torch.randn(cout, c_in, 3, 3, 3).to(**cl)
-                pairs = [(torch.randn(shape).to(**cl), torch.randn(second).to(**cl)) for _ in range(sets)]
-                turn = iter(range(1 << 62))
+    with _as_on_h100("pointer") as refusals, torch.no_grad():
+        for name, (shape, cout, padding, keyword, second) in SECOND_SOURCE_CASES.items():
+            c_in = shape[1] + (second[1] if keyword == "channels_after" else 0)
+            w = torch.randn(cout, c_in, 3, 3, 3).to(**cl)
+            pairs = [(torch.randn(shape).to(**cl), torch.randn(second).to(**cl)) for _ in range(sets)]
+            turn = iter(range(1 << 62))
 
-                def forward(w=w, pairs=pairs, turn=turn, padding=padding, keyword=keyword):
-                    x, source = pairs[next(turn) % len(pairs)]
-                    return tconv3d.conv3d(x, w, None, padding=padding, **{keyword: source})
+            def forward(w=w, pairs=pairs, turn=turn, padding=padding, keyword=keyword):
+                x, source = pairs[next(turn) % len(pairs)]
+                return tconv3d.conv3d(x, w, None, padding=padding, **{keyword: source})
 
-                times = per_call_us({"plans": forward, "no_plans": plans.bypassed()(forward)}, calls)
-                results[name] = times
-                refused = {
-                    k[1]: str(e) for k, e in choice._memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan
-                }
-                if refused:
-                    results[name]["refused"] = refused
-    finally:
-        settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
+            results[name] = per_call_us({"plans": forward, "no_plans": plans.bypassed()(forward)}, calls)
+            if refused := refusals():
+                results[name]["refused"] = refused
     return results
 
 
