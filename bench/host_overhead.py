@@ -180,7 +180,8 @@ def triton_launch(calls: int) -> dict:
             for module, original in saved:
                 module.launch = original
         for kernel, grid, args, kwargs in captured:
-            kwargs = {"enable_fp_fusion": launch.FP_FUSION, **kwargs}  # what launch() hands run
+            # what launch() hands run (`_distances` is launch's own)
+            kwargs = {"enable_fp_fusion": launch.FP_FUSION, **{k: v for k, v in kwargs.items() if k != "_distances"}}
             paths = {
                 "run": lambda k=kernel, g=grid, a=args, kw=kwargs: k.run(*a, grid=g, warmup=False, **kw),
                 "direct": lambda k=kernel, g=grid, a=args, kw=kwargs: launch.launch(k, g, *a, **kw),

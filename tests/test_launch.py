@@ -92,7 +92,7 @@ with stubbed_launches(90, record):
     for value in (2**20, 2**20 + 16 * 977, 2**20 + 8, 2**33):
         del runs[:]
         with_distance = args[:position] + (launch.Distance(value, go, x),) + args[position + 1:]
-        launch.launch_with_distances(kernel, grid, *with_distance, **kwargs)
+        launch.launch(kernel, grid, *with_distance, **{**kwargs, "_distances": True})
         out["distance_runs"].append(list(runs))
     handed = record[-1][1][9 + position]  # after the grid, stream, function, metadata and the two hooks
     out["distance_handed_as"] = [type(handed).__name__, handed]

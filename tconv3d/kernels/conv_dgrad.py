@@ -10,7 +10,7 @@ from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_c
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
-from .launch import launch, launch_with_distances
+from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -306,9 +306,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
     splits = out.shape[0] // geom.batch
     grid = (tiles[0] * tiles[1] * phases, geom.groups, splits)
     q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
-    # a second source's distance is a launch.Distance (second_source_arguments)
-    launcher = launch if channels_after is None else launch_with_distances
-    launcher(
+    launch(
         _conv3d_dgrad_kernel, grid,
         grad_out, weight, out, live,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, geom.out_channel_sources[0], q_delta,
@@ -322,6 +320,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
         DIAG_CO=diag[1],
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
+        _distances=channels_after is not None,  # second_source_arguments'
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -21,7 +21,7 @@ from .config import (
 from .conv_depthwise import depthwise_fwd
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
-from .launch import launch, launch_with_distances
+from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
     block_channels,
@@ -357,9 +357,7 @@ def _launch_pointer_kernel(
     rows = geom.batch * geom.out_size[0] * ring_voxels(geom) if ring else gemm_view("fwd", geom).rows
     tiles = w_tap_tiles("fwd", geom, config) if w_taps else (cdiv(rows, config.block_m), cdiv(c_out, config.block_n))
     grid = (tiles[0] * tiles[1], geom.groups, splits)
-    # a second source's distance is a launch.Distance (second_source_arguments)
-    launcher = launch if frames_before is None and channels_after is None else launch_with_distances
-    launcher(
+    launch(
         _conv3d_fwd_kernel, grid,
         x, weight, bias if bias is not None else x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
@@ -374,6 +372,7 @@ def _launch_pointer_kernel(
         W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None, RING=ring,
+        _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -23,7 +23,7 @@ from .conv_depthwise import depthwise_wgrad
 from .conv_fwd import border_widths, interior_part, leaves_border_ring, ring_voxels
 from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
-from .launch import launch, launch_with_distances
+from .launch import launch
 from .split_k import sum_splits
 from .utils import (
     border_gather,
@@ -423,9 +423,7 @@ def _launch_pointer_kernel(
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
     packed = not ring and packs_taps("wgrad", geom)
-    # a second source's distance is a launch.Distance (second_source_arguments)
-    launcher = launch if frames_before is None and channels_after is None else launch_with_distances
-    launcher(
+    launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, geom.prefix_frames, p_delta, geom.channel_sources[0],
@@ -436,6 +434,7 @@ def _launch_pointer_kernel(
         GO_DENSE=not ring and go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
         RUN=channel_run(c_in, x, frames_before) if packed else 1,
         HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring, DIAG_CI=diag[0],
+        _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
         DIAG_CO=diag[1],
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,

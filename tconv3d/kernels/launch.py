@@ -219,21 +219,15 @@ def _trailing_values(kernel: JITFunction, positional: int, kwargs: dict) -> tupl
     return tuple(kwargs.get(p.name, p.default) for p in parameters)
 
 
-def launch(kernel, grid, *args, **kwargs):
+def launch(kernel, grid, *args, _distances: bool = False, **kwargs):
     """kernel[grid](*args, **kwargs), through the compiled kernel's launcher after the first launch of a
-    signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests)."""
-    return _launch(kernel, grid, args, args, kwargs)
-
-
-def launch_with_distances(kernel, grid, *args, **kwargs):
-    """`launch` for arguments among which are Distances: the signature and a recording plan take them, Triton the
-    plain ints (a launch without any stays off this comprehension: 2-3 us over a pointer kernel's 60-80
+    signature (see the module's docstring). `kernel` may be anything with `[grid]` (a stand-in in tests).
+    `_distances`: some of `args` are Distances, which the signature and a recording plan take as they are and
+    Triton as plain ints (a launch without any skips that comprehension: 2-3 us over a pointer kernel's 60-80
     arguments)."""
-    return _launch(kernel, grid, args, tuple([int(a) if type(a) is Distance else a for a in args]), kwargs)
-
-
-def _launch(kernel, grid, given: tuple, args: tuple, kwargs: dict):
-    """launch's body: `given` the arguments as the launcher gave them, `args` as Triton takes them."""
+    given = args
+    if _distances:
+        args = tuple([int(a) if type(a) is Distance else a for a in args])
     if _traced:
         if any(hasattr(a, "block_shape") for a in args):  # choice.inductor_refusal keeps TMA launches out
             raise RuntimeError(f"tconv3d: {kernel} takes TMA descriptors, which a traced launch cannot carry")
