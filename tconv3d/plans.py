@@ -249,15 +249,16 @@ class _Unreplayable(Exception):
 
 
 def _address(slots: list, slot: int, view: tuple | None, itemsize: int) -> int:
-    """The address of a plan step's tensor: slot `slot`, or its `.as_strided(*view)`, without making the view."""
+    """The address of a plan step's tensor of `itemsize`-byte elements: slot `slot`, or its `.as_strided(*view)`,
+    without making the view."""
     t = slots[slot]
     return t.data_ptr() if view is None else t.untyped_storage().data_ptr() + view[2] * itemsize
 
 
 def _check_distance(slots: list, source: tuple, base: tuple, itemsize: int, specialized) -> int:
-    """The distance in elements from `base`'s tensor to `source`'s ((slot, view, itemsize) each), if it falls in the
-    recorded class `specialized` of Triton's specialisation; else _Unreplayable."""
-    distance = (_address(slots, *source) - _address(slots, *base)) // itemsize
+    """The distance in elements from `base`'s tensor to `source`'s ((slot, view) each, one dtype), if it falls in
+    the recorded class `specialized` of Triton's specialisation; else _Unreplayable."""
+    distance = (_address(slots, *source, itemsize) - _address(slots, *base, itemsize)) // itemsize
     if launch.specialization(distance) != specialized:
         raise _Unreplayable
     return distance
@@ -278,8 +279,8 @@ def replay(plan: Plan, plan_key, inputs: tuple, call):
 class _Launch:
     """A step of a plan: a compiled kernel's launch on `grid`, or (compiled None) the aten op `grid` called on the
     values; `template` holds the values that are neither tensors nor distances, `tensors` (position, slot, view,
-    descriptor) the tensors, `distances` (position, (slot, view, itemsize) of the source and of the base, the
-    element size, the recorded value's launch.specialization) the ints computed from addresses."""
+    descriptor) the tensors, `distances` (position, (slot, view) of the source and of the base, their element size,
+    the recorded value's launch.specialization) the ints computed from addresses."""
 
     __slots__ = ("compiled", "distances", "grid", "template", "tensors")
 
@@ -324,7 +325,7 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
     for step in steps:
         step.tensors = [(position, renumber[slot], view, d) for position, slot, view, d in step.tensors]
         step.distances = [
-            (position, (renumber[source[0]], *source[1:]), (renumber[base[0]], *base[1:]), itemsize, specialized)
+            (position, (renumber[source[0]], source[1]), (renumber[base[0]], base[1]), itemsize, specialized)
             for position, source, base, itemsize, specialized in step.distances
         ]
     returned = tuple((renumber[slot], view) for slot, view in returned)
@@ -408,13 +409,10 @@ def _launch_of(step, slots: _Slots) -> _Launch:
     for position, a in enumerate(args):
         if a is None or type(a) in (int, float, bool, str):
             template.append(a)
-        elif type(a) is launch.Distance:
+        elif type(a) is launch.Distance:  # of one dtype's tensors (utils.second_source_arguments)
             template.append(None)
-            itemsize = a.base.element_size()
-            if (a.source.data_ptr() - a.base.data_ptr()) // itemsize != a:
-                raise _Unplanned("a distance that is not its tensors' distance in elements")
-            source, base = ((*slots.of(t), t.element_size()) for t in (a.source, a.base))
-            distances.append((position, source, base, itemsize, launch.specialization(a)))
+            distances.append((position, slots.of(a.source), slots.of(a.base), a.base.element_size(),
+                              launch.specialization(a)))  # fmt: skip
         elif isinstance(a, torch.Tensor):
             template.append(None)
             tensors.append((position, *slots.of(a), None))
