@@ -6,10 +6,12 @@ import logging
 
 import pytest
 import torch
-from helpers import count_launches
+import torch.nn.functional as F
+from helpers import OpNames, count_launches
 from torch import nn
 
 import tconv3d
+from tconv3d.nn.modules import resize_nearest
 from tconv3d.testing import TOLERANCE, reference_conv3d, rel_l2
 
 CL = torch.channels_last_3d
@@ -124,6 +126,76 @@ def test_avg_pool_answers_channels_last_3d(kernel, stride, padding, ceil_mode, d
         out.backward(grad)
         expected.backward(grad)
         assert torch.equal(ours_in.grad, theirs_in.grad)
+
+
+def _layouts(shape, device):
+    """x of `shape` channels_last_3d, NCDHW, and a channel slice of a channels_last_3d tensor (not dense: torch's
+    kernels still answer it channels_last_3d)."""
+    wider = torch.randn(shape[0], shape[1] + 3, *shape[2:], device=device).contiguous(memory_format=CL)
+    return {
+        "channels_last_3d": torch.randn(shape, device=device).contiguous(memory_format=CL),
+        "ncdhw": torch.randn(shape, device=device),
+        "channel_slice": wider[:, 1 : 1 + shape[1]],
+    }
+
+
+# (input size, output size): grown by powers of two, shrunk by them, both, and sizes torch keeps (3x, 1.5x).
+RESIZES = [((3, 4, 5), (6, 8, 10)), ((5, 4, 4), (5, 16, 16)), ((8, 16, 4), (4, 4, 8)), ((3, 8, 4), (12, 2, 4)),
+           ((5, 4, 4), (15, 4, 4)), ((5, 6, 4), (5, 9, 8))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("source", "size"), RESIZES, ids=[f"{s}->{t}" for s, t in RESIZES])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_resize_nearest_is_torch_interpolate_bit_for_bit(source, size, mode, device):
+    """The latents' and segmentation maps' resizing (resize_nearest) and convert's nn.Upsample: F.interpolate's
+    values, gradients and strides, for every layout torch answers; whole power-of-two factors without torch's
+    3-D nearest kernel (on CUDA it copies a channels_last_3d input NCDHW and its output back)."""
+    pairs = list(zip(source, size, strict=True))
+    whole = all(max(a, b) % min(a, b) == 0 and max(a, b) // min(a, b) in (1, 2, 4) for a, b in pairs)
+    shrinks = any(a > b for a, b in pairs)
+    for layout, x in _layouts((2, 3, *source), device).items():
+        ours_in, theirs_in = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        with OpNames() as ops:
+            out = resize_nearest(ours_in, size, mode)
+        expected = F.interpolate(theirs_in, size=size, mode=mode)
+        assert torch.equal(out, expected), layout
+        assert out.stride() == expected.stride(), layout
+        kernel = any("upsample_nearest" in name for name in ops.names)
+        assert kernel == (not whole or (shrinks and mode != "nearest")), (layout, ops.names)
+        grad = torch.randn_like(expected)
+        out.backward(grad)
+        expected.backward(grad)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6, layout
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"scale_factor": 2}, {"scale_factor": (1, 2, 2)}, {"size": (6, 8, 8)},
+     {"scale_factor": 2, "mode": "nearest-exact"}, {"scale_factor": 3}, {"scale_factor": 2, "mode": "trilinear"}],
+    ids=["x2", "x1x2x2", "size", "exact", "x3", "trilinear"],
+)  # fmt: skip
+def test_upsample_answers_torch_values_in_the_input_layout(kwargs, device):
+    """convert swaps nn.Upsample (MONAI's AutoencoderKL and DiffusionModelUNet decoders) for tconv3d.nn.Upsample:
+    torch's values and gradients; nearest by whole power-of-two factors is one copy in the input's layout, any
+    other interpolation torch's own."""
+    stock = nn.Upsample(**kwargs)
+    ours = tconv3d.nn.convert(nn.Sequential(copy.deepcopy(stock)))[0]
+    assert type(ours) is tconv3d.nn.Upsample and repr(ours) == repr(stock)
+    own = kwargs.get("mode", "nearest") in ("nearest", "nearest-exact") and kwargs.get("scale_factor") != 3
+    for layout, x in _layouts((2, 3, 3, 4, 4), device).items():
+        ours_in, theirs_in = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        with OpNames() as ops:
+            out = ours(ours_in)
+        expected = stock(theirs_in)
+        assert torch.equal(out, expected) and out.stride() == expected.stride(), layout
+        assert any("upsample" in name for name in ops.names) != own, (layout, ops.names)
+        grad = torch.randn_like(expected)
+        out.backward(grad)
+        expected.backward(grad)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6, layout
+    if kwargs.get("scale_factor") == 2 and kwargs.get("mode") != "trilinear":  # 4-D frames: torch's
+        frames = torch.randn(2, 3, 4, 4, device=device).contiguous(memory_format=torch.channels_last)
+        assert torch.equal(ours(frames), stock(frames))
 
 
 def test_convert_filter_chooses_layers(device):

@@ -1,5 +1,6 @@
 """tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm and InstanceNorm3d on
-tconv3d's NDHWC kernels, CausalConv3d, and AvgPool3d (torch's, answering channels_last_3d)."""
+tconv3d's NDHWC kernels, CausalConv3d, AvgPool3d (torch's, answering channels_last_3d) and Upsample (nearest by
+whole factors as one copy in the input's layout)."""
 
 from __future__ import annotations
 
@@ -224,6 +225,106 @@ class AvgPool3d(nn.AvgPool3d):
         if input.dim() == 5 and _laid_out_only(input, _CL) and not output.is_contiguous(memory_format=_CL):
             return output.contiguous(memory_format=_CL)
         return output
+
+
+class Upsample(nn.Upsample):
+    """`torch.nn.Upsample` whose nearest interpolation of a 5-D input by whole power-of-two factors (MONAI's
+    AutoencoderKL and DiffusionModelUNet decoders: 2x) is one broadcast copy answered in the input's layout
+    (`repeat_nearest`). CUDA's 3-D nearest kernel indexes NCDHW: on a channels_last_3d activation torch copies the
+    input NCDHW, interpolates into an NCDHW buffer and copies that back channels_last_3d, and its backward hands
+    the layer before an NCDHW gradient. Other modes, factors and inputs: torch's. Same constructor, same values."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() == 5 and self.mode in ("nearest", "nearest-exact"):
+            if self.size is not None:
+                return resize_nearest(input, self.size, self.mode)
+            factors = _whole_scale_factors(self.scale_factor)
+            if factors is not None and all(n * f < _EXACT for n, f in zip(input.shape[2:], factors, strict=True)):
+                return repeat_nearest(input, factors)
+        return super().forward(input)
+
+
+# Below 2^24 every index of torch's nearest rule, floor(i * scale) in float32, is exact for power-of-two scales.
+_EXACT = 1 << 24
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _whole_scale_factors(scale_factor) -> tuple[int, int, int] | None:
+    """An nn.Upsample's scale_factor as three whole power-of-two factors, or None."""
+    if scale_factor is None:
+        return None
+    scales = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * 3
+    if len(scales) != 3 or any(float(s) != int(s) or not _power_of_two(int(s)) for s in scales):
+        return None
+    return tuple(int(s) for s in scales)
+
+
+def resize_nearest(x: torch.Tensor, size, mode: str = "nearest") -> torch.Tensor:
+    """F.interpolate(x, size=size, mode=mode) for mode "nearest" (or "nearest-exact", growing only). Where each
+    dimension of a 5-D x grows or shrinks by a whole power of two (a latent resized to a decoder's features, a
+    segmentation map to an activation's), one copy of a strided view of x repeated by `repeat_nearest` into x's
+    layout (`nearest_steps`). Other sizes: torch's."""
+    size = tuple(size) if isinstance(size, (tuple, list, torch.Size)) else (size,) * 3
+    steps = nearest_steps(x.shape[2:], size, mode) if x.dim() == 5 and len(size) == 3 else None
+    if steps is None:
+        return F.interpolate(x, size=size, mode=mode)
+    (sd, sh, sw), factors = steps
+    return repeat_nearest(x[:, :, ::sd, ::sh, ::sw], factors, _layout(x))
+
+
+def nearest_steps(source_size, size, mode: str = "nearest"):
+    """(steps, factors): nearest resizing from `source_size` to `size` reads every step-th voxel along each
+    dimension and repeats each `factor` times, all whole powers of two (one of them 1 a dimension); None where
+    it does not. For these torch's index rule, floor(i * scale) in float32 with scale = in / out, is exact (below
+    2^24 voxels). "nearest-exact" (floor((i + 0.5) * scale)) agrees where it grows only."""
+    steps, factors = [], []
+    for n, m in zip(source_size, size, strict=True):
+        small, large = min(n, m), max(n, m)
+        if small < 1 or large % small or not _power_of_two(large // small) or large >= _EXACT:
+            return None
+        if n > m and mode != "nearest":  # nearest-exact reads the middle of each f voxels when shrinking
+            return None
+        steps.append(n // m if n > m else 1)
+        factors.append(m // n if m > n else 1)
+    return tuple(steps), tuple(factors)
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    """The layout torch's kernels answer a 5-D x in (`suggest_memory_format`): channels_last_3d where x's strides
+    rank C, W, H, D, N from the innermost out (a channel slice of a channels_last_3d tensor too), else NCDHW."""
+    sizes, strides, floor = x.shape, x.stride(), 0
+    if strides[1] == 0:
+        return torch.contiguous_format
+    for dim in (1, 4, 3, 2, 0):
+        if sizes[dim] == 0 or strides[dim] < floor or (dim == 0 and floor == strides[1]):
+            return torch.contiguous_format
+        floor = strides[dim] * max(sizes[dim], 1)
+    return _CL
+
+
+def repeat_nearest(x: torch.Tensor, factors, memory_format: torch.memory_format | None = None) -> torch.Tensor:
+    """F.interpolate(x, scale_factor=factors, mode="nearest") of a 5-D x for whole factors (output voxel i reads
+    input voxel i // f), as one broadcast copy into a tensor of x's layout (or `memory_format`): channels_last_3d
+    stays so; its backward sums each voxel's copies in the gradient's layout."""
+    b, c, d, h, w = x.shape
+    fd, fh, fw = factors
+    out = torch.empty(
+        (b, c, d * fd, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format or _layout(x)
+    )
+    upsample_nearest_into(out, x, factors)
+    return out
+
+
+def upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
+    """out <- F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors, as one broadcast
+    copy into `out` (a view of a larger tensor too)."""
+    b, c, d, h, w = x.shape
+    fd, fh, fw = factors
+    source = x[:, :, :, None, :, None, :, None].expand(b, c, d, fd, h, fh, w, fw)
+    out.view(b, c, d, fd, h, fh, w, fw).copy_(source)
 
 
 def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> bool:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .modules import Conv3d, ConvTranspose3d, GroupNorm, _laid_out_only, format_strides, normalize
+from .modules import Conv3d, ConvTranspose3d, GroupNorm, _laid_out_only, format_strides, normalize, resize_nearest
 
 _CL = torch.channels_last_3d
 
@@ -439,7 +439,7 @@ class _SPADE:
             normalized = self.param_free_norm(_kept_channels_last(x))
         else:  # a converted SPADE res block's norm1 of a skip connection's concatenation
             normalized = _silu_after(self.param_free_norm, x, lambda h: h, channels_after)
-        actv = self.mlp_shared(F.interpolate(segmap, size=x.size()[2:], mode="nearest"))
+        actv = self.mlp_shared(resize_nearest(segmap, x.size()[2:]))
         return normalized * (1 + self.mlp_gamma(actv)) + self.mlp_beta(actv)
 
 

@@ -19,7 +19,15 @@ from torch import nn
 
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
 from ..ops import call_rms_norm
-from .modules import Conv3d, GroupNorm, InstanceNorm3d, normalize
+from .modules import (
+    Conv3d,
+    GroupNorm,
+    InstanceNorm3d,
+    normalize,
+    repeat_nearest,
+    resize_nearest,
+    upsample_nearest_into,
+)
 
 _CL = torch.channels_last_3d
 
@@ -368,13 +376,14 @@ class _CosmosUpsample3d:
 
 
 def _repeat(x: torch.Tensor, factors) -> torch.Tensor:
-    """x.repeat_interleave(f, dim) along D, H and W by whole factors, in x's memory format (nearest
-    interpolation; an unbatched 4-D x as repeat_interleave takes it)."""
+    """x.repeat_interleave(f, dim) along D, H and W by whole factors, in x's memory format (`repeat_nearest`: one
+    broadcast copy, where CUDA's nearest interpolation would copy a channels_last_3d x NCDHW and back; an unbatched
+    4-D x as repeat_interleave takes it)."""
     if x.dim() != 5:
         for dim, factor in enumerate(factors):
             x = x.repeat_interleave(factor, dim=x.dim() - 3 + dim)
         return x
-    return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="nearest")
+    return repeat_nearest(x, factors)
 
 
 class _EasyAnimateCausalConv3d:
@@ -779,7 +788,7 @@ class _KVAECachedSpatialNorm3D:
             frames, height, width = f.shape[-3:]
             zq = _nearest_first_apart(zq, (frames if zq.shape[2] > 1 else 1, height, width))
         else:
-            zq = F.interpolate(zq, size=tuple(f.shape[-3:]), mode="nearest")
+            zq = resize_nearest(zq, tuple(f.shape[-3:]))
         if self.add_conv:
             zq = self.conv(zq, cache["add_conv"])
         return self.norm_layer(f, cache["norm"]) * self.conv_y(zq) + self.conv_b(zq)
@@ -804,7 +813,7 @@ class _Kandinsky6SRSpatialNorm3D:
         if cache["is_first_segment"]:
             resized = _nearest_first_apart(zq, (frames if zq.shape[2] > 1 else 1, height, width))
         else:
-            resized = F.interpolate(zq, size=(frames, height, width))
+            resized = resize_nearest(zq, (frames, height, width))
         output = self.norm_layer(hidden_states) * self.conv_y(resized) + self.conv_b(resized)
         cache["is_first_segment"] = False
         return output
@@ -991,19 +1000,10 @@ class _HunyuanVideoUpsample:
         ft, fh, fw = (int(f) for f in self.upsample_factor)
         out = torch.empty((b, c, 1 + (t - 1) * ft, h * fh, w * fw), dtype=hidden_states.dtype,
                           device=hidden_states.device, memory_format=_CL)  # fmt: skip
-        _upsample_nearest_into(out[:, :, :1], hidden_states[:, :, :1], (1, fh, fw))
+        upsample_nearest_into(out[:, :, :1], hidden_states[:, :, :1], (1, fh, fw))
         if t > 1:
-            _upsample_nearest_into(out[:, :, 1:], hidden_states[:, :, 1:], (ft, fh, fw))
+            upsample_nearest_into(out[:, :, 1:], hidden_states[:, :, 1:], (ft, fh, fw))
         return self.conv(out)
-
-
-def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
-    """out <- F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors (output voxel i
-    reads input voxel i // f), as one broadcast copy."""
-    b, c, t, h, w = x.shape
-    ft, fh, fw = factors
-    source = x[:, :, :, None, :, None, :, None].expand(b, c, t, ft, h, fh, w, fw)
-    out.view(b, c, t, ft, h, fh, w, fw).copy_(source)
 
 
 class _MochiChunkedGroupNorm:
@@ -1431,10 +1431,10 @@ def _nearest_first_apart(zq: torch.Tensor, size) -> torch.Tensor:
     frames = size[0]
     if frames > 1 and zq.shape[2] > 1:
         rest = torch.arange(1, zq.shape[2], dtype=torch.float32, device=zq.device).view(1, 1, -1, 1, 1)
-        rest = F.interpolate(rest, size=(frames - 1, 1, 1)).flatten().long()
+        rest = resize_nearest(rest, (frames - 1, 1, 1)).flatten().long()
         index = torch.cat([rest.new_zeros(1), rest])
         zq = zq.index_select(2, index).contiguous(memory_format=_CL)
-    return F.interpolate(zq, size=size)
+    return resize_nearest(zq, size)
 
 
 class _CogVideoXSpatialNorm:
@@ -1451,10 +1451,9 @@ class _CogVideoXSpatialNorm:
 
     def forward(self, f, zq, conv_cache=None):
         conv_cache = conv_cache or {}
-        if f.shape[2] % 2 == 1:  # diffusers resizes an odd count of frames with the first apart
-            zq = _nearest_first_apart(zq, tuple(f.shape[-3:]))
-        else:
-            zq = F.interpolate(zq, size=f.shape[-3:])
+        # diffusers resizes an odd count of frames with the first apart
+        size = tuple(f.shape[-3:])
+        zq = _nearest_first_apart(zq, size) if f.shape[2] % 2 == 1 else resize_nearest(zq, size)
         new_conv_cache = {}
         conv_y, new_conv_cache["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
         conv_b, new_conv_cache["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
