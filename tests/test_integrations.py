@@ -461,6 +461,80 @@ def test_kandinsky6_sr_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert_same_gradients(stock, converted)
 
 
+def kandinsky6_upscalers(widths=(16, 16, 8)):
+    """Kandinsky 6's latent upscaler bank (Kandinsky6SRLatentUpscalerBank), small: a 2x and a 4x upscaler of K-VAE
+    latents, 3x3x3 convs repeating the edge frames along time, RMS norms modulated by 1x1x1 convs of the latent."""
+    from diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr import Kandinsky6SRLatentUpscalerBank
+
+    torch.manual_seed(0)
+    return Kandinsky6SRLatentUpscalerBank(
+        in_channels=4, stage_channels=widths, num_pre_blocks=1, num_mid_blocks=1, num_post_blocks=1,
+        num_x2_adapter_blocks=1,
+    )  # fmt: skip
+
+
+def upscale(scale):
+    return lambda model, latents: model(latents, scale).sample
+
+
+@pytest.mark.parametrize("scale", [2, 4])
+def test_kandinsky6_latent_upscalers_on_tconv3d_without_copies(scale, aten_path):
+    """Kandinsky 6's latent upscalers (Kandinsky 6 SR's pipeline runs them on K-VAE latents): their 3x3x3 convs, an
+    nn.Conv3d subclass that F.pads the edge frames along time, one op each with both paddings inside; the RMS norms
+    on tconv3d; each modulated norm's 1x1x1 convs on the latent itself, broadcast over the features (a 1x1x1 conv
+    commutes with nearest resizing), where stock resizes the latent to full size first; the 2x upsampling in the
+    activation's layout. Every conv on tconv3d, no pad and no layout copy into any; the upscaled latents, the
+    latents' and the parameters' gradients as stock's, no more kept for the backward."""
+    stock, converted = stock_and_converted(kandinsky6_upscalers)
+    run = upscale(scale)
+    x = torch.randn(1, 4, 3, 4, 4)
+    with torch.no_grad():
+        out = run(converted, x)
+        assert rel_l2(out, run(stock, x)) < MATCH
+    assert out.shape[-2:] == (4 * scale, 4 * scale) and out.is_contiguous(memory_format=torch.channels_last_3d)
+    before = tconv3d.nn.audit(stock, x, run=run, verbose=False)
+    after = tconv3d.nn.audit(converted, x, run=run, verbose=False)
+    assert before.totals["converted"] < before.totals["layers"]  # its convs: an nn.Conv3d subclass, left alone
+    assert after.totals["converted"] == after.totals["layers"]
+    assert_all_on_tconv3d(after, every_layer_called=False)  # the bank's other upscaler and the unused head idle
+    assert before.totals["pad_copies_into_convs"] > 0
+    assert after.totals["layout_copies"] == after.totals["upstream_copies_into_convs"] == 0, after.table()
+    assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), run, x)
+    grads = []
+    for model in (stock, converted):
+        latents = x.clone().requires_grad_()
+        run(model, latents).square().mean().backward()
+        grads.append(latents.grad)
+    assert rel_l2(grads[1], grads[0]) < MATCH
+    assert_same_gradients(stock, converted)
+
+
+@pytest.mark.parametrize("zq_size", [(3, 4, 4), (3, 2, 4), (3, 3, 3)], ids=["2x", "4x_2x", "resized"])
+def test_kandinsky6_modulated_norm_broadcasts_whole_factors_only(zq_size, aten_path):
+    """The upscalers' modulated norm on its own: a latent smaller by whole factors gives the features' product and
+    sum over a broadcast (no resized latent); any other size resizes it as stock does. Stock's values, gradients
+    of the features and the latent, and the features' layout."""
+    from diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr import Kandinsky6SRLatentUpscalerModulatedNorm
+
+    torch.manual_seed(0)
+    stock = Kandinsky6SRLatentUpscalerModulatedNorm(8, 4)
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    features = torch.randn(2, 8, 3, 8, 8).contiguous(memory_format=torch.channels_last_3d)
+    latent = torch.randn(2, 4, *zq_size).contiguous(memory_format=torch.channels_last_3d)
+    models = (stock, converted)
+    inputs = {model: (features.clone().requires_grad_(), latent.clone().requires_grad_()) for model in models}
+    outputs = {model: model(*inputs[model]) for model in models}
+    assert rel_l2(outputs[converted], outputs[stock]) < MATCH
+    assert outputs[converted].is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(outputs[stock])
+    for model in models:
+        outputs[model].backward(grad)
+    for ours, theirs in zip(inputs[converted], inputs[stock], strict=True):
+        assert rel_l2(ours.grad, theirs.grad) < MATCH
+    assert_same_gradients(stock, converted)
+
+
 @pytest.mark.parametrize("name", ["kandinsky6_sr", "kvae_video"])
 def test_resampler_means_run_in_bf16_on_cpu(name, aten_path):
     """Kandinsky 6's and KVAE's downsamplers average pixels and frames; torch's avg_pool3d has no bfloat16 CPU
@@ -644,7 +718,7 @@ def test_more_vaes_training_keep_no_more_than_stock(name, aten_path):
     assert_keeps_no_more_than_stock(stock.train(train), converted.train(train), run, x)
 
 
-@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
+@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro", "kandinsky6_upscalers"])
 def test_more_vaes_through_the_triton_interpreter(name):
     """The kernels themselves. Kandinsky 6's SR VAE: zeros in space with the first frame repeated in front, the
     first segment's cached frames read in front of the second's, the strided temporal conv, the 1x1x1 convs of the
@@ -657,6 +731,7 @@ def test_more_vaes_through_the_triton_interpreter(name):
         "kandinsky6_sr": (functools.partial(kandinsky6_sr, (4, 8, 8)), encode_decode, (1, 3, 21, 8, 8)),  # 17 + 4
         "vidtok": (vidtok, vidtok_run, (1, 3, 9, 16, 16)),
         "allegro": (allegro, allegro_run, (1, 3, 8, 16, 16)),
+        "kandinsky6_upscalers": (functools.partial(kandinsky6_upscalers, (8, 8, 4)), upscale(4), (1, 4, 2, 2, 2)),
     }[name]
     stock, converted = stock_and_converted(build)
     x = torch.randn(shape)
@@ -664,13 +739,14 @@ def test_more_vaes_through_the_triton_interpreter(name):
         assert rel_l2(run(converted, x), run(stock, x)) < MATCH
 
 
-@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro"])
+@pytest.mark.parametrize("name", ["kandinsky6_sr", "vidtok", "allegro", "kandinsky6_upscalers"])
 def test_more_vaes_compile_without_new_graph_breaks(name, aten_path):
     """As test_compile_adds_no_graph_breaks, for the VAEs built here (their adapters' forwards traced whole)."""
     build, run, x = {
         "kandinsky6_sr": (kandinsky6_sr, lambda model, z: model.decode(z).sample, torch.randn(1, 4, 5, 4, 4)),
         "vidtok": (functools.partial(vidtok, tiling=False), vidtok_run, torch.randn(1, 3, 9, 16, 16)),
         "allegro": (allegro, allegro_run, torch.randn(1, 3, 8, 16, 16)),
+        "kandinsky6_upscalers": (kandinsky6_upscalers, upscale(4), torch.randn(1, 4, 3, 4, 4)),
     }[name]
     stock, converted = stock_and_converted(build)
     explained = explained_without_new_graph_breaks(run, stock, converted, x)

@@ -93,9 +93,9 @@ def convert(
       channels_last_3d activation so (torch's values), and a GroupNorm or InstanceNorm3d followed by `nn.SiLU` in an
       `nn.Sequential` becomes one fused norm + SiLU (the SiLU slot an `nn.Identity`).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
-      LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, MiniMax-H3's encoder) are taken over with their padding,
-      repeated frames and cached frames inside one op: no F.pad or torch.cat copy of an activation remains around
-      them. Their forward signatures and results are diffusers'.
+      LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, Kandinsky 6's SR VAE and latent upscalers, MiniMax-H3's
+      encoder) are taken over with their padding, repeated frames and cached frames inside one op: no F.pad or
+      torch.cat copy of an activation remains around them. Their forward signatures and results are diffusers'.
     - MONAI's networks (monai_nets): skip connections handed to their convolutions as `channels_after`, zero
       padding made before a convolution (EfficientNet's "same" padders, AutoencoderKL's and MAISI's downsamplers)
       padded inside it, MAISI's split convolutions and norms run whole, res blocks' norm + SiLU in one pass.

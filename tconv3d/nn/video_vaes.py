@@ -23,6 +23,7 @@ from .modules import (
     Conv3d,
     GroupNorm,
     InstanceNorm3d,
+    nearest_steps,
     normalize,
     repeat_nearest,
     resize_nearest,
@@ -876,6 +877,100 @@ class _Kandinsky6SRUpsample:
         return self.linear(hidden_states)
 
 
+_K6UP = "diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr."
+
+
+class _Kandinsky6SRLatentUpscaler:
+    """diffusers' Kandinsky6SRLatentUpscaler (Kandinsky 6's latent upscalers, 2x and 4x in space): the latent, which
+    its first conv and every modulated norm's 1x1x1 convs read, laid out channels_last_3d once (the input's edge)
+    where each of those convs took a layout copy of it."""
+
+    classes = (_K6UP + "Kandinsky6SRLatentUpscaler",)
+    attributes = ("scale",)
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, latents):
+        if latents.dim() == 5 and not latents.is_contiguous(memory_format=_CL):
+            latents = latents.contiguous(memory_format=_CL)
+        return super().forward(latents)
+
+
+class _Kandinsky6SRLatentUpscalerConv3d(_PaddedConv):
+    """diffusers' Kandinsky6SRLatentUpscalerConv3d: the edge frames repeated along time (F.pad, replicate: a copy
+    of the activation), then its conv (itself) with zeros in space: one op, both paddings inside."""
+
+    classes = (_K6UP + "Kandinsky6SRLatentUpscalerConv3d",)
+    attributes = ("temporal_pad",)
+
+    @staticmethod
+    def _conv(module) -> nn.Conv3d:
+        return module
+
+    @staticmethod
+    def _padding(module):
+        pad = module.temporal_pad
+        return _compose_padding([pad, pad, 0, 0, 0, 0], ("replicate", "zeros", "zeros"), module)
+
+
+class _Kandinsky6SRLatentUpscalerModulatedNorm:
+    """diffusers' Kandinsky6SRLatentUpscalerModulatedNorm: the features' RMS norm times conv_y(zq) plus conv_b(zq),
+    zq (the latent) resized (nearest) to the features' size first. The upscalers' features are the latent's size
+    times 1, 2 or 4 in space, and a 1x1x1 conv commutes with nearest resizing: here conv_y and conv_b run on the
+    latent itself and their outputs are broadcast over each latent voxel's copies in one pass (`_modulate`), where
+    diffusers resizes the latent to full size, runs both convs there and writes y and b at full size (twice the
+    features' channels) before the product and the sum. Other sizes: diffusers' arithmetic on the resized latent."""
+
+    classes = (_K6UP + "Kandinsky6SRLatentUpscalerModulatedNorm",)
+    attributes = ("norm", "conv_y", "conv_b")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states, zq):
+        normalized = self.norm(hidden_states)
+        steps = nearest_steps(zq.shape[2:], hidden_states.shape[2:]) if hidden_states.dim() == zq.dim() == 5 else None
+        if steps is None or steps[0] != (1, 1, 1):
+            if zq.shape[2:] != hidden_states.shape[2:]:
+                zq = resize_nearest(zq, tuple(hidden_states.shape[2:]))
+            return normalized * self.conv_y(zq) + self.conv_b(zq)
+        return _modulate(normalized, self.conv_y(zq), self.conv_b(zq), steps[1])
+
+
+def _modulate(normalized: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, factors) -> torch.Tensor:
+    """normalized * resized(scale) + resized(shift), scale and shift resized (nearest) by whole factors: one addcmul
+    over a view of `normalized` split by the factors, scale and shift broadcast over each voxel's copies (in
+    `normalized`'s layout); its backward sums their gradients over the copies."""
+    b, c, d, h, w = normalized.shape
+    fd, fh, fw = factors
+    split = normalized.view(b, c, d // fd, fd, h // fh, fh, w // fw, fw)
+    spread = (slice(None),) * 3 + (None, slice(None), None, slice(None), None)
+    return torch.addcmul(shift[spread], split, scale[spread]).reshape(b, c, d, h, w)
+
+
+class _Kandinsky6SRLatentUpscalerUpsample:
+    """diffusers' Kandinsky6SRLatentUpscalerUpsample: nearest 2x in space (`_repeat`: one copy in the activation's
+    layout, where CUDA's 3-D nearest kernel copies a channels_last_3d activation NCDHW and back), then its per-frame
+    conv's residual and the pointwise conv."""
+
+    classes = (_K6UP + "Kandinsky6SRLatentUpscalerUpsample",)
+    attributes = ("spatial_conv", "linear")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        if hidden_states.dim() == 5:
+            hidden_states = _repeat(hidden_states, (1, 2, 2))
+        else:
+            hidden_states = F.interpolate(hidden_states, scale_factor=(1, 2, 2), mode="nearest")
+        return self.linear(hidden_states + self.spatial_conv(hidden_states))
+
+
 class _KVAECachedPXSDownsample:
     """diffusers' KVAECachedPXSDownsample: its pixel-unshuffle mean (the video copied frame by frame into a (B*T, C,
     H, W) tensor, unshuffled, averaged, permuted back) is a 2x2 average pool in space, and its temporal mean (a
@@ -1249,10 +1344,14 @@ class _ChannelRMSNorm:
 
 
 class _Kandinsky6RMSNorm(_ChannelRMSNorm):
-    """diffusers' Kandinsky6VAERMSNorm: the same arithmetic (normalized in fp32, cast back, times sqrt(C) and
-    gamma), without the flags or a bias."""
+    """diffusers' Kandinsky6VAERMSNorm (and the latent upscalers' Kandinsky6SRLatentUpscalerRMSNorm, the same
+    class): the same arithmetic (normalized in fp32, cast back, times sqrt(C) and gamma), without the flags or a
+    bias."""
 
-    classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6VAERMSNorm",)
+    classes = (
+        "diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6VAERMSNorm",
+        _K6UP + "Kandinsky6SRLatentUpscalerRMSNorm",
+    )
     attributes = ("scale", "gamma")
 
     @staticmethod
@@ -1574,7 +1673,8 @@ ADAPTERS = (
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
-    _VidTokCausalConv3d, _AllegroTemporalConvLayer,
+    _VidTokCausalConv3d, _AllegroTemporalConvLayer, _Kandinsky6SRLatentUpscaler, _Kandinsky6SRLatentUpscalerConv3d,
+    _Kandinsky6SRLatentUpscalerModulatedNorm, _Kandinsky6SRLatentUpscalerUpsample,
 )  # fmt: skip
 
 
