@@ -1,5 +1,6 @@
 """`python -m bench.vae_decode`: one video-VAE decode, stock diffusers vs converted by tconv3d.nn.convert, eager
-and torch.compile'd: time and peak memory (also MAISI's CT autoencoder, `--model maisi`: bench.vaes).
+and torch.compile'd: time and peak memory (also MAISI's CT autoencoder, `--model maisi`, and Kandinsky 6 SR's 4x
+latent upscaler as a decode, `--model kandinsky6_upscaler`: bench.vaes).
 
 Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, the ops as calls),
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
@@ -196,10 +197,11 @@ def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
 
 
 def main(argv=None) -> int:
-    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS, VOLUME_AUTOENCODERS
+    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS, LATENT_UPSCALERS, VOLUME_AUTOENCODERS
 
-    latent_channels = {**LATENT_CHANNELS, **{name: v[0] for name, v in VOLUME_AUTOENCODERS.items()}}
-    default_latents = {**DEFAULT_LATENTS, **{name: v[1] for name, v in VOLUME_AUTOENCODERS.items()}}
+    others = {**VOLUME_AUTOENCODERS, **LATENT_UPSCALERS}
+    latent_channels = {**LATENT_CHANNELS, **{name: v[0] for name, v in others.items()}}
+    default_latents = {**DEFAULT_LATENTS, **{name: v[1] for name, v in others.items()}}
     parser = argparse.ArgumentParser(prog="python -m bench.vae_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="hunyuan_video", choices=list(latent_channels))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process measuring one variant
     args = parser.parse_args(argv)
-    native = VOLUME_AUTOENCODERS[args.model][2] if args.model in VOLUME_AUTOENCODERS else torch.bfloat16
+    native = others[args.model][2] if args.model in others else torch.bfloat16
     dtype = getattr(torch, args.dtype) if args.dtype else native if args.device == "cuda" else torch.float32
     if args.latent is None and args.scale == 0:
         shape = list(default_latents[args.model])

@@ -1,7 +1,8 @@
 """The video VAEs of diffusers with random weights: what tests/test_integrations.py converts and `python -m
 bench.vae_decode` measures. `scale` multiplies the channel widths of a small config (1: the test size); 0 is
 diffusers' default config, the released model's size. Also MONAI's autoencoders of 3-D volumes
-(VOLUME_AUTOENCODERS: MAISI's, the CT generator's), which bench.vae_decode decodes the same way."""
+(VOLUME_AUTOENCODERS: MAISI's, the CT generator's), which bench.vae_decode decodes the same way, and latent
+upscalers (LATENT_UPSCALERS: Kandinsky 6 SR's), whose decode is the upscaled latent."""
 
 import torch
 
@@ -31,11 +32,29 @@ CLASSES = {
 # bundle configures them; stock MAISI cannot run bfloat16 weights without autocast).
 VOLUME_AUTOENCODERS = {"maisi": (4, (1, 4, 64, 64, 64), torch.float16)}
 
+# Latent upscalers, measured as a decode whose output is the latent upscaled (`decode(z)`): latent channels, the
+# latent the released widths upscale (Kandinsky 6 SR's 4x: 64-channel K-VAE latents, 5 x 16 x 16 -> 5 x 64 x 64),
+# and the dtype.
+LATENT_UPSCALERS = {"kandinsky6_upscaler": (64, (1, 64, 5, 16, 16), torch.bfloat16)}
+
+
+class UpscalerDecode(torch.nn.Module):
+    """A latent upscaler bank's `scale`x upscaler as a VAE's decode: `decode(z)` is the upscaled latent."""
+
+    def __init__(self, bank: torch.nn.Module, scale: int):
+        super().__init__()
+        self.bank, self.scale = bank, scale
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.bank(z, self.scale).sample
+
 
 def build_vae(name: str, scale: int = 1, seed: int = 0, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """`dtype`: what the model will run in, where its config depends on it (MAISI's norm_float16)."""
     if name in VOLUME_AUTOENCODERS:
         return _build_volume_autoencoder(name, scale, seed, dtype)
+    if name in LATENT_UPSCALERS:
+        return _build_latent_upscaler(scale, seed)
     import diffusers
 
     torch.manual_seed(seed)
@@ -121,3 +140,18 @@ def _build_volume_autoencoder(name: str, scale: int, seed: int, dtype: torch.dty
         with_decoder_nonlocal_attn=False, norm_float16=dtype == torch.float16, num_splits=8 if scale == 0 else 2,
         dim_split=1,
     )  # fmt: skip
+
+
+def _build_latent_upscaler(scale: int, seed: int) -> torch.nn.Module:
+    """Kandinsky 6 SR's 4x latent upscaler (the bank holding only it): released widths 2048, 1024, 512 and 5, 3, 3
+    residual blocks at scale 0; (32, 16, 8) x scale wide with one block a stage otherwise."""
+    from diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr import Kandinsky6SRLatentUpscalerBank
+
+    torch.manual_seed(seed)
+    if scale == 0:
+        return UpscalerDecode(Kandinsky6SRLatentUpscalerBank(scales=(4,)), 4)
+    bank = Kandinsky6SRLatentUpscalerBank(
+        in_channels=LATENT_UPSCALERS["kandinsky6_upscaler"][0], stage_channels=(32 * scale, 16 * scale, 8 * scale),
+        num_pre_blocks=1, num_mid_blocks=1, num_post_blocks=1, scales=(4,),
+    )  # fmt: skip
+    return UpscalerDecode(bank, 4)

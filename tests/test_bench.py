@@ -469,6 +469,18 @@ def test_vae_decode_counts_the_kernels_the_convolutions_launch(monkeypatch, devi
     assert kernel_variants(lambda: None) == {}
 
 
+@pytest.mark.parametrize("variant", ["stock", "converted"])
+def test_vae_decode_measures_a_latent_upscaler_as_a_decode(variant, aten_path):
+    """`python -m bench.vae_decode --model kandinsky6_upscaler`: Kandinsky 6 SR's 4x latent upscaler measured as a
+    decode whose output is the latent 4x in space, stock and converted (every conv on tconv3d in the breakdown)."""
+    pytest.importorskip("diffusers")
+    from bench.vae_decode import measure
+
+    row = measure("kandinsky6_upscaler", variant, "cpu", torch.float32, 1, [1, 64, 2, 4, 4])
+    assert row["output"] == [1, 64, 2, 16, 16] and row["ms"] > 0
+    assert row["breakdown_ms"]["conv"] > 0
+
+
 def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
     """Where a chosen persistent tile takes two warpgroups and one program an SM (a table's 128x64, as the heuristic
     chose for unet_64's forward and input gradient until the H100 timed the one-warpgroup form 1.18-1.20x faster),
