@@ -1804,35 +1804,39 @@ def test_decode_breakdown_times_convs_norms_and_activations(name, aten_path):
     assert parts["stock"]["activation"] > 0 and parts["converted"]["activation"] == 0, parts
 
 
-def _nearest_3d_kernel_calls(model, run, x) -> int:
-    """How many times a forward and backward of run(model, x) dispatch torch's 3-D nearest interpolation (forward
-    or backward), which on CUDA copies a channels_last_3d activation NCDHW and its result back."""
+def _ncdhw_resampling_calls(model, run, x) -> int:
+    """How many times a forward and backward of run(model, x) dispatch torch's 3-D nearest interpolation or average
+    pool (forward or backward), which on CUDA copy a channels_last_3d activation NCDHW (and the interpolation its
+    result back) and answer an NCDHW gradient."""
     from helpers import OpNames
 
     with OpNames() as ops:
         torch.manual_seed(5)
         run(model.train(), x).square().mean().backward()
-    return sum("upsample_nearest3d" in name for name in ops.names)
+    return sum(name.startswith(("aten.upsample_nearest3d", "aten.avg_pool3d")) for name in ops.names)
 
 
-RESIZING_MODELS = ["autoencoderkl", "diffusion_unet", "spade_autoencoder", "kvae_video", "kandinsky6_sr"]
+RESAMPLING_MODELS = ["autoencoderkl", "diffusion_unet", "spade_autoencoder", "kvae_video", "kandinsky6_sr", "cosmos",
+                     "densenet121"]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", RESIZING_MODELS)
-def test_converted_models_resize_without_torch_nearest_3d_kernel(name, aten_path):
-    """Nearest upsampling and resizing in the converted models, forward and backward, as one copy in the
-    activation's layout (tconv3d.nn.Upsample for MONAI's decoders' nn.Upsample; the video VAEs' pixel repeats and
-    their spatial norms' resized latent; SPADE's resized segmentation map): none of torch's 3-D nearest kernel,
-    which stock runs. Outputs as stock's."""
+@pytest.mark.parametrize("name", RESAMPLING_MODELS)
+def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
+    """Nearest upsampling and resizing and tiling average pools in the converted models, forward and backward, in
+    the activation's layout (tconv3d.nn.Upsample and AvgPool3d for MONAI's nn.Upsample and nn.AvgPool3d; the video
+    VAEs' pixel repeats, their spatial norms' resized latent and Cosmos's downsampling pools; SPADE's resized
+    segmentation map): none of torch's 3-D nearest or average-pool kernels, which stock runs. Outputs as stock's."""
     build, run, x = {
         "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
         "diffusion_unet": (_diffusion_unets()["self_attention"], denoise, torch.randn(1, 4, 16, 16, 16)),
         "spade_autoencoder": (_spade_networks()["autoencoder"], spade_autoencode, torch.randn(1, 1, 16, 16, 16)),
         "kvae_video": (kvae_video, encode_decode, torch.randn(1, 3, 9, 16, 16)),
         "kandinsky6_sr": (kandinsky6_sr, encode_decode, torch.randn(1, 3, 9, 16, 16)),
+        "cosmos": (VAES["cosmos"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "densenet121": (_densenet121, lambda model, x: model(x), torch.randn(2, 1, 32, 32, 32)),
     }[name]
     stock, converted = stock_and_converted(build)
     x = x.contiguous(memory_format=torch.channels_last_3d)
     assert rel_l2(*seeded_runs((converted, stock), lambda model: run(model, x))) < MATCH
-    assert _nearest_3d_kernel_calls(stock, run, x) > 0
-    assert _nearest_3d_kernel_calls(converted, run, x) == 0
+    assert _ncdhw_resampling_calls(stock, run, x) > 0
+    assert _ncdhw_resampling_calls(converted, run, x) == 0

@@ -215,16 +215,44 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
 class AvgPool3d(nn.AvgPool3d):
     """`torch.nn.AvgPool3d` that answers a channels_last_3d input channels_last_3d. torch's kernels answer NCDHW
-    whatever the input's layout (CPU's; CUDA's indexes a contiguous (N*C, D, H, W) view of its input), and what
-    follows then passes NCDHW on: after a DenseNet transition, every dense layer's concatenation, and each
-    convolution of it a layout copy. Here the pool's output (an eighth of its input at kernel 2) is copied
-    channels_last_3d once where torch answers otherwise. Same constructor, no parameters."""
+    whatever the input's layout (CPU's; CUDA's copies its input NCDHW first and indexes a (N*C, D, H, W) view, and
+    its backward answers an NCDHW gradient), and what follows then passes NCDHW on: after a DenseNet transition,
+    every dense layer's concatenation, and each convolution of it a layout copy. Windows that tile the input
+    (stride = kernel, no padding, no ceil_mode or divisor: DenseNet's 2x2x2 transitions) are a mean over a view of
+    a channels_last_3d input (`block_mean`: no copy, its gradient channels_last_3d); other pools are torch's, the
+    output copied channels_last_3d once where torch answers otherwise (an eighth of the input at kernel 2). Same
+    constructor, no parameters, torch's values (up to the order of a window's sum)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() == 5 and _layout(input) == _CL:
+            kernel = _tiling_kernel(self)
+            if kernel is not None:
+                return block_mean(input, kernel)
         output = super().forward(input)
         if input.dim() == 5 and _laid_out_only(input, _CL) and not output.is_contiguous(memory_format=_CL):
             return output.contiguous(memory_format=_CL)
         return output
+
+
+def _tiling_kernel(pool: nn.AvgPool3d) -> tuple[int, int, int] | None:
+    """A pool's kernel where its windows tile the input (a remainder dropped), else None."""
+    kernel = triple(pool.kernel_size, "kernel_size")
+    stride = triple(pool.stride or pool.kernel_size, "stride")
+    padding = pool.padding if isinstance(pool.padding, (tuple, list)) else (pool.padding,) * 3
+    if kernel != stride or any(padding) or pool.ceil_mode or pool.divisor_override is not None:
+        return None
+    return kernel
+
+
+def block_mean(x: torch.Tensor, factors) -> torch.Tensor:
+    """F.avg_pool3d(x, factors) (stride the kernel, no padding, a remainder dropped) as the mean over the blocks of
+    x's (N, D, H, W, C) view: channels_last_3d out, no copy of x, and any dtype on any device (CPU's avg_pool3d has
+    no bfloat16, where diffusers' pixel-unshuffle means do)."""
+    fd, fh, fw = factors
+    _, _, d, h, w = x.shape
+    blocks = x[:, :, : d // fd * fd, : h // fh * fh, : w // fw * fw].permute(0, 2, 3, 4, 1)
+    blocks = blocks.unflatten(1, (d // fd, fd)).unflatten(3, (h // fh, fh)).unflatten(5, (w // fw, fw))
+    return blocks.mean((2, 4, 6)).permute(0, 4, 1, 2, 3)
 
 
 class Upsample(nn.Upsample):

@@ -23,6 +23,7 @@ from .modules import (
     Conv3d,
     GroupNorm,
     InstanceNorm3d,
+    block_mean,
     nearest_steps,
     normalize,
     repeat_nearest,
@@ -299,9 +300,10 @@ class _CosmosDownsample3d:
     """diffusers' CosmosDownsample3d: in space, F.pad of one zero row and column, then a stride-2 conv plus a 2x2
     average pool of the padded tensor; in time, the first frame concatenated in front, then a stride-2 causal conv
     plus a 2-frame average pool of the concatenation. Here both paddings are inside the convs' ops and the pools
-    read the input itself: in space where H and W are even (the padded row and column fall outside every pooling
-    window; diffusers' own sum fails on odd sizes), in time as a pool that counts only real frames in a window
-    padded by one frame (the first window averages the repeated first frame with itself: that frame, exactly)."""
+    read the input itself, as means over its channels_last_3d view (`block_mean`: CUDA's avg_pool3d copies its input
+    NCDHW): in space where H and W are even (the padded row and column fall outside every pooling window;
+    diffusers' own sum fails on odd sizes), in time the first frame (its window averages the repeated first frame
+    with itself: that frame, exactly) and then pairs of frames, added into the conv's output in place."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosDownsample3d",)
     attributes = ("spatial_downsample", "temporal_downsample", "conv1", "conv2", "conv3")
@@ -327,7 +329,7 @@ class _CosmosDownsample3d:
                 hidden_states = conv(padded) + pooled
             else:
                 padding = (conv.temporal_pad, 0, 0, 1, 0, 1)
-                pooled = F.avg_pool3d(hidden_states, kernel_size=(1, 2, 2), stride=(1, 2, 2))
+                pooled = block_mean(hidden_states, (1, 2, 2))
                 hidden_states = conv(hidden_states, padding, "replicate,zeros,zeros") + pooled
         if self.temporal_downsample:
             conv = self.conv2
@@ -337,18 +339,27 @@ class _CosmosDownsample3d:
                 hidden_states = conv(joined) + pooled
             else:
                 out = conv(hidden_states, (conv.temporal_pad + 1, 0, 0, 0, 0, 0), "replicate,zeros,zeros")
-                if hidden_states.shape[2] > 1:
-                    pooled = F.avg_pool3d(hidden_states, kernel_size=(2, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0),
-                                          count_include_pad=False)[:, :, : out.shape[2]]  # fmt: skip
-                else:  # one frame: the one window, the frame with itself (torch pools no shorter input than kernel)
-                    pooled = hidden_states
-                hidden_states = out + pooled
+                _add_frame_pool(out, hidden_states)
+                hidden_states = out
         return self.conv3(hidden_states)
 
 
 def _taken_over(conv: nn.Module) -> bool:
     """A Cosmos conv convert took over (a filter may have left it alone)."""
     return getattr(type(conv), "tconv3d_adapter", None) is _CosmosCausalConv3d
+
+
+def _add_frame_pool(out: torch.Tensor, x: torch.Tensor) -> None:
+    """out += F.avg_pool3d(x, (2, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0), count_include_pad=False) over out's
+    frames, in place: window k averages the real frames among 2k - 1 and 2k (the first and, for an even count, the
+    last frame alone), the pairs as a mean over x's view."""
+    frames, windows = x.shape[2], out.shape[2]
+    out[:, :, :1].add_(x[:, :, :1])
+    pairs = min(windows - 1, (frames - 1) // 2)
+    if pairs > 0:
+        out[:, :, 1 : 1 + pairs].add_(block_mean(x[:, :, 1 : 1 + 2 * pairs], (2, 1, 1)))
+    if frames % 2 == 0 and windows > frames // 2:
+        out[:, :, frames // 2 : frames // 2 + 1].add_(x[:, :, frames - 1 :])
 
 
 class _CosmosUpsample3d:
@@ -837,7 +848,7 @@ class _Kandinsky6SRDownsample:
     def forward(self, hidden_states, cache):
         c, h, w = hidden_states.shape[1], hidden_states.shape[3], hidden_states.shape[4]
         out = self.spatial_conv(hidden_states)  # (B, 2C, T, H/2, W/2): channel 2c + i, row 2y + i's W pair mean
-        pairs = _block_mean(hidden_states[..., : h // 2 * 2, : w // 2 * 2], (1, 1, 2))  # (B, C, T, H, W/2)
+        pairs = block_mean(hidden_states[..., : h // 2 * 2, : w // 2 * 2], (1, 1, 2))  # (B, C, T, H, W/2)
         pairs = pairs.unflatten(3, (h // 2, 2)).permute(0, 1, 4, 2, 3, 5)  # (B, C, 2, T, H/2, W/2)
         out.unflatten(1, (c, 2)).add_(pairs)
         if not self.compress_time:
@@ -848,9 +859,9 @@ class _Kandinsky6SRDownsample:
         if first_segment:  # the first frame kept, the others in pairs
             conv_out[:, :, :1].add_(out[:, :, :1])
             if out.shape[2] > 1:
-                conv_out[:, :, 1:].add_(_block_mean(out[:, :, 1:], (2, 1, 1)))
+                conv_out[:, :, 1:].add_(block_mean(out[:, :, 1:], (2, 1, 1)))
         else:
-            conv_out.add_(_block_mean(out, (2, 1, 1)))
+            conv_out.add_(block_mean(out, (2, 1, 1)))
         return self.linear(conv_out)
 
 
@@ -985,14 +996,14 @@ class _KVAECachedPXSDownsample:
         return None if module.factor == 2 else f"its factor is {module.factor}, not 2"
 
     def forward(self, x, cache):
-        out = self.spatial_conv(x) + _block_mean(x, (1, 2, 2))
+        out = self.spatial_conv(x) + block_mean(x, (1, 2, 2))
         if self.temporal_compress:
             if cache[0]["padding"] is None and out.shape[2] > 1:  # the first frame, then the others in pairs
-                pooled = torch.cat([out[:, :, :1], _block_mean(out[:, :, 1:], (2, 1, 1))], dim=2)
+                pooled = torch.cat([out[:, :, :1], block_mean(out[:, :, 1:], (2, 1, 1))], dim=2)
             elif cache[0]["padding"] is None:
                 pooled = out
             else:
-                pooled = _block_mean(out, (2, 1, 1))
+                pooled = block_mean(out, (2, 1, 1))
             out = self.temporal_conv(out, cache[0]) + pooled
         return self.linear(out)
 
@@ -1017,17 +1028,6 @@ class _KVAECachedPXSUpsample:
             x = self.temporal_conv(tail, cache) + tail
         upsampled = _repeat(x, (1, 2, 2))
         return self.linear(upsampled + self.spatial_conv(upsampled))
-
-
-def _block_mean(x: torch.Tensor, factors) -> torch.Tensor:
-    """F.avg_pool3d(x, factors) (stride the kernel, no padding, a remainder dropped) as the mean over the blocks of
-    x's (N, D, H, W, C) view: channels_last_3d out, and any dtype on any device (CPU's avg_pool3d has no bfloat16,
-    where diffusers' pixel-unshuffle means do)."""
-    fd, fh, fw = factors
-    _, _, d, h, w = x.shape
-    blocks = x[:, :, : d // fd * fd, : h // fh * fh, : w // fw * fw].permute(0, 2, 3, 4, 1)
-    blocks = blocks.unflatten(1, (d // fd, fd)).unflatten(3, (h // fh, fh)).unflatten(5, (w // fw, fw))
-    return blocks.mean((2, 4, 6)).permute(0, 4, 1, 2, 3)
 
 
 def _last_frames(front, x, frames: int) -> torch.Tensor:
