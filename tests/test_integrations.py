@@ -879,6 +879,39 @@ def copied_bytes(model, run, x) -> int:
     return Copies.written
 
 
+@pytest.mark.parametrize("sizes", [((3, 6, 6), (5, 10, 12)), ((2, 4, 8), (4, 8, 8))], ids=["padded", "whole"])
+def test_framepack_history_patch_embeddings_pad_inside_their_convs(sizes, aten_path):
+    """HunyuanVideo FramePack's history patch embeddings: the 2x and 4x clean latents, replicate-padded to whole
+    patches by F.pad in diffusers (a copy even where they are whole), are padded inside their patch convs' ops: no
+    pad copy, every conv's call counted by the audit, the tokens (contiguous as they are) and the gradients of the
+    latents and parameters as stock's."""
+    framepack = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video_framepack")
+    torch.manual_seed(0)
+    stock = framepack.HunyuanVideoHistoryPatchEmbed(4, 16)
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    small, large = sizes
+    latents = (torch.randn(1, 4, *small), torch.randn(1, 4, *small), torch.randn(1, 4, *large))
+
+    def run(model, x):
+        return model(x, *latents[1:])
+
+    inputs = {model: [x.clone().requires_grad_() for x in latents] for model in (stock, converted)}
+    outputs = {model: model(*inputs[model]) for model in inputs}
+    for ours, theirs in zip(outputs[converted], outputs[stock], strict=True):
+        assert ours.shape == theirs.shape and ours.is_contiguous() and rel_l2(ours, theirs) < MATCH
+    for model in inputs:
+        weights = [torch.linspace(-1, 1, tokens.shape[1]).view(1, -1, 1) for tokens in outputs[model]]
+        sum((tokens * w).sum() for tokens, w in zip(outputs[model], weights, strict=True)).backward()
+    for ours, theirs in zip(inputs[converted], inputs[stock], strict=True):
+        assert rel_l2(ours.grad, theirs.grad) < MATCH
+    assert_same_gradients(stock, converted)
+    before = tconv3d.nn.audit(stock, latents[0], run=run, verbose=False)
+    after = tconv3d.nn.audit(converted, latents[0], run=run, verbose=False)
+    assert_all_on_tconv3d(after)
+    assert before.totals["pads"] == 2  # diffusers' F.pad copies the latent even where it pads nothing
+    assert after.totals["pads"] == after.totals["pad_copies_into_convs"] == 0
+
+
 @pytest.mark.parametrize("name", ["wan", "hunyuan_video"])
 def test_video_transformers_patch_embeddings_on_tconv3d(name, aten_path):
     """A converted video transformer's patch embedding runs on tconv3d and writes its tokens channels_last_3d: the

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
+from .modules import Conv3d
 from .video_vaes import adapter_reason, class_name
 
 
@@ -192,6 +193,16 @@ def _leave(stack, module, args, output) -> None:  # a hook returning something w
     stack.pop()
 
 
+def _convolve_in(stack, layer, convolve, *args, **kwargs):
+    """A converted conv's `convolve`, its op counted as the layer's (FramePack's history patch embedding calls it
+    from its parent's forward)."""
+    stack.append(layer)
+    try:
+        return convolve(*args, **kwargs)
+    finally:
+        stack.pop()
+
+
 def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **example_kwargs) -> Audit:
     """Run `model(*example_args, **example_kwargs)` once under torch.no_grad (or `run(model, *example_args,
     **example_kwargs)`, e.g. encode then decode) and report, per Conv3d or ConvTranspose3d layer (a VAE's conv
@@ -201,7 +212,7 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
     and those model code made before calling it; plus the run's totals. Prints the table unless verbose=False."""
     report = Audit()
     stack: list[LayerAudit] = []
-    handles = []
+    handles, patched = [], []
     for name, watched, conv in _layers(model):
         converted = is_converted(watched)
         reason = None
@@ -213,6 +224,9 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
         report.layers.append(layer)
         handles.append(watched.register_forward_pre_hook(functools.partial(_enter, stack, layer)))
         handles.append(watched.register_forward_hook(functools.partial(_leave, stack)))
+        if isinstance(watched, Conv3d):  # an adapter may call its op directly, past the module's hooks
+            watched.convolve = functools.partial(_convolve_in, stack, layer, watched.convolve)
+            patched.append(watched)
     try:
         with torch.no_grad(), _Watcher(report, stack):
             if run is None:
@@ -222,6 +236,8 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
     finally:
         for handle in handles:
             handle.remove()
+        for watched in patched:
+            del watched.convolve
     if verbose:
         print(report.table())
     return report

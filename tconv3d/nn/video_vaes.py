@@ -1,6 +1,7 @@
-"""Adapters for the video VAEs of diffusers: their causal convolution modules (padding, cached frames and
-repeated frames taken into one tconv3d op) and the blocks whose forward would turn channels_last_3d activations
-NCDHW. tconv3d.nn.convert swaps them in by class (see convert.py); diffusers is never imported here.
+"""Adapters for the video VAEs of diffusers (and Kandinsky 6 SR's latent upscalers, FramePack's history patch
+embeddings): their causal convolution modules (padding, cached frames and repeated frames taken into one tconv3d
+op) and the blocks whose forward would turn channels_last_3d activations NCDHW. tconv3d.nn.convert swaps them in
+by class (see convert.py); diffusers is never imported here.
 
 An adapter names the classes it takes over (`classes`, by module and name), the attributes it relies on
 (`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`), may
@@ -982,6 +983,41 @@ class _Kandinsky6SRLatentUpscalerUpsample:
         return self.linear(hidden_states + self.spatial_conv(hidden_states))
 
 
+class _HunyuanVideoHistoryPatchEmbed:
+    """diffusers' HunyuanVideoHistoryPatchEmbed (HunyuanVideo FramePack's patch embeddings of the clean history
+    latents): the 2x and 4x latents replicate-padded at their ends to whole patches (F.pad, a copy of each), then
+    their patch convs (kernel = stride): one op each with the padding inside. The tokens' flatten as diffusers'
+    (contiguous as it is: the convs answer channels_last_3d)."""
+
+    classes = ("diffusers.models.transformers.transformer_hunyuan_video_framepack.HunyuanVideoHistoryPatchEmbed",)
+    attributes = ("proj", "proj_2x", "proj_4x")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, latents_clean=None, latents_clean_2x=None, latents_clean_4x=None):
+        tokens = []
+        for conv, latents, padded in ((self.proj, latents_clean, False), (self.proj_2x, latents_clean_2x, True),
+                                      (self.proj_4x, latents_clean_4x, True)):  # fmt: skip
+            if latents is not None:
+                latents = _patch_embedding(conv, latents, padded).flatten(2).transpose(1, 2)
+            tokens.append(latents)
+        return tuple(tokens)
+
+
+def _patch_embedding(conv: nn.Conv3d, latents: torch.Tensor, padded: bool) -> torch.Tensor:
+    """conv (kernel = stride) of `latents`, replicate-padded at the ends to whole patches where `padded` (FramePack's
+    _pad_for_3d_conv): inside the op where convert took the conv over."""
+    ends = [(-size) % k for size, k in zip(latents.shape[2:], conv.kernel_size, strict=True)] if padded else [0] * 3
+    if not any(ends):
+        return conv(latents)
+    composed = _compose_padding([0, ends[0], 0, ends[1], 0, ends[2]], ("replicate",) * 3, conv)
+    if isinstance(conv, Conv3d) and latents.dim() == 5 and composed is not None:
+        return conv.convolve(latents, *composed)
+    return conv(F.pad(latents, (0, ends[2], 0, ends[1], 0, ends[0]), mode="replicate"))
+
+
 class _KVAECachedPXSDownsample:
     """diffusers' KVAECachedPXSDownsample: its pixel-unshuffle mean (the video copied frame by frame into a (B*T, C,
     H, W) tensor, unshuffled, averaged, permuted back) is a 2x2 average pool in space, and its temporal mean (a
@@ -1674,7 +1710,7 @@ ADAPTERS = (
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
     _VidTokCausalConv3d, _AllegroTemporalConvLayer, _Kandinsky6SRLatentUpscaler, _Kandinsky6SRLatentUpscalerConv3d,
-    _Kandinsky6SRLatentUpscalerModulatedNorm, _Kandinsky6SRLatentUpscalerUpsample,
+    _Kandinsky6SRLatentUpscalerModulatedNorm, _Kandinsky6SRLatentUpscalerUpsample, _HunyuanVideoHistoryPatchEmbed,
 )  # fmt: skip
 
 
