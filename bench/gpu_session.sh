@@ -15,6 +15,8 @@
 #   memcheck  compute-sanitizer memcheck over every kernel family, racecheck on the TMA, Gluon and split-K ones
 #   reliability  memcheck, a >2**31-element tensor, the UNet training run
 #   host      kernel vs eager-op time and the host's issue time on small layers
+#   resample  torch's 3-D nearest, trilinear and average-pool kernels on channels_last_3d against NCDHW, and
+#             tconv3d's replacements, forward and backward (~20 s)
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
 #             replay, tests/test_integrations.py on CUDA
 #   profile   Nsight Compute (ncu, NCU_ARGS: --set detailed) over one launch of each variant row PROFILE_ARGS names
@@ -121,8 +123,8 @@ case "${1:-}" in
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | variants | models | census | profile | fuzz) ;;
-    *) echo "unknown stage $stage: plan1, plan2, plan3 or plan4 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, variants, models, census, profile or fuzz" >&2
+    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz) ;;
+    *) echo "unknown stage $stage: plan1, plan2, plan3 or plan4 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile or fuzz" >&2
        exit 2 ;;
   esac
 done
@@ -261,6 +263,10 @@ run_stage() {
   host)
     timeout "$(left "${HOST_TIMEOUT:-200}")" python3 tests/gpu/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 \
       | tee "$OUT/host_overhead.log"
+    ;;
+  resample)
+    timeout "$(left "${RESAMPLE_TIMEOUT:-60}")" python3 tests/gpu/resample.py --out "$OUT/resample.json" 2>&1 \
+      | tee "$OUT/resample.log"
     ;;
   variants)  # VARIANTS_TESTS=0: the timings alone (after a tests stage, which runs these tests too)
     if [ "${VARIANTS_TESTS:-1}" != 0 ]; then

@@ -38,6 +38,19 @@ def test_training_script_logic(tmp_path):
     assert len(data["stock"]["losses"]) == 3
 
 
+def test_resample_script_logic(tmp_path):
+    """tests/gpu/resample.py on CPU: every op in both layouts (tconv3d's in channels_last_3d), forward and backward,
+    its checks of tconv3d's replacements against torch's values passing."""
+    out = tmp_path / "resample.json"
+    result = run_script("tests/gpu/resample.py", "--device", "cpu", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    assert data["checks"]["nearest2x"] and data["checks"]["avgpool2_rel_l2"] < 1e-5
+    assert len(data["rows"]) == 2 * (3 * 2 + 2) and all(row["ms"] > 0 for row in data["rows"])
+    ours = [row for row in data["rows"] if row["op"].endswith("tconv3d")]
+    assert ours and all(row["out_channels_last"] for row in ours)
+
+
 def test_sanitizer_cases_force_each_family():
     """tests/gpu/sanitize_cases.py (what memcheck.sh runs under compute-sanitizer) through the interpreter: every
     family it can run here passes against float64 on the kernels of that family (the TMA kernels, split-K, the
