@@ -1838,26 +1838,27 @@ def test_decode_breakdown_times_convs_norms_and_activations(name, aten_path):
 
 
 def _ncdhw_resampling_calls(model, run, x) -> int:
-    """How many times a forward and backward of run(model, x) dispatch torch's 3-D nearest interpolation or average
-    pool (forward or backward), which on CUDA copy a channels_last_3d activation NCDHW (and the interpolation its
-    result back) and answer an NCDHW gradient."""
+    """How many times a forward and backward of run(model, x) dispatch torch's 3-D nearest interpolation or an
+    average pool (forward or backward): on CUDA the 3-D ones copy a channels_last_3d activation NCDHW (and the
+    interpolation its result back) and answer an NCDHW gradient; CogVideoX's 1-D frame pool ran on a
+    (B*H*W, C, T) copy of it."""
     from helpers import OpNames
 
     with OpNames() as ops:
         torch.manual_seed(5)
         run(model.train(), x).square().mean().backward()
-    return sum(name.startswith(("aten.upsample_nearest3d", "aten.avg_pool3d")) for name in ops.names)
+    return sum(name.startswith(("aten.upsample_nearest3d", "aten.avg_pool")) for name in ops.names)
 
 
 RESAMPLING_MODELS = ["autoencoderkl", "diffusion_unet", "spade_autoencoder", "kvae_video", "kandinsky6_sr", "cosmos",
-                     "densenet121"]  # fmt: skip
+                     "densenet121", "cogvideox"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", RESAMPLING_MODELS)
 def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
     """Nearest upsampling and resizing and tiling average pools in the converted models, forward and backward, in
     the activation's layout (tconv3d.nn.Upsample and AvgPool3d for MONAI's nn.Upsample and nn.AvgPool3d; the video
-    VAEs' pixel repeats, their spatial norms' resized latent and Cosmos's downsampling pools; SPADE's resized
+    VAEs' pixel repeats, their spatial norms' resized latent, Cosmos's and CogVideoX's resamplers; SPADE's resized
     segmentation map): none of torch's 3-D nearest or average-pool kernels, which stock runs. Outputs as stock's."""
     build, run, x = {
         "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
@@ -1867,6 +1868,7 @@ def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
         "kandinsky6_sr": (kandinsky6_sr, encode_decode, torch.randn(1, 3, 9, 16, 16)),
         "cosmos": (VAES["cosmos"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "densenet121": (_densenet121, lambda model, x: model(x), torch.randn(2, 1, 32, 32, 32)),
+        "cogvideox": (VAES["cogvideox"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
     }[name]
     stock, converted = stock_and_converted(build)
     x = x.contiguous(memory_format=torch.channels_last_3d)

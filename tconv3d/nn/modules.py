@@ -224,7 +224,7 @@ class AvgPool3d(nn.AvgPool3d):
     constructor, no parameters, torch's values (up to the order of a window's sum)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if input.dim() == 5 and _layout(input) == _CL:
+        if input.dim() == 5 and layout_of(input) == _CL:
             kernel = _tiling_kernel(self)
             if kernel is not None:
                 return block_mean(input, kernel)
@@ -300,7 +300,7 @@ def resize_nearest(x: torch.Tensor, size, mode: str = "nearest") -> torch.Tensor
     if steps is None:
         return F.interpolate(x, size=size, mode=mode)
     (sd, sh, sw), factors = steps
-    return repeat_nearest(x[:, :, ::sd, ::sh, ::sw], factors, _layout(x))
+    return repeat_nearest(x[:, :, ::sd, ::sh, ::sw], factors, layout_of(x))
 
 
 def nearest_steps(source_size, size, mode: str = "nearest"):
@@ -320,7 +320,7 @@ def nearest_steps(source_size, size, mode: str = "nearest"):
     return tuple(steps), tuple(factors)
 
 
-def _layout(x: torch.Tensor) -> torch.memory_format:
+def layout_of(x: torch.Tensor) -> torch.memory_format:
     """The layout torch's kernels answer a 5-D x in (`suggest_memory_format`): channels_last_3d where x's strides
     rank C, W, H, D, N from the innermost out (a channel slice of a channels_last_3d tensor too), else NCDHW."""
     sizes, strides, floor = x.shape, x.stride(), 0
@@ -340,7 +340,7 @@ def repeat_nearest(x: torch.Tensor, factors, memory_format: torch.memory_format 
     b, c, d, h, w = x.shape
     fd, fh, fw = factors
     out = torch.empty(
-        (b, c, d * fd, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format or _layout(x)
+        (b, c, d * fd, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format or layout_of(x)
     )
     upsample_nearest_into(out, x, factors)
     return out

@@ -25,6 +25,7 @@ from .modules import (
     GroupNorm,
     InstanceNorm3d,
     block_mean,
+    layout_of,
     nearest_steps,
     normalize,
     repeat_nearest,
@@ -1137,6 +1138,66 @@ class _HunyuanVideoUpsample:
         return self.conv(out)
 
 
+class _CogVideoXUpsample3D:
+    """diffusers' CogVideoXUpsample3D: nearest 2x in space, and in time where it compresses time (an odd count of
+    frames: the first frame in space only), then its 2-D conv on the frames. diffusers interpolates a 5-D
+    activation (CUDA's 3-D nearest kernel copies a channels_last_3d one NCDHW and back) and concatenates the
+    first frame's part; here both parts are written as broadcasts into one result in the activation's layout, the
+    frames' conv as diffusers runs it (its channels_last weight: NHWC frames, a channels_last_3d output)."""
+
+    classes = ("diffusers.models.upsampling.CogVideoXUpsample3D",)
+    attributes = ("conv", "compress_time")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, inputs):
+        b, c, t, h, w = inputs.shape
+        if self.compress_time and t > 1 and t % 2 == 1:
+            upsampled = torch.empty((b, c, 2 * t - 1, 2 * h, 2 * w), dtype=inputs.dtype, device=inputs.device,
+                                    memory_format=layout_of(inputs))  # fmt: skip
+            upsample_nearest_into(upsampled[:, :, :1], inputs[:, :, :1], (1, 2, 2))
+            upsample_nearest_into(upsampled[:, :, 1:], inputs[:, :, 1:], (2, 2, 2))
+        else:  # an even count compressed: all frames in time too; one frame, or time kept: space only
+            upsampled = repeat_nearest(inputs, (2 if self.compress_time and t > 1 else 1, 2, 2))
+        return _frames_conv(self.conv, upsampled)
+
+
+class _CogVideoXDownsample3D:
+    """diffusers' CogVideoXDownsample3D: where it compresses time, the frames' pairs averaged (an odd count: the
+    first frame kept) through a (B*H*W, C, T) copy of the activation, avg_pool1d and a torch.cat; here one mean over
+    the activation's channels_last_3d view written beside the first frame in one result. Then diffusers' F.pad of
+    a row and a column and its stride-2 2-D conv on the frames (a Conv2d cannot pad one side only)."""
+
+    classes = ("diffusers.models.downsampling.CogVideoXDownsample3D",)
+    attributes = ("conv", "compress_time")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, x):
+        if self.compress_time and x.shape[2] > 1:
+            b, c, t, h, w = x.shape
+            first = t % 2
+            pooled = torch.empty((b, c, first + t // 2, h, w), dtype=x.dtype, device=x.device,
+                                 memory_format=layout_of(x))  # fmt: skip
+            if first:
+                pooled[:, :, :1] = x[:, :, :1]
+            pooled[:, :, first:] = block_mean(x[:, :, first:], (2, 1, 1))
+            x = pooled
+        x = F.pad(x, (0, 1, 0, 1), mode="constant", value=0)
+        return _frames_conv(self.conv, x)
+
+
+def _frames_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """A 2-D conv of each frame of a 5-D x, as diffusers' CogVideoX resamplers run it: the frames as a batch."""
+    b, c, t, h, w = x.shape
+    y = conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+    return y.reshape(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
 class _MochiChunkedGroupNorm:
     """diffusers' MochiChunkedGroupNorm3D normalises each frame on its own: frames flattened into the batch, then
     GroupNorm over chunks of frames and a torch.cat of the results. The same statistics come from one tconv3d
@@ -1711,6 +1772,7 @@ ADAPTERS = (
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
     _VidTokCausalConv3d, _AllegroTemporalConvLayer, _Kandinsky6SRLatentUpscaler, _Kandinsky6SRLatentUpscalerConv3d,
     _Kandinsky6SRLatentUpscalerModulatedNorm, _Kandinsky6SRLatentUpscalerUpsample, _HunyuanVideoHistoryPatchEmbed,
+    _CogVideoXUpsample3D, _CogVideoXDownsample3D,
 )  # fmt: skip
 
 
