@@ -1851,15 +1851,16 @@ def _ncdhw_resampling_calls(model, run, x) -> int:
 
 
 RESAMPLING_MODELS = ["autoencoderkl", "diffusion_unet", "spade_autoencoder", "kvae_video", "kandinsky6_sr", "cosmos",
-                     "densenet121", "cogvideox"]  # fmt: skip
+                     "densenet121", "cogvideox", "easyanimate"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", RESAMPLING_MODELS)
 def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
     """Nearest upsampling and resizing and tiling average pools in the converted models, forward and backward, in
     the activation's layout (tconv3d.nn.Upsample and AvgPool3d for MONAI's nn.Upsample and nn.AvgPool3d; the video
-    VAEs' pixel repeats, their spatial norms' resized latent, Cosmos's and CogVideoX's resamplers; SPADE's resized
-    segmentation map): none of torch's 3-D nearest or average-pool kernels, which stock runs. Outputs as stock's."""
+    VAEs' pixel repeats, their spatial norms' resized latent, Cosmos's, CogVideoX's and EasyAnimate's resamplers;
+    SPADE's resized segmentation map): none of torch's 3-D nearest or average-pool kernels, which stock runs.
+    Outputs as stock's."""
     build, run, x = {
         "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
         "diffusion_unet": (_diffusion_unets()["self_attention"], denoise, torch.randn(1, 4, 16, 16, 16)),
@@ -1869,6 +1870,7 @@ def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
         "cosmos": (VAES["cosmos"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "densenet121": (_densenet121, lambda model, x: model(x), torch.randn(2, 1, 32, 32, 32)),
         "cogvideox": (VAES["cogvideox"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "easyanimate": (VAES["easyanimate"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
     }[name]
     stock, converted = stock_and_converted(build)
     x = x.contiguous(memory_format=torch.channels_last_3d)

@@ -438,6 +438,31 @@ class _EasyAnimateCausalConv3d:
         return self.convolve(hidden_states, padding, f"replicate,{mode},{mode}", front)
 
 
+class _EasyAnimateUpsampler3D:
+    """diffusers' EasyAnimateUpsampler3D: nearest 2x in space, its causal conv, then (after a clip's first call,
+    where it compresses time) nearest 2x in time: both as broadcast copies in the activation's layout
+    (`repeat_nearest`), where CUDA's 3-D nearest kernel copies a channels_last_3d activation NCDHW and back. Its
+    trilinear time upsampling (without spatial_group_norm) stays diffusers'."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateUpsampler3D",)
+    attributes = ("conv", "temporal_upsample", "spatial_group_norm", "prev_features")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return None
+
+    def forward(self, hidden_states):
+        hidden_states = self.conv(_repeat(hidden_states, (1, 2, 2)))
+        if self.temporal_upsample:
+            if self.prev_features is None:
+                self.prev_features = hidden_states
+            elif self.spatial_group_norm:
+                hidden_states = _repeat(hidden_states, (2, 1, 1))
+            else:
+                hidden_states = F.interpolate(hidden_states, scale_factor=(2, 1, 1), mode="trilinear")
+        return hidden_states
+
+
 class _EasyAnimateResidualBlock:
     """diffusers' EasyAnimateResidualBlock3D: with `spatial_group_norm` its GroupNorms run frame by frame on a
     (B*T, C, H, W) permute of the video, whose results come back NCDHW to the next causal conv (a layout copy
@@ -1078,7 +1103,9 @@ def _last_frames(front, x, frames: int) -> torch.Tensor:
         if not frames:
             return x.clone()
         front = x[:, :, :1].expand(-1, -1, frames, -1, -1)
-    return torch.cat([front, x], dim=2)[:, :, -frames:].clone(memory_format=_CL)
+    if frames:  # only the front's frames that are kept: one copy, not a concatenation cloned again
+        front = front[:, :, -(frames - x.shape[2]) :]
+    return torch.cat([front, x], dim=2).contiguous(memory_format=_CL)
 
 
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -1772,7 +1799,7 @@ ADAPTERS = (
     _Kandinsky6RMSNorm, _Kandinsky6SRSpatialNorm3D, _Kandinsky6SRDownsample, _Kandinsky6SRUpsample,
     _VidTokCausalConv3d, _AllegroTemporalConvLayer, _Kandinsky6SRLatentUpscaler, _Kandinsky6SRLatentUpscalerConv3d,
     _Kandinsky6SRLatentUpscalerModulatedNorm, _Kandinsky6SRLatentUpscalerUpsample, _HunyuanVideoHistoryPatchEmbed,
-    _CogVideoXUpsample3D, _CogVideoXDownsample3D,
+    _CogVideoXUpsample3D, _CogVideoXDownsample3D, _EasyAnimateUpsampler3D,
 )  # fmt: skip
 
 
