@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from real_models import (
     MATCH,
     assert_all_on_tconv3d,
@@ -255,6 +256,33 @@ def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
     assert "subclass of nn.Conv3d" in printed and "totals:" in printed
     assert [layer.converted for layer in report.layers] == [True, False]
     assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 1
+
+
+@pytest.mark.parametrize("source", ["channels_after", "frames_before"])
+@pytest.mark.parametrize("made", ["pad", "cat", "layout"])
+def test_audit_sees_what_feeds_a_second_source(source, made, aten_path):
+    """A copy (F.pad, torch.cat) or another layout in a conv's second source (a skip connection read in place, cached
+    frames in front) counts as it does in its input: MONAI's BasicUNet padded its upsampled features by nothing
+    (a copy all the same) into channels_after, unseen until the audit looked there."""
+    cl = torch.channels_last_3d
+    conv = tconv3d.nn.Conv3d(8 if source == "channels_after" else 4, 4, 3, padding=1)
+    x = torch.randn(1, 4, 3, 5, 5).contiguous(memory_format=cl)
+    extra = torch.randn(1, 4, 3 if source == "channels_after" else 2, 5, 5).contiguous(memory_format=cl)
+
+    def run(model, x):
+        second = {
+            "pad": lambda: F.pad(extra, (0, 0, 0, 0, 0, 0), mode="replicate"),
+            "cat": lambda: torch.cat([extra[:, :, :1], extra[:, :, 1:]], dim=2),
+            "layout": lambda: extra.contiguous(),
+        }[made]()
+        if source == "channels_after":
+            return model(x, channels_after=second)
+        return model.convolve(x, (0, 0, 1, 1, 1, 1), frames_before=second)
+
+    report = tconv3d.nn.audit(conv, x, run=run, verbose=False)
+    (layer,) = report.layers
+    assert layer.calls == layer.tconv3d_calls == 1
+    assert (layer.upstream_copies, layer.layout_copies) == ((0, 1) if made == "layout" else (1, 0))
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ class LayerAudit:
     calls: int = 0
     tconv3d_calls: int = 0
     aten_calls: int = 0  # aten 3-D convolutions
-    layout_copies: int = 0  # tconv3d calls whose input (or cached frames) arrived not channels_last_3d
+    layout_copies: int = 0  # tconv3d calls whose input (or second source) arrived not channels_last_3d
     # Copies of activations made in the layer's own forward (the padding of a VAE's conv wrapper or Conv3d
     # subclass) that fed its convolution: what convert takes into the op.
     pad_copies: int = 0  # F.pad
@@ -102,6 +102,20 @@ def _is_3d(args) -> bool:
     return isinstance(args[0], torch.Tensor) and args[0].dim() == 5
 
 
+# Where the ops take their second source (cached frames in front, channels after): (name, position, keyword).
+_SECOND_SOURCES = {"conv3d": ((8, "frames_before"), (9, "channels_after")),
+                   "conv3d_input_grad": ((8, "channels_after"),)}  # fmt: skip
+
+
+def _second_source(name: str, args, kwargs) -> torch.Tensor | None:
+    """The tensor an op reads beside its input (frames_before or channels_after), if any."""
+    for position, keyword in _SECOND_SOURCES[name]:
+        source = args[position] if len(args) > position else kwargs.get(keyword)
+        if source is not None:
+            return source
+    return None
+
+
 def _is_ndhwc(t: torch.Tensor) -> bool:
     return t.dim() == 5 and (t.stride(1) == 1 or t.shape[1] == 1)
 
@@ -129,9 +143,9 @@ class _Watcher(TorchDispatchMode):
         first = args[0] if args else None
         if namespace == "tconv3d" and name in ("conv3d", "conv3d_input_grad"):  # the latter: conv_transpose3d
             self.report.tconv3d_calls += 1
-            frames_before = args[8] if len(args) > 8 else kwargs.get("frames_before")
+            second = _second_source(name, args, kwargs)
             self._conv_call(layer, first, tconv3d=True, layout_copy=not _is_ndhwc(first) or (
-                frames_before is not None and not _is_ndhwc(frames_before)))  # fmt: skip
+                second is not None and not _is_ndhwc(second)), second=second)  # fmt: skip
         elif namespace == "tconv3d" and name in ("group_norm", "rms_norm"):
             self.report.norm_calls += 1
             self.report.norm_layout_copies += not first.is_contiguous(memory_format=torch.channels_last_3d)
@@ -154,14 +168,14 @@ class _Watcher(TorchDispatchMode):
                 self.copy_kinds[id(out)] = (*chain, (kind, layer))
         return out
 
-    def _conv_call(self, layer, x, tconv3d: bool, layout_copy: bool) -> None:
+    def _conv_call(self, layer, x, tconv3d: bool, layout_copy: bool, second=None) -> None:
         if layer is None:
             return
         layer.calls += 1
         layer.tconv3d_calls += tconv3d
         layer.aten_calls += not tconv3d
         layer.layout_copies += layout_copy
-        for kind, made_in in self._chain(x):
+        for kind, made_in in self._chain(x) + self._chain(second):
             if made_in is not layer:
                 layer.upstream_copies += 1
             elif kind == "pad":

@@ -127,7 +127,8 @@ class _UpBlock:
 class _UpCat:
     """MONAI's BasicUNet up block: `self.convs(torch.cat([x_e, x_0], dim=1))`, the encoder's features then the
     upsampled ones into a TwoConv (two Convolutions). The adapter gives the first Convolution x_0 as channels_after.
-    Its replicate padding of x_0 where the encoder's size is odd stays as MONAI writes it."""
+    Its replicate padding of x_0 where the encoder's size is odd stays as MONAI writes it; where it pads nothing
+    (even sizes), MONAI's F.pad copied x_0 all the same, and here it is not called."""
 
     classes = ("monai.networks.nets.basic_unet.UpCat",)
     attributes = ("upsample", "convs", "is_pad")
@@ -143,12 +144,13 @@ class _UpCat:
         x_0 = self.upsample(x)
         if not isinstance(x_e, torch.Tensor):
             return self.convs(x_0)
-        if self.is_pad:  # MONAI's: the 2x max pooling of odd edge lengths
+        if self.is_pad:  # MONAI's: the 2x max pooling of odd edge lengths (its F.pad copies even padding nothing)
             pads = [0] * (2 * (x.dim() - 2))
             for i in range(x.dim() - 2):
                 if x_e.shape[-i - 1] != x_0.shape[-i - 1]:
                     pads[2 * i + 1] = 1
-            x_0 = torch.nn.functional.pad(x_0, pads, "replicate")
+            if any(pads):
+                x_0 = torch.nn.functional.pad(x_0, pads, "replicate")
         if hooked(self.convs):
             return self.convs(torch.cat([x_e, x_0], dim=1))
         return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))

@@ -1103,9 +1103,13 @@ def _last_frames(front, x, frames: int) -> torch.Tensor:
         if not frames:
             return x.clone()
         front = x[:, :, :1].expand(-1, -1, frames, -1, -1)
-    if frames:  # only the front's frames that are kept: one copy, not a concatenation cloned again
+    if frames:  # only the front's frames that are kept, written once (not a concatenation cloned again)
         front = front[:, :, -(frames - x.shape[2]) :]
-    return torch.cat([front, x], dim=2).contiguous(memory_format=_CL)
+    kept = torch.empty((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), dtype=x.dtype, device=x.device,
+                       memory_format=_CL)  # fmt: skip
+    kept[:, :, : front.shape[2]] = front
+    kept[:, :, front.shape[2] :] = x
+    return kept
 
 
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
