@@ -164,10 +164,6 @@ class _AttentionLayer:
     classes = ("monai.networks.nets.attentionunet.AttentionLayer",)
     attributes = ("upconv", "submodule", "attention", "merge")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, x):
         fromlower = self.upconv(self.submodule(x))
         att = self.attention(g=fromlower, x=x)
@@ -316,10 +312,6 @@ class _SwinTransformer:
     classes = ("monai.networks.nets.swin_unetr.SwinTransformer",)
     attributes = ("patch_embed", "pos_drop", "use_v2", "layers1", "layers2", "layers3", "layers4")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, x, normalize=True):
         x = self.pos_drop(self.patch_embed(x))
         outputs = [self.proj_out(x, normalize)]
@@ -382,10 +374,6 @@ class _Autoencoder:
     classes = (_AEKL + "AutoencoderKL", _MAISI + "AutoencoderKlMaisi")
     attributes = ("encoder", "decoder", "sampling")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def sampling(self, z_mu, z_sigma):
         return z_mu + _noise_in_stock_order(z_sigma) * z_sigma
 
@@ -409,10 +397,6 @@ class _SPADEDiffusionUNet:
     classes = ("monai.networks.nets.spade_diffusion_model_unet.SPADEDiffusionModelUNet",)
     attributes = ("conv_in", "up_blocks")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, x, timesteps, seg, *args, **kwargs):
         return super().forward(x, timesteps, _channels_last_input(seg), *args, **kwargs)
 
@@ -431,10 +415,6 @@ class _SPADE:
 
     classes = ("monai.networks.blocks.spade_norm.SPADE",)
     attributes = ("param_free_norm", "mlp_shared", "mlp_gamma", "mlp_beta")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x, segmap, channels_after=None):
         if channels_after is None:
@@ -468,10 +448,6 @@ class _SpatialAttentionBlock:
 
     classes = ("monai.networks.blocks.spatialattention.SpatialAttentionBlock",)
     attributes = ("norm", "attn")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x):
         residual = x
@@ -516,10 +492,6 @@ class _ResBlock:
 
     classes = (_AEKL + "AEKLResBlock",)
     attributes = ("norm1", "conv1", "norm2", "conv2", "nin_shortcut")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x):
         h = self.conv1(_silu_after(self.norm1, x))
@@ -567,10 +539,6 @@ class _MaisiConvolution:
     classes = (_MAISI + "MaisiConvolution",)
     attributes = ("conv",)
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, x):
         return self.conv(x)
 
@@ -586,10 +554,6 @@ class _MaisiGroupNorm3D:
     attributes = ("norm_float16",)
     activation = None
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, input):
         if input.dim() != 5:
             raise ValueError("Expected a 5D tensor")
@@ -604,10 +568,6 @@ class _MaisiUpsample:
 
     classes = (_MAISI + "MaisiUpsample",)
     attributes = ("conv", "use_convtranspose")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x):
         if not self.use_convtranspose:
@@ -630,10 +590,6 @@ class _DiffusionResnetBlock:
     classes = (_DIFF + "DiffusionUNetResnetBlock", _SPADE_DIFF + "SPADEDiffResBlock")
     attributes = ("norm1", "nonlinearity", "conv1", "upsample", "downsample", "time_emb_proj", "norm2", "conv2",
                   "skip_connection", "spatial_dims")  # fmt: skip
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x, emb, *seg, channels_after=None):
         if channels_after is not None and (self.upsample is not None or self.downsample is not None):
@@ -686,10 +642,6 @@ class _AttnDownBlock:
     classes = (_DIFF + "AttnDownBlock", _DIFF + "CrossAttnDownBlock")
     attributes = ("resnets", "attentions", "downsampler")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, temb, context=None):
         output_states = []
         for resnet, attention in zip(self.resnets, self.attentions, strict=True):
@@ -707,10 +659,6 @@ class _AttnMidBlock:
     classes = (_DIFF + "AttnMidBlock",)
     attributes = ("resnet_1", "attention", "resnet_2")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, temb, context=None):
         return self.resnet_2(self.attention(self.resnet_1(hidden_states, temb)), temb)
 
@@ -724,10 +672,6 @@ class _UpBlocks:
 
     classes = (_DIFF + "UpBlock", _DIFF + "AttnUpBlock", _DIFF + "CrossAttnUpBlock")
     attributes = ("resnets", "upsampler")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, hidden_states, res_hidden_states_list, temb, context=None):
         return _up_block(self, hidden_states, res_hidden_states_list, temb, context, ())

@@ -4,7 +4,7 @@ op) and the blocks whose forward would turn channels_last_3d activations NCDHW. 
 by class (see convert.py); diffusers is never imported here.
 
 An adapter names the classes it takes over (`classes`, by module and name), the attributes it relies on
-(`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`), may
+(`attributes`: another diffusers version without them is left alone), says when it cannot (`reason`, optional), may
 normalise a module's settings once when it takes it over (`prepare`, optional), and gives their forward with
 diffusers' signature and results. `wraps_conv` marks the wrappers that pad and call
 their `.conv`: that conv is taken over with them.
@@ -372,10 +372,6 @@ class _CosmosUpsample3d:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosUpsample3d",)
     attributes = ("spatial_upsample", "temporal_upsample", "conv1", "conv2", "conv3")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states):
         if not self.spatial_upsample and not self.temporal_upsample:
             return hidden_states
@@ -446,10 +442,6 @@ class _EasyAnimateUpsampler3D:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateUpsampler3D",)
     attributes = ("conv", "temporal_upsample", "spatial_group_norm", "prev_features")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, hidden_states):
         hidden_states = self.conv(_repeat(hidden_states, (1, 2, 2)))
@@ -594,10 +586,6 @@ class _MiniMaxH3VideoResnetBlock3d:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoResnetBlock3d",)
     attributes = ("norm1", "norm2", "conv1", "conv2", "conv_shortcut")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states):
         residual = hidden_states
         hidden_states = self.conv1(_frame_norm_silu(self.norm1, hidden_states))
@@ -612,10 +600,6 @@ class _MiniMaxH3VideoEncoder3d:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_minimax_h3.MiniMaxH3VideoEncoder3d",)
     attributes = ("conv_in", "down_blocks", "norm_out", "conv_out")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, hidden_states):
         hidden_states = self.conv_in(hidden_states)
@@ -818,10 +802,6 @@ class _KVAECachedSpatialNorm3D:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedSpatialNorm3D",)
     attributes = ("norm_layer", "add_conv", "conv_y", "conv_b")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, f, zq, cache):
         if cache["norm"].get("mean") is None and cache["norm"].get("var") is None:
             frames, height, width = f.shape[-3:]
@@ -843,10 +823,6 @@ class _Kandinsky6SRSpatialNorm3D:
     classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRSpatialNorm3D",)
     attributes = ("norm_layer", "conv_y", "conv_b")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, zq, cache):
         frames, height, width = hidden_states.shape[-3:]
         if cache["is_first_segment"]:
@@ -867,10 +843,6 @@ class _Kandinsky6SRDownsample:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRDownsample",)
     attributes = ("compress_time", "spatial_conv", "linear")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, hidden_states, cache):
         c, h, w = hidden_states.shape[1], hidden_states.shape[3], hidden_states.shape[4]
@@ -900,10 +872,6 @@ class _Kandinsky6SRUpsample:
     classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRUpsample",)
     attributes = ("compress_time", "spatial_conv", "linear")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, cache):
         if self.compress_time:
             repeated = _repeat(hidden_states, (2, 1, 1))
@@ -925,10 +893,6 @@ class _Kandinsky6SRLatentUpscaler:
 
     classes = (_K6UP + "Kandinsky6SRLatentUpscaler",)
     attributes = ("scale",)
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, latents):
         if latents.dim() == 5 and not latents.is_contiguous(memory_format=_CL):
@@ -964,10 +928,6 @@ class _Kandinsky6SRLatentUpscalerModulatedNorm:
     classes = (_K6UP + "Kandinsky6SRLatentUpscalerModulatedNorm",)
     attributes = ("norm", "conv_y", "conv_b")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, zq):
         normalized = self.norm(hidden_states)
         steps = nearest_steps(zq.shape[2:], hidden_states.shape[2:]) if hidden_states.dim() == zq.dim() == 5 else None
@@ -997,10 +957,6 @@ class _Kandinsky6SRLatentUpscalerUpsample:
     classes = (_K6UP + "Kandinsky6SRLatentUpscalerUpsample",)
     attributes = ("spatial_conv", "linear")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states):
         if hidden_states.dim() == 5:
             hidden_states = _repeat(hidden_states, (1, 2, 2))
@@ -1017,10 +973,6 @@ class _HunyuanVideoHistoryPatchEmbed:
 
     classes = ("diffusers.models.transformers.transformer_hunyuan_video_framepack.HunyuanVideoHistoryPatchEmbed",)
     attributes = ("proj", "proj_2x", "proj_4x")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, latents_clean=None, latents_clean_2x=None, latents_clean_4x=None):
         tokens = []
@@ -1128,10 +1080,6 @@ class _HunyuanVideoResnetBlock:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoResnetBlockCausal3D",)
     attributes = ("norm1", "norm2", "conv1", "conv2", "nonlinearity", "dropout", "conv_shortcut")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states):
         residual = hidden_states
         hidden_states = self.conv1(norm_then_activation(self.norm1, self.nonlinearity, hidden_states))
@@ -1179,10 +1127,6 @@ class _CogVideoXUpsample3D:
     classes = ("diffusers.models.upsampling.CogVideoXUpsample3D",)
     attributes = ("conv", "compress_time")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, inputs):
         b, c, t, h, w = inputs.shape
         if self.compress_time and t > 1 and t % 2 == 1:
@@ -1203,10 +1147,6 @@ class _CogVideoXDownsample3D:
 
     classes = ("diffusers.models.downsampling.CogVideoXDownsample3D",)
     attributes = ("conv", "compress_time")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x):
         if self.compress_time and x.shape[2] > 1:
@@ -1285,10 +1225,6 @@ class _LTXVideoUpsampler:
     )
     attributes = ("conv", "stride", "residual", "upscale_factor")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, hidden_states, *conv_args, **conv_kwargs):  # LTX-2's `causal`, passed to its conv
         s0 = self.stride[0]
         if self.residual:
@@ -1358,10 +1294,6 @@ class _MochiUpBlock:
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_mochi.MochiUpBlock3D",)
     attributes = ("resnets", "proj", "temporal_expansion", "spatial_expansion", "gradient_checkpointing")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, hidden_states, conv_cache=None):
         new_conv_cache = {}
@@ -1522,10 +1454,6 @@ class _LastDimRMSNorm:
     attributes = ("eps", "weight", "bias")
 
     @staticmethod
-    def reason(module) -> str | None:
-        return None
-
-    @staticmethod
     def prepare(module) -> None:
         module.activation = None  # "silu" once fuse_norm_silu_blocks gives it the SiLU that follows it
 
@@ -1554,10 +1482,6 @@ class _HunyuanVideo15Upsample:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Upsample",)
     attributes = ("conv", "add_temporal_upsample", "repeats")
     time_resampled = True  # with add_temporal_upsample, the frames after the first are upsampled in time
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     @staticmethod
     def prepare(module) -> None:
@@ -1602,10 +1526,6 @@ class _HunyuanVideo15Downsample:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Downsample",)
     attributes = ("conv", "add_temporal_downsample", "group_size")
     time_resampled = True  # with add_temporal_downsample, the frames after the first are downsampled in time
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     @staticmethod
     def prepare(module) -> None:
@@ -1672,10 +1592,6 @@ class _CogVideoXSpatialNorm:
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cogvideox.CogVideoXSpatialNorm3D",)
     attributes = ("norm_layer", "conv_y", "conv_b")
 
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
-
     def forward(self, f, zq, conv_cache=None):
         conv_cache = conv_cache or {}
         # diffusers resizes an odd count of frames with the first apart
@@ -1698,10 +1614,6 @@ class _WanResample:
         "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResample",
     )
     attributes = ("mode", "resample")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return None
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (diffusers' signature)
         b, c, t, h, w = x.size()
@@ -1872,7 +1784,8 @@ def adapter_reason(adapter: type, module: nn.Module) -> str | None:
     missing = [name for name in adapter.attributes if not hasattr(module, name)]
     if missing:
         return f"it has no {', '.join(missing)}: not the {type(module).__name__} this tconv3d knows (other version?)"
-    return adapter.reason(module)
+    reason = getattr(adapter, "reason", None)  # an adapter that takes every module of its classes has none
+    return reason(module) if reason is not None else None
 
 
 def class_name(cls: type) -> str:
