@@ -500,6 +500,10 @@ def _conv3d_backward(ctx, grad_output):
         ctx.needs_input_grad[1],
         ctx.has_bias and ctx.needs_input_grad[2],
     )
+    if sum(needs) > 1 and grad_output.dim() == 5 and not _is_functorch_wrapper(grad_output):
+        # A gradient of another layout (autograd's sum of a channels_last_3d one and an NCDHW one, a slice's
+        # backward): laid out once here, not once by each gradient op that reads it.
+        grad_output = grad_output.contiguous(memory_format=torch.channels_last_3d)
     if any(needs) and _plain_call(grad_output, weight, input, frames_before, channels_after):
         grads = iter(_gradients(ctx, needs, grad_output, weight, input, frames_before, channels_after))
         grad_concat, grad_weight, grad_bias = (next(grads) if need else None for need in needs)

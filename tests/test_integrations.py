@@ -1905,3 +1905,46 @@ def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
     assert rel_l2(*seeded_runs((converted, stock), lambda model: run(model, x))) < MATCH
     assert _ncdhw_resampling_calls(stock, run, x) > 0
     assert _ncdhw_resampling_calls(converted, run, x) == 0
+
+
+def _gradient_layout_copies(model, run, x) -> int:
+    """How many 5-D gradients a training step's backward lays out channels_last_3d from another layout (a clone
+    into channels_last_3d outside tconv3d's ops): each is a copy of a gradient that arrived NCDHW."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cl = torch.channels_last_3d
+
+    class Copies(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.clone.default and out.dim() == 5 and out.is_contiguous(memory_format=cl):
+                Copies.count += not args[0].is_contiguous(memory_format=cl)
+            return out
+
+    torch.manual_seed(5)
+    out = run(model.train(), x)
+    loss = torch.nn.functional.mse_loss(out, torch.randn(out.shape))  # an NCDHW target, as users hold it
+    with Copies():
+        loss.backward()
+    return Copies.count
+
+
+@pytest.mark.parametrize("name", ["hunyuan_video", "kvae_video", "kandinsky6_sr", "autoencoderkl", "diffusion_unet"])
+def test_training_gradients_stay_channels_last(name, aten_path):
+    """A converted model's backward hands its convolutions channels_last_3d gradients: the nearest repeats' backward
+    answers channels_last_3d (their expand's own, a reduction, answered NCDHW, and residual sums carried it up the
+    network: 13 of HunyuanVideo's 43 input-gradient ops, 15 of KVAE's 93 got one), and a conv lays out a gradient
+    of another layout once for both of its gradient ops. What is left: the loss's gradient at the output (an NCDHW
+    target) and, in a VAE, the latent moments' (the posterior's mean is a channel slice of them, whose backward
+    answers NCDHW): at most two copies, the second at the latent's size."""
+    build, run, x = {
+        "hunyuan_video": (VAES["hunyuan_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "kvae_video": (kvae_video, encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "kandinsky6_sr": (kandinsky6_sr, encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
+        "diffusion_unet": (_diffusion_unets()["self_attention"], denoise, torch.randn(1, 4, 16, 16, 16)),
+    }[name]
+    _, converted = stock_and_converted(build)
+    assert _gradient_layout_copies(converted, run, x) <= 2

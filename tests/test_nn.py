@@ -182,6 +182,40 @@ def test_resize_nearest_is_torch_interpolate_bit_for_bit(source, size, mode, dev
         assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6, layout
 
 
+@pytest.mark.parametrize("first_apart", [False, True])
+@pytest.mark.parametrize("grad_layout", ["channels_last_3d", "ncdhw"])
+def test_repeat_nearest_gradients_come_back_channels_last(first_apart, grad_layout, device):
+    """The nearest repeats' backward sums each voxel's copies into a channels_last_3d gradient whatever the
+    incoming gradient's layout (the expand's own backward, a reduction, answered NCDHW and handed every layer
+    before it a gradient of another layout); the values are the sums; forward-mode AD and vmap give the repeat of
+    the tangent and of each sample."""
+    from tconv3d.nn.modules import repeat_nearest
+
+    factors = (2, 2, 2)
+    x = torch.randn(2, 3, 3, 4, 5, device=device).contiguous(memory_format=CL).requires_grad_()
+    out = repeat_nearest(x, factors, first_apart=first_apart)
+    assert out.shape[2] == (5 if first_apart else 6) and out.is_contiguous(memory_format=CL)
+    grad = torch.randn(out.shape, device=device)
+    grad = grad.contiguous(memory_format=CL) if grad_layout == "channels_last_3d" else grad
+    (dx,) = torch.autograd.grad(out, x, grad)
+    reference = x.detach().clone().requires_grad_()
+    first = F.interpolate(reference[:, :, :1], scale_factor=(1, 2, 2)) if first_apart else None
+    rest = F.interpolate(reference[:, :, 1:] if first_apart else reference, scale_factor=factors)
+    expected = torch.cat([first, rest], dim=2) if first_apart else rest
+    assert torch.equal(out, expected)
+    (expected_dx,) = torch.autograd.grad(expected, reference, grad)
+    assert dx.is_contiguous(memory_format=CL) and rel_l2(dx, expected_dx) < 1e-6
+    tangent = torch.randn_like(x)
+    _, out_tangent = torch.func.jvp(lambda t: repeat_nearest(t, factors, first_apart=first_apart), (x,), (tangent,))
+    assert torch.equal(out_tangent, repeat_nearest(tangent, factors, first_apart=first_apart))
+    batched = torch.func.vmap(lambda t: repeat_nearest(t, factors, first_apart=first_apart))(x.detach()[None])
+    assert torch.equal(batched[0], out.detach())
+    with torch.autograd.forward_ad.dual_level():  # autograd's own forward mode: the Function's jvp
+        dual = torch.autograd.forward_ad.make_dual(x.detach(), tangent)
+        dual_out = repeat_nearest(dual, factors, first_apart=first_apart)
+        assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, out_tangent)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"scale_factor": 2}, {"scale_factor": (1, 2, 2)}, {"size": (6, 8, 8)},
@@ -210,6 +244,38 @@ def test_upsample_answers_torch_values_in_the_input_layout(kwargs, device):
     if kwargs.get("scale_factor") == 2 and kwargs.get("mode") != "trilinear":  # 4-D frames: torch's
         frames = torch.randn(2, 3, 4, 4, device=device).contiguous(memory_format=torch.channels_last)
         assert torch.equal(ours(frames), stock(frames))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_backward_lays_out_a_gradient_of_another_layout_once(bias, device):
+    """A convolution whose output gradient arrives NCDHW (autograd summing an NCDHW and a channels_last_3d one at
+    a residual, a slice's backward) lays it out channels_last_3d once, in its backward, and hands that to each
+    gradient op (input, weight): one copy where each op made its own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        copies, grads = 0, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace == "tconv3d":
+                Seen.grads.append(args[0].is_contiguous(memory_format=CL))
+            elif func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default) and out.shape == grad.shape:
+                Seen.copies += 1
+            return out
+
+    conv = tconv3d.nn.Conv3d(4, 6, 3, padding=1, bias=bias).to(device)
+    x = torch.randn(1, 4, 3, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_()
+    y = conv(x)
+    grad = torch.randn(y.shape, device=device)  # NCDHW
+    with Seen():
+        y.backward(grad)
+    assert Seen.copies == 1 and len(Seen.grads) >= 2 and all(Seen.grads), (Seen.copies, Seen.grads)
+    expected_x, expected_w = torch.autograd.grad(
+        torch.nn.functional.conv3d(x.double(), conv.weight.double(), None, padding=1), (x, conv.weight),
+        grad.double(),
+    )  # fmt: skip
+    assert rel_l2(x.grad, expected_x) < TOLERANCE[torch.float32] and rel_l2(conv.weight.grad, expected_w) < 1e-4
 
 
 def test_convert_filter_chooses_layers(device):

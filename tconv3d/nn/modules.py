@@ -248,11 +248,21 @@ def block_mean(x: torch.Tensor, factors) -> torch.Tensor:
     """F.avg_pool3d(x, factors) (stride the kernel, no padding, a remainder dropped) as the mean over the blocks of
     x's (N, D, H, W, C) view: channels_last_3d out, no copy of x, and any dtype on any device (CPU's avg_pool3d has
     no bfloat16, where diffusers' pixel-unshuffle means do)."""
+    return _blocks(x, factors).mean((2, 4, 6)).permute(0, 4, 1, 2, 3)
+
+
+def block_sum(x: torch.Tensor, factors) -> torch.Tensor:
+    """The sums over the blocks of `factors` voxels of x's (N, D, H, W, C) view (a remainder dropped):
+    channels_last_3d out, whatever x's layout."""
+    return _blocks(x, factors).sum((2, 4, 6)).permute(0, 4, 1, 2, 3)
+
+
+def _blocks(x: torch.Tensor, factors) -> torch.Tensor:
+    """x's (N, D, H, W, C) view split into (N, D / fd, fd, H / fh, fh, W / fw, fw, C) blocks."""
     fd, fh, fw = factors
     _, _, d, h, w = x.shape
     blocks = x[:, :, : d // fd * fd, : h // fh * fh, : w // fw * fw].permute(0, 2, 3, 4, 1)
-    blocks = blocks.unflatten(1, (d // fd, fd)).unflatten(3, (h // fh, fh)).unflatten(5, (w // fw, fw))
-    return blocks.mean((2, 4, 6)).permute(0, 4, 1, 2, 3)
+    return blocks.unflatten(1, (d // fd, fd)).unflatten(3, (h // fh, fh)).unflatten(5, (w // fw, fw))
 
 
 class Upsample(nn.Upsample):
@@ -300,7 +310,8 @@ def resize_nearest(x: torch.Tensor, size, mode: str = "nearest") -> torch.Tensor
     if steps is None:
         return F.interpolate(x, size=size, mode=mode)
     (sd, sh, sw), factors = steps
-    return repeat_nearest(x[:, :, ::sd, ::sh, ::sw], factors, layout_of(x))
+    picked = x[:, :, ::sd, ::sh, ::sw] if (sd, sh, sw) != (1, 1, 1) else x
+    return repeat_nearest(picked, factors, layout_of(x))
 
 
 def nearest_steps(source_size, size, mode: str = "nearest"):
@@ -333,20 +344,73 @@ def layout_of(x: torch.Tensor) -> torch.memory_format:
     return _CL
 
 
-def repeat_nearest(x: torch.Tensor, factors, memory_format: torch.memory_format | None = None) -> torch.Tensor:
+def repeat_nearest(
+    x: torch.Tensor, factors, memory_format: torch.memory_format | None = None, first_apart: bool = False
+) -> torch.Tensor:
     """F.interpolate(x, scale_factor=factors, mode="nearest") of a 5-D x for whole factors (output voxel i reads
     input voxel i // f), as one broadcast copy into a tensor of x's layout (or `memory_format`): channels_last_3d
-    stays so; its backward sums each voxel's copies in the gradient's layout."""
+    stays so. `first_apart`: x's first frame repeated in H and W only, as a causal VAE upsamples it (1 + (D - 1) *
+    fd frames out). Its backward sums each voxel's copies into a channels_last_3d gradient, where the expand's
+    backward (a reduction) would answer NCDHW and hand every layer before it a gradient of another layout."""
+    factors = tuple(factors)
+    if torch.compiler.is_compiling():  # Dynamo traces no Function with a jvp; the compiled backward is Inductor's
+        return _repeated(x, factors, memory_format or layout_of(x), first_apart)
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):  # torch.func's vmap, jvp, grad: out of place
+        return _interpolated(x, factors, first_apart)
+    return _RepeatNearest.apply(x, factors, memory_format or layout_of(x), first_apart)
+
+
+def _interpolated(x: torch.Tensor, factors, first_apart: bool) -> torch.Tensor:
+    """repeat_nearest's values by torch's interpolation, out of place (what torch.func transforms batch)."""
+    scale = tuple(float(f) for f in factors)
+    if not first_apart or x.shape[2] < 2:
+        return F.interpolate(x, scale_factor=scale if not first_apart else (1.0, *scale[1:]), mode="nearest")
+    first = F.interpolate(x[:, :, :1], scale_factor=(1.0, *scale[1:]), mode="nearest")
+    return torch.cat([first, F.interpolate(x[:, :, 1:], scale_factor=scale, mode="nearest")], dim=2)
+
+
+class _RepeatNearest(torch.autograd.Function):
+    @staticmethod
+    def forward(x, factors, memory_format, first_apart):
+        return _repeated(x, factors, memory_format, first_apart)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, ctx.factors, ctx.memory_format, ctx.first_apart = inputs
+
+    @staticmethod
+    def backward(ctx, grad):
+        fd, fh, fw = ctx.factors
+        if not ctx.first_apart:
+            return block_sum(grad, ctx.factors), None, None, None
+        b, c, d, h, w = grad.shape
+        frames = 1 + (d - 1) // fd
+        summed = torch.empty((b, c, frames, h // fh, w // fw), dtype=grad.dtype, device=grad.device, memory_format=_CL)
+        summed[:, :, :1] = block_sum(grad[:, :, :1], (1, fh, fw))
+        if frames > 1:
+            summed[:, :, 1:] = block_sum(grad[:, :, 1:], ctx.factors)
+        return summed, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, *_):
+        return _repeated(x_tangent, ctx.factors, ctx.memory_format, ctx.first_apart)
+
+
+def _repeated(x: torch.Tensor, factors, memory_format, first_apart: bool) -> torch.Tensor:
     b, c, d, h, w = x.shape
     fd, fh, fw = factors
-    out = torch.empty(
-        (b, c, d * fd, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format or layout_of(x)
-    )
-    upsample_nearest_into(out, x, factors)
+    frames = 1 + (d - 1) * fd if first_apart and d else d * fd
+    out = torch.empty((b, c, frames, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format)
+    if first_apart and d:
+        _upsample_nearest_into(out[:, :, :1], x[:, :, :1], (1, fh, fw))
+        if d > 1:
+            _upsample_nearest_into(out[:, :, 1:], x[:, :, 1:], factors)
+    else:
+        _upsample_nearest_into(out, x, factors)
     return out
 
 
-def upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
+def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
     """out <- F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors, as one broadcast
     copy into `out` (a view of a larger tensor too)."""
     b, c, d, h, w = x.shape

@@ -30,7 +30,6 @@ from .modules import (
     normalize,
     repeat_nearest,
     resize_nearest,
-    upsample_nearest_into,
 )
 
 _CL = torch.channels_last_3d
@@ -1107,33 +1106,25 @@ class _HunyuanVideoUpsample:
         return None
 
     def forward(self, hidden_states):
-        b, c, t, h, w = hidden_states.shape
-        ft, fh, fw = (int(f) for f in self.upsample_factor)
-        out = torch.empty((b, c, 1 + (t - 1) * ft, h * fh, w * fw), dtype=hidden_states.dtype,
-                          device=hidden_states.device, memory_format=_CL)  # fmt: skip
-        upsample_nearest_into(out[:, :, :1], hidden_states[:, :, :1], (1, fh, fw))
-        if t > 1:
-            upsample_nearest_into(out[:, :, 1:], hidden_states[:, :, 1:], (ft, fh, fw))
-        return self.conv(out)
+        factors = tuple(int(f) for f in self.upsample_factor)
+        return self.conv(repeat_nearest(hidden_states, factors, _CL, first_apart=True))
 
 
 class _CogVideoXUpsample3D:
     """diffusers' CogVideoXUpsample3D: nearest 2x in space, and in time where it compresses time (an odd count of
     frames: the first frame in space only), then its 2-D conv on the frames. diffusers interpolates a 5-D
     activation (CUDA's 3-D nearest kernel copies a channels_last_3d one NCDHW and back) and concatenates the
-    first frame's part; here both parts are written as broadcasts into one result in the activation's layout, the
+    first frame's part; here both parts are written as broadcasts into one result in the activation's layout
+    (`repeat_nearest`), the
     frames' conv as diffusers runs it (its channels_last weight: NHWC frames, a channels_last_3d output)."""
 
     classes = ("diffusers.models.upsampling.CogVideoXUpsample3D",)
     attributes = ("conv", "compress_time")
 
     def forward(self, inputs):
-        b, c, t, h, w = inputs.shape
+        t = inputs.shape[2]
         if self.compress_time and t > 1 and t % 2 == 1:
-            upsampled = torch.empty((b, c, 2 * t - 1, 2 * h, 2 * w), dtype=inputs.dtype, device=inputs.device,
-                                    memory_format=layout_of(inputs))  # fmt: skip
-            upsample_nearest_into(upsampled[:, :, :1], inputs[:, :, :1], (1, 2, 2))
-            upsample_nearest_into(upsampled[:, :, 1:], inputs[:, :, 1:], (2, 2, 2))
+            upsampled = repeat_nearest(inputs, (2, 2, 2), first_apart=True)
         else:  # an even count compressed: all frames in time too; one frame, or time kept: space only
             upsampled = repeat_nearest(inputs, (2 if self.compress_time and t > 1 else 1, 2, 2))
         return _frames_conv(self.conv, upsampled)
