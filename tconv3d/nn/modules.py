@@ -277,8 +277,10 @@ class Upsample(nn.Upsample):
             if self.size is not None:
                 return resize_nearest(input, self.size, self.mode)
             factors = _whole_scale_factors(self.scale_factor)
-            if factors is not None and all(n * f < _EXACT for n, f in zip(input.shape[2:], factors, strict=True)):
-                return repeat_nearest(input, factors)
+            size = factors and [n * f for n, f in zip(input.shape[2:], factors, strict=True)]
+            steps = size and nearest_steps(input.shape[2:], size, self.mode)
+            if steps:
+                return repeat_nearest(input, steps[1])
         return super().forward(input)
 
 
@@ -291,11 +293,12 @@ def _power_of_two(n: int) -> bool:
 
 
 def _whole_scale_factors(scale_factor) -> tuple[int, int, int] | None:
-    """An nn.Upsample's scale_factor as three whole power-of-two factors, or None."""
+    """An nn.Upsample's scale_factor as three whole factors of at least 1, or None (`nearest_steps` then says
+    whether torch's nearest rule repeats each voxel that often, exactly)."""
     if scale_factor is None:
         return None
     scales = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * 3
-    if len(scales) != 3 or any(float(s) != int(s) or not _power_of_two(int(s)) for s in scales):
+    if len(scales) != 3 or any(float(s) != int(s) or s < 1 for s in scales):
         return None
     return tuple(int(s) for s in scales)
 

@@ -376,7 +376,7 @@ class _CosmosUpsample3d:
             return hidden_states
         if self.temporal_upsample:
             factor = 2 if hidden_states.size(2) > 1 else 1
-            hidden_states = _repeat(hidden_states, (factor, 1, 1))[:, :, factor - 1 :]
+            hidden_states = _repeat(hidden_states, (factor, 1, 1), first_apart=True)
             hidden_states = self.conv1(hidden_states) + hidden_states
         if self.spatial_upsample:
             hidden_states = _repeat(hidden_states, (1, 2, 2))
@@ -384,15 +384,16 @@ class _CosmosUpsample3d:
         return self.conv3(hidden_states)
 
 
-def _repeat(x: torch.Tensor, factors) -> torch.Tensor:
+def _repeat(x: torch.Tensor, factors, first_apart: bool = False) -> torch.Tensor:
     """x.repeat_interleave(f, dim) along D, H and W by whole factors, in x's memory format (`repeat_nearest`: one
     broadcast copy, where CUDA's nearest interpolation would copy a channels_last_3d x NCDHW and back; an unbatched
-    4-D x as repeat_interleave takes it)."""
+    4-D x as repeat_interleave takes it). `first_apart`: the first frame's repeats along D dropped but one (a causal
+    VAE's time upsampling of a clip's first segment), never written."""
     if x.dim() != 5:
         for dim, factor in enumerate(factors):
             x = x.repeat_interleave(factor, dim=x.dim() - 3 + dim)
-        return x
-    return repeat_nearest(x, factors)
+        return x[..., factors[0] - 1 :, :, :] if first_apart else x
+    return repeat_nearest(x, factors, first_apart=first_apart)
 
 
 class _EasyAnimateCausalConv3d:
@@ -873,9 +874,7 @@ class _Kandinsky6SRUpsample:
 
     def forward(self, hidden_states, cache):
         if self.compress_time:
-            repeated = _repeat(hidden_states, (2, 1, 1))
-            if cache["temporal_conv"]["padding"] is None:
-                repeated = repeated[:, :, 1:]
+            repeated = _repeat(hidden_states, (2, 1, 1), first_apart=cache["temporal_conv"]["padding"] is None)
             hidden_states = self.temporal_conv(repeated, cache["temporal_conv"]) + repeated
         hidden_states = _repeat(hidden_states, (1, 2, 2))
         hidden_states = hidden_states + self.spatial_conv(hidden_states)
@@ -1036,8 +1035,7 @@ class _KVAECachedPXSUpsample:
     def forward(self, x, cache):
         if self.temporal_compress:
             factor = 2 if x.shape[2] > 1 else 1
-            repeated = _repeat(x, (factor, 1, 1))
-            tail = repeated[:, :, factor - 1 :] if cache["padding"] is None else repeated
+            tail = _repeat(x, (factor, 1, 1), first_apart=cache["padding"] is None)
             x = self.temporal_conv(tail, cache) + tail
         upsampled = _repeat(x, (1, 2, 2))
         return self.linear(upsampled + self.spatial_conv(upsampled))
