@@ -1466,7 +1466,9 @@ class _HunyuanVideo15Upsample:
     """diffusers' HunyuanVideo15Upsample: its conv, then depth-to-space of the conv's output and of the input
     (repeated over channels) for the shortcut, the first frame in space only, and their sum. diffusers makes each
     of these an NCDHW copy and concatenates the frames; here the conv's part is written straight into one
-    channels_last_3d result and the shortcut added into it, both from views: two passes over the result."""
+    channels_last_3d result and the shortcut added into it, both from views: two passes over the result. The
+    backward (`_DcaeResample`) pairs the same views the other way, so the conv's and the input's gradients come
+    out channels_last_3d too, where autograd's slice and reshape backwards would answer NCDHW."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Upsample",)
     attributes = ("conv", "add_temporal_upsample", "repeats")
@@ -1480,37 +1482,18 @@ class _HunyuanVideo15Upsample:
 
     def forward(self, x):
         h = self.conv(x)
-        b, packed, t, height, width = h.shape
         temporal = self.add_temporal_upsample
-        r1 = 2 if temporal else 1
-        c = packed // (r1 * 4)
-        frames, parts = _frame_parts(t, _space_only_frames(self, temporal, t), r1, up=True)
-        out = torch.empty((b, c, frames, 2 * height, 2 * width), dtype=h.dtype, device=h.device, memory_format=_CL)
-        for source, target, factors in parts:
-            first = temporal and factors[0] == 1  # a frame in space only: half the channels, half the repeats
-            part = out[:, :, target]
-            view = part.view(b, c, part.shape[2] // factors[0], factors[0], height, 2, width, 2)
-            conv_part = _packed_frames(h[:, :, source], factors)
-            view.copy_(conv_part[:, :c] if first else conv_part)
-            repeats = self.repeats // 2 if first else self.repeats
-            inputs = x[:, :, source]
-            if temporal or inputs.shape[1] % 4 == 0:
-                # repeat_interleave after the rearrange (diffusers' order with time; without, the same values
-                # when the input's channels split into the 4 spatial positions): an expanded view
-                shortcut = _packed_frames(inputs, factors)
-                shortcut = shortcut.unsqueeze(2).expand(b, shortcut.shape[1], repeats, *shortcut.shape[2:])
-                view.view(b, c // repeats, repeats, *view.shape[2:]).add_(shortcut)
-            else:  # a fresh view: an in-place op on one taken before the copy_ into `view` is refused as a leaf's
-                repeated = _packed_frames(inputs.repeat_interleave(repeats, dim=1), factors)
-                out[:, :, target].add_(repeated.reshape(part.shape))
-        return out
+        first = _space_only_frames(self, temporal, h.shape[2])
+        if not temporal and x.shape[1] % 4:  # diffusers repeats over channels before it rearranges: no view pairs
+            return _upsample_repeating_first(h, x, self.repeats)
+        return _resampled(_dcae_upsample, h, x, (temporal, first, self.repeats))
 
 
 class _HunyuanVideo15Downsample:
     """diffusers' HunyuanVideo15Downsample: its conv, then space-to-depth of the conv's output (the first frame in
     space only, its channels twice) and of the input (averaged over groups of channels) for the shortcut, and their
     sum, written into one channels_last_3d result from views instead of diffusers' NCDHW copies and
-    concatenations."""
+    concatenations; its backward as the upsample's."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15Downsample",)
     attributes = ("conv", "add_temporal_downsample", "group_size")
@@ -1522,24 +1505,117 @@ class _HunyuanVideo15Downsample:
 
     def forward(self, x):
         h = self.conv(x)
-        b, c, t, height, width = h.shape
         temporal = self.add_temporal_downsample
-        r1 = 2 if temporal else 1
-        frames, parts = _frame_parts(t, _space_only_frames(self, temporal, t), r1, up=False)
+        first = _space_only_frames(self, temporal, h.shape[2])
+        return _resampled(_dcae_downsample, h, x, (temporal, first, self.group_size))
+
+
+def _resampled(pairing, h: torch.Tensor, x: torch.Tensor, plan) -> torch.Tensor:
+    """A HunyuanVideo 1.5 resampler's channels_last_3d result from its conv's output h and its input x, as
+    `pairing` (_dcae_upsample or _dcae_downsample) pairs their elements under `plan` (temporal, the frames in
+    space only at the front, the shortcut's repeats or group size)."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(h):
+        return pairing(None, h, x, plan)  # Inductor's backward; torch.func's transforms: autograd through views
+    return _DcaeResample.apply(pairing, h, x, plan)
+
+
+class _DcaeResample(torch.autograd.Function):
+    """A resampler's rearrangement, linear in (h, x): the backward and the jvp run its pairing the other way and
+    forward, on the gradients and the tangents."""
+
+    @staticmethod
+    def forward(pairing, h, x, plan):
+        return pairing(None, h, x, plan)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.pairing, h, x, ctx.plan = inputs
+        ctx.inputs = [(t.shape, t.dtype, t.device) for t in (h, x)]
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_h, grad_x = (torch.empty(shape, dtype=dtype, device=device, memory_format=_CL)
+                          for shape, dtype, device in ctx.inputs)  # fmt: skip
+        ctx.pairing(grad, grad_h, grad_x, ctx.plan)  # writes every element of both
+        return None, grad_h, grad_x, None
+
+    @staticmethod
+    def jvp(ctx, _, h_tangent, x_tangent, __):
+        tangents = [
+            torch.zeros(shape, dtype=dtype, device=device) if tangent is None else tangent
+            for tangent, (shape, dtype, device) in zip((h_tangent, x_tangent), ctx.inputs, strict=True)
+        ]
+        return ctx.pairing(None, *tangents, ctx.plan)
+
+
+def _dcae_upsample(out, h: torch.Tensor, x: torch.Tensor, plan):
+    """HunyuanVideo 1.5's upsample rearrangement. With `out` None: its result from the conv's output h and the
+    input x, written into a new channels_last_3d tensor. Given `out` (the result's gradient): its backward, written
+    into h and x (the gradients' buffers, every element)."""
+    temporal, first_frames, repeats_after = plan
+    backward = out is not None
+    b, packed, t, height, width = h.shape
+    r1 = 2 if temporal else 1
+    frames, parts = _frame_parts(t, first_frames, r1, up=True)
+    if out is None:
+        out = torch.empty((b, packed // (r1 * 4), frames, 2 * height, 2 * width), dtype=h.dtype, device=h.device,
+                          memory_format=_CL)  # fmt: skip
+    c = out.shape[1]
+    for source, target, factors in parts:
+        first = temporal and factors[0] == 1  # a frame in space only: half the channels, half the repeats
+        repeats = repeats_after // 2 if first else repeats_after
+        # (B, C / repeats, repeats, F, r1, H, 2, W, 2): repeat_interleave after the rearrange (diffusers' order with
+        # time; without, the same values when the input's channels split into the 4 spatial positions) feeds
+        # each shortcut channel into `repeats` in a row
+        shape = (b, c // repeats, repeats, (target.stop - target.start) // factors[0], factors[0], height, 2, width, 2)
+        conv_part = _packed_frames(h[:, :, source], factors)  # (B, C or 2C, F, r1, H, 2, W, 2)
+        shortcut = _packed_frames(x[:, :, source], factors).unsqueeze(2)
+        if backward:
+            grad = out[:, :, target].view(shape)
+            conv_part[:, :c].view(shape).copy_(grad)
+            conv_part[:, c:].zero_()  # the first frame's second half of the conv's channels goes unused
+            shortcut.copy_(grad.sum(2, keepdim=True))
+        else:  # each write through a fresh view of out: autograd refuses one taken before out's first write
+            out[:, :, target].view(shape).copy_(conv_part[:, :c].view(shape))
+            out[:, :, target].view(shape).add_(shortcut)
+    return out
+
+
+def _dcae_downsample(out, h: torch.Tensor, x: torch.Tensor, plan):
+    """HunyuanVideo 1.5's downsample rearrangement, both ways as _dcae_upsample's."""
+    temporal, first_frames, group_after = plan
+    backward = out is not None
+    b, c, t, height, width = h.shape
+    r1 = 2 if temporal else 1
+    frames, parts = _frame_parts(t, first_frames, r1, up=False)
+    if out is None:
         out = torch.empty((b, 4 * r1 * c, frames, height // 2, width // 2), dtype=h.dtype, device=h.device,
                           memory_format=_CL)  # fmt: skip
-        for source, target, factors in parts:
-            first = temporal and factors[0] == 1  # a frame in space only: its channels twice, half the group
-            part = out[:, :, target]
-            conv_part = _unpacked_frames(h[:, :, source], factors)  # (B, r1, r2, r3, C, F, H, W)
-            copies = 2 if first else 1
-            view = part.view(b, copies, *conv_part.shape[1:5], *part.shape[2:])
-            view.copy_(conv_part.unsqueeze(1).expand(view.shape))
-            group = self.group_size // 2 if first else self.group_size
-            inputs = _unpacked_frames(x[:, :, source], factors)  # (B, r1, r2, r3, Cin, F, H, W)
-            means = inputs.unflatten(4, (inputs.shape[4] // group, group)).mean(dim=5)
-            out[:, :, target].view(b, *means.shape[1:5], *part.shape[2:]).add_(means)  # a fresh view (Upsample's)
-        return out
+    for source, target, factors in parts:
+        first = temporal and factors[0] == 1  # a frame in space only: its channels twice, half the group
+        frames_part = (target.stop - target.start, height // 2, width // 2)
+        conv_part = _unpacked_frames(h[:, :, source], factors).unsqueeze(1)  # (B, 1, r1, r2, r3, C, F, H, W)
+        copies = (b, 2 if first else 1, *conv_part.shape[2:6], *frames_part)
+        group = group_after // 2 if first else group_after
+        inputs = _unpacked_frames(x[:, :, source], factors)  # (B, r1, r2, r3, Cin, F, H, W)
+        inputs = inputs.unflatten(4, (inputs.shape[4] // group, group))
+        means = (b, *inputs.shape[1:5], 1, *frames_part)
+        if backward:
+            conv_part.copy_(out[:, :, target].view(copies).sum(1, keepdim=True))
+            inputs.copy_((out[:, :, target].view(means) / group).expand(inputs.shape))
+        else:  # fresh views of out, as the upsample's
+            out[:, :, target].view(copies).copy_(conv_part.expand(copies))
+            out[:, :, target].view(means).add_(inputs.mean(dim=5, keepdim=True))
+    return out
+
+
+def _upsample_repeating_first(h: torch.Tensor, x: torch.Tensor, repeats: int) -> torch.Tensor:
+    """HunyuanVideo 1.5's upsample without time, where the input's channels do not split into the 4 spatial
+    positions: diffusers repeats them before the rearrangement, and so does this (autograd's backward)."""
+    b, packed, t, height, width = h.shape
+    out = torch.empty((b, packed // 4, t, 2 * height, 2 * width), dtype=h.dtype, device=h.device, memory_format=_CL)
+    out.view(b, packed // 4, t, 1, height, 2, width, 2).copy_(_packed_frames(h, (1, 2, 2)))
+    return out.add_(_packed_frames(x.repeat_interleave(repeats, dim=1), (1, 2, 2)).reshape(out.shape))
 
 
 class _HunyuanImageRefinerUpsample(_HunyuanVideo15Upsample):
