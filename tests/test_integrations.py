@@ -10,6 +10,7 @@ import copy
 import functools
 import inspect
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -980,6 +981,64 @@ def test_ltx_depth_to_space_writes_channels_last(stride):
     assert torch.equal(out, expected) and out.is_contiguous(memory_format=torch.channels_last_3d)
 
 
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (3, 1, 2)])
+@pytest.mark.parametrize("frames", [1, 3])
+def test_ltx_depth_to_space_gradients_channels_last(stride, frames):
+    """Its backward, with the first s0 - 1 frames dropped (LTX-Video's causal upsampler) and without: the
+    gradient as autograd's through diffusers' permute + flatten, written channels_last_3d (autograd's reshape
+    backward answers NCDHW); its jvp as the forward's."""
+    from tconv3d.nn.video_vaes import _depth_to_space
+
+    b, c, h, w = 2, 3, 3, 4
+    for drop in {0, stride[0] - 1}:
+        x = torch.randn(b, c * math.prod(stride), frames, h, w, dtype=torch.float64)
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+        ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        shuffled = theirs_in.reshape(b, -1, *stride, frames, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+        theirs = shuffled.flatten(6, 7).flatten(4, 5).flatten(2, 3)[:, :, drop:]
+        ours = _depth_to_space(ours_in, stride, drop)
+        assert torch.equal(ours, theirs)
+        grad = torch.randn_like(theirs)  # NCDHW, as a loss's gradient may come
+        ours.backward(grad)
+        theirs.backward(grad)
+        assert torch.equal(ours_in.grad, theirs_in.grad)
+        assert ours_in.grad.is_contiguous(memory_format=torch.channels_last_3d)
+        tangent = torch.randn_like(x)
+        with torch.autograd.forward_ad.dual_level():
+            dual = _depth_to_space(torch.autograd.forward_ad.make_dual(x, tangent), stride, drop)
+            jvp = torch.autograd.forward_ad.unpack_dual(dual).tangent
+        assert torch.equal(jvp, _depth_to_space(tangent, stride, drop))
+
+
+@pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (3, 1, 2)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_ltx_space_to_depth_gradients_channels_last(stride, with_residual):
+    """LTX-Video's downsampler space-to-depth (plus its channel-mean residual, in one pass): values as diffusers'
+    permute + flatten, gradients as autograd's through them but channels_last_3d (autograd's view backward answered
+    NCDHW), and its jvp as the forward's."""
+    from tconv3d.nn.video_vaes import _space_to_depth
+
+    b, c, t, h, w = 2, 3, 2, 3, 2
+    x = torch.randn(b, c, t * stride[0], h * stride[1], w * stride[2], dtype=torch.float64)
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    residual = torch.randn(b, c * math.prod(stride), t, h, w, dtype=torch.float64) if with_residual else None
+    ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    rearranged = theirs_in.reshape(b, c, t, stride[0], h, stride[1], w, stride[2]).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    theirs = rearranged.flatten(1, 4) + (0 if residual is None else residual)
+    ours = _space_to_depth(ours_in, stride, residual)
+    assert torch.equal(ours, theirs) and ours.is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(theirs)
+    ours.backward(grad)
+    theirs.backward(grad)
+    assert torch.equal(ours_in.grad, theirs_in.grad)
+    assert ours_in.grad.is_contiguous(memory_format=torch.channels_last_3d)
+    tangent = torch.randn_like(x)
+    with torch.autograd.forward_ad.dual_level():
+        dual = _space_to_depth(torch.autograd.forward_ad.make_dual(x, tangent), stride, residual)
+        jvp = torch.autograd.forward_ad.unpack_dual(dual).tangent
+    assert torch.equal(jvp, _space_to_depth(tangent, stride))
+
+
 def test_wan_frame_interleave_writes_channels_last():
     """WanResample's temporal upsampling interleave, done into a channels_last_3d result, equals diffusers' reshape
     + stack + reshape."""
@@ -1942,20 +2001,25 @@ def _gradient_layout_copies(model, run, x) -> int:
 @pytest.mark.parametrize(
     "name",
     ["hunyuan_video", "kvae_video", "kandinsky6_sr", "autoencoderkl", "diffusion_unet", "hunyuan_video15",
-     "hunyuan_image_refiner"],
+     "hunyuan_image_refiner", "ltx_video", "ltx2"],
 )  # fmt: skip
 def test_training_gradients_stay_channels_last(name, aten_path):
-    """A converted model's backward hands its convolutions channels_last_3d gradients: the nearest repeats' backward
-    answers channels_last_3d (their expand's own, a reduction, answered NCDHW, and residual sums carried it up the
-    network: 13 of HunyuanVideo's 43 input-gradient ops, 15 of KVAE's 93 got one), so do HunyuanVideo 1.5's and
-    HunyuanImage 2.1's resamplers (autograd's slice and reshape backwards of their frame parts answered NCDHW: 23
-    and 22 copies), and a conv lays out a gradient of another layout once for both of its gradient ops. What is
-    left: the loss's gradient at the output (an NCDHW target) and, in a VAE, the latent moments' (the posterior's
-    mean is a channel slice of them, whose backward answers NCDHW): at most two copies, the second at the latent's
-    size. HunyuanVideo 1.5's encoder adds a channel-group mean of its last features to the moments (a view and a
-    mean, stock code), whose backward answers NCDHW too: two more at the latent's resolution, where the features
-    are a few percent of one full-resolution activation."""
+    """A converted model's backward hands its convolutions channels_last_3d gradients, where autograd's backwards
+    of the layers between them answered NCDHW:
+    - the nearest repeats' (their expand's backward, a reduction; residual sums carried the layout up the network:
+      13 of HunyuanVideo's 43 input-gradient ops, 15 of KVAE's 93 got one);
+    - HunyuanVideo 1.5's and HunyuanImage 2.1's resamplers' (the slice and reshape backwards of their frame parts:
+      23 and 22 copies);
+    - LTX-Video's depth-to-space and space-to-depth (reshape and view backwards: 5 copies, LTX-2's 7).
+    A conv lays out a gradient of another layout once, for both of its gradient ops. What is left: the loss's
+    gradient at the output (an NCDHW target) and, in a VAE, the latent moments' (the posterior's mean is a channel
+    slice of them, whose backward answers NCDHW): at most two copies, the second at the latent's size.
+    HunyuanVideo 1.5's encoder adds a channel-group mean of its last features to the moments (a view and a mean,
+    stock code), whose backward answers NCDHW too: two more at the latent's resolution, where the features are a
+    few percent of one full-resolution activation."""
     build, run, x = {
+        "ltx_video": (VAES["ltx_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "ltx2": (VAES["ltx2"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_video15": (VAES["hunyuan_video15"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_image_refiner": (VAES["hunyuan_image_refiner"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_video": (VAES["hunyuan_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),

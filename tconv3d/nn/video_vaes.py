@@ -1191,9 +1191,49 @@ def frame_group_norm(norm: nn.GroupNorm, x: torch.Tensor, activation: str | None
     return y.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
 
-def _depth_to_space(x: torch.Tensor, stride) -> torch.Tensor:
+def _depth_to_space(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
     """LTX-Video's pixel shuffle, (B, C*s0*s1*s2, T, H, W) -> (B, C, T*s0, H*s1, W*s2), written straight into a
-    channels_last_3d result: the same one copy as diffusers' permute + flatten, which answers NCDHW."""
+    channels_last_3d result: the same one copy as diffusers' permute + flatten, which answers NCDHW. `drop`
+    (below s0): the result's first frames left out, as a causal upsampler drops them (a view). Its backward is
+    the space-to-depth of the gradient, written channels_last_3d, where autograd's reshape backward answered NCDHW
+    and handed the conv before it a gradient to lay out again."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return _shuffled(x, tuple(stride))[:, :, drop:]  # autograd's backward, as _resampled's
+    return _DepthToSpace.apply(x, tuple(stride), drop)
+
+
+class _DepthToSpace(torch.autograd.Function):
+    @staticmethod
+    def forward(x, stride, drop):
+        return _shuffled(x, stride)[:, :, drop:]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.stride, ctx.drop = inputs
+        ctx.x = (x.shape, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype, device = ctx.x
+        s0, drop = ctx.stride[0], ctx.drop
+        grad_x = torch.empty(shape, dtype=dtype, device=device, memory_format=_CL)
+        if drop:  # the first input frame's first `drop` sub-frames were dropped: zero; the others from grad's first
+            first = grad_x[:, :, :1].unflatten(1, (-1, *ctx.stride))  # (B, C, s0, s1, s2, 1, H, W)
+            first[:, :, :drop].zero_()
+            h, w = shape[3:]
+            kept = grad[:, :, : s0 - drop].unflatten(4, (w, -1)).unflatten(3, (h, -1))  # (B, C, k, H, s1, W, s2)
+            first[:, :, drop:].copy_(kept.permute(0, 1, 2, 4, 6, 3, 5).unsqueeze(5))
+        view, source = _space_to_depth_into(grad_x[:, :, 1 if drop else 0 :], grad[:, :, s0 - drop if drop else 0 :],
+                                            ctx.stride)  # fmt: skip
+        view.copy_(source)
+        return grad_x, None, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, *_):
+        return _shuffled(x_tangent, ctx.stride)[:, :, ctx.drop :]
+
+
+def _shuffled(x: torch.Tensor, stride) -> torch.Tensor:
     b, _, t, h, w = x.shape
     s0, s1, s2 = stride
     source = x.reshape(b, -1, s0, s1, s2, t, h, w)
@@ -1215,15 +1255,15 @@ class _LTXVideoUpsampler:
     attributes = ("conv", "stride", "residual", "upscale_factor")
 
     def forward(self, hidden_states, *conv_args, **conv_kwargs):  # LTX-2's `causal`, passed to its conv
-        s0 = self.stride[0]
+        drop = self.stride[0] - 1
         if self.residual:
-            residual = _depth_to_space(hidden_states, self.stride)
-            repeats = (self.stride[0] * self.stride[1] * self.stride[2]) // self.upscale_factor
-            residual = residual.repeat(1, repeats, 1, 1, 1)[:, :, s0 - 1 :]
-        hidden_states = self.conv(hidden_states, *conv_args, **conv_kwargs)
-        hidden_states = _depth_to_space(hidden_states, self.stride)[:, :, s0 - 1 :]
+            residual = _depth_to_space(hidden_states, self.stride, drop)
+        hidden_states = _depth_to_space(self.conv(hidden_states, *conv_args, **conv_kwargs), self.stride, drop)
         if self.residual:
-            hidden_states = hidden_states + residual
+            # diffusers repeats the residual over channels (a copy) and adds it: here a broadcast add over the
+            # channel groups, in the layout of the conv's result
+            repeats = hidden_states.shape[1] // residual.shape[1]
+            hidden_states = (hidden_states.unflatten(1, (repeats, -1)) + residual.unsqueeze(1)).flatten(1, 2)
         return hidden_states
 
 
@@ -1236,6 +1276,53 @@ def _space_to_depth_into(out: torch.Tensor, x: torch.Tensor, stride) -> tuple[to
     s0, s1, s2 = stride
     source = x.view(b, c, t // s0, s0, h // s1, s1, w // s2, s2).permute(0, 2, 4, 6, 1, 3, 5, 7)
     return out.permute(0, 2, 3, 4, 1).view(source.shape), source
+
+
+def _space_to_depth(x: torch.Tensor, stride, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """LTX-Video's space-to-depth, (B, C, T*s0, H*s1, W*s2) -> (B, C*s0*s1*s2, T, H, W), channels ordered (C, s0,
+    s1, s2) as diffusers' permute + flatten orders them, plus `residual` (a tensor of the result's shape) where
+    given, in one pass into a channels_last_3d result. Its backward is the depth-to-space of the gradient, written
+    channels_last_3d, where autograd's view backward of the rearrangement answered NCDHW."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return _unshuffled(x, tuple(stride), residual)  # autograd's backward, as _resampled's
+    return _SpaceToDepth.apply(x, tuple(stride), residual)
+
+
+class _SpaceToDepth(torch.autograd.Function):
+    @staticmethod
+    def forward(x, stride, residual):
+        return _unshuffled(x, stride, residual)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.stride, _ = inputs
+        ctx.x_dtype = x.dtype
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x = _shuffled(grad, ctx.stride) if ctx.needs_input_grad[0] else None
+        if grad_x is not None and grad_x.dtype != ctx.x_dtype:  # a residual of a wider dtype promoted the result
+            grad_x = grad_x.to(ctx.x_dtype)
+        return grad_x, None, grad if ctx.needs_input_grad[2] else None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, _, residual_tangent):
+        return _unshuffled(x_tangent, ctx.stride, residual_tangent)
+
+
+def _unshuffled(x: torch.Tensor, stride, residual: torch.Tensor | None) -> torch.Tensor:
+    b, c, t, h, w = x.shape
+    s0, s1, s2 = stride
+    shape = (b, c * s0 * s1 * s2, t // s0, h // s1, w // s2)
+    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    out = torch.empty(shape, dtype=dtype, device=x.device, memory_format=_CL)
+    view, source = _space_to_depth_into(out, x, stride)
+    if residual is None:
+        view.copy_(source)
+    else:  # (B, T, H, W, C, s0, s1, s2) views of the residual, read as it is laid out
+        residual_view = residual.permute(0, 2, 3, 4, 1).unflatten(-1, source.shape[4:])
+        torch.add(residual_view, source, out=view)
+    return out
 
 
 class _LTXVideoDownsampler:
@@ -1259,11 +1346,7 @@ class _LTXVideoDownsampler:
         stride = self.stride
         front = hidden_states[:, :, : stride[0] - 1] if stride[0] > 1 else None
         padded = torch.cat([front, hidden_states], dim=2) if front is not None else hidden_states
-        b, c, t, h, w = padded.shape
-        packed_shape = (b, c * stride[0] * stride[1] * stride[2], t // stride[0], h // stride[1], w // stride[2])
-        packed = torch.empty(packed_shape, dtype=padded.dtype, device=padded.device, memory_format=_CL)
-        view, source = _space_to_depth_into(packed, padded, stride)
-        view.copy_(source)
+        packed = _space_to_depth(padded, stride)
         # the mean of each group of group_size packed channels: (B, T, H, W, C) contiguous, channels_last_3d as
         # (B, C, T, H, W)
         residual = packed.permute(0, 2, 3, 4, 1).unflatten(-1, (-1, self.group_size)).mean(-1)
@@ -1272,9 +1355,7 @@ class _LTXVideoDownsampler:
         else:  # a conv convert was told to leave (its filter)
             conv_out = self.conv(padded, *conv_args, **conv_kwargs)
         residual = residual.to(torch.promote_types(residual.dtype, conv_out.dtype)).permute(0, 4, 1, 2, 3)
-        view, source = _space_to_depth_into(residual, conv_out, stride)
-        view.add_(source)  # the conv's space-to-depth added into the residual: one pass
-        return residual
+        return _space_to_depth(conv_out, stride, residual)  # the conv's space-to-depth plus the residual: one pass
 
 
 class _MochiUpBlock:
