@@ -2001,7 +2001,7 @@ def _gradient_layout_copies(model, run, x) -> int:
 @pytest.mark.parametrize(
     "name",
     ["hunyuan_video", "kvae_video", "kandinsky6_sr", "autoencoderkl", "diffusion_unet", "hunyuan_video15",
-     "hunyuan_image_refiner", "ltx_video", "ltx2"],
+     "hunyuan_image_refiner", "ltx_video", "ltx2", "cogvideox"],
 )  # fmt: skip
 def test_training_gradients_stay_channels_last(name, aten_path):
     """A converted model's backward hands its convolutions channels_last_3d gradients, where autograd's backwards
@@ -2010,7 +2010,9 @@ def test_training_gradients_stay_channels_last(name, aten_path):
       13 of HunyuanVideo's 43 input-gradient ops, 15 of KVAE's 93 got one);
     - HunyuanVideo 1.5's and HunyuanImage 2.1's resamplers' (the slice and reshape backwards of their frame parts:
       23 and 22 copies);
-    - LTX-Video's depth-to-space and space-to-depth (reshape and view backwards: 5 copies, LTX-2's 7).
+    - LTX-Video's depth-to-space and space-to-depth (reshape and view backwards: 5 copies, LTX-2's 7);
+    - the adapters' frame slices of activations (`frames`: a causal conv's kept frames, a first frame resampled
+      apart; CogVideoX's 4 copies, 3 of them at full resolution).
     A conv lays out a gradient of another layout once, for both of its gradient ops. What is left: the loss's
     gradient at the output (an NCDHW target) and, in a VAE, the latent moments' (the posterior's mean is a channel
     slice of them, whose backward answers NCDHW): at most two copies, the second at the latent's size.
@@ -2020,6 +2022,7 @@ def test_training_gradients_stay_channels_last(name, aten_path):
     build, run, x = {
         "ltx_video": (VAES["ltx_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "ltx2": (VAES["ltx2"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "cogvideox": (VAES["cogvideox"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_video15": (VAES["hunyuan_video15"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_image_refiner": (VAES["hunyuan_image_refiner"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "hunyuan_video": (VAES["hunyuan_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),

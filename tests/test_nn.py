@@ -216,6 +216,34 @@ def test_repeat_nearest_gradients_come_back_channels_last(first_apart, grad_layo
         assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, out_tangent)
 
 
+@pytest.mark.parametrize("key", [(0, 1, None), (-2, None, None), (1, 4, None), (None, None, 2), (2, 2, None)])
+def test_frame_slices_give_gradients_in_the_input_layout(key, device):
+    """tconv3d.nn.modules.frames, the frame slice the VAE adapters take of activations (kept frames, a first frame
+    apart): the slice's values as a view; its backward answers in the input's layout, where autograd's slice
+    backward writes into NCDHW zeros; autograd's forward mode and torch.func give the tangent's slice; without
+    grad it is the plain slice."""
+    from tconv3d.nn.modules import frames
+
+    for layout, x in _layouts((2, 3, 5, 4, 3), device).items():
+        x = x.detach().requires_grad_()
+        out = frames(x, *key)
+        expected = x[:, :, slice(*key)]
+        assert torch.equal(out, expected) and out.stride() == expected.stride(), layout
+        grad = torch.randn(out.shape, device=device)  # NCDHW, whatever x's layout
+        (dx,) = torch.autograd.grad(out, x, grad)
+        (expected_dx,) = torch.autograd.grad(expected, x, grad)
+        assert torch.equal(dx, expected_dx), layout
+        assert dx.is_contiguous(memory_format=CL) != (layout == "ncdhw"), layout  # a channel slice: CL too
+        tangent = torch.randn_like(x)
+        with torch.autograd.forward_ad.dual_level():
+            dual = frames(torch.autograd.forward_ad.make_dual(x.detach(), tangent), *key)
+            assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual).tangent, tangent[:, :, slice(*key)])
+        _, jvp = torch.func.jvp(lambda t: frames(t, *key), (x.detach(),), (tangent,))
+        assert torch.equal(jvp, tangent[:, :, slice(*key)])
+        with torch.no_grad():
+            assert frames(x, *key)._base is x
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"scale_factor": 2}, {"scale_factor": (1, 2, 2)}, {"size": (6, 8, 8)},

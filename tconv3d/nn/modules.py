@@ -244,6 +244,41 @@ def _tiling_kernel(pool: nn.AvgPool3d) -> tuple[int, int, int] | None:
     return kernel
 
 
+def frames(x: torch.Tensor, start: int | None = None, stop: int | None = None, step: int | None = None):
+    """x[:, :, start:stop:step] of a 5-D x (a view), whose backward answers in x's layout: autograd's slice
+    backward writes the gradient into zeros laid out NCDHW, and every layer before a channels_last_3d activation's
+    frame slice (a causal conv's kept frames, a first frame resampled apart) then got a gradient to lay out again.
+    Without autograd (inference, torch.compile, torch.func): the plain slice."""
+    key = slice(start, stop, step)
+    if not (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
+        return x[:, :, key]
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return x[:, :, key]
+    return _Frames.apply(x, key)
+
+
+class _Frames(torch.autograd.Function):
+    @staticmethod
+    def forward(x, key):
+        return x[:, :, key]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.key = inputs
+        ctx.x = (x.shape, x.dtype, x.device, layout_of(x))
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype, device, memory_format = ctx.x
+        grad_x = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format).zero_()
+        grad_x[:, :, ctx.key] = grad
+        return grad_x, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, _):
+        return x_tangent[:, :, ctx.key]
+
+
 def block_mean(x: torch.Tensor, factors) -> torch.Tensor:
     """F.avg_pool3d(x, factors) (stride the kernel, no padding, a remainder dropped) as the mean over the blocks of
     x's (N, D, H, W, C) view: channels_last_3d out, no copy of x, and any dtype on any device (CPU's avg_pool3d has

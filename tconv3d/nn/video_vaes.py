@@ -25,6 +25,7 @@ from .modules import (
     GroupNorm,
     InstanceNorm3d,
     block_mean,
+    frames,
     layout_of,
     nearest_steps,
     normalize,
@@ -354,13 +355,13 @@ def _add_frame_pool(out: torch.Tensor, x: torch.Tensor) -> None:
     """out += F.avg_pool3d(x, (2, 1, 1), stride=(2, 1, 1), padding=(1, 0, 0), count_include_pad=False) over out's
     frames, in place: window k averages the real frames among 2k - 1 and 2k (the first and, for an even count, the
     last frame alone), the pairs as a mean over x's view."""
-    frames, windows = x.shape[2], out.shape[2]
-    out[:, :, :1].add_(x[:, :, :1])
-    pairs = min(windows - 1, (frames - 1) // 2)
+    count, windows = x.shape[2], out.shape[2]
+    out[:, :, :1].add_(frames(x, 0, 1))
+    pairs = min(windows - 1, (count - 1) // 2)
     if pairs > 0:
-        out[:, :, 1 : 1 + pairs].add_(block_mean(x[:, :, 1 : 1 + 2 * pairs], (2, 1, 1)))
-    if frames % 2 == 0 and windows > frames // 2:
-        out[:, :, frames // 2 : frames // 2 + 1].add_(x[:, :, frames - 1 :])
+        out[:, :, 1 : 1 + pairs].add_(block_mean(frames(x, 1, 1 + 2 * pairs), (2, 1, 1)))
+    if count % 2 == 0 and windows > count // 2:
+        out[:, :, count // 2 : count // 2 + 1].add_(frames(x, count - 1))
 
 
 class _CosmosUpsample3d:
@@ -424,7 +425,7 @@ class _EasyAnimateCausalConv3d:
         if self.prev_features is None:
             front, pad = None, kept
         else:
-            front = self.prev_features if self.t_stride != 2 else self.prev_features[:, :, -(kept - 1) :]
+            front = self.prev_features if self.t_stride != 2 else frames(self.prev_features, -(kept - 1))
             pad = 0
         self.prev_features = _last_frames(front, hidden_states, kept)
         _, hp, wp = self.padding
@@ -656,7 +657,7 @@ class _KVAECachedCausalConv3d:
         ahead = self.time_pad if front is None else front.shape[2]
         offset_in = math.ceil(ahead / stride) * stride - ahead
         kept = offset_in + stride * math.trunc((input.shape[2] - offset_in - kernel) / stride) + stride
-        cache["padding"] = input[:, :, kept:].clone(memory_format=_CL)
+        cache["padding"] = frames(input, kept).clone(memory_format=_CL)
         return output
 
 
@@ -684,14 +685,14 @@ class _Kandinsky6SRCausalConv3d:
         else:
             output = self.conv.convolve(hidden_states, (0, 0, *space), "zeros", front)
         # the frames diffusers keeps for the next segment: from its pad_offset on, of the padding and the input
-        stride, kernel, frames = self.time_stride, self.time_kernel_size, hidden_states.shape[2]
+        stride, kernel, count = self.time_stride, self.time_kernel_size, hidden_states.shape[2]
         ahead = self.time_pad if front is None else front.shape[2]
         offset_in = math.ceil(ahead / stride) * stride - ahead
-        kept = offset_in + stride * math.trunc((frames - offset_in - kernel) / stride) + stride
+        kept = offset_in + stride * math.trunc((count - offset_in - kernel) / stride) + stride
         if kept >= 0:
-            cache["padding"] = hidden_states[:, :, kept:].clone(memory_format=_CL)
+            cache["padding"] = frames(hidden_states, kept).clone(memory_format=_CL)
         else:
-            cache["padding"] = _last_frames(front, hidden_states, frames + min(-kept, ahead))
+            cache["padding"] = _last_frames(front, hidden_states, count + min(-kept, ahead))
         return output
 
 
@@ -719,20 +720,20 @@ class _VidTokCausalConv3d:
         wl, wr, ht, hb = self.spatial_padding[:4]
         mode, pad = _FPAD_MODES[self.pad_mode], self.time_pad
         if self.is_first_chunk:
-            front = x[:, :, :1].expand(-1, -1, pad, -1, -1) if pad else None
+            front = frames(x, 0, 1).expand(-1, -1, pad, -1, -1) if pad else None
             output = self.conv.convolve(x, (pad, 0, ht, hb, wl, wr), f"replicate,{mode},{mode}")
         else:
             cached = self.causal_cache
-            front = cached[:, :, max(cached.shape[2] - pad, 0) :] if pad and cached.shape[2] else None
+            front = frames(cached, max(cached.shape[2] - pad, 0)) if pad and cached.shape[2] else None
             output = self.conv.convolve(x, (0, 0, ht, hb, wl, wr), f"zeros,{mode},{mode}", front)
         # the last time_pad frames of what diffusers keeps: torch.cat([front, x], 2) less its last cache_offset
         ahead = 0 if front is None else front.shape[2]
         end = max(ahead + x.shape[2] - self.cache_offset, 0)
         start = max(end - pad, 0)
         if start >= ahead:
-            tail = x[:, :, start - ahead : end - ahead]
+            tail = frames(x, start - ahead, end - ahead)
         else:
-            tail = torch.cat([front[:, :, start : min(end, ahead)], x[:, :, : max(end - ahead, 0)]], dim=2)
+            tail = torch.cat([frames(front, start, min(end, ahead)), frames(x, 0, max(end - ahead, 0))], dim=2)
         self.causal_cache = tail.clone(memory_format=_CL)
         return output
 
@@ -764,7 +765,7 @@ class _AllegroTemporalConvLayer:
     @staticmethod
     def _stage(stage: nn.Sequential, x: torch.Tensor, repeat_ends: bool) -> torch.Tensor:
         if repeat_ends:  # diffusers' _pad_temporal_dim: the first and last frame once more at each end
-            x = torch.cat([x[:, :, :1], x, x[:, :, -1:]], dim=2)
+            x = torch.cat([frames(x, 0, 1), x, frames(x, -1)], dim=2)
         x = norm_then_activation(stage[0], stage[1], x)
         for layer in stage[2:]:  # the Dropout, the conv
             x = layer(x)
@@ -773,7 +774,7 @@ class _AllegroTemporalConvLayer:
     def forward(self, hidden_states, batch_size):
         x = hidden_states.unflatten(0, (batch_size, -1)).permute(0, 2, 1, 3, 4)
         if self.down_sample:
-            identity = x[:, :, ::2]
+            identity = frames(x, step=2)
         elif self.up_sample:
             identity = _repeat(x, (2, 1, 1))
         else:
@@ -856,9 +857,9 @@ class _Kandinsky6SRDownsample:
         conv_out = self.temporal_conv[0](out, cache["temporal_conv"][0])
         conv_out = self.temporal_conv[1](conv_out, cache["temporal_conv"][1])
         if first_segment:  # the first frame kept, the others in pairs
-            conv_out[:, :, :1].add_(out[:, :, :1])
+            conv_out[:, :, :1].add_(frames(out, 0, 1))
             if out.shape[2] > 1:
-                conv_out[:, :, 1:].add_(block_mean(out[:, :, 1:], (2, 1, 1)))
+                conv_out[:, :, 1:].add_(block_mean(frames(out, 1), (2, 1, 1)))
         else:
             conv_out.add_(block_mean(out, (2, 1, 1)))
         return self.linear(conv_out)
@@ -1011,7 +1012,7 @@ class _KVAECachedPXSDownsample:
         out = self.spatial_conv(x) + block_mean(x, (1, 2, 2))
         if self.temporal_compress:
             if cache[0]["padding"] is None and out.shape[2] > 1:  # the first frame, then the others in pairs
-                pooled = torch.cat([out[:, :, :1], block_mean(out[:, :, 1:], (2, 1, 1))], dim=2)
+                pooled = torch.cat([frames(out, 0, 1), block_mean(frames(out, 1), (2, 1, 1))], dim=2)
             elif cache[0]["padding"] is None:
                 pooled = out
             else:
@@ -1041,19 +1042,19 @@ class _KVAECachedPXSUpsample:
         return self.linear(upsampled + self.spatial_conv(upsampled))
 
 
-def _last_frames(front, x, frames: int) -> torch.Tensor:
-    """torch.cat([front, x], dim=2)[:, :, -frames:] as a new channels_last_3d tensor, the first frame of x
-    repeated where front is None (frames == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
+def _last_frames(front, x, count: int) -> torch.Tensor:
+    """torch.cat([front, x], dim=2)[:, :, -count:] as a new channels_last_3d tensor, the first frame of x
+    repeated where front is None (count == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
     frames a video VAE's causal conv keeps for its next chunk (CogVideoX's conv_cache, EasyAnimate's
     prev_features)."""
-    if frames and x.shape[2] >= frames:
-        return x[:, :, -frames:].clone(memory_format=_CL)
+    if count and x.shape[2] >= count:
+        return frames(x, -count).clone(memory_format=_CL)
     if front is None:
-        if not frames:
+        if not count:
             return x.clone()
-        front = x[:, :, :1].expand(-1, -1, frames, -1, -1)
-    if frames:  # only the front's frames that are kept, written once (not a concatenation cloned again)
-        front = front[:, :, -(frames - x.shape[2]) :]
+        front = frames(x, 0, 1).expand(-1, -1, count, -1, -1)
+    if count:  # only the front's frames that are kept, written once (not a concatenation cloned again)
+        front = frames(front, -(count - x.shape[2]))
     kept = torch.empty((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), dtype=x.dtype, device=x.device,
                        memory_format=_CL)  # fmt: skip
     kept[:, :, : front.shape[2]] = front
@@ -1144,8 +1145,8 @@ class _CogVideoXDownsample3D:
             pooled = torch.empty((b, c, first + t // 2, h, w), dtype=x.dtype, device=x.device,
                                  memory_format=layout_of(x))  # fmt: skip
             if first:
-                pooled[:, :, :1] = x[:, :, :1]
-            pooled[:, :, first:] = block_mean(x[:, :, first:], (2, 1, 1))
+                pooled[:, :, :1] = frames(x, 0, 1)
+            pooled[:, :, first:] = block_mean(frames(x, first), (2, 1, 1))
             x = pooled
         x = F.pad(x, (0, 1, 0, 1), mode="constant", value=0)
         return _frames_conv(self.conv, x)
@@ -1344,7 +1345,7 @@ class _LTXVideoDownsampler:
 
     def forward(self, hidden_states, *conv_args, **conv_kwargs):  # LTX-2's `causal`, passed to its conv
         stride = self.stride
-        front = hidden_states[:, :, : stride[0] - 1] if stride[0] > 1 else None
+        front = frames(hidden_states, 0, stride[0] - 1) if stride[0] > 1 else None
         padded = torch.cat([front, hidden_states], dim=2) if front is not None else hidden_states
         packed = _space_to_depth(padded, stride)
         # the mean of each group of group_size packed channels: (B, T, H, W, C) contiguous, channels_last_3d as
@@ -1769,9 +1770,9 @@ class _WanResample:
                 feat_cache[idx] = "Rep"
                 feat_idx[0] += 1
             else:
-                cache_x = x[:, :, -2:].clone()
+                cache_x = frames(x, -2).clone()
                 if cache_x.shape[2] < 2 and feat_cache[idx] != "Rep":
-                    cache_x = torch.cat([feat_cache[idx][:, :, -1:].to(cache_x.device), cache_x], dim=2)
+                    cache_x = torch.cat([frames(feat_cache[idx], -1).to(cache_x.device), cache_x], dim=2)
                 if cache_x.shape[2] < 2 and feat_cache[idx] == "Rep":
                     cache_x = torch.cat([torch.zeros_like(cache_x), cache_x], dim=2)
                 x = self.time_conv(x) if feat_cache[idx] == "Rep" else self.time_conv(x, feat_cache[idx])
@@ -1786,11 +1787,11 @@ class _WanResample:
                 feat_cache[idx] = x.clone()
                 feat_idx[0] += 1
             else:
-                cache_x = x[:, :, -1:].clone()
+                cache_x = frames(x, -1).clone()
                 if isinstance(self.time_conv, Conv3d):  # not when convert's filter left it out
-                    x = self.time_conv(x, frames_before=feat_cache[idx][:, :, -1:])
+                    x = self.time_conv(x, frames_before=frames(feat_cache[idx], -1))
                 else:
-                    x = self.time_conv(torch.cat([feat_cache[idx][:, :, -1:], x], 2))
+                    x = self.time_conv(torch.cat([frames(feat_cache[idx], -1), x], 2))
                 feat_cache[idx] = cache_x
                 feat_idx[0] += 1
         return x
