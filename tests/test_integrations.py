@@ -1974,6 +1974,26 @@ def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
     assert _ncdhw_resampling_calls(converted, run, x) == 0
 
 
+@pytest.mark.parametrize("name", ["cogvideox", "hunyuan_video15", "ltx_video", "cosmos", "hunyuan_video"])
+def test_gradient_checkpointing_matches_stock(name, aten_path):
+    """diffusers' `enable_gradient_checkpointing()` recomputes each block's forward in the backward: the adapters'
+    Functions (the resamplers' rearrangements, the repeats, the frame slices) and their conv caches recompute to
+    the same values, and the gradients agree with stock's, checkpointed too. (EasyAnimate's causal convs keep
+    their frames across calls, so its recomputation sees other frames than its forward: stock and converted raise
+    torch's CheckpointError alike.)"""
+    stock, converted = stock_and_converted(VAES[name])
+    x = torch.randn(1, 3, 9, 32, 32)
+    outputs = []
+    for model, input in ((stock, x), (converted, x.contiguous(memory_format=torch.channels_last_3d))):
+        model.enable_gradient_checkpointing()
+        torch.manual_seed(5)
+        out = encode_decode(model.train(), input)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(7)))
+        outputs.append(out.detach())
+    assert rel_l2(outputs[1], outputs[0]) < MATCH
+    assert_same_gradients(stock, converted)
+
+
 def _gradient_layout_copies(model, run, x) -> int:
     """How many 5-D gradients a training step's backward lays out channels_last_3d from another layout (a clone
     into channels_last_3d outside tconv3d's ops): each is a copy of a gradient that arrived NCDHW."""
