@@ -18,6 +18,14 @@ CL = torch.channels_last_3d
 ARGS = ([1, 1, 1], [1, 0, 1, 1, 0, 1], [1, 1, 1])  # stride, 6-value padding, dilation
 
 
+@pytest.fixture(autouse=True)
+def room_in_the_memos():
+    """The memoised checks remember up to geometry._MAX_CHECKED problems a process, then check afresh: a worker
+    that ran other test files first (the integration tests' models) may have filled them."""
+    geometry._checked.clear()
+    geometry._resolved.clear()
+
+
 def layer_and_input(device, requires_grad):
     layer = tconv3d.nn.Conv3d(3, 4, 3, padding=(1, 0, 1)).to(device)
     x = torch.randn(2, 3, 4, 5, 6, device=device).contiguous(memory_format=CL).requires_grad_(requires_grad)
