@@ -595,6 +595,23 @@ def check_rms_norm(input, weight, bias, eps, activation) -> None:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
 
 
+def check_upsample_linear(input, factors, input_size=None) -> None:
+    """Validate an upsample_linear call (its gradient's, given the input's size: `input` is then the output's
+    gradient): a 5-D tensor, factors (fd, fh, fw) each 1 or 2."""
+    check_tensors(input=input)
+    if input.dim() != 5:
+        raise ValueError(f"input must be 5-D (N, C, D, H, W), got shape {tuple(input.shape)}")
+    if len(factors) != 3 or not all(_is_int(f) and f in (1, 2) for f in factors):
+        raise ValueError(f"factors must be 3 ints, each 1 or 2, got {list(factors)!r}")
+    if input_size is not None:
+        expected = [*input_size[:2], *(n * f for n, f in zip(input_size[2:], factors, strict=True))]
+        if len(input_size) != 5 or list(input.shape) != expected:
+            raise ValueError(
+                f"grad_output of shape {tuple(input.shape)} is not the output of an input of size "
+                f"{list(input_size)} upsampled by {list(factors)}"
+            )
+
+
 def _autocasting(device_type: str) -> bool:
     """Whether an autocast region is on for `device_type`; False for a device autocast has no notion of (meta,
     where torch.is_autocast_enabled raises: a model's shapes traced on the meta device). torch 2.11's dynamo does not

@@ -8,6 +8,9 @@
                                          frames_before=None, groups=1, channels_after=None)
     torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None)
         -> (y, mean, rstd)
+    torch.ops.tconv3d.rms_norm(input, weight, bias, eps, activation="none", clamp=False)
+    torch.ops.tconv3d.upsample_linear(input, factors)            trilinear, align_corners=False, factors 1 or 2
+    torch.ops.tconv3d.upsample_linear_backward(grad_output, input_size, factors)
 
 padding is 3 ints (symmetric) or 6 (d_front, d_back, h_top, h_bottom, w_left, w_right); padding_mode one of
 "zeros", "replicate", "reflect", "circular" or three of them "d,h,w" (F.pad's meaning, done inside the kernels).
@@ -40,6 +43,7 @@ from .geometry import (
     check_group_norm,
     check_input_grad,
     check_rms_norm,
+    check_upsample_linear,
     check_weight_grad,
 )
 from .kernels import aten, launch
@@ -47,6 +51,7 @@ from .kernels.conv_dgrad import conv3d_dgrad
 from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
 from .kernels.group_norm import group_norm_bwd, group_norm_fwd
+from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
 from .kernels.utils import empty_ndhwc
@@ -1119,6 +1124,85 @@ call_rms_norm = _register_autograd(
 _inductor_launches("rms_norm", rms_norm)
 _inductor_launches("rms_norm_backward", rms_norm_backward)
 _batching_rule("rms_norm", shared=(1, 2))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# linear upsampling by 2 (or 1) along D, H and W: F.interpolate(mode="trilinear", align_corners=False). Linear in
+# its input: the gradient op is its adjoint, each the other's backward, and the tangent the op on the tangent.
+
+
+def _upsample_linear_fake(input, factors):
+    check_upsample_linear(input, factors)
+    return empty_ndhwc((*input.shape[:2], *(n * f for n, f in zip(input.shape[2:], factors, strict=True))), input)
+
+
+@_define("upsample_linear(Tensor input, int[] factors) -> Tensor", _upsample_linear_fake)
+def upsample_linear(input, factors):
+    def run():
+        check_upsample_linear(input, factors)
+        if not _runs_triton(input):
+            return aten.upsample_linear_fwd(input, factors)
+        return upsample_linear_fwd(input, factors)
+
+    return _planned("upsample_linear", (input,), (factors,), (), run)
+
+
+def _upsample_linear_backward_fake(grad_output, input_size, factors):
+    check_upsample_linear(grad_output, factors, input_size)
+    return empty_ndhwc(input_size, grad_output)
+
+
+@_define(
+    "upsample_linear_backward(Tensor grad_output, SymInt[] input_size, int[] factors) -> Tensor",
+    _upsample_linear_backward_fake,
+)
+def upsample_linear_backward(grad_output, input_size, factors):
+    def run():
+        check_upsample_linear(grad_output, factors, input_size)
+        if not _runs_triton(grad_output):
+            return aten.upsample_linear_bwd(grad_output, input_size, factors)
+        return upsample_linear_bwd(grad_output, input_size, factors)
+
+    return _planned("upsample_linear_backward", (grad_output,), (input_size, factors), (), run)
+
+
+def _upsample_linear_setup_context(ctx, inputs, output):
+    input, ctx.factors = inputs
+    ctx.input_size = list(input.shape)
+
+
+def _upsample_linear_backward_setup_context(ctx, inputs, output):
+    _, _, ctx.factors = inputs
+
+
+def _upsample_linear_in_torch_ops(input, factors):
+    check_upsample_linear(input, factors)
+    return aten.upsample_linear_fwd(input, factors)
+
+
+def _upsample_linear_backward_in_torch_ops(grad_output, input_size, factors):
+    check_upsample_linear(grad_output, factors, input_size)
+    return aten.upsample_linear_bwd(grad_output, input_size, factors)
+
+
+call_upsample_linear = _register_autograd(
+    "upsample_linear", upsample_linear,
+    lambda ctx, grad: (call_upsample_linear_backward(grad, ctx.input_size, ctx.factors), None),
+    _upsample_linear_setup_context,
+    lambda inputs, tangents: call_upsample_linear(tangents[0], inputs[1]),
+    _upsample_linear_in_torch_ops,
+)  # fmt: skip
+call_upsample_linear_backward = _register_autograd(
+    "upsample_linear_backward", upsample_linear_backward,
+    lambda ctx, grad: (call_upsample_linear(grad, ctx.factors), None, None),
+    _upsample_linear_backward_setup_context,
+    lambda inputs, tangents: call_upsample_linear_backward(tangents[0], inputs[1], inputs[2]),
+    _upsample_linear_backward_in_torch_ops,
+)  # fmt: skip
+_inductor_launches("upsample_linear", upsample_linear)
+_inductor_launches("upsample_linear_backward", upsample_linear_backward)
+_batching_rule("upsample_linear", shared=())
+_batching_rule("upsample_linear_backward", shared=(), size_argument=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ def test_resample_script_logic(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(out.read_text())
     assert data["checks"]["nearest2x"] and data["checks"]["avgpool2_rel_l2"] < 1e-5
-    assert len(data["rows"]) == 2 * (3 * 2 + 2) and all(row["ms"] > 0 for row in data["rows"])
+    assert data["checks"]["trilinear2x_rel_l2"] < 1e-5
+    assert len(data["rows"]) == 2 * (3 * 2 + 3) and all(row["ms"] > 0 for row in data["rows"])
     ours = [row for row in data["rows"] if row["op"].endswith("tconv3d")]
     assert ours and all(row["out_channels_last"] for row in ours)
 
@@ -61,7 +62,7 @@ def test_sanitizer_cases_force_each_family():
     assert result.returncode == 0, result.stdout + result.stderr
     summary = result.stdout.strip().splitlines()[-1]
     for family in ("pointer", "tma", "split_k", "depthwise", "grouped", "padding_modes", "frames_before",
-                   "conv_transpose", "channels_after", "group_norm", "rms_norm"):  # fmt: skip
+                   "conv_transpose", "channels_after", "group_norm", "rms_norm", "resample"):  # fmt: skip
         assert f"{family} 1/1 ok" in summary, summary
     assert "gluon not run on this device" in summary
     listed = subprocess.run([sys.executable, "tests/gpu/sanitize_cases.py", "--device", "cpu", "--family", "nope"],

@@ -1942,19 +1942,21 @@ def _ncdhw_resampling_calls(model, run, x) -> int:
     with OpNames() as ops:
         torch.manual_seed(5)
         run(model.train(), x).square().mean().backward()
-    return sum(name.startswith(("aten.upsample_nearest3d", "aten.avg_pool")) for name in ops.names)
+    return sum(name.startswith(("aten.upsample_nearest3d", "aten.upsample_trilinear3d", "aten.avg_pool"))
+               for name in ops.names)  # fmt: skip
 
 
 RESAMPLING_MODELS = ["autoencoderkl", "diffusion_unet", "spade_autoencoder", "kvae_video", "kandinsky6_sr", "cosmos",
-                     "densenet121", "cogvideox", "easyanimate"]  # fmt: skip
+                     "densenet121", "cogvideox", "easyanimate", "maisi", "segresnet"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", RESAMPLING_MODELS)
 def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
-    """Nearest upsampling and resizing and tiling average pools in the converted models, forward and backward, in
-    the activation's layout (tconv3d.nn.Upsample and AvgPool3d for MONAI's nn.Upsample and nn.AvgPool3d; the video
-    VAEs' pixel repeats, their spatial norms' resized latent, Cosmos's, CogVideoX's and EasyAnimate's resamplers;
-    SPADE's resized segmentation map): none of torch's 3-D nearest or average-pool kernels, which stock runs.
+    """Nearest and trilinear upsampling, resizing and tiling average pools in the converted models, forward and
+    backward, in the activation's layout (tconv3d.nn.Upsample and AvgPool3d for MONAI's nn.Upsample and
+    nn.AvgPool3d: SegResNet's trilinear decoder too; the video VAEs' pixel repeats, their spatial norms' resized
+    latent, Cosmos's, CogVideoX's and EasyAnimate's resamplers; SPADE's resized segmentation map; MAISI's
+    trilinear upsamplers): none of torch's 3-D nearest, trilinear or average-pool kernels, which stock runs.
     Outputs as stock's."""
     build, run, x = {
         "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
@@ -1966,6 +1968,12 @@ def test_converted_models_resample_without_torch_ncdhw_kernels(name, aten_path):
         "densenet121": (_densenet121, lambda model, x: model(x), torch.randn(2, 1, 32, 32, 32)),
         "cogvideox": (VAES["cogvideox"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "easyanimate": (VAES["easyanimate"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "maisi": (_generative_autoencoders()["maisi"], autoencode, torch.randn(1, 1, 32, 32, 32)),
+        "segresnet": (
+            lambda: monai_nets().SegResNet(spatial_dims=3, init_filters=8, in_channels=1, out_channels=2),
+            lambda model, x: model(x),
+            torch.randn(1, 1, 16, 16, 16),
+        ),
     }[name]
     stock, converted = stock_and_converted(build)
     x = x.contiguous(memory_format=torch.channels_last_3d)

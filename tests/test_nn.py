@@ -257,14 +257,18 @@ def test_upsample_answers_torch_values_in_the_input_layout(kwargs, device):
     stock = nn.Upsample(**kwargs)
     ours = tconv3d.nn.convert(nn.Sequential(copy.deepcopy(stock)))[0]
     assert type(ours) is tconv3d.nn.Upsample and repr(ours) == repr(stock)
-    own = kwargs.get("mode", "nearest") in ("nearest", "nearest-exact") and kwargs.get("scale_factor") != 3
+    nearest = kwargs.get("mode", "nearest") in ("nearest", "nearest-exact")
     for layout, x in _layouts((2, 3, 3, 4, 4), device).items():
+        # trilinear by 2 on channels_last_3d: tconv3d's upsample_linear (an NCDHW input: torch's, coalesced there)
+        own = kwargs.get("scale_factor") != 3 and (nearest or layout != "ncdhw")
         ours_in, theirs_in = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
         with OpNames() as ops:
             out = ours(ours_in)
         expected = stock(theirs_in)
-        assert torch.equal(out, expected) and out.stride() == expected.stride(), layout
-        assert any("upsample" in name for name in ops.names) != own, (layout, ops.names)
+        same = torch.equal(out, expected) if nearest else rel_l2(out, expected) < 1e-6  # (fp32 sums' order)
+        assert same and out.stride() == expected.stride(), layout
+        assert any("aten.upsample" in name for name in ops.names) != own, (layout, ops.names)
+        assert any("tconv3d.upsample_linear" in name for name in ops.names) == (own and not nearest), layout
         grad = torch.randn_like(expected)
         out.backward(grad)
         expected.backward(grad)

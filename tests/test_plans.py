@@ -159,10 +159,11 @@ with stubbed_launches(90, record):
         choice._memo.clear()
 
     # The norms: a GroupNorm's and an RMS norm's forward and backward (three and four launches of the group norm's
-    # kernels, its statistics among the outputs), each fused with its SiLU.
+    # kernels, its statistics among the outputs), each fused with its SiLU; and trilinear upsampling's.
     choice._select_with_source = default_select
     norms = {"group_norm": lambda x, w, b: tconv3d.ops.call_group_norm(x, w, b, 4, 1e-6, "silu")[0],
-             "rms_norm": lambda x, w, b: tconv3d.ops.call_rms_norm(x, w, b, 1e-6, "silu", False)}
+             "rms_norm": lambda x, w, b: tconv3d.ops.call_rms_norm(x, w, b, 1e-6, "silu", False),
+             "upsample_linear": lambda x, w, b: tconv3d.ops.call_upsample_linear(x, [2, 1, 2]) + 0 * (w + b).sum()}
     for name, norm in norms.items():
         def fresh_norm():
             x = torch.randn(2, 32, 3, 5, 6).to(torch.bfloat16, memory_format=torch.channels_last_3d)[:, :, 1:]
@@ -328,10 +329,10 @@ print(json.dumps(out))
 def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     result = compile_script(SCRIPT)
     for name, case in result["cases"].items():
-        if name in ("group_norm", "rms_norm"):  # its forward and backward each have a plan, and both replay
+        if name in ("group_norm", "rms_norm", "upsample_linear"):  # forward and backward: a plan each, replayed
             assert case["made"] == {name: "Plan", f"{name}_backward": "Plan"}, (name, case["made"])
             assert case["replays"] == 2, (name, case)
-            assert case["launches"] >= (7 if name == "group_norm" else 4), (name, case)
+            assert case["launches"] >= {"group_norm": 7, "rms_norm": 4, "upsample_linear": 2}[name], (name, case)
             assert case["same"], (name, case["whole"], case["replayed"])
             continue
         # the forward and the backward (its input and weight gradients in one call: ops._gradients) each have

@@ -216,3 +216,16 @@ def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, ac
     if activation == "silu":
         t_z = t_z * _silu_grad(_channel_affine(normalized, weight, bias))
     return t_z
+
+
+def upsample_linear_fwd(x, factors) -> torch.Tensor:
+    """F.interpolate(x, scale_factor=factors, mode="trilinear"), channels_last_3d (resample.py's contract)."""
+    return _as_ndhwc(F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear"))
+
+
+def upsample_linear_bwd(grad_out, input_size, factors) -> torch.Tensor:
+    """Its input gradient, channels_last_3d."""
+    scales = [float(f) for f in factors]
+    grad = torch.ops.aten.upsample_trilinear3d_backward(grad_out, list(grad_out.shape[2:]), list(input_size), False,
+                                                        *scales)  # fmt: skip
+    return _as_ndhwc(grad)

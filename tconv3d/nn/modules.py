@@ -10,7 +10,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
-from ..ops import call_conv3d, call_group_norm
+from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 
 _CL = torch.channels_last_3d
 WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}
@@ -316,7 +316,30 @@ class Upsample(nn.Upsample):
             steps = size and nearest_steps(input.shape[2:], size, self.mode)
             if steps:
                 return repeat_nearest(input, steps[1])
+        if input.dim() == 5 and self.mode == "trilinear" and not self.align_corners:
+            if self.size is not None:
+                size = tuple(self.size) if isinstance(self.size, (tuple, list)) else (self.size,) * 3
+                pairs = zip(input.shape[2:], size, strict=True) if len(size) == 3 else ()
+                factors = tuple(m // n if n and m in (n, 2 * n) else 0 for n, m in pairs)
+            else:
+                factors = _whole_scale_factors(self.scale_factor)
+            if factors and all(f in (1, 2) for f in factors):
+                return upsample_linear(input, factors)
         return super().forward(input)
+
+
+def upsample_linear(x: torch.Tensor, factors) -> torch.Tensor:
+    """F.interpolate(x, scale_factor=factors, mode="trilinear") (align_corners=False) of a 5-D x, by 1 or 2 along
+    each of D, H and W (MAISI's and SegResNet's decoders, EasyAnimate's time upsampling): tconv3d's upsample_linear
+    op, one gather pass in channels_last_3d with a channels_last_3d gradient, where CUDA's kernel indexes NCDHW (on
+    a channels_last_3d activation each thread walks one voxel's channels) and answers its backward NCDHW. Other
+    factors, dtypes and layouts (an NCDHW x: torch's kernel reads it coalesced): torch's."""
+    factors = tuple(int(f) for f in factors)
+    if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES or len(factors) != 3 or not set(factors) <= {1, 2}:
+        return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear")
+    if layout_of(x) != _CL:  # torch's kernel indexes NCDHW: its own layout, coalesced
+        return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear")
+    return call_upsample_linear(x, list(factors))
 
 
 # Below 2^24 every index of torch's nearest rule, floor(i * scale) in float32, is exact for power-of-two scales.

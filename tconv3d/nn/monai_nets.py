@@ -14,7 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .modules import Conv3d, ConvTranspose3d, GroupNorm, _laid_out_only, format_strides, normalize, resize_nearest
+from .modules import (
+    Conv3d,
+    ConvTranspose3d,
+    GroupNorm,
+    _laid_out_only,
+    format_strides,
+    normalize,
+    resize_nearest,
+    upsample_linear,
+)
 
 _CL = torch.channels_last_3d
 
@@ -564,14 +573,14 @@ class _MaisiGroupNorm3D:
 class _MaisiUpsample:
     """MAISI's MaisiUpsample: trilinear interpolation (or a transposed convolution), its convolution, emptying
     CUDA's cache between them; converted, without the cache emptying and the NCDHW copy of its output (see
-    `_plain`)."""
+    `_plain`), the interpolation tconv3d's (`upsample_linear`: channels_last_3d both ways)."""
 
     classes = (_MAISI + "MaisiUpsample",)
     attributes = ("conv", "use_convtranspose")
 
     def forward(self, x):
         if not self.use_convtranspose:
-            x = F.interpolate(x, scale_factor=2.0, mode="trilinear")
+            x = upsample_linear(x, (2, 2, 2))
         return _plain(self.conv(x))
 
 

@@ -31,6 +31,7 @@ from .modules import (
     normalize,
     repeat_nearest,
     resize_nearest,
+    upsample_linear,
 )
 
 _CL = torch.channels_last_3d
@@ -439,7 +440,7 @@ class _EasyAnimateUpsampler3D:
     """diffusers' EasyAnimateUpsampler3D: nearest 2x in space, its causal conv, then (after a clip's first call,
     where it compresses time) nearest 2x in time: both as broadcast copies in the activation's layout
     (`repeat_nearest`), where CUDA's 3-D nearest kernel copies a channels_last_3d activation NCDHW and back. Its
-    trilinear time upsampling (without spatial_group_norm) stays diffusers'."""
+    trilinear time upsampling (without spatial_group_norm) is tconv3d's `upsample_linear`."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_magvit.EasyAnimateUpsampler3D",)
     attributes = ("conv", "temporal_upsample", "spatial_group_norm", "prev_features")
@@ -452,7 +453,7 @@ class _EasyAnimateUpsampler3D:
             elif self.spatial_group_norm:
                 hidden_states = _repeat(hidden_states, (2, 1, 1))
             else:
-                hidden_states = F.interpolate(hidden_states, scale_factor=(2, 1, 1), mode="trilinear")
+                hidden_states = upsample_linear(hidden_states, (2, 1, 1))
         return hidden_states
 
 

@@ -8,9 +8,9 @@ and 3 on the input gradient's, W dilated to the taps' longest reach), the TMA ke
 stride-2 phase views, asymmetric padding with dilation), the Gluon kernels software-pipelined and persistent
 warp-specialized (sm_90 with a Triton they are written for) and as halo tiles, split-K in the forward and input
 gradient (pointer, TMA and Gluon), depthwise and grouped convolution, the padding modes inside the kernels,
-`frames_before`, ConvTranspose3d, the NDHWC GroupNorm and rms_norm. Each variant is forced where the problem allows
-it. Every result is also checked against float64, so a run that touches no bad memory also computed the right thing;
-the last line is one row per family.
+`frames_before`, ConvTranspose3d, the NDHWC GroupNorm and rms_norm, and trilinear upsampling (upsample_linear). Each
+variant is forced where the problem allows it. Every result is also checked against float64, so a run that touches
+no bad memory also computed the right thing; the last line is one row per family.
 """
 
 from __future__ import annotations
@@ -201,6 +201,19 @@ def rms_norm_errors(dtype, activation, clamp) -> list[float]:
     return autograd_errors(ours, reference, x, weight, bias)
 
 
+def resample_errors(dtype, factors) -> list[float]:
+    """upsample_linear on 130 channels (two channel blocks a voxel), an axis of one voxel and an odd one."""
+    x = torch.randn(2, 130, 1, 3, 5, device=DEVICE).to(dtype).contiguous(memory_format=CL)
+
+    def ours(x):
+        return torch.ops.tconv3d.upsample_linear(x, list(factors))
+
+    def reference(x):
+        return F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear")
+
+    return autograd_errors(ours, reference, x)
+
+
 @dataclasses.dataclass
 class Problem:
     label: str
@@ -217,7 +230,7 @@ def every(test):
 
 # The families, in families()' order: memcheck.sh shares them out over parallel sanitizer processes from this list.
 FAMILIES = ("pointer", "tma", "gluon", "gluon_ws", "halo", "split_k", "depthwise", "grouped", "padding_modes",
-            "frames_before", "conv_transpose", "channels_after", "group_norm", "rms_norm")  # fmt: skip
+            "frames_before", "conv_transpose", "channels_after", "group_norm", "rms_norm", "resample")  # fmt: skip
 
 
 def families() -> dict[str, list[Problem]]:
@@ -258,6 +271,8 @@ def families() -> dict[str, list[Problem]]:
         + [Problem("bf16 silu skip (channels_after)", bf16, lambda: norm_errors(bf16, "silu", skip=True))],
         "rms_norm": [Problem(f"{d} {a}{' clamp' * c}", d, lambda d=d, a=a, c=c: rms_norm_errors(d, a, c))
                      for d in both for a, c in (("none", True), ("silu", False))],
+        "resample": [Problem(f"{d} x{f}", d, lambda d=d, f=f: resample_errors(d, f))
+                     for d in both for f in ((2, 2, 2), (2, 1, 1))],
     }  # fmt: skip
 
 
