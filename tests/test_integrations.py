@@ -996,18 +996,9 @@ def test_ltx_depth_to_space_gradients_channels_last(stride, frames):
         ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
         shuffled = theirs_in.reshape(b, -1, *stride, frames, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
         theirs = shuffled.flatten(6, 7).flatten(4, 5).flatten(2, 3)[:, :, drop:]
-        ours = _depth_to_space(ours_in, stride, drop)
-        assert torch.equal(ours, theirs)
-        grad = torch.randn_like(theirs)  # NCDHW, as a loss's gradient may come
-        ours.backward(grad)
-        theirs.backward(grad)
-        assert torch.equal(ours_in.grad, theirs_in.grad)
-        assert ours_in.grad.is_contiguous(memory_format=torch.channels_last_3d)
-        tangent = torch.randn_like(x)
-        with torch.autograd.forward_ad.dual_level():
-            dual = _depth_to_space(torch.autograd.forward_ad.make_dual(x, tangent), stride, drop)
-            jvp = torch.autograd.forward_ad.unpack_dual(dual).tangent
-        assert torch.equal(jvp, _depth_to_space(tangent, stride, drop))
+        assert_rearranges_as_autograd(
+            lambda t, drop=drop: _depth_to_space(t, stride, drop), x, ours_in, theirs_in, theirs
+        )
 
 
 @pytest.mark.parametrize("stride", [(2, 2, 2), (1, 2, 2), (3, 1, 2)])
@@ -1025,8 +1016,19 @@ def test_ltx_space_to_depth_gradients_channels_last(stride, with_residual):
     ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
     rearranged = theirs_in.reshape(b, c, t, stride[0], h, stride[1], w, stride[2]).permute(0, 1, 3, 5, 7, 2, 4, 6)
     theirs = rearranged.flatten(1, 4) + (0 if residual is None else residual)
-    ours = _space_to_depth(ours_in, stride, residual)
-    assert torch.equal(ours, theirs) and ours.is_contiguous(memory_format=torch.channels_last_3d)
+    assert_rearranges_as_autograd(lambda t: _space_to_depth(t, stride, residual), x, ours_in, theirs_in, theirs,
+                                  tangent_of=lambda t: _space_to_depth(t, stride))  # fmt: skip
+
+
+def assert_rearranges_as_autograd(rearrange, x, ours_in, theirs_in, theirs, tangent_of=None):
+    """rearrange(ours_in) equals `theirs` (autograd's reference from theirs_in), in channels_last_3d order (a frame
+    slice of such a tensor where frames are dropped); so does its input gradient for an NCDHW output gradient (as a
+    loss's may come), laid out channels_last_3d; and its forward-mode tangent is tangent_of(tangent) (default: the
+    rearrangement of the tangent)."""
+    from tconv3d.nn.modules import layout_of
+
+    ours = rearrange(ours_in)
+    assert torch.equal(ours, theirs) and layout_of(ours) == torch.channels_last_3d
     grad = torch.randn_like(theirs)
     ours.backward(grad)
     theirs.backward(grad)
@@ -1034,9 +1036,8 @@ def test_ltx_space_to_depth_gradients_channels_last(stride, with_residual):
     assert ours_in.grad.is_contiguous(memory_format=torch.channels_last_3d)
     tangent = torch.randn_like(x)
     with torch.autograd.forward_ad.dual_level():
-        dual = _space_to_depth(torch.autograd.forward_ad.make_dual(x, tangent), stride, residual)
-        jvp = torch.autograd.forward_ad.unpack_dual(dual).tangent
-    assert torch.equal(jvp, _space_to_depth(tangent, stride))
+        jvp = torch.autograd.forward_ad.unpack_dual(rearrange(torch.autograd.forward_ad.make_dual(x, tangent))).tangent
+    assert torch.equal(jvp, (tangent_of or rearrange)(tangent))
 
 
 def test_wan_frame_interleave_writes_channels_last():

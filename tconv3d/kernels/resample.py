@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .utils import cdiv, dense_voxels, empty_ndhwc
+from .utils import cdiv, dense_voxels, empty_ndhwc, split_voxel
 
 TILE_ELEMENTS = 1024  # BLOCK_V x BLOCK_C: the output (forward) or input (backward) elements a program writes
 
@@ -54,16 +54,6 @@ def _sink(i, n, tap, FACTOR: tl.constexpr):
 
 
 @triton.jit
-def _voxels(v, D, H, W):
-    """(n, d, h, w) of flat NDHW voxel indices v."""
-    w = v % W
-    t = v // W
-    h = t % H
-    t = t // H
-    return t // D, t % D, h, w
-
-
-@triton.jit
 def _upsample_linear_fwd_kernel(
     x_ptr, y_ptr, V, C, D, H, W,
     FD: tl.constexpr, FH: tl.constexpr, FW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -73,7 +63,7 @@ def _upsample_linear_fwd_kernel(
     v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (v < V)[:, None] & (c < C)[None, :]
-    n, od, oh, ow = _voxels(v, D * FD, H * FH, W * FW)
+    n, od, oh, ow = split_voxel(v, D * FD, H * FH, W * FW)
     acc = tl.zeros((BLOCK_V, BLOCK_C), dtype=tl.float32)
     for td in tl.static_range(FD):
         d, wd = _source(od, D, FD, td)
@@ -98,7 +88,7 @@ def _upsample_linear_bwd_kernel(
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_v = v < V
     mask_c = (c < C)[None, :]
-    n, i_d, i_h, i_w = _voxels(v, D, H, W)
+    n, i_d, i_h, i_w = split_voxel(v, D, H, W)
     acc = tl.zeros((BLOCK_V, BLOCK_C), dtype=tl.float32)
     # 4 taps along an axis upsampled by 2, 1 along one kept; the taps along D a loop, so that the compiler holds
     # at most 16 tiles in flight (all 64 unrolled spilled)

@@ -1631,18 +1631,27 @@ class _DcaeResample(torch.autograd.Function):
         return ctx.pairing(None, *tangents, ctx.plan)
 
 
+def _dcae_parts(out, h: torch.Tensor, plan, up: bool):
+    """(`out`, or a new channels_last_3d tensor of the rearrangement's result of h, and its frame parts: (source
+    frames, target frames, factors) of _frame_parts)."""
+    temporal, first_frames, _ = plan
+    b, c, t, height, width = h.shape
+    r1 = 2 if temporal else 1
+    frames, parts = _frame_parts(t, first_frames, r1, up)
+    if out is None:
+        size = (c // (4 * r1), frames, 2 * height, 2 * width) if up else (4 * r1 * c, frames, height // 2, width // 2)
+        out = torch.empty((b, *size), dtype=h.dtype, device=h.device, memory_format=_CL)
+    return out, parts
+
+
 def _dcae_upsample(out, h: torch.Tensor, x: torch.Tensor, plan):
     """HunyuanVideo 1.5's upsample rearrangement. With `out` None: its result from the conv's output h and the
     input x, written into a new channels_last_3d tensor. Given `out` (the result's gradient): its backward, written
     into h and x (the gradients' buffers, every element)."""
-    temporal, first_frames, repeats_after = plan
+    temporal, _, repeats_after = plan
     backward = out is not None
-    b, packed, t, height, width = h.shape
-    r1 = 2 if temporal else 1
-    frames, parts = _frame_parts(t, first_frames, r1, up=True)
-    if out is None:
-        out = torch.empty((b, packed // (r1 * 4), frames, 2 * height, 2 * width), dtype=h.dtype, device=h.device,
-                          memory_format=_CL)  # fmt: skip
+    b, _, _, height, width = h.shape
+    out, parts = _dcae_parts(out, h, plan, up=True)
     c = out.shape[1]
     for source, target, factors in parts:
         first = temporal and factors[0] == 1  # a frame in space only: half the channels, half the repeats
@@ -1666,14 +1675,10 @@ def _dcae_upsample(out, h: torch.Tensor, x: torch.Tensor, plan):
 
 def _dcae_downsample(out, h: torch.Tensor, x: torch.Tensor, plan):
     """HunyuanVideo 1.5's downsample rearrangement, both ways as _dcae_upsample's."""
-    temporal, first_frames, group_after = plan
+    temporal, _, group_after = plan
     backward = out is not None
-    b, c, t, height, width = h.shape
-    r1 = 2 if temporal else 1
-    frames, parts = _frame_parts(t, first_frames, r1, up=False)
-    if out is None:
-        out = torch.empty((b, 4 * r1 * c, frames, height // 2, width // 2), dtype=h.dtype, device=h.device,
-                          memory_format=_CL)  # fmt: skip
+    b, _, _, height, width = h.shape
+    out, parts = _dcae_parts(out, h, plan, up=False)
     for source, target, factors in parts:
         first = temporal and factors[0] == 1  # a frame in space only: its channels twice, half the group
         frames_part = (target.stop - target.start, height // 2, width // 2)
