@@ -1139,9 +1139,9 @@ def _upsample_linear_fake(input, factors):
 @_define("upsample_linear(Tensor input, int[] factors) -> Tensor", _upsample_linear_fake)
 def upsample_linear(input, factors):
     def run():
-        check_upsample_linear(input, factors)
         if not _runs_triton(input):
-            return aten.upsample_linear_fwd(input, factors)
+            return _upsample_linear_in_torch_ops(input, factors)
+        check_upsample_linear(input, factors)
         return upsample_linear_fwd(input, factors)
 
     return _planned("upsample_linear", (input,), (factors,), (), run)
@@ -1158,9 +1158,9 @@ def _upsample_linear_backward_fake(grad_output, input_size, factors):
 )
 def upsample_linear_backward(grad_output, input_size, factors):
     def run():
-        check_upsample_linear(grad_output, factors, input_size)
         if not _runs_triton(grad_output):
-            return aten.upsample_linear_bwd(grad_output, input_size, factors)
+            return _upsample_linear_backward_in_torch_ops(grad_output, input_size, factors)
+        check_upsample_linear(grad_output, factors, input_size)
         return upsample_linear_bwd(grad_output, input_size, factors)
 
     return _planned("upsample_linear_backward", (grad_output,), (input_size, factors), (), run)

@@ -1,6 +1,7 @@
 """tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm and InstanceNorm3d on
 tconv3d's NDHWC kernels, CausalConv3d, AvgPool3d (torch's, answering channels_last_3d) and Upsample (nearest by
-whole factors as one copy in the input's layout)."""
+whole factors as one copy in the input's layout, trilinear by 2 on tconv3d's kernels); the resampling helpers the
+model adapters share."""
 
 from __future__ import annotations
 
@@ -250,11 +251,16 @@ def frames(x: torch.Tensor, start: int | None = None, stop: int | None = None, s
     frame slice (a causal conv's kept frames, a first frame resampled apart) then got a gradient to lay out again.
     Without autograd (inference, torch.compile, torch.func): the plain slice."""
     key = slice(start, stop, step)
-    if not (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling():
-        return x[:, :, key]
-    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if not (x.requires_grad and torch.is_grad_enabled()) or autograd_traced(x):
         return x[:, :, key]
     return _Frames.apply(x, key)
+
+
+def autograd_traced(x: torch.Tensor) -> bool:
+    """Whether torch.compile traces this call or a torch.func transform wraps x. There the Functions that lay out
+    their gradients channels_last_3d (`frames`, the video VAEs' rearrangements) step aside for plain ops: Dynamo
+    traces no Function with a jvp and the compiled backward is Inductor's, and torch.func batches plain ops."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
 class _Frames(torch.autograd.Function):
@@ -335,9 +341,8 @@ def upsample_linear(x: torch.Tensor, factors) -> torch.Tensor:
     a channels_last_3d activation each thread walks one voxel's channels) and answers its backward NCDHW. Other
     factors, dtypes and layouts (an NCDHW x: torch's kernel reads it coalesced): torch's."""
     factors = tuple(int(f) for f in factors)
-    if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES or len(factors) != 3 or not set(factors) <= {1, 2}:
-        return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear")
-    if layout_of(x) != _CL:  # torch's kernel indexes NCDHW: its own layout, coalesced
+    ours = len(factors) == 3 and set(factors) <= {1, 2} and x.dim() == 5 and x.dtype in SUPPORTED_DTYPES
+    if not ours or layout_of(x) != _CL:  # an NCDHW x: torch's kernel indexes its own layout, coalesced
         return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear")
     return call_upsample_linear(x, list(factors))
 

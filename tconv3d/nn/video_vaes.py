@@ -24,6 +24,7 @@ from .modules import (
     Conv3d,
     GroupNorm,
     InstanceNorm3d,
+    autograd_traced,
     block_mean,
     frames,
     layout_of,
@@ -1199,7 +1200,7 @@ def _depth_to_space(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
     (below s0): the result's first frames left out, as a causal upsampler drops them (a view). Its backward is
     the space-to-depth of the gradient, written channels_last_3d, where autograd's reshape backward answered NCDHW
     and handed the conv before it a gradient to lay out again."""
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if autograd_traced(x):
         return _shuffled(x, tuple(stride))[:, :, drop:]  # autograd's backward, as _resampled's
     return _DepthToSpace.apply(x, tuple(stride), drop)
 
@@ -1285,7 +1286,7 @@ def _space_to_depth(x: torch.Tensor, stride, residual: torch.Tensor | None = Non
     s1, s2) as diffusers' permute + flatten orders them, plus `residual` (a tensor of the result's shape) where
     given, in one pass into a channels_last_3d result. Its backward is the depth-to-space of the gradient, written
     channels_last_3d, where autograd's view backward of the rearrangement answered NCDHW."""
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if autograd_traced(x):
         return _unshuffled(x, tuple(stride), residual)  # autograd's backward, as _resampled's
     return _SpaceToDepth.apply(x, tuple(stride), residual)
 
@@ -1597,7 +1598,7 @@ def _resampled(pairing, h: torch.Tensor, x: torch.Tensor, plan) -> torch.Tensor:
     """A HunyuanVideo 1.5 resampler's channels_last_3d result from its conv's output h and its input x, as
     `pairing` (_dcae_upsample or _dcae_downsample) pairs their elements under `plan` (temporal, the frames in
     space only at the front, the shortcut's repeats or group size)."""
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(h):
+    if autograd_traced(h):
         return pairing(None, h, x, plan)  # Inductor's backward; torch.func's transforms: autograd through views
     return _DcaeResample.apply(pairing, h, x, plan)
 
