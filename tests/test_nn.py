@@ -419,3 +419,47 @@ def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
     step()
     monkeypatch.undo()
     assert not seen, seen
+
+
+def _frames_of(conv_args, x, pad):
+    """F.pad(x, pad) then conv2d on the frames as a batch, the (B, C, T, H, W) result: diffusers' resamplers."""
+    b, t = x.shape[0], x.shape[2]
+    frames = F.pad(x, pad).permute(0, 2, 1, 3, 4)
+    y = F.conv2d(frames.reshape(b * t, *frames.shape[2:]), *conv_args)
+    return y.reshape(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "stride, padding, pad, dtype",
+    [(1, 1, (0, 0, 0, 0), torch.float32), (2, 0, (0, 1, 0, 1), torch.float32), (2, 1, (1, 0, 2, 0), torch.float32),
+     (2, 0, (0, 1, 0, 1), torch.float64)],
+    ids=["upsampler", "downsampler", "uneven", "float64_as_stock"],
+)  # fmt: skip
+def test_frame_conv_is_the_conv2d_of_each_frame(device, stride, padding, pad, dtype):
+    """video_vaes.frame_conv, what Wan's and CogVideoX's resamplers run (F.pad, then an nn.Conv2d on the frames as a
+    batch): one tconv3d conv over the channels_last_3d video, the pad inside. Values and the gradients of input,
+    weight and bias as F.pad + conv2d in float64; the result and input gradient channels_last_3d, the weight's in
+    the Conv2d's channels_last. float64 (tconv3d's kernels do not run it) takes diffusers' path."""
+    from tconv3d.nn.video_vaes import frame_conv, frame_conv_reason
+
+    conv = nn.Conv2d(5, 6, 3, stride=stride, padding=padding).to(device, dtype)
+    tconv3d.nn.modules.keep_memory_format(conv.weight, torch.channels_last)
+    x = torch.randn(2, 5, 3, 7, 9, device=device, dtype=dtype).contiguous(memory_format=CL).requires_grad_()
+    assert (frame_conv_reason(conv, x) is None) == (dtype != torch.float64)
+    with OpNames() as ops:
+        out = frame_conv(conv, x, pad)
+    if dtype != torch.float64:  # the weight's view and the op: no pad, no copy
+        assert ops.names == ["aten.unsqueeze.default", "tconv3d.conv3d.default"]
+    else:
+        assert "tconv3d.conv3d.default" not in ops.names and "aten.constant_pad_nd.default" in ops.names
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
+    expected = _frames_of((w64, b64, stride, padding), x64, pad)
+    expected.backward(grad.double())
+    assert out.shape == expected.shape and out.is_contiguous(memory_format=CL)
+    assert rel_l2(out, expected) < TOLERANCE[torch.float32]
+    assert x.grad.is_contiguous(memory_format=CL) and rel_l2(x.grad, x64.grad) < TOLERANCE[torch.float32]
+    assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last)
+    assert rel_l2(conv.weight.grad, w64.grad) < TOLERANCE[torch.float32]
+    assert rel_l2(conv.bias.grad, b64.grad) < TOLERANCE[torch.float32]

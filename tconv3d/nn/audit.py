@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
 from .modules import Conv3d
-from .video_vaes import adapter_reason, class_name
+from .video_vaes import FRAME_CONV_BLOCKS, adapter_reason, class_name
 
 
 @dataclass
@@ -30,7 +30,7 @@ class LayerAudit:
     reason: str | None  # why tconv3d does not run it, when it does not
     calls: int = 0
     tconv3d_calls: int = 0
-    aten_calls: int = 0  # aten 3-D convolutions
+    aten_calls: int = 0  # aten convolutions (3-D; 2-D on the frames in a resampler's)
     layout_copies: int = 0  # tconv3d calls whose input (or second source) arrived not channels_last_3d
     # Copies of activations made in the layer's own forward (the padding of a VAE's conv wrapper or Conv3d
     # subclass) that fed its convolution: what convert takes into the op.
@@ -46,6 +46,7 @@ class Audit:
     layers: list[LayerAudit] = field(default_factory=list)
     aten_conv3d_calls: int = 0  # in the whole run, inside Conv3d layers or not
     aten_conv_transpose3d_calls: int = 0
+    aten_frame_conv_calls: int = 0  # 2-D convolutions of a video's frames inside watched layers (VAE resamplers)
     tconv3d_calls: int = 0
     norm_calls: int = 0  # tconv3d group_norm / instance norm / rms_norm calls
     norm_layout_copies: int = 0  # ... whose input arrived not channels_last_3d (each pays a layout copy)
@@ -61,10 +62,12 @@ class Audit:
             "tconv3d_calls": self.tconv3d_calls,
             "aten_conv3d_calls": self.aten_conv3d_calls,
             "aten_conv_transpose3d_calls": self.aten_conv_transpose3d_calls,
+            "aten_frame_conv_calls": self.aten_frame_conv_calls,
             # the model's own F.conv3d / F.conv_transpose3d calls, outside any conv module: nothing convert can take
             # over (Cosmos's Haar wavelet transforms)
             "aten_convs_outside_layers": self.aten_conv3d_calls
             + self.aten_conv_transpose3d_calls
+            + self.aten_frame_conv_calls
             - count("aten_calls"),
             "layout_copies": count("layout_copies"),
             "norm_calls": self.norm_calls,
@@ -155,6 +158,9 @@ class _Watcher(TorchDispatchMode):
             else:
                 self.report.aten_conv3d_calls += 1
             self._conv_call(layer, first, tconv3d=False, layout_copy=False)
+        elif namespace == "aten" and name == "convolution" and layer is not None and first.dim() == 4:
+            self.report.aten_frame_conv_calls += 1  # a resampler's 2-D conv on the frames as a batch
+            self._conv_call(layer, first, tconv3d=False, layout_copy=False)
         elif namespace == "aten" and isinstance(out, torch.Tensor) and out.dim() == 5:
             kind = "pad" if name in _PAD_OPS else "cat" if name in _CONCAT_OPS else None
             if kind is not None:
@@ -186,14 +192,18 @@ class _Watcher(TorchDispatchMode):
 
 def _layers(model: nn.Module):
     """(name, the module whose calls are watched, its conv): Conv3d and ConvTranspose3d modules not inside a known
-    wrapper, and
-    known wrappers (which pad before calling their .conv) as their conv."""
+    wrapper, known wrappers (which pad before calling their .conv) as their conv, and the known resamplers that
+    run a 2-D conv on a video's frames (video_vaes.FRAME_CONV_BLOCKS) as that conv."""
     wrapped = set()
     for name, module in model.named_modules():
         conv = getattr(module, "conv", None)
         if getattr(KNOWN_CLASSES.get(class_name(type(module))), "wraps_conv", False) and isinstance(conv, nn.Conv3d):
             wrapped.add(id(conv))
             yield name, module, conv
+        elif class_name(type(module)) in FRAME_CONV_BLOCKS:
+            conv = next((m for m in module.modules() if isinstance(m, nn.Conv2d)), None)
+            if conv is not None:
+                yield name, module, conv
     for name, module in model.named_modules():
         if isinstance(module, (nn.Conv3d, nn.ConvTranspose3d)) and id(module) not in wrapped:
             yield name, module, module
@@ -220,10 +230,11 @@ def _convolve_in(stack, layer, convolve, *args, **kwargs):
 def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **example_kwargs) -> Audit:
     """Run `model(*example_args, **example_kwargs)` once under torch.no_grad (or `run(model, *example_args,
     **example_kwargs)`, e.g. encode then decode) and report, per Conv3d or ConvTranspose3d layer (a VAE's conv
-    wrapper counts as its conv): whether tconv3d runs it and if not why, its calls, the aten 3-D convolutions
-    among them, the tconv3d calls whose input arrived not channels_last_3d (each pays a layout copy inside the
-    op), the pad and concatenation copies its own forward made of its input (convert takes these into the op)
-    and those model code made before calling it; plus the run's totals. Prints the table unless verbose=False."""
+    wrapper counts as its conv, a VAE resampler as the 2-D conv it runs on the frames): whether tconv3d runs it
+    and if not why, its calls, the aten convolutions among them, the tconv3d calls whose input arrived not
+    channels_last_3d (each pays a layout copy inside the op), the pad and concatenation copies its own forward
+    made of its input (convert takes these into the op) and those model code made before calling it; plus the
+    run's totals. Prints the table unless verbose=False."""
     report = Audit()
     stack: list[LayerAudit] = []
     handles, patched = [], []

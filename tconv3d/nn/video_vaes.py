@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
-from ..ops import call_rms_norm
+from ..ops import call_conv3d, call_rms_norm
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -1116,8 +1116,7 @@ class _CogVideoXUpsample3D:
     frames: the first frame in space only), then its 2-D conv on the frames. diffusers interpolates a 5-D
     activation (CUDA's 3-D nearest kernel copies a channels_last_3d one NCDHW and back) and concatenates the
     first frame's part; here both parts are written as broadcasts into one result in the activation's layout
-    (`repeat_nearest`), the
-    frames' conv as diffusers runs it (its channels_last weight: NHWC frames, a channels_last_3d output)."""
+    (`repeat_nearest`), and the frames' 2-D conv is one tconv3d conv over the video (`frame_conv`)."""
 
     classes = ("diffusers.models.upsampling.CogVideoXUpsample3D",)
     attributes = ("conv", "compress_time")
@@ -1128,14 +1127,14 @@ class _CogVideoXUpsample3D:
             upsampled = repeat_nearest(inputs, (2, 2, 2), first_apart=True)
         else:  # an even count compressed: all frames in time too; one frame, or time kept: space only
             upsampled = repeat_nearest(inputs, (2 if self.compress_time and t > 1 else 1, 2, 2))
-        return _frames_conv(self.conv, upsampled)
+        return frame_conv(self.conv, upsampled)
 
 
 class _CogVideoXDownsample3D:
     """diffusers' CogVideoXDownsample3D: where it compresses time, the frames' pairs averaged (an odd count: the
     first frame kept) through a (B*H*W, C, T) copy of the activation, avg_pool1d and a torch.cat; here one mean over
     the activation's channels_last_3d view written beside the first frame in one result. Then diffusers' F.pad of
-    a row and a column and its stride-2 2-D conv on the frames (a Conv2d cannot pad one side only)."""
+    a row and a column and its stride-2 2-D conv on the frames: one tconv3d conv, the pad inside (`frame_conv`)."""
 
     classes = ("diffusers.models.downsampling.CogVideoXDownsample3D",)
     attributes = ("conv", "compress_time")
@@ -1150,15 +1149,38 @@ class _CogVideoXDownsample3D:
                 pooled[:, :, :1] = frames(x, 0, 1)
             pooled[:, :, first:] = block_mean(frames(x, first), (2, 1, 1))
             x = pooled
-        x = F.pad(x, (0, 1, 0, 1), mode="constant", value=0)
-        return _frames_conv(self.conv, x)
+        return frame_conv(self.conv, x, (0, 1, 0, 1))
 
 
-def _frames_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """A 2-D conv of each frame of a 5-D x, as diffusers' CogVideoX resamplers run it: the frames as a batch."""
-    b, c, t, h, w = x.shape
-    y = conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
-    return y.reshape(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tensor:
+    """`conv` on each frame of a 5-D x zero-padded by `pad` first (F.pad's order: W left, W right, H top, H bottom),
+    what diffusers' Wan and CogVideoX resamplers compute on the frames as a batch: one tconv3d conv3d over the
+    video with a (1, kh, kw) view of conv's weight (channels_last, convert's: a channels_last_3d view, no copy),
+    `pad` added to conv's padding inside the op, the result channels_last_3d. Its weight gradient lands in the
+    Conv2d's parameter. Where tconv3d cannot run it (`frame_conv_reason`), F.pad and conv on the frames as a
+    batch, as diffusers does."""
+    if frame_conv_reason(conv, x) is not None:
+        b, t = x.shape[0], x.shape[2]
+        frames = (F.pad(x, pad) if any(pad) else x).permute(0, 2, 1, 3, 4)
+        return _frames_to_video(conv(frames.reshape(b * t, *frames.shape[2:])), b, t)
+    (ph, pw), (wl, wr, ht, hb) = conv.padding, pad
+    padding = (0, 0, ph + ht, ph + hb, pw + wl, pw + wr)  # the op's order: D front, D back, H top, ..., W right
+    weight = conv.weight.unsqueeze(2)
+    return call_conv3d(x, weight, conv.bias, (1, *conv.stride), padding, (1, *conv.dilation), conv.groups, "zeros",
+                       None, None)  # fmt: skip
+
+
+def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
+    """Why `frame_conv` cannot run `conv` on x's frames on tconv3d (None if it can)."""
+    if type(conv) is not nn.Conv2d:
+        return f"it is a {type(conv).__qualname__}, not an nn.Conv2d"
+    if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+        return f"its padding is {conv.padding!r} ({conv.padding_mode})"
+    if conv.weight.dtype not in SUPPORTED_DTYPES or x.dtype != conv.weight.dtype:
+        return f"its weight is {conv.weight.dtype} and the frames {x.dtype}"
+    if x.dim() != 5:
+        return f"the video is {x.dim()}-D"
+    return None
 
 
 class _MochiChunkedGroupNorm:
@@ -1770,7 +1792,6 @@ class _WanResample:
     attributes = ("mode", "resample")
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (diffusers' signature)
-        b, c, t, h, w = x.size()
         if self.mode == "upsample3d" and feat_cache is not None:
             idx = feat_idx[0]
             if feat_cache[idx] is None:
@@ -1786,8 +1807,7 @@ class _WanResample:
                 feat_cache[idx] = cache_x
                 feat_idx[0] += 1
                 x = _interleave_frames(x)
-        t = x.shape[2]
-        x = _frames_to_video(self.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)), b, t)
+        x = _wan_resample_frames(self.resample, x)
         if self.mode == "downsample3d" and feat_cache is not None:
             idx = feat_idx[0]
             if feat_cache[idx] is None:
@@ -1802,6 +1822,30 @@ class _WanResample:
                 feat_cache[idx] = cache_x
                 feat_idx[0] += 1
         return x
+
+
+def _wan_resample_frames(resample: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """WanResample's `resample` on each frame of x: nearest 2x (diffusers' WanUpsample, in float32 and cast back:
+    the same values) or a zero pad of a row and a column, then a 2-D conv; one `frame_conv`, the upsampling written
+    once in x's dtype and layout (`repeat_nearest`), the pad inside the conv. Anything else as diffusers runs it."""
+    if isinstance(resample, nn.Sequential) and len(resample) == 2 and frame_conv_reason(resample[1], x) is None:
+        first, conv = resample
+        if type(first) is nn.ZeroPad2d:
+            return frame_conv(conv, x, first.padding)
+        if _nearest_2x(first):
+            return frame_conv(conv, repeat_nearest(x, (1, 2, 2)))
+    b, c, t, h, w = x.shape
+    return _frames_to_video(resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)), b, t)
+
+
+def _nearest_2x(module: nn.Module) -> bool:
+    """An nn.Upsample (or a subclass that only casts around it, as WanUpsample) doubling H and W by nearest."""
+    if not isinstance(module, nn.Upsample) or module.size is not None:
+        return False
+    if module.mode not in ("nearest", "nearest-exact"):
+        return False
+    factors = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor,) * 2
+    return tuple(float(f) for f in factors) == (2.0, 2.0)
 
 
 def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
@@ -1886,6 +1930,16 @@ FRAME_BLOCKS = (
     "diffusers.models.upsampling.CogVideoXUpsample3D",
     "diffusers.models.autoencoders.autoencoder_kl_allegro.AllegroEncoder3D",
     "diffusers.models.autoencoders.autoencoder_kl_allegro.AllegroDecoder3D",
+)
+
+
+# The resamplers whose 2-D conv on the frames runs as one tconv3d conv over the video (frame_conv), where tconv3d
+# can run it: audit counts that conv as theirs.
+FRAME_CONV_BLOCKS = (
+    "diffusers.models.autoencoders.autoencoder_kl_wan.WanResample",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage.QwenImageResample",
+    "diffusers.models.downsampling.CogVideoXDownsample3D",
+    "diffusers.models.upsampling.CogVideoXUpsample3D",
 )
 
 
