@@ -58,9 +58,9 @@ def converted_and_audited(build, x, run=encode_decode):
     return stock, converted, before, after
 
 
-# Convolutions a model's own code calls outside any conv module, which stay on torch: Cosmos's Haar wavelet
-# transforms: (F.conv3d calls in its patcher, F.conv_transpose3d calls in its unpatcher), 2-tap filters.
-FUNCTIONAL_CONVS = {"cosmos": (28, 28)}
+# Convolutions a model's own code calls outside any conv module: Cosmos's Haar wavelet transforms, (F.conv3d calls
+# in its patcher, F.conv_transpose3d calls in its unpatcher, tconv3d calls for both: one a level and direction).
+FUNCTIONAL_CONVS = {"cosmos": (28, 28, 4)}
 
 
 @pytest.mark.parametrize("name", VAES)
@@ -73,18 +73,18 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
     before = tconv3d.nn.audit(stock, x, run=encode_decode, verbose=False)
     after = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
     assert len(after.layers) == len(before.layers) > 0
-    functional, functional_transposed = FUNCTIONAL_CONVS.get(name, (0, 0))
+    functional, functional_transposed, functional_ours = FUNCTIONAL_CONVS.get(name, (0, 0, 0))
+    assert before.totals["aten_convs_outside_layers"] == functional + functional_transposed
     # Wan's and CogVideoX's resamplers ran a 2-D conv on the frames as a batch: one tconv3d conv over the video now
-    stock_convs = before.aten_conv3d_calls + before.aten_frame_conv_calls - functional
+    stock_convs = before.aten_conv3d_calls + before.aten_frame_conv_calls - functional + functional_ours
     assert before.aten_frame_conv_calls > 0 if name in ("wan", "cogvideox") else before.aten_frame_conv_calls == 0
     if name == "easyanimate":  # its causal conv ran once per output frame: one op a call now
         assert stock_convs > after.tconv3d_calls
     else:
         assert stock_convs == after.tconv3d_calls
-    assert_all_on_tconv3d(after, functional=functional)
-    assert after.aten_frame_conv_calls == 0
-    assert after.aten_conv_transpose3d_calls == functional_transposed
-    assert after.totals["aten_convs_outside_layers"] == functional + functional_transposed
+    assert_all_on_tconv3d(after)
+    assert after.aten_frame_conv_calls == after.aten_conv_transpose3d_calls == 0
+    assert after.totals["aten_convs_outside_layers"] == 0
     if name in RMS_NORMED:  # their RMS norms on tconv3d, each with the SiLU that follows it
         assert after.norm_calls > 0
         fused = [m for m in converted.modules() if class_name(type(m)) in NORM_SILU_BLOCKS]
@@ -328,6 +328,50 @@ def test_easyanimate_causal_conv_over_chunks(kernel, stride, downsampler, aten_p
             assert torch.equal(conv(converted).prev_features, conv(stock).prev_features)
 
 
+@pytest.mark.parametrize("patch_size", [2, 4])
+@pytest.mark.parametrize("size", [(9, 8, 6), (6, 7, 5), (2, 3, 3)], ids=["even", "odd", "small"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cosmos_haar_transforms_in_one_op_a_level(patch_size, size, dtype, aten_path):
+    """Cosmos's Haar patcher and unpatcher (per level 14 depthwise 2-tap F.conv3d or F.conv_transpose3d calls, a
+    reflect F.pad, a concatenation or chunks and sums) as one tconv3d conv (transposed: the inverse) a level, the
+    repeated first frames read in front, the reflect pad inside: values as diffusers' in float64 (odd sizes read
+    the reflected border), channels_last_3d results, no aten convolution, pad or concatenation; the unpatcher's
+    input gradient (the decoder's last layer, trained) as diffusers'."""
+    from helpers import OpNames
+
+    from tconv3d.testing import TOLERANCE
+
+    cosmos = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cosmos")
+    for stock in (cosmos.CosmosPatchEmbed3d(patch_size, "haar"), cosmos.CosmosUnpatcher3d(patch_size, "haar")):
+        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        assert is_converted(converted)
+        patcher = isinstance(stock, cosmos.CosmosPatchEmbed3d)
+        channels = 3 if patcher else 3 * 8 ** int(math.log2(patch_size))
+        x = torch.randn(2, channels, *size).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        x64 = x.double().requires_grad_()
+        with OpNames() as ops:
+            out = converted(x.requires_grad_())
+        copies = ("aten.convolution", "aten.cat", "aten.constant_pad", "aten.reflection_pad", "aten.repeat")
+        assert not [op for op in ops.names if op.startswith(copies)], ops.names
+        expected = stock.double()(x64)
+        # channels_last_3d (the unpatcher's drops its first frames, a view as diffusers': all strides but the batch's)
+        ndhwc = torch.empty(out.shape, memory_format=torch.channels_last_3d).stride()
+        assert out.shape == expected.shape and out.stride()[1:] == ndhwc[1:]
+        assert rel_l2(out, expected) < TOLERANCE[dtype]
+        grad = torch.randn_like(out)
+        (ours,), (theirs,) = torch.autograd.grad(out, x, grad), torch.autograd.grad(expected, x64, grad.double())
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and rel_l2(ours, theirs) < TOLERANCE[dtype]
+
+
+def test_cosmos_rearrange_patches_stay_diffusers(aten_path):
+    """The "rearrange" patch method (a reshuffle, no convolution) is diffusers' code after convert."""
+    cosmos = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cosmos")
+    x = torch.randn(1, 3, 9, 8, 8)
+    stock = cosmos.CosmosPatchEmbed3d(4, "rearrange")
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted) and torch.equal(converted(x), stock(x))
+
+
 @pytest.mark.parametrize("size", [(9, 8, 6), (8, 8, 6), (2, 4, 4), (1, 8, 4)], ids=["odd_t", "even_t", "two", "one"])
 @pytest.mark.parametrize("space, time", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("left_alone", [False, True], ids=["converted", "conv1_left_alone"])
@@ -349,8 +393,6 @@ def test_cosmos_downsampler_without_its_copies(size, space, time, left_alone, at
     assert copies == int(space and left_alone), report.table()
 
 
-# The layers that read the model's own inputs (the clip, the latent): the only places a layout copy may stay.
-# Cosmos's input edge is its first projection's spatial conv, after the Haar patcher (torch's, NCDHW).
 def minimax_h3(
     padding_mode: str = "reflect", clip_length: int = 17, token_drop: int = 3, levels=(8, 16, 16, 16, 16, 16)
 ):
@@ -786,7 +828,10 @@ def test_more_vaes_compile_without_new_graph_breaks(name, aten_path):
     assert any("tconv3d.conv3d" in str(node.target) for g in explained.graphs for node in g.graph.nodes)
 
 
-INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in", "encoder.conv_in.conv_s"}
+# The layers that read the model's own inputs (the clip, the latent): the only places a layout copy may stay.
+# Cosmos's input edge is its Haar patcher's conv (outside any layer the audit watches): its first projection reads
+# the patcher's channels_last_3d output.
+INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
 CHUNKED_ENCODERS = {"wan", "easyanimate"}
 

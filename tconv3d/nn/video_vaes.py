@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
 from ..ops import call_conv3d, call_rms_norm
 from .modules import (
@@ -385,6 +386,101 @@ class _CosmosUpsample3d:
             hidden_states = _repeat(hidden_states, (1, 2, 2))
             hidden_states = self.conv2(hidden_states) + hidden_states
         return self.conv3(hidden_states)
+
+
+class _CosmosPatchEmbed3d:
+    """diffusers' CosmosPatchEmbed3d with Haar patches: the first frame repeated patch_size times in front (a
+    torch.cat), then per level of the 3-D wavelet transform an F.pad (reflect, one voxel after each axis), 14
+    depthwise 2-tap F.conv3d calls (time, then height, then width), a torch.cat of the 8 subbands and a rescale.
+    Here one tconv3d conv a level: 2x2x2 at stride 2 with each channel's 8 subband filters (products of the three
+    axes' 2-tap filters, the rescale folded in) in one weight (`_haar_weight`), the reflect padding inside the op,
+    the repeated first frames read in front of the clip (frames_before), a channels_last_3d result."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosPatchEmbed3d",)
+    attributes = ("patch_size", "patch_method", "wavelets")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return _haar_reason(module)
+
+    def forward(self, hidden_states):
+        levels = _haar_levels(self, hidden_states)
+        if not levels:
+            return super().forward(hidden_states)
+        first = frames(hidden_states, 0, 1)
+        before = first.expand(-1, -1, self.patch_size - 1, -1, -1).contiguous(memory_format=layout_of(first))
+        for _ in range(levels):
+            weight = _haar_weight(self, hidden_states.shape[1], hidden_states.dtype, 8**-0.5)
+            hidden_states = call_conv3d(hidden_states, weight, None, (2, 2, 2), (0, 1, 0, 1, 0, 1), (1, 1, 1), 1,
+                                        "reflect", before, None)  # fmt: skip
+            before = None
+        return hidden_states
+
+
+class _CosmosUnpatcher3d:
+    """diffusers' CosmosUnpatcher3d with Haar patches, the inverse: per level a torch.chunk into the 8 subbands,
+    14 depthwise 2-tap F.conv_transpose3d calls and 7 sums, then a rescale; then the first patch_size - 1 frames
+    dropped. Here one tconv3d conv_transpose3d a level (2x2x2 at stride 2, `_haar_weight` as its weight: the
+    filters are their own inverse's), the frames dropped as a view (`frames`)."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosUnpatcher3d",)
+    attributes = ("patch_size", "patch_method", "wavelets")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        return _haar_reason(module)
+
+    def forward(self, hidden_states):
+        levels = _haar_levels(self, hidden_states)
+        if not levels or hidden_states.shape[1] % 8**levels:
+            return super().forward(hidden_states)
+        for _ in range(levels):
+            weight = _haar_weight(self, hidden_states.shape[1] // 8, hidden_states.dtype, 8**0.5)
+            hidden_states = conv_transpose3d(hidden_states, weight, None, 2)
+        return frames(hidden_states, self.patch_size - 1)
+
+
+def _haar_reason(module) -> str | None:
+    if module.wavelets.shape != (2,):
+        return f"its wavelet has {module.wavelets.numel()} taps (tconv3d takes Haar's 2)"
+    if module.patch_size < 1 or module.patch_size & (module.patch_size - 1):
+        return f"its patch_size {module.patch_size} is not a power of two"
+    return None
+
+
+def _haar_levels(module, x: torch.Tensor) -> int:
+    """The levels of Cosmos's Haar transform tconv3d runs for `module` on x; 0 where diffusers' code runs (the
+    "rearrange" patches, a reshuffle without convolutions; patches of 1; a dtype tconv3d's kernels do not run)."""
+    if module.patch_method != "haar" or x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
+        return 0
+    return int(math.log2(module.patch_size))
+
+
+def _haar_weight(module, channels: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """`_haar_filters` of the module's wavelet, made once per channel count, dtype, device and scale (kept on the
+    module, outside its state_dict; each call under torch.compile makes its own in the graph)."""
+    if torch.compiler.is_compiling():
+        return _haar_filters(module.wavelets, channels, dtype, scale)
+    memo = module.__dict__.setdefault("_tconv3d_haar_weights", {})
+    key = (channels, dtype, module.wavelets.device, scale)
+    if key not in memo:
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor, whichever mode the first call ran in
+            memo[key] = _haar_filters(module.wavelets, channels, dtype, scale)
+    return memo[key]
+
+
+def _haar_filters(wavelets: torch.Tensor, channels: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """One level of Cosmos's 3-D Haar transform as a conv3d weight, (8 * channels, channels, 2, 2, 2), times `scale`:
+    output channel s * channels + c is channel c under subband s = 4a + 2b + w, a, b and w the filters along T, H
+    and W (0: the low pass, the wavelet flipped; 1: the high pass, the wavelet with alternating signs), diffusers'
+    order of the subbands. The same tensor is the inverse's conv_transpose3d weight (the subbands in, the channels
+    out): the transform is orthogonal."""
+    w = wavelets.detach().double()
+    f = torch.stack([w.flip(0), w * torch.tensor([1.0, -1.0], dtype=w.dtype, device=w.device)])
+    taps = torch.einsum("ax,by,cz->abcxyz", f, f, f).reshape(8, 1, 1, 2, 2, 2)
+    eye = torch.eye(channels, dtype=w.dtype, device=w.device).reshape(1, channels, channels, 1, 1, 1)
+    weight = (taps * eye * scale).reshape(8 * channels, channels, 2, 2, 2)
+    return weight.to(dtype).contiguous(memory_format=_CL)
 
 
 def _repeat(x: torch.Tensor, factors, first_apart: bool = False) -> torch.Tensor:
@@ -1906,7 +2002,8 @@ ADAPTERS = (
     _WanAttentionBlock, _CogVideoXSpatialNorm, _MochiUpBlock, _HunyuanVideo15Upsample, _HunyuanVideo15Downsample,
     _HunyuanImageRefinerUpsample, _HunyuanImageRefinerDownsample, _ChannelRMSNorm, _LTX2VideoCausalConv3d,
     _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
-    _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
+    _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _CosmosPatchEmbed3d, _CosmosUnpatcher3d,
+    _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
