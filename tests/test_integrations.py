@@ -331,29 +331,29 @@ def test_easyanimate_causal_conv_over_chunks(kernel, stride, downsampler, aten_p
 @pytest.mark.parametrize("patch_size", [2, 4])
 @pytest.mark.parametrize("size", [(9, 8, 6), (6, 7, 5), (2, 3, 3)], ids=["even", "odd", "small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cosmos_haar_transforms_in_one_op_a_level(patch_size, size, dtype, aten_path):
+def test_cosmos_haar_transforms_in_one_op_a_level(patch_size, size, dtype, device):
     """Cosmos's Haar patcher and unpatcher (per level 14 depthwise 2-tap F.conv3d or F.conv_transpose3d calls, a
     reflect F.pad, a concatenation or chunks and sums) as one tconv3d conv (transposed: the inverse) a level, the
     repeated first frames read in front, the reflect pad inside: values as diffusers' in float64 (odd sizes read
     the reflected border), channels_last_3d results, no aten convolution, pad or concatenation; the unpatcher's
-    input gradient (the decoder's last layer, trained) as diffusers'."""
+    input gradient (the decoder's last layer, trained) as diffusers'. Through the kernels (the interpreter on CPU)."""
     from helpers import OpNames
 
     from tconv3d.testing import TOLERANCE
 
     cosmos = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_cosmos")
     for stock in (cosmos.CosmosPatchEmbed3d(patch_size, "haar"), cosmos.CosmosUnpatcher3d(patch_size, "haar")):
-        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        converted = tconv3d.nn.convert(copy.deepcopy(stock)).to(device)
         assert is_converted(converted)
         patcher = isinstance(stock, cosmos.CosmosPatchEmbed3d)
         channels = 3 if patcher else 3 * 8 ** int(math.log2(patch_size))
-        x = torch.randn(2, channels, *size).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        x = torch.randn(2, channels, *size).to(device, dtype).contiguous(memory_format=torch.channels_last_3d)
         x64 = x.double().requires_grad_()
         with OpNames() as ops:
             out = converted(x.requires_grad_())
         copies = ("aten.convolution", "aten.cat", "aten.constant_pad", "aten.reflection_pad", "aten.repeat")
         assert not [op for op in ops.names if op.startswith(copies)], ops.names
-        expected = stock.double()(x64)
+        expected = stock.to(device, torch.float64)(x64)
         # channels_last_3d (the unpatcher's drops its first frames, a view as diffusers': all strides but the batch's)
         ndhwc = torch.empty(out.shape, memory_format=torch.channels_last_3d).stride()
         assert out.shape == expected.shape and out.stride()[1:] == ndhwc[1:]
