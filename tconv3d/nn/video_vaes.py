@@ -388,7 +388,29 @@ class _CosmosUpsample3d:
         return self.conv3(hidden_states)
 
 
-class _CosmosPatchEmbed3d:
+class _CosmosHaar:
+    """What Cosmos's Haar patcher and unpatcher share: their attributes, when tconv3d takes them, and how many
+    levels of the transform it runs."""
+
+    attributes = ("patch_size", "patch_method", "wavelets")
+
+    @staticmethod
+    def reason(module) -> str | None:
+        if module.wavelets.shape != (2,):
+            return f"its wavelet has {module.wavelets.numel()} taps (tconv3d takes Haar's 2)"
+        if module.patch_size < 1 or module.patch_size & (module.patch_size - 1):
+            return f"its patch_size {module.patch_size} is not a power of two"
+        return None
+
+    def _tconv3d_levels(self, x: torch.Tensor) -> int:
+        """The levels tconv3d runs on x; 0 where diffusers' code runs (the "rearrange" patches, a reshuffle without
+        convolutions; patches of 1; a dtype tconv3d's kernels do not run)."""
+        if self.patch_method != "haar" or x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
+            return 0
+        return int(math.log2(self.patch_size))
+
+
+class _CosmosPatchEmbed3d(_CosmosHaar):
     """diffusers' CosmosPatchEmbed3d with Haar patches: the first frame repeated patch_size times in front (a
     torch.cat), then per level of the 3-D wavelet transform an F.pad (reflect, one voxel after each axis), 14
     depthwise 2-tap F.conv3d calls (time, then height, then width), a torch.cat of the 8 subbands and a rescale.
@@ -397,14 +419,9 @@ class _CosmosPatchEmbed3d:
     the repeated first frames read in front of the clip (frames_before), a channels_last_3d result."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosPatchEmbed3d",)
-    attributes = ("patch_size", "patch_method", "wavelets")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return _haar_reason(module)
 
     def forward(self, hidden_states):
-        levels = _haar_levels(self, hidden_states)
+        levels = self._tconv3d_levels(hidden_states)
         if not levels:
             return super().forward(hidden_states)
         first = frames(hidden_states, 0, 1)
@@ -417,43 +434,22 @@ class _CosmosPatchEmbed3d:
         return hidden_states
 
 
-class _CosmosUnpatcher3d:
+class _CosmosUnpatcher3d(_CosmosHaar):
     """diffusers' CosmosUnpatcher3d with Haar patches, the inverse: per level a torch.chunk into the 8 subbands,
     14 depthwise 2-tap F.conv_transpose3d calls and 7 sums, then a rescale; then the first patch_size - 1 frames
     dropped. Here one tconv3d conv_transpose3d a level (2x2x2 at stride 2, `_haar_weight` as its weight: the
     filters are their own inverse's), the frames dropped as a view (`frames`)."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosUnpatcher3d",)
-    attributes = ("patch_size", "patch_method", "wavelets")
-
-    @staticmethod
-    def reason(module) -> str | None:
-        return _haar_reason(module)
 
     def forward(self, hidden_states):
-        levels = _haar_levels(self, hidden_states)
+        levels = self._tconv3d_levels(hidden_states)
         if not levels or hidden_states.shape[1] % 8**levels:
             return super().forward(hidden_states)
         for _ in range(levels):
             weight = _haar_weight(self, hidden_states.shape[1] // 8, hidden_states.dtype, 8**0.5)
             hidden_states = conv_transpose3d(hidden_states, weight, None, 2)
         return frames(hidden_states, self.patch_size - 1)
-
-
-def _haar_reason(module) -> str | None:
-    if module.wavelets.shape != (2,):
-        return f"its wavelet has {module.wavelets.numel()} taps (tconv3d takes Haar's 2)"
-    if module.patch_size < 1 or module.patch_size & (module.patch_size - 1):
-        return f"its patch_size {module.patch_size} is not a power of two"
-    return None
-
-
-def _haar_levels(module, x: torch.Tensor) -> int:
-    """The levels of Cosmos's Haar transform tconv3d runs for `module` on x; 0 where diffusers' code runs (the
-    "rearrange" patches, a reshuffle without convolutions; patches of 1; a dtype tconv3d's kernels do not run)."""
-    if module.patch_method != "haar" or x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
-        return 0
-    return int(math.log2(module.patch_size))
 
 
 def _haar_weight(module, channels: int, dtype: torch.dtype, scale: float) -> torch.Tensor:
