@@ -959,11 +959,11 @@ def _needed(ctx, grads) -> tuple:
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad, strict=True))
 
 
-def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias):
+def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias_dtype):
     """A norm's autograd gradients for (input, weight, bias, the rest): the parameter gradients in the parameters'
-    dtypes, None where not needed."""
+    dtypes (`bias_dtype`: None without a bias), None where not needed."""
     grad_weight = grad_weight.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-    grad_bias = grad_bias.to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+    grad_bias = grad_bias.to(bias_dtype) if bias_dtype is not None and ctx.needs_input_grad[2] else None
     grads = (grad_input if ctx.needs_input_grad[0] else None, grad_weight, grad_bias)
     return (grads + (None,) * len(ctx.needs_input_grad))[: len(ctx.needs_input_grad)]
 
@@ -994,7 +994,10 @@ def _group_norm_setup_context(ctx, inputs, output):
     input, weight, bias, groups, eps, *rest = inputs
     activation, channels_after = _trailing_arguments(rest, ("none", None))
     _, mean, rstd = output
-    ctx.save_for_backward(input, mean, rstd, weight, bias, channels_after)
+    # The bias's gradient reads none of it, and the input's only through a fused activation (its input recomputed):
+    # saved only there, as the conv saves only what a gradient reads.
+    ctx.save_for_backward(input, mean, rstd, weight, bias if activation != "none" else None, channels_after)
+    ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.groups, ctx.eps, ctx.activation = groups, eps, activation
     ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
 
@@ -1002,6 +1005,8 @@ def _group_norm_setup_context(ctx, inputs, output):
 def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
     input, mean, rstd, weight, bias, channels_after = ctx.saved_tensors
     if _backward_differentiated(grad_output, input, weight, bias, channels_after):
+        if bias is None and ctx.bias_dtype is not None:  # not saved: any values give the same gradients
+            bias = input.new_zeros(input.shape[1] + ctx.after_channels, dtype=ctx.bias_dtype)
 
         def forward(input, weight, bias, channels_after):
             return _group_norm_in_torch_ops(input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after)[0]
@@ -1012,7 +1017,7 @@ def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
         grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after
     )
     grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
-    grads = _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias)
+    grads = _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, ctx.bias_dtype)
     if _needs_grad(ctx, 6):  # channels_after's (a view of the concatenation's gradient, as the input's)
         grads = (*grads[:6], grad_channels_after)
     return grads
@@ -1106,7 +1111,7 @@ def _rms_norm_backward(ctx, grad_output):
 
         return _needed(ctx, _vjp_of(forward, grad_output, input, weight, bias))
     grads = torch.ops.tconv3d.rms_norm_backward(grad_output, input, weight, bias, ctx.eps, *ctx.options)
-    return _norm_input_grads(ctx, *grads, weight, bias)
+    return _norm_input_grads(ctx, *grads, weight, bias.dtype if bias is not None else None)
 
 
 def _rms_norm_jvp(inputs, tangents):
