@@ -1807,6 +1807,42 @@ def test_monai_efficientnet_block_through_the_triton_interpreter():
     assert rel_l2(grads[1][1], grads[0][1]) < MATCH
 
 
+def _more_monai_nets():
+    """MONAI segmentation networks with nothing of their own for convert to adapt: (builder, input size)."""
+    nets = monai_nets()
+    return {
+        # MedNeXt (MONAI >= 1.4): depthwise convs (kernel 7 by default), depthwise transposed convs up, inverted
+        # bottlenecks, residual connections (as its S / B / M / L variants build it), the up blocks' front pad
+        "mednext": (lambda: nets.MedNeXt(3, 8, 1, 2, kernel_size=3, use_residual_connection=True,
+                                          blocks_down=(1, 1, 1, 1), blocks_bottleneck=1, blocks_up=(1, 1, 1, 1)), 32),
+        "segresnet_ds": (lambda: nets.SegResNetDS(3, init_filters=8, in_channels=1, out_channels=2), 32),
+        "highresnet": (lambda: nets.HighResNet(3, 1, 2), 24),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["mednext", "segresnet_ds", "highresnet"])
+def test_more_monai_networks(name, aten_path):
+    """Outputs and gradients as stock's, every convolution on tconv3d, no layout copy but the input's (norms'
+    included), no pad or concatenation copy into a convolution, and no more kept for the backward than stock."""
+    if name == "mednext" and not hasattr(monai_nets(), "MedNeXt"):
+        pytest.skip("this MONAI has no MedNeXt")
+    build, size = _more_monai_nets()[name]
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(1, 1, size, size, size)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.aten_conv_transpose3d_calls == 0
+    assert report.totals["layout_copies"] <= 1 and report.norm_layout_copies == 0, report.table()
+    copies = ("pad_copies_into_convs", "concat_copies_into_convs", "upstream_copies_into_convs")
+    assert not any(report.totals[key] for key in copies), report.table()
+    for model in (stock, converted):
+        model(x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+    assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: m(x), x)
+
+
 @pytest.mark.parametrize("name", ["var_autoencoder", "segresnet_vae"])
 def test_monai_networks_that_flatten_by_view(name, aten_path):
     """VarAutoEncoder's encoder and SegResNetVAE's VAE loss (in training) flatten an activation with
