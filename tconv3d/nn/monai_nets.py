@@ -20,6 +20,7 @@ from .modules import (
     GroupNorm,
     _laid_out_only,
     format_strides,
+    layout_of,
     normalize,
     resize_nearest,
     upsample_linear,
@@ -258,6 +259,39 @@ def _through_connections(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     down, skip, up = block
     x = down(x)
     return conv_of_concatenation(up, x, _through_connections(skip.submodule, x))
+
+
+class _MedNeXtUpBlock:
+    """MONAI's MedNeXtUpBlock: the block's output (its depthwise transposed conv makes 2L - 1 voxels an axis)
+    padded with a zero voxel in front of each axis by F.pad, and with the residual connection (MedNeXt's S, B, M
+    and L variants build it) the 1x1x1 transposed conv of the input padded the same and added: two padded copies
+    and a sum. Here the padded result is written once in the output's layout: its three front faces zeroed, the
+    block's output and the residual summed into the rest."""
+
+    classes = ("monai.networks.blocks.mednext_block.MedNeXtUpBlock",)
+    attributes = ("dim", "resample_do_res")
+
+    def forward(self, x):
+        if self.dim != "3d" or x.dim() != 5:
+            return super().forward(x)
+        out = super(type(self).__bases__[1], self).forward(x)  # MedNeXtBlock's forward: the block, not padded
+        return _front_padded(out, self.res_conv(x) if self.resample_do_res else None)
+
+
+def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """F.pad(x, (1, 0, 1, 0, 1, 0)) (+ the residual padded the same) written once, in x's layout."""
+    n, c, d, h, w = x.shape
+    out = torch.empty((n, c, d + 1, h + 1, w + 1), dtype=x.dtype, device=x.device, memory_format=layout_of(x))
+    for face in (out[:, :, 0], out[:, :, 1:, 0], out[:, :, 1:, 1:, 0]):
+        face.zero_()
+    inner = out[:, :, 1:, 1:, 1:]
+    if residual is None:
+        inner.copy_(x)
+    elif torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad):  # out= records no gradient
+        inner.copy_(x).add_(residual)
+    else:
+        torch.add(x, residual, out=inner)
+    return out
 
 
 class _UNet:
@@ -786,7 +820,7 @@ def _pads_nothing(conv) -> bool:
 
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
-    _SpatialAttentionBlock,
+    _SpatialAttentionBlock, _MedNeXtUpBlock,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
