@@ -8,7 +8,7 @@ import torch
 
 LATENT_CHANNELS = {
     "wan": 16, "cogvideox": 4, "mochi": 4, "hunyuan_video": 4, "ltx_video": 8, "hunyuan_video15": 4, "ltx2": 8,
-    "cosmos": 4, "easyanimate": 4, "hunyuan_image_refiner": 4,
+    "cosmos": 4, "easyanimate": 4, "hunyuan_image_refiner": 4, "wan22": 4,
 }  # fmt: skip
 
 # Latents the default configs decode to 17 frames of 256 x 256 (Mochi: 19; it compresses time 6x): N, C, T, H, W.
@@ -16,15 +16,18 @@ DEFAULT_LATENTS = {
     "wan": (1, 16, 5, 32, 32), "cogvideox": (1, 16, 5, 32, 32), "mochi": (1, 12, 4, 32, 32),
     "hunyuan_video": (1, 16, 5, 32, 32), "ltx_video": (1, 128, 3, 8, 8), "hunyuan_video15": (1, 32, 5, 16, 16),
     "ltx2": (1, 128, 3, 8, 8), "cosmos": (1, 16, 3, 32, 32), "easyanimate": (1, 16, 5, 32, 32),
-    "hunyuan_image_refiner": (1, 32, 17, 16, 16),
+    "hunyuan_image_refiner": (1, 32, 17, 16, 16), "wan22": (1, 48, 5, 16, 16),
 }  # fmt: skip
 CLASSES = {
     "wan": "AutoencoderKLWan", "cogvideox": "AutoencoderKLCogVideoX", "mochi": "AutoencoderKLMochi",
     "hunyuan_video": "AutoencoderKLHunyuanVideo", "ltx_video": "AutoencoderKLLTXVideo",
     "hunyuan_video15": "AutoencoderKLHunyuanVideo15", "ltx2": "AutoencoderKLLTX2Video",
     "cosmos": "AutoencoderKLCosmos", "easyanimate": "AutoencoderKLMagvit",
-    "hunyuan_image_refiner": "AutoencoderKLHunyuanImageRefiner",
+    "hunyuan_image_refiner": "AutoencoderKLHunyuanImageRefiner", "wan22": "AutoencoderKLWan",
 }  # fmt: skip
+# Wan 2.2's VAE (TI2V-5B's) is diffusers' AutoencoderKLWan in another config: residual down and up blocks with
+# space-to-depth and depth-to-space shortcuts (AvgDown3D, DupUp3D), patches of 2 in space, 16x in space overall.
+WAN22 = {"is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16}
 
 
 # MONAI's autoencoders of volumes (N, C, D, H, W): latent channels, the latent the released config decodes (MAISI's:
@@ -58,6 +61,12 @@ def build_vae(name: str, scale: int = 1, seed: int = 0, dtype: torch.dtype | Non
     import diffusers
 
     torch.manual_seed(seed)
+    if name == "wan22":  # released: base 160, decoder base 256, 48 latent channels
+        widths = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48} if scale == 0 else {
+            "base_dim": 8 * scale, "decoder_base_dim": 12 * scale, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
+            "num_res_blocks": 1}  # fmt: skip
+        z = widths["z_dim"]
+        return diffusers.AutoencoderKLWan(**widths, **WAN22, latents_mean=[0.0] * z, latents_std=[1.0] * z)
     if scale == 0 and name in CLASSES:
         return getattr(diffusers, CLASSES[name])()
     if name == "wan":

@@ -727,18 +727,21 @@ def test_variants_offer_the_packed_loops_at_the_other_depth_and_a_deep_ring(monk
 
 def test_census_sees_every_convolution_of_a_decode():
     """bench.census on the test-size Wan VAE: the dispatch mode records one geometry per tconv3d conv call (as many
-    as the converted conv modules' forwards), the chunks after the first read cached frames, each row names the
-    kernel the H100's choice runs for its geometry; the rows' FLOP shares add up to the decode's."""
+    as the converted conv modules' forwards and the resamplers' frame convs), the chunks after the first read cached
+    frames, each row names the kernel the H100's choice runs for its geometry; the rows' FLOP shares add up to the
+    decode's."""
     pytest.importorskip("diffusers")
     from bench import census
     from bench.vaes import build_vae
     from tconv3d.nn import Conv3d, convert
+    from tconv3d.nn.video_vaes import FRAME_CONV_BLOCKS, class_name
     from tconv3d.tune import choice
 
     converted = convert(build_vae("wan", scale=1))
     calls = []
     for module in converted.modules():
-        if isinstance(module, Conv3d):
+        frame_conv = class_name(type(module)) in FRAME_CONV_BLOCKS and module.mode != "none"
+        if isinstance(module, Conv3d) or frame_conv:  # a resampler runs its frame conv as one tconv3d conv a call
             module.register_forward_hook(lambda *_: calls.append(1))
     counts = census.model_geometries(converted, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16)
     assert sum(counts.values()) == len(calls) > 0

@@ -40,7 +40,7 @@ diffusers = pytest.importorskip("diffusers")
 
 
 VAES = {name: functools.partial(build_vae, name) for name in LATENT_CHANNELS}
-RMS_NORMED = ("wan", "hunyuan_video15", "ltx_video", "ltx2", "hunyuan_image_refiner")
+RMS_NORMED = ("wan", "wan22", "hunyuan_video15", "ltx_video", "ltx2", "hunyuan_image_refiner")
 
 
 def encode_decode(model, x):
@@ -77,7 +77,7 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
     assert before.totals["aten_convs_outside_layers"] == functional + functional_transposed
     # Wan's and CogVideoX's resamplers ran a 2-D conv on the frames as a batch: one tconv3d conv over the video now
     stock_convs = before.aten_conv3d_calls + before.aten_frame_conv_calls - functional + functional_ours
-    assert before.aten_frame_conv_calls > 0 if name in ("wan", "cogvideox") else before.aten_frame_conv_calls == 0
+    assert (before.aten_frame_conv_calls > 0) == (name in ("wan", "wan22", "cogvideox"))
     if name == "easyanimate":  # its causal conv ran once per output frame: one op a call now
         assert stock_convs > after.tconv3d_calls
     else:
@@ -98,7 +98,7 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
         assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
 
 
-@pytest.mark.parametrize("name", ["wan", "cogvideox", "ltx_video", "ltx2"])
+@pytest.mark.parametrize("name", ["wan", "wan22", "cogvideox", "ltx_video", "ltx2"])
 def test_vae_gradients_match_stock(name, aten_path):
     """Training through the cached frames (Wan, CogVideoX), the repeated edge frames and space-to-depth (LTX-Video,
     LTX-2) and the RMS norms: the parameter gradients of encode + decode match the stock model's."""
@@ -833,7 +833,7 @@ def test_more_vaes_compile_without_new_graph_breaks(name, aten_path):
 # the patcher's channels_last_3d output.
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk.
-CHUNKED_ENCODERS = {"wan", "easyanimate"}
+CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
 
 
 @pytest.mark.parametrize("name", sorted(VAES))
@@ -1087,6 +1087,30 @@ def assert_rearranges_as_autograd(rearrange, x, ours_in, theirs_in, theirs, tang
     with torch.autograd.forward_ad.dual_level():
         jvp = torch.autograd.forward_ad.unpack_dual(rearrange(torch.autograd.forward_ad.make_dual(x, tangent))).tangent
     assert torch.equal(jvp, (tangent_of or rearrange)(tangent))
+
+
+@pytest.mark.parametrize("factor_t", [1, 2])
+@pytest.mark.parametrize("in_channels, out_channels", [(8, 8), (8, 4), (4, 8)])
+def test_wan22_shortcuts_write_channels_last(factor_t, in_channels, out_channels, aten_path):
+    """Wan 2.2's residual blocks' shortcuts: AvgDown3D (space-to-depth, then a mean over channel groups) and DupUp3D
+    (channels repeated, then depth-to-space; a first chunk's first frames dropped) as diffusers' in values and
+    gradients, with channels_last_3d results written without diffusers' NCDHW copies."""
+    wan = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
+    cases = [(wan.AvgDown3D(in_channels, out_channels, factor_t, 2), 5, {})]
+    if out_channels * 4 * factor_t % in_channels == 0:
+        cases += [(wan.DupUp3D(in_channels, out_channels, factor_t, 2), 3, {"first_chunk": first}) for first in (0, 1)]
+    for stock, frames, kwargs in cases:
+        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        assert is_converted(converted)
+        x = torch.randn(2, in_channels, frames, 4, 6).contiguous(memory_format=torch.channels_last_3d)
+        ours_in, theirs_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, expected = converted(ours_in, **kwargs), stock(theirs_in, **kwargs)
+        ndhwc = torch.empty(out.shape, memory_format=torch.channels_last_3d).stride()
+        assert out.shape == expected.shape and out.stride()[1:] == ndhwc[1:] and rel_l2(out, expected) < 1e-6
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        expected.backward(grad)
+        assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6
 
 
 def test_wan_frame_interleave_writes_channels_last():

@@ -1961,6 +1961,109 @@ def _interleave_frames(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _WanResidualDownBlock:
+    """diffusers' WanResidualDownBlock (Wan 2.2's encoder): a clone of the input kept for the shortcut while the
+    resnets and the downsampler run, then the shortcut (AvgDown3D) of the clone added. The resnets leave their input
+    as it is, so the shortcut is taken first, from the input itself: no clone, and the input can go once the first
+    resnet has read it."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_wan.WanResidualDownBlock",)
+    attributes = ("avg_shortcut", "resnets", "downsampler")
+
+    def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (diffusers' signature)
+        shortcut = self.avg_shortcut(x)
+        for resnet in self.resnets:
+            x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        if self.downsampler is not None:
+            x = self.downsampler(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        return x + shortcut
+
+
+class _WanResidualUpBlock:
+    """diffusers' WanResidualUpBlock (Wan 2.2's decoder): as the down block, a clone of the input for the shortcut
+    (DupUp3D). The shortcut is the upsampled size, so it is made last, from the input itself (the resnets leave it
+    as it is): no clone."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_wan.WanResidualUpBlock",)
+    attributes = ("avg_shortcut", "resnets", "upsampler")
+
+    def forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006 (diffusers' signature)
+        inputs = x
+        cached = {} if feat_cache is None else {"feat_cache": feat_cache, "feat_idx": feat_idx}
+        for resnet in self.resnets:
+            x = resnet(x, **cached)
+        if self.upsampler is not None:
+            x = self.upsampler(x, **cached)
+        if self.avg_shortcut is not None:
+            x = x + self.avg_shortcut(inputs, first_chunk=first_chunk)
+        return x
+
+
+class _WanAvgDown3D:
+    """diffusers' AvgDown3D (Wan 2.2's encoder shortcut): zero frames in front up to a whole factor in time, a
+    space-to-depth by (ft, fs, fs) made NCDHW-contiguous, the mean of each group of group_size packed channels;
+    NCDHW out, added to the channels_last_3d main path. Here the space-to-depth is written channels_last_3d
+    (`_space_to_depth`) and the group mean taken over it: a channels_last_3d result."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_wan.AvgDown3D",)
+    attributes = ("factor_t", "factor_s", "group_size")
+
+    def forward(self, x):
+        if x.dim() != 5:
+            return super().forward(x)
+        pad_t = (self.factor_t - x.shape[2] % self.factor_t) % self.factor_t
+        if pad_t:  # a first chunk's frame or so, as diffusers pads it
+            x = F.pad(x, (0, 0, 0, 0, pad_t, 0))
+        packed = _space_to_depth(x, (self.factor_t, self.factor_s, self.factor_s))
+        return packed.permute(0, 2, 3, 4, 1).unflatten(-1, (-1, self.group_size)).mean(-1).permute(0, 4, 1, 2, 3)
+
+
+class _WanDupUp3D:
+    """diffusers' DupUp3D (Wan 2.2's decoder shortcut): each channel repeated (repeat_interleave, a copy of the
+    repeats' size), then a depth-to-space by (ft, fs, fs) made NCDHW-contiguous (a second copy, of the upsampled
+    size), the first chunk's first ft - 1 frames dropped. Each output voxel is one input channel's value, so here
+    it is written once as a broadcast into a channels_last_3d result (`_duplicated`); the frames dropped as a view."""
+
+    classes = ("diffusers.models.autoencoders.autoencoder_kl_wan.DupUp3D",)
+    attributes = ("factor_t", "factor_s", "repeats", "out_channels")
+
+    def forward(self, x, first_chunk=False):
+        factors = (self.factor_t, self.factor_s, self.factor_s)
+        if x.dim() != 5 or _source_shape(factors, self.repeats) is None:
+            return super().forward(x, first_chunk=first_chunk)
+        out = _duplicated(x, self.out_channels, factors, self.repeats)
+        return frames(out, self.factor_t - 1) if first_chunk else out
+
+
+def _source_shape(factors, repeats: int) -> tuple[int, ...] | None:
+    """DupUp3D's input channel of output channel o at sub-voxel (i0, i1, i2) is (o * F + i) // repeats, i the
+    sub-voxel's packed index and F the factors' product. Where `repeats` is the product of the trailing factors,
+    that is o * (F // repeats) plus the leading factors' index; where it is a multiple k of F, o // k. The sizes to
+    view the input's channels as, (repeat groups, f0, f1, f2) with 1 where a value is broadcast; None otherwise."""
+    f0, f1, f2 = factors
+    product = f0 * f1 * f2
+    if repeats % product == 0:
+        return (repeats // product, 1, 1, 1)  # the repeat groups split off the output channels
+    for leading, shape in (((f0, f1, f2), (f0, f1, f2)), ((f0, f1), (f0, f1, 1)), ((f0,), (f0, 1, 1))):
+        if repeats * math.prod(leading) == product:
+            return (1, *shape)
+    return None
+
+
+def _duplicated(x: torch.Tensor, out_channels: int, factors, repeats: int) -> torch.Tensor:
+    """DupUp3D: x.repeat_interleave(repeats, dim=1) depth-to-space by `factors` (packed channels ordered (C, f0,
+    f1, f2)), written once into a channels_last_3d result, x's values broadcast as `_source_shape` maps them."""
+    b, _, t, h, w = x.shape
+    f0, f1, f2 = factors
+    out = torch.empty((b, out_channels, t * f0, h * f1, w * f2), dtype=x.dtype, device=x.device, memory_format=_CL)
+    # channels_last_3d storage is (B, T, f0, H, f1, W, f2, C): viewed (B, C, f0, f1, f2, T, H, W)
+    target = out.permute(0, 2, 3, 4, 1).view(b, t, f0, h, f1, w, f2, out_channels).permute(0, 7, 2, 4, 6, 1, 3, 5)
+    groups, *shape = _source_shape(factors, repeats)
+    target = target.unflatten(1, (-1, groups))  # (B, C / groups, groups, f0, f1, f2, T, H, W)
+    target.copy_(x.view(b, -1, 1, *shape, t, h, w).expand(target.shape))
+    return out
+
+
 class _WanAttentionBlock:
     """diffusers' WanAttentionBlock (and QwenImageAttentionBlock): single-head attention over each frame's pixels.
     Its 1x1 Conv2d projections are matmuls over the (pixels, channels) rows a channels_last_3d activation already
@@ -1999,7 +2102,8 @@ ADAPTERS = (
     _HunyuanImageRefinerUpsample, _HunyuanImageRefinerDownsample, _ChannelRMSNorm, _LTX2VideoCausalConv3d,
     _LTXVideoDownsampler, _PerChannelRMSNorm, _LastDimRMSNorm,
     _CosmosCausalConv3d, _CosmosDownsample3d, _CosmosUpsample3d, _CosmosPatchEmbed3d, _CosmosUnpatcher3d,
-    _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock,
+    _EasyAnimateCausalConv3d, _EasyAnimateResidualBlock, _WanResidualDownBlock, _WanResidualUpBlock, _WanAvgDown3D,
+    _WanDupUp3D,
     _EasyAnimateDownsampler, _MiniMaxH3VideoCausalConv3d, _MiniMaxH3VideoDownsample3d, _MiniMaxH3VideoGroupNorm,
     _MiniMaxH3VideoResnetBlock3d, _MiniMaxH3VideoEncoder3d, _KVAESafeConv3d, _KVAECachedCausalConv3d,
     _KVAECachedPXSDownsample, _KVAECachedPXSUpsample, _KVAECachedSpatialNorm3D, _Kandinsky6SRCausalConv3d,
