@@ -1847,8 +1847,8 @@ def _more_monai_nets():
 @pytest.mark.parametrize("name", ["mednext", "segresnet_ds", "highresnet"])
 def test_more_monai_networks(name, aten_path):
     """Outputs and gradients as stock's, every convolution on tconv3d, no layout copy but the input's (norms'
-    included), no pad or concatenation copy into a convolution (MedNeXt's up blocks: no pad at all), and no more
-    kept for the backward than stock."""
+    included), no pad or concatenation copy into a convolution (no pad at all: MedNeXt's up blocks', HighResNet's
+    residual channels'), and no more kept for the backward than stock."""
     if name == "mednext" and not hasattr(monai_nets(), "MedNeXt"):
         pytest.skip("this MONAI has no MedNeXt")
     build, size = _more_monai_nets()[name]
@@ -1862,8 +1862,10 @@ def test_more_monai_networks(name, aten_path):
     assert report.totals["layout_copies"] <= 1 and report.norm_layout_copies == 0, report.table()
     copies = ("pad_copies_into_convs", "concat_copies_into_convs", "upstream_copies_into_convs")
     assert not any(report.totals[key] for key in copies), report.table()
-    if name == "mednext":  # its up blocks' front pads (of the output and the residual) written with their sum
-        assert tconv3d.nn.audit(stock, x, verbose=False).pads == 8 and report.pads == 0
+    # MedNeXt's up blocks' front pads (of the output and the residual) written with their sum; HighResNet's zero
+    # channels for its residual: the input added into its channels of the conv path's output
+    assert tconv3d.nn.audit(stock, x, verbose=False).pads == {"mednext": 8, "highresnet": 2}.get(name, 0)
+    assert report.pads == 0
     for model in (stock, converted):
         model(x).square().mean().backward()
     assert_same_gradients(stock, converted)

@@ -278,6 +278,25 @@ class _MedNeXtUpBlock:
         return _front_padded(out, self.res_conv(x) if self.resample_do_res else None)
 
 
+class _HighResBlock:
+    """MONAI's HighResBlock: its conv path plus the input padded with zero channels up to the output's width
+    (ChannelPad's F.pad: a copy of the output's size), summed. Here the input is added into its channels of the conv
+    path's output in place: that output is its last conv's, which no backward reads."""
+
+    classes = ("monai.networks.nets.highresnet.HighResBlock",)
+    attributes = ("layers", "chn_pad")
+
+    def forward(self, x):
+        pad = getattr(self.chn_pad, "pad", None)
+        last = self.layers[-1] if len(self.layers) else None
+        conv = getattr(last, "conv", None)
+        if pad is None or x.dim() != 5 or not isinstance(conv, nn.Conv3d) or list(last.children()) != [conv]:
+            return super().forward(x)
+        out = self.layers(x)
+        out.narrow(1, pad[-4], x.shape[1]).add_(x)  # F.pad's (C front, C back) pair comes before the batch's
+        return out
+
+
 def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """F.pad(x, (1, 0, 1, 0, 1, 0)) (+ the residual padded the same) written once, in x's layout."""
     n, c, d, h, w = x.shape
@@ -820,7 +839,7 @@ def _pads_nothing(conv) -> bool:
 
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
-    _SpatialAttentionBlock, _MedNeXtUpBlock,
+    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
