@@ -1252,9 +1252,7 @@ def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tens
     Conv2d's parameter. Where tconv3d cannot run it (`frame_conv_reason`), F.pad and conv on the frames as a
     batch, as diffusers does."""
     if frame_conv_reason(conv, x) is not None:
-        b, t = x.shape[0], x.shape[2]
-        frames = (F.pad(x, pad) if any(pad) else x).permute(0, 2, 1, 3, 4)
-        return _frames_to_video(conv(frames.reshape(b * t, *frames.shape[2:])), b, t)
+        return _on_frames(conv, F.pad(x, pad) if any(pad) else x)
     (ph, pw), (wl, wr, ht, hb) = conv.padding, pad
     padding = (0, 0, ph + ht, ph + hb, pw + wl, pw + wr)  # the op's order: D front, D back, H top, ..., W right
     weight = conv.weight.unsqueeze(2)
@@ -1926,8 +1924,7 @@ def _wan_resample_frames(resample: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return frame_conv(conv, x, first.padding)
         if _nearest_2x(first):
             return frame_conv(conv, repeat_nearest(x, (1, 2, 2)))
-    b, c, t, h, w = x.shape
-    return _frames_to_video(resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)), b, t)
+    return _on_frames(resample, x)
 
 
 def _nearest_2x(module: nn.Module) -> bool:
@@ -1938,6 +1935,12 @@ def _nearest_2x(module: nn.Module) -> bool:
         return False
     factors = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor,) * 2
     return tuple(float(f) for f in factors) == (2.0, 2.0)
+
+
+def _on_frames(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A 2-D `module` on each frame of a 5-D x, as diffusers runs it: the frames as a batch, (B*T, C, H, W)."""
+    b, c, t, h, w = x.shape
+    return _frames_to_video(module(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)), b, t)
 
 
 def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
