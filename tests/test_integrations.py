@@ -1107,23 +1107,45 @@ def test_wan22_shortcuts_write_channels_last(factor_t, in_channels, out_channels
         out, expected = converted(ours_in, **kwargs), stock(theirs_in, **kwargs)
         ndhwc = torch.empty(out.shape, memory_format=torch.channels_last_3d).stride()
         assert out.shape == expected.shape and out.stride()[1:] == ndhwc[1:] and rel_l2(out, expected) < 1e-6
-        grad = torch.randn_like(out)
-        out.backward(grad)
-        expected.backward(grad)
-        assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6
+        for layout in (torch.channels_last_3d, torch.contiguous_format):  # the gradient as it may arrive
+            ours_in.grad = theirs_in.grad = None
+            grad = torch.randn(out.shape).contiguous(memory_format=layout)
+            out.backward(grad, retain_graph=True)
+            expected.backward(grad, retain_graph=True)
+            assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6
+            assert ours_in.grad.is_contiguous(memory_format=torch.channels_last_3d), type(stock).__name__
+        tangent = torch.randn_like(x)
+        with torch.autograd.forward_ad.dual_level():
+            duals = [m(torch.autograd.forward_ad.make_dual(x, tangent), **kwargs) for m in (converted, stock)]
+            ours, theirs = (torch.autograd.forward_ad.unpack_dual(d).tangent for d in duals)
+            assert rel_l2(ours, theirs) < 1e-6
 
 
 def test_wan_frame_interleave_writes_channels_last():
     """WanResample's temporal upsampling interleave, done into a channels_last_3d result, equals diffusers' reshape
-    + stack + reshape."""
+    + stack + reshape, and so do its gradient (written channels_last_3d, whatever the layout of the gradient it is
+    handed; diffusers' answers NCDHW) and its forward-mode derivative."""
     from tconv3d.nn.video_vaes import _interleave_frames
 
-    b, c, t, h, w = 2, 3, 4, 3, 5
-    x = torch.randn(b, 2 * c, t, h, w).contiguous(memory_format=torch.channels_last_3d)
-    expected = x.reshape(b, 2, c, t, h, w)
-    expected = torch.stack((expected[:, 0], expected[:, 1]), 3).reshape(b, c, t * 2, h, w)
+    def stock(x):
+        b, c2, t, h, w = x.shape
+        x = x.reshape(b, 2, c2 // 2, t, h, w)
+        return torch.stack((x[:, 0], x[:, 1]), 3).reshape(b, c2 // 2, t * 2, h, w)
+
+    x = torch.randn(2, 6, 4, 3, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d)
     out = _interleave_frames(x)
-    assert torch.equal(out, expected) and out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(out, stock(x)) and out.is_contiguous(memory_format=torch.channels_last_3d)
+    for layout in (torch.channels_last_3d, torch.contiguous_format):
+        grad = torch.randn(out.shape, dtype=x.dtype).contiguous(memory_format=layout)
+        ours = torch.autograd.grad(_interleave_frames(x.requires_grad_()), x, grad)[0]
+        assert torch.equal(ours, torch.autograd.grad(stock(x), x, grad)[0])
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d)
+    tangent = torch.randn_like(x)
+    assert torch.equal(torch.func.jvp(_interleave_frames, (x,), (tangent,))[1], stock(tangent))
+    with torch.autograd.forward_ad.dual_level():  # the Function's own jvp
+        dual = _interleave_frames(torch.autograd.forward_ad.make_dual(x.detach(), tangent))
+        assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual).tangent, stock(tangent))
+    assert torch.autograd.gradcheck(_interleave_frames, (x[:1, :, :2, :2, :2],))
 
 
 @pytest.mark.parametrize("temporal", [True, False], ids=["space_and_time", "space"])
@@ -2144,7 +2166,7 @@ def _gradient_layout_copies(model, run, x) -> int:
 @pytest.mark.parametrize(
     "name",
     ["hunyuan_video", "kvae_video", "kandinsky6_sr", "autoencoderkl", "diffusion_unet", "hunyuan_video15",
-     "hunyuan_image_refiner", "ltx_video", "ltx2", "cogvideox"],
+     "hunyuan_image_refiner", "ltx_video", "ltx2", "cogvideox", "wan", "wan22"],
 )  # fmt: skip
 def test_training_gradients_stay_channels_last(name, aten_path):
     """A converted model's backward hands its convolutions channels_last_3d gradients, where autograd's backwards
@@ -2155,13 +2177,18 @@ def test_training_gradients_stay_channels_last(name, aten_path):
       23 and 22 copies);
     - LTX-Video's depth-to-space and space-to-depth (reshape and view backwards: 5 copies, LTX-2's 7);
     - the adapters' frame slices of activations (`frames`: a causal conv's kept frames, a first frame resampled
-      apart; CogVideoX's 4 copies, 3 of them at full resolution).
+      apart; CogVideoX's 4 copies, 3 of them at full resolution);
+    - Wan's resamplers' temporal interleave (a reshape backward) and Wan 2.2's DupUp3D shortcuts (an expand
+      backward: Wan 4 copies, Wan 2.2 10).
     A conv lays out a gradient of another layout once, for both of its gradient ops. What is left: the loss's
     gradient at the output (an NCDHW target) and, in a VAE, the latent moments' (the posterior's mean is a channel
     slice of them, whose backward answers NCDHW): at most two copies, the second at the latent's size.
     HunyuanVideo 1.5's encoder adds a channel-group mean of its last features to the moments (a view and a mean,
     stock code), whose backward answers NCDHW too: two more at the latent's resolution, where the features are a
-    few percent of one full-resolution activation."""
+    few percent of one full-resolution activation. Wan 2.2's decoder output is unpatchified (diffusers' module
+    function, a permute + contiguous) after the chunks are concatenated: its backward hands each chunk's conv_out
+    an NCDHW slice of the output's gradient, 12 channels at half the output's height and width (three in this
+    clip)."""
     build, run, x = {
         "ltx_video": (VAES["ltx_video"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "ltx2": (VAES["ltx2"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
@@ -2173,6 +2200,8 @@ def test_training_gradients_stay_channels_last(name, aten_path):
         "kandinsky6_sr": (kandinsky6_sr, encode_decode, torch.randn(1, 3, 9, 32, 32)),
         "autoencoderkl": (_generative_autoencoders()["autoencoderkl"], autoencode, torch.randn(1, 1, 16, 16, 16)),
         "diffusion_unet": (_diffusion_unets()["self_attention"], denoise, torch.randn(1, 4, 16, 16, 16)),
+        "wan": (VAES["wan"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
+        "wan22": (VAES["wan22"], encode_decode, torch.randn(1, 3, 9, 32, 32)),
     }[name]
     _, converted = stock_and_converted(build)
-    assert _gradient_layout_copies(converted, run, x) <= (4 if name == "hunyuan_video15" else 2)
+    assert _gradient_layout_copies(converted, run, x) <= {"hunyuan_video15": 4, "wan22": 2 + 3}.get(name, 2)

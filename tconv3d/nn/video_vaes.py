@@ -1955,7 +1955,37 @@ def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
 
 def _interleave_frames(x: torch.Tensor) -> torch.Tensor:
     """(B, 2C, T, H, W) -> (B, C, 2T, H, W), frame 2t + s from channels [sC, (s+1)C) of frame t (WanResample's
-    temporal upsampling), written into a channels_last_3d result."""
+    temporal upsampling), written into a channels_last_3d result. Its backward is the inverse rearrangement of the
+    gradient, written channels_last_3d, where autograd's reshape backward of diffusers' stack answered NCDHW and
+    handed the time_conv a gradient to lay out again."""
+    if autograd_traced(x):
+        return _interleaved(x)  # autograd's backward, as _depth_to_space's
+    return _InterleaveFrames.apply(x)
+
+
+class _InterleaveFrames(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return _interleaved(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        b, c, t2, h, w = grad.shape
+        grad_x = torch.empty((b, 2 * c, t2 // 2, h, w), dtype=grad.dtype, device=grad.device, memory_format=_CL)
+        # grad_x's (B, s, C, T, H, W) from grad's frames 2t + s, in grad's layout, whatever it is
+        grad_x.unflatten(1, (2, c)).copy_(grad.unflatten(2, (-1, 2)).permute(0, 3, 1, 2, 4, 5))
+        return grad_x
+
+    @staticmethod
+    def jvp(ctx, x_tangent):
+        return _interleaved(x_tangent)
+
+
+def _interleaved(x: torch.Tensor) -> torch.Tensor:
     b, c2, t, h, w = x.shape
     c = c2 // 2
     out = torch.empty((b, c, 2 * t, h, w), dtype=x.dtype, device=x.device, memory_format=_CL)
@@ -2055,16 +2085,55 @@ def _source_shape(factors, repeats: int) -> tuple[int, ...] | None:
 
 def _duplicated(x: torch.Tensor, out_channels: int, factors, repeats: int) -> torch.Tensor:
     """DupUp3D: x.repeat_interleave(repeats, dim=1) depth-to-space by `factors` (packed channels ordered (C, f0,
-    f1, f2)), written once into a channels_last_3d result, x's values broadcast as `_source_shape` maps them."""
+    f1, f2)), written once into a channels_last_3d result, x's values broadcast as `_source_shape` maps them. Its
+    backward sums the gradient over what was broadcast into a channels_last_3d gradient, where autograd's expand
+    backward answered NCDHW."""
+    if autograd_traced(x):
+        return _duplicate(x, out_channels, tuple(factors), repeats)  # autograd's backward, as _depth_to_space's
+    return _Duplicated.apply(x, out_channels, tuple(factors), repeats)
+
+
+class _Duplicated(torch.autograd.Function):
+    @staticmethod
+    def forward(x, out_channels, factors, repeats):
+        return _duplicate(x, out_channels, factors, repeats)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.out_channels, ctx.factors, ctx.repeats = inputs
+        ctx.x = (x.shape, x.dtype, x.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype, device = ctx.x
+        grad_x = torch.empty(shape, dtype=dtype, device=device, memory_format=_CL)
+        target, source = _duplicate_views(grad, grad_x, ctx.factors, ctx.repeats)
+        broadcast = [d for d, (n, m) in enumerate(zip(source.shape, target.shape, strict=True)) if n != m]
+        torch.sum(target, broadcast, keepdim=True, out=source)
+        return grad_x, None, None, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, *_):
+        return _duplicate(x_tangent, ctx.out_channels, ctx.factors, ctx.repeats)
+
+
+def _duplicate(x: torch.Tensor, out_channels: int, factors, repeats: int) -> torch.Tensor:
     b, _, t, h, w = x.shape
     f0, f1, f2 = factors
     out = torch.empty((b, out_channels, t * f0, h * f1, w * f2), dtype=x.dtype, device=x.device, memory_format=_CL)
-    # channels_last_3d storage is (B, T, f0, H, f1, W, f2, C): viewed (B, C, f0, f1, f2, T, H, W)
-    target = out.permute(0, 2, 3, 4, 1).view(b, t, f0, h, f1, w, f2, out_channels).permute(0, 7, 2, 4, 6, 1, 3, 5)
-    groups, *shape = _source_shape(factors, repeats)
-    target = target.unflatten(1, (-1, groups))  # (B, C / groups, groups, f0, f1, f2, T, H, W)
-    target.copy_(x.view(b, -1, 1, *shape, t, h, w).expand(target.shape))
+    target, source = _duplicate_views(out, x, factors, repeats)
+    target.copy_(source.expand(target.shape))
     return out
+
+
+def _duplicate_views(out: torch.Tensor, x: torch.Tensor, factors, repeats: int):
+    """(out's view, x's view) that DupUp3D pairs, (B, C / groups, groups, f0, f1, f2, T, H, W), x's with size 1
+    where its values are broadcast: out's voxel (n, c, t f0 + i0, h f1 + i1, w f2 + i2) is the element (n, c //
+    groups, c % groups, i0, i1, i2, t, h, w). Views in any layout."""
+    b, _, t, h, w = x.shape
+    groups, *shape = _source_shape(factors, repeats)
+    target = out.unflatten(4, (w, -1)).unflatten(3, (h, -1)).unflatten(2, (t, -1)).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    return target.unflatten(1, (-1, groups)), x.view(b, -1, 1, *shape, t, h, w)
 
 
 class _WanAttentionBlock:
