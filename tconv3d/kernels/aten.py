@@ -65,27 +65,27 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=
 
 
 def scale_shift(mean, rstd, weight, bias, channels: int):
-    """Per (n, channel) a, b with normalised-and-affine x = x * a + b (fp32 [N, C]), as group_norm._fold_kernel's."""
-    groups = mean.shape[1]
-    a = rstd.repeat_interleave(channels // groups, dim=1)
-    b = -mean.repeat_interleave(channels // groups, dim=1) * a
+    """Per (n, channel) center, a, b with normalised-and-affine x = (x - center) * a + b (fp32 [N, C], [N, C, 1, 1,
+    1]-viewable), as group_norm's kernels take them: x centered before it is scaled (see its module docstring)."""
+    per_group = channels // mean.shape[1]
+    center = mean.repeat_interleave(per_group, dim=1)
+    a = rstd.repeat_interleave(per_group, dim=1)
     if weight is not None:
         a = a * weight.float()
-        b = b * weight.float()
-    if bias is not None:
-        b = b + bias.float()
-    return a.contiguous(), b.contiguous()
+    b = bias.float().expand_as(a) if bias is not None else torch.zeros_like(a)
+    return center.contiguous(), a.contiguous(), b.contiguous()
 
 
-def backward_coefficients(sums, voxels: int, mean, rstd, weight, groups: int):
-    """From per (n, channel) sums of dy' and dy' * x: the coefficients of dx = dy' * k1 + x * k2 + k3 (fp32
-    [N, C] each) and the weight and bias gradients (fp32 [C]), as group_norm._fold_kernel's FOLD_BACKWARD."""
+def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
+    """From per (n, channel) sums of dy' and dy' * (x - mean): the coefficients of dx = dy' * k1 + (x - mean) * k2
+    + k3 (fp32 [N, C] each) and the weight and bias gradients (fp32 [C]), as group_norm._fold_kernel's
+    FOLD_BACKWARD."""
     n, _, c = sums.shape
     per_group = c // groups
     expand = lambda t: t.repeat_interleave(per_group, dim=1)  # noqa: E731  [N, groups] -> [N, C]
     gamma = weight.float()[None, :] if weight is not None else torch.ones(1, c, device=sums.device)
     dy_sum, dyx_sum = sums[:, 0], sums[:, 1]
-    dy_xhat = expand(rstd) * (dyx_sum - expand(mean) * dy_sum)  # sum over voxels of dy' * xhat, [N, C]
+    dy_xhat = expand(rstd) * dyx_sum  # sum over voxels of dy' * xhat, [N, C]
     grad_bias = dy_sum.sum(dim=0)
     grad_weight = dy_xhat.sum(dim=0)
     group_a = (gamma * dy_sum).view(n, groups, per_group).sum(dim=2)  # sum over the group of gamma * dy'
@@ -93,18 +93,18 @@ def backward_coefficients(sums, voxels: int, mean, rstd, weight, groups: int):
     total = voxels * per_group
     k1 = expand(rstd) * gamma
     k2 = expand(-rstd.square() * group_b / total)
-    k3 = expand(-rstd * group_a / total + rstd.square() * mean * group_b / total)
+    k3 = expand(-rstd * group_a / total)
     return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
 
 
 def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
-    """The kernels' forward in torch ops, fp32: one statistics pass, then y = act(x * a + b) with the same
-    per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
+    """The kernels' forward in torch ops, fp32: one statistics pass, then y = act((x - mean) * a + b) with the
+    same per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
     xf = x.float()
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
-    a, b = scale_shift(mean, rstd, weight, bias, x.shape[1])
-    y = xf * a[:, :, None, None, None] + b[:, :, None, None, None]
+    center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
+    y = (xf - center) * a + b
     if activation == "silu":
         y = F.silu(y)
     return _as_ndhwc(y.to(x.dtype)), mean, rstd
@@ -113,14 +113,15 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
     """The kernels' backward in torch ops: the same sums, coefficients and formula."""
     c = x.shape[1]
-    xf, dy = x.float(), grad_out.float()
-    a, b = scale_shift(mean, rstd, weight, bias, c)
+    dy = grad_out.float()
+    center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
+    centered = x.float() - center
     if activation == "silu":
-        dy = dy * _silu_grad(xf * a[:, :, None, None, None] + b[:, :, None, None, None])
-    sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * xf).sum(dim=(2, 3, 4))], dim=1)
-    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), mean, rstd, weight, groups)
+        dy = dy * _silu_grad(centered * a + b)
+    sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
+    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
-    grad_in = dy * per_channel(k1) + xf * per_channel(k2) + per_channel(k3)
+    grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
     return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias
 
 

@@ -5,16 +5,20 @@ Viewed as (N, S = D*H*W voxels, C), a channels_last_3d tensor has each voxel's c
 kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised along C:
 - `_channel_reduce_kernel`: per (batch, voxel split, channel) the partial moments the forward needs (mean and
   squared deviations, combined block by block with Chan's formula: no cancellation), or the two sums the
-  backward needs. The host folds channels into groups and splits into totals in a fixed order, so both
-  directions are bitwise deterministic, with no atomics.
+  backward needs (of dy' and of dy' times x less its group's mean: no cancellation either). The host folds
+  channels into groups and splits into totals in a fixed order, so both directions are bitwise deterministic,
+  with no atomics.
 - `_fold_kernel`: a program a few groups (FOLD_CHANNELS) folds the partials into what the other two take, splits
   and channels in a fixed order: the forward's mean and rstd per (batch, group) and a, b per (batch, channel); a
   and b again from mean and rstd (the backward's first step); the backward's k1, k2, k3 and the weight and bias
   gradients (summed over the batch in order). One launch where the same arithmetic in torch ops was some 25 tiny
   kernels and their host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch
   for the aten path).
-- `_affine_kernel`: y = act(x * a + b) with per-(batch, channel) a and b that fold mean, rstd, weight and bias;
-  backward dx = dy' * k1 + x * k2 + k3 with dy' = dy * act'(x * a + b), recomputed, not stored.
+- `_affine_kernel`: y = act((x - mean) * a + b) with per-(batch, channel) a and b that fold rstd, weight and bias;
+  backward dx = dy' * k1 + (x - mean) * k2 + k3 with dy' = dy * act'((x - mean) * a + b), recomputed, not stored.
+  x is centered before it is scaled: the folded form x * a + (b - mean * a) subtracts two products of the mean's
+  size, whose difference is |mean| / std times less precise (torch's group_norm folds, and drifts from float64
+  by 1e-3 where the mean is 100 standard deviations; its instance_norm centers, as here).
 A norm is three launches each way (the backward's fold twice: four). Statistics and coefficients are fp32 whatever
 the tensor dtype; nothing NCDHW is ever made.
 """
@@ -34,14 +38,15 @@ SPLIT_BLOCKS = 16  # voxel blocks per reduction program
 
 @triton.jit
 def _channel_reduce_kernel(
-    x_ptr, dy_ptr, a_ptr, b_ptr, out_ptr,
-    S, C, C0, SPLIT_S,
+    x_ptr, dy_ptr, mean_ptr, a_ptr, b_ptr, out_ptr,
+    S, C, C0, SPLIT_S, GROUPS, PER_GROUP,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_an, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
-    the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * x, where dy' is dy through
-    the activation (SILU) at x * a + b. x holds C channels, the concatenation's C0 .. C0 + C (a source of a
+    the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
+    through the activation (SILU) at (x - mean) * a + b and mean is [N, GROUPS], PER_GROUP channels a group. x
+    holds C channels, the concatenation's C0 .. C0 + C (a source of a
     concatenation along C; C0 = 0 and C all of them without one): dy, a, b and out are the concatenation's, their
     channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart, a's and b's rows stride_an. Grid
     (N, channel blocks, splits)."""
@@ -54,11 +59,12 @@ def _channel_reduce_kernel(
     x_base = x_ptr + n.to(tl.int64) * stride_xn
     if BACKWARD:
         dy_base = dy_ptr + n.to(tl.int64) * stride_dn
+        center = tl.load(mean_ptr + n * GROUPS + wide_c // PER_GROUP, mask=mask_c, other=0.0)
         if SILU:
             a = tl.load(a_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
             b = tl.load(b_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
-    second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * x
+    second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * (x - mean)
     count = 0.0
     for s0 in range(s_start, s_end, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
@@ -67,13 +73,17 @@ def _channel_reduce_kernel(
         x = tl.load(x_base + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0).to(tl.float32)
         if BACKWARD:
             dy = tl.load(dy_base + voxels * stride_dv + wide_c[None, :], mask=mask, other=0.0).to(tl.float32)
+            centered = x - center[None, :]  # outside the mask dy is 0
             if SILU:
-                dy = dy * silu_grad(x * a[None, :] + b[None, :])
+                dy = dy * silu_grad(centered * a[None, :] + b[None, :])
             first += tl.sum(dy, axis=0)
-            second += tl.sum(dy * x, axis=0)
+            second += tl.sum(dy * centered, axis=0)
         else:
             rows = tl.minimum(s_end - s0, BLOCK_S).to(tl.float32)
             block_mean = tl.sum(x, axis=0) / rows
+            # corrected by the mean of the deviations, which are small: the block's sum of values of the mean's
+            # size rounds by an ulp of the sum, some of the mean's ulps
+            block_mean += tl.sum(tl.where(mask, x - block_mean[None, :], 0.0), axis=0) / rows
             deviation = tl.where(mask, x - block_mean[None, :], 0.0)
             block_m2 = tl.sum(deviation * deviation, axis=0)
             total = count + rows
@@ -88,13 +98,14 @@ def _channel_reduce_kernel(
 
 @triton.jit
 def _affine_kernel(
-    x_ptr, dy_ptr, out_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr,
-    S, C, C0,
+    x_ptr, dy_ptr, out_ptr, mean_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr,
+    S, C, C0, GROUPS, PER_GROUP,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Forward: out = act(x * a + b). Backward: out = dy' * k1 + x * k2 + k3, dy' = dy * act'(x * a + b).
-    a, b, k1, k2, k3 are fp32 rows stride_an apart. x holds the concatenation's channels C0 .. C0 + C, the
+    """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
+    act'((x - mean) * a + b). a, b, k1, k2, k3 are fp32 rows stride_an apart; mean is [N, GROUPS], PER_GROUP
+    channels a group. x holds the concatenation's channels C0 .. C0 + C, the
     others are the concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv,
     stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
@@ -105,7 +116,7 @@ def _affine_kernel(
     voxels = offs_s.to(tl.int64)[:, None]
     wide_c = (C0 + offs_c)[None, :]  # the channels in the concatenation
     x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
+    x = x.to(tl.float32) - tl.load(mean_ptr + n * GROUPS + (C0 + offs_c) // PER_GROUP, mask=mask_c, other=0.0)[None, :]
     coefficients = n * stride_an + C0 + offs_c
     a = tl.load(a_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
     b = tl.load(b_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
@@ -142,10 +153,10 @@ def _fold_kernel(
     time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
     partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; a, b, k1, k2, k3
     [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts:
-    the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias - mean * a from
-    mean and rstd. FOLD_BACKWARD: the split sums of dy' and dy' * x -> dx = dy' * k1 + x * k2 + k3 and the weight
-    and bias gradients. Each group's sums run over its own splits and channels in the same order whatever
-    BLOCK_GROUPS is."""
+    the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias (y = (x - mean)
+    * a + b) from rstd. FOLD_BACKWARD: the split sums of dy' and dy' * (x - mean) -> dx = dy' * k1 + (x - mean) *
+    k2 + k3 and the weight and bias gradients. Each group's sums run over its own splits and channels in the same
+    order whatever BLOCK_GROUPS is."""
     groups = C // PER_GROUP
     group = tl.program_id(0) * BLOCK_GROUPS + tl.arange(0, BLOCK_GROUPS)
     offs = tl.arange(0, BLOCK_G)
@@ -167,11 +178,18 @@ def _fold_kernel(
                 first += tl.sum(tl.sum(means, axis=2) * counts[:, None], axis=0)
             mean = first / total
             spread = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
+            shift = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)  # the sum of the deviations, small: mean's fix
             for s0 in range(0, SPLITS, BLOCK_S):
                 means, counts, tile = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
                 m2, _, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
                 deviation = tl.where(tile, means - mean[None, :, None], 0.0)
                 spread += tl.sum(tl.sum(m2, axis=2) + tl.sum(deviation * deviation, axis=2) * counts[:, None], axis=0)
+                shift += tl.sum(tl.sum(deviation, axis=2) * counts[:, None], axis=0)
+            # first's sum of values of the mean's size rounded by an ulp of the sum: the mean corrected by the
+            # deviations' mean, and the spread taken about the corrected mean (less total * correction^2)
+            correction = shift / total
+            mean += correction
+            spread = tl.maximum(spread - total * correction * correction, 0.0)
             rstd = 1.0 / tl.sqrt(spread / total + eps)
             tl.store(mean_ptr + n * groups + group, mean, mask=in_group)
             tl.store(rstd_ptr + n * groups + group, rstd, mask=in_group)
@@ -185,20 +203,20 @@ def _fold_kernel(
             for s0 in range(0, SPLITS, BLOCK_S):
                 dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)[0], 0)
                 dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)[0], 0)
-            dy_xhat = rstd[:, None] * (dyx_sum - mean[:, None] * dy_sum)  # sum over the voxels of dy' * xhat
+            dy_xhat = rstd[:, None] * dyx_sum  # sum over the voxels of dy' * xhat
             db += dy_sum
             dw += dy_xhat
             group_a = tl.sum(gamma * dy_sum, axis=1)  # over each group, of gamma * dy'
             group_b = tl.sum(gamma * dy_xhat, axis=1)  # ... of gamma * dy' * xhat
             k2 = -rstd * rstd * group_b / total
-            k3 = -rstd * group_a / total + rstd * rstd * mean * group_b / total
+            k3 = -rstd * group_a / total
             tl.store(k1_ptr + out, rstd[:, None] * gamma + zeros, mask=mask)
             tl.store(k2_ptr + out, k2[:, None] + zeros, mask=mask)
             tl.store(k3_ptr + out, k3[:, None] + zeros, mask=mask)
         else:
             a = rstd[:, None] * gamma + zeros
             tl.store(a_ptr + out, a, mask=mask)
-            tl.store(b_ptr + out, beta - mean[:, None] * a, mask=mask)
+            tl.store(b_ptr + out, beta + zeros, mask=mask)
     if MODE == FOLD_BACKWARD:
         tl.store(dw_ptr + channels, dw, mask=mask)
         tl.store(db_ptr + channels, db, mask=mask)
@@ -272,10 +290,10 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(sources, dy, a, b, silu: bool, backward: bool) -> torch.Tensor:
+def _channel_reduce(sources, dy, mean, a, b, silu: bool, backward: bool) -> torch.Tensor:
     """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
     (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
-    launch each; dy, a and b are the concatenation's."""
+    launch each; dy, mean ([N, groups]), a and b are the concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
@@ -284,11 +302,12 @@ def _channel_reduce(sources, dy, a, b, silu: bool, backward: bool) -> torch.Tens
     for x, first in _channel_slices(sources):
         width = x.shape[1]
         grads = dy if dy is not None else x
-        scale, shift = (t if t is not None else out for t in (a, b))
+        center, scale, shift = (t if t is not None else out for t in (mean, a, b))
+        groups = mean.shape[1] if mean is not None else 1
         launch(
             _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
-            x, grads, scale, shift, out,
-            voxels, width, first, per_split,
+            x, grads, center, scale, shift, out,
+            voxels, width, first, per_split, groups, c // groups,
             x.stride(0), width, grads.stride(0), grads.shape[1], scale.stride(0), *out.stride()[:3],
             BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
@@ -303,9 +322,9 @@ def _channel_slices(sources):
         first += x.shape[1]
 
 
-def _affine(sources, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
-    """The forward's act(x * a + b) or the backward's input gradient (see _affine_kernel) of the concatenation
-    along C of `sources`, in one channels_last_3d tensor, a launch a source."""
+def _affine(sources, dy, mean, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
+    """The forward's act((x - mean) * a + b) or the backward's input gradient (see _affine_kernel) of the
+    concatenation along C of `sources`, in one channels_last_3d tensor, a launch a source."""
     x = sources[0]
     n = x.shape[0]
     c = sum(source.shape[1] for source in sources)
@@ -314,12 +333,13 @@ def _affine(sources, dy, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.T
     if out.numel() == 0:
         return out
     backward = dy is not None
+    groups = mean.shape[1]
     for x, first in _channel_slices(sources):
         grads = dy if backward else x
         launch(
             _affine_kernel, (cdiv(voxels, BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
-            x, grads, out, a, b, *((k1, k2, k3) if backward else (a, a, a)),
-            voxels, x.shape[1], first,
+            x, grads, out, mean, a, b, *((k1, k2, k3) if backward else (a, a, a)),
+            voxels, x.shape[1], first, groups, c // groups,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, a.stride(0),
             BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
@@ -342,9 +362,9 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ch
     if x.numel() == 0:
         stats = torch.full((n, groups), float("nan"), device=x.device)
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
-    partials = _channel_reduce(sources, None, None, None, False, False)
+    partials = _channel_reduce(sources, None, None, None, None, False, False)
     mean, rstd, a, b = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, c, eps)
-    return _affine(sources, None, a, b, silu=activation == "silu"), mean, rstd
+    return _affine(sources, None, mean, a, b, silu=activation == "silu"), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
@@ -356,8 +376,8 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device)
         return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
-    silu, voxels = activation == "silu", x[0, 0].numel()
+    silu, voxels, mean = activation == "silu", x[0, 0].numel(), mean.contiguous()
     a, b = _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, c)
-    partials = _channel_reduce(sources, grad_out, a, b, silu, True)  # [N, splits, 2, C]: sums of dy', dy' * x
+    partials = _channel_reduce(sources, grad_out, mean, a, b, silu, True)  # [N, splits, 2, C]: dy', dy' (x - mean)
     k1, k2, k3, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, c)
-    return _affine(sources, grad_out, a, b, k1, k2, k3, silu), grad_weight, grad_bias
+    return _affine(sources, grad_out, mean, a, b, k1, k2, k3, silu), grad_weight, grad_bias
