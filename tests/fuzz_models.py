@@ -1,0 +1,241 @@
+"""Random runs of whole converted models against their stock selves: the video VAEs of the real-model tests
+(diffusers' Wan, Wan 2.2, CogVideoX, Mochi, HunyuanVideo and 1.5, LTX-Video and LTX-2, Cosmos, EasyAnimate,
+HunyuanImage 2.1's refiner, Kandinsky 5's and 6's) and MONAI's UNets, on inputs drawn at random: batch, frames and
+sizes that the test configs' fixed shapes never take (odd frame counts, chunks that do not divide the clip, sizes
+that halve to odd or to one voxel), inference and a training step (output, input and parameter gradients),
+diffusers' tiled encode and decode. Where the stock model refuses an input, the draw is skipped.
+
+fuzz.py draws the kernels' problems; this draws the adapters' (tconv3d.nn): their pads, caches, chunking,
+resampling and shortcuts, as the models call them. The convolutions run through aten inside tconv3d's ops (the
+`aten_path` of the real-model tests), so a draw costs what the stock model does.
+
+    python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...]
+    python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
+
+A draw passes where the converted model's result is within 1e-4 of stock's (relative L2, float32; the parameter
+gradients concatenated), or else no more than 10x as far from the float64 stock model's as stock's own float32
+result is (tiny volumes make a model ill-conditioned: a norm over two voxels). A training step that fails with a
+ReLU's input on the other side of zero than stock's (within a rounding of it: that voxel takes the other slope,
+and the gradients move by ~1e-3-1e-2; MONAI's AttentionUnet has a million such inputs a step) is counted apart, as
+"kinks"; any other failure is drawn again, the same case with other random inputs, and one that does not come
+back is counted apart, as "once". Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the real-model tests' helpers import tconv3d's kernels
+
+import argparse
+import copy
+import json
+import logging
+import random
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+import tconv3d
+from tconv3d import settings
+from tconv3d.testing import rel_l2
+
+MATCH = 1e-4  # real_models.MATCH: fp32, relative L2
+ILL_CONDITIONED = 10  # how much farther from float64 than stock's own float32 a draw may be where MATCH fails
+
+# A VAE's input is (B, 3, T, H, W) with H and W multiples of its spatial unit (its compression, or what its
+# encoder's patching needs), 8 unless listed.
+SPATIAL_UNIT = {"cosmos": 32, "wan22": 32, "ltx2": 16, "hunyuan_video15": 16, "hunyuan_image_refiner": 16}
+MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet")
+
+
+def builders() -> dict:
+    from test_integrations import VAES, _monai_nets, kandinsky6_sr, kvae_video
+
+    monai = _monai_nets()
+    return {**VAES, "kvae_video": kvae_video, "kandinsky6_sr": kandinsky6_sr,
+            **{f"monai_{name}": monai[name] for name in MONAI}}  # fmt: skip
+
+
+def draw(rng: random.Random, names: list[str]) -> dict:
+    """A case: model, input shape, mode and tiling."""
+    name = rng.choice(names)
+    mode = rng.choice(["eval", "eval", "train"])
+    if name.startswith("monai_"):
+        return {"model": name, "shape": [rng.choice([1, 2]), 1, *(rng.randrange(8, 41) for _ in range(3))],
+                "mode": mode, "tiling": False}  # fmt: skip
+    unit = SPATIAL_UNIT.get(name, 8)
+    frames = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 17])
+    shape = [rng.choice([1, 1, 2]), 3, frames, unit * rng.randint(1, 4), unit * rng.randint(1, 5)]
+    return {"model": name, "shape": shape, "mode": mode, "tiling": rng.random() < 0.15}
+
+
+def run_model(model, x, case: dict):
+    if case["model"].startswith("monai_"):
+        return model(x)
+    if case["tiling"]:
+        unit = SPATIAL_UNIT.get(case["model"], 8)
+        try:  # tiles of two units overlapping by half a unit, where the VAE takes tile sizes
+            model.enable_tiling(
+                tile_sample_min_height=2 * unit, tile_sample_min_width=2 * unit,
+                tile_sample_stride_height=2 * unit - unit // 2, tile_sample_stride_width=2 * unit - unit // 2,
+            )  # fmt: skip
+        except TypeError:
+            model.enable_tiling()
+    try:
+        return model.decode(model.encode(x).latent_dist.mode()).sample
+    finally:
+        if case["tiling"]:
+            model.disable_tiling()
+
+
+def results(model, x, case: dict, grad) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The output, and in "train" mode the input's gradient and the parameters' (concatenated) along `grad` (a
+    tensor, or what makes one of the output's shape); and the gradient taken."""
+    if case["mode"] == "eval":
+        with torch.no_grad():
+            return [run_model(model.eval(), x, case)], None
+    model.zero_grad()
+    x = x.detach().requires_grad_()
+    out = run_model(model.train(), x, case)
+    grad = grad if isinstance(grad, torch.Tensor) else grad(out.shape)
+    out.backward(grad.to(out.dtype))
+    model.eval()
+    params = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return [out.detach(), x.grad, params], grad
+
+
+class Models:
+    """Stock and converted models, built once a name (seeded as the real-model tests build them) and given back
+    as built every draw: a training step moves BatchNorm's running statistics, and one that stock started and
+    refused part-way moved stock's alone."""
+
+    def __init__(self):
+        self.builders, self.built = builders(), {}
+
+    def __call__(self, name: str):
+        if name not in self.built:
+            torch.manual_seed(0)
+            stock = self.builders[name]().eval()
+            self.built[name] = (stock, tconv3d.nn.convert(copy.deepcopy(stock)), copy.deepcopy(stock.state_dict()))
+        stock, converted, state = self.built[name]
+        for model in (stock, converted):
+            model.load_state_dict(state)
+        return stock, converted
+
+
+PIECEWISE = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh)
+
+
+def check(case: dict, models: Models, seed: int) -> str | None:
+    """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
+    training step's piecewise-linear activations took another side of zero than stock's, "once: ..." where the
+    same case on other inputs (seed + 2^31) passes."""
+    problem = _check(case, models, seed)
+    if problem in (None, "skipped"):
+        return problem
+    if case["mode"] == "train" and (flips := kinks(case, models, seed)):
+        return f"kinks: {flips} activation inputs on the other side of zero; " + problem
+    again = _check(case, models, seed + 2**31)
+    return problem if again not in (None, "skipped") else "once: " + problem
+
+
+def kinks(case: dict, models: Models, seed: int) -> int:
+    """How many inputs of the models' piecewise-linear activation modules have another sign in the converted
+    model than in stock, in the case's forward."""
+    inputs = []
+    for model in models(case["model"]):
+        seen = []
+        handles = [module.register_forward_hook(lambda module, args, out, seen=seen: seen.append(args[0] > 0))
+                   for module in model.modules() if isinstance(module, PIECEWISE)]  # fmt: skip
+        try:
+            with torch.no_grad():
+                x = torch.randn(case["shape"], generator=torch.Generator().manual_seed(seed))
+                run_model(model.train(), x, case)
+        finally:
+            model.eval()
+            for handle in handles:
+                handle.remove()
+        inputs.append(seen)
+    stock, converted = inputs
+    if len(stock) != len(converted):
+        return 0
+    return sum(int((a != b).sum()) for a, b in zip(stock, converted, strict=True) if a.shape == b.shape)
+
+
+def _check(case: dict, models: Models, seed: int) -> str | None:
+    """None if the case passes or stock refuses its input ("skipped"), else what failed."""
+    stock, converted = models(case["model"])
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(case["shape"], generator=generator)
+    try:
+        expected, grad = results(stock, x, case, lambda shape: torch.randn(shape, generator=generator))
+    except Exception:
+        return "skipped"
+    try:
+        ours, _ = results(converted, x, case, grad)
+    except Exception:
+        return "raised where stock did not:\n" + traceback.format_exc()
+    if [t.shape for t in ours] != [t.shape for t in expected]:
+        return f"shapes {[tuple(t.shape) for t in ours]} against stock's {[tuple(t.shape) for t in expected]}"
+    errors = [rel_l2(a, b) for a, b in zip(ours, expected, strict=True)]
+    if max(errors) < MATCH:
+        return None
+    exact, _ = results(copy.deepcopy(stock).double(), x.double(), case, grad)  # stock's state now (BatchNorm's)
+    ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
+    stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]
+    if all(o <= max(ILL_CONDITIONED * s, 1e-5) for o, s in zip(ours_off, stock_off, strict=True)):
+        return None
+    names = ("output", "input gradient", "parameter gradients")
+    return "; ".join(f"{n}: {e:.2e} from stock, from float64 {o:.2e} (stock {s:.2e})"
+                     for n, e, o, s in zip(names, errors, ours_off, stock_off, strict=False))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
+    parser.add_argument("--models", help="comma-separated (default: all)")
+    parser.add_argument("--replay", help="one failure's JSON line")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    settings.CPU_BACKEND = "aten"
+    models = Models()
+    if args.replay:
+        line = json.loads(args.replay)
+        problem = check(line["case"], models, line["seed"])
+        print(problem or "passes")
+        return int(problem not in (None, "skipped") and not problem.startswith(("once: ", "kinks: ")))
+    names = args.models.split(",") if args.models else list(models.builders)
+    unknown = sorted(set(names) - set(models.builders))
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
+    end, seed = time.monotonic() + args.seconds, args.seed
+    ran = failed = once = kinked = skipped = 0
+    while time.monotonic() < end:
+        case = draw(random.Random(seed), names)
+        problem = check(case, models, seed)
+        if problem == "skipped":
+            skipped += 1
+        else:
+            ran += 1
+            if problem is not None:
+                once += problem.startswith("once: ")
+                kinked += problem.startswith("kinks: ")
+                failed += not problem.startswith(("once: ", "kinks: "))
+                print(json.dumps({"seed": seed, "case": case, "problem": problem}), flush=True)
+        seed += 1
+    print(
+        f"fuzz_models: {ran} draws, {failed} failed, {kinked} at ReLU kinks, {once} once (not on other inputs), "
+        f"{skipped} refused by stock, seeds {args.seed}..{seed - 1}"
+    )
+    return int(failed > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
