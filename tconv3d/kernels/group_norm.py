@@ -193,8 +193,7 @@ def _fold_kernel(
             rstd = 1.0 / tl.sqrt(spread / total + eps)
             tl.store(mean_ptr + n * groups + group, mean, mask=in_group)
             tl.store(rstd_ptr + n * groups + group, rstd, mask=in_group)
-        else:
-            mean = tl.load(mean_ptr + n * groups + group, mask=in_group, other=0.0)
+        else:  # the coefficients of x - mean need no mean
             rstd = tl.load(rstd_ptr + n * groups + group, mask=in_group, other=0.0)
         out = n * C + channels
         if MODE == FOLD_BACKWARD:
