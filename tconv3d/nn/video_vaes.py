@@ -1976,8 +1976,8 @@ class _InterleaveFrames(torch.autograd.Function):
     def backward(ctx, grad):
         b, c, t2, h, w = grad.shape
         grad_x = torch.empty((b, 2 * c, t2 // 2, h, w), dtype=grad.dtype, device=grad.device, memory_format=_CL)
-        # grad_x's (B, s, C, T, H, W) from grad's frames 2t + s, in grad's layout, whatever it is
-        grad_x.unflatten(1, (2, c)).copy_(grad.unflatten(2, (-1, 2)).permute(0, 3, 1, 2, 4, 5))
+        frames_view, packed_view = _frame_pairs(grad, grad_x)
+        packed_view.copy_(frames_view)
         return grad_x
 
     @staticmethod
@@ -1987,11 +1987,17 @@ class _InterleaveFrames(torch.autograd.Function):
 
 def _interleaved(x: torch.Tensor) -> torch.Tensor:
     b, c2, t, h, w = x.shape
-    c = c2 // 2
-    out = torch.empty((b, c, 2 * t, h, w), dtype=x.dtype, device=x.device, memory_format=_CL)
-    # channels_last_3d storage is (B, T, 2, H, W, C)
-    out.permute(0, 2, 3, 4, 1).view(b, t, 2, h, w, c).copy_(x.view(b, 2, c, t, h, w).permute(0, 3, 1, 4, 5, 2))
+    out = torch.empty((b, c2 // 2, 2 * t, h, w), dtype=x.dtype, device=x.device, memory_format=_CL)
+    frames_view, packed_view = _frame_pairs(out, x)
+    frames_view.copy_(packed_view)
     return out
+
+
+def _frame_pairs(frames: torch.Tensor, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(frames' view, packed's view), both (B, 2, C, T, H, W), that the interleave pairs: frame 2t + s of frames
+    (B, C, 2T, H, W) and channels [sC, (s+1)C) of packed (B, 2C, T, H, W)'s frame t. Views in any layout: copying
+    the second into the first interleaves, the first into the second is its backward."""
+    return frames.unflatten(2, (-1, 2)).permute(0, 3, 1, 2, 4, 5), packed.unflatten(1, (2, -1))
 
 
 class _WanResidualDownBlock:
