@@ -1,5 +1,7 @@
 """Conv3d input gradient: an implicit-GEMM Triton kernel on NDHWC tensors, split by stride phase, and its launcher."""
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -316,7 +318,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         PACK_TAPS=c_out if packed else 0, W_TAPS=w_taps,
-        RUN=channel_run(c_out, grad_out) if packed else channel_run(diag[0], grad_out, weight) if diag[0] else 1,
+        RUN=channel_run(c_out, grad_out) if packed else _diagonal_run(diag, c_out, grad_out, weight),
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
         DIAG_CO=diag[1],
         HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
@@ -325,6 +327,13 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def _diagonal_run(diag, c_out, grad_out, weight) -> int:
+    """RUN of a launch reading a grouped weight's diagonal blocks in place (1 otherwise): a block's input channels
+    are one run of a weight row, and the kernel takes its groups' output channels (go's group offset) as a
+    multiple of RUN too, so RUN divides both (27 output channels a group in a view of 28-channel rows: 1, not 2)."""
+    return channel_run(math.gcd(diag[0], c_out), grad_out, weight) if diag[0] else 1
 
 
 def dense_channels_last(weight: torch.Tensor) -> int:
