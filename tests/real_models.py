@@ -26,6 +26,31 @@ def assert_all_on_tconv3d(report, every_layer_called=True):
     assert report.aten_conv3d_calls == 0 and report.tconv3d_calls > 0
 
 
+# The layers that read a VAE's own inputs (the clip, the latent): the only places a layout copy may stay.
+# Cosmos's input edge is its Haar patcher's conv (outside any layer the audit watches): its first projection reads
+# the patcher's channels_last_3d output.
+INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in"}
+# Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk, and their chunks'
+# latents are concatenated in front of quant_conv (model code).
+CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
+
+
+def assert_stays_channels_last(report, input_edges=INPUT_EDGES, upstream_copies=False):
+    """Activations channels_last_3d from the first layer to the last: only `input_edges` reach a tconv3d op in
+    another layout (at most once a call; None: at most one copy in all, the input's, where the edge has no fixed
+    name), no norm gets one, no pad or concatenation copy feeds a convolution, and (unless `upstream_copies`) no
+    copy model code made in front of one."""
+    copied = {layer.name: layer for layer in report.layers if layer.layout_copies}
+    if input_edges is None:
+        assert report.totals["layout_copies"] <= 1, report.table()
+    else:
+        assert set(copied) <= input_edges, report.table()
+        assert all(layer.layout_copies <= layer.calls for layer in copied.values()), report.table()
+    assert report.norm_layout_copies == 0, report.table()
+    assert report.totals["pad_copies_into_convs"] == report.totals["concat_copies_into_convs"] == 0, report.table()
+    assert upstream_copies or report.totals["upstream_copies_into_convs"] == 0, report.table()
+
+
 def saved_for_backward(model, run, x) -> int:
     """The bytes autograd keeps for the backward of run(model, x): each saved tensor's storage counted once (a
     view of it does not add), parameters included."""

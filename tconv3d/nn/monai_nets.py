@@ -137,8 +137,11 @@ class _UpBlock:
 class _UpCat:
     """MONAI's BasicUNet up block: `self.convs(torch.cat([x_e, x_0], dim=1))`, the encoder's features then the
     upsampled ones into a TwoConv (two Convolutions). The adapter gives the first Convolution x_0 as channels_after.
-    Its replicate padding of x_0 where the encoder's size is odd stays as MONAI writes it; where it pads nothing
-    (even sizes), MONAI's F.pad copied x_0 all the same, and here it is not called."""
+    Where the encoder's size is odd, MONAI replicate-pads x_0 by one plane at the far side (F.pad: a copy of all of
+    x_0 at the level's resolution): a lone transposed conv upsampling (MONAI's default, "deconv") writes that plane
+    itself (its output_size, the plane its bias alone) and the plane before it is copied over it in place, one plane
+    a padded dim; another upsampling keeps MONAI's pad. Where it pads nothing (even sizes), MONAI's F.pad copied x_0
+    all the same, and here it is not called."""
 
     classes = ("monai.networks.nets.basic_unet.UpCat",)
     attributes = ("upsample", "convs", "is_pad")
@@ -151,19 +154,34 @@ class _UpCat:
         return None
 
     def forward(self, x, x_e):
-        x_0 = self.upsample(x)
         if not isinstance(x_e, torch.Tensor):
-            return self.convs(x_0)
-        if self.is_pad:  # MONAI's: the 2x max pooling of odd edge lengths (its F.pad copies even padding nothing)
-            pads = [0] * (2 * (x.dim() - 2))
-            for i in range(x.dim() - 2):
-                if x_e.shape[-i - 1] != x_0.shape[-i - 1]:
-                    pads[2 * i + 1] = 1
-            if any(pads):
-                x_0 = torch.nn.functional.pad(x_0, pads, "replicate")
+            return self.convs(self.upsample(x))
+        x_0 = self._upsampled(x, x_e.shape[2:]) if self.is_pad else self.upsample(x)
         if hooked(self.convs):
             return self.convs(torch.cat([x_e, x_0], dim=1))
         return self.convs.conv_1(conv_of_concatenation(self.convs.conv_0, x_e, x_0))
+
+    def _upsampled(self, x, size):
+        """self.upsample(x), replicate-padded by one plane at the far side of each dim where its size is not
+        `size` (MONAI's: the 2x max pooling of odd edge lengths)."""
+        deconv = getattr(self.upsample, "deconv", None)
+        if len(self.upsample) == 1 and isinstance(deconv, ConvTranspose3d):
+            natural = [(n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(
+                x.shape[2:], deconv.stride, deconv.padding, deconv.dilation, deconv.kernel_size,
+                deconv.output_padding, strict=True)]  # fmt: skip
+            padded = [i for i in range(3) if size[i] != natural[i]]
+            if padded and all(size[i] == natural[i] + 1 and deconv.output_padding[i] + 1 < deconv.stride[i]
+                              for i in padded):  # fmt: skip
+                x_0 = deconv(x, output_size=list(size))  # each padded dim's last plane: the bias alone
+                for i in reversed(padded):  # W first, as F.pad's replicate: corners from planes already copied
+                    x_0.narrow(i + 2, -1, 1).copy_(x_0.narrow(i + 2, -2, 1))
+                return x_0
+        x_0 = self.upsample(x)
+        pads = [0] * (2 * (x.dim() - 2))
+        for i in range(x.dim() - 2):
+            if size[-i - 1] != x_0.shape[-i - 1]:
+                pads[2 * i + 1] = 1
+        return F.pad(x_0, pads, "replicate") if any(pads) else x_0
 
 
 class _AttentionLayer:

@@ -1313,14 +1313,14 @@ def _depth_to_space(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
     the space-to-depth of the gradient, written channels_last_3d, where autograd's reshape backward answered NCDHW
     and handed the conv before it a gradient to lay out again."""
     if autograd_traced(x):
-        return _shuffled(x, tuple(stride))[:, :, drop:]  # autograd's backward, as _resampled's
+        return _shuffled(x, tuple(stride), drop)  # autograd's backward, as _resampled's
     return _DepthToSpace.apply(x, tuple(stride), drop)
 
 
 class _DepthToSpace(torch.autograd.Function):
     @staticmethod
     def forward(x, stride, drop):
-        return _shuffled(x, stride)[:, :, drop:]
+        return _shuffled(x, stride, drop)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -1345,17 +1345,25 @@ class _DepthToSpace(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, x_tangent, *_):
-        return _shuffled(x_tangent, ctx.stride)[:, :, ctx.drop :]
+        return _shuffled(x_tangent, ctx.stride, ctx.drop)
 
 
-def _shuffled(x: torch.Tensor, stride) -> torch.Tensor:
+def _shuffled(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
+    """The depth-to-space of x, its first `drop` frames left out, in a dense channels_last_3d tensor (a frame
+    slice of one would not be dense at a batch above one: the norms after it would lay it out again)."""
     b, _, t, h, w = x.shape
     s0, s1, s2 = stride
     source = x.reshape(b, -1, s0, s1, s2, t, h, w)
     c = source.shape[1]
-    out = torch.empty((b, c, t * s0, h * s1, w * s2), dtype=x.dtype, device=x.device, memory_format=_CL)
-    # channels_last_3d storage is (B, T, s0, H, s1, W, s2, C): copy the source in that order.
-    out.permute(0, 2, 3, 4, 1).view(b, t, s0, h, s1, w, s2, c).copy_(source.permute(0, 5, 2, 6, 3, 7, 4, 1))
+    out = torch.empty((b, c, t * s0 - drop, h * s1, w * s2), dtype=x.dtype, device=x.device, memory_format=_CL)
+    # channels_last_3d storage is (B, T, s0, H, s1, W, s2, C), less the first frame's first `drop` sub-frames:
+    # copy the source in that order.
+    frames, order = out.permute(0, 2, 3, 4, 1), (0, 5, 2, 6, 3, 7, 4, 1)
+    if drop:
+        first = source[:, :, drop:, :, :, :1].permute(order)
+        frames[:, : s0 - drop].view(b, 1, s0 - drop, h, s1, w, s2, c).copy_(first)
+        frames, source, t = frames[:, s0 - drop :], source[:, :, :, :, :, 1:], t - 1
+    frames.view(b, t, s0, h, s1, w, s2, c).copy_(source.permute(order))
     return out
 
 
