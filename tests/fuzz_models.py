@@ -16,9 +16,16 @@ A draw passes where the converted model's result is within 1e-4 of stock's (rela
 gradients concatenated), or else no more than 10x as far from the float64 stock model's as stock's own float32
 result is (tiny volumes make a model ill-conditioned: a norm over two voxels). A training step that fails with a
 ReLU's input on the other side of zero than stock's (within a rounding of it: that voxel takes the other slope,
-and the gradients move by ~1e-3-1e-2; MONAI's AttentionUnet has a million such inputs a step) is counted apart, as
-"kinks"; any other failure is drawn again, the same case with other random inputs, and one that does not come
-back is counted apart, as "once". Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
+and the gradients move by ~1e-3-1e-2; MONAI's AttentionUnet has a million such inputs a step), or a max pooling's
+window whose maximum is another voxel than stock's (a near tie: the gradient goes to the other one), is counted
+apart, as "kinks"; any other failure is drawn again, the same case with other random inputs, and one that does not come
+back is counted apart, as "once". A draw that passes is then audited (tconv3d.nn.audit, as the case runs the
+model): every convolution on tconv3d, activations channels_last_3d from the first layer to the last (a layout
+copy at the input edges alone, none into a norm, no pad, concatenation or upstream copy into a convolution: the
+real-model tests' assert_stays_channels_last), or it fails as "layout:" with the audit's table. Where a VAE's latent
+frames are one voxel (8 x 8 pixels), the audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout
+as in the other, torch's ops (interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a
+layout copy of a few voxels. Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
 import os
 
@@ -39,12 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from real_models import CHUNKED_ENCODERS, INPUT_EDGES, MATCH, assert_all_on_tconv3d, assert_stays_channels_last
 
 import tconv3d
 from tconv3d import settings
 from tconv3d.testing import rel_l2
 
-MATCH = 1e-4  # real_models.MATCH: fp32, relative L2
 ILL_CONDITIONED = 10  # how much farther from float64 than stock's own float32 a draw may be where MATCH fails
 
 # A VAE's input is (B, 3, T, H, W) with H and W multiples of its spatial unit (its compression, or what its
@@ -79,10 +86,10 @@ def run_model(model, x, case: dict):
         return model(x)
     if case["tiling"]:
         unit = SPATIAL_UNIT.get(case["model"], 8)
-        try:  # tiles of two units overlapping by half a unit, where the VAE takes tile sizes
+        try:  # tiles of three units a unit apart, where the VAE takes tile sizes (latent tiles two voxels apart)
             model.enable_tiling(
-                tile_sample_min_height=2 * unit, tile_sample_min_width=2 * unit,
-                tile_sample_stride_height=2 * unit - unit // 2, tile_sample_stride_width=2 * unit - unit // 2,
+                tile_sample_min_height=3 * unit, tile_sample_min_width=3 * unit,
+                tile_sample_stride_height=2 * unit, tile_sample_stride_width=2 * unit,
             )  # fmt: skip
         except TypeError:
             model.enable_tiling()
@@ -131,27 +138,40 @@ class Models:
 PIECEWISE = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh)
 
 
+def _decisions(module, args) -> torch.Tensor:
+    """The branch a piecewise module took at each input: an activation's side of zero, a max pooling's argmax
+    (which voxel of each window its gradient goes to)."""
+    if isinstance(module, torch.nn.MaxPool3d):
+        return torch.nn.functional.max_pool3d(
+            args[0], module.kernel_size, module.stride, module.padding, module.dilation, module.ceil_mode,
+            return_indices=True,
+        )[1]  # fmt: skip
+    return args[0] > 0
+
+
 def check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
-    training step's piecewise-linear activations took another side of zero than stock's, "once: ..." where the
+    training step's piecewise-linear activations took another side of zero than stock's (or its max poolings
+    another voxel), "once: ..." where the
     same case on other inputs (seed + 2^31) passes."""
     problem = _check(case, models, seed)
-    if problem in (None, "skipped"):
+    if problem in (None, "skipped") or problem.startswith("layout: "):  # the audit's is no rounding
         return problem
     if case["mode"] == "train" and (flips := kinks(case, models, seed)):
-        return f"kinks: {flips} activation inputs on the other side of zero; " + problem
+        return f"kinks: {flips} activation inputs across zero or pooling maxima moved; " + problem
     again = _check(case, models, seed + 2**31)
     return problem if again not in (None, "skipped") else "once: " + problem
 
 
 def kinks(case: dict, models: Models, seed: int) -> int:
     """How many inputs of the models' piecewise-linear activation modules have another sign in the converted
-    model than in stock, in the case's forward."""
+    model than in stock, and how many max pooling windows another maximum, in the case's forward."""
     inputs = []
     for model in models(case["model"]):
         seen = []
-        handles = [module.register_forward_hook(lambda module, args, out, seen=seen: seen.append(args[0] > 0))
-                   for module in model.modules() if isinstance(module, PIECEWISE)]  # fmt: skip
+        handles = [module.register_forward_hook(lambda module, args, out, seen=seen: seen.append(
+                       _decisions(module, args))) for module in model.modules()
+                   if isinstance(module, (*PIECEWISE, torch.nn.MaxPool3d))]  # fmt: skip
         try:
             with torch.no_grad():
                 x = torch.randn(case["shape"], generator=torch.Generator().manual_seed(seed))
@@ -183,16 +203,50 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
     if [t.shape for t in ours] != [t.shape for t in expected]:
         return f"shapes {[tuple(t.shape) for t in ours]} against stock's {[tuple(t.shape) for t in expected]}"
     errors = [rel_l2(a, b) for a, b in zip(ours, expected, strict=True)]
-    if max(errors) < MATCH:
-        return None
-    exact, _ = results(copy.deepcopy(stock).double(), x.double(), case, grad)  # stock's state now (BatchNorm's)
-    ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
-    stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]
-    if all(o <= max(ILL_CONDITIONED * s, 1e-5) for o, s in zip(ours_off, stock_off, strict=True)):
-        return None
-    names = ("output", "input gradient", "parameter gradients")
-    return "; ".join(f"{n}: {e:.2e} from stock, from float64 {o:.2e} (stock {s:.2e})"
-                     for n, e, o, s in zip(names, errors, ours_off, stock_off, strict=False))  # fmt: skip
+    if max(errors) >= MATCH:
+        exact, _ = results(copy.deepcopy(stock).double(), x.double(), case, grad)  # stock's state now (BatchNorm's)
+        ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
+        stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]
+        if any(o > max(ILL_CONDITIONED * s, 1e-5) for o, s in zip(ours_off, stock_off, strict=True)):
+            names = ("output", "input gradient", "parameter gradients")
+            return "; ".join(f"{n}: {e:.2e} from stock, from float64 {o:.2e} (stock {s:.2e})"
+                             for n, e, o, s in zip(names, errors, ours_off, stock_off, strict=False))  # fmt: skip
+    return layout(case, converted, x)
+
+
+def layout(case: dict, converted, x) -> str | None:
+    """None if the converted model's forward (as the case runs it: training mode, tiles) runs every convolution
+    on tconv3d and keeps its activations channels_last_3d (real_models.assert_stays_channels_last: a layout copy
+    at the input edges alone, none into a norm, no pad, concatenation or upstream copy into a convolution), else
+    the layers that broke it and the audit's table."""
+    name = case["model"]
+    latents = []  # a VAE's latents (or latent tiles): the encoder's outputs, the decoder's inputs
+    hooks = [module.register_forward_hook(lambda module, args, out: latents.append(out))
+             for module in (getattr(converted, "encoder", None),) if module is not None]  # fmt: skip
+    hooks += [module.register_forward_pre_hook(lambda module, args: latents.append(args[0]))
+              for module in (getattr(converted, "decoder", None),) if module is not None]  # fmt: skip
+    try:
+        report = tconv3d.nn.audit(converted.train(case["mode"] == "train"), x,
+                                  run=lambda model, x: run_model(model, x, case), verbose=False)  # fmt: skip
+    finally:
+        converted.eval()
+        for hook in hooks:
+            hook.remove()
+    if any(isinstance(z, torch.Tensor) and z.shape[-2:] == (1, 1) for z in latents):
+        return None  # frames of one voxel have no layout (see the module's docstring)
+    try:
+        assert_all_on_tconv3d(report, every_layer_called=False)
+        assert_stays_channels_last(report, input_edges=None if name.startswith("monai_") else INPUT_EDGES,
+                                   upstream_copies=name in CHUNKED_ENCODERS)  # fmt: skip
+    except AssertionError:
+        keys = ("layout_copies", "pad_copies", "concat_copies", "upstream_copies")
+        copies = [f"{layer.name} ({layer.calls} calls): " + ", ".join(f"{getattr(layer, k)} {k}" for k in keys)
+                  for layer in report.layers if any(getattr(layer, k) for k in keys)]  # fmt: skip
+        off = [f"{layer.name}: {layer.reason or 'aten'}" for layer in report.layers
+               if not layer.converted or layer.tconv3d_calls < layer.calls]  # fmt: skip
+        return (f"layout: {report.norm_layout_copies} norm layout copies; " + "; ".join(off + copies)
+                + f"\n{report.table()}")  # fmt: skip
+    return None
 
 
 def main(argv=None) -> int:
@@ -231,8 +285,8 @@ def main(argv=None) -> int:
                 print(json.dumps({"seed": seed, "case": case, "problem": problem}), flush=True)
         seed += 1
     print(
-        f"fuzz_models: {ran} draws, {failed} failed, {kinked} at ReLU kinks, {once} once (not on other inputs), "
-        f"{skipped} refused by stock, seeds {args.seed}..{seed - 1}"
+        f"fuzz_models: {ran} draws, {failed} failed, {kinked} at kinks (ReLU, max pooling), {once} once (not on other "
+        f"inputs), {skipped} refused by stock, seeds {args.seed}..{seed - 1}"
     )
     return int(failed > 0)
 
