@@ -10,11 +10,13 @@ pytest.importorskip("monai")
 
 from fuzz_models import Models, check, draw
 
-CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled decode, a training step
+CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled decode, a training step, bf16; each
+    # audited too (LTX-Video's at a batch of 2 and BasicUNet's odd sizes made layout copies until 2026-12-01)
     {"model": "wan", "shape": [1, 3, 6, 24, 40], "mode": "eval", "tiling": False},
     {"model": "cogvideox", "shape": [2, 3, 5, 16, 24], "mode": "eval", "tiling": True},
     {"model": "ltx_video", "shape": [2, 3, 9, 24, 16], "mode": "train", "tiling": False},
     {"model": "monai_basic_unet", "shape": [1, 1, 18, 25, 33], "mode": "train", "tiling": False},
+    {"model": "hunyuan_video", "shape": [1, 3, 5, 16, 24], "mode": "train", "tiling": False, "dtype": "bf16"},
 ]
 
 
@@ -33,17 +35,34 @@ def test_draws_are_seeded_and_cover_both_modes():
     draws = [draw(random.Random(seed), names) for seed in range(40)]
     assert draws == [draw(random.Random(seed), names) for seed in range(40)]
     assert {d["mode"] for d in draws} == {"eval", "train"} and {d["model"] for d in draws} == set(names)
+    assert {d["dtype"] for d in draws} == {"fp32", "bf16"}
     assert any(d["tiling"] for d in draws if d["model"] == "wan")
 
 
-def test_a_wrong_model_fails(models, aten_path):
-    """A converted UNet whose first block answers 1e-3 off fails, and fails again on other inputs."""
-    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False}
-    _, converted = models("monai_unet")
-    handle = converted.model[0].register_forward_hook(lambda module, args, out: out * (1 + 1e-3))
+@pytest.mark.parametrize("dtype, off", [("fp32", 1e-3), ("bf16", 5e-2)])
+def test_a_wrong_model_fails(dtype, off, models, aten_path):
+    """A converted UNet whose first block answers `off` off fails, and fails again on other inputs: 1e-3 in
+    fp32; in bf16, 5e-2 (its own rounding is ~1e-2: 4x stock's distance from float64 bounds it)."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "dtype": dtype}
+    _, converted = models("monai_unet", dtype)
+    handle = converted.model[0].register_forward_hook(lambda module, args, out: out * (1 + off))
     try:
         problem = check(case, models, seed=0)
     finally:
         handle.remove()
     assert problem is not None and not problem.startswith("once") and problem.startswith("output")
+    assert check(case, models, seed=0) is None
+
+
+def test_a_layout_copy_fails(models, aten_path):
+    """A converted UNet whose first block answers NCDHW (the next convolution lays it out again) fails the
+    audit of a draw whose values match."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False}
+    _, converted = models("monai_unet")
+    handle = converted.model[0].register_forward_hook(lambda module, args, out: out.contiguous())
+    try:
+        problem = check(case, models, seed=0)
+    finally:
+        handle.remove()
+    assert problem is not None and problem.startswith("layout: "), problem
     assert check(case, models, seed=0) is None
