@@ -39,13 +39,16 @@ def test_draws_are_seeded_and_cover_both_modes():
     assert any(d["tiling"] for d in draws if d["model"] == "wan")
 
 
-@pytest.mark.parametrize("dtype, off", [("fp32", 1e-3), ("bf16", 5e-2)])
+@pytest.mark.parametrize("dtype, off", [("fp32", 1e-3), ("bf16", 2e-1)])
 def test_a_wrong_model_fails(dtype, off, models, aten_path):
-    """A converted UNet whose first block answers `off` off fails, and fails again on other inputs: 1e-3 in
-    fp32; in bf16, 5e-2 (its own rounding is ~1e-2: 4x stock's distance from float64 bounds it)."""
+    """A converted UNet answering `off` off fails, and fails again on other inputs: its first block 1e-3 off in
+    fp32; in bf16, whose own rounding takes stock ~1e-2 from float64 (4x that bounds it), its output 2e-1 off (a
+    first block's uniform scale the norms after it mostly take out: 5e-2 there failed the fuzzer here and passed
+    it in a CI run, too close to the bound)."""
     case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "dtype": dtype}
     _, converted = models("monai_unet", dtype)
-    handle = converted.model[0].register_forward_hook(lambda module, args, out: out * (1 + off))
+    module = converted.model[0] if dtype == "fp32" else converted
+    handle = module.register_forward_hook(lambda module, args, out: out * (1 + off))
     try:
         problem = check(case, models, seed=0)
     finally:
