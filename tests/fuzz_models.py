@@ -134,21 +134,30 @@ class Models:
         self.builders, self.built = builders(), {}
 
     def __call__(self, name: str, dtype: str = "fp32"):
-        if name not in self.built:
-            torch.manual_seed(0)
-            stock = self.builders[name]().eval()
-            self.built[name] = (stock, tconv3d.nn.convert(copy.deepcopy(stock)), copy.deepcopy(stock.state_dict()))
-        if (name, dtype) not in self.built:  # the fp32 model's weights rounded, then converted
-            stock = copy.deepcopy(self.built[name][0]).to(DTYPES[dtype])
-            converted = tconv3d.nn.convert(copy.deepcopy(stock))
-            self.built[name, dtype] = (stock, converted, copy.deepcopy(stock.state_dict()))
-        stock, converted, state = self.built[name, dtype] if dtype != "fp32" else self.built[name]
+        if (name, dtype) not in self.built:
+            if dtype == "fp32":
+                torch.manual_seed(0)
+                stock = self.builders[name]().eval()
+            else:  # the fp32 model's weights rounded
+                stock = copy.deepcopy(self(name)[0]).to(DTYPES[dtype])
+            self.built[name, dtype] = (
+                stock,
+                tconv3d.nn.convert(copy.deepcopy(stock)),
+                copy.deepcopy(stock.state_dict()),
+            )
+        stock, converted, state = self.built[name, dtype]
         for model in (stock, converted):
             model.load_state_dict(state)
         return stock, converted
 
 
-PIECEWISE = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh)
+# Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero)
+# and max pooling (where a window's maximum changes hands).
+KINKED = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.MaxPool3d)
+
+
+def _input(case: dict, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(case["shape"], generator=generator).to(DTYPES[case.get("dtype", "fp32")])
 
 
 def _decisions(module, args) -> torch.Tensor:
@@ -165,8 +174,7 @@ def _decisions(module, args) -> torch.Tensor:
 def check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
     training step's piecewise-linear activations took another side of zero than stock's (or its max poolings
-    another voxel), "once: ..." where the
-    same case on other inputs (seed + 2^31) passes."""
+    another voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes."""
     problem = _check(case, models, seed)
     if problem in (None, "skipped") or problem.startswith("layout: "):  # the audit's is no rounding
         return problem
@@ -180,16 +188,13 @@ def kinks(case: dict, models: Models, seed: int) -> int:
     """How many inputs of the models' piecewise-linear activation modules have another sign in the converted
     model than in stock, and how many max pooling windows another maximum, in the case's forward."""
     inputs = []
-    dtype = case.get("dtype", "fp32")
-    for model in models(case["model"], dtype):
+    for model in models(case["model"], case.get("dtype", "fp32")):
         seen = []
-        handles = [module.register_forward_hook(lambda module, args, out, seen=seen: seen.append(
-                       _decisions(module, args))) for module in model.modules()
-                   if isinstance(module, (*PIECEWISE, torch.nn.MaxPool3d))]  # fmt: skip
+        record = lambda module, args, out, seen=seen: seen.append(_decisions(module, args))  # noqa: E731
+        handles = [module.register_forward_hook(record) for module in model.modules() if isinstance(module, KINKED)]
         try:
             with torch.no_grad():
-                x = torch.randn(case["shape"], generator=torch.Generator().manual_seed(seed)).to(DTYPES[dtype])
-                run_model(model.train(), x, case)
+                run_model(model.train(), _input(case, torch.Generator().manual_seed(seed)), case)
         finally:
             model.eval()
             for handle in handles:
@@ -205,7 +210,7 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed."""
     stock, converted = models(case["model"], case.get("dtype", "fp32"))
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(case["shape"], generator=generator).to(DTYPES[case.get("dtype", "fp32")])
+    x = _input(case, generator)
     try:
         expected, grad = results(stock, x, case, lambda shape: torch.randn(shape, generator=generator))
     except Exception:

@@ -165,7 +165,7 @@ class _UpCat:
         """self.upsample(x), replicate-padded by one plane at the far side of each dim where its size is not
         `size` (MONAI's: the 2x max pooling of odd edge lengths)."""
         deconv = getattr(self.upsample, "deconv", None)
-        if len(self.upsample) == 1 and isinstance(deconv, ConvTranspose3d):
+        if isinstance(self.upsample, nn.Sequential) and len(self.upsample) == 1 and isinstance(deconv, ConvTranspose3d):
             natural = [(n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(
                 x.shape[2:], deconv.stride, deconv.padding, deconv.dilation, deconv.kernel_size,
                 deconv.output_padding, strict=True)]  # fmt: skip
