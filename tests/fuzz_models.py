@@ -10,6 +10,7 @@ resampling and shortcuts, as the models call them. The convolutions run through 
 `aten_path` of the real-model tests), so a draw costs what the stock model does.
 
     python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...]
+    python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
 A quarter of the draws run the models in bf16 (their weights rounded, the input too). A draw passes where the
@@ -27,13 +28,24 @@ copy at the input edges alone, none into a norm, no pad, concatenation or upstre
 real-model tests' assert_stays_channels_last), or it fails as "layout:" with the audit's table. Where a VAE's latent
 frames are one voxel (8 x 8 pixels), the audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout
 as in the other, torch's ops (interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a
-layout copy of a few voxels. Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
+layout copy of a few voxels.
+
+With --compile BACKEND (aot_eager, inductor), the converted model runs under torch.compile (one compiled
+run_model kept across draws: recompiles as models, modes and shapes change, dynamic after the first) and is held
+to stock's eager results as above; instead of the audit, its graph breaks are counted: more than stock's own
+(traced by dynamo alone, backend "eager") fail as "graph breaks:" with their reasons. What this adds to the eager
+draws: the ops' fake implementations against their kernels (shapes, dtypes, strides; Inductor asserts an
+extern kernel's strides), their autograd registration under AOTAutograd, dynamic shapes through tconv3d.nn's
+adapters. Inductor on this CPU compiles a VAE's training step in 1-3 minutes: a run is a few dozen draws.
+
+Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the real-model tests' helpers import tconv3d's kernels
 
 import argparse
+import collections
 import copy
 import json
 import logging
@@ -109,15 +121,29 @@ def run_model(model, x, case: dict):
             model.disable_tiling()
 
 
-def results(model, x, case: dict, grad) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+_COMPILED = {}  # run_model under torch.compile, one a backend: its compiled graphs kept across draws
+
+
+def compiled(backend: str):
+    """run_model compiled with `backend` (its recompiles unbounded: each model, dtype, mode and tiling guards
+    its own graphs, and shapes turn dynamic after the first)."""
+    if backend not in _COMPILED:
+        for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, 1 << 16)
+        _COMPILED[backend] = torch.compile(run_model, backend=backend)
+    return _COMPILED[backend]
+
+
+def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """The output, and in "train" mode the input's gradient and the parameters' (concatenated) along `grad` (a
-    tensor, or what makes one of the output's shape); and the gradient taken."""
+    tensor, or what makes one of the output's shape); and the gradient taken. `run` runs the model."""
     if case["mode"] == "eval":
         with torch.no_grad():
-            return [run_model(model.eval(), x, case)], None
+            return [run(model.eval(), x, case)], None
     model.zero_grad()
     x = x.detach().requires_grad_()
-    out = run_model(model.train(), x, case)
+    out = run(model.train(), x, case)
     grad = grad if isinstance(grad, torch.Tensor) else grad(out.shape)
     out.backward(grad.to(out.dtype))
     model.eval()
@@ -174,9 +200,10 @@ def _decisions(module, args) -> torch.Tensor:
 def check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
     training step's piecewise-linear activations took another side of zero than stock's (or its max poolings
-    another voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes."""
+    another voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes. A case with "compile"
+    (a torch.compile backend) runs the converted model compiled."""
     problem = _check(case, models, seed)
-    if problem in (None, "skipped") or problem.startswith("layout: "):  # the audit's is no rounding
+    if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ")):  # no rounding
         return problem
     if case["mode"] == "train" and (flips := kinks(case, models, seed)):
         return f"kinks: {flips} activation inputs across zero or pooling maxima moved; " + problem
@@ -215,10 +242,12 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
         expected, grad = results(stock, x, case, lambda shape: torch.randn(shape, generator=generator))
     except Exception:
         return "skipped"
+    breaks = _graph_breaks()
     try:
-        ours, _ = results(converted, x, case, grad)
+        ours, _ = results(converted, x, case, grad, run=compiled(case["compile"]) if "compile" in case else run_model)
     except Exception:
         return "raised where stock did not:\n" + traceback.format_exc()
+    breaks = _graph_breaks() - breaks
     if [t.shape for t in ours] != [t.shape for t in expected]:
         return f"shapes {[tuple(t.shape) for t in ours]} against stock's {[tuple(t.shape) for t in expected]}"
     if [t.dtype for t in ours] != [t.dtype for t in expected]:
@@ -233,7 +262,27 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
             names = ("output", "input gradient", "parameter gradients")
             return "; ".join(f"{n}: {e:.2e} from stock, from float64 {o:.2e} (stock {s:.2e})"
                              for n, e, o, s in zip(names, errors, ours_off, stock_off, strict=False))  # fmt: skip
+    if "compile" in case:  # the eager draws audit the layouts
+        return graph_breaks(case, stock, x, grad, breaks)
     return layout(case, converted, x)
+
+
+def _graph_breaks() -> collections.Counter:
+    return collections.Counter(torch._dynamo.utils.counters["graph_break"])
+
+
+def graph_breaks(case: dict, stock, x, grad, breaks: collections.Counter) -> str | None:
+    """None if the converted model's compiled run (whose graph breaks, by reason, were `breaks`) broke its
+    graph no more often than stock's does, traced by dynamo alone; else the reasons."""
+    if not breaks.total():
+        return None
+    stock_breaks = _graph_breaks()
+    results(stock, x, case, grad, run=compiled("eager"))
+    stock_breaks = _graph_breaks() - stock_breaks
+    if breaks.total() <= stock_breaks.total():
+        return None
+    reasons = [f"{count}x {reason.splitlines()[0]}" for reason, count in (breaks - stock_breaks).items()]
+    return f"graph breaks: {breaks.total()} against stock's {stock_breaks.total()}: " + "; ".join(reasons)
 
 
 def layout(case: dict, converted, x) -> str | None:
@@ -277,6 +326,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
     parser.add_argument("--models", help="comma-separated (default: all)")
     parser.add_argument("--replay", help="one failure's JSON line")
+    parser.add_argument("--compile", metavar="BACKEND", help="run the converted models under torch.compile "
+                        "(aot_eager, inductor) against stock's eager results")  # fmt: skip
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -295,6 +346,8 @@ def main(argv=None) -> int:
     ran = failed = once = kinked = skipped = 0
     while time.monotonic() < end:
         case = draw(random.Random(seed), names)
+        if args.compile:
+            case["compile"] = args.compile
         problem = check(case, models, seed)
         if problem == "skipped":
             skipped += 1

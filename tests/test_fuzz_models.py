@@ -1,9 +1,12 @@
 """tests/fuzz_models.py in CI: a few drawn cases of whole converted models against stock (inputs the real-model
-tests' fixed shapes never take), and the proof that the fuzzer fails where a converted model is wrong."""
+tests' fixed shapes never take), one of them compiled, and the proof that the fuzzer fails where a converted model
+is wrong, lays out a copy or breaks dynamo's graph."""
 
+import contextlib
 import random
 
 import pytest
+import torch
 
 pytest.importorskip("diffusers")
 pytest.importorskip("monai")
@@ -17,6 +20,7 @@ CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled d
     {"model": "ltx_video", "shape": [2, 3, 9, 24, 16], "mode": "train", "tiling": False},
     {"model": "monai_basic_unet", "shape": [1, 1, 18, 25, 33], "mode": "train", "tiling": False},
     {"model": "hunyuan_video", "shape": [1, 3, 5, 16, 24], "mode": "train", "tiling": False, "dtype": "bf16"},
+    {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False, "compile": "aot_eager"},
 ]
 
 
@@ -25,7 +29,7 @@ def models():
     return Models()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case["model"])
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "_".join([case["model"], *case.get("compile", "").split()]))
 def test_drawn_models_match_stock(case, models, aten_path):
     assert check(case, models, seed=0) is None  # not "skipped": stock takes each of these
 
@@ -39,21 +43,43 @@ def test_draws_are_seeded_and_cover_both_modes():
     assert any(d["tiling"] for d in draws if d["model"] == "wan")
 
 
-@pytest.mark.parametrize("dtype, off", [("fp32", 1e-3), ("bf16", 2e-1)])
-def test_a_wrong_model_fails(dtype, off, models, aten_path):
-    """A converted UNet answering `off` off fails, and fails again on other inputs: its first block 1e-3 off in
-    fp32; in bf16, whose own rounding takes stock ~1e-2 from float64 (4x that bounds it), its output 2e-1 off (a
-    first block's uniform scale the norms after it mostly take out: 5e-2 there failed the fuzzer here and passed
-    it in a CI run, too close to the bound)."""
-    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "dtype": dtype}
-    _, converted = models("monai_unet", dtype)
-    module = converted.model[0] if dtype == "fp32" else converted
-    handle = module.register_forward_hook(lambda module, args, out: out * (1 + off))
+@contextlib.contextmanager
+def hooked(module, hook):
+    """`module` with a forward hook, compiled graphs traced again both ways (dynamo does not guard on hooks)."""
+    handle = module.register_forward_hook(hook)
+    torch._dynamo.reset()
     try:
-        problem = check(case, models, seed=0)
+        yield
     finally:
         handle.remove()
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    "dtype, off, compile", [("fp32", 1e-3, None), ("bf16", 2e-1, None), ("fp32", 1e-3, "aot_eager")]
+)
+def test_a_wrong_model_fails(dtype, off, compile, models, aten_path):
+    """A converted UNet answering `off` off fails, and fails again on other inputs, eager or compiled: its
+    first block 1e-3 off in fp32; in bf16, whose own rounding takes stock ~1e-2 from float64 (4x that bounds it),
+    its output 2e-1 off (a first block's uniform scale the norms after it mostly take out: 5e-2 there failed the
+    fuzzer here and passed it in a CI run, too close to the bound)."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "dtype": dtype}
+    if compile:
+        case["compile"] = compile
+    _, converted = models("monai_unet", dtype)
+    with hooked(converted.model[0] if dtype == "fp32" else converted, lambda module, args, out: out * (1 + off)):
+        problem = check(case, models, seed=0)
     assert problem is not None and not problem.startswith("once") and problem.startswith("output")
+    assert check(case, models, seed=0) is None
+
+
+def test_a_graph_break_fails(models, aten_path):
+    """A converted UNet whose first block breaks dynamo's graph (stock's has no break) fails a compiled draw."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "compile": "aot_eager"}
+    _, converted = models("monai_unet")
+    with hooked(converted.model[0], lambda module, args, out: torch._dynamo.graph_break()):
+        problem = check(case, models, seed=0)
+    assert problem is not None and problem.startswith("graph breaks: "), problem
     assert check(case, models, seed=0) is None
 
 
@@ -62,10 +88,7 @@ def test_a_layout_copy_fails(models, aten_path):
     audit of a draw whose values match."""
     case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False}
     _, converted = models("monai_unet")
-    handle = converted.model[0].register_forward_hook(lambda module, args, out: out.contiguous())
-    try:
+    with hooked(converted.model[0], lambda module, args, out: out.contiguous()):
         problem = check(case, models, seed=0)
-    finally:
-        handle.remove()
     assert problem is not None and problem.startswith("layout: "), problem
     assert check(case, models, seed=0) is None
