@@ -126,9 +126,9 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
 
 
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
-    """The rms_norm kernel's forward in torch ops, fp32: act(x * inverse_rms(x) * weight + bias)."""
+    """The rms_norm kernel's forward in torch ops, fp32: act(x / divisor(x) * weight + bias)."""
     xf = x.float()
-    y = _channel_affine(xf * _inverse_rms(xf, eps, clamp), weight, bias)
+    y = _channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias)
     if activation == "silu":
         y = F.silu(y)
     return _as_ndhwc(y.to(x.dtype))
@@ -137,8 +137,8 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
 def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
     """The kernel's backward in torch ops: its formula, fp32."""
     xf, dz = x.float(), grad_out.float()
-    inverse = _inverse_rms(xf, eps, clamp)
-    normalized = xf * inverse
+    divisor = _rms_divisor(xf, eps, clamp)
+    normalized = xf / divisor
     if activation == "silu":
         dz = dz * _silu_grad(_channel_affine(normalized, weight, bias))
     per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
@@ -146,15 +146,17 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     along = (g * normalized).mean(dim=1, keepdim=True)
     if clamp:  # a clamped divisor is a constant: nothing flows through it
         along = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, along, 0.0)
-    grad_in = (g - normalized * along) * inverse
+    grad_in = (g - normalized * along) * (1.0 / divisor)
     reduce = (0, 2, 3, 4)
     return _as_ndhwc(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
 
 
-def _inverse_rms(xf, eps: float, clamp: bool):
-    """1 / each voxel's divisor: sqrt(mean(x^2) + eps), or max(sqrt(mean(x^2)), eps) with `clamp`."""
+def _rms_divisor(xf, eps: float, clamp: bool):
+    """Each voxel's divisor: sqrt(mean(x^2) + eps), or max(sqrt(mean(x^2)), eps) with `clamp`. x is divided by it
+    (one rounding; the kernels multiply rows of more than one channel by its inverse, a rounding apart): a
+    one-channel voxel normalizes to +-1 exactly and its gradient is exactly 0 (rms_norm.py's _normalized)."""
     mean_square = xf.square().mean(dim=1, keepdim=True)
-    return 1.0 / (mean_square.sqrt().clamp_min(eps) if clamp else (mean_square + eps).sqrt())
+    return mean_square.sqrt().clamp_min(eps) if clamp else (mean_square + eps).sqrt()
 
 
 def _channel_affine(normalized, weight, bias):
@@ -195,15 +197,16 @@ def group_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: flo
 
 
 def rms_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, eps: float, activation: str, clamp: bool = False):
-    """The tangent of rms_norm_fwd along (t_x, t_weight, t_bias): with r = 1 / the divisor, d r = -r^3 mean(x t_x)
-    over the channels (0 where `clamp` holds the divisor at eps: a constant)."""
+    """The tangent of rms_norm_fwd along (t_x, t_weight, t_bias): with d the divisor and x^ = x / d, that of x^ is
+    (t_x - x^ mean(x^ t_x)) / d over the channels (t_x / d where `clamp` holds the divisor at eps: a constant)."""
     xf, t_xf = x.float(), t_x.float()
-    inverse = _inverse_rms(xf, eps, clamp)
-    t_inverse = -inverse.pow(3) * (xf * t_xf).mean(dim=1, keepdim=True)
+    divisor = _rms_divisor(xf, eps, clamp)
+    normalized = xf / divisor
+    along = (normalized * t_xf).mean(dim=1, keepdim=True)
     if clamp:
-        t_inverse = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, t_inverse, 0.0)
-    normalized = xf * inverse
-    t_y = _affine_tangent(normalized, t_xf * inverse + xf * t_inverse, weight, bias, t_weight, t_bias, activation)
+        along = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, along, 0.0)
+    t_normalized = (t_xf - normalized * along) / divisor
+    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation)
     return t_y.to(x.dtype)
 
 

@@ -39,11 +39,18 @@ def _affine(normalized, w, b, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _inverse_rms(mean_square, eps, CLAMP: tl.constexpr):
-    """1 / the divisor of rows whose mean squares are `mean_square` (see the module's docstring)."""
-    if CLAMP:
-        return 1.0 / tl.maximum(tl.sqrt(mean_square), eps)
-    return 1.0 / tl.sqrt(mean_square + eps)
+def _normalized(x, mean_square, eps, CLAMP: tl.constexpr, ONE_CHANNEL: tl.constexpr):
+    """(x^, i): rows x over their divisor (see the module's docstring), their mean squares `mean_square`, and i = 1
+    / the divisor. Rows of ONE_CHANNEL are divided by it, the root and the quotient correctly rounded: x^ = x / |x|
+    is then +-1 exactly (F.normalize's), and the gradient through it, (g - x^ <g, x^>) i, exactly 0 as it should
+    be. Times i, x^ came out 1 +- an ulp and that gradient g (1 - x^^2) i of rounding alone, large where |x| is
+    small (Wan's test configs normalize one channel: input gradients 1e-4-1e-2 off in fp32). Wider rows keep the
+    product (a correctly rounded division an element costs registers: the backward spilled at 1,024 channels)."""
+    if ONE_CHANNEL:
+        divisor = tl.maximum(tl.sqrt_rn(mean_square), eps) if CLAMP else tl.sqrt_rn(mean_square + eps)
+        return tl.math.div_rn(x, divisor[:, None]), 1.0 / divisor
+    inverse = 1.0 / (tl.maximum(tl.sqrt(mean_square), eps) if CLAMP else tl.sqrt(mean_square + eps))
+    return x * inverse[:, None], inverse
 
 
 @triton.jit
@@ -60,10 +67,10 @@ def _rms_norm_fwd_kernel(
     mask = (rows < R)[:, None] & mask_c[None, :]
     offsets = rows[:, None] * C + offs_c[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    inverse = _inverse_rms(tl.sum(x * x, axis=1) / C, eps, CLAMP)
+    normalized, _ = _normalized(x, tl.sum(x * x, axis=1) / C, eps, CLAMP, BLOCK_C == 1)
     w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
     b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
-    z = _affine(x * inverse[:, None], w, b, HAS_WEIGHT, HAS_BIAS)
+    z = _affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS)
     if SILU:
         z = z * tl.sigmoid(z)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=mask)
@@ -93,8 +100,7 @@ def _rms_norm_bwd_kernel(
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         dz = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         mean_square = tl.sum(x * x, axis=1) / C
-        inverse = _inverse_rms(mean_square, eps, CLAMP)
-        normalized = x * inverse[:, None]
+        normalized, inverse = _normalized(x, mean_square, eps, CLAMP, BLOCK_C == 1)
         if SILU:
             dz = dz * silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
         dw += tl.sum(dz * normalized, axis=0)
