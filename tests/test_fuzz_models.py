@@ -73,6 +73,15 @@ def test_a_wrong_model_fails(dtype, off, compile, models, aten_path):
     assert check(case, models, seed=0) is None
 
 
+def test_an_ill_conditioned_draw_is_counted_apart(models, aten_path):
+    """HunyuanVideo's test config at 8 x 8 pixels (group norms over four nearly equal voxels): ours 11x as far from
+    float64 as stock's first rounding, inside stock's own scatter on inputs rounded otherwise (up to 20x that):
+    "ill-conditioned", not a failure (it was "once" before stock's scatter was sampled)."""
+    case = {"model": "hunyuan_video", "shape": [1, 3, 7, 8, 8], "mode": "eval", "tiling": False}
+    problem = check(case, models, seed=341209)
+    assert problem is not None and problem.startswith("ill-conditioned: output: "), problem
+
+
 def test_a_graph_break_fails(models, aten_path):
     """A converted UNet whose first block breaks dynamo's graph (stock's has no break) fails a compiled draw."""
     case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "compile": "aot_eager"}
