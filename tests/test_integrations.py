@@ -447,6 +447,7 @@ def test_minimax_h3_encoder_without_its_pads_and_layout_copies(padding_mode, ate
     assert sum(layer.pad_copies for layer in before.layers) > 0 and after.totals["pads"] == 0, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
     assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
+    assert_stays_channels_last(after)
     assert silu_calls(stock, x) > 0 and silu_calls(converted, x) == 0  # each fused into its norm
     for model in (stock, converted):
         encode(model.train(), x).square().mean().backward()
@@ -487,6 +488,7 @@ def test_kvae_video_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
     assert after.norm_layout_copies == 0
     assert after.totals["upstream_copies_into_convs"] == 0 < before.totals["upstream_copies_into_convs"]
+    assert_stays_channels_last(after)
     x = x[:, :, :21]  # two segments
     for model in (stock, converted):
         encode_decode(model.train(), x).square().mean().backward()
@@ -533,6 +535,7 @@ def test_kandinsky6_sr_convs_in_one_op_each_with_their_cached_frames(aten_path):
     assert before.totals["upstream_copies_into_convs"] > 0 and after.totals["upstream_copies_into_convs"] == 0
     assert {layer.name for layer in after.layers if layer.layout_copies} <= INPUT_EDGES, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert_stays_channels_last(after)
     x = x[:, :, :21]  # two segments
     for model in (stock, converted):
         encode_decode(model.train(), x).square().mean().backward()
@@ -578,6 +581,7 @@ def test_kandinsky6_latent_upscalers_on_tconv3d_without_copies(scale, aten_path)
     assert before.totals["pad_copies_into_convs"] > 0
     assert after.totals["layout_copies"] == after.totals["upstream_copies_into_convs"] == 0, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert_stays_channels_last(after, input_edges=None)
     assert_keeps_no_more_than_stock(stock.train(), converted.train(), run, x)
     grads = []
     for model in (stock, converted):
@@ -752,6 +756,7 @@ def test_allegro_frames_and_temporal_convs_in_channels_last(aten_path):
     assert before.aten_conv3d_calls == after.tconv3d_calls > 0
     assert_all_on_tconv3d(after)
     assert after.totals["layout_copies"] == after.norm_layout_copies == 0 and after.norm_calls > 0
+    assert_stays_channels_last(after, input_edges=None)
     assert 2 * after.concats == before.concats > 0
     for model in (stock, converted):  # eval: the temporal layers' Dropout(0.1) would draw different masks
         allegro_run(model, x).square().mean().backward()
@@ -1605,6 +1610,7 @@ def test_monai_spade_networks_keep_channels_last(name, aten_path):
     assert before.totals["layout_copies"] + before.totals["upstream_copies_into_convs"] > 0
     assert after.totals["layout_copies"] == after.totals["upstream_copies_into_convs"] == 0, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert_stays_channels_last(after, input_edges=None)
     assert_keeps_no_more_than_stock(stock.train(), converted.train(), run, x)
     for model in (stock, converted):
         torch.manual_seed(5)
@@ -1642,6 +1648,7 @@ def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
     assert before.totals["upstream_copies_into_convs"] > 0 or before.totals["layout_copies"] > 0
     assert after.totals["upstream_copies_into_convs"] == after.totals["layout_copies"] == 0, after.table()
     assert after.norm_calls > 0 and after.norm_layout_copies == 0
+    assert_stays_channels_last(after, input_edges=None)
     blocks = [m for m in converted.modules() if type(m).__name__.endswith("ResBlock")]
     assert blocks and all(b.norm1.activation == b.norm2.activation == "silu" for b in blocks)
     for model in (stock, converted):
@@ -1729,6 +1736,7 @@ def test_monai_diffusion_unets_keep_channels_last(name, aten_path):
     assert_all_on_tconv3d(after, every_layer_called=False)
     assert after.totals["layout_copies"] == after.norm_layout_copies == 0 < after.norm_calls, after.table()
     assert after.totals["upstream_copies_into_convs"] == 0 < before.totals["upstream_copies_into_convs"]
+    assert_stays_channels_last(after, input_edges=None)
     blocks = [m for m in converted.modules() if type(m).__name__ == "DiffusionUNetResnetBlock"]
     assert blocks and all(b.norm1.activation == b.norm2.activation == "silu" for b in blocks)
     for model in (stock, converted):
