@@ -40,8 +40,9 @@ with their reasons. What this adds to the eager draws: the ops' fake implementat
 dtypes, strides; Inductor asserts an extern kernel's strides), their autograd registration under AOTAutograd,
 dynamic shapes through tconv3d.nn's adapters. Where the compiled converted model raises, stock runs compiled the
 same way, and a draw it raises on too is skipped (torch's own: Inductor's value ranges fail HunyuanVideo's training
-step at dynamic shapes, stock's as ours). Inductor on this CPU compiles a VAE's training step in 1-3 minutes: a run
-is a few dozen draws.
+step at dynamic shapes, stock's as ours). Inductor on this CPU compiles a VAE's training step in 1-3 minutes, and
+with symbolic sizes a large one may take far longer (HunyuanVideo 1.5 at 17 x 48 x 48: past 15 minutes in its
+index simplification): a draw past --draw-seconds (600) is stopped and counted apart as "slow".
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
@@ -55,6 +56,7 @@ import copy
 import json
 import logging
 import random
+import signal
 import sys
 import time
 import traceback
@@ -79,7 +81,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # a voxel near zero rounds to the other side): "once", as it passes on other inputs.
 BF16_OFF = 4
 WOBBLES = 2  # stock runs on inputs rounded otherwise, where ours lands farther than the above (wobbled_off)
-APART = ("once: ", "kinks: ", "ill-conditioned: ")  # problems printed and counted apart, not failures
+APART = ("once: ", "kinks: ", "ill-conditioned: ", "slow: ")  # printed and counted apart, not failures
 
 # A VAE's input is (B, 3, T, H, W) with H and W multiples of its spatial unit (its compression, or what its
 # encoder's patching needs), 8 unless listed.
@@ -356,6 +358,30 @@ def layout(case: dict, converted, x) -> str | None:
     return None
 
 
+class _Slow(BaseException):  # not an Exception: the checks' own handlers (stock refusing a draw) let it through
+    pass
+
+
+def _timed(check, seconds: int, case: dict, models: Models, seed: int) -> str | None:
+    """check(case, models, seed), or "slow: ..." where it took more than `seconds` (SIGALRM, where it exists)."""
+    if not hasattr(signal, "SIGALRM"):
+        return check(case, models, seed)
+
+    def stop(signum, frame):
+        raise _Slow
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        return check(case, models, seed)
+    except _Slow:
+        torch._dynamo.reset()  # a compile stopped part-way
+        return f"slow: stopped after {seconds} s"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -364,6 +390,8 @@ def main(argv=None) -> int:
     parser.add_argument("--replay", help="one failure's JSON line")
     parser.add_argument("--compile", metavar="BACKEND", help="run the converted models under torch.compile "
                         "(aot_eager, inductor) against stock's eager results")  # fmt: skip
+    parser.add_argument("--draw-seconds", type=int, default=600, help="a draw that takes longer is stopped and "
+                        "counted apart as slow (Inductor's symbolic sizes: a large VAE, 15 minutes)")  # fmt: skip
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -379,18 +407,19 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
     end, seed = time.monotonic() + args.seconds, args.seed
-    ran = failed = once = kinked = scattered = skipped = 0
+    ran = failed = once = kinked = scattered = slow = skipped = 0
     while time.monotonic() < end:
         case = draw(random.Random(seed), names)
         if args.compile:
             case["compile"] = args.compile
-        problem = check(case, models, seed)
+        problem = _timed(check, args.draw_seconds, case, models, seed)
         if problem == "skipped":
             skipped += 1
         else:
             ran += 1
             if problem is not None:
                 once += problem.startswith("once: ")
+                slow += problem.startswith("slow: ")
                 kinked += problem.startswith("kinks: ")
                 scattered += problem.startswith("ill-conditioned: ")
                 failed += not problem.startswith(APART)
@@ -398,7 +427,7 @@ def main(argv=None) -> int:
         seed += 1
     print(
         f"fuzz_models: {ran} draws, {failed} failed, {kinked} at kinks (ReLU, max pooling), {once} once (not on other "
-        f"inputs), {scattered} ill-conditioned (within stock's scatter), {skipped} refused by stock, "
+        f"inputs), {scattered} ill-conditioned (within stock's scatter), {slow} slow, {skipped} refused by stock, "
         f"seeds {args.seed}..{seed - 1}"
     )
     return int(failed > 0)
