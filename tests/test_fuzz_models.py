@@ -29,7 +29,7 @@ def models():
     return Models()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: "_".join([case["model"], *case.get("compile", "").split()]))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "_".join(filter(None, (case["model"], case.get("compile")))))
 def test_drawn_models_match_stock(case, models, aten_path):
     assert check(case, models, seed=0) is None  # not "skipped": stock takes each of these
 

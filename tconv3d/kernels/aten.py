@@ -145,7 +145,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     g = dz * per_channel(weight) if weight is not None else dz
     along = (g * normalized).mean(dim=1, keepdim=True)
     if clamp:  # a clamped divisor is a constant: nothing flows through it
-        along = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, along, 0.0)
+        along = torch.where(divisor > eps, along, 0.0)
     grad_in = (g - normalized * along) * (1.0 / divisor)
     reduce = (0, 2, 3, 4)
     return _as_ndhwc(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
@@ -204,7 +204,7 @@ def rms_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, eps: float, activation:
     normalized = xf / divisor
     along = (normalized * t_xf).mean(dim=1, keepdim=True)
     if clamp:
-        along = torch.where(xf.square().mean(dim=1, keepdim=True).sqrt() > eps, along, 0.0)
+        along = torch.where(divisor > eps, along, 0.0)
     t_normalized = (t_xf - normalized * along) / divisor
     t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation)
     return t_y.to(x.dtype)
