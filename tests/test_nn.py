@@ -216,6 +216,41 @@ def test_repeat_nearest_gradients_come_back_channels_last(first_apart, grad_layo
         assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, out_tangent)
 
 
+def test_layout_of_traces_no_stride():
+    """layout_of while dynamo traces (`_traced_layout`): no stride of x in the graph, where dynamo would pass a
+    size-1 dimension's stride for a size equal to it (AOTAutograd's re-trace may give that stride another value:
+    a failed view compiling KVAE's decode after Wan 2.2's), and the layout eager answers for dense NCDHW and
+    channels_last_3d tensors and channel and frame slices of them."""
+    from tconv3d.nn.modules import layout_of
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm.graph)
+        return gm
+
+    def laid_out(t):  # sizes equal to strides of t's size-1 H: C * W (channels_last_3d), D * W (NCDHW)
+        _, c, d, _, w = t.shape
+        return torch.empty(t.shape, memory_format=layout_of(t)), torch.empty(c * w, d * w)
+
+    cl = torch.randn(2, 6, 3, 1, 5).contiguous(memory_format=CL)
+    ncdhw = torch.randn(2, 6, 3, 1, 5)
+    cases = {
+        "channels_last_3d": (cl, CL),
+        "ncdhw": (ncdhw, torch.contiguous_format),
+        "channel slice of channels_last_3d": (cl[:, 1:4], CL),
+        "channel slice of ncdhw": (ncdhw[:, 1:4], torch.contiguous_format),
+        "frame slice of channels_last_3d": (cl[:, :, 1:], CL),
+    }
+    for name, (x, expected) in cases.items():
+        torch._dynamo.reset()
+        out, _ = torch.compile(laid_out, backend=capture, dynamic=True)(x)
+        other = torch.contiguous_format if expected == CL else CL
+        assert layout_of(x) == expected and not out.is_contiguous(memory_format=other), name
+        strides = [node for node in graphs[-1].nodes if "stride" in str(node.target)]
+        assert not strides, (name, strides)
+
+
 @pytest.mark.parametrize("key", [(0, 1, None), (-2, None, None), (1, 4, None), (None, None, 2), (2, 2, None)])
 def test_frame_slices_give_gradients_in_the_input_layout(key, device):
     """tconv3d.nn.modules.frames, the frame slice the VAE adapters take of activations (kept frames, a first frame

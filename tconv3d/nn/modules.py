@@ -399,7 +399,10 @@ def nearest_steps(source_size, size, mode: str = "nearest"):
 
 def layout_of(x: torch.Tensor) -> torch.memory_format:
     """The layout torch's kernels answer a 5-D x in (`suggest_memory_format`): channels_last_3d where x's strides
-    rank C, W, H, D, N from the innermost out (a channel slice of a channels_last_3d tensor too), else NCDHW."""
+    rank C, W, H, D, N from the innermost out (a channel slice of a channels_last_3d tensor too), else NCDHW.
+    While dynamo traces: `_traced_layout`."""
+    if torch.compiler.is_compiling():
+        return _traced_layout(x)
     sizes, strides, floor = x.shape, x.stride(), 0
     if strides[1] == 0:
         return torch.contiguous_format
@@ -408,6 +411,18 @@ def layout_of(x: torch.Tensor) -> torch.memory_format:
             return torch.contiguous_format
         floor = strides[dim] * max(sizes[dim], 1)
     return _CL
+
+
+def _traced_layout(x: torch.Tensor) -> torch.memory_format:
+    """layout_of(x) while dynamo traces, with no stride read. Strides read there are SymInts in the graph, and
+    dynamo may later pass one for a size equal to it: a size-1 dimension's stride, which AOTAutograd's re-trace
+    may give another value (Inductor compiling KVAE's decode after Wan 2.2's in one process: a view of twice the
+    elements, `repeat_nearest`). Instead torch's own rule (`empty_like` lays a channel slice out channels_last_3d
+    and keeps a dense tensor's strides), asked through is_contiguous, which dynamo answers while tracing and
+    guards. Where x is contiguous both ways (one channel, or one voxel a sample: the same memory either way)
+    channels_last_3d."""
+    like = torch.empty_like(x)
+    return _CL if like.is_contiguous(memory_format=_CL) else torch.contiguous_format
 
 
 def repeat_nearest(
