@@ -132,6 +132,36 @@ def test_opcheck_with_padding_modes(device):
         torch.library.opcheck(torch.ops.tconv3d.conv3d_weight_grad.default, (grad_out, x, list(w.shape), *args, mode))
 
 
+FOLDS = [  # (mode, input size, padding)
+    ("replicate", (1, 1, 3), (0, 0, 60, 60, 0, 0)),
+    ("circular", (3, 2, 2), (3, 2, 0, 0, 0, 0)),
+    ("reflect", (2, 2, 9), (0, 0, 0, 0, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("mode, size, padding", FOLDS, ids=lambda v: v if isinstance(v, str) else None)
+def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype):
+    """The input gradient's border fold (fold_padding: each border voxel's gradient added to the voxel its mode
+    read) of a half-precision bordered gradient sums in float32 and rounds once: within one rounding (2^-8 bf16,
+    2^-11 fp16) of float64's sum of the same values, F.pad's own backward. A running sum in the dtype rounded at
+    every add (121 replicated rows of a one-voxel dimension: over 3x that) does not hold it."""
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.kernels.utils import fold_padding
+
+    shape = (2, 8, *size)
+    x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=CL).requires_grad_()
+    df, db, ht, hb, wl, wr = padding
+    bordered = F.pad(x, (wl, wr, ht, hb, df, db), mode=mode)
+    grad = torch.randn(bordered.shape).to(dtype).contiguous(memory_format=CL)
+    (exact,) = torch.autograd.grad(bordered, x, grad.double())
+    geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)
+    folded = fold_padding(grad, geom)
+    unit = {torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
+    assert folded.dtype == dtype and folded.is_contiguous(memory_format=CL)
+    assert rel_l2(folded, exact) <= unit
+
+
 @pytest.mark.skipif(tconv3d.CPU_BACKEND != "triton", reason="CPU tensors run aten's conv3d here, which pads")
 @pytest.mark.parametrize("mode", PADDING_MODES)
 def test_forward_allocates_only_its_output(mode):
