@@ -10,7 +10,7 @@ resampling and shortcuts, as the models call them. The convolutions run through 
 `aten_path` of the real-model tests), so a draw costs what the stock model does.
 
     python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...]
-    python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...]
+    python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
 A quarter of the draws run the models in bf16 (their weights rounded, the input too). A draw passes where the
@@ -42,7 +42,12 @@ dynamic shapes through tconv3d.nn's adapters. Where the compiled converted model
 same way, and a draw it raises on too is skipped (torch's own: Inductor's value ranges fail HunyuanVideo's training
 step at dynamic shapes, stock's as ours). Inductor on this CPU compiles a VAE's training step in 1-3 minutes, and
 with symbolic sizes a large one may take far longer (HunyuanVideo 1.5 at 17 x 48 x 48: past 15 minutes in its
-index simplification): a draw past --draw-seconds (600) is stopped and counted apart as "slow".
+index simplification): a draw past --draw-seconds (600) is stopped and counted apart as "slow". With --history,
+the draws share one compiled run, traced as torch.compile's default traces (sizes static until a draw changes
+them: automatic dynamic), so each draw's graphs follow from the draws before it, as a user's compiled model meets
+one shape after another (a fault found so: KVAE's decode after Wan 2.2's, a stride dynamo stood in for a size);
+graph breaks and stock's compiled runs are left to the draws traced anew, and a failure's line lists the draws
+since the last failure, which --replay runs first.
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
@@ -130,15 +135,32 @@ def run_model(model, x, case: dict):
             model.disable_tiling()
 
 
-def compiled(backend: str):
+def compiled(backend: str, history: bool = False):
     """run_model compiled with `backend`, the input's sizes symbolic from the first trace (dynamic=True: the
     adapters' arithmetic on sizes they cannot see), traced anew (dynamo reset): a draw's failure replays alone,
-    not only after the draws before it."""
+    not only after the draws before it. With `history`, one compiled run_model for every draw until
+    `forget_history` (as a user's compiled model meets one shape after another): traced as torch.compile's default
+    does (dynamic=None), each input size static until a draw changes it (automatic dynamic), each draw's graphs
+    guarded by and specialized after the draws before it."""
+    if history and backend in _HISTORY:
+        return _HISTORY[backend]
     torch._dynamo.reset()
     for limit in ("recompile_limit", "cache_size_limit"):  # a draw's graphs: encode, decode, tiles, breaks
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 64)
-    return torch.compile(run_model, backend=backend, dynamic=True)
+    if not history:
+        return torch.compile(run_model, backend=backend, dynamic=True)
+    _HISTORY[backend] = torch.compile(run_model, backend=backend)
+    return _HISTORY[backend]
+
+
+_HISTORY = {}  # backend: the compiled run_model that every draw with "history" shares
+
+
+def forget_history() -> None:
+    """The next draw with "history" starts from a fresh dynamo (no graphs, no sizes seen)."""
+    _HISTORY.clear()
+    torch._dynamo.reset()
 
 
 def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tensor], torch.Tensor | None]:
@@ -249,13 +271,13 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
         expected, grad = results(stock, x, case, lambda shape: torch.randn(shape, generator=generator))
     except Exception:
         return "skipped"
-    run = compiled(case["compile"]) if "compile" in case else run_model
+    run = compiled(case["compile"], case.get("history", False)) if "compile" in case else run_model
     breaks = _graph_breaks()
     try:
         ours, _ = results(converted, x, case, grad, run=run)
     except Exception:
         problem = "raised where stock did not:\n" + traceback.format_exc()
-        if "compile" in case:  # torch's own failures under dynamic shapes (Inductor's value ranges): stock's too?
+        if "compile" in case and not case.get("history"):  # torch's own (Inductor's value ranges): stock's too?
             try:
                 results(stock, x, case, grad, run=compiled(case["compile"]))
             except Exception:
@@ -281,8 +303,8 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
             if any(o > max(bound * s, bound * w, 1e-5) for o, s, w in zip(ours_off, stock_off, wobbled, strict=True)):
                 return problem
             return "ill-conditioned: " + problem
-    if "compile" in case:  # the eager draws audit the layouts
-        return graph_breaks(case, stock, x, grad, breaks)
+    if "compile" in case:  # the eager draws audit the layouts; stock traced alone would end a history
+        return None if case.get("history") else graph_breaks(case, stock, x, grad, breaks)
     return layout(case, converted, x)
 
 
@@ -375,7 +397,7 @@ def _timed(seconds: int, case: dict, models: Models, seed: int) -> str | None:
     try:
         return check(case, models, seed)
     except _Slow:
-        torch._dynamo.reset()  # a compile stopped part-way
+        forget_history()  # a compile stopped part-way
         return f"slow: stopped after {seconds} s"
     finally:
         signal.alarm(0)
@@ -392,13 +414,20 @@ def main(argv=None) -> int:
                         "(aot_eager, inductor) against stock's eager results")  # fmt: skip
     parser.add_argument("--draw-seconds", type=int, default=600, help="a draw that takes longer is stopped and "
                         "counted apart as slow (Inductor's symbolic sizes: a large VAE, 15 minutes)")  # fmt: skip
+    parser.add_argument("--history", action="store_true", help="with --compile: one compiled run for all draws "
+                        "(torch.compile's automatic dynamic shapes), until a failure; a failure's line lists the "
+                        "draws before it, which --replay runs first")  # fmt: skip
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     settings.CPU_BACKEND = "aten"
     models = Models()
+    if args.history and not args.compile:
+        parser.error("--history needs --compile")
     if args.replay:
         line = json.loads(args.replay)
+        for seed, case in line.get("history", []):  # the compiled run's draws before it, their results aside
+            _timed(args.draw_seconds, case, models, seed)
         problem = check(line["case"], models, line["seed"])
         print(problem or "passes")
         return int(problem not in (None, "skipped") and not problem.startswith(APART))
@@ -408,10 +437,13 @@ def main(argv=None) -> int:
         parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
     end, seed = time.monotonic() + args.seconds, args.seed
     ran = failed = once = kinked = scattered = slow = skipped = 0
+    history = []  # with --history, the draws since the last failure: [seed, case]
     while time.monotonic() < end:
         case = draw(random.Random(seed), names)
         if args.compile:
             case["compile"] = args.compile
+        if args.history:
+            case["history"] = True
         problem = _timed(args.draw_seconds, case, models, seed)
         if problem == "skipped":
             skipped += 1
@@ -423,7 +455,13 @@ def main(argv=None) -> int:
                 kinked += problem.startswith("kinks: ")
                 scattered += problem.startswith("ill-conditioned: ")
                 failed += not problem.startswith(APART)
-                print(json.dumps({"seed": seed, "case": case, "problem": problem}), flush=True)
+                line = {"seed": seed, "case": case, "problem": problem}
+                print(json.dumps({**line, "history": history} if args.history else line), flush=True)
+        if args.history and problem not in (None, "skipped"):
+            history = []
+            forget_history()
+        elif args.history and problem is None:
+            history.append([seed, case])
         seed += 1
     print(
         f"fuzz_models: {ran} draws, {failed} failed, {kinked} at kinks (ReLU, max pooling), {once} once (not on other "

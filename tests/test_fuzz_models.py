@@ -101,3 +101,43 @@ def test_a_layout_copy_fails(models, aten_path):
         problem = check(case, models, seed=0)
     assert problem is not None and problem.startswith("layout: "), problem
     assert check(case, models, seed=0) is None
+
+
+def test_a_history_is_listed_and_replayed_first(monkeypatch, capsys):
+    """--compile --history: the draws share one compiled run (until forget_history); a failure's line lists the
+    draws that passed since the last failure, and --replay runs those first, in order, then the failing one."""
+    import json
+    import logging
+    import types
+    import warnings
+
+    import fuzz_models
+
+    from tconv3d import settings
+
+    shared = fuzz_models.compiled("eager", history=True)
+    assert fuzz_models.compiled("eager", history=True) is shared
+    fuzz_models.forget_history()
+    assert fuzz_models.compiled("eager", history=True) is not shared
+    fuzz_models.forget_history()
+
+    ran = []
+    monkeypatch.setattr(fuzz_models, "check", lambda case, models, seed: ran.append(seed) or FAILING.get(seed))
+    monkeypatch.setattr(fuzz_models, "Models", lambda: type("Stub", (), {"builders": {"wan": None}})())
+    clock = iter(range(100))
+    monkeypatch.setattr(fuzz_models, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))  # a draw a tick
+    monkeypatch.setattr(settings, "CPU_BACKEND", settings.CPU_BACKEND)  # main() sets it
+    FAILING = {2: "output: off", 5: "output: off"}
+    with warnings.catch_warnings():
+        try:
+            assert fuzz_models.main(["--seconds", "6.5", "--compile", "eager", "--history"]) == 1
+            lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+            listed = [(line["seed"], [seed for seed, _ in line["history"]]) for line in lines]
+            assert listed == [(2, [0, 1]), (5, [3, 4])]  # the passing draws since the last failure
+            assert all(line["case"]["history"] and line["case"]["compile"] == "eager" for line in lines)
+            ran.clear()
+            FAILING.clear()
+            assert fuzz_models.main(["--replay", json.dumps(lines[1])]) == 0
+            assert ran == [3, 4, 5]
+        finally:
+            logging.disable(logging.NOTSET)
