@@ -141,7 +141,7 @@ FOLDS = [  # (mode, input size, padding)
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("mode, size, padding", FOLDS, ids=lambda v: v if isinstance(v, str) else None)
-def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype):
+def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype, device):
     """The input gradient's border fold (fold_padding: each border voxel's gradient added to the voxel its mode
     read) of a half-precision bordered gradient sums in float32 and rounds once: within one rounding (2^-8 bf16,
     2^-11 fp16) of float64's sum of the same values, F.pad's own backward. A running sum in the dtype rounded at
@@ -150,10 +150,10 @@ def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype):
     from tconv3d.kernels.utils import fold_padding
 
     shape = (2, 8, *size)
-    x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=CL).requires_grad_()
+    x = torch.randn(shape, dtype=torch.float64, device=device).contiguous(memory_format=CL).requires_grad_()
     df, db, ht, hb, wl, wr = padding
     bordered = F.pad(x, (wl, wr, ht, hb, df, db), mode=mode)
-    grad = torch.randn(bordered.shape).to(dtype).contiguous(memory_format=CL)
+    grad = torch.randn(bordered.shape, device=device).to(dtype).contiguous(memory_format=CL)
     (exact,) = torch.autograd.grad(bordered, x, grad.double())
     geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)
     folded = fold_padding(grad, geom)
