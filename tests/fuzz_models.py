@@ -144,14 +144,14 @@ def compiled(backend: str, history: bool = False):
     guarded by and specialized after the draws before it."""
     if history and backend in _HISTORY:
         return _HISTORY[backend]
-    torch._dynamo.reset()
+    forget_history()  # a reset ends any history too
     for limit in ("recompile_limit", "cache_size_limit"):  # a draw's graphs: encode, decode, tiles, breaks
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 64)
-    if not history:
-        return torch.compile(run_model, backend=backend, dynamic=True)
-    _HISTORY[backend] = torch.compile(run_model, backend=backend)
-    return _HISTORY[backend]
+    run = torch.compile(run_model, backend=backend, dynamic=None if history else True)
+    if history:
+        _HISTORY[backend] = run
+    return run
 
 
 _HISTORY = {}  # backend: the compiled run_model that every draw with "history" shares

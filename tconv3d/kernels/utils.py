@@ -578,7 +578,7 @@ def fold_padding(grad_bordered: torch.Tensor, geom) -> torch.Tensor:
     bf16 a running sum rounded at every add loses a bit per few terms: a replicated border of 5 on a 1-voxel
     dimension, 1e-2 off). Returns channels_last_3d."""
     grad = grad_bordered
-    total = torch.promote_types(grad.dtype, torch.float32)
+    sum_dtype = torch.promote_types(grad.dtype, torch.float32)
     for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
         front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
         if mode == "zeros" or (not front and not back):
@@ -590,7 +590,7 @@ def fold_padding(grad_bordered: torch.Tensor, geom) -> torch.Tensor:
         for p in [*range(front), *range(front + size, front + size + back)]:
             read.setdefault(source_index(p, size, front, mode), []).append(p)
         for i, borders in read.items():
-            plane = grad.narrow(axis, front + i, 1).to(total, copy=True)
+            plane = grad.narrow(axis, front + i, 1).to(sum_dtype, copy=True)
             for p in borders:
                 plane += grad.narrow(axis, p, 1)
             folded.narrow(axis, i, 1).copy_(plane)
