@@ -54,7 +54,8 @@ def conv_transpose3d(
     """ConvTranspose3d on channels_last_3d tensors, with torch.nn.functional.conv_transpose3d's names, order and
     meaning; weight is (Cin, Cout, kd, kh, kw). It is the input gradient of the convolution it transposes, so it
     runs that op (`torch.ops.tconv3d.conv3d_input_grad`: its kernel is split by stride phase, so no work goes to
-    inserted zeros; its gradients are the forward and weight-gradient kernels). The output is channels_last_3d.
+    inserted zeros; its gradients are the forward and weight-gradient kernels), the bias added in the kernels'
+    epilogue. The output is channels_last_3d.
     `channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels as if
     torch.cat([input, channels_after], dim=1) were the input (weight has both inputs' channels as its Cin), read in
     place by the pointer, TMA and Gluon kernels (the packed small-channel and grouped ones concatenate it first);
@@ -71,9 +72,6 @@ def conv_transpose3d(
         if channels_after is not None:
             input, channels_after = torch.cat([input, channels_after], dim=1), None
         input = torch.nn.functional.pad(input, (0, surplus[2], 0, surplus[1], 0, surplus[0]))
-    output = ops.call_conv3d_input_grad(
-        input, weight, output_shape, stride, padding, dilation, "zeros", groups, channels_after
+    return ops.call_conv3d_input_grad(
+        input, weight, output_shape, stride, padding, dilation, "zeros", groups, channels_after, bias
     )
-    if bias is not None:  # in place: the op's output is fresh, and its backward does not read it
-        output.add_((bias if bias.dtype == output.dtype else bias.to(output.dtype)).view(1, -1, 1, 1, 1))
-    return output

@@ -409,14 +409,22 @@ def check_conv3d(
 
 
 def check_input_grad(
-    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None,
+    bias=None,
 ):  # fmt: skip
     """Validate a conv3d_input_grad call (its arguments) and return the geometry of the forward convolution.
-    channels_after follows grad_output's channels (geom.out_after_channels)."""
-    return _check_gradient(
+    channels_after follows grad_output's channels (geom.out_after_channels); bias, one per input channel, is added
+    to the result (a transposed convolution's)."""
+    geom = _check_gradient(
         grad_output, weight, "weight", input_size, weight.shape, stride, padding, dilation, padding_mode, None, groups,
         grad_after=channels_after,
     )  # fmt: skip
+    if bias is not None:
+        check_tensors(grad_output=grad_output, bias=bias)
+        if tuple(bias.shape) != (geom.in_channels,):
+            shape = tuple(bias.shape)
+            raise ValueError(f"bias must have shape ({geom.in_channels},), one per input channel, got {shape}")
+    return geom
 
 
 def check_weight_grad(

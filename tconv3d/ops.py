@@ -3,7 +3,7 @@
     torch.ops.tconv3d.conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode="zeros",
                              frames_before=None, channels_after=None)
     torch.ops.tconv3d.conv3d_input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode,
-                                        groups=1, channels_after=None)
+                                        groups=1, channels_after=None, bias=None)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
                                          frames_before=None, groups=1, channels_after=None)
     torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None)
@@ -19,7 +19,8 @@ then returns the gradient of that concatenation (input_size counts its frames) a
 channels_after (N, C2, D, H, W) follows the input's channels, as if torch.cat([input, channels_after], dim=1) were
 convolved (a UNet decoder's skip connection), likewise read in place and its gradient split off; the input
 gradient op's channels_after (N, C2, Do, Ho, Wo) follows grad_output's channels (conv_transpose3d of such a
-concatenation: MONAI UNet's decoder), its weight gradient the two sources' rows of it; group_norm's normalizes
+concatenation: MONAI UNet's decoder), its weight gradient the two sources' rows of it; the input gradient op's
+bias (one per input channel) is conv_transpose3d's, added in the kernels' epilogue; group_norm's normalizes
 that concatenation (a diffusion UNet's res block takes its skip connection into its norm first). Every
 result is channels_last_3d, and the fake implementations say so, so torch.compile plans no layout copies.
 The two gradient ops are differentiable too (each is linear in both tensor arguments), so double backward works.
@@ -552,7 +553,7 @@ def _gradients(ctx, needs: tuple, grad_output, weight, input, frames_before, cha
     def run():
         grads = []
         if needs[0]:
-            grads.append(_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None))
+            grads.append(_input_grad(grad_output, weight, ctx.input_size, *ctx.conv_args, ctx.groups, None, None))
         if needs[1]:
             grads.append(_weight_grad(
                 grad_output, input, ctx.weight_size, *ctx.conv_args, frames_before, ctx.groups, channels_after
@@ -632,47 +633,55 @@ _batching_rule("conv3d", shared=(1, 2))
 
 
 def _input_grad_fake(
-    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None,
+    bias=None,
 ):  # fmt: skip
     geom = check_input_grad(
-        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
     )
     return empty_ndhwc(geom.input_shape(), like=grad_output)
 
 
+# bias (one per input channel) is conv_transpose3d's, added in the kernels' epilogue.
 @_define(
     "conv3d_input_grad(Tensor grad_output, Tensor weight, SymInt[] input_size, int[] stride, int[] padding,"
-    ' int[] dilation, str padding_mode="zeros", int groups=1, Tensor? channels_after=None) -> Tensor',
+    ' int[] dilation, str padding_mode="zeros", int groups=1, Tensor? channels_after=None, Tensor? bias=None)'
+    " -> Tensor",
     _input_grad_fake,
 )
 def conv3d_input_grad(
-    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode="zeros", groups=1, channels_after=None,
+    bias=None,
 ):  # fmt: skip
     def run():
         return _input_grad(
-            grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+            grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
         )
 
     ints = (input_size, stride, padding, dilation)
-    return _planned("dgrad", (grad_output, weight, channels_after), ints, (padding_mode, groups), run)
+    return _planned("dgrad", (grad_output, weight, channels_after, bias), ints, (padding_mode, groups), run)
 
 
-def _input_grad(grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after):
+def _input_grad(
+    grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
+):  # fmt: skip
     """The input gradient op's arguments checked and its launches run (or torch's ops where the kernels do not)."""
-    arguments = (grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after)
+    arguments = (
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
+    )  # fmt: skip
     if not _runs_triton(grad_output):
         return _input_grad_in_torch_ops(*arguments)
     geom = check_input_grad(*arguments)
-    return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after)
+    return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after, bias=bias)
 
 
 def _input_grad_in_torch_ops(grad_output, weight, input_size, stride, padding, dilation, *rest):
     """conv3d_input_grad in torch's ops (aten's convolution backward)."""
-    padding_mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
+    padding_mode, groups, channels_after, bias = _trailing_arguments(rest, ("zeros", 1, None, None))
     geom = check_input_grad(
-        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after
+        grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
     )
-    return aten.conv3d_dgrad(grad_output, weight, geom, channels_after)
+    return aten.conv3d_dgrad(grad_output, weight, geom, channels_after, bias)
 
 
 def _save_gradient_context(
@@ -688,8 +697,9 @@ def _save_gradient_context(
 
 def _input_grad_setup_context(ctx, inputs, output):
     grad_output, weight, _size, stride, padding, dilation, *rest = inputs
-    mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
+    mode, groups, channels_after, bias = _trailing_arguments(rest, ("zeros", 1, None, None))
     _save_gradient_context(ctx, grad_output, weight, None, stride, padding, dilation, mode, groups, channels_after)
+    ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _weight_grad_setup_context(ctx, inputs, output):
@@ -704,17 +714,21 @@ def _input_grad_backward(ctx, grad_grad_input):
     # grad_input = dgrad(grad_output, weight) is bilinear: its adjoint in grad_output is the forward
     # convolution, in weight the weight gradient with grad_grad_input standing for the input. With channels_after
     # (grad_output's second source) the first is split along C as the forward's input gradient is, and the second
-    # is the two sources' weight gradients, each the weight's rows of its channels.
+    # is the two sources' weight gradients, each the weight's rows of its channels. The bias's is grad_grad_input's
+    # sum over all but its channels, as a forward convolution's.
     grad_output, weight, _, channels_after = ctx.saved_tensors
     stride, padding, dilation, mode = ctx.conv_args
-    d_grad_output = d_weight = d_channels_after = None
+    d_grad_output = d_weight = d_channels_after = d_bias = None
     if ctx.needs_input_grad[0] or _needs_grad(ctx, 8):
         d_concat = call_conv3d(grad_grad_input, weight, None, stride, padding, dilation, ctx.groups, mode, None, None)
         d_grad_output, d_channels_after = _split_channels(d_concat, ctx.after_channels)
     if ctx.needs_input_grad[1]:
         d_weight = _weight_grad_of_rows(ctx, grad_output, channels_after, grad_grad_input)
         d_weight = in_strides_of(d_weight, ctx.other_stride)  # the weight of conv_transpose3d is a parameter
-    grads = (d_grad_output, d_weight, None, None, None, None, None, None, d_channels_after)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[9]:  # by the kernels in a plain call, else torch's sum
+        bias_grad = _bias_grad if _plain_call(grad_grad_input) else _summed_bias_grad
+        d_bias = bias_grad(grad_grad_input, ctx.bias_dtype)
+    grads = (d_grad_output, d_weight, None, None, None, None, None, None, d_channels_after, d_bias)
     return grads[: len(ctx.needs_input_grad)]
 
 
@@ -735,19 +749,25 @@ def _weight_grad_of_rows(ctx, grad_output, channels_after, input):
 
 
 def _input_grad_jvp(inputs, tangents):
-    # Linear in grad_output (with its channels_after) and in the weight, as the backward above says.
+    # Linear in grad_output (with its channels_after and the bias) and in the weight, as the backward above says.
     grad_output, weight, input_size, stride, padding, dilation, *rest = inputs
-    mode, groups, channels_after = _trailing_arguments(rest, ("zeros", 1, None))
-    t_grad, t_weight, *_, t_after = (*tangents, *(None,) * (9 - len(tangents)))
+    mode, groups, channels_after, bias = _trailing_arguments(rest, ("zeros", 1, None, None))
+    t_grad, t_weight, *_, t_after, t_bias = (*tangents, *(None,) * (10 - len(tangents)))
 
-    def dgrad(grad, w, after):
-        return call_conv3d_input_grad(grad, w, input_size, stride, padding, dilation, mode, groups, after)
+    def dgrad(grad, w, after, b):
+        return call_conv3d_input_grad(grad, w, input_size, stride, padding, dilation, mode, groups, after, b)
 
     terms = [None, None]
     if t_grad is not None or t_after is not None:
-        terms[0] = dgrad(_or_zeros(t_grad, grad_output), weight, _or_zeros(t_after, channels_after))
+        terms[0] = dgrad(_or_zeros(t_grad, grad_output), weight, _or_zeros(t_after, channels_after), t_bias)
+        t_bias = None
     if t_weight is not None:
-        terms[1] = dgrad(grad_output, t_weight, channels_after)
+        terms[1] = dgrad(grad_output, t_weight, channels_after, t_bias)
+    elif terms[0] is None:  # the bias's tangent alone, broadcast
+        geom = check_input_grad(
+            grad_output, weight, input_size, stride, padding, dilation, mode, groups, channels_after, bias
+        )
+        terms[0] = empty_ndhwc(geom.input_shape(), like=grad_output).copy_(t_bias.view(1, -1, 1, 1, 1))
     return _summed(terms)
 
 
@@ -756,7 +776,7 @@ call_conv3d_input_grad = _register_autograd(
     _input_grad_in_torch_ops,
 )  # fmt: skip
 _inductor_launches("conv3d_input_grad", conv3d_input_grad, _conv_refusal("dgrad", check_input_grad))
-_batching_rule("conv3d_input_grad", shared=(1,), size_argument=2)
+_batching_rule("conv3d_input_grad", shared=(1, 9), size_argument=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ tconv3d.nn.ConvTranspose3d, against float64 F.conv_transpose3d, gradients includ
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import dtype_id, leaf_copy
+from helpers import OpNames, dtype_id, leaf_copy
 from torch import nn
 
 import tconv3d
@@ -41,6 +41,69 @@ def test_conv_transpose3d_matches_float64(case, dtype, device):
     assert y.shape == expected.shape and y.is_contiguous(memory_format=CL)
     for ours, ref in ((y, expected), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
         assert rel_l2(ours, ref) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize(
+    ("weight_shape", "groups", "launcher"),
+    [((12, 6, 2, 2, 2), 1, "_launch_pointer_kernel"), ((8, 1, 3, 3, 3), 4, "depthwise_dgrad")],
+    ids=["implicit_gemm", "depthwise"],
+)
+def test_the_bias_is_added_by_the_kernels(weight_shape, groups, launcher, device, monkeypatch):
+    """conv_transpose3d is one input-gradient op, its bias added in the kernel's epilogue (the implicit-GEMM
+    kernel's; the depthwise direct kernel's, a transposed convolution of one output channel a group): no add over
+    the output after it. The values, and the bias's gradient (summed by the op's backward), against float64."""
+    from tconv3d.kernels import conv_dgrad
+
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    monkeypatch.setattr(tconv3d.settings, "KERNELS", "pointer")
+    monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
+    biases = []
+    real = getattr(conv_dgrad, launcher)
+    bias_at = 3 if launcher == "_launch_pointer_kernel" else 2  # the launchers' bias argument
+    monkeypatch.setattr(conv_dgrad, launcher, lambda *a, **k: biases.append(a[bias_at]) or real(*a, **k))
+    x = leaf_copy(torch.randn(2, weight_shape[0], 2, 3, 3, device=device).contiguous(memory_format=CL))
+    w = leaf_copy(torch.randn(weight_shape, device=device).contiguous(memory_format=CL) / 3)
+    b = leaf_copy(torch.randn(weight_shape[1] * groups, device=device))
+    with OpNames() as ops:  # at the top level: an op's own implementation runs beneath, unseen
+        y = tconv3d.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1, groups=groups)
+    assert ops.names == ["tconv3d.conv3d_input_grad.default"]
+    assert len(biases) == 1 and torch.equal(biases[0], b.detach())
+    x64, w64, b64 = (leaf_copy(t.detach().double()) for t in (x, w, b))
+    expected = F.conv_transpose3d(x64, w64, b64, 2, 1, 1, groups)
+    grad_out = torch.randn_like(expected)
+    expected.backward(grad_out)
+    y.backward(grad_out.float())
+    for ours, ref in ((y, expected), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert rel_l2(ours, ref) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("backend", ["triton", "aten"])
+def test_input_gradient_op_bias_with_a_padding_mode(backend, device, monkeypatch):
+    """The op's bias where its input gradient folds a border (replicate, reflect: each border voxel's gradient
+    summed onto the voxel it read): added once per voxel, after the fold; on the kernels and on the aten path."""
+    if backend == "triton" and tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    if backend == "aten":
+        if device != "cpu":
+            pytest.skip("the aten path is CPU tensors'")
+        monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
+    x = torch.randn(1, 3, 3, 4, 5, device=device, dtype=torch.float64)
+    w = torch.randn(6, 3, 3, 3, 2, device=device, dtype=torch.float64) / 4
+    b = torch.randn(3, device=device, dtype=torch.float64)
+    x64 = x.clone().requires_grad_()
+    padded = F.pad(F.pad(x64, (1, 0, 1, 1, 0, 0), mode="replicate"), (0, 0, 0, 0, 1, 1), mode="reflect")
+    y = F.conv3d(padded, w)
+    grad_out = torch.randn_like(y)
+    y.backward(grad_out)
+    args = ([1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 1], "reflect,replicate,replicate", 1, None)
+    grad_out, w = (t.float().contiguous(memory_format=CL) for t in (grad_out, w))
+    got = torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), *args, b.float())
+    assert rel_l2(got, x64.grad + b.view(1, -1, 1, 1, 1)) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match=r"bias must have shape \(3,\), one per input channel"):
+        torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), *args, torch.zeros(6, device=device))
+    with pytest.raises(TypeError, match=r"bias dtype torch\.float16"):
+        torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), *args, b.half())
 
 
 @pytest.mark.parametrize(

@@ -496,7 +496,7 @@ def test_emulated_gluon_split_k(cout, direction, mode, swap, monkeypatch):
 
 def _forward_or_input_gradient(direction, x, w, b, geom, config, monkeypatch):
     """(ours on the emulator at `config`, float64) of the forward of x (with bias b) or the input gradient of a
-    random grad_out, padding 1: one Gluon launch."""
+    random grad_out (with a bias per input channel: a transposed convolution's), padding 1: one Gluon launch."""
     monkeypatch.setattr(conv_gluon, "_multiprocessors", lambda device: PERSISTENT_SMS)
     with emulating(monkeypatch) as emu:
         if direction == "fwd":
@@ -504,8 +504,10 @@ def _forward_or_input_gradient(direction, x, w, b, geom, config, monkeypatch):
             want = torch.nn.functional.conv3d(x.double(), w.double(), b.double(), padding=1)
         else:
             grad_out = torch.randn(geom.output_shape(), dtype=torch.bfloat16).contiguous(memory_format=CL)
-            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+            b = torch.randn(x.shape[1], dtype=torch.bfloat16)
+            got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config, bias=b)
             want = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), padding=1)
+            want += b.double().view(1, -1, 1, 1, 1)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
     return got, want
 

@@ -213,10 +213,17 @@ with stubbed_launches(90, []):
             return conv(x, w)
 
     exported = torch.export.export(Conv(), (x, w)).graph  # torch.export keeps the op whole, setting or not
+    # conv_transpose3d with its bias: the input-gradient kernel adds it (HAS_BIAS), no add after it
+    up = lambda x, w, b: tconv3d.conv_transpose3d(x, w, b, stride=2)
+    b = torch.randn(32, dtype=torch.bfloat16)
+    transposed = make_fx(dispatch_functionalize(up), tracing_mode="fake")(x, w[:, :32], b)
 targets = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"})
+wrappers = [n for n in transposed.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
 print(json.dumps({
     "targets": targets, "explained": tconv3d.explain(x, w, padding=1)["fwd"].get("inductor"),
     "exported": sorted({str(n.target) for n in exported.nodes if n.op == "call_function"}),
+    "transposed": sorted({str(n.target) for n in transposed.graph.nodes if n.op == "call_function"}),
+    "has_bias": [n.kwargs["kwargs"].get("HAS_BIAS") for n in wrappers],
 }))
 """
 
@@ -264,6 +271,12 @@ def test_what_stays_one_op(setting, kernels, traced):
     assert result["exported"] == ["tconv3d.conv3d.default"], result["exported"]
     assert ("tconv3d.conv3d.default" not in targets) == traced, targets
     assert any("triton_kernel_wrapper" in t for t in targets) == traced, targets
+    transposed = result["transposed"]
+    assert not any(".add" in t for t in transposed), transposed
+    if traced:  # one input-gradient launch, the bias its epilogue's
+        assert result["has_bias"] == [True] and "tconv3d.conv3d_input_grad.default" not in transposed, result
+    else:
+        assert "tconv3d.conv3d_input_grad.default" in transposed, transposed
     if setting == "0":
         assert explained is None  # explain reports the path only where it is on
     else:

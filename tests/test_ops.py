@@ -32,6 +32,10 @@ def test_opcheck_gradient_ops(device):
     y = torch.ops.tconv3d.conv3d(x.detach(), w.detach(), None, *CONV_ARGS, 1)
     grad_out = torch.randn_like(y).requires_grad_()
     torch.library.opcheck(torch.ops.tconv3d.conv3d_input_grad.default, (grad_out, w, list(x.shape), *CONV_ARGS))
+    bias = torch.randn(x.shape[1], device=device).requires_grad_()  # conv_transpose3d's, one per input channel
+    torch.library.opcheck(
+        torch.ops.tconv3d.conv3d_input_grad.default, (grad_out, w, list(x.shape), *CONV_ARGS, "zeros", 1, None, bias)
+    )
     torch.library.opcheck(torch.ops.tconv3d.conv3d_weight_grad.default, (grad_out, x, list(w.shape), *CONV_ARGS))
 
 
@@ -78,7 +82,8 @@ def test_cpu_aten_path_matches_reference(monkeypatch):
 def test_cpu_aten_input_grad_is_a_fresh_tensor(padding, dtype, monkeypatch):
     """The aten path's input gradient trims the zeros border with narrow: where that leaves a contiguous view (no
     border at all, or a border only along D with a batch of one), the op must still return a tensor of its own.
-    A view made a converted UNet's ConvTranspose3d (bias added in place, the op's gradient recorded) raise."""
+    A view made a converted UNet's ConvTranspose3d raise (its bias was added in place then, the op's gradient
+    recorded; now the op adds it, and an in-place activation after it would raise the same way)."""
     monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
     x = torch.randn(1, 6, 3, 4, 5).to(dtype).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(6, 4, 2, 2, 2).to(dtype).contiguous(memory_format=CL).requires_grad_()  # as tconv3d.nn keeps it

@@ -92,6 +92,24 @@ def test_fp32_with_tf32_through_tma(variant, device, monkeypatch):
     assert rel_l2(y, case_reference(x, w, None, case)) < tolerance(torch.float32)
 
 
+@pytest.mark.parametrize("variant", ["tma"], indirect=True)
+@pytest.mark.parametrize("stride", [1, (1, 2, 2)], ids=["stride1", "stride122"])
+def test_transposed_convolution_bias_through_tma(stride, variant, device):
+    """conv_transpose3d's bias in the TMA input gradient's epilogue (at a stride in H and W, phase by phase):
+    every voxel of the output once, the phases no tap reaches included."""
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    _, launches = variant
+    x = torch.randn(1, 16, 2, 3, 4, device=device).contiguous(memory_format=CL)
+    w = (torch.randn(16, 8, 1, 3, 3, device=device) / 12).contiguous(memory_format=CL)
+    b = torch.randn(8, device=device)
+    extra = (0, 1, 1) if stride != 1 else 0
+    y = tconv3d.conv_transpose3d(x, w, b, stride, (0, 1, 1), extra, dilation=(1, 1, 2))
+    expected = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double(), stride, (0, 1, 1), extra, 1,
+                                                    (1, 1, 2))  # fmt: skip
+    assert rel_l2(y, expected) < tolerance(torch.float32) and launches == ["dgrad"]
+
+
 INELIGIBLE = [
     ("stride_3", dict(stride=(1, 3, 2), padding=1), 8),  # 6 phase views
     ("odd_channels", dict(padding=1), 5),

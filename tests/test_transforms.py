@@ -124,10 +124,10 @@ def test_second_source_tangent_matches_float64(source, moving, api, device):
 
 
 @pytest.mark.parametrize("api", APIS)
-@pytest.mark.parametrize("moving", ["weight", "after", "all"])
+@pytest.mark.parametrize("moving", ["weight", "after", "bias", "all"])
 def test_conv_transpose3d_tangent_matches_float64(moving, api, device):
     """conv_transpose3d is the input gradient op: its tangents in grad_output (with its channels_after, a UNet's skip
-    connection) and in the weight."""
+    connection), in the weight and in the bias (the op's, broadcast where it moves alone)."""
     primals = [randn(1, 3, 3, 2, 3, device=device), randn(1, 2, 3, 2, 3, device=device)]
     primals += [randn(5, 4, 2, 3, 2, device=device, scale=0.3), randn(4, device=device)]
     tangents = pick(moving, ("input", "after", "weight", "bias"), primals, device)

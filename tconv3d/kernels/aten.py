@@ -39,7 +39,7 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
     return _as_ndhwc(y)
 
 
-def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
+def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
     grad_out = cat_channels(grad_out, channels_after)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
@@ -50,10 +50,14 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None) -> t
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
     if geom.reads_border:
-        return fold_padding(grad, geom)
-    # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a view,
-    # which an op must not return: autograd forbids modifying it in place (ConvTranspose3d adds its bias so).
-    return grad.clone(memory_format=torch.channels_last_3d) if narrowed else _as_ndhwc(grad)
+        grad = fold_padding(grad, geom)
+    elif narrowed:
+        # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a
+        # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).
+        grad = grad.clone(memory_format=torch.channels_last_3d)
+    else:
+        grad = _as_ndhwc(grad)
+    return grad if bias is None else grad.add_(bias.view(1, -1, 1, 1, 1))  # a transposed convolution's bias
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:

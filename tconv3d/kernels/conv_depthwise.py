@@ -70,17 +70,18 @@ def _depthwise_fwd_kernel(
 
 @triton.jit
 def _depthwise_dgrad_kernel(
-    go_ptr, w_ptr, gi_ptr,
+    go_ptr, w_ptr, bias_ptr, gi_ptr,
     M, C_IN, D_IN, H_IN, W_IN, D_OUT, H_OUT, W_OUT,
     stride_gn, stride_gc, stride_gd, stride_gh, stride_gw,
     stride_wo, stride_wd, stride_wh, stride_ww,
     stride_in, stride_ic, stride_id, stride_ih, stride_iw,
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, MULTIPLIER: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, REPEAT: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over taps and j < MULTIPLIER of go[(i + pad - tap * dil) / stride, ci * MULTIPLIER + j]
-    * w[ci * MULTIPLIER + j, tap], over the taps for which that division is exact (the forward's taps flipped;
+    * w[ci * MULTIPLIER + j, tap] (+ bias[ci]: a transposed convolution's), over the taps for which that division
+    is exact (the forward's taps flipped;
     a strided layer's other taps are masked, the tile is voxels whatever the phase). REPEAT (_repeats): the block's
     BLOCK_C x MULTIPLIER output channels are one contiguous load a voxel, viewed as [BLOCK_C, MULTIPLIER] and summed
     over j in registers; otherwise a gather per j (every MULTIPLIER-th channel: element by element)."""
@@ -125,6 +126,8 @@ def _depthwise_dgrad_kernel(
                                      mask=hit[:, None] & mask_c[None, :], other=0.0)  # fmt: skip
                         w = tl.load(w_ptr + co * stride_wo + tap, mask=mask_c)
                         acc += go.to(tl.float32) * w.to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
     gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw
     gi_ptrs = gi_ptr + gi_rows[:, None] + offs_c[None, :] * stride_ic
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_c[None, :])
@@ -237,16 +240,16 @@ def depthwise_fwd(x, weight, bias, y, geom: ConvGeometry, config: KernelConfig) 
     return y
 
 
-def depthwise_dgrad(grad_out, weight, grad_in, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
+def depthwise_dgrad(grad_out, weight, bias, grad_in, geom: ConvGeometry, config: KernelConfig) -> torch.Tensor:
     rows = geom.input_voxels
     grid = (cdiv(rows, config.block_m), cdiv(geom.in_channels, config.block_n))
     launch(
         _depthwise_dgrad_kernel, grid,
-        grad_out, weight, grad_in,
+        grad_out, weight, bias if bias is not None else grad_in, grad_in,
         rows, geom.in_channels, *geom.in_size, *geom.out_size,
         *grad_out.stride(), *_weight_strides(weight), *grad_in.stride(),
         *_geometry_arguments(geom),
-        *geom.kernel, MULTIPLIER=geom.group_out_channels,
+        *geom.kernel, MULTIPLIER=geom.group_out_channels, HAS_BIAS=bias is not None,
         BLOCK_M=config.block_m, BLOCK_C=config.block_n,
         REPEAT=_repeats("dgrad", geom.group_out_channels, config.block_n),
         WIDE=_wide(grad_out, grad_in), num_warps=config.num_warps, num_stages=1,

@@ -42,7 +42,7 @@ from .utils import (
 @triton.jit
 def _conv3d_dgrad_kernel(
     # pointers
-    go_ptr, w_ptr, gi_ptr, live_taps_ptr,
+    go_ptr, w_ptr, bias_ptr, gi_ptr, live_taps_ptr,
     # sizes (a phase holds every STRIDE-th input voxel: D_PHASE = ceil(D_IN / STRIDE_D), and so on; C_OUT counts
     # the C_OUT - C_A channels of the second source q after go's C_A along C, q starting Q_DELTA elements from
     # go_ptr; a split-K program reduces SPLIT_STEPS of the K steps)
@@ -58,12 +58,12 @@ def _conv3d_dgrad_kernel(
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
     PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr,
-    DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_AFTER: tl.constexpr,
+    DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_AFTER: tl.constexpr, HAS_BIAS: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """gi[i, ci] = sum over (tap, co) of go[(i + pad - tap * dil) / stride, co] * w[co, tap, ci], over the taps
-    for which that division is exact.
+    for which that division is exact (+ bias[ci]: a transposed convolution's).
 
     GEMM view: M = N*D*H*W input voxels, taken one stride phase at a time (the phase is the input coordinate
     modulo the stride in d, h and w; programs run phase after phase), N = Cin columns, K = live taps x Cout.
@@ -84,7 +84,7 @@ def _conv3d_dgrad_kernel(
     blocks of a group's block-diagonal weight, as in the forward: column ci reads output channel co's row at channel
     ci % DIAG_CI where both lie in one block of DIAG_CI input and DIAG_CO output channels, zeros elsewhere.
     Split-K (grid axis 2), as in the forward: program s reduces steps [s * SPLIT_STEPS, (s + 1) * SPLIT_STEPS) of
-    its phase into split s of an fp32 gi.
+    its phase into split s of an fp32 gi, the bias in split 0's.
     """
     tl.static_assert(not DIAG_CI or not (PACK_TAPS or W_TAPS or HAS_AFTER), "DIAG_CI: a tap's channels, one source")
     if W_CIN:  # W_TAPS at a power of two channels a group, the weight channels-last and dense (the launcher
@@ -104,6 +104,7 @@ def _conv3d_dgrad_kernel(
     go_ptr += group * C_OUT * stride_gc
     w_ptr += group * C_OUT * stride_wo
     gi_ptr += group * C_IN * stride_ic
+    bias_ptr += group * C_IN
     split = tl.program_id(2)
     gi_ptr += split * stride_is
     if W_TAPS:  # BLOCK_M rows a tile, BLOCK_M - HALO of them written; W_TAPS columns an input channel
@@ -247,46 +248,53 @@ def _conv3d_dgrad_kernel(
     if W_TAPS:  # input voxel r adds W tap kw's column from row r + (KW - 1 - kw) * DIL_W
         acc = sum_w_taps(acc, tl.where(col_tap < KW, KW - 1 - col_tap, 0) * DIL_W, W_TAPS, TAP_MAJOR=W_CIN > 0)
         mask_m &= (tl.arange(0, BLOCK_M) < tile_rows) & (iw < W_IN)
+    if HAS_BIAS:
+        bias_cols = tl.where(split == 0, C_IN, 0)  # split 0's partial carries the bias
+        acc += tl.load(bias_ptr + offs_o, mask=offs_o < bias_cols, other=0.0).to(tl.float32)[None, :]
     gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw  # [BLOCK_M]
     gi_ptrs = gi_ptr + gi_rows[:, None] + offs_o[None, :] * stride_ic  # [BLOCK_M, OUT_COLS]
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_IN)[None, :])
 
 
 def conv3d_dgrad(
-    grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1
+    grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1, bias=None
 ) -> torch.Tensor:
     """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
     channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) or C
     (geom.after_channels) it is the gradient of the concatenation, which the op splits. channels_after follows
     grad_out's channels (geom.out_after_channels), read in place where the config's kernel can
     (config.reads_channels_after), else concatenated first. `diagonal` > 1: `weight` is that of groups `diagonal`
-    times as many as geom's, run side by side (kernels/grouped.py)."""
+    times as many as geom's, run side by side (kernels/grouped.py). `bias` (one per input channel: a transposed
+    convolution's) is added in every kernel's epilogue, rounded once with the sum."""
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
+        # The bias after the fold, which would otherwise add a border's copy onto the voxel it read.
         bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal)
-        return fold_padding(bordered, geom)
+        folded = fold_padding(bordered, geom)
+        return folded if bias is None else folded.add_(bias.view(1, -1, 1, 1, 1))
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)
     weight, diag = grouped.diagonal_weight("dgrad", weight, geom, config, diagonal)
     grad_out, channels_after, geom = channel_sources("dgrad", grad_out, channels_after, geom, config)
+    bias = bias.contiguous() if bias is not None else None  # the epilogues read it with unit stride
     if config.direct:  # depthwise
-        return depthwise_dgrad(grad_out, weight, grad_in, geom, config)
+        return depthwise_dgrad(grad_out, weight, bias, grad_in, geom, config)
     per_split, splits = k_splits("dgrad", geom, config)
     # One split writes grad_in; several write fp32 partial sums of it, which split_k.sum_splits adds.
     out = grad_in if splits == 1 else ndhwc_partials(grad_in, splits)
     if config.gluon:  # the tuning layer checked the problem, the device and the tensors
-        conv3d_gluon(grad_out, weight, None, out, geom, config, True, per_split, channels_after=channels_after)
+        conv3d_gluon(grad_out, weight, bias, out, geom, config, True, per_split, channels_after=channels_after)
     elif config.tma_box_w:  # the caller checked that the problem and the tensors are eligible
-        conv3d_tma(grad_out, weight, None, out, geom, config, True, per_split, channels_after=channels_after)
+        conv3d_tma(grad_out, weight, bias, out, geom, config, True, per_split, channels_after=channels_after)
     else:
-        _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split, diag)
+        _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, config, per_split, diag)
     return grad_in if splits == 1 else sum_splits(out, grad_in)
 
 
-def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, per_split, diag=(0, 0)):
+def _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, config, per_split, diag=(0, 0)):
     upcast, precision = dot_flags(grad_out.dtype)
     phases = geom.stride[0] * geom.stride[1] * geom.stride[2]
     # At unit stride every tap is live: in 16-bit the kernel takes that as constants (sm_90: a main loop 15%
@@ -310,7 +318,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
     q_delta, *q_strides = second_source_arguments(channels_after, grad_out)
     launch(
         _conv3d_dgrad_kernel, grid,
-        grad_out, weight, out, live,
+        grad_out, weight, bias if bias is not None else out, out, live,
         rows, c_in, *geom.in_size, c_out, *geom.out_size, *phase_size, geom.out_channel_sources[0], q_delta,
         per_split,
         *grad_out.stride(), *q_strides, *weight.stride(), geom.batch * out.stride(0) if splits > 1 else 0,
@@ -321,7 +329,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, out, geom, config, 
         RUN=channel_run(c_out, grad_out) if packed else _diagonal_run(diag, c_out, grad_out, weight),
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
         DIAG_CO=diag[1],
-        HAS_AFTER=channels_after is not None, UPCAST_DOT=upcast,
+        HAS_AFTER=channels_after is not None, HAS_BIAS=bias is not None, UPCAST_DOT=upcast,
         _distances=channels_after is not None,  # second_source_arguments'
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -194,25 +194,28 @@ def launch_config(
 
 
 def launch(
-    direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None, channels_after=None
+    direction: str, launcher, geom: ConvGeometry, *tensors: torch.Tensor | None, channels_after=None, bias=None
 ) -> torch.Tensor:
-    """launcher(*tensors, geom, config) (and channels_after=, where given) with the config chosen for `direction` on the
-    first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon config with a tensor map CCCL would refuse
-    runs (and from then on is) the pointer kernels on its tiles (config.pointer_tiles); a tensor map the driver
-    refuses is an error that says so. A grouped problem of few channels a group runs as block-diagonal groups of
-    more (kernels/grouped.py): its launches, configs and tuning keys are the coarse problem's."""
+    """launcher(*tensors, geom, config) (and channels_after= and bias=, where given: the input gradient's) with the
+    config chosen for `direction` on the first tensor's device. Under TCONV3D_TMA_MAPS=strict, a TMA or Gluon
+    config with a tensor map CCCL would refuse runs (and from then on is) the pointer kernels on its tiles
+    (config.pointer_tiles); a tensor map the driver refuses is an error that says so. A grouped problem of few
+    channels a group runs as block-diagonal groups of more (kernels/grouped.py): its launches, configs and tuning
+    keys are the coarse problem's."""
     coarse = grouped.coarsened(geom)
     if coarse is geom:
-        return _launch(direction, launcher, geom, *tensors, channels_after=channels_after)
+        return _launch(direction, launcher, geom, *tensors, channels_after=channels_after, bias=bias)
     return grouped.on_coarse(
         geom, coarse,
-        lambda *t, **diagonal: _launch(direction, launcher, coarse, *t, channels_after=channels_after, **diagonal),
+        lambda *t, **diagonal: _launch(
+            direction, launcher, coarse, *t, channels_after=channels_after, bias=bias, **diagonal
+        ),
         *tensors,
     )  # fmt: skip
 
 
 def _launch(
-    direction: str, launcher, geom: ConvGeometry, *tensors, channels_after=None, diagonal: int = 1
+    direction: str, launcher, geom: ConvGeometry, *tensors, channels_after=None, bias=None, diagonal: int = 1
 ) -> torch.Tensor:
     """`launch` of a problem as its kernels run it (no groups left to coarsen; `diagonal` > 1: the weight is that of
     groups `diagonal` times as many, grouped.on_coarse)."""
@@ -221,6 +224,8 @@ def _launch(
         extra["channels_after"] = channels_after
     if diagonal > 1:
         extra["diagonal"] = diagonal
+    if bias is not None:
+        extra["bias"] = bias
     run = lambda config: launcher(*tensors, geom, config, **extra)  # noqa: E731  (first-use tuning launches it too)
     config = launch_config(direction, geom, *tensors, run=run, channels_after=channels_after)
     try:
