@@ -172,7 +172,7 @@ def markdown(results: dict) -> str:
     for section in ("conv2d_vs_conv3d", "causal", "skip"):
         rows = results.get(section) or []
         if rows:
-            keys = list(rows[0])
+            keys = list(dict.fromkeys(k for row in rows for k in row))  # every row's columns (some rows have more)
             lines += ["", f"{section} (*_ms: ms, *_peak_mb: MiB)", "",
                       *_table(keys, [[_cell(row.get(k)) for k in keys] for row in rows])]  # fmt: skip
     if results.get("notes"):  # where the numbers come from, when a file was put together from several runs

@@ -420,10 +420,12 @@ def skip_geometries(batch: int, channels: int, size, cout: int, transposed: bool
 
 def bench_skip() -> list[dict]:
     """A UNet decoder's skip connection: torch.cat along C then cuDNN channels_last_3d, against tconv3d reading the
-    two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv); time and peak memory,
-    fwd and fwd+bwd (the gradients of both inputs and the weight). Both also as TCONV3D_KERNELS=pointer runs them
-    (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for the forward and the weight gradient reading
-    the skip (configs.heuristic_config) on the timings of one-source layers."""
+    two in place (channels_after), bf16, 3x3x3 (a conv, or MONAI UNet's transposed up conv, with its bias); time and
+    peak memory, fwd and fwd+bwd (the gradients of both inputs, the weight and the bias). Both also as
+    TCONV3D_KERNELS=pointer runs them (`tconv3d_pointer`): the sm_90 heuristic takes the Gluon kernel for the forward
+    and the weight gradient reading the skip (configs.heuristic_config) on the timings of one-source layers. The
+    transposed conv also with its bias added after the op (`tconv3d_bias_after`, as conv_transpose3d did before
+    the input-gradient kernels took it in their epilogue): the gain of that fusion, in the same run."""
 
     def activation(batch, channels, size):
         t = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
@@ -439,11 +441,14 @@ def bench_skip() -> list[dict]:
             ),
         },
         True: {
-            "cat_then_cudnn": lambda x, skip, w: F.conv_transpose3d(torch.cat([x, skip], dim=1), w, **up),
-            "tconv3d": lambda x, skip, w: tconv3d.conv_transpose3d(x, w, **up, channels_after=skip),
+            "cat_then_cudnn": lambda x, skip, w, b: F.conv_transpose3d(torch.cat([x, skip], dim=1), w, b, **up),
+            "tconv3d": lambda x, skip, w, b: tconv3d.conv_transpose3d(x, w, b, **up, channels_after=skip),
             "tconv3d_pointer": _forced(
-                "pointer", lambda x, skip, w: tconv3d.conv_transpose3d(x, w, **up, channels_after=skip)
+                "pointer", lambda x, skip, w, b: tconv3d.conv_transpose3d(x, w, b, **up, channels_after=skip)
             ),
+            "tconv3d_bias_after": lambda x, skip, w, b: tconv3d.conv_transpose3d(
+                x, w, None, **up, channels_after=skip
+            ).add_(b.view(1, -1, 1, 1, 1)),
         },
     }
     rows = []
@@ -452,6 +457,8 @@ def bench_skip() -> list[dict]:
         shape = (2 * channels, cout, 3, 3, 3) if transposed else (cout, 2 * channels, 3, 3, 3)
         w = torch.randn(shape, device="cuda", dtype=torch.bfloat16) / (54 * channels) ** 0.5
         tensors += (w.contiguous(memory_format=torch.channels_last_3d).requires_grad_(),)
+        if transposed:  # its bias (MONAI's up convolutions have one)
+            tensors += (torch.randn(cout, device="cuda", dtype=torch.bfloat16).requires_grad_(),)
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
             for impl, forward in impls[transposed].items():

@@ -3,6 +3,7 @@
     python -m tconv3d.inspect                          # bench suite + awkward shapes, bf16/fp16/fp32, sm_90 and sm_80
     python -m tconv3d.inspect --arch 90 --dtype bf16 --direction wgrad --json out.json
     python -m tconv3d.inspect --shapes bench --space   # every candidate of the pruned search space, per key
+    python -m tconv3d.inspect --direction fwd,dgrad --bias  # with a bias: a layer's, a transposed convolution's
 
 For each (case, dtype, direction, arch) it takes the config that GPU model would choose (its tuning table, else
 the heuristic for its SM count), compiles the launch exactly as the launcher would (compile.py)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import multiprocessing
 import os
@@ -44,15 +46,16 @@ from .compile import ARCHS, compile_launch, fits, read_reports
 DEFAULT_SHAPES = "bench,awkward"
 
 
-def _job_records(jobs: list[tuple]) -> list[dict]:
+def _job_records(jobs: list[tuple], bias: bool = False) -> list[dict]:
     """Compile each (case, dtype, direction, arch, config), then read every cubin of them at once (read_reports:
-    one disassembler run an architecture) and describe each; a failure is a record, not a crash."""
-    compiled = [_compile_job(job) for job in jobs]
+    one disassembler run an architecture) and describe each; a failure is a record, not a crash. `bias`:
+    compile_launch's."""
+    compiled = [_compile_job(job, bias) for job in jobs]
     read_reports([report for _, reports in compiled for report in reports or ()])
     return [_describe(job, record, reports) for job, (record, reports) in zip(jobs, compiled, strict=True)]
 
 
-def _compile_job(job) -> tuple[dict, list | None]:
+def _compile_job(job, bias: bool = False) -> tuple[dict, list | None]:
     shape, dtype_name, direction, capability, config, source = job
     geom, dtype = shape.launched_geometry(), DTYPES_BY_NAME[dtype_name]
     record = {
@@ -68,7 +71,7 @@ def _compile_job(job) -> tuple[dict, list | None]:
     }
     start = time.perf_counter()
     try:  # as choice.launch runs it
-        reports = compile_launch(direction, shape.geometry(), dtype, config, capability, read=False)
+        reports = compile_launch(direction, shape.geometry(), dtype, config, capability, read=False, bias=bias)
     except Exception as error:  # e.g. out of shared memory at compile time: report it
         record["error"] = f"{type(error).__name__}: {error}"[:500]
         reports = None
@@ -184,13 +187,14 @@ def plan(
 CHUNK = 16
 
 
-def run(jobs: list[tuple], workers: int) -> list[dict]:
+def run(jobs: list[tuple], workers: int, bias: bool = False) -> list[dict]:
     chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
     if workers <= 1 or len(chunks) <= 1:
-        return [record for chunk in chunks for record in _job_records(chunk)]
+        return [record for chunk in chunks for record in _job_records(chunk, bias)]
     # fork: the workers inherit the imported kernels; compiling is CPU-bound, one process per core.
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return [record for chunk in pool.map(_job_records, chunks, chunksize=1) for record in chunk]
+        records = pool.map(functools.partial(_job_records, bias=bias), chunks, chunksize=1)
+    return [record for chunk in records for record in chunk]
 
 
 # A pointer launch's small-channel form (config.pointer_form) in the config column.
@@ -300,6 +304,10 @@ def main(argv=None) -> int:
         help="leave out a 16-bit launch whose config the other 16-bit dtype's launch of the case already has (fp16 "
         "after bf16: the same kernel but for the MMA's operand type)",
     )  # fmt: skip
+    parser.add_argument(
+        "--bias", action="store_true",
+        help="launch with a bias: the forward's (a layer's), the input gradient's (a transposed convolution's)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
     args = parser.parse_args(argv)
@@ -320,7 +328,9 @@ def main(argv=None) -> int:
     if args.cases:
         shapes = [s for s in shapes if s.name in set(args.cases.split(","))]
     torch.set_num_threads(1)
-    records = run(plan(shapes, dtypes, directions, archs, args.space, args.variant, args.distinct), args.jobs)
+    records = run(
+        plan(shapes, dtypes, directions, archs, args.space, args.variant, args.distinct), args.jobs, args.bias
+    )
     print(table(records))
     if args.json:
         args.json.write_text(json.dumps(records, indent=1) + "\n")

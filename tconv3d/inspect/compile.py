@@ -630,10 +630,13 @@ def _meta(shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta").contiguous(memory_format=torch.channels_last_3d)
 
 
-def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> None:
+def launch_on_meta(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, bias: bool = False
+) -> None:
     """Run `direction`'s launcher on meta tensors of the problem (under compile_only, this compiles). A grouped
     problem of few channels a group runs as choice.launch runs it, on its coarse geometry (kernels/grouped.py),
-    whose config `config` is, handed the problem's own weight and returning its own weight gradient."""
+    whose config `config` is, handed the problem's own weight and returning its own weight gradient. `bias`: the
+    forward with a bias (a layer's), the input gradient with one per input channel (a transposed convolution's)."""
     coarse = grouped.coarsened(geom)
     weight_shape = geom.weight_shape()
     extra = {"diagonal": geom.groups // coarse.groups} if coarse is not geom else {}
@@ -645,12 +648,15 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
     x, frames_before = _meta((n, c - a, d - p, h, w), dtype), _meta((n, c, p, h, w), dtype) if p else None
     channels_after = _meta((n, a, d, h, w), dtype) if a else None
     if direction == "fwd":
-        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), None, frames_before, geom, config, channels_after, **extra)
+        b = torch.empty(geom.out_channels, dtype=dtype, device="meta") if bias else None
+        conv_fwd.conv3d_fwd(x, _meta(weight_shape, dtype), b, frames_before, geom, config, channels_after, **extra)
     elif direction == "dgrad":  # and grad_output's channels_after (a transposed convolution's skip connection)
         n, _, *out_size = geom.output_shape()
         first, after = geom.out_channel_sources
         grad_after = _meta((n, after, *out_size), dtype) if after else None
         grad_out = _meta((n, first, *out_size), dtype)
+        if bias:
+            extra["bias"] = torch.empty(geom.in_channels, dtype=dtype, device="meta")
         conv_dgrad.conv3d_dgrad(grad_out, _meta(weight_shape, dtype), geom, config, grad_after, **extra)
     elif direction == "wgrad":
         grad_out = _meta(geom.output_shape(), dtype)
@@ -660,14 +666,16 @@ def launch_on_meta(direction: str, geom: ConvGeometry, dtype: torch.dtype, confi
 
 
 def compile_launch(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int, read: bool = True
-) -> list[KernelReport]:
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, capability: int, read: bool = True,
+    bias: bool = False,
+) -> list[KernelReport]:  # fmt: skip
     """Compile, without a GPU, what one launch of `direction` with `config` runs on sm_<capability> (launch_on_meta):
     one report per kernel (a launch with split-K also runs its reduction of the splits). Compile errors propagate.
-    With `read` off, the reports hold their cubins unread: read_reports reads many launches' at once."""
+    With `read` off, the reports hold their cubins unread: read_reports reads many launches' at once. `bias`: as
+    launch_on_meta's."""
     launches: list = []
     with compile_only(capability, launches):
-        launch_on_meta(direction, geom, dtype, config)
+        launch_on_meta(direction, geom, dtype, config, bias)
     reports = []
     for name, grid, num_warps, kernel, seconds, maps in launches:
         reports.append(
