@@ -448,8 +448,8 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
 @pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize(("frames", "split", "front"), [(5, 1, 1), (6, 3, 1), (4, 1, 2)])
 def test_gluon_halo_input_gradients_match_float64(frames, split, front, swap, device):
-    """The stride-1 input gradient's halo tiles on the GPU, also swapped (the emulator's tests run the same on
-    CPU)."""
+    """The stride-1 input gradient's halo tiles on the GPU, also swapped, with a bias per input channel (a
+    transposed convolution's; the emulator's tests run the same on CPU)."""
     if not gluon_runs(device):
         pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
     x = torch.randn(2, 64, frames, 8, 32, device=device, dtype=torch.float64, requires_grad=True)
@@ -461,10 +461,11 @@ def test_gluon_halo_input_gradients_match_float64(frames, split, front, swap, de
     config = configs.halo_twin("dgrad", geom, tile, 2)
     config = configs.swapped_twin(config, "dgrad") if swap else config
     assert config.halo_d == 2 and config.split_k == split and config.swap_ab == swap
-    got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config)
+    b = torch.randn(64, device=device).to(torch.bfloat16)
+    got = conv_dgrad.conv3d_dgrad(grad_out, w, geom, config, bias=b)
     padded = torch.nn.functional.pad(x, (1, 1, 1, 1, front, 2 - front))
     torch.nn.functional.conv3d(padded, w.double()).backward(grad_out.double())
-    assert rel_l2(got, x.grad) < tolerance(torch.bfloat16)
+    assert rel_l2(got, x.grad + b.double().view(1, -1, 1, 1, 1)) < tolerance(torch.bfloat16)
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
