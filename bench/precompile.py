@@ -158,7 +158,8 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
     """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack and
     skip scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them (of the skip
-    scenario's transposed conv, its forward: its backward's are plain launches)."""
+    scenario's transposed conv, its forward, with its bias and without: its backward's are plain launches). A
+    launch is (direction, geometry, dtype, config), and a fifth True where it has a bias."""
     from bench import run
     from tconv3d.tune import choice
     from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
@@ -179,8 +180,10 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
         for _, batch, channels, size, cout, transposed in run.SKIP_LAYERS:
             for direction, geom in run.skip_geometries(batch, channels, size, cout, transposed).items():
                 config = choice.pick_config(direction, geom, bf16, device)
-                launches.append((direction, geom, bf16, config))
-                launches.append((direction, geom, bf16, choice.force_variant(direction, geom, bf16, config, "pointer")))
+                pointer = choice.force_variant(direction, geom, bf16, config, "pointer")
+                launches += [(direction, geom, bf16, config), (direction, geom, bf16, pointer)]
+                if transposed:  # tconv3d and tconv3d_pointer with the layer's bias (tconv3d_bias_after without)
+                    launches += [(direction, geom, bf16, config, True), (direction, geom, bf16, pointer, True)]
     return launches
 
 
@@ -258,8 +261,9 @@ def plan(
 def _compile(launch: tuple) -> tuple[bool, float]:
     from tconv3d.inspect.compile import ARCHS, compiles_cleanly
 
+    direction, geom, dtype, config, *bias = launch  # a fifth True: with a bias (bench_launches)
     start = time.perf_counter()
-    return compiles_cleanly(*launch, ARCHS[CAPABILITY]), time.perf_counter() - start
+    return compiles_cleanly(direction, geom, dtype, config, ARCHS[CAPABILITY], bool(bias)), time.perf_counter() - start
 
 
 def build(launches: list, key: str, out: Path, workers: int) -> dict:

@@ -713,11 +713,14 @@ def fits(reports: list[KernelReport], arch: Arch) -> bool:
     return all(not r.spill_bytes and not r.local_accesses and r.shared_bytes <= arch.smem_per_block for r in reports)
 
 
-def compiles_cleanly(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, arch: Arch) -> bool:
+def compiles_cleanly(
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, arch: Arch, bias: bool = False
+) -> bool:
     """Whether `config` compiles for `arch` without spills and within its shared memory: the tuner's filter
-    before it spends device time on a candidate (the compile is cached, so timing it later costs no second)."""
+    before it spends device time on a candidate (the compile is cached, so timing it later costs no second).
+    `bias`: launch_on_meta's."""
     try:
-        return fits(compile_launch(direction, geom, dtype, config, arch.capability), arch)
+        return fits(compile_launch(direction, geom, dtype, config, arch.capability, bias=bias), arch)
     except Exception:  # out of resources at compile time, or a config the compiler rejects
         return False
 
