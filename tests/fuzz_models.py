@@ -25,13 +25,16 @@ a ReLU's input on the other side of zero than stock's (within a rounding of it: 
 and the gradients move by ~1e-3-1e-2; MONAI's AttentionUnet has a million such inputs a step), or a max pooling's
 window whose maximum is another voxel than stock's (a near tie: the gradient goes to the other one), is counted
 apart, as "kinks"; any other failure is drawn again, the same case with other random inputs, and one that does not
-come back is counted apart, as "once". A draw that passes is then audited (tconv3d.nn.audit, as the case runs the
-model): every convolution on tconv3d, activations channels_last_3d from the first layer to the last (a layout copy
-at the input edges alone, none into a norm, no pad, concatenation or upstream copy into a convolution: the
-real-model tests' assert_stays_channels_last), or it fails as "layout:" with the audit's table. Where a VAE's latent
-frames are one voxel (8 x 8 pixels), the audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout
-as in the other, torch's ops (interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a layout
-copy of a few voxels.
+come back is counted apart, as "once". Its line says how many inputs of RMS norms over a single channel took the
+other side of zero than stock's, if any: such a norm answers its input's sign times its weight, so a voxel a
+rounding from zero moves an output by twice the weight (Wan's test config halves 3 channels to 1 in its decoder's
+upsamplers; a bf16 decode then lands 4x stock's distance from float64 on one draw's inputs). A draw that passes is
+then audited (tconv3d.nn.audit, as the case runs the model): every convolution on tconv3d, activations
+channels_last_3d from the first layer to the last (a layout copy at the input edges alone, none into a norm, no pad,
+concatenation or upstream copy into a convolution: the real-model tests' assert_stays_channels_last), or it fails as
+"layout:" with the audit's table. Where a VAE's latent frames are one voxel (8 x 8 pixels), the audit is left out: a
+(B, C, 1, 1, 1) tensor is as contiguous in one layout as in the other, torch's ops (interpolate, cat, elementwise)
+then answer NCDHW, and the layers after it get a layout copy of a few voxels.
 
 With --compile BACKEND (aot_eager, inductor), the converted model runs under torch.compile (traced anew each draw,
 the input's sizes symbolic: dynamic=True) and is held to stock's eager results as above; instead of the audit, its
@@ -206,8 +209,29 @@ class Models:
 
 
 # Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero)
-# and max pooling (where a window's maximum changes hands).
+# and max pooling (where a window's maximum changes hands). Their value is continuous, their gradient is not: kinks of
+# a training step.
 KINKED = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.MaxPool3d)
+
+
+def _norm_dim(module) -> int | None:
+    """The dimension an RMS norm normalizes (diffusers' channel-first RMS_norms, PerChannelRMSNorm, Kandinsky's;
+    the last one for diffusers' and torch's RMSNorm), None for any other module."""
+    if "rms" not in type(module).__name__.lower():
+        return None
+    if hasattr(module, "channel_dim"):
+        return module.channel_dim
+    if hasattr(module, "channel_first"):
+        return 1 if module.channel_first else -1
+    return -1 if type(module).__name__ == "RMSNorm" else 1
+
+
+def _steps(module, args) -> bool:
+    """Whether the module's output jumps where its input crosses zero: an RMS norm over a single value (the test
+    configs' narrowest layers: Wan's upsamplers halve 3 channels to 1) is its input's sign times the weight, and a
+    rounding that takes a voxel near zero to the other side moves the output by twice the weight, in any mode."""
+    dim = _norm_dim(module)
+    return dim is not None and bool(args) and isinstance(args[0], torch.Tensor) and args[0].shape[dim] == 1
 
 
 def _input(case: dict, generator: torch.Generator) -> torch.Tensor:
@@ -215,8 +239,8 @@ def _input(case: dict, generator: torch.Generator) -> torch.Tensor:
 
 
 def _decisions(module, args) -> torch.Tensor:
-    """The branch a piecewise module took at each input: an activation's side of zero, a max pooling's argmax
-    (which voxel of each window its gradient goes to)."""
+    """The branch a piecewise module took at each input: an activation's or a one-channel norm's side of zero, a max
+    pooling's argmax (which voxel of each window its gradient goes to)."""
     if isinstance(module, torch.nn.MaxPool3d):
         return torch.nn.functional.max_pool3d(
             args[0], module.kernel_size, module.stride, module.padding, module.dilation, module.ceil_mode,
@@ -227,30 +251,40 @@ def _decisions(module, args) -> torch.Tensor:
 
 def check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
-    training step's piecewise-linear activations took another side of zero than stock's (or its max poolings
-    another voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes, "ill-conditioned: ..."
-    where ours lies within stock's own scatter on inputs rounded otherwise (wobbled_off). A case with "compile"
-    (a torch.compile backend) runs the converted model compiled."""
+    training step's piecewise-linear activations took another side of zero than stock's (or its max poolings another
+    voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes (with the count of one-channel
+    norms' inputs across zero: kinks), "ill-conditioned: ..." where ours lies within stock's own scatter on inputs
+    rounded otherwise (wobbled_off). A case with "compile" (a torch.compile backend) runs the converted model
+    compiled."""
     problem = _check(case, models, seed)
     if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", "ill-conditioned: ")):
         return problem
-    if case["mode"] == "train" and (flips := kinks(case, models, seed)):
-        return f"kinks: {flips} activation inputs across zero or pooling maxima moved; " + problem
+    if case["mode"] == "train" and (flips := kinks(case, models, seed, activations=True)):
+        return f"kinks: {flips} activation or one-channel norm inputs across zero or pooling maxima moved; " + problem
     again = _check(case, models, seed + 2**31)
-    return problem if again not in (None, "skipped") else "once: " + problem
+    if again not in (None, "skipped"):
+        return problem
+    steps = kinks(case, models, seed, activations=False)
+    return "once: " + (f"{steps} inputs of one-channel norms across zero; " if steps else "") + problem
 
 
-def kinks(case: dict, models: Models, seed: int) -> int:
-    """How many inputs of the models' piecewise-linear activation modules have another sign in the converted
-    model than in stock, and how many max pooling windows another maximum, in the case's forward."""
+def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
+    """How many inputs of the models' steps (one-channel RMS norms: _steps) have another sign in the converted model
+    than in stock, in the case's forward; with `activations` also those of the piecewise-linear activations, and how
+    many max pooling windows another maximum (kinks of a training step's gradient: their value is continuous)."""
     inputs = []
     for model in models(case["model"], case.get("dtype", "fp32")):
         seen = []
-        record = lambda module, args, out, seen=seen: seen.append(_decisions(module, args))  # noqa: E731
-        handles = [module.register_forward_hook(record) for module in model.modules() if isinstance(module, KINKED)]
+
+        def record(module, args, out, seen=seen):
+            if _steps(module, args) or (activations and isinstance(module, KINKED)):
+                seen.append(_decisions(module, args))
+
+        watched = [m for m in model.modules() if _norm_dim(m) is not None or (activations and isinstance(m, KINKED))]
+        handles = [module.register_forward_hook(record) for module in watched]
         try:
             with torch.no_grad():
-                run_model(model.train(), _input(case, torch.Generator().manual_seed(seed)), case)
+                run_model(model.train(case["mode"] == "train"), _input(case, torch.Generator().manual_seed(seed)), case)
         finally:
             model.eval()
             for handle in handles:
@@ -464,8 +498,9 @@ def main(argv=None) -> int:
             history.append([seed, case])
         seed += 1
     print(
-        f"fuzz_models: {ran} draws, {failed} failed, {kinked} at kinks (ReLU, max pooling), {once} once (not on other "
-        f"inputs), {scattered} ill-conditioned (within stock's scatter), {slow} slow, {skipped} refused by stock, "
+        f"fuzz_models: {ran} draws, {failed} failed, {kinked} at kinks (one-channel norms, ReLU, max pooling), "
+        f"{once} once (not on other inputs), {scattered} ill-conditioned (within stock's scatter), {slow} slow, "
+        f"{skipped} refused by stock, "
         f"seeds {args.seed}..{seed - 1}"
     )
     return int(failed > 0)
