@@ -41,6 +41,16 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
     grad_out = cat_channels(grad_out, channels_after)
+    reach = [(o - 1) * s - 2 * p + d * (k - 1) + 1 for o, s, p, d, k in
+             zip(geom.out_size, geom.stride, geom.front_padding, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
+    extra = [size - r for size, r in zip(geom.in_size, reach, strict=True)]  # output_padding
+    fits = all(0 <= e < s for e, s in zip(extra, geom.stride, strict=True))
+    if geom.is_symmetric and geom.padding_mode == "zeros" and fits:
+        # aten's transposed conv pads itself (no padded gradient, no narrowed copy) and adds the bias before it
+        # rounds (a 16-bit gradient and then the bias would round twice: a sum a rounding from zero lands on 0)
+        grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
+                                  geom.dilation)  # fmt: skip
+        return _as_ndhwc(grad)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
