@@ -108,7 +108,7 @@ case "${1:-}" in
       TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-125} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
       BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack,skip} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
+      SCENARIOS=${SCENARIOS:-stack,skip,subpixel} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-50}
     set -- tune variants bench
     ;;
@@ -130,7 +130,7 @@ for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into 
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
-    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip}" \
+    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip,subpixel}" \
     --tune-args "--shapes bench ${TUNE_ARGS:-}" --census-models "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
@@ -232,7 +232,7 @@ run_stage() {
       timeout "$(left "${BENCH_TIMEOUT:-240}")" python3 -m bench --out bench/results --merge --direction "$direction" \
         --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
     done
-    scenarios=${SCENARIOS:-stack,conv2d,causal,skip}
+    scenarios=${SCENARIOS:-stack,conv2d,causal,skip,subpixel}
     if [ "$scenarios" != none ]; then  # one invocation each: a cut-off loses that scenario, not those before it
       for scenario in ${scenarios//,/ }; do
         timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \

@@ -157,9 +157,9 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
 
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
     """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack and
-    skip scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them (of the skip
-    scenario's transposed conv, its forward, with its bias and without: its backward's are plain launches). A
-    launch is (direction, geometry, dtype, config), and a fifth True where it has a bias."""
+    skip and subpixel scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them
+    (of the skip scenario's transposed conv, its forward, with its bias and without: its backward's are plain
+    launches). A launch is (direction, geometry, dtype, config), and a fifth True where it has a bias."""
     from bench import run
     from tconv3d.tune import choice
     from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
@@ -184,6 +184,14 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
                 launches += [(direction, geom, bf16, config), (direction, geom, bf16, pointer)]
                 if transposed:  # tconv3d and tconv3d_pointer with the layer's bias (tconv3d_bias_after without)
                     launches += [(direction, geom, bf16, config, True), (direction, geom, bf16, pointer, True)]
+    if "subpixel" in scenarios.split(","):  # bench_subpixel: both tconv3d forms, forward and both gradients
+        bf16 = DTYPES_BY_NAME["bf16"]
+        for _, *layer in run.SUBPIXEL_LAYERS:
+            for form, geoms in run.subpixel_geometries(*layer).items():
+                biased = "dgrad" if form == "subpixel" else "fwd"  # the launch that takes the Conv2d's bias
+                for direction, geom in geoms.items():
+                    config = choice.pick_config(direction, geom, bf16, device)
+                    launches.append((direction, geom, bf16, config, *((True,) if direction == biased else ())))
     return launches
 
 

@@ -7,7 +7,8 @@ Per case and implementation: median ms (triton.testing.do_bench, which flushes L
 the bf16 matmul peak measured in the same run, speedup over cuDNN channels_last_3d, peak memory, and tconv3d's
 relative L2 error against float64; tconv3d and cuDNN channels_last_3d also replayed from a CUDA graph (the
 launches without the host's time to issue them: a host-bound case shows as such). Then the scenarios: the
-3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding, a UNet skip connection read in place. Writes
+3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding, a UNet skip connection read in place, Wan's upsamplers
+(nearest 2x then a conv: upsampled first, or the sub-pixel transposed conv). Writes
 bench/results/<device>.json, .md and .png (see bench/report.py).
 """
 
@@ -479,6 +480,80 @@ def _skip_step(forward, tensors, grad):
         torch.autograd.grad(y, tensors, grad)
 
 
+# Wan's decoder upsamplers at its default config (bench.census --vae wan): nearest 2x in H and W, then a 3x3 Conv2d
+# on the frames; a chunk of 4 frames. (name, batch, channels in, frames, height, width, channels out)
+SUBPIXEL_LAYERS = [
+    ("wan_up_384", 1, 384, 4, 64, 64, 192),
+    ("wan_up_192", 1, 192, 4, 128, 128, 96),
+]
+
+
+def subpixel_geometries(batch: int, cin: int, frames: int, height: int, width: int, cout: int) -> dict:
+    """The launches' geometries of bench_subpixel's tconv3d rows by direction: the sub-pixel form's transposed conv
+    (its forward the input-gradient op, its input gradient a stride-2 forward, its weight gradient), and the
+    upsample-first form's frame conv over the upsampled size (a forward, both gradients)."""
+    from tconv3d.geometry import conv_geometry
+
+    transposed = conv_geometry((batch, cout, frames, 2 * height, 2 * width), (cin, cout, 1, 4, 4), (1, 2, 2),
+                               (0, 1, 1), 1)  # fmt: skip
+    upsampled = conv_geometry((batch, cin, frames, 2 * height, 2 * width), (cout, cin, 1, 3, 3), 1, (0, 1, 1), 1)
+    return {"subpixel": {"dgrad": transposed, "fwd": transposed, "wgrad": transposed},
+            "upsample_first": {"fwd": upsampled, "dgrad": upsampled, "wgrad": upsampled}}  # fmt: skip
+
+
+def bench_subpixel() -> list[dict]:
+    """Wan's upsamplers (SUBPIXEL_LAYERS), bf16: diffusers' way on cuDNN (the frames as a batch, nearest 2x in
+    float32 and cast back, a channels_last Conv2d: `interp_then_cudnn`), tconv3d writing the upsampled input then
+    convolving it (`tconv3d_upsample_first`: repeat_nearest, frame_conv; what convert ran before the sub-pixel form),
+    and tconv3d's sub-pixel form (`tconv3d`: upsampled_frame_conv, one transposed conv of the input with 4 x 4
+    taps); time and peak memory, fwd and fwd+bwd (the gradients of the input, the weight and the bias)."""
+    from torch import nn
+
+    from tconv3d.nn.modules import repeat_nearest
+    from tconv3d.nn.video_vaes import frame_conv, upsampled_frame_conv
+
+    def interp_then_cudnn(x, conv):
+        b, c, t, h, w = x.shape
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        up = F.interpolate(frames.float(), scale_factor=2.0, mode="nearest-exact").to(x.dtype)
+        y = conv(up.contiguous(memory_format=torch.channels_last))
+        return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+    impls = {
+        "interp_then_cudnn": interp_then_cudnn,
+        "tconv3d_upsample_first": lambda x, conv: frame_conv(conv, repeat_nearest(x, (1, 2, 2))),
+        "tconv3d": lambda x, conv: upsampled_frame_conv(conv, x),
+    }
+    rows = []
+    for name, batch, cin, frames, height, width, cout in SUBPIXEL_LAYERS:
+        x = torch.randn(batch, cin, frames, height, width, device="cuda", dtype=torch.bfloat16)
+        x = x.contiguous(memory_format=CL).requires_grad_()
+        conv = nn.Conv2d(cin, cout, 3, padding=1).to(device="cuda", dtype=torch.bfloat16)
+        conv = conv.to(memory_format=torch.channels_last)  # as convert leaves it
+        tensors = (x, conv.weight, conv.bias)
+        for direction in ("fwd", "fwd+bwd"):
+            row = {"name": f"{name}_{direction}"}
+            for impl, forward in impls.items():
+                run = functools.partial(forward, x, conv)
+                grad = torch.randn_like(run()) if direction == "fwd+bwd" else None
+                fn = functools.partial(_subpixel_step, run, tensors, grad)
+                row[f"{impl}_ms"] = round(bench_ms(fn), 4)
+                row[f"{impl}_peak_mb"] = round(peak_memory_mb(fn), 1)
+            rows.append(row)
+        del x, conv, tensors
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _subpixel_step(run, tensors, grad):
+    """One forward of bench_subpixel (and, given `grad`, its backward to the input, the weight and the bias)."""
+    if grad is None:
+        with torch.no_grad():
+            run()
+        return
+    torch.autograd.grad(run(), tensors, grad)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -517,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--impls", default=",".join(report.IMPLS), help="comma-separated subset of " + ",".join(report.IMPLS)
     )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
-    parser.add_argument("--scenarios", default="stack,conv2d,causal,skip", help="comma-separated, or 'none'")
+    parser.add_argument("--scenarios", default="stack,conv2d,causal,skip,subpixel", help="comma-separated, or 'none'")
     parser.add_argument(
         "--graphs", action=argparse.BooleanOptionalAction, default=True,
         help="also time " + " and ".join(GRAPH_IMPLS) + " replayed from a CUDA graph (the launches without the host)",
@@ -570,6 +645,8 @@ def main(argv=None) -> int:
         results["causal"] = bench_causal(shapes)
     if "skip" in scenarios:
         results["skip"] = bench_skip()
+    if "subpixel" in scenarios:
+        results["subpixel"] = bench_subpixel()
     paths = report.write_results(results, args.out, merge_existing=args.merge)
     print(paths["md"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))

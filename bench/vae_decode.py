@@ -5,7 +5,9 @@ latent upscaler as a decode, `--model kandinsky6_upscaler`: bench.vaes).
 Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, the ops as calls),
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
 converted_graph (the decode captured in a CUDA graph and replayed: its time, the graph pool's size as its peak,
-and whether a replay on a new latent equals an eager decode bit for bit). `--scale 0` builds diffusers' default
+and whether a replay on a new latent equals an eager decode bit for bit), and converted_upsample_first (converted,
+with Wan's and CogVideoX's upsamplers writing their nearest 2x before their conv, as before the sub-pixel form of
+tconv3d.nn.video_vaes.upsampled_frame_conv: the A/B of that change). `--scale 0` builds diffusers' default
 configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17 frames of 256 x 256; Mochi 19).
 
 The eager variants also report where one decode's time goes (`breakdown_ms`): the convolutions (a VAE's conv
@@ -38,7 +40,8 @@ import time
 
 import torch
 
-VARIANTS = ("stock", "converted", "stock_compiled", "converted_compiled", "converted_inductor", "converted_graph")
+VARIANTS = ("stock", "converted", "stock_compiled", "converted_compiled", "converted_inductor", "converted_graph",
+            "converted_upsample_first")  # fmt: skip
 ACTIVATIONS = (torch.nn.SiLU, torch.nn.GELU, torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.ELU, torch.nn.Mish,
                torch.nn.Tanh, torch.nn.Sigmoid)  # fmt: skip
 
@@ -135,6 +138,8 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     vae = build_vae(model_name, scale, dtype=dtype).eval().to(device=device, dtype=dtype)
     if variant.startswith("converted"):
         tconv3d.nn.convert(vae)
+    if variant == "converted_upsample_first":  # the resamplers' nearest 2x written, then their conv (no sub-pixel)
+        tconv3d.nn.video_vaes.SUBPIXEL = False
     decode = lambda z: getattr(out := vae.decode(z), "sample", out)  # noqa: E731 (MONAI's answer a tensor)
     if variant.endswith(("compiled", "inductor")):
         tconv3d.settings.INDUCTOR_KERNELS = variant.endswith("inductor")  # read when the graph is traced

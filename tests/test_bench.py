@@ -746,11 +746,13 @@ def test_census_sees_every_convolution_of_a_decode():
     counts = census.model_geometries(converted, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16)
     assert sum(counts.values()) == len(calls) > 0
     assert any(g.prefix_frames for _, g in counts) and any(not g.prefix_frames for _, g in counts)
-    assert {direction for direction, _ in counts} == {"fwd"}
+    # the upsamplers' frame convs run as sub-pixel transposed convs (upsampled_frame_conv): the input-gradient op
+    assert {direction for direction, _ in counts} == {"fwd", "dgrad"}
+    assert all((g.kernel, g.stride) == ((1, 4, 4), (1, 2, 2)) for d, g in counts if d == "dgrad")
     rows, by_variant = census.census(counts, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
     assert sum(row[-1] for row in rows) == pytest.approx(1.0) and sum(by_variant.values()) == pytest.approx(1.0)
-    h100 = lambda geom: choice.choose("fwd", geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
-    assert all(config == h100(geom) for _, _, geom, config, *_ in rows)
+    h100 = lambda d, geom: choice.choose(d, geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)[0]  # noqa: E731
+    assert all(config == h100(direction, geom) for _, direction, geom, config, *_ in rows)
 
 
 def test_census_sees_a_unets_transposed_convs_and_skip_connections():
@@ -781,7 +783,9 @@ def test_census_sees_a_unets_transposed_convs_and_skip_connections():
 def test_census_of_a_vae_decoders_training_step():
     """bench.census --vae NAME --training: a decoder's fine-tuning step (its latent from a frozen encoder takes no
     gradient) records each conv's weight gradient, cached frames included (Wan's chunks after the first), and an
-    input gradient for every conv but the first, none of them reading frames_before (x's gradient alone)."""
+    input gradient for every conv but the first, none of them reading frames_before (x's gradient alone). The
+    upsamplers' sub-pixel transposed convs swap the two: their forward is the input-gradient op ("dgrad"), their
+    input gradient a "fwd"; so both sides of each count gain as many."""
     pytest.importorskip("diffusers")
     from bench import census
     from bench.vaes import build_vae
@@ -795,7 +799,7 @@ def test_census_of_a_vae_decoders_training_step():
     assert calls["wgrad", True] == calls["fwd", True] > 0 and calls["wgrad", False] == calls["fwd", False] > 0
     assert calls["dgrad", False] == calls["fwd", True] + calls["fwd", False] - 1 and not calls["dgrad", True]
     inference = census.model_geometries(model, census.decoded, (1, 16, 3, 8, 8), torch.bfloat16)
-    assert {direction for direction, _ in inference} == {"fwd"}
+    assert {direction for direction, _ in inference} == {"fwd", "dgrad"}  # dgrad: the upsamplers' transposed convs
 
 
 def test_census_of_a_training_step_and_its_timing(monkeypatch):
@@ -847,6 +851,30 @@ def test_census_of_a_training_step_and_its_timing(monkeypatch):
     assert (totals["tconv3d_ms"], totals["cudnn_ms"], totals["rows_timed"]) == (calls, 2 * calls, len(timeable))
     assert totals["flops_share_timed"] == pytest.approx(sum(rows[i][-1] for i in timeable))
     assert all(row["ms"] is None for i, row in enumerate(timed) if i not in timeable)
+
+
+def test_subpixel_scenario_plans_the_geometries_its_launches_check():
+    """bench's subpixel scenario: subpixel_geometries are the geometries the launches of both tconv3d forms of an
+    upsampler check, its forward and its backward (the sub-pixel transposed conv: the input-gradient op, then a
+    forward and a weight gradient; upsampled first: a forward over the upsampled size, then both gradients), which
+    bench.precompile compiles ahead."""
+    from torch import nn
+
+    from bench import census
+    from tconv3d.nn.modules import repeat_nearest
+    from tconv3d.nn.video_vaes import frame_conv, upsampled_frame_conv
+
+    forms = run.subpixel_geometries(1, 6, 2, 3, 5, 4)
+    conv = nn.Conv2d(6, 4, 3, padding=1, device="meta")
+    forwards = {"subpixel": lambda x, conv: upsampled_frame_conv(conv, x),
+                "upsample_first": lambda x, conv: frame_conv(conv, repeat_nearest(x, (1, 2, 2)))}  # fmt: skip
+    for form, forward in forwards.items():
+        x = torch.empty(1, 6, 2, 3, 5, device="meta").contiguous(memory_format=torch.channels_last_3d)
+        x.requires_grad_()
+        with census._ConvGeometries() as seen:
+            y = forward(x, conv)
+            y.backward(torch.empty_like(y))
+        assert set(seen.counts) == set(forms[form].items()), (form, list(seen.counts))
 
 
 def test_skip_scenario_plans_the_geometries_its_launches_check():

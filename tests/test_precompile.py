@@ -151,7 +151,7 @@ def test_the_session_script_hands_a_plans_own_arguments_to_precompile(tmp_path):
     argv = result.stdout.splitlines()
     assert argv[:6] == ["-m", "bench.precompile", "--wheel", "/wheels/triton.whl", "--stages", "tune variants bench"]
     options = dict(zip(argv[6::2], argv[7::2], strict=True))
-    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack,skip"
+    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack,skip,subpixel"
     assert options["--tune-args"].split()[-2:] == ["--shapes", "stack"], options["--tune-args"]  # the last one wins
     flag, cases, impls_flag, impls = options["--variants-args"].split()
     assert (flag, impls_flag) == ("--cases", "--impls"), options["--variants-args"]

@@ -1207,8 +1207,9 @@ class _CogVideoXUpsample3D:
     """diffusers' CogVideoXUpsample3D: nearest 2x in space, and in time where it compresses time (an odd count of
     frames: the first frame in space only), then its 2-D conv on the frames. diffusers interpolates a 5-D
     activation (CUDA's 3-D nearest kernel copies a channels_last_3d one NCDHW and back) and concatenates the
-    first frame's part; here both parts are written as broadcasts into one result in the activation's layout
-    (`repeat_nearest`), and the frames' 2-D conv is one tconv3d conv over the video (`frame_conv`)."""
+    first frame's part, then convolves each frame; here the space upsampling and the frames' 2-D conv are one
+    transposed conv of the input (`upsampled_frame_conv`), and its output is repeated in time (`repeat_nearest`,
+    the first frame apart) where diffusers repeats its input."""
 
     classes = ("diffusers.models.upsampling.CogVideoXUpsample3D",)
     attributes = ("conv", "compress_time")
@@ -1216,10 +1217,9 @@ class _CogVideoXUpsample3D:
     def forward(self, inputs):
         t = inputs.shape[2]
         if self.compress_time and t > 1 and t % 2 == 1:
-            upsampled = repeat_nearest(inputs, (2, 2, 2), first_apart=True)
-        else:  # an even count compressed: all frames in time too; one frame, or time kept: space only
-            upsampled = repeat_nearest(inputs, (2 if self.compress_time and t > 1 else 1, 2, 2))
-        return frame_conv(self.conv, upsampled)
+            return upsampled_frame_conv(self.conv, inputs, 2, first_apart=True)
+        # an even count compressed: all frames in time too; one frame, or time kept: space only
+        return upsampled_frame_conv(self.conv, inputs, 2 if self.compress_time and t > 1 else 1)
 
 
 class _CogVideoXDownsample3D:
@@ -1271,6 +1271,57 @@ def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     if x.dim() != 5:
         return f"the video is {x.dim()}-D"
     return None
+
+
+# Nearest 2x along H (or W), then a 3-tap conv padded by 1, is a transposed conv of the input itself at stride 2 with
+# 4 taps, padded by 1, each tap a sum of the conv's: output 2i reads x[i - 1] through w[0] and x[i] through
+# w[1] + w[2]; output 2i + 1 reads x[i] through w[0] + w[1] and x[i + 1] through w[2]. Row k: which of the conv's
+# taps the transposed conv's tap k sums (output o = 2j + k - 1 reads x[j]).
+_SUBPIXEL_TAPS = ((0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 0, 0))
+SUBPIXEL = True  # False: upsampled_frame_conv upsamples first, as before (bench.vae_decode's converted_upsample_first)
+
+
+def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1, first_apart: bool = False):
+    """`conv` on each frame of x repeated by nearest 2x in H and W and `time_factor`x in D (`first_apart` as
+    repeat_nearest's): frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart)). For a
+    3x3 conv padded by 1 at unit stride and dilation, one group (the resamplers' convs: `subpixel_reason`), it is
+    one transposed conv of x itself at stride (1, 2, 2) with 4 x 4 taps (`subpixel_weight`): per output voxel 4 taps
+    where the upsampled input has 9, read from x, and no tensor of the upsampled size written, read, or saved for
+    the backward. A frame's conv commutes with repeating frames, so D's repeats are written once, after it, of the
+    output. Anything else upsamples first."""
+    if subpixel_reason(conv, x) is not None:
+        return frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart))
+    y = conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
+    return y if time_factor == 1 else repeat_nearest(y, (time_factor, 1, 1), first_apart=first_apart)
+
+
+def subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
+    """Why `upsampled_frame_conv` upsamples x before `conv` (None where it runs the transposed conv)."""
+    reason = frame_conv_reason(conv, x) or (None if SUBPIXEL else "video_vaes.SUBPIXEL is off")
+    if reason is None and (tuple(conv.kernel_size), tuple(conv.padding)) != ((3, 3), (1, 1)):
+        reason = f"its kernel is {tuple(conv.kernel_size)} padded by {tuple(conv.padding)}, not 3 x 3 padded by 1"
+    if reason is None and (tuple(conv.stride), tuple(conv.dilation), conv.groups) != ((1, 1), (1, 1), 1):
+        reason = f"its stride {tuple(conv.stride)}, dilation {tuple(conv.dilation)} or groups {conv.groups} is not 1"
+    return reason
+
+
+def subpixel_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """The (C_in, C_out, 1, 4, 4) channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for
+    `conv` (_SUBPIXEL_TAPS along H and W, summed in fp32, rounded once to the weight's dtype), differentiable: the
+    weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take (inference)
+    and unchanged (its storage and version): a decode computes it once."""
+    weight = conv.weight
+    cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device) if cacheable else None
+    kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
+    if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
+        return kept[1]
+    taps = torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=weight.device)
+    summed = torch.einsum("ka,lb,oiab->iokl", taps, taps, weight.float()).to(weight.dtype)
+    subpixel = summed.unsqueeze(2).contiguous(memory_format=_CL)
+    if cacheable:
+        conv._tconv3d_subpixel = (key, subpixel)
+    return subpixel
 
 
 class _MochiChunkedGroupNorm:
@@ -1924,14 +1975,15 @@ class _WanResample:
 
 def _wan_resample_frames(resample: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """WanResample's `resample` on each frame of x: nearest 2x (diffusers' WanUpsample, in float32 and cast back:
-    the same values) or a zero pad of a row and a column, then a 2-D conv; one `frame_conv`, the upsampling written
-    once in x's dtype and layout (`repeat_nearest`), the pad inside the conv. Anything else as diffusers runs it."""
+    the same values) or a zero pad of a row and a column, then a 2-D conv. The pad: one `frame_conv`, the pad inside
+    the conv. The upsampling: `upsampled_frame_conv`, one transposed conv of x (nothing of the upsampled size
+    written). Anything else as diffusers runs it."""
     if isinstance(resample, nn.Sequential) and len(resample) == 2 and frame_conv_reason(resample[1], x) is None:
         first, conv = resample
         if type(first) is nn.ZeroPad2d:
             return frame_conv(conv, x, first.padding)
         if _nearest_2x(first):
-            return frame_conv(conv, repeat_nearest(x, (1, 2, 2)))
+            return upsampled_frame_conv(conv, x)
     return _on_frames(resample, x)
 
 

@@ -1,0 +1,197 @@
+"""tconv3d.nn.video_vaes.upsampled_frame_conv: nearest 2x in H and W (and a whole factor in D), then a 3x3 conv on
+each frame, run as one transposed conv of the input itself (the sub-pixel form: 4 taps an output, nothing of the
+upsampled size written), against float64 torch upsampling then convolving; its weight kept while unchanged."""
+
+import pytest
+import torch
+from helpers import DTYPES, OpNames, dtype_id, leaf_copy
+from torch import nn
+
+from tconv3d.nn.video_vaes import subpixel_reason, subpixel_weight, upsampled_frame_conv
+from tconv3d.testing import rel_l2, tolerance
+
+CL = torch.channels_last_3d
+# (time factor, first_apart): Wan's resample and CogVideoX's upsampler in space; CogVideoX's compressing time (an
+# even count of frames: every frame twice; an odd count: the first frame once)
+TIMES = [(1, False), (2, False), (2, True)]
+
+
+def upsample_then_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int, first_apart: bool) -> torch.Tensor:
+    """diffusers' order, by torch alone: nearest upsampling, then the 2-D conv on the frames as a batch."""
+    if first_apart:
+        x = torch.cat([x[:, :, :1], x[:, :, 1:].repeat_interleave(time_factor, dim=2)], dim=2)
+    else:
+        x = x.repeat_interleave(time_factor, dim=2)
+    x = x.repeat_interleave(2, dim=3).repeat_interleave(2, dim=4)
+    b, c, t, h, w = x.shape
+    y = conv(x.transpose(1, 2).reshape(b * t, c, h, w))
+    return y.reshape(b, t, -1, h, w).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("time_factor, first_apart", TIMES, ids=["space", "time", "time_first_apart"])
+def test_upsampled_frame_conv_matches_float64(time_factor, first_apart, dtype, device):
+    """Output, input gradient and the conv's weight and bias gradients against float64 torch: one input-gradient
+    op (the transposed conv) and no convolution of the upsampled size; the output channels_last_3d. Odd sizes
+    (3 x 5 frames: the phases' borders differ), 5 -> 6 channels."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(5, 6, 3, padding=1).to(device=device, dtype=dtype)
+    exact = nn.Conv2d(5, 6, 3, padding=1).to(device=device, dtype=torch.float64)
+    exact.load_state_dict(conv.state_dict())
+    x = leaf_copy(torch.randn(2, 5, 3, 3, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    with OpNames() as ops:
+        y = upsampled_frame_conv(conv, x, time_factor, first_apart)
+    expected = upsample_then_conv(exact, x64, time_factor, first_apart)
+    assert y.shape == expected.shape and y.dtype == dtype and y.is_contiguous(memory_format=CL)
+    assert sum("tconv3d.conv3d_input_grad" in name for name in ops.names) == 1
+    assert not any("tconv3d.conv3d." in name or "convolution" in name for name in ops.names), ops.names
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(dtype))
+    expected.backward(grad)
+    bound = tolerance(dtype)
+    for name, ours, theirs in (("output", y, expected), ("input", x.grad, x64.grad),
+                               ("weight", conv.weight.grad, exact.weight.grad),
+                               ("bias", conv.bias.grad, exact.bias.grad)):  # fmt: skip
+        assert rel_l2(ours, theirs) < bound, (name, rel_l2(ours, theirs))
+
+
+@pytest.mark.parametrize("variant", ["pointer", "gluon"])
+def test_each_kernel_runs_it(variant, device, monkeypatch):
+    """The transposed conv (stride (1, 2, 2), 4 x 4 taps: 2 x 2 live a phase) and its backward (a stride-2 forward,
+    a weight gradient) with TCONV3D_KERNELS forced, bf16, 32 -> 32 channels (rows TMA and Gluon take), against
+    float64. On a GPU with Gluon the forward is the Gluon input-gradient kernel (what the H100's heuristic picks
+    for Wan's upsamplers); the interpreter runs the TMA kernel in its place."""
+    from tconv3d import settings
+    from tconv3d.kernels import conv_dgrad
+    from tconv3d.tune import choice
+
+    monkeypatch.setattr(settings, "KERNELS", variant)
+    monkeypatch.setattr(choice, "_memo", {})
+    launched = []
+    for launcher in ("conv3d_gluon", "conv3d_tma", "_launch_pointer_kernel"):
+        real = getattr(conv_dgrad, launcher)
+        record = lambda *a, n=launcher, real=real, **k: launched.append(n) or real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(conv_dgrad, launcher, record)
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 32, 3, padding=1).to(device=device, dtype=torch.bfloat16)
+    exact = nn.Conv2d(32, 32, 3, padding=1).to(device=device, dtype=torch.float64)
+    exact.load_state_dict(conv.state_dict())
+    x = leaf_copy(torch.randn(1, 32, 2, 6, 7, device=device).to(torch.bfloat16).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    y, expected = upsampled_frame_conv(conv, x), upsample_then_conv(exact, x64, 1, False)
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(torch.bfloat16))
+    expected.backward(grad)
+    for ours, theirs in ((y, expected), (x.grad, x64.grad), (conv.weight.grad, exact.weight.grad)):
+        assert rel_l2(ours, theirs) < tolerance(torch.bfloat16)
+    if variant == "pointer":
+        assert launched == ["_launch_pointer_kernel"]
+    elif device == "cuda" and choice._gluon_runs(torch.device(device)):
+        assert launched == ["conv3d_gluon"]
+    else:
+        assert launched in (["conv3d_gluon"], ["conv3d_tma"]), launched
+
+
+def test_subpixel_weight_taps(device):
+    """The transposed conv's 4 x 4 taps along H and W are sums of the conv's 3 (_SUBPIXEL_TAPS) and its channels
+    swapped: checked tap by tap on a weight whose taps are powers of two (every sum exact)."""
+    conv = nn.Conv2d(2, 3, 3, padding=1, bias=False).to(device)
+    with torch.no_grad():
+        conv.weight.copy_(2.0 ** torch.arange(9, dtype=torch.float32, device=device).view(1, 1, 3, 3))
+        conv.weight[1] *= 3
+        conv.weight[:, 1] *= -1
+    v = subpixel_weight(conv)
+    assert v.shape == (2, 3, 1, 4, 4) and v.is_contiguous(memory_format=CL)
+    w = conv.weight.detach()
+    rows = ((2,), (1, 2), (0, 1), (0,))  # transposed tap k: which conv taps it sums
+    for k, ks in enumerate(rows):
+        for m, ms in enumerate(rows):
+            summed = sum(w[:, :, a, b] for a in ks for b in ms)
+            assert torch.equal(v[:, :, 0, k, m], summed.T), (k, m)
+
+
+def test_subpixel_weight_is_kept_while_unchanged(device):
+    """In inference the transposed weight is computed once and kept on the module until the weight changes (an in
+    place update, a new tensor); where the weight takes a gradient it is computed each call, differentiably."""
+    conv = nn.Conv2d(4, 4, 3, padding=1).to(device)
+    with torch.no_grad():
+        first = subpixel_weight(conv)
+        assert subpixel_weight(conv) is first
+        conv.weight.mul_(2)
+        second = subpixel_weight(conv)
+        assert second is not first and torch.allclose(second, 2 * first)
+        conv.weight = nn.Parameter(conv.weight.detach().clone())
+        assert subpixel_weight(conv) is not second
+    trained = subpixel_weight(conv)
+    assert trained.requires_grad and subpixel_weight(conv) is not trained
+    fresh = nn.Conv2d(4, 4, 3, padding=1).to(device)
+    with torch.inference_mode():
+        kept = subpixel_weight(fresh)
+        assert subpixel_weight(fresh) is kept and kept.is_inference()
+    with torch.no_grad():  # an inference tensor is not handed out of inference mode
+        assert not subpixel_weight(fresh).is_inference()
+
+
+@pytest.mark.parametrize(
+    "conv, reason",
+    [
+        (nn.Conv2d(4, 4, 1), "its kernel is (1, 1) padded by (0, 0)"),
+        (nn.Conv2d(4, 4, 3, padding=2, dilation=2), "its kernel is (3, 3) padded by (2, 2)"),
+        (nn.Conv2d(4, 4, 3, padding=1, groups=2), "groups 2 is not 1"),
+        (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "its padding is"),
+    ],
+)
+def test_other_convs_upsample_first(conv, reason, aten_path):
+    """A conv the sub-pixel form does not cover says why, and upsamples first (the result still right)."""
+    x = torch.randn(1, 4, 2, 3, 3).contiguous(memory_format=CL)
+    assert reason in subpixel_reason(conv, x)
+    assert rel_l2(upsampled_frame_conv(conv, x, 2, True), upsample_then_conv(conv, x, 2, True)) < 1e-5
+
+
+def test_a_wrong_subpixel_weight_fails(monkeypatch, aten_path):
+    """The float64 comparison sees a tap misplaced (the transposed conv's tap 0 summing the conv's first tap
+    instead of its last)."""
+    import tconv3d.nn.video_vaes as video_vaes
+
+    monkeypatch.setattr(video_vaes, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
+    conv = nn.Conv2d(3, 3, 3, padding=1)
+    x = torch.randn(1, 3, 2, 4, 4).contiguous(memory_format=CL)
+    assert rel_l2(upsampled_frame_conv(conv, x), upsample_then_conv(conv, x, 1, False)) > 1e-2
+
+
+def test_converted_wan_resample_runs_it(aten_path):
+    """Wan's upsampler (nearest 2x, then a 3x3 Conv2d on each frame, 4 -> 2 channels) through convert: the
+    transposed conv, nothing of the upsampled input's size made, the same values as diffusers'."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
+
+    import tconv3d
+
+    torch.manual_seed(0)
+    stock = WanResample(4, "upsample2d").eval()
+    converted = tconv3d.nn.convert(WanResample(4, "upsample2d").eval())
+    converted.load_state_dict(stock.state_dict())
+    x = torch.randn(1, 4, 3, 5, 6).contiguous(memory_format=CL)
+    with torch.no_grad(), Shapes() as made:
+        y = converted(x)
+    with torch.no_grad():
+        expected = stock(x)
+    assert rel_l2(y, expected) < 1e-5 and y.shape == (1, 2, 3, 10, 12) and y.is_contiguous(memory_format=CL)
+    assert "tconv3d.conv3d_input_grad.default" in made.names
+    assert (1, 4, 3, 10, 12) not in made.shapes, made.names
+
+
+class Shapes(OpNames):
+    """OpNames, and the shapes of the tensors the ops return."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.add(tuple(t.shape))
+        return out
