@@ -82,6 +82,31 @@ def test_an_ill_conditioned_draw_is_counted_apart(models, aten_path):
     assert problem is not None and problem.startswith("ill-conditioned: output: "), problem
 
 
+def test_a_far_result_fails_even_at_kinks(models, aten_path):
+    """A converted UNet's training step with a kink (one PReLU input negated) and an output 1e3 off: "far from
+    float64", a failure, where the kink alone would have counted it apart (run c5's Wan step: a one-channel norm's
+    input at exactly 0, an input gradient 1e9 off, counted as kinks)."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False}
+    _, converted = models("monai_unet")
+    prelu = next(m for m in converted.modules() if isinstance(m, torch.nn.PReLU))
+
+    def negate_smallest(module, args):
+        x = args[0].clone()
+        where = torch.unravel_index(x.abs().argmin(), x.shape)
+        x[where] = -x[where]
+        return (x, *args[1:])
+
+    handles = [prelu.register_forward_pre_hook(negate_smallest),
+               converted.register_forward_hook(lambda module, args, out: out * 1e3)]  # fmt: skip
+    try:
+        assert kinks(case, models, 0, activations=True) > 0
+        problem = check(case, models, seed=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert problem is not None and problem.startswith("far from float64: output: "), problem
+
+
 def test_one_channel_norm_inputs_across_zero_are_counted(models, aten_path):
     """kinks(..., activations=False), the count a "once" line names: the inputs of RMS norms over one channel (Wan's
     test config's decoder upsamplers halve 3 channels to 1, and its norm there answers the input's sign times gamma)
