@@ -78,18 +78,23 @@ def test_the_bias_is_added_by_the_kernels(weight_shape, groups, launcher, device
         assert rel_l2(ours, ref) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("backend", ["triton", "aten"])
-def test_a_16_bit_transposed_conv_rounds_once_with_its_bias(backend, device, monkeypatch):
+@pytest.fixture(params=["triton", "aten"])
+def backend(request, device, monkeypatch):
+    """The kernels (the interpreter's on CPU) or the aten path (CPU tensors, aten inside the ops)."""
+    if request.param == "triton" and tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    if request.param == "aten":
+        if device != "cpu":
+            pytest.skip("the aten path is CPU tensors'")
+        monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
+    return request.param
+
+
+def test_a_16_bit_transposed_conv_rounds_once_with_its_bias(backend, device):
     """bf16: the bias is added to the float32 sum and the result rounded once, on the kernels and on the aten path
     (the aten path rounded the sum, then added the bias: a sum within half a rounding of -bias landed on exactly 0,
     and a norm over one channel behind it, Wan's test config's, took a gradient of 1e12 there). Here the sum is
     -0.25 + 2^-14 (bf16 rounds it to -0.25) and the bias 0.25: 2^-14 once, 0 twice."""
-    if backend == "triton" and tconv3d.CPU_BACKEND != "triton" and device == "cpu":
-        pytest.skip("no kernels run on this path")
-    if backend == "aten":
-        if device != "cpu":
-            pytest.skip("the aten path is CPU tensors'")
-        monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
     bf16 = dict(device=device, dtype=torch.bfloat16)
     x = torch.tensor([1.0, 2.0**-7], **bf16).view(1, 2, 1, 1, 1)
     w = torch.tensor([-0.25, 2.0**-7], **bf16).view(2, 1, 1, 1, 1)
@@ -97,16 +102,9 @@ def test_a_16_bit_transposed_conv_rounds_once_with_its_bias(backend, device, mon
     assert y.item() == 2.0**-14
 
 
-@pytest.mark.parametrize("backend", ["triton", "aten"])
-def test_input_gradient_op_bias_with_a_padding_mode(backend, device, monkeypatch):
+def test_input_gradient_op_bias_with_a_padding_mode(backend, device):
     """The op's bias where its input gradient folds a border (replicate, reflect: each border voxel's gradient
     summed onto the voxel it read): added once per voxel, after the fold; on the kernels and on the aten path."""
-    if backend == "triton" and tconv3d.CPU_BACKEND != "triton" and device == "cpu":
-        pytest.skip("no kernels run on this path")
-    if backend == "aten":
-        if device != "cpu":
-            pytest.skip("the aten path is CPU tensors'")
-        monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
     x = torch.randn(1, 3, 3, 4, 5, device=device, dtype=torch.float64)
     w = torch.randn(6, 3, 3, 3, 2, device=device, dtype=torch.float64) / 4
     b = torch.randn(3, device=device, dtype=torch.float64)
