@@ -1316,12 +1316,26 @@ def subpixel_weight(conv: nn.Conv2d) -> torch.Tensor:
     kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
     if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
         return kept[1]
-    taps = torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=weight.device)
+    taps = _subpixel_taps(weight.device)
     summed = torch.einsum("ka,lb,oiab->iokl", taps, taps, weight.float()).to(weight.dtype)
     subpixel = summed.unsqueeze(2).contiguous(memory_format=_CL)
     if cacheable:
         conv._tconv3d_subpixel = (key, subpixel)
     return subpixel
+
+
+_TAP_TENSORS = {}  # (_SUBPIXEL_TAPS, device): its float32 tensor there
+
+
+def _subpixel_taps(device: torch.device) -> torch.Tensor:
+    """_SUBPIXEL_TAPS as a float32 tensor on `device`, made there once (a training step's call would otherwise copy
+    it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant under torch.compile."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=device)
+    key = (_SUBPIXEL_TAPS, device)
+    if key not in _TAP_TENSORS:
+        _TAP_TENSORS[key] = torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=device)
+    return _TAP_TENSORS[key]
 
 
 class _MochiChunkedGroupNorm:
