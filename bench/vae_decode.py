@@ -6,9 +6,10 @@ Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, t
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
 converted_graph (the decode captured in a CUDA graph and replayed: its time, the graph pool's size as its peak,
 and whether a replay on a new latent equals an eager decode bit for bit), and converted_upsample_first (converted,
-with Wan's and CogVideoX's upsamplers writing their nearest 2x before their conv, as before the sub-pixel form of
-tconv3d.nn.video_vaes.upsampled_frame_conv: the A/B of that change). `--scale 0` builds diffusers' default
-configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17 frames of 256 x 256; Mochi 19).
+with Wan's, CogVideoX's and HunyuanVideo's upsamplers writing their nearest 2x before their conv, as before the
+sub-pixel forms of tconv3d.nn.video_vaes.upsampled_frame_conv and upsampled_causal_conv: the A/B of that change).
+`--scale 0` builds diffusers' default configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17
+frames of 256 x 256; Mochi 19).
 
 The eager variants also report where one decode's time goes (`breakdown_ms`): the convolutions (a VAE's conv
 wrapper counts as its conv), the norms, the activation modules (a SiLU fused into a converted norm is the norm's)

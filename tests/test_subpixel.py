@@ -1,13 +1,17 @@
 """tconv3d.nn.video_vaes.upsampled_frame_conv: nearest 2x in H and W (and a whole factor in D), then a 3x3 conv on
 each frame, run as one transposed conv of the input itself (the sub-pixel form: 4 taps an output, nothing of the
-upsampled size written), against float64 torch upsampling then convolving; its weight kept while unchanged."""
+upsampled size written), against float64 torch upsampling then convolving; its weight kept while unchanged. And
+upsampled_causal_conv, HunyuanVideo's upsampler (nearest 2x in space and time, then a 3x3x3 causal conv with
+replicate borders) in the same form, its input replicate-padded (tconv3d.nn.modules.replicate_padded)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import DTYPES, OpNames, dtype_id, leaf_copy
 from torch import nn
 
-from tconv3d.nn.video_vaes import subpixel_reason, subpixel_weight, upsampled_frame_conv
+from tconv3d.nn.modules import replicate_padded
+from tconv3d.nn.video_vaes import causal_subpixel_reason, subpixel_reason, subpixel_weight, upsampled_frame_conv
 from tconv3d.testing import rel_l2, tolerance
 
 CL = torch.channels_last_3d
@@ -195,3 +199,87 @@ class Shapes(OpNames):
             if isinstance(t, torch.Tensor):
                 self.shapes.add(tuple(t.shape))
         return out
+
+
+def hunyuan_upsamplers(factors, dtype, device, channels=(5, 6)):
+    """diffusers' HunyuanVideoUpsampleCausal3D in float64 and converted in `dtype`, with the same weights."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoUpsampleCausal3D as upsampler
+
+    import tconv3d
+
+    torch.manual_seed(0)
+    exact = upsampler(*channels, upsample_factor=factors).to(device=device, dtype=torch.float64)
+    ours = tconv3d.nn.convert(upsampler(*channels, upsample_factor=factors).to(device=device, dtype=dtype))
+    ours.load_state_dict(exact.state_dict())
+    return exact, ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("factors", [(2, 2, 2), (1, 2, 2)], ids=["time", "space"])
+def test_upsampled_causal_conv_matches_float64(factors, dtype, device):
+    """HunyuanVideo's upsampler converted: output, input gradient and the conv's weight and bias gradients against
+    diffusers' in float64: one input-gradient op (the transposed conv), no convolution and no tensor of the upsampled
+    size; the output channels_last_3d. 3 frames (5 out at factor 2: the first once), odd H and W."""
+    exact, ours = hunyuan_upsamplers(factors, dtype, device)
+    x = leaf_copy(torch.randn(2, 5, 3, 3, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    assert causal_subpixel_reason(ours.conv, x, factors) is None
+    with Shapes() as ops:
+        y = ours(x)
+    expected = exact(x64)
+    assert y.shape == expected.shape == (2, 6, 5 if factors[0] == 2 else 3, 6, 10)
+    assert y.dtype == dtype and y.is_contiguous(memory_format=CL)
+    assert sum("tconv3d.conv3d_input_grad" in name for name in ops.names) == 1
+    assert not any("tconv3d.conv3d." in name or "convolution" in name for name in ops.names), ops.names
+    assert not any(shape[2:] == expected.shape[2:] for shape in ops.shapes if len(shape) == 5 and shape[1] == 5)
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(dtype))
+    expected.backward(grad)
+    bound = tolerance(dtype)
+    conv, conv64 = ours.conv.conv, exact.conv.conv
+    for name, mine, theirs in (("output", y, expected), ("input", x.grad, x64.grad),
+                               ("weight", conv.weight.grad, conv64.weight.grad),
+                               ("bias", conv.bias.grad, conv64.bias.grad)):  # fmt: skip
+        assert rel_l2(mine, theirs) < bound, (name, rel_l2(mine, theirs))
+    assert x.grad.is_contiguous(memory_format=CL)
+
+
+def test_a_wrong_reversed_time_tap_fails(monkeypatch, aten_path):
+    """The float64 comparison sees the time taps of a kept time unreversed (the causal conv's future read as its
+    past)."""
+    import tconv3d.nn.video_vaes as video_vaes
+
+    monkeypatch.setattr(video_vaes, "_REVERSED_TAPS", ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
+    exact, ours = hunyuan_upsamplers((1, 2, 2), torch.float32, "cpu")
+    x = torch.randn(1, 5, 4, 3, 3).contiguous(memory_format=CL)
+    with torch.no_grad():
+        assert rel_l2(ours(x), exact(x.double())) > 1e-2
+
+
+@pytest.mark.parametrize(
+    "factors, reason",
+    [((2, 1, 1), "its factors (2, 1, 1)"), ((2, 4, 4), "its factors (2, 4, 4)")],
+)
+def test_other_hunyuan_upsamplers_upsample_first(factors, reason, aten_path):
+    """Factors the sub-pixel form does not cover say why, and upsample first (the result still right)."""
+    exact, ours = hunyuan_upsamplers(factors, torch.float32, "cpu", channels=(3, 3))
+    x = torch.randn(1, 3, 3, 2, 3).contiguous(memory_format=CL)
+    assert reason in causal_subpixel_reason(ours.conv, x, factors)
+    with torch.no_grad():
+        assert rel_l2(ours(x), exact(x.double())) < 1e-5
+
+
+@pytest.mark.parametrize("padding", [(1, 0, 1, 1, 1, 1), (2, 0, 1, 1, 1, 1), (0, 2, 3, 0, 1, 2)])
+def test_replicate_padded_is_f_pad(padding, device):
+    """Values as F.pad's (replicate) in float64, the layout kept channels_last_3d, and the gradient as F.pad's
+    backward (each border's gradient folded onto the voxel it repeated), channels_last_3d too."""
+    x = leaf_copy(torch.randn(2, 3, 2, 4, 3, device=device, dtype=torch.float64).contiguous(memory_format=CL))
+    x_torch = leaf_copy(x.detach())
+    df, db, ht, hb, wl, wr = padding
+    y, expected = replicate_padded(x, padding), F.pad(x_torch, (wl, wr, ht, hb, df, db), mode="replicate")
+    assert torch.equal(y, expected) and y.is_contiguous(memory_format=CL)
+    grad = torch.randn_like(expected)
+    y.backward(grad)
+    expected.backward(grad)
+    assert rel_l2(x.grad, x_torch.grad) < 1e-12 and x.grad.is_contiguous(memory_format=CL)

@@ -5,12 +5,15 @@ model adapters share."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
+from ..kernels.utils import fold_padding
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 
 _CL = torch.channels_last_3d
@@ -498,6 +501,56 @@ def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
     fd, fh, fw = factors
     source = x[:, :, :, None, :, None, :, None].expand(b, c, d, fd, h, fh, w, fw)
     out.view(b, c, d, fd, h, fh, w, fw).copy_(source)
+
+
+def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
+    """F.pad(x, mode="replicate") of a 5-D x, `padding` in the op's order (D front, D back, H top, H bottom, W left,
+    W right), written into a tensor of x's layout (channels_last_3d stays so) by broadcast copies of its edges. Its
+    backward folds each border's gradient onto the voxel it repeated in a fixed order, summed in float32
+    (kernels.utils.fold_padding: deterministic, where CUDA's replication-pad backward adds with atomics) and
+    channels_last_3d. Under torch.compile and torch.func, F.pad."""
+    padding = tuple(int(p) for p in padding)
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        df, db, ht, hb, wl, wr = padding
+        return F.pad(x, (wl, wr, ht, hb, df, db), mode="replicate")
+    return _ReplicatePad.apply(x, padding)
+
+
+class _ReplicatePad(torch.autograd.Function):
+    @staticmethod
+    def forward(x, padding):
+        return _replicated(x, padding)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ctx.padding = inputs
+        ctx.in_size = tuple(x.shape[2:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        border = SimpleNamespace(in_size=ctx.in_size, padding=ctx.padding, dim_modes=("replicate",) * 3)
+        return fold_padding(grad, border), None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, _):
+        return _replicated(x_tangent, ctx.padding)
+
+
+def _replicated(x: torch.Tensor, padding) -> torch.Tensor:
+    df, db, ht, hb, wl, wr = padding
+    b, c, d, h, w = x.shape
+    out = torch.empty((b, c, df + d + db, ht + h + hb, wl + w + wr), dtype=x.dtype, device=x.device,
+                      memory_format=layout_of(x))  # fmt: skip
+    # D's borders within x's rows and columns, then H's within its columns over every frame, then W's over all
+    core = out[:, :, :, ht : ht + h, wl : wl + w]
+    core[:, :, df : df + d].copy_(x)
+    columns = out[:, :, :, :, wl : wl + w]
+    for view, axis, front, size, back in ((core, 2, df, d, db), (columns, 3, ht, h, hb), (out, 4, wl, w, wr)):
+        for start, length, edge in ((0, front, front), (front + size, back, front + size - 1)):
+            if length:
+                border = view.narrow(axis, start, length)
+                border.copy_(view.narrow(axis, edge, 1).expand_as(border))
+    return out
 
 
 def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> bool:

@@ -32,6 +32,7 @@ from .modules import (
     nearest_steps,
     normalize,
     repeat_nearest,
+    replicate_padded,
     resize_nearest,
     upsample_linear,
 )
@@ -223,6 +224,14 @@ class _ReplicatePaddedConv3d(_PaddedConv):
     def _padding(module):
         mode = _FPAD_MODES.get(module.pad_mode)
         return _compose_padding(_from_fpad(module.time_causal_padding), (mode,) * 3, module.conv) if mode else None
+
+    def forward(self, hidden_states, upsampled_by=None):
+        """diffusers' forward; `upsampled_by` (tconv3d's, from HunyuanVideo's upsampler, where
+        causal_subpixel_reason allows): the conv of hidden_states upsampled nearest by these factors, the first
+        frame in space only, run as `upsampled_causal_conv`."""
+        if upsampled_by is None:
+            return _PaddedConv.forward(self, hidden_states)
+        return upsampled_causal_conv(self, hidden_states, upsampled_by[0])
 
 
 def _ltx_time_padding(module, causal: bool):
@@ -1185,8 +1194,10 @@ class _HunyuanVideoResnetBlock:
 class _HunyuanVideoUpsample:
     """diffusers' HunyuanVideoUpsampleCausal3D: the first frame upsampled in space, the others in space and time,
     then its conv. diffusers interpolates the two parts and concatenates them (and makes the other frames
-    NCDHW-contiguous first, a workaround for pytorch#81665); with whole-number factors, nearest-neighbour
-    upsampling is a broadcast, so here both parts are written straight into one channels_last_3d result."""
+    NCDHW-contiguous first, a workaround for pytorch#81665). Here, at factors (2, 2, 2) or (1, 2, 2) with its
+    3 x 3 x 3 causal conv, the upsampling and the conv are one transposed conv of the input itself
+    (`upsampled_causal_conv`: nothing of the upsampled size written); otherwise, with whole-number factors,
+    nearest-neighbour upsampling is a broadcast, both parts written straight into one channels_last_3d input."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_hunyuan_video.HunyuanVideoUpsampleCausal3D",)
     attributes = ("conv", "upsample_factor")
@@ -1200,6 +1211,8 @@ class _HunyuanVideoUpsample:
 
     def forward(self, hidden_states):
         factors = tuple(int(f) for f in self.upsample_factor)
+        if causal_subpixel_reason(self.conv, hidden_states, factors) is None:
+            return self.conv(hidden_states, upsampled_by=factors)
         return self.conv(repeat_nearest(hidden_states, factors, _CL, first_apart=True))
 
 
@@ -1305,20 +1318,27 @@ def subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     return reason
 
 
-def subpixel_weight(conv: nn.Conv2d) -> torch.Tensor:
-    """The (C_in, C_out, 1, 4, 4) channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for
-    `conv` (_SUBPIXEL_TAPS along H and W, summed in fp32, rounded once to the weight's dtype), differentiable: the
-    weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take (inference)
-    and unchanged (its storage and version): a decode computes it once."""
+def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None) -> torch.Tensor:
+    """The channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for a Conv2d `conv`,
+    (C_in, C_out, 1, 4, 4): _SUBPIXEL_TAPS along H and W, summed in fp32, rounded once to the weight's dtype; or
+    that `upsampled_causal_conv` runs for a 3 x 3 x 3 Conv3d, (C_in, C_out, 4, 4, 4) with `time` "repeated"
+    (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with `time` "kept" (D's taps reversed, as a transposed
+    conv at stride 1 reads them). Differentiable: the weight gradient lands in conv.weight. Kept on the module while
+    the weight has no gradient to take (inference) and unchanged (its storage and version): a decode computes it
+    once."""
     weight = conv.weight
     cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
-    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device) if cacheable else None
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time) if cacheable else None
     kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
     if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
         return kept[1]
     taps = _subpixel_taps(weight.device)
-    summed = torch.einsum("ka,lb,oiab->iokl", taps, taps, weight.float()).to(weight.dtype)
-    subpixel = summed.unsqueeze(2).contiguous(memory_format=_CL)
+    if time is None:
+        summed = torch.einsum("ka,lb,oiab->iokl", taps, taps, weight.float()).unsqueeze(2)
+    else:
+        frame_taps = taps if time == "repeated" else _subpixel_taps(weight.device, _REVERSED_TAPS)
+        summed = torch.einsum("jt,ka,lb,oitab->iojkl", frame_taps, taps, taps, weight.float())
+    subpixel = summed.to(weight.dtype).contiguous(memory_format=_CL)
     if cacheable:
         conv._tconv3d_subpixel = (key, subpixel)
     return subpixel
@@ -1327,15 +1347,60 @@ def subpixel_weight(conv: nn.Conv2d) -> torch.Tensor:
 _TAP_TENSORS = {}  # (_SUBPIXEL_TAPS, device): its float32 tensor there
 
 
-def _subpixel_taps(device: torch.device) -> torch.Tensor:
-    """_SUBPIXEL_TAPS as a float32 tensor on `device`, made there once (a training step's call would otherwise copy
-    it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant under torch.compile."""
+def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
+    """`rows` (_SUBPIXEL_TAPS by default) as a float32 tensor on `device`, made there once (a training step's call
+    would otherwise copy it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant
+    under torch.compile."""
+    rows = _SUBPIXEL_TAPS if rows is None else rows
     if torch.compiler.is_compiling():
-        return torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=device)
-    key = (_SUBPIXEL_TAPS, device)
+        return torch.tensor(rows, dtype=torch.float32, device=device)
+    key = (rows, device)
     if key not in _TAP_TENSORS:
-        _TAP_TENSORS[key] = torch.tensor(_SUBPIXEL_TAPS, dtype=torch.float32, device=device)
+        _TAP_TENSORS[key] = torch.tensor(rows, dtype=torch.float32, device=device)
     return _TAP_TENSORS[key]
+
+
+# A causal conv's 3 time taps as a transposed conv at stride 1 reads them: tap k is the conv's tap 2 - k.
+_REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
+
+
+def upsampled_causal_conv(module: nn.Module, x: torch.Tensor, time_factor: int) -> torch.Tensor:
+    """HunyuanVideo's upsampler: its causal conv `module` (a converted HunyuanVideoCausalConv3d: 3 x 3 x 3, the first
+    frame repeated twice in front, H and W replicate-padded by 1) on x repeated by nearest 2x in H and W and
+    `time_factor`x in D (2: the first frame once, as diffusers' upsampler). It is one transposed conv of x itself
+    at stride (time_factor, 2, 2) with 4 taps along each upsampled dimension and 3 along a kept one
+    (`subpixel_weight`): in D at factor 2, output frame 2t reads x[t - 1] through w[0] and x[t] through w[1] + w[2],
+    frame 2t - 1 reads x[t - 1] through w[0] + w[1] and x[t] through w[2], as in H and W, with the first frame
+    repeated in front and 2T - 1 frames out. Its input is x with the replicated borders those taps read
+    (`replicate_padded`, a copy about x's size, where diffusers' upsampled input is 4 or 8 times it); per output
+    voxel 8 (or 12) taps where the upsampled input has 27."""
+    conv = module.conv
+    if time_factor == 2:  # the padded input's transposed conv, cropped by 3 all round and 2 at D's back
+        padded = replicate_padded(x, (1, 0, 1, 1, 1, 1))
+        return conv_transpose3d(padded, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=3,
+                                output_padding=(1, 0, 0))  # fmt: skip
+    padded = replicate_padded(x, (2, 0, 1, 1, 1, 1))
+    return conv_transpose3d(padded, subpixel_weight(conv, "kept"), conv.bias, stride=(1, 2, 2), padding=(2, 3, 3))
+
+
+def causal_subpixel_reason(module: nn.Module, x: torch.Tensor, factors) -> str | None:
+    """Why HunyuanVideo's upsampler upsamples x before its causal conv `module` (None where it runs
+    `upsampled_causal_conv`)."""
+    if getattr(type(module), "tconv3d_adapter", None) is not _ReplicatePaddedConv3d:
+        return "its causal conv is not taken over"
+    conv = module.conv
+    if not SUBPIXEL:
+        return "video_vaes.SUBPIXEL is off"
+    if tuple(factors) not in ((2, 2, 2), (1, 2, 2)):
+        return f"its factors {tuple(factors)} are not (2, 2, 2) or (1, 2, 2)"
+    if module.pad_mode != "replicate" or tuple(module.time_causal_padding) != (1, 1, 1, 1, 2, 0):
+        return f"its padding {tuple(module.time_causal_padding)} ({module.pad_mode}) is not a causal replicate one"
+    shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups)
+    if shape != ((3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1), 1):
+        return f"its conv (kernel, padding, stride, dilation, groups) {shape} is not a plain 3 x 3 x 3 one"
+    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+        return f"the video is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
+    return None
 
 
 class _MochiChunkedGroupNorm:
