@@ -3,6 +3,7 @@ tests' fixed shapes never take), one of them compiled, and the proof that the fu
 is wrong, lays out a copy or breaks dynamo's graph."""
 
 import contextlib
+import copy
 import json
 import random
 
@@ -12,7 +13,9 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("monai")
 
-from fuzz_models import Models, _norm_dim, _steps, check, draw, kinks
+from fuzz_models import Models, _norm_dim, _steps, check, draw, kinks, wobbled_off
+
+from tconv3d.testing import rel_l2
 
 CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled decode, a training step, bf16; each
     # audited too (LTX-Video's at a batch of 2 and BasicUNet's odd sizes made layout copies until 2026-12-01)
@@ -207,3 +210,27 @@ def test_a_history_is_listed_and_replayed_first(monkeypatch, capsys):
             assert ran == [3, 4, 5]
         finally:
             logging.disable(logging.NOTSET)
+
+
+class _Amplified(torch.nn.Module):
+    """What a norm over nearly equal voxels does: their spread, a million times over."""
+
+    def forward(self, x):
+        return x + 1e6 * (x - x.mean(dim=(2, 3, 4), keepdim=True))
+
+
+def test_stock_is_wobbled_inside_too():
+    """A model whose output stock computes exactly constant in space on any input (pooled to one voxel, repeated,
+    a conv with replicated borders) and which amplifies any spread a millionfold: rounded inputs leave stock's
+    result on float64's, and only its conv's output rounded otherwise shows how far an implementation rounding
+    inside it may land (what HunyuanVideo's decode of a one-voxel latent is)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(1, 1, 3, padding=1, padding_mode="replicate")
+    stock = torch.nn.Sequential(torch.nn.AdaptiveAvgPool3d(1), torch.nn.Upsample(scale_factor=4), conv, _Amplified())
+    case = {"model": "monai_toy", "mode": "eval"}
+    x = torch.randn(1, 1, 4, 4, 4)
+    with torch.no_grad():
+        exact = [copy.deepcopy(stock).double()(x.double())]
+        plain = rel_l2(stock(x).double(), exact[0])
+    assert plain < 1e-6
+    assert wobbled_off(stock, x, case, None, exact, seed=0)[0] > 1e-2

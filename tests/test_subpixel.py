@@ -283,3 +283,16 @@ def test_replicate_padded_is_f_pad(padding, device):
     y.backward(grad)
     expected.backward(grad)
     assert rel_l2(x.grad, x_torch.grad) < 1e-12 and x.grad.is_contiguous(memory_format=CL)
+
+
+def test_a_one_voxel_frame_upsamples_first(aten_path):
+    """Frames of one voxel in H or W: stock's output (its borders replicated) is then exactly constant along that
+    dimension, and stays so here (upsampled first), where the sub-pixel phases' tap sums, rounded apart, would
+    differ by an ulp that a decode's norms amplify (tests/fuzz_models.py, a 1 x 1 latent)."""
+    exact, ours = hunyuan_upsamplers((2, 2, 2), torch.float32, "cpu", channels=(4, 4))
+    x = torch.randn(1, 4, 3, 1, 1).contiguous(memory_format=CL)
+    assert "one voxel along H or W" in causal_subpixel_reason(ours.conv, x, (2, 2, 2))
+    with torch.no_grad():
+        y = ours(x)
+    assert torch.equal(y, y[:, :, :, :1, :1].expand_as(y))
+    assert rel_l2(y, exact(x.double())) < 1e-5
