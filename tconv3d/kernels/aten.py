@@ -41,33 +41,41 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
     grad_out = cat_channels(grad_out, channels_after)
+    dtype = grad_out.dtype
+    if bias is not None:
+        # A transposed convolution's bias, summed with the gradient in float32 and rounded once: aten's 16-bit CPU
+        # convolution rounds its sum before it adds the bias on some CPUs (AVX2 alone), not on others (a sum within
+        # half a rounding of -bias then lands on exactly 0, and a norm over one channel behind it, Wan's test
+        # config's, took a gradient of 1e12 there).
+        grad_out, weight, bias = grad_out.float(), weight.float(), bias.float()
     reach = [(o - 1) * s - 2 * p + d * (k - 1) + 1 for o, s, p, d, k in
              zip(geom.out_size, geom.stride, geom.front_padding, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
     extra = [size - r for size, r in zip(geom.in_size, reach, strict=True)]  # output_padding
     fits = all(0 <= e < s for e, s in zip(extra, geom.stride, strict=True))
     if geom.is_symmetric and geom.padding_mode == "zeros" and fits:
-        # aten's transposed conv pads itself (no padded gradient, no narrowed copy) and adds the bias before it
-        # rounds (a 16-bit gradient and then the bias would round twice: a sum a rounding from zero lands on 0)
+        # aten's transposed conv pads itself (no padded gradient, no narrowed copy), the bias inside
         grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
                                   geom.dilation)  # fmt: skip
-        return _as_ndhwc(grad)
+        return _as_ndhwc(grad).to(dtype)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
     grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
+    if bias is not None:  # at every voxel, borders too: the fold takes the borders' copies off
+        grad = grad.add_(bias.view(1, -1, 1, 1, 1))
     narrowed = "zeros" in geom.dim_modes
     for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
     if geom.reads_border:
-        grad = fold_padding(grad, geom)
+        grad = fold_padding(grad, geom, bias)
     elif narrowed:
         # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a
         # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).
         grad = grad.clone(memory_format=torch.channels_last_3d)
     else:
         grad = _as_ndhwc(grad)
-    return grad if bias is None else grad.add_(bias.view(1, -1, 1, 1, 1))  # a transposed convolution's bias
+    return grad.to(dtype)
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:

@@ -269,10 +269,10 @@ def conv3d_dgrad(
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
-        # The bias after the fold, which would otherwise add a border's copy onto the voxel it read.
-        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal)
-        folded = fold_padding(bordered, geom)
-        return folded if bias is None else folded.add_(bias.view(1, -1, 1, 1, 1))
+        # The bias in the kernels' epilogue, at every voxel of it, rounded once with the sum; the fold takes each
+        # border's copy of it off in float32 as it adds the border onto the voxel it read.
+        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal, bias)
+        return fold_padding(bordered, geom, bias)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
     if grad_in.numel() == 0:
         return grad_in

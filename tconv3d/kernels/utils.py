@@ -571,14 +571,17 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
     raise ValueError(f"no border to fold for padding_mode {mode!r}")
 
 
-def fold_padding(grad_bordered: torch.Tensor, geom) -> torch.Tensor:
+def fold_padding(grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The input gradient from the gradient of geom.border_geometry()'s input, which carries the borders of the
     dimensions whose mode reads input voxels: every border voxel's gradient is added to the voxel its mode read,
     in a fixed order (deterministic, no atomics), summed in float32 at least and rounded once a dimension (in
     bf16 a running sum rounded at every add loses a bit per few terms: a replicated border of 5 on a 1-voxel
-    dimension, 1e-2 off). Returns channels_last_3d."""
+    dimension, 1e-2 off). `bias` (per channel): every voxel of grad_bordered, borders too, carries it once (a
+    transposed convolution's, added with the sum and rounded once); each border's copy is taken off as it is
+    added, so the voxel it read carries one. Returns channels_last_3d."""
     grad = grad_bordered
     sum_dtype = torch.promote_types(grad.dtype, torch.float32)
+    copy_of_bias = None if bias is None else bias.to(sum_dtype).view(1, -1, 1, 1, 1)
     for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
         front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
         if mode == "zeros" or (not front and not back):
@@ -593,6 +596,8 @@ def fold_padding(grad_bordered: torch.Tensor, geom) -> torch.Tensor:
             plane = grad.narrow(axis, front + i, 1).to(sum_dtype, copy=True)
             for p in borders:
                 plane += grad.narrow(axis, p, 1)
+                if copy_of_bias is not None:
+                    plane -= copy_of_bias
             folded.narrow(axis, i, 1).copy_(plane)
         grad = folded
     return grad.contiguous(memory_format=torch.channels_last_3d)
