@@ -199,11 +199,10 @@ class Models:
 
     def __call__(self, name: str, dtype: str = "fp32"):
         if (name, dtype) not in self.built:
-            if dtype == "fp32":
-                torch.manual_seed(0)
-                stock = self.builders[name]().eval()
-            else:  # the fp32 model's weights rounded
-                stock = copy.deepcopy(self(name)[0]).to(DTYPES[dtype])
+            # the fp32 model's weights, rounded in bf16: built anew from the same seed, as a model that has run
+            # may hold tensors of its graph (EasyAnimate's kept frames after a training step) that no deepcopy takes
+            torch.manual_seed(0)
+            stock = self.builders[name]().eval().to(DTYPES[dtype])
             self.built[name, dtype] = (
                 stock,
                 tconv3d.nn.convert(copy.deepcopy(stock)),
