@@ -260,10 +260,13 @@ def check(case: dict, models: Models, seed: int) -> str | None:
     training step's piecewise-linear activations took another side of zero than stock's (or its max poolings another
     voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes (with the count of one-channel
     norms' inputs across zero: kinks), "ill-conditioned: ..." where ours lies within stock's own scatter on inputs
-    rounded otherwise (wobbled_off). A case with "compile" (a torch.compile backend) runs the converted model
-    compiled."""
+    rounded otherwise (wobbled_off; with that count too, where not 0). A case with "compile" (a torch.compile
+    backend) runs the converted model compiled."""
     problem = _check(case, models, seed)
-    if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", "ill-conditioned: ", FAR_OFF)):
+    if problem is not None and problem.startswith("ill-conditioned: "):  # stock's scatter may be a norm's sign too
+        steps = kinks(case, models, seed, activations=False)
+        return problem.replace(": ", f": {steps} inputs of one-channel norms across zero; ", 1) if steps else problem
+    if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", FAR_OFF)):
         return problem
     if case["mode"] == "train" and (flips := kinks(case, models, seed, activations=True)):
         return f"kinks: {flips} activation or one-channel norm inputs across zero or pooling maxima moved; " + problem

@@ -89,11 +89,12 @@ def test_a_wrong_model_fails(dtype, off, compile, models, aten_path):
 
 
 def test_an_ill_conditioned_draw_is_counted_apart(models, aten_path):
-    """HunyuanVideo's test config at 8 x 8 pixels (group norms over four nearly equal voxels): ours 11x as far from
-    float64 as stock's first rounding, inside stock's own scatter on inputs rounded otherwise (up to 20x that):
-    "ill-conditioned", not a failure (it was "once" before stock's scatter was sampled)."""
-    case = {"model": "hunyuan_video", "shape": [1, 3, 7, 8, 8], "mode": "eval", "tiling": False}
-    problem = check(case, models, seed=341209)
+    """HunyuanVideo's test config at 8 x 8 pixels (a 1 x 1 latent: its decode exactly constant in space in stock,
+    the sub-pixel upsamplers' phases an ulp apart, which its group norms amplify): ours 1e5x as far from float64 as
+    stock's first rounding, inside stock's own scatter with its inputs and its convs' outputs rounded otherwise
+    (2.7e6x that): "ill-conditioned", not a failure (run 13's seed 480396)."""
+    case = {"model": "hunyuan_video", "shape": [1, 3, 4, 8, 8], "mode": "eval", "tiling": False}
+    problem = check(case, models, seed=480396)
     assert problem is not None and problem.startswith("ill-conditioned: output: "), problem
 
 
