@@ -44,9 +44,9 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     dtype = grad_out.dtype
     if bias is not None:
         # A transposed convolution's bias, summed with the gradient in float32 and rounded once: aten's 16-bit CPU
-        # convolution rounds its sum before it adds the bias on some CPUs (AVX2 alone), not on others (a sum within
-        # half a rounding of -bias then lands on exactly 0, and a norm over one channel behind it, Wan's test
-        # config's, took a gradient of 1e12 there).
+        # transposed conv rounds its sum before it adds the bias on some CPUs (an AVX2-only VM), not on the one
+        # this was first checked on (a sum within half a rounding of -bias then lands on exactly 0, and a norm over
+        # one channel behind it, Wan's test config's, took a gradient of 1e12 there).
         grad_out, weight, bias = grad_out.float(), weight.float(), bias.float()
     reach = [(o - 1) * s - 2 * p + d * (k - 1) + 1 for o, s, p, d, k in
              zip(geom.out_size, geom.stride, geom.front_padding, geom.dilation, geom.kernel, strict=True)]  # fmt: skip

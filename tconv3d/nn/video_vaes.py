@@ -1344,7 +1344,7 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None) -> tor
     return subpixel
 
 
-_TAP_TENSORS = {}  # (_SUBPIXEL_TAPS, device): its float32 tensor there
+_TAP_TENSORS = {}  # (rows of taps, device): their float32 tensor there
 
 
 def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
