@@ -125,20 +125,19 @@ def test_input_gradient_op_bias_with_a_padding_mode(backend, device):
 
 @pytest.mark.parametrize("mode", ["replicate", "zeros"])
 def test_a_16_bit_input_gradient_op_rounds_once_with_its_bias_at_any_border(mode, backend, device):
-    """bf16, the op's bias where its input gradient folds a border (replicate along D) or drops one (zeros, padded
-    on one side: the aten path's padded gradient): the bias is added with the sum and rounded once, at a voxel no
-    border reads (D = 1) and at one a border's gradient is folded onto (D = 0, the fold taking the border's copy of
+    """bf16, the op's bias where its input gradient folds a border (replicate along D, 1 on each side: x[0] reads
+    grad_out[0] and [1], x[1] grad_out[2]) or drops one (zeros, 2 in front only: the aten path's padded gradient;
+    x[0] reads grad_out[2], x[1] grad_out[3]): the bias is added with the sum and rounded once, at a voxel no border
+    reads (x[1]) and at x[0] (replicate: the border's gradient folded onto it, the fold taking the border's copy of
     the bias off in float32). Each voxel's sum is -0.25 + 2^-14 (bf16 rounds it to -0.25), the bias 0.25: 2^-14
     once, 0 twice."""
     bf16 = dict(device=device, dtype=torch.bfloat16)
     w = torch.tensor([-0.25, 2.0**-7], **bf16).view(2, 1, 1, 1, 1)
     grad_out = torch.zeros(1, 2, 5, 1, 1, **bf16)
-    grad_out[0, :, 0 if mode == "replicate" else 1, 0, 0] = torch.tensor([1.0, 2.0**-7])  # x[0]'s border or x[0]
-    grad_out[0, :, 2, 0, 0] = torch.tensor([1.0, 2.0**-7])  # x[1]
-    padding, modes = (
-        ([1, 1, 0, 0, 0, 0], "replicate,zeros,zeros") if mode == "replicate" else ([1, 1, 0, 0, 0, 0], "zeros")
-    )
-    args = ([1, 1, 1], padding, [1, 1, 1], modes, 1, None)
+    read = (0, 2) if mode == "replicate" else (2, 3)  # x[0]'s border (its own grad_out[1] stays 0) or x[0]; x[1]
+    grad_out[0, :, read, 0, 0] = torch.tensor([1.0, 2.0**-7], **bf16)[:, None]
+    padding = [1, 1, 0, 0, 0, 0] if mode == "replicate" else [2, 0, 0, 0, 0, 0]
+    args = ([1, 1, 1], padding, [1, 1, 1], "replicate,zeros,zeros" if mode == "replicate" else "zeros", 1, None)
     grad_out, w = (t.contiguous(memory_format=CL) for t in (grad_out, w))
     got = torch.ops.tconv3d.conv3d_input_grad(grad_out, w, [1, 1, 3, 1, 1], *args, torch.tensor([0.25], **bf16))
     assert got[0, 0, :2, 0, 0].tolist() == [2.0**-14] * 2, got.flatten().tolist()
