@@ -78,7 +78,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from real_models import CHUNKED_ENCODERS, INPUT_EDGES, MATCH, assert_all_on_tconv3d, assert_stays_channels_last
+from real_models import (
+    CHUNKED_ENCODERS,
+    INPUT_EDGES,
+    MATCH,
+    OWN_PAD_COPIES,
+    assert_all_on_tconv3d,
+    assert_stays_channels_last,
+)
 
 import tconv3d
 from tconv3d import settings
@@ -431,7 +438,8 @@ def layout(case: dict, converted, x) -> str | None:
     try:
         assert_all_on_tconv3d(report, every_layer_called=False)
         assert_stays_channels_last(report, input_edges=None if name.startswith("monai_") else INPUT_EDGES,
-                                   upstream_copies=name in CHUNKED_ENCODERS)  # fmt: skip
+                                   upstream_copies=name in CHUNKED_ENCODERS,
+                                   own_pad_copies=OWN_PAD_COPIES.get(name))  # fmt: skip
     except AssertionError:
         keys = ("layout_copies", "pad_copies", "concat_copies", "upstream_copies")
         copies = [f"{layer.name} ({layer.calls} calls): " + ", ".join(f"{getattr(layer, k)} {k}" for k in keys)

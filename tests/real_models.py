@@ -35,10 +35,18 @@ INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in"}
 CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
 
 
-def assert_stays_channels_last(report, input_edges=INPUT_EDGES, upstream_copies=False):
+# Layers whose converted forward still writes one copy of its input a call (the audit's own copies), by model:
+# HunyuanVideo's upsamplers
+# (tconv3d.nn.video_vaes.upsampled_causal_conv: the sub-pixel conv's replicated borders, about its input's size,
+# where stock writes its input upsampled 4x or 8x and then padded).
+OWN_PAD_COPIES = {"hunyuan_video": ".upsamplers.0.conv"}
+
+
+def assert_stays_channels_last(report, input_edges=INPUT_EDGES, upstream_copies=False, own_pad_copies=None):
     """Activations channels_last_3d from the first layer to the last: only `input_edges` reach a tconv3d op in
     another layout (at most once a call; None: at most one copy in all, the input's, where the edge has no fixed
-    name), no norm gets one, no pad or concatenation copy feeds a convolution, and (unless `upstream_copies`) no
+    name), no norm gets one, no pad or concatenation copy feeds a convolution, tconv3d writes none itself but one a
+    call in the layers whose names end with `own_pad_copies` (OWN_PAD_COPIES), and (unless `upstream_copies`) no
     copy model code made in front of one."""
     copied = {layer.name: layer for layer in report.layers if layer.layout_copies}
     if input_edges is None:
@@ -48,6 +56,9 @@ def assert_stays_channels_last(report, input_edges=INPUT_EDGES, upstream_copies=
         assert all(layer.layout_copies <= layer.calls for layer in copied.values()), report.table()
     assert report.norm_layout_copies == 0, report.table()
     assert report.totals["pad_copies_into_convs"] == report.totals["concat_copies_into_convs"] == 0, report.table()
+    own = [layer for layer in report.layers if layer.own_copies]
+    assert all(own_pad_copies and layer.name.endswith(own_pad_copies) and layer.own_copies <= layer.calls
+               for layer in own), report.table()  # fmt: skip
     assert upstream_copies or report.totals["upstream_copies_into_convs"] == 0, report.table()
 
 

@@ -296,3 +296,20 @@ def test_a_one_voxel_frame_upsamples_first(aten_path):
         y = ours(x)
     assert torch.equal(y, y[:, :, :, :1, :1].expand_as(y))
     assert rel_l2(y, exact(x.double())) < 1e-5
+
+
+def test_the_audit_counts_the_borders_copy(monkeypatch, aten_path):
+    """The sub-pixel conv's input is a replicate-padded copy of the upsampler's, written by views and copy_ (no pad
+    op a dispatcher mode sees): the audit counts it as the upsampler conv's own copy (tconv3d's), one a call;
+    upsampled first, the conv pads in its op and no copy is counted."""
+    import tconv3d
+    from tconv3d.nn import video_vaes
+
+    _, ours = hunyuan_upsamplers((2, 2, 2), torch.float32, "cpu", channels=(4, 4))
+    x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=CL)
+    report = tconv3d.nn.audit(ours, x, verbose=False)
+    layers = [(layer.name, layer.calls, layer.pad_copies, layer.own_copies) for layer in report.layers]
+    assert layers == [("conv", 1, 0, 1)] and report.pads == 1, report.table()
+    monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+    report = tconv3d.nn.audit(ours, x, verbose=False)
+    assert report.pads == report.totals["tconv3d_copies_into_convs"] == 0, report.table()

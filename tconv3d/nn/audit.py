@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
-from .modules import Conv3d
+from .modules import COPY_OBSERVERS, Conv3d
 from .video_vaes import FRAME_CONV_BLOCKS, adapter_reason, class_name
 
 
@@ -39,6 +39,9 @@ class LayerAudit:
     # Pad or concatenation copies made by model code before the layer was called that fed its convolution
     # (e.g. a VAE block concatenating cached frames itself): the model's, not the layer's.
     upstream_copies: int = 0
+    # Copies of activations tconv3d itself wrote in the converted layer's forward, where no kernel reads the
+    # input in place yet (HunyuanVideo's sub-pixel upsampler: its input's replicated borders).
+    own_copies: int = 0
 
 
 @dataclass
@@ -75,15 +78,16 @@ class Audit:
             "pad_copies_into_convs": count("pad_copies"),
             "concat_copies_into_convs": count("concat_copies"),
             "upstream_copies_into_convs": count("upstream_copies"),
+            "tconv3d_copies_into_convs": count("own_copies"),
             "pads": self.pads,
             "concats": self.concats,
         }
 
     def table(self) -> str:
-        head = ("layer", "class", "tconv3d", "calls", "aten", "not CL", "pad", "cat", "upstream", "why not")
+        head = ("layer", "class", "tconv3d", "calls", "aten", "not CL", "pad", "cat", "upstream", "own", "why not")
         rows = [
             (l.name, l.kind, "yes" if l.converted else "no", l.calls, l.aten_calls, l.layout_copies, l.pad_copies,
-             l.concat_copies, l.upstream_copies, l.reason or "")
+             l.concat_copies, l.upstream_copies, l.own_copies, l.reason or "")
             for l in self.layers
         ]  # fmt: skip
         widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head) - 1)]
@@ -164,15 +168,19 @@ class _Watcher(TorchDispatchMode):
         elif namespace == "aten" and isinstance(out, torch.Tensor) and out.dim() == 5:
             kind = "pad" if name in _PAD_OPS else "cat" if name in _CONCAT_OPS else None
             if kind is not None:
-                if kind == "pad":
-                    self.report.pads += 1
-                else:
-                    self.report.concats += 1
-                sources = args[0] if name in ("cat", "concat") else [first]
-                chain = tuple(k for s in sources for k in self._chain(s))
-                self.copies[id(out)] = out
-                self.copy_kinds[id(out)] = (*chain, (kind, layer))
+                self.copied(kind, out, args[0] if name in ("cat", "concat") else [first])
         return out
+
+    def copied(self, kind: str, out: torch.Tensor, sources) -> None:
+        """`out` is a pad ("pad"), concatenation ("cat") or tconv3d's own pad ("own") copy of `sources`, made in the
+        layer now running."""
+        if kind in ("pad", "own"):
+            self.report.pads += 1
+        else:
+            self.report.concats += 1
+        chain = tuple(k for s in sources for k in self._chain(s))
+        self.copies[id(out)] = out
+        self.copy_kinds[id(out)] = (*chain, (kind, self.layer_stack[-1] if self.layer_stack else None))
 
     def _conv_call(self, layer, x, tconv3d: bool, layout_copy: bool, second=None) -> None:
         if layer is None:
@@ -186,6 +194,8 @@ class _Watcher(TorchDispatchMode):
                 layer.upstream_copies += 1
             elif kind == "pad":
                 layer.pad_copies += 1
+            elif kind == "own":
+                layer.own_copies += 1
             else:
                 layer.concat_copies += 1
 
@@ -233,8 +243,8 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
     wrapper counts as its conv, a VAE resampler as the 2-D conv it runs on the frames): whether tconv3d runs it
     and if not why, its calls, the aten convolutions among them, the tconv3d calls whose input arrived not
     channels_last_3d (each pays a layout copy inside the op), the pad and concatenation copies its own forward
-    made of its input (convert takes these into the op) and those model code made before calling it; plus the
-    run's totals. Prints the table unless verbose=False."""
+    made of its input (convert takes these into the op), those model code made before calling it, and those
+    tconv3d's converted layer wrote itself ("own"); plus the run's totals. Prints the table unless verbose=False."""
     report = Audit()
     stack: list[LayerAudit] = []
     handles, patched = [], []
@@ -252,13 +262,16 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
         if isinstance(watched, Conv3d):  # an adapter may call its op directly, past the module's hooks
             watched.convolve = functools.partial(_convolve_in, stack, layer, watched.convolve)
             patched.append(watched)
+    watcher = _Watcher(report, stack)
+    COPY_OBSERVERS.append(watcher.copied)  # the copies tconv3d's own modules make, by views the watcher sees apart
     try:
-        with torch.no_grad(), _Watcher(report, stack):
+        with torch.no_grad(), watcher:
             if run is None:
                 model(*example_args, **example_kwargs)
             else:
                 run(model, *example_args, **example_kwargs)
     finally:
+        COPY_OBSERVERS.remove(watcher.copied)
         for handle in handles:
             handle.remove()
         for watched in patched:

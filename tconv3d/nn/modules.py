@@ -503,6 +503,12 @@ def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
     out.view(b, c, d, fd, h, fh, w, fw).copy_(source)
 
 
+# Called as observe(kind, copy, sources) for each copy of activations tconv3d's modules write themselves through
+# views and copy_ (a replicated border no kernel reads in place yet), which a dispatcher mode sees as no pad: the
+# audit (tconv3d.nn.audit) counts them as their layer's own copies.
+COPY_OBSERVERS: list = []
+
+
 def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     """F.pad(x, mode="replicate") of a 5-D x, `padding` in the op's order (D front, D back, H top, H bottom, W left,
     W right), written into a tensor of x's layout (channels_last_3d stays so) by broadcast copies of its edges. Its
@@ -513,7 +519,10 @@ def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
         df, db, ht, hb, wl, wr = padding
         return F.pad(x, (wl, wr, ht, hb, df, db), mode="replicate")
-    return _ReplicatePad.apply(x, padding)
+    out = _ReplicatePad.apply(x, padding)
+    for observe in COPY_OBSERVERS:
+        observe("own", out, [x])
+    return out
 
 
 class _ReplicatePad(torch.autograd.Function):
