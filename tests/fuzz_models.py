@@ -441,7 +441,7 @@ def layout(case: dict, converted, x) -> str | None:
                                    upstream_copies=name in CHUNKED_ENCODERS,
                                    own_pad_copies=OWN_PAD_COPIES.get(name))  # fmt: skip
     except AssertionError:
-        keys = ("layout_copies", "pad_copies", "concat_copies", "upstream_copies")
+        keys = ("layout_copies", "pad_copies", "concat_copies", "upstream_copies", "own_copies")
         copies = [f"{layer.name} ({layer.calls} calls): " + ", ".join(f"{getattr(layer, k)} {k}" for k in keys)
                   for layer in report.layers if any(getattr(layer, k) for k in keys)]  # fmt: skip
         off = [f"{layer.name}: {layer.reason or 'aten'}" for layer in report.layers

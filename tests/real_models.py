@@ -36,9 +36,8 @@ CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
 
 
 # Layers whose converted forward still writes one copy of its input a call (the audit's own copies), by model:
-# HunyuanVideo's upsamplers
-# (tconv3d.nn.video_vaes.upsampled_causal_conv: the sub-pixel conv's replicated borders, about its input's size,
-# where stock writes its input upsampled 4x or 8x and then padded).
+# HunyuanVideo's upsamplers (tconv3d.nn.video_vaes.upsampled_causal_conv: the sub-pixel conv's replicated borders,
+# about its input's size, where stock writes its input upsampled 4x or 8x and then padded).
 OWN_PAD_COPIES = {"hunyuan_video": ".upsamplers.0.conv"}
 
 
