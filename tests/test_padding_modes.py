@@ -162,6 +162,84 @@ def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype, de
     assert rel_l2(folded, exact) <= unit
 
 
+def fold_dimension_by_dimension(grad, geom, bias=None):
+    """The fold as it was written first: each dimension folded into a new tensor of the gradient less that
+    dimension's borders (a copy of the gradient's size per dimension), summed in float32 and rounded once a
+    dimension, each border's copy of the bias taken off as it is added."""
+    from tconv3d.kernels.utils import source_index
+
+    sum_dtype = torch.promote_types(grad.dtype, torch.float32)
+    for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
+        front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
+        if mode == "zeros" or not (front or back):
+            continue
+        axis = 2 + dim
+        folded = grad.narrow(axis, front, size).clone(memory_format=CL)
+        read = {}  # input index: the border indices that read it, in order
+        for p in [*range(front), *range(front + size, front + size + back)]:
+            read.setdefault(source_index(p, size, front, mode), []).append(p)
+        for i, borders in read.items():
+            plane = grad.narrow(axis, front + i, 1).to(sum_dtype, copy=True)
+            for p in borders:
+                plane += grad.narrow(axis, p, 1)
+                if bias is not None:
+                    plane -= bias.to(sum_dtype).view(1, -1, 1, 1, 1)
+            folded.narrow(axis, i, 1).copy_(plane)
+        grad = folded
+    return grad
+
+
+FOLDED_DIMENSIONS = [  # (mode: one, or one per dimension; input size; padding)
+    ("replicate", (6, 10, 12), (2, 1, 1, 1, 1, 1)),  # HunyuanVideo's causal padding: three dimensions folded
+    ("reflect,replicate,circular", (5, 6, 7), (2, 2, 1, 3, 3, 1)),
+    ("replicate,zeros,replicate", (4, 5, 6), (2, 0, 1, 1, 1, 1)),
+    ("circular", (3, 4, 5), (2, 1, 1, 2, 0, 0)),
+    ("replicate", (1, 1, 3), (2, 2, 3, 3, 2, 2)),  # borders wider than the dimension: several onto a plane
+]
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("mode, size, padding", FOLDED_DIMENSIONS, ids=lambda v: v if isinstance(v, str) else None)
+def test_the_fold_writes_one_copy_of_the_gradient(mode, size, padding, dtype, with_bias):
+    """fold_padding folds every dimension in place in the bordered buffer and copies the interior once: the same
+    bits as folding each dimension into a new tensor, and the CPU allocator hands it the folded gradient and a
+    float32 plane per voxel plane folded onto, nothing of the gradient's size more (folding dimension by dimension,
+    a gradient-sized tensor per dimension, fails it in every case here). Bias: every voxel of the bordered
+    gradient carries it (a transposed conv's), each border's copy taken off once."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.kernels.utils import fold_padding, source_index
+
+    shape = (2, 8, *size)
+    geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)
+    bordered = [n + geom.padding[2 * d] + geom.padding[2 * d + 1] if m != "zeros" else n
+                for d, (n, m) in enumerate(zip(size, geom.dim_modes, strict=True))]  # fmt: skip
+    grad = torch.randn(2, 8, *bordered).to(dtype).contiguous(memory_format=CL)
+    bias = torch.randn(8, dtype=dtype) if with_bias else None
+    expected = fold_dimension_by_dimension(grad, geom, bias)
+    mine = grad.clone(memory_format=CL)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        folded = fold_padding(mine, geom, bias)
+    assert folded.is_contiguous(memory_format=CL) and folded.shape == shape and folded.dtype == dtype
+    assert torch.equal(folded, expected)
+    planes = 0  # float32 bytes of the planes summed, at the extent folded then
+    extent = list(bordered)
+    for d, (n, m) in enumerate(zip(size, geom.dim_modes, strict=True)):
+        front, back = geom.padding[2 * d], geom.padding[2 * d + 1]
+        if m == "zeros" or not (front or back):
+            continue
+        read = {source_index(p, n, front, m) for p in [*range(front), *range(front + n, front + n + back)]}
+        # each sum, and in 16 bits a float32 copy of each border it adds (what float32 += bfloat16 converts)
+        sums = len(read) + (front + back if dtype != torch.float32 else 0)
+        planes += sums * 2 * 8 * 4 * (torch.Size(extent).numel() // extent[d])
+        extent[d] = n
+    allocated = sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
+    planes += 8 * 4 if with_bias else 0  # and the bias in float32
+    assert allocated <= folded.numel() * folded.element_size() + planes
+
+
 @pytest.mark.skipif(tconv3d.CPU_BACKEND != "triton", reason="CPU tensors run aten's conv3d here, which pads")
 @pytest.mark.parametrize("mode", PADDING_MODES)
 def test_forward_allocates_only_its_output(mode):

@@ -578,7 +578,11 @@ def fold_padding(grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = 
     bf16 a running sum rounded at every add loses a bit per few terms: a replicated border of 5 on a 1-voxel
     dimension, 1e-2 off). `bias` (per channel): every voxel of grad_bordered, borders too, carries it once (a
     transposed convolution's, added with the sum and rounded once); each border's copy is taken off as it is
-    added, so the voxel it read carries one. Returns channels_last_3d."""
+    added, so the voxel it read carries one. Returns channels_last_3d.
+
+    grad_bordered is the caller's own buffer, which the fold overwrites: each dimension's sums go into the planes
+    they fold onto, in place, and the dimension's interior is then a view; one copy of the interior at the end,
+    whatever the number of dimensions folded (a copy per dimension, each the gradient's size, before)."""
     grad = grad_bordered
     sum_dtype = torch.promote_types(grad.dtype, torch.float32)
     copy_of_bias = None if bias is None else bias.to(sum_dtype).view(1, -1, 1, 1, 1)
@@ -587,17 +591,17 @@ def fold_padding(grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = 
         if mode == "zeros" or (not front and not back):
             continue
         axis = 2 + dim
-        folded = torch.empty_like(grad.narrow(axis, front, size), memory_format=torch.channels_last_3d)
-        folded.copy_(grad.narrow(axis, front, size))
         read = {}  # input index: the border indices that read it, in order
         for p in [*range(front), *range(front + size, front + size + back)]:
             read.setdefault(source_index(p, size, front, mode), []).append(p)
-        for i, borders in read.items():
+        for i, borders in read.items():  # the interior planes written, the borders (outside it) read
             plane = grad.narrow(axis, front + i, 1).to(sum_dtype, copy=True)
             for p in borders:
                 plane += grad.narrow(axis, p, 1)
                 if copy_of_bias is not None:
                     plane -= copy_of_bias
-            folded.narrow(axis, i, 1).copy_(plane)
-        grad = folded
-    return grad.contiguous(memory_format=torch.channels_last_3d)
+            grad.narrow(axis, front + i, 1).copy_(plane)
+        grad = grad.narrow(axis, front, size)
+    if grad is grad_bordered:
+        return grad.contiguous(memory_format=torch.channels_last_3d)
+    return torch.empty_like(grad, memory_format=torch.channels_last_3d).copy_(grad)

@@ -538,7 +538,8 @@ class _ReplicatePad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         border = SimpleNamespace(in_size=ctx.in_size, padding=ctx.padding, dim_modes=("replicate",) * 3)
-        return fold_padding(grad, border), None
+        # the fold overwrites the planes it folds onto: a copy of autograd's gradient, which others may hold
+        return fold_padding(grad.clone(memory_format=torch.channels_last_3d), border), None
 
     @staticmethod
     def jvp(ctx, x_tangent, _):
