@@ -277,7 +277,8 @@ run_stage() {
     until_done "$(left "${VARIANTS_TIMEOUT:-320}")" "$OUT/variants.log" python3 -m bench.variants \
       --out "$OUT/variants.json" --resume ${VARIANTS_ARGS:-}
     ;;
-  models)  # MODELS, MODEL_VARIANTS, MODEL_SCALE: to split it over calls (compiled variants take minutes each)
+  models)  # MODELS, MODEL_VARIANTS, MODEL_SCALE: to split it over calls (compiled variants take minutes each);
+    # MODEL_TRAINING=1: a decoder fine-tuning step each (bench.vae_decode --training; not converted_graph)
     if ! python3 -c "import diffusers" 2>/dev/null; then
       echo "diffusers is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/models.log"
       return 1
@@ -285,7 +286,7 @@ run_stage() {
     for model in ${MODELS:-wan cogvideox mochi hunyuan_video ltx_video}; do
       timeout "$(left "${MODEL_TIMEOUT:-100}")" python3 -m bench.vae_decode --model "$model" \
         --scale "${MODEL_SCALE:-0}" --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" \
-        --json "$OUT/vae_$model.json" 2>&1 | tee -a "$OUT/models.log"
+        ${MODEL_TRAINING:+--training} --json "$OUT/vae_$model${MODEL_TRAINING:+_training}.json" 2>&1 | tee -a "$OUT/models.log"
     done
     if [ "${MODEL_TESTS:-1}" != 0 ]; then
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \

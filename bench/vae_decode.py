@@ -8,6 +8,9 @@ converted_graph (the decode captured in a CUDA graph and replayed: its time, the
 and whether a replay on a new latent equals an eager decode bit for bit), and converted_upsample_first (converted,
 with Wan's, CogVideoX's and HunyuanVideo's upsamplers writing their nearest 2x before their conv, as before the
 sub-pixel forms of tconv3d.nn.video_vaes.upsampled_frame_conv and upsampled_causal_conv: the A/B of that change).
+`--training` times a decoder fine-tuning step instead (the decode, then the backward of one fixed random output
+gradient into every parameter): time, peak memory of the step, the parameter gradients' norm (stock's and
+converted's agree) and, converted on CUDA, the kernels of all three directions; converted_graph refuses it.
 `--scale 0` builds diffusers' default configs (the released models' sizes) and decodes bench.vaes.DEFAULT_LATENTS (17
 frames of 256 x 256; Mochi 19).
 
@@ -131,8 +134,11 @@ def kernel_variants(run) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scale: int, latent_shape) -> dict:
-    """Decode once to warm up, then measure: peak memory of one decode and the median time of a few."""
+def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scale: int, latent_shape,
+            training: bool = False) -> dict:  # fmt: skip
+    """Decode once to warm up, then measure: peak memory of one decode and the median time of a few. `training`:
+    a decoder fine-tuning step instead of a decode (the decode, then the backward of a fixed random gradient of
+    its output into every parameter; parameter gradients dropped before each step)."""
     import tconv3d
     from bench.vaes import build_vae
 
@@ -146,6 +152,8 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
         tconv3d.settings.INDUCTOR_KERNELS = variant.endswith("inductor")  # read when the graph is traced
         decode = torch.compile(decode)
     z = torch.randn(latent_shape, device=device, dtype=dtype)
+    if training:
+        return _measure_training(vae, variant, decode, z)
     if variant.endswith("graph"):
         return _measure_graph(variant, decode, z)
     with torch.no_grad():
@@ -177,6 +185,57 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
             row["breakdown_ms"] = breakdown(vae, lambda: decode(z), device)
         if variant == "converted" and device == "cuda":
             row["kernels"] = kernel_variants(lambda: decode(z))
+    return row
+
+
+def _measure_training(vae, variant: str, decode, z: torch.Tensor) -> dict:
+    """measure's training step: time (median), peak memory of a step over what the model and the latent hold, the
+    parameter gradients' norm (stock's and converted's agree to their precision: a check that both ran the same
+    step) and, converted on CUDA, the kernels its convolutions launched in all three directions."""
+    if variant.endswith("graph"):
+        raise SystemExit("--training: converted_graph captures decodes only")
+    device = z.device.type
+    parameters = [p for p in vae.parameters() if p.requires_grad]
+    gradient = {}  # the output's gradient, drawn once; laid out as the output is (stock's NCDHW, converted's NDHWC)
+
+    def step():
+        for p in parameters:
+            p.grad = None
+        out = decode(z)
+        if "out" not in gradient:
+            drawn = torch.randn(out.shape, generator=torch.Generator(z.device).manual_seed(0), device=z.device)
+            gradient["out"] = torch.empty_like(out).copy_(drawn)  # the same values, in the output's layout
+        out.backward(gradient["out"])
+        return out
+
+    if device == "cpu":
+        before = _rss_mb()
+        out = step()
+        peak = _rss_mb() - before
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        ms = statistics.median(times) * 1e3
+    else:
+        import triton
+
+        step()  # warm-up: compile, config choice, first launches
+        for p in parameters:
+            p.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = step()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        ms = triton.testing.do_bench(step, warmup=3, rep=50, return_mode="median")
+    norm = torch.stack([p.grad.double().norm() for p in parameters if p.grad is not None]).norm().item()
+    row = {"variant": variant, "training": True, "ms": round(ms, 2), "peak_mb": round(peak, 1),
+           "output": list(out.shape), "parameter_gradient_norm": norm}  # fmt: skip
+    if variant == "converted" and device == "cuda":
+        row["kernels"] = kernel_variants(step)
     return row
 
 
@@ -220,6 +279,8 @@ def main(argv=None) -> int:
                              "bench.vaes.DEFAULT_LATENTS")  # fmt: skip
     parser.add_argument("--variants", default="stock,converted", help="comma-separated subset of " + ",".join(VARIANTS))
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--training", action="store_true",
+                        help="a decoder fine-tuning step (decode + backward) instead of a decode")  # fmt: skip
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process measuring one variant
     args = parser.parse_args(argv)
     native = others[args.model][2] if args.model in others else torch.bfloat16
@@ -230,7 +291,7 @@ def main(argv=None) -> int:
         shape = [int(v) for v in (args.latent or "1,4,3,16,16").split(",")]
         shape[1] = default_latents[args.model][1] if args.scale == 0 else latent_channels[args.model]
     if args.one:
-        print(json.dumps(measure(args.model, args.one, args.device, dtype, args.scale, shape)))
+        print(json.dumps(measure(args.model, args.one, args.device, dtype, args.scale, shape, args.training)))
         return 0
     rows = []
     for variant in args.variants.split(","):
@@ -238,7 +299,7 @@ def main(argv=None) -> int:
             parser.error(f"unknown variant {variant!r}")
         child = [sys.executable, "-m", "bench.vae_decode", "--one", variant, "--model", args.model,
                  "--device", args.device, "--dtype", str(dtype).removeprefix("torch."), "--scale", str(args.scale),
-                 "--latent", ",".join(map(str, shape))]  # fmt: skip
+                 "--latent", ",".join(map(str, shape)), *(["--training"] if args.training else [])]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         # glibc keeps freed memory in its arenas, which makes the resident high-water mark depend on history;
         # tensors from 64 KiB up mapped and unmapped one by one make it the peak of live memory, run to run.
@@ -250,7 +311,8 @@ def main(argv=None) -> int:
             continue
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
     dtype_name = str(dtype).removeprefix("torch.")
-    header = f"{args.model} decode, latent {shape}, {args.device} {dtype_name}, scale {args.scale}"
+    what = "training step (decode + backward)" if args.training else "decode"
+    header = f"{args.model} {what}, latent {shape}, {args.device} {dtype_name}, scale {args.scale}"
     print(header)
     print(f"{'variant':20s} {'ms':>10s} {'peak MB':>10s}  output")
     for row in rows:
@@ -258,7 +320,8 @@ def main(argv=None) -> int:
             print(f"{row['variant']:20s} FAILED: {row['failed'][0]}")
             continue
         replay = f"  replay equals eager: {row['replay_equals_eager']}" if "replay_equals_eager" in row else ""
-        print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}")
+        norm = f"  parameter gradients' norm {row['parameter_gradient_norm']:.6g}" if row.get("training") else ""
+        print(f"{row['variant']:20s} {row['ms']:10.2f} {row['peak_mb']:10.1f}  {row['output']}{replay}{norm}")
         if "breakdown_ms" in row:
             print(" " * 21 + " / ".join(f"{key} {value:.2f}" for key, value in row["breakdown_ms"].items()) + " ms")
         if row.get("kernels"):

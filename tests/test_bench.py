@@ -481,6 +481,26 @@ def test_vae_decode_measures_a_latent_upscaler_as_a_decode(variant, aten_path):
     assert row["breakdown_ms"]["conv"] > 0
 
 
+def test_vae_decode_times_a_decoders_training_step(aten_path):
+    """`python -m bench.vae_decode --training`: a decoder fine-tuning step (decode, then the backward of one fixed
+    random output gradient into every parameter), stock and converted: the same output, and the same parameter
+    gradients (their norm, in fp32 on the aten path, agrees to 1e-6: the output gradient is the same values
+    whatever the output's layout, where one drawn in each layout's memory order differed by 18% at a 2 x 8 x 8
+    latent)."""
+    pytest.importorskip("diffusers")
+    from bench.vae_decode import measure
+
+    rows = [measure("wan", variant, "cpu", torch.float32, 1, [1, 16, 2, 4, 4], training=True)
+            for variant in ("stock", "converted")]  # fmt: skip
+    stock, converted = rows
+    assert stock["training"] and converted["training"] and stock["ms"] > 0 and converted["ms"] > 0
+    assert stock["output"] == converted["output"] == [1, 3, 5, 32, 32]
+    norm = stock["parameter_gradient_norm"]
+    assert norm > 0 and abs(converted["parameter_gradient_norm"] - norm) <= 1e-6 * norm
+    with pytest.raises(SystemExit, match="decodes only"):
+        measure("wan", "converted_graph", "cpu", torch.float32, 1, [1, 16, 1, 4, 4], training=True)
+
+
 def test_variants_time_one_warpgroup_tiles_at_two_programs_an_sm(monkeypatch):
     """Where a chosen persistent tile takes two warpgroups and one program an SM (a table's 128x64, as the heuristic
     chose for unet_64's forward and input gradient until the H100 timed the one-warpgroup form 1.18-1.20x faster),
