@@ -6,8 +6,9 @@ Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, t
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
 converted_graph (the decode captured in a CUDA graph and replayed: its time, the graph pool's size as its peak,
 and whether a replay on a new latent equals an eager decode bit for bit), and converted_upsample_first (converted,
-with Wan's, CogVideoX's and HunyuanVideo's upsamplers writing their nearest 2x before their conv, as before the
-sub-pixel forms of tconv3d.nn.video_vaes.upsampled_frame_conv and upsampled_causal_conv: the A/B of that change).
+with Wan's, CogVideoX's, HunyuanVideo's and EasyAnimate's upsamplers writing their nearest 2x before their conv, as
+before the sub-pixel forms of tconv3d.nn.video_vaes.upsampled_frame_conv, upsampled_causal_conv and
+upsampled_kept_causal_conv: the A/B of that change).
 `--training` times a decoder fine-tuning step instead (the decode, then the backward of one fixed random output
 gradient into every parameter): time, peak memory of the step, the parameter gradients' norm (stock's and
 converted's agree) and, converted on CUDA, the kernels of all three directions; converted_graph refuses it.

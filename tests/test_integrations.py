@@ -96,8 +96,11 @@ def test_vae_matches_stock_and_audit_finds_every_conv_fused(name, aten_path):
         assert fused and all(type(getattr(m, a)) is nn.Identity for m, a in zip(fused, names, strict=True))
     # The copies convert removed: every stock VAE pads or concatenates in front of its convolutions (EasyAnimate's
     # convs inside their own forward, into the frame windows each runs its conv on: as many concatenations).
+    # The pads left are the upsamplers' own copies (tconv3d's frames in front of their sub-pixel convs' input).
     if name == "easyanimate":
-        assert before.totals["concats"] > after.totals["concats"] and before.totals["pads"] > after.totals["pads"] == 0
+        own = after.totals["tconv3d_copies_into_convs"]
+        assert before.totals["concats"] > after.totals["concats"] and before.totals["pads"] > after.totals["pads"] - own
+        assert after.totals["pads"] == own
     else:
         assert sum(layer.pad_copies + layer.concat_copies for layer in before.layers) > 0
 

@@ -2,7 +2,9 @@
 each frame, run as one transposed conv of the input itself (the sub-pixel form: 4 taps an output, nothing of the
 upsampled size written), against float64 torch upsampling then convolving; its weight kept while unchanged. And
 upsampled_causal_conv, HunyuanVideo's upsampler (nearest 2x in space and time, then a 3x3x3 causal conv with
-replicate borders) in the same form, its input replicate-padded (tconv3d.nn.modules.replicate_padded)."""
+replicate borders) in the same form, its input replicate-padded (tconv3d.nn.modules.replicate_padded); and
+upsampled_kept_causal_conv, EasyAnimate's (nearest 2x in space, then a 3x3x3 causal conv that reads the frames
+kept from the clip's call before), its input with those frames in front (tconv3d.nn.modules.frames_in_front)."""
 
 import pytest
 import torch
@@ -66,17 +68,7 @@ def test_each_kernel_runs_it(variant, device, monkeypatch):
     a weight gradient) with TCONV3D_KERNELS forced, bf16, 32 -> 32 channels (rows TMA and Gluon take), against
     float64. On a GPU with Gluon the forward is the Gluon input-gradient kernel (what the H100's heuristic picks
     for Wan's upsamplers); the interpreter runs the TMA kernel in its place."""
-    from tconv3d import settings
-    from tconv3d.kernels import conv_dgrad
-    from tconv3d.tune import choice
-
-    monkeypatch.setattr(settings, "KERNELS", variant)
-    monkeypatch.setattr(choice, "_memo", {})
-    launched = []
-    for launcher in ("conv3d_gluon", "conv3d_tma", "_launch_pointer_kernel"):
-        real = getattr(conv_dgrad, launcher)
-        record = lambda *a, n=launcher, real=real, **k: launched.append(n) or real(*a, **k)  # noqa: E731
-        monkeypatch.setattr(conv_dgrad, launcher, record)
+    launched = forced_launches(variant, monkeypatch)
     torch.manual_seed(0)
     conv = nn.Conv2d(32, 32, 3, padding=1).to(device=device, dtype=torch.bfloat16)
     exact = nn.Conv2d(32, 32, 3, padding=1).to(device=device, dtype=torch.float64)
@@ -89,12 +81,36 @@ def test_each_kernel_runs_it(variant, device, monkeypatch):
     expected.backward(grad)
     for ours, theirs in ((y, expected), (x.grad, x64.grad), (conv.weight.grad, exact.weight.grad)):
         assert rel_l2(ours, theirs) < tolerance(torch.bfloat16)
+    assert_launched(launched, variant, device)
+
+
+def forced_launches(variant: str, monkeypatch) -> list[str]:
+    """TCONV3D_KERNELS=`variant` from here on, and the list of the input-gradient launchers called after."""
+    from tconv3d import settings
+    from tconv3d.kernels import conv_dgrad
+    from tconv3d.tune import choice
+
+    monkeypatch.setattr(settings, "KERNELS", variant)
+    monkeypatch.setattr(choice, "_memo", {})
+    launched = []
+    for launcher in ("conv3d_gluon", "conv3d_tma", "_launch_pointer_kernel"):
+        real = getattr(conv_dgrad, launcher)
+        record = lambda *a, n=launcher, real=real, **k: launched.append(n) or real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(conv_dgrad, launcher, record)
+    return launched
+
+
+def assert_launched(launched: list[str], variant: str, device, calls: int = 1):
+    """The forced variant's input-gradient launcher ran the transposed conv(s): Gluon's on a GPU that has it, the
+    TMA kernel in its place under the interpreter."""
+    from tconv3d.tune import choice
+
     if variant == "pointer":
-        assert launched == ["_launch_pointer_kernel"]
+        assert launched == ["_launch_pointer_kernel"] * calls
     elif device == "cuda" and choice._gluon_runs(torch.device(device)):
-        assert launched == ["conv3d_gluon"]
+        assert launched == ["conv3d_gluon"] * calls
     else:
-        assert launched in (["conv3d_gluon"], ["conv3d_tma"]), launched
+        assert launched in (["conv3d_gluon"] * calls, ["conv3d_tma"] * calls), launched
 
 
 def test_subpixel_weight_taps(device):
@@ -313,3 +329,108 @@ def test_the_audit_counts_the_borders_copy(monkeypatch, aten_path):
     monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
     report = tconv3d.nn.audit(ours, x, verbose=False)
     assert report.pads == report.totals["tconv3d_copies_into_convs"] == 0, report.table()
+
+
+def easyanimate_upsamplers(temporal_upsample, dtype, device, channels=(5, 6)):
+    """diffusers' EasyAnimateUpsampler3D in float64 and converted in `dtype`, with the same weights."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_magvit import EasyAnimateUpsampler3D as upsampler
+
+    import tconv3d
+
+    torch.manual_seed(0)
+    exact = upsampler(*channels, temporal_upsample=temporal_upsample).to(device=device, dtype=torch.float64)
+    ours = tconv3d.nn.convert(upsampler(*channels, temporal_upsample=temporal_upsample).to(device=device, dtype=dtype))
+    ours.load_state_dict(exact.state_dict())
+    return exact, ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("temporal_upsample", [False, True], ids=["space", "time"])
+def test_easyanimate_upsampler_matches_float64(temporal_upsample, dtype, device):
+    """EasyAnimate's upsampler converted, three calls of a clip (3, 1 and 2 frames: the first frame repeated in front,
+    then the frames kept from the call before, fewer than the two it keeps in the second) and a training step
+    through all three: outputs, the inputs' gradients and the conv's weight and bias gradients against diffusers'
+    in float64; one input-gradient op a call (the transposed conv), no convolution and no tensor of the upsampled
+    size of the input's channels; the frames kept those of the input (a quarter of the upsampled ones)."""
+    from tconv3d.nn.video_vaes import easyanimate_subpixel_reason
+
+    exact, ours = easyanimate_upsamplers(temporal_upsample, dtype, device)
+    xs = [
+        leaf_copy(torch.randn(2, 5, t, 3, 5, device=device).to(dtype).contiguous(memory_format=CL)) for t in (3, 1, 2)
+    ]
+    x64s = [leaf_copy(x.detach().double()) for x in xs]
+    ys, expected = [], []
+    for x, x64 in zip(xs, x64s, strict=True):
+        assert easyanimate_subpixel_reason(ours.conv, x) is None
+        with Shapes() as ops:
+            ys.append(ours(x))
+        expected.append(exact(x64))
+        assert ys[-1].shape == expected[-1].shape and ys[-1].is_contiguous(memory_format=CL)
+        assert sum("tconv3d.conv3d_input_grad" in name for name in ops.names) == 1
+        assert not any("tconv3d.conv3d." in name or "convolution" in name for name in ops.names), ops.names
+        assert not any(len(shape) == 5 and shape[1] == 5 and shape[3:] == (6, 10) for shape in ops.shapes)
+        assert ours.conv.prev_features.shape == (2, 5, 2, 3, 5)
+    grads = [torch.randn_like(e) for e in expected]
+    torch.autograd.backward(ys, [g.to(dtype) for g in grads])
+    torch.autograd.backward(expected, grads)
+    bound = tolerance(dtype)
+    conv, conv64 = ours.conv, exact.conv
+    pairs = [*zip(ys, expected, strict=True), *((x.grad, x64.grad) for x, x64 in zip(xs, x64s, strict=True)),
+             (conv.weight.grad, conv64.weight.grad), (conv.bias.grad, conv64.bias.grad)]  # fmt: skip
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < bound, (index, rel_l2(mine, theirs))
+
+
+@pytest.mark.parametrize("first_subpixel", [True, False], ids=["subpixel_first", "upsampled_first"])
+def test_easyanimate_kept_frames_cross_between_forms(first_subpixel, monkeypatch, aten_path):
+    """A clip whose upsampler changes form between calls (SUBPIXEL switched): the frames kept by one form are read
+    by the other (the input's frames repeated 2x, or the upsampled ones at every other row and column), so the
+    clip's second call is diffusers' either way."""
+    from tconv3d.nn import video_vaes
+
+    exact, ours = easyanimate_upsamplers(False, torch.float32, "cpu")
+    xs = [torch.randn(1, 5, t, 3, 4).contiguous(memory_format=CL) for t in (2, 3)]
+    with torch.no_grad():
+        for index, x in enumerate(xs):
+            monkeypatch.setattr(video_vaes, "SUBPIXEL", first_subpixel == (index == 0))
+            assert (video_vaes.easyanimate_subpixel_reason(ours.conv, x) is None) == video_vaes.SUBPIXEL
+            assert rel_l2(ours(x), exact(x.double())) < 1e-5, index
+
+
+def test_the_audit_counts_easyanimates_frames_in_front(monkeypatch, aten_path):
+    """EasyAnimate's sub-pixel conv reads its input with the frames in front written before it (frames_in_front):
+    the audit counts it as the upsampler conv's own copy, one a call; upsampled first, the op reads the kept frames
+    in place and no copy is counted."""
+    import tconv3d
+    from tconv3d.nn import video_vaes
+
+    _, ours = easyanimate_upsamplers(False, torch.float32, "cpu", channels=(4, 4))
+    x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=CL)
+    report = tconv3d.nn.audit(ours, x, verbose=False)
+    layers = [(layer.name, layer.calls, layer.pad_copies, layer.own_copies) for layer in report.layers]
+    assert layers == [("conv", 1, 0, 1)], report.table()
+    monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+    ours.conv.prev_features = None
+    report = tconv3d.nn.audit(ours, x, verbose=False)
+    assert report.pads == report.totals["tconv3d_copies_into_convs"] == 0, report.table()
+
+
+@pytest.mark.parametrize("variant", ["pointer", "gluon"])
+def test_each_kernel_runs_easyanimates(variant, device, monkeypatch):
+    """EasyAnimate's sub-pixel transposed conv (stride (1, 2, 2), 3 x 4 x 4 taps, padding (2, 1, 1)) and its
+    backward with TCONV3D_KERNELS forced, bf16, 32 -> 32 channels, two calls of a clip, against float64."""
+    exact, ours = easyanimate_upsamplers(False, torch.bfloat16, device, channels=(32, 32))
+    launched = forced_launches(variant, monkeypatch)
+    xs = [leaf_copy(torch.randn(1, 32, t, 5, 6, device=device).to(torch.bfloat16).contiguous(memory_format=CL))
+          for t in (2, 3)]  # fmt: skip
+    x64s = [leaf_copy(x.detach().double()) for x in xs]
+    ys, expected = [ours(x) for x in xs], [exact(x64) for x64 in x64s]
+    assert_launched(launched, variant, device, calls=2)
+    grads = [torch.randn_like(e) for e in expected]
+    torch.autograd.backward(ys, [g.to(torch.bfloat16) for g in grads])
+    torch.autograd.backward(expected, grads)
+    pairs = [*zip(ys, expected, strict=True), *((x.grad, x64.grad) for x, x64 in zip(xs, x64s, strict=True)),
+             (ours.conv.weight.grad, exact.conv.weight.grad)]  # fmt: skip
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))

@@ -525,6 +525,19 @@ def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     return out
 
 
+def frames_in_front(front: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """torch.cat([front, x], dim=2) written into a tensor of x's layout by two copies into views (channels_last_3d
+    stays so): a copy a layer makes itself, reported to COPY_OBSERVERS as replicate_padded's is (a dispatcher mode
+    sees no concatenation). Autograd's backward: each source's gradient a view of the result's."""
+    out = torch.empty((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), dtype=x.dtype, device=x.device,
+                      memory_format=layout_of(x))  # fmt: skip
+    out[:, :, : front.shape[2]] = front
+    out[:, :, front.shape[2] :] = x
+    for observe in COPY_OBSERVERS:
+        observe("own", out, [x])
+    return out
+
+
 class _ReplicatePad(torch.autograd.Function):
     @staticmethod
     def forward(x, padding):

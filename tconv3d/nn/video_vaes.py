@@ -28,6 +28,7 @@ from .modules import (
     autograd_traced,
     block_mean,
     frames,
+    frames_in_front,
     layout_of,
     nearest_steps,
     normalize,
@@ -520,10 +521,17 @@ class _EasyAnimateCausalConv3d:
             reason = f"its padding_mode is {module.padding_mode!r}"
         return reason
 
-    def forward(self, hidden_states, bottom_right: int = 0):
+    def forward(self, hidden_states, bottom_right: int = 0, upsampled: bool = False):
         """diffusers' forward; `bottom_right` (tconv3d's): zeros padded after H and W first (what
         EasyAnimateDownsampler3D's F.pad does), inside the op. The frames kept for the next call are then kept
-        unpadded (diffusers keeps them padded): the op pads them with the clip."""
+        unpadded (diffusers keeps them padded): the op pads them with the clip. `upsampled` (tconv3d's, from
+        EasyAnimate's upsampler where easyanimate_subpixel_reason allows): the conv of hidden_states upsampled
+        nearest 2x in H and W, run as `upsampled_kept_causal_conv`."""
+        if upsampled:
+            return upsampled_kept_causal_conv(self, hidden_states)
+        if self.prev_features is not None and getattr(self, _KEPT_BEFORE_UPSAMPLING, False):
+            self.prev_features = repeat_nearest(self.prev_features, (1, 2, 2))  # kept by the sub-pixel form
+        setattr(self, _KEPT_BEFORE_UPSAMPLING, False)
         kept = self.temporal_padding
         if self.prev_features is None:
             front, pad = None, kept
@@ -548,7 +556,10 @@ class _EasyAnimateUpsampler3D:
     attributes = ("conv", "temporal_upsample", "spatial_group_norm", "prev_features")
 
     def forward(self, hidden_states):
-        hidden_states = self.conv(_repeat(hidden_states, (1, 2, 2)))
+        if easyanimate_subpixel_reason(self.conv, hidden_states) is None:
+            hidden_states = self.conv(hidden_states, upsampled=True)
+        else:
+            hidden_states = self.conv(_repeat(hidden_states, (1, 2, 2)))
         if self.temporal_upsample:
             if self.prev_features is None:
                 self.prev_features = hidden_states
@@ -1381,6 +1392,47 @@ def upsampled_causal_conv(module: nn.Module, x: torch.Tensor, time_factor: int) 
                                 output_padding=(1, 0, 0))  # fmt: skip
     padded = replicate_padded(x, (2, 0, 1, 1, 1, 1))
     return conv_transpose3d(padded, subpixel_weight(conv, "kept"), conv.bias, stride=(1, 2, 2), padding=(2, 3, 3))
+
+
+# Set on an EasyAnimate causal conv whose prev_features are frames of its upsampler's input, as the sub-pixel form
+# keeps them (not of the upsampled input, as its conv reads them upsampling first).
+_KEPT_BEFORE_UPSAMPLING = "_tconv3d_kept_before_upsampling"
+
+
+def upsampled_kept_causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """EasyAnimate's upsampler: its causal conv `conv` (a converted EasyAnimateCausalConv3d: 3 x 3 x 3, the first
+    frame repeated twice in front on a clip's first call and the two frames it kept on a later one, zeros padded by
+    1 in H and W) on x repeated by nearest 2x in H and W. A repeat along H and W commutes with the frames put in
+    front, so it is one transposed conv of x with those frames in front (`frames_in_front`, a copy of about x's
+    size, where the upsampled input is 4 times it) at stride (1, 2, 2), 3 x 4 x 4 taps (`subpixel_weight(conv,
+    "kept")`), zeros in H and W as upsampled_frame_conv's: per output voxel 12 taps where the upsampled input has
+    27. The frames kept for the next call are x's (a quarter of the upsampled ones diffusers keeps); kept frames of
+    the upsampled input (a call that upsampled first) are read at every other row and column, which is them."""
+    front = conv.prev_features
+    if front is not None and not getattr(conv, _KEPT_BEFORE_UPSAMPLING, False):
+        front = front[:, :, :, ::2, ::2]
+    conv.prev_features = _last_frames(front, x, 2)
+    setattr(conv, _KEPT_BEFORE_UPSAMPLING, True)
+    if front is None:
+        front = frames(x, 0, 1).expand(-1, -1, 2, -1, -1)
+    return conv_transpose3d(frames_in_front(front, x), subpixel_weight(conv, "kept"), conv.bias, stride=(1, 2, 2),
+                            padding=(2, 1, 1))  # fmt: skip
+
+
+def easyanimate_subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
+    """Why EasyAnimate's upsampler upsamples x before its causal conv `conv` (None where it runs
+    `upsampled_kept_causal_conv`)."""
+    if getattr(type(conv), "tconv3d_adapter", None) is not _EasyAnimateCausalConv3d:
+        return "its causal conv is not taken over"
+    if not SUBPIXEL:
+        return "video_vaes.SUBPIXEL is off"
+    shape = (tuple(conv.kernel_size), tuple(conv.padding), tuple(conv.stride), tuple(conv.dilation), conv.groups,
+             conv.padding_mode)  # fmt: skip
+    if shape != ((3, 3, 3), (0, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros") or conv.temporal_padding != 2:
+        return f"its conv (kernel, padding, stride, dilation, groups, mode) {shape} is not a plain 3 x 3 x 3 one"
+    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+        return f"the video is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
+    return None
 
 
 def causal_subpixel_reason(module: nn.Module, x: torch.Tensor, factors) -> str | None:
