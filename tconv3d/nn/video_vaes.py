@@ -529,9 +529,10 @@ class _EasyAnimateCausalConv3d:
         nearest 2x in H and W, run as `upsampled_kept_causal_conv`."""
         if upsampled:
             return upsampled_kept_causal_conv(self, hidden_states)
-        if self.prev_features is not None and getattr(self, _KEPT_BEFORE_UPSAMPLING, False):
-            self.prev_features = repeat_nearest(self.prev_features, (1, 2, 2))  # kept by the sub-pixel form
-        setattr(self, _KEPT_BEFORE_UPSAMPLING, False)
+        if getattr(self, _KEPT_BEFORE_UPSAMPLING, False):  # kept by the sub-pixel form: the input's frames
+            if self.prev_features is not None:
+                self.prev_features = repeat_nearest(self.prev_features, (1, 2, 2))
+            setattr(self, _KEPT_BEFORE_UPSAMPLING, False)
         kept = self.temporal_padding
         if self.prev_features is None:
             front, pad = None, kept
