@@ -218,6 +218,10 @@ class Models:
         stock, converted, state = self.built[name, dtype]
         for model in (stock, converted):
             model.load_state_dict(state)
+            # EasyAnimate clears its causal convs' kept frames after an encode or decode, so one that raised
+            # part-way (an input stock refuses) left frames of its size that made stock refuse every later draw
+            if hasattr(model, "_clear_conv_cache"):
+                model._clear_conv_cache()
         return stock, converted
 
 

@@ -38,6 +38,17 @@ def test_drawn_models_match_stock(case, models, aten_path):
     assert check(case, models, seed=0) is None  # not "skipped": stock takes each of these
 
 
+def test_a_refused_draw_leaves_no_kept_frames(models, aten_path):
+    """EasyAnimate clears its causal convs' kept frames at the end of an encode or decode: a draw stock refuses part
+    of the way (4 frames: its encoder's chunks find nothing to concatenate) left frames of that draw's size behind,
+    and stock refused every later draw of another size (a run of 46762 refusals in 2 draws). The fuzzer clears them
+    before each draw, so the next one runs (EasyAnimate's sub-pixel upsampler, its kept frames, in the draws)."""
+    refused = {"model": "easyanimate", "shape": [2, 3, 4, 8, 40], "mode": "eval", "tiling": False}
+    assert check(refused, models, seed=0) == "skipped"
+    runs = {"model": "easyanimate", "shape": [1, 3, 9, 16, 24], "mode": "train", "tiling": False}
+    assert check(runs, models, seed=0) is None
+
+
 def test_draws_are_seeded_and_cover_both_modes():
     names = ["wan", "monai_unet"]
     draws = [draw(random.Random(seed), names) for seed in range(40)]
