@@ -217,18 +217,26 @@ class Shapes(OpNames):
         return out
 
 
-def hunyuan_upsamplers(factors, dtype, device, channels=(5, 6)):
-    """diffusers' HunyuanVideoUpsampleCausal3D in float64 and converted in `dtype`, with the same weights."""
+def stock_and_converted(module: str, name: str, dtype, device, *args, **kwargs):
+    """diffusers' `name` (from diffusers.models.autoencoders.`module`) built with args in float64, and converted in
+    `dtype`, with the same weights."""
     pytest.importorskip("diffusers")
-    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoUpsampleCausal3D as upsampler
+    import importlib
 
     import tconv3d
 
+    build = getattr(importlib.import_module(f"diffusers.models.autoencoders.{module}"), name)
     torch.manual_seed(0)
-    exact = upsampler(*channels, upsample_factor=factors).to(device=device, dtype=torch.float64)
-    ours = tconv3d.nn.convert(upsampler(*channels, upsample_factor=factors).to(device=device, dtype=dtype))
+    exact = build(*args, **kwargs).to(device=device, dtype=torch.float64)
+    ours = tconv3d.nn.convert(build(*args, **kwargs).to(device=device, dtype=dtype))
     ours.load_state_dict(exact.state_dict())
     return exact, ours
+
+
+def hunyuan_upsamplers(factors, dtype, device, channels=(5, 6)):
+    """diffusers' HunyuanVideoUpsampleCausal3D in float64 and converted in `dtype`, with the same weights."""
+    return stock_and_converted("autoencoder_kl_hunyuan_video", "HunyuanVideoUpsampleCausal3D", dtype, device,
+                               *channels, upsample_factor=factors)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -333,16 +341,8 @@ def test_the_audit_counts_the_borders_copy(monkeypatch, aten_path):
 
 def easyanimate_upsamplers(temporal_upsample, dtype, device, channels=(5, 6)):
     """diffusers' EasyAnimateUpsampler3D in float64 and converted in `dtype`, with the same weights."""
-    pytest.importorskip("diffusers")
-    from diffusers.models.autoencoders.autoencoder_kl_magvit import EasyAnimateUpsampler3D as upsampler
-
-    import tconv3d
-
-    torch.manual_seed(0)
-    exact = upsampler(*channels, temporal_upsample=temporal_upsample).to(device=device, dtype=torch.float64)
-    ours = tconv3d.nn.convert(upsampler(*channels, temporal_upsample=temporal_upsample).to(device=device, dtype=dtype))
-    ours.load_state_dict(exact.state_dict())
-    return exact, ours
+    return stock_and_converted("autoencoder_kl_magvit", "EasyAnimateUpsampler3D", dtype, device, *channels,
+                               temporal_upsample=temporal_upsample)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
