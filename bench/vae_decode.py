@@ -158,35 +158,42 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     if variant.endswith("graph"):
         return _measure_graph(variant, decode, z)
     with torch.no_grad():
-        if device == "cpu":  # the resident high-water mark only rises: take it over the first decode
-            before = _rss_mb()
-            out = decode(z)
-            peak = _rss_mb() - before
-        else:
-            out = decode(z)  # warm-up: compile, config choice, first launches
-        if device == "cuda":
-            import triton
-
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            decode(z)
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-            ms = triton.testing.do_bench(lambda: decode(z), warmup=5, rep=50, return_mode="median")
-        else:
-            times = []
-            for _ in range(3):
-                start = time.perf_counter()
-                decode(z)
-                times.append(time.perf_counter() - start)
-            ms = statistics.median(times) * 1e3
+        out, peak, ms = _peak_and_time(lambda: decode(z), device, warmup=5)
         row = {"variant": variant, "ms": round(ms, 2), "peak_mb": round(peak, 1), "output": list(out.shape)}
         if not variant.endswith(("compiled", "inductor")):  # hooks would break the compiled graph
             row["breakdown_ms"] = breakdown(vae, lambda: decode(z), device)
         if variant == "converted" and device == "cuda":
             row["kernels"] = kernel_variants(lambda: decode(z))
     return row
+
+
+def _peak_and_time(run, device: str, warmup: int, before_peak=None) -> tuple:
+    """run()'s output, its peak memory in MB and its median time in ms. CPU: the peak is the resident high-water
+    mark's rise over the first call (it only rises), the time the median of 3 calls after it. CUDA: a warm-up call
+    (compile, config choice, first launches), `before_peak` (what the warm-up left that a call does not keep),
+    the peak allocated over one call above what was allocated before it, then do_bench's median."""
+    if device == "cpu":
+        before = _rss_mb()
+        out = run()
+        peak = _rss_mb() - before
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return out, peak, statistics.median(times) * 1e3
+    import triton
+
+    run()
+    if before_peak is not None:
+        before_peak()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = run()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return out, peak, triton.testing.do_bench(run, warmup=warmup, rep=50, return_mode="median")
 
 
 def _measure_training(vae, variant: str, decode, z: torch.Tensor) -> dict:
@@ -199,9 +206,12 @@ def _measure_training(vae, variant: str, decode, z: torch.Tensor) -> dict:
     parameters = [p for p in vae.parameters() if p.requires_grad]
     gradient = {}  # the output's gradient, drawn once; laid out as the output is (stock's NCDHW, converted's NDHWC)
 
-    def step():
+    def drop_gradients():
         for p in parameters:
             p.grad = None
+
+    def step():
+        drop_gradients()
         out = decode(z)
         if "out" not in gradient:
             drawn = torch.randn(out.shape, generator=torch.Generator(z.device).manual_seed(0), device=z.device)
@@ -209,29 +219,7 @@ def _measure_training(vae, variant: str, decode, z: torch.Tensor) -> dict:
         out.backward(gradient["out"])
         return out
 
-    if device == "cpu":
-        before = _rss_mb()
-        out = step()
-        peak = _rss_mb() - before
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        ms = statistics.median(times) * 1e3
-    else:
-        import triton
-
-        step()  # warm-up: compile, config choice, first launches
-        for p in parameters:
-            p.grad = None
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = step()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        ms = triton.testing.do_bench(step, warmup=3, rep=50, return_mode="median")
+    out, peak, ms = _peak_and_time(step, device, warmup=3, before_peak=drop_gradients)
     norm = torch.stack([p.grad.double().norm() for p in parameters if p.grad is not None]).norm().item()
     row = {"variant": variant, "training": True, "ms": round(ms, 2), "peak_mb": round(peak, 1),
            "output": list(out.shape), "parameter_gradient_norm": norm}  # fmt: skip
