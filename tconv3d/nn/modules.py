@@ -519,7 +519,11 @@ def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
         df, db, ht, hb, wl, wr = padding
         return F.pad(x, (wl, wr, ht, hb, df, db), mode="replicate")
-    out = _ReplicatePad.apply(x, padding)
+    return _own_copy(_ReplicatePad.apply(x, padding), x)
+
+
+def _own_copy(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`out`, a copy of x a layer writes itself, reported to COPY_OBSERVERS."""
     for observe in COPY_OBSERVERS:
         observe("own", out, [x])
     return out
@@ -533,9 +537,7 @@ def frames_in_front(front: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
                       memory_format=layout_of(x))  # fmt: skip
     out[:, :, : front.shape[2]] = front
     out[:, :, front.shape[2] :] = x
-    for observe in COPY_OBSERVERS:
-        observe("own", out, [x])
-    return out
+    return _own_copy(out, x)
 
 
 class _ReplicatePad(torch.autograd.Function):
