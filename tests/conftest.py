@@ -11,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+import interpreter_fidelity
 import interpreter_speedups
 import pytest
 
@@ -44,6 +45,7 @@ if THREADS is not None:
     torch.set_num_threads(THREADS)
 
 interpreter_speedups.install()  # where kernels run on Triton's interpreter: tests/interpreter_speedups.py
+interpreter_fidelity.install()  # and where it computes other values than the GPU: tests/interpreter_fidelity.py
 
 
 @pytest.fixture(autouse=True)

@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import interpreter_fidelity
 import interpreter_speedups
 import pytest
 import torch
@@ -520,8 +521,10 @@ def main() -> int:
         if conv_gluon.UNAVAILABLE is not None:  # this Triton has no Gluon (or not the Gluon the kernels are for)
             kernels = tuple(k for k in kernels if k != "gluon") or ("auto",)
         problems = (draw(seed, kernels, SCALES[args.size]) for seed in range(args.seed, 2**62))
-    # On the interpreter: its speed-ups as under pytest, and int32 overflow checked as tests/test_fuzz.py checks it.
+    # On the interpreter: its speed-ups and its bf16 rounding as under pytest, and int32 overflow checked as
+    # tests/test_fuzz.py checks it.
     interpreter_speedups.install()
+    interpreter_fidelity.install()
     with interpreter_speedups.overflow_checks(True):
         start, done, failed = time.perf_counter(), 0, 0
         variants = collections.Counter()  # the variants launched, so a run shows what it exercised

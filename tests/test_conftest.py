@@ -1,5 +1,6 @@
-"""What tests/conftest.py (with tests/interpreter_speedups.py) does to a run: it makes Triton's interpreter patch
-triton.language once a launch, takes shortcuts through its frontend's types that give what its own path gives, runs
+"""What tests/conftest.py (with tests/interpreter_speedups.py and interpreter_fidelity.py) does to a run: it makes
+Triton's interpreter patch triton.language once a launch, takes shortcuts through its frontend's types that give what
+its own path gives, rounds its float32 -> bfloat16 casts to nearest even as the GPU does, runs
 int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
 cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, with the static compile tests, under
 3.6: the interpreter's internals it leans on differ."""
@@ -239,3 +240,40 @@ def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
     assert own > 0.05 and children == 0 and wall >= own * 0.5
     wall, own, children = rows["test_waits_for_a_spinning_child"]
     assert children > 0.1 and own < children
+
+
+@triton.jit
+def _to_bfloat16_kernel(x_ptr, cast_ptr, stored_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    value = tl.load(x_ptr + offs)
+    tl.store(cast_ptr + offs, value.to(tl.bfloat16))
+    tl.store(stored_ptr + offs, value)  # the store's own conversion
+
+
+def test_the_interpreters_bfloat16_casts_round_to_nearest_even():
+    """A kernel's float32 -> bfloat16 conversions (tl.tensor.to, and a store into a bfloat16 tensor) round as torch's
+    .to(torch.bfloat16) does, bit for bit (NaN stays NaN): random values of every scale, ties both ways, overflow,
+    subnormals, signed zeros. The interpreter's own cast truncates: it differs on about half of them."""
+    _interpreted()
+    import interpreter_fidelity
+    from triton.runtime import interpreter
+
+    cast = interpreter.InterpreterBuilder.cast_impl
+    assert getattr(cast, "rounds_to_nearest_even", False), "the interpreter's bfloat16 cast is not ours"
+    torch.manual_seed(0)
+    ties = (torch.randint(0, 2**16, (256,), dtype=torch.int32) << 16 | 0x8000).view(torch.float32)
+    special = torch.tensor([float("inf"), -float("inf"), 3.4e38, -3.4e38, 0.0, -0.0, 1e-40, -1e-40, float("nan")])
+    scales = torch.tensor([1e-38, 1e-3, 1.0, 1e3, 1e37]).repeat_interleave(152)[: 1024 - 256 - len(special)]
+    x = torch.cat([torch.randn(len(scales)) * scales, ties, special])  # 1024: a power of two for tl.arange
+    cast_out, stored = (torch.empty(x.numel(), dtype=torch.bfloat16) for _ in range(2))
+    _to_bfloat16_kernel[(1,)](x, cast_out, stored, N=x.numel())
+    expected = x.to(torch.bfloat16)
+    finite = ~x.isnan()
+    for out in (cast_out, stored):
+        assert torch.equal(out[finite].view(torch.int16), expected[finite].view(torch.int16))
+        assert out[~finite].isnan().all()
+    rounded = interpreter_fidelity.to_bfloat16_bits(x[finite].numpy()).view(np.int16)
+    assert np.array_equal(rounded, expected[finite].view(torch.int16).numpy())
+    handle = interpreter.TensorHandle(x[finite].numpy(), tl.float32)
+    own = cast.truncating(interpreter.InterpreterBuilder(), handle, tl.bfloat16).data.view(np.int16)
+    assert (own != expected[finite].view(torch.int16).numpy()).mean() > 0.3
