@@ -39,7 +39,11 @@ CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
 # HunyuanVideo's upsamplers (tconv3d.nn.video_vaes.upsampled_causal_conv: the sub-pixel conv's replicated borders,
 # about its input's size, where stock writes its input upsampled 4x or 8x and then padded) and EasyAnimate's
 # (upsampled_kept_causal_conv: its input with the two frames in front, where stock writes both upsampled 4x).
-OWN_PAD_COPIES = {"hunyuan_video": ".upsamplers.0.conv", "easyanimate": ".upsampler.conv"}
+OWN_PAD_COPIES = {
+    "hunyuan_video": ".upsamplers.0.conv",
+    "easyanimate": ".upsampler.conv",
+    "cosmos": ".upsamplers.0.conv1",
+}
 
 
 def assert_stays_channels_last(report, input_edges=INPUT_EDGES, upstream_copies=False, own_pad_copies=None):

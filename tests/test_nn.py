@@ -216,6 +216,64 @@ def test_repeat_nearest_gradients_come_back_channels_last(first_apart, grad_layo
         assert torch.equal(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, out_tangent)
 
 
+@pytest.mark.parametrize("factors, first_apart", [((1, 2, 2), False), ((2, 1, 1), True), ((2, 2, 2), True)])
+@pytest.mark.parametrize("grad_layout", ["channels_last_3d", "ncdhw"])
+def test_add_repeated_adds_the_repeats_in_place(factors, first_apart, grad_layout, device):
+    """add_repeated_ (Cosmos's upsampler's residual): out += repeat_nearest(x) in place (the same tensor back, no
+    tensor of out's size made), out's gradient passed through and x's the repeats' sums, channels_last_3d whatever
+    the incoming gradient's layout; autograd's forward mode and torch.func's jvp and vmap give the tangents' and
+    samples' sums; a shape that is not x's repeat is refused by name."""
+    from tconv3d.nn.modules import add_repeated_, repeat_nearest
+
+    x = torch.randn(2, 3, 3, 4, 5, device=device).contiguous(memory_format=CL).requires_grad_()
+    shape = repeat_nearest(x.detach(), factors, first_apart=first_apart).shape
+    base = torch.randn(shape, device=device).contiguous(memory_format=CL).requires_grad_()
+    out = base * 1  # a non-leaf, as a conv's output
+    with Shapes() as ops:
+        summed = add_repeated_(out, x, factors, first_apart=first_apart)
+    assert summed is out and not any(s == tuple(shape) for s in ops.made), ops.made
+    reference_x, reference_base = x.detach().clone().requires_grad_(), base.detach().clone().requires_grad_()
+    expected = reference_base + repeat_nearest(reference_x, factors, first_apart=first_apart)
+    assert torch.equal(summed, expected)
+    grad = torch.randn(shape, device=device)
+    grad = grad.contiguous(memory_format=CL) if grad_layout == "channels_last_3d" else grad
+    dbase, dx = torch.autograd.grad(summed, (base, x), grad)
+    expected_dbase, expected_dx = torch.autograd.grad(expected, (reference_base, reference_x), grad)
+    assert torch.equal(dbase, expected_dbase) and dx.is_contiguous(memory_format=CL)
+    assert rel_l2(dx, expected_dx) < 1e-6
+    tangents = torch.randn_like(base), torch.randn_like(x)
+    repeat = lambda t: repeat_nearest(t, factors, first_apart=first_apart)  # noqa: E731
+    expected_tangent = tangents[0] + repeat(tangents[1])
+    add = lambda o, t: add_repeated_(o.clone(), t, factors, first_apart=first_apart)  # noqa: E731
+    _, func_tangent = torch.func.jvp(add, (base.detach(), x.detach()), tangents)
+    assert torch.allclose(func_tangent, expected_tangent)
+    batched = torch.func.vmap(add)(base.detach()[None], x.detach()[None])
+    assert torch.equal(batched[0], expected.detach())
+    with torch.autograd.forward_ad.dual_level():  # autograd's own forward mode: the Function's jvp, in place
+        dual = torch.autograd.forward_ad.make_dual(base.detach().clone(), tangents[0].clone())
+        dual_out = add_repeated_(dual, torch.autograd.forward_ad.make_dual(x.detach(), tangents[1]), factors,
+                                 first_apart=first_apart)  # fmt: skip
+        assert torch.allclose(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, expected_tangent)
+    with pytest.raises(ValueError, match="add_repeated_: out is"):
+        add_repeated_(torch.zeros(2, 3, 3, 8, 8, device=device), x.detach(), factors, first_apart=first_apart)
+
+
+class Shapes(OpNames):
+    """OpNames, and the shapes of what each op makes (its outputs, in-place ones too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if not func._schema.is_mutable:  # an in-place op returns what it was handed
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.made.append(tuple(t.shape))
+        return out
+
+
 def test_layout_of_traces_no_stride():
     """layout_of while dynamo traces (`_traced_layout`): no stride of x in the graph, where dynamo would pass a
     size-1 dimension's stride for a size equal to it (AOTAutograd's re-trace may give that stride another value:

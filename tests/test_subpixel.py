@@ -4,7 +4,11 @@ upsampled size written), against float64 torch upsampling then convolving; its w
 upsampled_causal_conv, HunyuanVideo's upsampler (nearest 2x in space and time, then a 3x3x3 causal conv with
 replicate borders) in the same form, its input replicate-padded (tconv3d.nn.modules.replicate_padded); and
 upsampled_kept_causal_conv, EasyAnimate's (nearest 2x in space, then a 3x3x3 causal conv that reads the frames
-kept from the clip's call before), its input with those frames in front (tconv3d.nn.modules.frames_in_front)."""
+kept from the clip's call before), its input with those frames in front (tconv3d.nn.modules.frames_in_front); and
+upsampled_residual_conv, Cosmos's upsampler's two steps (nearest 2x in time, then a 3x1x1 causal conv; nearest 2x
+in space, then a 1x3x3 conv), each plus its repeated input, added by broadcasting (tconv3d.nn.modules.add_repeated_)."""
+
+import copy
 
 import pytest
 import torch
@@ -12,7 +16,7 @@ import torch.nn.functional as F
 from helpers import DTYPES, OpNames, dtype_id, leaf_copy
 from torch import nn
 
-from tconv3d.nn.modules import replicate_padded
+from tconv3d.nn.modules import repeat_nearest, replicate_padded
 from tconv3d.nn.video_vaes import causal_subpixel_reason, subpixel_reason, subpixel_weight, upsampled_frame_conv
 from tconv3d.testing import rel_l2, tolerance
 
@@ -432,5 +436,152 @@ def test_each_kernel_runs_easyanimates(variant, device, monkeypatch):
     torch.autograd.backward(expected, grads)
     pairs = [*zip(ys, expected, strict=True), *((x.grad, x64.grad) for x, x64 in zip(xs, x64s, strict=True)),
              (ours.conv.weight.grad, exact.conv.weight.grad)]  # fmt: skip
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))
+
+
+def cosmos_upsamplers(space: bool, time: bool, dtype, device, channels=5):
+    """diffusers' CosmosUpsample3d in float64 and converted in `dtype`, with the same weights."""
+    return stock_and_converted("autoencoder_kl_cosmos", "CosmosUpsample3d", dtype, device, channels,
+                               spatial_upsample=space, temporal_upsample=time)  # fmt: skip
+
+
+class Copies(OpNames):
+    """OpNames, and the sizes (elements) of what each aten copy_ writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.copied = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is torch.ops.aten.copy_.default:
+            self.copied.append(out.numel())
+        return out
+
+
+COSMOS_STEPS = [(True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("space, time", COSMOS_STEPS, ids=["space", "time", "both"])
+def test_cosmos_upsampler_matches_float64(space, time, dtype, device):
+    """Cosmos's upsampler converted, on clips of 1, 2 and 3 frames (one frame is not repeated in time), and a
+    training step: outputs, the input's gradient and the upsampled convs' weight and bias gradients against
+    diffusers' in float64; each upsampled conv one input-gradient op (the transposed conv), the only convolutions
+    the 1 x 1 x 1 conv after and, on one frame, the time conv; no copy of the repeated input's size (the time
+    step's one copy, its input with a frame in front, is the input's size plus a frame)."""
+    from tconv3d.nn.video_vaes import cosmos_subpixel_reason
+
+    exact, ours = cosmos_upsamplers(space, time, dtype, device)
+    for frames in (1, 2, 3):
+        x = leaf_copy(torch.randn(2, 5, frames, 3, 4, device=device).to(dtype).contiguous(memory_format=CL))
+        x64 = leaf_copy(x.detach().double())
+        timed = time and frames > 1
+        assert (cosmos_subpixel_reason(ours.conv1, x, True) is None) == timed
+        with Copies() as ops:
+            y = ours(x)
+        expected = exact(x64)
+        assert y.shape == expected.shape and y.is_contiguous(memory_format=CL)
+        assert sum("tconv3d.conv3d_input_grad" in name for name in ops.names) == space + timed, ops.names
+        convs = sum("tconv3d.conv3d." in name or "convolution" in name for name in ops.names)
+        assert convs == 1 + (time and not timed), ops.names
+        assert all(n <= x.numel() // frames * (frames + 1) for n in ops.copied), (ops.copied, x.shape)
+        grad = torch.randn_like(expected)
+        y.backward(grad.to(dtype))
+        expected.backward(grad)
+        pairs = [(y, expected), (x.grad, x64.grad)]
+        for name in ("conv1",) * time + ("conv2",) * space:
+            mine, theirs = getattr(ours, name), getattr(exact, name)
+            pairs += [(mine.weight.grad, theirs.weight.grad), (mine.bias.grad, theirs.bias.grad)]
+            mine.zero_grad(), theirs.zero_grad()
+        assert x.grad.is_contiguous(memory_format=CL)
+        for index, (mine, theirs) in enumerate(pairs):
+            assert rel_l2(mine, theirs) < tolerance(dtype), (frames, index, rel_l2(mine, theirs))
+
+
+def test_a_wrong_cosmos_time_tap_fails(monkeypatch, aten_path):
+    """The float64 comparison sees the time step's taps misplaced (the transposed conv's first tap summing the
+    conv's first frame tap instead of its last)."""
+    import tconv3d.nn.video_vaes as video_vaes
+
+    exact, ours = cosmos_upsamplers(False, True, torch.float32, "cpu")
+    x = torch.randn(1, 5, 3, 3, 4).contiguous(memory_format=CL)
+    assert rel_l2(ours(x), exact(x.double())) < 1e-5  # the weights take gradients: the taps summed each call
+    monkeypatch.setattr(video_vaes, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
+    assert rel_l2(ours(x), exact(x.double())) > 1e-2
+
+
+def _replicate_padded_conv2(module):
+    module.conv2.pad_mode = "replicate"
+
+
+def _dilated_conv1(module):
+    module.conv1.dilation, module.conv1.temporal_pad = (2, 1, 1), 4
+
+
+@pytest.mark.parametrize(
+    "change, step, reason",
+    [
+        (None, "space", "video_vaes.SUBPIXEL is off"),
+        (_replicate_padded_conv2, "space", "is not ((1, 3, 3), 0, (1, 1, 1, 1), 'constant')"),
+        (_dilated_conv1, "time", "is not ((3, 1, 1), 2, (0, 0, 0, 0), None)"),
+    ],
+)
+def test_other_cosmos_upsamplers_upsample_first(change, step, reason, monkeypatch, aten_path):
+    """An upsampler step the sub-pixel form does not cover says why and upsamples first (the result still
+    diffusers'): SUBPIXEL off, the space conv replicate-padded, the time conv dilated."""
+    from tconv3d.nn import video_vaes
+
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_cosmos import CosmosUpsample3d
+
+    import tconv3d
+
+    torch.manual_seed(0)
+    stock = CosmosUpsample3d(4)
+    if change is not None:
+        change(stock)
+    else:
+        monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+    ours = tconv3d.nn.convert(copy.deepcopy(stock))
+    x = torch.randn(1, 4, 3, 3, 4).contiguous(memory_format=CL)
+    conv, upsampled = (
+        (ours.conv1, x) if step == "time" else (ours.conv2, repeat_nearest(x, (2, 1, 1), first_apart=True))
+    )
+    assert reason in video_vaes.cosmos_subpixel_reason(conv, upsampled, step == "time")
+    with torch.no_grad():
+        assert rel_l2(ours(x), stock(x)) < 1e-5
+
+
+@pytest.mark.parametrize("step", ["space", "time"])
+def test_the_audit_counts_cosmos_time_copy(step, aten_path):
+    """Cosmos's time step reads its input with a frame in front written before it (replicate_padded): the audit
+    counts it as the time conv's own copy, one a call; the space step writes none."""
+    import tconv3d
+
+    _, ours = cosmos_upsamplers(step == "space", step == "time", torch.float32, "cpu", channels=4)
+    report = tconv3d.nn.audit(ours, torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=CL), verbose=False)
+    layers = {layer.name: (layer.calls, layer.pad_copies, layer.own_copies) for layer in report.layers}
+    expected = {"conv1": (1, 0, 1), "conv3": (1, 0, 0)} if step == "time" else {"conv2": (1, 0, 0), "conv3": (1, 0, 0)}
+    assert layers == expected, report.table()
+
+
+@pytest.mark.parametrize("variant", ["pointer", "gluon"])
+def test_each_kernel_runs_cosmos(variant, device, monkeypatch):
+    """Cosmos's two sub-pixel transposed convs (time: stride (2, 1, 1), 4 x 1 x 1 taps, padding (3, 0, 0); space:
+    stride (1, 2, 2), 1 x 4 x 4 taps, padding (0, 1, 1)) and their backward with TCONV3D_KERNELS forced, bf16,
+    32 -> 32 channels, against float64."""
+    exact, ours = cosmos_upsamplers(True, True, torch.bfloat16, device, channels=32)
+    launched = forced_launches(variant, monkeypatch)
+    x = leaf_copy(torch.randn(1, 32, 3, 4, 5, device=device).to(torch.bfloat16).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    y, expected = ours(x), exact(x64)
+    assert_launched(launched, variant, device, calls=2)
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(torch.bfloat16))
+    expected.backward(grad)
+    pairs = [(y, expected), (x.grad, x64.grad), (ours.conv1.weight.grad, exact.conv1.weight.grad),
+             (ours.conv2.weight.grad, exact.conv2.weight.grad)]  # fmt: skip
     for index, (mine, theirs) in enumerate(pairs):
         assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))

@@ -464,20 +464,25 @@ class _RepeatNearest(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        fd, fh, fw = ctx.factors
-        if not ctx.first_apart:
-            return block_sum(grad, ctx.factors), None, None, None
-        b, c, d, h, w = grad.shape
-        frames = 1 + (d - 1) // fd
-        summed = torch.empty((b, c, frames, h // fh, w // fw), dtype=grad.dtype, device=grad.device, memory_format=_CL)
-        summed[:, :, :1] = block_sum(grad[:, :, :1], (1, fh, fw))
-        if frames > 1:
-            summed[:, :, 1:] = block_sum(grad[:, :, 1:], ctx.factors)
-        return summed, None, None, None
+        return _repeats_summed(grad, ctx.factors, ctx.first_apart), None, None, None
 
     @staticmethod
     def jvp(ctx, x_tangent, *_):
         return _repeated(x_tangent, ctx.factors, ctx.memory_format, ctx.first_apart)
+
+
+def _repeats_summed(grad: torch.Tensor, factors, first_apart: bool) -> torch.Tensor:
+    """The gradient of repeat_nearest's input from its output's: each voxel's repeats summed, channels_last_3d."""
+    fd, fh, fw = factors
+    if not first_apart:
+        return block_sum(grad, factors)
+    b, c, d, h, w = grad.shape
+    frames = 1 + (d - 1) // fd
+    summed = torch.empty((b, c, frames, h // fh, w // fw), dtype=grad.dtype, device=grad.device, memory_format=_CL)
+    summed[:, :, :1] = block_sum(grad[:, :, :1], (1, fh, fw))
+    if frames > 1:
+        summed[:, :, 1:] = block_sum(grad[:, :, 1:], factors)
+    return summed
 
 
 def _repeated(x: torch.Tensor, factors, memory_format, first_apart: bool) -> torch.Tensor:
@@ -485,22 +490,68 @@ def _repeated(x: torch.Tensor, factors, memory_format, first_apart: bool) -> tor
     fd, fh, fw = factors
     frames = 1 + (d - 1) * fd if first_apart and d else d * fd
     out = torch.empty((b, c, frames, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format)
-    if first_apart and d:
-        _upsample_nearest_into(out[:, :, :1], x[:, :, :1], (1, fh, fw))
-        if d > 1:
-            _upsample_nearest_into(out[:, :, 1:], x[:, :, 1:], factors)
-    else:
-        _upsample_nearest_into(out, x, factors)
+    _into_repeats(out, x, factors, first_apart, "copy_")
     return out
 
 
-def _upsample_nearest_into(out: torch.Tensor, x: torch.Tensor, factors) -> None:
-    """out <- F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors, as one broadcast
-    copy into `out` (a view of a larger tensor too)."""
+def _into_repeats(out: torch.Tensor, x: torch.Tensor, factors, first_apart: bool, how: str) -> None:
+    """out.copy_ (or .add_, `how`) of x repeated by nearest upsampling (repeat_nearest's, `first_apart` as it),
+    in place, by broadcasting views: no tensor of out's size made."""
+    if first_apart and x.shape[2]:
+        _into_upsampled(out[:, :, :1], x[:, :, :1], (1, *factors[1:]), how)
+        if x.shape[2] > 1:
+            _into_upsampled(out[:, :, 1:], x[:, :, 1:], factors, how)
+    else:
+        _into_upsampled(out, x, factors, how)
+
+
+def _into_upsampled(out: torch.Tensor, x: torch.Tensor, factors, how: str) -> None:
+    """out.copy_ (or .add_) of F.interpolate(x, scale_factor=factors, mode="nearest") for whole-number factors, as
+    one broadcast into `out` (a view of a larger tensor too)."""
     b, c, d, h, w = x.shape
     fd, fh, fw = factors
     source = x[:, :, :, None, :, None, :, None].expand(b, c, d, fd, h, fh, w, fw)
-    out.view(b, c, d, fd, h, fh, w, fw).copy_(source)
+    getattr(out.view(b, c, d, fd, h, fh, w, fw), how)(source)
+
+
+def add_repeated_(out: torch.Tensor, x: torch.Tensor, factors, first_apart: bool = False) -> torch.Tensor:
+    """out += repeat_nearest(x, factors, first_apart=first_apart), in place and returned: the repeats read by
+    broadcasting, nothing of out's size written but out (a residual added to an upsampled conv's output whose input
+    was never upsampled). Its backward passes out's gradient through and hands x the sums of each voxel's repeats,
+    channels_last_3d, where autograd's broadcast reduction would answer NCDHW. Under torch.compile the broadcast
+    add is traced as it is; under torch.func, out of place."""
+    factors = tuple(factors)
+    b, c, d, h, w = x.shape
+    frames = 1 + (d - 1) * factors[0] if first_apart and d else d * factors[0]
+    if tuple(out.shape) != (b, c, frames, h * factors[1], w * factors[2]):
+        raise ValueError(f"add_repeated_: out is {tuple(out.shape)}, x {tuple(x.shape)} repeated by {factors}")
+    if torch.compiler.is_compiling():
+        _into_repeats(out, x, factors, first_apart, "add_")
+        return out
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (out, x)):
+        return out + _interpolated(x, factors, first_apart)
+    return _AddRepeated.apply(out, x, factors, first_apart)
+
+
+class _AddRepeated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, x, factors, first_apart):
+        _into_repeats(out, x, factors, first_apart, "add_")
+        ctx.mark_dirty(out)
+        ctx.factors, ctx.first_apart = factors, first_apart
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, _repeats_summed(grad, ctx.factors, ctx.first_apart), None, None
+
+    @staticmethod
+    def jvp(ctx, out_tangent, x_tangent, *_):
+        if out_tangent is None:
+            return _repeated(x_tangent, ctx.factors, layout_of(x_tangent), ctx.first_apart)
+        if x_tangent is not None:
+            _into_repeats(out_tangent, x_tangent, ctx.factors, ctx.first_apart, "add_")
+        return out_tangent
 
 
 # Called as observe(kind, copy, sources) for each copy of activations tconv3d's modules write themselves through

@@ -25,6 +25,7 @@ from .modules import (
     Conv3d,
     GroupNorm,
     InstanceNorm3d,
+    add_repeated_,
     autograd_traced,
     block_mean,
     frames,
@@ -303,9 +304,13 @@ class _CosmosCausalConv3d(_PaddedConv):
         wl, wr, ht, hb = module.spatial_pad
         return _compose_padding([module.temporal_pad, 0, ht, hb, wl, wr], ("replicate", mode, mode), module)
 
-    def forward(self, hidden_states, padding=None, mode=None):
+    def forward(self, hidden_states, padding=None, mode=None, upsampled=None):
         """diffusers' forward; `padding` and `mode` (tconv3d's): this call's instead (CosmosDownsample3d's, its
-        own pad or repeated frame added)."""
+        own pad or repeated frame added). `upsampled` (tconv3d's, from CosmosUpsample3d where
+        cosmos_subpixel_reason allows), "time" or "space": the conv of hidden_states repeated 2x there, plus the
+        repetition, run as `upsampled_residual_conv`."""
+        if upsampled is not None:
+            return upsampled_residual_conv(self, hidden_states, time=upsampled == "time")
         if padding is None:
             padding, mode = self.tconv3d_padding
         return self.convolve(hidden_states, padding, mode)
@@ -378,9 +383,14 @@ def _add_frame_pool(out: torch.Tensor, x: torch.Tensor) -> None:
 
 
 class _CosmosUpsample3d:
-    """diffusers' CosmosUpsample3d repeats frames and pixels with repeat_interleave, which answers NCDHW for a
-    channels_last_3d input (each conv after it then reads a layout copy). Nearest interpolation by the same whole
-    factors gives the same values and keeps channels_last_3d."""
+    """diffusers' CosmosUpsample3d: in time, frames repeated 2x (the first once), a 3 x 1 x 1 causal conv, plus the
+    repeated frames; in space, pixels repeated 2x, a 1 x 3 x 3 conv zero-padded by 1, plus the repeated pixels;
+    then a 1 x 1 x 1 conv. Each upsampled conv runs in the sub-pixel form (`upsampled_residual_conv`: a transposed
+    conv of its input, 2 taps where 3 in time, 4 where 9 in space) and the repeated input is added into its output
+    by broadcasting (`add_repeated_`): nothing of the upsampled size is written but the conv's output. Where
+    `cosmos_subpixel_reason` refuses, the repeats are nearest interpolation by the same whole factors (diffusers'
+    repeat_interleave answers NCDHW for a channels_last_3d input: each conv after it would read a layout copy). One
+    frame in time is repeated once: no copy."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_cosmos.CosmosUpsample3d",)
     attributes = ("spatial_upsample", "temporal_upsample", "conv1", "conv2", "conv3")
@@ -389,13 +399,60 @@ class _CosmosUpsample3d:
         if not self.spatial_upsample and not self.temporal_upsample:
             return hidden_states
         if self.temporal_upsample:
-            factor = 2 if hidden_states.size(2) > 1 else 1
-            hidden_states = _repeat(hidden_states, (factor, 1, 1), first_apart=True)
-            hidden_states = self.conv1(hidden_states) + hidden_states
+            if hidden_states.size(2) < 2:
+                hidden_states = self.conv1(hidden_states) + hidden_states
+            else:
+                hidden_states = _upsampled_plus_repeats(self.conv1, hidden_states, time=True)
         if self.spatial_upsample:
-            hidden_states = _repeat(hidden_states, (1, 2, 2))
-            hidden_states = self.conv2(hidden_states) + hidden_states
+            hidden_states = _upsampled_plus_repeats(self.conv2, hidden_states, time=False)
         return self.conv3(hidden_states)
+
+
+def _upsampled_plus_repeats(conv: nn.Module, x: torch.Tensor, time: bool) -> torch.Tensor:
+    """conv(u) + u, u = x repeated 2x in time (the first frame once) or in space: Cosmos's upsampler's step."""
+    if cosmos_subpixel_reason(conv, x, time) is None:
+        return conv(x, upsampled="time" if time else "space")
+    upsampled = _repeat(x, (2, 1, 1) if time else (1, 2, 2), first_apart=time)
+    return conv(upsampled) + upsampled
+
+
+def upsampled_residual_conv(conv: nn.Module, x: torch.Tensor, time: bool) -> torch.Tensor:
+    """Cosmos's upsampler's step: its conv (a converted CosmosCausalConv3d) on x repeated by nearest 2x, plus that
+    repetition. `time`: 2x in D, the first frame once (2T - 1 frames), a 3 x 1 x 1 conv with the first frame
+    repeated twice in front: one transposed conv of x, its first frame once more in front (`replicate_padded`, a
+    copy of x's size where diffusers' repeated frames are twice it), at stride (2, 1, 1) with 4 time taps
+    (`subpixel_weight(conv, "repeated", space=False)`, HunyuanVideo's in D): 2 taps an output voxel where 3.
+    Else 2x in H and W, a 1 x 3 x 3 conv zero-padded by 1 in space: the transposed conv of x itself at stride
+    (1, 2, 2) with 4 x 4 taps (`subpixel_weight(conv)`, Wan's): 4 taps where 9, nothing written before it. The
+    repetition is then added into the conv's output in place, read by broadcasting (`add_repeated_`): the conv's
+    output rounded, then the sum, as diffusers' order."""
+    if time:
+        padded = replicate_padded(x, (1, 0, 0, 0, 0, 0))
+        out = conv_transpose3d(padded, subpixel_weight(conv, "repeated", space=False), conv.bias, stride=(2, 1, 1),
+                               padding=(3, 0, 0), output_padding=(1, 0, 0))  # fmt: skip
+        return add_repeated_(out, x, (2, 1, 1), first_apart=True)
+    out = conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
+    return add_repeated_(out, x, (1, 2, 2))
+
+
+def cosmos_subpixel_reason(conv: nn.Module, x: torch.Tensor, time: bool) -> str | None:
+    """Why Cosmos's upsampler upsamples x before its conv `conv` (its time conv where `time`, else its space conv;
+    None where it runs `upsampled_residual_conv`)."""
+    if not _taken_over(conv):
+        return "its conv is not taken over"
+    if not SUBPIXEL:
+        return "video_vaes.SUBPIXEL is off"
+    # (kernel, first frames repeated in front, space padding, its mode where it pads)
+    expected = ((3, 1, 1), 2, (0, 0, 0, 0), None) if time else ((1, 3, 3), 0, (1, 1, 1, 1), "constant")
+    got = (tuple(conv.kernel_size), conv.temporal_pad, tuple(conv.spatial_pad), None if time else conv.pad_mode)
+    if got != expected:
+        return f"its (kernel, time padding, space padding, mode) {got} is not {expected}"
+    shape = (tuple(conv.padding), tuple(conv.stride), tuple(conv.dilation), conv.groups, conv.padding_mode)
+    if shape != ((0, 0, 0), (1, 1, 1), (1, 1, 1), 1, "zeros"):
+        return f"its conv (padding, stride, dilation, groups, mode) {shape} is not a plain one"
+    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel() or (time and x.shape[2] < 2):
+        return f"the video is {x.dim()}-D {x.dtype} of {tuple(x.shape)}, its weight {conv.weight.dtype}"
+    return None
 
 
 class _CosmosHaar:
@@ -1330,26 +1387,31 @@ def subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     return reason
 
 
-def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None) -> torch.Tensor:
-    """The channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for a Conv2d `conv`,
-    (C_in, C_out, 1, 4, 4): _SUBPIXEL_TAPS along H and W, summed in fp32, rounded once to the weight's dtype; or
-    that `upsampled_causal_conv` runs for a 3 x 3 x 3 Conv3d, (C_in, C_out, 4, 4, 4) with `time` "repeated"
-    (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with `time` "kept" (D's taps reversed, as a transposed
-    conv at stride 1 reads them). Differentiable: the weight gradient lands in conv.weight. Kept on the module while
-    the weight has no gradient to take (inference) and unchanged (its storage and version): a decode computes it
-    once."""
+def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space: bool = True) -> torch.Tensor:
+    """The channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for a Conv2d `conv` (or
+    a Conv3d of one frame: Cosmos's spatial upsampler's), (C_in, C_out, 1, 4, 4): _SUBPIXEL_TAPS along H and W,
+    summed in fp32, rounded once to the weight's dtype; or that `upsampled_causal_conv` runs for a 3 x 3 x 3 Conv3d,
+    (C_in, C_out, 4, 4, 4) with `time` "repeated" (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with
+    `time` "kept" (D's taps reversed, as a transposed conv at stride 1 reads them); `space` False: H and W's taps
+    the conv's own (Cosmos's time upsampler's 3 x 1 x 1 conv, "repeated": (C_in, C_out, 4, 1, 1)). Differentiable:
+    the weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take
+    (inference) and unchanged (its storage and version): a decode computes it once."""
     weight = conv.weight
     cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
-    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time) if cacheable else None
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
     kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
     if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
         return kept[1]
     taps = _subpixel_taps(weight.device)
+    w = weight.float() if weight.dim() == 5 else weight.float().unsqueeze(2)  # a Conv2d: one frame
     if time is None:
-        summed = torch.einsum("ka,lb,oiab->iokl", taps, taps, weight.float()).unsqueeze(2)
+        summed = torch.einsum("ka,lb,oitab->iotkl", taps, taps, w)
     else:
         frame_taps = taps if time == "repeated" else _subpixel_taps(weight.device, _REVERSED_TAPS)
-        summed = torch.einsum("jt,ka,lb,oitab->iojkl", frame_taps, taps, taps, weight.float())
+        if space:
+            summed = torch.einsum("jt,ka,lb,oitab->iojkl", frame_taps, taps, taps, w)
+        else:
+            summed = torch.einsum("jt,oitab->iojab", frame_taps, w)
     subpixel = summed.to(weight.dtype).contiguous(memory_format=_CL)
     if cacheable:
         conv._tconv3d_subpixel = (key, subpixel)
