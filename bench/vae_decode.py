@@ -147,7 +147,7 @@ def measure(model_name: str, variant: str, device: str, dtype: torch.dtype, scal
     if variant.startswith("converted"):
         tconv3d.nn.convert(vae)
     if variant == "converted_upsample_first":  # the resamplers' nearest 2x written, then their conv (no sub-pixel)
-        tconv3d.nn.video_vaes.SUBPIXEL = False
+        tconv3d.nn.subpixel.SUBPIXEL = False
     decode = lambda z: getattr(out := vae.decode(z), "sample", out)  # noqa: E731 (MONAI's answer a tensor)
     if variant.endswith(("compiled", "inductor")):
         tconv3d.settings.INDUCTOR_KERNELS = variant.endswith("inductor")  # read when the graph is traced

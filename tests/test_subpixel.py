@@ -16,8 +16,10 @@ import torch.nn.functional as F
 from helpers import DTYPES, OpNames, dtype_id, leaf_copy
 from torch import nn
 
+from tconv3d.nn import subpixel
 from tconv3d.nn.modules import repeat_nearest, replicate_padded
-from tconv3d.nn.video_vaes import causal_subpixel_reason, subpixel_reason, subpixel_weight, upsampled_frame_conv
+from tconv3d.nn.subpixel import subpixel_weight
+from tconv3d.nn.video_vaes import causal_subpixel_reason, subpixel_reason, upsampled_frame_conv
 from tconv3d.testing import rel_l2, tolerance
 
 CL = torch.channels_last_3d
@@ -176,9 +178,8 @@ def test_other_convs_upsample_first(conv, reason, aten_path):
 def test_a_wrong_subpixel_weight_fails(monkeypatch, aten_path):
     """The float64 comparison sees a tap misplaced (the transposed conv's tap 0 summing the conv's first tap
     instead of its last)."""
-    import tconv3d.nn.video_vaes as video_vaes
 
-    monkeypatch.setattr(video_vaes, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
+    monkeypatch.setattr(subpixel, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
     conv = nn.Conv2d(3, 3, 3, padding=1)
     x = torch.randn(1, 3, 2, 4, 4).contiguous(memory_format=CL)
     assert rel_l2(upsampled_frame_conv(conv, x), upsample_then_conv(conv, x, 1, False)) > 1e-2
@@ -276,9 +277,8 @@ def test_upsampled_causal_conv_matches_float64(factors, dtype, device):
 def test_a_wrong_reversed_time_tap_fails(monkeypatch, aten_path):
     """The float64 comparison sees the time taps of a kept time unreversed (the causal conv's future read as its
     past)."""
-    import tconv3d.nn.video_vaes as video_vaes
 
-    monkeypatch.setattr(video_vaes, "_REVERSED_TAPS", ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
+    monkeypatch.setattr(subpixel, "_REVERSED_TAPS", ((1, 0, 0), (0, 1, 0), (0, 0, 1)))
     exact, ours = hunyuan_upsamplers((1, 2, 2), torch.float32, "cpu")
     x = torch.randn(1, 5, 4, 3, 3).contiguous(memory_format=CL)
     with torch.no_grad():
@@ -331,14 +331,13 @@ def test_the_audit_counts_the_borders_copy(monkeypatch, aten_path):
     op a dispatcher mode sees): the audit counts it as the upsampler conv's own copy (tconv3d's), one a call;
     upsampled first, the conv pads in its op and no copy is counted."""
     import tconv3d
-    from tconv3d.nn import video_vaes
 
     _, ours = hunyuan_upsamplers((2, 2, 2), torch.float32, "cpu", channels=(4, 4))
     x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=CL)
     report = tconv3d.nn.audit(ours, x, verbose=False)
     layers = [(layer.name, layer.calls, layer.pad_copies, layer.own_copies) for layer in report.layers]
     assert layers == [("conv", 1, 0, 1)] and report.pads == 1, report.table()
-    monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+    monkeypatch.setattr(subpixel, "SUBPIXEL", False)
     report = tconv3d.nn.audit(ours, x, verbose=False)
     assert report.pads == report.totals["tconv3d_copies_into_convs"] == 0, report.table()
 
@@ -397,8 +396,8 @@ def test_easyanimate_kept_frames_cross_between_forms(first_subpixel, monkeypatch
     xs = [torch.randn(1, 5, t, 3, 4).contiguous(memory_format=CL) for t in (2, 3)]
     with torch.no_grad():
         for index, x in enumerate(xs):
-            monkeypatch.setattr(video_vaes, "SUBPIXEL", first_subpixel == (index == 0))
-            assert (video_vaes.easyanimate_subpixel_reason(ours.conv, x) is None) == video_vaes.SUBPIXEL
+            monkeypatch.setattr(subpixel, "SUBPIXEL", first_subpixel == (index == 0))
+            assert (video_vaes.easyanimate_subpixel_reason(ours.conv, x) is None) == subpixel.SUBPIXEL
             assert rel_l2(ours(x), exact(x.double())) < 1e-5, index
 
 
@@ -407,14 +406,13 @@ def test_the_audit_counts_easyanimates_frames_in_front(monkeypatch, aten_path):
     the audit counts it as the upsampler conv's own copy, one a call; upsampled first, the op reads the kept frames
     in place and no copy is counted."""
     import tconv3d
-    from tconv3d.nn import video_vaes
 
     _, ours = easyanimate_upsamplers(False, torch.float32, "cpu", channels=(4, 4))
     x = torch.randn(1, 4, 3, 4, 5).contiguous(memory_format=CL)
     report = tconv3d.nn.audit(ours, x, verbose=False)
     layers = [(layer.name, layer.calls, layer.pad_copies, layer.own_copies) for layer in report.layers]
     assert layers == [("conv", 1, 0, 1)], report.table()
-    monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+    monkeypatch.setattr(subpixel, "SUBPIXEL", False)
     ours.conv.prev_features = None
     report = tconv3d.nn.audit(ours, x, verbose=False)
     assert report.pads == report.totals["tconv3d_copies_into_convs"] == 0, report.table()
@@ -503,12 +501,11 @@ def test_cosmos_upsampler_matches_float64(space, time, dtype, device):
 def test_a_wrong_cosmos_time_tap_fails(monkeypatch, aten_path):
     """The float64 comparison sees the time step's taps misplaced (the transposed conv's first tap summing the
     conv's first frame tap instead of its last)."""
-    import tconv3d.nn.video_vaes as video_vaes
 
     exact, ours = cosmos_upsamplers(False, True, torch.float32, "cpu")
     x = torch.randn(1, 5, 3, 3, 4).contiguous(memory_format=CL)
     assert rel_l2(ours(x), exact(x.double())) < 1e-5  # the weights take gradients: the taps summed each call
-    monkeypatch.setattr(video_vaes, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
+    monkeypatch.setattr(subpixel, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
     assert rel_l2(ours(x), exact(x.double())) > 1e-2
 
 
@@ -523,7 +520,7 @@ def _dilated_conv1(module):
 @pytest.mark.parametrize(
     "change, step, reason",
     [
-        (None, "space", "video_vaes.SUBPIXEL is off"),
+        (None, "space", "subpixel.SUBPIXEL is off"),
         (_replicate_padded_conv2, "space", "is not ((1, 3, 3), 0, (1, 1, 1, 1), 'constant')"),
         (_dilated_conv1, "time", "is not ((3, 1, 1), 2, (0, 0, 0, 0), None)"),
     ],
@@ -543,7 +540,7 @@ def test_other_cosmos_upsamplers_upsample_first(change, step, reason, monkeypatc
     if change is not None:
         change(stock)
     else:
-        monkeypatch.setattr(video_vaes, "SUBPIXEL", False)
+        monkeypatch.setattr(subpixel, "SUBPIXEL", False)
     ours = tconv3d.nn.convert(copy.deepcopy(stock))
     x = torch.randn(1, 4, 3, 3, 4).contiguous(memory_format=CL)
     conv, upsampled = (

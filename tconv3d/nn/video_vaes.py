@@ -21,6 +21,7 @@ from torch import nn
 from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
 from ..ops import call_conv3d, call_rms_norm
+from . import subpixel
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -38,6 +39,7 @@ from .modules import (
     resize_nearest,
     upsample_linear,
 )
+from .subpixel import subpixel_weight
 
 _CL = torch.channels_last_3d
 
@@ -440,8 +442,8 @@ def cosmos_subpixel_reason(conv: nn.Module, x: torch.Tensor, time: bool) -> str 
     None where it runs `upsampled_residual_conv`)."""
     if not _taken_over(conv):
         return "its conv is not taken over"
-    if not SUBPIXEL:
-        return "video_vaes.SUBPIXEL is off"
+    if not subpixel.SUBPIXEL:
+        return "subpixel.SUBPIXEL is off"
     # (kernel, first frames repeated in front, space padding, its mode where it pads)
     expected = ((3, 1, 1), 2, (0, 0, 0, 0), None) if time else ((1, 3, 3), 0, (1, 1, 1, 1), "constant")
     got = (tuple(conv.kernel_size), conv.temporal_pad, tuple(conv.spatial_pad), None if time else conv.pad_mode)
@@ -1355,14 +1357,6 @@ def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
-# Nearest 2x along H (or W), then a 3-tap conv padded by 1, is a transposed conv of the input itself at stride 2 with
-# 4 taps, padded by 1, each tap a sum of the conv's: output 2i reads x[i - 1] through w[0] and x[i] through
-# w[1] + w[2]; output 2i + 1 reads x[i] through w[0] + w[1] and x[i + 1] through w[2]. Row k: which of the conv's
-# taps the transposed conv's tap k sums (output o = 2j + k - 1 reads x[j]).
-_SUBPIXEL_TAPS = ((0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 0, 0))
-SUBPIXEL = True  # False: upsampled_frame_conv upsamples first, as before (bench.vae_decode's converted_upsample_first)
-
-
 def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1, first_apart: bool = False):
     """`conv` on each frame of x repeated by nearest 2x in H and W and `time_factor`x in D (`first_apart` as
     repeat_nearest's): frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart)). For a
@@ -1379,63 +1373,12 @@ def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1,
 
 def subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     """Why `upsampled_frame_conv` upsamples x before `conv` (None where it runs the transposed conv)."""
-    reason = frame_conv_reason(conv, x) or (None if SUBPIXEL else "video_vaes.SUBPIXEL is off")
+    reason = frame_conv_reason(conv, x) or (None if subpixel.SUBPIXEL else "subpixel.SUBPIXEL is off")
     if reason is None and (tuple(conv.kernel_size), tuple(conv.padding)) != ((3, 3), (1, 1)):
         reason = f"its kernel is {tuple(conv.kernel_size)} padded by {tuple(conv.padding)}, not 3 x 3 padded by 1"
     if reason is None and (tuple(conv.stride), tuple(conv.dilation), conv.groups) != ((1, 1), (1, 1), 1):
         reason = f"its stride {tuple(conv.stride)}, dilation {tuple(conv.dilation)} or groups {conv.groups} is not 1"
     return reason
-
-
-def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space: bool = True) -> torch.Tensor:
-    """The channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for a Conv2d `conv` (or
-    a Conv3d of one frame: Cosmos's spatial upsampler's), (C_in, C_out, 1, 4, 4): _SUBPIXEL_TAPS along H and W,
-    summed in fp32, rounded once to the weight's dtype; or that `upsampled_causal_conv` runs for a 3 x 3 x 3 Conv3d,
-    (C_in, C_out, 4, 4, 4) with `time` "repeated" (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with
-    `time` "kept" (D's taps reversed, as a transposed conv at stride 1 reads them); `space` False: H and W's taps
-    the conv's own (Cosmos's time upsampler's 3 x 1 x 1 conv, "repeated": (C_in, C_out, 4, 1, 1)). Differentiable:
-    the weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take
-    (inference) and unchanged (its storage and version): a decode computes it once."""
-    weight = conv.weight
-    cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
-    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
-    kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
-    if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
-        return kept[1]
-    taps = _subpixel_taps(weight.device)
-    w = weight.float() if weight.dim() == 5 else weight.float().unsqueeze(2)  # a Conv2d: one frame
-    if time is None:
-        summed = torch.einsum("ka,lb,oitab->iotkl", taps, taps, w)
-    else:
-        frame_taps = taps if time == "repeated" else _subpixel_taps(weight.device, _REVERSED_TAPS)
-        if space:
-            summed = torch.einsum("jt,ka,lb,oitab->iojkl", frame_taps, taps, taps, w)
-        else:
-            summed = torch.einsum("jt,oitab->iojab", frame_taps, w)
-    subpixel = summed.to(weight.dtype).contiguous(memory_format=_CL)
-    if cacheable:
-        conv._tconv3d_subpixel = (key, subpixel)
-    return subpixel
-
-
-_TAP_TENSORS = {}  # (rows of taps, device): their float32 tensor there
-
-
-def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
-    """`rows` (_SUBPIXEL_TAPS by default) as a float32 tensor on `device`, made there once (a training step's call
-    would otherwise copy it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant
-    under torch.compile."""
-    rows = _SUBPIXEL_TAPS if rows is None else rows
-    if torch.compiler.is_compiling():
-        return torch.tensor(rows, dtype=torch.float32, device=device)
-    key = (rows, device)
-    if key not in _TAP_TENSORS:
-        _TAP_TENSORS[key] = torch.tensor(rows, dtype=torch.float32, device=device)
-    return _TAP_TENSORS[key]
-
-
-# A causal conv's 3 time taps as a transposed conv at stride 1 reads them: tap k is the conv's tap 2 - k.
-_REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
 
 
 def upsampled_causal_conv(module: nn.Module, x: torch.Tensor, time_factor: int) -> torch.Tensor:
@@ -1487,8 +1430,8 @@ def easyanimate_subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     `upsampled_kept_causal_conv`)."""
     if getattr(type(conv), "tconv3d_adapter", None) is not _EasyAnimateCausalConv3d:
         return "its causal conv is not taken over"
-    if not SUBPIXEL:
-        return "video_vaes.SUBPIXEL is off"
+    if not subpixel.SUBPIXEL:
+        return "subpixel.SUBPIXEL is off"
     shape = (tuple(conv.kernel_size), tuple(conv.padding), tuple(conv.stride), tuple(conv.dilation), conv.groups,
              conv.padding_mode)  # fmt: skip
     if shape != ((3, 3, 3), (0, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros") or conv.temporal_padding != 2:
@@ -1504,8 +1447,8 @@ def causal_subpixel_reason(module: nn.Module, x: torch.Tensor, factors) -> str |
     if getattr(type(module), "tconv3d_adapter", None) is not _ReplicatePaddedConv3d:
         return "its causal conv is not taken over"
     conv = module.conv
-    if not SUBPIXEL:
-        return "video_vaes.SUBPIXEL is off"
+    if not subpixel.SUBPIXEL:
+        return "subpixel.SUBPIXEL is off"
     if tuple(factors) not in ((2, 2, 2), (1, 2, 2)):
         return f"its factors {tuple(factors)} are not (2, 2, 2) or (1, 2, 2)"
     if module.pad_mode != "replicate" or tuple(module.time_causal_padding) != (1, 1, 1, 1, 2, 0):

@@ -1,0 +1,69 @@
+"""The sub-pixel form of nearest upsampling followed by a convolution: nearest 2x along a dimension, then a 3-tap
+conv padded by 1, is one transposed conv of the input itself at stride 2 with 4 taps, each a sum of the conv's
+(`subpixel_weight`). The video VAEs' upsamplers (video_vaes.py) run in it; SUBPIXEL switches all of them back to
+upsampling first (bench.vae_decode's `converted_upsample_first`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_CL = torch.channels_last_3d
+
+# Nearest 2x along H (or W), then a 3-tap conv padded by 1, is a transposed conv of the input itself at stride 2 with
+# 4 taps, padded by 1, each tap a sum of the conv's: output 2i reads x[i - 1] through w[0] and x[i] through
+# w[1] + w[2]; output 2i + 1 reads x[i] through w[0] + w[1] and x[i + 1] through w[2]. Row k: which of the conv's
+# taps the transposed conv's tap k sums (output o = 2j + k - 1 reads x[j]).
+_SUBPIXEL_TAPS = ((0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 0, 0))
+SUBPIXEL = True  # False: every sub-pixel form upsamples first, as before (bench.vae_decode's converted_upsample_first)
+
+
+def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space: bool = True) -> torch.Tensor:
+    """The channels_last_3d weight of the transposed conv that `upsampled_frame_conv` runs for a Conv2d `conv` (or
+    a Conv3d of one frame: Cosmos's spatial upsampler's), (C_in, C_out, 1, 4, 4): _SUBPIXEL_TAPS along H and W,
+    summed in fp32, rounded once to the weight's dtype; or that `upsampled_causal_conv` runs for a 3 x 3 x 3 Conv3d,
+    (C_in, C_out, 4, 4, 4) with `time` "repeated" (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with
+    `time` "kept" (D's taps reversed, as a transposed conv at stride 1 reads them); `space` False: H and W's taps
+    the conv's own (Cosmos's time upsampler's 3 x 1 x 1 conv, "repeated": (C_in, C_out, 4, 1, 1)). Differentiable:
+    the weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take
+    (inference) and unchanged (its storage and version): a decode computes it once."""
+    weight = conv.weight
+    cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
+    kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
+    if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
+        return kept[1]
+    taps = _subpixel_taps(weight.device)
+    w = weight.float() if weight.dim() == 5 else weight.float().unsqueeze(2)  # a Conv2d: one frame
+    if time is None:
+        summed = torch.einsum("ka,lb,oitab->iotkl", taps, taps, w)
+    else:
+        frame_taps = taps if time == "repeated" else _subpixel_taps(weight.device, _REVERSED_TAPS)
+        if space:
+            summed = torch.einsum("jt,ka,lb,oitab->iojkl", frame_taps, taps, taps, w)
+        else:
+            summed = torch.einsum("jt,oitab->iojab", frame_taps, w)
+    subpixel = summed.to(weight.dtype).contiguous(memory_format=_CL)
+    if cacheable:
+        conv._tconv3d_subpixel = (key, subpixel)
+    return subpixel
+
+
+_TAP_TENSORS = {}  # (rows of taps, device): their float32 tensor there
+
+
+def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
+    """`rows` (_SUBPIXEL_TAPS by default) as a float32 tensor on `device`, made there once (a training step's call
+    would otherwise copy it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant
+    under torch.compile."""
+    rows = _SUBPIXEL_TAPS if rows is None else rows
+    if torch.compiler.is_compiling():
+        return torch.tensor(rows, dtype=torch.float32, device=device)
+    key = (rows, device)
+    if key not in _TAP_TENSORS:
+        _TAP_TENSORS[key] = torch.tensor(rows, dtype=torch.float32, device=device)
+    return _TAP_TENSORS[key]
+
+
+# A causal conv's 3 time taps as a transposed conv at stride 1 reads them: tap k is the conv's tap 2 - k.
+_REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
