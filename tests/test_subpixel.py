@@ -582,3 +582,137 @@ def test_each_kernel_runs_cosmos(variant, device, monkeypatch):
              (ours.conv2.weight.grad, exact.conv2.weight.grad)]  # fmt: skip
     for index, (mine, theirs) in enumerate(pairs):
         assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))
+
+
+def monai_upsamples(dtype, device, wrapped=False, **changes):
+    """MONAI's UpSample ("nontrainable", nearest 2x, then a 3 x 3 x 3 Convolution padded by 1, 4 -> 6 channels; the
+    diffusion UNet's WrappedUpsample where `wrapped`) in float64 and converted in `dtype`, with the same weights;
+    `changes` replace UpSample's or the post_conv Convolution's arguments (`conv_` prefixed)."""
+    blocks = pytest.importorskip("monai.networks.blocks")
+    import tconv3d
+
+    conv_args = dict(spatial_dims=3, in_channels=4, out_channels=6, strides=1, kernel_size=3, padding=1, conv_only=True)
+    conv_args |= {k[5:]: v for k, v in changes.items() if k.startswith("conv_")}
+    args = dict(spatial_dims=3, mode="nontrainable", in_channels=4, out_channels=4, interp_mode="nearest",
+                scale_factor=2.0, align_corners=None)  # fmt: skip
+    args |= {k: v for k, v in changes.items() if not k.startswith("conv_")}
+    if wrapped:
+        build = pytest.importorskip("monai.networks.nets.diffusion_model_unet").WrappedUpsample
+    else:
+        build = blocks.UpSample
+    torch.manual_seed(0)
+    stock = build(post_conv=blocks.Convolution(**conv_args), **args)
+    exact = copy.deepcopy(stock).to(device=device, dtype=torch.float64)
+    ours = tconv3d.nn.convert(copy.deepcopy(stock).to(device=device, dtype=dtype))
+    return exact, ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["upsample", "wrapped"])
+def test_monai_upsample_matches_float64(wrapped, dtype, device):
+    """MONAI's UpSample (and the diffusion UNet's WrappedUpsample, called with an embedding it drops) converted: one
+    transposed conv of the input at stride 2 (4 x 4 x 4 taps, 8 live a phase), against MONAI in float64: output,
+    the input's gradient, the convolution's weight and bias gradients; one input-gradient op, no convolution, and
+    nothing of the upsampled input's size (2, 4, 6, 8, 10) made."""
+    exact, ours = monai_upsamples(dtype, device, wrapped)
+    x = leaf_copy(torch.randn(2, 4, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    extra = (torch.randn(2, 8, device=device),) if wrapped else ()
+    with Shapes() as ops:
+        y = ours(x, *extra)
+    expected = exact(x64, *extra)
+    assert y.shape == expected.shape == (2, 6, 6, 8, 10) and y.is_contiguous(memory_format=CL)
+    assert [name for name in ops.names if "tconv3d" in name] == ["tconv3d.conv3d_input_grad.default"], ops.names
+    assert (2, 4, 6, 8, 10) not in ops.shapes, ops.shapes
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(dtype))
+    expected.backward(grad)
+    conv, conv64 = ours.postconv.conv, exact.postconv.conv
+    pairs = [
+        (y, expected),
+        (x.grad, x64.grad),
+        (conv.weight.grad, conv64.weight.grad),
+        (conv.bias.grad, conv64.bias.grad),
+    ]
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(dtype), (index, rel_l2(mine, theirs))
+
+
+def _hook_on_the_conv(module):
+    module.postconv.conv.register_forward_hook(lambda *args: None)
+
+
+@pytest.mark.parametrize(
+    "changes, hook, why",
+    [
+        ({}, None, "SUBPIXEL off"),
+        ({"interp_mode": "trilinear"}, None, "trilinear"),
+        ({"out_channels": 6, "conv_in_channels": 6}, None, "a pre_conv (1x1x1, 4 -> 6) before the interpolation"),
+        ({"conv_conv_only": False, "conv_norm": "batch"}, None, "a norm and activation after the convolution"),
+        ({"conv_kernel_size": 1, "conv_padding": 0}, None, "a 1 x 1 x 1 convolution"),
+        ({"conv_padding": 2, "conv_dilation": 2}, None, "a dilated convolution"),
+        ({}, _hook_on_the_conv, "a hook on the convolution"),
+    ],
+)
+def test_other_monai_upsamples_run_as_monais(changes, hook, why, monkeypatch, aten_path):
+    """An UpSample the sub-pixel form does not cover runs as MONAI's (the same values, the hook seeing the
+    upsampled input): SUBPIXEL off, trilinear, a pre_conv, a post_conv with a norm after it, a convolution of
+    another kernel or dilation, a hook."""
+    exact, ours = monai_upsamples(torch.float32, "cpu", **changes)
+    if hook is not None:
+        hook(exact), hook(ours)
+    if why == "SUBPIXEL off":
+        monkeypatch.setattr(subpixel, "SUBPIXEL", False)
+    exact, ours = exact.eval(), ours.eval()
+    x = torch.randn(2, 4, 3, 4, 5).contiguous(memory_format=CL)
+    with torch.no_grad(), OpNames() as ops:
+        y = ours(x)
+    assert "tconv3d.conv3d_input_grad.default" not in ops.names, why
+    with torch.no_grad():
+        assert rel_l2(y, exact(x.double())) < 1e-5, why
+
+
+def test_a_wrong_volume_tap_fails(monkeypatch, aten_path):
+    """The float64 comparison sees a misplaced tap (the transposed conv's tap 0 summing the conv's first tap instead
+    of its last, along D, H and W)."""
+    exact, ours = monai_upsamples(torch.float32, "cpu")
+    x = torch.randn(1, 4, 3, 3, 4).contiguous(memory_format=CL)
+    assert rel_l2(ours(x), exact(x.double())) < 1e-5
+    monkeypatch.setattr(subpixel, "_SUBPIXEL_TAPS", ((1, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)))
+    assert rel_l2(ours(x), exact(x.double())) > 1e-2
+
+
+def test_conv3d_upsampled_refuses_what_it_cannot_take(aten_path):
+    """tconv3d.nn.Conv3d's `upsampled` takes a 5-D input alone: a channels_after or an unbatched input is refused by
+    name; a convolution the sub-pixel form does not cover convolves the repetition (the same values)."""
+    from tconv3d.nn.modules import Conv3d, repeat_nearest
+
+    conv = Conv3d(4, 4, 3, padding=1)
+    x = torch.randn(1, 4, 2, 3, 3)
+    with pytest.raises(ValueError, match="upsampled=True takes a 5-D input and no channels_after"):
+        conv(x, channels_after=x, upsampled=True)
+    with pytest.raises(ValueError, match="upsampled=True takes a 5-D input"):
+        conv(x[0], upsampled=True)
+    other = Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1))
+    with torch.no_grad():
+        assert torch.allclose(other(x, upsampled=True), other(repeat_nearest(x, (2, 2, 2))))
+        assert rel_l2(conv(x, upsampled=True), conv(repeat_nearest(x, (2, 2, 2)))) < 1e-6
+
+
+@pytest.mark.parametrize("variant", ["pointer", "gluon"])
+def test_each_kernel_runs_monais(variant, device, monkeypatch):
+    """MONAI's sub-pixel transposed conv (stride 2, 4 x 4 x 4 taps, padding 1) and its backward with TCONV3D_KERNELS
+    forced, bf16, 32 -> 32 channels, against float64."""
+    exact, ours = monai_upsamples(torch.bfloat16, device, in_channels=32, out_channels=32, conv_in_channels=32,
+                                  conv_out_channels=32)  # fmt: skip
+    launched = forced_launches(variant, monkeypatch)
+    x = leaf_copy(torch.randn(1, 32, 2, 3, 4, device=device).to(torch.bfloat16).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    y, expected = ours(x), exact(x64)
+    assert_launched(launched, variant, device)
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(torch.bfloat16))
+    expected.backward(grad)
+    pairs = [(y, expected), (x.grad, x64.grad), (ours.postconv.conv.weight.grad, exact.postconv.conv.weight.grad)]
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))

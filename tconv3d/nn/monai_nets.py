@@ -660,6 +660,44 @@ _DIFF = "monai.networks.nets.diffusion_model_unet."
 _SPADE_DIFF = "monai.networks.nets.spade_diffusion_model_unet."
 
 
+class _UpSample:
+    """MONAI's UpSample (and the diffusion UNet's WrappedUpsample, which takes a timestep embedding and drops it) in
+    its "nontrainable" mode: nearest interpolation by 2 in D, H and W, then its post_conv, in the decoders of
+    AutoencoderKL and SPADEAutoencoderKL and the diffusion UNet's up blocks a 3 x 3 x 3 convolution padded by 1. The
+    adapter calls that convolution on the input itself with `upsampled=True` (tconv3d.nn.Conv3d): one transposed
+    conv of the input (the sub-pixel form, subpixel.upsampled_volume_conv: 8 taps an output voxel where 27), the
+    upsampled input (8 times the input) never written. Any other UpSample (trilinear, a pre_conv, a post_conv
+    convert left alone or with norms after it, a size), or hooks on its parts, run as MONAI's."""
+
+    classes = ("monai.networks.blocks.upsample.UpSample", _DIFF + "WrappedUpsample")
+    attributes = ()
+
+    def forward(self, x, *args):
+        conv = _conv_after_nearest_2x(self)
+        if conv is None or x.dim() != 5:
+            return super().forward(x, *args)
+        return conv(x, upsampled=True)
+
+
+def _conv_after_nearest_2x(module: nn.Sequential) -> Conv3d | None:
+    """The tconv3d convolution that MONAI's UpSample `module` runs right after nearest 2x in D, H and W, else None
+    (another mode, factor or size, more parts, a convolution left alone, a norm or activation after it, hooks)."""
+    parts = dict(module.named_children())
+    if list(parts) != ["upsample_non_trainable", "postconv"] or any(hooked(part) for part in parts.values()):
+        return None
+    upsample, conv = parts["upsample_non_trainable"], parts["postconv"]
+    scale = upsample.scale_factor if isinstance(upsample.scale_factor, tuple) else (upsample.scale_factor,) * 3
+    if not isinstance(upsample, nn.Upsample) or upsample.mode not in ("nearest", "nearest-exact"):
+        return None
+    if upsample.size is not None or tuple(float(f) for f in scale) != (2.0, 2.0, 2.0):
+        return None
+    if type(conv).__name__ == "Convolution" and list(dict(conv.named_children())) == ["conv"]:
+        conv = conv.conv  # MONAI's Convolution with conv_only=True: its convolution alone
+        if hooked(conv):
+            return None
+    return conv if type(conv) is Conv3d else None
+
+
 class _DiffusionResnetBlock:
     """The diffusion UNet's DiffusionUNetResnetBlock: GroupNorm then its `nonlinearity` (SiLU), twice, with the
     timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`). Called by a converted
@@ -859,6 +897,6 @@ ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
     _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
-    _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample,
+    _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample, _UpSample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
 )  # fmt: skip

@@ -1,12 +1,14 @@
 """The sub-pixel form of nearest upsampling followed by a convolution: nearest 2x along a dimension, then a 3-tap
 conv padded by 1, is one transposed conv of the input itself at stride 2 with 4 taps, each a sum of the conv's
-(`subpixel_weight`). The video VAEs' upsamplers (video_vaes.py) run in it; SUBPIXEL switches all of them back to
-upsampling first (bench.vae_decode's `converted_upsample_first`)."""
+(`subpixel_weight`). The video VAEs' upsamplers (video_vaes.py) and MONAI's (monai_nets.py) run in it; SUBPIXEL
+switches all of them back to upsampling first (bench.vae_decode's `converted_upsample_first`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..functional import conv_transpose3d
 
 _CL = torch.channels_last_3d
 
@@ -67,3 +69,26 @@ def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
 
 # A causal conv's 3 time taps as a transposed conv at stride 1 reads them: tap k is the conv's tap 2 - k.
 _REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
+
+
+def upsampled_volume_conv(conv: nn.Conv3d, x: torch.Tensor) -> torch.Tensor:
+    """conv(x repeated by nearest 2x in D, H and W) for a 3 x 3 x 3 conv zero-padded by 1 at unit stride and
+    dilation, one group (`volume_subpixel_reason`: MONAI's UpSample, nearest then its post_conv): one transposed
+    conv of x itself at stride 2, padding 1, with 4 taps along each dimension (`subpixel_weight(conv, "repeated")`,
+    2 x 2 x 2 of them live an output phase): 8 taps an output voxel where the upsampled input has 27, and nothing of
+    the upsampled size (8 times x) written, read or saved for the backward."""
+    return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=1)
+
+
+def volume_subpixel_reason(conv: nn.Conv3d, x: torch.Tensor) -> str | None:
+    """Why `conv` of x repeated by nearest 2x in D, H and W runs on the repetition (None where it runs
+    `upsampled_volume_conv`)."""
+    if not SUBPIXEL:
+        return "subpixel.SUBPIXEL is off"
+    shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups,
+             conv.padding_mode)  # fmt: skip
+    if shape != ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros"):
+        return f"its (kernel, padding, stride, dilation, groups, mode) {shape} is not a 3 x 3 x 3 conv zero-padded by 1"
+    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+        return f"the volume is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
+    return None
