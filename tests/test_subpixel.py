@@ -684,19 +684,25 @@ def test_a_wrong_volume_tap_fails(monkeypatch, aten_path):
 
 def test_conv3d_upsampled_refuses_what_it_cannot_take(aten_path):
     """tconv3d.nn.Conv3d's `upsampled` takes a 5-D input alone: a channels_after or an unbatched input is refused by
-    name; a convolution the sub-pixel form does not cover convolves the repetition (the same values)."""
+    name; a convolution or factors the sub-pixel form does not cover convolve the repetition (the same values); the
+    ones it covers match it: (2, 2, 2) with 3 x 3 x 3, (1, 2, 2) with 1 x 3 x 3."""
     from tconv3d.nn.modules import Conv3d, repeat_nearest
 
     conv = Conv3d(4, 4, 3, padding=1)
     x = torch.randn(1, 4, 2, 3, 3)
-    with pytest.raises(ValueError, match="upsampled=True takes a 5-D input and no channels_after"):
-        conv(x, channels_after=x, upsampled=True)
-    with pytest.raises(ValueError, match="upsampled=True takes a 5-D input"):
-        conv(x[0], upsampled=True)
-    other = Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1))
-    with torch.no_grad():
-        assert torch.allclose(other(x, upsampled=True), other(repeat_nearest(x, (2, 2, 2))))
-        assert rel_l2(conv(x, upsampled=True), conv(repeat_nearest(x, (2, 2, 2)))) < 1e-6
+    with pytest.raises(ValueError, match="upsampled takes a 5-D input and no channels_after"):
+        conv(x, channels_after=x, upsampled=(2, 2, 2))
+    with pytest.raises(ValueError, match="upsampled takes a 5-D input"):
+        conv(x[0], upsampled=(2, 2, 2))
+    frame = Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1))
+    cases = [(conv, (2, 2, 2), True), (frame, (1, 2, 2), True), (frame, (2, 2, 2), False), (conv, (1, 2, 2), False),
+             (conv, (2, 1, 1), False)]  # fmt: skip
+    for layer, factors, subpixel_form in cases:
+        with torch.no_grad(), OpNames() as ops:
+            y = layer(x, upsampled=factors)
+        assert ("tconv3d.conv3d_input_grad.default" in ops.names) == subpixel_form, (factors, ops.names)
+        with torch.no_grad():
+            assert rel_l2(y, layer(repeat_nearest(x, factors))) < 1e-6, factors
 
 
 @pytest.mark.parametrize("variant", ["pointer", "gluon"])
@@ -716,3 +722,68 @@ def test_each_kernel_runs_monais(variant, device, monkeypatch):
     pairs = [(y, expected), (x.grad, x64.grad), (ours.postconv.conv.weight.grad, exact.postconv.conv.weight.grad)]
     for index, (mine, theirs) in enumerate(pairs):
         assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))
+
+
+def kandinsky6_upsamplers(latent: bool, dtype, device, channels=6, filter=None):
+    """Kandinsky 6's latent upscalers' upsampler (`latent`) or its SR VAE's (space alone) in float64 and converted
+    in `dtype` (by convert's `filter`), with the same weights, and how to call each."""
+    pytest.importorskip("diffusers")
+    import tconv3d
+
+    if latent:
+        from diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr import Kandinsky6SRLatentUpscalerUpsample
+
+        stock, call = Kandinsky6SRLatentUpscalerUpsample(channels), lambda module, x: module(x)
+    else:
+        from diffusers.models.autoencoders.autoencoder_kandinsky6_sr import Kandinsky6SRUpsample
+
+        stock, call = Kandinsky6SRUpsample(channels, compress_time=False), lambda module, x: module(x, {})
+    exact = copy.deepcopy(stock).to(device=device, dtype=torch.float64)
+    ours = tconv3d.nn.convert(copy.deepcopy(stock).to(device=device, dtype=dtype), filter=filter)
+    return exact, ours, call
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("latent", [True, False], ids=["latent_upscaler", "sr_vae"])
+def test_kandinsky6_upsamplers_match_float64(latent, dtype, device):
+    """Kandinsky 6's upsamplers (nearest 2x in space, plus a 1 x 3 x 3 conv of it, then a 1 x 1 x 1 conv): the
+    spatial conv one sub-pixel transposed conv of the input and the repetition added by broadcasting, against
+    diffusers' in float64 (output, input gradient, the spatial conv's weight and bias gradients); one input-gradient
+    op and one convolution (the 1 x 1 x 1), nothing of the repeated input's size made but the conv's output."""
+    torch.manual_seed(0)
+    exact, ours, call = kandinsky6_upsamplers(latent, dtype, device)
+    x = leaf_copy(torch.randn(2, 6, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    with Copies() as ops:
+        y = call(ours, x)
+    expected = call(exact, x64)
+    assert y.shape == expected.shape == (2, 6, 3, 8, 10) and y.is_contiguous(memory_format=CL)
+    tconv3d_ops = [name for name in ops.names if "tconv3d" in name]
+    assert tconv3d_ops == ["tconv3d.conv3d_input_grad.default", "tconv3d.conv3d.default"], ops.names
+    assert not ops.copied, ops.copied
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(dtype))
+    expected.backward(grad)
+    conv, conv64 = ours.spatial_conv, exact.spatial_conv
+    pairs = [(y, expected), (x.grad, x64.grad), (conv.weight.grad, conv64.weight.grad),
+             (conv.bias.grad, conv64.bias.grad)]  # fmt: skip
+    assert x.grad.is_contiguous(memory_format=CL)
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(dtype), (index, rel_l2(mine, theirs))
+
+
+@pytest.mark.parametrize("latent", [True, False], ids=["latent_upscaler", "sr_vae"])
+def test_kandinsky6_upsamplers_left_alone_upsample_first(latent, monkeypatch, aten_path):
+    """A spatial conv convert left alone (its filter) takes the repetition, as does any where SUBPIXEL is off:
+    no transposed conv, diffusers' values."""
+    for left_alone in (True, False):
+        torch.manual_seed(0)
+        keep = (lambda name, module: name != "spatial_conv") if left_alone else None
+        exact, ours, call = kandinsky6_upsamplers(latent, torch.float32, "cpu", filter=keep)
+        monkeypatch.setattr(subpixel, "SUBPIXEL", left_alone)
+        x = torch.randn(1, 6, 2, 3, 4).contiguous(memory_format=CL)
+        with torch.no_grad(), OpNames() as ops:
+            y = call(ours, x)
+        assert "tconv3d.conv3d_input_grad.default" not in ops.names, left_alone
+        with torch.no_grad():
+            assert rel_l2(y, call(exact, x.double())) < 1e-5, left_alone

@@ -15,7 +15,7 @@ from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
 from ..kernels.utils import fold_padding
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
-from .subpixel import upsampled_volume_conv, volume_subpixel_reason
+from .subpixel import upsampled_conv, upsampled_conv_reason
 
 _CL = torch.channels_last_3d
 WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}
@@ -77,20 +77,19 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             self.__dict__["_op_padding_memo"] = (*attributes, padding)
         return padding
 
-    def forward(
-        self, input: torch.Tensor, channels_after: torch.Tensor | None = None, upsampled: bool = False
-    ) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None, upsampled=None) -> torch.Tensor:
         """nn.Conv3d's forward; `channels_after` (optional) follows the input's channels, read in place as if
         torch.cat([input, channels_after], dim=1) were the input (what the adapters of UNet decoder blocks pass).
-        `upsampled` (what the adapter of MONAI's UpSample passes): the convolution of input repeated by nearest 2x
-        in D, H and W, one transposed conv of input where subpixel.volume_subpixel_reason allows (the sub-pixel
-        form, `upsampled_volume_conv`), else of the repetition."""
-        if upsampled:
+        `upsampled` (what the adapters of MONAI's UpSample and Kandinsky 6's latent upsamplers pass), the factors
+        (2, 2, 2) or (1, 2, 2): the convolution of input repeated by nearest upsampling by them, one transposed conv
+        of input where subpixel.upsampled_conv_reason allows (the sub-pixel form, `upsampled_conv`), else of the
+        repetition."""
+        if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
-                raise ValueError(f"Conv3d: upsampled=True takes a 5-D input and no channels_after, not {input.dim()}-D")
-            if volume_subpixel_reason(self, input) is None:
-                return upsampled_volume_conv(self, input)
-            input = repeat_nearest(input, (2, 2, 2))
+                raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
+            if upsampled_conv_reason(self, input, upsampled) is None:
+                return upsampled_conv(self, input, upsampled)
+            input = repeat_nearest(input, upsampled)
         return self.convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
 
     def convolve(self, input, padding, padding_mode="zeros", frames_before=None, channels_after=None) -> torch.Tensor:

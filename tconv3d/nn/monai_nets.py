@@ -664,8 +664,8 @@ class _UpSample:
     """MONAI's UpSample (and the diffusion UNet's WrappedUpsample, which takes a timestep embedding and drops it) in
     its "nontrainable" mode: nearest interpolation by 2 in D, H and W, then its post_conv, in the decoders of
     AutoencoderKL and SPADEAutoencoderKL and the diffusion UNet's up blocks a 3 x 3 x 3 convolution padded by 1. The
-    adapter calls that convolution on the input itself with `upsampled=True` (tconv3d.nn.Conv3d): one transposed
-    conv of the input (the sub-pixel form, subpixel.upsampled_volume_conv: 8 taps an output voxel where 27), the
+    adapter calls that convolution on the input itself with `upsampled=(2, 2, 2)` (tconv3d.nn.Conv3d): one transposed
+    conv of the input (the sub-pixel form, subpixel.upsampled_conv: 8 taps an output voxel where 27), the
     upsampled input (8 times the input) never written. Any other UpSample (trilinear, a pre_conv, a post_conv
     convert left alone or with norms after it, a size), or hooks on its parts, run as MONAI's."""
 
@@ -676,7 +676,7 @@ class _UpSample:
         conv = _conv_after_nearest_2x(self)
         if conv is None or x.dim() != 5:
             return super().forward(x, *args)
-        return conv(x, upsampled=True)
+        return conv(x, upsampled=(2, 2, 2))
 
 
 def _conv_after_nearest_2x(module: nn.Sequential) -> Conv3d | None:

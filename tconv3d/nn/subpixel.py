@@ -71,24 +71,31 @@ def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
 _REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
 
 
-def upsampled_volume_conv(conv: nn.Conv3d, x: torch.Tensor) -> torch.Tensor:
-    """conv(x repeated by nearest 2x in D, H and W) for a 3 x 3 x 3 conv zero-padded by 1 at unit stride and
-    dilation, one group (`volume_subpixel_reason`: MONAI's UpSample, nearest then its post_conv): one transposed
-    conv of x itself at stride 2, padding 1, with 4 taps along each dimension (`subpixel_weight(conv, "repeated")`,
-    2 x 2 x 2 of them live an output phase): 8 taps an output voxel where the upsampled input has 27, and nothing of
-    the upsampled size (8 times x) written, read or saved for the backward."""
-    return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=1)
+def upsampled_conv(conv: nn.Conv3d, x: torch.Tensor, factors) -> torch.Tensor:
+    """conv(x repeated by nearest `factors`), (2, 2, 2) or (1, 2, 2), for a conv that `upsampled_conv_reason`
+    allows (3 taps zero-padded by 1 along each upsampled dimension, 1 unpadded along a kept one, unit stride and
+    dilation, one group): one transposed conv of x itself at stride `factors`, padded by 1 along each upsampled
+    dimension, 4 taps there (`subpixel_weight`, 2 live an output voxel): 8 taps an output voxel where the upsampled
+    input has 27 at (2, 2, 2) (MONAI's UpSample), 4 where 9 at (1, 2, 2) (Kandinsky 6's latent upscalers, Cosmos's
+    space step); nothing of the upsampled size written, read or saved for the backward."""
+    if tuple(factors) == (2, 2, 2):
+        return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=1)
+    return conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
 
 
-def volume_subpixel_reason(conv: nn.Conv3d, x: torch.Tensor) -> str | None:
-    """Why `conv` of x repeated by nearest 2x in D, H and W runs on the repetition (None where it runs
-    `upsampled_volume_conv`)."""
+def upsampled_conv_reason(conv: nn.Conv3d, x: torch.Tensor, factors) -> str | None:
+    """Why `conv` of x repeated by nearest `factors` runs on the repetition (None where it runs
+    `upsampled_conv`)."""
     if not SUBPIXEL:
         return "subpixel.SUBPIXEL is off"
+    factors = tuple(factors)
+    if factors not in ((2, 2, 2), (1, 2, 2)):
+        return f"its factors {factors} are not (2, 2, 2) or (1, 2, 2)"
+    expected = ((2 * factors[0] - 1, 3, 3), (factors[0] - 1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros")
     shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups,
              conv.padding_mode)  # fmt: skip
-    if shape != ((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros"):
-        return f"its (kernel, padding, stride, dilation, groups, mode) {shape} is not a 3 x 3 x 3 conv zero-padded by 1"
+    if shape != expected:
+        return f"its (kernel, padding, stride, dilation, groups, mode) {shape} is not {expected}"
     if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
-        return f"the volume is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
+        return f"the input is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
     return None

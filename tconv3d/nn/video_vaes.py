@@ -433,8 +433,7 @@ def upsampled_residual_conv(conv: nn.Module, x: torch.Tensor, time: bool) -> tor
         out = conv_transpose3d(padded, subpixel_weight(conv, "repeated", space=False), conv.bias, stride=(2, 1, 1),
                                padding=(3, 0, 0), output_padding=(1, 0, 0))  # fmt: skip
         return add_repeated_(out, x, (2, 1, 1), first_apart=True)
-    out = conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
-    return add_repeated_(out, x, (1, 2, 2))
+    return add_repeated_(subpixel.upsampled_conv(conv, x, (1, 2, 2)), x, (1, 2, 2))
 
 
 def cosmos_subpixel_reason(conv: nn.Module, x: torch.Tensor, time: bool) -> str | None:
@@ -1040,9 +1039,10 @@ class _Kandinsky6SRDownsample:
 
 
 class _Kandinsky6SRUpsample:
-    """diffusers' Kandinsky6SRUpsample: frames repeated in time and pixels in space on the channels_last_3d
-    activation (`_repeat`: nearest interpolation in its memory format), where diffusers' repeat_interleave
-    answers a fresh NCDHW copy."""
+    """diffusers' Kandinsky6SRUpsample: frames repeated in time on the channels_last_3d activation (`_repeat`:
+    nearest interpolation in its memory format), where diffusers' repeat_interleave answers a fresh NCDHW copy;
+    pixels repeated in space, its spatial conv and their sum as one sub-pixel conv plus a broadcast add
+    (`_pixels_repeated_plus_conv`)."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kandinsky6_sr.Kandinsky6SRUpsample",)
     attributes = ("compress_time", "spatial_conv", "linear")
@@ -1051,9 +1051,20 @@ class _Kandinsky6SRUpsample:
         if self.compress_time:
             repeated = _repeat(hidden_states, (2, 1, 1), first_apart=cache["temporal_conv"]["padding"] is None)
             hidden_states = self.temporal_conv(repeated, cache["temporal_conv"]) + repeated
-        hidden_states = _repeat(hidden_states, (1, 2, 2))
-        hidden_states = hidden_states + self.spatial_conv(hidden_states)
-        return self.linear(hidden_states)
+        return self.linear(_pixels_repeated_plus_conv(self.spatial_conv, hidden_states))
+
+
+def _pixels_repeated_plus_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """u + conv(u), u = x repeated by nearest 2x in H and W (Kandinsky 6's SR VAE's and latent upscalers'
+    upsamplers, their conv 1 x 3 x 3 zero-padded in space): the conv called on x with upsampled=(1, 2, 2)
+    (tconv3d.nn.Conv3d's forward: one sub-pixel transposed conv of x, 4 taps an output voxel where 9, where
+    subpixel.upsampled_conv_reason allows) and the repetition added into its output by broadcasting
+    (`add_repeated_`): nothing of u's size is written but the conv's output. A conv that takes no `upsampled`
+    (one convert left alone) or an unbatched x gets u."""
+    if x.dim() == 5 and type(conv).forward is Conv3d.forward:
+        return add_repeated_(conv(x, upsampled=(1, 2, 2)), x, (1, 2, 2))
+    upsampled = _repeat(x, (1, 2, 2))
+    return upsampled + conv(upsampled)
 
 
 _K6UP = "diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr."
@@ -1123,19 +1134,19 @@ def _modulate(normalized: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
 
 
 class _Kandinsky6SRLatentUpscalerUpsample:
-    """diffusers' Kandinsky6SRLatentUpscalerUpsample: nearest 2x in space (`_repeat`: one copy in the activation's
-    layout, where CUDA's 3-D nearest kernel copies a channels_last_3d activation NCDHW and back), then its per-frame
-    conv's residual and the pointwise conv."""
+    """diffusers' Kandinsky6SRLatentUpscalerUpsample: nearest 2x in space, its per-frame conv's residual, then the
+    pointwise conv. The first two as one sub-pixel conv of the input plus a broadcast add of it
+    (`_pixels_repeated_plus_conv`): the upsampled input is never written (diffusers' F.interpolate, on CUDA, also
+    copied a channels_last_3d activation NCDHW and back)."""
 
     classes = (_K6UP + "Kandinsky6SRLatentUpscalerUpsample",)
     attributes = ("spatial_conv", "linear")
 
     def forward(self, hidden_states):
-        if hidden_states.dim() == 5:
-            hidden_states = _repeat(hidden_states, (1, 2, 2))
-        else:
+        if hidden_states.dim() != 5:
             hidden_states = F.interpolate(hidden_states, scale_factor=(1, 2, 2), mode="nearest")
-        return self.linear(hidden_states + self.spatial_conv(hidden_states))
+            return self.linear(hidden_states + self.spatial_conv(hidden_states))
+        return self.linear(_pixels_repeated_plus_conv(self.spatial_conv, hidden_states))
 
 
 class _HunyuanVideoHistoryPatchEmbed:
@@ -1367,7 +1378,7 @@ def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1,
     output. Anything else upsamples first."""
     if subpixel_reason(conv, x) is not None:
         return frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart))
-    y = conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
+    y = subpixel.upsampled_conv(conv, x, (1, 2, 2))
     return y if time_factor == 1 else repeat_nearest(y, (time_factor, 1, 1), first_apart=first_apart)
 
 
