@@ -1,8 +1,9 @@
 """The video VAEs of diffusers with random weights: what tests/test_integrations.py converts and `python -m
 bench.vae_decode` measures. `scale` multiplies the channel widths of a small config (1: the test size); 0 is
 diffusers' default config, the released model's size. Also MONAI's autoencoders of 3-D volumes
-(VOLUME_AUTOENCODERS: MAISI's, the CT generator's), which bench.vae_decode decodes the same way, and latent
-upscalers (LATENT_UPSCALERS: Kandinsky 6 SR's), whose decode is the upscaled latent."""
+(VOLUME_AUTOENCODERS: MAISI's, the CT generator's, and the 3-D latent diffusion tutorial's AutoencoderKL), which
+bench.vae_decode decodes the same way, and latent upscalers (LATENT_UPSCALERS: Kandinsky 6 SR's), whose decode is
+the upscaled latent."""
 
 import torch
 
@@ -31,9 +32,13 @@ WAN22 = {"is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size
 
 
 # MONAI's autoencoders of volumes (N, C, D, H, W): latent channels, the latent the released config decodes (MAISI's:
-# a 256^3 CT volume from 64^3), and the dtype it runs in (MAISI's norms answer float16 with norm_float16, as its
+# a 256^3 CT volume from 64^3; MONAI's 3-D latent diffusion tutorial's AutoencoderKL: a 160 x 224 x 160 BraTS
+# volume from 40 x 56 x 40), and the dtype it runs in (MAISI's norms answer float16 with norm_float16, as its
 # bundle configures them; stock MAISI cannot run bfloat16 weights without autocast).
-VOLUME_AUTOENCODERS = {"maisi": (4, (1, 4, 64, 64, 64), torch.float16)}
+VOLUME_AUTOENCODERS = {
+    "maisi": (4, (1, 4, 64, 64, 64), torch.float16),
+    "monai_autoencoderkl": (3, (1, 3, 40, 56, 40), torch.bfloat16),
+}
 
 # Latent upscalers, measured as a decode whose output is the latent upscaled (`decode(z)`): latent channels, the
 # latent the released widths upscale (Kandinsky 6 SR's 4x: 64-channel K-VAE latents, 5 x 16 x 16 -> 5 x 64 x 64),
@@ -136,9 +141,17 @@ def build_vae(name: str, scale: int = 1, seed: int = 0, dtype: torch.dtype | Non
 
 
 def _build_volume_autoencoder(name: str, scale: int, seed: int, dtype: torch.dtype | None) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if name == "monai_autoencoderkl":  # the 3-D LDM tutorial's: channels 32, 64, 64, attention at the last level
+        from monai.networks.nets import AutoencoderKL
+
+        return AutoencoderKL(
+            spatial_dims=3, in_channels=1, out_channels=1, channels=(32, 64, 64) if scale == 0 else (8 * scale,) * 3,
+            latent_channels=3, num_res_blocks=1, norm_num_groups=16 if scale == 0 else 4,
+            attention_levels=(False, False, True),
+        )  # fmt: skip
     from monai.apps.generation.maisi.networks.autoencoderkl_maisi import AutoencoderKlMaisi
 
-    torch.manual_seed(seed)
     # The released MAISI autoencoder's shape (64, 128, 256 channels, two res blocks a level, no attention), split
     # into 8 slabs along H as MONAI's bundle runs its inference; smaller widths at scale >= 1.
     widths = (64, 128, 256) if scale == 0 else (8 * scale, 16 * scale, 16 * scale)
