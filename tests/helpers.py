@@ -1,5 +1,6 @@
 """Shared test pieces: the case matrix and small helpers. The reference and tolerances live in tconv3d.testing."""
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -228,6 +229,35 @@ class OpNames(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+class OpsMade(OpNames):
+    """OpNames, and what each op returned: `made`, (op, shape) for each tensor (an in-place op's too: the tensor
+    it was handed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.made.append((func, tuple(t.shape)))
+        return out
+
+    @property
+    def shapes(self) -> set:
+        """The shapes of every tensor the ops returned."""
+        return {shape for _, shape in self.made}
+
+    def fresh(self) -> list:
+        """The shapes of the tensors ops made (not those in-place ops wrote into)."""
+        return [shape for func, shape in self.made if not func._schema.is_mutable]
+
+    def copied(self) -> list:
+        """The sizes (elements) of what each aten copy_ wrote."""
+        return [math.prod(shape) for func, shape in self.made if func is torch.ops.aten.copy_.default]
 
 
 # Gluon tiles whose last row or column block is half full over 192 -> 192 channels (half_tail, wgrad_half_tails):

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import OpNames, count_launches
+from helpers import OpNames, OpsMade, count_launches
 from torch import nn
 
 import tconv3d
@@ -229,9 +229,9 @@ def test_add_repeated_adds_the_repeats_in_place(factors, first_apart, grad_layou
     shape = repeat_nearest(x.detach(), factors, first_apart=first_apart).shape
     base = torch.randn(shape, device=device).contiguous(memory_format=CL).requires_grad_()
     out = base * 1  # a non-leaf, as a conv's output
-    with Shapes() as ops:
+    with OpsMade() as ops:
         summed = add_repeated_(out, x, factors, first_apart=first_apart)
-    assert summed is out and not any(s == tuple(shape) for s in ops.made), ops.made
+    assert summed is out and tuple(shape) not in ops.fresh(), ops.made
     reference_x, reference_base = x.detach().clone().requires_grad_(), base.detach().clone().requires_grad_()
     expected = reference_base + repeat_nearest(reference_x, factors, first_apart=first_apart)
     assert torch.equal(summed, expected)
@@ -256,22 +256,6 @@ def test_add_repeated_adds_the_repeats_in_place(factors, first_apart, grad_layou
         assert torch.allclose(torch.autograd.forward_ad.unpack_dual(dual_out).tangent, expected_tangent)
     with pytest.raises(ValueError, match="add_repeated_: out is"):
         add_repeated_(torch.zeros(2, 3, 3, 8, 8, device=device), x.detach(), factors, first_apart=first_apart)
-
-
-class Shapes(OpNames):
-    """OpNames, and the shapes of what each op makes (its outputs, in-place ones too)."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if not func._schema.is_mutable:  # an in-place op returns what it was handed
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.made.append(tuple(t.shape))
-        return out
 
 
 def test_layout_of_traces_no_stride():

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import DTYPES, OpNames, dtype_id, leaf_copy
+from helpers import DTYPES, OpNames, OpsMade, dtype_id, leaf_copy
 from torch import nn
 
 from tconv3d.nn import subpixel
@@ -198,28 +198,13 @@ def test_converted_wan_resample_runs_it(aten_path):
     converted = tconv3d.nn.convert(WanResample(4, "upsample2d").eval())
     converted.load_state_dict(stock.state_dict())
     x = torch.randn(1, 4, 3, 5, 6).contiguous(memory_format=CL)
-    with torch.no_grad(), Shapes() as made:
+    with torch.no_grad(), OpsMade() as made:
         y = converted(x)
     with torch.no_grad():
         expected = stock(x)
     assert rel_l2(y, expected) < 1e-5 and y.shape == (1, 2, 3, 10, 12) and y.is_contiguous(memory_format=CL)
     assert "tconv3d.conv3d_input_grad.default" in made.names
     assert (1, 4, 3, 10, 12) not in made.shapes, made.names
-
-
-class Shapes(OpNames):
-    """OpNames, and the shapes of the tensors the ops return."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.add(tuple(t.shape))
-        return out
 
 
 def stock_and_converted(module: str, name: str, dtype, device, *args, **kwargs):
@@ -254,7 +239,7 @@ def test_upsampled_causal_conv_matches_float64(factors, dtype, device):
     x = leaf_copy(torch.randn(2, 5, 3, 3, 5, device=device).to(dtype).contiguous(memory_format=CL))
     x64 = leaf_copy(x.detach().double())
     assert causal_subpixel_reason(ours.conv, x, factors) is None
-    with Shapes() as ops:
+    with OpsMade() as ops:
         y = ours(x)
     expected = exact(x64)
     assert y.shape == expected.shape == (2, 6, 5 if factors[0] == 2 else 3, 6, 10)
@@ -366,7 +351,7 @@ def test_easyanimate_upsampler_matches_float64(temporal_upsample, dtype, device)
     ys, expected = [], []
     for x, x64 in zip(xs, x64s, strict=True):
         assert easyanimate_subpixel_reason(ours.conv, x) is None
-        with Shapes() as ops:
+        with OpsMade() as ops:
             ys.append(ours(x))
         expected.append(exact(x64))
         assert ys[-1].shape == expected[-1].shape and ys[-1].is_contiguous(memory_format=CL)
@@ -444,20 +429,6 @@ def cosmos_upsamplers(space: bool, time: bool, dtype, device, channels=5):
                                spatial_upsample=space, temporal_upsample=time)  # fmt: skip
 
 
-class Copies(OpNames):
-    """OpNames, and the sizes (elements) of what each aten copy_ writes."""
-
-    def __init__(self):
-        super().__init__()
-        self.copied = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if func is torch.ops.aten.copy_.default:
-            self.copied.append(out.numel())
-        return out
-
-
 COSMOS_STEPS = [(True, False), (False, True), (True, True)]
 
 
@@ -477,14 +448,14 @@ def test_cosmos_upsampler_matches_float64(space, time, dtype, device):
         x64 = leaf_copy(x.detach().double())
         timed = time and frames > 1
         assert (cosmos_subpixel_reason(ours.conv1, x, True) is None) == timed
-        with Copies() as ops:
+        with OpsMade() as ops:
             y = ours(x)
         expected = exact(x64)
         assert y.shape == expected.shape and y.is_contiguous(memory_format=CL)
         assert sum("tconv3d.conv3d_input_grad" in name for name in ops.names) == space + timed, ops.names
         convs = sum("tconv3d.conv3d." in name or "convolution" in name for name in ops.names)
         assert convs == 1 + (time and not timed), ops.names
-        assert all(n <= x.numel() // frames * (frames + 1) for n in ops.copied), (ops.copied, x.shape)
+        assert all(n <= x.numel() // frames * (frames + 1) for n in ops.copied()), (ops.copied(), x.shape)
         grad = torch.randn_like(expected)
         y.backward(grad.to(dtype))
         expected.backward(grad)
@@ -618,7 +589,7 @@ def test_monai_upsample_matches_float64(wrapped, dtype, device):
     x = leaf_copy(torch.randn(2, 4, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
     x64 = leaf_copy(x.detach().double())
     extra = (torch.randn(2, 8, device=device),) if wrapped else ()
-    with Shapes() as ops:
+    with OpsMade() as ops:
         y = ours(x, *extra)
     expected = exact(x64, *extra)
     assert y.shape == expected.shape == (2, 6, 6, 8, 10) and y.is_contiguous(memory_format=CL)
@@ -754,13 +725,13 @@ def test_kandinsky6_upsamplers_match_float64(latent, dtype, device):
     exact, ours, call = kandinsky6_upsamplers(latent, dtype, device)
     x = leaf_copy(torch.randn(2, 6, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
     x64 = leaf_copy(x.detach().double())
-    with Copies() as ops:
+    with OpsMade() as ops:
         y = call(ours, x)
     expected = call(exact, x64)
     assert y.shape == expected.shape == (2, 6, 3, 8, 10) and y.is_contiguous(memory_format=CL)
     tconv3d_ops = [name for name in ops.names if "tconv3d" in name]
     assert tconv3d_ops == ["tconv3d.conv3d_input_grad.default", "tconv3d.conv3d.default"], ops.names
-    assert not ops.copied, ops.copied
+    assert not ops.copied(), ops.copied()
     grad = torch.randn_like(expected)
     y.backward(grad.to(dtype))
     expected.backward(grad)
