@@ -5,7 +5,7 @@ upsampled_causal_conv, HunyuanVideo's upsampler (nearest 2x in space and time, t
 replicate borders) in the same form, its input replicate-padded (tconv3d.nn.modules.replicate_padded); and
 upsampled_kept_causal_conv, EasyAnimate's (nearest 2x in space, then a 3x3x3 causal conv that reads the frames
 kept from the clip's call before), its input with those frames in front (tconv3d.nn.modules.frames_in_front); and
-upsampled_residual_conv, Cosmos's upsampler's two steps (nearest 2x in time, then a 3x1x1 causal conv; nearest 2x
+upsampled_cosmos_conv, Cosmos's upsampler's two steps (nearest 2x in time, then a 3x1x1 causal conv; nearest 2x
 in space, then a 1x3x3 conv), each plus its repeated input, added by broadcasting (tconv3d.nn.modules.add_repeated_)."""
 
 import copy

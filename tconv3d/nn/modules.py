@@ -496,11 +496,16 @@ def _repeats_summed(grad: torch.Tensor, factors, first_apart: bool) -> torch.Ten
     return summed
 
 
-def _repeated(x: torch.Tensor, factors, memory_format, first_apart: bool) -> torch.Tensor:
+def _repeated_shape(x: torch.Tensor, factors, first_apart: bool) -> tuple:
+    """The shape of x repeated by nearest `factors` (`first_apart`: the first frame once)."""
     b, c, d, h, w = x.shape
     fd, fh, fw = factors
-    frames = 1 + (d - 1) * fd if first_apart and d else d * fd
-    out = torch.empty((b, c, frames, h * fh, w * fw), dtype=x.dtype, device=x.device, memory_format=memory_format)
+    return b, c, 1 + (d - 1) * fd if first_apart and d else d * fd, h * fh, w * fw
+
+
+def _repeated(x: torch.Tensor, factors, memory_format, first_apart: bool) -> torch.Tensor:
+    shape = _repeated_shape(x, factors, first_apart)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
     _into_repeats(out, x, factors, first_apart, "copy_")
     return out
 
@@ -532,9 +537,7 @@ def add_repeated_(out: torch.Tensor, x: torch.Tensor, factors, first_apart: bool
     channels_last_3d, where autograd's broadcast reduction would answer NCDHW. Under torch.compile the broadcast
     add is traced as it is; under torch.func, out of place."""
     factors = tuple(factors)
-    b, c, d, h, w = x.shape
-    frames = 1 + (d - 1) * factors[0] if first_apart and d else d * factors[0]
-    if tuple(out.shape) != (b, c, frames, h * factors[1], w * factors[2]):
+    if tuple(out.shape) != _repeated_shape(x, factors, first_apart):
         raise ValueError(f"add_repeated_: out is {tuple(out.shape)}, x {tuple(x.shape)} repeated by {factors}")
     if torch.compiler.is_compiling():
         _into_repeats(out, x, factors, first_apart, "add_")

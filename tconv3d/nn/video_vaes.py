@@ -309,10 +309,10 @@ class _CosmosCausalConv3d(_PaddedConv):
     def forward(self, hidden_states, padding=None, mode=None, upsampled=None):
         """diffusers' forward; `padding` and `mode` (tconv3d's): this call's instead (CosmosDownsample3d's, its
         own pad or repeated frame added). `upsampled` (tconv3d's, from CosmosUpsample3d where
-        cosmos_subpixel_reason allows), "time" or "space": the conv of hidden_states repeated 2x there, plus the
-        repetition, run as `upsampled_residual_conv`."""
+        cosmos_subpixel_reason allows), the factors (2, 1, 1) or (1, 2, 2): the conv of hidden_states repeated
+        by them (in time, the first frame once), run as `upsampled_cosmos_conv`."""
         if upsampled is not None:
-            return upsampled_residual_conv(self, hidden_states, time=upsampled == "time")
+            return upsampled_cosmos_conv(self, hidden_states, time=upsampled[0] == 2)
         if padding is None:
             padding, mode = self.tconv3d_padding
         return self.convolve(hidden_states, padding, mode)
@@ -387,9 +387,9 @@ def _add_frame_pool(out: torch.Tensor, x: torch.Tensor) -> None:
 class _CosmosUpsample3d:
     """diffusers' CosmosUpsample3d: in time, frames repeated 2x (the first once), a 3 x 1 x 1 causal conv, plus the
     repeated frames; in space, pixels repeated 2x, a 1 x 3 x 3 conv zero-padded by 1, plus the repeated pixels;
-    then a 1 x 1 x 1 conv. Each upsampled conv runs in the sub-pixel form (`upsampled_residual_conv`: a transposed
+    then a 1 x 1 x 1 conv. Each upsampled conv runs in the sub-pixel form (`upsampled_cosmos_conv`: a transposed
     conv of its input, 2 taps where 3 in time, 4 where 9 in space) and the repeated input is added into its output
-    by broadcasting (`add_repeated_`): nothing of the upsampled size is written but the conv's output. Where
+    by broadcasting (`_conv_plus_repeats`): nothing of the upsampled size is written but the conv's output. Where
     `cosmos_subpixel_reason` refuses, the repeats are nearest interpolation by the same whole factors (diffusers'
     repeat_interleave answers NCDHW for a channels_last_3d input: each conv after it would read a layout copy). One
     frame in time is repeated once: no copy."""
@@ -404,41 +404,46 @@ class _CosmosUpsample3d:
             if hidden_states.size(2) < 2:
                 hidden_states = self.conv1(hidden_states) + hidden_states
             else:
-                hidden_states = _upsampled_plus_repeats(self.conv1, hidden_states, time=True)
+                subpixel_form = cosmos_subpixel_reason(self.conv1, hidden_states, True) is None
+                hidden_states = _conv_plus_repeats(
+                    self.conv1, hidden_states, (2, 1, 1), subpixel_form, first_apart=True
+                )
         if self.spatial_upsample:
-            hidden_states = _upsampled_plus_repeats(self.conv2, hidden_states, time=False)
+            subpixel_form = cosmos_subpixel_reason(self.conv2, hidden_states, False) is None
+            hidden_states = _conv_plus_repeats(self.conv2, hidden_states, (1, 2, 2), subpixel_form)
         return self.conv3(hidden_states)
 
 
-def _upsampled_plus_repeats(conv: nn.Module, x: torch.Tensor, time: bool) -> torch.Tensor:
-    """conv(u) + u, u = x repeated 2x in time (the first frame once) or in space: Cosmos's upsampler's step."""
-    if cosmos_subpixel_reason(conv, x, time) is None:
-        return conv(x, upsampled="time" if time else "space")
-    upsampled = _repeat(x, (2, 1, 1) if time else (1, 2, 2), first_apart=time)
+def _conv_plus_repeats(conv: nn.Module, x: torch.Tensor, factors, subpixel_form: bool, first_apart: bool = False):
+    """conv(u) + u, u = x repeated by nearest `factors` (`first_apart` as repeat_nearest's): the step of Cosmos's
+    and Kandinsky 6's upsamplers. With `subpixel_form`, the conv is called on x itself with `upsampled=factors`
+    (its sub-pixel form) and the repetition added into its output in place, read by broadcasting (`add_repeated_`):
+    nothing of u's size is written but the conv's output; the conv's output rounded, then the sum, as stock's
+    order. Otherwise u is written and convolved."""
+    if subpixel_form:
+        return add_repeated_(conv(x, upsampled=factors), x, factors, first_apart=first_apart)
+    upsampled = _repeat(x, factors, first_apart=first_apart)
     return conv(upsampled) + upsampled
 
 
-def upsampled_residual_conv(conv: nn.Module, x: torch.Tensor, time: bool) -> torch.Tensor:
-    """Cosmos's upsampler's step: its conv (a converted CosmosCausalConv3d) on x repeated by nearest 2x, plus that
-    repetition. `time`: 2x in D, the first frame once (2T - 1 frames), a 3 x 1 x 1 conv with the first frame
+def upsampled_cosmos_conv(conv: nn.Module, x: torch.Tensor, time: bool) -> torch.Tensor:
+    """The conv of Cosmos's upsampler's step (a converted CosmosCausalConv3d) on x repeated by nearest 2x. `time`:
+    2x in D, the first frame once (2T - 1 frames), a 3 x 1 x 1 conv with the first frame
     repeated twice in front: one transposed conv of x, its first frame once more in front (`replicate_padded`, a
     copy of x's size where diffusers' repeated frames are twice it), at stride (2, 1, 1) with 4 time taps
     (`subpixel_weight(conv, "repeated", space=False)`, HunyuanVideo's in D): 2 taps an output voxel where 3.
     Else 2x in H and W, a 1 x 3 x 3 conv zero-padded by 1 in space: the transposed conv of x itself at stride
-    (1, 2, 2) with 4 x 4 taps (`subpixel_weight(conv)`, Wan's): 4 taps where 9, nothing written before it. The
-    repetition is then added into the conv's output in place, read by broadcasting (`add_repeated_`): the conv's
-    output rounded, then the sum, as diffusers' order."""
+    (1, 2, 2) with 4 x 4 taps (`subpixel.upsampled_conv`, Wan's): 4 taps where 9, nothing written before it."""
     if time:
         padded = replicate_padded(x, (1, 0, 0, 0, 0, 0))
-        out = conv_transpose3d(padded, subpixel_weight(conv, "repeated", space=False), conv.bias, stride=(2, 1, 1),
-                               padding=(3, 0, 0), output_padding=(1, 0, 0))  # fmt: skip
-        return add_repeated_(out, x, (2, 1, 1), first_apart=True)
-    return add_repeated_(subpixel.upsampled_conv(conv, x, (1, 2, 2)), x, (1, 2, 2))
+        return conv_transpose3d(padded, subpixel_weight(conv, "repeated", space=False), conv.bias, stride=(2, 1, 1),
+                                padding=(3, 0, 0), output_padding=(1, 0, 0))  # fmt: skip
+    return subpixel.upsampled_conv(conv, x, (1, 2, 2))
 
 
 def cosmos_subpixel_reason(conv: nn.Module, x: torch.Tensor, time: bool) -> str | None:
     """Why Cosmos's upsampler upsamples x before its conv `conv` (its time conv where `time`, else its space conv;
-    None where it runs `upsampled_residual_conv`)."""
+    None where it runs `upsampled_cosmos_conv`)."""
     if not _taken_over(conv):
         return "its conv is not taken over"
     if not subpixel.SUBPIXEL:
@@ -1056,15 +1061,11 @@ class _Kandinsky6SRUpsample:
 
 def _pixels_repeated_plus_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """u + conv(u), u = x repeated by nearest 2x in H and W (Kandinsky 6's SR VAE's and latent upscalers'
-    upsamplers, their conv 1 x 3 x 3 zero-padded in space): the conv called on x with upsampled=(1, 2, 2)
-    (tconv3d.nn.Conv3d's forward: one sub-pixel transposed conv of x, 4 taps an output voxel where 9, where
-    subpixel.upsampled_conv_reason allows) and the repetition added into its output by broadcasting
-    (`add_repeated_`): nothing of u's size is written but the conv's output. A conv that takes no `upsampled`
-    (one convert left alone) or an unbatched x gets u."""
-    if x.dim() == 5 and type(conv).forward is Conv3d.forward:
-        return add_repeated_(conv(x, upsampled=(1, 2, 2)), x, (1, 2, 2))
-    upsampled = _repeat(x, (1, 2, 2))
-    return upsampled + conv(upsampled)
+    upsamplers, their conv 1 x 3 x 3 zero-padded in space), as `_conv_plus_repeats`: the conv takes
+    upsampled=(1, 2, 2) where its forward is tconv3d.nn.Conv3d's (one sub-pixel transposed conv of x, 4 taps an
+    output voxel where 9, where subpixel.upsampled_conv_reason allows; else of u, inside it). A conv that takes no
+    `upsampled` (one convert left alone) or an unbatched x gets u."""
+    return _conv_plus_repeats(conv, x, (1, 2, 2), x.dim() == 5 and type(conv).forward is Conv3d.forward)
 
 
 _K6UP = "diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr."
