@@ -1,9 +1,10 @@
 """Random runs of whole converted models against their stock selves: the video VAEs of the real-model tests
 (diffusers' Wan, Wan 2.2, CogVideoX, Mochi, HunyuanVideo and 1.5, LTX-Video and LTX-2, Cosmos, EasyAnimate,
-HunyuanImage 2.1's refiner, Kandinsky 5's and 6's) and MONAI's UNets and AutoencoderKL, on inputs drawn at
-random: batch, frames and sizes that the test configs' fixed shapes never take (odd frame counts, chunks that do
-not divide the clip, sizes that halve to odd or to one voxel), inference and a training step (output, input and
-parameter gradients), diffusers' tiled encode and decode. Where the stock model refuses an input, the draw is skipped.
+HunyuanImage 2.1's refiner, Kandinsky 5's and 6's) and MONAI's UNets (its diffusion UNet too) and
+AutoencoderKL, on inputs drawn at random: batch, frames and sizes that the test configs' fixed shapes never take
+(odd frame counts, chunks that do not divide the clip, sizes that halve to odd or to one voxel), inference and a
+training step (output, input and parameter gradients), diffusers' tiled encode and decode. Where the stock model
+refuses an input, the draw is skipped.
 
 fuzz.py draws the kernels' problems; this draws the adapters' (tconv3d.nn): their pads, caches, chunking,
 resampling and shortcuts, as the models call them. The convolutions run through aten inside tconv3d's ops (the
@@ -108,13 +109,22 @@ FAR, FAR_RATIO, FAR_OFF = 1.0, 100, "far from float64: "
 # A VAE's input is (B, 3, T, H, W) with H and W multiples of its spatial unit (its compression, or what its
 # encoder's patching needs), 8 unless listed.
 SPATIAL_UNIT = {"cosmos": 32, "wan22": 32, "ltx2": 16, "hunyuan_video15": 16, "hunyuan_image_refiner": 16}
-MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "autoencoderkl")
+MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "autoencoderkl", "diffusion_unet")
 
 
 def builders() -> dict:
-    from test_integrations import VAES, _generative_autoencoders, _monai_nets, kandinsky6_sr, kvae_video
+    from test_integrations import (
+        VAES,
+        _diffusion_unets,
+        _generative_autoencoders,
+        _monai_nets,
+        kandinsky6_sr,
+        kvae_video,
+    )
 
-    monai = _monai_nets() | {"autoencoderkl": _generative_autoencoders()["autoencoderkl"]}
+    # the diffusion UNet with cross-attention and resblock_updown (its up res blocks' sub-pixel conv1)
+    monai = _monai_nets() | {"autoencoderkl": _generative_autoencoders()["autoencoderkl"],
+                             "diffusion_unet": _diffusion_unets()["cross_attention"]}  # fmt: skip
     return {**VAES, "kvae_video": kvae_video, "kandinsky6_sr": kandinsky6_sr,
             **{f"monai_{name}": monai[name] for name in MONAI}}  # fmt: skip
 
@@ -124,6 +134,9 @@ def draw(rng: random.Random, names: list[str]) -> dict:
     name = rng.choice(names)
     mode = rng.choice(["eval", "eval", "train"])
     dtype = rng.choice(["fp32", "fp32", "fp32", "bf16"])
+    if name == "monai_diffusion_unet":  # 4 channels in, sizes that halve twice (its skip connections' sizes)
+        return {"model": name, "shape": [rng.choice([1, 2]), 4, *(4 * rng.randint(2, 8) for _ in range(3))],
+                "mode": mode, "tiling": False, "dtype": dtype}  # fmt: skip
     if name.startswith("monai_"):
         return {"model": name, "shape": [rng.choice([1, 2]), 1, *(rng.randrange(8, 41) for _ in range(3))],
                 "mode": mode, "tiling": False, "dtype": dtype}  # fmt: skip
@@ -136,6 +149,10 @@ def draw(rng: random.Random, names: list[str]) -> dict:
 def run_model(model, x, case: dict):
     if case["model"] == "monai_autoencoderkl":  # its reconstruction from the latent mean (forward samples)
         return model.decode(model.encode(x)[0])
+    if case["model"] == "monai_diffusion_unet":
+        from test_integrations import denoise
+
+        return denoise(model, x)
     if case["model"].startswith("monai_"):
         return model(x)
     if case["tiling"]:

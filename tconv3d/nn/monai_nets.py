@@ -19,12 +19,14 @@ from .modules import (
     ConvTranspose3d,
     GroupNorm,
     _laid_out_only,
+    add_repeated_,
     format_strides,
     layout_of,
     normalize,
     resize_nearest,
     upsample_linear,
 )
+from .subpixel import upsampled_conv_reason
 
 _CL = torch.channels_last_3d
 
@@ -685,25 +687,63 @@ def _conv_after_nearest_2x(module: nn.Sequential) -> Conv3d | None:
     parts = dict(module.named_children())
     if list(parts) != ["upsample_non_trainable", "postconv"] or any(hooked(part) for part in parts.values()):
         return None
-    upsample, conv = parts["upsample_non_trainable"], parts["postconv"]
-    scale = upsample.scale_factor if isinstance(upsample.scale_factor, tuple) else (upsample.scale_factor,) * 3
+    return _plain_conv(parts["postconv"]) if _nearest_2x(parts["upsample_non_trainable"]) else None
+
+
+def _nearest_2x(upsample: nn.Module) -> bool:
+    """Whether `upsample` is an nn.Upsample by nearest 2x in D, H and W."""
     if not isinstance(upsample, nn.Upsample) or upsample.mode not in ("nearest", "nearest-exact"):
-        return None
-    if upsample.size is not None or tuple(float(f) for f in scale) != (2.0, 2.0, 2.0):
-        return None
+        return False
+    scale = upsample.scale_factor if isinstance(upsample.scale_factor, tuple) else (upsample.scale_factor,) * 3
+    return upsample.size is None and tuple(float(f) for f in scale) == (2.0, 2.0, 2.0)
+
+
+def _plain_conv(conv: nn.Module) -> Conv3d | None:
+    """The tconv3d convolution `conv` is (or MONAI's Convolution with conv_only=True holds alone), without hooks;
+    else None."""
     if type(conv).__name__ == "Convolution" and list(dict(conv.named_children())) == ["conv"]:
-        conv = conv.conv  # MONAI's Convolution with conv_only=True: its convolution alone
+        conv = conv.conv
         if hooked(conv):
             return None
     return conv if type(conv) is Conv3d else None
+
+
+def _pointwise(module: nn.Module) -> bool:
+    """Whether `module` maps each voxel on its own (nn.Identity, or a 1 x 1 x 1 convolution at unit stride, unpadded),
+    without hooks: it commutes with nearest upsampling."""
+    if hooked(module):
+        return False
+    if isinstance(module, nn.Identity):
+        return True
+    conv = _plain_conv(module)
+    return conv is not None and conv.kernel_size == (1, 1, 1) and conv.stride == (1, 1, 1) and conv.padding == (0,) * 3
+
+
+def _subpixel_conv1(block: nn.Module, h: torch.Tensor) -> Conv3d | None:
+    """The tconv3d conv1 of a diffusion res block with up=True (resblock_updown) that runs on h, its normalized
+    input, in the sub-pixel form (`upsampled=(2, 2, 2)`), else None: its upsample is nearest 2x in D, H and W alone,
+    its conv1 takes the form (subpixel.upsampled_conv_reason), its skip connection is pointwise, and none of them
+    has hooks (a hook sees the upsampled tensors in stock MONAI)."""
+    upsample = block.upsample
+    if upsample is None or hooked(upsample) or hooked(block.conv1) or not _pointwise(block.skip_connection):
+        return None
+    parts = dict(upsample.named_children())
+    if list(parts) != ["upsample_non_trainable"] or hooked(parts["upsample_non_trainable"]):
+        return None
+    conv = _plain_conv(block.conv1) if _nearest_2x(parts["upsample_non_trainable"]) else None
+    return conv if conv is not None and upsampled_conv_reason(conv, h, (2, 2, 2)) is None else None
 
 
 class _DiffusionResnetBlock:
     """The diffusion UNet's DiffusionUNetResnetBlock: GroupNorm then its `nonlinearity` (SiLU), twice, with the
     timestep embedding added between: each norm's SiLU in its pass (`fuse_res_block_norms`). Called by a converted
     up block with the skip connection as `channels_after`, it runs on torch.cat([x, channels_after], dim=1)
-    without making it: norm1 and the 1x1x1 skip_connection read both in place (see `_of_skip_connection`).
-    SPADE's UNet's SPADEDiffResBlock is the same block with SPADE norms, which take the segmentation map too."""
+    without making it: norm1 and the 1x1x1 skip_connection read both in place (see `_of_skip_connection`). With
+    up=True (resblock_updown's upsamplers), where `_subpixel_conv1` allows, conv1 runs on the normalized input
+    itself in the sub-pixel form and the skip connection on x itself, its output added into the block's by
+    broadcasting (`add_repeated_`): neither upsampled tensor (8 times the input) is written, conv1 reads 8 taps an
+    output voxel where 27. SPADE's UNet's SPADEDiffResBlock is the same block with SPADE norms, which take the
+    segmentation map too."""
 
     classes = (_DIFF + "DiffusionUNetResnetBlock", _SPADE_DIFF + "SPADEDiffResBlock")
     attributes = ("norm1", "nonlinearity", "conv1", "upsample", "downsample", "time_emb_proj", "norm2", "conv2",
@@ -713,14 +753,19 @@ class _DiffusionResnetBlock:
         if channels_after is not None and (self.upsample is not None or self.downsample is not None):
             x, channels_after = torch.cat([x, channels_after], dim=1), None
         h = _normalized(self.norm1, x, seg, self.nonlinearity, channels_after)
-        if self.upsample is not None:
+        conv1 = _subpixel_conv1(self, h) if self.upsample is not None else None
+        if conv1 is not None:
+            h = conv1(h, upsampled=(2, 2, 2))
+        elif self.upsample is not None:
             x, h = self.upsample(x), self.upsample(h)
         elif self.downsample is not None:
             x, h = self.downsample(x), self.downsample(h)
-        h = self.conv1(h)
+        h = self.conv1(h) if conv1 is None else h
         temb = self.time_emb_proj(self.nonlinearity(emb))
         h = h + temb.view(*temb.shape, *(1,) * self.spatial_dims)
         h = self.conv2(_normalized(self.norm2, h, seg, self.nonlinearity))
+        if conv1 is not None:  # skip(x repeated) = skip(x) repeated: a pointwise skip, on x itself
+            return add_repeated_(h, self.skip_connection(x), (2, 2, 2))
         if channels_after is None:
             return self.skip_connection(x) + h
         return conv_of_concatenation(self.skip_connection, x, channels_after) + h
