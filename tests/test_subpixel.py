@@ -792,6 +792,25 @@ def test_other_monai_up_res_blocks_run_as_monais(why, monkeypatch, aten_path):
     assert seen[: len(seen) // 2] == seen[len(seen) // 2 :], seen
 
 
+@pytest.mark.parametrize("block", ["upsample", "up_res_block"])
+def test_the_audit_sees_monais_subpixel_forms(block, aten_path):
+    """tconv3d.nn.audit's hooks on every conv leave MONAI's sub-pixel forms on (a user's hook turns them off:
+    monai_nets.hooked): the audit reports the path the model takes, one transposed conv counted as the conv's."""
+    import tconv3d
+
+    x = torch.randn(2, 4, 3, 4, 5).contiguous(memory_format=CL)
+    if block == "upsample":
+        ours, run, conv = monai_upsamples(torch.float32, "cpu")[1], None, "postconv.conv"
+    else:
+        _, ours, call = monai_up_res_blocks(torch.float32, "cpu")
+        run, conv = call, "conv1.conv"
+    with OpNames() as ops:
+        report = tconv3d.nn.audit(ours, x, run=run, verbose=False)
+    assert "tconv3d.conv3d_input_grad.default" in ops.names, ops.names
+    layer = next(layer for layer in report.layers if layer.name == conv)
+    assert layer.calls == layer.tconv3d_calls == 1 and not layer.own_copies, report.table()
+
+
 def kandinsky6_upsamplers(latent: bool, dtype, device, channels=6, filter=None):
     """Kandinsky 6's latent upscalers' upsampler (`latent`) or its SR VAE's (space alone) in float64 and converted
     in `dtype` (by convert's `filter`), with the same weights, and how to call each."""

@@ -219,6 +219,13 @@ def _layers(model: nn.Module):
             yield name, module, module
 
 
+def _observer(hook):
+    """The audit's hook, marked so that an adapter that runs otherwise for a hooked module (monai_nets.hooked: a hook
+    sees what it sees in stock) runs as it does unobserved: the audit reports the path a model takes without it."""
+    hook.tconv3d_observer = True
+    return hook
+
+
 def _enter(stack, layer, module, args) -> None:
     stack.append(layer)
 
@@ -257,8 +264,8 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
             reason = reason or "not converted (tconv3d.nn.convert would take it over)"
         layer = LayerAudit(name or type(watched).__name__, type(watched).__name__, converted, reason)
         report.layers.append(layer)
-        handles.append(watched.register_forward_pre_hook(functools.partial(_enter, stack, layer)))
-        handles.append(watched.register_forward_hook(functools.partial(_leave, stack)))
+        handles.append(watched.register_forward_pre_hook(_observer(functools.partial(_enter, stack, layer))))
+        handles.append(watched.register_forward_hook(_observer(functools.partial(_leave, stack))))
         if isinstance(watched, Conv3d):  # an adapter may call its op directly, past the module's hooks
             watched.convolve = functools.partial(_convolve_in, stack, layer, watched.convolve)
             patched.append(watched)

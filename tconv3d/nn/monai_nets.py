@@ -58,14 +58,14 @@ def hooked(module: nn.Module) -> bool:
     """Whether calling `module` runs hooks (forward, forward pre-, full backward, its own or global): an adapter
     that would skip the call of such a container (a block, a Sequential, a SkipConnection) to hand its convolution a
     second source makes the call instead, with MONAI's concatenation, so that the hooks see what they see in stock
-    MONAI. The convolutions themselves are still called (a hook on one sees its input and channels_after)."""
+    MONAI. The convolutions themselves are still called (a hook on one sees its input and channels_after).
+    tconv3d.nn.audit's hooks are not counted: they observe, and the audit reports the path taken without them."""
     from torch.nn.modules import module as torch_module
 
-    return bool(
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks
-    )  # fmt: skip
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+             torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+             torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)  # fmt: skip
+    return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
 
 
 def _checkpointed(module: nn.Module) -> nn.Module | None:
