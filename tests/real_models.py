@@ -38,11 +38,14 @@ CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
 # Layers whose converted forward still writes one copy of its input a call (the audit's own copies), by model:
 # HunyuanVideo's upsamplers (tconv3d.nn.video_vaes.upsampled_causal_conv: the sub-pixel conv's replicated borders,
 # about its input's size, where stock writes its input upsampled 4x or 8x and then padded) and EasyAnimate's
-# (upsampled_kept_causal_conv: its input with the two frames in front, where stock writes both upsampled 4x).
+# (upsampled_kept_causal_conv: its input with the two frames in front, where stock writes both upsampled 4x);
+# Cosmos's time step's and KVAE's spatial conv's (its reflect padding, as replicate, of its input: tconv3d.nn.Conv3d's
+# `upsampled`).
 OWN_PAD_COPIES = {
     "hunyuan_video": ".upsamplers.0.conv",
     "easyanimate": ".upsampler.conv",
     "cosmos": ".upsamplers.0.conv1",
+    "kvae_video": ".upsample.spatial_conv",
 }
 
 

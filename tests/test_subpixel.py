@@ -656,7 +656,8 @@ def test_a_wrong_volume_tap_fails(monkeypatch, aten_path):
 def test_conv3d_upsampled_refuses_what_it_cannot_take(aten_path):
     """tconv3d.nn.Conv3d's `upsampled` takes a 5-D input alone: a channels_after or an unbatched input is refused by
     name; a convolution or factors the sub-pixel form does not cover convolve the repetition (the same values); the
-    ones it covers match it: (2, 2, 2) with 3 x 3 x 3, (1, 2, 2) with 1 x 3 x 3."""
+    ones it covers match it: (2, 2, 2) with 3 x 3 x 3, (1, 2, 2) with 1 x 3 x 3, zero-, reflect- or
+    replicate-padded (circular refused; a bordered one also where x is one voxel along an upsampled dimension)."""
     from tconv3d.nn.modules import Conv3d, repeat_nearest
 
     conv = Conv3d(4, 4, 3, padding=1)
@@ -666,14 +667,23 @@ def test_conv3d_upsampled_refuses_what_it_cannot_take(aten_path):
     with pytest.raises(ValueError, match="upsampled takes a 5-D input"):
         conv(x[0], upsampled=(2, 2, 2))
     frame = Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1))
+    replicate, reflect = (Conv3d(4, 4, 3, padding=1, padding_mode=mode) for mode in ("replicate", "reflect"))
+    frame_reflect = Conv3d(4, 4, (1, 3, 3), padding=(0, 1, 1), padding_mode="reflect")
+    circular = Conv3d(4, 4, 3, padding=1, padding_mode="circular")
     cases = [(conv, (2, 2, 2), True), (frame, (1, 2, 2), True), (frame, (2, 2, 2), False), (conv, (1, 2, 2), False),
-             (conv, (2, 1, 1), False)]  # fmt: skip
-    for layer, factors, subpixel_form in cases:
+             (conv, (2, 1, 1), False), (replicate, (2, 2, 2), True), (reflect, (2, 2, 2), True),
+             (frame_reflect, (1, 2, 2), True), (circular, (2, 2, 2), False)]  # fmt: skip
+    one_high = torch.randn(1, 4, 2, 1, 3)  # one voxel along an upsampled dimension: bordered modes upsample first
+    cases += [(replicate, (2, 2, 2), False, one_high), (frame_reflect, (1, 2, 2), False, one_high),
+              (frame, (1, 2, 2), True, one_high)]  # fmt: skip
+    for layer, factors, subpixel_form, *given in cases:
+        x_in = given[0] if given else x
         with torch.no_grad(), OpNames() as ops:
-            y = layer(x, upsampled=factors)
-        assert ("tconv3d.conv3d_input_grad.default" in ops.names) == subpixel_form, (factors, ops.names)
+            y = layer(x_in, upsampled=factors)
+        why = (layer.padding_mode, factors, tuple(x_in.shape))
+        assert ("tconv3d.conv3d_input_grad.default" in ops.names) == subpixel_form, (why, ops.names)
         with torch.no_grad():
-            assert rel_l2(y, layer(repeat_nearest(x, factors))) < 1e-6, factors
+            assert rel_l2(y, layer(repeat_nearest(x_in, factors))) < 1e-6, why
 
 
 @pytest.mark.parametrize("variant", ["pointer", "gluon"])
@@ -811,34 +821,45 @@ def test_the_audit_sees_monais_subpixel_forms(block, aten_path):
     assert layer.calls == layer.tconv3d_calls == 1 and not layer.own_copies, report.table()
 
 
-def kandinsky6_upsamplers(latent: bool, dtype, device, channels=6, filter=None):
-    """Kandinsky 6's latent upscalers' upsampler (`latent`) or its SR VAE's (space alone) in float64 and converted
-    in `dtype` (by convert's `filter`), with the same weights, and how to call each."""
+PIXEL_UPSAMPLERS = ["kandinsky6_latent_upscaler", "kandinsky6_sr_vae", "kvae"]
+
+
+def pixel_upsamplers(kind: str, dtype, device, channels=6, filter=None):
+    """A video upsampler that repeats pixels 2x and adds a 1 x 3 x 3 spatial conv of the repetition, then a 1 x 1 x 1
+    conv: Kandinsky 6's latent upscalers' (`kind` "kandinsky6_latent_upscaler"), its SR VAE's space step
+    ("kandinsky6_sr_vae"), their spatial convs zero-padded, or Kandinsky 5's KVAE's ("kvae", without its time
+    step), reflect-padded; in float64 and converted in `dtype` (by convert's `filter`), with the same weights, and
+    how to call each."""
     pytest.importorskip("diffusers")
     import tconv3d
 
-    if latent:
+    if kind == "kandinsky6_latent_upscaler":
         from diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr import Kandinsky6SRLatentUpscalerUpsample
 
         stock, call = Kandinsky6SRLatentUpscalerUpsample(channels), lambda module, x: module(x)
-    else:
+    elif kind == "kandinsky6_sr_vae":
         from diffusers.models.autoencoders.autoencoder_kandinsky6_sr import Kandinsky6SRUpsample
 
         stock, call = Kandinsky6SRUpsample(channels, compress_time=False), lambda module, x: module(x, {})
+    else:
+        from diffusers.models.autoencoders.autoencoder_kl_kvae_video import KVAECachedPXSUpsample
+
+        stock, call = KVAECachedPXSUpsample(channels, compress_time=False), lambda module, x: module(x, {})
     exact = copy.deepcopy(stock).to(device=device, dtype=torch.float64)
     ours = tconv3d.nn.convert(copy.deepcopy(stock).to(device=device, dtype=dtype), filter=filter)
     return exact, ours, call
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("latent", [True, False], ids=["latent_upscaler", "sr_vae"])
-def test_kandinsky6_upsamplers_match_float64(latent, dtype, device):
-    """Kandinsky 6's upsamplers (nearest 2x in space, plus a 1 x 3 x 3 conv of it, then a 1 x 1 x 1 conv): the
-    spatial conv one sub-pixel transposed conv of the input and the repetition added by broadcasting, against
-    diffusers' in float64 (output, input gradient, the spatial conv's weight and bias gradients); one input-gradient
-    op and one convolution (the 1 x 1 x 1), nothing of the repeated input's size made but the conv's output."""
+@pytest.mark.parametrize("kind", PIXEL_UPSAMPLERS)
+def test_pixel_upsamplers_match_float64(kind, dtype, device):
+    """Kandinsky 6's and KVAE's upsamplers (nearest 2x in space, plus a 1 x 3 x 3 conv of it, then a 1 x 1 x 1
+    conv): the spatial conv one sub-pixel transposed conv of the input and the repetition added by broadcasting,
+    against diffusers' in float64 (output, input gradient, the spatial conv's weight and bias gradients); one
+    input-gradient op and one convolution (the 1 x 1 x 1), nothing of the repeated input's size made but the conv's
+    output; KVAE's reflect-padded conv reads the input replicate-padded by 1 in H and W, its one copy."""
     torch.manual_seed(0)
-    exact, ours, call = kandinsky6_upsamplers(latent, dtype, device)
+    exact, ours, call = pixel_upsamplers(kind, dtype, device)
     x = leaf_copy(torch.randn(2, 6, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
     x64 = leaf_copy(x.detach().double())
     with OpsMade() as ops:
@@ -847,7 +868,7 @@ def test_kandinsky6_upsamplers_match_float64(latent, dtype, device):
     assert y.shape == expected.shape == (2, 6, 3, 8, 10) and y.is_contiguous(memory_format=CL)
     tconv3d_ops = [name for name in ops.names if "tconv3d" in name]
     assert tconv3d_ops == ["tconv3d.conv3d_input_grad.default", "tconv3d.conv3d.default"], ops.names
-    assert not ops.copied(), ops.copied()
+    assert sum(ops.copied()) == (2 * 6 * 3 * 6 * 7 if kind == "kvae" else 0), ops.copied()  # x with its borders
     grad = torch.randn_like(expected)
     y.backward(grad.to(dtype))
     expected.backward(grad)
@@ -859,18 +880,22 @@ def test_kandinsky6_upsamplers_match_float64(latent, dtype, device):
         assert rel_l2(mine, theirs) < tolerance(dtype), (index, rel_l2(mine, theirs))
 
 
-@pytest.mark.parametrize("latent", [True, False], ids=["latent_upscaler", "sr_vae"])
-def test_kandinsky6_upsamplers_left_alone_upsample_first(latent, monkeypatch, aten_path):
-    """A spatial conv convert left alone (its filter) takes the repetition, as does any where SUBPIXEL is off:
+@pytest.mark.parametrize("kind", PIXEL_UPSAMPLERS)
+def test_pixel_upsamplers_left_alone_upsample_first(kind, monkeypatch, aten_path):
+    """A spatial conv convert left alone (its filter) takes the repetition, as does any where SUBPIXEL is off, and
+    KVAE's where a frame is one pixel high (its reflected borders make stock's output exactly constant along H):
     no transposed conv, diffusers' values."""
-    for left_alone in (True, False):
+    cases = [(True, (1, 6, 2, 3, 4)), (False, (1, 6, 2, 3, 4))]
+    if kind == "kvae":
+        cases.append((False, (1, 6, 2, 1, 4)))
+    for left_alone, shape in cases:
         torch.manual_seed(0)
         keep = (lambda name, module: name != "spatial_conv") if left_alone else None
-        exact, ours, call = kandinsky6_upsamplers(latent, torch.float32, "cpu", filter=keep)
-        monkeypatch.setattr(subpixel, "SUBPIXEL", left_alone)
-        x = torch.randn(1, 6, 2, 3, 4).contiguous(memory_format=CL)
+        exact, ours, call = pixel_upsamplers(kind, torch.float32, "cpu", filter=keep)
+        monkeypatch.setattr(subpixel, "SUBPIXEL", left_alone or shape[3] == 1)
+        x = torch.randn(shape).contiguous(memory_format=CL)
         with torch.no_grad(), OpNames() as ops:
             y = call(ours, x)
-        assert "tconv3d.conv3d_input_grad.default" not in ops.names, left_alone
+        assert "tconv3d.conv3d_input_grad.default" not in ops.names, (left_alone, shape)
         with torch.no_grad():
-            assert rel_l2(y, call(exact, x.double())) < 1e-5, left_alone
+            assert rel_l2(y, call(exact, x.double())) < 1e-5, (left_alone, shape)

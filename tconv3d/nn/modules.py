@@ -82,13 +82,18 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         torch.cat([input, channels_after], dim=1) were the input (what the adapters of UNet decoder blocks pass).
         `upsampled` (what the adapters of MONAI's UpSample and Kandinsky 6's latent upsamplers pass), the factors
         (2, 2, 2) or (1, 2, 2): the convolution of input repeated by nearest upsampling by them, one transposed conv
-        of input where subpixel.upsampled_conv_reason allows (the sub-pixel form, `upsampled_conv`), else of the
+        of input where subpixel.upsampled_conv_reason allows (the sub-pixel form, `upsampled_conv`; of input
+        replicate-padded by 1, a copy about its size, for a conv padded in mode reflect or replicate), else of the
         repetition."""
         if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
             if upsampled_conv_reason(self, input, upsampled) is None:
-                return upsampled_conv(self, input, upsampled)
+                bordered = self.padding_mode != "zeros"
+                if bordered:  # a reflect or replicate border of the repetition: x's edge voxel (subpixel.py)
+                    time = 1 if upsampled[0] == 2 else 0
+                    input = replicate_padded(input, (time, time, 1, 1, 1, 1))
+                return upsampled_conv(self, input, upsampled, bordered)
             input = repeat_nearest(input, upsampled)
         return self.convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
 

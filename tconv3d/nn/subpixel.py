@@ -71,16 +71,23 @@ def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
 _REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
 
 
-def upsampled_conv(conv: nn.Conv3d, x: torch.Tensor, factors) -> torch.Tensor:
+def upsampled_conv(conv: nn.Conv3d, x: torch.Tensor, factors, bordered: bool = False) -> torch.Tensor:
     """conv(x repeated by nearest `factors`), (2, 2, 2) or (1, 2, 2), for a conv that `upsampled_conv_reason`
-    allows (3 taps zero-padded by 1 along each upsampled dimension, 1 unpadded along a kept one, unit stride and
+    allows (3 taps padded by 1 along each upsampled dimension, 1 unpadded along a kept one, unit stride and
     dilation, one group): one transposed conv of x itself at stride `factors`, padded by 1 along each upsampled
     dimension, 4 taps there (`subpixel_weight`, 2 live an output voxel): 8 taps an output voxel where the upsampled
     input has 27 at (2, 2, 2) (MONAI's UpSample), 4 where 9 at (1, 2, 2) (Kandinsky 6's latent upscalers, Cosmos's
-    space step); nothing of the upsampled size written, read or saved for the backward."""
+    space step); nothing of the upsampled size written, read or saved for the backward. `bordered`: a conv padded
+    in mode reflect or replicate, whose x arrives replicate-padded by 1 along each upsampled dimension (both modes
+    repeat a repetition's edge voxel, which is x's: Conv3d.forward pads it); the transposed conv crops 3 there."""
+    crop = 3 if bordered else 1
     if tuple(factors) == (2, 2, 2):
-        return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=1)
-    return conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, 1, 1))
+        return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=crop)
+    return conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, crop, crop))
+
+
+# A repetition by 2 padded by 1 in these modes repeats its edge voxel (u[-1] = u[1] = u[0] reflected): x's edge.
+BORDERED_MODES = ("reflect", "replicate")
 
 
 def upsampled_conv_reason(conv: nn.Conv3d, x: torch.Tensor, factors) -> str | None:
@@ -91,11 +98,16 @@ def upsampled_conv_reason(conv: nn.Conv3d, x: torch.Tensor, factors) -> str | No
     factors = tuple(factors)
     if factors not in ((2, 2, 2), (1, 2, 2)):
         return f"its factors {factors} are not (2, 2, 2) or (1, 2, 2)"
-    expected = ((2 * factors[0] - 1, 3, 3), (factors[0] - 1, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros")
-    shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups,
-             conv.padding_mode)  # fmt: skip
-    if shape != expected:
-        return f"its (kernel, padding, stride, dilation, groups, mode) {shape} is not {expected}"
+    expected = ((2 * factors[0] - 1, 3, 3), (factors[0] - 1, 1, 1), (1, 1, 1), (1, 1, 1), 1)
+    shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups)
+    if shape != expected or conv.padding_mode not in ("zeros", *BORDERED_MODES):
+        return f"its (kernel, padding, stride, dilation, groups) {shape} is not {expected} or its mode " + (
+            f"{conv.padding_mode} not zeros, reflect or replicate"
+        )
     if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
         return f"the input is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
+    if conv.padding_mode != "zeros" and any(size == 1 for size, f in zip(x.shape[2:], factors, strict=True) if f == 2):
+        # Its borders repeated, stock's output is then exactly constant along that dimension; the phases' taps,
+        # summed and rounded apart, would differ there by an ulp (video_vaes.causal_subpixel_reason's case).
+        return f"its input is {tuple(x.shape[2:])}, {conv.padding_mode}-padded: one voxel along an upsampled dimension"
     return None

@@ -790,7 +790,8 @@ class _MiniMaxH3VideoEncoder3d:
 class _KVAESafeConv3d:
     """diffusers' KVAESafeConv3d (Kandinsky 5's video VAE): above 3 GB of input it splits time into overlapping
     chunks (clones and torch.cat copies) to keep cuDNN in bounds. tconv3d's kernels index with int64, so the whole
-    clip is one op; `write_to`, where given, receives the result as diffusers' does."""
+    clip is one op; `write_to`, where given, receives the result as diffusers' does. `upsampled` as
+    tconv3d.nn.Conv3d's (the upsampler's spatial conv)."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAESafeConv3d",)
     attributes = ()
@@ -799,8 +800,8 @@ class _KVAESafeConv3d:
     def reason(module) -> str | None:
         return conv_reason(module)
 
-    def forward(self, input, write_to=None):
-        output = Conv3d.forward(self, input)
+    def forward(self, input, write_to=None, upsampled=None):
+        output = Conv3d.forward(self, input, upsampled=upsampled)
         if write_to is None:
             return output
         write_to[...] = output
@@ -1208,9 +1209,13 @@ class _KVAECachedPXSDownsample:
 
 
 class _KVAECachedPXSUpsample:
-    """diffusers' KVAECachedPXSUpsample: frames repeated in time and pixels in space on the channels_last_3d
-    activation (`_repeat`: nearest interpolation in its memory format), where diffusers interpolates a (B, T*C, H,
-    W) copy and permutes it back; its last conv's result returned, not copied into a fresh tensor first."""
+    """diffusers' KVAECachedPXSUpsample: frames repeated in time on the channels_last_3d activation (`_repeat`:
+    nearest interpolation in its memory format), where diffusers interpolates a (B, T*C, H, W) copy and permutes it
+    back; the pixels' 2x and the 1 x 3 x 3 spatial conv of it (reflect-padded by 1: of a repetition, its edge voxel,
+    as replicate) one transposed conv of x replicate-padded by 1 (`upsampled=(1, 2, 2)`, tconv3d.nn.Conv3d's: 4
+    taps an output voxel where 9, a copy about x's size where the repetition is 4 times it), the repetition added
+    into its output by broadcasting (`_conv_plus_repeats`); its last conv's result returned, not copied into a fresh
+    tensor first."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedPXSUpsample",)
     attributes = ("factor", "temporal_compress", "spatial_conv", "linear")
@@ -1224,8 +1229,9 @@ class _KVAECachedPXSUpsample:
             factor = 2 if x.shape[2] > 1 else 1
             tail = _repeat(x, (factor, 1, 1), first_apart=cache["padding"] is None)
             x = self.temporal_conv(tail, cache) + tail
-        upsampled = _repeat(x, (1, 2, 2))
-        return self.linear(upsampled + self.spatial_conv(upsampled))
+        conv = self.spatial_conv
+        subpixel_form = x.dim() == 5 and getattr(type(conv), "tconv3d_adapter", None) is _KVAESafeConv3d
+        return self.linear(_conv_plus_repeats(conv, x, (1, 2, 2), subpixel_form))
 
 
 def _last_frames(front, x, count: int) -> torch.Tensor:
