@@ -756,11 +756,12 @@ class _DiffusionResnetBlock:
         conv1 = _subpixel_conv1(self, h) if self.upsample is not None else None
         if conv1 is not None:
             h = conv1(h, upsampled=(2, 2, 2))
-        elif self.upsample is not None:
-            x, h = self.upsample(x), self.upsample(h)
-        elif self.downsample is not None:
-            x, h = self.downsample(x), self.downsample(h)
-        h = self.conv1(h) if conv1 is None else h
+        else:
+            if self.upsample is not None:
+                x, h = self.upsample(x), self.upsample(h)
+            elif self.downsample is not None:
+                x, h = self.downsample(x), self.downsample(h)
+            h = self.conv1(h)
         temb = self.time_emb_proj(self.nonlinearity(emb))
         h = h + temb.view(*temb.shape, *(1,) * self.spatial_dims)
         h = self.conv2(_normalized(self.norm2, h, seg, self.nonlinearity))

@@ -100,10 +100,10 @@ def upsampled_conv_reason(conv: nn.Conv3d, x: torch.Tensor, factors) -> str | No
         return f"its factors {factors} are not (2, 2, 2) or (1, 2, 2)"
     expected = ((2 * factors[0] - 1, 3, 3), (factors[0] - 1, 1, 1), (1, 1, 1), (1, 1, 1), 1)
     shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups)
-    if shape != expected or conv.padding_mode not in ("zeros", *BORDERED_MODES):
-        return f"its (kernel, padding, stride, dilation, groups) {shape} is not {expected} or its mode " + (
-            f"{conv.padding_mode} not zeros, reflect or replicate"
-        )
+    if shape != expected:
+        return f"its (kernel, padding, stride, dilation, groups) {shape} is not {expected}"
+    if conv.padding_mode not in ("zeros", *BORDERED_MODES):
+        return f"its padding mode {conv.padding_mode} is not zeros, reflect or replicate"
     if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
         return f"the input is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
     if conv.padding_mode != "zeros" and any(size == 1 for size, f in zip(x.shape[2:], factors, strict=True) if f == 2):
