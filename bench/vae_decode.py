@@ -1,6 +1,6 @@
 """`python -m bench.vae_decode`: one video-VAE decode, stock diffusers vs converted by tconv3d.nn.convert, eager
 and torch.compile'd: time and peak memory (also MAISI's CT autoencoder, `--model maisi`, and Kandinsky 6 SR's 4x
-latent upscaler as a decode, `--model kandinsky6_upscaler`: bench.vaes).
+latent upscaler as a decode, `--model kandinsky6_upscaler`, and Kandinsky 5's KVAE, `--model kvae`: bench.vaes).
 
 Variants: stock, converted, stock_compiled, converted_compiled (torch.compile, the ops as calls),
 converted_inductor (torch.compile with TCONV3D_INDUCTOR_KERNELS=1: Inductor launches the kernels) and, on CUDA,
@@ -251,9 +251,9 @@ def _measure_graph(variant: str, decode, z: torch.Tensor) -> dict:
 
 
 def main(argv=None) -> int:
-    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS, LATENT_UPSCALERS, VOLUME_AUTOENCODERS
+    from bench.vaes import DEFAULT_LATENTS, LATENT_CHANNELS, LATENT_UPSCALERS, MORE_VAES, VOLUME_AUTOENCODERS
 
-    others = {**VOLUME_AUTOENCODERS, **LATENT_UPSCALERS}
+    others = {**VOLUME_AUTOENCODERS, **LATENT_UPSCALERS, **MORE_VAES}
     latent_channels = {**LATENT_CHANNELS, **{name: v[0] for name, v in others.items()}}
     default_latents = {**DEFAULT_LATENTS, **{name: v[1] for name, v in others.items()}}
     parser = argparse.ArgumentParser(prog="python -m bench.vae_decode", description=__doc__.split("\n\n")[0])

@@ -2,8 +2,8 @@
 bench.vae_decode` measures. `scale` multiplies the channel widths of a small config (1: the test size); 0 is
 diffusers' default config, the released model's size. Also MONAI's autoencoders of 3-D volumes
 (VOLUME_AUTOENCODERS: MAISI's, the CT generator's, and the 3-D latent diffusion tutorial's AutoencoderKL), which
-bench.vae_decode decodes the same way, and latent upscalers (LATENT_UPSCALERS: Kandinsky 6 SR's), whose decode is
-the upscaled latent."""
+bench.vae_decode decodes the same way, latent upscalers (LATENT_UPSCALERS: Kandinsky 6 SR's), whose decode is
+the upscaled latent, and video VAEs the real-model tests build apart (MORE_VAES: Kandinsky 5's KVAE)."""
 
 import torch
 
@@ -45,6 +45,11 @@ VOLUME_AUTOENCODERS = {
 # and the dtype.
 LATENT_UPSCALERS = {"kandinsky6_upscaler": (64, (1, 64, 5, 16, 16), torch.bfloat16)}
 
+# Video VAEs kept out of LATENT_CHANNELS, which the real-model tests parametrize over (these have tests of their
+# own): Kandinsky 5's KVAE (cached causal convs over segments of frames): latent channels, the latent the default
+# config decodes to 17 frames of 256 x 256, and the dtype.
+MORE_VAES = {"kvae": (16, (1, 16, 5, 32, 32), torch.bfloat16)}
+
 
 class UpscalerDecode(torch.nn.Module):
     """A latent upscaler bank's `scale`x upscaler as a VAE's decode: `decode(z)` is the upscaled latent."""
@@ -66,6 +71,11 @@ def build_vae(name: str, scale: int = 1, seed: int = 0, dtype: torch.dtype | Non
     import diffusers
 
     torch.manual_seed(seed)
+    if name == "kvae":  # released: 128 channels, (1, 2, 4, 8) a level, 2 res blocks; its GroupNorms take 32 groups
+        if scale == 0:
+            return diffusers.AutoencoderKLKVAEVideo()
+        return diffusers.AutoencoderKLKVAEVideo(ch=32 * scale, ch_mult=(1, 1, 1, 1), num_res_blocks=1,
+                                                z_channels=MORE_VAES["kvae"][0])  # fmt: skip
     if name == "wan22":  # released: base 160, decoder base 256, 48 latent channels
         widths = {"base_dim": 160, "decoder_base_dim": 256, "z_dim": 48} if scale == 0 else {
             "base_dim": 8 * scale, "decoder_base_dim": 12 * scale, "z_dim": 4, "dim_mult": [1, 2, 2, 2],

@@ -481,6 +481,20 @@ def test_vae_decode_measures_a_latent_upscaler_as_a_decode(variant, aten_path):
     assert row["breakdown_ms"]["conv"] > 0
 
 
+def test_vae_decode_measures_kvae(monkeypatch, aten_path):
+    """`python -m bench.vae_decode --model kvae`: Kandinsky 5's KVAE (built apart from the real-model tests' VAES),
+    converted, in both upsampler forms: the same decoded shape, every conv on tconv3d in the breakdown."""
+    pytest.importorskip("diffusers")
+    from bench.vae_decode import measure
+    from tconv3d.nn import subpixel
+
+    monkeypatch.setattr(subpixel, "SUBPIXEL", True)  # restored after the test: converted_upsample_first turns it off
+
+    for variant in ("converted", "converted_upsample_first"):
+        row = measure("kvae", variant, "cpu", torch.float32, 1, [1, 16, 2, 4, 4])
+        assert row["output"] == [1, 3, 5, 32, 32] and row["ms"] > 0 and row["breakdown_ms"]["conv"] > 0, variant
+
+
 def test_vae_decode_times_a_decoders_training_step(aten_path):
     """`python -m bench.vae_decode --training`: a decoder fine-tuning step (decode, then the backward of one fixed
     random output gradient into every parameter), stock and converted: the same output, and the same parameter
