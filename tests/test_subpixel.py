@@ -899,3 +899,22 @@ def test_pixel_upsamplers_left_alone_upsample_first(kind, monkeypatch, aten_path
         assert "tconv3d.conv3d_input_grad.default" not in ops.names, (left_alone, shape)
         with torch.no_grad():
             assert rel_l2(y, call(exact, x.double())) < 1e-5, (left_alone, shape)
+
+
+@pytest.mark.parametrize("variant", ["pointer", "gluon"])
+def test_each_kernel_runs_kvaes(variant, device, monkeypatch):
+    """KVAE's sub-pixel transposed conv (stride (1, 2, 2), 1 x 4 x 4 taps, cropped by 3 in space: its input
+    replicate-padded by 1) and its backward with TCONV3D_KERNELS forced, bf16, 32 -> 32 channels, against
+    float64."""
+    exact, ours, call = pixel_upsamplers("kvae", torch.bfloat16, device, channels=32)
+    launched = forced_launches(variant, monkeypatch)
+    x = leaf_copy(torch.randn(1, 32, 2, 3, 4, device=device).to(torch.bfloat16).contiguous(memory_format=CL))
+    x64 = leaf_copy(x.detach().double())
+    y, expected = call(ours, x), call(exact, x64)
+    assert_launched(launched, variant, device)
+    grad = torch.randn_like(expected)
+    y.backward(grad.to(torch.bfloat16))
+    expected.backward(grad)
+    pairs = [(y, expected), (x.grad, x64.grad), (ours.spatial_conv.weight.grad, exact.spatial_conv.weight.grad)]
+    for index, (mine, theirs) in enumerate(pairs):
+        assert rel_l2(mine, theirs) < tolerance(torch.bfloat16), (index, rel_l2(mine, theirs))
