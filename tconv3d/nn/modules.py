@@ -89,11 +89,10 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
             if upsampled_conv_reason(self, input, upsampled) is None:
-                bordered = self.padding_mode != "zeros"
-                if bordered:  # a reflect or replicate border of the repetition: x's edge voxel (subpixel.py)
+                if self.padding_mode != "zeros":  # a reflect or replicate border of the repetition: x's edge voxel
                     time = 1 if upsampled[0] == 2 else 0
                     input = replicate_padded(input, (time, time, 1, 1, 1, 1))
-                return upsampled_conv(self, input, upsampled, bordered)
+                return upsampled_conv(self, input, upsampled)
             input = repeat_nearest(input, upsampled)
         return self.convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
 

@@ -71,16 +71,17 @@ def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
 _REVERSED_TAPS = ((0, 0, 1), (0, 1, 0), (1, 0, 0))
 
 
-def upsampled_conv(conv: nn.Conv3d, x: torch.Tensor, factors, bordered: bool = False) -> torch.Tensor:
+def upsampled_conv(conv: nn.Conv3d, x: torch.Tensor, factors) -> torch.Tensor:
     """conv(x repeated by nearest `factors`), (2, 2, 2) or (1, 2, 2), for a conv that `upsampled_conv_reason`
     allows (3 taps padded by 1 along each upsampled dimension, 1 unpadded along a kept one, unit stride and
     dilation, one group): one transposed conv of x itself at stride `factors`, padded by 1 along each upsampled
     dimension, 4 taps there (`subpixel_weight`, 2 live an output voxel): 8 taps an output voxel where the upsampled
     input has 27 at (2, 2, 2) (MONAI's UpSample), 4 where 9 at (1, 2, 2) (Kandinsky 6's latent upscalers, Cosmos's
-    space step); nothing of the upsampled size written, read or saved for the backward. `bordered`: a conv padded
-    in mode reflect or replicate, whose x arrives replicate-padded by 1 along each upsampled dimension (both modes
-    repeat a repetition's edge voxel, which is x's: Conv3d.forward pads it); the transposed conv crops 3 there."""
-    crop = 3 if bordered else 1
+    space step); nothing of the upsampled size written, read or saved for the backward. A conv padded in mode
+    reflect or replicate (BORDERED_MODES) takes x already replicate-padded by 1 along each upsampled dimension
+    (Conv3d.forward pads it: both modes repeat a repetition's edge voxel, which is x's); the transposed conv crops
+    3 there."""
+    crop = 1 if conv.padding_mode == "zeros" else 3
     if tuple(factors) == (2, 2, 2):
         return conv_transpose3d(x, subpixel_weight(conv, "repeated"), conv.bias, stride=2, padding=crop)
     return conv_transpose3d(x, subpixel_weight(conv), conv.bias, stride=(1, 2, 2), padding=(0, crop, crop))

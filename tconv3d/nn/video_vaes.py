@@ -1062,11 +1062,12 @@ class _Kandinsky6SRUpsample:
 
 def _pixels_repeated_plus_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """u + conv(u), u = x repeated by nearest 2x in H and W (Kandinsky 6's SR VAE's and latent upscalers'
-    upsamplers, their conv 1 x 3 x 3 zero-padded in space), as `_conv_plus_repeats`: the conv takes
-    upsampled=(1, 2, 2) where its forward is tconv3d.nn.Conv3d's (one sub-pixel transposed conv of x, 4 taps an
-    output voxel where 9, where subpixel.upsampled_conv_reason allows; else of u, inside it). A conv that takes no
-    `upsampled` (one convert left alone) or an unbatched x gets u."""
-    return _conv_plus_repeats(conv, x, (1, 2, 2), x.dim() == 5 and type(conv).forward is Conv3d.forward)
+    upsamplers, their conv 1 x 3 x 3 zero-padded in space; KVAE's, reflect-padded), as `_conv_plus_repeats`: the
+    conv takes upsampled=(1, 2, 2) where its forward is tconv3d.nn.Conv3d's or passes it on (KVAE's: one sub-pixel
+    transposed conv of x, 4 taps an output voxel where 9, where subpixel.upsampled_conv_reason allows; else of u,
+    inside it). A conv that takes no `upsampled` (one convert left alone) or an unbatched x gets u."""
+    takes_upsampled = type(conv).forward in (Conv3d.forward, _KVAESafeConv3d.forward)
+    return _conv_plus_repeats(conv, x, (1, 2, 2), x.dim() == 5 and takes_upsampled)
 
 
 _K6UP = "diffusers.models.latent_upscaler.latent_upscaler_kandinsky6_sr."
@@ -1214,8 +1215,8 @@ class _KVAECachedPXSUpsample:
     back; the pixels' 2x and the 1 x 3 x 3 spatial conv of it (reflect-padded by 1: of a repetition, its edge voxel,
     as replicate) one transposed conv of x replicate-padded by 1 (`upsampled=(1, 2, 2)`, tconv3d.nn.Conv3d's: 4
     taps an output voxel where 9, a copy about x's size where the repetition is 4 times it), the repetition added
-    into its output by broadcasting (`_conv_plus_repeats`); its last conv's result returned, not copied into a fresh
-    tensor first."""
+    into its output by broadcasting (`_pixels_repeated_plus_conv`); its last conv's result returned, not copied into
+    a fresh tensor first."""
 
     classes = ("diffusers.models.autoencoders.autoencoder_kl_kvae_video.KVAECachedPXSUpsample",)
     attributes = ("factor", "temporal_compress", "spatial_conv", "linear")
@@ -1229,9 +1230,7 @@ class _KVAECachedPXSUpsample:
             factor = 2 if x.shape[2] > 1 else 1
             tail = _repeat(x, (factor, 1, 1), first_apart=cache["padding"] is None)
             x = self.temporal_conv(tail, cache) + tail
-        conv = self.spatial_conv
-        subpixel_form = x.dim() == 5 and getattr(type(conv), "tconv3d_adapter", None) is _KVAESafeConv3d
-        return self.linear(_conv_plus_repeats(conv, x, (1, 2, 2), subpixel_form))
+        return self.linear(_pixels_repeated_plus_conv(self.spatial_conv, x))
 
 
 def _last_frames(front, x, count: int) -> torch.Tensor:
