@@ -435,6 +435,18 @@ def _per_sample(problem: Problem, call, tensors, grad_out) -> dict:
     return results
 
 
+def _error(name: str, got: torch.Tensor, want: torch.Tensor, grad_out: torch.Tensor) -> float:
+    """rel_l2 of a result against float64's; the bias's gradient (whole or summed from vmap's samples) against the
+    sizes of what it sums. It is the output gradient summed over the batch and the voxels, a channel at a time, and
+    a sum of random values can cancel: seed 62222's (fp32, one output channel, 120 voxels) is 415 times smaller than
+    the sum of its terms' sizes, so an fp32 sum within rounding of its terms (2.3e-6 off where the bound is 5.5e-6)
+    was 1e-5 off the sum. Against the terms' sizes it is 2.4e-8; a voxel left out or counted twice is ~1e-2."""
+    if name not in ("grad_bias", "vmap_grad_bias"):
+        return rel_l2(got, want)
+    terms = grad_out.abs().sum([d for d in range(grad_out.dim()) if d != 1]).norm()
+    return rel_l2(got, want) if terms == 0 else ((got.double() - want).norm() / terms).item()
+
+
 def run(problem: Problem, monkeypatch) -> dict:
     """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
     AssertionError where one is over the dtype's bound."""
@@ -477,7 +489,7 @@ def run(problem: Problem, monkeypatch) -> dict:
     errors = {"output": rel_l2(y, expected)}
     if problem.tangent:
         errors["tangent"] = rel_l2(tangent, expected_tangent)
-    errors.update({name: rel_l2(got, want) for name, (got, want) in vmapped.items()})
+    errors.update({name: _error(name, got, want, exact_grad_out) for name, (got, want) in vmapped.items()})
     for name, want in exact_grads.items():
         got = grads[name]
         if want is None and got is not None and problem.empty and not got.any():
@@ -486,7 +498,7 @@ def run(problem: Problem, monkeypatch) -> dict:
         elif want is None or got is None:  # a second-order gradient that does not exist (the bias's) on both sides
             errors[name] = 0.0 if want is got else float("inf")
         else:
-            errors[name] = rel_l2(got, want)
+            errors[name] = _error(name, got, want, exact_grad_out)
     launched = [
         (d, c.variant, c.block_m, c.block_n, c.block_k, c.split_k, c.gluon, c.halo_d, c.tap_group, c.swap_ab)
         for d, c in select.configs

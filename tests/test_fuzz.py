@@ -142,3 +142,31 @@ def test_a_wrong_vmap_fails(monkeypatch):
     problem = next(p for p in problems if p.vmapped and p.batch == 2 and not p.transpose and p.dtype == "fp32")
     with pytest.raises(AssertionError, match="vmap_output"):
         check(problem)
+
+
+# Fuzz run 62's one failure: fp32, one output channel, 120 output voxels. The bias gradient sums the output gradient,
+# and that sum came out 415 times smaller than its terms' sizes: tconv3d's fp32 sum (2.3e-6 off, within rounding
+# of the terms) was 1.0e-5 off the sum, over fp32's bound. The fuzzer measures the bias gradient against its terms.
+CANCELLING_BIAS_SUM = {
+    "seed": 62222, "dtype": "fp32", "batch": 2, "cin": 7, "cout": 1, "groups": 1, "size": [2, 8, 9], "frames": 0,
+    "kernel": [3, 3, 1], "stride": [2, 1, 2], "dilation": [1, 1, 1], "padding": [0, 1, 3, 3, 0, 0],
+    "modes": ["zeros", "zeros", "zeros"], "bias": True, "layout": "view", "weight_cl": True, "tiling": "default",
+    "kernels": "auto", "transpose": False, "output_padding": [0, 0, 0], "second_order": False, "after": 0,
+    "empty": False, "tangent": False, "vmapped": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["as_it_is", "a_voxel_left_out"])
+def test_a_bias_gradient_is_measured_against_its_terms(wrong, monkeypatch):
+    """Run 62's cancelling sum passes; the same sum with one voxel's gradient left out fails, named."""
+    problem = Problem.from_json(json.dumps(CANCELLING_BIAS_SUM))
+    if wrong:
+        for name in ("_bias_grad", "_summed_bias_grad"):
+            summed = getattr(tconv3d.ops, name)
+            monkeypatch.setattr(
+                tconv3d.ops, name, lambda g, dtype, summed=summed: summed(g, dtype) - g[0, :, 0, 0, 0].to(dtype)
+            )
+        with pytest.raises(AssertionError, match="grad_bias"):
+            check(problem)
+    else:
+        assert check(problem)["errors"]["grad_bias"] < 1e-6
