@@ -92,6 +92,7 @@ def _describe(job, record: dict, reports: list | None) -> dict:
         registers=main.registers,
         spill_bytes=max(r.spill_bytes or 0 for r in reports),
         local_accesses=sum(r.local_accesses for r in reports),
+        loop_local_accesses=sum(r.loop_local_accesses or 0 for r in reports),
         shared_bytes=main.shared_bytes,
         fits=fits(reports, arch),
         mma=main.mma_kind,
@@ -260,6 +261,20 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _misfit_text(record: dict) -> str:
+    """What keeps a launch from fitting (compile.fits): its spill, and where its local-memory accesses are (in the
+    main loop, every K step pays them; outside it, a program pays a few), or its shared memory over the limit."""
+    found = []
+    if record["spill_bytes"] or record["local_accesses"]:
+        local, looped = record["local_accesses"], record.get("loop_local_accesses") or 0
+        where = f"{looped} of them in the main loop" if looped else "none in the main loop"
+        found.append(f"spills {record['spill_bytes']} bytes a thread ({local} local loads and stores, {where})")
+    limit = ARCHS[record["arch"]].smem_per_block
+    if record["shared_bytes"] > limit:
+        found.append(f"takes {record['shared_bytes']} bytes of shared memory, over sm_{record['arch']}'s {limit}")
+    return "; ".join(found) or "spills or overflows shared memory"
+
+
 def problems(records: list[dict]) -> list[str]:
     """What a chosen config must never do: fail to compile, spill, overflow shared memory, or (sm_90, 16-bit,
     GEMM tiles of 64+ rows) miss wgmma; and a Gluon launch's main loop must hold no shared-memory round trip and
@@ -272,7 +287,7 @@ def problems(records: list[dict]) -> list[str]:
         if not r["compiled"]:
             found.append(f"{name}: did not compile ({r['error']})")
         elif not r["fits"]:
-            found.append(f"{name}: spills or overflows shared memory")
+            found.append(f"{name}: {_misfit_text(r)}")
         elif (
             r["arch"] == 90 and r["dtype"] != "fp32" and r["config"]["block_m"] >= 64 and not r["config"].get("direct")
             and r["mma"] != "HGMMA"

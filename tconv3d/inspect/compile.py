@@ -111,6 +111,9 @@ class KernelReport:
     mma: str = "none"  # the first MMA instruction, e.g. HGMMA.64x128x16.F32.BF16
     loads: list[str] = field(default_factory=list)  # the global-load instructions, e.g. LDGSTS.E.BYPASS.128
     local_accesses: int = 0  # LDL/STL in the SASS
+    # Those of them in the main loop (None without one): a spill there costs every K step; one outside it (an
+    # index kept across the loop: one store and a few loads a program) costs next to nothing.
+    loop_local_accesses: int | None = None
     # The main loop (the innermost loop holding the MMA): its shared-memory round trips through registers
     # (LDS/LDSM/STS/STSM: an operand fed to the MMA from registers, or staged by hand), and the depth N of each
     # wgmma wait (WARPGROUP.DEPBAR.LE gsb0, N) in it: [1] is one group in flight; [0, 0, 0, 0] is every wgmma
@@ -455,7 +458,8 @@ def _cubin_facts(usage: str, sass: str) -> dict:
         "spill_bytes": int(stack.group(1)) if stack else None,
         "mma": mma.group(0).rstrip(".") if mma else "none",
         "loads": loads,
-        "local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "local_accesses": len(re.findall(_LOCAL_ACCESS, sass)),
+        "loop_local_accesses": None if body is None else sum(bool(re.search(_LOCAL_ACCESS, t)) for t in body),
         "loop_smem_ops": smem_ops,
         "loop_wgmma_waits": waits,
         "loop_barriers": barriers,
@@ -467,6 +471,7 @@ def _cubin_facts(usage: str, sass: str) -> dict:
     }
 
 
+_LOCAL_ACCESS = re.compile(r"\b(?:LDL|STL)\b")
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
