@@ -56,6 +56,28 @@ def test_weight_in_ncdhw_layout(device):
     assert rel_l2(y, case_reference(x, w, None, case)) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 1, 1), (3, 3, 1)], ids=lambda k: "x".join(map(str, k)))
+def test_unit_kernel_dims_read_whatever_their_strides(kernel, device):
+    """A unit kernel dimension's stride may be anything (a contiguous 1x1x1 weight's are 1); the pointer kernels
+    zero it (conv_fwd, conv_dgrad) so that the compiler sees each weight row aligned. Forward and input gradient
+    against float64 with strides 1 and 7 there; a wrong dimension zeroed reads the wrong taps."""
+    x = torch.randn(2, 16, 3, 5, 6, device=device).contiguous(memory_format=CL)
+    dense = torch.randn(8, *kernel, 16, device=device)  # (Cout, kd, kh, kw, Cin) in memory
+    grad_out = torch.randn(2, 8, 3, 5, 6, device=device).contiguous(memory_format=CL)
+    padding = tuple(k // 2 for k in kernel)
+    for unit_stride in (1, 7):
+        taps = [unit_stride if k == 1 else s for k, s in zip(kernel, dense.stride()[1:4], strict=True)]
+        w = dense.as_strided((8, 16, *kernel), (dense.stride(0), 1, *taps))
+        x_ = x.clone().requires_grad_()
+        y = tconv3d.conv3d(x_, w, None, 1, padding)
+        (grad_in,) = torch.autograd.grad(y, x_, grad_out)
+        x64 = x.double().requires_grad_()
+        ref = torch.nn.functional.conv3d(x64, w.double(), None, 1, padding)
+        (ref_grad,) = torch.autograd.grad(ref, x64, grad_out.double())
+        assert rel_l2(y, ref) < TOLERANCE[torch.float32], (kernel, unit_stride)
+        assert rel_l2(grad_in, ref_grad) < TOLERANCE[torch.float32], (kernel, unit_stride)
+
+
 def test_empty_batch_returns_empty_channels_last(device):
     x = torch.randn(0, 3, 4, 5, 6, device=device)
     w = torch.randn(5, 3, 3, 3, 3, device=device)

@@ -263,12 +263,15 @@ def table(records: list[dict]) -> str:
 
 def _misfit_text(record: dict) -> str:
     """What keeps a launch from fitting (compile.fits): its spill, and where its local-memory accesses are (in the
-    main loop, every K step pays them; outside it, a program pays a few), or its shared memory over the limit."""
+    main loop, every K step pays them; outside it, a program pays a few), a stack frame nothing reads or writes
+    (compile.fits refuses it all the same), or its shared memory over the limit."""
     found = []
-    if record["spill_bytes"] or record["local_accesses"]:
-        local, looped = record["local_accesses"], record.get("loop_local_accesses") or 0
+    local, looped = record["local_accesses"], record.get("loop_local_accesses") or 0
+    if local:
         where = f"{looped} of them in the main loop" if looped else "none in the main loop"
         found.append(f"spills {record['spill_bytes']} bytes a thread ({local} local loads and stores, {where})")
+    elif record["spill_bytes"]:  # a frame ptxas keeps for its subroutine calls (64-bit divisions): never touched
+        found.append(f"keeps a stack frame of {record['spill_bytes']} bytes, with no local load or store")
     limit = ARCHS[record["arch"]].smem_per_block
     if record["shared_bytes"] > limit:
         found.append(f"takes {record['shared_bytes']} bytes of shared memory, over sm_{record['arch']}'s {limit}")
