@@ -56,11 +56,13 @@ def test_weight_in_ncdhw_layout(device):
     assert rel_l2(y, case_reference(x, w, None, case)) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("kernel", [(1, 1, 1), (1, 3, 3), (3, 1, 1), (3, 3, 1)], ids=lambda k: "x".join(map(str, k)))
+@pytest.mark.parametrize(
+    "kernel", [(1, 1, 1), (1, 1, 3), (1, 3, 3), (3, 1, 1), (3, 3, 1)], ids=lambda k: "x".join(map(str, k))
+)
 def test_unit_kernel_dims_read_whatever_their_strides(kernel, device):
     """A unit kernel dimension's stride may be anything (a contiguous 1x1x1 weight's are 1); the pointer kernels
-    zero it (conv_fwd, conv_dgrad) so that the compiler sees each weight row aligned. Forward and input gradient
-    against float64 with strides 1 and 7 there; a wrong dimension zeroed reads the wrong taps."""
+    zero a pointwise weight's (conv_fwd, conv_dgrad) so that the compiler sees each weight row aligned. Forward and
+    input gradient against float64 with strides 1 and 7 there; a wrong stride zeroed reads the wrong taps."""
     x = torch.randn(2, 16, 3, 5, 6, device=device).contiguous(memory_format=CL)
     dense = torch.randn(8, *kernel, 16, device=device)  # (Cout, kd, kh, kw, Cin) in memory
     grad_out = torch.randn(2, 8, 3, 5, 6, device=device).contiguous(memory_format=CL)

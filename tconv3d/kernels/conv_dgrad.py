@@ -95,13 +95,8 @@ def _conv3d_dgrad_kernel(
         stride_wh = KW * W_CIN
         stride_wd = KH * KW * W_CIN
         stride_wo = KD * KH * KW * W_CIN
-    # A unit kernel dimension's stride: zero, as the forward's (a contiguous 1x1x1 weight's are 1).
-    if KD == 1:
-        stride_wd = 0
-    if KH == 1:
-        stride_wh = 0
-    if KW == 1:
-        stride_ww = 0
+    if KD * KH * KW == 1:  # a pointwise weight's tap strides: zero, as the forward's (a contiguous one's are 1)
+        stride_wd, stride_wh, stride_ww = 0, 0, 0
     if RUN > 1:  # go's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
         C_OUT = run_aligned(C_OUT, RUN)
         stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, RUN)

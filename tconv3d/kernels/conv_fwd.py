@@ -108,16 +108,14 @@ def _conv3d_fwd_kernel(
     computes the interior of a forward whose border in H or W reads input voxels, this one launch computes the
     rest (conv_fwd.conv3d_fwd).
     """
-    # A unit kernel dimension's stride can be anything, and a contiguous 1x1x1 weight's are 1, which Triton
-    # specializes: kd * stride_wd then hides the alignment of every weight row, and the weight loaded element by
-    # element (a pointwise conv's, sm_80: 16 LDG.U16 and STS.U16 a step, 40 bytes spilled at 128 x 128 x 64).
-    # Its tap index is always 0: zero the stride, as the compiler can see.
-    if KD == 1:
-        stride_wd = 0
-    if KH == 1:
-        stride_wh = 0
-    if KW == 1:
-        stride_ww = 0
+    # A pointwise weight's tap strides can be anything, and a contiguous 1x1x1 weight's are 1 (torch counts it
+    # channels_last_3d as it is), which Triton specializes: kd * stride_wd then hides the alignment of every weight
+    # row, and the weight loaded element by element (sm_80, 128 x 128 x 64: 16 LDG.U16 and STS.U16 a step, 40
+    # bytes spilled). Its tap index is always 0: zero them, as the compiler can see. (Zeroing the unit dimensions
+    # of other kernels, whose strides torch makes channels-last ones, only moved their instruction counts both
+    # ways: bench/NOTES.md, thirty-third session.)
+    if KD * KH * KW == 1:
+        stride_wd, stride_wh, stride_ww = 0, 0, 0
     if RUN > 1:  # multiples of RUN, as the compiler can see (utils.run_aligned)
         C_IN = run_aligned(C_IN, RUN)  # a group's channels (its first one's offset)
         stride_xn, stride_xd, stride_xh, stride_xw = runs_aligned(stride_xn, stride_xd, stride_xh, stride_xw, RUN)
