@@ -589,7 +589,7 @@ def test_pointer_kernels_read_channels_after_at_the_same_width():
     plain = {(r["arch"], r["direction"]): r for r in reports if not r["after"]}
     for r in (r for r in reports if r["after"]):
         one = plain[r["arch"], r["direction"]]
-        name = (r["arch"], r["direction"], r["tiles"])
+        name = (r["arch"], r["direction"])
         assert not r["spill_bytes"] and not r["local_accesses"], name
         assert set(r["loads"]) == set(one["loads"]) and any(load.endswith(".128") for load in r["loads"]), name
         assert r["loop_instructions"] <= 1.15 * one["loop_instructions"], (name, r["loop_instructions"])
@@ -623,7 +623,7 @@ def test_pointwise_pointer_kernels_load_the_weight_as_vectors():
     reports = compile_script(POINTWISE_COMPILE)
     assert len(reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
-        name = (r["arch"], r["direction"])
+        name = (r["arch"], r["direction"], r["tiles"])
         assert not r["spill_bytes"] and not r["local_accesses"], name
         vectors = all(load.startswith("LDGSTS") and load.endswith(".128") for load in r["loads"])
         assert r["loads"] and vectors, (name, r["loads"])
