@@ -615,9 +615,9 @@ print(json.dumps(report_rows(out)))
 
 
 def test_pointwise_pointer_kernels_load_the_weight_as_vectors():
-    """A contiguous 1x1x1 weight's tap strides are 1, which Triton specializes: until the kernels zeroed a unit
-    kernel dimension's stride, kd * stride_wd hid every weight row's alignment, and the forward and input
-    gradient loaded the weight element by element (sm_80 bf16 at 128 x 128 x 64 on 8 warps: 16 LDG.U16 and STS.U16
+    """A contiguous 1x1x1 weight's tap strides are 1, which Triton specializes: until the kernels zeroed a pointwise
+    weight's tap strides, kd * stride_wd hid every weight row's alignment, and the forward and input gradient
+    loaded the weight element by element (sm_80 bf16 at 128 x 128 x 64 on 8 warps: 16 LDG.U16 and STS.U16
     a step, 255 registers and 40 bytes spilled, 6 local accesses in the main loop; 397 instructions a step, now
     241 with 198 registers). Every load a 16-byte cp.async, nothing spilled."""
     reports = compile_script(POINTWISE_COMPILE)
