@@ -480,3 +480,49 @@ def test_packed_runs_match_float64(case, layout, gpu_heuristic_tiles, device):
     assert utils.channel_run(case.cout, grad_out) == run(case.cout) > 1
     if case.cin < 16:
         assert utils.channel_run(case.cin, x, w) == run(case.cin) > 1
+
+
+PLAIN_RUN_CASES = [
+    Case("cin24_cout40", 1, 24, 40, (4, 5, 6), 3, padding=1),
+    Case("cin40_cout24_s2", 2, 40, 24, (5, 6, 7), 3, stride=2, padding=1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+@pytest.mark.parametrize("layout", ["dense", "sliced"])
+@pytest.mark.parametrize("case", PLAIN_RUN_CASES, ids=lambda c: c.name)
+def test_plain_runs_match_float64(case, layout, dtype, gpu_heuristic_tiles, device):
+    """The plain (unpacked) forward, input gradient (at unit stride) and weight gradient of channels Triton cannot
+    see are 16-byte runs (24 and 40: utils.unseen_run) take their strides as multiples of RUN (8 in bf16 dense, 4
+    in fp32; 4 in bf16 for channels sliced from 4 more, whose strides are multiples of 28 and 44), against
+    float64. The sliced tensors start 4 bytes past an allocation's 16-byte alignment; a RUN larger than the
+    strides allow reads the wrong rows (8 forced on the sliced tensors: relative error ~1)."""
+    extra = 4 if layout == "sliced" else 0
+
+    def operand(channels, size):
+        whole = torch.randn(case.batch, channels + extra, *size, device=device).to(dtype).contiguous(memory_format=CL)
+        return whole[:, 2 : 2 + channels] if extra else whole
+
+    def run(*channels):  # the largest power of two up to 16 bytes dividing the channels and the whole tensors'
+        widest = 16 // torch.empty((), dtype=dtype).element_size()
+        return max(
+            p for p in (1, 2, 4, 8) if p <= widest and all(c % p == 0 and (c + extra) % p == 0 for c in channels)
+        )
+
+    x, w = operand(case.cin, case.size), case.weight(dtype, device)
+    stride, padding = triple(case.stride, "stride"), triple(case.padding, "padding")
+    y = tconv3d.conv3d(x, w, None, stride, padding)
+    ref = F.conv3d(x.double(), w.double(), None, stride, padding)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+    grad_out = operand(case.cout, ref.shape[2:])
+    expected = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), stride, padding)
+    grad_in = torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), stride, padding, (1, 1, 1))
+    assert rel_l2(grad_in, expected) < TOLERANCE[dtype]
+    expected = torch.nn.grad.conv3d_weight(x.double(), w.shape, grad_out.double(), stride, padding)
+    grad_w = torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, list(w.shape), stride, padding, (1, 1, 1))
+    assert rel_l2(grad_w, expected) < TOLERANCE[dtype]
+    # what the launches took: the forward's (x and the weight), the input gradient's at unit stride (go and the
+    # weight; over stride phases it keeps 1, conv_dgrad._run), the weight gradient's (x; go)
+    assert utils.unseen_run(case.cin, x, w) == run(case.cin) > 1
+    assert utils.unseen_run(case.cout, grad_out, w) == run(case.cout, case.cin) > 1
+    assert utils.unseen_run(case.cout, grad_out) == run(case.cout) > 1

@@ -36,6 +36,7 @@ from .utils import (
     tap_bits,
     tap_inside,
     tap_pairs,
+    unseen_run,
 )
 
 
@@ -73,7 +74,8 @@ def _conv3d_dgrad_kernel(
     nothing but its two operands. With PACK_TAPS (fewer output channels than one MMA step: it is that count,
     C_OUT, a constexpr) K runs over (live tap, channel) pairs, as in the forward, and at unit stride with at most
     63 taps its bounds are a bit a tap, found once a tile (utils.tap_bits), and go's channel runs load as vectors
-    where its strides allow (RUN), as there. A second source along K
+    where its strides allow (RUN), as there; so do a plain loop's rows of go and the weight where Triton cannot see
+    their alignment itself (utils.unseen_run: 24 or 40 channels). A second source along K
     (HAS_AFTER: grad_output is a channel concatenation read in place, a transposed convolution's input) adds its
     channel blocks after go's, as the forward's HAS_AFTER adds the input's. With W_TAPS (fewer input channels than
     one MMA step, unit stride) the columns are (input channel, W tap) pairs, as the forward's W_TAPS: a row is an
@@ -100,7 +102,7 @@ def _conv3d_dgrad_kernel(
     if RUN > 1:  # go's strides and a group's channels multiples of RUN, as the compiler can see (the forward's)
         C_OUT = run_aligned(C_OUT, RUN)
         stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, RUN)
-        if DIAG_CI:  # and the weight's, whose rows hold DIAG_CI channels: a block's channels one aligned run
+        if DIAG_CI or not PACK_TAPS:  # and the weight's (DIAG_CI: rows of DIAG_CI channels, a block's one run)
             stride_wo, stride_wd, stride_wh, stride_ww = runs_aligned(stride_wo, stride_wd, stride_wh, stride_ww, RUN)
     group = tl.program_id(1)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
@@ -328,7 +330,7 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, co
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         PACK_TAPS=c_out if packed else 0, W_TAPS=w_taps,
-        RUN=channel_run(c_out, grad_out) if packed else _diagonal_run(diag, c_out, grad_out, weight),
+        RUN=_run(c_out, grad_out, channels_after, weight, packed, diag, phases),
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
         DIAG_CO=diag[1],
         HAS_AFTER=channels_after is not None, HAS_BIAS=bias is not None, UPCAST_DOT=upcast,
@@ -339,11 +341,19 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, co
     )  # fmt: skip
 
 
-def _diagonal_run(diag, c_out, grad_out, weight) -> int:
-    """RUN of a launch reading a grouped weight's diagonal blocks in place (1 otherwise): a block's input channels
-    are one run of a weight row, and the kernel takes its groups' output channels (go's group offset) as a
-    multiple of RUN too, so RUN divides both (27 output channels a group in a view of 28-channel rows: 1, not 2)."""
-    return channel_run(math.gcd(diag[0], c_out), grad_out, weight) if diag[0] else 1
+def _run(c_out, grad_out, channels_after, weight, packed: bool, diag, phases: int) -> int:
+    """RUN of a launch (utils.channel_run): the packed loop's, go's (tap, channel) pairs; reading a grouped
+    weight's diagonal blocks in place, a block's input channels are one run of a weight row, and the kernel takes
+    its groups' output channels (go's group offset) as a multiple of RUN too, so RUN divides both (27 output
+    channels a group in a view of 28-channel rows: 1, not 2); a plain loop's at unit stride where Triton cannot see
+    it (utils.unseen_run: go's and the weight's); 1 for a second source along K, whose strides it does not rewrite,
+    and for a plain loop over stride phases: its sm_90 fp32 (and 20 -> 36 bf16) tiles then kept an 8-byte stack
+    frame (no local access; the int64 divisions' calls are outside the loop) that compile.fits refuses."""
+    if packed:
+        return channel_run(c_out, grad_out)
+    if diag[0]:
+        return channel_run(math.gcd(diag[0], c_out), grad_out, weight)
+    return 1 if channels_after is not None or phases > 1 else unseen_run(c_out, grad_out, weight)
 
 
 def dense_channels_last(weight: torch.Tensor) -> int:

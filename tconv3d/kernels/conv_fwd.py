@@ -46,6 +46,7 @@ from .utils import (
     tap_bits,
     tap_inside,
     tap_pairs,
+    unseen_run,
 )
 
 
@@ -90,7 +91,8 @@ def _conv3d_fwd_kernel(
     borders and at most 63 taps, which of a row's taps lie inside the input is found once a tile, a bit a tap
     (TAP_BITS), and a step tests one bit an element instead of six bounds. Where every stride of x (p) and the
     weight but the channels' is a multiple of RUN elements (utils.channel_run: 8 in 16 bits at 8 channels), each
-    tap's channels of a voxel are one aligned run, loaded as a vector (and so are DIAG_CI's weight rows, below).
+    tap's channels of a voxel are one aligned run, loaded as a vector (and so are DIAG_CI's weight rows, below);
+    so are a plain loop's where Triton cannot see that itself (utils.unseen_run: 24 or 40 channels).
     With W_TAPS (fewer output channels than one MMA step: a decoder's conv to 3 channels) the columns are (output
     channel, W tap) pairs, W_TAPS of them a channel, and the loop runs over the (kd, kh) taps only: a row is a
     voxel of an output row extended by the W taps' reach (HALO), M counts them, and each (kd, kh) step reads its
@@ -375,8 +377,7 @@ def _launch_pointer_kernel(
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         HAS_BIAS=bias is not None, PACK_TAPS=c_in if packed else 0,
-        RUN=channel_run(c_in, x, frames_before, weight) if packed else channel_run(diag[0], x, frames_before, weight)
-        if diag[0] else 1,
+        RUN=_run(c_in, x, frames_before, channels_after, weight, packed, diag),
         W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None, RING=ring,
@@ -386,3 +387,14 @@ def _launch_pointer_kernel(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def _run(c_in, x, frames_before, channels_after, weight, packed: bool, diag) -> int:
+    """RUN of a launch (utils.channel_run): the packed loop's (tap, channel) pairs'; a grouped weight's diagonal
+    blocks' (DIAG_CI channels a weight row); a plain loop's where Triton cannot see it (utils.unseen_run: 24
+    channels, or a view's strides); 1 for a second source along C, whose strides the kernel does not rewrite."""
+    if packed:
+        return channel_run(c_in, x, frames_before, weight)
+    if diag[0]:
+        return channel_run(diag[0], x, frames_before, weight)
+    return 1 if channels_after is not None else unseen_run(c_in, x, frames_before, weight)

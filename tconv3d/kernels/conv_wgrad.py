@@ -44,6 +44,7 @@ from .utils import (
     tap_bits,
     tap_inside,
     tap_pairs,
+    unseen_run,
     voxel_steps,
 )
 
@@ -70,8 +71,8 @@ def _conv3d_wgrad_kernel(
     STRIDE_D, STRIDE_H, STRIDE_W, PAD_D, PAD_H, PAD_W, DIL_D, DIL_H, DIL_W,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     # meta-parameters
-    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, HAS_PREFIX: tl.constexpr,
-    HAS_AFTER: tl.constexpr, RING: tl.constexpr, DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr,
+    GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, GO_RUN: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr, RING: tl.constexpr, DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr,
     PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -84,8 +85,9 @@ def _conv3d_wgrad_kernel(
     PACK_TAPS (fewer input channels than one MMA step: it is that count, C_IN, a constexpr) there is one GEMM whose
     N = taps x Cin (tap, channel) pairs: the Cin = 3 stem's 81 columns fill one 128-wide tile instead of 27 tiles
     3/16 full; where x's strides are multiples of RUN (the forward's), each tap's channels of a voxel load as a
-    vector. A second source
-    along C (HAS_AFTER, a channel concatenation read in place) adds its own column tiles after x's: a program's
+    vector, and so do a plain loop's channels of x (RUN) and go (GO_RUN) where Triton cannot see their alignment
+    itself (utils.unseen_run: 24 or 40 channels). A second source along C (HAS_AFTER, a channel concatenation
+    read in place) adds its own column tiles after x's: a program's
     columns lie in one source, whose base and strides it takes once (utils.select). With RING the reduction runs
     over the output voxels of each frame's border ring alone (where a box kernel reduced over the interior), their
     coordinates from the ring's index each step. With DIAG_CI (groups of few channels run side by side,
@@ -100,6 +102,9 @@ def _conv3d_wgrad_kernel(
         C_IN = run_aligned(C_IN, RUN)
         stride_xn, stride_xd, stride_xh, stride_xw = runs_aligned(stride_xn, stride_xd, stride_xh, stride_xw, RUN)
         stride_pn, stride_pd, stride_ph, stride_pw = runs_aligned(stride_pn, stride_pd, stride_ph, stride_pw, RUN)
+    if GO_RUN > 1:  # go's strides and a group's output channels, likewise
+        C_OUT = run_aligned(C_OUT, GO_RUN)
+        stride_gn, stride_gd, stride_gh, stride_gw = runs_aligned(stride_gn, stride_gd, stride_gh, stride_gw, GO_RUN)
     group = tl.program_id(2)  # grouped convolution: shifted base pointers, as in the forward
     go_ptr += group * C_OUT * stride_gc
     x_ptr += group * C_IN * stride_xc
@@ -423,6 +428,7 @@ def _launch_pointer_kernel(
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
     packed = not ring and packs_taps("wgrad", geom)
+    x_run = unseen_run(c_in, x, frames_before)  # a plain loop's, where Triton cannot see it (24 or 40 channels)
     launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
@@ -432,7 +438,8 @@ def _launch_pointer_kernel(
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         GO_DENSE=not ring and go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
-        RUN=channel_run(c_in, x, frames_before) if packed else 1,
+        RUN=channel_run(c_in, x, frames_before) if packed else 1 if channels_after is not None else x_run,
+        GO_RUN=unseen_run(c_out, grad_out),
         HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring, DIAG_CI=diag[0],
         _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
         DIAG_CO=diag[1],

@@ -379,12 +379,26 @@ def channel_run(channels: int, *tensors: torch.Tensor | None) -> int:
     present = [t for t in tensors if t is not None]
     common = channels
     for t in present:
-        if t.shape[1] > 1 and t.stride(1) != 1:
+        shape, strides = t.shape, t.stride()
+        if shape[1] > 1 and strides[1] != 1:
             return 1
-        common = math.gcd(
-            common, *(s for i, (s, n) in enumerate(zip(t.stride(), t.shape, strict=True)) if i != 1 and n > 1)
-        )
+        for dim in (0, 2, 3, 4):
+            if shape[dim] > 1:
+                common = math.gcd(common, strides[dim])
     return min(16 // present[0].element_size(), common & -common)  # the largest power of two dividing them all
+
+
+def unseen_run(channels: int, *tensors: torch.Tensor | None) -> int:
+    """RUN of a plain (unpacked) loop: channel_run where Triton cannot see the alignment itself, that is where
+    `channels` or a stride channel_run covers is not a multiple of 16 (Triton proves divisibility of integer
+    arguments by 16 alone): 24 bf16 channels, whose 48-byte rows are 16-byte runs, loaded element by element
+    without it. 1 where every one is a multiple of 16, so such launches compile as they did."""
+    seen = channels % 16 == 0
+    for t in tensors:
+        if seen and t is not None:
+            sn, _, sd, sh, sw = t.stride()
+            seen = (sn | sd | sh | sw) % 16 == 0  # (every low bit clear: all multiples of 16; per launch, so cheap)
+    return 1 if seen else channel_run(channels, *tensors)
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:

@@ -600,7 +600,13 @@ def heuristic_config(
         return persistent
     if after_dgrad:  # off the Gluon kernel: the pointer one (the Triton TMA one reading two sources is not timed)
         return config
-    return config if strided or direction == "fwd" else with_tma(config, geom, direction)
+    if strided or direction == "fwd":
+        return config
+    if direction == "wgrad":
+        # The one-stage tiles of an unaligned fp32 weight gradient are the pointer kernel's (_heuristic_tiles): its
+        # TMA twin keeps its ring of two, as before (one stage: 5-11% longer loops, sm_90, 36 -> 20 and 64 -> 40).
+        config = replace(config, num_stages=max(config.num_stages, 2))
+    return with_tma(config, geom, direction)
 
 
 # The least share of its last round of tiles over the SMs (tiles / SMs over its round-up) at which a forward or input
@@ -850,6 +856,13 @@ def _heuristic_tiles(
             # spilled 8-24 bytes on sm_80 where 4 spilled 0-8).
             block_k = 32
             num_warps = 8 if dtype.itemsize == 2 or block_m * block_n > 64 * 64 else num_warps
+            if num_warps == 4 and dtype == torch.float32:
+                # With its channels loaded as runs (utils.unseen_run) fp32's 64 x 64 x 32 sits at ptxas's 128
+                # registers on sm_80: on 2 stages 36 -> 20 spilled 8 bytes (3 local accesses outside the loop), on
+                # 3 40 -> 16 and 1 -> 12 did; on 1 none of the 17 such random and awkward problems spills (sm_80
+                # and sm_90; their loops -20% to +1%, issue ceilings -1% to +19%). One stage waits on each step's
+                # loads; the 4-5 programs an SM its registers allow hide them (a GPU has not timed it).
+                stages = 1
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if packs_taps(direction, geom):
