@@ -428,7 +428,12 @@ def _launch_pointer_kernel(
     q_delta, *q_strides = second_source_arguments(channels_after, x)
     go_strides = ndhwc_strides(grad_out)
     packed = not ring and packs_taps("wgrad", geom)
-    x_run = unseen_run(c_in, x, frames_before)  # a plain loop's, where Triton cannot see it (24 or 40 channels)
+    # x's run: the packed loop's pairs'; a plain loop's where Triton cannot see it (24 or 40 channels); none for
+    # channels_after, whose second source's strides the kernel does not rewrite
+    if packed:
+        x_run = channel_run(c_in, x, frames_before)
+    else:
+        x_run = 1 if channels_after is not None else unseen_run(c_in, x, frames_before)
     launch(
         _conv3d_wgrad_kernel, grid,
         grad_out, x, out,
@@ -438,7 +443,7 @@ def _launch_pointer_kernel(
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         GO_DENSE=not ring and go_strides == dense_ndhwc_strides(grad_out), PACK_TAPS=c_in if packed else 0,
-        RUN=channel_run(c_in, x, frames_before) if packed else 1 if channels_after is not None else x_run,
+        RUN=x_run,
         GO_RUN=unseen_run(c_out, grad_out),
         HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring, DIAG_CI=diag[0],
         _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
