@@ -9,6 +9,7 @@ from helpers import CASES, DTYPES, Case, case_reference, count_launches, dtype_i
 
 import tconv3d
 from tconv3d import settings
+from tconv3d.geometry import triple
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, reference_conv3d, rel_l2, tolerance
 
 CL = torch.channels_last_3d
@@ -215,3 +216,56 @@ def test_strided_bias_view(device):
     bias = torch.randn(2 * case.cout, device=device)[::2]  # a view with stride 2
     y = tconv3d.conv3d(x, w, bias, case.stride, case.padding)
     assert rel_l2(y, case_reference(x, w, bias, case)) < TOLERANCE[torch.float32]
+
+
+ROW_CASES = [
+    Case("s1_cout20", 2, 24, 20, (3, 5, 6), 3, padding=1),
+    Case("s2_cout20", 1, 20, 24, (5, 6, 7), 3, stride=2, padding=1),
+]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["int32_rows", "int64_rows"])
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: c.name)
+def test_row_indices_of_either_width_match_float64(case, wide, gpu_heuristic_tiles, device, monkeypatch):
+    """The forward's and input gradient's pointer kernels split their rows into coordinates in int32 unless a
+    launch's row indices near 2^31 (utils.wide_rows: WIDE_ROWS, forced here by lowering the bound), and store a
+    flat output's rows at m * stride_w (the forward's FLAT_Y where y's strides are not 16-divisible: 20 and 24
+    output channels here; the input gradient's FLAT_GI at unit stride, over stride phases it finds them from the
+    coordinates), against float64. Each launch is checked to have taken the flags asked for."""
+    from tconv3d.kernels import conv_dgrad, conv_fwd, utils
+
+    if wide:
+        monkeypatch.setattr(utils, "INT32_ROWS", 64)
+    taken = []
+    for module in (conv_fwd, conv_dgrad):
+
+        def spy(kernel, grid, *args, _launch=module.launch, **kwargs):
+            taken.append((kernel.__name__, kwargs.get("WIDE_ROWS"), kwargs.get("FLAT_Y", kwargs.get("FLAT_GI"))))
+            return _launch(kernel, grid, *args, **kwargs)
+
+        monkeypatch.setattr(module, "launch", spy)
+    dtype = torch.float32
+    x, w = case.input(dtype, device, CL), case.weight(dtype, device)
+    y = tconv3d.conv3d(x, w, None, case.stride, case.padding)
+    ref = case_reference(x, w, None, case)
+    assert rel_l2(y, ref) < TOLERANCE[dtype]
+    grad_out = torch.randn_like(y)
+    stride, padding = triple(case.stride, "stride"), triple(case.padding, "padding")
+    expected = torch.nn.grad.conv3d_input(x.shape, w.double(), grad_out.double(), stride, padding)
+    grad_in = torch.ops.tconv3d.conv3d_input_grad(grad_out, w, list(x.shape), stride, padding, (1, 1, 1))
+    assert rel_l2(grad_in, expected) < TOLERANCE[dtype]
+    unit = stride == (1, 1, 1)
+    assert taken == [("_conv3d_fwd_kernel", wide, True), ("_conv3d_dgrad_kernel", wide, unit)]
+
+
+def test_flat_rows():
+    """utils.flat_rows: voxels one W stride apart in (n, d, h, w) order, whatever the channels' stride."""
+    from tconv3d.kernels.utils import flat_rows
+
+    whole = torch.empty(2, 12, 3, 4, 5).contiguous(memory_format=CL)
+    assert flat_rows(whole) and flat_rows(whole[:, 3:7])  # dense, a channel slice
+    assert not flat_rows(whole[:, :, 1:]) and not flat_rows(whole[:, :, :, :, 1:4])  # frames or columns sliced off
+    assert not flat_rows(whole.permute(0, 1, 2, 4, 3))  # H and W swapped
+    assert not flat_rows(torch.empty(2, 12, 3, 4, 5))  # NCDHW: the second batch past every channel of the first
+    assert flat_rows(whole[:1, :, 1:2])  # size-1 dims: any stride
+    assert flat_rows(torch.empty(1, 12, 1, 1, 5).as_strided((1, 12, 1, 1, 5), (7, 1, 999, 3, 12)))

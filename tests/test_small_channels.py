@@ -492,11 +492,11 @@ PLAIN_RUN_CASES = [
 @pytest.mark.parametrize("layout", ["dense", "sliced"])
 @pytest.mark.parametrize("case", PLAIN_RUN_CASES, ids=lambda c: c.name)
 def test_plain_runs_match_float64(case, layout, dtype, gpu_heuristic_tiles, device):
-    """The plain (unpacked) forward, input gradient (at unit stride) and weight gradient of channels Triton cannot
-    see are 16-byte runs (24 and 40: utils.unseen_run) take their strides as multiples of RUN (8 in bf16 dense, 4
-    in fp32; 4 in bf16 for channels sliced from 4 more, whose strides are multiples of 28 and 44), against
-    float64. The sliced tensors start 4 bytes past an allocation's 16-byte alignment; a RUN larger than the
-    strides allow reads the wrong rows (8 forced on the sliced tensors: relative error ~1)."""
+    """The plain (unpacked) forward, input gradient (at unit stride and over stride phases) and weight gradient of
+    channels Triton cannot see are 16-byte runs (24 and 40: utils.unseen_run) take their strides as multiples of
+    RUN (8 in bf16 dense, 4 in fp32; 4 in bf16 for channels sliced from 4 more, whose strides are multiples of 28
+    and 44), against float64. The sliced tensors start 4 bytes past an allocation's 16-byte alignment; a RUN
+    larger than the strides allow reads the wrong rows (8 forced on the sliced tensors: relative error ~1)."""
     extra = 4 if layout == "sliced" else 0
 
     def operand(channels, size):
@@ -521,8 +521,8 @@ def test_plain_runs_match_float64(case, layout, dtype, gpu_heuristic_tiles, devi
     expected = torch.nn.grad.conv3d_weight(x.double(), w.shape, grad_out.double(), stride, padding)
     grad_w = torch.ops.tconv3d.conv3d_weight_grad(grad_out, x, list(w.shape), stride, padding, (1, 1, 1))
     assert rel_l2(grad_w, expected) < TOLERANCE[dtype]
-    # what the launches took: the forward's (x and the weight), the input gradient's at unit stride (go and the
-    # weight; over stride phases it keeps 1, conv_dgrad._run), the weight gradient's (x; go)
+    # what the launches took: the forward's (x and the weight), the input gradient's (go and the weight), the
+    # weight gradient's (x; go)
     assert utils.unseen_run(case.cin, x, w) == run(case.cin) > 1
     assert utils.unseen_run(case.cout, grad_out, w) == run(case.cout, case.cin) > 1
     assert utils.unseen_run(case.cout, grad_out) == run(case.cout) > 1

@@ -20,6 +20,7 @@ from .utils import (
     channel_run,
     dot_flags,
     empty_ndhwc,
+    flat_rows,
     fold_padding,
     gather_tile,
     grouped_tile,
@@ -37,6 +38,7 @@ from .utils import (
     tap_inside,
     tap_pairs,
     unseen_run,
+    wide_rows,
 )
 
 
@@ -60,6 +62,7 @@ def _conv3d_dgrad_kernel(
     # meta-parameters
     PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr, W_CIN: tl.constexpr,
     DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_AFTER: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, FLAT_GI: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -126,7 +129,8 @@ def _conv3d_dgrad_kernel(
     rd = phase // (STRIDE_W * STRIDE_H)
     pid_m, pid_n = grouped_tile(tl.program_id(0) % (num_m * num_n), num_m, num_n, GROUP_M)
 
-    offs_m = pid_m.to(tl.int64) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M] voxels of this phase
+    # in int32 unless M_PHASE nears 2^31 (WIDE_ROWS), as the forward's
+    offs_m = pid_m.to(tl.int64 if WIDE_ROWS else tl.int32) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the input channels the tile writes
     if W_TAPS:
         if W_CIN:  # each tap's channels side by side: one run of a weight row
@@ -142,14 +146,18 @@ def _conv3d_dgrad_kernel(
     id_ = rd + jd * STRIDE_D
     ih = rh + jh * STRIDE_H
     iw = rw + jw * STRIDE_W
-    mask_m = (offs_m < M_PHASE) & (id_ < D_IN) & (ih < H_IN)
-    if not W_TAPS:  # (a W_TAPS tile's rows past W_IN hold its last voxels' taps)
-        mask_m &= iw < W_IN
+    if FLAT_GI:  # unit stride: the phase is the input
+        mask_m = offs_m < M_PHASE
+    else:
+        mask_m = (offs_m < M_PHASE) & (id_ < D_IN) & (ih < H_IN)
+        if not W_TAPS:  # (a W_TAPS tile's rows past W_IN hold its last voxels' taps)
+            mask_m &= iw < W_IN
     # For a live tap, output voxel = (jd, jh, jw) + a per-tap shift, so rows are addressed from (jd, jh, jw).
     jd32 = jd.to(tl.int32)
     jh32 = jh.to(tl.int32)
     jw32 = jw.to(tl.int32)
-    go_offsets = n * stride_gn + jd * stride_gd + jh * stride_gh + jw * stride_gw
+    n = n.to(tl.int64)
+    go_offsets = n * stride_gn + jd.to(tl.int64) * stride_gd + jh.to(tl.int64) * stride_gh + jw.to(tl.int64) * stride_gw
     go_rows = go_ptr + go_offsets  # [BLOCK_M] pointers
     # [BLOCK_N] pointers (a column's channel within its block, DIAG_CI)
     w_cols = w_ptr + (offs_n % DIAG_CI if DIAG_CI else offs_n) * stride_wi
@@ -174,7 +182,8 @@ def _conv3d_dgrad_kernel(
     a_blocks, k_blocks = source_blocks(C_A, C_OUT, BLOCK_K, HAS_AFTER)  # go's channel blocks, then q's
     if HAS_AFTER:
         tl.static_assert(not PACK_TAPS, "channels_after: unpacked channels")
-        q_rows = (Q_DELTA + n * stride_qn + jd * stride_qd + jh * stride_qh + jw * stride_qw) - go_offsets  # [BLOCK_M]
+        q_rows = (Q_DELTA + n * stride_qn + jd.to(tl.int64) * stride_qd + jh.to(tl.int64) * stride_qh
+                  + jw.to(tl.int64) * stride_qw) - go_offsets  # [BLOCK_M]  # fmt: skip
     TAPS: tl.constexpr = KD * KH * KW
     TAP_BITS: tl.constexpr = PACK_TAPS and TAPS < 64
     if PACK_TAPS and live_taps_ptr is None:  # unit stride: go under tap (0, 0, 0), past the row's front padding
@@ -255,7 +264,11 @@ def _conv3d_dgrad_kernel(
     if HAS_BIAS:
         bias_cols = tl.where(split == 0, C_IN, 0)  # split 0's partial carries the bias
         acc += tl.load(bias_ptr + offs_o, mask=offs_o < bias_cols, other=0.0).to(tl.float32)[None, :]
-    gi_rows = n * stride_in + id_ * stride_id + ih * stride_ih + iw * stride_iw  # [BLOCK_M]
+    if FLAT_GI:  # row m's voxel lies m rows of gi in: no coordinates to find again in the store's layout
+        gi_rows = offs_m.to(tl.int64) * stride_iw  # [BLOCK_M]
+    else:
+        gi_rows = (n * stride_in + id_.to(tl.int64) * stride_id + ih.to(tl.int64) * stride_ih
+                   + iw.to(tl.int64) * stride_iw)  # fmt: skip
     gi_ptrs = gi_ptr + gi_rows[:, None] + offs_o[None, :] * stride_ic  # [BLOCK_M, OUT_COLS]
     tl.store(gi_ptrs, acc.to(gi_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_IN)[None, :])
 
@@ -330,10 +343,11 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, co
         *geom.stride, *geom.front_padding, *geom.dilation,
         *geom.kernel,
         PACK_TAPS=c_out if packed else 0, W_TAPS=w_taps,
-        RUN=_run(c_out, grad_out, channels_after, weight, packed, diag, phases),
+        RUN=_run(c_out, grad_out, channels_after, weight, packed, diag),
         W_CIN=dense_channels_last(weight) if w_taps and c_in & (c_in - 1) == 0 else 0, DIAG_CI=diag[0],
         DIAG_CO=diag[1],
         HAS_AFTER=channels_after is not None, HAS_BIAS=bias is not None, UPCAST_DOT=upcast,
+        WIDE_ROWS=wide_rows(rows, config.block_m), FLAT_GI=phases == 1 and not w_taps and flat_rows(out),
         _distances=channels_after is not None,  # second_source_arguments'
         INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
@@ -341,19 +355,20 @@ def _launch_pointer_kernel(grad_out, channels_after, weight, bias, out, geom, co
     )  # fmt: skip
 
 
-def _run(c_out, grad_out, channels_after, weight, packed: bool, diag, phases: int) -> int:
+def _run(c_out, grad_out, channels_after, weight, packed: bool, diag) -> int:
     """RUN of a launch (utils.channel_run): the packed loop's, go's (tap, channel) pairs; reading a grouped
     weight's diagonal blocks in place, a block's input channels are one run of a weight row, and the kernel takes
     its groups' output channels (go's group offset) as a multiple of RUN too, so RUN divides both (27 output
-    channels a group in a view of 28-channel rows: 1, not 2); a plain loop's at unit stride where Triton cannot see
-    it (utils.unseen_run: go's and the weight's); 1 for a second source along K, whose strides it does not rewrite,
-    and for a plain loop over stride phases: its sm_90 fp32 (and 20 -> 36 bf16) tiles then kept an 8-byte stack
-    frame (no local access; the int64 divisions' calls are outside the loop) that compile.fits refuses."""
+    channels a group in a view of 28-channel rows: 1, not 2); a plain loop's where Triton cannot see it
+    (utils.unseen_run: go's and the weight's), over stride phases too since the rows are split in int32
+    (WIDE_ROWS: with int64 divisions the sm_90 fp32 tiles kept an 8-byte stack frame; now 74 strided launches of
+    the random, awkward and bench problems fit, 38 loops shorter, down to 0.47x); 1 for a second source along K,
+    whose strides it does not rewrite."""
     if packed:
         return channel_run(c_out, grad_out)
     if diag[0]:
         return channel_run(math.gcd(diag[0], c_out), grad_out, weight)
-    return 1 if channels_after is not None or phases > 1 else unseen_run(c_out, grad_out, weight)
+    return 1 if channels_after is not None else unseen_run(c_out, grad_out, weight)
 
 
 def dense_channels_last(weight: torch.Tensor) -> int:

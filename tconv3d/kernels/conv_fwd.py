@@ -30,6 +30,7 @@ from .utils import (
     channel_run,
     dot_flags,
     empty_ndhwc,
+    flat_rows,
     gather_tile,
     grouped_tile,
     mma,
@@ -47,6 +48,7 @@ from .utils import (
     tap_inside,
     tap_pairs,
     unseen_run,
+    wide_rows,
 )
 
 
@@ -74,7 +76,8 @@ def _conv3d_fwd_kernel(
     # meta-parameters
     HAS_BIAS: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, W_TAPS: tl.constexpr,
     DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr, HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr,
-    RING: tl.constexpr, PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
+    RING: tl.constexpr, WIDE_ROWS: tl.constexpr, FLAT_Y: tl.constexpr,
+    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -148,7 +151,11 @@ def _conv3d_fwd_kernel(
         tile_rows = BLOCK_M
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, tile_rows), tl.cdiv(C_OUT, OUT_COLS), GROUP_M)
 
-    offs_m = pid_m.to(tl.int64) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    # Row indices and the coordinates split from them in int32 unless M nears 2^31 (WIDE_ROWS): an int64
+    # division is a subroutine call, and the epilogue redoes the split in its store's layout (FLAT_Y aside), each
+    # thread for each of its rows (r30_56_54's bf16 forward at 64 x 64 x 16 on sm_90, in int64: 5 calls before
+    # the loop, 186 after it, 255 registers and 368 bytes spilled; in int32 with FLAT_Y: 70 registers).
+    offs_m = pid_m.to(tl.int64 if WIDE_ROWS else tl.int32) * tile_rows + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     mask_m = offs_m < M
     offs_o = pid_n * OUT_COLS + tl.arange(0, OUT_COLS)  # [OUT_COLS] the tile's output channels
@@ -164,6 +171,7 @@ def _conv3d_fwd_kernel(
     else:
         n, od, oh, ow = split_voxel(offs_m, D_OUT, H_OUT, ROW)
     # The input voxel under tap (0, 0, 0); coordinates fit int32, offsets from them need int64.
+    n = n.to(tl.int64)
     d0 = (od * STRIDE_D - PAD_D).to(tl.int32)
     h0 = (oh * STRIDE_H - PAD_H).to(tl.int32)
     w0 = (ow * STRIDE_W - PAD_W).to(tl.int32)
@@ -264,7 +272,10 @@ def _conv3d_fwd_kernel(
     if HAS_BIAS:
         bias_cols = tl.where(split == 0, C_OUT, 0)  # split 0's partial carries the bias
         acc += tl.load(bias_ptr + offs_o, mask=offs_o < bias_cols, other=0.0).to(tl.float32)[None, :]
-    y_rows = n * stride_yn + od * stride_yd + oh * stride_yh + ow * stride_yw  # [BLOCK_M]
+    if FLAT_Y:  # row m's voxel lies m rows of y in: no coordinates to find again in the store's layout
+        y_rows = offs_m.to(tl.int64) * stride_yw  # [BLOCK_M]
+    else:
+        y_rows = n * stride_yn + od.to(tl.int64) * stride_yd + oh.to(tl.int64) * stride_yh + ow.to(tl.int64) * stride_yw
     y_ptrs = y_ptr + y_rows[:, None] + offs_o[None, :] * stride_yc  # [BLOCK_M, OUT_COLS]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_o < C_OUT)[None, :])
 
@@ -381,12 +392,24 @@ def _launch_pointer_kernel(
         W_TAPS=w_taps, DIAG_CI=diag[0], DIAG_CO=diag[1],
         HAS_PREFIX=frames_before is not None,
         HAS_AFTER=channels_after is not None, RING=ring,
+        WIDE_ROWS=wide_rows(rows, config.block_m), FLAT_Y=not ring and not w_taps and _flat_y(out),
         _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
         UPCAST_DOT=upcast, INPUT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+
+
+def _flat_y(y: torch.Tensor) -> bool:
+    """FLAT_Y of a launch (not the ring's, whose rows are no voxels in order): y's voxels one W stride apart
+    (utils.flat_rows) and a stride of them not 16-divisible, so that Triton stores y element by element, each thread
+    many rows (16 of 64 at 64 x 64 on 4 warps), for each of which the epilogue would split its index again. Where
+    the strides are 16-divisible the vector store's threads hold few rows, and splitting them is cheaper than
+    what ptxas does to keep the row block's start across the loop: fp32 128-row forwards on sm_80 (wan_dec_384a's
+    128 x 64 x 32 on 8 warps, and nine more of the fixture) held to 128 registers and spilled it, 8 bytes."""
+    sn, _, sd, sh, sw = y.stride()
+    return (sn | sd | sh | sw) % 16 != 0 and flat_rows(y)
 
 
 def _run(c_in, x, frames_before, channels_after, weight, packed: bool, diag) -> int:

@@ -351,6 +351,30 @@ def unit_channels(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.as_strided(t.shape, (sn, 1, sd, sh, sw), t.storage_offset())
 
 
+# Row indices of the GEMM kernels (voxels, or a stride phase's) and the coordinates split from them are int32 where
+# every row index a launch forms, up to two tiles past its last row, stays under this (wide_rows).
+INT32_ROWS = 2**31
+
+
+def wide_rows(rows: int, block_m: int) -> bool:
+    """Whether a launch of `rows` GEMM rows in tiles of `block_m` needs int64 row indices (WIDE_ROWS)."""
+    return rows + 2 * block_m >= INT32_ROWS
+
+
+def flat_rows(t: torch.Tensor) -> bool:
+    """Whether t's voxels lie in (n, d, h, w) order one W stride apart, whatever the channels' stride: voxel m of
+    the volume at offset m * stride_w (a dense channels_last_3d tensor, or a channel slice of one, as a
+    concatenation's part). Size-1 dims, whose index is 0, aside."""
+    n, _, d, h, w = t.shape
+    sn, _, sd, sh, sw = t.stride()
+    pitch = sw
+    for size, stride in ((w, sw), (h, sh), (d, sd), (n, sn)):
+        if size > 1 and stride != pitch:
+            return False
+        pitch *= size
+    return True
+
+
 def dense_ndhwc_strides(t: torch.Tensor) -> tuple[int, ...]:
     _, c, d, h, w = t.shape
     return (d * h * w * c, 1, h * w * c, w * c, c)
