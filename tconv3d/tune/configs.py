@@ -913,10 +913,16 @@ def _heuristic_tiles(
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
     if view.reduction % 16 and view.reduction > MIN_TILE:
-        # Channel strides Triton cannot prove 16-divisible: the gather loads element by element through
-        # registers, and anything above 64x16x16 spills somewhere (python -m tconv3d.inspect, sm_80 and sm_90),
-        # fp32 with 2 or 3 stages on sm_80 too: nothing to pipeline through shared memory anyway.
-        return KernelConfig(64, MIN_TILE, MIN_TILE, 4, 1 if dtype == torch.float32 else 3, group_m=8)
+        # Channel strides Triton cannot prove 16-divisible. When the gather went element by element anything above
+        # 64 x 16 x 16 spilled; with the channels loaded as runs (utils.unseen_run) and the rows split in int32
+        # (WIDE_ROWS), 64 x 32 x 32 spills nowhere (75 forwards and 73 input gradients, random and awkward
+        # problems, bf16 and fp32, sm_90 and sm_80, triton 3.9) and its rounds of programs issue 0.67x the
+        # forwards' instructions of 64 x 16 x 16 (geomean; 0.31-1.01x) and 0.56x the input gradients' (0.30-1.32x:
+        # the worst a stride-phase one of 108 -> 16 channels, 3-4 live taps a phase). 64 columns spilled 8 bytes in
+        # four forwards (sm_80) and cost up to 1.22x where few tiles fill the SMs. fp32 keeps one stage: two spilled
+        # six input gradients.
+        block_n = _pow2_clamp(view.cols, MIN_TILE, 32)
+        return KernelConfig(64, block_n, 32, 4, 1 if dtype == torch.float32 else 3, group_m=8)
     block_n = _pow2_clamp(view.cols, MIN_TILE, 64 if dtype == torch.float32 else 128)
     # The weight's rows (output channels forward, input channels backward) not 16-divisible: its tile gathered
     # element by element, and 64 x 64 and wider, and 128 x 32, spilled 368-2376 bytes a thread (40, 54, 56, 72 and
