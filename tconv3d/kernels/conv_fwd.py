@@ -43,6 +43,7 @@ from .utils import (
     source_blocks,
     split_voxel,
     split_w_tap_columns,
+    strides_seen,
     sum_w_taps,
     tap_bits,
     tap_inside,
@@ -408,8 +409,7 @@ def _flat_y(y: torch.Tensor) -> bool:
     the strides are 16-divisible the vector store's threads hold few rows, and splitting them is cheaper than
     what ptxas does to keep the row block's start across the loop: fp32 128-row forwards on sm_80 (wan_dec_384a's
     128 x 64 x 32 on 8 warps, and nine more of the fixture) held to 128 registers and spilled it, 8 bytes."""
-    sn, _, sd, sh, sw = y.stride()
-    return (sn | sd | sh | sw) % 16 != 0 and flat_rows(y)
+    return not strides_seen(y) and flat_rows(y)
 
 
 def _run(c_in, x, frames_before, channels_after, weight, packed: bool, diag) -> int:

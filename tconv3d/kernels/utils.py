@@ -418,11 +418,17 @@ def unseen_run(channels: int, *tensors: torch.Tensor | None) -> int:
     arguments by 16 alone): 24 bf16 channels, whose 48-byte rows are 16-byte runs, loaded element by element
     without it. 1 where every one is a multiple of 16, so such launches compile as they did."""
     seen = channels % 16 == 0
-    for t in tensors:
+    for t in tensors:  # (a loop, not all() over a generator: 0.53 us a call against 0.80)
         if seen and t is not None:
-            sn, _, sd, sh, sw = t.stride()
-            seen = (sn | sd | sh | sw) % 16 == 0  # (every low bit clear: all multiples of 16; per launch, so cheap)
+            seen = strides_seen(t)
     return 1 if seen else channel_run(channels, *tensors)
+
+
+def strides_seen(t: torch.Tensor) -> bool:
+    """Whether every stride of t but the channels' is a multiple of 16, which Triton proves of integer arguments
+    itself (and of no other divisor)."""
+    sn, _, sd, sh, sw = t.stride()
+    return (sn | sd | sh | sw) % 16 == 0  # every low bit clear: all multiples of 16 (per launch, so cheap)
 
 
 def dense_ndhwc(t: torch.Tensor) -> bool:
