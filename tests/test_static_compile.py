@@ -607,7 +607,8 @@ for capability in ARCHS:
     for direction in ("fwd", "dgrad"):
         # a VAE res block's shortcut (192 -> 128 channels), the heuristic's tiles on the pointer kernel
         geom = conv_geometry((2, 192, 16, 32, 32), (128, 192, 1, 1, 1), 1, 0, 1)
-        config = pointer_tiles(configs.heuristic_config(direction, geom, torch.bfloat16, 132, capability))
+        config = configs.heuristic_config(direction, geom, torch.bfloat16, 132, capability)
+        config = pointer_tiles(config, direction, geom, 2)
         report = compile_launch(direction, geom, torch.bfloat16, config, capability, read=False)[0]
         out.append(({"arch": capability, "direction": direction, "tiles": config.to_dict()}, report))
 print(json.dumps(report_rows(out)))
@@ -642,7 +643,7 @@ for capability in ARCHS:
     for dtype in (torch.bfloat16, torch.float32):
         for direction, module in (("fwd", conv_fwd), ("wgrad", conv_wgrad)):
             chosen = configs.heuristic_config(direction, geom, dtype, TARGETS[capability].sm_count, capability)
-            config = pointer_tiles(chosen)
+            config = pointer_tiles(chosen, direction, geom, dtype.itemsize)
             for runs in (True, False):
                 module.unseen_run = utils.unseen_run if runs else (lambda channels, *tensors: 1)
                 reports = compile_launch(direction, geom, dtype, config, capability, read=False)
@@ -708,6 +709,49 @@ def test_rows_split_in_int32_and_flat_stores_keep_the_epilogue_light():
             before = found[arch, direction, False]
             assert not r["spill_bytes"] and not r["local_accesses"], (arch, direction, r["registers"])
             assert r["registers"] <= before["registers"] / 2, (arch, direction, r["registers"], before["registers"])
+
+
+GATHERED_COMPILE = """
+import dataclasses, json, torch
+from tconv3d.geometry import conv_geometry
+from tconv3d.kernels.config import off_gluon, pointer_tiles
+from tconv3d.tune import configs
+from tconv3d.inspect.compile import compile_launch, report_rows
+# channel rows of 144 and 432 bytes (not multiples of 16 channels): r56_72_216's gradients, a stride-1 forward
+strided = conv_geometry((2, 72, 9, 64, 16), (216, 72, 4, 4, 4), 2, 1, 1)
+plain = conv_geometry((2, 216, 8, 48, 48), (160, 216, 3, 3, 3), 1, 1, 1)
+out = []
+for direction, geom in (("fwd", plain), ("dgrad", strided), ("wgrad", strided)):
+    chosen = configs.heuristic_config(direction, geom, torch.bfloat16, 132, 90)  # the sm_90 box launch's tiles
+    twins = {"gathered": pointer_tiles(chosen, direction, geom, 2)}
+    if direction == "dgrad":  # the box tiles as they were on the pointer kernel
+        twins["box"] = dataclasses.replace(off_gluon(chosen), tma_box_w=0)
+    for name, twin in twins.items():
+        report = compile_launch(direction, geom, torch.bfloat16, twin, 90, read=False)[0]
+        out.append(({"direction": direction, "twin": name, "chosen": chosen.to_dict(), "tiles": twin.to_dict()},
+                    report))
+print(json.dumps(report_rows(out)))
+"""
+
+
+@pytest.mark.skipif(90 not in STATIC_ARCHS, reason="the box kernels and their pointer twins are sm_90's")
+def test_pointer_twins_of_unaligned_box_tiles_spill_nothing():
+    """Channels not 16-divisible in bf16: the sm_90 heuristic runs them on the Gluon kernel at a plain problem's tiles
+    (128 x 128), which the pointer kernel, whose gathers load such channels element by element, does not hold (the
+    input gradient of 72 -> 216 channels at stride 2: 255 registers, 480 bytes spilled, triton 3.9); a launch of
+    them that falls back to the pointer kernel (a ring, tensors TMA cannot describe) takes gathered_tiles (64 x 32
+    for a forward and input gradient, 32 deep for a weight gradient) and spills nothing."""
+    reports = compile_script(GATHERED_COMPILE)
+    assert len(reports) == 4
+    for r in reports:
+        name = (r["direction"], r["twin"], r["registers"], r["spill_bytes"])
+        assert r["chosen"]["gluon"] == 2 and r["chosen"]["block_m"] * r["chosen"]["block_n"] >= 64 * 128, name
+        if r["twin"] == "box":
+            assert r["spill_bytes"], name
+        else:
+            assert not r["spill_bytes"] and not r["local_accesses"], name
+            if r["direction"] != "wgrad":
+                assert (r["tiles"]["block_m"], r["tiles"]["block_n"], r["tiles"]["num_warps"]) == (64, 32, 4), name
 
 
 AHEAD_COMPILE = """

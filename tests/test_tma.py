@@ -167,16 +167,28 @@ def test_pointer_tiles_of_box_configs():
     """config.pointer_tiles, what a box config runs on the pointer kernel (a bordered launch's ring or strips, a
     launch whose tensors TMA cannot describe): off the Gluon kernel's own fields (swapped operands; grouped taps'
     columns back to one tap's), at most 128 rows, 8 warps from 64 x 128 up (4 spilled 56-472 bytes on sm_90), the
-    split kept."""
+    split kept; where the pointer kernel gathers the channels element by element (not 16-divisible), within what
+    that holds (config.gathered_tiles), a forward's reduction steps kept (its ring shares the box launch's)."""
     from tconv3d.kernels.config import pointer_tiles
 
+    plain = conv_geometry((2, 64, 8, 16, 16), (64, 64, 3, 3, 3), 1, 1, 1)
     swapped = KernelConfig(256, 128, 64, 8, 3, tma_box_w=16, gluon=2, swap_ab=1, split_k=2)
-    assert pointer_tiles(swapped) == KernelConfig(128, 128, 64, 8, 3, split_k=2)
+    assert pointer_tiles(swapped, "fwd", plain, 2) == KernelConfig(128, 128, 64, 8, 3, split_k=2)
     grouped = KernelConfig(128, 256, 64, 8, 4, tma_box_w=16, gluon=2, tap_group=4)
-    assert pointer_tiles(grouped) == KernelConfig(128, 64, 64, 8, 4)
-    assert pointer_tiles(KernelConfig(128, 64, 64, 4, 6, tma_box_w=16, gluon=2)).num_warps == 8
-    assert pointer_tiles(KernelConfig(64, 128, 64, 4, 3, tma_box_w=16, gluon=2, split_k=3)).num_warps == 8
-    assert pointer_tiles(KernelConfig(64, 64, 64, 4, 3, tma_box_w=8)) == KernelConfig(64, 64, 64, 4, 3)
+    assert pointer_tiles(grouped, "wgrad", plain, 2) == KernelConfig(128, 64, 64, 8, 4)
+    assert pointer_tiles(KernelConfig(128, 64, 64, 4, 6, tma_box_w=16, gluon=2), "fwd", plain, 2).num_warps == 8
+    one_group = KernelConfig(64, 128, 64, 4, 3, tma_box_w=16, gluon=2, split_k=3)
+    assert pointer_tiles(one_group, "dgrad", plain, 2).num_warps == 8
+    assert pointer_tiles(KernelConfig(64, 64, 64, 4, 3, tma_box_w=8), "fwd", plain, 2) == KernelConfig(64, 64, 64, 4, 3)
+    # 216 -> 72 channels (multiples of 8, not of 16): the forward's reduction and the input gradient's columns
+    unaligned = conv_geometry((2, 216, 8, 16, 16), (72, 216, 3, 3, 3), 1, 1, 1)
+    box = KernelConfig(128, 128, 64, 8, 3, tma_box_w=16, gluon=2, split_k=2)
+    for direction in ("fwd", "dgrad"):
+        assert pointer_tiles(box, direction, unaligned, 2) == KernelConfig(64, 32, 64, 4, 3, split_k=2)
+    assert pointer_tiles(box, "wgrad", unaligned, 2) == KernelConfig(128, 128, 32, 8, 3, split_k=2)
+    fp32 = KernelConfig(64, 64, 32, 4, 2, tma_box_w=16)
+    assert pointer_tiles(fp32, "wgrad", unaligned, 4) == KernelConfig(64, 64, 32, 4, 1)
+    assert pointer_tiles(fp32, "wgrad", plain, 4) == KernelConfig(64, 64, 32, 4, 2)
 
 
 @pytest.mark.parametrize("variant", ["tma"], indirect=True)

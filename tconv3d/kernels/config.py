@@ -200,18 +200,58 @@ def off_gluon(config: KernelConfig) -> KernelConfig:
     return replace(config, gluon=0, swap_ab=0, tap_group=0, halo_d=0, block_m=block_m, block_n=block_n, num_warps=warps)
 
 
-def pointer_tiles(config: KernelConfig) -> KernelConfig:
+def pointer_tiles(config: KernelConfig, direction: str, geom: ConvGeometry, element_size: int) -> KernelConfig:
     """A box config's tiles on the pointer kernel: for the border of a box launch whose border in H or W reads input
-    voxels (the forward's and the weight gradient's ring: conv_fwd.interior_part), and for a launch whose
-    tensors TMA cannot describe (choice.launch). The box config off the box kernels (off_gluon: one tap's columns
-    where the Gluon weight gradient grouped taps; no box), split as it is, at most 128 rows, on 8 warps from
-    64 x 128 up: the pointer forward of the 256x128 swapped tile's strips spilled 24 bytes on sm_90
-    (hunyuan_dec_128_replicate, bf16), the ring of small_grid_twin's 64x128x64 tile on 4 warps 472
-    (ltx2_dec_256_reflect; 190 registers on 8, no spill), the input gradient of the Gluon kernel's 128x64x64
-    one-warpgroup tile 56 (a stride-2 transposed conv of 64 + 64 channels)."""
+    voxels (the forward's and the weight gradient's ring: conv_fwd.interior_part), and for a launch whose tensors
+    TMA cannot describe (choice.launch). The box config off the box kernels (off_gluon: one tap's columns where the
+    Gluon weight gradient grouped taps; no box), split as it is, at most 128 rows, on 8 warps from 64 x 128 up: the
+    pointer forward of the 256x128 swapped tile's strips spilled 24 bytes on sm_90 (hunyuan_dec_128_replicate,
+    bf16), the ring of small_grid_twin's 64x128x64 tile on 4 warps 472 (ltx2_dec_256_reflect; 190 registers on 8, no
+    spill), the input gradient of the Gluon kernel's 128x64x64 one-warpgroup tile 56 (a stride-2 transposed conv of
+    64 + 64 channels); within gathered_tiles where the pointer kernel gathers `geom`'s channels element by element."""
     block_m = min(config.block_m, 128)
     warps = max(config.num_warps, 8) if block_m * config.block_n >= 64 * 128 else config.num_warps
-    return replace(off_gluon(config), block_m=block_m, tma_box_w=0, num_warps=warps)
+    tiles = replace(off_gluon(config), block_m=block_m, tma_box_w=0, num_warps=warps)
+    return gathered_tiles(direction, geom, tiles, element_size)
+
+
+def gathered_tiles(direction: str, geom: ConvGeometry, config: KernelConfig, element_size: int) -> KernelConfig:
+    """Pointer tiles `config` within what the pointer kernels hold where they gather a problem's channels element by
+    element (channels not 16-divisible: strides Triton cannot prove 16-divisible), as the heuristic's own tiles for
+    such problems are (configs._heuristic_tiles): a forward or input gradient at most 64 x 32 on 4 warps, its
+    reduction steps as deep as they were (a bordered forward's ring takes its box launch's steps and splits):
+    python -m tconv3d.inspect compiled the random and awkward sets' 157 such forwards and input gradients that TMA
+    takes at 64 x 32 x 64 (16 bits) and 64 x 32 x 32 (fp32, one and two stages), sm_90 and sm_80, without a spill;
+    of those sets' 71 sm_90 box launches that differ from timed_only's, the box tiles on the pointer kernel spilled
+    480 bytes in two (stride-2 input gradients of 72 -> 216 and 136 -> 24 channels at 128 x 128 x 32, 255
+    registers), these tiles in none. A weight gradient of 64 x 64 and more: 32 voxels deep on 8 warps (fp32's 64 x
+    64: 4 warps, one stage), the heuristic's tiles for it. Packed forms (packs_taps, packs_out_taps) and
+    w_tap_columns' tiles are the heuristic's own: `config` as it is."""
+    if packs_taps(direction, geom) or w_tap_columns(direction, geom) or (direction == "wgrad" and packs_out_taps(geom)):
+        return config
+    if direction == "wgrad":
+        unaligned = geom.group_in_channels % 16 or geom.group_out_channels % 16
+        if not unaligned or config.block_m * config.block_n < 64 * 64:
+            return config
+        # grad_out and x gathered element by element, their addresses in registers. 16-bit 64 x 64 x 64 on 4 warps
+        # spilled 104-1136 bytes a thread (sm_90 and sm_80, triton 3.6 and 3.9: 36 -> 20, 44 -> 12, 56 -> 3
+        # channels, 255 registers, ~3100 instructions a step), on 8 still 48 under 3.6; 32 deep on 8 warps: 128-172
+        # registers, no spill. fp32 (32 deep already) takes 8 warps from 64 x 128 (4 spilled there, sm_90 and sm_80)
+        # and keeps 4 at 64 x 64 (8 spilled 8-24 bytes on sm_80 where 4 spilled 0-8). With its channels loaded as
+        # runs (utils.unseen_run) fp32's 64 x 64 x 32 sits at ptxas's 128 registers on sm_80: on 2 stages 36 -> 20
+        # spilled 8 bytes (3 local accesses outside the loop), on 3 40 -> 16 and 1 -> 12 did; on 1 none of the 17
+        # such random and awkward problems spills (sm_80 and sm_90; their loops -20% to +1%, issue ceilings -1% to
+        # +19%). One stage waits on each step's loads; the 4-5 programs an SM its registers allow hide them (a GPU
+        # has not timed it).
+        four = element_size == 4 and config.block_m * config.block_n <= 64 * 64
+        return replace(
+            config, block_k=min(config.block_k, 32), num_warps=4 if four else 8,
+            num_stages=1 if four else config.num_stages,
+        )  # fmt: skip
+    view = gemm_view(direction, geom)
+    if not any(n % 16 and n > MIN_TILE for n in (view.reduction, view.cols)):
+        return config
+    return replace(config, block_m=64, block_n=min(config.block_n, 32), num_warps=4)
 
 
 # Channel counts below which a kernel packs (tap, channel) pairs into its reduction (fwd, dgrad) or its columns

@@ -307,7 +307,7 @@ def conv3d_fwd(
         # channel block each, the same BLOCK_K).
         interior, view = interior_part(geom, out)
         _launch(x, weight, bias, frames_before, channels_after, view, interior, config, per_split, diag)
-        ring = pointer_tiles(config)
+        ring = pointer_tiles(config, "fwd", geom, x.element_size())
         _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, ring, per_split, diag, True)
     else:
         _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)

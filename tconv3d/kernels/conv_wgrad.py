@@ -338,7 +338,8 @@ def conv3d_wgrad(
     if leaves_border_ring(geom, config):
         interior, view = interior_part(geom, grad_out)
         plan = _split_plan(interior, config)
-        ring, ring_rows = pointer_tiles(config), geom.batch * geom.out_size[0] * ring_voxels(geom)
+        ring = pointer_tiles(config, "wgrad", geom, x.element_size())
+        ring_rows = geom.batch * geom.out_size[0] * ring_voxels(geom)
         ring_splits = min(plan[2], max(1, cdiv(ring_rows, ring.block_k) // RING_SPLIT_STEPS))
         ring_split = split_rows(ring_rows, ring_splits, ring.block_k)
         parts = [

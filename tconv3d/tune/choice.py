@@ -21,7 +21,15 @@ import torch
 from .. import settings
 from ..geometry import ConvGeometry, check_conv3d
 from ..kernels import conv_gluon, grouped
-from ..kernels.config import DIRECTIONS, KernelConfig, off_gluon, pointer_form, pointer_tiles, reads_channels_after
+from ..kernels.config import (
+    DIRECTIONS,
+    KernelConfig,
+    gathered_tiles,
+    off_gluon,
+    pointer_form,
+    pointer_tiles,
+    reads_channels_after,
+)
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
@@ -74,7 +82,10 @@ def force_variant(
     and a Triton that has it; configs.gluon_eligible for the problem), else TMA where eligible. Whatever the
     setting, a config is never left asking for a variant the problem or the device cannot run."""
     if kernels == "pointer" or not tma_eligible(direction, geom, dtype):
-        return dataclasses.replace(off_gluon(config), tma_box_w=0) if config.tma_box_w else config
+        if not config.tma_box_w:
+            return config
+        # the box tiles on the pointer kernel, within what its gathers hold where channels are not 16-divisible
+        return gathered_tiles(direction, geom, dataclasses.replace(off_gluon(config), tma_box_w=0), dtype.itemsize)
     gluon_ok = gluon_runs and gluon_eligible(direction, geom, dtype)
     if kernels == "gluon" and gluon_ok and not (config.gluon and gluon_takes(config)):
         return with_gluon(config if gluon_takes(config) else heuristic_gluon_tiles(off_gluon(config)), geom, direction)
@@ -189,7 +200,7 @@ def launch_config(
     first = tensors[0]
     config = pick_config(direction, geom, first.dtype, first.device, run=run)
     if config.tma_box_w and not _tma_describable(direction, *tensors, channels_after=channels_after):
-        config = pointer_tiles(config)
+        config = pointer_tiles(config, direction, geom, first.element_size())
     return config
 
 
@@ -231,7 +242,7 @@ def _launch(
     try:
         return run(config)
     except RiskyTensorMap:  # raised while the launcher built its descriptors: nothing has run
-        pointer = pointer_tiles(config)
+        pointer = pointer_tiles(config, direction, geom, tensors[0].element_size())
         _memo[_memo_key(direction, geom, tensors[0].dtype, tensors[0].device)] = pointer
         return run(pointer)
     except RuntimeError as error:

@@ -24,6 +24,7 @@ from ..kernels.config import (
     GemmView,
     KernelConfig,
     channel_blocks,
+    gathered_tiles,
     gemm_view,
     grouped_taps_fit,
     half_tail,
@@ -506,7 +507,7 @@ def heuristic_config(
     problems, and the gradients of a problem reading channels_after (each step's box from one of two descriptors),
     stay on the pointer kernels until a GPU has timed them (but for the untimed rules below), a tuning table or
     TCONV3D_KERNELS aside; a border mode along D alone leaves the box loops as they are.
-    Eight rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
+    Nine rules rest on the timings of other layers, not yet of the layers they move (`timed_only` leaves them out:
     bench.variants' row of what the heuristic chose before them): a forward or input gradient of fewer voxels than
     128 for each SM takes 128-row tiles on the Gluon kernel where they fill the SMs well enough (_gluon_rows), and
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
@@ -527,13 +528,37 @@ def heuristic_config(
     a weight gradient reading channels_after takes the Gluon tiles of a plain one of its wider source, one launch
     a source (BasicUNet's and DynUNet's decoder convs, 13-15% of their training steps' FLOPs); and a weight gradient
     reading frames_before or bordered in H or W takes the Gluon kernel as a plain one does, its border ring on the
-    pointer kernel (a video VAE decoder's fine-tuning step: 15-38% of its FLOPs, bench.census --training); and the
+    pointer kernel (a video VAE decoder's fine-tuning step: 15-38% of its FLOPs, bench.census --training); the
     persistent Gluon weight gradient's split is refitted to the programs the kernel runs and to its partials'
     traffic (persistent_wgrad_split: hunyuan_512 and Wan's 384-channel layers unsplit, 81 and 46 MB of fp32
-    partials fewer)."""
+    partials fewer); and a problem whose channels are not 16-divisible (multiples of 8 in 16 bits, of 4 in fp32)
+    takes the tiles of a plain one (_heuristic_tiles' `boxes`: its steps as deep as leave fewest slots of a tap
+    empty) where those run on a box kernel as high in the order pointer, Triton TMA, Gluon as its own do: the
+    pointer kernels gather such channels element by element, and their tiles (64 x 32 x 32 forwards and input
+    gradients, 32-deep weight gradients: gathered_tiles) are what the box launches inherited (r45_216_160's
+    forward: 64 x 32 x 32 -> 128 x 128 x 32 on the Gluon kernel; 41 of 426 sm_90 launches of the random and awkward
+    sets, no spill); such a problem's pointer launches (a ring, TMA-less tensors) keep gathered_tiles."""
+    plain = _heuristic_choice(direction, geom, dtype, sm_count, capability, timed_only, boxes=False)
+    if timed_only:
+        return plain
+    boxed = _heuristic_choice(direction, geom, dtype, sm_count, capability, timed_only, boxes=True)
+    rank = lambda config: bool(config.tma_box_w) + bool(config.gluon)  # noqa: E731  (pointer, TMA, Gluon)
+    return boxed if boxed.tma_box_w and rank(boxed) >= rank(plain) else plain
+
+
+def _heuristic_choice(
+    direction: str,
+    geom: ConvGeometry,
+    dtype: torch.dtype,
+    sm_count: int,
+    capability: int,
+    timed_only: bool,
+    boxes: bool,
+) -> KernelConfig:
+    """heuristic_config's choice from the tiles _heuristic_tiles gives with `boxes`."""
     if direct_eligible(direction, geom):
         return direct_config(direction, geom, sm_count)
-    config = _heuristic_tiles(direction, geom, dtype, sm_count)
+    config = _heuristic_tiles(direction, geom, dtype, sm_count, boxes=boxes)
     if w_tap_columns(direction, geom):
         # (channel, W tap) columns over W-extended rows are the pointer kernels' (config.w_tap_columns): a decoder's
         # conv to 3 channels reads each (kd, kh) tap's input rows once for its three W taps, where the box kernels
@@ -567,7 +592,7 @@ def heuristic_config(
         # the wider source's channels takes, where those are the Gluon kernel's (BasicUNet's 32 + 32 -> 32 at
         # 128^3, 13% of its training step's FLOPs, ran the pointer kernel).
         source = replace(geom, in_channels=max(geom.channel_sources), after_channels=0)
-        tiles = heuristic_config(direction, source, dtype, sm_count, capability)
+        tiles = _heuristic_choice(direction, source, dtype, sm_count, capability, timed_only, boxes)
         if tiles.gluon:
             return tiles
     gluon = capability == GLUON_CAPABILITY and dtype in (torch.float16, torch.bfloat16)
@@ -581,7 +606,7 @@ def heuristic_config(
         return config
     strided = tuple(geom.stride) != (1, 1, 1)
     if gluon and not timed_only and not (direction == "fwd" and strided):
-        config = _gluon_rows(direction, geom, dtype, config, sm_count)
+        config = _gluon_rows(direction, geom, dtype, config, sm_count, boxes)
         if config.block_m == 64:
             # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (a bordered forward's
             # interior and border ring in the same splits; a second source's blocks among the split steps)
@@ -603,8 +628,9 @@ def heuristic_config(
     if strided or direction == "fwd":
         return config
     if direction == "wgrad":
-        # The one-stage tiles of an unaligned fp32 weight gradient are the pointer kernel's (_heuristic_tiles): its
-        # TMA twin keeps its ring of two, as before (one stage: 5-11% longer loops, sm_90, 36 -> 20 and 64 -> 40).
+        # The one-stage tiles of an unaligned fp32 weight gradient (without `boxes`: timed_only's) are the pointer
+        # kernel's (gathered_tiles): its TMA twin keeps its ring of two, as before (one stage: 5-11% longer loops,
+        # sm_90, 36 -> 20 and 64 -> 40).
         config = replace(config, num_stages=max(config.num_stages, 2))
     return with_tma(config, geom, direction)
 
@@ -619,7 +645,7 @@ GLUON_ROWS_MIN_FILL = 2 / 3
 
 
 def _gluon_rows(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, sm_count: int
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig, sm_count: int, boxes: bool
 ) -> KernelConfig:
     """The heuristic's 64-row forward or input-gradient tiles (`config`: fewer voxels than 128 for each SM) as
     128-row ones, unsplit, where those tiles, row blocks times column blocks, fill their last round over the SMs
@@ -628,10 +654,11 @@ def _gluon_rows(
     kept Wan's 384-channel layers at 2 x 64 x 64 after 2 cached frames (192 tiles of 128 x 128, 1.45 rounds: 11% of
     its decode's FLOPs), HunyuanVideo 1.5's 1024-channel ones at 9 x 32 x 32 (576 tiles, 4.4 rounds) and Mochi's
     768-channel ones off it. Otherwise `config`: a grid of fewer tiles splits its reduction over 64-row ones
-    (small_grid_split), which heuristic_config then runs on small_grid_twin's Gluon tiles where the layer is plain."""
+    (small_grid_split), which heuristic_config then runs on small_grid_twin's Gluon tiles where the layer is plain.
+    `boxes`: _heuristic_tiles'."""
     if direction == "wgrad" or config.block_m != 64:
         return config
-    wide = replace(_heuristic_tiles(direction, geom, dtype, sm_count, wide_rows=True), split_k=1)
+    wide = replace(_heuristic_tiles(direction, geom, dtype, sm_count, wide_rows=True, boxes=boxes), split_k=1)
     if wide.block_m != 128 or not gluon_takes(wide):
         return config
     view = gemm_view(direction, geom)
@@ -816,13 +843,15 @@ def vector_runs(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> bool:
 
 
 def _heuristic_tiles(
-    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, wide_rows: bool = False
+    direction: str, geom: ConvGeometry, dtype: torch.dtype, sm_count: int, wide_rows: bool = False, boxes: bool = False
 ) -> KernelConfig:
     """A sound default, checked by compiling every suite problem for sm_90 and sm_80 (tests/test_static_compile.py):
     128-wide output tiles where the problem fills them, 64-deep reductions (32 for fp32 to keep the pipeline's
     shared memory in bounds), 8 warps from 64x128 up, small tiles where channel counts defeat vector loads; the
     weight gradient split so that its programs fill whole waves. `wide_rows`: a forward's or input gradient's
-    128-row tiles however few voxels (_gluon_rows), where its channels take the plain tiles."""
+    128-row tiles however few voxels (_gluon_rows), where its channels take the plain tiles. `boxes`: tiles for a
+    box kernel (TMA or Gluon), whose operands arrive as whole boxes: the rules for channels not 16-divisible, which
+    keep the pointer kernels' element-by-element gathers from spilling (gathered_tiles), do not apply."""
     view = gemm_view(direction, geom)
     k_cap = 32 if dtype == torch.float32 else 64
     stages = 2 if dtype == torch.float32 else 3
@@ -847,22 +876,10 @@ def _heuristic_tiles(
             # 16 gathered elements a thread, for 3 to 4 instructions a (voxel, tap) (sm_90 bf16, 128x128: 336 a step
             # under triton 3.6, 446 under 3.9; fp32 and sm_80 without spills; 64 voxels spilled under 3.6).
             block_k, num_warps = 32, 8 if block_m * block_n >= 64 * 128 else 4
-        elif (geom.group_in_channels % 16 or geom.group_out_channels % 16) and block_m * block_n >= 64 * 64:
-            # Channel strides Triton cannot prove 16-divisible: grad_out and x gathered element by element, their
-            # addresses in registers. 16-bit 64 x 64 x 64 on 4 warps spilled 104-1136 bytes a thread (sm_90 and
-            # sm_80, triton 3.6 and 3.9: 36 -> 20, 44 -> 12, 56 -> 3 channels, 255 registers, ~3100 instructions a
-            # step), on 8 still 48 under 3.6; 32 deep on 8 warps: 128-172 registers, no spill. fp32 (32 deep
-            # already) takes 8 warps from 64 x 128 (4 spilled there, sm_90 and sm_80) and keeps 4 at 64 x 64 (8
-            # spilled 8-24 bytes on sm_80 where 4 spilled 0-8).
-            block_k = 32
-            num_warps = 8 if dtype.itemsize == 2 or block_m * block_n > 64 * 64 else num_warps
-            if num_warps == 4 and dtype == torch.float32:
-                # With its channels loaded as runs (utils.unseen_run) fp32's 64 x 64 x 32 sits at ptxas's 128
-                # registers on sm_80: on 2 stages 36 -> 20 spilled 8 bytes (3 local accesses outside the loop), on
-                # 3 40 -> 16 and 1 -> 12 did; on 1 none of the 17 such random and awkward problems spills (sm_80
-                # and sm_90; their loops -20% to +1%, issue ceilings -1% to +19%). One stage waits on each step's
-                # loads; the 4-5 programs an SM its registers allow hide them (a GPU has not timed it).
-                stages = 1
+        elif not boxes:  # channels not 16-divisible, gathered element by element: within what that holds
+            plain = KernelConfig(block_m, block_n, block_k, num_warps, stages)
+            gathered = gathered_tiles(direction, geom, plain, dtype.itemsize)
+            block_k, num_warps, stages = gathered.block_k, gathered.num_warps, gathered.num_stages
         tiles = cdiv(view.rows, block_m) * cdiv(view.cols, block_n) * view.grid_taps * view.groups
         most = _most_programs_per_sm(block_m, block_n, block_k, num_warps, stages, dtype)
         if packs_taps(direction, geom):
@@ -912,7 +929,7 @@ def _heuristic_tiles(
             block_m, block_n = 64, min(block_n, 32)
         num_warps = 8 if block_m == 128 or block_m * block_n >= 64 * 128 else 4
         return KernelConfig(block_m, block_n, MIN_TILE, num_warps, 1 if dtype == torch.float32 else 3, group_m=8)
-    if view.reduction % 16 and view.reduction > MIN_TILE:
+    if view.reduction % 16 and view.reduction > MIN_TILE and not boxes:
         # Channel strides Triton cannot prove 16-divisible. When the gather went element by element anything above
         # 64 x 16 x 16 spilled; with the channels loaded as runs (utils.unseen_run) and the rows split in int32
         # (WIDE_ROWS), 64 x 32 x 32 spills nowhere (75 forwards and 73 input gradients, random and awkward
@@ -927,7 +944,7 @@ def _heuristic_tiles(
     # The weight's rows (output channels forward, input channels backward) not 16-divisible: its tile gathered
     # element by element, and 64 x 64 and wider, and 128 x 32, spilled 368-2376 bytes a thread (40, 54, 56, 72 and
     # 108 channels, 12 from 20, of 60 random problems, sm_90 and sm_80, 16 and 32 bits, triton 3.9); 64 x 32 none.
-    unaligned_cols = view.cols % 16 != 0 and view.cols > MIN_TILE  # (one column tile: the small-channel forms')
+    unaligned_cols = view.cols % 16 != 0 and view.cols > MIN_TILE and not boxes  # (one column tile: packed forms')
     if unaligned_cols:
         block_n = min(block_n, 32)
     # fp32 operands: 128x128 tiles spill on sm_80 (mma.sync needs more registers than wgmma's accumulators), and
@@ -942,6 +959,14 @@ def _heuristic_tiles(
     # as coarse groups, kernels/grouped.py; triton 3.9): 32 deep there, as for 64-row 8-warp tiles.
     shallow = block_m == 64 and (num_warps == 8 or block_n == 64)
     block_k = _pow2_clamp(view.reduction, MIN_TILE, 32 if shallow else k_cap)
+    if boxes and dtype.itemsize == 2 and view.reduction % 16 and block_k == 64:
+        # A box kernel's steps of a tap's channels, which no step fills (multiples of 8, not 16): 32 deep where that
+        # leaves fewer slots empty (216: 7 x 32 = 224, not 4 x 64 = 256; 72: 96, not 128), on a ring twice as deep
+        # (the same bytes in flight), as whole_steps_twin takes Wan's 96 channels in whole 32-deep steps.
+        sources = geom.out_channel_sources if direction == "dgrad" else geom.channel_sources
+        slots = lambda depth: sum(cdiv(channels, depth) * depth for channels in sources)  # noqa: E731
+        if slots(block_k // 2) < slots(block_k):
+            block_k, stages = block_k // 2, 2 * stages
     config = KernelConfig(block_m, block_n, block_k, num_warps, stages, group_m=8)
     return replace(config, split_k=small_grid_split(direction, geom, config, sm_count))
 
