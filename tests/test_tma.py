@@ -666,6 +666,27 @@ def test_bordered_weight_gradient_reduces_over_its_interior_and_one_ring_launch(
     ]
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["int32_ring", "int64_ring"])
+def test_weight_gradient_ring_indices_of_either_width(wide, monkeypatch, device):
+    """The weight gradient's ring launch splits its voxels from their index every step (utils.ring_voxel): in int32
+    (an int64 division is a subroutine call: 18-50 calls in the ring kernel, sm_90 and sm_80, none now) unless the
+    ring's voxels near 2^31 (WIDE_ROWS, forced here by lowering the bound); against float64 either way."""
+    from tconv3d.kernels import utils
+
+    if wide:
+        monkeypatch.setattr(utils, "INT32_ROWS", 64)
+    flags, real = [], conv_wgrad.launch
+    monkeypatch.setattr(conv_wgrad, "launch", lambda kernel, grid, *a, **kw: [
+        flags.append((kw.get("RING"), kw.get("WIDE_ROWS"))), real(kernel, grid, *a, **kw)][1])  # fmt: skip
+    kernel, padding, modes = RING_BORDERS[0]
+    config = KernelConfig(16, 16, 16, 4, 2, split_k=3)
+    got, want, _ = bordered_weight_grad(
+        kernel, padding, modes, lambda geom: with_tma(config, geom, "wgrad"), monkeypatch, device=device
+    )  # fmt: skip
+    assert rel_l2(got, want) < tolerance(torch.float32)
+    assert flags == [(True, wide)]
+
+
 @triton.jit
 def _store_row(row, values):
     for j in tl.static_range(len(values)):

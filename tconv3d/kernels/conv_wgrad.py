@@ -46,6 +46,7 @@ from .utils import (
     tap_pairs,
     unseen_run,
     voxel_steps,
+    wide_rows,
 )
 
 
@@ -73,7 +74,7 @@ def _conv3d_wgrad_kernel(
     # meta-parameters
     GO_DENSE: tl.constexpr, PACK_TAPS: tl.constexpr, RUN: tl.constexpr, GO_RUN: tl.constexpr,
     HAS_PREFIX: tl.constexpr, HAS_AFTER: tl.constexpr, RING: tl.constexpr, DIAG_CI: tl.constexpr, DIAG_CO: tl.constexpr,
-    PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, PAD_MODE_D: tl.constexpr, PAD_MODE_H: tl.constexpr, PAD_MODE_W: tl.constexpr,
     UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -155,9 +156,10 @@ def _conv3d_wgrad_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(row_start, row_end, BLOCK_K):
         mask_k = tl.arange(0, BLOCK_K) < (row_end - k0).to(tl.int32)  # [BLOCK_K] output voxels
-        if RING:
-            n, od, oh, ow = ring_voxel(k0 + tl.arange(0, BLOCK_K), D_OUT, H_OUT, W_OUT, RING_TOP, RING_BOTTOM,
-                                       RING_LEFT, RING_RIGHT)  # fmt: skip
+        if RING:  # the ring's voxels split from their index each step: in int32 unless M nears 2^31 (WIDE_ROWS)
+            ring_index = k0 + tl.arange(0, BLOCK_K)
+            n, od, oh, ow = ring_voxel(ring_index if WIDE_ROWS else ring_index.to(tl.int32), D_OUT, H_OUT, W_OUT,
+                                       RING_TOP, RING_BOTTOM, RING_LEFT, RING_RIGHT)  # fmt: skip
             n, od, oh, ow = n.to(tl.int32), od.to(tl.int32), oh.to(tl.int32), ow.to(tl.int32)
         if not PACK_TAPS:  # one tap: its input voxels, one per output voxel
             id_ = od * STRIDE_D - PAD_D + kd * DIL_D
@@ -447,6 +449,7 @@ def _launch_pointer_kernel(
         RUN=x_run,
         GO_RUN=unseen_run(c_out, grad_out),
         HAS_PREFIX=frames_before is not None, HAS_AFTER=channels_after is not None, RING=ring, DIAG_CI=diag[0],
+        WIDE_ROWS=wide_rows(rows, config.block_k),
         _distances=frames_before is not None or channels_after is not None,  # second_source_arguments'
         DIAG_CO=diag[1],
         PAD_MODE_D=geom.pad_mode_indices[0], PAD_MODE_H=geom.pad_mode_indices[1], PAD_MODE_W=geom.pad_mode_indices[2],
