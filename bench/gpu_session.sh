@@ -62,6 +62,9 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
 #           decodes, each geometry's chosen kernels against cuDNN and the model's convolutions in all (needs .whl:
 #           bench/fetch_wheels.sh)
+#   plan5   the awkward set's layers of channels not 16-divisible (bench.variants, bf16 and fp32): chosen (a plain
+#           layer's tiles on the box kernels, the pointer kernels' shorter loops), timed_only and pointer
+#           (bench/NOTES.md, thirty-fifth and thirty-sixth sessions)
 case "${1:-}" in
   plan1)  # run 16 (2026-11-27): the suite reached ~96% in 195 s on 12 workers, compiling its own kernels
     export CALL_SECONDS=${CALL_SECONDS:-350} TESTS_TIMEOUT=${TESTS_TIMEOUT:-210} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
@@ -120,11 +123,17 @@ case "${1:-}" in
     export CALL_SECONDS=${CALL_SECONDS:-420} CENSUS_TIMEOUT=${CENSUS_TIMEOUT:-90}
     set -- census
     ;;
+  plan5)
+    PLAN5_CASES=odd_36_20,odd_64_40,stride2_odd,odd_dilated,odd_12_44,odd_44_12
+    export CALL_SECONDS=${CALL_SECONDS:-240} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-210} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN5_CASES --dtype bf16,fp32 --impls chosen,timed_only,pointer"}
+    set -- variants
+    ;;
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
     check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz) ;;
-    *) echo "unknown stage $stage: plan1, plan2, plan3 or plan4 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile or fuzz" >&2
+    *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile or fuzz" >&2
        exit 2 ;;
   esac
 done

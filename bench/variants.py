@@ -47,7 +47,7 @@ CL = torch.channels_last_3d
 # The layers that decide issue 28 first (the largest, the small grid, the strided one): a run cut short keeps them.
 DEFAULT_CASES = "wan_dec_384b,unet_320,down_s2,hunyuan_512,wan_dec_384a,wan_dec_192,hunyuan_128,cogvideo_256,unet_64"
 # Where --cases are looked up.
-SHAPE_SETS = ("bench", "stack", "decoders", "unets")
+SHAPE_SETS = ("bench", "stack", "decoders", "unets", "awkward")
 HOPPER_TILES = (configs.KernelConfig(128, 256, 64, 8, 3), configs.KernelConfig(256, 128, 64, 8, 3))
 
 
@@ -107,8 +107,9 @@ WHOLE_STEPS = "gluon_ws_whole_steps"
 
 
 def case_shapes(names: list[str]) -> list[ConvShape]:
-    """The cases of these names, from the shape sets bench.variants knows (SHAPE_SETS: the bench suite, and the
-    reported stack's layers, whose 8-channel ones no suite holds); a name two sets share is one shape."""
+    """The cases of these names, from the shape sets bench.variants knows (SHAPE_SETS: the bench suite, the
+    reported stack's layers, whose 8-channel ones no suite holds, the decoders', the UNets' and the awkward set's);
+    a name two sets share is one shape."""
     known: dict[str, ConvShape] = {}
     for set_name in SHAPE_SETS:
         for shape in load_shape_set(set_name):
@@ -485,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cases",
         default=DEFAULT_CASES,
-        help="comma-separated case names (the bench suite's, the stack's layers, the decoders'), each in every --dtype "
+        help="comma-separated case names (the bench suite's, the stack's layers, the decoders', the unets', the "
+        "awkward set's), each in every --dtype "
         "or, as name@dtype, in that one",
     )
     parser.add_argument("--dtype", default="bf16", help="comma-separated: bf16, fp16, fp32")
