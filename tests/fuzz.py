@@ -19,7 +19,11 @@ On CPU the kernels run on the interpreter and the Gluon ones on the emulator (te
 problems (`--size small`, the default there). On a GPU the compiled kernels run on CUDA tensors, the Gluon ones
 natively on sm_90 (elsewhere they fall back as TCONV3D_KERNELS=gluon does), over problems up to a few hundred
 channels and tens of voxels a side (`--size large`, the default there), with the float64 reference on the GPU too.
-Prints one JSON line per failure, a reproducer; exits 1 if any failed. tests/test_fuzz.py runs seeded draws in CI."""
+Prints one JSON line per failure, a reproducer; exits 1 if any failed. A result over its bound where stock torch's,
+on the same inputs in the same dtype, is over it too and at least 1 / STOCK_SCATTER of ours is ill-conditioned,
+not failed: printed and counted apart (run 68's seed 68299: a circular border's two terms cancelling tenfold in an fp16
+second-order input gradient, ours and stock's 2.45e-3 where the bound is 2e-3). tests/test_fuzz.py runs seeded draws
+in CI."""
 
 import os
 
@@ -447,9 +451,34 @@ def _error(name: str, got: torch.Tensor, want: torch.Tensor, grad_out: torch.Ten
     return rel_l2(got, want) if terms == 0 else ((got.double() - want).norm() / terms).item()
 
 
+# How much farther from float64 than stock torch's own result (same inputs, same dtype) an over-bound result of an
+# ill-conditioned problem may be and still count as its conditioning's (`run`).
+STOCK_SCATTER = 1.5
+
+
+def _stock_errors(problem: Problem, tensors, grad_out, probes, expected, exact_grads, exact_grad_out) -> dict:
+    """Stock torch's errors against float64 (torch.cat + F.pad + F.conv3d, `reference`, in the problem's dtype) on
+    the same inputs: the output's and each gradient's; {} where stock cannot run it (a dtype its CPU kernels lack)."""
+    leaves = [None if t is None else t.detach().requires_grad_() for t in tensors]
+    try:
+        with exact_fp32():
+            y = reference(problem, *leaves)
+            grads = _backward(
+                problem, y, leaves, grad_out.detach().clone().requires_grad_(problem.second_order), probes
+            )
+    except RuntimeError:
+        return {}
+    errors = {"output": rel_l2(y, expected)}
+    for name, want in exact_grads.items():
+        if want is not None and grads.get(name) is not None:
+            errors[name] = _error(name, grads[name], want, exact_grad_out)
+    return errors
+
+
 def run(problem: Problem, monkeypatch) -> dict:
     """Relative L2 errors of the output and each gradient against float64, and the configs launched. Raises
-    AssertionError where one is over the dtype's bound."""
+    AssertionError where one is over the dtype's bound, but where stock torch's result is over it too and within
+    STOCK_SCATTER of ours ("ill_conditioned": {name: (ours, stock's)})."""
     dtype = DTYPES[problem.dtype]
     rng = random.Random(problem.seed + 1)
     tensors = _tensors(problem, dtype)
@@ -507,8 +536,14 @@ def run(problem: Problem, monkeypatch) -> dict:
     assert y.shape == expected.shape, f"shape {tuple(y.shape)} != {tuple(expected.shape)}"
     if y.dim() == 5:
         assert y.is_contiguous(memory_format=CL), "output not channels_last_3d"
+    result = {"errors": errors, "launched": launched}
+    if bad:
+        stock = _stock_errors(problem, tensors, grad_out, probes, expected, exact_grads, exact_grad_out)
+        scattered = {name: (error, stock.get(name, 0.0)) for name, error in bad.items()}
+        if all(not theirs < bound and ours <= STOCK_SCATTER * theirs for ours, theirs in scattered.values()):
+            return {**result, "ill_conditioned": scattered}
     assert not bad, f"over {bound:g}: {bad}; launched {launched}"
-    return {"errors": errors, "launched": launched}
+    return result
 
 
 def check(problem: Problem) -> dict:
@@ -538,7 +573,7 @@ def main() -> int:
     interpreter_speedups.install()
     interpreter_fidelity.install()
     with interpreter_speedups.overflow_checks(True):
-        start, done, failed = time.perf_counter(), 0, 0
+        start, done, failed, scattered = time.perf_counter(), 0, 0, 0
         variants = collections.Counter()  # the variants launched, so a run shows what it exercised
         for problem in problems:
             try:
@@ -555,14 +590,22 @@ def main() -> int:
                 if args.replay:
                     traceback.print_exc()
             else:
-                if args.replay:
+                if "ill_conditioned" in result:  # stock torch as far off: the problem's conditioning, counted apart
+                    scattered += 1
+                    print(
+                        json.dumps(
+                            {"ill_conditioned": result["ill_conditioned"], "problem": dataclasses.asdict(problem)}
+                        )
+                    )
+                elif args.replay:
                     print(json.dumps(result))
             done += 1
             if time.perf_counter() - start > args.seconds:
                 break
     launched = ", ".join(f"{name} {count}" for name, count in sorted(variants.items()))
     print(
-        f"fuzz: {done} problems, {failed} failed, {time.perf_counter() - start:.0f} s; launched: {launched}",
+        f"fuzz: {done} problems, {failed} failed, {scattered} ill-conditioned (stock as far off), "
+        f"{time.perf_counter() - start:.0f} s; launched: {launched}",
         file=sys.stderr,
     )
     return 1 if failed else 0

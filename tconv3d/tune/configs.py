@@ -851,7 +851,8 @@ def _heuristic_tiles(
     weight gradient split so that its programs fill whole waves. `wide_rows`: a forward's or input gradient's
     128-row tiles however few voxels (_gluon_rows), where its channels take the plain tiles. `boxes`: tiles for a
     box kernel (TMA or Gluon), whose operands arrive as whole boxes: the rules for channels not 16-divisible, which
-    keep the pointer kernels' element-by-element gathers from spilling (gathered_tiles), do not apply."""
+    keep the pointer kernels' element-by-element gathers from spilling (gathered_tiles), do not apply, and a 16-bit
+    reduction of such channels steps 32 deep where 64 would leave more of a tap's slots empty."""
     view = gemm_view(direction, geom)
     k_cap = 32 if dtype == torch.float32 else 64
     stages = 2 if dtype == torch.float32 else 3
