@@ -663,6 +663,39 @@ def test_sm90_heuristic_takes_what_the_h100_timed_faster(monkeypatch):
         assert (packed.block_k, packed.num_warps) == (16, 8), (direction, name, packed)
 
 
+def test_unaligned_channels_take_plain_tiles_on_the_box_kernels(monkeypatch):
+    """Channels not 16-divisible (216 -> 160 in bf16): the pointer kernels gather them element by element on small
+    tiles (64 x 32 x 32; config.gathered_tiles), which timed_only's box launches inherit; the sm_90 heuristic gives
+    its box launches a plain layer's tiles instead (224 -> 160 channels' rows and columns), its steps 32 deep where
+    64 would leave more of a tap's slots empty (7 x 32 = 224 of 216, not 4 x 64 = 256) on a ring twice as deep; not
+    where that would move it down the order pointer, Triton TMA, Gluon (a 24-channel input gradient of few voxels:
+    64 x 128 on 8 warps, which the Gluon kernel does not take, keeps the Gluon kernel's 64 x 32); its pointer
+    launches (sm_80, TCONV3D_KERNELS=pointer) keep the small tiles."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)
+    bf16 = torch.bfloat16
+    odd = conv_geometry((2, 216, 8, 48, 48), (160, 216, 3, 3, 3), 1, 1, 1)
+    plain = conv_geometry((2, 224, 8, 48, 48), (160, 224, 3, 3, 3), 1, 1, 1)
+    for direction in ("fwd", "dgrad"):
+        chosen = configs.heuristic_config(direction, odd, bf16, 132, 90)
+        twin = configs.heuristic_config(direction, plain, bf16, 132, 90)
+        assert chosen.gluon == 2 and (chosen.block_m, chosen.block_n) == (twin.block_m, twin.block_n) == (128, 128)
+        before = configs.heuristic_config(direction, odd, bf16, 132, 90, timed_only=True)
+        assert (before.gluon, before.block_m, before.block_n, before.block_k) == (2, 64, 32, 32), direction
+        pointer = choice.force_variant(direction, odd, bf16, chosen, "pointer")
+        assert (pointer.variant, pointer.block_m, pointer.block_n, pointer.num_warps) == ("pointer", 64, 32, 4)
+        sm_80 = configs.heuristic_config(direction, odd, bf16, 108, 80)
+        assert (sm_80.variant, sm_80.block_m, sm_80.block_n) == ("pointer", 64, 32), direction
+    forward = configs.heuristic_config("fwd", odd, bf16, 132, 90)
+    assert (forward.block_k, forward.num_stages) == (32, 6)  # 216 channels a tap in 7 steps, 3 stages' bytes
+    weight = configs.heuristic_config("wgrad", odd, bf16, 132, 90)
+    assert weight.gluon == 2 and weight.block_k == 64  # 64 voxels deep, where the gathers take 32
+    assert configs.heuristic_config("wgrad", odd, bf16, 132, 90, timed_only=True).block_k == 32
+    few = conv_geometry((1, 128, 4, 16, 20), (24, 128, 1, 3, 3), 1, (0, 1, 1), 1)  # the input gradient reduces 24
+    kept = configs.heuristic_config("dgrad", few, bf16, 132, 90)
+    assert kept == configs.heuristic_config("dgrad", few, bf16, 132, 90, timed_only=True)
+    assert (kept.gluon, kept.block_m, kept.block_n) == (2, 64, 32)
+
+
 def test_few_voxel_layers_take_128_row_gluon_tiles_where_their_tiles_fill_the_sms(monkeypatch):
     """configs._gluon_rows: a forward or input gradient of fewer voxels than 128 for each SM (the heuristic's 64-row
     tiles, which the Gluon kernel does not take on 8 warps) runs 128-row tiles on the persistent Gluon kernel where
