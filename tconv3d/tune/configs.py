@@ -539,8 +539,8 @@ def heuristic_config(
     forward: 64 x 32 x 32 -> 128 x 128 x 32 on the Gluon kernel; 41 of 426 sm_90 launches of the random and awkward
     sets, no spill); such a problem's pointer launches (a ring, TMA-less tensors) keep gathered_tiles."""
     plain = _heuristic_choice(direction, geom, dtype, sm_count, capability, timed_only, boxes=False)
-    if timed_only:
-        return plain
+    if timed_only or (geom.group_in_channels % 16 == 0 and geom.group_out_channels % 16 == 0):
+        return plain  # (16-divisible channels: `boxes` changes no tile)
     boxed = _heuristic_choice(direction, geom, dtype, sm_count, capability, timed_only, boxes=True)
     rank = lambda config: bool(config.tma_box_w) + bool(config.gluon)  # noqa: E731  (pointer, TMA, Gluon)
     return boxed if boxed.tma_box_w and rank(boxed) >= rank(plain) else plain
