@@ -23,6 +23,7 @@
 #             (bench.variants --launch-only): what bounds a kernel, where a timing cannot say
 #   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
 #             problems up to hundreds of channels, every variant forced, Gluon natively, against float64
+#             (FUZZ_FOCUS=halo: only the Gluon problems that halo tiles take, as tests/fuzz.py --focus halo)
 # bench/NOTES.md ("The next GPU session in 15 minutes") gives the calls that fit a session: plan1, plan2 below.
 # A kernel that hangs (an mbarrier wait nobody arrives at) costs one test or one candidate, not the call: tests
 # run under pytest-timeout's thread method (an xdist worker ends, another starts); the tuner and bench.variants
@@ -330,7 +331,7 @@ run_stage() {
     seed=${FUZZ_SEED:-$((RANDOM * 32768 + RANDOM))}
     echo "[gpu_session] fuzz from seed $seed" | tee "$OUT/fuzz.log"
     timeout "$(left $((${FUZZ_SECONDS:-120} + 60)))" python3 tests/fuzz.py --seconds "${FUZZ_SECONDS:-120}" \
-      --seed "$seed" 2>&1 | tee -a "$OUT/fuzz.log"
+      --seed "$seed" ${FUZZ_FOCUS:+--focus "$FUZZ_FOCUS"} 2>&1 | tee -a "$OUT/fuzz.log"
     ;;
   esac
 }

@@ -1,18 +1,19 @@
 """Random convolutions against float64: the public entries `tconv3d.conv3d` and `tconv3d.conv_transpose3d` on
 problems drawn at random from everything they take at once (groups and depthwise, any kernel, stride and dilation
 per dimension, asymmetric padding in any mode per dimension, cached frames before the clip, a second source of
-channels after the input's (a skip connection), output padding, bias,
-unbatched and non-channels-last inputs, views whose rows are not packed), each under a tiling drawn as a GPU would
-get it (the device's default, the H100 heuristic, or any candidate of the tuner's space) and a kernel variant
-(as chosen, pointer, TMA forced, or Gluon). The output and every gradient (input, cached frames, weight, bias,
-channels after; for some problems the second-order ones, grad_output's included; for some the output's tangent
-along random tangents of every input, forward-mode AD; for some the output and gradients again by torch.func.vmap
-over the batch, a sample a call) are held to the float64 result of torch.cat + F.pad + F.conv3d
-(F.conv_transpose3d) by relative L2 error.
+channels after the input's (a skip connection), output padding, bias, unbatched and non-channels-last inputs,
+views whose rows are not packed), each under a tiling drawn as a GPU would get it (the device's default, the H100
+heuristic, or any candidate of the tuner's space) and a kernel variant (as chosen, pointer, TMA forced, or Gluon,
+with the tuner's Gluon twins: swapped, grouped taps, halo tiles). The output and every gradient (input, cached
+frames, weight, bias, channels after; for some problems the second-order ones, grad_output's included; for some
+the output's tangent along random tangents of every input, forward-mode AD; for some the output and gradients
+again by torch.func.vmap over the batch, a sample a call) are held to the float64 result of torch.cat + F.pad +
+F.conv3d (F.conv_transpose3d) by relative L2 error.
 
 The suite's cases are chosen by hand; this finds what they miss: combinations nobody wrote down.
 
     python tests/fuzz.py --seconds 600 [--seed 0] [--kernels auto,pointer,tma,gluon] [--size small|large]
+    python tests/fuzz.py --seconds 600 --focus halo  # Gluon problems that halo tiles take, offered them always
     python tests/fuzz.py --replay '<the JSON line a failure printed>'
 
 On CPU the kernels run on the interpreter and the Gluon ones on the emulator (tests/gluon_emulator.py), over tiny
@@ -60,6 +61,7 @@ from torch.func import grad, vmap
 import tconv3d
 from tconv3d import settings
 from tconv3d.kernels import conv_gluon
+from tconv3d.kernels.config import HALO_BOX_FRAMES, HALO_KD
 from tconv3d.ops import varying
 from tconv3d.testing import TF32_TOLERANCE, TOLERANCE, exact_fp32, rel_l2
 from tconv3d.tune import choice, configs
@@ -125,6 +127,7 @@ class Problem:
     empty: bool = False  # a batch of no entries (N = 0, batched even where `batch` says unbatched)
     tangent: bool = False  # the output's tangent along random tangents of every input (forward_ad's dual tensors)
     vmapped: bool = False  # the output and first-order gradients again by vmap over the batch (batched problems)
+    halo: bool = False  # `--focus halo`'s draws: every Gluon forward and input gradient offered halo tiles
 
     def padded(self, dim: int) -> int:
         size = self.size[dim] + (self.frames if dim == 0 else 0)
@@ -174,16 +177,37 @@ def _channel_counts(rng: random.Random, tma_shaped: bool, scale: Scale) -> tuple
     return cin, cin, cin * rng.choice((1, 1, 2))
 
 
-def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) -> Problem:
+def halo_shaped(problem: Problem) -> bool:
+    """Whether the problem's forward, or its transposed conv, is one the halo tiles take (configs.halo_eligible, but
+    for the tiles): 16-bit, one group, 3 taps along D at stride 1 and no dilation there, zeros along D and no cached
+    frames, at least HALO_BOX_FRAMES frames of the input, 16-byte channel rows."""
+    return (
+        problem.dtype in ("bf16", "fp16")
+        and problem.groups == 1
+        and problem.kernel[0] == HALO_KD
+        and problem.stride == (1, 1, 1)
+        and problem.dilation[0] == 1
+        and problem.modes[0] == "zeros"
+        and not problem.frames
+        and problem.size[0] >= HALO_BOX_FRAMES
+        and problem.cin % 8 == problem.cout % 8 == 0  # whole 16-byte rows stored in both directions
+    )
+
+
+def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"], focus: str | None = None) -> Problem:
     """A valid problem: every output dimension at least 1, every padding amount one its mode takes (F.pad's rules,
     dimension by dimension, D counted with the cached frames), at most the scale's multiply-adds a direction. A
     fifth are transposed convolutions. Most problems drawn for the TMA and Gluon variants are ones they run in
     every direction (configs.tma_eligible: 16-byte channel rows, at most two phases in H and W, zeros padding
-    and one source; 16-bit dtypes for Gluon's weight gradient), so that the variant is what runs."""
+    and one source; 16-bit dtypes for Gluon's weight gradient), so that the variant is what runs. `focus` "halo":
+    only Gluon problems that the halo tiles take (halo_shaped), each offered them wherever a launch may take them
+    (the other draws, half the time): the tuner's twins that a random draw reaches a few times in a thousand."""
     rng = random.Random(seed)
+    if focus == "halo":
+        kernels = ("gluon",)
     while True:
         variant = rng.choice(kernels)
-        tma_shaped = variant in ("tma", "gluon") and rng.random() < 0.7
+        tma_shaped = variant in ("tma", "gluon") and (focus == "halo" or rng.random() < 0.7)
         groups, cin, cout = _channel_counts(rng, tma_shaped, scale)
         transpose = rng.random() < 0.2
         kernel = tuple(rng.choice((1, 1, 2, 3, 3, 4)) for _ in range(3))
@@ -242,6 +266,10 @@ def draw(seed: int, kernels: tuple = KERNELS, scale: Scale = SCALES["small"]) ->
             problem = dataclasses.replace(problem, tangent=True)
         if problem.batch and not problem.empty and random.Random(f"{seed}-vmap").random() < VMAP_SHARE:  # run 39
             problem = dataclasses.replace(problem, vmapped=True)
+        if focus == "halo":
+            if not halo_shaped(problem):
+                continue
+            problem = dataclasses.replace(problem, halo=True)
         if min(problem.out_size()) >= 1 and problem.macs() <= scale.max_macs:
             return problem
 
@@ -349,9 +377,11 @@ def _select(problem: Problem):
                 config = dataclasses.replace(config, gluon=2)
             if direction == "wgrad" and not (config.tap_group or transposed) and rng.random() < 0.3:  # taps in a tile
                 config = grouped_taps(config, rng.choice((2, 4)))  # 64 to 128 channels a tap
-            if direction != "wgrad" and not config.swap_ab and rng.random() < 0.5:  # two frames a tile (halo_twin)
-                halo = configs.halo_twin(direction, geom, dataclasses.replace(config, gluon=2), dtype.itemsize)
-                config = halo or config
+            if direction != "wgrad" and (problem.halo or rng.random() < 0.5):  # two frames a tile, as own_twins:
+                # on the programs an SM the tile keeps, or on one with a deeper ring (programs=1); swapped or not
+                programs = 1 if rng.random() < 0.3 else None
+                twin = dataclasses.replace(config, gluon=2)
+                config = configs.halo_twin(direction, geom, twin, dtype.itemsize, programs) or config
         select.configs.append((direction, config))
         return config
 
@@ -559,6 +589,7 @@ def main() -> int:
     parser.add_argument(
         "--size", choices=tuple(SCALES), default="large" if DEVICE == "cuda" else "small", help="how big a draw may be"
     )
+    parser.add_argument("--focus", choices=("halo",), help="draw only problems of this kind (see draw)")
     parser.add_argument("--replay", help="one failure's JSON line")
     args = parser.parse_args()
     if args.replay:
@@ -567,7 +598,7 @@ def main() -> int:
         kernels = tuple(args.kernels.split(","))
         if conv_gluon.UNAVAILABLE is not None:  # this Triton has no Gluon (or not the Gluon the kernels are for)
             kernels = tuple(k for k in kernels if k != "gluon") or ("auto",)
-        problems = (draw(seed, kernels, SCALES[args.size]) for seed in range(args.seed, 2**62))
+        problems = (draw(seed, kernels, SCALES[args.size], args.focus) for seed in range(args.seed, 2**62))
     # On the interpreter: its speed-ups and its bf16 rounding as under pytest, and int32 overflow checked as
     # tests/test_fuzz.py checks it.
     interpreter_speedups.install()
