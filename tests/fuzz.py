@@ -367,7 +367,11 @@ def _select(problem: Problem):
             config = rng.choice(found) if found else h100
         gluon_runs = problem.kernels == "gluon" and choice._gluon_runs(device)  # the emulator's say on CPU
         config = choice.force_variant(direction, geom, dtype, config, problem.kernels, gluon_runs)
-        if config.gluon:
+        twins = problem.tiling == "heuristic" and config.gluon and configs.own_twins(direction, geom, config, dtype,
+                                                                                     H100_SMEM)  # fmt: skip
+        if twins and rng.random() < 0.5:  # what the tuner times beside the heuristic's tiles (tuner.nearest_candidates)
+            config = rng.choice(twins)
+        elif config.gluon:
             config = dataclasses.replace(config, gluon=rng.choice((1, 2)))
             if direction != "wgrad" and not config.swap_ab and rng.random() < 0.3:  # the tile computed transposed
                 swapped = swapped_tiles(config)
@@ -378,10 +382,11 @@ def _select(problem: Problem):
             if direction == "wgrad" and not (config.tap_group or transposed) and rng.random() < 0.3:  # taps in a tile
                 config = grouped_taps(config, rng.choice((2, 4)))  # 64 to 128 channels a tap
             if direction != "wgrad" and (problem.halo or rng.random() < 0.5):  # two frames a tile, as own_twins:
-                # on the programs an SM the tile keeps, or on one with a deeper ring (programs=1); swapped or not
-                programs = 1 if rng.random() < 0.3 else None
+                # on one program an SM with a deeper ring (programs=1) where that fits, else on the programs an SM
+                # the tile keeps; swapped or not
                 twin = dataclasses.replace(config, gluon=2)
-                config = configs.halo_twin(direction, geom, twin, dtype.itemsize, programs) or config
+                deep = configs.halo_twin(direction, geom, twin, dtype.itemsize, 1) if rng.random() < 0.3 else None
+                config = deep or configs.halo_twin(direction, geom, twin, dtype.itemsize) or config
         select.configs.append((direction, config))
         return config
 

@@ -1,15 +1,18 @@
 """tests/fuzz.py in CI: seeded random problems through tconv3d.conv3d and conv_transpose3d against float64, and
 the proof that the fuzzer fails where a direction's result is wrong."""
 
+import dataclasses
 import json
 
+import fuzz
 import pytest
 import torch
 from fuzz import DEVICE, KERNELS, SCALES, Problem, check, draw, halo_shaped
 
 import tconv3d
+from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
-from tconv3d.tune import choice
+from tconv3d.tune import choice, configs
 
 KERNELS_HERE = KERNELS if conv_gluon.UNAVAILABLE is None else tuple(k for k in KERNELS if k != "gluon")
 SCALE = SCALES["large" if DEVICE == "cuda" else "small"]
@@ -83,6 +86,28 @@ def test_halo_focus_draws_only_what_halo_tiles_take():
     assert {p.dtype for p in problems} == {"bf16", "fp16"}
     assert any(p.transpose for p in problems) and any(p.second_order for p in problems)
     assert not any(draw(seed, KERNELS_HERE, SCALE).halo for seed in SEEDS)
+
+
+def test_heuristic_draws_take_the_tuners_own_twins(monkeypatch):
+    """A Gluon draw on the heuristic's tiles takes, half the time, one of the twins the tuner times beside them
+    (configs.own_twins): over seeds, unet_64's forward reaches its halo tiles, deep and swapped, and a 96-channel
+    weight gradient its taps of 32 channels (channel_taps_twin), none of which the hand-made steps draw."""
+    monkeypatch.setattr(choice, "_gluon_runs", lambda device: True)  # as under the emulator, or on an H100
+    unet_64 = conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 1, 1, 1)
+    wan_96 = conv_geometry((1, 96, 5, 32, 32), (96, 96, 3, 3, 3), 1, 1, 1)
+    found = {}
+    for direction, geom in (("fwd", unet_64), ("wgrad", wan_96)):
+        h100 = configs.heuristic_config(direction, geom, torch.bfloat16, 132, configs.GLUON_CAPABILITY)
+        twins = configs.own_twins(direction, geom, h100, torch.bfloat16, 232448)
+        chosen = set()
+        for seed in range(40):
+            problem = dataclasses.replace(draw(seed, ("gluon",), SCALE), tiling="heuristic", halo=False)
+            chosen.add(fuzz._select(problem)(direction, geom, torch.bfloat16, torch.device(DEVICE), None))
+        found[direction] = chosen & set(twins)
+        assert len(found[direction]) >= len(twins) - 1, (direction, twins, chosen)
+    halo = [c for c in found["fwd"] if c.halo_d]
+    assert any(c.swap_ab for c in halo) and any(c.block_k == 32 for c in halo), halo
+    assert any(c.tap_group and c.block_n < 256 for c in found["wgrad"]), found["wgrad"]
 
 
 def test_replay_line_round_trips():
