@@ -603,6 +603,8 @@ def main() -> int:
         kernels = tuple(args.kernels.split(","))
         if conv_gluon.UNAVAILABLE is not None:  # this Triton has no Gluon (or not the Gluon the kernels are for)
             kernels = tuple(k for k in kernels if k != "gluon") or ("auto",)
+            if args.focus == "halo":  # its problems then run as TCONV3D_KERNELS=gluon falls back: no halo tile
+                print(f"fuzz: --focus halo runs no halo tile here (Gluon: {conv_gluon.UNAVAILABLE})", file=sys.stderr)
         problems = (draw(seed, kernels, SCALES[args.size], args.focus) for seed in range(args.seed, 2**62))
     # On the interpreter: its speed-ups and its bf16 rounding as under pytest, and int32 overflow checked as
     # tests/test_fuzz.py checks it.
