@@ -369,7 +369,8 @@ def _select(problem: Problem):
         config = choice.force_variant(direction, geom, dtype, config, problem.kernels, gluon_runs)
         twins = problem.tiling == "heuristic" and config.gluon and configs.own_twins(direction, geom, config, dtype,
                                                                                      H100_SMEM)  # fmt: skip
-        if twins and rng.random() < 0.5:  # what the tuner times beside the heuristic's tiles (tuner.nearest_candidates)
+        # what the tuner times beside the heuristic's tiles (tuner.nearest_candidates); `--focus halo`: halo tiles
+        if twins and not problem.halo and rng.random() < 0.5:
             config = rng.choice(twins)
         elif config.gluon:
             config = dataclasses.replace(config, gluon=rng.choice((1, 2)))
