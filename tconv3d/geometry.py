@@ -276,6 +276,15 @@ def _check_pads_fit_mode(in_size, padding, padding_mode: str) -> None:
             raise ValueError(f"replicate padding of an empty dimension {name} has nothing to repeat")
 
 
+def _empty_dimension(name: str, shape, size) -> str:
+    """The refusal of a batch of inputs with an empty D, H or W (`size`, frames_before's included)."""
+    empty = "".join(n for n, s in zip("DHW", size, strict=True) if s == 0)
+    return (
+        f"{name} {tuple(shape)} has an empty {empty}: as torch's convolutions, tconv3d takes an empty batch but not "
+        "an empty D, H or W"
+    )
+
+
 def check_groups(groups, in_channels, out_channels) -> int:
     """groups as nn.Conv3d takes it: a positive int dividing both channel counts."""
     if not _is_int(groups):
@@ -307,6 +316,8 @@ def conv_geometry(
         )
     batch, in_channels, frames, *in_plane = input_shape
     in_size = [frames + prefix_frames, *in_plane]
+    if batch and 0 in in_size:  # torch's convolutions refuse it too, whatever the padding would add
+        raise ValueError(_empty_dimension("input", input_shape, in_size))
     in_channels += after_channels
     out_channels, weight_in_channels, *kernel = weight_shape
     if in_channels == 0 or out_channels == 0 or any(k == 0 for k in kernel) or weight_in_channels == 0:
@@ -678,6 +689,8 @@ def conv_transpose_arguments(
         raise ValueError(
             f"output_padding {extra} must be smaller than stride {stride} or dilation {dilation} in each dimension"
         )
+    if input.shape[0] and 0 in input.shape[2:]:
+        raise ValueError(_empty_dimension("input", input.shape, input.shape[2:]))
     out_size = [
         (size - 1) * s - 2 * p + d * (k - 1) + e + 1
         for size, s, p, d, k, e in zip(input.shape[2:], stride, pads, dilation, weight.shape[2:], extra, strict=True)

@@ -59,6 +59,12 @@ BAD_INPUTS = [
         ValueError,
         "input is smaller than the dilated kernel in dimension H",
     ),
+    (
+        "input_empty_w_padded",  # torch refuses an empty D, H or W in a batch, whatever the padding adds
+        lambda d: args(d, input=torch.randn(1, 4, 5, 6, 0, device=d)),
+        ValueError,
+        "has an empty W: as torch's convolutions, tconv3d takes an empty batch but not an empty D, H or W",
+    ),
     ("input_not_tensor", lambda d: args(d, input=[[1.0]]), TypeError, "input must be a torch.Tensor, got list"),
     ("weight_not_tensor", lambda d: args(d, weight=3.0), TypeError, "weight must be a torch.Tensor, got float"),
     ("bias_not_tensor", lambda d: args(d, bias=[0.0] * 8), TypeError, "bias must be a torch.Tensor"),
@@ -147,3 +153,28 @@ def test_gradient_ops_reject_dtype_mismatch(device):
     go = torch.randn(1, 8, 5, 6, 7, device=device, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match=r"weight dtype torch\.float32 does not match grad_output dtype"):
         torch.ops.tconv3d.conv3d_input_grad(go, w, [1, 4, 5, 6, 7], [1, 1, 1], [1, 1, 1], [1, 1, 1])
+
+
+def test_empty_dimensions_are_refused_as_torch_refuses_them(device):
+    """An empty D, H or W in a batch is refused by every entry, as torch refuses it, even where padding would make
+    the convolution's input non-empty (tests/fuzz_args.py found tconv3d answering such calls: zeros, and a
+    transposed conv's bias). An empty batch is still answered; and so is an empty input with frames before it,
+    whose concatenation is not empty."""
+    x = torch.randn(2, 3, 4, 0, 5, device=device)
+    w = torch.randn(2, 3, 3, 1, 3, device=device)
+    with pytest.raises(RuntimeError, match="Only zero batch or zero channel"):
+        torch.nn.functional.conv3d(x, w, padding=1)
+    with pytest.raises(ValueError, match="has an empty H"):
+        tconv3d.conv3d(x, w, padding=1)
+    with pytest.raises(ValueError, match="has an empty H"):
+        tconv3d.conv_transpose3d(x, w.transpose(0, 1))
+    with pytest.raises(ValueError, match="has an empty D"):
+        torch.ops.tconv3d.conv3d_input_grad(
+            torch.randn(1, 2, 0, 2, 4, device=device), w, [1, 3, 0, 2, 4], [1, 1, 1], [1, 1, 1], [1, 1, 1]
+        )
+    assert tconv3d.conv3d(x[:0], w, padding=1).shape == (0, 2, 4, 2, 5)
+    assert torch.nn.functional.conv3d(x[:0], w, padding=1).shape == (0, 2, 4, 2, 5)
+    frames = torch.randn(1, 3, 2, 4, 5, device=device)
+    w = torch.randn(2, 3, 3, 3, 3, device=device)
+    y = tconv3d.conv3d(torch.randn(1, 3, 0, 4, 5, device=device), w, padding=1, frames_before=frames)
+    torch.testing.assert_close(y, torch.nn.functional.conv3d(frames, w, padding=1), atol=1e-4, rtol=1e-4)
