@@ -40,6 +40,7 @@ def test_draws_cover_what_the_suite_does_not_name():
         "depthwise": any(p.groups == p.cin > 1 for p in problems),
         "frames": any(p.frames for p in problems),
         "channels_after": any(p.after for p in problems),
+        "grouped_channels_after": any(p.after and p.groups > 1 for p in problems),
         "modes": {m for p in problems for m in p.modes} == {"zeros", "replicate", "reflect", "circular"},
         "strided": any(max(p.stride) > 1 for p in problems),
         "dilated": any(max(p.dilation) > 1 for p in problems),

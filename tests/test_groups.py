@@ -328,6 +328,41 @@ def test_compiled_mixed_stack_has_no_layout_ops(device):
     assert rel_l2(compiled_y, eager_y) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_grouped_convs_of_a_skip_connection(transposed, dtype, device, monkeypatch):
+    """A grouped conv (and transposed conv) of [x, skip] with skip passed as channels_after: 4 groups of 8
+    channels run side by side as one group of 32, which then spans both sources (24 + 8). The pointer kernels read
+    a group's diagonal blocks of one source only (DIAG_CI): such a launch failed its kernel's assertion (found by
+    the argument fuzzer, tests/fuzz_args.py). Now it takes the block-diagonal weight and reads both sources in
+    place. Output and every gradient against float64."""
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    monkeypatch.setattr(tconv3d.settings, "KERNELS", "pointer")
+    monkeypatch.setattr(tconv3d.tune.choice, "_memo", {})
+    x = leaf_copy(torch.randn(2, 24, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    skip = leaf_copy(torch.randn(2, 8, 3, 4, 5, device=device).to(dtype).contiguous(memory_format=CL))
+    w = leaf_copy((torch.randn(32, 8, 3, 3, 3, device=device) / 10).to(dtype))  # either way: 32 = 24 + 8, 8 a group
+    if transposed:
+        y = tconv3d.conv_transpose3d(x, w, None, 1, 1, 0, 4, channels_after=skip)
+        call = lambda a, b: F.conv_transpose3d(torch.cat([a, b], 1), w64, None, 1, 1, 0, 4)  # noqa: E731
+    else:
+        y = tconv3d.conv3d(x, w, None, 1, 1, 1, 4, channels_after=skip)
+        call = lambda a, b: F.conv3d(torch.cat([a, b], 1), w64, None, 1, 1, 1, 4)  # noqa: E731
+    x64, skip64, w64 = (leaf_copy(t.double()) for t in (x, skip, w))
+    ref = call(x64, skip64)
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    y.backward(grad_out.to(dtype))
+    for name, ours, expected in (
+        ("output", y, ref),
+        ("input grad", x.grad, x64.grad),
+        ("skip grad", skip.grad, skip64.grad),
+        ("weight grad", w.grad, w64.grad),
+    ):
+        assert rel_l2(ours, expected) < TOLERANCE[dtype], name
+
+
 def test_grouped_conv_transpose(device):
     x = leaf_copy(torch.randn(1, 6, 3, 4, 5, device=device))
     w = leaf_copy(torch.randn(6, 2, 3, 3, 3, device=device))

@@ -30,7 +30,7 @@ import dataclasses
 import torch
 
 from ..geometry import ConvGeometry
-from .config import KernelConfig, packs_out_taps, packs_taps, w_tap_columns
+from .config import KernelConfig, packs_out_taps, packs_taps, reads_channels_after, w_tap_columns
 from .utils import empty_ndhwc
 
 # A coarse group's input channels, at least where the groups allow: one 128-byte row of 16-bit channels a voxel,
@@ -100,8 +100,10 @@ def in_place(direction: str, coarse: ConvGeometry, config: KernelConfig) -> bool
     """Whether `config`'s kernel for `direction` of `coarse` takes the diagonal blocks of a grouped weight where
     they lie: reads them (the forward and input gradient) or stores them (the weight gradient), the pointer
     kernels' tiles of one tap (DIAG_CI, DIAG_CO); not their small-channel forms, whose weight loads are gathers of
-    their own, nor the weight gradient's packed rows or columns."""
-    if config.variant != "pointer" or packs_taps(direction, coarse):
+    their own, nor the weight gradient's packed rows or columns, nor a launch reading a second channel source in
+    place (a coarse group of the concatenation [x, channels_after] spans both: its kernels take one source's
+    blocks, and its tiles are of one source, reads_channels_after)."""
+    if config.variant != "pointer" or packs_taps(direction, coarse) or reads_channels_after(direction, coarse, config):
         return False
     if direction == "wgrad":
         return not packs_out_taps(coarse)
