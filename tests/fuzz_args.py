@@ -1,0 +1,542 @@
+"""Random calls of the public entries with the arguments a user may pass, good and bad, held to torch's own.
+
+fuzz.py draws valid problems and checks their numbers; this draws the calls around them: a valid call of
+`tconv3d.conv3d`, `tconv3d.conv_transpose3d` or a `tconv3d.nn` module, then up to three mutations of it (a tensor
+of another rank, dtype, device, size or layout: empty, expanded, sliced, offset; an int argument zero, negative,
+a float, a bool, a tensor, a sequence of the wrong length; a padding string, huge or negative padding; an unknown or
+misplaced padding mode; a second source of the wrong shape, dtype or device; output padding past the stride and
+the dilation), and the same call made of torch's own ops (F.pad per dimension, torch.cat, F.conv3d,
+F.conv_transpose3d, in float64). The brief's rule: bad input gets a clear Python exception naming the problem, never
+an illegal memory access, a hang or a silently wrong result. A draw fails where
+- tconv3d answers a call torch refuses ("accepted": a silently wrong result, unless the draw's call means something
+  torch's does not);
+- tconv3d raises what is not a plain refusal: an exception other than ValueError, TypeError, RuntimeError or
+  NotImplementedError, or one with no message ("unclear");
+- both answer, and tconv3d's output differs from torch's in shape, dtype or by more than the dtype's bound in
+  relative L2 from the float64 result, or its input gradient does ("wrong");
+- a call runs past --draw-seconds ("hang"), or the process dies (the last line printed names the draw).
+A call torch answers and tconv3d refuses is a finding too ("refused"), unless its refusal is one docs/api.md documents
+("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int) or torch's answer is empty
+(torch checks little of a call with an empty batch): printed, counted apart, not failed.
+
+    python tests/fuzz_args.py --seconds 300 [--seed 0]
+    python tests/fuzz_args.py --replay SEED
+
+On CPU the kernels run on the interpreter over tiny problems. Prints one JSON line per failure or finding; exits 1 if
+any draw failed. tests/test_fuzz_args.py runs seeded draws in CI."""
+
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"  # before tconv3d defines its kernels
+
+import argparse
+import collections
+import json
+import random
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import interpreter_fidelity
+import interpreter_speedups
+import torch
+import torch.nn.functional as F
+
+import tconv3d
+from tconv3d.testing import rel_l2, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CL = torch.channels_last_3d
+MODES = ("zeros", "replicate", "reflect", "circular")
+ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d")
+# What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
+REFUSALS = (ValueError, TypeError, RuntimeError, NotImplementedError)
+# Refusals of calls torch answers that docs/api.md ("Bad input") documents: not findings.
+DOCUMENTED = (
+    "supports float16, bfloat16 and float32",
+    "put them on one device",
+    "does not match input dtype",  # a second source of another dtype: torch.cat would promote it
+    "weight must have no zero-sized dimension",  # torch answers zero input channels with the bias
+    "padding must be non-negative",  # torch's nn.Conv3d crops in a non-zeros mode
+    "padding and output_padding must be non-negative",
+    "must be an int or a sequence of ints, got Tensor",
+)
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Timeout("past --draw-seconds")
+
+
+# ---------------------------------------------------------------------------------------------------------- draws
+
+
+def valid_call(rng: random.Random) -> dict:
+    """A call every entry takes: tensors tiny, geometry drawn per dimension."""
+    entry = rng.choice(ENTRIES)
+    transposed = "Transpose" in entry or entry == "conv_transpose3d"
+    groups = rng.choice((1, 1, 1, 2))
+    c_in, c_out = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
+    kernel = [rng.randint(1, 3) for _ in range(3)]
+    stride = [rng.choice((1, 1, 2)) for _ in range(3)]
+    dilation = [rng.choice((1, 1, 2)) for _ in range(3)]
+    padding = [rng.randint(0, (k - 1) * d) for k, d in zip(kernel, dilation, strict=True)]
+    size = [rng.randint(1, 4) + (k - 1) * d for k, d in zip(kernel, dilation, strict=True)]
+    call = dict(entry=entry, batch=rng.choice((1, 2)), c_in=c_in, c_out=c_out, size=size, kernel=kernel,
+                stride=stride, padding=padding, dilation=dilation, groups=groups, bias=rng.random() < 0.6,
+                dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), padding_mode="zeros",
+                output_padding=[0, 0, 0], frames_before=None, channels_after=None, layout="channels_last",
+                grad=rng.random() < 0.3, mutations=[])  # fmt: skip
+    if transposed:
+        call["output_padding"] = [rng.randrange(max(s, d)) if rng.random() < 0.3 else 0
+                                  for s, d in zip(stride, dilation, strict=True)]  # fmt: skip
+    elif rng.random() < 0.3:
+        call["padding_mode"] = rng.choice(MODES[1:])
+        # reflect needs padding < size, circular padding <= size (torch's F.pad): keep the valid call valid
+        call["padding"] = [min(p, s - 1) for p, s in zip(padding, size, strict=True)]
+    return call
+
+
+def _mutations(call: dict) -> dict:
+    """name -> (call -> None): each breaks or stretches one thing of a valid call."""
+    transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
+    module = call["entry"].startswith("nn.")
+
+    def setter(key, value):
+        return lambda c: c.__setitem__(key, value)
+
+    def dim(key, index, value):
+        def mutate(c):
+            if not isinstance(c[key], list):  # an earlier mutation made it a scalar or a string
+                c[key] = [c[key] if isinstance(c[key], int) else 1] * 3
+            c[key] += [1] * (index + 1 - len(c[key]))  # or shortened it
+            c[key][index] = value
+
+        return mutate
+
+    def three(key):  # the call's value of an int-or-3 argument as a list, whatever earlier mutations made of it
+        return list(call[key]) if isinstance(call[key], list) else [1, 1, 1]
+
+    m = {
+        "input_rank_3": setter("input_rank", 3),
+        "input_rank_4": setter("input_rank", 4),
+        "input_rank_6": setter("input_rank", 6),
+        "weight_rank_4": setter("weight_rank", 4),
+        "input_float64": setter("input_dtype", "float64"),
+        "input_int64": setter("input_dtype", "int64"),
+        "input_complex": setter("input_dtype", "complex64"),
+        "input_other_float": setter("input_dtype", "other"),
+        "weight_other_float": setter("weight_dtype", "other"),
+        "bias_other_float": setter("bias_dtype", "other"),
+        "bias_wrong_size": setter("bias_size", call["c_out"] + 1),
+        "bias_2d": setter("bias_size", (call["c_out"], 1)),
+        "bias_0d": setter("bias_size", ()),
+        "weight_on_meta": setter("weight_device", "meta"),
+        "input_on_meta": setter("input_device", "meta"),
+        "batch_0": setter("batch", 0),
+        "channels_0": setter("c_in", 0),
+        "out_channels_0": setter("c_out", 0),
+        "weight_channels_wrong": setter("weight_c_in", call["c_in"] // _groups(call) + 1),
+        "weight_kernel_0": dim("kernel", 1, 0),
+        "size_0": dim("size", 2, 0),
+        "size_1": setter("size", [1, 1, 1]),
+        "layout_ncdhw": setter("layout", "contiguous"),
+        "layout_sliced_w": setter("layout", "sliced_w"),
+        "layout_channel_offset": setter("layout", "channel_offset"),
+        "layout_expanded_batch": setter("layout", "expanded_batch"),
+        "layout_permuted_dh": setter("layout", "permuted_dh"),
+        "weight_noncontiguous": setter("weight_layout", "sliced"),
+        "stride_0": dim("stride", 0, 0),
+        "stride_negative": dim("stride", 2, -1),
+        "stride_float": setter("stride", 1.5),
+        "stride_bool": setter("stride", True),
+        "stride_tensor": setter("stride", "tensor"),
+        "stride_length_2": setter("stride", three("stride")[:2]),
+        "stride_huge": dim("stride", 1, 1000),
+        "dilation_0": dim("dilation", 1, 0),
+        "dilation_negative": dim("dilation", 0, -2),
+        "dilation_huge": dim("dilation", 2, 50),
+        "dilation_float": setter("dilation", 2.0),
+        "padding_negative": dim("padding", 1, -1),
+        "padding_huge": dim("padding", 0, 9),
+        "padding_float": setter("padding", 1.0),
+        "padding_length_2": setter("padding", three("padding")[:2]),
+        "padding_length_6": setter("padding", [p for p in three("padding") for _ in range(2)]),
+        "padding_length_7": setter("padding", [0] * 7),
+        "padding_same": setter("padding", "same"),
+        "padding_valid": setter("padding", "valid"),
+        "padding_bogus": setter("padding", "full"),
+        "groups_0": setter("groups", 0),
+        "groups_negative": setter("groups", -1),
+        "groups_float": setter("groups", 2.0),
+        "groups_not_dividing": setter("groups", call["c_in"] + 1),
+        "bias_requires_grad_only": setter("grad", "bias"),
+    }
+    if not transposed:
+        m.update({
+            "mode_bogus": setter("padding_mode", "mirror"),
+            "mode_per_dim": setter("padding_mode", "replicate,zeros,circular"),
+            "mode_per_dim_bogus": setter("padding_mode", "replicate,zeros"),
+            "mode_reflect_wide": lambda c: (c.__setitem__("padding_mode", "reflect"),
+                                            dim("padding", 2, c["size"][2])(c)),
+            "mode_circular_wide": lambda c: (c.__setitem__("padding_mode", "circular"),
+                                             dim("padding", 1, c["size"][1] + 1)(c)),
+        })  # fmt: skip
+        if not module:
+            m.update({
+                "frames_before": setter("frames_before", "ok"),
+                "frames_before_wrong_h": setter("frames_before", "wrong_h"),
+                "frames_before_wrong_channels": setter("frames_before", "wrong_channels"),
+                "frames_before_other_dtype": setter("frames_before", "other_dtype"),
+                "frames_before_meta": setter("frames_before", "meta"),
+                "frames_before_4d": setter("frames_before", "4d"),
+                "frames_before_0": setter("frames_before", "zero_frames"),
+                "channels_after": setter("channels_after", "ok"),
+                "channels_after_wrong_d": setter("channels_after", "wrong_d"),
+                "channels_after_other_dtype": setter("channels_after", "other_dtype"),
+                "channels_after_not_tensor": setter("channels_after", "list"),
+            })  # fmt: skip
+    else:
+        m.update({
+            "output_padding_past": dim("output_padding", 0, max(three("stride")[0], three("dilation")[0])),
+            "output_padding_negative": dim("output_padding", 1, -1),
+            "output_padding_length_2": setter("output_padding", [0, 0]),
+        })  # fmt: skip
+        if not module:
+            m["channels_after"] = setter("channels_after", "ok")
+            m["channels_after_wrong_h"] = setter("channels_after", "wrong_h")
+    return m
+
+
+def draw(seed: int) -> dict:
+    rng = random.Random(seed)
+    call = valid_call(rng)
+    for _ in range(rng.choice((0, 1, 1, 2, 3))):
+        mutations = _mutations(call)
+        name = rng.choice(sorted(mutations))
+        mutations[name](call)
+        call["mutations"].append(name)
+    call["seed"] = seed
+    return call
+
+
+# ---------------------------------------------------------------------------------------------------- the tensors
+
+
+def _groups(call: dict) -> int:
+    """The call's groups where it is a usable int, else 1: what the tensors are shaped by."""
+    return call["groups"] if type(call["groups"]) is int and call["groups"] > 0 else 1
+
+
+def _dtype(name: str, base: torch.dtype) -> torch.dtype:
+    if name == "other":
+        return torch.float16 if base != torch.float16 else torch.bfloat16
+    return getattr(torch, name)
+
+
+def tensors(call: dict) -> dict:
+    """The call's tensors (one draw of values: the seed's), as the user would hold them."""
+    gen = torch.Generator().manual_seed(call["seed"])
+    dtype = getattr(torch, call["dtype"])
+    transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
+    groups = _groups(call)
+
+    def randn(*shape, dtype=dtype, device=DEVICE):
+        if dtype in (torch.int64,):
+            return torch.randint(-3, 4, tuple(shape), generator=gen).to(device)
+        t = torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
+        if dtype.is_complex:
+            t = torch.complex(t, t)
+        return t.to(device=device, dtype=dtype)
+
+    shape = [call["batch"], call["c_in"], *call["size"]]
+    rank = call.get("input_rank", 5)
+    shape = shape[1:] if rank == 4 else shape[2:] if rank == 3 else [1, *shape] if rank == 6 else shape
+    x = randn(*shape, dtype=_dtype(call.get("input_dtype", call["dtype"]), dtype),
+              device=call.get("input_device", DEVICE))  # fmt: skip
+    layout = call["layout"]
+    if x.dim() == 5 and x.device.type != "meta":
+        if layout == "channels_last":
+            x = x.contiguous(memory_format=CL)
+        elif layout == "sliced_w":  # every other column of a tensor twice as wide
+            wide = randn(*x.shape[:4], 2 * x.shape[4], dtype=x.dtype).contiguous(memory_format=CL)
+            x = wide[..., ::2]
+        elif layout == "channel_offset":  # channels 1.. of a tensor with one more: rows start 1 element in
+            wider = randn(x.shape[0], x.shape[1] + 1, *x.shape[2:], dtype=x.dtype).contiguous(memory_format=CL)
+            x = wider[:, 1:]
+        elif layout == "expanded_batch":  # one sample's storage for every sample
+            x = x[:1].contiguous(memory_format=CL).expand(x.shape)
+        elif layout == "permuted_dh":
+            x = x.transpose(2, 3).contiguous(memory_format=CL).transpose(2, 3)
+    c_w_in = call.get("weight_c_in", call["c_in"] // groups if call["c_in"] else 0)
+    if transposed:
+        w_shape = [call["c_in"], call["c_out"] // groups, *call["kernel"]]
+    else:
+        w_shape = [call["c_out"], c_w_in, *call["kernel"]]
+    if call.get("weight_rank") == 4:
+        w_shape = w_shape[:4]
+    w_dtype = _dtype(call.get("weight_dtype", call["dtype"]), dtype)
+    w = randn(*w_shape, dtype=w_dtype, device=call.get("weight_device", DEVICE))
+    if call.get("weight_layout") == "sliced" and w.dim() == 5 and w.device.type != "meta":
+        w = randn(w.shape[0], 2 * w.shape[1], *w.shape[2:], dtype=w_dtype)[:, ::2]
+    b = None
+    if call["bias"]:
+        size = call.get("bias_size", call["c_out"])
+        size = (size,) if isinstance(size, int) else size
+        b = randn(*size, dtype=_dtype(call.get("bias_dtype", call["dtype"]), dtype))
+    out = dict(input=x, weight=w, bias=b, frames_before=None, channels_after=None)
+    n, c, d, h, wd = [call["batch"], call["c_in"], *call["size"]]
+    fb = call["frames_before"]
+    if fb is not None:
+        fb_shape = {"ok": (n, c, 2, h, wd), "wrong_h": (n, c, 2, h + 1, wd), "wrong_channels": (n, c + 1, 2, h, wd),
+                    "other_dtype": (n, c, 2, h, wd), "meta": (n, c, 2, h, wd), "4d": (c, 2, h, wd),
+                    "zero_frames": (n, c, 0, h, wd)}[fb]  # fmt: skip
+        fb_dtype = _dtype("other", dtype) if fb == "other_dtype" else dtype
+        out["frames_before"] = randn(*fb_shape, dtype=fb_dtype, device="meta" if fb == "meta" else DEVICE)
+    ca = call["channels_after"]
+    if ca is not None:
+        if ca == "list":
+            out["channels_after"] = [1.0, 2.0]
+        else:
+            ca_shape = {"ok": (n, 2, d, h, wd), "wrong_d": (n, 2, d + 1, h, wd), "wrong_h": (n, 2, d, h + 2, wd),
+                        "other_dtype": (n, 2, d, h, wd)}[ca]  # fmt: skip
+            out["channels_after"] = randn(*ca_shape, dtype=_dtype("other", dtype) if ca == "other_dtype" else dtype)
+            # the weight then reads both sources' channels
+            if out["weight"].dim() == 5 and out["weight"].device.type != "meta":
+                w = out["weight"]
+                extra = 2 // groups if 2 % groups == 0 else 1
+                if transposed:
+                    out["weight"] = torch.cat([w, randn(2, *w.shape[1:], dtype=w.dtype)], 0)
+                else:
+                    out["weight"] = torch.cat([w, randn(w.shape[0], extra, *w.shape[2:], dtype=w.dtype)], 1)
+    return out
+
+
+def _three(value):
+    return list(value) if isinstance(value, list | tuple) else [value] * 3
+
+
+def _int_argument(value, like):
+    if value == "tensor":
+        return torch.tensor(like if isinstance(like, int) else like[0])
+    return value
+
+
+# ------------------------------------------------------------------------------------------------------ the calls
+
+
+def ours(call: dict, t: dict):
+    """tconv3d's answer to the call."""
+    stride = _int_argument(call["stride"], 1)
+    args = dict(stride=stride, padding=call["padding"], dilation=call["dilation"], groups=call["groups"])
+    entry = call["entry"]
+    if entry == "conv3d":
+        return tconv3d.conv3d(t["input"], t["weight"], t["bias"], **args, padding_mode=call["padding_mode"],
+                              frames_before=t["frames_before"], channels_after=t["channels_after"])  # fmt: skip
+    if entry == "conv_transpose3d":
+        return tconv3d.conv_transpose3d(t["input"], t["weight"], t["bias"], args["stride"], args["padding"],
+                                        call["output_padding"], args["groups"], args["dilation"],
+                                        channels_after=t["channels_after"])  # fmt: skip
+    return _module(call, t, tconv3d.nn)(t["input"])
+
+
+def _module(call: dict, t: dict, nn):
+    """The entry's module (tconv3d.nn's or torch.nn's) holding the call's weight and bias."""
+    w = t["weight"]
+    if w.dim() != 5:
+        raise ValueError(f"the module's weight is {w.dim()}-D")  # a module's weight is 5-D by construction
+    groups = call["groups"]
+    transposed = call["entry"] == "nn.ConvTranspose3d"
+    c_in = w.shape[0] if transposed else w.shape[1] * (groups if isinstance(groups, int) and groups > 0 else 1)
+    c_out = w.shape[1] * groups if transposed and isinstance(groups, int) else w.shape[0]
+    common = dict(kernel_size=tuple(w.shape[2:]), stride=_int_argument(call["stride"], 1), padding=call["padding"],
+                  dilation=call["dilation"], groups=groups, bias=t["bias"] is not None, device=w.device,
+                  dtype=w.dtype)  # fmt: skip
+    with warnings.catch_warnings():  # torch's init warns of a weight with no elements, before its own refusal
+        warnings.simplefilter("ignore", UserWarning)
+        if transposed:
+            module = nn.ConvTranspose3d(c_in, c_out, output_padding=call["output_padding"], **common)
+        else:
+            module = nn.Conv3d(c_in, c_out, padding_mode=call["padding_mode"], **common)
+    with torch.no_grad():
+        if module.weight.shape != w.shape:
+            raise ValueError(f"the module's weight is {tuple(module.weight.shape)}, the call's {tuple(w.shape)}")
+        module.weight.copy_(w)
+        if t["bias"] is not None:
+            if module.bias.shape != t["bias"].shape:
+                raise ValueError(f"the module's bias is {tuple(module.bias.shape)}")
+            module.bias.copy_(t["bias"])
+    return module
+
+
+def theirs(call: dict, t: dict, dtype=None):
+    """torch's answer to the call, made of its own ops (in `dtype` where given: float64 for the reference)."""
+    cast = (lambda x: x) if dtype is None else (lambda x: x if not isinstance(x, torch.Tensor) else x.to(dtype))
+    x, w, b = cast(t["input"]), cast(t["weight"]), cast(t["bias"])
+    stride = _int_argument(call["stride"], 1)
+    entry = call["entry"]
+    if entry.startswith("nn."):
+        if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
+            return _module(call, {**t, "weight": w, "bias": b}, torch.nn)(x)
+        # tconv3d.nn's 6 values: as its module holds the bias, and with the modes nn.Conv3d's constructor takes
+        b = None if b is None else b.to(w.dtype)
+        if call["padding_mode"] not in MODES:
+            raise ValueError(f"nn.Conv3d takes one padding mode, not {call['padding_mode']!r}")
+    if entry.endswith("onvTranspose3d") or entry == "conv_transpose3d":
+        if t["channels_after"] is not None:
+            x = torch.cat([x, cast(t["channels_after"])], 1 if x.dim() == 5 else 0)
+        return F.conv_transpose3d(x, w, b, stride, call["padding"], call["output_padding"], call["groups"],
+                                  call["dilation"])  # fmt: skip
+    if t["frames_before"] is not None:
+        x = torch.cat([cast(t["frames_before"]), x], 2 if x.dim() == 5 else 1)
+    if t["channels_after"] is not None:
+        x = torch.cat([x, cast(t["channels_after"])], 1 if x.dim() == 5 else 0)
+    padding, mode = call["padding"], call["padding_mode"]
+    if padding == "valid":
+        padding = [0, 0, 0]
+    elif padding == "same" and any(s != 1 for s in _three(stride)):
+        raise ValueError("torch takes padding='same' at unit stride only")
+    elif padding == "same" and mode != "zeros":  # nn.Conv3d's 'same' in a mode: the extra voxel after
+        reach = [d * (k - 1) for d, k in zip(_three(call["dilation"]), w.shape[2:], strict=True)]
+        padding = [p for r in reach for p in (r // 2, r - r // 2)]
+    if isinstance(padding, list) and len(padding) == 6:  # tconv3d's 6-value form, as F.pad's per dimension
+        pairs = [padding[0:2], padding[2:4], padding[4:6]]
+    elif isinstance(padding, list) and len(padding) == 3 and mode != "zeros":
+        pairs = [[p, p] for p in padding]
+    else:
+        pairs = None
+    if pairs is None:
+        if mode != "zeros":
+            raise ValueError(f"torch's Conv3d pads {mode} with an int or 3 ints, got {padding!r}")
+        return F.conv3d(x, w, b, stride, padding, call["dilation"], call["groups"])
+    modes = mode.split(",") if "," in mode else [mode] * 3
+    if len(modes) != 3 or any(m not in MODES for m in modes):
+        raise ValueError(f"padding_mode {mode!r}")
+    if any(p < 0 for pair in pairs for p in pair):
+        raise ValueError(f"negative padding {padding!r}")
+    for axis, (pair, m) in enumerate(zip(pairs, modes, strict=True)):
+        if any(pair):
+            spec = [0] * 6  # F.pad's order: the last dimension first; 6 values, as its non-constant modes ask
+            spec[2 * (2 - axis) : 2 * (2 - axis) + 2] = pair
+            x = F.pad(x, spec) if m == "zeros" else F.pad(x, spec, mode=m)
+    return F.conv3d(x, w, b, stride, 0, call["dilation"], call["groups"])
+
+
+# ------------------------------------------------------------------------------------------------------ the check
+
+
+def check(call: dict) -> tuple[str, str]:
+    """(outcome, detail): ok, refused (a finding), or a failure: accepted, unclear, wrong."""
+    t = tensors(call)
+    try:
+        theirs_out = theirs(call, t)
+        torch_error = None
+    except Exception as error:  # torch's refusal, whatever it raises
+        theirs_out, torch_error = None, error
+    needs_grad = call["grad"] and torch_error is None and t["input"].is_floating_point()
+    if call["grad"] == "bias" and call["entry"].startswith("nn."):  # a module's bias is its own parameter
+        needs_grad = False
+    if needs_grad:
+        if call["grad"] == "bias":
+            if t["bias"] is None:
+                needs_grad = False
+            else:
+                t["bias"].requires_grad_()
+        else:
+            t["input"].requires_grad_()
+    try:
+        out = ours(call, t)
+    except REFUSALS as error:
+        if not str(error).strip():
+            return "unclear", f"{type(error).__name__} with no message"
+        if torch_error is not None:
+            return "ok", f"both refuse: {type(error).__name__}: {str(error)[:200]}"
+        if any(words in str(error) for words in DOCUMENTED):
+            return "ok", f"documented refusal: {str(error)[:200]}"
+        if not theirs_out.numel():
+            return "ok", f"torch's answer is empty (unchecked there): {str(error)[:200]}"
+        return "refused", f"{type(error).__name__}: {str(error)[:400]}"
+    except Timeout:
+        raise
+    except Exception as error:
+        return "unclear", f"{type(error).__name__}: {str(error)[:400]}"
+    if torch_error is not None:
+        return "accepted", f"torch: {type(torch_error).__name__}: {str(torch_error)[:300]}; ours: {tuple(out.shape)}"
+    if out.shape != theirs_out.shape or out.dtype != theirs_out.dtype:
+        return "wrong", f"ours {tuple(out.shape)} {out.dtype}, torch's {tuple(theirs_out.shape)} {theirs_out.dtype}"
+    if out.device.type == "meta" or not out.numel():
+        return "ok", "shape and dtype"
+    reference = theirs(call, t, torch.float64)
+    bound = tolerance(out.dtype)
+    error = rel_l2(out.double(), reference.detach())
+    if error > bound:
+        return "wrong", f"output {error:.3g} from float64, bound {bound:g}"
+    if needs_grad:
+        leaf = t["bias"] if call["grad"] == "bias" else t["input"]
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(call["seed"] + 1), dtype=torch.float64)
+        (ours_grad,) = torch.autograd.grad(out, leaf, g.to(out.dtype))
+        leaf64 = leaf.detach().double().requires_grad_()
+        t64 = {**t, ("bias" if call["grad"] == "bias" else "input"): leaf64}
+        (ref_grad,) = torch.autograd.grad(theirs(call, t64, torch.float64), leaf64, g)
+        if ours_grad.shape != ref_grad.shape or ours_grad.dtype != leaf.dtype:
+            return "wrong", f"gradient {tuple(ours_grad.shape)} {ours_grad.dtype}, torch's {tuple(ref_grad.shape)}"
+        error = rel_l2(ours_grad.double(), ref_grad) if ref_grad.numel() else 0.0
+        if error > bound and ref_grad.abs().max() > 0:
+            return (
+                "wrong",
+                f"{call['grad'] if call['grad'] == 'bias' else 'input'} gradient {error:.3g}, bound {bound:g}",
+            )
+    return "ok", "matches"
+
+
+FAILURES = ("accepted", "unclear", "wrong", "hang")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
+    parser.add_argument("--draw-seconds", type=int, default=120)
+    parser.add_argument("--replay", type=int, help="one draw's seed")
+    args = parser.parse_args(argv)
+    interpreter_speedups.install()
+    interpreter_fidelity.install()
+    signal.signal(signal.SIGALRM, _alarm)
+    seeds = [args.replay] if args.replay is not None else range(args.seed, 2**62)
+    start, outcomes, mutations = time.perf_counter(), collections.Counter(), collections.Counter()
+    for seed in seeds:
+        call = draw(seed)
+        print(f"# draw {seed}", file=sys.stderr, flush=True)  # the last such line names a draw that killed us
+        signal.alarm(args.draw_seconds)
+        try:
+            outcome, detail = check(call)
+        except Timeout:
+            outcome, detail = "hang", f"past {args.draw_seconds} s"
+        finally:
+            signal.alarm(0)
+        outcomes[outcome] += 1
+        mutations.update(call["mutations"] or ["none"])
+        if outcome not in ("ok",) or args.replay is not None:
+            print(json.dumps({"outcome": outcome, "detail": detail, "call": call}), flush=True)
+        if time.perf_counter() - start > args.seconds:
+            break
+    failed = sum(outcomes[f] for f in FAILURES)
+    print(f"fuzz_args: {sum(outcomes.values())} draws from seed {args.seed}, {failed} failed; "
+          f"{dict(outcomes)}; {len(mutations)} kinds of mutation drawn", file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
