@@ -1,13 +1,16 @@
 """Random calls of the public entries with the arguments a user may pass, good and bad, held to torch's own.
 
 fuzz.py draws valid problems and checks their numbers; this draws the calls around them: a valid call of
-`tconv3d.conv3d`, `tconv3d.conv_transpose3d` or a `tconv3d.nn` module, then up to three mutations of it (a tensor
-of another rank, dtype, device, size or layout: empty, expanded, sliced, offset; an int argument zero, negative,
-a float, a bool, a tensor, a sequence of the wrong length; a padding string, huge or negative padding; an unknown or
-misplaced padding mode; a second source of the wrong shape, dtype or device; output padding past the stride and
-the dilation), and the same call made of torch's own ops (F.pad per dimension, torch.cat, F.conv3d,
-F.conv_transpose3d, in float64). The brief's rule: bad input gets a clear Python exception naming the problem, never
-an illegal memory access, a hang or a silently wrong result. A draw fails where
+`tconv3d.conv3d`, `tconv3d.conv_transpose3d`, a `tconv3d.nn` module or one of the ops (`torch.ops.tconv3d.conv3d`,
+and `conv3d_input_grad` and `conv3d_weight_grad` with the forward's grad_output), then up to three mutations of it
+(a tensor of another rank, dtype, device, size or layout: empty, expanded, sliced, offset; an int argument zero,
+negative, a float, a bool, a tensor, a sequence of the wrong length; a padding string, huge or negative padding; an
+unknown or misplaced padding mode; a second source of the wrong shape, dtype or device; output padding past the
+stride and the dilation; for the gradient ops, a grad_output of another size, dtype, rank or layout, or the size of
+what they differentiate by off), and the same call made of torch's own ops (F.pad per dimension, torch.cat,
+F.conv3d, F.conv_transpose3d, autograd of the forward for the gradient ops, in float64). The rule it holds
+tconv3d to: bad input gets a clear Python exception naming the problem, never an illegal memory access, a hang or
+a silently wrong result. A draw fails where
 - tconv3d answers a call torch refuses ("accepted": a silently wrong result, unless the draw's call means something
   torch's does not);
 - tconv3d raises what is not a plain refusal: an exception other than ValueError, TypeError, RuntimeError or
@@ -17,7 +20,8 @@ an illegal memory access, a hang or a silently wrong result. A draw fails where
 - a call runs past --draw-seconds ("hang"), or the process dies (the last line printed names the draw).
 A call torch answers and tconv3d refuses is a finding too ("refused"), unless its refusal is one docs/api.md documents
 ("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int) or torch's answer is empty
-(torch checks little of a call with an empty batch): printed, counted apart, not failed.
+or on the meta device (torch checks little of a call with an empty batch or on meta tensors): printed, counted
+apart, not failed.
 
     python tests/fuzz_args.py --seconds 300 [--seed 0]
     python tests/fuzz_args.py --replay SEED
@@ -57,7 +61,11 @@ from tconv3d.testing import rel_l2, tolerance
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CL = torch.channels_last_3d
 MODES = ("zeros", "replicate", "reflect", "circular")
-ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d")
+ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d", "op.conv3d", "op.input_grad",
+           "op.weight_grad")  # fmt: skip
+# The gradient ops (torch.ops.tconv3d.conv3d_input_grad, conv3d_weight_grad): the call is the forward's, the op
+# takes its grad_output and the size of what it differentiates by.
+GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
 REFUSALS = (ValueError, TypeError, RuntimeError, NotImplementedError)
 # Refusals of calls torch answers that docs/api.md ("Bad input") documents: not findings.
@@ -69,6 +77,8 @@ DOCUMENTED = (
     "padding must be non-negative",  # torch's nn.Conv3d crops in a non-zeros mode
     "padding and output_padding must be non-negative",
     "must be an int or a sequence of ints, got Tensor",
+    "does not match grad_output dtype",  # the gradient ops take one dtype
+    "Expected a value of type 'List[int]'",  # the ops' schema: a tensor where an int belongs
 )
 
 
@@ -113,6 +123,7 @@ def _mutations(call: dict) -> dict:
     """name -> (call -> None): each breaks or stretches one thing of a valid call."""
     transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
     module = call["entry"].startswith("nn.")
+    second_sources = call["entry"] in ("conv3d", "op.conv3d")
 
     def setter(key, value):
         return lambda c: c.__setitem__(key, value)
@@ -194,7 +205,7 @@ def _mutations(call: dict) -> dict:
             "mode_circular_wide": lambda c: (c.__setitem__("padding_mode", "circular"),
                                              dim("padding", 1, c["size"][1] + 1)(c)),
         })  # fmt: skip
-        if not module:
+        if second_sources:
             m.update({
                 "frames_before": setter("frames_before", "ok"),
                 "frames_before_wrong_h": setter("frames_before", "wrong_h"),
@@ -214,9 +225,19 @@ def _mutations(call: dict) -> dict:
             "output_padding_negative": dim("output_padding", 1, -1),
             "output_padding_length_2": setter("output_padding", [0, 0]),
         })  # fmt: skip
-        if not module:
+        if not module:  # conv_transpose3d
             m["channels_after"] = setter("channels_after", "ok")
             m["channels_after_wrong_h"] = setter("channels_after", "wrong_h")
+    if call["entry"] in GRADIENT_OPS:
+        m.update({
+            "grad_output_wrong_size": setter("grad_output", "wrong_size"),
+            "grad_output_other_float": setter("grad_output", "other_dtype"),
+            "grad_output_ncdhw": setter("grad_output", "contiguous"),
+            "grad_output_expanded": setter("grad_output", "expanded"),
+            "grad_output_4d": setter("grad_output", "4d"),
+            "sizes_wrong": setter("sizes", "wrong"),
+            "sizes_short": setter("sizes", "short"),
+        })  # fmt: skip
     return m
 
 
@@ -321,11 +342,47 @@ def tensors(call: dict) -> dict:
                     out["weight"] = torch.cat([w, randn(2, *w.shape[1:], dtype=w.dtype)], 0)
                 else:
                     out["weight"] = torch.cat([w, randn(w.shape[0], extra, *w.shape[2:], dtype=w.dtype)], 1)
+    if call["entry"] in GRADIENT_OPS:
+        out["grad_output"] = _grad_output(call, out, randn)
     return out
+
+
+def _grad_output(call: dict, t: dict, randn) -> torch.Tensor:
+    """The gradient ops' grad_output: of the forward's output shape (one voxel where torch refuses the forward),
+    then as the call's mutation makes it."""
+    try:
+        shape = list(theirs({**call, "entry": "conv3d"}, t).shape)
+    except Exception:
+        shape = [max(call["batch"], 1), max(call["c_out"], 1), 1, 1, 1]
+    how = call.get("grad_output")
+    if how == "wrong_size":
+        shape[3] += 1
+    if how == "4d":
+        shape = shape[1:]
+    dtype = t["input"].dtype if t["input"].is_floating_point() else torch.float32
+    go = randn(*shape, dtype=_dtype("other", dtype) if how == "other_dtype" else dtype)
+    if how == "expanded" and go.dim() == 5:
+        return go[:1].expand(go.shape)
+    return go if how == "contiguous" or go.dim() != 5 else go.contiguous(memory_format=CL)
+
+
+def _sizes(call: dict, tensor: torch.Tensor) -> list:
+    """The size a gradient op is handed: `tensor`'s, or as the call's mutation makes it."""
+    size = list(tensor.shape)
+    if call.get("sizes") == "wrong" and len(size) > 2:
+        size[2] += 1
+    elif call.get("sizes") == "short":
+        size = size[:4]
+    return size
 
 
 def _three(value):
     return list(value) if isinstance(value, list | tuple) else [value] * 3
+
+
+def _as_list(value):
+    """An op's int[] argument: a list as given, an int as one value (the schema's), anything else as it is."""
+    return [value] if type(value) is int else value
 
 
 def _int_argument(value, like):
@@ -345,6 +402,17 @@ def ours(call: dict, t: dict):
     if entry == "conv3d":
         return tconv3d.conv3d(t["input"], t["weight"], t["bias"], **args, padding_mode=call["padding_mode"],
                               frames_before=t["frames_before"], channels_after=t["channels_after"])  # fmt: skip
+    if entry.startswith("op."):
+        ints = [_as_list(stride), _as_list(call["padding"]), _as_list(call["dilation"])]
+        mode, groups = call["padding_mode"], call["groups"]
+        if entry == "op.conv3d":
+            return torch.ops.tconv3d.conv3d(t["input"], t["weight"], t["bias"], *ints, groups, mode,
+                                            t["frames_before"], t["channels_after"])  # fmt: skip
+        if entry == "op.input_grad":
+            size = _sizes(call, t["input"])
+            return torch.ops.tconv3d.conv3d_input_grad(t["grad_output"], t["weight"], size, *ints, mode, groups)
+        size = _sizes(call, t["weight"])
+        return torch.ops.tconv3d.conv3d_weight_grad(t["grad_output"], t["input"], size, *ints, mode, None, groups)
     if entry == "conv_transpose3d":
         return tconv3d.conv_transpose3d(t["input"], t["weight"], t["bias"], args["stride"], args["padding"],
                                         call["output_padding"], args["groups"], args["dilation"],
@@ -387,6 +455,21 @@ def theirs(call: dict, t: dict, dtype=None):
     x, w, b = cast(t["input"]), cast(t["weight"]), cast(t["bias"])
     stride = _int_argument(call["stride"], 1)
     entry = call["entry"]
+    if entry.startswith("op."):  # the ops' contract: 5-D tensors and sizes, lists of ints
+        sizes = [x.shape, w.shape] + [_sizes(call, x if entry == "op.input_grad" else w)] * (entry in GRADIENT_OPS)
+        if any(len(size) != 5 for size in sizes):
+            raise ValueError("the ops take 5-D tensors and sizes")
+        if isinstance(call["padding"], str):
+            raise TypeError("the op's padding is a list of ints")
+    if entry in GRADIENT_OPS:  # autograd of torch's forward, in float64: what the gradient op computes
+        by_input = entry == "op.input_grad"
+        by = t["input"] if by_input else t["weight"]
+        size = _sizes(call, by)
+        # where the op puts it: the gradient of what it is handed the size of, on grad_output's device
+        leaf = torch.zeros(size, dtype=torch.float64, device=t["grad_output"].device, requires_grad=True)
+        forward = theirs({**call, "entry": "conv3d"}, {**t, "input" if by_input else "weight": leaf}, torch.float64)
+        (grad,) = torch.autograd.grad(forward, leaf, t["grad_output"].double())
+        return grad if dtype is not None else grad.to(t["grad_output"].dtype)
     if entry.startswith("nn."):
         if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
             return _module(call, {**t, "weight": w, "bias": b}, torch.nn)(x)
@@ -446,6 +529,7 @@ def check(call: dict) -> tuple[str, str]:
     except Exception as error:  # torch's refusal, whatever it raises
         theirs_out, torch_error = None, error
     needs_grad = call["grad"] and torch_error is None and t["input"].is_floating_point()
+    needs_grad = needs_grad and call["entry"] not in GRADIENT_OPS
     if call["grad"] == "bias" and call["entry"].startswith("nn."):  # a module's bias is its own parameter
         needs_grad = False
     if needs_grad:
@@ -465,8 +549,8 @@ def check(call: dict) -> tuple[str, str]:
             return "ok", f"both refuse: {type(error).__name__}: {str(error)[:200]}"
         if any(words in str(error) for words in DOCUMENTED):
             return "ok", f"documented refusal: {str(error)[:200]}"
-        if not theirs_out.numel():
-            return "ok", f"torch's answer is empty (unchecked there): {str(error)[:200]}"
+        if not theirs_out.numel() or theirs_out.device.type == "meta":
+            return "ok", f"torch's answer is empty or on meta (unchecked there): {str(error)[:200]}"
         return "refused", f"{type(error).__name__}: {str(error)[:400]}"
     except Timeout:
         raise
