@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -593,6 +594,11 @@ def check_group_norm(input, weight, bias, groups, activation, channels_after=Non
     channels = input.shape[1] + after_channel_count(input, channels_after)
     if not _is_int(groups) or groups < 1 or channels % groups:
         raise ValueError(f"groups must be a positive divisor of the {channels} channels, got {groups!r}")
+    if input.shape[0] * (channels // groups) * math.prod(input.shape[2:]) == 1:  # torch's F.group_norm refuses it
+        raise ValueError(
+            f"GroupNorm expects more than 1 value per group, as torch's group_norm does: input {tuple(input.shape)}, "
+            f"{channels} channels in {groups} groups"
+        )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (channels,):
             raise ValueError(f"{name} must have shape ({channels},), got {tuple(t.shape)}")

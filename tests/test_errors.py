@@ -178,3 +178,19 @@ def test_empty_dimensions_are_refused_as_torch_refuses_them(device):
     w = torch.randn(2, 3, 3, 3, 3, device=device)
     y = tconv3d.conv3d(torch.randn(1, 3, 0, 4, 5, device=device), w, padding=1, frames_before=frames)
     torch.testing.assert_close(y, torch.nn.functional.conv3d(frames, w, padding=1), atol=1e-4, rtol=1e-4)
+
+
+def test_norms_refuse_one_value_a_group_as_torch_does(device):
+    """torch's GroupNorm refuses an input whose groups hold one value in all (batch, channels a group and voxels:
+    1), its InstanceNorm3d one voxel a channel; tconv3d.nn's answered the bias there (found by tests/fuzz_args.py)."""
+    x = torch.randn(1, 2, 1, 1, 1, device=device)
+    for make in (lambda nn: nn.GroupNorm(2, 2), lambda nn: nn.InstanceNorm3d(2)):
+        with pytest.raises(ValueError, match="Expected more than 1"):
+            make(torch.nn).to(device)(x)
+        with pytest.raises(ValueError, match="expects more than 1"):
+            make(tconv3d.nn).to(device)(x)
+    with pytest.raises(ValueError, match="expects more than 1 value per group"):
+        torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5)
+    assert tconv3d.nn.GroupNorm(1, 2).to(device)(x).shape == x.shape  # two values a group
+    y = tconv3d.nn.InstanceNorm3d(2).to(device)(torch.randn(2, 2, 1, 1, 2, device=device))
+    assert y.shape == (2, 2, 1, 1, 2)

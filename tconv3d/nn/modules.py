@@ -5,6 +5,7 @@ model adapters share."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -226,6 +227,10 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         if self.track_running_stats or input.dim() != 5:
             output = super().forward(input)
             return F.silu(output) if self.activation == "silu" else output
+        if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
+            raise ValueError(
+                f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
+            )
         return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation)
 
     def extra_repr(self) -> str:
