@@ -62,7 +62,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CL = torch.channels_last_3d
 MODES = ("zeros", "replicate", "reflect", "circular")
 ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d", "op.conv3d", "op.input_grad",
-           "op.weight_grad")  # fmt: skip
+           "op.weight_grad", "nn.GroupNorm", "op.group_norm")  # fmt: skip
+NORMS = ("nn.GroupNorm", "op.group_norm")
 # The gradient ops (torch.ops.tconv3d.conv3d_input_grad, conv3d_weight_grad): the call is the forward's, the op
 # takes its grad_output and the size of what it differentiates by.
 GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
@@ -79,6 +80,7 @@ DOCUMENTED = (
     "must be an int or a sequence of ints, got Tensor",
     "does not match grad_output dtype",  # the gradient ops take one dtype
     "Expected a value of type 'List[int]'",  # the ops' schema: a tensor where an int belongs
+    "frames_before and channels_after together are not supported",
 )
 
 
@@ -96,6 +98,8 @@ def _alarm(signum, frame):
 def valid_call(rng: random.Random) -> dict:
     """A call every entry takes: tensors tiny, geometry drawn per dimension."""
     entry = rng.choice(ENTRIES)
+    if entry in NORMS:
+        return _valid_norm_call(rng, entry)
     transposed = "Transpose" in entry or entry == "conv_transpose3d"
     groups = rng.choice((1, 1, 1, 2))
     c_in, c_out = groups * rng.randint(1, 3), groups * rng.randint(1, 3)
@@ -119,8 +123,60 @@ def valid_call(rng: random.Random) -> dict:
     return call
 
 
+def _valid_norm_call(rng: random.Random, entry: str) -> dict:
+    """A GroupNorm's call (tconv3d.nn.GroupNorm, torch.ops.tconv3d.group_norm): groups dividing the channels, both
+    sources' where a skip connection follows the input's channels."""
+    groups = rng.choice((1, 2, 3))
+    after = groups * rng.randint(1, 2) if rng.random() < 0.25 else 0
+    return dict(entry=entry, batch=rng.choice((1, 2)), c_in=groups * rng.randint(1, 3), after=after,
+                size=[rng.randint(1, 4) for _ in range(3)], groups=groups, affine=rng.random() < 0.7,
+                eps=rng.choice((1e-5, 1e-6, 1e-3)), activation=rng.choice(("none", "silu")),
+                dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
+                grad=rng.random() < 0.3, mutations=[])  # fmt: skip
+
+
+def _norm_mutations(call: dict) -> dict:
+    """A GroupNorm call's mutations."""
+
+    def setter(key, value):
+        return lambda c: c.__setitem__(key, value)
+
+    m = {
+        "groups_0": setter("groups", 0),
+        "groups_negative": setter("groups", -2),
+        "groups_not_dividing": setter("groups", call["c_in"] + call["after"] + 1),
+        "groups_float": setter("groups", 2.0),
+        "channels_wrong": setter("weight_size", call["c_in"] + call["after"] + 1),
+        "weight_other_float": setter("weight_dtype", "other"),
+        "weight_on_meta": setter("weight_device", "meta"),
+        "no_bias": setter("no_bias", True),
+        "input_rank_4": setter("input_rank", 4),
+        "input_rank_6": setter("input_rank", 6),
+        "input_float64": setter("input_dtype", "float64"),
+        "input_int64": setter("input_dtype", "int64"),
+        "batch_0": setter("batch", 0),
+        "size_0": lambda c: c["size"].__setitem__(1, 0),
+        "size_1": setter("size", [1, 1, 1]),
+        "layout_ncdhw": setter("layout", "contiguous"),
+        "layout_sliced_w": setter("layout", "sliced_w"),
+        "layout_channel_offset": setter("layout", "channel_offset"),
+        "layout_expanded_batch": setter("layout", "expanded_batch"),
+        "eps_0": setter("eps", 0.0),
+        "eps_negative": setter("eps", -1.0),
+        "activation_bogus": setter("activation", "relu"),
+        "skip_wrong_size": setter("after_shape", "wrong_h"),
+        "skip_other_dtype": setter("after_dtype", "other"),
+        "constant_input": setter("constant", True),
+    }
+    if not call["after"]:
+        m["skip"] = setter("after", 2)
+    return m
+
+
 def _mutations(call: dict) -> dict:
     """name -> (call -> None): each breaks or stretches one thing of a valid call."""
+    if call["entry"] in NORMS:
+        return _norm_mutations(call)
     transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
     module = call["entry"].startswith("nn.")
     second_sources = call["entry"] in ("conv3d", "op.conv3d")
@@ -271,6 +327,8 @@ def tensors(call: dict) -> dict:
     """The call's tensors (one draw of values: the seed's), as the user would hold them."""
     gen = torch.Generator().manual_seed(call["seed"])
     dtype = getattr(torch, call["dtype"])
+    if call["entry"] in NORMS:
+        return _norm_tensors(call, gen, dtype)
     transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
     groups = _groups(call)
 
@@ -347,6 +405,48 @@ def tensors(call: dict) -> dict:
     return out
 
 
+def _layout(x: torch.Tensor, layout: str, randn) -> torch.Tensor:
+    """`x` (5-D, values as drawn) laid out as the call says."""
+    if x.dim() != 5 or x.device.type == "meta":
+        return x
+    if layout == "channels_last":
+        return x.contiguous(memory_format=CL)
+    if layout == "sliced_w":  # every other column of a tensor twice as wide
+        return randn(*x.shape[:4], 2 * x.shape[4], dtype=x.dtype).contiguous(memory_format=CL)[..., ::2]
+    if layout == "channel_offset":  # channels 1.. of a tensor with one more: rows start 1 element in
+        return randn(x.shape[0], x.shape[1] + 1, *x.shape[2:], dtype=x.dtype).contiguous(memory_format=CL)[:, 1:]
+    if layout == "expanded_batch":  # one sample's storage for every sample
+        return x[:1].contiguous(memory_format=CL).expand(x.shape)
+    if layout == "permuted_dh":
+        return x.transpose(2, 3).contiguous(memory_format=CL).transpose(2, 3)
+    return x
+
+
+def _norm_tensors(call: dict, gen, dtype) -> dict:
+    def randn(*shape, dtype=dtype, device=DEVICE):
+        if dtype == torch.int64:
+            return torch.randint(-3, 4, tuple(shape), generator=gen).to(device)
+        return torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    n, c, (d, h, w) = call["batch"], call["c_in"], call["size"]
+    shape = {4: [c, d, h, w], 6: [1, n, c, d, h, w]}.get(call.get("input_rank", 5), [n, c, d, h, w])
+    x = randn(*shape, dtype=_dtype(call.get("input_dtype", call["dtype"]), dtype))
+    if call.get("constant"):  # every voxel one value: a variance of zero, eps alone in the denominator
+        x = torch.full_like(x, 0.5)
+    x = _layout(x, call["layout"], randn)
+    channels = call.get("weight_size", c + call["after"])
+    p_dtype = _dtype(call.get("weight_dtype", call["dtype"]), dtype)
+    device = call.get("weight_device", DEVICE)
+    weight = randn(channels, dtype=p_dtype, device=device) if call["affine"] else None
+    bias = randn(channels, dtype=p_dtype, device=device) if call["affine"] and not call.get("no_bias") else None
+    skip = None
+    if call["after"]:
+        skip_shape = [n, call["after"], d, h + (call.get("after_shape") == "wrong_h"), w]
+        skip = randn(*skip_shape, dtype=_dtype(call.get("after_dtype", call["dtype"]), dtype))
+        skip = _layout(skip, "channels_last", randn)
+    return dict(input=x, weight=weight, bias=bias, channels_after=skip)
+
+
 def _grad_output(call: dict, t: dict, randn) -> torch.Tensor:
     """The gradient ops' grad_output: of the forward's output shape (one voxel where torch refuses the forward),
     then as the call's mutation makes it."""
@@ -396,6 +496,12 @@ def _int_argument(value, like):
 
 def ours(call: dict, t: dict):
     """tconv3d's answer to the call."""
+    if call["entry"] == "op.group_norm":
+        return torch.ops.tconv3d.group_norm(
+            t["input"], t["weight"], t["bias"], call["groups"], call["eps"], call["activation"], t["channels_after"]
+        )[0]  # (output, mean, rstd)
+    if call["entry"] == "nn.GroupNorm":
+        return _norm_module(call, t, tconv3d.nn.GroupNorm)(t["input"], t["channels_after"])
     stride = _int_argument(call["stride"], 1)
     args = dict(stride=stride, padding=call["padding"], dilation=call["dilation"], groups=call["groups"])
     entry = call["entry"]
@@ -418,6 +524,27 @@ def ours(call: dict, t: dict):
                                         call["output_padding"], args["groups"], args["dilation"],
                                         channels_after=t["channels_after"])  # fmt: skip
     return _module(call, t, tconv3d.nn)(t["input"])
+
+
+def _norm_module(call: dict, t: dict, cls):
+    """The GroupNorm module holding the call's parameters (tconv3d's takes its activation by name)."""
+    channels = t["input"].shape[1] + (t["channels_after"].shape[1] if t["channels_after"] is not None else 0)
+    kwargs = {} if cls is torch.nn.GroupNorm else {"activation": None if call["activation"] == "none" else
+                                                                  call["activation"]}  # fmt: skip
+    module = cls(call["groups"], channels, call["eps"], call["affine"], device=t["input"].device,
+                 dtype=getattr(torch, call["dtype"]), **kwargs)  # fmt: skip
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            given, held = t[name], getattr(module, name)
+            if held is None:
+                continue
+            if given is None:  # the call has none: the module's own is what it holds
+                setattr(module, name, None)
+                continue
+            if given.shape != held.shape:
+                raise ValueError(f"the module's {name} is {tuple(held.shape)}, the call's {tuple(given.shape)}")
+            setattr(module, name, torch.nn.Parameter(given.detach().clone(), requires_grad=False))
+    return module
 
 
 def _module(call: dict, t: dict, nn):
@@ -452,6 +579,8 @@ def _module(call: dict, t: dict, nn):
 def theirs(call: dict, t: dict, dtype=None):
     """torch's answer to the call, made of its own ops (in `dtype` where given: float64 for the reference)."""
     cast = (lambda x: x) if dtype is None else (lambda x: x if not isinstance(x, torch.Tensor) else x.to(dtype))
+    if call["entry"] in NORMS:
+        return _theirs_norm(call, {name: cast(v) for name, v in t.items()})
     x, w, b = cast(t["input"]), cast(t["weight"]), cast(t["bias"])
     stride = _int_argument(call["stride"], 1)
     entry = call["entry"]
@@ -467,7 +596,8 @@ def theirs(call: dict, t: dict, dtype=None):
         size = _sizes(call, by)
         # where the op puts it: the gradient of what it is handed the size of, on grad_output's device
         leaf = torch.zeros(size, dtype=torch.float64, device=t["grad_output"].device, requires_grad=True)
-        forward = theirs({**call, "entry": "conv3d"}, {**t, "input" if by_input else "weight": leaf}, torch.float64)
+        given = {**t, "input" if by_input else "weight": leaf, "bias": None}  # the gradient ops take no bias
+        forward = theirs({**call, "entry": "conv3d"}, given, torch.float64)
         (grad,) = torch.autograd.grad(forward, leaf, t["grad_output"].double())
         return grad if dtype is not None else grad.to(t["grad_output"].dtype)
     if entry.startswith("nn."):
@@ -482,6 +612,8 @@ def theirs(call: dict, t: dict, dtype=None):
             x = torch.cat([x, cast(t["channels_after"])], 1 if x.dim() == 5 else 0)
         return F.conv_transpose3d(x, w, b, stride, call["padding"], call["output_padding"], call["groups"],
                                   call["dilation"])  # fmt: skip
+    if x.dim() == 5 and x.shape[0] and 0 in x.shape[2:] and t["frames_before"] is None:
+        raise ValueError("an empty D, H or W in a batch, whatever the padding (docs/api.md, as F.conv3d)")
     if t["frames_before"] is not None:
         x = torch.cat([cast(t["frames_before"]), x], 2 if x.dim() == 5 else 1)
     if t["channels_after"] is not None:
@@ -515,6 +647,34 @@ def theirs(call: dict, t: dict, dtype=None):
             spec[2 * (2 - axis) : 2 * (2 - axis) + 2] = pair
             x = F.pad(x, spec) if m == "zeros" else F.pad(x, spec, mode=m)
     return F.conv3d(x, w, b, stride, 0, call["dilation"], call["groups"])
+
+
+def _theirs_norm(call: dict, t: dict):
+    """torch's GroupNorm of [input, channels_after] (then SiLU), as the entry's contract allows."""
+    x, skip = t["input"], t["channels_after"]
+    if call["entry"] == "op.group_norm":
+        if call["activation"] not in ("none", "silu"):
+            raise ValueError(f"activation {call['activation']!r}")
+        if x.dim() != 5:
+            raise ValueError("the op takes a 5-D input")
+    if skip is not None:
+        x = torch.cat([x, skip], 1)
+    # Parameters of another float dtype than a supported input's, taken as tconv3d's kernels take them (and
+    # torch's CUDA group_norm takes autocast's fp32 parameters of a 16-bit input; its CPU kernel refuses them).
+    # A float64 input runs torch's own group_norm in tconv3d.nn.GroupNorm, refusals and all.
+    if x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        t = {name: v.to(x.dtype) if name in ("weight", "bias") and v is not None and v.is_floating_point() else v
+             for name, v in t.items()}  # fmt: skip
+    if call["entry"] == "nn.GroupNorm":
+        module = _norm_module(call, {**t, "input": x, "channels_after": None}, torch.nn.GroupNorm)
+        if call["activation"] not in ("none", "silu"):  # after torch's constructor, as tconv3d.nn's checks it
+            raise ValueError(f"activation {call['activation']!r}")
+        y = module(x)
+    else:
+        if t["weight"] is not None and t["bias"] is not None and t["weight"].device != t["bias"].device:
+            raise ValueError("weight and bias on two devices")
+        y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
+    return F.silu(y) if call["activation"] == "silu" else y
 
 
 # ------------------------------------------------------------------------------------------------------ the check
@@ -555,6 +715,8 @@ def check(call: dict) -> tuple[str, str]:
     except Timeout:
         raise
     except Exception as error:
+        if type(error) is type(torch_error):  # torch's own raises it too (nn.GroupNorm(0, c): ZeroDivisionError)
+            return "ok", f"both raise {type(error).__name__}"
         return "unclear", f"{type(error).__name__}: {str(error)[:400]}"
     if torch_error is not None:
         return "accepted", f"torch: {type(torch_error).__name__}: {str(torch_error)[:300]}; ours: {tuple(out.shape)}"
@@ -563,8 +725,8 @@ def check(call: dict) -> tuple[str, str]:
     if out.device.type == "meta" or not out.numel():
         return "ok", "shape and dtype"
     reference = theirs(call, t, torch.float64)
-    bound = tolerance(out.dtype)
-    error = rel_l2(out.double(), reference.detach())
+    bound = 1e-10 if out.dtype == torch.float64 else tolerance(out.dtype)  # float64: torch's own ops ran it
+    error = _distance(out, reference.detach())
     if error > bound:
         return "wrong", f"output {error:.3g} from float64, bound {bound:g}"
     if needs_grad:
@@ -576,13 +738,22 @@ def check(call: dict) -> tuple[str, str]:
         (ref_grad,) = torch.autograd.grad(theirs(call, t64, torch.float64), leaf64, g)
         if ours_grad.shape != ref_grad.shape or ours_grad.dtype != leaf.dtype:
             return "wrong", f"gradient {tuple(ours_grad.shape)} {ours_grad.dtype}, torch's {tuple(ref_grad.shape)}"
-        error = rel_l2(ours_grad.double(), ref_grad) if ref_grad.numel() else 0.0
+        error = _distance(ours_grad, ref_grad) if ref_grad.numel() else 0.0
         if error > bound and ref_grad.abs().max() > 0:
             return (
                 "wrong",
                 f"{call['grad'] if call['grad'] == 'bias' else 'input'} gradient {error:.3g}, bound {bound:g}",
             )
     return "ok", "matches"
+
+
+def _distance(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """Relative L2 from the float64 reference over its finite values; where the reference is not finite (a norm
+    of a constant input with eps 0, a negative eps), ours must not be either (inf where a NaN is all one asks)."""
+    finite = reference.isfinite()
+    if (ours[~finite].isfinite()).any():
+        return float("inf")
+    return rel_l2(ours.double()[finite], reference[finite]) if finite.any() else 0.0
 
 
 FAILURES = ("accepted", "unclear", "wrong", "hang")

@@ -30,7 +30,7 @@ def test_draws_reach_every_entry_and_most_mutations():
     assert {c["entry"] for c in calls} == set(ENTRIES)
     assert sum(not c["mutations"] for c in calls) >= 20
     kinds = {name for c in calls for name in c["mutations"]}
-    every = set(fuzz_args._mutations(draw(0))) | set(fuzz_args._mutations(draw(1)))
+    every = set().union(*(fuzz_args._mutations(c) for c in calls if not c["mutations"]))
     assert len(kinds) >= 0.8 * len(every), sorted(every - kinds)
 
 
@@ -60,7 +60,7 @@ def test_an_accepted_bad_call_fails(monkeypatch):
         return ours({**call, "stride": 1}, t)
 
     monkeypatch.setattr(fuzz_args, "ours", lenient)
-    call = _first(lambda c: c["mutations"] == ["stride_0"])
+    call = _first(lambda c: c["mutations"] == ["stride_0"] and c["entry"] == "conv3d")
     assert check(call)[0] == "accepted"
 
 
