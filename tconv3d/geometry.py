@@ -582,7 +582,17 @@ def _arguments_key(*arguments) -> tuple | None:
 def check_group_norm(input, weight, bias, groups, activation, channels_after=None) -> None:
     """Validate a group_norm call (5-D input, and channels_after whose channels follow the input's; weight and
     bias per channel of both, of any supported dtype, as under autocast a bf16 activation meets fp32
-    parameters)."""
+    parameters), of more than one value a group."""
+    channels = _check_norm(input, weight, bias, groups, activation, channels_after)
+    if input.shape[0] * (channels // groups) * math.prod(input.shape[2:]) == 1:  # torch's F.group_norm refuses it
+        raise ValueError(
+            f"GroupNorm expects more than 1 value per group, as torch's group_norm does: input {tuple(input.shape)}, "
+            f"{channels} channels in {groups} groups"
+        )
+
+
+def _check_norm(input, weight, bias, groups, activation, channels_after=None) -> int:
+    """check_group_norm's checks but the values a group (rms_norm's too, with one group): the channels."""
     check_tensors(input=input, channels_after=channels_after)
     if weight is not None or bias is not None:
         check_tensors(weight=weight, bias=bias)
@@ -594,16 +604,12 @@ def check_group_norm(input, weight, bias, groups, activation, channels_after=Non
     channels = input.shape[1] + after_channel_count(input, channels_after)
     if not _is_int(groups) or groups < 1 or channels % groups:
         raise ValueError(f"groups must be a positive divisor of the {channels} channels, got {groups!r}")
-    if input.shape[0] * (channels // groups) * math.prod(input.shape[2:]) == 1:  # torch's F.group_norm refuses it
-        raise ValueError(
-            f"GroupNorm expects more than 1 value per group, as torch's group_norm does: input {tuple(input.shape)}, "
-            f"{channels} channels in {groups} groups"
-        )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (channels,):
             raise ValueError(f"{name} must have shape ({channels},), got {tuple(t.shape)}")
     if activation not in ("none", "silu"):
         raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+    return channels
 
 
 # Channels the rms_norm kernels hold in registers at once: a voxel's whole channel vector.
@@ -613,7 +619,7 @@ RMS_NORM_MAX_CHANNELS = 4096
 def check_rms_norm(input, weight, bias, eps, activation) -> None:
     """Validate an rms_norm call: 5-D input of at most RMS_NORM_MAX_CHANNELS channels, weight and bias per channel
     (any supported dtype), a positive eps."""
-    check_group_norm(input, weight, bias, 1, activation)
+    _check_norm(input, weight, bias, 1, activation)  # a voxel's channels: one value is an RMS norm's (its sign)
     if input.shape[1] > RMS_NORM_MAX_CHANNELS:
         raise ValueError(f"rms_norm takes at most {RMS_NORM_MAX_CHANNELS} channels, got {input.shape[1]}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
@@ -628,6 +634,9 @@ def check_upsample_linear(input, factors, input_size=None) -> None:
         raise ValueError(f"input must be 5-D (N, C, D, H, W), got shape {tuple(input.shape)}")
     if len(factors) != 3 or not all(_is_int(f) and f in (1, 2) for f in factors):
         raise ValueError(f"factors must be 3 ints, each 1 or 2, got {list(factors)!r}")
+    size = input.shape if input_size is None else input_size
+    if len(size) == 5 and 0 in size[2:]:  # F.interpolate refuses it, whatever the batch
+        raise ValueError(f"upsample_linear of an empty D, H or W, as F.interpolate refuses it: size {list(size)}")
     if input_size is not None:
         expected = [*input_size[:2], *(n * f for n, f in zip(input_size[2:], factors, strict=True))]
         if len(input_size) != 5 or list(input.shape) != expected:

@@ -182,7 +182,8 @@ def test_empty_dimensions_are_refused_as_torch_refuses_them(device):
 
 def test_norms_refuse_one_value_a_group_as_torch_does(device):
     """torch's GroupNorm refuses an input whose groups hold one value in all (batch, channels a group and voxels:
-    1), its InstanceNorm3d one voxel a channel; tconv3d.nn's answered the bias there (found by tests/fuzz_args.py)."""
+    1), its InstanceNorm3d one voxel a channel; tconv3d.nn's answered the bias there (found by tests/fuzz_args.py).
+    An RMS norm of one channel and one voxel is answered."""
     x = torch.randn(1, 2, 1, 1, 1, device=device)
     for make in (lambda nn: nn.GroupNorm(2, 2), lambda nn: nn.InstanceNorm3d(2)):
         with pytest.raises(ValueError, match="Expected more than 1"):
@@ -194,3 +195,18 @@ def test_norms_refuse_one_value_a_group_as_torch_does(device):
     assert tconv3d.nn.GroupNorm(1, 2).to(device)(x).shape == x.shape  # two values a group
     y = tconv3d.nn.InstanceNorm3d(2).to(device)(torch.randn(2, 2, 1, 1, 2, device=device))
     assert y.shape == (2, 2, 1, 1, 2)
+    # an RMS norm's values are a voxel's channels: one is its sign (the refusal above once reached it)
+    one = torch.tensor([-3.0], device=device).view(1, 1, 1, 1, 1)
+    assert torch.ops.tconv3d.rms_norm(one, None, None, 1e-6, "none", True).item() == -1.0
+
+
+def test_upsample_linear_refuses_an_empty_dimension_as_interpolate_does(device):
+    """F.interpolate refuses an empty D, H or W whatever the batch; torch.ops.tconv3d.upsample_linear answered an
+    empty tensor (found by tests/fuzz_args.py)."""
+    x = torch.randn(0, 2, 3, 0, 4, device=device)
+    with pytest.raises(RuntimeError, match="sizes should be greater than 0"):
+        torch.nn.functional.interpolate(x, scale_factor=2.0, mode="trilinear")
+    with pytest.raises(ValueError, match="upsample_linear of an empty D, H or W"):
+        torch.ops.tconv3d.upsample_linear(x, [2, 2, 2])
+    with pytest.raises(ValueError, match="upsample_linear of an empty D, H or W"):
+        torch.ops.tconv3d.upsample_linear_backward(torch.randn(0, 2, 6, 0, 8, device=device), [0, 2, 3, 0, 4], [2] * 3)
