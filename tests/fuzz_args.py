@@ -145,13 +145,33 @@ def _valid_norm_call(rng: random.Random, entry: str) -> dict:
                 grad=rng.random() < 0.3, mutations=[])  # fmt: skip
 
 
+def _setter(key, value):
+    return lambda c: c.__setitem__(key, value)
+
+
+def _input_mutations(empty_dim: int) -> dict:
+    """The one-input entries' (norms', rms_norm's, upsample_linear's) mutations of their input: rank, dtype, empty
+    batch or dimension `empty_dim`, one voxel, layouts, a constant value."""
+    return {
+        "input_rank_4": _setter("input_rank", 4),
+        "input_float64": _setter("input_dtype", "float64"),
+        "input_int64": _setter("input_dtype", "int64"),
+        "batch_0": _setter("batch", 0),
+        "size_0": lambda c: c["size"].__setitem__(empty_dim, 0),
+        "size_1": _setter("size", [1, 1, 1]),
+        "layout_ncdhw": _setter("layout", "contiguous"),
+        "layout_sliced_w": _setter("layout", "sliced_w"),
+        "layout_channel_offset": _setter("layout", "channel_offset"),
+        "layout_expanded_batch": _setter("layout", "expanded_batch"),
+        "constant_input": _setter("constant", True),
+    }
+
+
 def _norm_mutations(call: dict) -> dict:
     """A GroupNorm call's mutations."""
-
-    def setter(key, value):
-        return lambda c: c.__setitem__(key, value)
-
+    setter = _setter
     m = {
+        **_input_mutations(1),
         "groups_0": setter("groups", 0),
         "groups_negative": setter("groups", -2),
         "groups_not_dividing": setter("groups", call["c_in"] + call["after"] + 1),
@@ -160,23 +180,12 @@ def _norm_mutations(call: dict) -> dict:
         "weight_other_float": setter("weight_dtype", "other"),
         "weight_on_meta": setter("weight_device", "meta"),
         "no_bias": setter("no_bias", True),
-        "input_rank_4": setter("input_rank", 4),
         "input_rank_6": setter("input_rank", 6),
-        "input_float64": setter("input_dtype", "float64"),
-        "input_int64": setter("input_dtype", "int64"),
-        "batch_0": setter("batch", 0),
-        "size_0": lambda c: c["size"].__setitem__(1, 0),
-        "size_1": setter("size", [1, 1, 1]),
-        "layout_ncdhw": setter("layout", "contiguous"),
-        "layout_sliced_w": setter("layout", "sliced_w"),
-        "layout_channel_offset": setter("layout", "channel_offset"),
-        "layout_expanded_batch": setter("layout", "expanded_batch"),
         "eps_0": setter("eps", 0.0),
         "eps_negative": setter("eps", -1.0),
         "activation_bogus": setter("activation", "relu"),
         "skip_wrong_size": setter("after_shape", "wrong_h"),
         "skip_other_dtype": setter("after_dtype", "other"),
-        "constant_input": setter("constant", True),
     }
     if not call["after"]:
         m["skip"] = setter("after", 2)
@@ -185,24 +194,8 @@ def _norm_mutations(call: dict) -> dict:
 
 def _voxel_op_mutations(call: dict) -> dict:
     """rms_norm's and upsample_linear's mutations."""
-
-    def setter(key, value):
-        return lambda c: c.__setitem__(key, value)
-
-    m = {
-        "input_rank_4": setter("input_rank", 4),
-        "input_float64": setter("input_dtype", "float64"),
-        "input_int64": setter("input_dtype", "int64"),
-        "batch_0": setter("batch", 0),
-        "size_0": lambda c: c["size"].__setitem__(2, 0),
-        "size_1": setter("size", [1, 1, 1]),
-        "channels_1": setter("c_in", 1),
-        "layout_ncdhw": setter("layout", "contiguous"),
-        "layout_sliced_w": setter("layout", "sliced_w"),
-        "layout_channel_offset": setter("layout", "channel_offset"),
-        "layout_expanded_batch": setter("layout", "expanded_batch"),
-        "constant_input": setter("constant", True),
-    }
+    setter = _setter
+    m = {**_input_mutations(2), "channels_1": setter("c_in", 1)}
     if call["entry"] == "op.rms_norm":
         m.update({
             "weight_wrong_size": setter("weight_size", call["c_in"] + 1),
@@ -395,20 +388,7 @@ def tensors(call: dict) -> dict:
     shape = shape[1:] if rank == 4 else shape[2:] if rank == 3 else [1, *shape] if rank == 6 else shape
     x = randn(*shape, dtype=_dtype(call.get("input_dtype", call["dtype"]), dtype),
               device=call.get("input_device", DEVICE))  # fmt: skip
-    layout = call["layout"]
-    if x.dim() == 5 and x.device.type != "meta":
-        if layout == "channels_last":
-            x = x.contiguous(memory_format=CL)
-        elif layout == "sliced_w":  # every other column of a tensor twice as wide
-            wide = randn(*x.shape[:4], 2 * x.shape[4], dtype=x.dtype).contiguous(memory_format=CL)
-            x = wide[..., ::2]
-        elif layout == "channel_offset":  # channels 1.. of a tensor with one more: rows start 1 element in
-            wider = randn(x.shape[0], x.shape[1] + 1, *x.shape[2:], dtype=x.dtype).contiguous(memory_format=CL)
-            x = wider[:, 1:]
-        elif layout == "expanded_batch":  # one sample's storage for every sample
-            x = x[:1].contiguous(memory_format=CL).expand(x.shape)
-        elif layout == "permuted_dh":
-            x = x.transpose(2, 3).contiguous(memory_format=CL).transpose(2, 3)
+    x = _layout(x, call["layout"], randn)
     c_w_in = call.get("weight_c_in", call["c_in"] // groups if call["c_in"] else 0)
     if transposed:
         w_shape = [call["c_in"], call["c_out"] // groups, *call["kernel"]]

@@ -177,15 +177,18 @@ def test_side_by_side_groups_of_odd_channels_in_views_of_even_rows(dtype, device
     y = tconv3d.conv_transpose3d(x, w, None, *args)
     x64, w64 = (leaf_copy(t.double()) for t in (x, w))
     ref = F.conv_transpose3d(x64, w64, None, *args)
+    _backward_matches(y, ref, {"input grad": (x, x64), "weight grad": (w, w64)})
+
+
+def _backward_matches(y, ref, leaves: dict) -> None:
+    """y (of its dtype) and its float64 reference `ref`, then, after one random output gradient through both, each
+    named (leaf, float64 leaf) pair's gradients, within the dtype's bound."""
     grad_out = torch.randn_like(ref)
     ref.backward(grad_out)
-    y.backward(grad_out.to(dtype))
-    for name, ours, expected in (
-        ("output", y, ref),
-        ("input grad", x.grad, x64.grad),
-        ("weight grad", w.grad, w64.grad),
-    ):
-        assert rel_l2(ours, expected) < TOLERANCE[dtype], name
+    y.backward(grad_out.to(y.dtype))
+    assert rel_l2(y, ref) < TOLERANCE[y.dtype], "output"
+    for name, (leaf, leaf64) in leaves.items():
+        assert rel_l2(leaf.grad, leaf64.grad) < TOLERANCE[y.dtype], name
 
 
 def test_explain_says_which_groups_run_side_by_side(device):
@@ -350,17 +353,9 @@ def test_grouped_convs_of_a_skip_connection(transposed, dtype, device, monkeypat
         y = tconv3d.conv3d(x, w, None, 1, 1, 1, 4, channels_after=skip)
         call = lambda a, b: F.conv3d(torch.cat([a, b], 1), w64, None, 1, 1, 1, 4)  # noqa: E731
     x64, skip64, w64 = (leaf_copy(t.double()) for t in (x, skip, w))
-    ref = call(x64, skip64)
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    y.backward(grad_out.to(dtype))
-    for name, ours, expected in (
-        ("output", y, ref),
-        ("input grad", x.grad, x64.grad),
-        ("skip grad", skip.grad, skip64.grad),
-        ("weight grad", w.grad, w64.grad),
-    ):
-        assert rel_l2(ours, expected) < TOLERANCE[dtype], name
+    _backward_matches(
+        y, call(x64, skip64), {"input grad": (x, x64), "skip grad": (skip, skip64), "weight grad": (w, w64)}
+    )
 
 
 def test_grouped_conv_transpose(device):
