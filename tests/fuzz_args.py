@@ -19,9 +19,9 @@ a silently wrong result. A draw fails where
   relative L2 from the float64 result, or its input gradient does ("wrong");
 - a call runs past --draw-seconds ("hang"), or the process dies (the last line printed names the draw).
 A call torch answers and tconv3d refuses is a finding too ("refused"), unless its refusal is one docs/api.md documents
-("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int) or torch's answer is empty
-or on the meta device (torch checks little of a call with an empty batch or on meta tensors): printed, counted
-apart, not failed.
+("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int), or torch's answer is
+empty, or a tensor of the call is on the meta device (torch checks little of a call with an empty batch or meta
+tensors): printed, counted apart, not failed.
 
     python tests/fuzz_args.py --seconds 300 [--seed 0]
     python tests/fuzz_args.py --replay SEED
@@ -643,7 +643,9 @@ def theirs(call: dict, t: dict, dtype=None):
     if entry.startswith("nn."):
         if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
             return _module(call, {**t, "weight": w, "bias": b}, torch.nn)(x)
-        # tconv3d.nn's 6 values: as its module holds the bias, and with the modes nn.Conv3d's constructor takes
+        # tconv3d.nn's 6 values: what torch's constructor checks of the rest (its stride, say), then as its module
+        # holds the bias, and with the modes nn.Conv3d's constructor takes
+        _module({**call, "padding": 0}, {**t, "weight": w, "bias": b}, torch.nn)
         b = None if b is None else b.to(w.dtype)
         if call["padding_mode"] not in MODES:
             raise ValueError(f"nn.Conv3d takes one padding mode, not {call['padding_mode']!r}")
@@ -779,7 +781,8 @@ def check(call: dict) -> tuple[str, str]:
             return "ok", f"both refuse: {type(error).__name__}: {str(error)[:200]}"
         if any(words in str(error) for words in DOCUMENTED):
             return "ok", f"documented refusal: {str(error)[:200]}"
-        if not theirs_out.numel() or theirs_out.device.type == "meta":
+        on_meta = any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in (theirs_out, *t.values()))
+        if not theirs_out.numel() or on_meta:
             return "ok", f"torch's answer is empty or on meta (unchecked there): {str(error)[:200]}"
         return "refused", f"{type(error).__name__}: {str(error)[:400]}"
     except Timeout:
