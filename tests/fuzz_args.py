@@ -16,7 +16,8 @@ a silently wrong result. A draw fails where
 - tconv3d raises what is not a plain refusal: an exception other than ValueError, TypeError, RuntimeError or
   NotImplementedError, or one with no message ("unclear");
 - both answer, and tconv3d's output differs from torch's in shape, dtype or by more than the dtype's bound in
-  relative L2 from the float64 result, or its input gradient does ("wrong");
+  relative L2 from the float64 result, or its input gradient does ("wrong"; a gradient stock torch's rounding
+  misses as far is "ill-conditioned", counted apart);
 - a call runs past --draw-seconds ("hang"), or the process dies (the last line printed names the draw).
 A call torch answers and tconv3d refuses is a finding too ("refused"), unless its refusal is one docs/api.md documents
 ("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int), or torch's answer is
@@ -801,7 +802,9 @@ def check(call: dict) -> tuple[str, str]:
         return "ok", "shape and dtype"
     reference = theirs(call, t, torch.float64)
     bound = 1e-10 if out.dtype == torch.float64 else tolerance(out.dtype)  # float64: torch's own ops ran it
-    error = _distance(out, reference.detach())
+    # A norm's output is O(1) where it means anything: one value a group normalizes to 0, float64's 1e-15
+    normalized = call["entry"] in NORMS or call["entry"] == "op.rms_norm"
+    error = _distance(out, reference.detach(), bound**0.5 * out.numel() ** 0.5 if normalized else 0.0)
     if error > bound:
         return "wrong", f"output {error:.3g} from float64, bound {bound:g}"
     if needs_grad:
@@ -813,16 +816,24 @@ def check(call: dict) -> tuple[str, str]:
         (ref_grad,) = torch.autograd.grad(theirs(call, t64, torch.float64), leaf64, g)
         if ours_grad.shape != ref_grad.shape or ours_grad.dtype != leaf.dtype:
             return "wrong", f"gradient {tuple(ours_grad.shape)} {ours_grad.dtype}, torch's {tuple(ref_grad.shape)}"
-        # Measured against the gradient's own size, or a thousandth of what flows in where it is smaller: a norm's
-        # input gradient over one or two values a group is (1 - x^2) of an x^ within 1e-7 of 1, which float32
-        # resolves to ~15% (a one-channel RMS norm at eps 1e-6, a GroupNorm of two values a group)
-        floor = 1e-3 * float(g.norm()) * (leaf.numel() / max(out.numel(), 1)) ** 0.5
+        # Measured against the gradient's own size, or, where it is smaller, what flows in times the root of the
+        # dtype's bound (0.1 in bf16, 3e-3 in fp32): a norm's input gradient over one or two values a group is
+        # (1 - x^2) of an x^ within 1e-7 of 1, which float32 resolves to ~15% and bf16 kernels (torch's own, run for
+        # a 6-D input) to ~35% (a one-channel RMS norm at eps 1e-6, a GroupNorm of two values a group)
+        floor = bound**0.5 * float(g.norm()) * (leaf.numel() / max(out.numel(), 1)) ** 0.5
         error = _distance(ours_grad, ref_grad, floor) if ref_grad.numel() else 0.0
         if error > bound:
-            return (
-                "wrong",
-                f"{call['grad'] if call['grad'] == 'bias' else 'input'} gradient {error:.3g}, bound {bound:g}",
-            )
+            name = "bias" if call["grad"] == "bias" else "input"
+            try:  # stock torch's gradient in the same dtype, on the same inputs
+                stock_leaf = leaf.detach().clone().requires_grad_()
+                (stock,) = torch.autograd.grad(theirs(call, {**t, name: stock_leaf}), stock_leaf, g.to(out.dtype))
+                stock_error = _distance(stock, ref_grad, floor)
+            except Exception:  # torch's CPU kernels refuse some dtypes the reference takes: no stock to compare
+                stock_error = 0.0
+            detail = f"{name} gradient {error:.3g}, bound {bound:g}, stock torch's {stock_error:.3g}"
+            if stock_error > bound and stock_error * STOCK_SCATTER >= error:
+                return "ill-conditioned", detail
+            return "wrong", detail
     return "ok", "matches"
 
 
@@ -843,6 +854,10 @@ def _distance(ours: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -
 
 
 FAILURES = ("accepted", "unclear", "wrong", "hang")
+# A gradient over its bound where stock torch's, in the same dtype on the same inputs, is over it too and at least
+# 1 / STOCK_SCATTER of ours is ill-conditioned (tests/fuzz.py's rule): a GroupNorm of three fp16 values a group, stock
+# 3.3% off float64 where ours is 1.0% (seed 108433), printed and counted apart, not failed.
+STOCK_SCATTER = 10
 
 
 def main(argv=None) -> int:

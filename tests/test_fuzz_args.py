@@ -102,3 +102,28 @@ def test_an_internal_error_fails(monkeypatch):
     assert check(call)[0] == "unclear"
     monkeypatch.setattr(fuzz_args, "ours", raising(ValueError("a refusal")))
     assert check(call)[0] == "refused" and "refused" not in FAILURES
+
+
+class _GradientNudged(torch.autograd.Function):
+    """The identity, whose gradient is 5% off."""
+
+    @staticmethod
+    def forward(x):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.05
+
+
+def test_a_wrong_gradient_fails(monkeypatch):
+    """An input gradient 5% off is 'wrong', not 'ill-conditioned': stock torch's is within its bound."""
+    ours = fuzz_args.ours
+    monkeypatch.setattr(fuzz_args, "ours", lambda call, t: _GradientNudged.apply(ours(call, t)))
+    call = _first(lambda c: not c["mutations"] and c["grad"] is True and c["dtype"] == "float32")
+    outcome, detail = check(call)
+    assert outcome == "wrong" and "input gradient" in detail, detail
