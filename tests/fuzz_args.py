@@ -375,14 +375,7 @@ def tensors(call: dict) -> dict:
         return _norm_tensors(call, gen, dtype)
     transposed = call["entry"] in ("conv_transpose3d", "nn.ConvTranspose3d")
     groups = _groups(call)
-
-    def randn(*shape, dtype=dtype, device=DEVICE):
-        if dtype in (torch.int64,):
-            return torch.randint(-3, 4, tuple(shape), generator=gen).to(device)
-        t = torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
-        if dtype.is_complex:
-            t = torch.complex(t, t)
-        return t.to(device=device, dtype=dtype)
+    randn = _sampler(gen, dtype)
 
     shape = [call["batch"], call["c_in"], *call["size"]]
     rank = call.get("input_rank", 5)
@@ -453,11 +446,23 @@ def _layout(x: torch.Tensor, layout: str, randn) -> torch.Tensor:
     return x
 
 
-def _norm_tensors(call: dict, gen, dtype) -> dict:
-    def randn(*shape, dtype=dtype, device=DEVICE):
+def _sampler(gen, default: torch.dtype):
+    """randn(*shape, dtype=default, device=DEVICE): normal values from `gen` (small ints for int64, equal real and
+    imaginary parts for complex), drawn in float64 and cast."""
+
+    def randn(*shape, dtype=default, device=DEVICE):
         if dtype == torch.int64:
             return torch.randint(-3, 4, tuple(shape), generator=gen).to(device)
-        return torch.randn(tuple(shape), generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+        t = torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
+        if dtype.is_complex:
+            t = torch.complex(t, t)
+        return t.to(device=device, dtype=dtype)
+
+    return randn
+
+
+def _norm_tensors(call: dict, gen, dtype) -> dict:
+    randn = _sampler(gen, dtype)
 
     n, c, (d, h, w) = call["batch"], call["c_in"], call["size"]
     shape = {4: [c, d, h, w], 6: [1, n, c, d, h, w]}.get(call.get("input_rank", 5), [n, c, d, h, w])
