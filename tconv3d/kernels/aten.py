@@ -5,6 +5,8 @@ which aten cannot express, the padding modes other than zeros and a second sourc
 F.pad or torch.cat on this path only (channels_after a torch.cat along C).
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -122,6 +124,9 @@ def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
 def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     """The kernels' forward in torch ops, fp32: one statistics pass, then y = act((x - mean) * a + b) with the
     same per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
+    if x.numel() == 0:  # an empty batch or clip: the kernels' empty answer, NaN statistics
+        stats = torch.full((x.shape[0], groups), float("nan"), device=x.device)
+        return _as_ndhwc(torch.empty_like(x)), stats, stats.clone()
     xf = x.float()
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
@@ -141,7 +146,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     if activation == "silu":
         dy = dy * _silu_grad(centered * a + b)
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
-    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, x[0, 0].numel(), rstd, weight, groups)
+    k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
     grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
     return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias
@@ -206,7 +211,8 @@ def group_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: flo
     (c = x - mean) and r = rstd, d mean = mean(t_x), d r = -r^3 mean(c t_x), d (c r) = (t_x - d mean) r + c d r."""
     xf, t_xf = x.float(), t_x.float()
     n = x.shape[0]
-    grouped, t_grouped = xf.reshape(n, groups, -1), t_xf.reshape(n, groups, -1)
+    per_group = x.shape[1] // groups * math.prod(x.shape[2:])  # not -1: ambiguous in an empty batch
+    grouped, t_grouped = xf.reshape(n, groups, per_group), t_xf.reshape(n, groups, per_group)
     var, mean = torch.var_mean(grouped, dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     centered = grouped - mean[..., None]
