@@ -30,7 +30,15 @@ def conv3d(
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # F.conv3d's unbatched (C, D, H, W) form
-        args = (stride, padding, dilation, groups, padding_mode, unbatched(frames_before), unbatched(channels_after))
+        args = (
+            stride,
+            padding,
+            dilation,
+            groups,
+            padding_mode,
+            unbatched(frames_before, "frames_before"),
+            unbatched(channels_after, "channels_after"),
+        )
         return conv3d(input[None], weight, bias, *args)[0]
     stride, padding, dilation, padding_mode = conv_arguments(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
@@ -40,10 +48,14 @@ def conv3d(
     )
 
 
-def unbatched(second):
-    """A second source (frames_before, channels_after) of an unbatched (C, D, H, W) input, as the batch of one the
-    op takes."""
-    if isinstance(second, torch.Tensor) and second.dim() == 4:
+def unbatched(second, name: str):
+    """A second source (`name`: frames_before, channels_after) of an unbatched (C, D, H, W) input, as the batch of
+    one the op takes: unbatched too (torch.cat of the two would refuse a 5-D one)."""
+    if isinstance(second, torch.Tensor):
+        if second.dim() != 4:
+            raise ValueError(
+                f"{name} of an unbatched (C, D, H, W) input must be unbatched too, got shape {tuple(second.shape)}"
+            )
         return second[None]
     return second
 
@@ -62,7 +74,9 @@ def conv_transpose3d(
     it gets a gradient like the input."""
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # unbatched (C, D, H, W)
         args = (stride, padding, output_padding, groups, dilation)
-        return conv_transpose3d(input[None], weight, bias, *args, channels_after=unbatched(channels_after))[0]
+        return conv_transpose3d(
+            input[None], weight, bias, *args, channels_after=unbatched(channels_after, "channels_after")
+        )[0]
     output_shape, stride, padding, dilation, groups, surplus = conv_transpose_arguments(
         input, weight, bias, stride, padding, output_padding, groups, dilation, channels_after
     )

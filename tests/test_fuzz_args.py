@@ -5,6 +5,7 @@ import fuzz_args
 import pytest
 import torch
 from fuzz_args import ENTRIES, FAILURES, check, draw
+from torch._subclasses.fake_tensor import FakeTensor
 
 # 400 seeds in four workers' shares (~2-6 s each here).
 SEEDS = range(400)
@@ -13,6 +14,8 @@ CONV = dict(batch=2, c_in=2, c_out=3, kernel=[3, 3, 3], stride=[1, 1, 1], paddin
             channels_after=None, layout="channels_last", grad=False, seed=7)  # fmt: skip
 NORM = dict(batch=1, after=0, affine=True, eps=1e-6, activation="none", clamp=True, factors=[2, 2, 2],
             dtype="float32", layout="channels_last", grad=False, seed=7)  # fmt: skip
+DROP_IN = dict(batch=2, c_in=3, after=0, size=[2, 3, 2], affine=False, train=True, dtype="float32",
+               layout="channels_last", grad=False, seed=7)  # fmt: skip
 # The calls fuzzing runs found answered wrongly (written out: a seed's draw changes with the entries), each failing
 # without its fix: an empty W in a batch, padded (1686b08: zeros, and a transposed conv's bias), a GroupNorm of one
 # value a group (4eefa94), an RMS norm of one voxel and channel refused by that fix, an empty H upsampled
@@ -25,6 +28,27 @@ FOUND = (
     {**NORM, "entry": "op.group_norm", "c_in": 2, "groups": 2, "size": [1, 1, 1], "mutations": ["size_1"]},
     {**NORM, "entry": "op.rms_norm", "c_in": 1, "size": [1, 1, 1], "mutations": ["size_1", "channels_1"]},
     {**NORM, "entry": "op.upsample_linear", "c_in": 2, "affine": False, "size": [2, 0, 3], "mutations": ["size_0"]},
+    # An unbatched (C, D, H, W) input's frames_before of a batch of one, answered (torch.cat of the two refuses)
+    {**CONV, "entry": "conv3d", "batch": 1, "c_in": 2, "c_out": 2, "size": [2, 3, 3], "kernel": [1, 2, 2],
+     "stride": [1, 2, 1], "padding": [0, 2, 0], "dilation": [1, 2, 2], "frames_before": "ok", "input_rank": 4,
+     "mutations": ["input_rank_4", "frames_before"]},
+    # The drop-ins (tconv3d.nn.Upsample, AvgPool3d, InstanceNorm3d) answered calls torch's refuse: a pool's stride
+    # of 0 (taken as the kernel), a window past the input (an empty output), align_corners with a nearest mode,
+    # a size with recompute_scale_factor or with a scale_factor, an int64 nearest upsampling; and refused an int64
+    # pool torch's answers. (An empty batch's norm on aten's path: test_norms' empty_batch test.)
+    {**DROP_IN, "entry": "nn.AvgPool3d", "size": [4, 6, 5], "ctor": {"kernel_size": [2, 3, 2], "stride": 0},
+     "mutations": ["stride_0"]},
+    {**DROP_IN, "entry": "nn.AvgPool3d", "size": [4, 2, 4], "ctor": {"kernel_size": 3}, "mutations": []},
+    {**DROP_IN, "entry": "nn.AvgPool3d", "size": [4, 4, 4], "ctor": {"kernel_size": 2}, "input_dtype": "int64",
+     "mutations": ["input_int64"]},
+    {**DROP_IN, "entry": "nn.Upsample", "ctor": {"mode": "nearest", "align_corners": True, "scale_factor": 2},
+     "mutations": ["align_corners"]},
+    {**DROP_IN, "entry": "nn.Upsample", "ctor": {"mode": "trilinear", "size": [4, 6, 4],
+     "recompute_scale_factor": True}, "mutations": ["recompute_scale_factor"]},
+    {**DROP_IN, "entry": "nn.Upsample", "ctor": {"mode": "nearest", "size": [4, 6, 4], "scale_factor": 2},
+     "mutations": ["size_and_scale"]},
+    {**DROP_IN, "entry": "nn.Upsample", "ctor": {"mode": "nearest-exact", "scale_factor": 2},
+     "input_dtype": "int64", "mutations": ["input_int64"]},
 )  # fmt: skip
 
 
@@ -55,7 +79,7 @@ def test_draws_reach_every_entry_and_most_mutations():
     assert len(kinds) >= 0.8 * len(every), sorted(every - kinds)
 
 
-def _first(predicate, seeds=range(2000)):
+def _first(predicate, seeds=range(20000)):
     return next(call for call in map(draw, seeds) if predicate(call))
 
 
@@ -127,3 +151,33 @@ def test_a_wrong_gradient_fails(monkeypatch):
     call = _first(lambda c: not c["mutations"] and c["grad"] is True and c["dtype"] == "float32")
     outcome, detail = check(call)
     assert outcome == "wrong" and "input gradient" in detail, detail
+
+
+def _unless_fake(eager, fake):
+    """fuzz_args.ours, or `fake` of its output where the call's tensors are fake (what torch.compile traces)."""
+    ours = fuzz_args.ours
+
+    def answer(call, t):
+        out = ours(call, t)
+        return fake(out) if isinstance(t["input"], FakeTensor) else eager(out)
+
+    return answer
+
+
+def test_a_fake_that_differs_fails(monkeypatch):
+    """A call whose fake answers other strides than eager's (an NCDHW output), or another shape, or refuses what
+    eager answers, is 'fake': a compiled graph would read the output wrongly or not compile."""
+    call = _first(lambda c: not c["mutations"] and c["entry"] == "op.conv3d" and c["batch"] == 2)
+    assert check(call)[0] == "ok"
+    monkeypatch.setattr(fuzz_args, "ours", _unless_fake(lambda out: out, lambda out: out.contiguous()))
+    outcome, detail = check(call)
+    assert outcome == "fake" and "the fake" in detail, detail
+    monkeypatch.setattr(fuzz_args, "ours", _unless_fake(lambda out: out, lambda out: out[:, :, :1]))
+    assert check(call)[0] == "fake"
+
+    def refused(out):
+        raise RuntimeError("no fake")
+
+    monkeypatch.setattr(fuzz_args, "ours", _unless_fake(lambda out: out, refused))
+    outcome, detail = check(call)
+    assert outcome == "fake" and "refuses" in detail, detail

@@ -103,7 +103,7 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         and UNet blocks call (tconv3d.convert)."""
         weight = self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
-            second = (unbatched(frames_before), unbatched(channels_after))
+            second = (unbatched(frames_before, "frames_before"), unbatched(channels_after, "channels_after"))
             return self.convolve(input[None], padding, padding_mode, *second)[0]
         return call_conv3d(
             input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before,
@@ -248,10 +248,10 @@ class AvgPool3d(nn.AvgPool3d):
     constructor, no parameters, torch's values (up to the order of a window's sum)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if input.dim() == 5 and layout_of(input) == _CL:
+        if input.dim() == 5 and input.is_floating_point() and layout_of(input) == _CL:  # (integers: torch's)
             kernel = _tiling_kernel(self)
-            if kernel is not None:
-                return block_mean(input, kernel)
+            if kernel is not None and all(k <= n for k, n in zip(kernel, input.shape[2:], strict=True)):
+                return block_mean(input, kernel)  # (a window past the input: torch's refusal)
         output = super().forward(input)
         if input.dim() == 5 and _laid_out_only(input, _CL) and not output.is_contiguous(memory_format=_CL):
             return output.contiguous(memory_format=_CL)
@@ -260,8 +260,11 @@ class AvgPool3d(nn.AvgPool3d):
 
 def _tiling_kernel(pool: nn.AvgPool3d) -> tuple[int, int, int] | None:
     """A pool's kernel where its windows tile the input (a remainder dropped), else None."""
-    kernel = triple(pool.kernel_size, "kernel_size")
-    stride = triple(pool.stride or pool.kernel_size, "stride")
+    try:  # a kernel or stride of 0 or a float: torch's pool, and its refusal
+        kernel = triple(pool.kernel_size, "kernel_size")
+        stride = triple(pool.stride if pool.stride is not None else pool.kernel_size, "stride")
+    except (TypeError, ValueError):
+        return None
     padding = pool.padding if isinstance(pool.padding, (tuple, list)) else (pool.padding,) * 3
     if kernel != stride or any(padding) or pool.ceil_mode or pool.divisor_override is not None:
         return None
@@ -337,6 +340,12 @@ class Upsample(nn.Upsample):
     the layer before an NCDHW gradient. Other modes, factors and inputs: torch's. Same constructor, same values."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # Torch's own: what it refuses (align_corners with a nearest mode; a size with a scale_factor or with
+        # recompute_scale_factor) and what its kernels take or refuse by dtype (integers)
+        refused = self.align_corners is not None and self.mode != "trilinear"
+        refused |= self.size is not None and (self.scale_factor is not None or bool(self.recompute_scale_factor))
+        if refused or not input.is_floating_point():
+            return super().forward(input)
         if input.dim() == 5 and self.mode in ("nearest", "nearest-exact"):
             if self.size is not None:
                 return resize_nearest(input, self.size, self.mode)
