@@ -4,7 +4,8 @@ fuzz.py draws valid problems and checks their numbers; this draws the calls arou
 `tconv3d.conv3d`, `tconv3d.conv_transpose3d`, a `tconv3d.nn` module or one of the ops (`torch.ops.tconv3d.conv3d`,
 and `conv3d_input_grad` and `conv3d_weight_grad` with the forward's grad_output, the norms, upsample_linear), or
 the constructor of a drop-in (`tconv3d.nn.Upsample`, `AvgPool3d`, `InstanceNorm3d`: torch.nn's of the same name,
-its arguments as torch's takes them, held to torch.nn's module), then up to three mutations of it
+its arguments as torch's takes them, held to torch.nn's module) or of `tconv3d.nn.CausalConv3d` (held to nn.Conv3d
+of its padding), then up to three mutations of it
 (a tensor of another rank, dtype, device, size or layout: empty, expanded, sliced, offset; an int argument zero,
 negative, a float, a bool, a tensor, a sequence of the wrong length; a padding string, huge or negative padding; an
 unknown or misplaced padding mode; a second source of the wrong shape, dtype or device; output padding past the
@@ -73,7 +74,7 @@ CL = torch.channels_last_3d
 MODES = ("zeros", "replicate", "reflect", "circular")
 ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d", "op.conv3d", "op.input_grad",
            "op.weight_grad", "nn.GroupNorm", "op.group_norm", "op.rms_norm", "op.upsample_linear", "nn.Upsample",
-           "nn.AvgPool3d", "nn.InstanceNorm3d")  # fmt: skip
+           "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.CausalConv3d")  # fmt: skip
 NORMS = ("nn.GroupNorm", "op.group_norm")
 # One-tensor ops (torch.ops.tconv3d.rms_norm, upsample_linear): an input, per-channel parameters, a few options.
 VOXEL_OPS = ("op.rms_norm", "op.upsample_linear")
@@ -140,6 +141,11 @@ def valid_call(rng: random.Random) -> dict:
                 dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), padding_mode="zeros",
                 output_padding=[0, 0, 0], frames_before=None, channels_after=None, layout="channels_last",
                 grad=rng.random() < 0.3, mutations=[])  # fmt: skip
+    if entry == "nn.CausalConv3d":  # its own padding (time in front, space odd kernels' halves), one group
+        kernel[1:] = [rng.choice((1, 3)) for _ in range(2)]
+        call.update(groups=1, c_in=c_in // groups, c_out=c_out // groups, padding=[0, 0, 0],
+                    padding_mode=rng.choice(("replicate", "zeros")))  # fmt: skip
+        return call
     if transposed:
         call["output_padding"] = [rng.randrange(max(s, d)) if rng.random() < 0.3 else 0
                                   for s, d in zip(stride, dilation, strict=True)]  # fmt: skip
@@ -438,6 +444,15 @@ def _mutations(call: dict) -> dict:
         if not module:  # conv_transpose3d
             m["channels_after"] = setter("channels_after", "ok")
             m["channels_after_wrong_h"] = setter("channels_after", "wrong_h")
+    if call["entry"] == "nn.CausalConv3d":  # its padding and groups are its own; its kernel's H and W odd
+        m = {name: f for name, f in m.items() if not name.startswith(("padding_", "groups_", "mode_"))}
+        m.update({
+            "kernel_even_h": dim("kernel", 1, 2),
+            "mode_reflect": setter("padding_mode", "reflect"),
+            "mode_circular": setter("padding_mode", "circular"),
+            "mode_bogus": setter("padding_mode", "mirror"),
+            "mode_per_dim": setter("padding_mode", "replicate,zeros,zeros"),
+        })  # fmt: skip
     if call["entry"] in GRADIENT_OPS:
         m.update({
             "grad_output_wrong_size": setter("grad_output", "wrong_size"),
@@ -740,7 +755,10 @@ def _module(call: dict, t: dict, nn):
                   dtype=w.dtype)  # fmt: skip
     with warnings.catch_warnings():  # torch's init warns of a weight with no elements, before its own refusal
         warnings.simplefilter("ignore", UserWarning)
-        if transposed:
+        if call["entry"] == "nn.CausalConv3d":  # tconv3d.nn's alone (theirs: nn.Conv3d of its padding)
+            common = {k: v for k, v in common.items() if k not in ("padding", "groups")}
+            module = nn.CausalConv3d(c_in, c_out, padding_mode=call["padding_mode"], **common)
+        elif transposed:
             module = nn.ConvTranspose3d(c_in, c_out, output_padding=call["output_padding"], **common)
         else:
             module = nn.Conv3d(c_in, c_out, padding_mode=call["padding_mode"], **common)
@@ -805,6 +823,15 @@ def theirs(call: dict, t: dict, dtype=None):
         forward = theirs({**call, "entry": "conv3d"}, given, torch.float64)
         (grad,) = torch.autograd.grad(forward, leaf, t["grad_output"].double())
         return grad if dtype is not None else grad.to(t["grad_output"].dtype)
+    if entry == "nn.CausalConv3d":  # nn.Conv3d of its padding: (kd - 1) * dd frames in front, odd kernels' halves
+        if w.dim() == 5 and any(k % 2 == 0 for k in w.shape[3:]):
+            raise ValueError("CausalConv3d's kernel is odd in H and W")
+        dilation = _three(call["dilation"])
+        if w.dim() != 5 or any(type(d) is not int or d < 1 for d in dilation):
+            return theirs({**call, "entry": "nn.Conv3d", "padding": 0}, t, dtype)  # torch's constructor refuses
+        reach = [(k - 1) * d for k, d in zip(w.shape[2:], dilation, strict=True)]
+        six = [reach[0], 0, reach[1] // 2, reach[1] // 2, reach[2] // 2, reach[2] // 2]
+        return theirs({**call, "entry": "nn.Conv3d", "padding": six}, t, dtype)
     if entry.startswith("nn."):
         if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
             return _module(call, {**t, "weight": w, "bias": b}, torch.nn)(x)
