@@ -24,6 +24,9 @@
 #   fuzz      tests/fuzz.py for FUZZ_SECONDS (default 120) from FUZZ_SEED (default: a new one, printed): random
 #             problems up to hundreds of channels, every variant forced, Gluon natively, against float64
 #             (FUZZ_FOCUS=halo: only the Gluon problems that halo tiles take, as tests/fuzz.py --focus halo)
+#   fuzzargs  tests/fuzz_args.py for FUZZ_SECONDS (default 120) from FUZZ_SEED: the public entries' calls, good and
+#             bad, on CUDA tensors (the kernels themselves: bad input must be refused before any launch, never an
+#             illegal memory access), held to torch's CUDA ops and their fakes; a dead process's log names its draw
 # bench/NOTES.md ("The next GPU session in 15 minutes") gives the calls that fit a session: plan1, plan2 below.
 # A kernel that hangs (an mbarrier wait nobody arrives at) costs one test or one candidate, not the call: tests
 # run under pytest-timeout's thread method (an xdist worker ends, another starts); the tuner and bench.variants
@@ -133,8 +136,8 @@ case "${1:-}" in
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz) ;;
-    *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile or fuzz" >&2
+    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz | fuzzargs) ;;
+    *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile, fuzz or fuzzargs" >&2
        exit 2 ;;
   esac
 done
@@ -332,6 +335,16 @@ run_stage() {
     echo "[gpu_session] fuzz from seed $seed" | tee "$OUT/fuzz.log"
     timeout "$(left $((${FUZZ_SECONDS:-120} + 60)))" python3 tests/fuzz.py --seconds "${FUZZ_SECONDS:-120}" \
       --seed "$seed" ${FUZZ_FOCUS:+--focus "$FUZZ_FOCUS"} 2>&1 | tee -a "$OUT/fuzz.log"
+    ;;
+  fuzzargs)  # one JSON line per failure: `python tests/fuzz_args.py --replay SEED` reproduces it
+    seed=${FUZZ_SEED:-$((RANDOM * 32768 + RANDOM))}
+    echo "[gpu_session] fuzz_args from seed $seed" | tee "$OUT/fuzz_args.log"
+    # stderr names each draw as it starts (tens of thousands): only its last lines are kept, the summary and the
+    # draw a dead process died in
+    timeout "$(left $((${FUZZ_SECONDS:-120} + 60)))" python3 tests/fuzz_args.py --seconds "${FUZZ_SECONDS:-120}" \
+      --seed "$seed" 2> /tmp/fuzz_args.stderr | tee -a "$OUT/fuzz_args.log"
+    grep -v '^# draw ' /tmp/fuzz_args.stderr | tail -n 20 >> "$OUT/fuzz_args.log"
+    grep '^# draw ' /tmp/fuzz_args.stderr | tail -n 1 | tee -a "$OUT/fuzz_args.log"
     ;;
   esac
 }
