@@ -475,8 +475,10 @@ def draw(seed: int) -> dict:
         mutations[name](call)
         call["mutations"].append(name)
     call["seed"] = seed
-    # from a stream of its own: the draws above stay as they were before the backend was drawn
-    call["backend"] = "aten" if random.Random(-1 - seed).random() < 0.4 else "triton"
+    # from a stream of their own: the draws above stay as they were before these were drawn
+    apart = random.Random(-1 - seed)
+    call["backend"] = "aten" if apart.random() < 0.4 else "triton"
+    call["grad_layout"] = apart.choice(("channels_last", "channels_last", "contiguous", "expanded", "sliced_w"))
     return call
 
 
@@ -1023,7 +1025,11 @@ def _check(call: dict) -> tuple[str, str]:
     if needs_grad:
         leaf = t["bias"] if call["grad"] == "bias" else t["input"]
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(call["seed"] + 1), dtype=torch.float64)
-        (ours_grad,) = torch.autograd.grad(out, leaf, g.to(out.dtype))
+        layout = call.get("grad_layout", "channels_last")
+        if layout == "expanded" and g.numel():  # y.sum().backward()'s: one value, every stride 0
+            g = torch.full_like(g, float(g.reshape(-1)[0]))
+        g_in = _gradient_as(g.to(out.dtype), layout)
+        (ours_grad,) = torch.autograd.grad(out, leaf, g_in)
         leaf64 = leaf.detach().double().requires_grad_()
         t64 = {**t, ("bias" if call["grad"] == "bias" else "input"): leaf64}
         (ref_grad,) = torch.autograd.grad(theirs(call, t64, torch.float64), leaf64, g)
@@ -1039,7 +1045,7 @@ def _check(call: dict) -> tuple[str, str]:
             name = "bias" if call["grad"] == "bias" else "input"
             try:  # stock torch's gradient in the same dtype, on the same inputs
                 stock_leaf = leaf.detach().clone().requires_grad_()
-                (stock,) = torch.autograd.grad(theirs(call, {**t, name: stock_leaf}), stock_leaf, g.to(out.dtype))
+                (stock,) = torch.autograd.grad(theirs(call, {**t, name: stock_leaf}), stock_leaf, g_in)
                 stock_error = _distance(stock, ref_grad, floor)
             except Exception:  # torch's CPU kernels refuse some dtypes the reference takes: no stock to compare
                 stock_error = 0.0
@@ -1093,6 +1099,22 @@ def _fake_differs(call: dict, t: dict, out: torch.Tensor, theirs_out: torch.Tens
     if isinstance(fake, str):
         return f"the fake refuses what eager answers: {fake}"
     return f"eager answers {described(out)}, the fake {fake}"
+
+
+def _gradient_as(g: torch.Tensor, layout: str) -> torch.Tensor:
+    """The gradient handed to autograd, its values laid out as a user's loss hands them: channels_last_3d, NCDHW,
+    every other column of one twice as wide, or (a constant g) expanded from one value."""
+    if g.dim() != 5 or not g.numel():
+        return g
+    if layout == "expanded":
+        return g.reshape(-1)[:1].reshape(1, 1, 1, 1, 1).expand(g.shape)
+    if layout == "contiguous":
+        return g.contiguous()
+    if layout == "sliced_w":
+        wide = torch.zeros(*g.shape[:4], 2 * g.shape[4], dtype=g.dtype, device=g.device)
+        wide[..., ::2] = g
+        return wide[..., ::2]
+    return g.contiguous(memory_format=CL)
 
 
 def _distance(ours: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -> float:

@@ -77,6 +77,10 @@ def test_draws_reach_every_entry_and_most_mutations():
     kinds = {name for c in calls for name in c["mutations"]}
     every = set().union(*(fuzz_args._mutations(c) for c in calls if not c["mutations"]))
     assert len(kinds) >= 0.8 * len(every), sorted(every - kinds)
+    # both CPU paths, and each layout of the gradient handed to autograd (a sum's expanded one too)
+    assert {c["backend"] for c in calls} == {"aten", "triton"}
+    grads = {c["grad_layout"] for c in calls if c["grad"] is True and not c["mutations"]}
+    assert grads == {"channels_last", "contiguous", "expanded", "sliced_w"}
 
 
 def _first(predicate, seeds=range(20000)):
