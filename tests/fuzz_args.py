@@ -5,7 +5,8 @@ fuzz.py draws valid problems and checks their numbers; this draws the calls arou
 and `conv3d_input_grad` and `conv3d_weight_grad` with the forward's grad_output, the norms, upsample_linear), or
 the constructor of a drop-in (`tconv3d.nn.Upsample`, `AvgPool3d`, `InstanceNorm3d`: torch.nn's of the same name,
 its arguments as torch's takes them, held to torch.nn's module) or of `tconv3d.nn.CausalConv3d` (held to nn.Conv3d
-of its padding), then up to three mutations of it
+of its padding); 30% of the module calls torch.nn makes too are made by torch.nn's module taken over by
+`tconv3d.nn.convert` (a norm's SiLU fused into it). Then up to three mutations of the call
 (a tensor of another rank, dtype, device, size or layout: empty, expanded, sliced, offset; an int argument zero,
 negative, a float, a bool, a tensor, a sequence of the wrong length; a padding string, huge or negative padding; an
 unknown or misplaced padding mode; a second source of the wrong shape, dtype or device; output padding past the
@@ -48,6 +49,7 @@ if "TRITON_INTERPRET" not in os.environ:
 import argparse
 import collections
 import json
+import logging
 import math
 import random
 import signal
@@ -84,6 +86,8 @@ GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
 # The drop-ins (tconv3d.nn.Upsample, AvgPool3d, InstanceNorm3d): torch.nn's class of the same name, the same
 # constructor, the same values; what `convert` swaps into a model. Their call is the constructor's arguments.
 DROP_INS = ("nn.Upsample", "nn.AvgPool3d", "nn.InstanceNorm3d")
+# The entries whose calls a torch.nn module makes too: drawn (30%) as that module taken over by tconv3d.nn.convert.
+CONVERTIBLE = ("nn.Conv3d", "nn.ConvTranspose3d", "nn.GroupNorm", *DROP_INS)
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
 REFUSALS = (ValueError, TypeError, RuntimeError, NotImplementedError)
 # Refusals of calls torch answers that docs/api.md ("Bad input") documents, and torch's own CPU kernels' (the
@@ -479,6 +483,7 @@ def draw(seed: int) -> dict:
     apart = random.Random(-1 - seed)
     call["backend"] = "aten" if apart.random() < 0.4 else "triton"
     call["grad_layout"] = apart.choice(("channels_last", "channels_last", "contiguous", "expanded", "sliced_w"))
+    call["convert"] = apart.random() < 0.3
     return call
 
 
@@ -663,7 +668,11 @@ def _int_argument(value, like):
 
 
 def ours(call: dict, t: dict):
-    """tconv3d's answer to the call."""
+    """tconv3d's answer to the call (of torch.nn's module converted, where the draw says so and one can be)."""
+    if call.get("convert") and call["entry"] in CONVERTIBLE:
+        converted = _converted(call, t)
+        if converted is not None:
+            return converted(t["input"])
     if call["entry"] == "op.group_norm":
         return torch.ops.tconv3d.group_norm(
             t["input"], t["weight"], t["bias"], call["groups"], call["eps"], call["activation"], t["channels_after"]
@@ -699,6 +708,29 @@ def ours(call: dict, t: dict):
                                         call["output_padding"], args["groups"], args["dilation"],
                                         channels_after=t["channels_after"])  # fmt: skip
     return _module(call, t, tconv3d.nn)(t["input"])
+
+
+def _converted(call: dict, t: dict):
+    """torch.nn's module of the call in an nn.Sequential, a norm's SiLU after it (which convert fuses into it),
+    taken over by tconv3d.nn.convert: what a converted model runs. None where no torch.nn module makes the call (a
+    second source, another activation, a constructor torch's refuses): the entry's own module runs it then."""
+    entry = call["entry"]
+    activation = call["ctor"].get("activation") if entry in DROP_INS else call.get("activation")
+    if activation not in (None, "none", "silu") or t.get("channels_after") is not None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if entry in DROP_INS:
+                module = _drop_in(call, t, torch.nn)
+            elif entry == "nn.GroupNorm":
+                module = _norm_module(call, t, torch.nn.GroupNorm)
+            else:
+                module = _module(call, t, torch.nn)
+    except Exception:
+        return None
+    layers = [module, torch.nn.SiLU()] if activation == "silu" else [module]
+    return tconv3d.nn.convert(torch.nn.Sequential(*layers))
 
 
 def _norm_module(call: dict, t: dict, cls):
@@ -1150,6 +1182,8 @@ def main(argv=None) -> int:
     interpreter_speedups.install()
     interpreter_fidelity.install()
     signal.signal(signal.SIGALRM, _alarm)
+    # torch logs each refusal of its own ops' fakes (an empty nearest-exact batch's) with a traceback
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     seeds = [args.replay] if args.replay is not None else range(args.seed, 2**62)
     start, outcomes, mutations = time.perf_counter(), collections.Counter(), collections.Counter()
     for seed in seeds:

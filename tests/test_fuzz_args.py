@@ -7,6 +7,8 @@ import torch
 from fuzz_args import ENTRIES, FAILURES, check, draw
 from torch._subclasses.fake_tensor import FakeTensor
 
+import tconv3d
+
 # 400 seeds in four workers' shares (~2-6 s each here).
 SEEDS = range(400)
 CONV = dict(batch=2, c_in=2, c_out=3, kernel=[3, 3, 3], stride=[1, 1, 1], padding=[1, 1, 1], dilation=[1, 1, 1],
@@ -185,3 +187,17 @@ def test_a_fake_that_differs_fails(monkeypatch):
     monkeypatch.setattr(fuzz_args, "ours", _unless_fake(lambda out: out, refused))
     outcome, detail = check(call)
     assert outcome == "fake" and "refuses" in detail, detail
+
+
+def test_converted_draws_run_torch_modules_taken_over():
+    """A draw marked convert runs torch.nn's module after tconv3d.nn.convert took it over (a GroupNorm's SiLU fused
+    into it): the path a converted model takes, not the entry's own module."""
+    conv = _first(lambda c: c["convert"] and c["entry"] == "nn.Conv3d" and not c["mutations"])
+    (layer,) = fuzz_args._converted(conv, fuzz_args.tensors(conv))
+    assert type(layer) is tconv3d.nn.Conv3d
+    norm = _first(lambda c: c["convert"] and c["entry"] == "nn.GroupNorm" and not c["mutations"]
+                  and c["activation"] == "silu" and not c["after"])  # fmt: skip
+    layers = fuzz_args._converted(norm, fuzz_args.tensors(norm))
+    assert type(layers[0]) is tconv3d.nn.GroupNorm and layers[0].activation == "silu"
+    assert isinstance(layers[1], torch.nn.Identity)
+    assert check(conv)[0] == check(norm)[0] == "ok"
