@@ -931,8 +931,10 @@ def _theirs_norm(call: dict, t: dict):
         x = torch.cat([x, skip], 1)
     # Parameters of another float dtype than a supported input's, taken as tconv3d's kernels take them (and
     # torch's CUDA group_norm takes autocast's fp32 parameters of a 16-bit input; its CPU kernel refuses them).
-    # A float64 input runs torch's own group_norm in tconv3d.nn.GroupNorm, refusals and all.
-    if x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+    # A float64 input, or a 4-D one not channels_last (its frames), runs torch's own group_norm in
+    # tconv3d.nn.GroupNorm, refusals and all.
+    kernels = x.dim() == 5 or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+    if kernels and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
         t = {name: v.to(x.dtype) if name in ("weight", "bias") and v is not None and v.is_floating_point() else v
              for name, v in t.items()}  # fmt: skip
     if call["entry"] == "nn.GroupNorm":
