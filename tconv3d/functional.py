@@ -30,16 +30,8 @@ def conv3d(
     keep it channels_last_3d (as `tconv3d.nn.Conv3d` does) to avoid that copy.
     """
     if isinstance(input, torch.Tensor) and input.dim() == 4:  # F.conv3d's unbatched (C, D, H, W) form
-        args = (
-            stride,
-            padding,
-            dilation,
-            groups,
-            padding_mode,
-            unbatched(frames_before, "frames_before"),
-            unbatched(channels_after, "channels_after"),
-        )
-        return conv3d(input[None], weight, bias, *args)[0]
+        second = (unbatched(frames_before, "frames_before"), unbatched(channels_after, "channels_after"))
+        return conv3d(input[None], weight, bias, stride, padding, dilation, groups, padding_mode, *second)[0]
     stride, padding, dilation, padding_mode = conv_arguments(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
