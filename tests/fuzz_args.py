@@ -187,8 +187,10 @@ def _valid_drop_in_call(rng: random.Random, entry: str) -> dict:
             ctor["scale_factor"] = rng.choice((factors, [float(f) for f in factors], max(factors)))
     elif entry == "nn.AvgPool3d":
         kernel = [rng.randint(1, 3) for _ in range(3)]
+        if rng.random() < 0.3:  # one int for the three
+            kernel = [kernel[0]] * 3
         size = [k + rng.randint(0, 3) for k in kernel]
-        ctor = dict(kernel_size=kernel if rng.random() < 0.7 else kernel[0])
+        ctor = dict(kernel_size=kernel[0] if len(set(kernel)) == 1 else kernel)
         if rng.random() < 0.3:  # another valid pool: torch's, laid out channels_last_3d after
             ctor.update(stride=[rng.randint(1, 3) for _ in range(3)], padding=[rng.randint(0, k // 2) for k in kernel],
                         ceil_mode=rng.random() < 0.5, count_include_pad=rng.random() < 0.5)  # fmt: skip
