@@ -201,3 +201,14 @@ def test_converted_draws_run_torch_modules_taken_over():
     assert type(layers[0]) is tconv3d.nn.GroupNorm and layers[0].activation == "silu"
     assert isinstance(layers[1], torch.nn.Identity)
     assert check(conv)[0] == check(norm)[0] == "ok"
+
+
+def test_a_drop_in_that_loses_the_layout_fails(monkeypatch):
+    """An AvgPool3d answering a channels_last_3d input NCDHW is 'wrong' (each convolution after it would copy it
+    back), though its values are torch's."""
+    call = _first(lambda c: c["entry"] == "nn.AvgPool3d" and not c["mutations"] and c["c_in"] > 1 and c["batch"] > 1)
+    assert check(call)[0] == "ok"
+    ours = fuzz_args.ours
+    monkeypatch.setattr(fuzz_args, "ours", lambda call, t: ours(call, t).contiguous())
+    outcome, detail = check(call)
+    assert outcome == "wrong" and "channels_last_3d input" in detail, detail
