@@ -540,3 +540,28 @@ def test_frame_conv_is_the_conv2d_of_each_frame(device, stride, padding, pad, dt
     assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last)
     assert rel_l2(conv.weight.grad, w64.grad) < TOLERANCE[torch.float32]
     assert rel_l2(conv.bias.grad, b64.grad) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("path", ["kernels", "aten"])
+def test_one_channel_layers_with_a_unit_channel_stride(path, device, monkeypatch):
+    """A weight of one input channel kept channels_last_3d has a channel stride of 1 (any stride fits a size-1
+    dimension), as has a one-channel activation tconv3d answers. torch's CPU convolutions (2.13) answer garbage for
+    such a tensor where W is strided by 2 onto one output column (a relative error ~1, values up to 1e33: found by
+    tests/fuzz_args.py, seed 311315, a CausalConv3d); aten's path hands them a contiguous tensor's strides."""
+    if path == "aten":
+        monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
+        device = "cpu"
+    torch.manual_seed(0)
+    conv = tconv3d.nn.CausalConv3d(1, 3, (1, 3, 3), stride=(1, 1, 2), dilation=(1, 2, 1)).to(device)
+    assert conv.weight.stride()[1] == 1  # the case: a weight of one input channel, channels_last_3d
+    x = torch.randn(2, 1, 4, 8, 2, device=device)
+    x = x.as_strided(x.shape, (64, 1, 16, 2, 1)).requires_grad_()  # one channel, channel stride 1 too
+    y = conv(x)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
+    padded = F.pad(x64, (1, 1, 2, 2, 0, 0), mode="replicate")
+    expected = F.conv3d(padded, w64, b64, (1, 1, 2), 0, (1, 2, 1))
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+    g = torch.randn_like(expected)
+    grads = torch.autograd.grad(y, (x, conv.weight), g.float())
+    for got, want in zip(grads, torch.autograd.grad(expected, (x64, w64), g), strict=True):
+        assert rel_l2(got, want) < TOLERANCE[torch.float32]

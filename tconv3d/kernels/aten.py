@@ -32,17 +32,33 @@ def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """t, viewed with a contiguous tensor's strides where it is one whose size-1 dimensions' strides are others (a
+    one-channel tensor laid out channels_last_3d, as tconv3d keeps a weight of one input channel, has a channel
+    stride of 1). torch's CPU convolutions (2.13, oneDNN) answer garbage for such an input or weight at some
+    geometries (W strided by 2 onto one output column: relative errors ~1, values up to 1e33). The same memory."""
+    if not t.is_contiguous():
+        return t
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= max(n, 1)
+    strides.reverse()
+    return t if list(t.stride()) == strides else t.as_strided(t.shape, strides)
+
+
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
-    x = cat_channels(x, channels_after)
+    x, weight = cat_channels(x, channels_after), _plain(weight)
     if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
-        y = F.conv3d(x, weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
+        y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
-        y = F.conv3d(_pad_input(x, frames_before, geom), weight, bias, geom.stride, 0, geom.dilation, geom.groups)
+        padded = _plain(_pad_input(x, frames_before, geom))
+        y = F.conv3d(padded, weight, bias, geom.stride, 0, geom.dilation, geom.groups)
     return _as_ndhwc(y)
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
-    grad_out = cat_channels(grad_out, channels_after)
+    grad_out, weight = _plain(cat_channels(grad_out, channels_after)), _plain(weight)
     dtype = grad_out.dtype
     if bias is not None:
         # A transposed convolution's bias, summed with the gradient in float32 and rounded once: aten's 16-bit CPU
@@ -81,9 +97,9 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
-    x = cat_channels(x, channels_after)
+    padded = _plain(_pad_input(cat_channels(x, channels_after), frames_before, geom))
     grad = torch.nn.grad.conv3d_weight(
-        _pad_input(x, frames_before, geom), geom.weight_shape(), grad_out, geom.stride, 0, geom.dilation, geom.groups
+        padded, geom.weight_shape(), _plain(grad_out), geom.stride, 0, geom.dilation, geom.groups
     )
     return _as_ndhwc(grad)
 
