@@ -24,14 +24,15 @@ a silently wrong result. A draw fails where
   rounding misses as far is "ill-conditioned", counted apart), or a drop-in answers a channels_last_3d input in
   another layout where torch's keeps it (AvgPool3d: at all);
 - tconv3d answers, and the same call on fake tensors (what torch.compile traces) refuses it or answers another
-  shape, dtype, device or strides ("fake");
+  shape, dtype, device or strides ("fake"); with --compiled, a share of the draws run under
+  torch.compile(fullgraph=True) too, which must compile whole and answer eager's output ("compiled");
 - a call runs past --draw-seconds ("hang"), or the process dies (the last line printed names the draw).
 A call torch answers and tconv3d refuses is a finding too ("refused"), unless its refusal is one docs/api.md documents
 ("Bad input": float64, two devices, zero channels, negative padding, a tensor for an int), or torch's answer is
 empty, or a tensor of the call is on the meta device (torch checks little of a call with an empty batch or meta
 tensors): printed, counted apart, not failed.
 
-    python tests/fuzz_args.py --seconds 300 [--seed 0]
+    python tests/fuzz_args.py --seconds 300 [--seed 0] [--compiled 0.1]
     python tests/fuzz_args.py --replay SEED
 
 On CPU 40% of the draws run through aten inside the ops (a CPU user's path: TRITON_INTERPRET unset), the rest
@@ -671,23 +672,39 @@ def _int_argument(value, like):
 
 def ours(call: dict, t: dict):
     """tconv3d's answer to the call (of torch.nn's module converted, where the draw says so and one can be)."""
+    return _entry(call, t)(t)
+
+
+def _entry(call: dict, t: dict):
+    """The call as a function of its tensors, any module it calls built first (torch.compile traces the call, not
+    the module's construction)."""
     if call.get("convert") and call["entry"] in CONVERTIBLE:
         converted = _converted(call, t)
         if converted is not None:
-            return converted(t["input"])
+            return lambda t: converted(t["input"])
+    if call["entry"] == "nn.GroupNorm":
+        norm = _norm_module(call, t, tconv3d.nn.GroupNorm)
+        return lambda t: norm(t["input"], t["channels_after"])
+    if call["entry"] in DROP_INS:
+        drop_in = _drop_in(call, t, tconv3d.nn)
+        return lambda t: drop_in(t["input"])
+    if call["entry"] in ("nn.Conv3d", "nn.ConvTranspose3d", "nn.CausalConv3d"):
+        module = _module(call, t, tconv3d.nn)
+        return lambda t: module(t["input"])
+    return lambda t: _functional(call, t)
+
+
+def _functional(call: dict, t: dict):
+    """A functional entry's or an op's answer."""
     if call["entry"] == "op.group_norm":
         return torch.ops.tconv3d.group_norm(
             t["input"], t["weight"], t["bias"], call["groups"], call["eps"], call["activation"], t["channels_after"]
         )[0]  # (output, mean, rstd)
-    if call["entry"] == "nn.GroupNorm":
-        return _norm_module(call, t, tconv3d.nn.GroupNorm)(t["input"], t["channels_after"])
     if call["entry"] == "op.rms_norm":
         return torch.ops.tconv3d.rms_norm(t["input"], t["weight"], t["bias"], call["eps"], call["activation"],
                                           call["clamp"])  # fmt: skip
     if call["entry"] == "op.upsample_linear":
         return torch.ops.tconv3d.upsample_linear(t["input"], call["factors"])
-    if call["entry"] in DROP_INS:
-        return _drop_in(call, t, tconv3d.nn)(t["input"])
     stride = _int_argument(call["stride"], 1)
     args = dict(stride=stride, padding=call["padding"], dilation=call["dilation"], groups=call["groups"])
     entry = call["entry"]
@@ -705,11 +722,9 @@ def ours(call: dict, t: dict):
             return torch.ops.tconv3d.conv3d_input_grad(t["grad_output"], t["weight"], size, *ints, mode, groups)
         size = _sizes(call, t["weight"])
         return torch.ops.tconv3d.conv3d_weight_grad(t["grad_output"], t["input"], size, *ints, mode, None, groups)
-    if entry == "conv_transpose3d":
-        return tconv3d.conv_transpose3d(t["input"], t["weight"], t["bias"], args["stride"], args["padding"],
-                                        call["output_padding"], args["groups"], args["dilation"],
-                                        channels_after=t["channels_after"])  # fmt: skip
-    return _module(call, t, tconv3d.nn)(t["input"])
+    return tconv3d.conv_transpose3d(t["input"], t["weight"], t["bias"], args["stride"], args["padding"],
+                                    call["output_padding"], args["groups"], args["dilation"],
+                                    channels_after=t["channels_after"])  # fmt: skip
 
 
 def _converted(call: dict, t: dict):
@@ -1042,6 +1057,9 @@ def _check(call: dict) -> tuple[str, str]:
     fake = _fake_differs(call, t, out, theirs_out)
     if fake:
         return "fake", fake
+    compiled = _compiled_differs(call, t, out) if call.get("compiled") else ""
+    if compiled:
+        return "compiled", compiled
     if out.device.type == "meta" or not out.numel():
         return "ok", "shape and dtype"
     if not out.is_floating_point():  # an integer input, where torch's module takes one: exactly its answer
@@ -1153,6 +1171,38 @@ def _gradient_as(g: torch.Tensor, layout: str) -> torch.Tensor:
     return g.contiguous(memory_format=CL)
 
 
+def _compiled_differs(call: dict, t: dict, out: torch.Tensor) -> str:
+    """The call under torch.compile(fullgraph=True) (Dynamo's graph run as it is: backend "eager"), traced anew: it
+    must compile whole and answer eager's output, values, strides and all. '' where it does."""
+    torch._dynamo.reset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = torch.compile(_entry(call, t), backend="eager", fullgraph=True)(t)
+    except Exception as error:
+        return f"compiled, refuses what eager answers: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    if compiled.shape != out.shape or compiled.dtype != out.dtype:
+        return f"compiled answers {tuple(compiled.shape)} {compiled.dtype}, eager {tuple(out.shape)} {out.dtype}"
+    # eager's values to its dtype's rounding (a traced drop-in may take torch's op where eager takes a view's mean)
+    if not out.is_floating_point():
+        if not torch.equal(compiled, out):
+            return "compiled answers other integers than eager's"
+    else:
+        bound = 1e-10 if out.dtype == torch.float64 else tolerance(out.dtype)
+        error = _distance(compiled.detach(), out.detach().double())
+        if error > bound:
+            return f"compiled answers other values: {error:.3g} from eager's"
+    # Strides of the dimensions longer than 1, where the input has one layout: one laid out both ways (a voxel a
+    # sample, a channel) or neither (an expanded batch) is channels_last_3d to the traced rule
+    # (tconv3d.nn.modules._traced_layout) and may be NCDHW to eager's
+    x = t["input"]
+    dense = x.dim() == 5 and x.is_contiguous() != x.is_contiguous(memory_format=CL)
+    long = [i for i, n in enumerate(out.shape) if n > 1]
+    if dense and [compiled.stride(i) for i in long] != [out.stride(i) for i in long]:
+        return f"compiled answers strides {compiled.stride()}, eager {out.stride()}"
+    return ""
+
+
 def _distance(ours: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -> float:
     """Relative L2 from the float64 reference over its finite values (relative to `floor` where the reference's
     norm is less); where the reference is not finite (a norm of a constant input with eps 0, a negative eps), ours
@@ -1169,7 +1219,7 @@ def _distance(ours: torch.Tensor, reference: torch.Tensor, floor: float = 0.0) -
     return float((ours - reference).norm() / max(float(reference.norm()), floor, 1e-300))
 
 
-FAILURES = ("accepted", "unclear", "wrong", "fake", "hang")
+FAILURES = ("accepted", "unclear", "wrong", "fake", "compiled", "hang")
 # A gradient over its bound where stock torch's, in the same dtype on the same inputs, is over it too and at least
 # 1 / STOCK_SCATTER of ours is ill-conditioned (tests/fuzz.py's rule): a GroupNorm of three fp16 values a group, stock
 # 3.3% off float64 where ours is 1.0% (seed 108433), printed and counted apart, not failed.
@@ -1182,6 +1232,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
     parser.add_argument("--draw-seconds", type=int, default=120)
     parser.add_argument("--replay", type=int, help="one draw's seed")
+    parser.add_argument("--compiled", type=float, default=0.0, help="share of draws compiled too (~0.3 s each)")
     args = parser.parse_args(argv)
     interpreter_speedups.install()
     interpreter_fidelity.install()
@@ -1192,6 +1243,7 @@ def main(argv=None) -> int:
     start, outcomes, mutations = time.perf_counter(), collections.Counter(), collections.Counter()
     for seed in seeds:
         call = draw(seed)
+        call["compiled"] = random.Random(-2 - seed).random() < args.compiled
         print(f"# draw {seed}", file=sys.stderr, flush=True)  # the last such line names a draw that killed us
         signal.alarm(args.draw_seconds)
         try:
