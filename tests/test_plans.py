@@ -252,14 +252,20 @@ with stubbed_launches(90, record):
     # does, and the plan stays.
     x, w, b, after = fresh(shape, cout, dtype, bias, offset, after=8)
     import numpy as np
-    def placed(shift):  # channels_after in memory starting `shift` elements into a buffer of its own: storage
-        # offset 0 and the same 16-byte alignment (shifts of 8), so the same plan key
-        t = torch.from_numpy(np.empty(after.numel() + 64, dtype=np.uint16)[shift:shift + after.numel()])
+    # channels_after in memory starting 8 * (k % 2) elements into the k-th of eight slots of one buffer, each
+    # slot a multiple of 16 elements long: storage offset 0 and the same 16-byte alignment (shifts of 8), so the
+    # same plan key, and distances from x in both classes whatever addresses the allocator hands out (eight
+    # buffers of their own fell in one class on a CI run)
+    slot = (after.numel() + 64 + 15) // 16 * 16
+    buffer = np.empty(8 * slot, dtype=np.uint16)
+    def placed(k):
+        start = k * slot + 8 * (k % 2)
+        t = torch.from_numpy(buffer[start:start + after.numel()])
         t = t.view(dtype).view(after.shape[0], *after.shape[2:], after.shape[1]).permute(0, 4, 1, 2, 3)
         return t.copy_(after)
     def distance_class(second):
         return (second.data_ptr() - x.data_ptr()) // x.element_size() % 16 == 0
-    placements = [placed(8 * (k % 2)) for k in range(8)]  # 16 bytes apart: distances 8 elements apart
+    placements = [placed(k) for k in range(8)]  # 16 bytes apart: distances 8 elements apart
     classes = [[t for t in placements if distance_class(t) == c] for c in (False, True)]
     recorded_as, (other, *_) = sorted(classes, key=len, reverse=True)
     from triton.compiler.compiler import CompiledKernel
