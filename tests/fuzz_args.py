@@ -283,7 +283,7 @@ def _drop_in_mutations(call: dict) -> dict:
     def without(*names):
         return lambda c: [c["ctor"].pop(name, None) for name in names]
 
-    m = {**_input_mutations(2), "input_float64": _setter("input_dtype", "float64")}
+    m = _input_mutations(2)
     if call["entry"] == "nn.Upsample":
         size = _three(call["ctor"].get("size") or [n * 2 for n in call["size"]])
         m.update({
@@ -839,12 +839,12 @@ def theirs(call: dict, t: dict, dtype=None):
         ctor = call["ctor"]
         # Where tconv3d's kernels run an InstanceNorm3d (5-D, no running statistics; not torch's instance_norm):
         # torch's affine instance norm of an empty batch raises an IndexError (its bug), their answer is empty;
-        # they take parameters of another float dtype, as _theirs_norm's reference takes them
+        # they take parameters of another float dtype (_parameters_as)
         kernels = call["entry"] == "nn.InstanceNorm3d" and x.dim() == 5 and not ctor.get("track_running_stats")
         if kernels and not x.shape[0] and ctor["affine"]:
             return torch.empty_like(x)
-        if kernels and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
-            t = {name: v.to(x.dtype) if name in ("weight", "bias") and v is not None else v for name, v in t.items()}
+        if kernels:
+            t = _parameters_as(t, x.dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             module = _drop_in(call, {name: cast(v) for name, v in t.items()}, torch.nn)
@@ -946,14 +946,11 @@ def _theirs_norm(call: dict, t: dict):
             raise ValueError("the op takes a 5-D input")
     if skip is not None:
         x = torch.cat([x, skip], 1)
-    # Parameters of another float dtype than a supported input's, taken as tconv3d's kernels take them (and
-    # torch's CUDA group_norm takes autocast's fp32 parameters of a 16-bit input; its CPU kernel refuses them).
-    # A float64 input, or a 4-D one not channels_last (its frames), runs torch's own group_norm in
-    # tconv3d.nn.GroupNorm, refusals and all.
-    kernels = x.dim() == 5 or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
-    if kernels and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
-        t = {name: v.to(x.dtype) if name in ("weight", "bias") and v is not None and v.is_floating_point() else v
-             for name, v in t.items()}  # fmt: skip
+    # Parameters of another float dtype, taken as tconv3d's kernels take them (_parameters_as). A float64 input, or
+    # a 4-D one not channels_last (its frames), runs torch's own group_norm in tconv3d.nn.GroupNorm, refusals and
+    # all.
+    if x.dim() == 5 or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)):
+        t = _parameters_as(t, x.dtype)
     if call["entry"] == "nn.GroupNorm":
         module = _norm_module(call, {**t, "input": x, "channels_after": None}, torch.nn.GroupNorm)  # its dtypes
         if call["activation"] not in ("none", "silu"):  # after torch's constructor, as tconv3d.nn's checks it
@@ -964,6 +961,17 @@ def _theirs_norm(call: dict, t: dict):
             raise ValueError("weight and bias on two devices")
         y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
     return F.silu(y) if call["activation"] == "silu" else y
+
+
+def _parameters_as(t: dict, dtype: torch.dtype) -> dict:
+    """The call's tensors, its float weight and bias in `dtype` where that is a dtype tconv3d's kernels take: they
+    take parameters of another float dtype (autocast's fp32 beside a 16-bit input, as torch's CUDA norms do; its
+    CPU kernels refuse them)."""
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return t
+    parameter = ("weight", "bias")
+    return {name: v.to(dtype) if name in parameter and v is not None and v.is_floating_point() else v
+            for name, v in t.items()}  # fmt: skip
 
 
 def _theirs_voxel_op(call: dict, t: dict):
