@@ -36,9 +36,15 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     """t, viewed with a contiguous tensor's strides where it is one whose size-1 dimensions' strides are others (a
     one-channel tensor laid out channels_last_3d, as tconv3d keeps a weight of one input channel, has a channel
     stride of 1). torch's CPU convolutions (2.13, oneDNN) answer garbage for such an input or weight at some
-    geometries (W strided by 2 onto one output column: relative errors ~1, values up to 1e33). The same memory:
-    its flat view viewed back takes the contiguous strides."""
-    return t.view(-1).view(t.shape) if t.is_contiguous() else t
+    geometries (W strided by 2 onto one output column: relative errors ~1, values up to 1e33). The same memory."""
+    if not t.is_contiguous():
+        return t
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= max(n, 1)
+    strides.reverse()
+    return t if list(t.stride()) == strides else t.as_strided(t.shape, strides)
 
 
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
