@@ -1,0 +1,39 @@
+"""docs/upstream.md's repros run as written, each in a fresh interpreter (the Triton one needs TRITON_INTERPRET
+before triton is imported, and none of conftest's patches), and each says whether its fault still reproduces.
+They do not have to reproduce: a fixed fault prints `reproduces: False`, and the output says so."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "upstream.md"
+
+
+def repros() -> dict[str, str]:
+    text = PAGE.read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    found = {}
+    for section in sections:
+        title = section.splitlines()[0]
+        blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+        assert len(blocks) == 1, f"{title!r} has {len(blocks)} python blocks, not one repro"
+        found[title.split(":")[0]] = blocks[0]
+    return found
+
+
+def test_every_report_has_one_repro():
+    assert set(repros()) == {"torch", "Triton"}
+
+
+@pytest.mark.parametrize("name", sorted(repros()))
+def test_the_repro_runs_and_gives_a_verdict(name):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", repros()[name]], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdict = re.findall(r"^reproduces: (True|False)$", done.stdout, flags=re.M)
+    assert len(verdict) == 1, done.stdout
+    print(done.stdout)
