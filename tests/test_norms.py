@@ -465,15 +465,19 @@ def test_opcheck_rms_norm(device):
 @pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
     """GroupNorm and InstanceNorm3d of an empty batch (or an empty clip) answer an empty output and gradient, as
-    torch's do; aten's path (a CPU user's) split a group's values with reshape(n, groups, -1), which an empty batch
-    makes ambiguous: a RuntimeError from reshape."""
+    torch's do, and zero gradients for their parameters, as torch's GroupNorm does; aten's path (a CPU user's) split
+    a group's values with reshape(n, groups, -1), which an empty batch makes ambiguous: a RuntimeError from reshape.
+    An affine InstanceNorm3d answers so too, where torch's raises an IndexError (docs/upstream.md)."""
     if path == "aten":
         monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
         device = "cpu"
     for shape in ((0, 4, 2, 3, 2), (0, 4, 0, 3, 2), (2, 4, 2, 0, 2)):
         x = leaf_copy(torch.randn(shape, device=device).contiguous(memory_format=CL))
-        for module in (tconv3d.nn.GroupNorm(2, 4).to(device), tconv3d.nn.InstanceNorm3d(4, affine=shape[0] > 0)):
+        modules = (tconv3d.nn.GroupNorm(2, 4), tconv3d.nn.InstanceNorm3d(4), tconv3d.nn.InstanceNorm3d(4, affine=True))
+        for module in modules:
             y = module.to(device)(x)
             assert y.shape == x.shape and y.is_contiguous(memory_format=CL)
-            (grad_x,) = torch.autograd.grad(y, x, torch.randn_like(y))
-            assert grad_x.shape == x.shape
+            grads = torch.autograd.grad(y, (x, *module.parameters()), torch.randn_like(y))
+            assert grads[0].shape == x.shape
+            for grad, parameter in zip(grads[1:], module.parameters(), strict=True):
+                assert grad.shape == parameter.shape and not grad.any()

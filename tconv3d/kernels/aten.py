@@ -156,6 +156,11 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
     """The kernels' backward in torch ops: the same sums, coefficients and formula."""
     c = x.shape[1]
+    # An empty batch or clip: the kernels' answer, an empty gradient and zero parameter gradients (the sums below
+    # would give NaN ones for an empty clip of a batch, the NaN statistics times empty sums, as torch's GroupNorm)
+    if x.numel() == 0:
+        zeros = torch.zeros(c, device=x.device)
+        return _as_ndhwc(torch.empty_like(x)), zeros, zeros.clone()
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
