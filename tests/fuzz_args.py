@@ -70,6 +70,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tconv3d
 from tconv3d import settings
+from tconv3d.geometry import SUPPORTED_DTYPES
 from tconv3d.testing import tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -837,10 +838,11 @@ def theirs(call: dict, t: dict, dtype=None):
             raise ValueError(f"activation {activation!r}")
         x = cast(t["input"])
         ctor = call["ctor"]
-        # Where tconv3d's kernels run an InstanceNorm3d (5-D, no running statistics; not torch's instance_norm):
-        # torch's affine instance norm of an empty batch raises an IndexError (its bug), their answer is empty;
-        # they take parameters of another float dtype (_parameters_as)
-        kernels = call["entry"] == "nn.InstanceNorm3d" and x.dim() == 5 and not ctor.get("track_running_stats")
+        # Where tconv3d's kernels run an InstanceNorm3d (5-D, a dtype they take, no running statistics; elsewhere
+        # torch's instance_norm runs): torch's affine instance norm of an empty batch raises an IndexError (its bug,
+        # docs/upstream.md), their answer is empty; they take parameters of another float dtype (_parameters_as)
+        kernels = call["entry"] == "nn.InstanceNorm3d" and x.dim() == 5 and x.dtype in SUPPORTED_DTYPES
+        kernels = kernels and not ctor.get("track_running_stats")
         if kernels and not x.shape[0] and ctor["affine"]:
             return torch.empty_like(x)
         if kernels:

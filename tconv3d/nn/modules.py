@@ -215,8 +215,8 @@ class GroupNorm(nn.GroupNorm):
 
 class InstanceNorm3d(nn.InstanceNorm3d):
     """`torch.nn.InstanceNorm3d` on tconv3d's GroupNorm kernels (one group per channel) for 5-D inputs, with an
-    optional fused `activation="silu"`. With track_running_stats, or an unbatched input, torch's instance_norm
-    runs (tconv3d does not keep running statistics)."""
+    optional fused `activation="silu"`. With track_running_stats, an unbatched input or a dtype the kernels do not
+    take (float64), torch's instance_norm runs (tconv3d does not keep running statistics)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
                  dtype=None, activation=None):  # fmt: skip
@@ -224,7 +224,7 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         self.activation = _check_activation(activation)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.track_running_stats or input.dim() != 5:
+        if self.track_running_stats or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
             output = super().forward(input)
             return F.silu(output) if self.activation == "silu" else output
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
