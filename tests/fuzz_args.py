@@ -949,9 +949,9 @@ def _theirs_norm(call: dict, t: dict):
     if skip is not None:
         x = torch.cat([x, skip], 1)
     # Parameters of another float dtype, taken as tconv3d's kernels take them (_parameters_as). A float64 input, or
-    # a 4-D one not channels_last (its frames), runs torch's own group_norm in tconv3d.nn.GroupNorm, refusals and
-    # all.
-    if x.dim() == 5 or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)):
+    # a 4-D one not laid out channels_last only (frames in the batch; one channel or one voxel is NCHW as well),
+    # runs torch's own group_norm in tconv3d.nn.GroupNorm, refusals and all.
+    if x.dim() == 5 or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()):
         t = _parameters_as(t, x.dtype)
     if call["entry"] == "nn.GroupNorm":
         module = _norm_module(call, {**t, "input": x, "channels_after": None}, torch.nn.GroupNorm)  # its dtypes
