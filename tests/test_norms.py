@@ -310,6 +310,33 @@ def test_instance_norm_module_is_a_drop_in(affine, device):
     assert tracking.running_mean.min() > 0.1  # updated from zeros
 
 
+@pytest.mark.parametrize("case", ["running_stats", "unbatched", "float64"])
+def test_instance_norms_torch_runs_take_a_channels_last_gradient_at_a_batch_of_one(case, device):
+    """Where torch's instance_norm runs (running statistics, an unbatched input, float64), a batch of one and a
+    gradient not laid out NCDHW (a converted model's channels_last_3d) give torch 2.13's CPU instance_norm a wrong
+    input gradient, 1.4 from float64 (docs/upstream.md); tconv3d's module hands it the gradient contiguous."""
+    dtype = torch.float64 if case == "float64" else torch.float32
+    module = tconv3d.nn.InstanceNorm3d(4, affine=True, track_running_stats=case == "running_stats", activation="silu")
+    module = module.to(device, dtype)
+    with torch.no_grad():
+        module.weight.normal_(), module.bias.normal_()
+    x = torch.randn(1, 4, 3, 4, 5, device=device, dtype=dtype)
+    g = torch.randn(1, 4, 3, 4, 5, device=device, dtype=dtype)
+    x64, g64 = x.double().requires_grad_(), g.double()
+    weight, bias = module.weight.detach().double(), module.bias.detach().double()
+    (expected,) = torch.autograd.grad(F.silu(F.instance_norm(x64, weight=weight, bias=bias)), x64, g64)
+    x, g = x.contiguous(memory_format=CL), g.contiguous(memory_format=CL)
+    if case == "unbatched":  # (C, D, H, W), its channels innermost
+        x, g, expected = x[0], g[0], expected[0]
+    x.requires_grad_()
+    bound = TOLERANCE[dtype if dtype != torch.float64 else torch.float32]
+    (got,) = torch.autograd.grad(module(x), x, g)
+    assert rel_l2(got, expected) < bound
+    if case == "running_stats":  # traced by Dynamo, autograd's backward (torch.compile's backend "eager")
+        (got,) = torch.autograd.grad(torch.compile(module, backend="eager", fullgraph=True)(x), x, g)
+        assert rel_l2(got, expected) < bound
+
+
 @pytest.mark.parametrize("affine", [True, False])
 def test_a_float64_instance_norm_is_torchs(affine, device):
     """float64, which the kernels do not take, runs torch's InstanceNorm3d itself: the same bits. It ran torch's

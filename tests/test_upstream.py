@@ -21,12 +21,13 @@ def repros() -> dict[str, str]:
         title = section.splitlines()[0]
         blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
         assert len(blocks) == 1, f"{title!r} has {len(blocks)} python blocks, not one repro"
-        found[title.split(":")[0]] = blocks[0]
+        found[title] = blocks[0]
     return found
 
 
-def test_every_report_has_one_repro():
-    assert set(repros()) == {"torch", "Triton"}
+def test_every_report_names_its_project_and_has_one_repro():
+    titles = list(repros())
+    assert len(titles) >= 2 and all(title.split(":")[0] in ("torch", "Triton") for title in titles), titles
 
 
 @pytest.mark.parametrize("name", sorted(repros()))

@@ -223,9 +223,17 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
         self.activation = _check_activation(activation)
 
+    def on_kernels(self, input: torch.Tensor) -> bool:
+        """Whether tconv3d's kernels normalize `input`: 5-D, a dtype they take, no running statistics."""
+        return not self.track_running_stats and input.dim() == 5 and input.dtype in SUPPORTED_DTYPES
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.track_running_stats or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
+        if not self.on_kernels(input):
             output = super().forward(input)
+            # Dynamo traces _ContiguousGradient (and cannot call functorch's check); torch.func's transforms do not
+            plain = torch.compiler.is_compiling() or not torch._C._functorch.is_functorch_wrapped_tensor(input)
+            if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
+                output = _ContiguousGradient.apply(output)
             return F.silu(output) if self.activation == "silu" else output
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
             raise ValueError(
@@ -235,6 +243,24 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class _ContiguousGradient(torch.autograd.Function):
+    """The identity, its gradient handed on contiguous: torch's instance_norm (2.13, CPU) answers a wrong input
+    gradient for a batch of one (or an unbatched input) given a gradient laid out otherwise, channels_last_3d as a
+    converted model's are (docs/upstream.md)."""
+
+    @staticmethod
+    def forward(x):
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
 
 
 class AvgPool3d(nn.AvgPool3d):

@@ -1257,7 +1257,7 @@ def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor
     """activation(norm(x)), as one fused pass when the norm is tconv3d's and the activation a SiLU."""
     if isinstance(norm, (GroupNorm, InstanceNorm3d)) and norm.activation is None and type(activation) is nn.SiLU:
         groups = norm.num_groups if isinstance(norm, GroupNorm) else x.shape[1]
-        if not (isinstance(norm, InstanceNorm3d) and (norm.track_running_stats or x.dim() != 5)):
+        if not isinstance(norm, InstanceNorm3d) or norm.on_kernels(x):
             return normalize(x, groups, norm.weight, norm.bias, norm.eps, "silu")
     return activation(norm(x))
 
