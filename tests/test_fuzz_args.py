@@ -51,6 +51,14 @@ FOUND = (
      "mutations": ["size_and_scale"]},
     {**DROP_IN, "entry": "nn.Upsample", "ctor": {"mode": "nearest-exact", "scale_factor": 2},
      "input_dtype": "int64", "mutations": ["input_int64"]},
+    # InstanceNorm3d: a float64 input ran torch's group_norm (a constant input's gradient 6e-14 where torch's
+    # instance_norm answers 0); where torch's instance_norm runs at a batch of one, a channels_last_3d gradient
+    # (torch reads it as NCDHW: docs/upstream.md)
+    {**DROP_IN, "entry": "nn.InstanceNorm3d", "c_in": 3, "size": [3, 4, 2], "dtype": "bfloat16", "grad": True,
+     "ctor": {"eps": 1e-5, "affine": False, "activation": None}, "constant": True, "input_dtype": "float64",
+     "grad_layout": "expanded", "mutations": ["constant_input", "input_float64"], "seed": 401561},
+    {**DROP_IN, "entry": "nn.InstanceNorm3d", "batch": 1, "c_in": 4, "grad": True, "mutations": ["track_running_stats"],
+     "ctor": {"eps": 1e-3, "affine": False, "activation": "silu", "track_running_stats": True}},
 )  # fmt: skip
 
 
@@ -212,3 +220,14 @@ def test_a_drop_in_that_loses_the_layout_fails(monkeypatch):
     monkeypatch.setattr(fuzz_args, "ours", lambda call, t: ours(call, t).contiguous())
     outcome, detail = check(call)
     assert outcome == "wrong" and "channels_last_3d input" in detail, detail
+
+
+def test_a_fault_of_torchs_own_in_a_layout_fails(monkeypatch):
+    """A gradient as far off as stock torch's is ill-conditioned only if torch's own float64, handed the gradient
+    in the same layout, is right: torch's instance_norm at a batch of one reads a channels_last_3d gradient as
+    NCDHW (docs/upstream.md), and tconv3d's module, where it runs torch's, would answer its wrong gradient."""
+    call = FOUND[-1]
+    assert check(call)[0] == "ok"
+    monkeypatch.setattr(tconv3d.nn.modules._ContiguousGradient, "apply", lambda output: output)
+    outcome, detail = check(call)
+    assert outcome == "wrong" and "(layout)" in detail, detail
