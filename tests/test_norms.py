@@ -506,6 +506,23 @@ def test_opcheck_rms_norm(device):
 
 
 @pytest.mark.parametrize("path", ["kernels", "aten"])
+def test_a_group_of_one_value_has_no_input_gradient(path, device, monkeypatch):
+    """A group holding one value (one channel a group, one voxel, a batch past one, which torch takes) normalizes
+    to 0 whatever the value: the input gradient is exactly 0. dy' * k1 + k3 left their rounding, rstd times dy's
+    size, 1e-4 of dy at eps 1e-6 (tests/fuzz_args.py, seed 440726)."""
+    if path == "aten":
+        monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+        device = "cpu"
+    norm = tconv3d.nn.GroupNorm(4, 4, eps=1e-6, activation="silu").to(device)
+    with torch.no_grad():
+        norm.weight.normal_(), norm.bias.normal_()
+    for dtype in (torch.float16, torch.float32):
+        x = leaf_copy(torch.randn(3, 4, 1, 1, 1, device=device, dtype=dtype))
+        (grad,) = torch.autograd.grad(norm(x), x, torch.randn_like(x) * 100)
+        assert not grad.any(), grad.flatten()
+
+
+@pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
     """GroupNorm and InstanceNorm3d of an empty batch (or an empty clip) answer an empty output and gradient, as
     torch's do, and zero gradients for their parameters, as torch's GroupNorm does; aten's path (a CPU user's) split

@@ -209,9 +209,12 @@ def _fold_kernel(
             group_b = tl.sum(gamma * dy_xhat, axis=1)  # ... of gamma * dy' * xhat
             k2 = -rstd * rstd * group_b / total
             k3 = -rstd * group_a / total
-            tl.store(k1_ptr + out, rstd[:, None] * gamma + zeros, mask=mask)
-            tl.store(k2_ptr + out, k2[:, None] + zeros, mask=mask)
-            tl.store(k3_ptr + out, k3[:, None] + zeros, mask=mask)
+            # A group of one value normalizes to 0 whatever it is: dx is 0, not dy' * k1 + k3's rounding of two
+            # terms rstd times dy's size (1e-4 of dy at eps 1e-6)
+            single = total == 1.0
+            tl.store(k1_ptr + out, tl.where(single, 0.0, rstd[:, None] * gamma + zeros), mask=mask)
+            tl.store(k2_ptr + out, tl.where(single, 0.0, k2[:, None] + zeros), mask=mask)
+            tl.store(k3_ptr + out, tl.where(single, 0.0, k3[:, None] + zeros), mask=mask)
         else:
             a = rstd[:, None] * gamma + zeros
             tl.store(a_ptr + out, a, mask=mask)
