@@ -1,6 +1,8 @@
 """tests/fuzz_args.py in CI: seeded calls of the public entries, good and bad, held to torch's own, and the proof
 that the fuzzer fails each way it says it does."""
 
+import warnings
+
 import fuzz_args
 import pytest
 import torch
@@ -235,3 +237,23 @@ def test_a_fault_of_torchs_own_in_a_layout_fails(monkeypatch):
     monkeypatch.setattr(tconv3d.nn.modules._ContiguousGradient, "apply", lambda output: output)
     outcome, detail = check(call)
     assert outcome == "wrong" and "(layout)" in detail, detail
+
+
+def test_a_call_that_does_not_compile_fails_unless_torchs_own_does_not(monkeypatch):
+    """A compiled draw must compile whole (fullgraph). A drop-in that hands the call to torch's module is excused
+    where torch's module does not compile either: InstanceNorm3d of a wrong num_features warns, which Dynamo cannot
+    trace (seed 445988, a float64 input: torch's instance_norm runs)."""
+    call = {**DROP_IN, "entry": "nn.InstanceNorm3d", "c_in": 2, "size": [1, 4, 1], "grad": True, "compiled": True,
+            "ctor": {"eps": 1e-3, "affine": False, "activation": "silu", "num_features": 3}, "input_dtype": "float64",
+            "mutations": ["features_wrong", "input_float64"]}  # fmt: skip
+    assert check(call)[0] == "ok"
+    conv = _first(lambda c: not c["mutations"] and c["entry"] == "nn.Conv3d" and not c["convert"])
+    entry = fuzz_args._entry
+
+    def warning(call, t):
+        answer = entry(call, t)
+        return lambda t: (warnings.warn("untraceable", stacklevel=2), answer(t))[1]
+
+    monkeypatch.setattr(fuzz_args, "_entry", warning)
+    outcome, detail = check({**conv, "compiled": True})
+    assert outcome == "compiled" and "refuses what eager answers" in detail, detail
