@@ -246,13 +246,14 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
 
 class _ContiguousGradient(torch.autograd.Function):
-    """The identity, its gradient handed on contiguous: torch's instance_norm (2.13, CPU) answers a wrong input
-    gradient for a batch of one (or an unbatched input) given a gradient laid out otherwise, channels_last_3d as a
-    converted model's are (docs/upstream.md)."""
+    """A copy, its gradient handed on contiguous: torch's instance_norm (2.13, CPU) answers a wrong input gradient
+    for a batch of one (or an unbatched input) given a gradient laid out otherwise, channels_last_3d as a converted
+    model's are (docs/upstream.md). A copy, not a view: a view made in a Function refuses the in-place activation
+    that may follow a norm (nn.LeakyReLU(inplace=True))."""
 
     @staticmethod
     def forward(x):
-        return x.view_as(x)
+        return x.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output):
