@@ -1,11 +1,13 @@
 """docs/upstream.md's repros run as written, each in a fresh interpreter (the Triton one needs TRITON_INTERPRET
 before triton is imported, and none of conftest's patches), and each says whether its fault still reproduces.
-They do not have to reproduce: a fixed fault prints `reproduces: False`, and the output says so."""
+They do not have to reproduce: a fault fixed upstream prints `reproduces: False`, which the test turns into a
+warning in pytest's summary (its workaround in tconv3d may go)."""
 
 import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,4 +39,5 @@ def test_the_repro_runs_and_gives_a_verdict(name):
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = re.findall(r"^reproduces: (True|False)$", done.stdout, flags=re.M)
     assert len(verdict) == 1, done.stdout
-    print(done.stdout)
+    if verdict[0] == "False":
+        warnings.warn(f"docs/upstream.md, {name!r}: no longer reproduces; its workaround may go", stacklevel=1)
