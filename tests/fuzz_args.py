@@ -969,7 +969,7 @@ def _parameters_as(t: dict, dtype: torch.dtype) -> dict:
     """The call's tensors, its float weight and bias in `dtype` where that is a dtype tconv3d's kernels take: they
     take parameters of another float dtype (autocast's fp32 beside a 16-bit input, as torch's CUDA norms do; its
     CPU kernels refuse them)."""
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if dtype not in SUPPORTED_DTYPES:
         return t
     parameter = ("weight", "bias")
     return {name: v.to(dtype) if name in parameter and v is not None and v.is_floating_point() else v
@@ -1121,8 +1121,9 @@ def _check(call: dict) -> tuple[str, str]:
                 stock_leaf = leaf64.detach().clone().requires_grad_()
                 stock64_out = theirs(call, {**t64, name: stock_leaf}, torch.float64)
                 (stock64,) = torch.autograd.grad(stock64_out, stock_leaf, _gradient_as(g, layout))
-                if _distance(stock64, ref_grad, floor) > max(bound, tolerance(torch.float32)):
-                    return "wrong", f"{detail}; torch's own float64 {_distance(stock64, ref_grad, floor):.3g} (layout)"
+                stock64_error = _distance(stock64, ref_grad, floor)
+                if stock64_error > max(bound, tolerance(torch.float32)):
+                    return "wrong", f"{detail}; torch's own float64 {stock64_error:.3g} (layout)"
                 return "ill-conditioned", detail
             return "wrong", detail
     return "ok", "matches"
