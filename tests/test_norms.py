@@ -526,7 +526,8 @@ def test_a_group_of_one_value_has_no_input_gradient(path, device, monkeypatch):
 @pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
     """GroupNorm and InstanceNorm3d of an empty batch (or an empty clip) answer an empty output and gradient, as
-    torch's do, and zero gradients for their parameters, as torch's GroupNorm does; aten's path (a CPU user's) split
+    torch's do, and zero gradients for their parameters, as torch's GroupNorm does for an empty batch (for an empty
+    clip of a batch torch's are NaN, the NaN statistics times empty sums); aten's path (a CPU user's) split
     a group's values with reshape(n, groups, -1), which an empty batch makes ambiguous: a RuntimeError from reshape.
     An affine InstanceNorm3d answers so too, where torch's raises an IndexError (docs/upstream.md)."""
     if path == "aten":
