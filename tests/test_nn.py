@@ -56,6 +56,33 @@ def test_weight_stays_channels_last_without_per_call_copies(device):
     assert conv.weight is weight and weight.dtype == torch.float16 and weight.is_contiguous(memory_format=CL)
 
 
+def test_weights_kept_in_inference_mode_stay_trainable(device):
+    """A weight laid out channels_last_3d inside torch.inference_mode(), by `convert` or by the first forward after
+    its storage was replaced (a state dict loaded with assign=True, NCDHW), is a plain tensor, as stock's Parameter
+    stays: a later training step saves it for backward and the optimizer updates it in place."""
+    stock = nn.Sequential(nn.Conv3d(4, 6, 3, padding=1), nn.SiLU(), nn.ConvTranspose3d(6, 4, 2, stride=2)).to(device)
+    state = copy.deepcopy(stock.state_dict())
+    model = copy.deepcopy(stock)
+    x = torch.randn(1, 4, 3, 4, 5, device=device).to(memory_format=CL)
+    with torch.inference_mode():
+        tconv3d.nn.convert(model)
+    for _ in range(2):  # converted in inference mode; then the storage replaced, first called in inference mode
+        assert not any(p.is_inference() for p in model.parameters())
+        with torch.inference_mode():
+            assert rel_l2(model(x), stock(x)) < TOLERANCE[torch.float32]
+        assert not any(p.is_inference() for p in model.parameters())
+        assert all(p.is_contiguous(memory_format=CL) for p in model.parameters() if p.dim() == 5)
+        for m in (stock, model):
+            m.zero_grad()
+            m(x).square().sum().backward()
+            torch.optim.SGD(m.parameters(), lr=1e-3).step()
+        for ours, theirs in zip(model.parameters(), stock.parameters(), strict=True):
+            assert rel_l2(ours, theirs) < TOLERANCE[torch.float32]
+        stock.load_state_dict(state)
+        model.load_state_dict({k: v.contiguous() for k, v in state.items()}, assign=True)
+        assert not model[0].weight.is_contiguous(memory_format=CL)
+
+
 @pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate", "circular"])
 def test_padding_modes_match_nn_conv3d(padding_mode, device):
     stock, ours = stock_and_tconv3d(3, 4, 3, padding=(1, 2, 1), padding_mode=padding_mode)

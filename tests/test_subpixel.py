@@ -159,6 +159,30 @@ def test_subpixel_weight_is_kept_while_unchanged(device):
         assert not subpixel_weight(fresh).is_inference()
 
 
+def test_a_model_built_in_inference_mode_runs_the_subpixel_form(aten_path):
+    """A model built inside torch.inference_mode() (its weights inference tensors, which have no version counter)
+    converts and runs the sub-pixel form with stock's values; a state dict loaded into it in place, inside inference
+    mode, is what the next call reads (nothing kept by a version it cannot have)."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
+
+    import tconv3d
+
+    x = torch.randn(1, 4, 3, 5, 6).contiguous(memory_format=CL)
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        stock = WanResample(4, "upsample2d").eval()
+        converted = tconv3d.nn.convert(WanResample(4, "upsample2d").eval())
+        assert converted.resample[1].weight.is_inference()
+        for scale in (1.0, -3.0):
+            converted.load_state_dict({k: scale * v for k, v in stock.state_dict().items()})
+            for _ in range(2):
+                with OpsMade() as made:
+                    y = converted(x)
+                assert rel_l2(y, stock(x) * scale) < 1e-5
+                assert "tconv3d.conv3d_input_grad.default" in made.names  # the sub-pixel form ran
+
+
 @pytest.mark.parametrize(
     "conv, reason",
     [

@@ -5,6 +5,7 @@ model adapters share."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -171,7 +172,13 @@ def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
     return, so that a gradient never needs restriding to its parameter's strides."""
     strides = format_strides(tuple(weight.shape), memory_format)
     if weight.stride() != strides:
-        with torch.no_grad():
+        # A tensor of the weight's kind, whichever mode the call runs in: a plain weight's storage written in
+        # inference mode (a first forward or `convert` inside torch.inference_mode()) would be an inference tensor,
+        # which no later training step could save for backward or update in place, where stock's Parameter stays
+        # plain; an inference tensor's (a model built in inference mode) stays one. (Dynamo cannot trace the
+        # question; a traced write is a plain tensor.)
+        leave = not torch.compiler.is_compiling() and torch.is_inference_mode_enabled() and not weight.is_inference()
+        with torch.inference_mode(False) if leave else contextlib.nullcontext(), torch.no_grad():
             kept = torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device)
             weight.data = kept.copy_(weight.data)
 

@@ -28,9 +28,13 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space:
     `time` "kept" (D's taps reversed, as a transposed conv at stride 1 reads them); `space` False: H and W's taps
     the conv's own (Cosmos's time upsampler's 3 x 1 x 1 conv, "repeated": (C_in, C_out, 4, 1, 1)). Differentiable:
     the weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take
-    (inference) and unchanged (its storage and version): a decode computes it once."""
+    (inference) and unchanged (its storage and version): a decode computes it once. An inference tensor's weight
+    (a model built inside torch.inference_mode()) has no version to tell an in-place change by (a state dict
+    loaded into it): each call computes it."""
     weight = conv.weight
-    cacheable = not (torch.is_grad_enabled() and weight.requires_grad) and not torch.compiler.is_compiling()
+    cacheable = not (
+        (torch.is_grad_enabled() and weight.requires_grad) or weight.is_inference() or torch.compiler.is_compiling()
+    )
     key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
     kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
     if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
