@@ -2,9 +2,11 @@
 (diffusers' Wan, Wan 2.2, CogVideoX, Mochi, HunyuanVideo and 1.5, LTX-Video and LTX-2, Cosmos, EasyAnimate,
 HunyuanImage 2.1's refiner, Kandinsky 5's and 6's) and MONAI's UNets (its diffusion UNet too) and
 AutoencoderKL, on inputs drawn at random: batch, frames and sizes that the test configs' fixed shapes never take
-(odd frame counts, chunks that do not divide the clip, sizes that halve to odd or to one voxel), inference and a
-training step (output, input and parameter gradients), diffusers' tiled encode and decode. Where the stock model
-refuses an input, the draw is skipped.
+(odd frame counts, chunks that do not divide the clip, sizes that halve to odd or to one voxel), inference (under
+torch.no_grad(), or torch.inference_mode(): then half the time by models built inside it, their weights inference
+tensors) and a training step (output, input and parameter gradients), diffusers' tiled encode and decode. Where the
+stock model refuses an input, the draw is skipped. The models are kept from draw to draw, so a training step follows
+inference in inference mode as a user's validation pass does.
 
 fuzz.py draws the kernels' problems; this draws the adapters' (tconv3d.nn): their pads, caches, chunking,
 resampling and shortcuts, as the models call them. The convolutions run through aten inside tconv3d's ops (the
@@ -64,6 +66,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the real-model tests' helpers 
 
 import argparse
 import collections
+import contextlib
 import copy
 import json
 import logging
@@ -130,20 +133,27 @@ def builders() -> dict:
 
 
 def draw(rng: random.Random, names: list[str]) -> dict:
-    """A case: model, input shape, mode and tiling."""
+    """A case: model, input shape, mode ("eval": under torch.no_grad(); "inference": torch.inference_mode(), with
+    "inference_built" the models built inside it; "train"), tiling and dtype."""
     name = rng.choice(names)
-    mode = rng.choice(["eval", "eval", "train"])
+    mode = rng.choice(["eval", "inference", "train"])
     dtype = rng.choice(["fp32", "fp32", "fp32", "bf16"])
+    built = {"inference_built": True} if mode == "inference" and rng.random() < 0.5 else {}
     if name == "monai_diffusion_unet":  # 4 channels in, sizes that halve twice (its skip connections' sizes)
         return {"model": name, "shape": [rng.choice([1, 2]), 4, *(4 * rng.randint(2, 8) for _ in range(3))],
-                "mode": mode, "tiling": False, "dtype": dtype}  # fmt: skip
+                "mode": mode, "tiling": False, "dtype": dtype, **built}  # fmt: skip
     if name.startswith("monai_"):
         return {"model": name, "shape": [rng.choice([1, 2]), 1, *(rng.randrange(8, 41) for _ in range(3))],
-                "mode": mode, "tiling": False, "dtype": dtype}  # fmt: skip
+                "mode": mode, "tiling": False, "dtype": dtype, **built}  # fmt: skip
     unit = SPATIAL_UNIT.get(name, 8)
     frames = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 17])
     shape = [rng.choice([1, 1, 2]), 3, frames, unit * rng.randint(1, 4), unit * rng.randint(1, 5)]
-    return {"model": name, "shape": shape, "mode": mode, "tiling": rng.random() < 0.15, "dtype": dtype}
+    return {"model": name, "shape": shape, "mode": mode, "tiling": rng.random() < 0.15, "dtype": dtype, **built}
+
+
+def grad_mode(case: dict):
+    """The context an inference case runs in: torch.inference_mode() or torch.no_grad()."""
+    return torch.inference_mode() if case["mode"] == "inference" else torch.no_grad()
 
 
 def run_model(model, x, case: dict):
@@ -202,8 +212,8 @@ def forget_history() -> None:
 def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """The output, and in "train" mode the input's gradient and the parameters' (concatenated) along `grad` (a
     tensor, or what makes one of the output's shape); and the gradient taken. `run` runs the model."""
-    if case["mode"] == "eval":
-        with torch.no_grad():
+    if case["mode"] != "train":
+        with grad_mode(case):
             return [run(model.eval(), x, case)], None
     model.zero_grad()
     x = x.detach().requires_grad_()
@@ -223,20 +233,25 @@ class Models:
     def __init__(self):
         self.builders, self.built = builders(), {}
 
-    def __call__(self, name: str, dtype: str = "fp32"):
-        if (name, dtype) not in self.built:
+    def __call__(self, name: str, dtype: str = "fp32", inference_built: bool = False):
+        key = (name, dtype, inference_built)
+        # inside torch.inference_mode(): the weights inference tensors, written in place only there
+        building = torch.inference_mode() if inference_built else contextlib.nullcontext()
+        if key not in self.built:
             # the fp32 model's weights, rounded in bf16: built anew from the same seed, as a model that has run
             # may hold tensors of its graph (EasyAnimate's kept frames after a training step) that no deepcopy takes
-            torch.manual_seed(0)
-            stock = self.builders[name]().eval().to(DTYPES[dtype])
-            self.built[name, dtype] = (
-                stock,
-                tconv3d.nn.convert(copy.deepcopy(stock)),
-                copy.deepcopy(stock.state_dict()),
-            )
-        stock, converted, state = self.built[name, dtype]
+            with building:
+                torch.manual_seed(0)
+                stock = self.builders[name]().eval().to(DTYPES[dtype])
+                self.built[key] = (
+                    stock,
+                    tconv3d.nn.convert(copy.deepcopy(stock)),
+                    copy.deepcopy(stock.state_dict()),
+                )
+        stock, converted, state = self.built[key]
         for model in (stock, converted):
-            model.load_state_dict(state)
+            with building:
+                model.load_state_dict(state)
             # EasyAnimate clears its causal convs' kept frames after an encode or decode, so one that raised
             # part-way (an input stock refuses) left frames of its size that made stock refuse every later draw
             if hasattr(model, "_clear_conv_cache"):
@@ -312,7 +327,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
     than in stock, in the case's forward; with `activations` also those of the piecewise-linear activations, and how
     many max pooling windows another maximum (kinks of a training step's gradient: their value is continuous)."""
     inputs = []
-    for model in models(case["model"], case.get("dtype", "fp32")):
+    for model in models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False)):
         seen = []
 
         def record(module, args, out, seen=seen):
@@ -322,7 +337,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
         watched = [m for m in model.modules() if _norm_dim(m) is not None or (activations and isinstance(m, KINKED))]
         handles = [module.register_forward_hook(record) for module in watched]
         try:
-            with torch.no_grad():
+            with grad_mode(case):
                 run_model(model.train(case["mode"] == "train"), _input(case, torch.Generator().manual_seed(seed)), case)
         finally:
             model.eval()
@@ -337,7 +352,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
 
 def _check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed."""
-    stock, converted = models(case["model"], case.get("dtype", "fp32"))
+    stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
     generator = torch.Generator().manual_seed(seed)
     x = _input(case, generator)
     try:
@@ -450,8 +465,9 @@ def layout(case: dict, converted, x) -> str | None:
     hooks += [module.register_forward_pre_hook(lambda module, args: latents.append(args[0]))
               for module in (getattr(converted, "decoder", None),) if module is not None]  # fmt: skip
     try:
-        report = tconv3d.nn.audit(converted.train(case["mode"] == "train"), x,
-                                  run=lambda model, x: run_model(model, x, case), verbose=False)  # fmt: skip
+        with torch.inference_mode() if case["mode"] == "inference" else contextlib.nullcontext():
+            report = tconv3d.nn.audit(converted.train(case["mode"] == "train"), x,
+                                      run=lambda model, x: run_model(model, x, case), verbose=False)  # fmt: skip
     finally:
         converted.eval()
         for hook in hooks:
