@@ -97,6 +97,34 @@ def test_draws_reach_every_entry_and_most_mutations():
     assert {c["backend"] for c in calls} == {"aten", "triton"}
     grads = {c["grad_layout"] for c in calls if c["grad"] is True and not c["mutations"]}
     assert grads == {"channels_last", "contiguous", "expanded", "sliced_w"}
+    # inside torch.inference_mode(): every entry but the gradient ops (whose torch reference is autograd's)
+    inference = {c["entry"] for c in calls if c["inference"]}
+    assert inference == set(ENTRIES) - set(fuzz_args.GRADIENT_OPS), sorted(set(ENTRIES) - inference)
+
+
+def test_an_inference_draw_runs_in_inference_mode(monkeypatch):
+    """A draw marked "inference" makes its tensors and modules and calls tconv3d inside torch.inference_mode(), as
+    a user's inference server does (a converted model built there: its weights inference tensors)."""
+    ours, seen = fuzz_args.ours, []
+
+    def recording(call, t):
+        seen.append((torch.is_inference_mode_enabled(), t["input"].is_inference()))
+        return ours(call, t)
+
+    monkeypatch.setattr(fuzz_args, "ours", recording)
+    call = _first(lambda c: c["inference"] and not c["mutations"] and c["entry"] == "nn.Conv3d")
+    assert check(call)[0] == "ok" and seen and set(seen) == {(True, True)}  # eager, and the fakes
+
+
+def test_a_compiled_call_on_meta_compares_no_values():
+    """A compiled draw on meta tensors compares shapes, dtypes and strides (indexing a meta tensor by a mask
+    raised NotImplementedError out of the fuzzer: its draw 476955 at --compiled 0.3)."""
+    call = {**CONV, "entry": "nn.ConvTranspose3d", "batch": 1, "c_in": 3, "c_out": 2, "size": [2, 2, 3],
+            "kernel": [1, 2, 3], "stride": [2, 2, 2], "padding": [0, 0, 1], "dilation": [2, 1, 1],
+            "dtype": "bfloat16", "output_padding": [0, 0, 1], "input_device": "meta", "weight_device": "meta",
+            "mutations": ["input_on_meta", "weight_on_meta"], "backend": "aten", "convert": True,
+            "compiled": True}  # fmt: skip
+    assert check(call) == ("ok", "shape and dtype")
 
 
 def _first(predicate, seeds=range(20000)):
