@@ -658,6 +658,19 @@ def _autocasting(device_type: str) -> bool:
     return torch.is_autocast_enabled(device_type)
 
 
+def conv_dtype(input: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype a convolution of `input` by `weight` runs in on tconv3d: inside an autocast region on input's
+    device, the region's (the ops cast both, as aten's convolutions do: a bf16 activation meets float32 parameters
+    there); else theirs where they agree. None where they do not, or a dtype is not one tconv3d runs."""
+    if _autocasting(input.device.type):
+        dtype = torch.get_autocast_dtype(input.device.type)
+        runs = {input.dtype, weight.dtype, dtype} <= set(SUPPORTED_DTYPES)
+    else:
+        dtype = input.dtype
+        runs = input.dtype == weight.dtype and dtype in SUPPORTED_DTYPES
+    return dtype if runs else None
+
+
 def conv_transpose_arguments(
     input, weight, bias, stride, padding, output_padding, groups, dilation, channels_after=None
 ):  # fmt: skip

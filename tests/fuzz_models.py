@@ -16,11 +16,12 @@ resampling and shortcuts, as the models call them. The convolutions run through 
     python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
-A quarter of the draws run the models in bf16 (their weights rounded, the input too). A draw passes where the
-converted model's result has stock's dtypes and is within 1e-4 of stock's (relative L2, float32; the parameter
-gradients concatenated), or else no more than 10x as far from the float64 stock model's as stock's own float32
-result is (tiny volumes make a model ill-conditioned: a norm over two voxels); in bf16, no more than 4x as far from
-it as stock's own bf16 result. Stock's own distance is one sample of a rounding: where ours lands farther, stock
+A fifth of the draws run the models in bf16 (their weights rounded, the input too), a fifth in float32 under bf16
+autocast (torch.autocast: mixed-precision training and inference). A draw passes where the converted model's result
+has stock's dtypes and is within 1e-4 of stock's (relative L2, float32; the parameter gradients concatenated), or
+else no more than 10x as far from the float64 stock model's as stock's own float32 result is (tiny volumes make a
+model ill-conditioned: a norm over two voxels); in bf16 or autocast, no more than 4x as far from it as stock's own
+result in the same precision. Stock's own distance is one sample of a rounding: where ours lands farther, stock
 runs again on inputs rounded otherwise (each element times 1 + eps N(0, 1)), each convolution's output rounded
 otherwise too, and its farthest landing bounds ours too, the draw printed and counted apart as "ill-conditioned"
 (such a draw scatters stock by 20x, a well-conditioned one by 2x; a fault costing precision alone can hide in that
@@ -96,7 +97,9 @@ from tconv3d import settings
 from tconv3d.testing import rel_l2
 
 ILL_CONDITIONED = 10  # how much farther from float64 than stock's own float32 a draw may be where MATCH fails
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# "autocast": float32 weights and input, run under torch.autocast(dtype=torch.bfloat16), as mixed-precision
+# training and inference run (held to bf16's rule)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "autocast": torch.float32}
 # bf16: how much farther from float64 than stock's own bf16 a draw may be. Both sit ~1e-2 from it, their bf16
 # roundings, so the ratio stays near 1 (0.04-3.6 over 144 bf16 draws, all but 3 below 2.5) where fp32's
 # scatters; 5.2 once, where Wan's test config normalizes a single channel (its RMS norm is then the sign of x, and
@@ -137,7 +140,7 @@ def draw(rng: random.Random, names: list[str]) -> dict:
     "inference_built" the models built inside it; "train"), tiling and dtype."""
     name = rng.choice(names)
     mode = rng.choice(["eval", "inference", "train"])
-    dtype = rng.choice(["fp32", "fp32", "fp32", "bf16"])
+    dtype = rng.choice(["fp32", "fp32", "fp32", "bf16", "autocast"])
     built = {"inference_built": True} if mode == "inference" and rng.random() < 0.5 else {}
     if name == "monai_diffusion_unet":  # 4 channels in, sizes that halve twice (its skip connections' sizes)
         return {"model": name, "shape": [rng.choice([1, 2]), 4, *(4 * rng.randint(2, 8) for _ in range(3))],
@@ -154,6 +157,12 @@ def draw(rng: random.Random, names: list[str]) -> dict:
 def grad_mode(case: dict):
     """The context an inference case runs in: torch.inference_mode() or torch.no_grad()."""
     return torch.inference_mode() if case["mode"] == "inference" else torch.no_grad()
+
+
+def precision(case: dict):
+    """The context a case's models run in: bf16 autocast for "autocast", else none."""
+    autocast = case.get("dtype") == "autocast"
+    return torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
 
 
 def run_model(model, x, case: dict):
@@ -213,11 +222,12 @@ def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tenso
     """The output, and in "train" mode the input's gradient and the parameters' (concatenated) along `grad` (a
     tensor, or what makes one of the output's shape); and the gradient taken. `run` runs the model."""
     if case["mode"] != "train":
-        with grad_mode(case):
+        with grad_mode(case), precision(case):
             return [run(model.eval(), x, case)], None
     model.zero_grad()
     x = x.detach().requires_grad_()
-    out = run(model.train(), x, case)
+    with precision(case):
+        out = run(model.train(), x, case)
     grad = grad if isinstance(grad, torch.Tensor) else grad(out.shape)
     out.backward(grad.to(out.dtype))
     model.eval()
@@ -337,7 +347,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
         watched = [m for m in model.modules() if _norm_dim(m) is not None or (activations and isinstance(m, KINKED))]
         handles = [module.register_forward_hook(record) for module in watched]
         try:
-            with grad_mode(case):
+            with grad_mode(case), precision(case):
                 run_model(model.train(case["mode"] == "train"), _input(case, torch.Generator().manual_seed(seed)), case)
         finally:
             model.eval()
@@ -378,10 +388,11 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
         return f"dtypes {[t.dtype for t in ours]} against stock's {[t.dtype for t in expected]}"
     errors = [rel_l2(a, b) for a, b in zip(ours, expected, strict=True)]
     if max(errors) >= MATCH:
-        exact, _ = results(copy.deepcopy(stock).double(), x.double(), case, grad)  # stock's state now (BatchNorm's)
+        # stock's state now (BatchNorm's), no autocast
+        exact, _ = results(copy.deepcopy(stock).double(), x.double(), {**case, "dtype": "fp64"}, grad)
         ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
         stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]
-        bound = ILL_CONDITIONED if x.dtype == torch.float32 else BF16_OFF
+        bound = ILL_CONDITIONED if case.get("dtype", "fp32") == "fp32" else BF16_OFF
         if any(o > max(bound * s, 1e-5) for o, s in zip(ours_off, stock_off, strict=True)):
             wobbled = wobbled_off(stock, x, case, grad, exact, seed)
             names = ("output", "input gradient", "parameter gradients")
@@ -428,7 +439,7 @@ def wobbled_off(stock, x, case: dict, grad, exact: list[torch.Tensor], seed: int
     where the model is well conditioned (a one-channel RMS norm's gradient: ours 8e-3 off, stock's within 8e-6 on
     every rounding)."""
     generator = torch.Generator().manual_seed(seed + 2**32)
-    eps = torch.finfo(x.dtype).eps
+    eps = torch.finfo(torch.bfloat16 if case.get("dtype") == "autocast" else x.dtype).eps
 
     def rounded_otherwise(t: torch.Tensor) -> torch.Tensor:
         return (t.float() * (1 + eps * torch.randn(t.shape, generator=generator))).to(t.dtype)
@@ -465,7 +476,7 @@ def layout(case: dict, converted, x) -> str | None:
     hooks += [module.register_forward_pre_hook(lambda module, args: latents.append(args[0]))
               for module in (getattr(converted, "decoder", None),) if module is not None]  # fmt: skip
     try:
-        with torch.inference_mode() if case["mode"] == "inference" else contextlib.nullcontext():
+        with torch.inference_mode() if case["mode"] == "inference" else contextlib.nullcontext(), precision(case):
             report = tconv3d.nn.audit(converted.train(case["mode"] == "train"), x,
                                       run=lambda model, x: run_model(model, x, case), verbose=False)  # fmt: skip
     finally:

@@ -1721,7 +1721,8 @@ def denoise(model, x):
     """A diffusion UNet's prediction at a timestep per sample (with a context for cross-attention)."""
     timesteps = torch.arange(len(x), device=x.device) * 100 + 10
     if getattr(model, "with_conditioning", False):
-        return model(x, timesteps, context=torch.linspace(-1, 1, len(x) * 18, device=x.device).view(len(x), 3, 6))
+        context = torch.linspace(-1, 1, len(x) * 18, dtype=x.dtype, device=x.device).view(len(x), 3, 6)
+        return model(x, timesteps, context=context)
     return model(x, timesteps)
 
 

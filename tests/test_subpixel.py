@@ -9,6 +9,7 @@ upsampled_cosmos_conv, Cosmos's upsampler's two steps (nearest 2x in time, then 
 in space, then a 1x3x3 conv), each plus its repeated input, added by broadcasting (tconv3d.nn.modules.add_repeated_)."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -879,6 +880,59 @@ def test_the_audit_sees_monais_subpixel_forms(block, aten_path):
 
 
 PIXEL_UPSAMPLERS = ["kandinsky6_latent_upscaler", "kandinsky6_sr_vae", "kvae"]
+
+
+# Each sub-pixel form's upsampler: its builder ((exact, ours) as the float64 tests build them) and input channels
+AUTOCAST_UPSAMPLERS = {
+    "wan": (functools.partial(stock_and_converted, "autoencoder_kl_wan", "WanResample", dim=4, mode="upsample2d"), 4),
+    "hunyuan_video": (functools.partial(hunyuan_upsamplers, (2, 2, 2)), 5),
+    "easyanimate": (functools.partial(easyanimate_upsamplers, False), 5),
+    "cosmos": (functools.partial(cosmos_upsamplers, True, True), 5),
+    "monai": (monai_upsamples, 4),
+}
+
+
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16], ids=["fp32_input", "bf16_input"])
+@pytest.mark.parametrize("name", sorted(AUTOCAST_UPSAMPLERS))
+def test_subpixel_forms_run_under_autocast(name, input_dtype, aten_path):
+    """Under bf16 autocast (float32 weights; a float32 input, or a bf16 activation from the layer before) each
+    sub-pixel form runs (its input-gradient op) and answers stock's dtype (a float32 input's residual sum is
+    float32: Cosmos's) and values to within twice stock's distance from float64. Until 2026-12-03 a bf16
+    activation meeting float32 weights failed the forms' dtype checks: each upsampled first, and Wan's and
+    CogVideoX's frame convs ran on torch's conv2d, with their layout copies."""
+    build, channels = AUTOCAST_UPSAMPLERS[name]
+    exact, ours = build(torch.float32, "cpu")
+    stock = copy.deepcopy(exact).float()
+    x = torch.randn(1, channels, 3, 4, 5).to(input_dtype).contiguous(memory_format=CL)
+    seen = []  # the dtypes of the residual sums Cosmos's 1 x 1 x 1 conv3 takes (a hook elsewhere turns a form off)
+    for model in (ours, stock) if name == "cosmos" else ():
+        model.conv3.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with OpsMade() as made:
+            y = ours(x)
+        expected = stock(x)
+    assert "tconv3d.conv3d_input_grad.default" in made.names, made.names
+    assert y.dtype == expected.dtype and y.shape == expected.shape
+    assert len(set(seen)) <= 1, seen
+    with torch.no_grad():
+        reference = exact(x.double())
+    assert rel_l2(y, reference) < max(tolerance(torch.bfloat16), 2 * rel_l2(expected, reference))
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "autocast"])
+def test_subpixel_forms_compile_whole(context, aten_path):
+    """Wan's upsampler converted compiles with fullgraph=True where the sub-pixel weight is kept or asked about
+    (inference: is_inference, which Dynamo cannot trace, is not asked while compiling) and under autocast (the
+    forms' conv_dtype), answering eager's values."""
+    _, ours = AUTOCAST_UPSAMPLERS["wan"][0](torch.float32, "cpu")
+    x = torch.randn(1, 4, 3, 5, 6).contiguous(memory_format=CL)
+    contexts = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+                "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}  # fmt: skip
+    torch._dynamo.reset()
+    with torch.no_grad(), contexts[context]():
+        y = torch.compile(ours, fullgraph=True, backend="aot_eager")(x)
+        expected = ours(x)
+    assert y.dtype == expected.dtype and rel_l2(y, expected) < tolerance(expected.dtype)
 
 
 def pixel_upsamplers(kind: str, dtype, device, channels=6, filter=None):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..functional import conv_transpose3d
+from ..geometry import conv_dtype
 
 _CL = torch.channels_last_3d
 
@@ -32,8 +33,8 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space:
     (a model built inside torch.inference_mode()) has no version to tell an in-place change by (a state dict
     loaded into it): each call computes it."""
     weight = conv.weight
-    cacheable = not (
-        (torch.is_grad_enabled() and weight.requires_grad) or weight.is_inference() or torch.compiler.is_compiling()
+    cacheable = not (  # (compiling first: Dynamo cannot trace is_inference)
+        torch.compiler.is_compiling() or (torch.is_grad_enabled() and weight.requires_grad) or weight.is_inference()
     )
     key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
     kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
@@ -109,7 +110,7 @@ def upsampled_conv_reason(conv: nn.Conv3d, x: torch.Tensor, factors) -> str | No
         return f"its (kernel, padding, stride, dilation, groups) {shape} is not {expected}"
     if conv.padding_mode not in ("zeros", *BORDERED_MODES):
         return f"its padding mode {conv.padding_mode} is not zeros, reflect or replicate"
-    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+    if x.dim() != 5 or conv_dtype(x, conv.weight) is None or not x.numel():
         return f"the input is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
     if conv.padding_mode != "zeros" and any(size == 1 for size, f in zip(x.shape[2:], factors, strict=True) if f == 2):
         # Its borders repeated, stock's output is then exactly constant along that dimension; the phases' taps,

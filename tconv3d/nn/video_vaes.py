@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..functional import conv_transpose3d
-from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES
+from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
 from .modules import (
@@ -421,7 +421,9 @@ def _conv_plus_repeats(conv: nn.Module, x: torch.Tensor, factors, subpixel_form:
     nothing of u's size is written but the conv's output; the conv's output rounded, then the sum, as stock's
     order. Otherwise u is written and convolved."""
     if subpixel_form:
-        return add_repeated_(conv(x, upsampled=factors), x, factors, first_apart=first_apart)
+        out = conv(x, upsampled=factors)
+        dtype = torch.promote_types(out.dtype, x.dtype)  # stock's sum's: under autocast a float32 x's, not the conv's
+        return add_repeated_(out if out.dtype == dtype else out.to(dtype), x, factors, first_apart=first_apart)
     upsampled = _repeat(x, factors, first_apart=first_apart)
     return conv(upsampled) + upsampled
 
@@ -456,7 +458,7 @@ def cosmos_subpixel_reason(conv: nn.Module, x: torch.Tensor, time: bool) -> str 
     shape = (tuple(conv.padding), tuple(conv.stride), tuple(conv.dilation), conv.groups, conv.padding_mode)
     if shape != ((0, 0, 0), (1, 1, 1), (1, 1, 1), 1, "zeros"):
         return f"its conv (padding, stride, dilation, groups, mode) {shape} is not a plain one"
-    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel() or (time and x.shape[2] < 2):
+    if x.dim() != 5 or conv_dtype(x, conv.weight) is None or not x.numel() or (time and x.shape[2] < 2):
         return f"the video is {x.dim()}-D {x.dtype} of {tuple(x.shape)}, its weight {conv.weight.dtype}"
     return None
 
@@ -872,7 +874,9 @@ class _Kandinsky6SRCausalConv3d:
             cache["padding"] = frames(hidden_states, kept).clone(memory_format=_CL)
         else:
             cache["padding"] = _last_frames(front, hidden_states, count + min(-kept, ahead))
-        return output
+        # diffusers writes its convs' outputs into a tensor of the input's dtype: under autocast, the conv's bf16
+        # in a float32 tensor
+        return output if output.dtype == hidden_states.dtype else output.to(hidden_states.dtype)
 
 
 class _VidTokCausalConv3d:
@@ -1367,7 +1371,7 @@ def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
         return f"it is a {type(conv).__qualname__}, not an nn.Conv2d"
     if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
         return f"its padding is {conv.padding!r} ({conv.padding_mode})"
-    if conv.weight.dtype not in SUPPORTED_DTYPES or x.dtype != conv.weight.dtype:
+    if conv_dtype(x, conv.weight) is None:  # (under autocast, any it casts)
         return f"its weight is {conv.weight.dtype} and the frames {x.dtype}"
     if x.dim() != 5:
         return f"the video is {x.dim()}-D"
@@ -1453,7 +1457,7 @@ def easyanimate_subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
              conv.padding_mode)  # fmt: skip
     if shape != ((3, 3, 3), (0, 1, 1), (1, 1, 1), (1, 1, 1), 1, "zeros") or conv.temporal_padding != 2:
         return f"its conv (kernel, padding, stride, dilation, groups, mode) {shape} is not a plain 3 x 3 x 3 one"
-    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+    if x.dim() != 5 or conv_dtype(x, conv.weight) is None or not x.numel():
         return f"the video is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
     return None
 
@@ -1473,7 +1477,7 @@ def causal_subpixel_reason(module: nn.Module, x: torch.Tensor, factors) -> str |
     shape = (tuple(conv.kernel_size), conv.padding, tuple(conv.stride), tuple(conv.dilation), conv.groups)
     if shape != ((3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1), 1):
         return f"its conv (kernel, padding, stride, dilation, groups) {shape} is not a plain 3 x 3 x 3 one"
-    if x.dim() != 5 or x.dtype != conv.weight.dtype or not x.numel():
+    if x.dim() != 5 or conv_dtype(x, conv.weight) is None or not x.numel():
         return f"the video is {x.dim()}-D {x.dtype} of {x.numel()} elements, its weight {conv.weight.dtype}"
     if 1 in x.shape[3:]:
         # Its borders replicated, stock's output is then exactly constant along that dimension; the phases' taps,
