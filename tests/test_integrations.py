@@ -1670,6 +1670,71 @@ def test_monai_generative_autoencoders_keep_channels_last(name, aten_path):
             assert rel_l2(autoencode(kept.eval(), x), autoencode(stock.eval(), x)) < MATCH
 
 
+def _maisi_split_blocks():
+    maisi = pytest.importorskip("monai.apps.generation.maisi.networks.autoencoderkl_maisi")
+
+    def conv(kernel):
+        return lambda **splits: maisi.MaisiConvolution(
+            spatial_dims=3, in_channels=2, out_channels=3, strides=1, kernel_size=kernel, padding=kernel // 2,
+            conv_only=True, **splits,
+        )  # fmt: skip
+
+    return {
+        "conv3": conv(3),
+        "conv1": conv(1),
+        "down": lambda **splits: maisi.MaisiDownsample(spatial_dims=3, in_channels=2, **splits),
+        "up": lambda **splits: maisi.MaisiUpsample(3, 2, use_convtranspose=False, **splits),
+        "up_transposed": lambda **splits: maisi.MaisiUpsample(3, 2, use_convtranspose=True, **splits),
+    }
+
+
+@pytest.mark.parametrize("kind", ["conv3", "conv1", "down", "up", "up_transposed"])
+def test_monai_maisi_split_convolutions_as_maisis(kind, aten_path):
+    """MAISI's split convolutions at every length of the split dimension up to 17, 2 to 4 slabs, each dimension
+    split: converted, MAISI's values and shapes (where it raises, converted raises), one op where its slabs make up
+    the convolution's output, MAISI's slabs where they do not: its trim drops rows where num_splits does not divide
+    the length (a padding-1 conv of 33 rows answers 32), and a slab shorter than its overlap wraps around. One op
+    of such a length answered the convolution's rows (a whole MAISI at 13 x 33 x 8 was 4% off stock's)."""
+    one_op = {}
+    for splits, dim in ((2, 0), (3, 1), (4, 2)):
+        stock = _maisi_split_blocks()[kind](num_splits=splits, dim_split=dim, print_info=False)
+        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        for length in range(1, 18):
+            shape = [1, 2, 5, 6, 7]
+            shape[2 + dim] = length
+            x = torch.randn(shape)
+            with torch.no_grad():
+                try:
+                    expected = stock(x)
+                except Exception as error:  # MAISI's modulo by a slab of no rows, a slab of no rows (tconv3d's
+                    with pytest.raises((type(error), ValueError)):  # own ValueError says so)
+                        converted(x)
+                    continue
+                report = tconv3d.nn.audit(converted, x, verbose=False)
+                out = converted(x)
+            assert out.shape == expected.shape and rel_l2(out, expected) < MATCH, (splits, dim, length)
+            one_op[splits, length] = report.tconv3d_calls == 1
+    # one op where the slabs (of the upsampled rows, for the interpolating upsampler) have as many rows as each
+    # other and at least their overlap (3; 4 at stride 2); the downsampler's depend on its padded length's phase
+    overlap, scale = {"up": (3, 2), "up_transposed": (4, 1)}.get(kind, (3, 1))
+    for (splits, length), ran in one_op.items():
+        if kind != "down" and scale * length >= overlap * splits:
+            assert ran == (scale * length % splits == 0), (splits, length)
+    assert any(one_op.values()) and not all(one_op.values())
+
+
+def test_monai_maisi_at_sizes_its_slabs_trim(aten_path):
+    """A whole MAISI autoencoder at a size its 2 slabs do not divide (33 rows): converted, its reconstruction and a
+    training step's gradients as stock's."""
+    stock, converted = stock_and_converted(_generative_autoencoders()["maisi"])
+    x = torch.randn(2, 1, 13, 33, 8)
+    with torch.no_grad():
+        assert rel_l2(autoencode(converted, x), autoencode(stock, x)) < MATCH
+    for model in (stock, converted):
+        autoencode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
 def test_monai_maisi_blocks_through_the_triton_interpreter():
     """The kernels themselves: MAISI's downsampler (its padding inside the strided conv), a res block with a 1x1
     shortcut (its norms and their SiLU on tconv3d's GroupNorm kernels); a norm with norm_float16 answers float16

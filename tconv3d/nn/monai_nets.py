@@ -564,7 +564,11 @@ class _PaddedDownsample:
         return None
 
     def forward(self, x):
-        return self.conv(x) if self.pads_inside else super().forward(x)
+        if not self.pads_inside:
+            return super().forward(x)
+        if getattr(type(self.conv), "tconv3d_adapter", None) is _MaisiConvolution:
+            return maisi_convolution(self.conv, x, padded=True)
+        return self.conv(x)
 
 
 class _ResBlock:
@@ -616,13 +620,104 @@ class _MaisiConvolution:
     """MAISI's MaisiConvolution splits its input into num_splits slabs along one dimension with 3 voxels of
     overlap, convolves each, trims and concatenates them (on the CPU when a dimension reaches 500): a way around
     cuDNN's workspace and 2**31-element limits that copies the activation twice. tconv3d's kernels take the whole
-    tensor (64-bit offsets) into one op: the same values (the overlap covers the kernel), input and output only."""
+    tensor (64-bit offsets) into one op, input and output only, wherever the slabs' rows make up the convolution's
+    output: `maisi_convolution`."""
 
     classes = (_MAISI + "MaisiConvolution",)
-    attributes = ("conv",)
+    attributes = ("conv", "num_splits", "dim_split", "stride")
 
     def forward(self, x):
-        return self.conv(x)
+        return maisi_convolution(self, x)
+
+
+def maisi_convolution(module: nn.Module, x: torch.Tensor, padded: bool = False) -> torch.Tensor:
+    """What MAISI's MaisiConvolution `module` answers for x, or with `padded` for x padded by a zero after each
+    spatial dimension (MaisiDownsample's F.pad, folded into its convolution's padding: fold_paddings): one op of
+    the convolution where MAISI's slabs make it up (`_slabs_make_the_convolution`), else MAISI's own slabs, each
+    convolved by tconv3d. They differ where num_splits does not divide the split dimension: the trim drops the last
+    rows (33 rows in, 32 out of a 3x3x3 convolution padded by 1); and where a slab is shorter than the overlap,
+    whose slicing wraps around."""
+    conv = module.conv  # MONAI's Convolution, the convolution in it
+    while not isinstance(conv, (nn.Conv3d, nn.ConvTranspose3d)):
+        conv = conv.conv
+    sizes = [size + padded for size in x.shape[2:]]
+    if padded:  # MAISI pads x, then convolves without padding
+        padding = [(0, 0)] * 3
+    elif isinstance(conv, Conv3d):
+        padding = list(zip(conv._op_padding()[::2], conv._op_padding()[1::2], strict=True))
+    else:
+        padding = [(p, p) for p in conv.padding]
+    if module.num_splits <= 1 or _slabs_make_the_convolution(module, conv, sizes, padding):
+        return module.conv(x)
+    if padded:
+        return _maisi_slabs(module, F.pad(x, (0, 1) * 3), lambda slab: conv.convolve(slab, (0,) * 6))
+    return _maisi_slabs(module, x, module.conv)
+
+
+def _maisi_slabs(module: nn.Module, x: torch.Tensor, convolve) -> torch.Tensor:
+    """MaisiConvolution.forward with `convolve` for its convolution: x split into slabs, each convolved, trimmed
+    and concatenated, by MAISI's own helpers."""
+    split_size = x.size(module.dim_split + 2) // module.num_splits
+    overlap = _maisi_overlap(module)
+    slabs = module._split_tensor(x, split_size, overlap)
+    outputs = [convolve(slab) for slab in slabs]
+    other = module.dim_split + 1 if module.dim_split < 2 else 0
+    kept, kept_from = _maisi_kept(split_size, overlap, slabs[0].size(other + 2), outputs[0].size(other + 2))
+    return module._concatenate_tensors(outputs, kept, kept_from)
+
+
+def _maisi_overlap(module: nn.Module) -> int:
+    """The rows each slab but the first reads before its own (3, rounded up to a multiple of the stride)."""
+    return 3 if 3 % module.stride == 0 else (3 // module.stride + 1) * module.stride
+
+
+def _maisi_kept(split_size: int, overlap: int, size_in: int, size_out: int) -> tuple[int, int]:
+    """The rows MAISI keeps of each slab's output, and from which row of it on (past the first slab): its slab's
+    rows and overlap scaled as a dimension it does not split, of size_in in and size_out out, is scaled."""
+    if size_out // size_in == 2:
+        return 2 * split_size, 2 * overlap
+    if size_in // size_out == 2:
+        return split_size // 2, overlap // 2
+    return split_size, overlap
+
+
+def _slabs_make_the_convolution(module: nn.Module, conv: nn.Module, sizes: list[int], padding) -> bool:
+    """Whether MAISI's slabs of an input of spatial `sizes`, convolved by `conv` with `padding` ((before, after) a
+    dimension), trimmed and concatenated, are the convolution's output: each slab's kept rows are the output rows
+    that follow the slab before's, every output row is kept, and each reads rows of its own slab (or the padding
+    the input's ends have in both)."""
+    splits, dim = module.num_splits, module.dim_split
+    transposed = isinstance(conv, nn.ConvTranspose3d)
+
+    def length_out(length: int, d: int) -> int:
+        reach = conv.dilation[d] * (conv.kernel_size[d] - 1)
+        if transposed:
+            return (length - 1) * conv.stride[d] - sum(padding[d]) + reach + conv.output_padding[d] + 1
+        return (length + sum(padding[d]) - reach - 1) // conv.stride[d] + 1
+
+    length, stride, before = sizes[dim], conv.stride[dim], padding[dim][0]
+    reach = conv.dilation[dim] * (conv.kernel_size[dim] - 1)
+    split_size, overlap = length // splits, _maisi_overlap(module)
+    if split_size < overlap:  # a slab's start wraps around (split_size 0: MAISI raises)
+        return False
+    other = dim + 1 if dim < 2 else 0
+    kept, kept_from = _maisi_kept(split_size, overlap, sizes[other], length_out(sizes[other], other))
+    if splits * kept != length_out(length, dim):
+        return False
+    for i in range(splits):
+        start = 0 if i == 0 else i * split_size - overlap
+        stop = min(length, (i + 1) * split_size + (overlap if i < splits - 1 else length % splits))
+        first = 0 if i == 0 else kept_from
+        if length_out(stop - start, dim) < first + kept or (not transposed and start % stride):
+            return False
+        if (start * stride if transposed else start // stride) + first != i * kept:
+            return False
+        low, high = i * kept, (i + 1) * kept - 1  # the output rows kept, and the input rows they read
+        reads = (-((reach - before - low) // stride), (high + before) // stride) if transposed else (
+            low * stride - before, high * stride - before + reach)  # fmt: skip
+        if (start > 0 and reads[0] < start) or (stop < length and reads[1] >= stop):
+            return False
+    return True
 
 
 class _MaisiGroupNorm3D:
