@@ -734,6 +734,35 @@ def test_vidtok_causal_conv_over_chunks(pad_mode, kernel, stride, aten_path):
     assert rel_l2(ours_in.grad, theirs_in.grad) < MATCH
 
 
+def qwenimage():
+    """Qwen-Image's VAE (AutoencoderKLQwenImage), small: Wan 2.1's code under class names of its own, which its
+    pipelines run on images as videos of one frame."""
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLQwenImage(
+        base_dim=12, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+
+
+@pytest.mark.parametrize("frames", [1, 5])
+def test_qwenimage_vae_as_wans(frames, aten_path):
+    """Qwen-Image's VAE takes Wan's adapters by its own class names: on an image (one frame, each causal conv's
+    two frames of zeros in front of it) and on a clip, every convolution one tconv3d op (its resamplers' 2-D convs
+    on the frames one op over the video), its RMS norms tconv3d's with the SiLU fused, no pad or layout copy into a
+    convolution, the output and a training step's gradients as stock's."""
+    x = torch.randn(1, 3, frames, 24, 32)
+    stock, converted, before, after = converted_and_audited(qwenimage, x)
+    assert before.aten_frame_conv_calls > 0 and before.totals["pads"] > 0
+    assert after.tconv3d_calls == before.aten_conv3d_calls + before.aten_frame_conv_calls
+    assert_all_on_tconv3d(after, every_layer_called=frames > 1)  # an image: no time_conv runs
+    assert after.aten_frame_conv_calls == 0 and after.totals["pads"] == 0
+    assert_stays_channels_last(after, upstream_copies=True)  # a clip's latents: Wan's chunks concatenated
+    fused = [m for m in converted.modules() if class_name(type(m)) in NORM_SILU_BLOCKS]
+    assert fused and all(type(m.nonlinearity) is nn.Identity for m in fused) and after.norm_calls > 0
+    for model in (stock, converted):
+        encode_decode(model.train(), x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+
+
 def allegro():
     """Allegro's VAE (AutoencoderKLAllegro), small: 2-D layers on the frames, temporal conv layers between them,
     4x in time (a strided temporal conv layer down, an upsampling one up per level that has them)."""
