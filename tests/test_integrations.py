@@ -776,13 +776,15 @@ def allegro_run(model, x):
     return model.decoder(model.encoder(x)[:, : model.config.latent_channels])
 
 
-def test_allegro_frames_and_temporal_convs_in_channels_last(aten_path):
+@pytest.mark.parametrize("frames", [8, 4])
+def test_allegro_frames_and_temporal_convs_in_channels_last(frames, aten_path):
     """Allegro's temporal conv layers on tconv3d: every Conv3d one op, every GroupNorm (with the SiLU after it) one
     tconv3d pass, no activation or norm input in another layout (its 2-D layers' weights channels_last, so the
     frames stay NHWC and their video views channels_last_3d), the repeated end frames one concatenation a stage
     where diffusers makes two (its norms' statistics count them, so they stay); the video and the gradients as
-    stock's."""
-    x = torch.randn(1, 3, 8, 32, 32)
+    stock's. Four frames make latents of one frame, whose video view had degenerate strides: the repeated frames'
+    concatenation answered NCDHW into 10 norms until 2026-12-03 (the model fuzzer's)."""
+    x = torch.randn(1, 3, frames, 32, 32)
     stock, converted, before, after = converted_and_audited(allegro, x, allegro_run)
     with torch.no_grad():
         assert allegro_run(converted, x).is_contiguous(memory_format=torch.channels_last_3d)

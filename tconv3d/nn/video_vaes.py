@@ -955,7 +955,9 @@ class _AllegroTemporalConvLayer:
         return x
 
     def forward(self, hidden_states, batch_size):
-        x = hidden_states.unflatten(0, (batch_size, -1)).permute(0, 2, 1, 3, 4)
+        # a view with channels_last_3d's own strides: of one frame, diffusers' view had degenerate ones, and the
+        # concatenation of the repeated frames answered NCDHW into each stage's norm (a clip of 3 or 4 frames)
+        x = _frames_to_video(hidden_states, batch_size, hidden_states.shape[0] // batch_size)
         if self.down_sample:
             identity = frames(x, step=2)
         elif self.up_sample:
