@@ -32,7 +32,7 @@ def assert_all_on_tconv3d(report, every_layer_called=True):
 INPUT_EDGES = {"encoder.conv_in", "decoder.conv_in"}
 # Encoders that run once per chunk of frames: their input edge takes one layout copy a chunk, and their chunks'
 # latents are concatenated in front of quant_conv (model code).
-CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate"}
+CHUNKED_ENCODERS = {"wan", "wan22", "easyanimate", "qwenimage"}
 
 
 # Layers whose converted forward still writes one copy of its input a call (the audit's own copies), by model:
