@@ -44,9 +44,9 @@ convolution: the real-model tests' assert_stays_channels_last), or it fails as "
 VidTok's layouts are not audited (its own code permutes its activations between 2-D and 1-D blocks), nor MAISI's
 where its own slabs ran (a size its num_splits does not divide: their concatenations are stock's); MAISI's
 reference is stock in float32 (its norms answer float32 whatever their input).
-Where a VAE's latent frames are one voxel (8 x 8 pixels), the audit is left out: a (B, C, 1, 1, 1) tensor is as
-contiguous in one layout as in the other, torch's ops (interpolate, cat, elementwise) then answer NCDHW, and the
-layers after it get a layout copy of a few voxels.
+Where a VAE's latent frames are one voxel (8 x 8 pixels), or a MONAI network's lowest level (MedNeXt at 16^3), the
+audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout as in the other, torch's ops
+(interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a layout copy of a few voxels.
 
 With --compile BACKEND (aot_eager, inductor), the converted model runs under torch.compile (traced anew each draw,
 the input's sizes symbolic: dynamic=True) and is held to stock's eager results as above; instead of the audit, its
@@ -525,11 +525,15 @@ def layout(case: dict, converted, x) -> str | None:
     at the input edges alone, none into a norm, no pad, concatenation or upstream copy into a convolution), else
     the layers that broke it and the audit's table."""
     name = case["model"]
-    latents = []  # a VAE's latents (or latent tiles): the encoder's outputs, the decoder's inputs
+    latents = []  # a VAE's latents (or latent tiles): the encoder's outputs, the decoder's inputs; and a MONAI
+    # network's convolutions' inputs (its levels)
     hooks = [module.register_forward_hook(lambda module, args, out: latents.append(out))
              for module in (getattr(converted, "encoder", None),) if module is not None]  # fmt: skip
     hooks += [module.register_forward_pre_hook(lambda module, args: latents.append(args[0]))
               for module in (getattr(converted, "decoder", None),) if module is not None]  # fmt: skip
+    if name.startswith("monai_"):
+        hooks += [module.register_forward_pre_hook(lambda module, args: latents.append(args[0]))
+                  for module in converted.modules() if isinstance(module, CONVS)]  # fmt: skip
     try:
         with torch.inference_mode() if case["mode"] == "inference" else contextlib.nullcontext(), precision(case):
             report = tconv3d.nn.audit(converted.train(case["mode"] == "train"), x,
