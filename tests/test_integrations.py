@@ -2023,6 +2023,22 @@ def test_more_monai_networks(name, aten_path):
     assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: m(x), x)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_mednext_compiles_whole(grad, aten_path):
+    """MedNeXt's up blocks write their padded sum in place: under torch.no_grad() that was torch.add(out=) a slice of
+    the padded output, where dynamo breaks its graph (one break an up block, until 2026-12-03: the model fuzzer's
+    compiled draws); traced, it is an in-place copy and add. Compiled (aot_eager) as eager."""
+    if not hasattr(monai_nets(), "MedNeXt"):
+        pytest.skip("this MONAI has no MedNeXt")
+    stock, converted = stock_and_converted(_more_monai_nets()["mednext"][0])
+    x = torch.randn(1, 1, 16, 16, 32)
+    with torch.set_grad_enabled(grad):
+        explained_without_new_graph_breaks(lambda model, x: model(x), stock, converted, x)
+        torch._dynamo.reset()
+        expected = converted(x)
+        assert rel_l2(torch.compile(converted, backend="aot_eager")(x), expected) < MATCH
+
+
 @pytest.mark.parametrize("name", ["var_autoencoder", "segresnet_vae"])
 def test_monai_networks_that_flatten_by_view(name, aten_path):
     """VarAutoEncoder's encoder and SegResNetVAE's VAE loss (in training) flatten an activation with

@@ -326,8 +326,8 @@ def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tenso
     inner = out[:, :, 1:, 1:, 1:]
     if residual is None:
         inner.copy_(x)
-    elif torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad):  # out= records no gradient
-        inner.copy_(x).add_(residual)
+    elif torch.compiler.is_compiling() or (torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad)):
+        inner.copy_(x).add_(residual)  # out= records no gradient, and dynamo breaks its graph at an `out=` slice
     else:
         torch.add(x, residual, out=inner)
     return out
