@@ -706,7 +706,7 @@ def _slabs_make_the_convolution(module: nn.Module, conv: nn.Module, sizes: list[
         return False
     for i in range(splits):
         start = 0 if i == 0 else i * split_size - overlap
-        stop = min(length, (i + 1) * split_size + (overlap if i < splits - 1 else length % splits))
+        stop = min(length, (i + 1) * split_size + (overlap if i < splits - 1 else length % split_size))
         first = 0 if i == 0 else kept_from
         if length_out(stop - start, dim) < first + kept or (not transposed and start % stride):
             return False
