@@ -428,7 +428,6 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
         return f"dtypes {[t.dtype for t in ours]} against stock's {[t.dtype for t in expected]}"
     errors = [rel_l2(a, b) for a, b in zip(ours, expected, strict=True)]
     if max(errors) >= MATCH:
-        # stock's state now (BatchNorm's), no autocast
         exact = reference(stock, x, case, grad)
         ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
         stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]

@@ -511,10 +511,7 @@ def _conv_inside(module: nn.Module) -> nn.Module | None:
     """The convolution under a chain of `.conv` attributes that call it on their whole input (MONAI's
     Convolution, MAISI's MaisiConvolution once converted), else None."""
     while not isinstance(module, nn.Conv3d):
-        whole = (
-            type(module).__name__ == "Convolution"
-            or getattr(type(module), "tconv3d_adapter", None) is _MaisiConvolution
-        )
+        whole = type(module).__name__ == "Convolution" or _is_maisi_convolution(module)
         if not whole:
             return None  # e.g. MAISI's split convolution left on torch: it would pad each slab
         module = module.conv
@@ -566,7 +563,7 @@ class _PaddedDownsample:
     def forward(self, x):
         if not self.pads_inside:
             return super().forward(x)
-        if getattr(type(self.conv), "tconv3d_adapter", None) is _MaisiConvolution:
+        if _is_maisi_convolution(self.conv):
             return maisi_convolution(self.conv, x, padded=True)
         return self.conv(x)
 
@@ -630,6 +627,11 @@ class _MaisiConvolution:
         return maisi_convolution(self, x)
 
 
+def _is_maisi_convolution(module: nn.Module) -> bool:
+    """Whether `module` is MAISI's MaisiConvolution, converted."""
+    return getattr(type(module), "tconv3d_adapter", None) is _MaisiConvolution
+
+
 def maisi_convolution(module: nn.Module, x: torch.Tensor, padded: bool = False) -> torch.Tensor:
     """What MAISI's MaisiConvolution `module` answers for x, or with `padded` for x padded by a zero after each
     spatial dimension (MaisiDownsample's F.pad, folded into its convolution's padding: fold_paddings): one op of
@@ -644,7 +646,8 @@ def maisi_convolution(module: nn.Module, x: torch.Tensor, padded: bool = False) 
     if padded:  # MAISI pads x, then convolves without padding
         padding = [(0, 0)] * 3
     elif isinstance(conv, Conv3d):
-        padding = list(zip(conv._op_padding()[::2], conv._op_padding()[1::2], strict=True))
+        six = conv._op_padding()
+        padding = list(zip(six[::2], six[1::2], strict=True))
     else:
         padding = [(p, p) for p in conv.padding]
     if module.num_splits <= 1 or _slabs_make_the_convolution(module, conv, sizes, padding):
