@@ -4,11 +4,12 @@ HunyuanImage 2.1's refiner, Kandinsky 5's and 6's, Qwen-Image's, Allegro's, VidT
 MONAI's networks (its UNets, UNETR and SwinUNETR, VNet, MedNeXt, SegResNetDS, HighResNet, EfficientNet, FlexibleUNet,
 DenseNet121, its diffusion UNet and AutoencoderKL, MAISI's autoencoder, SPADE's), on inputs drawn at random:
 batch, frames and sizes that the test configs' fixed shapes never take (odd frame counts, chunks that do not divide
-the clip, sizes that halve to odd or to one voxel), inference (under
-torch.no_grad(), or torch.inference_mode(): then half the time by models built inside it, their weights inference
-tensors) and a training step (output, input and parameter gradients), diffusers' tiled encode and decode. Where the
-stock model refuses an input, the draw is skipped. The models are kept from draw to draw, so a training step follows
-inference in inference mode as a user's validation pass does.
+the clip, sizes that halve to odd or to one voxel), inference (under torch.no_grad(), or torch.inference_mode(): then
+half the time by models built inside it, their weights inference tensors) and a training step (output, input and
+parameter gradients), diffusers' tiled encode and decode. Shapes are drawn from those each stock model takes (its clip
+lengths, sizes and batch, as probed: FRAMES, MONAI_SIZES); where the stock model still refuses an input, the draw is
+skipped. The models are kept from draw to draw, so a training step follows inference in inference mode as a user's
+validation pass does.
 
 fuzz.py draws the kernels' problems; this draws the adapters' (tconv3d.nn): their pads, caches, chunking,
 resampling and shortcuts, as the models call them. The convolutions run through aten inside tconv3d's ops (the
@@ -120,6 +121,20 @@ FAR, FAR_RATIO, FAR_OFF = 1.0, 100, "far from float64: "
 # A VAE's input is (B, 3, T, H, W) with H and W multiples of its spatial unit (its compression, or what its
 # encoder's patching needs), 8 unless listed.
 SPATIAL_UNIT = {"cosmos": 32, "wan22": 32, "ltx2": 16, "hunyuan_video15": 16, "hunyuan_image_refiner": 16}
+# The clip lengths a VAE takes where it refuses others (its temporal compression's rules, probed over 1 to 17),
+# and a VAE's least height and width where its downsamplers refuse smaller. A drawn shape stock refuses tests
+# nothing (the draw is skipped): before these rules, MiniMax-H3's ran one time in ten (H and W at least 32).
+FRAME_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 17)
+FRAMES = {"ltx_video": lambda t: t % 4 in (1, 2), "ltx2": lambda t: t % 4 == 1, "hunyuan_video15": lambda t: t % 4 == 1,
+          "easyanimate": lambda t: t % 4 == 1, "kvae_video": lambda t: t == 1 or t >= 5,
+          "kandinsky6_sr": lambda t: t == 1 or t >= 5, "allegro": lambda t: t in (3, 4, 6, 8, 12, 16)}  # fmt: skip
+LEAST_SIZE = {"minimax_h3": 32}
+# HunyuanVideo 1.5's attention mask broadcasts one clip's (diffusers 0.42: SDPA refuses a batch of two)
+ONE_CLIP = ("hunyuan_video15",)
+# Tiles run_model sets three units wide, two apart. Kandinsky 6 SR has no enable_tiling; HunyuanImage 2.1's refiner
+# refuses tiles that are not a multiple of 32 pixels (its DC-AE rearrange: an edge tile of 16). LTX-2 refuses an
+# edge tile of one unit (its latent one voxel, its reflect padding) and takes tiled draws an even number of units.
+UNTILED, EVEN_TILES = ("kandinsky6_sr", "hunyuan_image_refiner"), ("ltx2",)
 # VAEs that diffusers' encode / decode and enable_tiling do not run as the others: their own run, never tiled
 OWN_RUNS = ("allegro", "vidtok", "minimax_h3")
 # Models whose own code hands convolutions another layout, which convert leaves (their convolutions on tconv3d
@@ -129,10 +144,24 @@ OWN_LAYOUTS = ("vidtok",)
 MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "autoencoderkl", "diffusion_unet",
          "unetr", "swin_unetr", "swin_unetr_v2", "vnet", "maisi", "spade_autoencoder", "spade_diffusion_unet",
          "mednext", "segresnet_ds", "highresnet", "efficientnet_b0", "flexible_unet", "densenet121")  # fmt: skip
-# A MONAI network's input sizes where it takes only some (its ViT's image size, Swin's windows and five halvings,
-# the levels' halvings): else 8 to 40 a dimension, 4 to 32 in steps of 4 for the diffusion UNets (4 channels in)
+# A MONAI network's input sizes a dimension where stock refuses others (probed over 4 to 48, each dimension alone):
+# UNETR's ViT image size, SwinUNETR's windows and five halvings, VNet's, MedNeXt's and FlexibleUNet's halvings; the
+# UNets' two stride-2 levels (MONAI's UNet also takes 4k + 3, its up convolutions' output padding); BasicUNet's four
+# poolings, DenseNet121's and EfficientNet's least sizes; MAISI's, one list a dimension (H, split in two slabs, at
+# least 24; W not 10 or 11, where its split divides by a split size of 0). Else 8 to 40 a dimension; 4 to 32 in steps
+# of 4 for the diffusion UNets (4 channels in, sizes that halve twice: its skip connections'). A drawn size stock
+# refuses tests nothing (the draw is skipped): before these, DynUNet's and AttentionUNet's draws ran one time in fifty.
+EVERY = range(8, 41)
 MONAI_SIZES = {"unetr": (32,), "swin_unetr": (32, 64), "swin_unetr_v2": (32, 64), "vnet": (16, 32, 48),
-               "mednext": (16, 32, 48), "flexible_unet": (32, 64), "segresnet_ds": (8, 16, 24, 32, 40)}  # fmt: skip
+               "mednext": (16, 32, 48), "flexible_unet": (32, 64), "segresnet_ds": (8, 16, 24, 32, 40),
+               "unet": [n for n in EVERY if n % 4 in (0, 3)], "checkpoint_unet": [n for n in EVERY if n % 4 in (0, 3)],
+               "attention_unet": range(8, 41, 4), "dynunet": range(8, 41, 4), "basic_unet": range(16, 41),
+               "densenet121": range(29, 45), "efficientnet_b0": range(32, 45),
+               "maisi": (EVERY, range(24, 41), [n for n in EVERY if n not in (10, 11)])}  # fmt: skip
+# Networks whose bottleneck's instance norm refuses a single voxel: some dimension must be larger than this
+ONE_VOXEL_BELOW = {"basic_unet": 31, "swin_unetr": 32, "swin_unetr_v2": 32}
+# Networks whose bottleneck is one voxel at every size drawn (32x down): their BatchNorm trains on two clips
+TRAIN_TWO = ("efficientnet_b0", "densenet121")
 DIFFUSION_UNETS = ("monai_diffusion_unet", "monai_spade_diffusion_unet")
 
 
@@ -187,14 +216,23 @@ def draw(rng: random.Random, names: list[str]) -> dict:
         return {"model": name, "shape": [rng.choice([1, 2]), 4, *(4 * rng.randint(2, 8) for _ in range(3))],
                 "mode": mode, "tiling": False, "dtype": dtype, **built}  # fmt: skip
     if name.startswith("monai_"):
-        sizes = MONAI_SIZES.get(name.removeprefix("monai_"))
-        size = (lambda: rng.choice(sizes)) if sizes else (lambda: rng.randrange(8, 41))
-        return {"model": name, "shape": [rng.choice([1, 2]), 1, *(size() for _ in range(3))],
+        net = name.removeprefix("monai_")
+        sizes = MONAI_SIZES.get(net, EVERY)
+        per_dim = (sizes,) * 3 if isinstance(sizes[0], int) else sizes
+        while True:
+            spatial = [rng.choice(choices) for choices in per_dim]
+            if max(spatial) > ONE_VOXEL_BELOW.get(net, 0):
+                break
+        batch = 2 if mode == "train" and net in TRAIN_TWO else rng.choice([1, 2])
+        return {"model": name, "shape": [batch, 1, *spatial],
                 "mode": mode, "tiling": False, "dtype": dtype, **built}  # fmt: skip
-    unit = SPATIAL_UNIT.get(name, 8)
-    frames = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 17])
-    shape = [rng.choice([1, 1, 2]), 3, frames, unit * rng.randint(1, 4), unit * rng.randint(1, 5)]
-    tiling = name not in OWN_RUNS and rng.random() < 0.15
+    unit, least = SPATIAL_UNIT.get(name, 8), LEAST_SIZE.get(name, 0)
+    frames = rng.choice([t for t in FRAME_CHOICES if FRAMES.get(name, bool)(t)])
+    tiling = name not in OWN_RUNS + UNTILED and rng.random() < 0.15
+    step = 2 if tiling and name in EVEN_TILES else 1
+    units = [[k for k in range(step, most + 1, step) if unit * k >= least] for most in (4, 5)]
+    height, width = (unit * rng.choice(choices) for choices in units)
+    shape = [1 if name in ONE_CLIP else rng.choice([1, 1, 2]), 3, frames, height, width]
     return {"model": name, "shape": shape, "mode": mode, "tiling": tiling, "dtype": dtype, **built}
 
 
