@@ -1109,6 +1109,27 @@ def test_ltx_space_to_depth_gradients_channels_last(stride, with_residual):
                                   tangent_of=lambda t: _space_to_depth(t, stride))  # fmt: skip
 
 
+def test_ltx_space_to_depth_with_its_residual_compiles_for_training():
+    """Compiled, the downsampler's space-to-depth plus its residual is plain ops (autograd's backward): until
+    2026-12-03 they added into the result's view with `out=`, which records no gradient, so a compiled training
+    step of LTX-2's or LTX-Video's downsampler raised where stock trains (found by the model fuzzer's compiled LTX-2
+    draws). Values and both gradients as eager's."""
+    from tconv3d.nn.video_vaes import _space_to_depth
+
+    stride = (2, 2, 2)
+    x = torch.randn(2, 3, 4, 6, 4, dtype=torch.float64).contiguous(memory_format=torch.channels_last_3d)
+    residual = torch.randn(2, 24, 2, 3, 2, dtype=torch.float64)
+    runs = []
+    for run in (_space_to_depth, torch.compile(_space_to_depth, backend="aot_eager", fullgraph=True)):
+        ours_x, ours_residual = x.clone().requires_grad_(), residual.clone().requires_grad_()
+        out = run(ours_x, stride, ours_residual)
+        out.backward(torch.arange(out.numel(), dtype=out.dtype).view(out.shape))
+        runs.append((out.detach(), ours_x.grad, ours_residual.grad))
+    torch._dynamo.reset()
+    for eager, compiled in zip(*runs, strict=True):
+        assert torch.equal(eager, compiled)
+
+
 def assert_rearranges_as_autograd(rearrange, x, ours_in, theirs_in, theirs, tangent_of=None):
     """rearrange(ours_in) equals `theirs` (autograd's reference from theirs_in), in channels_last_3d order (a frame
     slice of such a tensor where frames are dropped); so does its input gradient for an NCDHW output gradient (as a

@@ -1660,7 +1660,10 @@ def _unshuffled(x: torch.Tensor, stride, residual: torch.Tensor | None) -> torch
         view.copy_(source)
     else:  # (B, T, H, W, C, s0, s1, s2) views of the residual, read as it is laid out
         residual_view = residual.permute(0, 2, 3, 4, 1).unflatten(-1, source.shape[4:])
-        torch.add(residual_view, source, out=view)
+        if autograd_traced(x) or autograd_traced(residual):  # out= records no gradient (a compiled training step)
+            view.copy_(residual_view).add_(source)
+        else:
+            torch.add(residual_view, source, out=view)
     return out
 
 
