@@ -20,6 +20,7 @@ from .modules import (
     GroupNorm,
     _laid_out_only,
     add_repeated_,
+    autograd_traced,
     format_strides,
     layout_of,
     normalize,
@@ -252,11 +253,11 @@ class _PlusConcatenation(torch.autograd.Function):
 
 def _plus_concatenation(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h + torch.cat([a, b], dim=1), the concatenation made only where the shapes or dtypes ask for torch's
-    broadcasting or promotion, and under torch.compile (Dynamo does not trace an `out=` slice; Inductor fuses the
-    concatenation into the addition's one kernel)."""
+    broadcasting or promotion, under torch.compile (Dynamo does not trace an `out=` slice; Inductor fuses the
+    concatenation into the addition's one kernel) and under torch.func."""
     whole = (a.shape[0], a.shape[1] + b.shape[1], *a.shape[2:])
     same = h.dtype == a.dtype == b.dtype and h.shape == whole and b.shape[2:] == a.shape[2:] and len(b) == len(a)
-    if not same or torch.compiler.is_compiling():
+    if not same or any(autograd_traced(t) for t in (h, a, b)):  # torch.func runs no ctx-style Function
         return h + torch.cat([a, b], dim=1)
     return _PlusConcatenation.apply(h, a, b)
 
@@ -318,7 +319,10 @@ class _HighResBlock:
 
 
 def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """F.pad(x, (1, 0, 1, 0, 1, 0)) (+ the residual padded the same) written once, in x's layout."""
+    """F.pad(x, (1, 0, 1, 0, 1, 0)) (+ the residual padded the same) written once, in x's layout; under torch.func
+    (vmap batches no write into a tensor made inside it) as stock pads."""
+    if not torch.compiler.is_compiling() and any(autograd_traced(t) for t in (x, residual) if t is not None):
+        return F.pad(x if residual is None else x + residual, (1, 0, 1, 0, 1, 0))
     n, c, d, h, w = x.shape
     out = torch.empty((n, c, d + 1, h + 1, w + 1), dtype=x.dtype, device=x.device, memory_format=layout_of(x))
     for face in (out[:, :, 0], out[:, :, 1:, 0], out[:, :, 1:, 1:, 0]):
