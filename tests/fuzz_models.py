@@ -154,7 +154,7 @@ MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "
 EVERY = range(8, 41)
 MONAI_SIZES = {"unetr": (32,), "swin_unetr": (32, 64), "swin_unetr_v2": (32, 64), "vnet": (16, 32, 48),
                "mednext": (16, 32, 48), "flexible_unet": (32, 64), "segresnet_ds": (8, 16, 24, 32, 40),
-               "unet": [n for n in EVERY if n % 4 in (0, 3)], "checkpoint_unet": [n for n in EVERY if n % 4 in (0, 3)],
+               "unet": (unet := [n for n in EVERY if n % 4 in (0, 3)]), "checkpoint_unet": unet,
                "attention_unet": range(8, 41, 4), "dynunet": range(8, 41, 4), "basic_unet": range(16, 41),
                "densenet121": range(29, 45), "efficientnet_b0": range(32, 45),
                "maisi": (EVERY, range(24, 41), [n for n in EVERY if n not in (10, 11)])}  # fmt: skip

@@ -323,6 +323,16 @@ def autograd_traced(x: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
+def add_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """a + b written into `out`, a view of a result being filled: in one pass (out=) where nothing records the
+    addition, else a copy and an in-place add, which autograd records (out= records no gradient) and Dynamo traces
+    (it breaks its graph at an out= slice)."""
+    if autograd_traced(a) or autograd_traced(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        out.copy_(a).add_(b)
+    else:
+        torch.add(a, b, out=out)
+
+
 class _Frames(torch.autograd.Function):
     @staticmethod
     def forward(x, key):

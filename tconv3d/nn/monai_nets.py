@@ -19,6 +19,7 @@ from .modules import (
     ConvTranspose3d,
     GroupNorm,
     _laid_out_only,
+    add_into,
     add_repeated_,
     autograd_traced,
     format_strides,
@@ -330,10 +331,8 @@ def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tenso
     inner = out[:, :, 1:, 1:, 1:]
     if residual is None:
         inner.copy_(x)
-    elif torch.compiler.is_compiling() or (torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad)):
-        inner.copy_(x).add_(residual)  # out= records no gradient, and dynamo breaks its graph at an `out=` slice
     else:
-        torch.add(x, residual, out=inner)
+        add_into(inner, x, residual)
     return out
 
 

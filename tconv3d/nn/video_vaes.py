@@ -26,6 +26,7 @@ from .modules import (
     Conv3d,
     GroupNorm,
     InstanceNorm3d,
+    add_into,
     add_repeated_,
     autograd_traced,
     block_mean,
@@ -1660,10 +1661,7 @@ def _unshuffled(x: torch.Tensor, stride, residual: torch.Tensor | None) -> torch
         view.copy_(source)
     else:  # (B, T, H, W, C, s0, s1, s2) views of the residual, read as it is laid out
         residual_view = residual.permute(0, 2, 3, 4, 1).unflatten(-1, source.shape[4:])
-        if autograd_traced(x) or autograd_traced(residual):  # out= records no gradient (a compiled training step)
-            view.copy_(residual_view).add_(source)
-        else:
-            torch.add(residual_view, source, out=view)
+        add_into(view, residual_view, source)
     return out
 
 
