@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
-from .utils import cat_channels, fold_padding
+from .utils import batched, cat_channels, fold_padding
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -29,7 +29,8 @@ def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tens
 
 
 def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last_3d)
+    """t channels_last_3d; under torch.func.vmap, which lays out nothing but NCDHW, as it is."""
+    return t if batched(t) else t.contiguous(memory_format=torch.channels_last_3d)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

@@ -334,6 +334,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def batched(*tensors: torch.Tensor | None) -> bool:
+    """Whether torch.func.vmap batches any of `tensors`, at any of the transforms that wrap it (vmap of grad: a
+    grad wrapper around a batched tensor). vmap writes a batched tensor only into one batched at its levels, and
+    clones or queries no layout but NCDHW: the adapters' rearrangements and kept frames, which write into tensors
+    made inside the call (tconv3d.nn's `empty_for`) and keep them channels_last_3d, and the aten path's layouts
+    (a norm's backward differentiated under vmap of grad runs its forward in torch ops) ask this."""
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            if torch._C._functorch.is_batchedtensor(t):
+                return True
+            t = torch._C._functorch.get_unwrapped(t)
+    return False
+
+
 def ndhwc(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its channels (dim 1) are contiguous, as in channels_last_3d or a view of it; otherwise a
     channels_last_3d copy. The kernels take any other strides as they come."""

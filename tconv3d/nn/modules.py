@@ -15,7 +15,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
-from ..kernels.utils import fold_padding
+from ..kernels.utils import batched, fold_padding
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
@@ -238,7 +238,7 @@ class InstanceNorm3d(nn.InstanceNorm3d):
         if not self.on_kernels(input):
             output = super().forward(input)
             # Dynamo traces _ContiguousGradient (and cannot call functorch's check); torch.func's transforms do not
-            plain = torch.compiler.is_compiling() or not torch._C._functorch.is_functorch_wrapped_tensor(input)
+            plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
             return F.silu(output) if self.activation == "silu" else output
@@ -311,23 +311,51 @@ def frames(x: torch.Tensor, start: int | None = None, stop: int | None = None, s
     frame slice (a causal conv's kept frames, a first frame resampled apart) then got a gradient to lay out again.
     Without autograd (inference, torch.compile, torch.func): the plain slice."""
     key = slice(start, stop, step)
-    if not (x.requires_grad and torch.is_grad_enabled()) or autograd_traced(x):
+    if not (x.requires_grad and torch.is_grad_enabled()) or autograd_traced():
         return x[:, :, key]
     return _Frames.apply(x, key)
 
 
-def autograd_traced(x: torch.Tensor) -> bool:
-    """Whether torch.compile traces this call or a torch.func transform wraps x. There the Functions that lay out
+def autograd_traced() -> bool:
+    """Whether torch.compile traces this call or a torch.func transform runs it. There the Functions that lay out
     their gradients channels_last_3d (`frames`, the video VAEs' rearrangements) step aside for plain ops: Dynamo
     traces no Function with a jvp and the compiled backward is Inductor's, and torch.func batches plain ops."""
-    return torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x)
+    return torch.compiler.is_compiling() or func_transformed()
+
+
+def func_transformed() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, not traced by torch.compile. It
+    refuses a ctx-style Function (vmap any Function without a vmap rule) whether or not it wraps the Function's
+    inputs: a tensor made inside the call (a cache's first frames, zeros) is not wrapped."""
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def empty_for(shape, *sources: torch.Tensor, dtype=None, memory_format=_CL) -> torch.Tensor:
+    """A new tensor of `shape` in `memory_format` (of sources[0]'s dtype, or `dtype`, and device) for the
+    sources' elements to be written into. Under torch.func.vmap, where a source is batched, one batched at every
+    level the sources are (zeros of theirs added: vmap refuses a batched write into a tensor it does not batch),
+    its elements zero."""
+    first = sources[0]
+    out = torch.empty(shape, dtype=dtype or first.dtype, device=first.device, memory_format=memory_format)
+    if not batched(*sources):
+        return out
+    return out.zero_() + sum(t.new_zeros((), dtype=out.dtype) for t in sources)
+
+
+def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:
+    """x.contiguous(memory_format=channels_last_3d), or with `clone` x.clone(memory_format=...): a copy kept
+    apart from x (a causal conv's cached frames). Under torch.func.vmap, which lays out nothing but NCDHW, x as it
+    is (its clone)."""
+    if batched(x):
+        return x.clone() if clone else x
+    return x.clone(memory_format=_CL) if clone else x.contiguous(memory_format=_CL)
 
 
 def add_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """a + b written into `out`, a view of a result being filled: in one pass (out=) where nothing records the
     addition, else a copy and an in-place add, which autograd records (out= records no gradient) and Dynamo traces
     (it breaks its graph at an out= slice)."""
-    if autograd_traced(a) or autograd_traced(b) or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+    if autograd_traced() or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         out.copy_(a).add_(b)
     else:
         torch.add(a, b, out=out)
@@ -512,7 +540,7 @@ def repeat_nearest(
     factors = tuple(factors)
     if torch.compiler.is_compiling():  # Dynamo traces no Function with a jvp; the compiled backward is Inductor's
         return _repeated(x, factors, memory_format or layout_of(x), first_apart)
-    if torch._C._functorch.is_functorch_wrapped_tensor(x):  # torch.func's vmap, jvp, grad: out of place
+    if func_transformed():  # torch.func's vmap, jvp, grad: out of place
         return _interpolated(x, factors, first_apart)
     return _RepeatNearest.apply(x, factors, memory_format or layout_of(x), first_apart)
 
@@ -604,7 +632,7 @@ def add_repeated_(out: torch.Tensor, x: torch.Tensor, factors, first_apart: bool
     if torch.compiler.is_compiling():
         _into_repeats(out, x, factors, first_apart, "add_")
         return out
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (out, x)):
+    if func_transformed():
         return out + _interpolated(x, factors, first_apart)
     return _AddRepeated.apply(out, x, factors, first_apart)
 
@@ -643,7 +671,7 @@ def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     (kernels.utils.fold_padding: deterministic, where CUDA's replication-pad backward adds with atomics) and
     channels_last_3d. Under torch.compile and torch.func, F.pad."""
     padding = tuple(int(p) for p in padding)
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+    if autograd_traced():
         df, db, ht, hb, wl, wr = padding
         return F.pad(x, (wl, wr, ht, hb, df, db), mode="replicate")
     return _own_copy(_ReplicatePad.apply(x, padding), x)
@@ -660,8 +688,7 @@ def frames_in_front(front: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """torch.cat([front, x], dim=2) written into a tensor of x's layout by two copies into views (channels_last_3d
     stays so): a copy a layer makes itself, reported to COPY_OBSERVERS as replicate_padded's is (a dispatcher mode
     sees no concatenation). Autograd's backward: each source's gradient a view of the result's."""
-    out = torch.empty((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), dtype=x.dtype, device=x.device,
-                      memory_format=layout_of(x))  # fmt: skip
+    out = empty_for((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), x, front, memory_format=layout_of(x))
     out[:, :, : front.shape[2]] = front
     out[:, :, front.shape[2] :] = x
     return _own_copy(out, x)
@@ -708,6 +735,8 @@ def _replicated(x: torch.Tensor, padding) -> torch.Tensor:
 def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> bool:
     """An input laid out in `memory_format` (channels_last for 4-D, channels_last_3d for 5-D) and not also
     contiguous (where both hold, NCHW or NCDHW is as good)."""
+    if batched(input):  # vmap queries no layout but NCDHW
+        return False
     return input.is_contiguous(memory_format=memory_format) and not input.is_contiguous()
 
 
@@ -730,6 +759,7 @@ def normalize(input, groups, weight, bias, eps, activation, channels_after=None)
         # result viewed back channels_last, where torch's group_norm would answer NCHW.
         return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation).squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
-        output = F.group_norm(input, groups, weight, bias, eps)
+        # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
+        output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)
         return F.silu(output) if activation == "silu" else output
     return call_group_norm(input, weight, bias, groups, eps, activation or "none", None)[0]

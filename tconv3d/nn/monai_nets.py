@@ -22,7 +22,10 @@ from .modules import (
     add_into,
     add_repeated_,
     autograd_traced,
+    batched,
+    channels_last,
     format_strides,
+    func_transformed,
     layout_of,
     normalize,
     resize_nearest,
@@ -258,7 +261,7 @@ def _plus_concatenation(h: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> to
     concatenation into the addition's one kernel) and under torch.func."""
     whole = (a.shape[0], a.shape[1] + b.shape[1], *a.shape[2:])
     same = h.dtype == a.dtype == b.dtype and h.shape == whole and b.shape[2:] == a.shape[2:] and len(b) == len(a)
-    if not same or any(autograd_traced(t) for t in (h, a, b)):  # torch.func runs no ctx-style Function
+    if not same or autograd_traced():  # torch.func runs no ctx-style Function
         return h + torch.cat([a, b], dim=1)
     return _PlusConcatenation.apply(h, a, b)
 
@@ -322,7 +325,7 @@ class _HighResBlock:
 def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     """F.pad(x, (1, 0, 1, 0, 1, 0)) (+ the residual padded the same) written once, in x's layout; under torch.func
     (vmap batches no write into a tensor made inside it) as stock pads."""
-    if not torch.compiler.is_compiling() and any(autograd_traced(t) for t in (x, residual) if t is not None):
+    if func_transformed():
         return F.pad(x if residual is None else x + residual, (1, 0, 1, 0, 1, 0))
     n, c, d, h, w = x.shape
     out = torch.empty((n, c, d + 1, h + 1, w + 1), dtype=x.dtype, device=x.device, memory_format=layout_of(x))
@@ -381,7 +384,7 @@ class _VoxelMorphUNet:
 
 def _kept_channels_last(x: torch.Tensor) -> torch.Tensor:
     """x.contiguous() where x is not a channels_last_3d 5-D tensor; a channels_last_3d one as it is."""
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+    if x.dim() == 5 and not batched(x) and x.is_contiguous(memory_format=torch.channels_last_3d):
         return x
     return x.contiguous()
 
@@ -489,8 +492,8 @@ class _SPADEDiffusionUNet:
 def _channels_last_input(x: torch.Tensor) -> torch.Tensor:
     """A 5-D input that convolutions will read (after interpolations), laid out channels_last_3d (a copy if it is
     not)."""
-    if isinstance(x, torch.Tensor) and x.dim() == 5 and not x.is_contiguous(memory_format=_CL):
-        return x.contiguous(memory_format=_CL)
+    if isinstance(x, torch.Tensor) and x.dim() == 5:
+        return channels_last(x)
     return x
 
 
@@ -542,7 +545,7 @@ def _channels_last_strides(x: torch.Tensor) -> torch.Tensor:
     """A 5-D tensor laid out channels_last_3d viewed with channels_last_3d's own strides (the same memory): a view
     back from (B, voxels, C) tokens at batch 1 has the batch stride C, and torch's kernels that follow an input's
     `suggest_memory_format` (interpolation, for one) then answer NCDHW."""
-    if x.dim() == 5 and x.is_contiguous(memory_format=_CL):
+    if x.dim() == 5 and not batched(x) and x.is_contiguous(memory_format=_CL):
         return x.as_strided(x.shape, format_strides(x.shape, _CL))
     return x
 

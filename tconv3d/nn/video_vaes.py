@@ -29,7 +29,10 @@ from .modules import (
     add_into,
     add_repeated_,
     autograd_traced,
+    batched,
     block_mean,
+    channels_last,
+    empty_for,
     frames,
     frames_in_front,
     layout_of,
@@ -501,7 +504,8 @@ class _CosmosPatchEmbed3d(_CosmosHaar):
         if not levels:
             return super().forward(hidden_states)
         first = frames(hidden_states, 0, 1)
-        before = first.expand(-1, -1, self.patch_size - 1, -1, -1).contiguous(memory_format=layout_of(first))
+        before = first.expand(-1, -1, self.patch_size - 1, -1, -1)
+        before = before.clone() if batched(first) else before.contiguous(memory_format=layout_of(first))
         for _ in range(levels):
             weight = _haar_weight(self, hidden_states.shape[1], hidden_states.dtype, 8**-0.5)
             hidden_states = call_conv3d(hidden_states, weight, None, (2, 2, 2), (0, 1, 0, 1, 0, 1), (1, 1, 1), 1,
@@ -839,7 +843,7 @@ class _KVAECachedCausalConv3d:
         ahead = self.time_pad if front is None else front.shape[2]
         offset_in = math.ceil(ahead / stride) * stride - ahead
         kept = offset_in + stride * math.trunc((input.shape[2] - offset_in - kernel) / stride) + stride
-        cache["padding"] = frames(input, kept).clone(memory_format=_CL)
+        cache["padding"] = channels_last(frames(input, kept), clone=True)
         return output
 
 
@@ -872,7 +876,7 @@ class _Kandinsky6SRCausalConv3d:
         offset_in = math.ceil(ahead / stride) * stride - ahead
         kept = offset_in + stride * math.trunc((count - offset_in - kernel) / stride) + stride
         if kept >= 0:
-            cache["padding"] = frames(hidden_states, kept).clone(memory_format=_CL)
+            cache["padding"] = channels_last(frames(hidden_states, kept), clone=True)
         else:
             cache["padding"] = _last_frames(front, hidden_states, count + min(-kept, ahead))
         # diffusers writes its convs' outputs into a tensor of the input's dtype: under autocast, the conv's bf16
@@ -918,7 +922,7 @@ class _VidTokCausalConv3d:
             tail = frames(x, start - ahead, end - ahead)
         else:
             tail = torch.cat([frames(front, start, min(end, ahead)), frames(x, 0, max(end - ahead, 0))], dim=2)
-        self.causal_cache = tail.clone(memory_format=_CL)
+        self.causal_cache = channels_last(tail, clone=True)
         return output
 
 
@@ -969,9 +973,7 @@ class _AllegroTemporalConvLayer:
         h = self.tconv3d_adapter._stage(self.conv1, x, not resampling)
         if self.up_sample:  # channel halves (s, c) into frames 2t + s
             b, channels, t, height, width = h.shape
-            interleaved = torch.empty(
-                (b, channels // 2, 2 * t, height, width), dtype=h.dtype, device=h.device, memory_format=_CL
-            )
+            interleaved = empty_for((b, channels // 2, 2 * t, height, width), h)
             interleaved.unflatten(2, (t, 2)).copy_(h.unflatten(1, (2, -1)).permute(0, 2, 3, 1, 4, 5))
             h = interleaved
         for stage in (self.conv2, self.conv3, self.conv4):
@@ -1089,8 +1091,8 @@ class _Kandinsky6SRLatentUpscaler:
     attributes = ("scale",)
 
     def forward(self, latents):
-        if latents.dim() == 5 and not latents.is_contiguous(memory_format=_CL):
-            latents = latents.contiguous(memory_format=_CL)
+        if latents.dim() == 5:
+            latents = channels_last(latents)
         return super().forward(latents)
 
 
@@ -1246,15 +1248,14 @@ def _last_frames(front, x, count: int) -> torch.Tensor:
     frames a video VAE's causal conv keeps for its next chunk (CogVideoX's conv_cache, EasyAnimate's
     prev_features)."""
     if count and x.shape[2] >= count:
-        return frames(x, -count).clone(memory_format=_CL)
+        return channels_last(frames(x, -count), clone=True)
     if front is None:
         if not count:
             return x.clone()
         front = frames(x, 0, 1).expand(-1, -1, count, -1, -1)
     if count:  # only the front's frames that are kept, written once (not a concatenation cloned again)
         front = frames(front, -(count - x.shape[2]))
-    kept = torch.empty((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), dtype=x.dtype, device=x.device,
-                       memory_format=_CL)  # fmt: skip
+    kept = empty_for((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), x, front)
     kept[:, :, : front.shape[2]] = front
     kept[:, :, front.shape[2] :] = x
     return kept
@@ -1343,8 +1344,7 @@ class _CogVideoXDownsample3D:
         if self.compress_time and x.shape[2] > 1:
             b, c, t, h, w = x.shape
             first = t % 2
-            pooled = torch.empty((b, c, first + t // 2, h, w), dtype=x.dtype, device=x.device,
-                                 memory_format=layout_of(x))  # fmt: skip
+            pooled = empty_for((b, c, first + t // 2, h, w), x, memory_format=layout_of(x))
             if first:
                 pooled[:, :, :1] = frames(x, 0, 1)
             pooled[:, :, first:] = block_mean(frames(x, first), (2, 1, 1))
@@ -1529,7 +1529,7 @@ def _depth_to_space(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
     (below s0): the result's first frames left out, as a causal upsampler drops them (a view). Its backward is
     the space-to-depth of the gradient, written channels_last_3d, where autograd's reshape backward answered NCDHW
     and handed the conv before it a gradient to lay out again."""
-    if autograd_traced(x):
+    if autograd_traced():
         return _shuffled(x, tuple(stride), drop)  # autograd's backward, as _resampled's
     return _DepthToSpace.apply(x, tuple(stride), drop)
 
@@ -1572,7 +1572,7 @@ def _shuffled(x: torch.Tensor, stride, drop: int = 0) -> torch.Tensor:
     s0, s1, s2 = stride
     source = x.reshape(b, -1, s0, s1, s2, t, h, w)
     c = source.shape[1]
-    out = torch.empty((b, c, t * s0 - drop, h * s1, w * s2), dtype=x.dtype, device=x.device, memory_format=_CL)
+    out = empty_for((b, c, t * s0 - drop, h * s1, w * s2), x)
     # channels_last_3d storage is (B, T, s0, H, s1, W, s2, C), less the first frame's first `drop` sub-frames:
     # copy the source in that order.
     frames, order = out.permute(0, 2, 3, 4, 1), (0, 5, 2, 6, 3, 7, 4, 1)
@@ -1623,7 +1623,7 @@ def _space_to_depth(x: torch.Tensor, stride, residual: torch.Tensor | None = Non
     s1, s2) as diffusers' permute + flatten orders them, plus `residual` (a tensor of the result's shape) where
     given, in one pass into a channels_last_3d result. Its backward is the depth-to-space of the gradient, written
     channels_last_3d, where autograd's view backward of the rearrangement answered NCDHW."""
-    if autograd_traced(x):
+    if autograd_traced():
         return _unshuffled(x, tuple(stride), residual)  # autograd's backward, as _resampled's
     return _SpaceToDepth.apply(x, tuple(stride), residual)
 
@@ -1655,7 +1655,7 @@ def _unshuffled(x: torch.Tensor, stride, residual: torch.Tensor | None) -> torch
     s0, s1, s2 = stride
     shape = (b, c * s0 * s1 * s2, t // s0, h // s1, w // s2)
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    out = torch.empty(shape, dtype=dtype, device=x.device, memory_format=_CL)
+    out = empty_for(shape, x, *([] if residual is None else [residual]), dtype=dtype)
     view, source = _space_to_depth_into(out, x, stride)
     if residual is None:
         view.copy_(source)
@@ -1935,7 +1935,7 @@ def _resampled(pairing, h: torch.Tensor, x: torch.Tensor, plan) -> torch.Tensor:
     """A HunyuanVideo 1.5 resampler's channels_last_3d result from its conv's output h and its input x, as
     `pairing` (_dcae_upsample or _dcae_downsample) pairs their elements under `plan` (temporal, the frames in
     space only at the front, the shortcut's repeats or group size)."""
-    if autograd_traced(h):
+    if autograd_traced():
         return pairing(None, h, x, plan)  # Inductor's backward; torch.func's transforms: autograd through views
     return _DcaeResample.apply(pairing, h, x, plan)
 
@@ -1969,16 +1969,16 @@ class _DcaeResample(torch.autograd.Function):
         return ctx.pairing(None, *tangents, ctx.plan)
 
 
-def _dcae_parts(out, h: torch.Tensor, plan, up: bool):
-    """(`out`, or a new channels_last_3d tensor of the rearrangement's result of h, and its frame parts: (source
-    frames, target frames, factors) of _frame_parts)."""
+def _dcae_parts(out, h: torch.Tensor, x: torch.Tensor, plan, up: bool):
+    """(`out`, or a new channels_last_3d tensor of the rearrangement's result of h (and the input x), and its frame
+    parts: (source frames, target frames, factors) of _frame_parts)."""
     temporal, first_frames, _ = plan
     b, c, t, height, width = h.shape
     r1 = 2 if temporal else 1
     frames, parts = _frame_parts(t, first_frames, r1, up)
     if out is None:
         size = (c // (4 * r1), frames, 2 * height, 2 * width) if up else (4 * r1 * c, frames, height // 2, width // 2)
-        out = torch.empty((b, *size), dtype=h.dtype, device=h.device, memory_format=_CL)
+        out = empty_for((b, *size), h, x)
     return out, parts
 
 
@@ -1989,7 +1989,7 @@ def _dcae_upsample(out, h: torch.Tensor, x: torch.Tensor, plan):
     temporal, _, repeats_after = plan
     backward = out is not None
     b, _, _, height, width = h.shape
-    out, parts = _dcae_parts(out, h, plan, up=True)
+    out, parts = _dcae_parts(out, h, x, plan, up=True)
     c = out.shape[1]
     for source, target, factors in parts:
         first = temporal and factors[0] == 1  # a frame in space only: half the channels, half the repeats
@@ -2016,7 +2016,7 @@ def _dcae_downsample(out, h: torch.Tensor, x: torch.Tensor, plan):
     temporal, _, group_after = plan
     backward = out is not None
     b, _, _, height, width = h.shape
-    out, parts = _dcae_parts(out, h, plan, up=False)
+    out, parts = _dcae_parts(out, h, x, plan, up=False)
     for source, target, factors in parts:
         first = temporal and factors[0] == 1  # a frame in space only: its channels twice, half the group
         frames_part = (target.stop - target.start, height // 2, width // 2)
@@ -2039,7 +2039,7 @@ def _upsample_repeating_first(h: torch.Tensor, x: torch.Tensor, repeats: int) ->
     """HunyuanVideo 1.5's upsample without time, where the input's channels do not split into the 4 spatial
     positions: diffusers repeats them before the rearrangement, and so does this (autograd's backward)."""
     b, packed, t, height, width = h.shape
-    out = torch.empty((b, packed // 4, t, 2 * height, 2 * width), dtype=h.dtype, device=h.device, memory_format=_CL)
+    out = empty_for((b, packed // 4, t, 2 * height, 2 * width), h, x)
     out.view(b, packed // 4, t, 1, height, 2, width, 2).copy_(_packed_frames(h, (1, 2, 2)))
     return out.add_(_packed_frames(x.repeat_interleave(repeats, dim=1), (1, 2, 2)).reshape(out.shape))
 
@@ -2071,7 +2071,7 @@ def _nearest_first_apart(zq: torch.Tensor, size) -> torch.Tensor:
         rest = torch.arange(1, zq.shape[2], dtype=torch.float32, device=zq.device).view(1, 1, -1, 1, 1)
         rest = resize_nearest(rest, (frames - 1, 1, 1)).flatten().long()
         index = torch.cat([rest.new_zeros(1), rest])
-        zq = zq.index_select(2, index).contiguous(memory_format=_CL)
+        zq = channels_last(zq.index_select(2, index))
     return resize_nearest(zq, size)
 
 
@@ -2174,7 +2174,7 @@ def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
     NDHWC tensor of that shape has: a batch of one frame can come back from conv2d with degenerate strides for
     its size-1 dims, which later concatenations (diffusers' frame caches) read as NCDHW and copy to it."""
     _, c, h, w = frames.shape
-    if frames.is_contiguous(memory_format=torch.channels_last):
+    if not batched(frames) and frames.is_contiguous(memory_format=torch.channels_last):
         return frames.as_strided((b, c, t, h, w), (t * h * w * c, 1, h * w * c, w * c, c))
     return frames.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
@@ -2184,7 +2184,7 @@ def _interleave_frames(x: torch.Tensor) -> torch.Tensor:
     temporal upsampling), written into a channels_last_3d result. Its backward is the inverse rearrangement of the
     gradient, written channels_last_3d, where autograd's reshape backward of diffusers' stack answered NCDHW and
     handed the time_conv a gradient to lay out again."""
-    if autograd_traced(x):
+    if autograd_traced():
         return _interleaved(x)  # autograd's backward, as _depth_to_space's
     return _InterleaveFrames.apply(x)
 
@@ -2213,7 +2213,7 @@ class _InterleaveFrames(torch.autograd.Function):
 
 def _interleaved(x: torch.Tensor) -> torch.Tensor:
     b, c2, t, h, w = x.shape
-    out = torch.empty((b, c2 // 2, 2 * t, h, w), dtype=x.dtype, device=x.device, memory_format=_CL)
+    out = empty_for((b, c2 // 2, 2 * t, h, w), x)
     frames_view, packed_view = _frame_pairs(out, x)
     frames_view.copy_(packed_view)
     return out
@@ -2320,7 +2320,7 @@ def _duplicated(x: torch.Tensor, out_channels: int, factors, repeats: int) -> to
     f1, f2)), written once into a channels_last_3d result, x's values broadcast as `_source_shape` maps them. Its
     backward sums the gradient over what was broadcast into a channels_last_3d gradient, where autograd's expand
     backward answered NCDHW."""
-    if autograd_traced(x):
+    if autograd_traced():
         return _duplicate(x, out_channels, tuple(factors), repeats)  # autograd's backward, as _depth_to_space's
     return _Duplicated.apply(x, out_channels, tuple(factors), repeats)
 
@@ -2352,7 +2352,7 @@ class _Duplicated(torch.autograd.Function):
 def _duplicate(x: torch.Tensor, out_channels: int, factors, repeats: int) -> torch.Tensor:
     b, _, t, h, w = x.shape
     f0, f1, f2 = factors
-    out = torch.empty((b, out_channels, t * f0, h * f1, w * f2), dtype=x.dtype, device=x.device, memory_format=_CL)
+    out = empty_for((b, out_channels, t * f0, h * f1, w * f2), x)
     target, source = _duplicate_views(out, x, factors, repeats)
     target.copy_(source.expand(target.shape))
     return out
