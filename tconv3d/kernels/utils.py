@@ -343,7 +343,7 @@ def batched(*tensors: torch.Tensor | None) -> bool:
     if torch.compiler.is_compiling():
         return False
     for t in tensors:
-        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
             if torch._C._functorch.is_batchedtensor(t):
                 return True
             t = torch._C._functorch.get_unwrapped(t)

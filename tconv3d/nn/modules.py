@@ -330,16 +330,16 @@ def func_transformed() -> bool:
     return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
 
 
-def empty_for(shape, *sources: torch.Tensor, dtype=None, memory_format=_CL) -> torch.Tensor:
+def empty_for(shape, *sources: torch.Tensor | None, dtype=None, memory_format=_CL) -> torch.Tensor:
     """A new tensor of `shape` in `memory_format` (of sources[0]'s dtype, or `dtype`, and device) for the
-    sources' elements to be written into. Under torch.func.vmap, where a source is batched, one batched at every
-    level the sources are (zeros of theirs added: vmap refuses a batched write into a tensor it does not batch),
-    its elements zero."""
+    sources' elements (None: no source) to be written into. Under torch.func.vmap, where a source is batched, one
+    batched at every level the sources are (zeros of theirs added: vmap refuses a batched write into a tensor it
+    does not batch), its elements zero."""
     first = sources[0]
     out = torch.empty(shape, dtype=dtype or first.dtype, device=first.device, memory_format=memory_format)
     if not batched(*sources):
         return out
-    return out.zero_() + sum(t.new_zeros((), dtype=out.dtype) for t in sources)
+    return out.zero_() + sum(t.new_zeros((), dtype=out.dtype) for t in sources if t is not None)
 
 
 def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:

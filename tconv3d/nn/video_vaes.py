@@ -1655,7 +1655,7 @@ def _unshuffled(x: torch.Tensor, stride, residual: torch.Tensor | None) -> torch
     s0, s1, s2 = stride
     shape = (b, c * s0 * s1 * s2, t // s0, h // s1, w // s2)
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    out = empty_for(shape, x, *([] if residual is None else [residual]), dtype=dtype)
+    out = empty_for(shape, x, residual, dtype=dtype)
     view, source = _space_to_depth_into(out, x, stride)
     if residual is None:
         view.copy_(source)
