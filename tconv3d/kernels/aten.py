@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
-from .utils import batched, cat_channels, fold_padding
+from .utils import cat_channels, channels_last, fold_padding
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -26,11 +26,6 @@ def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tens
                 pads[4 - 2 * dim : 6 - 2 * dim] = geom.padding[2 * dim : 2 * dim + 2]
         x = F.pad(x, pads, mode="constant" if mode == "zeros" else mode)
     return x
-
-
-def _as_ndhwc(t: torch.Tensor) -> torch.Tensor:
-    """t channels_last_3d; under torch.func.vmap, which lays out nothing but NCDHW, as it is."""
-    return t if batched(t) else t.contiguous(memory_format=torch.channels_last_3d)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +50,7 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
     else:
         padded = _plain(_pad_input(x, frames_before, geom))
         y = F.conv3d(padded, weight, bias, geom.stride, 0, geom.dilation, geom.groups)
-    return _as_ndhwc(y)
+    return channels_last(y)
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
@@ -75,7 +70,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         # aten's transposed conv pads itself (no padded gradient, no narrowed copy), the bias inside
         grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
                                   geom.dilation)  # fmt: skip
-        return _as_ndhwc(grad).to(dtype)
+        return channels_last(grad).to(dtype)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
@@ -93,7 +88,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).
         grad = grad.clone(memory_format=torch.channels_last_3d)
     else:
-        grad = _as_ndhwc(grad)
+        grad = channels_last(grad)
     return grad.to(dtype)
 
 
@@ -102,7 +97,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=
     grad = torch.nn.grad.conv3d_weight(
         padded, geom.weight_shape(), _plain(grad_out), geom.stride, 0, geom.dilation, geom.groups
     )
-    return _as_ndhwc(grad)
+    return channels_last(grad)
 
 
 def scale_shift(mean, rstd, weight, bias, channels: int):
@@ -145,7 +140,7 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     same per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
     if x.numel() == 0:  # an empty batch or clip: the kernels' empty answer, NaN statistics
         stats = torch.full((x.shape[0], groups), float("nan"), device=x.device)
-        return _as_ndhwc(torch.empty_like(x)), stats, stats.clone()
+        return channels_last(torch.empty_like(x)), stats, stats.clone()
     xf = x.float()
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
@@ -153,7 +148,7 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     y = (xf - center) * a + b
     if activation == "silu":
         y = F.silu(y)
-    return _as_ndhwc(y.to(x.dtype)), mean, rstd
+    return channels_last(y.to(x.dtype)), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
@@ -163,7 +158,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     # would give NaN ones for an empty clip of a batch, the NaN statistics times empty sums, as torch's GroupNorm)
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device)
-        return _as_ndhwc(torch.empty_like(x)), zeros, zeros.clone()
+        return channels_last(torch.empty_like(x)), zeros, zeros.clone()
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
@@ -173,7 +168,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
     grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
-    return _as_ndhwc(grad_in.to(x.dtype)), grad_weight, grad_bias
+    return channels_last(grad_in.to(x.dtype)), grad_weight, grad_bias
 
 
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
@@ -182,7 +177,7 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
     y = _channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias)
     if activation == "silu":
         y = F.silu(y)
-    return _as_ndhwc(y.to(x.dtype))
+    return channels_last(y.to(x.dtype))
 
 
 def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
@@ -199,7 +194,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
         along = torch.where(divisor > eps, along, 0.0)
     grad_in = (g - normalized * along) * (1.0 / divisor)
     reduce = (0, 2, 3, 4)
-    return _as_ndhwc(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
+    return channels_last(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
 
 
 def _rms_divisor(xf, eps: float, clamp: bool):
@@ -276,7 +271,7 @@ def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, ac
 
 def upsample_linear_fwd(x, factors) -> torch.Tensor:
     """F.interpolate(x, scale_factor=factors, mode="trilinear"), channels_last_3d (resample.py's contract)."""
-    return _as_ndhwc(F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear"))
+    return channels_last(F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear"))
 
 
 def upsample_linear_bwd(grad_out, input_size, factors) -> torch.Tensor:
@@ -284,4 +279,4 @@ def upsample_linear_bwd(grad_out, input_size, factors) -> torch.Tensor:
     scales = [float(f) for f in factors]
     grad = torch.ops.aten.upsample_trilinear3d_backward(grad_out, list(grad_out.shape[2:]), list(input_size), False,
                                                         *scales)  # fmt: skip
-    return _as_ndhwc(grad)
+    return channels_last(grad)

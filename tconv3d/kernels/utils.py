@@ -350,6 +350,16 @@ def batched(*tensors: torch.Tensor | None) -> bool:
     return False
 
 
+def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:
+    """x.contiguous(memory_format=channels_last_3d), or with `clone` x.clone(memory_format=...): a copy kept
+    apart from x (a causal conv's cached frames). Under torch.func.vmap, which lays out nothing but NCDHW, x as it
+    is (its clone)."""
+    if batched(x):
+        return x.clone() if clone else x
+    memory_format = torch.channels_last_3d
+    return x.clone(memory_format=memory_format) if clone else x.contiguous(memory_format=memory_format)
+
+
 def ndhwc(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its channels (dim 1) are contiguous, as in channels_last_3d or a view of it; otherwise a
     channels_last_3d copy. The kernels take any other strides as they come."""

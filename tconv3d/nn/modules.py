@@ -342,15 +342,6 @@ def empty_for(shape, *sources: torch.Tensor | None, dtype=None, memory_format=_C
     return out.zero_() + sum(t.new_zeros((), dtype=out.dtype) for t in sources if t is not None)
 
 
-def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:
-    """x.contiguous(memory_format=channels_last_3d), or with `clone` x.clone(memory_format=...): a copy kept
-    apart from x (a causal conv's cached frames). Under torch.func.vmap, which lays out nothing but NCDHW, x as it
-    is (its clone)."""
-    if batched(x):
-        return x.clone() if clone else x
-    return x.clone(memory_format=_CL) if clone else x.contiguous(memory_format=_CL)
-
-
 def add_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """a + b written into `out`, a view of a result being filled: in one pass (out=) where nothing records the
     addition, else a copy and an in-place add, which autograd records (out= records no gradient) and Dynamo traces
@@ -732,12 +723,16 @@ def _replicated(x: torch.Tensor, padding) -> torch.Tensor:
     return out
 
 
+def laid_out(x: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """x.is_contiguous(memory_format=memory_format); False under torch.func.vmap, which queries no layout but
+    NCDHW (a batched tensor is taken as laid out otherwise)."""
+    return not batched(x) and x.is_contiguous(memory_format=memory_format)
+
+
 def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> bool:
     """An input laid out in `memory_format` (channels_last for 4-D, channels_last_3d for 5-D) and not also
     contiguous (where both hold, NCHW or NCDHW is as good)."""
-    if batched(input):  # vmap queries no layout but NCDHW
-        return False
-    return input.is_contiguous(memory_format=memory_format) and not input.is_contiguous()
+    return laid_out(input, memory_format) and not input.is_contiguous()
 
 
 def _check_activation(activation):

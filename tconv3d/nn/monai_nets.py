@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..kernels.utils import channels_last
 from .modules import (
     Conv3d,
     ConvTranspose3d,
@@ -22,10 +23,9 @@ from .modules import (
     add_into,
     add_repeated_,
     autograd_traced,
-    batched,
-    channels_last,
     format_strides,
     func_transformed,
+    laid_out,
     layout_of,
     normalize,
     resize_nearest,
@@ -384,7 +384,7 @@ class _VoxelMorphUNet:
 
 def _kept_channels_last(x: torch.Tensor) -> torch.Tensor:
     """x.contiguous() where x is not a channels_last_3d 5-D tensor; a channels_last_3d one as it is."""
-    if x.dim() == 5 and not batched(x) and x.is_contiguous(memory_format=torch.channels_last_3d):
+    if x.dim() == 5 and laid_out(x, _CL):
         return x
     return x.contiguous()
 
@@ -545,7 +545,7 @@ def _channels_last_strides(x: torch.Tensor) -> torch.Tensor:
     """A 5-D tensor laid out channels_last_3d viewed with channels_last_3d's own strides (the same memory): a view
     back from (B, voxels, C) tokens at batch 1 has the batch stride C, and torch's kernels that follow an input's
     `suggest_memory_format` (interpolation, for one) then answer NCDHW."""
-    if x.dim() == 5 and not batched(x) and x.is_contiguous(memory_format=_CL):
+    if x.dim() == 5 and laid_out(x, _CL):
         return x.as_strided(x.shape, format_strides(x.shape, _CL))
     return x
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
+from ..kernels.utils import batched, channels_last
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
 from .modules import (
@@ -29,12 +30,11 @@ from .modules import (
     add_into,
     add_repeated_,
     autograd_traced,
-    batched,
     block_mean,
-    channels_last,
     empty_for,
     frames,
     frames_in_front,
+    laid_out,
     layout_of,
     nearest_steps,
     normalize,
@@ -2174,7 +2174,7 @@ def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
     NDHWC tensor of that shape has: a batch of one frame can come back from conv2d with degenerate strides for
     its size-1 dims, which later concatenations (diffusers' frame caches) read as NCDHW and copy to it."""
     _, c, h, w = frames.shape
-    if not batched(frames) and frames.is_contiguous(memory_format=torch.channels_last):
+    if laid_out(frames, torch.channels_last):
         return frames.as_strided((b, c, t, h, w), (t * h * w * c, 1, h * w * c, w * c, c))
     return frames.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
