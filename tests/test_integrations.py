@@ -2082,6 +2082,33 @@ def test_video_vaes_per_sample_gradients(name, aten_path):
     assert rel_l2(out, expected) < MATCH
 
 
+@pytest.mark.parametrize("name, per_sample_grad", [("wan", False), ("cogvideox", False), ("cogvideox", True),
+                                                   ("unet", True)])  # fmt: skip
+def test_compiled_vmap_over_converted_models(name, per_sample_grad, aten_path):
+    """torch.compile(fullgraph=True) of torch.func.vmap over a converted model (and of vmap of grad: per-sample
+    gradients) answers as stock run sample by sample. Until 2026-12-04 each raised while dynamo traced it, where
+    stock's compiles: dynamo traces the transforms over fake tensors wrapped as eager wraps them, and the adapters
+    took their compiled branches, which write into tensors made inside the call (a concatenation, a nearest
+    repeat) and lay out or query channels_last_3d, all of which vmap refuses."""
+    if name == "unet":
+        build, run, clip = _monai_nets()["unet"], lambda model, x: model(x), (1, 16, 16, 16)
+    else:
+        build, run, clip = VMAPPED_VAES[name]
+        clip = (clip[0], 5, 16, 16)
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(2, *clip)
+    if per_sample_grad:
+        expected = torch.cat([torch.func.grad(lambda c: run(stock, c).square().mean())(sample[None]) for sample in x])
+        transformed = torch.func.vmap(torch.func.grad(lambda sample: run(converted, sample[None]).square().mean()))
+        out = torch.compile(transformed, backend="aot_eager", fullgraph=True)(x)
+    else:
+        with torch.no_grad():
+            expected = torch.cat([run(stock, sample[None]) for sample in x])
+            transformed = torch.func.vmap(lambda sample: run(converted, sample[None])[0])
+            out = torch.compile(transformed, backend="aot_eager", fullgraph=True)(x)
+    assert rel_l2(out, expected) < MATCH
+
+
 @pytest.mark.parametrize("name", ["mednext", "segresnet_ds", "highresnet"])
 def test_more_monai_networks(name, aten_path):
     """Outputs and gradients as stock's, every convolution on tconv3d, no layout copy but the input's (norms'

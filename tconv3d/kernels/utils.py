@@ -339,9 +339,12 @@ def batched(*tensors: torch.Tensor | None) -> bool:
     grad wrapper around a batched tensor). vmap writes a batched tensor only into one batched at its levels, and
     clones or queries no layout but NCDHW: the adapters' rearrangements and kept frames, which write into tensors
     made inside the call (tconv3d.nn's `empty_for`) and keep them channels_last_3d, and the aten path's layouts
-    (a norm's backward differentiated under vmap of grad runs its forward in torch ops) ask this."""
+    (a norm's backward differentiated under vmap of grad runs its forward in torch ops) ask this. While dynamo
+    traces: whether a torch.func transform runs (its wrappers cannot be unwrapped there)."""
     if torch.compiler.is_compiling():
-        return False
+        # Dynamo traces vmap and grad over fake tensors wrapped as eager wraps them, but not functorch's
+        # unwrapping: under a traced transform any tensor may be batched (a compiled grad alone keeps NCDHW too)
+        return torch._C._are_functorch_transforms_active()
     for t in tensors:
         while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
             if torch._C._functorch.is_batchedtensor(t):
@@ -622,6 +625,8 @@ def cat_channels(x: torch.Tensor, channels_after: torch.Tensor | None) -> torch.
     which cannot read it in place (config.reads_channels_after) makes; x itself without one."""
     if channels_after is None:
         return x
+    if batched(x, channels_after):  # vmap writes no batched tensor into one it does not batch
+        return torch.cat([x, channels_after], dim=1)
     out = empty_ndhwc((x.shape[0], x.shape[1] + channels_after.shape[1], *x.shape[2:]), like=x)
     out[:, : x.shape[1]] = x
     out[:, x.shape[1] :] = channels_after

@@ -237,7 +237,7 @@ class InstanceNorm3d(nn.InstanceNorm3d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self.on_kernels(input):
             output = super().forward(input)
-            # Dynamo traces _ContiguousGradient (and cannot call functorch's check); torch.func's transforms do not
+            # Dynamo traces _ContiguousGradient; torch.func's transforms (compiled or not) do not
             plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
@@ -324,10 +324,11 @@ def autograd_traced() -> bool:
 
 
 def func_transformed() -> bool:
-    """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, not traced by torch.compile. It
-    refuses a ctx-style Function (vmap any Function without a vmap rule) whether or not it wraps the Function's
-    inputs: a tensor made inside the call (a cache's first frames, zeros) is not wrapped."""
-    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+    """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, eagerly or traced by torch.compile
+    (dynamo traces the transforms over fake tensors wrapped as eager wraps them). It refuses a ctx-style Function
+    (vmap any Function without a vmap rule) whether or not it wraps the Function's inputs: a tensor made inside the
+    call (a cache's first frames, zeros) is not wrapped."""
+    return torch._C._are_functorch_transforms_active()
 
 
 def empty_for(shape, *sources: torch.Tensor | None, dtype=None, memory_format=_CL) -> torch.Tensor:
@@ -495,9 +496,9 @@ def nearest_steps(source_size, size, mode: str = "nearest"):
 def layout_of(x: torch.Tensor) -> torch.memory_format:
     """The layout torch's kernels answer a 5-D x in (`suggest_memory_format`): channels_last_3d where x's strides
     rank C, W, H, D, N from the innermost out (a channel slice of a channels_last_3d tensor too), else NCDHW.
-    While dynamo traces: `_traced_layout`."""
+    While dynamo traces: `_traced_layout`, or NCDHW under a traced torch.func transform (vmap queries no other)."""
     if torch.compiler.is_compiling():
-        return _traced_layout(x)
+        return torch.contiguous_format if batched(x) else _traced_layout(x)
     sizes, strides, floor = x.shape, x.stride(), 0
     if strides[1] == 0:
         return torch.contiguous_format
@@ -529,10 +530,10 @@ def repeat_nearest(
     fd frames out). Its backward sums each voxel's copies into a channels_last_3d gradient, where the expand's
     backward (a reduction) would answer NCDHW and hand every layer before it a gradient of another layout."""
     factors = tuple(factors)
+    if func_transformed():  # torch.func's vmap, jvp, grad (compiled too): out of place
+        return _interpolated(x, factors, first_apart)
     if torch.compiler.is_compiling():  # Dynamo traces no Function with a jvp; the compiled backward is Inductor's
         return _repeated(x, factors, memory_format or layout_of(x), first_apart)
-    if func_transformed():  # torch.func's vmap, jvp, grad: out of place
-        return _interpolated(x, factors, first_apart)
     return _RepeatNearest.apply(x, factors, memory_format or layout_of(x), first_apart)
 
 
@@ -620,11 +621,11 @@ def add_repeated_(out: torch.Tensor, x: torch.Tensor, factors, first_apart: bool
     factors = tuple(factors)
     if tuple(out.shape) != _repeated_shape(x, factors, first_apart):
         raise ValueError(f"add_repeated_: out is {tuple(out.shape)}, x {tuple(x.shape)} repeated by {factors}")
+    if func_transformed():
+        return out + _interpolated(x, factors, first_apart)
     if torch.compiler.is_compiling():
         _into_repeats(out, x, factors, first_apart, "add_")
         return out
-    if func_transformed():
-        return out + _interpolated(x, factors, first_apart)
     return _AddRepeated.apply(out, x, factors, first_apart)
 
 
