@@ -55,7 +55,7 @@ from .kernels.group_norm import group_norm_bwd, group_norm_fwd
 from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
-from .kernels.utils import empty_ndhwc
+from .kernels.utils import channels_last, empty_ndhwc
 from .tune import choice
 
 
@@ -904,11 +904,11 @@ def _concatenated_shape(input, channels_after) -> tuple:
 
 
 def _concatenated(input, channels_after):
-    """torch.cat([input, channels_after], dim=1) channels_last_3d, for the aten path (the kernels read both in
-    place)."""
+    """torch.cat([input, channels_after], dim=1) channels_last_3d (under vmap as torch lays it out), for the aten
+    path (the kernels read both in place)."""
     if channels_after is None:
         return input
-    return torch.cat([input, channels_after], dim=1).contiguous(memory_format=torch.channels_last_3d)
+    return channels_last(torch.cat([input, channels_after], dim=1))
 
 
 @_define(

@@ -17,6 +17,7 @@ resampling and shortcuts, as the models call them. The convolutions run through 
 
     python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...]
     python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
+    python tests/fuzz_models.py --func [--compile aot_eager] [--seconds 300] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
 A fifth of the draws run the models in bf16 (their weights rounded, the input too), a fifth in float32 under bf16
@@ -64,6 +65,15 @@ them: automatic dynamic), so each draw's graphs follow from the draws before it,
 one shape after another (a fault found so: KVAE's decode after Wan 2.2's, a stride dynamo stood in for a size);
 graph breaks and stock's compiled runs are left to the draws traced anew, and a failure's line lists the draws
 since the last failure, which --replay runs first.
+
+With --func, each draw runs in eval mode and the converted model under a torch.func transform, one sample a call
+over the batch: vmap (outputs) and vmap of grad (outputs and per-sample input gradients), in turn; with --compile
+too, the transform compiled whole (torch.compile of vmap). Autocast draws run in float32 (under vmap torch's
+autocast leaves stock's ops alone), and the diffusion UNets are not drawn (their runs give each sample a timestep
+by its place in the batch). Stock runs the batch as it is (in eval mode a sample's
+results are its rows) and is held as above; where the converted model raises, stock runs under the same transform,
+and a draw it raises on too is skipped (torch's own: SDPA's CPU flash kernel has no double backward). Layouts are
+not audited (under vmap the adapters keep torch's, NCDHW), nor graph breaks counted.
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
@@ -236,6 +246,15 @@ def draw(rng: random.Random, names: list[str]) -> dict:
     return {"model": name, "shape": shape, "mode": mode, "tiling": tiling, "dtype": dtype, **built}
 
 
+def under_func(case: dict, seed: int) -> dict:
+    """A draw made a torch.func one (--func): in eval mode (built outside inference mode), "vmap" or "vmap_grad"
+    by the seed's parity, float32 for autocast: under vmap torch's autocast leaves stock's own ops alone (a Conv3d
+    answers float32), so stock run batched is no reference for a vmapped autocast run."""
+    case = {key: value for key, value in case.items() if key != "inference_built"}
+    dtype = "fp32" if case.get("dtype") == "autocast" else case.get("dtype", "fp32")
+    return {**case, "mode": "eval", "dtype": dtype, "func": ("vmap", "vmap_grad")[seed % 2]}
+
+
 def grad_mode(case: dict):
     """The context an inference case runs in: torch.inference_mode() or torch.no_grad()."""
     return torch.inference_mode() if case["mode"] == "inference" else torch.no_grad()
@@ -296,9 +315,24 @@ def forget_history() -> None:
     torch._dynamo.reset()
 
 
-def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+def results(model, x, case: dict, grad, run=run_model, transformed: bool = False):
     """The output, and in "train" mode the input's gradient and the parameters' (concatenated) along `grad` (a
-    tensor, or what makes one of the output's shape); and the gradient taken. `run` runs the model."""
+    tensor, or what makes one of the output's shape); and the gradient taken. `run` runs the model. A case with
+    "func" runs in eval mode: with "vmap_grad" its results are the output and the input's gradient, and
+    `transformed` runs the model under the case's torch.func transform, one sample a call (`per_sample`)."""
+    if "func" in case:
+        model.eval()
+        if transformed:
+            return per_sample(model, x, case, grad)
+        if case["func"] == "vmap":
+            with torch.no_grad(), precision(case):
+                return [run(model, x, case)], None
+        x = x.detach().requires_grad_()
+        with precision(case):
+            out = run(model, x, case)
+        grad = grad if isinstance(grad, torch.Tensor) else grad(out.shape)
+        (x_grad,) = torch.autograd.grad(out, x, grad.to(out.dtype))
+        return [out.detach(), x_grad], grad
     if case["mode"] != "train":
         with grad_mode(case), precision(case):
             return [run(model.eval(), x, case)], None
@@ -311,6 +345,35 @@ def results(model, x, case: dict, grad, run=run_model) -> tuple[list[torch.Tenso
     model.eval()
     params = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return [out.detach(), x.grad, params], grad
+
+
+def per_sample(model, x, case: dict, grad) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """results() of an eval-mode model under case["func"], one sample a call over x's batch: "vmap" its outputs
+    (torch.func.vmap, no_grad), "vmap_grad" its outputs and each sample's input gradient of sum(output * grad)
+    (vmap of torch.func.grad, the output as its aux: per-sample gradients). With "compile", the transformed
+    function compiled whole (torch.compile of vmap), traced anew. In eval mode a sample's results are the batch's
+    rows, so stock run on the whole batch is the reference."""
+
+    def output(sample):
+        return run_model(model, sample[None], case)[0]
+
+    def loss(sample, g):
+        out = output(sample)
+        return (out * g).sum(), out
+
+    if case["func"] == "vmap":
+        transform, args = torch.func.vmap(output), (x,)
+    else:
+        transform, args = torch.func.vmap(torch.func.grad(loss, has_aux=True)), (x, grad)
+    if "compile" in case:
+        torch._dynamo.reset()
+        transform = torch.compile(transform, backend=case["compile"], dynamic=True)
+    with precision(case):
+        if case["func"] == "vmap":
+            with torch.no_grad():
+                return [transform(*args)], None
+        x_grad, out = transform(*args)
+    return [out.detach(), x_grad], grad
 
 
 class Models:
@@ -447,13 +510,19 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
         expected, grad = results(stock, x, case, lambda shape: torch.randn(shape, generator=generator))
     except Exception:
         return "skipped"
-    run = compiled(case["compile"], case.get("history", False)) if "compile" in case else run_model
+    transformed = "func" in case  # per_sample compiles the transform itself
+    run = compiled(case["compile"], case.get("history", False)) if "compile" in case and not transformed else run_model
     breaks = _graph_breaks()
     try:
-        ours, _ = results(converted, x, case, grad, run=run)
+        ours, _ = results(converted, x, case, grad, run=run, transformed=transformed)
     except Exception:
         problem = "raised where stock did not:\n" + traceback.format_exc()
-        if "compile" in case and not case.get("history"):  # torch's own (Inductor's value ranges): stock's too?
+        if transformed:  # torch's own (SDPA's CPU flash kernel has no double backward): stock's too?
+            try:
+                results(stock, x, case, grad, transformed=True)
+            except Exception:
+                return "skipped"
+        elif "compile" in case and not case.get("history"):  # torch's own (Inductor's value ranges): stock's too?
             try:
                 results(stock, x, case, grad, run=compiled(case["compile"]))
             except Exception:
@@ -482,6 +551,8 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
             if any(o > max(bound * s, bound * w, 1e-5) for o, s, w in offs):
                 return problem
             return "ill-conditioned: " + problem
+    if transformed:  # under vmap the adapters keep torch's layouts (NCDHW)
+        return None
     if "compile" in case:  # the eager draws audit the layouts; stock traced alone would end a history
         return None if case.get("history") else graph_breaks(case, stock, x, grad, breaks)
     return layout(case, converted, x)
@@ -635,6 +706,9 @@ def main(argv=None) -> int:
                         "(aot_eager, inductor) against stock's eager results")  # fmt: skip
     parser.add_argument("--draw-seconds", type=int, default=600, help="a draw that takes longer is stopped and "
                         "counted apart as slow (Inductor's symbolic sizes: a large VAE, 15 minutes)")  # fmt: skip
+    parser.add_argument("--func", action="store_true", help="run the converted models under torch.func, one "
+                        "sample a call: vmap and vmap of grad (per-sample input gradients), in turn; with "
+                        "--compile, the transform compiled")  # fmt: skip
     parser.add_argument("--history", action="store_true", help="with --compile: one compiled run for all draws "
                         "(torch.compile's automatic dynamic shapes), until a failure; a failure's line lists the "
                         "draws before it, which --replay runs first")  # fmt: skip
@@ -645,6 +719,8 @@ def main(argv=None) -> int:
     models = Models()
     if args.history and not args.compile:
         parser.error("--history needs --compile")
+    if args.history and args.func:
+        parser.error("--history does not take --func (each transform is compiled anew)")
     if args.replay:
         line = json.loads(args.replay)
         for seed, case in line.get("history", []):  # the compiled run's draws before it, their results aside
@@ -653,6 +729,8 @@ def main(argv=None) -> int:
         print(problem or "passes")
         return int(problem not in (None, "skipped") and not problem.startswith(APART))
     names = args.models.split(",") if args.models else list(models.builders)
+    if args.func:  # their runs give each sample its own timestep, by its place in the batch: not one a call
+        names = [name for name in names if name not in DIFFUSION_UNETS]
     unknown = sorted(set(names) - set(models.builders))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
@@ -661,6 +739,8 @@ def main(argv=None) -> int:
     history = []  # with --history, the draws since the last failure: [seed, case]
     while time.monotonic() < end:
         case = draw(random.Random(seed), names)
+        if args.func:
+            case = under_func(case, seed)
         if args.compile:
             case["compile"] = args.compile
         if args.history:

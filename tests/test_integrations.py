@@ -2082,6 +2082,21 @@ def test_video_vaes_per_sample_gradients(name, aten_path):
     assert rel_l2(out, expected) < MATCH
 
 
+def test_monai_diffusion_unet_per_sample_gradients(aten_path):
+    """torch.func.vmap of grad over a converted MONAI DiffusionModelUNet, a timestep a sample, answers as stock's
+    gradients sample by sample. Until 2026-12-04 it raised: the group norms that read an up block's skip
+    concatenation in place (channels_after) recompute their forward in torch ops when their backward is
+    differentiated, and that concatenation was laid out channels_last_3d inside vmap (found by fuzz_models --func)."""
+    stock, converted = stock_and_converted(_diffusion_unets()["self_attention"])
+    x, timesteps = torch.randn(2, 4, 8, 12, 8), torch.tensor([10, 110])
+
+    def loss(model):
+        return lambda sample, t: model(sample[None], t[None]).square().mean()
+
+    expected = torch.stack([torch.func.grad(loss(stock))(sample, t) for sample, t in zip(x, timesteps, strict=True)])
+    assert rel_l2(torch.func.vmap(torch.func.grad(loss(converted)))(x, timesteps), expected) < MATCH
+
+
 @pytest.mark.parametrize("name, per_sample_grad", [("wan", False), ("cogvideox", False), ("cogvideox", True),
                                                    ("unet", True)])  # fmt: skip
 def test_compiled_vmap_over_converted_models(name, per_sample_grad, aten_path):

@@ -86,7 +86,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     elif narrowed:
         # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a
         # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).
-        grad = grad.clone(memory_format=torch.channels_last_3d)
+        grad = channels_last(grad, clone=True)
     else:
         grad = channels_last(grad)
     return grad.to(dtype)
