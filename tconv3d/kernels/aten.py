@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
-from .utils import cat_channels, channels_last, fold_padding
+from .utils import batched, cat_channels, channels_last, fold_padding
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -43,8 +43,17 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t if list(t.stride()) == strides else t.as_strided(t.shape, strides)
 
 
+def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The weight torch's convolution takes: `_plain`, and NCDHW under a torch.func transform that batches x (under
+    torch.compile, any transform). torch 2.13's compiled vmap of grad over channels_last_3d convolutions fails at
+    run time with a view error (docs/upstream.md: stock AttentionUnet and SegResNetDS made channels_last_3d), and a
+    converted SegResNetDS's bf16 graph answered an input gradient 0.29 off, silently; NCDHW weights mend both."""
+    return _plain(weight.contiguous() if batched(x) else weight)
+
+
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
-    x, weight = cat_channels(x, channels_after), _plain(weight)
+    x = cat_channels(x, channels_after)
+    weight = _weight(weight, x)
     if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
         y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
@@ -54,7 +63,8 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
-    grad_out, weight = _plain(cat_channels(grad_out, channels_after)), _plain(weight)
+    grad_out = _plain(cat_channels(grad_out, channels_after))
+    weight = _weight(weight, grad_out)
     dtype = grad_out.dtype
     if bias is not None:
         # A transposed convolution's bias, summed with the gradient in float32 and rounded once: aten's 16-bit CPU
