@@ -55,7 +55,7 @@ from .kernels.group_norm import group_norm_bwd, group_norm_fwd
 from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
-from .kernels.utils import channels_last, empty_ndhwc
+from .kernels.utils import channels_last, empty_ndhwc, func_transformed
 from .tune import choice
 
 
@@ -194,7 +194,7 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
 
     def eager(*inputs):
         if torch.compiler.is_compiling():  # first: dynamo reads it as a constant and traces the op
-            if torch._C._are_functorch_transforms_active():  # (dynamo wraps peek_interpreter_stack's None: not None)
+            if func_transformed():  # (dynamo wraps peek_interpreter_stack's None: not None)
                 # torch.compile of torch.func.jvp, grad or vmap over the op: dynamo traces no autograd Function
                 # that has a jvp (a graph break, an error under fullgraph=True), and the op's autograd kernel does
                 # not take the transforms (it raises, below), so the graph holds the op's torch ops, which

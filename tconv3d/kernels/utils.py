@@ -334,6 +334,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def func_transformed() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, eagerly or traced by torch.compile
+    (dynamo traces the transforms over fake tensors wrapped as eager wraps them, and answers this). It refuses a
+    ctx-style Function (vmap any Function without a vmap rule) whether or not it wraps the Function's inputs: a
+    tensor made inside the call (a cache's first frames, zeros) is not wrapped."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def batched(*tensors: torch.Tensor | None) -> bool:
     """Whether torch.func.vmap batches any of `tensors`, at any of the transforms that wrap it (vmap of grad: a
     grad wrapper around a batched tensor). vmap writes a batched tensor only into one batched at its levels, and
@@ -344,7 +352,7 @@ def batched(*tensors: torch.Tensor | None) -> bool:
     if torch.compiler.is_compiling():
         # Dynamo traces vmap and grad over fake tensors wrapped as eager wraps them, but not functorch's
         # unwrapping: under a traced transform any tensor may be batched (a compiled grad alone keeps NCDHW too)
-        return torch._C._are_functorch_transforms_active()
+        return func_transformed()
     for t in tensors:
         while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
             if torch._C._functorch.is_batchedtensor(t):

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
-from ..kernels.utils import batched, fold_padding
+from ..kernels.utils import batched, fold_padding, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
@@ -321,14 +321,6 @@ def autograd_traced() -> bool:
     their gradients channels_last_3d (`frames`, the video VAEs' rearrangements) step aside for plain ops: Dynamo
     traces no Function with a jvp and the compiled backward is Inductor's, and torch.func batches plain ops."""
     return torch.compiler.is_compiling() or func_transformed()
-
-
-def func_transformed() -> bool:
-    """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, eagerly or traced by torch.compile
-    (dynamo traces the transforms over fake tensors wrapped as eager wraps them). It refuses a ctx-style Function
-    (vmap any Function without a vmap rule) whether or not it wraps the Function's inputs: a tensor made inside the
-    call (a cache's first frames, zeros) is not wrapped."""
-    return torch._C._are_functorch_transforms_active()
 
 
 def empty_for(shape, *sources: torch.Tensor | None, dtype=None, memory_format=_CL) -> torch.Tensor:

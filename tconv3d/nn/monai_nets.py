@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels.utils import channels_last
+from ..kernels.utils import channels_last, func_transformed
 from .modules import (
     Conv3d,
     ConvTranspose3d,
@@ -24,7 +24,6 @@ from .modules import (
     add_repeated_,
     autograd_traced,
     format_strides,
-    func_transformed,
     laid_out,
     layout_of,
     normalize,
