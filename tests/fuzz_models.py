@@ -15,16 +15,17 @@ fuzz.py draws the kernels' problems; this draws the adapters' (tconv3d.nn): thei
 resampling and shortcuts, as the models call them. The convolutions run through aten inside tconv3d's ops (the
 `aten_path` of the real-model tests), so a draw costs what the stock model does.
 
-    python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...]
+    python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...] [--dtypes fp16,autocast_fp16]
     python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
     python tests/fuzz_models.py --func [--compile aot_eager] [--seconds 300] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
-A fifth of the draws run the models in bf16 (their weights rounded, the input too), a fifth in float32 under bf16
-autocast (torch.autocast: mixed-precision training and inference). A draw passes where the converted model's result
+A seventh of the draws run the models in bf16 (their weights rounded, the input too), a seventh in fp16, a seventh
+in float32 under bf16 autocast and a seventh under fp16 autocast (torch.autocast: mixed-precision training and
+inference; fp16 is CUDA's classic AMP and diffusers' usual VAE dtype). A draw passes where the converted model's result
 has stock's dtypes and is within 1e-4 of stock's (relative L2, float32; the parameter gradients concatenated), or
 else no more than 10x as far from the float64 stock model's as stock's own float32 result is (tiny volumes make a
-model ill-conditioned: a norm over two voxels); in bf16 or autocast, no more than 4x as far from it as stock's own
+model ill-conditioned: a norm over two voxels); in bf16, fp16 or autocast, no more than 4x as far from it as stock's own
 result in the same precision. Stock's own distance is one sample of a rounding: where ours lands farther, stock
 runs again on inputs rounded otherwise (each element times 1 + eps N(0, 1)), each convolution's output rounded
 otherwise too, and its farthest landing bounds ours too, the draw printed and counted apart as "ill-conditioned"
@@ -114,8 +115,10 @@ from tconv3d.testing import rel_l2
 
 ILL_CONDITIONED = 10  # how much farther from float64 than stock's own float32 a draw may be where MATCH fails
 # "autocast": float32 weights and input, run under torch.autocast(dtype=torch.bfloat16), as mixed-precision
-# training and inference run (held to bf16's rule)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "autocast": torch.float32}
+# training and inference run (held to bf16's rule); "autocast_fp16" under fp16 autocast (CUDA's classic AMP)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "autocast": torch.float32,
+          "autocast_fp16": torch.float32}  # fmt: skip
+AUTOCAST = {"autocast": torch.bfloat16, "autocast_fp16": torch.float16}
 # bf16: how much farther from float64 than stock's own bf16 a draw may be. Both sit ~1e-2 from it, their bf16
 # roundings, so the ratio stays near 1 (0.04-3.6 over 144 bf16 draws, all but 3 below 2.5) where fp32's
 # scatters; 5.2 once, where Wan's test config normalizes a single channel (its RMS norm is then the sign of x, and
@@ -215,12 +218,15 @@ def own_run(name: str):
     return runs.get(name)
 
 
-def draw(rng: random.Random, names: list[str]) -> dict:
+DRAWN_DTYPES = ("fp32", "fp32", "fp32", "bf16", "fp16", "autocast", "autocast_fp16")
+
+
+def draw(rng: random.Random, names: list[str], dtypes: tuple[str, ...] = DRAWN_DTYPES) -> dict:
     """A case: model, input shape, mode ("eval": under torch.no_grad(); "inference": torch.inference_mode(), with
-    "inference_built" the models built inside it; "train"), tiling and dtype."""
+    "inference_built" the models built inside it; "train"), tiling and dtype (one of `dtypes`)."""
     name = rng.choice(names)
     mode = rng.choice(["eval", "inference", "train"])
-    dtype = rng.choice(["fp32", "fp32", "fp32", "bf16", "autocast"])
+    dtype = rng.choice(dtypes)
     built = {"inference_built": True} if mode == "inference" and rng.random() < 0.5 else {}
     if name in DIFFUSION_UNETS:  # 4 channels in, sizes that halve twice (its skip connections' sizes)
         return {"model": name, "shape": [rng.choice([1, 2]), 4, *(4 * rng.randint(2, 8) for _ in range(3))],
@@ -251,7 +257,7 @@ def under_func(case: dict, seed: int) -> dict:
     by the seed's parity, float32 for autocast: under vmap torch's autocast leaves stock's own ops alone (a Conv3d
     answers float32), so stock run batched is no reference for a vmapped autocast run."""
     case = {key: value for key, value in case.items() if key != "inference_built"}
-    dtype = "fp32" if case.get("dtype") == "autocast" else case.get("dtype", "fp32")
+    dtype = "fp32" if case.get("dtype") in AUTOCAST else case.get("dtype", "fp32")
     return {**case, "mode": "eval", "dtype": dtype, "func": ("vmap", "vmap_grad")[seed % 2]}
 
 
@@ -261,9 +267,9 @@ def grad_mode(case: dict):
 
 
 def precision(case: dict):
-    """The context a case's models run in: bf16 autocast for "autocast", else none."""
-    autocast = case.get("dtype") == "autocast"
-    return torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    """The context a case's models run in: autocast to AUTOCAST's dtype for an autocast case, else none."""
+    dtype = AUTOCAST.get(case.get("dtype"))
+    return torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
 
 
 def run_model(model, x, case: dict):
@@ -602,7 +608,7 @@ def wobbled_off(stock, x, case: dict, grad, exact: list[torch.Tensor], seed: int
     where the model is well conditioned (a one-channel RMS norm's gradient: ours 8e-3 off, stock's within 8e-6 on
     every rounding)."""
     generator = torch.Generator().manual_seed(seed + 2**32)
-    eps = torch.finfo(torch.bfloat16 if case.get("dtype") == "autocast" else x.dtype).eps
+    eps = torch.finfo(AUTOCAST.get(case.get("dtype"), x.dtype)).eps
 
     def rounded_otherwise(t: torch.Tensor) -> torch.Tensor:
         return (t.float() * (1 + eps * torch.randn(t.shape, generator=generator))).to(t.dtype)
@@ -701,6 +707,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0, help="first draw's seed; draws take seed, seed + 1, ...")
     parser.add_argument("--models", help="comma-separated (default: all)")
+    parser.add_argument("--dtypes", help=f"comma-separated, drawn from alike (default: {','.join(DRAWN_DTYPES)})")
     parser.add_argument("--replay", help="one failure's JSON line")
     parser.add_argument("--compile", metavar="BACKEND", help="run the converted models under torch.compile "
                         "(aot_eager, inductor) against stock's eager results")  # fmt: skip
@@ -734,11 +741,14 @@ def main(argv=None) -> int:
     unknown = sorted(set(names) - set(models.builders))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else DRAWN_DTYPES
+    if not set(dtypes) <= set(DTYPES):
+        parser.error(f"unknown dtypes {sorted(set(dtypes) - set(DTYPES))}; known: {', '.join(DTYPES)}")
     end, seed = time.monotonic() + args.seconds, args.seed
     ran = failed = once = kinked = scattered = slow = skipped = 0
     history = []  # with --history, the draws since the last failure: [seed, case]
     while time.monotonic() < end:
-        case = draw(random.Random(seed), names)
+        case = draw(random.Random(seed), names, dtypes)
         if args.func:
             case = under_func(case, seed)
         if args.compile:
