@@ -20,36 +20,36 @@ resampling and shortcuts, as the models call them. The convolutions run through 
     python tests/fuzz_models.py --func [--compile aot_eager] [--seconds 300] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
-A seventh of the draws run the models in bf16 (their weights rounded, the input too), a seventh in fp16, a seventh
-in float32 under bf16 autocast and a seventh under fp16 autocast (torch.autocast: mixed-precision training and
-inference; fp16 is CUDA's classic AMP and diffusers' usual VAE dtype). A draw passes where the converted model's result
-has stock's dtypes and is within 1e-4 of stock's (relative L2, float32; the parameter gradients concatenated), or
-else no more than 10x as far from the float64 stock model's as stock's own float32 result is (tiny volumes make a
-model ill-conditioned: a norm over two voxels); in bf16, fp16 or autocast, no more than 4x as far from it as stock's own
-result in the same precision. Stock's own distance is one sample of a rounding: where ours lands farther, stock
-runs again on inputs rounded otherwise (each element times 1 + eps N(0, 1)), each convolution's output rounded
-otherwise too, and its farthest landing bounds ours too, the draw printed and counted apart as "ill-conditioned"
-(such a draw scatters stock by 20x, a well-conditioned one by 2x; a fault costing precision alone can hide in that
-scatter, so read them). A training step that fails with
-a ReLU's input on the other side of zero than stock's (within a rounding of it: that voxel takes the other slope,
-and the gradients move by ~1e-3-1e-2; MONAI's AttentionUnet has a million such inputs a step), or a max pooling's
-window whose maximum is another voxel than stock's (a near tie: the gradient goes to the other one), is counted
-apart, as "kinks"; any other failure is drawn again, the same case with other random inputs, and one that does not
-come back is counted apart, as "once". But a result farther from float64 than the answer's own size (relative L2
-above 1) and 100x stock's farthest landing fails as "far from float64:", kinks or not, once or not: no rounding or
-kink explains it. Its line says how many inputs of RMS norms over a single channel took the other side of zero than
-stock's, if any: such a norm answers its input's sign times its weight, so a voxel a rounding from zero moves an
-output by twice the weight (Wan's test config halves 3 channels to 1 in its decoder's upsamplers; a bf16 decode then
-lands 4x stock's distance from float64 on one draw's inputs). A draw that passes is then audited (tconv3d.nn.audit,
-as the case runs the model): every convolution on tconv3d, activations channels_last_3d from the first layer to the
-last (a layout copy at the input edges alone, none into a norm, no pad, concatenation or upstream copy into a
-convolution: the real-model tests' assert_stays_channels_last), or it fails as "layout:" with the audit's table.
-VidTok's layouts are not audited (its own code permutes its activations between 2-D and 1-D blocks), nor MAISI's
-where its own slabs ran (a size its num_splits does not divide: their concatenations are stock's); MAISI's
-reference is stock in float32 (its norms answer float32 whatever their input).
-Where a VAE's latent frames are one voxel (8 x 8 pixels), or a MONAI network's lowest level (MedNeXt at 16^3), the
-audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout as in the other, torch's ops
-(interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a layout copy of a few voxels.
+A sixth of the draws run the models in bf16 (their weights rounded, the input too), a sixth in float32 under bf16
+autocast (torch.autocast: mixed-precision training and inference), a twelfth in fp16 (diffusers' usual VAE dtype) and
+a twelfth under fp16 autocast (CUDA's classic AMP); `--dtypes` draws from a subset. A draw passes where the converted
+model's result has stock's dtypes and is within 1e-4 of stock's (relative L2, float32; the parameter gradients
+concatenated), or else no more than 10x as far from the float64 stock model's as stock's own float32 result is (tiny
+volumes make a model ill-conditioned: a norm over two voxels); in bf16, fp16 or autocast, no more than 4x as far from
+it as stock's own result in the same precision. Stock's own distance is one sample of a rounding: where ours lands
+farther, stock runs again on inputs rounded otherwise (each element times 1 + eps N(0, 1)), each convolution's output
+rounded otherwise too, and its farthest landing bounds ours too, the draw printed and counted apart as
+"ill-conditioned" (such a draw scatters stock by 20x, a well-conditioned one by 2x; a fault costing precision alone
+can hide in that scatter, so read them). A training step that fails with a ReLU's input on the other side of zero
+than stock's (within a rounding of it: that voxel takes the other slope, and the gradients move by ~1e-3-1e-2;
+MONAI's AttentionUnet has a million such inputs a step), or a max pooling's window whose maximum is another voxel
+than stock's (a near tie: the gradient goes to the other one), is counted apart, as "kinks"; any other failure is
+drawn again, the same case with other random inputs, and one that does not come back is counted apart, as "once". But
+a result farther from float64 than the answer's own size (relative L2 above 1) and 100x stock's farthest landing
+fails as "far from float64:", kinks or not, once or not: no rounding or kink explains it. Its line says how many
+inputs of RMS norms over a single channel took the other side of zero than stock's, if any: such a norm answers its
+input's sign times its weight, so a voxel a rounding from zero moves an output by twice the weight (Wan's test config
+halves 3 channels to 1 in its decoder's upsamplers; a bf16 decode then lands 4x stock's distance from float64 on one
+draw's inputs). A draw that passes is then audited (tconv3d.nn.audit, as the case runs the model): every convolution
+on tconv3d, activations channels_last_3d from the first layer to the last (a layout copy at the input edges alone,
+none into a norm, no pad, concatenation or upstream copy into a convolution: the real-model tests'
+assert_stays_channels_last), or it fails as "layout:" with the audit's table. VidTok's layouts are not audited (its
+own code permutes its activations between 2-D and 1-D blocks), nor MAISI's where its own slabs ran (a size its
+num_splits does not divide: their concatenations are stock's); MAISI's reference is stock in float32 (its norms
+answer float32 whatever their input). Where a VAE's latent frames are one voxel (8 x 8 pixels), or a MONAI network's
+lowest level (MedNeXt at 16^3), the audit is left out: a (B, C, 1, 1, 1) tensor is as contiguous in one layout as in
+the other, torch's ops (interpolate, cat, elementwise) then answer NCDHW, and the layers after it get a layout copy
+of a few voxels.
 
 With --compile BACKEND (aot_eager, inductor), the converted model runs under torch.compile (traced anew each draw,
 the input's sizes symbolic: dynamic=True) and is held to stock's eager results as above; instead of the audit, its
@@ -218,7 +218,9 @@ def own_run(name: str):
     return runs.get(name)
 
 
-DRAWN_DTYPES = ("fp32", "fp32", "fp32", "bf16", "fp16", "autocast", "autocast_fp16")
+# fp16 draws are rarer: torch's CPU conv3d in fp16 is its slow_conv3d where the CPU lacks AVX512-FP16 (oneDNN's
+# fp16), some 600x its fp32 time (MONAI VNet at 2 x 32 x 16 x 32: 44 s a forward), stock's and the aten path's alike
+DRAWN_DTYPES = ("fp32",) * 6 + ("bf16", "bf16", "autocast", "autocast", "fp16", "autocast_fp16")
 
 
 def draw(rng: random.Random, names: list[str], dtypes: tuple[str, ...] = DRAWN_DTYPES) -> dict:
