@@ -55,7 +55,7 @@ from .kernels.group_norm import group_norm_bwd, group_norm_fwd
 from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
-from .kernels.utils import channels_last, empty_ndhwc, func_transformed
+from .kernels.utils import cat_channels, empty_ndhwc, func_transformed
 from .tune import choice
 
 
@@ -903,14 +903,6 @@ def _concatenated_shape(input, channels_after) -> tuple:
     return (input.shape[0], input.shape[1] + extra, *input.shape[2:])
 
 
-def _concatenated(input, channels_after):
-    """torch.cat([input, channels_after], dim=1) channels_last_3d (under vmap as torch lays it out), for the aten
-    path (the kernels read both in place)."""
-    if channels_after is None:
-        return input
-    return channels_last(torch.cat([input, channels_after], dim=1))
-
-
 @_define(
     'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none",'
     " Tensor? channels_after=None) -> (Tensor, Tensor, Tensor)",
@@ -929,7 +921,7 @@ def group_norm(input, weight, bias, groups, eps, activation="none", channels_aft
 def _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation="none", channels_after=None):
     """group_norm in torch's ops (the kernels' formula, fp32), over the concatenation with channels_after."""
     check_group_norm(input, weight, bias, groups, activation, channels_after)
-    return aten.group_norm_fwd(_concatenated(input, channels_after), weight, bias, groups, eps, activation)
+    return aten.group_norm_fwd(cat_channels(input, channels_after), weight, bias, groups, eps, activation)
 
 
 def _norm_backward_fake(input, channels_after=None):
@@ -1002,7 +994,7 @@ def _group_norm_backward_fake(
 def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None):
     def run():
         if not _runs_triton(input):
-            whole = _concatenated(input, channels_after)
+            whole = cat_channels(input, channels_after)
             return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after)
 
@@ -1048,8 +1040,8 @@ def _group_norm_jvp(inputs, tangents):
     input, weight, bias, groups, eps, *rest = inputs
     activation, channels_after = _trailing_arguments(rest, ("none", None))
     t_input, t_weight, t_bias, *_, t_after = (*tangents, *(None,) * (7 - len(tangents)))
-    whole = _concatenated(input, channels_after)
-    t_whole = _concatenated(
+    whole = cat_channels(input, channels_after)
+    t_whole = cat_channels(
         _or_zeros(t_input, input), _or_zeros(t_after, channels_after)
     )  # fmt: skip
     t_y, t_mean, t_rstd = aten.group_norm_jvp(whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation)
