@@ -65,6 +65,34 @@ def test_gradients_bitwise_deterministic_on_gpu(dtype):
     assert all(torch.equal(dgrads[0], g) for g in dgrads[1:])
 
 
+@pytest.mark.parametrize("kernels", ["auto", "tma"])
+def test_first_launches_on_a_new_thread(kernels, monkeypatch):
+    """A backward's first launch on autograd's device thread can be a box kernel's, whose TMA descriptors Triton
+    encodes before its launch code makes a CUDA context current: on the H200 (run 4) unet_320's Gluon input
+    gradient failed there, "Failed to create tensor map descriptor: invalid device context". A new Python thread
+    has no current context either: the small-volume layer's forward and backward (Gluon on sm_90, as chosen, and
+    on the Triton TMA kernels) first launched there give the main thread's results."""
+    from tconv3d import settings
+
+    monkeypatch.setattr(settings, "KERNELS", kernels)
+    case = GPU_CASES[6]  # c320_small_volume: unet_320's layer
+    x, w = case.input(torch.bfloat16, "cuda"), case.weight(torch.bfloat16, "cuda")
+
+    def step(out: list):
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = tconv3d.functional.conv3d(xg, wg, None, case.stride, case.padding)
+        y.backward(torch.ones_like(y))
+        out += [y.detach(), xg.grad, wg.grad]
+
+    here, there = [], []
+    step(here)
+    worker = __import__("threading").Thread(target=step, args=(there,))
+    worker.start()
+    worker.join()
+    assert len(there) == 3, "the step on the new thread raised (its traceback is above)"
+    assert all(torch.equal(a, b) for a, b in zip(here, there, strict=True))
+
+
 def test_output_written_everywhere():
     """Poison-free check: every output element comes from the kernel, not from uninitialised memory."""
     case = GPU_CASES[2]

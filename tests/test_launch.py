@@ -182,3 +182,76 @@ def test_every_launch_asks_for_fused_multiply_adds(environment, monkeypatch):
     fused = compile_script(FUSION)
     assert set(fused) == {"_channel_reduce_kernel", "_fold_kernel", "_affine_kernel"}
     assert set(fused.values()) == {environment == "unfused_default"}, fused
+
+
+class _FakeDriver:
+    """libcuda's four calls context_current makes, on a thread whose current context is `current` (0: none)."""
+
+    def __init__(self, current: int):
+        self.current, self.calls = current, []
+
+    def cuCtxGetCurrent(self, context):
+        self.calls.append("cuCtxGetCurrent")
+        context._obj.value = self.current
+        return 0
+
+    def cuDeviceGet(self, handle, ordinal):
+        self.calls.append(("cuDeviceGet", ordinal))
+        handle._obj.value = 40 + ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, context, handle):
+        self.calls.append(("cuDevicePrimaryCtxRetain", handle.value))
+        context._obj.value = 0xC0
+        return 0
+
+    def cuCtxSetCurrent(self, context):
+        self.calls.append(("cuCtxSetCurrent", context.value))
+        self.current = context.value
+        return 0
+
+
+@pytest.mark.parametrize("current", [0, 0xAB], ids=["none_current", "one_current"])
+def test_a_thread_gets_a_current_context_once(current, monkeypatch):
+    """context_current: on a thread with no current context (autograd's device thread, where a Gluon launch's tensor
+    map failed to encode on the H200: "invalid device context"), the device's primary context is made current
+    before the first launch, once a thread; a thread with one keeps it. Each new thread asks again."""
+    import threading
+
+    fake = _FakeDriver(current)
+    monkeypatch.setattr(launch, "_libcuda", fake)
+
+    def first_launches():
+        launch.context_current(1)
+        launch.context_current(1)
+
+    worker = threading.Thread(target=first_launches)
+    worker.start()
+    worker.join()
+    made = [("cuDeviceGet", 1), ("cuDevicePrimaryCtxRetain", 41), ("cuCtxSetCurrent", 0xC0)]
+    assert fake.calls == ["cuCtxGetCurrent", *(made if not current else [])]
+    fake.calls.clear()
+    other = threading.Thread(target=launch.context_current, args=(1,))
+    other.start()
+    other.join()
+    assert fake.calls == ["cuCtxGetCurrent"]  # the fake's context is current by now: nothing made
+
+
+def test_a_driver_error_making_a_context_current_is_named(monkeypatch):
+    import threading
+
+    fake = _FakeDriver(0)
+    fake.cuDevicePrimaryCtxRetain = lambda context, handle: 101  # CUDA_ERROR_INVALID_DEVICE
+    monkeypatch.setattr(launch, "_libcuda", fake)
+    errors = []
+
+    def first_launch():
+        try:
+            launch.context_current(0)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    worker = threading.Thread(target=first_launch)
+    worker.start()
+    worker.join()
+    assert errors and "cuDevicePrimaryCtxRetain" in errors[0] and "101" in errors[0]

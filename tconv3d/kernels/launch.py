@@ -29,6 +29,7 @@ here. TRITON_FORCE_DISABLE_FP_FUSION=1 (Triton 3.9 on) still turns fusion off. A
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import inspect
 import threading
 
@@ -243,8 +244,11 @@ def launch(kernel, grid, *args, _distances: bool = False, **kwargs):
     ):
         if recorder is not None:
             recorder.append(RUN_ALWAYS)
+        if isinstance(kernel, JITFunction) and not (settings.INTERPRET or _suspended):
+            context_current(driver.active.get_current_device())
         return kernel[grid](*args, **kwargs)
     device = driver.active.get_current_device()
+    context_current(device)
     try:
         signature = (
             id(kernel), device, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
@@ -269,9 +273,47 @@ def launch(kernel, grid, *args, _distances: bool = False, **kwargs):
     return compiled
 
 
+# The CUDA driver library, loaded at the first launch on a thread with no current context (see context_current).
+_libcuda = None
+
+
+def context_current(device: int) -> None:
+    """Make a CUDA context current on this thread before a launch, once a thread. Triton's launcher encodes each
+    TMA descriptor (fill_tma_descriptor: cuTensorMapEncodeTiled) in Python before its C launch code makes the
+    device's primary context current (its ensureCudaContext), so on a thread with no current context the encode
+    fails: "Failed to create tensor map descriptor: invalid device context" (H200 run 4, tests/gpu/host_overhead.py:
+    a backward's Gluon input gradient on autograd's device thread, the first launch there, its memory from the
+    caching allocator with no CUDA runtime call before it). As that launch code does, the device's primary context
+    (torch's) is made current where none is. Where the driver library cannot be loaded, nothing is done: Triton's
+    own launch reports what is missing."""
+    global _libcuda
+    if getattr(_thread, "context", False):
+        return
+    try:
+        if _libcuda is None:
+            _libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        _thread.context = True
+        return
+    current = ctypes.c_void_p()
+    _driver_check(_libcuda.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if not current.value:
+        handle = ctypes.c_int()
+        _driver_check(_libcuda.cuDeviceGet(ctypes.byref(handle), int(device)), "cuDeviceGet")
+        _driver_check(_libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(current), handle), "cuDevicePrimaryCtxRetain")
+        _driver_check(_libcuda.cuCtxSetCurrent(current), "cuCtxSetCurrent")
+    _thread.context = True
+
+
+def _driver_check(status: int, call: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"tconv3d: {call} returned CUDA driver error {status} making a context current to launch in")
+
+
 def launch_compiled(compiled, grid, values, device) -> None:
     """What JITFunction.run does last: the compiled kernel's launcher on the current stream of `device`, with
     `values` (every parameter's, in order) and the launch hooks."""
+    context_current(device)
     stream = driver.active.get_current_stream(device)
     size = len(grid)
     compiled.run(
