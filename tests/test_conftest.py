@@ -277,3 +277,24 @@ def test_the_interpreters_bfloat16_casts_round_to_nearest_even():
     handle = interpreter.TensorHandle(x[finite].numpy(), tl.float32)
     own = cast.truncating(interpreter.InterpreterBuilder(), handle, tl.bfloat16).data.view(np.int16)
     assert (own != expected[finite].view(torch.int16).numpy()).mean() > 0.3
+
+
+IMPORT_ON_A_GPU_MACHINE = """
+import os, sys, torch
+torch.cuda.is_available = lambda: True  # as on a GPU machine, where conftest leaves the interpreter off
+sys.path.insert(0, "tests")
+import {module}
+print(os.environ.get("TRITON_INTERPRET"))
+"""
+
+
+@pytest.mark.parametrize("module", ["fuzz", "fuzz_args", "fuzz_models"])
+def test_the_fuzzers_leave_the_interpreter_off_on_a_gpu_machine(module):
+    """The test modules import the fuzzers; on a GPU machine a fuzzer that set TRITON_INTERPRET at its import made
+    every test module collected after it define its kernels for the interpreter and run the interpreter's own tests
+    (H200 run 4: 8 failures, test_fuzz_models' import of fuzz_models). Each sets it only where CUDA is absent."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = IMPORT_ON_A_GPU_MACHINE.format(module=module)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "None"
