@@ -1094,6 +1094,7 @@ def _check(call: dict) -> tuple[str, str]:
     if needs_grad:
         leaf = t["bias"] if call["grad"] == "bias" else t["input"]
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(call["seed"] + 1), dtype=torch.float64)
+        g = g.to(out.device)  # drawn on the CPU, the same values on any device
         layout = call.get("grad_layout", "channels_last")
         if layout == "expanded" and g.numel():  # y.sum().backward()'s: one value, every stride 0
             g = torch.full_like(g, float(g.reshape(-1)[0]))

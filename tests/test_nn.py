@@ -161,7 +161,10 @@ def test_avg_pool_answers_channels_last_3d(kernel, stride, padding, ceil_mode, d
         assert any("avg_pool3d" in name for name in ops.names) != by_view
         if not by_view:
             assert torch.equal(out, expected)
-            assert torch.equal(ours_in.grad, theirs_in.grad)
+            if device == "cuda":  # CUDA's backward adds overlapping windows' shares atomically, in any order
+                assert rel_l2(ours_in.grad, theirs_in.grad) < 1e-6
+            else:
+                assert torch.equal(ours_in.grad, theirs_in.grad)
             continue
         exact = nn.AvgPool3d(kernel, stride)(x.double())
         assert rel_l2(out.double(), exact) <= 2 * rel_l2(expected.double(), exact) + 1e-15
@@ -561,10 +564,13 @@ def test_frame_conv_is_the_conv2d_of_each_frame(device, stride, padding, pad, dt
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
     expected = _frames_of((w64, b64, stride, padding), x64, pad)
     expected.backward(grad.double())
-    assert out.shape == expected.shape and out.is_contiguous(memory_format=CL)
+    # diffusers' path keeps torch's layouts: CUDA's float64 conv2d answers a channels_last input NCHW (H200 run 4)
+    layouts = dtype != torch.float64 or device == "cpu"
+    assert out.shape == expected.shape and (out.is_contiguous(memory_format=CL) or not layouts)
     assert rel_l2(out, expected) < TOLERANCE[torch.float32]
-    assert x.grad.is_contiguous(memory_format=CL) and rel_l2(x.grad, x64.grad) < TOLERANCE[torch.float32]
-    assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last)
+    assert x.grad.is_contiguous(memory_format=CL) or not layouts
+    assert rel_l2(x.grad, x64.grad) < TOLERANCE[torch.float32]
+    assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last) or not layouts
     assert rel_l2(conv.weight.grad, w64.grad) < TOLERANCE[torch.float32]
     assert rel_l2(conv.bias.grad, b64.grad) < TOLERANCE[torch.float32]
 
