@@ -218,10 +218,10 @@ def test_gluon_decoder_weight_gradients_as_chosen(channels, modes, before, swapp
 @pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
 def test_gluon_forward_splits_its_interior_beside_the_border_ring(kernel, padding, modes, specialized, monkeypatch,
                                                                   device):  # fmt: skip
-    """LTX-2's reflect-bordered layers of few tiles as the sm_90 heuristic runs them (configs.small_grid_twin): the
-    interior on the Gluon kernel's one-warpgroup 64-row tiles, split three ways into fp32 partial sums over a view
-    of them, the border ring in the same splits on the pointer kernel, against float64. On CPU
-    tests/test_gluon_emulated.py runs the same through the emulator."""
+    """Reflect-bordered layers of few tiles on small_grid_twin's tiles (the sm_90 heuristic's for LTX-2's layers until
+    H200 run 5 timed the pointer kernel faster): the interior on the Gluon kernel's one-warpgroup 64-row tiles,
+    split three ways into fp32 partial sums over a view of them, the border ring in the same splits on the pointer
+    kernel, against float64. On CPU tests/test_gluon_emulated.py runs the same through the emulator."""
     if not gluon_runs(device):
         pytest.skip("compiled Gluon kernels run on an sm_90 GPU (the emulator's test runs this on CPU)")
     config = KernelConfig(64, 32, 16, 4, 3, split_k=3)

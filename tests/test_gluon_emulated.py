@@ -348,9 +348,10 @@ def test_emulated_gluon_forward_interior_with_border_modes_in_h_and_w(modes_hw, 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("kernel", "padding", "modes"), RING_BORDERS)
 def test_emulated_gluon_forward_splits_its_interior_beside_the_border_ring(kernel, padding, modes, mode, monkeypatch):
-    """LTX-2's decoder's reflect-bordered layers of few tiles (configs.small_grid_twin): the interior on the Gluon
-    kernel's one-warpgroup 64-row tiles, its reduction split three ways into fp32 partial sums over a view of them,
-    the border ring in the same splits on the pointer kernel (conv_fwd.conv3d_fwd), against float64."""
+    """Reflect-bordered layers of few tiles on small_grid_twin's tiles (LTX-2's decoder's, as the sm_90 heuristic ran
+    them until H200 run 5): the interior on the Gluon kernel's one-warpgroup 64-row tiles, its reduction split three
+    ways into fp32 partial sums over a view of them, the border ring in the same splits on the pointer kernel
+    (conv_fwd.conv3d_fwd), against float64."""
     config = KernelConfig(64, 32, 16, 4, 3, split_k=3)
     with emulating(monkeypatch):
         y, want, launched = bordered_forward(

@@ -460,8 +460,9 @@ def test_the_decoders_forwards_compile_as_chosen_without_spills():
     """The video VAE decoders' forwards as the sm_90 heuristic chooses them (the persistent Gluon kernel: H100 run 15
     timed it 1.7-2.8x the pointer kernels'): Wan's reading its cached frames, HunyuanVideo's and Mochi's interior
     within replicate borders, their border ring on the pointer kernel at tiles of at most 128 rows (the 256x128
-    swapped tile's spilled 24 bytes there), LTX-2's reflect-bordered layers of few tiles split alike on both, the
-    ring on 8 warps (472 bytes spilled on 4); no kernel of a launch spills, the Gluon one on the Hopper main loop."""
+    swapped tile's spilled 24 bytes there), LTX-2's reflect-bordered layers of few tiles on the pointer kernel (H200
+    run 5 timed them split on both 1.5-3.4x slower); no kernel of a launch spills, the Gluon one on the Hopper main
+    loop."""
     from tconv3d.tune.shapes import load_shape_set
 
     if 90 not in STATIC_ARCHS:
@@ -470,17 +471,18 @@ def test_the_decoders_forwards_compile_as_chosen_without_spills():
     if not reports:
         pytest.skip("this Triton has no Gluon kernel")
     assert {r["case"] for r in reports} == {s.name for s in load_shape_set("decoders")}
-    assert all(r["config"]["gluon"] == 2 for r in reports)
+    ltx2 = ["ltx2_dec_256_reflect", "ltx2_dec_512_reflect"]
+    assert all(r["config"].get("gluon", 0) == (0 if r["case"] in ltx2 else 2) for r in reports)
     spilled = [(r["case"], r["kernel"], r["spill_bytes"]) for r in reports if r["spill_bytes"] or r["local_accesses"]]
     assert not spilled
     gluon = [r for r in reports if "gluon" in r["kernel"]]
-    assert len(gluon) == 8 and all(r["mma"].startswith("HGMMA") and r["loop_smem_ops"] == 0 for r in gluon)
+    assert len(gluon) == 6 and all(r["mma"].startswith("HGMMA") and r["loop_smem_ops"] == 0 for r in gluon)
     assert all(r["loop_wgmma_waits"] == [1] for r in gluon), [r["loop_wgmma_waits"] for r in gluon]
-    rings = [r for r in reports if r["kernel"] == "_conv3d_fwd_kernel"]  # the bordered layers' border rings
+    pointer = [r for r in reports if r["kernel"] == "_conv3d_fwd_kernel"]  # the border rings, and LTX-2's whole
     bordered = ["hunyuan_dec_128_replicate", "mochi_dec_256_replicate", "mochi_dec_768_replicate"]
-    assert sorted(r["case"] for r in rings) == sorted([*bordered, "ltx2_dec_256_reflect", "ltx2_dec_512_reflect"])
+    assert sorted(r["case"] for r in pointer) == sorted([*bordered, *ltx2])
     summed = {r["case"] for r in reports if r["kernel"] == "_sum_splits_kernel"}
-    assert summed == {"ltx2_dec_256_reflect", "ltx2_dec_512_reflect"}
+    assert summed == {"ltx2_dec_512_reflect"}  # its reduction split 4 ways (small_grid_split)
 
 
 PACKED_COMPILE = """

@@ -513,9 +513,9 @@ def heuristic_config(
     where they do not, the split one-warpgroup Gluon tiles (small_grid_twin: hunyuan_512's and unet_320's forwards
     and input gradients, the suite's worst, ran at 9-40% of the peak on the pointer and Triton TMA kernels, whose
     Gluon twins keep both operands in shared memory and one wgmma group in flight; the Triton TMA kernel waits for
-    each; a forward bordered in H or W, LTX-2's reflect layers of few tiles, its interior so and its border ring in
-    the same splits; one reading a second source, Wan's cached-frame layers of few tiles, its blocks among the
-    split steps); a
+    each; a forward reading a second source, Wan's cached-frame layers of few tiles, its blocks among the split
+    steps; but not a forward bordered in H or W: LTX-2's reflect layers of few tiles ran their interior so and their
+    border ring in the same splits 1.5-3.4x slower than the pointer kernel alone, H200 run 5); a
     forward reading channels_after, unbordered in H and W, takes the Gluon kernel as a plain one does (its second
     descriptor one more predicated copy a step, issued by the producer warp; its values matched float64 on the
     H200, run 1's tests/test_gluon.py), where MONAI's BasicUNet and DynUNet ran 25-39% of their FLOPs on the
@@ -607,9 +607,13 @@ def _heuristic_choice(
     strided = tuple(geom.stride) != (1, 1, 1)
     if gluon and not timed_only and not (direction == "fwd" and strided):
         config = _gluon_rows(direction, geom, dtype, config, sm_count, boxes)
-        if config.block_m == 64:
-            # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (a bordered forward's
-            # interior and border ring in the same splits; a second source's blocks among the split steps)
+        # A forward bordered in H or W of too few tiles even at 128 rows stays on the pointer kernel: LTX-2's
+        # reflect layers ran their interior on small_grid_twin's tiles and their border ring beside it 1.5x and
+        # 3.4x slower than the pointer kernel alone (H200 run 5: ltx2_dec_256_reflect 0.302 against 0.204 ms,
+        # ltx2_dec_512_reflect 0.389 against 0.113).
+        if config.block_m == 64 and not borders:
+            # too few tiles even at 128 rows: one-warpgroup tiles, the reduction split (a second source's blocks
+            # among the split steps)
             small = small_grid_twin(direction, geom, config, sm_count, dtype.itemsize)
             if small is not None:
                 return whole_steps_twin(direction, geom, small, dtype.itemsize) or small
@@ -789,9 +793,10 @@ def small_grid_twin(
     over the SMs is at least three quarters busy (_wave_filling_split), within _max_k_split. `config`: the heuristic's,
     whose other settings it keeps. None for the weight gradient (its own split fills the SMs), where the tiles alone
     fill them (SPLIT_TILES_BELOW) or no split may be taken, and where the kernel does not take the tiles. The sm_90
-    heuristic's for such layers (heuristic_config; a forward bordered in H or W by another mode than zeros runs its
-    interior so and its border ring on the pointer kernel in the same splits; a second source's blocks are among
-    the split steps; not with timed_only, bench.variants' timed_only row), a GPU has yet to time it."""
+    heuristic's for such layers (heuristic_config; a second source's blocks are among the split steps; not with
+    timed_only, bench.variants' timed_only row, nor for a forward bordered in H or W by another mode than zeros,
+    whose interior so beside its border ring on the pointer kernel in the same splits ran LTX-2's reflect layers
+    1.5-3.4x slower than the pointer kernel alone on the H200, run 5)."""
     if direction == "wgrad":
         return None
     view = gemm_view(direction, geom)
