@@ -73,8 +73,10 @@ def test_first_launches_on_a_new_thread(kernels, monkeypatch):
     has no current context either: the small-volume layer's forward and backward (Gluon on sm_90, as chosen, and
     on the Triton TMA kernels) first launched there give the main thread's results."""
     from tconv3d import settings
+    from tconv3d.tune import choice
 
     monkeypatch.setattr(settings, "KERNELS", kernels)
+    monkeypatch.setattr(choice, "_memo", {})  # choices made under another setting
     case = GPU_CASES[6]  # c320_small_volume: unet_320's layer
     x, w = case.input(torch.bfloat16, "cuda"), case.weight(torch.bfloat16, "cuda")
 
