@@ -78,7 +78,12 @@ assert all(c.gluon == 2 for c in h100.values())  # the H100's Gluon tiles, not t
 chosen = [(d, c) for d, _, _, c in variants if c.gluon]
 assert chosen == list(h100.items()) and len(variants) == 6, variants
 with_stack = precompile.plan(["bench"], "", "--dtype bf16 --cases unet_64", "stack")
-assert len(with_stack) == 3 + 3 * 3, with_stack  # unet_64's three launches, the stack's three layers' nine
+# unet_64's three launches (no table entry is near it), the stack's three layers' nine on each device (the H200's
+# table tunes them), each distinct launch once
+stack = {(d, s.launched_geometry(), choice.choose(d, s.launched_geometry(), bf16, name, 132, 90)[0])
+         for name in precompile.DEVICES for s in load_shape_set("stack") for d in ("fwd", "dgrad", "wgrad")}
+assert 9 < len(stack) < 18 and len(with_stack) == 3 + len(stack), with_stack
+assert {(d, g, c) for d, g, _, c in with_stack} == {(d, geom, c) for d, c in h100.items()} | stack
 import json, pathlib, sys
 from tconv3d.tune import configs, tuner
 shapes = pathlib.Path(sys.argv[1])
