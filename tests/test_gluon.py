@@ -393,7 +393,7 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     and is checked."""
     monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
     narrow = conv_geometry((2, 64, 64, 64, 64), (64, 64, 3, 3, 3), 1, 1, 1)  # unet_64
-    tile = configs.heuristic_config("fwd", narrow, torch.bfloat16, 132, 90)
+    tile = configs.heuristic_config("fwd", narrow, torch.bfloat16, 132, 90, timed_only=True)  # before its halo tiles
     halo = configs.halo_twin("fwd", narrow, tile, 2)
     assert (halo.halo_d, halo.block_m, halo.block_n, halo.gluon) == (2, 128, 64, 2) and halo.halo_d == 2
     element = 2
@@ -409,6 +409,7 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
             KernelConfig.from_dict({**halo.to_dict(), **change})
     deep = configs.halo_twin("fwd", narrow, tile, 2, programs=1)  # one program an SM, a deeper ring
     assert (deep.block_k, deep.num_stages, conv_gluon.programs_an_sm(deep, element, False)) == (32, 4, 1)
+    assert configs.heuristic_config("fwd", narrow, torch.bfloat16, 132, 90) == deep  # the heuristic's (H200 run 5)
     assert deep in configs.own_twins("fwd", narrow, tile, torch.bfloat16, 232448)
     swapped = configs.swapped_twin(halo, "fwd")  # each frame's tile transposed: m64n128
     assert swapped.swap_ab and KernelConfig.from_dict(swapped.to_dict()) == swapped
@@ -422,7 +423,7 @@ def test_halo_tiles_are_the_narrow_forwards_and_checked(monkeypatch):
     tall = configs.swapped_twin(configs.with_gluon(KernelConfig(256, 128, 32, 8, 3), wide, "fwd", True), "fwd")
     assert configs.halo_eligible("fwd", wide, tall, 2) and configs.halo_twin("fwd", wide, tall, 2) is None
     assert configs.halo_twin("fwd", wide, configs.with_gluon(KernelConfig(128, 128, 32, 8, 3), wide, "fwd", True), 2)
-    dgrad = configs.heuristic_config("dgrad", narrow, torch.bfloat16, 132, 90)
+    dgrad = configs.heuristic_config("dgrad", narrow, torch.bfloat16, 132, 90, timed_only=True)
     assert configs.halo_twin("dgrad", narrow, dgrad, 2).halo_d == 2  # a forward of grad_out, its taps flipped
     refused = {
         "causal": conv_geometry((2, 64, 8, 64, 64), (64, 64, 3, 3, 3), 1, (2, 0, 1, 1, 1, 1), 1,
