@@ -1,6 +1,8 @@
 """Realistic sizes on a CUDA device: forward and all gradients against float64, tensor-core dtypes, determinism.
 Skipped without CUDA; `python -m pytest tests -m gpu` runs only these."""
 
+import threading
+
 import pytest
 import torch
 from helpers import DTYPES, Case, TinyUNet, case_reference, conv_and_reference, dtype_id, leaf_copy
@@ -83,12 +85,13 @@ def test_first_launches_on_a_new_thread(kernels, monkeypatch):
     def step(out: list):
         xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
         y = tconv3d.functional.conv3d(xg, wg, None, case.stride, case.padding)
-        y.backward(torch.ones_like(y))
+        seeded = torch.Generator(device="cuda").manual_seed(0)  # the same gradient on both threads
+        y.backward(torch.randn(y.shape, generator=seeded, device="cuda").to(y.dtype))
         out += [y.detach(), xg.grad, wg.grad]
 
     here, there = [], []
     step(here)
-    worker = __import__("threading").Thread(target=step, args=(there,))
+    worker = threading.Thread(target=step, args=(there,))
     worker.start()
     worker.join()
     assert len(there) == 3, "the step on the new thread raised (its traceback is above)"
