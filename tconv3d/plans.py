@@ -209,6 +209,7 @@ class Plan:
             _check_distance(slots, source, base, itemsize, specialized)
         allocations, makes, frees = self.allocations, self.makes, self.frees
         device = state[0]
+        launch.context_current(device)
         for index, step in enumerate(self.launches):
             for made in makes[index]:
                 shape, strides, dtype, place = allocations[made]

@@ -26,13 +26,9 @@ not failed: printed and counted apart (run 68's seed 68299: a circular border's 
 second-order input gradient, ours and stock's 2.45e-3 where the bound is 2e-3). tests/test_fuzz.py runs seeded draws
 in CI."""
 
-import os
+import interpreter_without_cuda  # noqa: F401  (first: TRITON_INTERPRET before tconv3d defines its kernels)
 
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"  # before tconv3d defines its kernels
+# isort: split
 
 import argparse
 import collections

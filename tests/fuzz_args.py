@@ -40,13 +40,9 @@ through the kernels on the interpreter, over tiny problems. 15% of the draws (no
 inside torch.inference_mode(), their tensors and modules too, and held to torch's made there. Prints one JSON
 line per failure or finding; exits 1 if any draw failed. tests/test_fuzz_args.py runs seeded draws in CI."""
 
-import os
+import interpreter_without_cuda  # noqa: F401  (first: TRITON_INTERPRET before tconv3d defines its kernels)
 
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"  # before tconv3d defines its kernels
+# isort: split
 
 import argparse
 import collections

@@ -78,13 +78,9 @@ not audited (under vmap the adapters keep torch's, NCDHW), nor graph breaks coun
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
-import os
+import interpreter_without_cuda  # noqa: F401  (first: TRITON_INTERPRET before tconv3d defines its kernels)
 
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():  # the real-model tests' helpers import tconv3d's kernels; on a GPU machine
-        os.environ["TRITON_INTERPRET"] = "1"  # not: test_fuzz_models' import would set it for the test modules after
+# isort: split
 
 import argparse
 import collections

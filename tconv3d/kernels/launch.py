@@ -312,8 +312,8 @@ def _driver_check(status: int, call: str) -> None:
 
 def launch_compiled(compiled, grid, values, device) -> None:
     """What JITFunction.run does last: the compiled kernel's launcher on the current stream of `device`, with
-    `values` (every parameter's, in order) and the launch hooks."""
-    context_current(device)
+    `values` (every parameter's, in order) and the launch hooks. The caller has made a context current on this
+    thread (context_current)."""
     stream = driver.active.get_current_stream(device)
     size = len(grid)
     compiled.run(
