@@ -56,11 +56,10 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           run on a GPU), the small layers' host time with plans on and off (issue 29), the GPU-marked tests and
 #           the main job. compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet) is
 #           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
-#   plan2   the tuner over the stack's layers (its table then in force), bench.variants on what runs 17 and 18 left
-#           (the 8-channel loops on deep rings, the small grids, unet_32's transposed weight gradient, the deeper
-#           rings, unet_64 in fp32), then python -m bench, bf16 forward and backward against cuDNN channels_last_3d,
-#           the stack scenario (both measure L2's read bandwidth beside the matmul peak) and the host-bound cases'
-#           CUDA-graph replays
+#   plan2   the stack scenario (issue 28's last bar), the host-bound cases and unet_64 eager and replayed from CUDA
+#           graphs (issue 29), then bench.variants on what H200 run 5 had no time for (the small grids, down_s2,
+#           unet_64's halo tiles, unet_32, wan_dec_384b, LTX-2's reflect layers, unet_64 in fp32); the suite itself
+#           is `bench` alone (BENCH_STEPS=suite)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 #   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
@@ -77,48 +76,28 @@ case "${1:-}" in
     set -- probe tests host gpu
     ;;
   plan2)
-    # What H100 runs 17 and 18 (2026-11-27, bench/NOTES.md "Fourth H100 session") left, the stack first (its step is
-    # ~2% over cuDNN's): the tuner over the stack's three layers (9 keys; each candidate's time in tune.log; the table
-    # it writes is what the suite and the stack scenario then run), the 8-channel forwards and input gradients on the
-    # deepest ring in half an SM's shared memory (8 stages of the packed loops: past the tuner's space); then the
-    # few-voxel decoder layers on 128-row Gluon tiles against the 64-row pointer ones (configs._gluon_rows), LTX-2's
-    # reflect-bordered ones of few tiles split on the Gluon kernel beside their border ring (small_grid_twin); the
-    # decoders' weight gradients of cached and bordered layers on the Gluon kernel against the pointer one; the
-    # small grids on one-warpgroup split tiles (hunyuan_512, unet_320: now chosen, against what they ran before);
-    # down_s2's strided forward on the persistent Gluon kernel against the pointer kernel it keeps (H200 run 1's
-    # Gluon forward, before the persistent kernel's rings and tiles, took 1.9x its time); the weight gradients of at
-    # most 32 output channels transposed (unet_32's as the tuner's twin and as the heuristic now chooses it, its split
-    # refitted; MONAI UNet's 16-channel ones, the unets set, 16 channels a tap: chosen against timed_only, last, as
-    # their forwards and input gradients time nothing new); unet_64
-    # and wan_dec_384b as chosen (the deeper rings); unet_64 in fp32 (TF32). Then the suite, the stack scenario, and
-    # the host-bound cases eager and replayed from CUDA graphs (issue 29's graph columns). The narrow forwards' halo
-    # tiles (unet_32, unet_64, and stack_64 last: bench/NOTES.md, "The narrow layers' input read once for the taps
-    # along D") beside their chosen rows, and swapped where they have 64 columns; unet_64's also on one program an
-    # SM with a deeper ring. The skip scenario after
-    # the stack's: a UNet decoder's conv of [upsampled, skip] read in place, now on the Gluon forward, beside
-    # torch.cat + cuDNN and the pointer kernel (bench/NOTES.md, "MONAI's skip connections on the Gluon forward").
-    # The timed_only rows also hold the persistent weight gradients' former splits (hunyuan_512 3, wan_dec_384b 3,
-    # down_s2 34, unet_64 44) beside the refitted ones (bench/NOTES.md, "The persistent weight gradient's split by
-    # what it buys").
-    PLAN2_IMPLS=$(printf '%s,' stack_out8:chosen stack_out8:pointer_deep_ring stack_in8:pointer_deep_ring \
-      wan_dec_384_cached_64:chosen wan_dec_384_cached_64:timed_only mochi_dec_768_replicate:chosen \
-      mochi_dec_768_replicate:timed_only ltx2_dec_256_reflect:chosen ltx2_dec_256_reflect:timed_only \
-      ltx2_dec_512_reflect:chosen ltx2_dec_512_reflect:timed_only wan_dec_96_cached:chosen wan_dec_96_cached:timed_only \
-      wan_dec_96_cached:gluon_ws_channel_taps \
-      hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
-      unet_320:chosen unet_320:timed_only down_s2:chosen down_s2:gluon_ws unet_32:chosen unet_32:gluon_ws_swapped_wgrad \
-      unet_32:timed_only unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
-      unet_32:gluon_ws_halo unet_64:chosen unet_64:gluon_ws_halo unet_64:gluon_ws_halo_swapped \
-      unet_64:gluon_ws_halo_deep wan_dec_384b:chosen wan_dec_384b:timed_only down_s2:timed_only unet_64:timed_only \
-      stack_64:chosen stack_64:gluon_ws_halo stack_64:gluon_ws_halo_swapped )unet_64:gluon_ws
-    PLAN2_CASES=stack_out8,stack_in8,wan_dec_384_cached_64,mochi_dec_768_replicate,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_96_cached,hunyuan_dec_128_replicate,hunyuan_512,unet_320,down_s2,unet_32,unet_64,wan_dec_384b,unet_64@fp32,unet_16,unet_down_16,stack_64
-    export CALL_SECONDS=${CALL_SECONDS:-465} TUNE_ARGS=${TUNE_ARGS:-"--shapes stack"} BUDGET=${BUDGET:-12} \
-      TUNE_TIMEOUT=${TUNE_TIMEOUT:-130} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-125} \
-      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"} \
-      BENCH_TIMEOUT=${BENCH_TIMEOUT:-95} IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack,skip,subpixel} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-45} \
-      GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-50}
-    set -- tune variants bench
+    # What H200 run 5 (2026-12-04, bench/NOTES.md "Second H200 session ... outcomes") left, issue 28's last bar
+    # first: the stack scenario (its eager pair, then the compiled pair; saved after each), the host-bound cases and
+    # unet_64 eager and replayed from CUDA graphs (issue 29's graph columns; unet_64's rows re-measure the halo rule),
+    # then bench.variants on the rows run 5 had no time for, most wanted first: the small grids' split tiles
+    # (unet_320, hunyuan_512) and down_s2's strided forward, unet_64 as chosen now (halo tiles) against what it ran
+    # before (timed_only), unet_32's transposed weight gradient, wan_dec_384b, LTX-2's reflect layers as chosen now
+    # (the pointer kernel), MONAI UNet's 16-channel layers, HunyuanVideo's replicate-bordered decoder layer, Wan's
+    # cached layer on channel taps, unet_64 in fp32. The stack's table is tuned (run 5): no tune stage.
+    PLAN2_IMPLS=$(printf '%s,' unet_320:chosen unet_320:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
+      down_s2:chosen down_s2:gluon_ws down_s2:timed_only unet_64:chosen unet_64:timed_only \
+      unet_64:gluon_ws_halo_swapped unet_32:chosen unet_32:timed_only \
+      unet_32:gluon_ws_halo wan_dec_384b:chosen wan_dec_384b:timed_only ltx2_dec_256_reflect:chosen \
+      ltx2_dec_512_reflect:chosen unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
+      hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only )wan_dec_96_cached:gluon_ws_channel_taps
+    PLAN2_CASES=unet_320,hunyuan_512,down_s2,unet_64,unet_32,wan_dec_384b,ltx2_dec_256_reflect,ltx2_dec_512_reflect,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
+    export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"scenarios graphs"} \
+      IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
+      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
+      GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256,unet_64} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-70} \
+      VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-260} \
+      VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"}
+    set -- bench variants
     ;;
   plan3)
     export CALL_SECONDS=${CALL_SECONDS:-220} PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-190}
@@ -140,6 +119,12 @@ for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into 
     check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz | fuzzargs) ;;
     *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile, fuzz or fuzzargs" >&2
        exit 2 ;;
+  esac
+done
+for step in ${BENCH_STEPS:-}; do
+  case "$step" in
+    suite | scenarios | graphs | stack_layers) ;;
+    *) echo "unknown bench step $step: suite, scenarios, graphs or stack_layers" >&2; exit 2 ;;
   esac
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
@@ -195,6 +180,38 @@ until_done() {
 } > "$OUT/environment.txt" 2>&1
 cat "$OUT/environment.txt"
 
+# bench_step STEP: one step of the bench stage (BENCH_STEPS).
+bench_step() {
+  case "$1" in
+  suite)
+    local direction
+    for direction in ${DIRECTIONS:-fwd bwd}; do
+      timeout "$(left "${BENCH_TIMEOUT:-240}")" python3 -m bench --out bench/results --merge --direction "$direction" \
+        --impls "${IMPLS:-tconv3d,cudnn_cl3d,cudnn_ncdhw,compile}" --scenarios none ${BENCH_ARGS:-} 2>&1 \
+        | tee -a "$OUT/bench.log"
+    done
+    ;;
+  scenarios)  # one invocation each: a cut-off loses that scenario, not those before it
+    local scenario scenarios=${SCENARIOS:-stack,conv2d,causal,skip,subpixel}
+    [ "$scenarios" = none ] && return 0
+    for scenario in ${scenarios//,/ }; do
+      timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
+        --scenarios "$scenario" 2>&1 | tee -a "$OUT/bench.log"
+    done
+    ;;
+  graphs)
+    [ -z "${GRAPH_CASES:-}" ] && return 0
+    timeout "$(left "${GRAPHS_TIMEOUT:-60}")" python3 -m bench --out bench/results --merge --dtype bf16 \
+      --cases "$GRAPH_CASES" --impls tconv3d,cudnn_cl3d --scenarios none 2>&1 | tee -a "$OUT/bench.log"
+    ;;
+  stack_layers)  # the stack scenario's three layers, each against cuDNN: bench.log's lines
+    timeout "$(left "${STACK_LAYERS_TIMEOUT:-60}")" python3 -m bench --suite stack --out /tmp/stack_layers \
+      --impls tconv3d,cudnn_cl3d --dtype bf16 --scenarios none --no-graphs 2>&1 | tee -a "$OUT/bench.log"
+    ;;
+  *) echo "[gpu_session] unknown bench step $1" | tee -a "$OUT/bench.log"; return 1 ;;
+  esac
+}
+
 run_stage() {
   case "$1" in
   check)
@@ -240,28 +257,13 @@ run_stage() {
     for table in "$TUNE_DIR"/*.json; do cp "$table" "$OUT/tune_table_$(basename "$table")"; done
     ;;
   bench)
-    # Each direction separately, then the scenarios: the JSON is saved after every case, so a cut-off keeps most.
-    impls=${IMPLS:-tconv3d,cudnn_cl3d,cudnn_ncdhw,compile}
-    for direction in ${DIRECTIONS:-fwd bwd}; do
-      timeout "$(left "${BENCH_TIMEOUT:-240}")" python3 -m bench --out bench/results --merge --direction "$direction" \
-        --impls "$impls" --scenarios none ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
+    # BENCH_STEPS, in order (default: suite scenarios graphs, and stack_layers where STACK_LAYERS=1): suite = each
+    # direction separately; scenarios = one invocation each; graphs = GRAPH_CASES again, eager and replayed from
+    # CUDA graphs (issue 29). The JSON is saved after every case, so a cut-off keeps most; a case measured again
+    # replaces its row.
+    for step in ${BENCH_STEPS:-suite scenarios graphs ${STACK_LAYERS:+stack_layers}}; do
+      bench_step "$step"
     done
-    scenarios=${SCENARIOS:-stack,conv2d,causal,skip,subpixel}
-    if [ "$scenarios" != none ]; then  # one invocation each: a cut-off loses that scenario, not those before it
-      for scenario in ${scenarios//,/ }; do
-        timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
-          --scenarios "$scenario" 2>&1 | tee -a "$OUT/bench.log"
-      done
-    fi
-    if [ -n "${GRAPH_CASES:-}" ]; then  # these cases again, eager and replayed from CUDA graphs (issue 29), after
-      # the suite (a case measured again replaces its row: the graph columns stay where the last run measured them)
-      timeout "$(left "${GRAPHS_TIMEOUT:-60}")" python3 -m bench --out bench/results --merge --dtype bf16 \
-        --cases "$GRAPH_CASES" --impls tconv3d,cudnn_cl3d --scenarios none 2>&1 | tee -a "$OUT/bench.log"
-    fi
-    if [ -n "${STACK_LAYERS:-}" ]; then  # the stack scenario's three layers, each against cuDNN: bench.log's lines
-      timeout "$(left "${STACK_LAYERS_TIMEOUT:-60}")" python3 -m bench --suite stack --out /tmp/stack_layers \
-        --impls tconv3d,cudnn_cl3d --dtype bf16 --scenarios none --no-graphs 2>&1 | tee -a "$OUT/bench.log"
-    fi
     # The JSON alone (the tool returns 8 files a call): `python -m bench.report` remakes the .md and .png here.
     cp "bench/results/$(python3 -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json" "$OUT/"
     ;;
