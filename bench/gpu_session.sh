@@ -90,7 +90,8 @@ case "${1:-}" in
       unet_64:gluon_ws_halo_swapped unet_32:chosen unet_32:timed_only \
       unet_32:gluon_ws_halo wan_dec_384b:chosen wan_dec_384b:timed_only ltx2_dec_256_reflect:chosen \
       ltx2_dec_512_reflect:chosen wan_dec_192:chosen wan_dec_192:gluon_ws_grouped_taps unet_16:chosen \
-      unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only )wan_dec_96_cached:gluon_ws_channel_taps
+      unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only hunyuan_dec_128_replicate:chosen \
+      hunyuan_dec_128_replicate:timed_only )wan_dec_96_cached:gluon_ws_channel_taps
     PLAN2_CASES=unet_320,hunyuan_512,down_s2,unet_64,unet_32,wan_dec_384b,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"scenarios graphs"} \
       IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
