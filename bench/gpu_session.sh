@@ -17,6 +17,8 @@
 #   host      kernel vs eager-op time and the host's issue time on small layers
 #   resample  torch's 3-D nearest, trilinear and average-pool kernels on channels_last_3d against NCDHW, and
 #             tconv3d's replacements, forward and backward (~20 s)
+#   layers    tests/gpu/layer_errors.py over LAYER_MODELS (default monai_densenet121): each layer's bf16 error against
+#             float64, stock and converted, where a real model's test failed on the whole model's (needs .whl)
 #   models    the five diffusers video VAEs at their released sizes: stock vs converted decodes, a CUDA-graph
 #             replay, tests/test_integrations.py on CUDA
 #   profile   Nsight Compute (ncu, NCU_ARGS: --set detailed) over one launch of each variant row PROFILE_ARGS names
@@ -118,8 +120,8 @@ case "${1:-}" in
 esac
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
-    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | census | profile | fuzz | fuzzargs) ;;
-    *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, census, profile, fuzz or fuzzargs" >&2
+    check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | layers | census | profile | fuzz | fuzzargs) ;;
+    *) echo "unknown stage $stage: plan1, plan2, plan3, plan4 or plan5 alone, or check, probe, tests, gpu, report, tune, bench, memcheck, reliability, host, resample, variants, models, layers, census, profile, fuzz or fuzzargs" >&2
        exit 2 ;;
   esac
 done
@@ -310,6 +312,12 @@ run_stage() {
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA
     fi
+    ;;
+  layers)  # one JSON a model would exceed the files a call returns: the log holds each model's table
+    for model in ${LAYER_MODELS:-monai_densenet121}; do
+      timeout "$(left "${LAYERS_TIMEOUT:-60}")" python3 tests/gpu/layer_errors.py --model "$model" 2>&1 \
+        | tee -a "$OUT/layers.log"
+    done
     ;;
   census)  # CENSUS_MODELS: bench.census argument lists, ';'-separated; each model's conv rows timed against cuDNN
     if ! python3 -c "import diffusers, monai" 2>/dev/null; then

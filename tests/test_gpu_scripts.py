@@ -1,10 +1,17 @@
 """The GPU evidence scripts under tests/gpu/ run end to end; here on CPU, on small shapes, through torch's path."""
 
+import copy
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
+
+import tconv3d
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,3 +153,45 @@ def test_tma_probe_script_logic(monkeypatch):
 
     monkeypatch.setattr(tma_probe, "stored_reference", row_lower)
     assert tma_probe.run_case("store_box_past_h", "cpu")["verdict"] == "wrong"
+
+
+def test_layer_errors_script_rates_a_models_layers(tmp_path):
+    """tests/gpu/layer_errors.py on CPU (torch's path): MONAI's UNet in bf16, each conv and norm rated for stock
+    and converted against float64 of stock's module on the same input."""
+    pytest.importorskip("monai")
+    out = tmp_path / "layers.json"
+    result = run_script("tests/gpu/layer_errors.py", "--model", "monai_unet", "--device", "cpu", "--size", "16",
+                        "--json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [row for row in json.loads(out.read_text())["rows"] if "ratio" in row]
+    kinds = {row["module"] for row in rows}
+    assert {"Conv3d", "ConvTranspose3d", "InstanceNorm3d"} <= kinds, kinds
+    assert all(1e-4 < row["stock"] < 1e-2 and 1e-4 < row["converted"] < 1e-2 for row in rows), rows
+
+
+def test_layer_errors_name_the_layer_that_adds_error():
+    """On the Triton kernels (the interpreter), a bf16 stack of convs and a GroupNorm fused with its SiLU: each
+    layer as near float64 as stock's; a converted conv whose weight is 1% off stands out by its ratio, and only it."""
+    spec = importlib.util.spec_from_file_location("layer_errors", ROOT / "tests" / "gpu" / "layer_errors.py")
+    layer_errors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layer_errors)
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(
+        torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU(),
+        torch.nn.Conv3d(16, 16, 3, padding=1), torch.nn.Conv3d(16, 8, 1),
+    ).eval()  # fmt: skip
+    x = torch.randn(1, 8, 4, 6, 6).bfloat16().contiguous(memory_format=torch.channels_last_3d)
+    for wrong in (None, "3"):
+        converted = tconv3d.nn.convert(copy.deepcopy(stock))
+        if wrong:
+            with torch.no_grad():
+                converted.get_submodule(wrong).weight.mul_(1.01)
+        rows = {row["name"]: row for row in layer_errors.layer_errors(stock, converted, lambda m: m(x), torch.bfloat16)}
+        assert set(rows) == {"0", "1", "3", "4"}, rows  # the SiLU fused into the GroupNorm is not rated
+        assert rows["1"]["module"] == "GroupNorm" and converted.get_submodule("1").activation == "silu"
+        for name, row in rows.items():
+            assert 5e-4 < row["stock"] < 1e-2, row
+            if name == wrong:
+                assert row["ratio"] > 2, row
+            else:
+                assert 0.5 < row["ratio"] < 1.5, row
