@@ -75,10 +75,10 @@ def layer_errors(stock, converted, run, dtype) -> list[dict]:
         "converted": first_calls(copy.deepcopy(converted).to(dtype), run),
     }
     rows = []
-    for name in sorted(leaves & sides["stock"].keys()):
+    for name in sorted(leaves & sides["stock"].keys() & sides["converted"].keys()):
         ours = converted.get_submodule(name)
-        if isinstance(ours, torch.nn.Identity) or name not in sides["converted"]:
-            continue  # an activation convert fused into the norm before it, or a module the converted model skips
+        if isinstance(ours, torch.nn.Identity):
+            continue  # an activation convert fused into the norm before it
         row = {"name": name, "module": type(ours).__name__}
         for side, calls in sides.items():
             args, kwargs, output = calls[name]
