@@ -30,12 +30,16 @@ def min_bytes(shape: ConvShape, direction: str, element_size: int) -> int:
     return elements * element_size
 
 
+def pct_of_peak(tflops: float, peak_tflops: float | None) -> float | None:
+    return round(100 * tflops / peak_tflops, 1) if peak_tflops else None
+
+
 def impl_figures(ms: float, flops: int, peak_tflops: float, peak_mem_mb: float | None) -> dict:
     tflops = flops / ms * 1e-9
     return {
         "ms": round(ms, 5),
         "tflops": round(tflops, 2),
-        "pct_of_peak": round(100 * tflops / peak_tflops, 1) if peak_tflops else None,
+        "pct_of_peak": pct_of_peak(tflops, peak_tflops),
         "peak_mem_mb": None if peak_mem_mb is None else round(peak_mem_mb, 1),
     }
 

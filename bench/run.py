@@ -159,16 +159,15 @@ def measure_peaks() -> dict:
 
 
 def reread_bf16_peak(results: dict) -> None:
-    """After a run's cases: read the bf16 matmul again, keep the higher peak, and quote the run's 16-bit cases
-    against it (their "% of peak")."""
+    """After a run's cases: read the bf16 matmul again, keep the higher peak, and quote the run's cases against
+    their peaks again (peak_for: the 16-bit ones against it)."""
     peak = results["peak"]
     peak["bf16_mm_readings"] = peak.get("bf16_mm_readings", []) + bf16_matmul_tflops()
     peak["bf16_mm_tflops"] = max(peak["bf16_mm_readings"])
     for case in results["cases"]:
-        if case["dtype"] != "fp32":
-            for figures in case["impls"].values():
-                if figures.get("tflops") is not None:
-                    figures["pct_of_peak"] = round(100 * figures["tflops"] / peak["bf16_mm_tflops"], 1)
+        for figures in case["impls"].values():
+            if figures.get("tflops") is not None:
+                figures["pct_of_peak"] = report.pct_of_peak(figures["tflops"], peak_for(peak, case["dtype"]))
 
 
 def peak_for(peaks: dict, dtype_name: str) -> float | None:

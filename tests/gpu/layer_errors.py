@@ -37,6 +37,8 @@ def _float64(value):
         return value.double()
     if isinstance(value, (tuple, list)):
         return type(value)(_float64(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _float64(item) for key, item in value.items()}
     return value
 
 
