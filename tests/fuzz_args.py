@@ -3,7 +3,8 @@
 fuzz.py draws valid problems and checks their numbers; this draws the calls around them: a valid call of
 `tconv3d.conv3d`, `tconv3d.conv_transpose3d`, a `tconv3d.nn` module or one of the ops (`torch.ops.tconv3d.conv3d`,
 and `conv3d_input_grad` and `conv3d_weight_grad` with the forward's grad_output, the norms, upsample_linear), or
-the constructor of a drop-in (`tconv3d.nn.Upsample`, `AvgPool3d`, `InstanceNorm3d`: torch.nn's of the same name,
+the constructor of a drop-in (`tconv3d.nn.Upsample`, `AvgPool3d`, `InstanceNorm3d`, `BatchNorm3d`: torch.nn's of the
+same name,
 its arguments as torch's takes them, held to torch.nn's module) or of `tconv3d.nn.CausalConv3d` (held to nn.Conv3d
 of its padding); 30% of the module calls torch.nn makes too are made by torch.nn's module taken over by
 `tconv3d.nn.convert` (a norm's SiLU fused into it). Then up to three mutations of the call
@@ -76,16 +77,17 @@ CL = torch.channels_last_3d
 MODES = ("zeros", "replicate", "reflect", "circular")
 ENTRIES = ("conv3d", "conv_transpose3d", "nn.Conv3d", "nn.ConvTranspose3d", "op.conv3d", "op.input_grad",
            "op.weight_grad", "nn.GroupNorm", "op.group_norm", "op.rms_norm", "op.upsample_linear", "nn.Upsample",
-           "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.CausalConv3d")  # fmt: skip
+           "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.BatchNorm3d", "nn.CausalConv3d")  # fmt: skip
 NORMS = ("nn.GroupNorm", "op.group_norm")
 # One-tensor ops (torch.ops.tconv3d.rms_norm, upsample_linear): an input, per-channel parameters, a few options.
 VOXEL_OPS = ("op.rms_norm", "op.upsample_linear")
 # The gradient ops (torch.ops.tconv3d.conv3d_input_grad, conv3d_weight_grad): the call is the forward's, the op
 # takes its grad_output and the size of what it differentiates by.
 GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
-# The drop-ins (tconv3d.nn.Upsample, AvgPool3d, InstanceNorm3d): torch.nn's class of the same name, the same
-# constructor, the same values; what `convert` swaps into a model. Their call is the constructor's arguments.
-DROP_INS = ("nn.Upsample", "nn.AvgPool3d", "nn.InstanceNorm3d")
+# The drop-ins (tconv3d.nn.Upsample, AvgPool3d, InstanceNorm3d, BatchNorm3d): torch.nn's class of the same name, the
+# same constructor, the same values; what `convert` swaps into a model. Their call is the constructor's arguments.
+DROP_INS = ("nn.Upsample", "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.BatchNorm3d")
+NORM_DROP_INS = ("nn.InstanceNorm3d", "nn.BatchNorm3d")  # their constructors take num_features, eps, affine
 # The entries whose calls a torch.nn module makes too: drawn (30%) as that module taken over by tconv3d.nn.convert.
 CONVERTIBLE = ("nn.Conv3d", "nn.ConvTranspose3d", "nn.GroupNorm", *DROP_INS)
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
@@ -175,7 +177,8 @@ def _valid_norm_call(rng: random.Random, entry: str) -> dict:
 def _valid_drop_in_call(rng: random.Random, entry: str) -> dict:
     """A drop-in module's constructor arguments (`ctor`) and input: an Upsample by whole factors or to the size
     they make, in the modes tconv3d's own paths take; an AvgPool3d whose windows tile the input (tconv3d's path),
-    or another valid pool; an InstanceNorm3d of the input's channels."""
+    or another valid pool; an InstanceNorm3d or a BatchNorm3d (momentum or a cumulative average, with or without
+    running statistics) of the input's channels."""
     size = [rng.randint(1, 4) for _ in range(3)]
     if entry == "nn.Upsample":
         mode = rng.choice(("nearest", "nearest-exact", "trilinear"))
@@ -194,11 +197,14 @@ def _valid_drop_in_call(rng: random.Random, entry: str) -> dict:
         if rng.random() < 0.3:  # another valid pool: torch's, laid out channels_last_3d after
             ctor.update(stride=[rng.randint(1, 3) for _ in range(3)], padding=[rng.randint(0, k // 2) for k in kernel],
                         ceil_mode=rng.random() < 0.5, count_include_pad=rng.random() < 0.5)  # fmt: skip
-    else:
+    elif entry == "nn.InstanceNorm3d":
         ctor = dict(eps=rng.choice((1e-5, 1e-6, 1e-3)), affine=rng.random() < 0.5,
                     activation=rng.choice((None, "silu")))  # fmt: skip
+    else:
+        ctor = dict(eps=rng.choice((1e-5, 1e-6, 1e-3)), affine=rng.random() < 0.7,
+                    momentum=rng.choice((0.1, 0.1, 0.5, None)), track_running_stats=rng.random() < 0.8)  # fmt: skip
     return dict(entry=entry, batch=rng.choice((1, 2)), c_in=rng.randint(1, 4), after=0, size=size, ctor=ctor,
-                affine=entry == "nn.InstanceNorm3d" and ctor["affine"], train=rng.random() < 0.7,
+                affine=entry in NORM_DROP_INS and ctor["affine"], train=rng.random() < 0.7,
                 dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
                 grad=rng.random() < 0.3, mutations=[])  # fmt: skip
 
@@ -328,10 +334,14 @@ def _drop_in_mutations(call: dict) -> dict:
             "track_running_stats": ctor(track_running_stats=True),
             "momentum_none": ctor(momentum=None, track_running_stats=True),
             "eps_0": ctor(eps=0.0),
-            "activation_bogus": ctor(activation="relu"),
             "affine": lambda c: (c.__setitem__("affine", True), ctor(affine=True)(c)),
             "weight_other_float": _setter("weight_dtype", "other"),
         })  # fmt: skip
+        if call["entry"] == "nn.InstanceNorm3d":
+            m["activation_bogus"] = ctor(activation="relu")
+        else:
+            m.update(no_running_stats=ctor(track_running_stats=False), momentum_1=ctor(momentum=1.0),
+                     eval=_setter("train", False))  # fmt: skip
     return m
 
 
@@ -776,12 +786,12 @@ def _drop_in(call: dict, t: dict, nn):
     """The drop-in module of tconv3d.nn or torch.nn, of the call's constructor arguments (torch's without the
     activation, which `theirs` applies), holding the call's parameters, in the call's train or eval mode."""
     kwargs = dict(call["ctor"])
-    if call["entry"] == "nn.InstanceNorm3d":
+    if call["entry"] in NORM_DROP_INS:
         parameter = t["weight"] if t["weight"] is not None else t["input"]
         kwargs.setdefault("num_features", call["c_in"])
         kwargs.update(device=parameter.device, dtype=parameter.dtype if parameter.is_floating_point() else None)
         if nn is torch.nn:
-            kwargs.pop("activation")
+            kwargs.pop("activation", None)
     with warnings.catch_warnings():  # torch's: num_features unused without affine; recompute_scale_factor
         warnings.simplefilter("ignore", UserWarning)
         module = getattr(nn, call["entry"][3:])(**kwargs).train(call["train"])
@@ -841,9 +851,12 @@ def theirs(call: dict, t: dict, dtype=None):
         # Where tconv3d's kernels run an InstanceNorm3d (5-D, a dtype they take, no running statistics; elsewhere
         # torch's instance_norm runs): torch's affine instance norm of an empty batch raises an IndexError (its bug,
         # docs/upstream.md), their answer is empty; they take parameters of another float dtype (_parameters_as)
-        kernels = call["entry"] == "nn.InstanceNorm3d" and x.dim() == 5 and x.dtype in SUPPORTED_DTYPES
-        kernels = kernels and not ctor.get("track_running_stats")
-        if kernels and not x.shape[0] and ctor["affine"]:
+        kernels = call["entry"] in NORM_DROP_INS and x.dim() == 5 and x.dtype in SUPPORTED_DTYPES
+        if call["entry"] == "nn.InstanceNorm3d":
+            kernels = kernels and not ctor.get("track_running_stats")
+        else:  # BatchNorm3d: where it normalizes by the batch's statistics
+            kernels = kernels and (call["train"] or ctor.get("track_running_stats", True) is False)
+        if kernels and not x.shape[0] and ctor["affine"] and call["entry"] == "nn.InstanceNorm3d":
             return torch.empty_like(x)
         if kernels:
             t = _parameters_as(t, x.dtype)
@@ -1078,7 +1091,7 @@ def _check(call: dict) -> tuple[str, str]:
     reference = theirs(call, t, torch.float64)
     bound = 1e-10 if out.dtype == torch.float64 else tolerance(out.dtype)  # float64: torch's own ops ran it
     # A norm's output is O(1) where it means anything: one value a group normalizes to 0, float64's 1e-15
-    normalized = call["entry"] in NORMS or call["entry"] in ("op.rms_norm", "nn.InstanceNorm3d")
+    normalized = call["entry"] in NORMS or call["entry"] in ("op.rms_norm", *NORM_DROP_INS)
     floor = bound**0.5 * out.numel() ** 0.5 if normalized else 0.0
     error = _distance(out, reference.detach(), floor)
     if error > bound:

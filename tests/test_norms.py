@@ -2,6 +2,8 @@
 without the fused SiLU: forward and gradients against float64 torch, channels_last_3d outputs, determinism,
 errors, opcheck, and the modules as drop-ins."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -524,18 +526,42 @@ def test_a_group_of_one_value_has_no_input_gradient(path, device, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["kernels", "aten"])
+def test_a_gradient_constant_over_a_channel_of_a_constant_input_has_no_input_gradient(path, device, monkeypatch):
+    """With one channel a group (InstanceNorm3d, BatchNorm3d), a constant input and a gradient constant over each
+    channel (y.sum()'s), the input gradient is exactly 0: dy' is centered before rstd scales it. dy' * k1 + k3
+    left the rounding of two terms rstd times dy's size (tests/fuzz_args.py, seed 534638: 2.6e-3 of fp16's
+    bound's floor at eps 1e-6). Values whose sums are exact, so that the means are."""
+    if path == "aten":
+        monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+        device = "cpu"
+    torch.manual_seed(0)
+    for module in (tconv3d.nn.InstanceNorm3d(3, eps=1e-6, affine=True), tconv3d.nn.BatchNorm3d(3, eps=1e-6)):
+        module = module.to(device)
+        for _ in range(4):
+            with torch.no_grad():
+                module.weight.normal_(), module.bias.normal_()
+            for dtype in (torch.float16, torch.float32):
+                x = leaf_copy(torch.full((2, 3, 3, 2, 4), 0.75, device=device, dtype=dtype))
+                g = (torch.randint(-64, 64, (1, 3, 1, 1, 1), device=device) / 8).to(dtype).expand(x.shape)
+                (grad,) = torch.autograd.grad(module(x), x, g)
+                assert not grad.any(), (type(module).__name__, dtype, grad.abs().max())
+
+
+@pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
-    """GroupNorm and InstanceNorm3d of an empty batch (or an empty clip) answer an empty output and gradient, as
-    torch's do, and zero gradients for their parameters, as torch's GroupNorm does for an empty batch (for an empty
-    clip of a batch torch's are NaN, the NaN statistics times empty sums); aten's path (a CPU user's) split
-    a group's values with reshape(n, groups, -1), which an empty batch makes ambiguous: a RuntimeError from reshape.
+    """GroupNorm, InstanceNorm3d and BatchNorm3d of an empty batch (or an empty clip) answer an empty output and
+    gradient, as torch's do, and zero gradients for their parameters, as torch's GroupNorm does for an empty batch
+    (for an empty clip of a batch torch's are NaN, the NaN statistics times empty sums); aten's path (a CPU user's)
+    split a group's values with reshape(n, groups, -1), which an empty batch makes ambiguous: a RuntimeError from
+    reshape.
     An affine InstanceNorm3d answers so too, where torch's raises an IndexError (docs/upstream.md)."""
     if path == "aten":
         monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
         device = "cpu"
     for shape in ((0, 4, 2, 3, 2), (0, 4, 0, 3, 2), (2, 4, 2, 0, 2)):
         x = leaf_copy(torch.randn(shape, device=device).contiguous(memory_format=CL))
-        modules = (tconv3d.nn.GroupNorm(2, 4), tconv3d.nn.InstanceNorm3d(4), tconv3d.nn.InstanceNorm3d(4, affine=True))
+        modules = (tconv3d.nn.GroupNorm(2, 4), tconv3d.nn.InstanceNorm3d(4), tconv3d.nn.InstanceNorm3d(4, affine=True),
+                   tconv3d.nn.BatchNorm3d(4))  # fmt: skip
         for module in modules:
             y = module.to(device)(x)
             assert y.shape == x.shape and y.is_contiguous(memory_format=CL)
@@ -543,3 +569,101 @@ def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
             assert grads[0].shape == x.shape
             for grad, parameter in zip(grads[1:], module.parameters(), strict=True):
                 assert grad.shape == parameter.shape and not grad.any()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BatchNorm3d: batch statistics by the GroupNorm kernels over the batch folded into the frames
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("shape", [(2, 6, 3, 4, 5), (1, 5, 2, 3, 3), (3, 8, 2, 20, 20)], ids=["n2", "n1", "splits"])
+def test_batch_norm_matches_float64(shape, affine, momentum, dtype, device):
+    """Two training steps of tconv3d.nn.BatchNorm3d against nn.BatchNorm3d in float64 from the same state: the
+    output (channels_last_3d), the input and parameter gradients, the running statistics (momentum, or their
+    cumulative average) and num_batches_tracked; then eval, by the running statistics. The input's channels sit
+    30 standard deviations off zero, so a one-pass variance would lose digits the kernels must keep."""
+    torch.manual_seed(0)
+    stock = nn.BatchNorm3d(shape[1], momentum=momentum, affine=affine).to(device).double()
+    with torch.no_grad():
+        if affine:
+            stock.weight.normal_(), stock.bias.normal_()
+        stock.running_mean.normal_(), stock.running_var.uniform_(0.5, 2.0)
+    ours = tconv3d.nn.BatchNorm3d(shape[1], momentum=momentum, affine=affine).to(device)
+    ours.load_state_dict(stock.state_dict())
+    ours = ours.to(dtype) if dtype != torch.float32 else ours
+    params = list(ours.parameters())
+    for _ in range(2):
+        offsets = torch.randn(1, shape[1], 1, 1, 1, device=device) * 30
+        x = leaf_copy((torch.randn(shape, device=device) + offsets).to(dtype).contiguous(memory_format=CL))
+        reference = leaf_copy(x.detach().double())
+        y, expected = ours(x), stock(reference)
+        assert y.is_contiguous(memory_format=CL) and y.dtype == dtype
+        assert rel_l2(y, expected) < TOLERANCE[dtype]
+        grad = torch.randn_like(expected)
+        got = torch.autograd.grad(y, [x, *params], grad.to(dtype))
+        want = torch.autograd.grad(expected, [reference, *stock.parameters()], grad)
+        for g, w in zip(got, want, strict=True):
+            assert rel_l2(g, w) < TOLERANCE[dtype]
+        # the running statistics keep the module's dtype; their error is its rounding
+        assert rel_l2(ours.running_mean, stock.running_mean) < TOLERANCE[dtype]
+        assert rel_l2(ours.running_var, stock.running_var) < TOLERANCE[dtype]
+        assert torch.equal(ours.num_batches_tracked, stock.num_batches_tracked)
+    ours.eval(), stock.eval()
+    assert rel_l2(ours(x), stock(reference)) < TOLERANCE[dtype]
+
+
+def test_batch_norm_runs_the_kernels_where_batch_statistics_normalize(device, monkeypatch):
+    """Training, and eval without running statistics, normalize by the batch's: one group_norm over the (1, C,
+    N * D, H, W) view; eval with running statistics, float64 and vmap are torch's batch_norm."""
+    launched = []
+    real = tconv3d.nn.modules.call_group_norm
+    monkeypatch.setattr(tconv3d.nn.modules, "call_group_norm", lambda *a: launched.append(a[0].shape) or real(*a))
+    x = torch.randn(2, 4, 3, 5, 6, device=device).contiguous(memory_format=CL)
+    norm = tconv3d.nn.BatchNorm3d(4).to(device)
+    norm(x)
+    assert launched == [(1, 4, 6, 5, 6)]
+    norm.eval()(x)
+    tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device).eval()(x.contiguous())  # NCDHW in: copied
+    assert launched == [(1, 4, 6, 5, 6)] * 2
+    tconv3d.nn.BatchNorm3d(4).to(device).double()(x.double())
+    torch.func.vmap(tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device))(x[None])
+    assert len(launched) == 2
+
+
+def test_batch_norm_a_test_can_fail(device):
+    """A BatchNorm whose variance is off by 1% (eps 2e-2 at unit variance) is 1e-2 away from float64: well past the
+    float32 bound the module is held to."""
+    x = torch.randn(2, 4, 3, 4, 5, device=device).contiguous(memory_format=CL)
+    expected = nn.BatchNorm3d(4).to(device).double()(x.double())
+    assert rel_l2(tconv3d.nn.BatchNorm3d(4, eps=2e-2).to(device)(x), expected) > 100 * TOLERANCE[torch.float32]
+
+
+def test_batch_norm_of_one_value_a_channel_is_refused_as_torch_does(device):
+    norm = tconv3d.nn.BatchNorm3d(3).to(device)
+    x = torch.randn(1, 3, 1, 1, 1, device=device)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training") as ours:
+        norm(x)
+    with pytest.raises(ValueError) as stock:
+        nn.BatchNorm3d(3).to(device)(x)
+    assert str(ours.value) == str(stock.value)
+    assert norm.eval()(x).shape == x.shape  # eval normalizes by the running statistics
+    with pytest.raises(ValueError, match="expected 5D input"):
+        norm.train()(torch.randn(2, 3, 4, 4, device=device))
+
+
+def test_batch_norm_compiles_whole(device):
+    """A training step of a converted conv + BatchNorm under torch.compile(fullgraph=True): the running statistics
+    updated as eager updates them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.BatchNorm3d(4), nn.ReLU()).to(device)
+    twin = tconv3d.nn.convert(copy.deepcopy(model))
+    tconv3d.nn.convert(model)
+    assert type(model[1]) is tconv3d.nn.BatchNorm3d
+    x = torch.randn(2, 3, 3, 5, 5, device=device).contiguous(memory_format=CL)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    y = compiled(x)
+    assert rel_l2(y, twin(x)) < TOLERANCE[torch.float32]
+    assert rel_l2(model[1].running_var, twin[1].running_var) < TOLERANCE[torch.float32]
+    assert model[1].num_batches_tracked.item() == twin[1].num_batches_tracked.item() == 1

@@ -124,8 +124,8 @@ def scale_shift(mean, rstd, weight, bias, channels: int):
 
 def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
     """From per (n, channel) sums of dy' and dy' * (x - mean): the coefficients of dx = dy' * k1 + (x - mean) * k2
-    + k3 (fp32 [N, C] each) and the weight and bias gradients (fp32 [C]), as group_norm._fold_kernel's
-    FOLD_BACKWARD."""
+    + k3 (fp32 [N, C] each; with one channel a group, k3 = -mean(dy') and dx = (dy' + k3) * k1 + (x - mean) * k2)
+    and the weight and bias gradients (fp32 [C]), as group_norm._fold_kernel's FOLD_BACKWARD."""
     n, _, c = sums.shape
     per_group = c // groups
     expand = lambda t: t.repeat_interleave(per_group, dim=1)  # noqa: E731  [N, groups] -> [N, C]
@@ -139,7 +139,7 @@ def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
     total = voxels * per_group
     k1 = expand(rstd) * gamma
     k2 = expand(-rstd.square() * group_b / total)
-    k3 = expand(-rstd * group_a / total)
+    k3 = expand(-rstd * group_a / total) if per_group > 1 else -dy_sum / total
     if total == 1:  # a group of one value normalizes to 0 whatever it is: dx is 0 (the fold kernel's `single`)
         k1, k2, k3 = (torch.zeros_like(k) for k in (k1, k2, k3))
     return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
@@ -177,7 +177,10 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
-    grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
+    if c == rstd.shape[1]:  # one channel a group: dy' centered first, as the affine kernel does
+        grad_in = (dy + per_channel(k3)) * per_channel(k1) + centered * per_channel(k2)
+    else:
+        grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
     return channels_last(grad_in.to(x.dtype)), grad_weight, grad_bias
 
 

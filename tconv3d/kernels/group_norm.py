@@ -15,7 +15,10 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   kernels and their host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch
   for the aten path).
 - `_affine_kernel`: y = act((x - mean) * a + b) with per-(batch, channel) a and b that fold rstd, weight and bias;
-  backward dx = dy' * k1 + (x - mean) * k2 + k3 with dy' = dy * act'((x - mean) * a + b), recomputed, not stored.
+  backward dx = dy' * k1 + (x - mean) * k2 + k3 with dy' = dy * act'((x - mean) * a + b), recomputed, not stored;
+  with one channel a group (InstanceNorm, BatchNorm) dx = (dy' + k3) * k1 + (x - mean) * k2, k3 = -mean(dy'): dy'
+  centered before it is scaled by rstd, so a gradient constant over a channel (y.sum()'s) answers exactly 0 there
+  where dy' * k1 + k3 would round two terms rstd times dy's size (1e-4 of it at a constant channel's rstd).
   x is centered before it is scaled: the folded form x * a + (b - mean * a) subtracts two products of the mean's
   size, whose difference is |mean| / std times less precise (torch's group_norm folds, and drifts from float64
   by 1e-3 where the mean is 100 standard deviations; its instance_norm centers, as here).
@@ -104,10 +107,10 @@ def _affine_kernel(
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
-    act'((x - mean) * a + b). a, b, k1, k2, k3 are fp32 rows stride_an apart; mean is [N, GROUPS], PER_GROUP
-    channels a group. x holds the concatenation's channels C0 .. C0 + C, the
-    others are the concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv,
-    stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
+    act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
+    a, b, k1, k2, k3 are fp32 rows stride_an apart; mean is [N, GROUPS], PER_GROUP channels a group. x holds the
+    concatenation's channels C0 .. C0 + C, the others are the concatenation's (see _channel_reduce_kernel). x's,
+    dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -129,7 +132,10 @@ def _affine_kernel(
         k1 = tl.load(k1_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
         k2 = tl.load(k2_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
         k3 = tl.load(k3_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
-        result = dy * k1 + x * k2 + k3
+        if PER_GROUP == 1:  # noqa: SIM108  k3 is -mean(dy'): centered first (see the module's docstring)
+            result = (dy + k3) * k1 + x * k2
+        else:
+            result = dy * k1 + x * k2 + k3
     else:
         result = z * tl.sigmoid(z) if SILU else z
     out = out_ptr + n.to(tl.int64) * stride_on + voxels * stride_ov + wide_c
@@ -155,7 +161,8 @@ def _fold_kernel(
     [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts:
     the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias (y = (x - mean)
     * a + b) from rstd. FOLD_BACKWARD: the split sums of dy' and dy' * (x - mean) -> dx = dy' * k1 + (x - mean) *
-    k2 + k3 and the weight and bias gradients. Each group's sums run over its own splits and channels in the same
+    k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' + k3) * k1 + (x - mean) * k2) and the weight
+    and bias gradients. Each group's sums run over its own splits and channels in the same
     order whatever BLOCK_GROUPS is."""
     groups = C // PER_GROUP
     group = tl.program_id(0) * BLOCK_GROUPS + tl.arange(0, BLOCK_GROUPS)
@@ -209,6 +216,8 @@ def _fold_kernel(
             group_b = tl.sum(gamma * dy_xhat, axis=1)  # ... of gamma * dy' * xhat
             k2 = -rstd * rstd * group_b / total
             k3 = -rstd * group_a / total
+            if PER_GROUP == 1:  # dy' centered before the affine kernel scales it
+                k3 = -tl.sum(dy_sum, axis=1) / total
             # A group of one value normalizes to 0 whatever it is: dx is 0, not dy' * k1 + k3's rounding of two
             # terms rstd times dy's size (1e-4 of dy at eps 1e-6)
             single = total == 1.0

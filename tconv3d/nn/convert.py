@@ -21,7 +21,16 @@ from torch import nn
 
 from ..geometry import SUPPORTED_DTYPES
 from . import monai_nets, video_vaes
-from .modules import AvgPool3d, Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d, Upsample, keep_memory_format
+from .modules import (
+    AvgPool3d,
+    BatchNorm3d,
+    Conv3d,
+    ConvTranspose3d,
+    GroupNorm,
+    InstanceNorm3d,
+    Upsample,
+    keep_memory_format,
+)
 from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
 
 logger = logging.getLogger("tconv3d")
@@ -62,7 +71,8 @@ KNOWN_CLASSES = {name: adapter for adapter in video_vaes.ADAPTERS + monai_nets.A
 
 # The torch modules tconv3d has a drop-in for: exact classes (subclasses bring their own forward).
 DROP_INS = {nn.Conv3d: Conv3d, nn.ConvTranspose3d: ConvTranspose3d, nn.GroupNorm: GroupNorm,
-            nn.InstanceNorm3d: InstanceNorm3d, nn.AvgPool3d: AvgPool3d, nn.Upsample: Upsample}  # fmt: skip
+            nn.InstanceNorm3d: InstanceNorm3d, nn.BatchNorm3d: BatchNorm3d, nn.AvgPool3d: AvgPool3d,
+            nn.Upsample: Upsample}  # fmt: skip
 
 
 def is_converted(module: nn.Module) -> bool:
@@ -88,10 +98,11 @@ def convert(
 ) -> nn.Module:
     """Swap tconv3d in for every eligible layer of `model`, in place, and return `model`.
 
-    - `nn.Conv3d`, `nn.ConvTranspose3d`, `nn.GroupNorm` and `nn.InstanceNorm3d` become tconv3d's drop-ins
-      (NDHWC kernels, channels_last_3d outputs), `nn.AvgPool3d` and `nn.Upsample` drop-ins that keep a
-      channels_last_3d activation so (torch's values), and a GroupNorm or InstanceNorm3d followed by `nn.SiLU` in an
-      `nn.Sequential` becomes one fused norm + SiLU (the SiLU slot an `nn.Identity`).
+    - `nn.Conv3d`, `nn.ConvTranspose3d`, `nn.GroupNorm`, `nn.InstanceNorm3d` and `nn.BatchNorm3d` become
+      tconv3d's drop-ins (NDHWC kernels, channels_last_3d outputs; BatchNorm3d's batch statistics on them),
+      `nn.AvgPool3d` and `nn.Upsample` drop-ins that keep a channels_last_3d activation so (torch's values), and a
+      GroupNorm or InstanceNorm3d followed by `nn.SiLU` in an `nn.Sequential` becomes one fused norm + SiLU (the
+      SiLU slot an `nn.Identity`).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, Kandinsky 6's SR VAE and latent upscalers, MiniMax-H3's
       encoder) are taken over with their padding, repeated frames and cached frames inside one op: no F.pad or

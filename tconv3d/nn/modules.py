@@ -1,7 +1,7 @@
-"""tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm and InstanceNorm3d on
-tconv3d's NDHWC kernels, CausalConv3d, AvgPool3d (torch's, answering channels_last_3d) and Upsample (nearest by
-whole factors as one copy in the input's layout, trilinear by 2 on tconv3d's kernels); the resampling helpers the
-model adapters share."""
+"""tconv3d's modules (public as tconv3d.nn): drop-in Conv3d, ConvTranspose3d, GroupNorm, InstanceNorm3d and
+BatchNorm3d on tconv3d's NDHWC kernels, CausalConv3d, AvgPool3d (torch's, answering channels_last_3d) and Upsample
+(nearest by whole factors as one copy in the input's layout, trilinear by 2 on tconv3d's kernels); the resampling
+helpers the model adapters share."""
 
 from __future__ import annotations
 
@@ -250,6 +250,67 @@ class InstanceNorm3d(nn.InstanceNorm3d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class BatchNorm3d(nn.BatchNorm3d):
+    """`torch.nn.BatchNorm3d` whose batch statistics (training, or no running statistics) come from tconv3d's
+    GroupNorm kernels: a channels_last_3d (N, C, D, H, W) tensor is, in memory, the (1, C, N * D, H, W) one whose
+    instance norm is this batch norm, so the kernels normalize that view with one group a channel (fp32 statistics
+    combined by Chan's formula, the backward's sums about the mean: no cancellation; channels_last_3d out).
+    torch's CPU batch_norm sums a channels_last_3d channel's statistics 20-90x less accurately than an NCDHW one's
+    (docs/upstream.md), which every converted model's activations are. The running statistics are updated as
+    torch updates them (momentum, or a cumulative average with momentum=None; the unbiased variance), in torch
+    ops on C values. Normalizing by the running statistics (eval), an input that is not 5-D or of a dtype the
+    kernels take, and vmap run torch's batch_norm. Same constructor, parameters, buffers and state_dict as
+    nn.BatchNorm3d."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
+        if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
+            return super().forward(input)
+        # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
+        factor = 0.0 if self.momentum is None else self.momentum
+        update = self.training and self.track_running_stats and self.running_mean is not None
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        c = input.shape[1]
+        values = input.shape[0] * math.prod(input.shape[2:])
+        _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
+        empty = input.numel() == 0  # (normalized as it is: no view to fold)
+        folded = batch_folded(input) if not empty else input
+        output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, "none")
+        if update and not empty:
+            with torch.no_grad():  # the variance back from rstd: within 2e-7 of variance + eps
+                variance = (rstd.view(c).double().pow(-2) - self.eps).clamp_min(0) * (values / (values - 1))
+                self.running_mean.mul_(1 - factor).add_(mean.view(c).to(self.running_mean.dtype), alpha=factor)
+                self.running_var.mul_(1 - factor).add_(variance.to(self.running_var.dtype), alpha=factor)
+        return batch_unfolded(output, input.shape) if not empty else output
+
+
+def _check_batch_norm(input, values: int, eps: float, running_mean) -> None:
+    """torch's refusals of a batch norm by the batch's statistics, in its words (F.batch_norm's, and its kernels'
+    of running statistics of another size)."""
+    if values == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
+    if eps <= 0.0:
+        raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
+    if running_mean is not None and running_mean.numel() != input.shape[1]:
+        raise RuntimeError(f"running_mean should contain {input.shape[1]} elements not {running_mean.numel()}")
+
+
+def batch_folded(input: torch.Tensor) -> torch.Tensor:
+    """A 5-D tensor (N, C, D, H, W), made channels_last_3d if it is not, as the (1, C, N * D, H, W) channels_last_3d
+    view of its memory: the batch folded into its frames."""
+    n, c, d, h, w = input.shape
+    dense = input.contiguous(memory_format=_CL)
+    return dense.permute(0, 2, 3, 4, 1).reshape(1, n * d, h, w, c).permute(0, 4, 1, 2, 3)
+
+
+def batch_unfolded(folded: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """batch_folded's inverse: a channels_last_3d (1, C, N * D, H, W) tensor as the (N, C, D, H, W) view."""
+    n, c, d, h, w = shape
+    return folded.permute(0, 2, 3, 4, 1).reshape(n, d, h, w, c).permute(0, 4, 1, 2, 3)
 
 
 class _ContiguousGradient(torch.autograd.Function):
