@@ -173,7 +173,7 @@ def markdown(results: dict) -> str:
             for n, r in results["stack"].items()
         ]
         lines += _table(["implementation", "ms", "conversion kernels"], stack_rows)
-    for section in ("conv2d_vs_conv3d", "causal", "skip", "subpixel"):
+    for section in ("conv2d_vs_conv3d", "causal", "skip", "subpixel", "norms"):
         rows = results.get(section) or []
         if rows:
             keys = list(dict.fromkeys(k for row in rows for k in row))  # every row's columns (some rows have more)

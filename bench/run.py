@@ -8,7 +8,8 @@ the bf16 matmul peak measured in the same run, speedup over cuDNN channels_last_
 relative L2 error against float64; tconv3d and cuDNN channels_last_3d also replayed from a CUDA graph (the
 launches without the host's time to issue them: a host-bound case shows as such). Then the scenarios: the
 3-layer stack, (1,3,3) Conv3d vs Conv2d, causal padding, a UNet skip connection read in place, Wan's upsamplers
-(nearest 2x then a conv: upsampled first, or the sub-pixel transposed conv). Writes
+(nearest 2x then a conv: upsampled first, or the sub-pixel transposed conv), the converted models' norms against
+torch's. Writes
 bench/results/<device>.json, .md and .png (see bench/report.py).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -515,6 +517,67 @@ def _skip_step(forward, tensors, grad):
         torch.autograd.grad(y, tensors, grad)
 
 
+# The norms of the models tconv3d converts, on a channels_last_3d activation as a converted model hands them one:
+# (name, kind, batch, channels, (D, H, W)); kind "group_silu" is GroupNorm(32 groups) then SiLU (a video VAE's
+# decoder block: HunyuanVideo's, CogVideoX's), "instance" MONAI's UNets' InstanceNorm3d, "batch" a BatchNorm3d in
+# training (MONAI's DenseNet, HighResNet, VNet).
+NORM_LAYERS = [
+    ("hunyuan_gn_silu_512", "group_silu", 1, 512, (5, 64, 64)),
+    ("hunyuan_gn_silu_128", "group_silu", 1, 128, (17, 256, 256)),
+    ("unet_instance_32", "instance", 2, 32, (96, 96, 96)),
+    ("unet_batch_64", "batch", 2, 64, (64, 64, 64)),
+    ("densenet_batch_256", "batch", 4, 256, (16, 16, 16)),
+]
+
+
+def norm_modules(kind: str, channels: int, device, dtype=torch.float32) -> dict:
+    """NORM_LAYERS' kind as torch's modules (`torch`: what a stock model runs) and as `tconv3d.nn.convert` makes
+    them (`tconv3d`), holding the same random affine parameters, in training mode; each a callable of x."""
+    stock = {
+        "group_silu": lambda: torch.nn.Sequential(torch.nn.GroupNorm(32, channels), torch.nn.SiLU()),
+        "instance": lambda: torch.nn.Sequential(torch.nn.InstanceNorm3d(channels, affine=True)),
+        "batch": lambda: torch.nn.Sequential(torch.nn.BatchNorm3d(channels)),
+    }[kind]().to(device, dtype)
+    with torch.no_grad():
+        for parameter in stock.parameters():
+            parameter.normal_()
+    return {"torch": stock, "tconv3d": tconv3d.nn.convert(copy.deepcopy(stock))}
+
+
+def bench_norms(layers=None) -> list[dict]:
+    """NORM_LAYERS, bf16 activations (fp32 parameters, as under autocast), channels_last_3d in: torch's norm modules
+    against tconv3d's, fwd and fwd+bwd (the input's and the parameters' gradients); time, peak memory, and the
+    effective bandwidth of tconv3d's (the bytes its passes move: forward, x read twice and y written; a backward
+    after it, x and dy read twice and dx written)."""
+    rows = []
+    for name, kind, batch, channels, size in layers or NORM_LAYERS:
+        x = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
+        x = x.contiguous(memory_format=CL).requires_grad_()
+        modules = norm_modules(kind, channels, "cuda")
+        for direction in ("fwd", "fwd+bwd"):
+            row = {"name": f"{name}_{direction}"}
+            for impl, module in modules.items():
+                grad = torch.randn_like(module(x)) if direction == "fwd+bwd" else None
+                inputs = (x, *module.parameters())
+                fn = functools.partial(_norm_step, module, x, inputs, grad)
+                row[f"{impl}_ms"] = round(bench_ms(fn), 4)
+                row[f"{impl}_peak_mb"] = round(peak_memory_mb(fn), 1)
+            moved = x.numel() * x.element_size() * (3 if direction == "fwd" else 8)
+            row["tconv3d_tbps"] = round(moved / row["tconv3d_ms"] / 1e9, 2)
+            row["speedup"] = round(row["torch_ms"] / row["tconv3d_ms"], 2)
+            rows.append(row)
+        del x, modules
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _norm_step(module, x, inputs, grad):
+    """One forward of a norm module (and, given `grad`, its backward to `inputs`)."""
+    y = module(x)
+    if grad is not None:
+        torch.autograd.grad(y, inputs, grad)
+
+
 # Wan's decoder upsamplers at its default config (bench.census --vae wan): nearest 2x in H and W, then a 3x3 Conv2d
 # on the frames; a chunk of 4 frames. (name, batch, channels in, frames, height, width, channels out)
 SUBPIXEL_LAYERS = [
@@ -627,7 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--impls", default=",".join(report.IMPLS), help="comma-separated subset of " + ",".join(report.IMPLS)
     )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
-    parser.add_argument("--scenarios", default="stack,conv2d,causal,skip,subpixel", help="comma-separated, or 'none'")
+    parser.add_argument(
+        "--scenarios", default="stack,conv2d,causal,skip,subpixel,norms", help="comma-separated, or 'none'"
+    )
     parser.add_argument(
         "--graphs", action=argparse.BooleanOptionalAction, default=True,
         help="also time " + " and ".join(GRAPH_IMPLS) + " replayed from a CUDA graph (the launches without the host)",
@@ -689,6 +754,8 @@ def main(argv=None) -> int:
         results["skip"] = bench_skip()
     if "subpixel" in scenarios:
         results["subpixel"] = bench_subpixel()
+    if "norms" in scenarios:
+        results["norms"] = bench_norms()
     paths = report.write_results(results, args.out, merge_existing=args.merge)
     print(paths["md"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))

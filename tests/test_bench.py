@@ -964,3 +964,32 @@ def test_skip_scenario_plans_the_geometries_its_launches_check():
     with run.kernels_forced("pointer"):
         assert settings.KERNELS == "pointer" and choice._memo is not memo
     assert (settings.KERNELS, choice._memo) == (kernels, memo) and choice._memo is memo
+
+
+@pytest.mark.parametrize("kind", sorted({layer[1] for layer in run.NORM_LAYERS}))
+def test_norms_scenario_times_what_convert_makes_of_torchs_norms(kind, device):
+    """bench_norms' pair of each kind computes the same normalization: torch's modules, and what tconv3d.nn.convert
+    makes of them (tconv3d's norm on the kernels, a GroupNorm's SiLU fused into it), in training mode; their
+    results and input gradients agree on a channels_last_3d input as the scenario hands them one."""
+    torch.manual_seed(0)
+    modules = run.norm_modules(kind, 64, device)
+    norm = modules["tconv3d"][0]
+    assert type(norm).__module__ == "tconv3d.nn.modules" and norm.training
+    if kind == "group_silu":
+        assert norm.activation == "silu" and type(modules["tconv3d"][1]) is torch.nn.Identity
+    x = torch.randn(2, 64, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(x)
+    answers = []
+    for module in modules.values():
+        leaf = x.clone().requires_grad_()
+        y = module(leaf)
+        answers.append((y, *torch.autograd.grad(y, leaf, grad)))
+    for ours, theirs in zip(answers[1], answers[0], strict=True):
+        assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
+
+
+def test_norms_scenario_is_in_the_report(tmp_path):
+    results = synthetic_results()
+    results["norms"] = [{"name": "unet_batch_64_fwd", "torch_ms": 0.5, "tconv3d_ms": 0.25, "speedup": 2.0}]
+    text = report.write_results(results, tmp_path, json_only=False)["md"].read_text()
+    assert "| unet_batch_64_fwd | 0.500 | 0.250 | 2.000 |" in text
