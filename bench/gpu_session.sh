@@ -58,10 +58,10 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           run on a GPU), the small layers' host time with plans on and off (issue 29), the GPU-marked tests and
 #           the main job. compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet) is
 #           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
-#   plan2   the stack scenario (issue 28's last bar), the host-bound cases and unet_64 eager and replayed from CUDA
-#           graphs (issue 29), then bench.variants on what H200 run 5 had no time for (the small grids, down_s2,
-#           unet_64's halo tiles, unet_32, wan_dec_384b, LTX-2's reflect layers, unet_64 in fp32); the suite itself
-#           is `bench` alone (BENCH_STEPS=suite)
+#   plan2   the stack scenario (issue 28's last bar), the norms scenario, the host-bound cases and unet_64 eager and
+#           replayed from CUDA graphs (issue 29), then bench.variants on what H200 run 5 had no time for (the small
+#           grids, down_s2, unet_64's halo tiles, unet_32, wan_dec_384b, LTX-2's reflect layers, unet_64 in fp32);
+#           the suite itself is `bench` alone (BENCH_STEPS=suite)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 #   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
@@ -86,7 +86,9 @@ case "${1:-}" in
     # before (timed_only), unet_32's transposed weight gradient, wan_dec_384b, LTX-2's reflect layers as chosen now
     # (the pointer kernel), wan_dec_192 per direction (its backward's 0.78x: which launch), MONAI UNet's 16-channel
     # layers, HunyuanVideo's replicate-bordered decoder layer, Wan's cached layer on channel taps, unet_64 in fp32.
-    # The stack's table is tuned (run 5): no tune stage.
+    # The stack's table is tuned (run 5): no tune stage. After the stack, the norms scenario (~60 s): the
+    # converted models' GroupNorm+SiLU, InstanceNorm3d and BatchNorm3d (new, 2026-12-04) against torch's, never
+    # timed on a GPU; what it takes comes off the end of the variants' rows.
     PLAN2_IMPLS=$(printf '%s,' unet_320:chosen unet_320:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
       down_s2:chosen down_s2:gluon_ws down_s2:timed_only unet_64:chosen unet_64:timed_only \
       unet_64:gluon_ws_halo_swapped unet_32:chosen unet_32:timed_only \
@@ -97,7 +99,7 @@ case "${1:-}" in
     PLAN2_CASES=unet_320,hunyuan_512,down_s2,unet_64,unet_32,wan_dec_384b,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"scenarios graphs"} \
       IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
+      SCENARIOS=${SCENARIOS:-stack,norms} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256,unet_64} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-70} \
       VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-260} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"}
@@ -133,7 +135,7 @@ for step in ${BENCH_STEPS:-}; do
 done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
-    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip,subpixel}" \
+    --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip,subpixel,norms}" \
     --tune-args "--shapes bench ${TUNE_ARGS:-}" --census-models "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
@@ -196,7 +198,7 @@ bench_step() {
     done
     ;;
   scenarios)  # one invocation each: a cut-off loses that scenario, not those before it
-    local scenario scenarios=${SCENARIOS:-stack,conv2d,causal,skip,subpixel}
+    local scenario scenarios=${SCENARIOS:-stack,conv2d,causal,skip,subpixel,norms}
     [ "$scenarios" = none ] && return 0
     for scenario in ${scenarios//,/ }; do
       timeout "$(left "${SCENARIO_TIMEOUT:-150}")" python3 -m bench --out bench/results --merge --cases none \
