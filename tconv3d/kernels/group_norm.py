@@ -36,6 +36,10 @@ from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
 
 ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
+# The affine kernel's voxels a tile. Each element's value is its own formula's, whatever the tile, so the interpreter,
+# which runs a program at a time in Python, takes 16x fewer, larger ones (a converted DenseNet121's 120 BatchNorms
+# spent most of a CPU training step's norm time in this kernel's programs).
+AFFINE_BLOCK_S = BLOCK_S * 16 if settings.INTERPRET else BLOCK_S
 SPLIT_BLOCKS = 16  # voxel blocks per reduction program
 
 
@@ -348,11 +352,11 @@ def _affine(sources, dy, mean, a, b, k1=None, k2=None, k3=None, silu=False) -> t
     for x, first in _channel_slices(sources):
         grads = dy if backward else x
         launch(
-            _affine_kernel, (cdiv(voxels, BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
+            _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
             x, grads, out, mean, a, b, *((k1, k2, k3) if backward else (a, a, a)),
             voxels, x.shape[1], first, groups, c // groups,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, a.stride(0),
-            BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+            BACKWARD=backward, SILU=silu, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
 
