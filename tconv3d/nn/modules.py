@@ -257,7 +257,7 @@ class BatchNorm3d(nn.BatchNorm3d):
     GroupNorm kernels: a channels_last_3d (N, C, D, H, W) tensor is, in memory, the (1, C, N * D, H, W) one whose
     instance norm is this batch norm, so the kernels normalize that view with one group a channel (fp32 statistics
     combined by Chan's formula, the backward's sums about the mean: no cancellation; channels_last_3d out).
-    torch's CPU batch_norm sums a channels_last_3d channel's statistics 20-90x less accurately than an NCDHW one's
+    torch's CPU batch_norm sums a channels_last_3d channel's statistics 10-100x less accurately than an NCDHW one's
     (docs/upstream.md), which every converted model's activations are. The running statistics are updated as
     torch updates them (momentum, or a cumulative average with momentum=None; the unbiased variance), in torch
     ops on C values. Normalizing by the running statistics (eval), an input that is not 5-D or of a dtype the
