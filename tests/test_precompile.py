@@ -161,7 +161,7 @@ def test_the_session_script_hands_a_plans_own_arguments_to_precompile(tmp_path):
     argv = _plan_argv(tmp_path, "plan2")
     assert argv[:6] == ["-m", "bench.precompile", "--wheel", "/wheels/triton.whl", "--stages", "bench variants"]
     options = dict(zip(argv[6::2], argv[7::2], strict=True))
-    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack"
+    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack,norms"
     flag, cases, impls_flag, impls = options["--variants-args"].split()
     assert (flag, impls_flag) == ("--cases", "--impls"), options["--variants-args"]
     cases = {case.split("@")[0] for case in cases.split(",")}  # each impl names a case the call times
