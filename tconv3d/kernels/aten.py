@@ -177,7 +177,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
-    if c == rstd.shape[1]:  # one channel a group: dy' centered first, as the affine kernel does
+    if groups == c:  # one channel a group: dy' centered first, as the affine kernel does
         grad_in = (dy + per_channel(k3)) * per_channel(k1) + centered * per_channel(k2)
     else:
         grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
