@@ -237,6 +237,26 @@ def test_a_thread_gets_a_current_context_once(current, monkeypatch):
     assert fake.calls == ["cuCtxGetCurrent"]  # the fake's context is current by now: nothing made
 
 
+def test_a_process_that_never_initialized_cuda_is_left_alone(monkeypatch):
+    """Launches stubbed on CPU tensors on a machine with a driver (H200 run 6: test_plans' script) reach
+    context_current in a process that never called cuInit: cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED.
+    Nothing is made current and nothing raised, and the next launch asks again (CUDA may be initialized by then)."""
+    import threading
+
+    fake = _FakeDriver(0)
+    fake.cuCtxGetCurrent = lambda context: fake.calls.append("cuCtxGetCurrent") or 3
+    monkeypatch.setattr(launch, "_libcuda", fake)
+
+    def first_launches():
+        launch.context_current(0)
+        launch.context_current(0)
+
+    worker = threading.Thread(target=first_launches)
+    worker.start()
+    worker.join()
+    assert fake.calls == ["cuCtxGetCurrent", "cuCtxGetCurrent"]
+
+
 def test_a_driver_error_making_a_context_current_is_named(monkeypatch):
     import threading
 

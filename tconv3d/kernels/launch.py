@@ -275,6 +275,7 @@ def launch(kernel, grid, *args, _distances: bool = False, **kwargs):
 
 # The CUDA driver library, loaded at the first launch on a thread with no current context (see context_current).
 _libcuda = None
+_CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def context_current(device: int) -> None:
@@ -284,8 +285,9 @@ def context_current(device: int) -> None:
     fails: "Failed to create tensor map descriptor: invalid device context" (H200 run 4, tests/gpu/host_overhead.py:
     a backward's Gluon input gradient on autograd's device thread, the first launch there, its memory from the
     caching allocator with no CUDA runtime call before it). As that launch code does, the device's primary context
-    (torch's) is made current where none is. Where the driver library cannot be loaded, nothing is done: Triton's
-    own launch reports what is missing."""
+    (torch's) is made current where none is. Where the driver library cannot be loaded, or the process has not
+    initialized it, nothing is done: no CUDA tensor exists then, and Triton's own launch reports what is missing.
+    (The second: launches stubbed on CPU tensors on a machine with a driver, H200 run 6's test_plans script.)"""
     global _libcuda
     if getattr(_thread, "context", False):
         return
@@ -296,7 +298,10 @@ def context_current(device: int) -> None:
         _thread.context = True
         return
     current = ctypes.c_void_p()
-    _driver_check(_libcuda.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    status = _libcuda.cuCtxGetCurrent(ctypes.byref(current))
+    if status == _CUDA_ERROR_NOT_INITIALIZED:  # asked again next launch: the process may initialize CUDA later
+        return
+    _driver_check(status, "cuCtxGetCurrent")
     if not current.value:
         handle = ctypes.c_int()
         _driver_check(_libcuda.cuDeviceGet(ctypes.byref(handle), int(device)), "cuDeviceGet")
