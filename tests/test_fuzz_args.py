@@ -260,6 +260,8 @@ def test_a_fault_of_torchs_own_in_a_layout_fails(monkeypatch):
     """A gradient as far off as stock torch's is ill-conditioned only if torch's own float64, handed the gradient
     in the same layout, is right: torch's instance_norm at a batch of one reads a channels_last_3d gradient as
     NCDHW (docs/upstream.md), and tconv3d's module, where it runs torch's, would answer its wrong gradient."""
+    if fuzz_args.DEVICE != "cpu":  # CUDA's instance_norm reads the gradient right (torch 2.11, H200 run 6)
+        pytest.skip("the fault is torch's CPU kernel's")
     call = next(c for c in FOUND if c.get("ctor", {}).get("track_running_stats"))
     assert check(call)[0] == "ok"
     monkeypatch.setattr(tconv3d.nn.modules._ContiguousGradient, "apply", lambda output: output)

@@ -3,6 +3,7 @@ without the fused SiLU: forward and gradients against float64 torch, channels_la
 errors, opcheck, and the modules as drop-ins."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -628,7 +629,16 @@ def test_batch_norm_runs_the_kernels_where_batch_statistics_normalize(device, mo
     tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device).eval()(x.contiguous())  # NCDHW in: copied
     assert launched == [(1, 4, 6, 5, 6)] * 2
     tconv3d.nn.BatchNorm3d(4).to(device).double()(x.double())
-    torch.func.vmap(tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device))(x[None])
+    # under vmap, torch's answer, whatever it is: torch 2.11's CUDA batch_norm refuses a batched input in training
+    # ("NYI: querying is_contiguous inside of vmap", H200 run 6), as stock's module does
+    try:
+        expected = torch.func.vmap(nn.BatchNorm3d(4, track_running_stats=False).to(device))(x[None])
+    except RuntimeError as refusal:
+        with pytest.raises(RuntimeError, match=re.escape(str(refusal).splitlines()[0])):
+            torch.func.vmap(tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device))(x[None])
+    else:
+        got = torch.func.vmap(tconv3d.nn.BatchNorm3d(4, track_running_stats=False).to(device))(x[None])
+        torch.testing.assert_close(got, expected)
     assert len(launched) == 2
 
 

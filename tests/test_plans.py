@@ -398,11 +398,14 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
         pytest.skip("needs a GPU")
     shape, cout, dtype, bias, kwargs, after = CUDA_CASES[name]
     dtype = getattr(torch, dtype)
-    cl = dict(device="cuda", dtype=dtype, memory_format=torch.channels_last_3d)
-    x = torch.randn(shape, **cl).requires_grad_()
-    w = (torch.randn(cout, (shape[1] + after) // kwargs.get("groups", 1), 3, 3, 3, **cl) / 30).requires_grad_()
+
+    def cl(*size):  # torch.randn takes no memory_format (H200 run 6)
+        return torch.randn(*size, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+
+    x = cl(*shape).requires_grad_()
+    w = (cl(cout, (shape[1] + after) // kwargs.get("groups", 1), 3, 3, 3) / 30).requires_grad_()
     b = torch.randn(cout, device="cuda", dtype=dtype).requires_grad_() if bias else None
-    skip = torch.randn(shape[0], after, *shape[2:], **cl).requires_grad_() if after else None
+    skip = cl(shape[0], after, *shape[2:]).requires_grad_() if after else None
     leaves = [t for t in (x, w, b, skip) if t is not None]
     g = torch.randn_like(tconv3d.conv3d(x, w, b, channels_after=skip, **kwargs))
 
