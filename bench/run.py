@@ -197,8 +197,35 @@ def _stock_conv(shape: ConvShape) -> torch.nn.Conv3d:
     )
 
 
+# The cases' random data comes from a generator of the bench's own, not CUDA's default one: H200 run 8's graphs step
+# captured hunyuan_512's forward twice (tconv3d, cuDNN), both captures and replays fine, and the next torch.randn on
+# the default generator raised "Offset increment outside graph capture encountered unexpectedly" (torch 2.11): the
+# default generator, which every capture registers, was left in capture mode. Which capture did it is unknown:
+# bench_case records it (`graph_left_rng_capturing`), and no case's inputs depend on that generator any more.
+_generator = None
+
+
+def _cuda_generator() -> torch.Generator:
+    global _generator
+    if _generator is None:
+        _generator = torch.Generator(device="cuda")
+        _generator.manual_seed(torch.initial_seed() % 2**63)
+    return _generator
+
+
 def _make_inputs(shape: ConvShape, dtype):
-    return random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cuda")
+    return random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cuda", generator=_cuda_generator())
+
+
+def _default_rng_usable() -> bool:
+    """Whether CUDA's default generator still draws: False where a graph capture left it in capture mode."""
+    try:
+        torch.randn(1, device="cuda")
+    except RuntimeError as error:
+        if "outside graph capture" in str(error):
+            return False
+        raise
+    return True
 
 
 def _implementations(shape: ConvShape, dtype, impls):
@@ -233,7 +260,7 @@ def _direction_fn(forward, x, w, direction):
     x = x.detach().requires_grad_()
     w = w.detach().requires_grad_() if not isinstance(w, torch.nn.Parameter) else w
     y = forward(x, w)
-    grad_out = torch.randn_like(y)
+    grad_out = torch.empty_like(y).normal_(generator=_cuda_generator())
     if direction == "bwd":
         return lambda: torch.autograd.grad(y, (x, w), grad_out, retain_graph=True)
     return lambda: torch.autograd.grad(forward(x, w), (x, w), grad_out)
@@ -291,6 +318,8 @@ def bench_case(
                 case["impls"][name]["graph_ms"] = round(graph_ms(fn), 5)
             except Exception as error:  # a capture that fails is a result too
                 case["impls"][name]["graph_error"] = f"{type(error).__name__}: {error}"[:300]
+            if not _default_rng_usable():  # see _generator: which capture leaves it so
+                case["impls"][name]["graph_left_rng_capturing"] = True
         torch.cuda.empty_cache()
     if "tconv3d" in case["impls"] and "error" not in case["impls"]["tconv3d"]:
         case["impls"]["tconv3d"]["max_rel_err"] = tconv3d_error(shape, dtype, direction)
@@ -544,16 +573,22 @@ def norm_modules(kind: str, channels: int, device, dtype=torch.float32) -> dict:
     return {"torch": stock, "tconv3d": tconv3d.nn.convert(copy.deepcopy(stock))}
 
 
+def norm_case(kind: str, batch: int, channels: int, size, device) -> tuple[torch.Tensor, dict]:
+    """A NORM_LAYERS row's input and modules as bench_norms times them: a bf16 model's (`model.to(torch.bfloat16)`:
+    parameters and activations bf16; torch's CUDA GroupNorm refuses fp32 parameters on a bf16 input, H200 run 8),
+    channels_last_3d in."""
+    x = torch.randn(batch, channels, *size, device=device, dtype=torch.bfloat16)
+    return x.contiguous(memory_format=CL).requires_grad_(), norm_modules(kind, channels, device, x.dtype)
+
+
 def bench_norms(layers=None) -> list[dict]:
-    """NORM_LAYERS, bf16 activations (fp32 parameters, as under autocast), channels_last_3d in: torch's norm modules
-    against tconv3d's, fwd and fwd+bwd (the input's and the parameters' gradients); time, peak memory, and the
-    effective bandwidth of tconv3d's (the bytes its passes move: forward, x read twice and y written; a backward
-    after it, x and dy read twice and dx written)."""
+    """NORM_LAYERS (norm_case: bf16, channels_last_3d in): torch's norm modules against tconv3d's, fwd and fwd+bwd
+    (the input's and the parameters' gradients); time, peak memory, and the effective bandwidth of tconv3d's (the
+    bytes its passes move: forward, x read twice and y written; a backward after it, x and dy read twice and dx
+    written)."""
     rows = []
     for name, kind, batch, channels, size in layers or NORM_LAYERS:
-        x = torch.randn(batch, channels, *size, device="cuda", dtype=torch.bfloat16)
-        x = x.contiguous(memory_format=CL).requires_grad_()
-        modules = norm_modules(kind, channels, "cuda")
+        x, modules = norm_case(kind, batch, channels, size, "cuda")
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
             for impl, module in modules.items():

@@ -74,16 +74,18 @@ def hang_guard(on_hang, seconds: float | None = None):
         timer.cancel()
 
 
-def random_conv_inputs(input_shape, weight_shape, dtype, device, bias: bool = False):
+def random_conv_inputs(input_shape, weight_shape, dtype, device, bias: bool = False, generator=None):
     """A unit-variance input and a weight scaled by 1/sqrt(fan-in), both channels_last_3d, in `dtype`
-    (and a unit-variance bias when asked): random data of realistic scale, never zeros."""
-    x = torch.randn(input_shape, device=device).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    (and a unit-variance bias when asked): random data of realistic scale, never zeros. `generator`: torch's
+    default one if None."""
+    x = torch.randn(input_shape, device=device, generator=generator)
+    x = x.to(dtype).contiguous(memory_format=torch.channels_last_3d)
     fan_in = math.prod(weight_shape[1:])
-    w = (torch.randn(weight_shape, device=device) / fan_in**0.5).to(dtype)
+    w = (torch.randn(weight_shape, device=device, generator=generator) / fan_in**0.5).to(dtype)
     w = w.contiguous(memory_format=torch.channels_last_3d)
     if not bias:
         return x, w
-    return x, w, torch.randn(weight_shape[0], device=device).to(dtype)
+    return x, w, torch.randn(weight_shape[0], device=device, generator=generator).to(dtype)
 
 
 def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -988,8 +988,48 @@ def test_norms_scenario_times_what_convert_makes_of_torchs_norms(kind, device):
         assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("kind", sorted({layer[1] for layer in run.NORM_LAYERS}))
+def test_norms_scenario_runs_a_bf16_models_norms(kind, device):
+    """bench_norms' input and modules are a bf16 model's, parameters and all: torch's CUDA GroupNorm refuses fp32
+    parameters on a bf16 input (H200 run 8's norms scenario died on it; torch's CPU one takes them). Both modules
+    answer a forward and backward of that input in bf16 (tconv3d's channels_last_3d)."""
+    torch.manual_seed(0)
+    x, modules = run.norm_case(kind, 2, 64, (3, 4, 5), device)
+    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last_3d) and x.requires_grad
+    for impl, module in modules.items():
+        assert {p.dtype for p in module.parameters()} == {torch.bfloat16}, module
+        y = module(x)
+        assert y.dtype == torch.bfloat16, module
+        assert impl == "torch" or y.is_contiguous(memory_format=torch.channels_last_3d)
+        (grad,) = torch.autograd.grad(y, x, torch.randn_like(y))
+        assert grad.dtype == torch.bfloat16
+
+
 def test_norms_scenario_is_in_the_report(tmp_path):
     results = synthetic_results()
     results["norms"] = [{"name": "unet_batch_64_fwd", "torch_ms": 0.5, "tconv3d_ms": 0.25, "speedup": 2.0}]
     text = report.write_results(results, tmp_path, json_only=False)["md"].read_text()
     assert "| unet_batch_64_fwd | 0.500 | 0.250 | 2.000 |" in text
+
+
+def test_bench_cases_draw_from_a_generator_of_their_own(monkeypatch):
+    """A case's inputs and upstream gradient come from the bench's generator, never torch's default one, which H200
+    run 8's graph captures left in capture mode (every torch.randn on it raised after): the default generator's
+    state is untouched, and the same generator seed gives the same data."""
+    from tconv3d.testing import random_conv_inputs
+
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    x, w = random_conv_inputs(
+        (1, 4, 3, 4, 5), (6, 4, 3, 3, 3), torch.float32, "cpu", generator=torch.Generator().manual_seed(1)
+    )
+    again = random_conv_inputs(
+        (1, 4, 3, 4, 5), (6, 4, 3, 3, 3), torch.float32, "cpu", generator=torch.Generator().manual_seed(1)
+    )
+    assert torch.equal(x, again[0]) and torch.equal(w, again[1]) and x.std() > 0.5
+    assert x.is_contiguous(memory_format=torch.channels_last_3d)
+    generator = torch.Generator().manual_seed(2)
+    monkeypatch.setattr(run, "_cuda_generator", lambda: generator)
+    step = run._direction_fn(lambda x, w: torch.nn.functional.conv3d(x, w), x, w, "bwd")
+    assert all(g.abs().sum() > 0 for g in step())
+    assert torch.equal(torch.get_rng_state(), before)
