@@ -77,6 +77,29 @@ def test_sanitizer_cases_force_each_family():
     assert listed.returncode == 2 and "unknown family" in listed.stderr
 
 
+def test_sanitizer_gluon_family_runs_the_pipelined_kernel():
+    """The gluon family's problems run the pipelined Gluon kernel: with Gluon forced, the heuristic gives the
+    warp-specialized one on sm_90 nearly everywhere (H200 run 7: 3 of the family's 4 problems memchecked gluon = 2
+    only), so the family takes the chosen tiles onto gluon = 1 (sanitize_cases.pipelined), a config the kernel
+    compiles, in every direction of every problem."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import sanitize_cases
+
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.tune import choice, configs
+
+    specialized = 0
+    for n, cin, cout, size, kernel, stride, padding, dilation in sanitize_cases.BOXED:
+        geom = conv_geometry((n, cin, *size), (cout, cin, kernel, kernel, kernel), stride, padding, dilation)
+        for direction in ("fwd", "dgrad", "wgrad"):
+            config, _ = choice.choose(direction, geom, torch.bfloat16, "NVIDIA H100 80GB HBM3", 132, 90)
+            config = choice.force_variant(direction, geom, torch.bfloat16, config, "gluon", True)
+            specialized += config.gluon == 2
+            adjusted = sanitize_cases.pipelined(direction, geom, config)
+            assert adjusted.gluon == (1 if config.gluon else 0) and configs.gluon_takes(adjusted) == bool(config.gluon)
+    assert specialized >= 6  # the heuristic's warp-specialized choices are what the family had to leave
+
+
 def _stub_sanitizer(tmp_path):
     """A compute-sanitizer that logs its arguments, says 0 errors, and fails (or hangs) where its families' list
     names FAIL_FAMILY (SLOW_FAMILY)."""
@@ -195,3 +218,20 @@ def test_layer_errors_name_the_layer_that_adds_error():
                 assert row["ratio"] > 2, row
             else:
                 assert 0.5 < row["ratio"] < 1.5, row
+
+
+def test_host_overhead_profiles_the_launchers_host_time(monkeypatch):
+    """tests/gpu/host_overhead.py's profile of a launcher (H200 run 6: a Gluon launch cost 130-170 us of host time,
+    40 us here): one line a function, by own time, each call's share."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def slow():
+        return sorted(range(20000, 0, -1))
+
+    lines = host_overhead.profiled(lambda: slow(), calls=20, top=3)
+    assert len(lines) == 3 and "sorted" in lines[0], lines
+    calls, own, cumulative = lines[0].split()[:3]
+    assert int(calls) == 20 and 0 < float(own) <= float(cumulative)

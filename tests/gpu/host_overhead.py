@@ -112,7 +112,31 @@ def measure(name: str, dtype_name: str) -> dict:
         "op_fwd_no_plans": host_us(op_whole), "op_bwd_no_plans": host_us(bwd_whole),
     }  # fmt: skip
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
-            "host_us": us, "inductor_refusal": refusal}  # fmt: skip
+            "host_us": us, "inductor_refusal": refusal, "launcher_profile": profiled(kernels["fwd"])}  # fmt: skip
+
+
+def profiled(fn, calls: int = 200, top: int = 15) -> list[str]:
+    """Where the host's time to issue `fn` goes: cProfile over `calls` calls, the `top` functions by own time, one
+    line each (calls, own us a call of fn, cumulative us a call of fn, function). H200 run 6: a Gluon launch's
+    launcher cost 130-170 us of host time where the same launch, stopped at the driver on a CPU machine, costs 40
+    (unet_320's split forward): this says whether Python or the launch itself holds the rest."""
+    import cProfile
+    import pstats
+
+    fn()
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]  # (file, line, name) -> (cc, nc, tt, ct)
+    return [
+        f"{nc:6d} {1e6 * tt / calls:8.1f} {1e6 * ct / calls:8.1f}  {Path(file).name}:{line}({name})"
+        for (file, line, name), (cc, nc, tt, ct, callers) in rows
+    ]
 
 
 def measure_norm(shape) -> dict:
@@ -161,6 +185,9 @@ def main(argv=None) -> int:
             f"{m['fwd_no_plans']:7.3f} {m['bwd_no_plans']:7.3f} {u['fwd_no_plans']:6.0f} {u['bwd_no_plans']:6.0f}"
         )
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
+    for r in rows[:2]:
+        print(f"{r['case']} {r['dtype']}: the forward launcher's host time by function (calls, own us, cumulative us)")
+        print("\n".join(r["launcher_profile"]))
     return 0
 
 
