@@ -58,10 +58,10 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           run on a GPU), the small layers' host time with plans on and off (issue 29), the GPU-marked tests and
 #           the main job. compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet) is
 #           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
-#   plan2   the stack scenario (issue 28's last bar), the norms scenario, the host-bound cases and unet_64 eager and
-#           replayed from CUDA graphs (issue 29), then bench.variants on what H200 run 5 had no time for (the small
-#           grids, down_s2, unet_64's halo tiles, unet_32, wan_dec_384b, LTX-2's reflect layers, unet_64 in fp32);
-#           the suite itself is `bench` alone (BENCH_STEPS=suite)
+#   plan2   issue 28's bars in one run (the bf16 suite against cuDNN, then the stack scenario), the norms scenario,
+#           the host-bound cases and unet_64 eager and replayed from CUDA graphs (issue 29), then bench.variants on
+#           what H200 run 8 had no time for (wan_dec_192's weight gradient, the 16-channel layers, HunyuanVideo's
+#           replicate layer, Wan's cached layer, unet_64 in fp32)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 #   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
@@ -72,34 +72,28 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           (bench/NOTES.md, thirty-fifth and thirty-sixth sessions)
 case "${1:-}" in
   plan1)  # H200 run 4 (2026-12-04): the suite ran whole in 269 s on 12 workers (diffusers and MONAI carried),
-    # compiling its own kernels; the GPU-marked tests got 40 s and were cut after 12
+    # compiling its own kernels; the GPU-marked tests got 40 s and were cut after 12. Run 6 (the fiftieth session):
+    # cut at 83% in 280 s on 12 workers, the GPU-marked tests cut at 30 and the main job not reached: 16 workers
+    # now (the machine's cores; the compiles are the load), and tests.xml says which tests ran
     export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} HOST_TIMEOUT=${HOST_TIMEOUT:-60} \
-      GPU_TIMEOUT=${GPU_TIMEOUT:-60}
+      GPU_TIMEOUT=${GPU_TIMEOUT:-60} WORKERS=${WORKERS:-16}
     set -- probe tests host gpu
     ;;
   plan2)
-    # What H200 run 5 (2026-12-04, bench/NOTES.md "Second H200 session ... outcomes") left, issue 28's last bar
-    # first: the stack scenario (its eager pair, then the compiled pair; saved after each), the host-bound cases and
-    # unet_64 eager and replayed from CUDA graphs (issue 29's graph columns; unet_64's rows re-measure the halo rule),
-    # then bench.variants on the rows run 5 had no time for, most wanted first: the small grids' split tiles
-    # (unet_320, hunyuan_512) and down_s2's strided forward, unet_64 as chosen now (halo tiles) against what it ran
-    # before (timed_only), unet_32's transposed weight gradient, wan_dec_384b, LTX-2's reflect layers as chosen now
-    # (the pointer kernel), wan_dec_192 per direction (its backward's 0.78x: which launch), MONAI UNet's 16-channel
-    # layers, HunyuanVideo's replicate-bordered decoder layer, Wan's cached layer on channel taps, unet_64 in fp32.
-    # The stack's table is tuned (run 5): no tune stage. After the stack, the norms scenario (~60 s): the
-    # converted models' GroupNorm+SiLU, InstanceNorm3d and BatchNorm3d (new, 2026-12-04) against torch's, never
-    # timed on a GPU; what it takes comes off the end of the variants' rows.
-    PLAN2_IMPLS=$(printf '%s,' unet_320:chosen unet_320:timed_only hunyuan_512:chosen hunyuan_512:timed_only \
-      down_s2:chosen down_s2:gluon_ws down_s2:timed_only unet_64:chosen unet_64:timed_only \
-      unet_64:gluon_ws_halo_swapped unet_32:chosen unet_32:timed_only \
-      unet_32:gluon_ws_halo wan_dec_384b:chosen wan_dec_384b:timed_only ltx2_dec_256_reflect:chosen \
-      ltx2_dec_512_reflect:chosen wan_dec_192:chosen wan_dec_192:gluon_ws_grouped_taps unet_16:chosen \
-      unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only hunyuan_dec_128_replicate:chosen \
-      hunyuan_dec_128_replicate:timed_only )wan_dec_96_cached:gluon_ws_channel_taps
-    PLAN2_CASES=unet_320,hunyuan_512,down_s2,unet_64,unet_32,wan_dec_384b,ltx2_dec_256_reflect,ltx2_dec_512_reflect,wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
-    export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"scenarios graphs"} \
+    # What H200 run 8 (the fiftieth session) left. Issue 28's bars in one run at one commit: the suite (bf16,
+    # forward and backward against cuDNN; run 5 measured it at c52e016) and the stack scenario (run 8: 45.7 ms
+    # against cuDNN's 64.2 at 0b43a3f), then the norms scenario (run 8 died on a bench bug: torch's bf16 GroupNorm
+    # given fp32 parameters), the graph columns of the host-bound cases (run 8 died after one case: CUDA's
+    # default generator left in capture mode; the cases draw from their own now), then bench.variants on the rows
+    # run 8 did not reach: wan_dec_192's weight gradient (its backward's 0.78x), the unets' 16-channel layers,
+    # HunyuanVideo's replicate-bordered layer, Wan's cached layer on channel taps, unet_64 in fp32.
+    PLAN2_IMPLS=$(printf '%s,' wan_dec_192:chosen wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps \
+      unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
+      hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only unet_64:chosen )wan_dec_96_cached:gluon_ws_channel_taps
+    PLAN2_CASES=wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
+    export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"suite scenarios graphs"} \
       IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      SCENARIOS=${SCENARIOS:-stack,norms} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-100} SCENARIOS=${SCENARIOS:-stack,norms} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256,unet_64} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-70} \
       VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-260} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"}
@@ -240,8 +234,8 @@ run_stage() {
     # SIGINT at the limit: pytest stops as on Ctrl-C and still names the failures so far
     timeout -s INT -k 15 "$(left "${TESTS_TIMEOUT:-560}")" python3 -m pytest tests -q -p no:cacheprovider --durations=10 $xdist \
       $per_test --ignore=tests/test_compile.py --ignore=tests/test_gpu.py --ignore=tests/test_static_compile.py \
-      --ignore=tests/test_hopper_main_loops.py --ignore=tests/test_gpu_scripts.py ${TESTS_ARGS:-} 2>&1 \
-      | tee "$OUT/tests.log"
+      --ignore=tests/test_hopper_main_loops.py --ignore=tests/test_gpu_scripts.py --junitxml "$OUT/tests.xml" \
+      ${TESTS_ARGS:-} 2>&1 | tee "$OUT/tests.log"
     ;;
   gpu)
     timeout "$(left "${GPU_TIMEOUT:-420}")" python3 -m pytest tests/test_gpu.py tests/test_compile.py -q -s \
