@@ -125,8 +125,9 @@ def test_nearest_key_in_the_same_family(fake_gpu):
     near = tuning_key("fwd", geometry(cin=64, cout=64, size=(8, 16, 32)), torch.bfloat16)
     far = tuning_key("fwd", geometry(cin=512, cout=512, size=(8, 16, 16)), torch.bfloat16)
     other_kernel = tuning_key("fwd", geometry(cin=64, cout=64, kernel=(1, 3, 3)), torch.bfloat16)
-    write_table(fake_gpu / "shipped", [(near, CONFIG_A), (far, CONFIG_B), (other_kernel, CONFIG_B)])
-    assert choice.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_A
+    # CONFIG_B's 64 columns fit the 64 output channels (CONFIG_A's 128 would be half empty: the heuristic's then)
+    write_table(fake_gpu / "shipped", [(near, CONFIG_B), (far, CONFIG_A), (other_kernel, CONFIG_A)])
+    assert choice.pick_config("fwd", geometry(cin=64, cout=64), torch.bfloat16, CUDA) == CONFIG_B
 
 
 def test_heuristic_when_the_family_is_too_far(fake_gpu):
@@ -138,6 +139,28 @@ def test_heuristic_when_the_family_is_too_far(fake_gpu):
     assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == configs.heuristic_config(
         "fwd", geom, torch.bfloat16, 132
     )
+
+
+def test_a_nearest_keys_tiles_too_wide_for_the_problem_give_way_to_the_heuristic(fake_gpu):
+    """A nearest key's entry whose tiles fill less than NEAR_FILL_RATIO of what the heuristic's fill of the problem's
+    MMA gives way to the heuristic (H200 run 8: unet_32's weight gradient on stack_64's 64 x 64 tiles, half their
+    rows and half their columns empty, 0.42x cuDNN); where the same entry's tiles fit the problem, it is lent; an
+    exact key's entry always stands."""
+    wide = KernelConfig(64, 64, 64, 4, 3, group_m=1, split_k=4)
+    tuned = tuning_key("wgrad", geometry(cin=64, cout=64), torch.bfloat16)
+    write_table(fake_gpu / "shipped", [(tuned, wide)])
+    narrow = geometry(cin=32, cout=32)
+    heuristic = configs.heuristic_config("wgrad", narrow, torch.bfloat16, 132, 80)
+    assert configs.nearest_key(tuning_key("wgrad", narrow, torch.bfloat16), [tuned]) == tuned  # within the bounds
+    assert configs.mma_fill("wgrad", narrow, wide) < configs.NEAR_FILL_RATIO * configs.mma_fill(
+        "wgrad", narrow, heuristic
+    )
+    assert choice.pick_config("wgrad", narrow, torch.bfloat16, CUDA) == heuristic
+    assert choice.pick_config("wgrad", geometry(cin=128, cout=128), torch.bfloat16, CUDA) == wide  # fits: lent
+    write_table(fake_gpu / "shipped", [(tuned, wide), (tuning_key("wgrad", narrow, torch.bfloat16), wide)])
+    tables.named_table.cache_clear()
+    choice._memo.clear()
+    assert choice.pick_config("wgrad", narrow, torch.bfloat16, CUDA) == wide  # timed on this problem: it stands
 
 
 def test_heuristic_when_no_key_of_the_family(fake_gpu):
@@ -228,18 +251,18 @@ def test_invalid_entries_are_skipped_with_one_warning(fake_gpu):
     good = tuning_key("fwd", geometry(size=(8, 16, 32)), torch.bfloat16)
     bad_block = tuning_key("fwd", geom, torch.bfloat16)
     bad_field = tuning_key("dgrad", geom, torch.bfloat16)
-    entries = [(good, CONFIG_A), (bad_block, dict(CONFIG_B.to_dict(), block_m=96)), (bad_field, {"block_q": 1})]
+    entries = [(good, CONFIG_B), (bad_block, dict(CONFIG_A.to_dict(), block_m=96)), (bad_field, {"block_q": 1})]
     path = write_table(fake_gpu / "shipped", entries)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = tables.read_table(path)
     assert len(caught) == 1 and "skipped 2 invalid entries" in str(caught[0].message)
-    assert table == {good: CONFIG_A}
+    assert table == {good: CONFIG_B}
     # The exact key's entry was invalid: the nearest valid one stands in, never the broken config.
     choice._memo.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_A
+        assert choice.pick_config("fwd", geom, torch.bfloat16, CUDA) == CONFIG_B
 
 
 @pytest.mark.parametrize(

@@ -33,11 +33,13 @@ from ..kernels.config import (
 from ..kernels.utils import RiskyTensorMap, address_aligned, exact_products, tma_aligned
 from . import configs, tables, tuner
 from .configs import (
+    NEAR_FILL_RATIO,
     default_config,
     gluon_eligible,
     gluon_takes,
     halo_eligible,
     heuristic_config,
+    mma_fill,
     nearest_key,
     tma_eligible,
     tuning_key,
@@ -71,7 +73,17 @@ def choose(
     searched = tables.searched_variants(device_name).get(found)
     if searched is not None and heuristic.variant in ("tma", "gluon") and heuristic.variant not in searched:
         return heuristic, "heuristic"
+    if found != key and _wastes_more(direction, geom, dtype, table[found], heuristic):
+        return heuristic, "heuristic"
     return table[found], "table" if found == key else "nearest"
+
+
+def _wastes_more(direction, geom, dtype, lent: KernelConfig, heuristic: KernelConfig) -> bool:
+    """Whether a nearest key's entry `lent` fills the problem's MMA work less than NEAR_FILL_RATIO of what the
+    heuristic's config does (configs.mma_fill): tiles sized for another layer's channels."""
+    size = dtype.itemsize
+    ours, theirs = mma_fill(direction, geom, lent, size), mma_fill(direction, geom, heuristic, size)
+    return ours is not None and theirs is not None and ours < NEAR_FILL_RATIO * theirs
 
 
 def force_variant(

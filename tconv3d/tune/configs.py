@@ -158,6 +158,10 @@ def tuning_key(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> Tuning
 # 192- and 384-channel keys lent their 128x128 tiles to a 16-64-channel UNet and doubled its step time.
 NEAR_CHANNEL_RATIO = 2
 NEAR_LOG2_VOXELS = 2
+# A nearest key's entry whose tiles fill less than this share of what the heuristic's fill of the problem's MMA
+# (mma_fill) gives way to the heuristic: its tiles were sized for another layer's channels (H200 run 8: unet_32's
+# weight gradient on stack_64's 64 x 64 tiles, fill 0.25 against 0.96, at 0.42x cuDNN).
+NEAR_FILL_RATIO = 0.75
 
 
 def nearest_key(key: TuningKey, candidates) -> TuningKey | None:
