@@ -87,9 +87,9 @@ case "${1:-}" in
     # default generator left in capture mode; the cases draw from their own now), then bench.variants on the rows
     # run 8 did not reach: wan_dec_192's weight gradient (its backward's 0.78x), the unets' 16-channel layers,
     # HunyuanVideo's replicate-bordered layer, Wan's cached layer on channel taps, unet_64 in fp32.
-    # unet_32's weight gradient (0.42x cuDNN in run 8) is the H200 table's nearest key's (stack_64's 64x64 tile,
-    # split 16) where the heuristic would transpose it (swapped_wgrad_tiles, never timed): its twin's row first.
-    PLAN2_IMPLS=$(printf '%s,' unet_32:gluon_ws_swapped_wgrad wan_dec_192:chosen wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps \
+    # unet_32 (0.42x cuDNN's weight gradient in run 8) ran the H200 table's nearest key's tiles (stack_64's, half
+    # empty over 32 channels); now the heuristic's (a transposed weight gradient, never timed): its rows first.
+    PLAN2_IMPLS=$(printf '%s,' unet_32:chosen unet_32:timed_only unet_32:gluon_ws_swapped_wgrad wan_dec_192:chosen wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps \
       unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
       hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only unet_64:chosen )wan_dec_96_cached:gluon_ws_channel_taps
     PLAN2_CASES=unet_32,wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
