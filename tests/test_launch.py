@@ -220,14 +220,7 @@ def test_a_thread_gets_a_current_context_once(current, monkeypatch):
 
     fake = _FakeDriver(current)
     monkeypatch.setattr(launch, "_libcuda", fake)
-
-    def first_launches():
-        launch.context_current(1)
-        launch.context_current(1)
-
-    worker = threading.Thread(target=first_launches)
-    worker.start()
-    worker.join()
+    _two_launches_on_a_new_thread(1)
     made = [("cuDeviceGet", 1), ("cuDevicePrimaryCtxRetain", 41), ("cuCtxSetCurrent", 0xC0)]
     assert fake.calls == ["cuCtxGetCurrent", *(made if not current else [])]
     fake.calls.clear()
@@ -241,20 +234,20 @@ def test_a_process_that_never_initialized_cuda_is_left_alone(monkeypatch):
     """Launches stubbed on CPU tensors on a machine with a driver (H200 run 6: test_plans' script) reach
     context_current in a process that never called cuInit: cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED.
     Nothing is made current and nothing raised, and the next launch asks again (CUDA may be initialized by then)."""
-    import threading
-
     fake = _FakeDriver(0)
     fake.cuCtxGetCurrent = lambda context: fake.calls.append("cuCtxGetCurrent") or 3
     monkeypatch.setattr(launch, "_libcuda", fake)
+    _two_launches_on_a_new_thread(0)
+    assert fake.calls == ["cuCtxGetCurrent", "cuCtxGetCurrent"]
 
-    def first_launches():
-        launch.context_current(0)
-        launch.context_current(0)
 
-    worker = threading.Thread(target=first_launches)
+def _two_launches_on_a_new_thread(device: int) -> None:
+    """context_current as a thread's first two launches on `device` call it."""
+    import threading
+
+    worker = threading.Thread(target=lambda: [launch.context_current(device) for _ in range(2)])
     worker.start()
     worker.join()
-    assert fake.calls == ["cuCtxGetCurrent", "cuCtxGetCurrent"]
 
 
 def test_a_driver_error_making_a_context_current_is_named(monkeypatch):
