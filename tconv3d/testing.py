@@ -105,16 +105,18 @@ def reference_conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, grou
     return F.conv3d(x64, weight.double(), None if bias is None else bias.double(), stride, 0, dilation, groups)
 
 
-def float64_errors(conv3d, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> dict[str, float]:
+def float64_errors(
+    conv3d, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, generator=None
+) -> dict[str, float]:
     """Relative L2 errors of `conv3d` (F.conv3d's signature: tconv3d.conv3d, say) in its output and gradients
-    against float64 autograd of F.conv3d on the same inputs, under one random upstream gradient: {"output",
-    "grad_input", "grad_weight"[, "grad_bias"]}. The caller hands in what it checks, so this module, which the
-    tuner and the tests read, imports nothing above the geometry."""
+    against float64 autograd of F.conv3d on the same inputs, under one random upstream gradient (from `generator`,
+    torch's default one if None): {"output", "grad_input", "grad_weight"[, "grad_bias"]}. The caller hands in what it
+    checks, so this module, which the tuner and the tests read, imports nothing above the geometry."""
     tensors = [x, weight] + ([bias] if bias is not None else [])
     ours = [t.detach().requires_grad_() for t in tensors]
     exact = [t.detach().double().requires_grad_() for t in tensors]
     ref = reference_conv3d(*exact[:2], exact[2] if bias is not None else None, stride, padding, dilation, groups)
-    grad_out = torch.randn_like(ref)
+    grad_out = torch.randn_like(ref) if generator is None else torch.empty_like(ref).normal_(generator=generator)
     ref.backward(grad_out)
     y = conv3d(*ours[:2], ours[2] if bias is not None else None, stride, padding, dilation, groups)
     grads = torch.autograd.grad(y, ours, grad_out.to(y.dtype))

@@ -1016,7 +1016,7 @@ def test_bench_cases_draw_from_a_generator_of_their_own(monkeypatch):
     """A case's inputs and upstream gradient come from the bench's generator, never torch's default one, which H200
     run 8's graph captures left in capture mode (every torch.randn on it raised after): the default generator's
     state is untouched, and the same generator seed gives the same data."""
-    from tconv3d.testing import random_conv_inputs
+    from tconv3d.testing import float64_errors, random_conv_inputs
 
     torch.manual_seed(0)
     before = torch.get_rng_state()
@@ -1032,4 +1032,6 @@ def test_bench_cases_draw_from_a_generator_of_their_own(monkeypatch):
     monkeypatch.setattr(run, "_cuda_generator", lambda: generator)
     step = run._direction_fn(lambda x, w: torch.nn.functional.conv3d(x, w), x, w, "bwd")
     assert all(g.abs().sum() > 0 for g in step())
+    errors = float64_errors(torch.nn.functional.conv3d, x, w, generator=generator)  # tconv3d_error's, as it is called
+    assert max(errors.values()) < 1e-5
     assert torch.equal(torch.get_rng_state(), before)
