@@ -60,8 +60,8 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
 #   plan2   issue 28's bars in one run (the bf16 suite against cuDNN, then the stack scenario), the norms scenario,
 #           the host-bound cases and unet_64 eager and replayed from CUDA graphs (issue 29), then bench.variants on
-#           what H200 run 8 had no time for (wan_dec_192's weight gradient, the 16-channel layers, HunyuanVideo's
-#           replicate layer, Wan's cached layer, unet_64 in fp32)
+#           what H200 run 8 had no time for (unet_32 on the heuristic's tiles, wan_dec_192's weight gradient, the
+#           16-channel layers, HunyuanVideo's replicate layer, Wan's cached layer, unet_64 in fp32)
 #   plan3   ncu over the Gluon kernels bench/NOTES.md asks about (wan_dec_384b's 128x128 and swapped 256x128,
 #           down_s2's and unet_64's forward and weight gradient): shared memory, L2, tensor pipe, stalls
 #   plan4   the real models layer by layer: bench.census --time over MONAI UNets' training steps and video VAEs'
@@ -89,8 +89,9 @@ case "${1:-}" in
     # HunyuanVideo's replicate-bordered layer, Wan's cached layer on channel taps, unet_64 in fp32.
     # unet_32 (0.42x cuDNN's weight gradient in run 8) ran the H200 table's nearest key's tiles (stack_64's, half
     # empty over 32 channels); now the heuristic's (a transposed weight gradient, never timed): its rows first.
-    PLAN2_IMPLS=$(printf '%s,' unet_32:chosen unet_32:timed_only unet_32:gluon_ws_swapped_wgrad wan_dec_192:chosen wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps \
-      unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
+    PLAN2_IMPLS=$(printf '%s,' unet_32:chosen unet_32:timed_only unet_32:gluon_ws_swapped_wgrad wan_dec_192:chosen \
+      wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps unet_16:chosen unet_16:timed_only \
+      unet_down_16:chosen unet_down_16:timed_only \
       hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only unet_64:chosen )wan_dec_96_cached:gluon_ws_channel_taps
     PLAN2_CASES=unet_32,wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32
     export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"suite scenarios graphs"} \
