@@ -56,8 +56,8 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #           replays a call plan from the third call of its arguments on, every zeros-padded Gluon launch skips the
 #           taps along D in the padding, and the grouped weight gradient stores its blocks in place: none of it has
 #           run on a GPU), the small layers' host time with plans on and off (issue 29), the GPU-marked tests and
-#           the main job. compute-sanitizer over every kernel family (issue 30's memcheck, never whole yet) is
-#           `memcheck` alone in a call of its own (CALL_SECONDS=230) where a session has the time
+#           the main job. compute-sanitizer over every kernel family (issue 30's memcheck: 0 errors in H200 run 7,
+#           95 s with JOBS=8) is `memcheck` alone in a call of its own (CALL_SECONDS=230) where a kernel changed
 #   plan2   issue 28's bars in one run (the bf16 suite against cuDNN, then the stack scenario), the norms scenario,
 #           the host-bound cases and unet_64 eager and replayed from CUDA graphs (issue 29), then bench.variants on
 #           what H200 run 8 had no time for (unet_32 on the heuristic's tiles, wan_dec_192's weight gradient, the

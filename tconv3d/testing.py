@@ -116,7 +116,7 @@ def float64_errors(
     ours = [t.detach().requires_grad_() for t in tensors]
     exact = [t.detach().double().requires_grad_() for t in tensors]
     ref = reference_conv3d(*exact[:2], exact[2] if bias is not None else None, stride, padding, dilation, groups)
-    grad_out = torch.randn_like(ref) if generator is None else torch.empty_like(ref).normal_(generator=generator)
+    grad_out = torch.empty_like(ref).normal_(generator=generator)  # torch.randn_like's draw where generator is None
     ref.backward(grad_out)
     y = conv3d(*ours[:2], ours[2] if bias is not None else None, stride, padding, dilation, groups)
     grads = torch.autograd.grad(y, ours, grad_out.to(y.dtype))
