@@ -235,3 +235,30 @@ def test_host_overhead_profiles_the_launchers_host_time(monkeypatch):
     assert len(lines) == 3 and "sorted" in lines[0], lines
     calls, own, cumulative = lines[0].split()[:3]
     assert int(calls) == 20 and 0 < float(own) <= float(cumulative)
+
+
+def test_host_overhead_names_a_backwards_synchronisations_and_where_its_time_goes(monkeypatch):
+    """tests/gpu/host_overhead.py's two looks at a slow backward (H200 run 9: a GroupNorm backward's host time 10x
+    its stubbed launches'): each synchronisation torch's sync debug mode reports in one call, and the profiler's
+    top entries by host and device time."""
+    import warnings
+
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def reads_to_host():  # stands in for a call whose step reads device memory while the mode is "warn"
+        if modes and modes[-1] == "warn":
+            warnings.warn("called a synchronizing CUDA operation\nmore", stacklevel=2)
+        return torch.ones(3).sum()
+
+    assert host_overhead.synchronizing(reads_to_host) == ["called a synchronizing CUDA operation"]
+    assert modes == ["warn", "default"]
+    assert host_overhead.synchronizing(lambda: torch.ones(3).sum()) == []
+
+    lines = host_overhead.traced(lambda: torch.ones(64, 64) @ torch.ones(64, 64), calls=3, top=2)
+    assert lines[0] == "by host time:" and "by device time:" in lines
+    assert any("aten::" in line for line in lines[1:3]), lines

@@ -151,8 +151,54 @@ def measure_norm(shape) -> dict:
     g = torch.randn_like(y)
     bwd = lambda: torch.autograd.grad(y, (xg, wg, bg), g, retain_graph=True)  # noqa: E731
     calls = {"fwd": op, "bwd": bwd, "fwd_no_plans": plans.bypassed()(op), "bwd_no_plans": plans.bypassed()(bwd)}
+    saved = tconv3d.ops.call_group_norm(xg, wg, bg, 32, 1e-6, "silu")[1:]  # mean, rstd
+    direct = lambda: torch.ops.tconv3d.group_norm_backward(g, xg, *saved, wg, bg, 32, "silu")  # noqa: E731
+    calls["bwd_op_alone"] = direct  # the backward op without autograd's engine around it
     return {"shape": list(shape), "ms": {k: triton.testing.do_bench(f, return_mode="median") for k, f in calls.items()},
-            "host_us": {k: host_us(f) for k, f in calls.items()}}  # fmt: skip
+            "host_us": {k: host_us(f) for k, f in calls.items()},
+            "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
+
+
+def synchronizing(fn) -> list[str]:
+    """The host synchronisations one call of `fn` makes (torch's sync debug mode: a read of device memory to the
+    host, a blocking copy), one line each: a call that waits for the GPU every time is bound by its kernels' queue,
+    not its own Python. H200 run 9: a GroupNorm backward's host time was 606 us where its launches, stubbed on a
+    CPU machine, cost 61 (the forward: 92 against 36, a convolution's backward 229 against 84)."""
+    import warnings
+
+    fn()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [str(w.message).splitlines()[0][:160] for w in caught]
+
+
+def traced(fn, calls: int = 20, top: int = 12) -> list[str]:
+    """Where `calls` calls of `fn` spend their time by torch.profiler: the `top` entries by host time and by device
+    time (name, calls a call of fn, host us, device us a call of fn), so that a slow backward shows whether its
+    host or a kernel of its holds it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    lines = []
+    for label, attr in (("host", "self_cpu_time_total"), ("device", "self_device_time_total")):
+        lines.append(f"by {label} time:")
+        for e in sorted(events, key=lambda e: -getattr(e, attr, 0.0))[:top]:
+            lines.append(f"  {e.key[:60]:60s} {e.count / calls:5.1f} {e.self_cpu_time_total / calls:8.1f} "
+                         f"{getattr(e, 'self_device_time_total', 0.0) / calls:8.1f}")  # fmt: skip
+    return lines
 
 
 def main(argv=None) -> int:
@@ -184,6 +230,13 @@ def main(argv=None) -> int:
             f"{'x'.join(map(str, r['shape'])):18s} {m['fwd']:7.3f} {m['bwd']:7.3f} {u['fwd']:6.0f} {u['bwd']:6.0f}; "
             f"{m['fwd_no_plans']:7.3f} {m['bwd_no_plans']:7.3f} {u['fwd_no_plans']:6.0f} {u['bwd_no_plans']:6.0f}"
         )
+    for r in norms:
+        u = r["host_us"]
+        print(
+            f"GroupNorm {'x'.join(map(str, r['shape']))} backward: op alone {u['bwd_op_alone']:.0f} us host, "
+            f"{r['ms']['bwd_op_alone']:.3f} ms; host synchronisations a call: {len(r['bwd_synchronizes'])}"
+        )
+        print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     for r in rows[:2]:
         print(f"{r['case']} {r['dtype']}: the forward launcher's host time by function (calls, own us, cumulative us)")
