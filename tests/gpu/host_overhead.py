@@ -6,7 +6,10 @@ kernels, which stay op calls), and the host's time to issue each; the op's forwa
 call plans (tconv3d/plans.py: each call the whole path). And what Triton's launcher spends encoding one
 TMA descriptor (cuTensorMapEncodeTiled), which it does for every descriptor of every launch (2-5 a TMA or Gluon
 launch): the saving a cache of encoded maps would buy. And a VAE decoder's GroupNorm with its SiLU at two sizes,
-forward and backward, with call plans and without.
+forward and backward, with call plans and without. For each backward, conv and norm: the host synchronisations
+one call makes and a profiler trace by host and device time; last, whether each conv backward captures in a CUDA
+graph (H200 runs 9 and 10: a norm backward's host time 10x its stubbed launches', hunyuan_512's backward refused
+by a capture).
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -112,7 +115,30 @@ def measure(name: str, dtype_name: str) -> dict:
         "op_fwd_no_plans": host_us(op_whole), "op_bwd_no_plans": host_us(bwd_whole),
     }  # fmt: skip
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
-            "host_us": us, "inductor_refusal": refusal, "launcher_profile": profiled(kernels["fwd"])}  # fmt: skip
+            "host_us": us, "inductor_refusal": refusal, "launcher_profile": profiled(kernels["fwd"]),
+            "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
+
+
+def capture_errors() -> dict:
+    """Whether each of CASES' backward (through autograd, as the bench's graph column captures it) captures in a
+    CUDA graph: {case: None, or the error}. H200 run 10: hunyuan_512's bf16 backward failed to capture
+    ("operation failed due to a previous error during capture") where its forward, its fwd+bwd step and unet_320's
+    backward captured. Run last: a failed capture can leave CUDA's default generator in capture mode."""
+    from bench.run import capture
+
+    errors = {}
+    for name, dtype_name in CASES:
+        shape = next(s for s in load_shape_set("bench") if s.name == name)
+        try:  # the inputs too: after a failed capture, CUDA's default generator may refuse to draw
+            x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, DTYPES_BY_NAME[dtype_name], "cuda")
+            x, w = x.requires_grad_(), w.requires_grad_()
+            y = tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)
+            g = torch.empty_like(y).normal_()
+            capture(lambda y=y, x=x, w=w, g=g: torch.autograd.grad(y, (x, w), g, retain_graph=True))
+            errors[f"{name} {dtype_name}"] = None
+        except Exception as error:  # the finding
+            errors[f"{name} {dtype_name}"] = f"{type(error).__name__}: {error}"[:300]
+    return errors
 
 
 def profiled(fn, calls: int = 200, top: int = 15) -> list[str]:
@@ -208,9 +234,10 @@ def main(argv=None) -> int:
     rows = [measure(name, dtype) for name, dtype in CASES]
     norms = [measure_norm(shape) for shape in NORM_SHAPES]
     encode = encode_us()
+    captures = capture_errors()
     if args.out is not None:
         found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms,
-                 "tensor_map_encode_us": encode}  # fmt: skip
+                 "tensor_map_encode_us": encode, "backward_captures": captures}  # fmt: skip
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
           f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd; without call plans: "
@@ -237,6 +264,11 @@ def main(argv=None) -> int:
             f"{r['ms']['bwd_op_alone']:.3f} ms; host synchronisations a call: {len(r['bwd_synchronizes'])}"
         )
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
+    for r in rows:
+        print(f"{r['case']} {r['dtype']} backward: host synchronisations a call: {len(r['bwd_synchronizes'])}")
+        print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
+    for case, error in captures.items():
+        print(f"{case} backward captured in a CUDA graph: {error or 'ok'}")
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     for r in rows[:2]:
         print(f"{r['case']} {r['dtype']}: the forward launcher's host time by function (calls, own us, cumulative us)")
