@@ -159,9 +159,12 @@ def tuning_key(direction: str, geom: ConvGeometry, dtype: torch.dtype) -> Tuning
 NEAR_CHANNEL_RATIO = 2
 NEAR_LOG2_VOXELS = 2
 # A nearest key's entry whose tiles fill less than this share of what the heuristic's fill of the problem's MMA
-# (mma_fill) gives way to the heuristic: its tiles were sized for another layer's channels (H200 run 8: unet_32's
-# weight gradient on stack_64's 64 x 64 tiles, fill 0.25 against 0.96, at 0.42x cuDNN).
-NEAR_FILL_RATIO = 0.75
+# (mma_fill) gives way to the heuristic: its tiles were sized for another layer's channels. H200 runs 8 and 10,
+# unet_32 on stack_64's tiles: the weight gradient's 64 x 64 at fill 0.25 against the heuristic's 0.96 ran 3.409 ms
+# against 1.110 (lent: 0.42x cuDNN); the forward's and input gradient's 128 x 64 halo tiles at fill 0.50 against
+# 1.00 ran 1.087 and 0.890 ms against the heuristic's 1.241 and 1.241. Half the heuristic's fill was no loss there,
+# a quarter was: the line between them.
+NEAR_FILL_RATIO = 0.4
 
 
 def nearest_key(key: TuningKey, candidates) -> TuningKey | None:
