@@ -112,9 +112,39 @@ def pytest_runtest_protocol(item, nextitem):
         f.write(f"{item.nodeid}\t{wall:.2f}\t{own:.2f}\t{children:.2f}\n")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
+    ran = os.environ.get("TCONV3D_TESTS_RAN")
+    if ran:  # a GPU call's suite, cut at its limit, resumed by the next: what an earlier call's junit file names
+        done = ran_tests(ran)
+        deselected = [item for item in items if junit_name(item.nodeid) in done]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if junit_name(item.nodeid) not in done]
+
+
+def junit_name(nodeid: str) -> str:
+    """A test's "classname::name" as pytest's junit xml writes it (junitxml's mangle_test_address): the file's
+    path dotted without ".py", any class, then the name with its parameters."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = names[0].replace("/", ".").removesuffix(".py")
+    names[-1] += bracket + params
+    return ".".join(names[:-1]) + "::" + names[-1]
+
+
+def ran_tests(junit_files: str) -> set[str]:
+    """The junit_name of every test the `os.pathsep`-separated junit xml files recorded as run (passed, failed or
+    skipped): on the GPU machines the suite outlasts a call, and TCONV3D_TESTS_RAN set to the earlier calls' files
+    runs the rest (bench/gpu_session.sh's TESTS_RAN)."""
+    import xml.etree.ElementTree as ElementTree
+
+    done = set()
+    for name in junit_files.split(os.pathsep):
+        for case in ElementTree.parse(name).getroot().iter("testcase"):
+            done.add(f"{case.get('classname')}::{case.get('name')}")
+    return done
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

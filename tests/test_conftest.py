@@ -242,6 +242,39 @@ def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
     assert children > 0.1 and own < children
 
 
+def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path):
+    """TCONV3D_TESTS_RAN: the tests an earlier run's junit xml records (a class's and parametrized ones too) are
+    deselected, the rest run (the GPU calls' suite outlasts a call)."""
+    script = tmp_path / "test_some.py"
+    script.write_text(
+        "import pytest\n"
+        "def test_one():\n    pass\n"
+        "@pytest.mark.parametrize('n', [1, 2])\n"
+        "def test_two(n):\n    pass\n"
+        "class TestK:\n    def test_three(self):\n        pass\n"
+    )
+    tests = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    env.pop("TCONV3D_TESTS_RAN", None)
+
+    def pytest(*args, ran=None):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", str(script), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+             "--rootdir", str(tmp_path), "--confcutdir", tests, "-c", os.devnull, "-p", "conftest", *args],
+            env={**env, **({"TCONV3D_TESTS_RAN": ran} if ran else {})}, capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        return run.stdout
+
+    first = tmp_path / "first.xml"
+    assert "2 passed, 2 deselected" in pytest("-k", "one or three", "--junitxml", str(first))
+    second = tmp_path / "second.xml"
+    assert "1 passed, 3 deselected" in pytest("-k", "two and 1", "--junitxml", str(second), ran=str(first))
+    out = pytest("-rA", ran=os.pathsep.join(map(str, (first, second))))
+    assert "1 passed, 3 deselected" in out and "test_two[2]" in out, out
+
+
 @triton.jit
 def _to_bfloat16_kernel(x_ptr, cast_ptr, stored_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
