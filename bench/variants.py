@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from tconv3d import testing
 from tconv3d.geometry import check_conv3d, split_padding_mode
-from tconv3d.inspect.compile import arch_of, compile_ahead
+from tconv3d.inspect.compile import ARCHS, arch_of, compile_ahead
 from tconv3d.kernels import conv_gluon, grouped
 from tconv3d.kernels.config import packs_taps, w_tap_columns
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
@@ -252,8 +252,8 @@ def variant_configs(direction: str, geom, dtype, device) -> dict[str, configs.Ke
         if whole is not None:
             found[WHOLE_STEPS] = whole
         # the weight gradient's chosen persistent tiles with their taps grouped to 256 columns (one wgmma across
-        # two taps of 128 input channels, or four of 64), at the chosen split
-        grouped = configs.grouped_taps_twin(found["gluon_ws"], direction)
+        # two taps of 128 input channels, or four of 64), at the chosen split, its ring as deep as fits
+        grouped = configs.grouped_taps_twin(found["gluon_ws"], direction, dtype.itemsize, ARCHS[90].smem_per_block)
         if grouped is not None:
             found[GROUPED_TAPS] = grouped
         channel_taps = configs.channel_taps_twin(found["gluon_ws"], geom, direction)

@@ -1178,3 +1178,22 @@ def test_operand_intensity_counts_each_tiles_rows_and_columns():
     # 27 taps in 14 groups: grad_output's 128 rows read 14 times, the input's 128 columns 27 times
     assert configs.operand_intensity("wgrad", wide, grouped, 2) == pytest.approx(128 * 27 / (14 + 27))
     assert configs.operand_intensity("fwd", geometry(), KernelConfig(64, 64, 1, 4, 1, direct=1), 2) is None
+
+
+def test_the_grouped_taps_twin_of_a_deep_ring_takes_the_stages_that_fit():
+    """The weight gradient's 128 x 128 tiles at 7 stages (the heuristic's for wan_dec_192 on the H200) grouped to
+    256 columns: twice the operand bytes a stage, so as deep as fits an sm_90 block (4), where the twin at 7 was
+    too large, dropped by the tuner and refused in bench.variants (H200 run 10); never deeper than the tiles'."""
+    from tconv3d.inspect.compile import ARCHS
+
+    smem = ARCHS[90].smem_per_block
+    deep = KernelConfig(128, 128, 64, 8, 7, group_m=8, split_k=6, tma_box_w=16, gluon=2)
+    assert conv_gluon.persistent_shared_bytes(configs.grouped_taps_twin(deep, "wgrad"), 2, True) > smem
+    twin = configs.grouped_taps_twin(deep, "wgrad", 2, smem)
+    assert (twin.block_n, twin.tap_group, twin.num_stages, twin.split_k) == (256, 2, 4, 6)
+    assert conv_gluon.persistent_shared_bytes(twin, 2, True) <= smem
+    assert conv_gluon.persistent_shared_bytes(dataclasses.replace(twin, num_stages=5), 2, True) > smem
+    shallow = dataclasses.replace(deep, num_stages=3)
+    assert configs.grouped_taps_twin(shallow, "wgrad", 2, smem).num_stages == 3
+    geom = geometry(cin=192, cout=192)
+    assert twin in configs.own_twins("wgrad", geom, deep, torch.bfloat16, smem)

@@ -358,8 +358,8 @@ def candidates(
         twins += [with_gluon(c, geom, direction) for c in kept if gluon_takes(c)]
         specialized = [with_gluon(c, geom, direction, specialized=True) for c in kept if gluon_takes(c)]
         element = torch.empty((), dtype=dtype).element_size()
-        for twin_of in (swapped_twin, grouped_taps_twin):  # the persistent tiles swapped, then with taps grouped
-            specialized += [t for t in (twin_of(c, direction) for c in specialized) if t]
+        specialized += [t for t in (swapped_twin(c, direction) for c in specialized) if t]  # swapped, then grouped
+        specialized += [t for t in (grouped_taps_twin(c, direction, element, smem_bytes) for c in specialized) if t]
         if direction == "wgrad":  # few output channels: transposed, the taps' input channels on the wgmma's rows
             # (from every kept tile: unswapped, their 32 rows of output channels are too few for the Gluon kernel)
             transposed = (swapped_wgrad_twin(with_gluon(c, geom, direction, specialized=True), geom) for c in kept)
@@ -1130,14 +1130,23 @@ def gluon_takes(config: KernelConfig) -> bool:
     return rows >= 16 * config.num_warps and cols <= 256 and config.num_stages >= 2 and grouped_taps_fit(config)
 
 
-def grouped_taps_twin(config: KernelConfig, direction: str) -> KernelConfig | None:
+def grouped_taps_twin(
+    config: KernelConfig, direction: str, element_size: int = 2, smem_bytes: int | None = None
+) -> KernelConfig | None:
     """The warp-specialized Gluon weight gradient's `config` with as many taps a tile (tap_group 2 or 4) as make its
-    columns 256 (m64n256 from 2 x 128 or 4 x 64 input channels), each tap's input channels as before. None elsewhere
-    (other directions, other kernels, tiles already 256 wide, transposed ones: swapped_wgrad_twin's)."""
+    columns 256 (m64n256 from 2 x 128 or 4 x 64 input channels), each tap's input channels as before; given
+    `smem_bytes`, its ring as deep as fits them, at most as deep as `config`'s (a stage of 256 columns holds twice
+    the operand bytes: the heuristic's 128 x 128 tiles at 7 stages become 4, where their twin at 7 was dropped as
+    too large and never timed, H200 run 10's wan_dec_192). None elsewhere (other directions, other kernels, tiles
+    already 256 wide, transposed ones: swapped_wgrad_twin's)."""
     group = 256 // config.block_n
     if direction != "wgrad" or config.gluon != 2 or config.swap_ab or group not in (2, 4):
         return None
-    return replace(config, block_n=256, tap_group=group)
+    twin = replace(config, block_n=256, tap_group=group)
+    if smem_bytes is not None:
+        while twin.num_stages > 2 and not _persistent_fits(twin, element_size, direction, smem_bytes):
+            twin = replace(twin, num_stages=twin.num_stages - 1)
+    return twin
 
 
 def channel_taps_twin(config: KernelConfig, geom: ConvGeometry, direction: str) -> KernelConfig | None:
@@ -1287,7 +1296,7 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
     if not config.gluon:
         return []
     element = torch.empty((), dtype=dtype).element_size()
-    found = [swapped_twin(config, direction), grouped_taps_twin(config, direction)]
+    found = [swapped_twin(config, direction), grouped_taps_twin(config, direction, element, smem_bytes)]
     halo = halo_twin(direction, geom, config, element)
     deep = halo_twin(direction, geom, config, element, programs=1)
     found += [halo, halo and not halo.swap_ab and swapped_twin(halo, direction), deep if deep != halo else None]
