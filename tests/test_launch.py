@@ -268,3 +268,83 @@ def test_a_driver_error_making_a_context_current_is_named(monkeypatch):
     worker.start()
     worker.join()
     assert errors and "cuDevicePrimaryCtxRetain" in errors[0] and "101" in errors[0]
+
+
+class _CLaunch:
+    """Stands in for a compiled launcher's C launch (no __code__, as a builtin): records its arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def test_past_the_wrapper_the_c_launch_gets_the_wrappers_arguments(monkeypatch):
+    """launch._Past, on triton 3.6 (CI's second section): the C launch receives exactly what CudaLauncher.__call__
+    and its tensor-descriptor wrapper (Triton's own, around a recorder) give it, descriptors expanded in place; a
+    descriptor's expansion is made again only when its tensor's address, shape or strides change. Elsewhere the
+    wrapper stays, and why is named."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(launch, "OFF", None)  # this process runs the interpreter: the check alone, as on a GPU
+    why = launch._why_wrapper()
+    if not triton.__version__.startswith("3.6"):
+        assert why is not None and "3.6" in why, why
+        return
+    assert why is None, why
+    from triton.backends.nvidia import driver as nvidia
+
+    made = []
+
+    def make_tensordesc_arg(arg, meta):  # Triton's encodes a map; this one says what it was asked
+        made.append((arg.base.data_ptr(), meta["id"]))
+        return [("map", arg.base.data_ptr(), meta["id"]), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make_tensordesc_arg)
+    signature = {0: "*bf16", 1: "tensordesc<bf16[64, 32]>", 2: "i32", 3: "tensordesc<bf16[32, 16]>", 4: "constexpr"}
+    c_launch = _CLaunch()
+
+    def compiled_with(launch_of):
+        launcher = object.__new__(nvidia.CudaLauncher)
+        launcher.launch = launch_of
+        launcher.global_scratch_size = launcher.profile_scratch_size = 0
+        launcher.global_scratch_align = launcher.profile_scratch_align = 1
+        launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, True
+        return types.SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1, 0))
+
+    compiled = compiled_with(nvidia.wrap_handle_tensordesc(c_launch, signature, [{"id": "a"}, {"id": "b"}]))
+    x, y = torch.zeros(64, 64), torch.zeros(32, 32)
+
+    def descriptor(t, shape):
+        return types.SimpleNamespace(base=t, shape=shape, strides=[shape[1], 1], padding="zero")
+
+    values = (x, descriptor(x, [64, 64]), 7, descriptor(y, [32, 32]), 32)
+    nvidia.CudaLauncher.__call__(compiled.run, 5, 2, 1, 99, compiled.function, compiled.packed_metadata, None,
+                                 None, None, *values)  # fmt: skip
+    past = launch._past_wrapper(compiled)
+    assert past is not None and launch._past_wrapper(compiled) is past  # made once a kernel
+    past(compiled, 5, 2, 1, 99, list(values))
+    wrapper, ours = c_launch.calls
+    assert ours == wrapper and ours[13:] == (x, ("map", x.data_ptr(), "a"), 64, 64, 64, 1, 7,
+                                             ("map", y.data_ptr(), "b"), 32, 32, 32, 1, 32)  # fmt: skip
+    assert ours[:13] == (5, 2, 1, 99, 1234, False, True, None, None, (4, 1, 0), None, None, None)
+    assert len(made) == 4  # the wrapper's two and ours
+    past(compiled, 5, 2, 1, 99, values)
+    assert len(made) == 4 and c_launch.calls[-1] == wrapper  # the same tensors: the expansions kept
+    z = torch.zeros(32, 32)
+    past(compiled, 5, 2, 1, 99, (x, values[1], 7, descriptor(z, [32, 32]), 32))
+    assert made[-1] == (z.data_ptr(), "b") and len(made) == 5 and c_launch.calls[-1][20] == ("map", z.data_ptr(), "b")
+    past(compiled, 5, 2, 1, 99, (x, values[1], 7, descriptor(y, [16, 32]), 32))  # another shape, same address
+    assert len(made) == 6 and c_launch.calls[-1][21:23] == (16, 32)
+
+    plain = compiled_with(c_launch)  # a kernel without descriptors: its launch is the C launch itself
+    launch._past_wrapper(plain)(plain, 1, 1, 1, 7, (x, 3))
+    assert c_launch.calls[-1][13:] == (x, 3)
+    scratch = compiled_with(c_launch)
+    scratch.run.global_scratch_size = 128  # the wrapper allocates it: launched through it
+    assert launch._past_wrapper(scratch) is None
+    python_launch = compiled_with(lambda *args: None)  # not the C launch nor Triton's wrapper: left alone
+    assert launch._past_wrapper(python_launch) is None

@@ -14,7 +14,9 @@ read no mutable globals.
 
 The direct call leans on Triton internals that 3.6 and 3.9 share (JITFunction.run ends in
 `kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
-are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run.
+are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run. On
+triton 3.6 (the GPU machines') a direct launch also skips the launcher's own Python wrapper and calls its C launch
+with the arguments the wrapper would give it (`_Past`, `WRAPPER`: checked at import too).
 
 Inside `traced()` (ops.py's Inductor path) a launch is not run but recorded into the graph being traced, through
 torch.library.wrap_triton: Inductor's generated code then launches the kernel itself.
@@ -317,12 +319,120 @@ def _driver_check(status: int, call: str) -> None:
 
 def launch_compiled(compiled, grid, values, device) -> None:
     """What JITFunction.run does last: the compiled kernel's launcher on the current stream of `device`, with
-    `values` (every parameter's, in order) and the launch hooks. The caller has made a context current on this
-    thread (context_current)."""
+    `values` (every parameter's, in order) and the launch hooks; past the launcher's Python wrapper where this
+    Triton's allows it (`WRAPPER`). The caller has made a context current on this thread (context_current)."""
     stream = driver.active.get_current_stream(device)
     size = len(grid)
+    if WRAPPER is None and knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None:
+        past = _past_wrapper(compiled)
+        if past is not None:
+            past(compiled, grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, values)
+            return
     compiled.run(
         grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
         compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values,
     )  # fmt: skip
+
+
+# Past the launcher's wrapper (issue 29). Triton 3.6's compiled launcher is a CudaLauncher whose __call__ (Python)
+# allocates no scratch for tconv3d's kernels and calls `inner`, the wrapper wrap_handle_tensordesc makes where a
+# kernel takes tensor descriptors: it walks every argument in Python (a Gluon kernel's ~60) to expand each
+# descriptor into its encoded tensor map, shape and strides (make_tensordesc_arg), then calls the C launch. On the
+# H200's host that wrapper cost ~15 us a Gluon launch (H200 run 9's profile, bench/NOTES.md). `_Past` calls the C
+# launch itself: the same leading arguments, the descriptors expanded at positions found once a kernel, and each
+# descriptor's expansion kept while its tensor's address, shape and strides repeat (the map encodes exactly
+# these and the kernel's own block and swizzle: a repeat is the same map). Checked once at import against the
+# Triton installed; anything else (3.9's launcher, scratch, launch hooks, a kernel whose launcher is not the
+# CudaLauncher expected, the CPU stand-ins of inspect.compile.stubbed_launches) launches through the wrapper.
+_WRAPPER_CALL = (
+    "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
+    "global_scratch, profile_scratch, *args)"
+)
+_WRAPPER_LOOP = "final_args = list(args[:_BASE_ARGS_FORMAT_LEN])"
+_MAX_MAPS = 64  # encoded descriptors kept a kernel: a few layouts a layer
+
+
+def _why_wrapper() -> str | None:
+    """Why launches go through the launcher's Python wrapper in this process, or None (see _Past)."""
+    if OFF is not None:
+        return OFF
+    try:
+        from triton.backends.nvidia import driver as nvidia
+
+        call = " ".join(inspect.getsource(nvidia.CudaLauncher.__call__).split())
+        wrap = " ".join(inspect.getsource(nvidia.wrap_handle_tensordesc).split())
+        parameters = list(inspect.signature(nvidia.CudaLauncher.__call__).parameters)
+    except (ImportError, AttributeError, OSError, TypeError) as error:
+        return f"this Triton's launcher could not be read: {error}"
+    if parameters != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"] or _WRAPPER_CALL not in call:
+        return "this Triton's CudaLauncher calls its launch differently from what _Past repeats (3.6's)"
+    if _WRAPPER_LOOP not in wrap or getattr(nvidia, "_BASE_ARGS_FORMAT_LEN", None) != 13:
+        return "this Triton's tensor-descriptor wrapper lays its arguments out differently from 3.6's"
+    return None
+
+
+WRAPPER = _why_wrapper()
+
+
+class _Past:
+    """A compiled kernel's C launch with the arguments its CudaLauncher and wrapper would give it."""
+
+    __slots__ = ("c_launch", "descriptors", "maps", "module", "options")
+
+    def __init__(self, c_launch, descriptors, module, options):
+        self.c_launch, self.descriptors, self.module, self.options = c_launch, descriptors, module, options
+        self.maps = {}
+
+    def __call__(self, compiled, grid_0, grid_1, grid_2, stream, values):
+        args = [grid_0, grid_1, grid_2, stream, compiled.function, *self.options, None, None,
+                compiled.packed_metadata, None, None, None]  # fmt: skip
+        start = 0
+        for index, meta in self.descriptors:
+            args += values[start:index]
+            args += self._expanded(index, meta, values[index])
+            start = index + 1
+        args += values[start:]
+        self.c_launch(*args)
+
+    def _expanded(self, index, meta, descriptor) -> list:
+        """make_tensordesc_arg(descriptor, meta), kept by what it encodes where `meta` gives the map's layout."""
+        if meta is None:  # the descriptor's tensor itself among the arguments: nothing to keep
+            return self.module.make_tensordesc_arg(descriptor, meta)
+        key = (index, descriptor.base.data_ptr(), tuple(descriptor.shape), tuple(descriptor.strides),
+               descriptor.padding)  # fmt: skip
+        found = self.maps.get(key)
+        if found is None:
+            if len(self.maps) >= _MAX_MAPS:
+                self.maps.clear()
+            found = self.maps[key] = self.module.make_tensordesc_arg(descriptor, meta)
+        return found
+
+
+def _past_wrapper(compiled) -> _Past | None:
+    """The compiled kernel's _Past, made at its first launch here; None where its launcher is not 3.6's
+    CudaLauncher with no scratch (then it launches through the wrapper)."""
+    past = compiled.__dict__.get("_tconv3d_past")
+    if past is not None:
+        return past
+    from triton.backends.nvidia import driver as nvidia
+
+    launcher = compiled.run
+    if type(launcher) is not nvidia.CudaLauncher or launcher.global_scratch_size or launcher.profile_scratch_size:
+        return None
+    wrapped = launcher.launch
+    code = getattr(wrapped, "__code__", None)
+    if code is None:  # the C launch itself: the kernel takes no descriptor
+        descriptors = ()
+    elif code.co_name == "inner" and code.co_filename == nvidia.__file__ and wrapped.__closure__:
+        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in wrapped.__closure__), strict=True))
+        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+            return None
+        indices = sorted(cells["tensordesc_indices"])
+        metas = cells["tensordesc_meta"] or [None] * len(indices)
+        wrapped, descriptors = cells["launcher"], tuple(zip(indices, metas, strict=True))
+    else:
+        return None
+    options = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+    past = compiled.__dict__["_tconv3d_past"] = _Past(wrapped, descriptors, nvidia, options)
+    return past

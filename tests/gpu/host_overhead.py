@@ -6,7 +6,8 @@ kernels, which stay op calls), and the host's time to issue each; the op's forwa
 call plans (tconv3d/plans.py: each call the whole path). And what Triton's launcher spends encoding one
 TMA descriptor (cuTensorMapEncodeTiled), which it does for every descriptor of every launch (2-5 a TMA or Gluon
 launch): the saving a cache of encoded maps would buy. And a VAE decoder's GroupNorm with its SiLU at two sizes,
-forward and backward, with call plans and without. For each backward, conv and norm: the host synchronisations
+forward and backward, with call plans and without; the op's host time past the launcher's Python wrapper
+(kernels/launch.py's _Past, triton 3.6) and through it. For each backward, conv and norm: the host synchronisations
 one call makes and a profiler trace by host and device time; last, whether each conv backward captures in a CUDA
 graph (H200 runs 9 and 10: a norm backward's host time 10x its stubbed launches', hunyuan_512's backward refused
 by a capture).
@@ -27,6 +28,7 @@ import triton.testing
 
 import tconv3d
 from tconv3d import plans
+from tconv3d.kernels import launch
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
@@ -114,6 +116,12 @@ def measure(name: str, dtype_name: str) -> dict:
         "compiled_fwd": host_us(compiled), "inductor_fwd": host_us(inductor),
         "op_fwd_no_plans": host_us(op_whole), "op_bwd_no_plans": host_us(bwd_whole),
     }  # fmt: skip
+    past, launch.WRAPPER = launch.WRAPPER, "timed through the launcher's wrapper"  # the launches as before _Past
+    try:
+        us["op_fwd_wrapper"], us["op_bwd_wrapper"] = host_us(op), host_us(bwd)
+    finally:
+        launch.WRAPPER = past
+    us["past_wrapper"] = past is None
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
             "host_us": us, "inductor_refusal": refusal, "launcher_profile": profiled(kernels["fwd"]),
             "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
@@ -264,6 +272,11 @@ def main(argv=None) -> int:
             f"{r['ms']['bwd_op_alone']:.3f} ms; host synchronisations a call: {len(r['bwd_synchronizes'])}"
         )
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
+    for r in rows:
+        u = r["host_us"]
+        print(f"{r['case']} {r['dtype']}: host us with plans, past the launcher's wrapper ({u['past_wrapper']}) "
+              f"fwd {u['op_fwd']:.0f} bwd {u['op_bwd']:.0f}; through it fwd {u['op_fwd_wrapper']:.0f} "
+              f"bwd {u['op_bwd_wrapper']:.0f}")  # fmt: skip
     for r in rows:
         print(f"{r['case']} {r['dtype']} backward: host synchronisations a call: {len(r['bwd_synchronizes'])}")
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
