@@ -186,7 +186,11 @@ def measure_norm(shape) -> dict:
     bwd = lambda: torch.autograd.grad(y, (xg, wg, bg), g, retain_graph=True)  # noqa: E731
     calls = {"fwd": op, "bwd": bwd, "fwd_no_plans": plans.bypassed()(op), "bwd_no_plans": plans.bypassed()(bwd)}
     saved = tconv3d.ops.call_group_norm(xg, wg, bg, 32, 1e-6, "silu")[1:]  # mean, rstd
-    direct = lambda: torch.ops.tconv3d.group_norm_backward(g, xg, *saved, wg, bg, 32, "silu")  # noqa: E731
+
+    @torch.no_grad()  # as autograd's engine calls it
+    def direct():
+        return torch.ops.tconv3d.group_norm_backward(g, xg, *saved, wg, bg, 32, "silu")
+
     calls["bwd_op_alone"] = direct  # the backward op without autograd's engine around it
     return {"shape": list(shape), "ms": {k: triton.testing.do_bench(f, return_mode="median") for k, f in calls.items()},
             "host_us": {k: host_us(f) for k, f in calls.items()},
