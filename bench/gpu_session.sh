@@ -73,11 +73,12 @@ case "${1:-}" in
   plan1)  # H200 run 4 (2026-12-04): the suite ran whole in 269 s on 12 workers (diffusers and MONAI carried),
     # compiling its own kernels; the GPU-marked tests got 40 s and were cut after 12. Run 6 (the fiftieth session):
     # cut at 83% in 280 s on 12 workers, the GPU-marked tests cut at 30 and the main job not reached. Run 9 (the
-    # fifty-first): probe, the GPU-marked tests (35 of 51 in 110 s: they want ~170), host, then the suite on 16
-    # workers to 60% in 180 s. Now host_overhead first (it says why a norm backward costs 600 us of host and
-    # whether hunyuan_512's backward captures: issue 29's questions), the GPU-marked tests with their time, then the
-    # suite past the tests run 9 ran (TCONV3D_TESTS_RAN: conftest deselects what its junit file names)
-    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} HOST_TIMEOUT=${HOST_TIMEOUT:-90} \
+    # fifty-first): probe, the GPU-marked tests (35 of 51 in 110 s: they want ~170), host (45 s), then the suite
+    # on 16 workers to 60% in 180 s. Now host_overhead first, with 120 s (it also traces and captures each backward:
+    # why a norm backward costs 600 us of host, whether hunyuan_512's backward captures: issue 29's questions), the
+    # GPU-marked tests with their time, then the suite past the tests run 9 ran (TCONV3D_TESTS_RAN: conftest
+    # deselects what its junit file names)
+    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} HOST_TIMEOUT=${HOST_TIMEOUT:-120} \
       GPU_TIMEOUT=${GPU_TIMEOUT:-170} WORKERS=${WORKERS:-16} \
       TCONV3D_TESTS_RAN=${TCONV3D_TESTS_RAN-tests/gpu_logs/NVIDIA_H200/run9_ad5388d/tests.xml}
     set -- probe host gpu tests
