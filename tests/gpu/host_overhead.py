@@ -243,8 +243,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    rows = [measure(name, dtype) for name, dtype in CASES]
-    norms = [measure_norm(shape) for shape in NORM_SHAPES]
+    # Each measurement's figures printed as it ends (a call cut at its limit keeps them in its log), the norms first
+    norms, rows = [], []
+    for shape in NORM_SHAPES:
+        norms.append(measure_norm(shape))
+        print("measured:", json.dumps(norms[-1]), flush=True)
+    for name, dtype in CASES:
+        rows.append(measure(name, dtype))
+        print("measured:", json.dumps({k: v for k, v in rows[-1].items() if k != "launcher_profile"}), flush=True)
     encode = encode_us()
     captures = capture_errors()
     if args.out is not None:
