@@ -1183,7 +1183,8 @@ def test_operand_intensity_counts_each_tiles_rows_and_columns():
 def test_the_grouped_taps_twin_of_a_deep_ring_takes_the_stages_that_fit():
     """The weight gradient's 128 x 128 tiles at 7 stages (the heuristic's for wan_dec_192 on the H200) grouped to
     256 columns: twice the operand bytes a stage, so as deep as fits an sm_90 block (4), where the twin at 7 was
-    too large, dropped by the tuner and refused in bench.variants (H200 run 10); never deeper than the tiles'."""
+    too large, dropped by the tuner and failing plan2's precompile in bench.variants' row; never deeper than the
+    tiles'."""
     from tconv3d.inspect.compile import ARCHS
 
     smem = ARCHS[90].smem_per_block

@@ -1137,7 +1137,7 @@ def grouped_taps_twin(
     columns 256 (m64n256 from 2 x 128 or 4 x 64 input channels), each tap's input channels as before; given
     `smem_bytes`, its ring as deep as fits them, at most as deep as `config`'s (a stage of 256 columns holds twice
     the operand bytes: the heuristic's 128 x 128 tiles at 7 stages become 4, where their twin at 7 was dropped as
-    too large and never timed, H200 run 10's wan_dec_192). None elsewhere (other directions, other kernels, tiles
+    too large and never timed: wan_dec_192's on the H200). None elsewhere (other directions, other kernels, tiles
     already 256 wide, transposed ones: swapped_wgrad_twin's)."""
     group = 256 // config.block_n
     if direction != "wgrad" or config.gluon != 2 or config.swap_ab or group not in (2, 4):
