@@ -117,11 +117,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
     ran = os.environ.get("TCONV3D_TESTS_RAN")
     if ran:  # a GPU call's suite, cut at its limit, resumed by the next: what an earlier call's junit file names
-        done = ran_tests(ran)
-        deselected = [item for item in items if junit_name(item.nodeid) in done]
+        done, kept, deselected = ran_tests(ran), [], []
+        for item in items:
+            (deselected if junit_name(item.nodeid) in done else kept).append(item)
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if junit_name(item.nodeid) not in done]
+            items[:] = kept
 
 
 def junit_name(nodeid: str) -> str:

@@ -411,14 +411,23 @@ class _Past:
 
 def _past_wrapper(compiled) -> _Past | None:
     """The compiled kernel's _Past, made at its first launch here; None where its launcher is not 3.6's
-    CudaLauncher with no scratch (then it launches through the wrapper)."""
+    CudaLauncher with no scratch (then it launches through the wrapper). Either answer is kept on the kernel, but
+    for a launcher that is no CudaLauncher at all (a stand-in of stubbed_launches: asked again next launch)."""
     past = compiled.__dict__.get("_tconv3d_past")
     if past is not None:
-        return past
+        return past or None
     from triton.backends.nvidia import driver as nvidia
 
     launcher = compiled.run
-    if type(launcher) is not nvidia.CudaLauncher or launcher.global_scratch_size or launcher.profile_scratch_size:
+    if type(launcher) is not nvidia.CudaLauncher:
+        return None
+    past = compiled.__dict__["_tconv3d_past"] = _past_of(launcher, nvidia) or False
+    return past or None
+
+
+def _past_of(launcher, nvidia) -> _Past | None:
+    """A CudaLauncher's _Past, or None where it needs scratch or its launch is not the C launch or 3.6's wrapper."""
+    if launcher.global_scratch_size or launcher.profile_scratch_size:
         return None
     wrapped = launcher.launch
     code = getattr(wrapped, "__code__", None)
@@ -433,6 +442,4 @@ def _past_wrapper(compiled) -> _Past | None:
         wrapped, descriptors = cells["launcher"], tuple(zip(indices, metas, strict=True))
     else:
         return None
-    options = (launcher.launch_cooperative_grid, launcher.launch_pdl)
-    past = compiled.__dict__["_tconv3d_past"] = _Past(wrapped, descriptors, nvidia, options)
-    return past
+    return _Past(wrapped, descriptors, nvidia, (launcher.launch_cooperative_grid, launcher.launch_pdl))
