@@ -262,3 +262,35 @@ def test_host_overhead_names_a_backwards_synchronisations_and_where_its_time_goe
     lines = host_overhead.traced(lambda: torch.ones(64, 64) @ torch.ones(64, 64), calls=3, top=2)
     assert lines[0] == "by host time:" and "by device time:" in lines
     assert any("aten::" in line for line in lines[1:3]), lines
+
+
+def test_host_overhead_captures_each_backward_by_three_recipes(monkeypatch):
+    """tests/gpu/host_overhead.py's capture check (H200 runs 10 and 11: a process's first backward capture failed):
+    cuDNN's backward first, then tconv3d's, each by three recipes, every one a backward whose gradients are right,
+    and a failed capture recorded, not raised."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    from bench import run
+    from tconv3d.tune.shapes import ConvShape
+
+    tiny = ConvShape("tiny", 1, 4, 8, (3, 4, 5), (3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1), ("fp32",))
+    monkeypatch.setattr(host_overhead, "CASES", (("tiny", "fp32"),))
+    monkeypatch.setattr(host_overhead, "load_shape_set", lambda name: [tiny])
+    captured = []
+
+    def capture(fn):  # stands in for bench.run.capture: the gradients fn gives, and a failure in one recipe
+        grads = fn()
+        captured.append(grads)
+        if len(captured) == 2:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(run, "capture", capture)
+    errors = host_overhead.capture_errors(device="cpu")
+    assert list(errors) == [f"{impl} tiny fp32 {recipe}" for impl in ("cudnn", "tconv3d")
+                            for recipe in host_overhead.CAPTURE_RECIPES]  # fmt: skip
+    assert [key for key, error in errors.items() if error] == ["cudnn tiny fp32 side_stream"]
+    assert "previous error" in errors["cudnn tiny fp32 side_stream"]
+    assert len(captured) == 6
+    for cudnn, ours in zip(captured[:3], captured[3:], strict=True):  # fresh inputs each: the shapes agree
+        assert [g.shape for g in cudnn] == [g.shape for g in ours] == [(1, 4, 3, 4, 5), (8, 4, 3, 3, 3)]

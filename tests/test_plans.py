@@ -409,9 +409,11 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
     leaves = [t for t in (x, w, b, skip) if t is not None]
     g = torch.randn_like(tconv3d.conv3d(x, w, b, channels_after=skip, **kwargs))
 
-    def step():
+    def step(tensors=leaves):
+        x, w, *rest = tensors
+        b, skip = (rest.pop(0) if bias else None), (rest.pop(0) if after else None)
         y = tconv3d.conv3d(x, w, b, channels_after=skip, **kwargs)
-        return [y, *torch.autograd.grad(y, leaves, g)]
+        return [y, *torch.autograd.grad(y, tensors, g)]
 
     replays = []
     original = plans.Plan.__call__
@@ -426,18 +428,22 @@ def test_replayed_steps_compute_what_the_whole_path_does(name, monkeypatch):
     for got, want in zip(replayed, whole, strict=True):
         assert torch.equal(got, want)
 
+    # The capture as PyTorch's recipe has it: fresh leaves, first used on a side stream. An autograd node keeps the
+    # stream it was made on, and a leaf's gradient accumulator made on the default stream (kept alive by `replayed`'s
+    # graph) pulls the legacy stream into the capture: H200 run 11, cudaErrorStreamCaptureImplicit (pytorch#164302).
+    fresh = [t.detach().requires_grad_() for t in leaves]
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()
+        step(fresh)
     torch.cuda.current_stream().wait_stream(side)
     with torch.cuda.graph(graph):
-        captured = step()
-    x.data.copy_(torch.randn_like(x))  # the graph reads the tensors' new values
+        captured = step(fresh)
+    fresh[0].data.copy_(torch.randn_like(x))  # the graph reads the tensors' new values
     graph.replay()
     torch.cuda.synchronize()
     with plans.bypassed():
-        want = step()
+        want = step(fresh)
     for got, expected in zip(captured, want, strict=True):
         assert torch.equal(got, expected)

@@ -314,8 +314,8 @@ def test_gradient_penalty_through_a_norm_matches_float64(norm, activation, devic
     def penalty_gradients(f, tensors):
         tensors = [t.detach().requires_grad_() for t in tensors]
         out = f(*tensors)
-        input_grad = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum(), tensors[0],
-                                         create_graph=True)[0]  # fmt: skip
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view(out.shape)  # H200 run 11
+        input_grad = torch.autograd.grad((out * weights).sum(), tensors[0], create_graph=True)[0]
         used = tensors if norm == "group_of_concatenation" else [t for i, t in enumerate(tensors) if i != 1]
         # without an activation the input's gradient does not depend on the bias (or on b1, which the norm removes)
         grads = torch.autograd.grad(input_grad.square().sum(), used, allow_unused=True)

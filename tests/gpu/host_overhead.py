@@ -18,6 +18,7 @@ by a capture).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -127,26 +128,53 @@ def measure(name: str, dtype_name: str) -> dict:
             "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
 
 
-def capture_errors() -> dict:
-    """Whether each of CASES' backward (through autograd, as the bench's graph column captures it) captures in a
-    CUDA graph: {case: None, or the error}. H200 run 10: hunyuan_512's bf16 backward failed to capture
-    ("operation failed due to a previous error during capture") where its forward, its fwd+bwd step and unet_320's
-    backward captured. Run last: a failed capture can leave CUDA's default generator in capture mode."""
+CAPTURE_RECIPES = ("default_stream", "side_stream", "whole_step")
+
+
+def capture_errors(device: str = "cuda") -> dict:
+    """Whether each of CASES' backward captures in a CUDA graph, cuDNN's (F.conv3d) first, then tconv3d's, each by
+    three recipes: {"impl case dtype recipe": None, or the error}, in the order tried. H200 runs 10 and 11: the
+    first backward capture of a process failed (hunyuan_512's in the bench, unet_320's here), later ones passed,
+    and test_plans' capture (its leaves first used on the default stream) failed with cudaErrorStreamCaptureImplicit:
+    an autograd node keeps the stream it was made on (pytorch#164302). The recipes: `default_stream`, the forward
+    made on the default stream and the backward captured (the bench's graph column); `side_stream`, the leaves first
+    used and the forward made on a side stream (PyTorch's recipe); `whole_step`, forward and backward captured
+    together. Inputs are drawn on the CPU: a failed capture can leave CUDA's default generator in capture mode."""
     from bench.run import capture
 
     errors = {}
-    for name, dtype_name in CASES:
-        shape = next(s for s in load_shape_set("bench") if s.name == name)
-        try:  # the inputs too: after a failed capture, CUDA's default generator may refuse to draw
-            x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, DTYPES_BY_NAME[dtype_name], "cuda")
-            x, w = x.requires_grad_(), w.requires_grad_()
-            y = tconv3d.conv3d(x, w, None, shape.stride, shape.padding, shape.dilation)
-            g = torch.empty_like(y).normal_()
-            capture(lambda y=y, x=x, w=w, g=g: torch.autograd.grad(y, (x, w), g, retain_graph=True))
-            errors[f"{name} {dtype_name}"] = None
-        except Exception as error:  # the finding
-            errors[f"{name} {dtype_name}"] = f"{type(error).__name__}: {error}"[:300]
+    for impl, conv in (("cudnn", torch.nn.functional.conv3d), ("tconv3d", tconv3d.conv3d)):
+        for name, dtype_name in CASES:
+            shape = next(s for s in load_shape_set("bench") if s.name == name)
+            for recipe in CAPTURE_RECIPES:
+                key = f"{impl} {name} {dtype_name} {recipe}"
+                try:
+                    _capture_backward(capture, conv, shape, DTYPES_BY_NAME[dtype_name], recipe, device)
+                    errors[key] = None
+                except Exception as error:  # the finding
+                    errors[key] = f"{type(error).__name__}: {error}"[:300]
     return errors
+
+
+def _capture_backward(capture, conv, shape, dtype, recipe: str, device: str) -> None:
+    """One backward of `conv` on `shape` captured by `recipe` (capture_errors)."""
+    x, w = (t.to(device) for t in random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cpu"))
+    padding = shape.padding if conv is tconv3d.conv3d else shape.padding[0::2]  # the bench's cases are symmetric
+    args = (None, shape.stride, padding, shape.dilation)
+    g = torch.randn(conv(x, w, *args).shape).to(device, dtype).contiguous(memory_format=torch.channels_last_3d)
+    if recipe == "whole_step":
+        x, w = x.requires_grad_(), w.requires_grad_()
+        capture(lambda: torch.autograd.grad(conv(x, w, *args), (x, w), g))
+        return
+    side = torch.cuda.Stream() if recipe == "side_stream" and device == "cuda" else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        x, w = x.requires_grad_(), w.requires_grad_()
+        y = conv(x, w, *args)
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+    capture(lambda: torch.autograd.grad(y, (x, w), g, retain_graph=True))
 
 
 def profiled(fn, calls: int = 200, top: int = 15) -> list[str]:
@@ -290,8 +318,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['case']} {r['dtype']} backward: host synchronisations a call: {len(r['bwd_synchronizes'])}")
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
-    for case, error in captures.items():
-        print(f"{case} backward captured in a CUDA graph: {error or 'ok'}")
+    for key, error in captures.items():
+        print(f"{key}: backward captured in a CUDA graph: {error or 'ok'}")
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
     for r in rows[:2]:
         print(f"{r['case']} {r['dtype']}: the forward launcher's host time by function (calls, own us, cumulative us)")
