@@ -1012,18 +1012,30 @@ def _group_norm_setup_context(ctx, inputs, output):
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.groups, ctx.eps, ctx.activation = groups, eps, activation
     ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
+    # The statistics' gradients stay None where nothing downstream read them (nearly always): autograd would make
+    # zeros of both, two fills a backward (H200 run 11's trace of a GroupNorm backward).
+    ctx.set_materialize_grads(False)
 
 
-def _group_norm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
+def _group_norm_backward(ctx, grad_output, grad_mean, grad_rstd):
     input, mean, rstd, weight, bias, channels_after = ctx.saved_tensors
-    if _backward_differentiated(grad_output, input, weight, bias, channels_after):
+    statistics = grad_mean is not None or grad_rstd is not None
+    if grad_output is None and not statistics:
+        return (None,) * len(ctx.needs_input_grad)
+    if statistics or _backward_differentiated(grad_output, input, weight, bias, channels_after):
+        # In torch's ops: a backward itself differentiated, or gradients through the mean and rstd too, which the
+        # kernels' backward does not take (torch's native_group_norm takes them the same way)
         if bias is None and ctx.bias_dtype is not None:  # not saved: any values give the same gradients
             bias = input.new_zeros(input.shape[1] + ctx.after_channels, dtype=ctx.bias_dtype)
+        outputs = (grad_output, grad_mean, grad_rstd)
 
         def forward(input, weight, bias, channels_after):
-            return _group_norm_in_torch_ops(input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after)[0]
+            y, mean, rstd = _group_norm_in_torch_ops(
+                input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after
+            )  # fmt: skip
+            return tuple(t for t, g in zip((y, mean, rstd), outputs, strict=True) if g is not None)
 
-        grads = _vjp_of(forward, grad_output, input, weight, bias, channels_after)
+        grads = _vjp_of(forward, tuple(g for g in outputs if g is not None), input, weight, bias, channels_after)
         return _needed(ctx, (*grads[:3], None, None, None, grads[3]))
     grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
         grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after

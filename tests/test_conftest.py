@@ -243,8 +243,8 @@ def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
 
 
 def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path):
-    """TCONV3D_TESTS_RAN: the tests an earlier run's junit xml records (a class's and parametrized ones too) are
-    deselected, the rest run (the GPU calls' suite outlasts a call)."""
+    """TCONV3D_TESTS_RAN: the tests an earlier run's junit xml records as passed or skipped (a class's and
+    parametrized ones too) are deselected, the rest and the failed ones run (the GPU calls' suite outlasts a call)."""
     script = tmp_path / "test_some.py"
     script.write_text(
         "import pytest\n"
@@ -276,6 +276,14 @@ def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path)
     )
     out = pytest("-rA", ran=os.pathsep.join(map(str, (first, second))))
     assert "1 passed, 3 deselected" in out and "test_two[2]" in out, out
+    failed = tmp_path / "failed.xml"  # as pytest writes a failure and an error
+    failed.write_text(
+        '<testsuites><testsuite><testcase classname="test_some" name="test_one"><failure message="no"/></testcase>'
+        '<testcase classname="test_some" name="test_two[1]"><error message="no"/></testcase>'
+        '<testcase classname="test_some.TestK" name="test_three"/></testsuite></testsuites>'
+    )
+    out = pytest("-rA", ran=str(failed))
+    assert "3 passed, 1 deselected" in out and "test_one" in out and "test_two[1]" in out, out
 
 
 @triton.jit

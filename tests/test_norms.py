@@ -54,6 +54,35 @@ def test_group_norm_matches_float64(case, affine, activation, dtype, device):
     assert x.grad.is_contiguous(memory_format=CL)
 
 
+@pytest.mark.parametrize("read", ["mean", "rstd", "all"])
+def test_gradients_through_the_statistics_match_float64(read, device):
+    """The op's mean and rstd are differentiable outputs, as torch's native_group_norm's: a loss that reads them (with
+    or without the normalized output) gets their gradients too, in torch's ops. Autograd hands the backward None for
+    a statistic nothing read (no zeros made: two fills a backward, H200 run 11), and the kernels run then."""
+    shape, groups = (2, 8, 3, 4, 5), 4
+    x = leaf_copy((torch.randn(shape, device=device) * 2 + 1).contiguous(memory_format=CL))
+    weight, bias = (leaf_copy(torch.randn(8, device=device)) for _ in range(2))
+    y, mean, rstd = torch.ops.tconv3d.group_norm(x, weight, bias, groups, 1e-5, "silu")
+    gy, gm, gr = torch.randn_like(y), torch.randn_like(mean), torch.randn_like(rstd)
+    terms = {"mean": [(mean, gm)], "rstd": [(rstd, gr)], "all": [(y, gy), (mean, gm), (rstd, gr)]}[read]
+    sum(((t * g).sum() for t, g in terms), torch.zeros((), device=device)).backward()
+
+    x64, w64, b64 = (leaf_copy(t.detach().double()) for t in (x, weight, bias))
+    per_group = x64.reshape(2, groups, -1)
+    mean64 = per_group.mean(-1)
+    rstd64 = (per_group.var(-1, unbiased=False) + 1e-5).rsqrt()
+    y64 = reference(x64, w64, b64, groups, 1e-5, "silu")
+    values = {"mean": [mean64], "rstd": [rstd64], "all": [y64, mean64, rstd64]}[read]
+    sum((t * g.double()).sum() for t, (_, g) in zip(values, terms, strict=True)).backward()
+    assert rel_l2(mean, mean64) < TOLERANCE[torch.float32] and rel_l2(rstd, rstd64) < TOLERANCE[torch.float32]
+    assert rel_l2(x.grad, x64.grad) < TOLERANCE[torch.float32]
+    if read == "all":
+        assert rel_l2(weight.grad, w64.grad) < TOLERANCE[torch.float32]
+        assert rel_l2(bias.grad, b64.grad) < TOLERANCE[torch.float32]
+    else:  # the statistics read none of the affine parameters
+        assert all(t.grad is None or not t.grad.any() for t in (weight, bias))
+
+
 @pytest.mark.parametrize("activation", ["none", "silu"])
 @pytest.mark.parametrize(("shape", "groups"), [((2, 32, 4, 4, 4), 32), ((2, 32, 4, 4, 4), 4), ((2, 16, 4, 20, 20), 4)])
 def test_offset_activations_keep_their_digits(shape, groups, activation, device):
