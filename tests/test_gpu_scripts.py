@@ -294,3 +294,26 @@ def test_host_overhead_captures_each_backward_by_three_recipes(monkeypatch):
     assert len(captured) == 6
     for cudnn, ours in zip(captured[:3], captured[3:], strict=True):  # fresh inputs each: the shapes agree
         assert [g.shape for g in cudnn] == [g.shape for g in ours] == [(1, 4, 3, 4, 5), (8, 4, 3, 3, 3)]
+
+
+def test_host_overhead_says_how_each_compiled_kernel_launches(monkeypatch):
+    """tests/gpu/host_overhead.py's launcher states (H200 run 11: whether launches went past Triton's wrapper):
+    one line per compiled kernel, naming the launcher, its scratch and whether _Past took it."""
+    import types
+
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    from tconv3d.kernels import launch
+
+    def inner():  # stands in for the wrapper Triton puts around a kernel's C launch
+        pass
+
+    runner = types.SimpleNamespace(launch=inner, global_scratch_size=0, profile_scratch_size=0)
+    taken = types.SimpleNamespace(name="taken", run=runner, _tconv3d_past=object())
+    refused = types.SimpleNamespace(name="refused", run=types.SimpleNamespace(launch=print), _tconv3d_past=False)
+    monkeypatch.setattr(launch, "_compiled", {1: (taken, ()), 2: (refused, ())})
+    lines = host_overhead.launcher_states()
+    assert lines[0].startswith("launch.WRAPPER: ") and len(lines) == 3
+    assert "taken: past=object launcher=SimpleNamespace scratch=0/0 wrapped=inner" in lines[1]
+    assert "refused: past=False" in lines[2] and "scratch=?/?" in lines[2] and "wrapped=C launch" in lines[2]

@@ -128,6 +128,26 @@ def measure(name: str, dtype_name: str) -> dict:
             "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
 
 
+def launcher_states() -> list[str]:
+    """How each kernel the direct path has compiled launches, one line each: past Triton's launcher wrapper
+    (launch._Past) or through it, and why. H200 run 11: the ops' host time moved 5-20 us with _Past, but the
+    profile of a direct forward still showed the wrapper's `inner` and CudaLauncher.__call__ at every launch."""
+    from triton import knobs
+
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    lines = [f"launch.WRAPPER: {launch.WRAPPER}; launch hooks set: {[h is not None for h in hooks]}"]
+    for compiled, _ in list(launch._compiled.values()):
+        runner = compiled.run
+        past = compiled.__dict__.get("_tconv3d_past", "never asked")
+        inner = getattr(getattr(runner, "launch", None), "__code__", None)
+        lines.append(
+            f"  {compiled.name}: past={type(past).__name__ if past not in (False, 'never asked') else past} "
+            f"launcher={type(runner).__name__} scratch={getattr(runner, 'global_scratch_size', '?')}"
+            f"/{getattr(runner, 'profile_scratch_size', '?')} wrapped={inner.co_name if inner else 'C launch'}"
+        )
+    return lines
+
+
 CAPTURE_RECIPES = ("default_stream", "side_stream", "whole_step")
 
 
@@ -280,10 +300,11 @@ def main(argv=None) -> int:
         rows.append(measure(name, dtype))
         print("measured:", json.dumps({k: v for k, v in rows[-1].items() if k != "launcher_profile"}), flush=True)
     encode = encode_us()
+    launchers = launcher_states()
     captures = capture_errors()
     if args.out is not None:
         found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms,
-                 "tensor_map_encode_us": encode, "backward_captures": captures}  # fmt: skip
+                 "tensor_map_encode_us": encode, "launchers": launchers, "backward_captures": captures}  # fmt: skip
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
           f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd; without call plans: "
@@ -318,6 +339,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['case']} {r['dtype']} backward: host synchronisations a call: {len(r['bwd_synchronizes'])}")
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
+    print("\n".join(launchers))
     for key, error in captures.items():
         print(f"{key}: backward captured in a CUDA graph: {error or 'ok'}")
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
