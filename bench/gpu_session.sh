@@ -37,8 +37,9 @@
 # carry; whatever .whl/ holds is installed into /tmp/site before any stage.
 # Logs and results go under $OUT (the device tool brings that folder back, at most 8 files: combine stages in one
 # call only where their files together stay within that).
-# Kernels compiled here ahead of a call (bench/precompile.py, with the GPU image's triton wheel):
-#   PATH=<a venv with triton 3.6>/bin:$PATH PRECOMPILE=<triton-3.6.0-cp312 wheel> bash bench/gpu_session.sh plan2
+# Kernels compiled here ahead of a call (bench/precompile.py, with the GPU image's triton wheel), one cache for the
+# session's calls (plan1's models stage needs diffusers in that venv: pip install --no-deps .whl/*.whl and theirs):
+#   PATH=<a venv with triton 3.6>/bin:$PATH PRECOMPILE=<triton-3.6.0-cp312 wheel> bash bench/gpu_session.sh plan1 plan2
 # then name `.triton-sm90` in the call's carry; each call unpacks it and reports what it spared in environment.txt.
 # The device machine keeps nothing between calls: copy a returned table into autotune_configs/ once it is whole
 # (or into tuning/, carried, to resume it), and the returned results into bench/results/ before the next bench
@@ -48,13 +49,15 @@ set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 # The census stage's models (bench.census argument lists): MONAI's UNets training at their tutorials' size, and the
 # video VAEs' decodes of 17 frames at 256 x 256 (bench.vaes.DEFAULT_LATENTS).
+# The models stage's VAEs (bench.vae_decode --model, at their released sizes: bench.vaes.DEFAULT_LATENTS).
+DEFAULT_MODELS="wan cogvideox mochi hunyuan_video ltx_video"
 DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --unet dynunet --training; --vae wan; \
 --vae hunyuan_video; --vae cogvideox; --vae ltx2"
 # The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
 # 18 of 2026-11-27), each one word; any variable set in the call's environment still wins:
-#   plan1   probe, the small layers' host time with plans on and off and why a backward's is what it is (issue
-#           29), the GPU-marked tests and the main job, the suite on CUDA past what H200 run 9 ran of it (1818
-#           tests at ad5388d: the call-plan replays, BatchNorm3d's tests and ~40% more were not reached).
+#   plan1   probe, the small layers' host time and which capture recipe each backward takes (issue 29), the suite
+#           on CUDA past what H200 runs 9 and 11 ran of it and their failures, then three video VAEs' decodes
+#           stock against converted (issue 30, never run yet).
 #           compute-sanitizer over every kernel family (issue 30's memcheck: 0 errors in H200 run 7, 95 s with
 #           JOBS=8) is `memcheck` alone in a call of its own (CALL_SECONDS=230) where a kernel changed
 #   plan2   issue 28's bars in one run (the bf16 suite against cuDNN, then the stack scenario), the norms scenario,
@@ -69,19 +72,23 @@ DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --u
 #   plan5   the awkward set's layers of channels not 16-divisible (bench.variants, bf16 and fp32): chosen (a plain
 #           layer's tiles on the box kernels, the pointer kernels' shorter loops), timed_only and pointer
 #           (bench/NOTES.md, thirty-fifth and thirty-sixth sessions)
-case "${1:-}" in
+# Several plans at once only to precompile (PRECOMPILE: one cache for a session's calls); a call runs one plan.
+planned=()
+while [[ "${1:-}" =~ ^plan[0-9]$ ]]; do
+  case "$1" in
   plan1)  # H200 run 4 (2026-12-04): the suite ran whole in 269 s on 12 workers (diffusers and MONAI carried),
-    # compiling its own kernels; the GPU-marked tests got 40 s and were cut after 12. Run 6 (the fiftieth session):
-    # cut at 83% in 280 s on 12 workers, the GPU-marked tests cut at 30 and the main job not reached. Run 9 (the
-    # fifty-first): probe, the GPU-marked tests (35 of 51 in 110 s: they want ~170), host (45 s), then the suite
-    # on 16 workers to 60% in 180 s. Now host_overhead first, with 120 s (it also traces and captures each backward:
-    # why a norm backward costs 600 us of host, whether hunyuan_512's backward captures: issue 29's questions), the
-    # GPU-marked tests with their time, then the suite past the tests run 9 ran (TCONV3D_TESTS_RAN: conftest
-    # deselects what its junit file names)
-    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-280} HOST_TIMEOUT=${HOST_TIMEOUT:-120} \
-      GPU_TIMEOUT=${GPU_TIMEOUT:-170} WORKERS=${WORKERS:-16} \
-      TCONV3D_TESTS_RAN=${TCONV3D_TESTS_RAN-tests/gpu_logs/NVIDIA_H200/run9_ad5388d/tests.xml}
-    set -- probe host gpu tests
+    # compiling its own kernels. Runs 9 and 11 (fifty-first, fifty-second sessions): the suite on 16 workers, 1818
+    # and 1080 tests (junit files committed; the 13 of run 11 that failed were test-side, mended since), the
+    # GPU-marked tests all 51 passed in run 11 (157 s). Now: probe, host_overhead (which capture recipe each
+    # backward takes, how each compiled kernel launches: issue 29's questions), the suite's rest and run 11's
+    # failures (TCONV3D_TESTS_RAN: conftest deselects what those junit files record as passed or skipped), then
+    # issue 30's VAE decodes on CUDA, stock against converted, never run yet (precompiled: PRECOMPILE with plan1
+    # compiles their layers' chosen kernels; diffusers from .whl)
+    export CALL_SECONDS=${CALL_SECONDS:-430} TESTS_TIMEOUT=${TESTS_TIMEOUT:-110} HOST_TIMEOUT=${HOST_TIMEOUT:-110} \
+      WORKERS=${WORKERS:-16} MODELS=${MODELS:-"wan hunyuan_video cogvideox"} MODEL_TIMEOUT=${MODEL_TIMEOUT:-55} \
+      MODEL_TESTS=${MODEL_TESTS:-0} \
+      TCONV3D_TESTS_RAN=${TCONV3D_TESTS_RAN-tests/gpu_logs/NVIDIA_H200/run9_ad5388d/tests.xml:tests/gpu_logs/NVIDIA_H200/run11_6c241f9/tests.xml}
+    planned+=(probe host tests models)
     ;;
   plan2)
     # Issue 28's bars in one run at one commit: the suite (bf16, forward and backward against cuDNN) and the stack
@@ -102,23 +109,34 @@ case "${1:-}" in
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256,unet_64} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-70} \
       VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-260} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"}
-    set -- bench variants
+    planned+=(bench variants)
     ;;
   plan3)
     export CALL_SECONDS=${CALL_SECONDS:-220} PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-190}
-    set -- profile
+    planned+=(profile)
     ;;
   plan4)
     export CALL_SECONDS=${CALL_SECONDS:-420} CENSUS_TIMEOUT=${CENSUS_TIMEOUT:-90}
-    set -- census
+    planned+=(census)
     ;;
   plan5)
     PLAN5_CASES=odd_36_20,odd_64_40,stride2_odd,odd_dilated,odd_12_44,odd_44_12
     export CALL_SECONDS=${CALL_SECONDS:-240} VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-210} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN5_CASES --dtype bf16,fp32 --impls chosen,timed_only,pointer"}
-    set -- variants
+    planned+=(variants)
     ;;
-esac
+  *) echo "unknown plan $1: plan1 to plan5" >&2; exit 2 ;;
+  esac
+  plans=$((${plans:-0} + 1))
+  shift
+done
+if [ ${#planned[@]} -gt 0 ]; then
+  if [ $# -gt 0 ] || { [ "$plans" -gt 1 ] && [ -z "${PRECOMPILE:-}" ]; }; then
+    echo "a call runs one plan alone (several only to precompile), no stages after it" >&2
+    exit 2
+  fi
+  set -- "${planned[@]}"
+fi
 for stage in "${@:-tests}"; do  # a misspelt stage fails here, not minutes into the call
   case "$stage" in
     check | probe | tests | gpu | report | tune | bench | memcheck | reliability | host | resample | variants | models | layers | census | profile | fuzz | fuzzargs) ;;
@@ -135,7 +153,8 @@ done
 if [ -n "${PRECOMPILE:-}" ]; then  # here, on a machine with no GPU: compile what these stages will launch
   exec python3 -m bench.precompile --wheel "$PRECOMPILE" --stages "${*:-tests}" --variants-args "${VARIANTS_ARGS:-}" \
     --bench-args "${BENCH_ARGS:-}" --scenarios "${SCENARIOS:-stack,conv2d,causal,skip,subpixel,norms}" \
-    --tune-args "--shapes bench ${TUNE_ARGS:-}" --census-models "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}"
+    --tune-args "--shapes bench ${TUNE_ARGS:-}" --census-models "${CENSUS_MODELS:-$DEFAULT_CENSUS_MODELS}" \
+    --models "${MODELS:-$DEFAULT_MODELS}"
 fi
 OUT=${OUT:-/tmp/tconv3d-out}
 CALL_SECONDS=${CALL_SECONDS:-570}
@@ -305,11 +324,17 @@ run_stage() {
       echo "diffusers is missing: run bench/fetch_wheels.sh and carry .whl" | tee "$OUT/models.log"
       return 1
     fi
-    for model in ${MODELS:-wan cogvideox mochi hunyuan_video ltx_video}; do
+    # each model's JSON, then one file of them all in $OUT (a call returns at most 8 files)
+    local decoded=/tmp/tconv3d-models model
+    mkdir -p "$decoded"
+    for model in ${MODELS:-$DEFAULT_MODELS}; do
       timeout "$(left "${MODEL_TIMEOUT:-100}")" python3 -m bench.vae_decode --model "$model" \
         --scale "${MODEL_SCALE:-0}" --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" \
-        ${MODEL_TRAINING:+--training} --json "$OUT/vae_$model${MODEL_TRAINING:+_training}.json" 2>&1 | tee -a "$OUT/models.log"
+        ${MODEL_TRAINING:+--training} --json "$decoded/$model.json" 2>&1 | tee -a "$OUT/models.log"
     done
+    python3 -c "import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) for p in \
+sorted(pathlib.Path(sys.argv[1]).glob('*.json'))}, indent=1))" "$decoded" \
+      > "$OUT/vae_decode${MODEL_TRAINING:+_training}.json"
     if [ "${MODEL_TESTS:-1}" != 0 ]; then
       timeout "$(left "${MODEL_TESTS_TIMEOUT:-150}")" python3 -m pytest tests/test_integrations.py -q \
         -p no:cacheprovider 2>&1 | tee "$OUT/integrations.log"  # CPU (aten) as in CI, and the models on CUDA

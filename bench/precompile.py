@@ -248,14 +248,24 @@ def tune_launches(tune_args: list[str], device) -> list:
 
 
 def plan(
-    stages: list[str], variants_args: str, bench_args: str, scenarios: str, tune_args: str = "", census_models: str = ""
+    stages: list[str],
+    variants_args: str,
+    bench_args: str,
+    scenarios: str,
+    tune_args: str = "",
+    census_models: str = "",
+    decoded: str = "",
 ) -> list:
-    """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES."""
+    """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES.
+    `decoded`: the models stage's VAEs (space-separated), whose converted decodes launch their layers' chosen
+    kernels: the census's rows of the same VAEs at the same latent (bench.vaes.DEFAULT_LATENTS)."""
     launches = []
     for name in DEVICES:
         with posing_as(name) as device:
             if "census" in stages:
                 launches += census_launches(census_models, device)
+            if "models" in stages:
+                launches += census_launches(";".join(f"--vae {model}" for model in decoded.split()), device)
             if "tune" in stages:
                 launches += tune_launches(shlex.split(tune_args), device)
             if "variants" in stages:
@@ -358,6 +368,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--census-models", default="", help="python -m bench.census's argument lists, ';'-separated (census stage)"
     )
+    parser.add_argument(
+        "--models", default="", help="the models stage's VAEs, space-separated (bench/gpu_session.sh's MODELS)"
+    )
     parser.add_argument("--out", type=Path, default=Path(".triton-sm90"), help="where the packed cache goes")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiling processes")
     parser.add_argument("--unpack", type=Path, help="unpack this carried cache; print the directory for Triton")
@@ -384,7 +397,13 @@ def main(argv=None) -> int:
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         parser.error(str(error))
     launches = plan(
-        args.stages.split(), args.variants_args, args.bench_args, args.scenarios, args.tune_args, args.census_models
+        args.stages.split(),
+        args.variants_args,
+        args.bench_args,
+        args.scenarios,
+        args.tune_args,
+        args.census_models,
+        args.models,
     )
     print(f"[precompile] {len(launches)} launches for {', '.join(DEVICES)} (sm_{CAPABILITY}), {args.jobs} processes")
     manifest = build(launches, key, args.out, args.jobs)
