@@ -1035,3 +1035,44 @@ def test_bench_cases_draw_from_a_generator_of_their_own(monkeypatch):
     errors = float64_errors(torch.nn.functional.conv3d, x, w, generator=generator)  # tconv3d_error's, as it is called
     assert max(errors.values()) < 1e-5
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_graph_column_makes_a_backwards_forward_again_on_a_side_stream(monkeypatch):
+    """The graph column of a backward alone captures a backward whose forward was made on a side stream (PyTorch's
+    capture recipe: an autograd node keeps the stream it was made on; H200 runs 10 and 12 lost hunyuan_512's
+    backward capture); the eager timing's callable and the other directions' are captured as they are."""
+    import contextlib
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    current, side_streams = Stream(), []
+
+    @contextlib.contextmanager
+    def stream(s):
+        side_streams.append(s)
+        try:
+            yield
+        finally:
+            side_streams.pop()
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(run, "_cuda_generator", lambda: torch.Generator().manual_seed(0))
+    made_on = []
+
+    def forward(x, w):
+        made_on.append(side_streams[-1] if side_streams else current)
+        return torch.nn.functional.conv3d(x, w, None, 1, 1)
+
+    x, w = torch.randn(1, 2, 3, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    fn = run._direction_fn(forward, x, w, "bwd")
+    assert made_on == [current]
+    for direction in ("fwd", "fwd+bwd"):
+        assert run._captured_fn(forward, x, w, direction, fn) is fn
+    captured = run._captured_fn(forward, x, w, "bwd", fn)
+    assert captured is not fn and len(made_on) == 2 and made_on[1] is not current
+    assert isinstance(made_on[1], Stream)
+    assert [g.shape for g in captured()] == [x.shape, w.shape]
