@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton whee
 
 SCRIPT = """
 import json, torch
+from triton import knobs
 from triton.runtime.jit import JITFunction
 from tconv3d.geometry import check_conv3d
 from tconv3d.inspect.compile import compile_launch, stubbed_launches
@@ -69,9 +70,20 @@ with stubbed_launches(90, record):
         out["families"][kernel.__name__] = {
             "runs": after_first, "runs_after_second": list(runs), "same_kernel": first is second,
             "launches": len(record),
-            "identical": len(record) == 2 and [plain(v) for v in record[0][1]] == [plain(v) for v in record[1][1]],
+            # the same but for the hooks and their metadata, which the direct path hands as None with no hook set
+            "identical": len(record) == 2 and [plain(v) for v in record[0][1][:6] + record[0][1][9:]]
+            == [plain(v) for v in record[1][1][:6] + record[1][1][9:]],
+            "hooks": [[type(v).__name__ for v in r[1][6:9]] for r in record],
             "arguments": len(record[0][1]) if record else 0,
         }
+    # With a launch hook set, the direct path hands the hook chains and the metadata, as run does.
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        del record[:]
+        launch.launch(kernel, grid, *args, **kwargs)
+        out["hooked"] = [type(v).__name__ for v in record[-1][1][6:9]]
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
     # What makes Triton specialise differently goes back through run.
     kernel, grid, args, kwargs = calls[0]
     launch.launch(kernel, grid, *args, **kwargs)  # remembered
@@ -118,6 +130,9 @@ def test_direct_launches_reach_the_driver_with_runs_arguments():
         assert family["runs"] == [name] and family["runs_after_second"] == [name], (name, family)  # one run only
         assert family["same_kernel"] and family["launches"] == 2 and family["identical"], (name, family)
         assert family["arguments"] > 10, (name, family)  # grid, stream, function, metadata, hooks, arguments
+        # run hands its empty hook chains and their metadata; the direct path None for each, with no hook set
+        assert family["hooks"] == [["LazyDict", "HookChain", "HookChain"], ["NoneType"] * 3], (name, family)
+    assert result["hooked"] == ["LazyDict", "HookChain", "HookChain"]
     assert result["unaligned_runs"] == ["_conv3d_fwd_kernel"]
     assert result["int_runs"] == ["_conv3d_fwd_kernel"]
     fwd = ["_conv3d_fwd_kernel"]
@@ -348,3 +363,12 @@ def test_past_the_wrapper_the_c_launch_gets_the_wrappers_arguments(monkeypatch):
     assert launch._past_wrapper(scratch) is None
     python_launch = compiled_with(lambda *args: None)  # not the C launch nor Triton's wrapper: left alone
     assert launch._past_wrapper(python_launch) is None
+
+    # launch_compiled takes it under Triton's own knobs, whose hooks are empty chains, never None (H200 run 11: it
+    # took them for hooks set, and no launch went past the wrapper)
+    stream_of = types.SimpleNamespace(active=types.SimpleNamespace(get_current_stream=lambda device: 99))
+    monkeypatch.setattr(launch, "driver", stream_of)
+    monkeypatch.setattr(launch, "WRAPPER", why)  # as imported on a GPU machine: None
+    fresh = compiled_with(nvidia.wrap_handle_tensordesc(c_launch, signature, [{"id": "a"}, {"id": "b"}]))
+    launch.launch_compiled(fresh, (5, 2), values, 0)
+    assert "_tconv3d_past" in vars(fresh) and c_launch.calls[-1] == wrapper

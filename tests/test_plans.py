@@ -57,8 +57,10 @@ def describe(value, inputs, allocated):
     if isinstance(getattr(value, "base", None), torch.Tensor):
         return [type(value).__name__, describe(value.base, inputs, allocated), list(value.shape),
                 list(value.strides), list(value.block_shape), repr(getattr(value, "layout", None))]
-    if type(value).__name__ == "LazyDict":
-        return sorted(value.data)
+    # Triton's run hands the launcher its hook chains and the metadata made for them; the direct path, with no hook
+    # set, None for each: the same launch (test_launch holds the direct path to both, hooks set and not)
+    if type(value).__name__ == "LazyDict" or (type(value).__name__ == "HookChain" and not value.calls):
+        return None
     if value is None or isinstance(value, (int, float, bool, str)):
         return value
     if isinstance(value, tuple) and all(isinstance(v, (int, bool)) for v in value):

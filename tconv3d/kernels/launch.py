@@ -73,8 +73,10 @@ def _why_off() -> str | None:
 
 
 OFF = _why_off()
-if OFF is None:
+try:  # (the launch hooks and options launch_compiled reads: Triton 3.6 and later have them)
     from triton import knobs
+except ImportError:
+    knobs = None
 
 # The compile option every launch passes (see the module's docstring), unless its caller names it.
 FP_FUSION = True
@@ -320,19 +322,37 @@ def _driver_check(status: int, call: str) -> None:
 def launch_compiled(compiled, grid, values, device) -> None:
     """What JITFunction.run does last: the compiled kernel's launcher on the current stream of `device`, with
     `values` (every parameter's, in order) and the launch hooks; past the launcher's Python wrapper where this
-    Triton's allows it (`WRAPPER`). The caller has made a context current on this thread (context_current)."""
+    Triton's allows it (`WRAPPER`). The caller has made a context current on this thread (context_current).
+    With no launch hook set, the launcher gets None for the hooks and their metadata, as Triton's launchers take
+    (they call a hook that is not None): Triton's own run hands them its empty hook chains, and makes the metadata
+    for them, at every launch."""
     stream = driver.active.get_current_stream(device)
     size = len(grid)
-    if WRAPPER is None and knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None:
-        past = _past_wrapper(compiled)
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if not (_hook_set(enter) or _hook_set(leave)):
+        past = _past_wrapper(compiled) if WRAPPER is None else None
         if past is not None:
             past(compiled, grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, values)
             return
+        compiled.run(
+            grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
+            compiled.packed_metadata, None, None, None, *values,
+        )  # fmt: skip
+        return
     compiled.run(
         grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
-        compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
-        knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values,
+        compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values), enter, leave, *values,
     )  # fmt: skip
+
+
+def _hook_set(hook) -> bool:
+    """Whether a launch hook is set. Triton 3.6's and 3.9's knobs hold a HookChain, never None, empty where no hook
+    was added: launch_compiled once took it for a hook, and no launch went past the wrapper on the H200 (run 11's
+    profile: Triton's CudaLauncher.__call__ and its wrapper at every launch)."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
 
 
 # Past the launcher's wrapper (issue 29). Triton 3.6's compiled launcher is a CudaLauncher whose __call__ (Python)
