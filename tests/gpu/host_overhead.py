@@ -130,12 +130,13 @@ def measure(name: str, dtype_name: str) -> dict:
 
 def launcher_states() -> list[str]:
     """How each kernel the direct path has compiled launches, one line each: past Triton's launcher wrapper
-    (launch._Past) or through it, and why. H200 run 11: the ops' host time moved 5-20 us with _Past, but the
-    profile of a direct forward still showed the wrapper's `inner` and CudaLauncher.__call__ at every launch."""
+    (launch._Past) or through it, and why. H200 run 11: the profile of a direct forward showed the wrapper's
+    `inner` and CudaLauncher.__call__ at every launch; launch_compiled took Triton's empty hook chains for hooks
+    set (mended since: launch._hook_set)."""
     from triton import knobs
 
     hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    lines = [f"launch.WRAPPER: {launch.WRAPPER}; launch hooks set: {[h is not None for h in hooks]}"]
+    lines = [f"launch.WRAPPER: {launch.WRAPPER}; launch hooks set: {[launch._hook_set(h) for h in hooks]}"]
     for compiled, _ in list(launch._compiled.values()):
         runner = compiled.run
         past = compiled.__dict__.get("_tconv3d_past", "never asked")
