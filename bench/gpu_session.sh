@@ -47,10 +47,10 @@
 # commit being measured as TCONV3D_COMMIT.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-# The census stage's models (bench.census argument lists): MONAI's UNets training at their tutorials' size, and the
-# video VAEs' decodes of 17 frames at 256 x 256 (bench.vaes.DEFAULT_LATENTS).
 # The models stage's VAEs (bench.vae_decode --model, at their released sizes: bench.vaes.DEFAULT_LATENTS).
 DEFAULT_MODELS="wan cogvideox mochi hunyuan_video ltx_video"
+# The census stage's models (bench.census argument lists): MONAI's UNets training at their tutorials' size, and the
+# video VAEs' decodes of 17 frames at 256 x 256 (bench.vaes.DEFAULT_LATENTS).
 DEFAULT_CENSUS_MODELS="--unet unet --training; --unet basic_unet --training; --unet dynunet --training; --vae wan; \
 --vae hunyuan_video; --vae cogvideox; --vae ltx2"
 # The 15-minute session's two calls (bench/NOTES.md, "Fourth H100 session", as re-planned after H100 runs 16 to
@@ -325,8 +325,8 @@ run_stage() {
       return 1
     fi
     # each model's JSON, then one file of them all in $OUT (a call returns at most 8 files)
-    local decoded=/tmp/tconv3d-models model
-    mkdir -p "$decoded"
+    local decoded=/tmp/tconv3d-models${MODEL_TRAINING:+-training} model
+    rm -rf "$decoded" && mkdir -p "$decoded"  # this run's models alone in its file
     for model in ${MODELS:-$DEFAULT_MODELS}; do
       timeout "$(left "${MODEL_TIMEOUT:-100}")" python3 -m bench.vae_decode --model "$model" \
         --scale "${MODEL_SCALE:-0}" --variants "${MODEL_VARIANTS:-stock,converted,converted_graph}" \

@@ -55,15 +55,22 @@ def bench_ms(fn) -> float:
 GRAPH_IMPLS = ("tconv3d", "cudnn_cl3d")
 
 
-def capture(fn, warmups: int = 3):
-    """`fn` captured once in a CUDA graph, after `warmups` calls on a side stream (as capture wants: the first calls
-    choose configs, compile and allocate): (the graph, fn's output in the graph's memory, MiB the capture took)."""
+def on_side_stream(make):
+    """make() run on a side stream that waits for the current one and is waited for after, and its result: PyTorch's
+    capture recipe for what precedes a capture (warm-up calls; a forward whose backward is captured alone, since an
+    autograd node keeps the stream it was made on, pytorch#164302)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmups):
-            fn()
+        made = make()
     torch.cuda.current_stream().wait_stream(side)
+    return made
+
+
+def capture(fn, warmups: int = 3):
+    """`fn` captured once in a CUDA graph, after `warmups` calls on a side stream (as capture wants: the first calls
+    choose configs, compile and allocate): (the graph, fn's output in the graph's memory, MiB the capture took)."""
+    on_side_stream(lambda: [fn() for _ in range(warmups)])
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     graph = torch.cuda.CUDAGraph()
@@ -274,12 +281,7 @@ def _captured_fn(forward, x, w, direction, fn):
     (pytorch#164302): H200 runs 10 and 12, the first backward captured in the process failed (hunyuan_512's)."""
     if direction != "bwd":
         return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn = _direction_fn(forward, x, w, direction)
-    torch.cuda.current_stream().wait_stream(side)
-    return fn
+    return on_side_stream(lambda: _direction_fn(forward, x, w, direction))
 
 
 def _replica(shape: ConvShape) -> ConvShape:

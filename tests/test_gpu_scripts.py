@@ -286,7 +286,10 @@ def test_host_overhead_captures_each_backward_by_three_recipes(monkeypatch):
             raise RuntimeError("operation failed due to a previous error during capture")
 
     monkeypatch.setattr(run, "capture", capture)
+    sides = []  # the side-stream recipe's forwards, made through bench.run's helper
+    monkeypatch.setattr(run, "on_side_stream", lambda make: sides.append(1) or make())
     errors = host_overhead.capture_errors(device="cpu")
+    assert len(sides) == 2  # cuDNN's and tconv3d's
     assert list(errors) == [f"{impl} tiny fp32 {recipe}" for impl in ("cudnn", "tconv3d")
                             for recipe in host_overhead.CAPTURE_RECIPES]  # fmt: skip
     assert [key for key, error in errors.items() if error] == ["cudnn tiny fp32 side_stream"]

@@ -328,21 +328,18 @@ def launch_compiled(compiled, grid, values, device) -> None:
     for them, at every launch."""
     stream = driver.active.get_current_stream(device)
     size = len(grid)
+    grid_0, grid_1, grid_2 = grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if not (_hook_set(enter) or _hook_set(leave)):
+    if _hook_set(enter) or _hook_set(leave):
+        metadata = compiled.launch_metadata(grid, stream, *values)
+    else:
         past = _past_wrapper(compiled) if WRAPPER is None else None
         if past is not None:
-            past(compiled, grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, values)
+            past(compiled, grid_0, grid_1, grid_2, stream, values)
             return
-        compiled.run(
-            grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
-            compiled.packed_metadata, None, None, None, *values,
-        )  # fmt: skip
-        return
-    compiled.run(
-        grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, compiled.function,
-        compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values), enter, leave, *values,
-    )  # fmt: skip
+        metadata = enter = leave = None
+    compiled.run(grid_0, grid_1, grid_2, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave,
+                 *values)  # fmt: skip
 
 
 def _hook_set(hook) -> bool:

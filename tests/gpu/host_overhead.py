@@ -18,7 +18,6 @@ by a capture).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -161,7 +160,7 @@ def capture_errors(device: str = "cuda") -> dict:
     made on the default stream and the backward captured (the bench's graph column); `side_stream`, the leaves first
     used and the forward made on a side stream (PyTorch's recipe); `whole_step`, forward and backward captured
     together. Inputs are drawn on the CPU: a failed capture can leave CUDA's default generator in capture mode."""
-    from bench.run import capture
+    from bench import run
 
     errors = {}
     for impl, conv in (("cudnn", torch.nn.functional.conv3d), ("tconv3d", tconv3d.conv3d)):
@@ -170,32 +169,26 @@ def capture_errors(device: str = "cuda") -> dict:
             for recipe in CAPTURE_RECIPES:
                 key = f"{impl} {name} {dtype_name} {recipe}"
                 try:
-                    _capture_backward(capture, conv, shape, DTYPES_BY_NAME[dtype_name], recipe, device)
+                    _capture_backward(run, conv, shape, DTYPES_BY_NAME[dtype_name], recipe, device)
                     errors[key] = None
                 except Exception as error:  # the finding
                     errors[key] = f"{type(error).__name__}: {error}"[:300]
     return errors
 
 
-def _capture_backward(capture, conv, shape, dtype, recipe: str, device: str) -> None:
-    """One backward of `conv` on `shape` captured by `recipe` (capture_errors)."""
+def _capture_backward(run, conv, shape, dtype, recipe: str, device: str) -> None:
+    """One backward of `conv` on `shape` captured by `recipe` (capture_errors), through bench.run (`run`)."""
     x, w = (t.to(device) for t in random_conv_inputs(shape.input_shape, shape.weight_shape, dtype, "cpu"))
     padding = shape.padding if conv is tconv3d.conv3d else shape.padding[0::2]  # the bench's cases are symmetric
     args = (None, shape.stride, padding, shape.dilation)
     g = torch.randn(conv(x, w, *args).shape).to(device, dtype).contiguous(memory_format=torch.channels_last_3d)
+    x, w = x.requires_grad_(), w.requires_grad_()
     if recipe == "whole_step":
-        x, w = x.requires_grad_(), w.requires_grad_()
-        capture(lambda: torch.autograd.grad(conv(x, w, *args), (x, w), g))
+        run.capture(lambda: torch.autograd.grad(conv(x, w, *args), (x, w), g))
         return
-    side = torch.cuda.Stream() if recipe == "side_stream" and device == "cuda" else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        x, w = x.requires_grad_(), w.requires_grad_()
-        y = conv(x, w, *args)
-    if side is not None:
-        torch.cuda.current_stream().wait_stream(side)
-    capture(lambda: torch.autograd.grad(y, (x, w), g, retain_graph=True))
+    forward = lambda: conv(x, w, *args)  # noqa: E731
+    y = run.on_side_stream(forward) if recipe == "side_stream" else forward()
+    run.capture(lambda: torch.autograd.grad(y, (x, w), g, retain_graph=True))
 
 
 def profiled(fn, calls: int = 200, top: int = 15) -> list[str]:
