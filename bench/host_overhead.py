@@ -15,7 +15,8 @@ launcher a stand-in, so both stop at the driver. Last, whole layers as the H100 
 choice.choose gives that device, compiled for sm_90, launches stopping at the driver): a forward and a backward
 of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop; and the
 forward of a layer with a second source on the pointer kernels (a skip connection's channels, cached frames),
-its tensors at other addresses every call, as a decoder's are.
+its tensors at other addresses every call, as a decoder's are; and converted norm modules' forward and training
+step (GroupNorm+SiLU, InstanceNorm3d, BatchNorm3d) the same way.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
@@ -261,6 +262,44 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
     return results
 
 
+# The norms of bench.run's NORM_LAYERS at sizes the host bounds (name, kind, batch, channels, (D, H, W))
+NORM_CASES = (
+    ("gn_silu_512", "group_silu", 1, 512, (5, 8, 8)),
+    ("instance_32", "instance", 2, 32, (4, 8, 8)),
+    ("batch_256", "batch", 4, 256, (4, 4, 4)),
+)
+
+
+def norm_replay(calls: int, cases=NORM_CASES) -> dict:
+    """Host time of a converted bf16 norm module's forward and training step (forward, then torch.autograd.grad
+    to the input and the parameters; BatchNorm3d's running statistics moved) on the kernels compiled for sm_90 and
+    stopping at the driver, with call plans and without: {case: {fwd|step: {"plans": us, "no_plans": us}}}."""
+    from bench.run import norm_modules
+    from tconv3d import plans
+    from tconv3d.kernels import launch
+
+    if launch.OFF is not None:
+        return {"off": launch.OFF}
+    results = {}
+    with _as_on_h100("auto") as refusals:
+        for name, kind, batch, channels, size in cases:
+            module = norm_modules(kind, channels, "cpu", torch.bfloat16)["tconv3d"]
+            x = torch.randn(batch, channels, *size, dtype=torch.bfloat16).contiguous(memory_format=CL)
+            x.requires_grad_()
+            grad = torch.randn_like(module(x))
+            leaves = (x, *module.parameters())
+            forward = lambda module=module, x=x: module(x)  # noqa: E731
+            step = lambda module=module, x=x, leaves=leaves, g=grad: torch.autograd.grad(module(x), leaves, g)  # noqa: E731
+            fns = {}
+            for direction, fn in (("fwd", forward), ("step", step)):
+                fns[direction, True], fns[direction, False] = fn, plans.bypassed()(fn)
+            times = per_call_us(fns, calls)
+            results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "step")}
+            if refused := refusals():
+                results[name]["refused"] = refused
+    return results
+
+
 # Layers reading a second source on the pointer kernels (launch.Distance), bf16: (input shape, Cout, padding, the
 # source's keyword, its shape)
 SECOND_SOURCE_CASES = {
@@ -298,6 +337,17 @@ def second_source_replay(calls: int, sets: int = 8) -> dict:
     return results
 
 
+def _print_plan_rows(results: dict) -> None:
+    """plan_replay's or norm_replay's figures, a line a case: each direction's time with plans / without."""
+    for name, times in results.items():
+        if name == "off":
+            print(f"direct path off: {times}")
+            continue
+        cells = [f"{d} {t['plans']:7.1f} / {t['no_plans']:7.1f} ({t['plans'] / t['no_plans']:4.2f}x)"
+                 for d, t in times.items() if d != "refused"]  # fmt: skip
+        print(f"{name:20s} {'   '.join(cells)}" + (f"   refused: {times['refused']}" if "refused" in times else ""))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -331,14 +381,11 @@ def main(argv=None) -> int:
                   f"  ({t['arguments']} arguments)")  # fmt: skip
     replays = plan_replay(max(1, args.calls // 10))
     print("\nwhole layers at the H100's configs, kernels stopping at the driver, us per call: call plans on / off")
-    if "off" in replays:
-        print(f"direct path off: {replays['off']}")
-    for name, times in replays.items():
-        if name == "off":
-            continue
-        cells = [f"{d} {t['plans']:7.1f} / {t['no_plans']:7.1f} ({t['plans'] / t['no_plans']:4.2f}x)"
-                 for d, t in times.items() if d != "refused"]  # fmt: skip
-        print(f"{name:20s} {'   '.join(cells)}" + (f"   refused: {times['refused']}" if "refused" in times else ""))
+    _print_plan_rows(replays)
+    norms = norm_replay(max(1, args.calls // 10))
+    print("\nconverted bf16 norm modules (bench.run's kinds), kernels stopping at the driver, us per call: call")
+    print("plans on / off")
+    _print_plan_rows(norms)
     sources = second_source_replay(max(1, args.calls // 10))
     print("\na second source on the pointer kernels, at other addresses every call (H100 tiles, stopping at the")
     print("driver), forward, us per call: call plans on / off")
@@ -354,7 +401,7 @@ def main(argv=None) -> int:
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
         results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
-                   "plan_replay_us": replays, "second_source_us": sources}  # fmt: skip
+                   "plan_replay_us": replays, "norm_replay_us": norms, "second_source_us": sources}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

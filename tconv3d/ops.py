@@ -51,7 +51,7 @@ from .kernels import aten, launch
 from .kernels.conv_dgrad import conv3d_dgrad
 from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
-from .kernels.group_norm import group_norm_bwd, group_norm_fwd
+from .kernels.group_norm import group_norm_bwd, group_norm_fwd, parameter_grad_dtype
 from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
@@ -59,7 +59,8 @@ from .kernels.utils import cat_channels, empty_ndhwc, func_transformed
 from .tune import choice
 
 
-def _runs_triton(t: torch.Tensor) -> bool:
+def runs_triton(t: torch.Tensor) -> bool:
+    """Whether the ops run tconv3d's Triton kernels on `t`'s device (CUDA; the CPU under the interpreter)."""
     return t.is_cuda or (t.is_cpu and settings.CPU_BACKEND == "triton")
 
 
@@ -68,7 +69,7 @@ def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run)
     guard of the first (the device it runs on), or replayed from the plan of these arguments where one was
     recorded (plans.py)."""
     first = tensors[0]
-    if not _runs_triton(first):
+    if not runs_triton(first):
         return run()
     plan_key = plans.key(op, tensors, int_sequences, *scalars)
     plan = plans.find(plan_key)
@@ -318,7 +319,7 @@ def _traceable(types, args) -> bool:
         return False  # a tensor subclass of its own: its dispatch decides
     for t in args:
         if isinstance(t, torch.Tensor):
-            if not _runs_triton(t):
+            if not runs_triton(t):
                 return False
             if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride(), t.storage_offset())):
                 return False  # the launchers plan with ints
@@ -417,7 +418,7 @@ def conv3d(
     arguments = (input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after)
 
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             return _conv3d_in_torch_ops(*arguments)
         geom = check_conv3d(*arguments)
         return choice.launch("fwd", conv3d_fwd, geom, input, weight, bias, frames_before, channels_after=channels_after)
@@ -570,7 +571,7 @@ def _gradients(ctx, needs: tuple, grad_output, weight, input, frames_before, cha
 def _bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
     """A convolution's bias gradient: grad_output summed over all but its channels, in fp32, as `dtype`; by the
     kernels where the convolution's run (split_k.channel_sums), else by torch."""
-    return channel_sums(grad_output, dtype) if _runs_triton(grad_output) else _summed_bias_grad(grad_output, dtype)
+    return channel_sums(grad_output, dtype) if runs_triton(grad_output) else _summed_bias_grad(grad_output, dtype)
 
 
 def _summed_bias_grad(grad_output, dtype: torch.dtype) -> torch.Tensor:
@@ -669,7 +670,7 @@ def _input_grad(
     arguments = (
         grad_output, weight, input_size, stride, padding, dilation, padding_mode, groups, channels_after, bias
     )  # fmt: skip
-    if not _runs_triton(grad_output):
+    if not runs_triton(grad_output):
         return _input_grad_in_torch_ops(*arguments)
     geom = check_input_grad(*arguments)
     return choice.launch("dgrad", conv3d_dgrad, geom, grad_output, weight, channels_after=channels_after, bias=bias)
@@ -822,7 +823,7 @@ def _weight_grad(
     arguments = (
         grad_output, input, weight_size, stride, padding, dilation, padding_mode, frames_before, groups, channels_after
     )  # fmt: skip
-    if not _runs_triton(input):
+    if not runs_triton(input):
         return _weight_grad_in_torch_ops(*arguments)
     geom = check_weight_grad(*arguments)
     return choice.launch("wgrad", conv3d_wgrad, geom, grad_output, input, frames_before, channels_after=channels_after)
@@ -910,7 +911,7 @@ def _concatenated_shape(input, channels_after) -> tuple:
 )
 def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None):
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             return _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation, channels_after)
         check_group_norm(input, weight, bias, groups, activation, channels_after)
         return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after)
@@ -924,11 +925,11 @@ def _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation="none"
     return aten.group_norm_fwd(cat_channels(input, channels_after), weight, bias, groups, eps, activation)
 
 
-def _norm_backward_fake(input, channels_after=None):
+def _norm_backward_fake(input, channels_after=None, grad_dtype=torch.float32):
     """What a norm's backward returns: the input gradient (channels_last_3d; of the concatenation with
-    channels_after) and fp32 per-channel weight and bias gradients."""
+    channels_after) and per-channel weight and bias gradients of `grad_dtype`."""
     shape = _concatenated_shape(input, channels_after)
-    channels = input.new_empty((shape[1],), dtype=torch.float32)
+    channels = input.new_empty((shape[1],), dtype=grad_dtype)
     return empty_ndhwc(shape, like=input), channels, channels.clone()
 
 
@@ -983,7 +984,7 @@ def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias_dtyp
 def _group_norm_backward_fake(
     grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None
 ):  # fmt: skip
-    return _norm_backward_fake(input, channels_after)
+    return _norm_backward_fake(input, channels_after, parameter_grad_dtype(weight))
 
 
 @_define(
@@ -993,9 +994,10 @@ def _group_norm_backward_fake(
 )
 def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None):
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             whole = cat_channels(input, channels_after)
-            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
+            grads = aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
+            return grads[0], *(g.to(parameter_grad_dtype(weight)) for g in grads[1:])
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after)
 
     tensors = (grad_output, input, mean, rstd, weight, bias, channels_after)
@@ -1086,7 +1088,7 @@ def _rms_norm_fake(input, weight, bias, eps, activation="none", clamp=False):
 )
 def rms_norm(input, weight, bias, eps, activation="none", clamp=False):
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             return _rms_norm_in_torch_ops(input, weight, bias, eps, activation, clamp)
         check_rms_norm(input, weight, bias, eps, activation)
         return rms_norm_fwd(input, weight, bias, eps, activation, clamp)
@@ -1111,7 +1113,7 @@ def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="n
 )
 def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none", clamp=False):
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
         return rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
 
@@ -1168,7 +1170,7 @@ def _upsample_linear_fake(input, factors):
 @_define("upsample_linear(Tensor input, int[] factors) -> Tensor", _upsample_linear_fake)
 def upsample_linear(input, factors):
     def run():
-        if not _runs_triton(input):
+        if not runs_triton(input):
             return _upsample_linear_in_torch_ops(input, factors)
         check_upsample_linear(input, factors)
         return upsample_linear_fwd(input, factors)
@@ -1187,7 +1189,7 @@ def _upsample_linear_backward_fake(grad_output, input_size, factors):
 )
 def upsample_linear_backward(grad_output, input_size, factors):
     def run():
-        if not _runs_triton(grad_output):
+        if not runs_triton(grad_output):
             return _upsample_linear_backward_in_torch_ops(grad_output, input_size, factors)
         check_upsample_linear(grad_output, factors, input_size)
         return upsample_linear_bwd(grad_output, input_size, factors)

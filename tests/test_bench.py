@@ -246,6 +246,11 @@ def test_host_overhead_benchmark_runs_on_cpu(tmp_path, capsys):
     assert "tconv3d.nn.Conv3d backward" in capsys.readouterr().out
     assert set(data["launch_us"]) == {"fwd", "dgrad", "wgrad"}
     assert all(set(times) == {"pointer", "tma"} for times in data["launch_us"].values())
+    norms = data["norm_replay_us"]
+    if "off" not in norms:
+        assert set(norms) == {name for name, *_ in host_overhead.NORM_CASES}, norms
+        assert all("refused" not in times for times in norms.values()), norms  # every norm call replays its plan
+        assert all(t[d][p] > 0 for t in norms.values() for d in ("fwd", "step") for p in ("plans", "no_plans"))
     assert data["commit"] and data["triton"]
 
 

@@ -17,7 +17,7 @@ from tconv3d import settings as tconv3d_settings
 pytestmark = pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this triton wheel ships no NVIDIA toolchain")
 
 SCRIPT = r"""
-import dataclasses, importlib.util, json, os, re, sys, tempfile
+import dataclasses, importlib.util, json, operator, os, re, sys, tempfile
 os.environ["TCONV3D_INDUCTOR_KERNELS"] = "1"
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -123,9 +123,14 @@ for with_frames in (False, True):
     cloned = []  # wrappers cloning a tensor that is not a buffer made for them: (names, what made them)
     views = ("view", "unsqueeze", "permute", "slice", "select", "as_strided", "squeeze", "alias")
 
-    def base(node):  # through views to the tensor they view
-        while node.op == "call_function" and str(node.target).split(".")[1] in views:
-            node = node.args[0]
+    def base(node):  # through views to the tensor they view, and a kernel's output to the tensor it wrote into
+        while node.op == "call_function":
+            if node.target is operator.getitem and "triton_kernel_wrapper" in str(node.args[0].target):
+                node = node.args[0].kwargs["kwargs"][node.args[1]]  # (a norm's one table of coefficients)
+            elif str(node.target).split(".")[1:2] and str(node.target).split(".")[1] in views:
+                node = node.args[0]
+            else:
+                break
         return node
 
     for n in wrappers:

@@ -509,9 +509,8 @@ def test_a_warm_training_step_takes_no_data_from_the_host(device, monkeypatch):
         return recording
 
     torch.manual_seed(0)
-    model = tconv3d.nn.convert(
-        torch.nn.Sequential(TinyUNet(channels=3, width=8), nn.InstanceNorm3d(3, affine=True))
-    ).to(device)
+    norms = nn.InstanceNorm3d(3, affine=True), nn.BatchNorm3d(3, momentum=None)  # a cumulative average's count
+    model = tconv3d.nn.convert(torch.nn.Sequential(TinyUNet(channels=3, width=8), *norms)).to(device)
     x = torch.randn(1, 3, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last_3d)
 
     def step():

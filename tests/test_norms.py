@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 from helpers import DTYPES, dtype_id, leaf_copy
 from torch import nn
 
@@ -642,6 +643,87 @@ def test_batch_norm_matches_float64(shape, affine, momentum, dtype, device):
         assert torch.equal(ours.num_batches_tracked, stock.num_batches_tracked)
     ours.eval(), stock.eval()
     assert rel_l2(ours(x), stock(reference)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.75, None], ids=["momentum", "momentum_past_half", "cumulative"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_running_statistics_launch_moves_them_as_torch_ops_do(dtype, momentum, device):
+    """update_running_statistics (one launch: the count, then both statistics) against the torch ops the module
+    runs where it is traced, from the same batch mean and rstd: bit for bit under triton 3.9's interpreter (IEEE
+    divisions, torch's lerp on each side of a factor of 0.5, its products and sums fused as torch's CPU kernel
+    fuses them); on a GPU (CUDA's lerp as nvcc contracts it) and under triton 3.6's interpreter (its tl.fma rounds
+    the product first), within two ulps of the larger of the running value and the statistic it moves towards.
+    Three steps, so that a cumulative average's factor is 1 / count at each."""
+    from packaging.version import Version
+
+    from tconv3d.kernels.group_norm import update_running_statistics
+
+    torch.manual_seed(0)
+    c, values, eps = 37, 96, 1e-5
+    ours = [torch.randn(c, device=device).to(dtype), torch.rand(c, device=device).add(0.5).to(dtype)]
+    theirs = [t.clone() for t in ours]
+    count, their_count = (torch.tensor(3, device=device) for _ in range(2))
+    for _ in range(3):
+        mean = torch.randn(c, device=device) * 4
+        rstd = torch.rand(c, device=device).add(0.2)
+        rstd[0] = 1 / eps**0.5  # a constant channel: the variance 0 (clamped)
+        update_running_statistics(mean, rstd, *ours, count, momentum, eps, values)
+        their_count.add_(1)
+        factor = 1.0 / float(their_count) if momentum is None else momentum
+        variance = (rstd.pow(-2) - eps).clamp_min_(0).mul_(values / (values - 1))
+        statistics = [mean.to(dtype), variance.to(dtype)]
+        scales = [torch.maximum(t.abs(), s.abs()).float() for t, s in zip(theirs, statistics, strict=True)]
+        torch._foreach_lerp_(theirs, statistics, factor)
+        assert torch.equal(count, their_count)
+        exact = device == "cpu" and Version(triton.__version__) >= Version("3.9")
+        for got, expected, scale in zip(ours, theirs, scales, strict=True):
+            if exact:
+                assert torch.equal(got, expected), (got - expected).abs().max()
+            else:
+                assert ((got.float() - expected.float()).abs() <= 2 * torch.finfo(dtype).eps * scale).all()
+
+
+def test_norm_launches_and_allocations(device, monkeypatch):
+    """What a norm call costs the host: GroupNorm's forward three launches, its backward three without an activation
+    (a and b unread) and four with a fused SiLU, each call one table of coefficients besides its partials, its
+    statistics and outputs, and parameter gradients written in the parameters' dtype (no casts after); a
+    BatchNorm3d's training forward one launch more, which moves both running statistics and counts the batch."""
+    from tconv3d.kernels import group_norm
+
+    launched, real, stubbed = [], group_norm.launch, [False]
+
+    def recording(kernel, *args, **kwargs):
+        launched.append(kernel.__name__.strip("_").removesuffix("_kernel"))
+        return None if stubbed[0] else real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(group_norm, "launch", recording)
+    x = leaf_copy(torch.randn(2, 8, 3, 4, 5, device=device, dtype=torch.bfloat16).contiguous(memory_format=CL))
+    for activation, backward in ((None, ["channel_reduce", "fold", "affine"]),
+                                 ("silu", ["fold", "channel_reduce", "fold", "affine"])):  # fmt: skip
+        norm = tconv3d.nn.GroupNorm(2, 8, activation=activation).to(device, torch.bfloat16)
+        launched.clear()
+        y = norm(x)
+        assert launched == ["channel_reduce", "fold", "affine"]
+        grad = torch.randn_like(y)
+        launched.clear()
+        grads = torch.autograd.grad(y, (x, *norm.parameters()), grad, retain_graph=True)
+        assert launched == backward, (activation, launched)
+        assert all(g.dtype == torch.bfloat16 for g in grads)
+        stubbed[0] = True  # the host's work alone, counted by the profiler
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                torch.autograd.grad(y, (x, *norm.parameters()), grad)
+        finally:
+            stubbed[0] = False
+        ops = [e.name for e in profile.events()]
+        assert "aten::_to_copy" not in ops, ops
+        allocations = sum(ops.count(op) for op in ("aten::empty", "aten::empty_strided", "aten::empty_like"))
+        assert allocations == 5, ops  # the table, the partials, the two parameter gradients, the input gradient
+    batch_norm = tconv3d.nn.BatchNorm3d(8).to(device, torch.bfloat16)
+    launched.clear()
+    batch_norm(x)
+    assert launched == ["channel_reduce", "fold", "affine", "running_statistics"]
+    assert batch_norm.num_batches_tracked.item() == 1
 
 
 def test_batch_norm_runs_the_kernels_where_batch_statistics_normalize(device, monkeypatch):

@@ -188,17 +188,21 @@ def test_weight_gradient_grids_fill_their_waves(records):
 
 NORM_COMPILE = """
 import json, sys, torch
-from tconv3d.kernels.group_norm import group_norm_bwd, group_norm_fwd
+from tconv3d.kernels.group_norm import group_norm_bwd, group_norm_fwd, update_running_statistics
 from tconv3d.inspect.compile import compile_only, report_rows
 out = []
 for capability in ARCHS:
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.empty(2, 256, 8, 64, 64, device="meta", dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
         w = torch.empty(256, device="meta", dtype=dtype)
+        statistic = torch.empty(256, device="meta")
+        count = torch.empty((), device="meta", dtype=torch.int64)
         launches = []
         with compile_only(capability, launches):
             y, mean, rstd = group_norm_fwd(x, w, w, 32, 1e-6, "silu")
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "silu")
+            group_norm_bwd(x, x, mean, rstd, w, w, 32, "none")
+            update_running_statistics(statistic, statistic, w, w.clone(), count, None, 1e-5, 1024)
         for name, grid, warps, kernel, seconds, _ in launches:
             out.append(({"kernel": name, "arch": capability, "dtype": str(dtype)}, kernel.asm["cubin"]))
 print(json.dumps(report_rows(out)))
@@ -376,17 +380,19 @@ def test_rms_norm_kernels_compile_without_spills_and_vectorised():
 
 
 def test_group_norm_kernels_compile_without_spills_and_vectorised():
-    """The norm kernels for the static archs, both dtypes, forward and backward: no spills, 128-bit loads along
-    the contiguous channels in the passes over the tensors (the fold of a group's partials reads a few floats a
-    split)."""
+    """The norm kernels for the static archs, both dtypes, forward and backward (with a fused SiLU and without),
+    and BatchNorm's running statistics' update: no spills, 128-bit loads along the contiguous channels in the
+    passes over the tensors (the fold of a group's partials reads a few floats a split; the update, C values)."""
     reports = compile_script(NORM_COMPILE)
-    # archs x 2 dtypes x (forward: reduce, fold, affine + backward: fold, reduce, fold, affine)
-    assert len(reports) == 14 * len(STATIC_ARCHS)
-    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 6 * len(STATIC_ARCHS)
+    # archs x 2 dtypes x (forward: reduce, fold, affine + SiLU's backward: fold, reduce, fold, affine + the plain
+    # backward: reduce, fold, affine + the update)
+    assert len(reports) == 22 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 8 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_running_statistics_kernel" for r in reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
         assert r["sm"] == r["arch"], r
         assert not r["spill_bytes"] and not r["local_accesses"], r
-        assert "LDG.E.128" in r["loads"] or r["kernel"] == "_fold_kernel", r
+        assert "LDG.E.128" in r["loads"] or r["kernel"] in ("_fold_kernel", "_running_statistics_kernel"), r
 
 
 def test_the_bias_gradient_kernels_compile_without_spills_and_vectorised():

@@ -22,8 +22,9 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   x is centered before it is scaled: the folded form x * a + (b - mean * a) subtracts two products of the mean's
   size, whose difference is |mean| / std times less precise (torch's group_norm folds, and drifts from float64
   by 1e-3 where the mean is 100 standard deviations; its instance_norm centers, as here).
-A norm is three launches each way (the backward's fold twice: four). Statistics and coefficients are fp32 whatever
-the tensor dtype; nothing NCDHW is ever made.
+A norm is three launches each way (with a fused SiLU the backward folds twice: four), writing one fp32 table of
+coefficients a call (_coefficients) besides the partials. Statistics and coefficients are fp32 whatever the tensor
+dtype; nothing NCDHW is ever made.
 """
 
 import torch
@@ -41,22 +42,30 @@ BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
 # spent most of a CPU training step's norm time in this kernel's programs).
 AFFINE_BLOCK_S = BLOCK_S * 16 if settings.INTERPRET else BLOCK_S
 SPLIT_BLOCKS = 16  # voxel blocks per reduction program
+# The rows of a norm's fp32 [rows, N, C] table of per-(batch, channel) coefficients (one allocation): the forward's
+# a and b (y = act((x - mean) * a + b)), then the backward's k1, k2, k3 (see _affine_kernel)
+COEF_A: tl.constexpr = tl.constexpr(0)
+COEF_B: tl.constexpr = tl.constexpr(1)
+COEF_K1: tl.constexpr = tl.constexpr(2)
+COEF_K2: tl.constexpr = tl.constexpr(3)
+COEF_K3: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
 def _channel_reduce_kernel(
-    x_ptr, dy_ptr, mean_ptr, a_ptr, b_ptr, out_ptr,
+    x_ptr, dy_ptr, mean_ptr, coef_ptr, out_ptr,
     S, C, C0, SPLIT_S, GROUPS, PER_GROUP,
-    stride_xn, stride_xv, stride_dn, stride_dv, stride_an, stride_on, stride_os, stride_oq,
+    stride_xn, stride_xv, stride_dn, stride_dv, stride_an, stride_ak, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
     the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
-    through the activation (SILU) at (x - mean) * a + b and mean is [N, GROUPS], PER_GROUP channels a group. x
+    through the activation (SILU) at (x - mean) * a + b (coef's rows 0 and 1: COEF_A, COEF_B) and mean is [N,
+    GROUPS], PER_GROUP channels a group. x
     holds C channels, the concatenation's C0 .. C0 + C (a source of a
     concatenation along C; C0 = 0 and C all of them without one): dy, a, b and out are the concatenation's, their
-    channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart, a's and b's rows stride_an. Grid
-    (N, channel blocks, splits)."""
+    channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart, coef's batch entries stride_an and
+    its rows stride_ak. Grid (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -68,8 +77,8 @@ def _channel_reduce_kernel(
         dy_base = dy_ptr + n.to(tl.int64) * stride_dn
         center = tl.load(mean_ptr + n * GROUPS + wide_c // PER_GROUP, mask=mask_c, other=0.0)
         if SILU:
-            a = tl.load(a_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
-            b = tl.load(b_ptr + n * stride_an + wide_c, mask=mask_c, other=0.0)
+            a = tl.load(coef_ptr + COEF_A * stride_ak + n * stride_an + wide_c, mask=mask_c, other=0.0)
+            b = tl.load(coef_ptr + COEF_B * stride_ak + n * stride_an + wide_c, mask=mask_c, other=0.0)
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
     second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * (x - mean)
     count = 0.0
@@ -105,14 +114,15 @@ def _channel_reduce_kernel(
 
 @triton.jit
 def _affine_kernel(
-    x_ptr, dy_ptr, out_ptr, mean_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr,
+    x_ptr, dy_ptr, out_ptr, mean_ptr, coef_ptr,
     S, C, C0, GROUPS, PER_GROUP,
-    stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an,
+    stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
     BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
-    a, b, k1, k2, k3 are fp32 rows stride_an apart; mean is [N, GROUPS], PER_GROUP channels a group. x holds the
+    a, b, k1, k2, k3 are coef's fp32 rows (COEF_A ... COEF_K3, stride_ak apart; its batch entries stride_an
+    apart; a and b read by the backward only through SILU); mean is [N, GROUPS], PER_GROUP channels a group. x holds the
     concatenation's channels C0 .. C0 + C, the others are the concatenation's (see _channel_reduce_kernel). x's,
     dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
@@ -124,18 +134,19 @@ def _affine_kernel(
     wide_c = (C0 + offs_c)[None, :]  # the channels in the concatenation
     x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32) - tl.load(mean_ptr + n * GROUPS + (C0 + offs_c) // PER_GROUP, mask=mask_c, other=0.0)[None, :]
-    coefficients = n * stride_an + C0 + offs_c
-    a = tl.load(a_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
-    b = tl.load(b_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
-    z = x * a + b
+    coefficients = coef_ptr + n * stride_an + C0 + offs_c
+    if SILU or not BACKWARD:
+        a = tl.load(coefficients + COEF_A * stride_ak, mask=mask_c, other=0.0)[None, :]
+        b = tl.load(coefficients + COEF_B * stride_ak, mask=mask_c, other=0.0)[None, :]
+        z = x * a + b
     if BACKWARD:
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
         dy = dy.to(tl.float32)
         if SILU:
             dy = dy * silu_grad(z)
-        k1 = tl.load(k1_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
-        k2 = tl.load(k2_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
-        k3 = tl.load(k3_ptr + coefficients, mask=mask_c, other=0.0)[None, :]
+        k1 = tl.load(coefficients + COEF_K1 * stride_ak, mask=mask_c, other=0.0)[None, :]
+        k2 = tl.load(coefficients + COEF_K2 * stride_ak, mask=mask_c, other=0.0)[None, :]
+        k3 = tl.load(coefficients + COEF_K3 * stride_ak, mask=mask_c, other=0.0)[None, :]
         if PER_GROUP == 1:  # noqa: SIM108  k3 is -mean(dy'): centered first (see the module's docstring)
             result = (dy + k3) * k1 + x * k2
         else:
@@ -154,20 +165,20 @@ FOLD_BACKWARD: tl.constexpr = tl.constexpr(2)
 
 @triton.jit
 def _fold_kernel(
-    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, a_ptr, b_ptr, k1_ptr, k2_ptr, k3_ptr, dw_ptr, db_ptr,
+    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr, dw_ptr, db_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
     MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PER_GROUP: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
     """BLOCK_GROUPS groups' channels (program_id(0)'s) for every batch entry, in order, their splits BLOCK_S at a
     time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
-    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; a, b, k1, k2, k3
-    [N, C]; dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the splits' counts:
-    the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE: a = rstd * weight, b = bias (y = (x - mean)
-    * a + b) from rstd. FOLD_BACKWARD: the split sums of dy' and dy' * (x - mean) -> dx = dy' * k1 + (x - mean) *
-    k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' + k3) * k1 + (x - mean) * k2) and the weight
-    and bias gradients. Each group's sums run over its own splits and channels in the same
-    order whatever BLOCK_GROUPS is."""
+    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; coef [rows, N, C]
+    (rows COEF_A ... COEF_K3: a, b, k1, k2, k3); dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd
+    (Chan's formula over the splits' counts: the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE:
+    a = rstd * weight, b = bias (y = (x - mean) * a + b) from rstd. FOLD_BACKWARD: the split sums of dy' and dy' *
+    (x - mean) -> dx = dy' * k1 + (x - mean) * k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' +
+    k3) * k1 + (x - mean) * k2) and the weight and bias gradients. Each group's sums run over its own splits and
+    channels in the same order whatever BLOCK_GROUPS is."""
     groups = C // PER_GROUP
     group = tl.program_id(0) * BLOCK_GROUPS + tl.arange(0, BLOCK_GROUPS)
     offs = tl.arange(0, BLOCK_G)
@@ -206,7 +217,8 @@ def _fold_kernel(
             tl.store(rstd_ptr + n * groups + group, rstd, mask=in_group)
         else:  # the coefficients of x - mean need no mean
             rstd = tl.load(rstd_ptr + n * groups + group, mask=in_group, other=0.0)
-        out = n * C + channels
+        out = coef_ptr + n * C + channels
+        rows = N * C  # coef's rows apart
         if MODE == FOLD_BACKWARD:
             dy_sum = zeros
             dyx_sum = zeros
@@ -225,16 +237,16 @@ def _fold_kernel(
             # A group of one value normalizes to 0 whatever it is: dx is 0, not dy' * k1 + k3's rounding of two
             # terms rstd times dy's size (1e-4 of dy at eps 1e-6)
             single = total == 1.0
-            tl.store(k1_ptr + out, tl.where(single, 0.0, rstd[:, None] * gamma + zeros), mask=mask)
-            tl.store(k2_ptr + out, tl.where(single, 0.0, k2[:, None] + zeros), mask=mask)
-            tl.store(k3_ptr + out, tl.where(single, 0.0, k3[:, None] + zeros), mask=mask)
+            tl.store(out + COEF_K1 * rows, tl.where(single, 0.0, rstd[:, None] * gamma + zeros), mask=mask)
+            tl.store(out + COEF_K2 * rows, tl.where(single, 0.0, k2[:, None] + zeros), mask=mask)
+            tl.store(out + COEF_K3 * rows, tl.where(single, 0.0, k3[:, None] + zeros), mask=mask)
         else:
             a = rstd[:, None] * gamma + zeros
-            tl.store(a_ptr + out, a, mask=mask)
-            tl.store(b_ptr + out, beta + zeros, mask=mask)
-    if MODE == FOLD_BACKWARD:
-        tl.store(dw_ptr + channels, dw, mask=mask)
-        tl.store(db_ptr + channels, db, mask=mask)
+            tl.store(out + COEF_A * rows, a, mask=mask)
+            tl.store(out + COEF_B * rows, beta + zeros, mask=mask)
+    if MODE == FOLD_BACKWARD:  # in the parameters' dtype (parameter_grad_dtype)
+        tl.store(dw_ptr + channels, dw.to(dw_ptr.dtype.element_ty), mask=mask)
+        tl.store(db_ptr + channels, db.to(db_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -251,6 +263,70 @@ def _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S:
     return values, counts, tile
 
 
+@triton.jit
+def _running_statistics_kernel(
+    mean_ptr, rstd_ptr, running_mean_ptr, running_var_ptr, count_ptr, C, momentum, eps, unbias,
+    COUNTED: tl.constexpr, CUMULATIVE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A BatchNorm's running statistics moved towards the batch's, as torch moves them: running = lerp(running,
+    batch statistic, factor), the variance unbiased (`unbias` = values / (values - 1)) and taken back from rstd
+    (1 / rstd^2 - eps, at least 0; divisions rounded to nearest, as torch's), each statistic rounded to the
+    buffers' dtype (fp32, fp16 or bf16) first and lerped in fp32. COUNTED: num_batches_tracked (count_ptr,
+    int64) is incremented first; CUMULATIVE: the factor is 1 / that count (momentum None: a cumulative average),
+    else `momentum`. One program: it reads and writes the count once, with no host read of it."""
+    factor = momentum
+    if COUNTED:
+        count = tl.load(count_ptr) + 1
+        tl.store(count_ptr, count)
+        if CUMULATIVE:
+            factor = tl.math.div_rn(1.0, count.to(tl.float32))
+    for c0 in range(0, C, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        mask = offs < C
+        rstd = tl.load(rstd_ptr + offs, mask=mask, other=1.0)
+        variance = tl.maximum(tl.math.div_rn(1.0 + tl.zeros_like(rstd), rstd * rstd) - eps, 0.0) * unbias
+        _lerp_into(running_mean_ptr + offs, tl.load(mean_ptr + offs, mask=mask), factor, mask)
+        _lerp_into(running_var_ptr + offs, variance, factor, mask)
+
+
+@triton.jit
+def _lerp_into(running_ptrs, value, factor, mask):
+    """running = lerp(running, value, factor) as torch's lerp_ computes it: value first rounded to running's
+    dtype, then both in fp32, each branch's product and sum fused (torch's CPU kernel's fmadd; CUDA's, contracted
+    by nvcc)."""
+    running = tl.load(running_ptrs, mask=mask)
+    end = value.to(running.dtype).to(tl.float32)
+    start = running.to(tl.float32)
+    difference = end - start
+    moved = tl.where(factor < 0.5, tl.fma(difference, factor, start), tl.fma(-difference, 1.0 - factor, end))
+    tl.store(running_ptrs, moved.to(running.dtype), mask=mask)
+
+
+# The running statistics' dtypes the launch moves (a Python float factor is an fp32 argument: fp64 buffers lerp by
+# the float64 factor in torch's ops)
+RUNNING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def update_running_statistics(mean, rstd, running_mean, running_var, num_batches_tracked, momentum, eps, values):
+    """_running_statistics_kernel's launch on a BatchNorm's fp32 [C] batch mean and rstd (`values` values a
+    channel): running_mean and running_var moved in place, num_batches_tracked (None: not counted) incremented
+    first, the factor `momentum` or (None) 1 / num_batches_tracked."""
+    c = mean.numel()
+    counted = num_batches_tracked is not None
+    if momentum is None and not counted:
+        raise ValueError("a cumulative average (momentum None) needs num_batches_tracked")
+    if running_mean.dtype not in RUNNING_DTYPES or running_var.dtype != running_mean.dtype:
+        raise ValueError(
+            f"running statistics of {running_mean.dtype} and {running_var.dtype}: not one of {RUNNING_DTYPES}"
+        )
+    launch(
+        _running_statistics_kernel, (1,),
+        mean, rstd, running_mean, running_var, num_batches_tracked if counted else mean, c,
+        0.0 if momentum is None else float(momentum), eps, values / (values - 1),
+        COUNTED=counted, CUMULATIVE=momentum is None, BLOCK=min(triton.next_power_of_2(c), 1024),
+    )  # fmt: skip
+
+
 # The fold's tiles: at most FOLD_ELEMENTS splits x channels, up to FOLD_SPLITS splits a step. A program folds the
 # groups of up to FOLD_CHANNELS channels (at least one group): a row of 32 fp32 channels is a 128-byte load, and a
 # group a program keeps the grid wide. The interpreter runs a program at a time, in Python: there, one program
@@ -259,44 +335,49 @@ FOLD_ELEMENTS, FOLD_SPLITS = 4096, 64
 FOLD_CHANNELS = FOLD_ELEMENTS if settings.INTERPRET else 32
 
 
-def _fold(
-    mode: tl.constexpr, partials, mean, rstd, weight, bias, groups: int, voxels: int, channels: int, eps: float = 0.0
-):
-    """_fold_kernel's launch: what `mode` makes, fp32 (see the kernel): (mean, rstd, a, b), (a, b) or (k1, k2, k3,
-    grad_weight, grad_bias)."""
-    n = mean.shape[0] if mean is not None else partials.shape[0]
-    device = (partials if partials is not None else mean).device
+def _fold(mode: tl.constexpr, partials, mean, rstd, weight, bias, groups: int, voxels: int, coef, eps: float = 0.0):
+    """_fold_kernel's launch, writing its coefficients into `coef` (fp32 [rows, N, C]; see the kernel), and
+    returning what else `mode` makes: (mean, rstd) fp32 [N, groups], nothing, or (grad_weight, grad_bias) [C] in
+    parameter_grad_dtype(weight)."""
+    n, channels = coef.shape[1:]
+    device = coef.device
     per_split, splits = _splits(voxels)
     if mode == FOLD_STATISTICS:
         mean = torch.empty((n, groups), dtype=torch.float32, device=device)
         rstd = torch.empty_like(mean)
-    per_channel = [
-        torch.empty((n, channels), dtype=torch.float32, device=device) for _ in range(3 if mode == FOLD_BACKWARD else 2)
-    ]
+    dw = db = coef
     if mode == FOLD_BACKWARD:
-        k1, k2, k3 = per_channel
-        a = b = k1
-        dw, db = (torch.empty(channels, dtype=torch.float32, device=device) for _ in range(2))
-    else:
-        a, b = per_channel[:2]
-        k1 = k2 = k3 = dw = db = a
+        dw, db = (torch.empty(channels, dtype=parameter_grad_dtype(weight), device=device) for _ in range(2))
     per_group = channels // groups
     block_g = triton.next_power_of_2(per_group)
     block_groups = min(triton.next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
     block_s = min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
     launch(
         _fold_kernel, (cdiv(groups, block_groups),),
-        partials if partials is not None else a, mean, rstd, weight if weight is not None else a,
-        bias if bias is not None else a, a, b, k1, k2, k3, dw, db,
+        partials if partials is not None else coef, mean, rstd, weight if weight is not None else coef,
+        bias if bias is not None else coef, coef, dw, db,
         n, channels, splits, voxels, per_split, eps,
         MODE=mode.value, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
         BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
     )  # fmt: skip
     if mode == FOLD_STATISTICS:
-        return mean, rstd, a, b
-    if mode == FOLD_SCALE:
-        return a, b
-    return k1, k2, k3, dw, db
+        return mean, rstd
+    if mode == FOLD_BACKWARD:
+        return dw, db
+    return None
+
+
+def _coefficients(n: int, c: int, backward: bool, device) -> torch.Tensor:
+    """A norm call's one table of per-(batch, channel) coefficients: fp32 [rows, N, C], the forward's a and b, the
+    backward's k1, k2 and k3 too (COEF_A ... COEF_K3)."""
+    return torch.empty((5 if backward else 2, n, c), dtype=torch.float32, device=device)
+
+
+def parameter_grad_dtype(weight) -> torch.dtype:
+    """The dtype of a norm's weight and bias gradients: the weight's (a model's parameters share one dtype; a bias
+    of another is cast by the autograd kernel), fp32 without one. Written so by the kernel that sums them: a bf16
+    model's backward makes no two casts of fp32 sums."""
+    return weight.dtype if weight is not None else torch.float32
 
 
 def _splits(voxels: int) -> tuple[int, int]:
@@ -305,10 +386,11 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(sources, dy, mean, a, b, silu: bool, backward: bool) -> torch.Tensor:
+def _channel_reduce(sources, dy, mean, coef, silu: bool, backward: bool) -> torch.Tensor:
     """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
     (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
-    launch each; dy, mean ([N, groups]), a and b are the concatenation's."""
+    launch each; dy, mean ([N, groups]) and coef (_coefficients: a and b read through SILU) are the
+    concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
@@ -317,13 +399,13 @@ def _channel_reduce(sources, dy, mean, a, b, silu: bool, backward: bool) -> torc
     for x, first in _channel_slices(sources):
         width = x.shape[1]
         grads = dy if dy is not None else x
-        center, scale, shift = (t if t is not None else out for t in (mean, a, b))
+        center, table = (t if t is not None else out for t in (mean, coef))
         groups = mean.shape[1] if mean is not None else 1
         launch(
             _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
-            x, grads, center, scale, shift, out,
+            x, grads, center, table, out,
             voxels, width, first, per_split, groups, c // groups,
-            x.stride(0), width, grads.stride(0), grads.shape[1], scale.stride(0), *out.stride()[:3],
+            x.stride(0), width, grads.stride(0), grads.shape[1], c, n * c, *out.stride()[:3],
             BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
@@ -337,7 +419,7 @@ def _channel_slices(sources):
         first += x.shape[1]
 
 
-def _affine(sources, dy, mean, a, b, k1=None, k2=None, k3=None, silu=False) -> torch.Tensor:
+def _affine(sources, dy, mean, coef, silu=False) -> torch.Tensor:
     """The forward's act((x - mean) * a + b) or the backward's input gradient (see _affine_kernel) of the
     concatenation along C of `sources`, in one channels_last_3d tensor, a launch a source."""
     x = sources[0]
@@ -353,9 +435,9 @@ def _affine(sources, dy, mean, a, b, k1=None, k2=None, k3=None, silu=False) -> t
         grads = dy if backward else x
         launch(
             _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
-            x, grads, out, mean, a, b, *((k1, k2, k3) if backward else (a, a, a)),
+            x, grads, out, mean, coef,
             voxels, x.shape[1], first, groups, c // groups,
-            x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, a.stride(0),
+            x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
             BACKWARD=backward, SILU=silu, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
@@ -377,22 +459,25 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ch
     if x.numel() == 0:
         stats = torch.full((n, groups), float("nan"), device=x.device)
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
-    partials = _channel_reduce(sources, None, None, None, None, False, False)
-    mean, rstd, a, b = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, c, eps)
-    return _affine(sources, None, mean, a, b, silu=activation == "silu"), mean, rstd
+    partials = _channel_reduce(sources, None, None, None, False, False)
+    coef = _coefficients(n, c, False, x.device)
+    mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, coef, eps)
+    return _affine(sources, None, mean, coef, silu=activation == "silu"), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
-    """(grad_input channels_last_3d, grad_weight, grad_bias), the last two fp32 [C]. With channels_after,
-    grad_input is the gradient of the concatenation (both sources' channels)."""
+    """(grad_input channels_last_3d, grad_weight, grad_bias), the last two [C] in parameter_grad_dtype(weight).
+    With channels_after, grad_input is the gradient of the concatenation (both sources' channels)."""
     sources, grad_out = _sources(x, channels_after), dense_voxels(grad_out)
     x = sources[0]
     c = grad_out.shape[1]
     if x.numel() == 0:
-        zeros = torch.zeros(c, device=x.device)
+        zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
         return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
     silu, voxels, mean = activation == "silu", x[0, 0].numel(), mean.contiguous()
-    a, b = _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, c)
-    partials = _channel_reduce(sources, grad_out, mean, a, b, silu, True)  # [N, splits, 2, C]: dy', dy' (x - mean)
-    k1, k2, k3, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, c)
-    return _affine(sources, grad_out, mean, a, b, k1, k2, k3, silu), grad_weight, grad_bias
+    coef = _coefficients(x.shape[0], c, True, x.device)
+    if silu:  # a and b: dy' = dy * silu'((x - mean) * a + b); without an activation dy' is dy, and neither is read
+        _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, coef)
+    partials = _channel_reduce(sources, grad_out, mean, coef, silu, True)  # [N, splits, 2, C]: dy', dy' (x - mean)
+    grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, coef)
+    return _affine(sources, grad_out, mean, coef, silu), grad_weight, grad_bias

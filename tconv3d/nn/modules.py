@@ -15,8 +15,9 @@ from torch import nn
 
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
+from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
 from ..kernels.utils import batched, fold_padding, func_transformed
-from ..ops import call_conv3d, call_group_norm, call_upsample_linear
+from ..ops import call_conv3d, call_group_norm, call_upsample_linear, runs_triton
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
 _CL = torch.channels_last_3d
@@ -259,31 +260,41 @@ class BatchNorm3d(nn.BatchNorm3d):
     combined by Chan's formula, the backward's sums about the mean: no cancellation; channels_last_3d out).
     torch's CPU batch_norm sums a channels_last_3d channel's statistics 10-100x less accurately than an NCDHW one's
     (docs/upstream.md), which every converted model's activations are. The running statistics are updated as
-    torch updates them (momentum, or a cumulative average with momentum=None; the unbiased variance), in torch
-    ops on C values. Normalizing by the running statistics (eval), an input that is not 5-D or of a dtype the
-    kernels take, and vmap run torch's batch_norm. Same constructor, parameters, buffers and state_dict as
-    nn.BatchNorm3d."""
+    torch updates them (momentum, or a cumulative average with momentum=None; the unbiased variance): eagerly on
+    the kernels' devices by one launch that also counts the batch, with no host read of the count; traced (or
+    where torch's ops normalize) in torch ops on C values. Normalizing by the running statistics (eval), an input
+    that is not 5-D or of a dtype the kernels take, and vmap run torch's batch_norm. Same constructor, parameters,
+    buffers and state_dict as nn.BatchNorm3d."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
         if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
             return super().forward(input)
         # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
-        factor = 0.0 if self.momentum is None else self.momentum
         update = self.training and self.track_running_stats and self.running_mean is not None
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        counted = self.training and self.track_running_stats and self.num_batches_tracked is not None
         c = input.shape[1]
         values = input.shape[0] * math.prod(input.shape[2:])
-        _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         empty = input.numel() == 0  # (normalized as it is: no view to fold)
+        # Where the kernels run eagerly, one launch moves both statistics and counts the batch, after the norm
+        # (update_running_statistics); traced or in torch's ops, torch's ops do, the count first
+        in_kernel = update and not empty and runs_triton(input) and not autograd_traced()
+        in_kernel = in_kernel and self.running_mean.dtype in RUNNING_DTYPES
+        factor = 0.0 if self.momentum is None else self.momentum
+        if counted and not in_kernel:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         folded = batch_folded(input) if not empty else input
         output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, "none")
-        if update and not empty:
+        if in_kernel:
+            count = self.num_batches_tracked if counted else None
+            momentum = self.momentum if self.momentum is not None or counted else 0.0
+            update_running_statistics(mean.view(c), rstd.view(c), self.running_mean, self.running_var, count, momentum,
+                                      self.eps, values)  # fmt: skip
+        elif update and not empty:
             # The variance back from rstd (fp32 already holds it within 2e-7 of variance + eps), both statistics
-            # moved in one foreach launch: five small kernels a call on a GPU, where torch's own moves them inside
-            # its statistics kernel
+            # moved in one foreach launch
             with torch.no_grad():
                 variance = (rstd.view(c).pow(-2) - self.eps).clamp_min_(0).mul_(values / (values - 1))
                 statistics = [t.to(self.running_mean.dtype) for t in (mean.view(c), variance)]
