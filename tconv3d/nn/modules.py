@@ -317,14 +317,14 @@ def batch_folded(input: torch.Tensor) -> torch.Tensor:
     """A 5-D tensor (N, C, D, H, W), made channels_last_3d if it is not, as the (1, C, N * D, H, W) channels_last_3d
     view of its memory: the batch folded into its frames."""
     n, c, d, h, w = input.shape
-    dense = input.contiguous(memory_format=_CL)
-    return dense.permute(0, 2, 3, 4, 1).reshape(1, n * d, h, w, c).permute(0, 4, 1, 2, 3)
+    # (C, N, D, H, W), whose N and D merge: two views, two autograd nodes
+    return input.contiguous(memory_format=_CL).transpose(0, 1).view(1, c, n * d, h, w)
 
 
 def batch_unfolded(folded: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """batch_folded's inverse: a channels_last_3d (1, C, N * D, H, W) tensor as the (N, C, D, H, W) view."""
     n, c, d, h, w = shape
-    return folded.permute(0, 2, 3, 4, 1).reshape(n, d, h, w, c).permute(0, 4, 1, 2, 3)
+    return folded.view(c, n, d, h, w).transpose(0, 1)
 
 
 class _ContiguousGradient(torch.autograd.Function):
