@@ -264,6 +264,32 @@ def test_host_overhead_names_a_backwards_synchronisations_and_where_its_time_goe
     assert any("aten::" in line for line in lines[1:3]), lines
 
 
+def test_host_overhead_times_the_norm_scenarios_host_bound_rows(monkeypatch):
+    """tests/gpu/host_overhead.py's norm modules (H200 run 12: the norms scenario's small rows lose, their backward
+    about 0.6-1 ms whatever the size): the bench's rows by name, torch's and tconv3d's modules timed forward and
+    forward+backward as bench.run times them, and tconv3d's step looked at; run here on small CPU inputs."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    from bench import run
+
+    case = run.norm_case
+    small = {name: (name, kind, 2, channels, (2, 3, 4)) for name, kind, _, channels, _ in run.NORM_LAYERS}
+    monkeypatch.setattr(run, "NORM_LAYERS", list(small.values()))
+    monkeypatch.setattr(run, "norm_case", lambda kind, b, c, size, device: case(kind, b, c, size, "cpu"))
+    steps = []
+    monkeypatch.setattr(host_overhead.triton.testing, "do_bench", lambda fn, **kw: steps.append(fn()) or 1.0)
+    monkeypatch.setattr(host_overhead, "host_us", lambda fn: 2.0)
+    monkeypatch.setattr(host_overhead, "synchronizing", lambda fn: fn() or [])
+    monkeypatch.setattr(host_overhead, "traced", lambda fn: ["by host time:"])
+    rows = host_overhead.measure_norm_modules()
+    assert [r["name"] for r in rows] == list(host_overhead.NORM_MODULE_ROWS)
+    for r in rows:
+        assert set(r["ms"]) == {f"{i}_{d}" for i in ("torch", "tconv3d") for d in ("fwd", "fwd+bwd")}
+        assert r["step_synchronizes"] == [] and r["step_trace"] == ["by host time:"]
+    assert len(steps) == 4 * len(rows)
+
+
 def test_host_overhead_captures_each_backward_by_three_recipes(monkeypatch):
     """tests/gpu/host_overhead.py's capture check (H200 runs 10 and 11: a process's first backward capture failed):
     cuDNN's backward first, then tconv3d's, each by three recipes, every one a backward whose gradients are right,

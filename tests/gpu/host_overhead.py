@@ -10,7 +10,8 @@ forward and backward, with call plans and without; the op's host time past the l
 (kernels/launch.py's _Past, triton 3.6) and through it. For each backward, conv and norm: the host synchronisations
 one call makes and a profiler trace by host and device time; last, whether each conv backward captures in a CUDA
 graph (H200 runs 9 and 10: a norm backward's host time 10x its stubbed launches', hunyuan_512's backward refused
-by a capture).
+by a capture). And the norms scenario's host-bound rows as bench times them (converted modules, BatchNorm3d's
+among them), with the host's time and a trace of tconv3d's training step.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
@@ -239,6 +240,38 @@ def measure_norm(shape) -> dict:
             "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
 
 
+# bench.run's NORM_LAYERS rows the host bounds (H200 run 12: forward+backward 0.61x and 0.20x torch's, a backward
+# of about 0.6 and 1.0 ms whatever the size)
+NORM_MODULE_ROWS = ("hunyuan_gn_silu_512", "densenet_batch_256")
+
+
+def measure_norm_modules(names=NORM_MODULE_ROWS) -> list[dict]:
+    """The bench's norm scenario rows `names` (bench.run.norm_case: converted modules, bf16, training) timed as it
+    times them, torch's and tconv3d's, forward and forward+backward, with the host's us a call; for tconv3d's
+    step, its host synchronisations and a profiler trace."""
+    import functools
+
+    from bench import run
+
+    rows = []
+    for name, kind, batch, channels, size in run.NORM_LAYERS:
+        if name not in names:
+            continue
+        x, modules = run.norm_case(kind, batch, channels, size, "cuda")
+        row = {"name": name, "ms": {}, "host_us": {}}
+        for impl, module in modules.items():
+            grad = torch.randn_like(module(x))
+            inputs = (x, *module.parameters())
+            for direction, g in (("fwd", None), ("fwd+bwd", grad)):
+                fn = functools.partial(run._norm_step, module, x, inputs, g)
+                row["ms"][f"{impl}_{direction}"] = triton.testing.do_bench(fn, return_mode="median")
+                row["host_us"][f"{impl}_{direction}"] = host_us(fn)
+        step = functools.partial(run._norm_step, modules["tconv3d"], x, (x, *modules["tconv3d"].parameters()), grad)
+        row["step_synchronizes"], row["step_trace"] = synchronizing(step), traced(step)
+        rows.append(row)
+    return rows
+
+
 def synchronizing(fn) -> list[str]:
     """The host synchronisations one call of `fn` makes (torch's sync debug mode: a read of device memory to the
     host, a blocking copy), one line each: a call that waits for the GPU every time is bound by its kernels' queue,
@@ -290,6 +323,9 @@ def main(argv=None) -> int:
     for shape in NORM_SHAPES:
         norms.append(measure_norm(shape))
         print("measured:", json.dumps(norms[-1]), flush=True)
+    modules = measure_norm_modules()
+    for r in modules:
+        print("measured:", json.dumps({k: v for k, v in r.items() if k != "step_trace"}), flush=True)
     for name, dtype in CASES:
         rows.append(measure(name, dtype))
         print("measured:", json.dumps({k: v for k, v in rows[-1].items() if k != "launcher_profile"}), flush=True)
@@ -297,7 +333,7 @@ def main(argv=None) -> int:
     launchers = launcher_states()
     captures = capture_errors()
     if args.out is not None:
-        found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms,
+        found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms, "norm_modules": modules,
                  "tensor_map_encode_us": encode, "launchers": launchers, "backward_captures": captures}  # fmt: skip
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
@@ -325,6 +361,11 @@ def main(argv=None) -> int:
             f"{r['ms']['bwd_op_alone']:.3f} ms; host synchronisations a call: {len(r['bwd_synchronizes'])}"
         )
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
+    for r in modules:
+        m, u = r["ms"], r["host_us"]
+        cells = "  ".join(f"{k} {m[k]:.3f} ms {u[k]:.0f} us" for k in m)
+        print(f"norm module {r['name']}: {cells}; tconv3d's step: host synchronisations {len(r['step_synchronizes'])}")
+        print("\n".join(r["step_synchronizes"][:5] + r["step_trace"]))
     for r in rows:
         u = r["host_us"]
         print(f"{r['case']} {r['dtype']}: host us with plans, past the launcher's wrapper ({u['past_wrapper']}) "
