@@ -60,12 +60,11 @@ def _channel_reduce_kernel(
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
     the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
-    through the activation (SILU) at (x - mean) * a + b (coef's rows 0 and 1: COEF_A, COEF_B) and mean is [N,
-    GROUPS], PER_GROUP channels a group. x
-    holds C channels, the concatenation's C0 .. C0 + C (a source of a
-    concatenation along C; C0 = 0 and C all of them without one): dy, a, b and out are the concatenation's, their
-    channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart, coef's batch entries stride_an and
-    its rows stride_ak. Grid (N, channel blocks, splits)."""
+    through the activation (SILU) at (x - mean) * a + b (coef's rows COEF_A and COEF_B) and mean is [N, GROUPS],
+    PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a source of a concatenation
+    along C; C0 = 0 and C all of them without one): dy, coef and out are the concatenation's, their channels from
+    C0 on. x's and dy's voxels are stride_xv and stride_dv apart, coef's batch entries stride_an and its rows
+    stride_ak. Grid (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -122,9 +121,10 @@ def _affine_kernel(
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
     a, b, k1, k2, k3 are coef's fp32 rows (COEF_A ... COEF_K3, stride_ak apart; its batch entries stride_an
-    apart; a and b read by the backward only through SILU); mean is [N, GROUPS], PER_GROUP channels a group. x holds the
-    concatenation's channels C0 .. C0 + C, the others are the concatenation's (see _channel_reduce_kernel). x's,
-    dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks, N)."""
+    apart; the backward reads a and b only through SILU); mean is [N, GROUPS], PER_GROUP channels a group. x holds
+    the concatenation's channels C0 .. C0 + C, the others are the concatenation's (see _channel_reduce_kernel).
+    x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks,
+    N)."""
     n = tl.program_id(2)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
