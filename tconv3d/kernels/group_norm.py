@@ -9,12 +9,11 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   channels into groups and splits into totals in a fixed order, so both directions are bitwise deterministic,
   with no atomics.
 - `_fold_kernel`: a program a few groups (FOLD_CHANNELS) folds the partials into what the other two take, splits
-  and channels in a fixed order: the forward's mean and rstd per (batch, group) and a, b per (batch, channel); a
-  and b again from mean and rstd (the backward's first step); the backward's k1, k2, k3 and the weight and bias
-  gradients (summed over the batch in order). One launch where the same arithmetic in torch ops was some 25 tiny
-  kernels and their host calls a norm (kernels/aten.py's scale_shift and backward_coefficients keep it in torch
-  for the aten path).
-- `_affine_kernel`: y = act((x - mean) * a + b) with per-(batch, channel) a and b that fold rstd, weight and bias;
+  and channels in a fixed order: the forward's mean and rstd per (batch, group); the backward's k1, k2, k3 per
+  (batch, channel) and the weight and bias gradients (summed over the batch in order). One launch where the same
+  arithmetic in torch ops was some 25 tiny kernels and their host calls a norm (kernels/aten.py's scale_shift and
+  backward_coefficients keep it in torch for the aten path).
+- `_affine_kernel`: y = act((x - mean) * a + b) with per-(batch, channel) a = rstd * weight and b = bias;
   backward dx = dy' * k1 + (x - mean) * k2 + k3 with dy' = dy * act'((x - mean) * a + b), recomputed, not stored;
   with one channel a group (InstanceNorm, BatchNorm) dx = (dy' + k3) * k1 + (x - mean) * k2, k3 = -mean(dy'): dy'
   centered before it is scaled by rstd, so a gradient constant over a channel (y.sum()'s) answers exactly 0 there
@@ -22,9 +21,9 @@ kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised alo
   x is centered before it is scaled: the folded form x * a + (b - mean * a) subtracts two products of the mean's
   size, whose difference is |mean| / std times less precise (torch's group_norm folds, and drifts from float64
   by 1e-3 where the mean is 100 standard deviations; its instance_norm centers, as here).
-A norm is three launches each way (with a fused SiLU the backward folds twice: four), writing one fp32 table of
-coefficients a call (_coefficients) besides the partials. Statistics and coefficients are fp32 whatever the tensor
-dtype; nothing NCDHW is ever made.
+A norm is three launches each way; a = rstd * weight and b = bias are taken where they are read (_scale_shift), and a
+backward's k1, k2, k3 are one fp32 table. Statistics and coefficients are fp32 whatever the tensor dtype; nothing
+NCDHW is ever made.
 """
 
 import torch
@@ -42,29 +41,40 @@ BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
 # spent most of a CPU training step's norm time in this kernel's programs).
 AFFINE_BLOCK_S = BLOCK_S * 16 if settings.INTERPRET else BLOCK_S
 SPLIT_BLOCKS = 16  # voxel blocks per reduction program
-# The rows of a norm's fp32 [rows, N, C] table of per-(batch, channel) coefficients (one allocation): the forward's
-# a and b (y = act((x - mean) * a + b)), then the backward's k1, k2, k3 (see _affine_kernel)
-COEF_A: tl.constexpr = tl.constexpr(0)
-COEF_B: tl.constexpr = tl.constexpr(1)
-COEF_K1: tl.constexpr = tl.constexpr(2)
-COEF_K2: tl.constexpr = tl.constexpr(3)
-COEF_K3: tl.constexpr = tl.constexpr(4)
+# The rows of a backward's fp32 [3, N, C] table of per-(batch, channel) coefficients (one allocation): k1, k2, k3
+# (see _affine_kernel)
+COEF_K1: tl.constexpr = tl.constexpr(0)
+COEF_K2: tl.constexpr = tl.constexpr(1)
+COEF_K3: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, channels, mask, HAS_WEIGHT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):  # fmt: skip
+    """a = rstd * weight and b = bias (fp32) of batch entry n's `channels` (the concatenation's; rstd [N, GROUPS],
+    PER_GROUP channels a group): y = act((x - mean) * a + b)."""
+    a = tl.load(rstd_ptr + n * GROUPS + channels // PER_GROUP, mask=mask, other=0.0)
+    if HAS_WEIGHT:
+        a = a * tl.load(weight_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(bias_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_BIAS else tl.zeros_like(a)
+    return a, b
 
 
 @triton.jit
 def _channel_reduce_kernel(
-    x_ptr, dy_ptr, mean_ptr, coef_ptr, out_ptr,
+    x_ptr, dy_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, out_ptr,
     S, C, C0, SPLIT_S, GROUPS, PER_GROUP,
-    stride_xn, stride_xv, stride_dn, stride_dv, stride_an, stride_ak, stride_on, stride_os, stride_oq,
-    BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_os, stride_oq,
+    BACKWARD: tl.constexpr, SILU: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
     the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
-    through the activation (SILU) at (x - mean) * a + b (coef's rows COEF_A and COEF_B) and mean is [N, GROUPS],
-    PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a source of a concatenation
-    along C; C0 = 0 and C all of them without one): dy, coef and out are the concatenation's, their channels from
-    C0 on. x's and dy's voxels are stride_xv and stride_dv apart, coef's batch entries stride_an and its rows
-    stride_ak. Grid (N, channel blocks, splits)."""
+    through the activation (SILU) at (x - mean) * a + b (_scale_shift: a = rstd * weight, b = bias) and mean and
+    rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a
+    source of a concatenation along C; C0 = 0 and C all of them without one): dy, weight, bias and out are the
+    concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart. Grid (N,
+    channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -76,8 +86,8 @@ def _channel_reduce_kernel(
         dy_base = dy_ptr + n.to(tl.int64) * stride_dn
         center = tl.load(mean_ptr + n * GROUPS + wide_c // PER_GROUP, mask=mask_c, other=0.0)
         if SILU:
-            a = tl.load(coef_ptr + COEF_A * stride_ak + n * stride_an + wide_c, mask=mask_c, other=0.0)
-            b = tl.load(coef_ptr + COEF_B * stride_ak + n * stride_an + wide_c, mask=mask_c, other=0.0)
+            a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, wide_c, mask_c, HAS_WEIGHT,
+                                HAS_BIAS)  # fmt: skip
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
     second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * (x - mean)
     count = 0.0
@@ -113,16 +123,18 @@ def _channel_reduce_kernel(
 
 @triton.jit
 def _affine_kernel(
-    x_ptr, dy_ptr, out_ptr, mean_ptr, coef_ptr,
+    x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr,
     S, C, C0, GROUPS, PER_GROUP,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
-    BACKWARD: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    BACKWARD: tl.constexpr, SILU: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
-    a, b, k1, k2, k3 are coef's fp32 rows (COEF_A ... COEF_K3, stride_ak apart; its batch entries stride_an
-    apart; the backward reads a and b only through SILU); mean is [N, GROUPS], PER_GROUP channels a group. x holds
-    the concatenation's channels C0 .. C0 + C, the others are the concatenation's (see _channel_reduce_kernel).
+    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through SILU); k1, k2, k3 are coef's
+    fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd are [N,
+    GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
+    concatenation's (see _channel_reduce_kernel).
     x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks,
     N)."""
     n = tl.program_id(2)
@@ -134,12 +146,12 @@ def _affine_kernel(
     wide_c = (C0 + offs_c)[None, :]  # the channels in the concatenation
     x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32) - tl.load(mean_ptr + n * GROUPS + (C0 + offs_c) // PER_GROUP, mask=mask_c, other=0.0)[None, :]
-    coefficients = coef_ptr + n * stride_an + C0 + offs_c
     if SILU or not BACKWARD:
-        a = tl.load(coefficients + COEF_A * stride_ak, mask=mask_c, other=0.0)[None, :]
-        b = tl.load(coefficients + COEF_B * stride_ak, mask=mask_c, other=0.0)[None, :]
-        z = x * a + b
+        a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, C0 + offs_c, mask_c, HAS_WEIGHT,
+                            HAS_BIAS)  # fmt: skip
+        z = x * a[None, :] + b[None, :]
     if BACKWARD:
+        coefficients = coef_ptr + n * stride_an + C0 + offs_c
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
         dy = dy.to(tl.float32)
         if SILU:
@@ -159,23 +171,21 @@ def _affine_kernel(
 
 # _fold_kernel's modes (the host passes their .value)
 FOLD_STATISTICS: tl.constexpr = tl.constexpr(0)
-FOLD_SCALE: tl.constexpr = tl.constexpr(1)
-FOLD_BACKWARD: tl.constexpr = tl.constexpr(2)
+FOLD_BACKWARD: tl.constexpr = tl.constexpr(1)
 
 
 @triton.jit
 def _fold_kernel(
-    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr, dw_ptr, db_ptr,
+    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, coef_ptr, dw_ptr, db_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
-    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PER_GROUP: tl.constexpr,
+    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_GROUP: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
     """BLOCK_GROUPS groups' channels (program_id(0)'s) for every batch entry, in order, their splits BLOCK_S at a
     time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
-    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; coef [rows, N, C]
-    (rows COEF_A ... COEF_K3: a, b, k1, k2, k3); dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd
-    (Chan's formula over the splits' counts: the last split holds the rest of the VOXELS), then a, b. FOLD_SCALE:
-    a = rstd * weight, b = bias (y = (x - mean) * a + b) from rstd. FOLD_BACKWARD: the split sums of dy' and dy' *
+    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; coef [3, N, C] (rows
+    COEF_K1 ... COEF_K3); dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the
+    splits' counts: the last split holds the rest of the VOXELS). FOLD_BACKWARD: the split sums of dy' and dy' *
     (x - mean) -> dx = dy' * k1 + (x - mean) * k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' +
     k3) * k1 + (x - mean) * k2) and the weight and bias gradients. Each group's sums run over its own splits and
     channels in the same order whatever BLOCK_GROUPS is."""
@@ -186,7 +196,6 @@ def _fold_kernel(
     mask = in_group[:, None] & (offs < PER_GROUP)[None, :]
     channels = group[:, None] * PER_GROUP + offs[None, :]  # [BLOCK_GROUPS, BLOCK_G]
     gamma = tl.load(weight_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
-    beta = tl.load(bias_ptr + channels, mask=mask, other=0.0).to(tl.float32) if HAS_BIAS else 0.0
     total = VOXELS * 1.0 * PER_GROUP  # fp32: the count may pass int32
     zeros = tl.zeros((BLOCK_GROUPS, BLOCK_G), dtype=tl.float32)
     dw = zeros
@@ -215,11 +224,8 @@ def _fold_kernel(
             rstd = 1.0 / tl.sqrt(spread / total + eps)
             tl.store(mean_ptr + n * groups + group, mean, mask=in_group)
             tl.store(rstd_ptr + n * groups + group, rstd, mask=in_group)
-        else:  # the coefficients of x - mean need no mean
+        else:  # FOLD_BACKWARD: the coefficients of x - mean need no mean
             rstd = tl.load(rstd_ptr + n * groups + group, mask=in_group, other=0.0)
-        out = coef_ptr + n * C + channels
-        rows = N * C  # coef's rows apart
-        if MODE == FOLD_BACKWARD:
             dy_sum = zeros
             dyx_sum = zeros
             for s0 in range(0, SPLITS, BLOCK_S):
@@ -237,13 +243,11 @@ def _fold_kernel(
             # A group of one value normalizes to 0 whatever it is: dx is 0, not dy' * k1 + k3's rounding of two
             # terms rstd times dy's size (1e-4 of dy at eps 1e-6)
             single = total == 1.0
+            out = coef_ptr + n * C + channels
+            rows = N * C  # coef's rows apart
             tl.store(out + COEF_K1 * rows, tl.where(single, 0.0, rstd[:, None] * gamma + zeros), mask=mask)
             tl.store(out + COEF_K2 * rows, tl.where(single, 0.0, k2[:, None] + zeros), mask=mask)
             tl.store(out + COEF_K3 * rows, tl.where(single, 0.0, k3[:, None] + zeros), mask=mask)
-        else:
-            a = rstd[:, None] * gamma + zeros
-            tl.store(out + COEF_A * rows, a, mask=mask)
-            tl.store(out + COEF_B * rows, beta + zeros, mask=mask)
     if MODE == FOLD_BACKWARD:  # in the parameters' dtype (parameter_grad_dtype)
         tl.store(dw_ptr + channels, dw.to(dw_ptr.dtype.element_ty), mask=mask)
         tl.store(db_ptr + channels, db.to(db_ptr.dtype.element_ty), mask=mask)
@@ -335,42 +339,31 @@ FOLD_ELEMENTS, FOLD_SPLITS = 4096, 64
 FOLD_CHANNELS = FOLD_ELEMENTS if settings.INTERPRET else 32
 
 
-def _fold(mode: tl.constexpr, partials, mean, rstd, weight, bias, groups: int, voxels: int, coef, eps: float = 0.0):
-    """_fold_kernel's launch, writing its coefficients into `coef` (fp32 [rows, N, C]; see the kernel), and
-    returning what else `mode` makes: (mean, rstd) fp32 [N, groups], nothing, or (grad_weight, grad_bias) [C] in
-    parameter_grad_dtype(weight)."""
-    n, channels = coef.shape[1:]
-    device = coef.device
+def _fold(mode: tl.constexpr, partials, mean, rstd, weight, groups: int, voxels: int, n: int, c: int, eps: float = 0.0):
+    """_fold_kernel's launch on the [N, splits, 2, C] partials: FOLD_STATISTICS's (mean, rstd), fp32 [N, groups];
+    FOLD_BACKWARD's (the coefficient table, fp32 [3, N, C]: k1, k2, k3; grad_weight, grad_bias [C] in
+    parameter_grad_dtype(weight))."""
+    device = partials.device
     per_split, splits = _splits(voxels)
     if mode == FOLD_STATISTICS:
         mean = torch.empty((n, groups), dtype=torch.float32, device=device)
         rstd = torch.empty_like(mean)
-    dw = db = coef
-    if mode == FOLD_BACKWARD:
-        dw, db = (torch.empty(channels, dtype=parameter_grad_dtype(weight), device=device) for _ in range(2))
-    per_group = channels // groups
+        coef = dw = db = mean
+    else:
+        coef = torch.empty((3, n, c), dtype=torch.float32, device=device)
+        dw, db = (torch.empty(c, dtype=parameter_grad_dtype(weight), device=device) for _ in range(2))
+    per_group = c // groups
     block_g = triton.next_power_of_2(per_group)
     block_groups = min(triton.next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
     block_s = min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
     launch(
         _fold_kernel, (cdiv(groups, block_groups),),
-        partials if partials is not None else coef, mean, rstd, weight if weight is not None else coef,
-        bias if bias is not None else coef, coef, dw, db,
-        n, channels, splits, voxels, per_split, eps,
-        MODE=mode.value, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, PER_GROUP=per_group,
+        partials, mean, rstd, weight if weight is not None else mean, coef, dw, db,
+        n, c, splits, voxels, per_split, eps,
+        MODE=mode.value, HAS_WEIGHT=weight is not None, PER_GROUP=per_group,
         BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
     )  # fmt: skip
-    if mode == FOLD_STATISTICS:
-        return mean, rstd
-    if mode == FOLD_BACKWARD:
-        return dw, db
-    return None
-
-
-def _coefficients(n: int, c: int, backward: bool, device) -> torch.Tensor:
-    """A norm call's one table of per-(batch, channel) coefficients: fp32 [rows, N, C], the forward's a and b, the
-    backward's k1, k2 and k3 too (COEF_A ... COEF_K3)."""
-    return torch.empty((5 if backward else 2, n, c), dtype=torch.float32, device=device)
+    return (mean, rstd) if mode == FOLD_STATISTICS else (coef, dw, db)
 
 
 def parameter_grad_dtype(weight) -> torch.dtype:
@@ -386,11 +379,11 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(sources, dy, mean, coef, silu: bool, backward: bool) -> torch.Tensor:
+def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=None, silu=False) -> torch.Tensor:
     """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
     (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
-    launch each; dy, mean ([N, groups]) and coef (_coefficients: a and b read through SILU) are the
-    concatenation's."""
+    launch each: the forward's, or given dy the backward's; dy, mean and rstd ([N, groups]), weight and bias (read
+    through SILU) are the concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
@@ -399,14 +392,15 @@ def _channel_reduce(sources, dy, mean, coef, silu: bool, backward: bool) -> torc
     for x, first in _channel_slices(sources):
         width = x.shape[1]
         grads = dy if dy is not None else x
-        center, table = (t if t is not None else out for t in (mean, coef))
+        center, scale, w, b = (t if t is not None else out for t in (mean, rstd, weight, bias))
         groups = mean.shape[1] if mean is not None else 1
         launch(
             _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
-            x, grads, center, table, out,
+            x, grads, center, scale, w, b, out,
             voxels, width, first, per_split, groups, c // groups,
-            x.stride(0), width, grads.stride(0), grads.shape[1], c, n * c, *out.stride()[:3],
-            BACKWARD=backward, SILU=silu, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+            x.stride(0), width, grads.stride(0), grads.shape[1], *out.stride()[:3],
+            BACKWARD=dy is not None, SILU=silu, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
 
@@ -419,9 +413,10 @@ def _channel_slices(sources):
         first += x.shape[1]
 
 
-def _affine(sources, dy, mean, coef, silu=False) -> torch.Tensor:
-    """The forward's act((x - mean) * a + b) or the backward's input gradient (see _affine_kernel) of the
-    concatenation along C of `sources`, in one channels_last_3d tensor, a launch a source."""
+def _affine(sources, dy, mean, rstd, weight, bias, coef=None, silu=False) -> torch.Tensor:
+    """The forward's act((x - mean) * a + b) or, given dy and the backward's coefficient table, its input gradient
+    (see _affine_kernel) of the concatenation along C of `sources`, in one channels_last_3d tensor, a launch a
+    source."""
     x = sources[0]
     n = x.shape[0]
     c = sum(source.shape[1] for source in sources)
@@ -435,10 +430,11 @@ def _affine(sources, dy, mean, coef, silu=False) -> torch.Tensor:
         grads = dy if backward else x
         launch(
             _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
-            x, grads, out, mean, coef,
+            x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef)),
             voxels, x.shape[1], first, groups, c // groups,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
-            BACKWARD=backward, SILU=silu, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
+            BACKWARD=backward, SILU=silu, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
 
@@ -459,10 +455,9 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ch
     if x.numel() == 0:
         stats = torch.full((n, groups), float("nan"), device=x.device)
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
-    partials = _channel_reduce(sources, None, None, None, False, False)
-    coef = _coefficients(n, c, False, x.device)
-    mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, weight, bias, groups, voxels, coef, eps)
-    return _affine(sources, None, mean, coef, silu=activation == "silu"), mean, rstd
+    partials = _channel_reduce(sources)
+    mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, None, groups, voxels, n, c, eps)
+    return _affine(sources, None, mean, rstd, weight, bias, silu=activation == "silu"), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
@@ -475,9 +470,6 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
         return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
     silu, voxels, mean = activation == "silu", x[0, 0].numel(), mean.contiguous()
-    coef = _coefficients(x.shape[0], c, True, x.device)
-    if silu:  # a and b: dy' = dy * silu'((x - mean) * a + b); without an activation dy' is dy, and neither is read
-        _fold(FOLD_SCALE, None, mean, rstd, weight, bias, groups, voxels, coef)
-    partials = _channel_reduce(sources, grad_out, mean, coef, silu, True)  # [N, splits, 2, C]: dy', dy' (x - mean)
-    grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, None, groups, voxels, coef)
-    return _affine(sources, grad_out, mean, coef, silu), grad_weight, grad_bias
+    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, silu)  # dy', dy' (x - mean)
+    coef, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c)
+    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, silu), grad_weight, grad_bias
