@@ -228,7 +228,7 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
     and bias where the case asks for one) at the H100's configs, with the kernels compiled for sm_90 and stopping at
     the driver, with call plans and without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}},
     plus why a plan was refused where one was."""
-    from tconv3d import plans, settings
+    from tconv3d import settings
     from tconv3d.kernels import launch
     from tconv3d.testing import random_conv_inputs
     from tconv3d.tune.shapes import load_shape_set
@@ -251,15 +251,23 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
             backward = lambda leaves=leaves, y=y, g=grad: torch.autograd.grad(  # noqa: E731
                 y, leaves, g, retain_graph=True
             )
-
-            fns = {}
-            for direction, fn in (("fwd", forward), ("bwd", backward)):
-                fns[direction, True], fns[direction, False] = fn, plans.bypassed()(fn)
-            times = per_call_us(fns, calls)
-            results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "bwd")}
-            if refused := refusals():
-                results[name]["refused"] = refused
+            results[name] = _with_and_without_plans({"fwd": forward, "bwd": backward}, calls, refusals)
     return results
+
+
+def _with_and_without_plans(fns: dict, calls: int, refusals) -> dict:
+    """{direction: {"plans": us, "no_plans": us}} of each of `fns` by direction, timed in turns with call plans and
+    without (plans.bypassed), and "refused": why a plan was refused, where one was (`refusals`, _as_on_h100's)."""
+    from tconv3d import plans
+
+    turns = {}
+    for direction, fn in fns.items():
+        turns[direction, True], turns[direction, False] = fn, plans.bypassed()(fn)
+    times = per_call_us(turns, calls)
+    found = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in fns}
+    if refused := refusals():
+        found["refused"] = refused
+    return found
 
 
 # The norms of bench.run's NORM_LAYERS at sizes the host bounds (name, kind, batch, channels, (D, H, W))
@@ -275,7 +283,6 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
     to the input and the parameters; BatchNorm3d's running statistics moved) on the kernels compiled for sm_90 and
     stopping at the driver, with call plans and without: {case: {fwd|step: {"plans": us, "no_plans": us}}}."""
     from bench.run import norm_modules
-    from tconv3d import plans
     from tconv3d.kernels import launch
 
     if launch.OFF is not None:
@@ -290,13 +297,7 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
             leaves = (x, *module.parameters())
             forward = lambda module=module, x=x: module(x)  # noqa: E731
             step = lambda module=module, x=x, leaves=leaves, g=grad: torch.autograd.grad(module(x), leaves, g)  # noqa: E731
-            fns = {}
-            for direction, fn in (("fwd", forward), ("step", step)):
-                fns[direction, True], fns[direction, False] = fn, plans.bypassed()(fn)
-            times = per_call_us(fns, calls)
-            results[name] = {d: {"plans": times[d, True], "no_plans": times[d, False]} for d in ("fwd", "step")}
-            if refused := refusals():
-                results[name]["refused"] = refused
+            results[name] = _with_and_without_plans({"fwd": forward, "step": step}, calls, refusals)
     return results
 
 
