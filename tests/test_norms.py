@@ -683,6 +683,26 @@ def test_running_statistics_launch_moves_them_as_torch_ops_do(dtype, momentum, d
                 assert ((got.float() - expected.float()).abs() <= 2 * torch.finfo(dtype).eps * scale).all()
 
 
+def test_running_statistics_moved_in_place_as_torch_ops_move_them(device):
+    """A graph that read the running statistics sees them moved by a training forward: autograd's version check
+    refuses its backward, as it did after the torch ops that moved them before the launch (stock's batch_norm moves
+    them without a version: such a backward reads the moved values); and buffers made in inference mode are moved
+    there too."""
+    module = tconv3d.nn.BatchNorm3d(4).to(device)
+    x = torch.randn(2, 4, 3, 4, 5, device=device).contiguous(memory_format=CL)
+    weight = torch.ones(4, device=device, requires_grad=True)
+    read = (module.running_mean * weight).sum()  # saves running_mean for its backward
+    module(x)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        read.backward()
+    with torch.inference_mode():
+        stock, ours = nn.BatchNorm3d(4).to(device), tconv3d.nn.BatchNorm3d(4).to(device)
+        x = torch.randn(2, 4, 3, 4, 5, device=device).contiguous(memory_format=CL)
+        stock(x), ours(x)
+        assert rel_l2(ours.running_var, stock.running_var) < TOLERANCE[torch.float32]
+        assert torch.equal(ours.num_batches_tracked, stock.num_batches_tracked)
+
+
 def test_norm_launches_and_allocations(device, monkeypatch):
     """What a norm call costs the host: GroupNorm's forward and backward three launches each, with a fused SiLU or
     without (a = rstd * weight and b = bias taken where they are read, no fold of them); the backward's k1, k2, k3

@@ -314,7 +314,8 @@ RUNNING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def update_running_statistics(mean, rstd, running_mean, running_var, num_batches_tracked, momentum, eps, values):
     """_running_statistics_kernel's launch on a BatchNorm's fp32 [C] batch mean and rstd (`values` values a
     channel): running_mean and running_var moved in place, num_batches_tracked (None: not counted) incremented
-    first, the factor `momentum` or (None) 1 / num_batches_tracked."""
+    first, the factor `momentum` or (None) 1 / num_batches_tracked; their version counters moved as an in-place
+    op's."""
     c = mean.numel()
     counted = num_batches_tracked is not None
     if momentum is None and not counted:
@@ -329,6 +330,10 @@ def update_running_statistics(mean, rstd, running_mean, running_var, num_batches
         0.0 if momentum is None else float(momentum), eps, values / (values - 1),
         COUNTED=counted, CUMULATIVE=momentum is None, BLOCK=min(triton.next_power_of_2(c), 1024),
     )  # fmt: skip
+    # Written in place as torch's in-place ops write: a graph that saved one of them sees the change
+    for written in (running_mean, running_var, num_batches_tracked):
+        if written is not None and not written.is_inference():
+            torch.autograd.graph.increment_version(written)
 
 
 # The fold's tiles: at most FOLD_ELEMENTS splits x channels, up to FOLD_SPLITS splits a step. A program folds the
