@@ -703,6 +703,29 @@ def test_running_statistics_moved_in_place_as_torch_ops_move_them(device):
         assert torch.equal(ours.num_batches_tracked, stock.num_batches_tracked)
 
 
+def test_batch_norm_on_fake_tensors_moves_its_statistics_in_torch_ops(device):
+    """A training BatchNorm3d traced on fake tensors (as Dynamo and AOTAutograd trace it: the norm's fake, the
+    running statistics in torch's ops) answers the eager output's shape and layout; the launch that moves them
+    eagerly takes no fake tensor (tests/fuzz_args.py, seed 660551: "Attempted to set the storage of a tensor on
+    device meta")."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 4, 3, 4, 5, device=device).contiguous(memory_format=CL)
+
+    def faked(module):
+        mode = FakeTensorMode(allow_non_fake_inputs=True)  # the module's parameters and buffers stay real
+        with mode:
+            return module(mode.from_tensor(x))
+
+    y = faked(tconv3d.nn.BatchNorm3d(4).to(device))
+    assert y.shape == x.shape and y.is_contiguous(memory_format=CL)
+    # A cumulative average reads its count on the host, in stock's module as in the torch ops: refused alike
+    with pytest.raises(Exception) as stock:
+        faked(nn.BatchNorm3d(4, momentum=None).to(device))
+    with pytest.raises(type(stock.value)):
+        faked(tconv3d.nn.BatchNorm3d(4, momentum=None).to(device))
+
+
 def test_norm_launches_and_allocations(device, monkeypatch):
     """What a norm call costs the host: GroupNorm's forward and backward three launches each, with a fused SiLU or
     without (a = rstd * weight and b = bias taken where they are read, no fold of them); the backward's k1, k2, k3

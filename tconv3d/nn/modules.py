@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..functional import conv_transpose3d, unbatched
-from ..geometry import SUPPORTED_DTYPES, resolve_padding, triple
+from ..geometry import PLAIN_TENSORS, SUPPORTED_DTYPES, resolve_padding, triple
 from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
 from ..kernels.utils import batched, fold_padding, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear, runs_triton
@@ -276,9 +277,11 @@ class BatchNorm3d(nn.BatchNorm3d):
         c = input.shape[1]
         values = input.shape[0] * math.prod(input.shape[2:])
         empty = input.numel() == 0  # (normalized as it is: no view to fold)
-        # Where the kernels run eagerly, one launch moves both statistics and counts the batch, after the norm
-        # (update_running_statistics); traced or in torch's ops, torch's ops do, the count first
+        # Where the kernels run eagerly on plain tensors, one launch moves both statistics and counts the batch,
+        # after the norm (update_running_statistics); traced, under a dispatch mode (fake tensors: what Dynamo and
+        # AOTAutograd trace; a mode that watches the ops) or in torch's ops, torch's ops do, the count first
         in_kernel = update and not empty and runs_triton(input) and not autograd_traced()
+        in_kernel = in_kernel and type(input) in PLAIN_TENSORS and not is_in_torch_dispatch_mode()
         in_kernel = in_kernel and self.running_mean.dtype in RUNNING_DTYPES
         factor = 0.0 if self.momentum is None else self.momentum
         if counted and not in_kernel:
