@@ -134,9 +134,8 @@ def _affine_kernel(
     a = rstd * weight and b = bias (_scale_shift; the backward reads them only through SILU); k1, k2, k3 are coef's
     fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd are [N,
     GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
-    concatenation's (see _channel_reduce_kernel).
-    x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel blocks, channel blocks,
-    N)."""
+    concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov
+    apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
