@@ -609,12 +609,11 @@ def bench_norms(layers=None) -> list[dict]:
     rows = []
     for name, kind, batch, channels, size in layers or NORM_LAYERS:
         x, modules = norm_case(kind, batch, channels, size, "cuda")
+        steps = norm_steps(x, modules)
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"{name}_{direction}"}
-            for impl, module in modules.items():
-                grad = torch.randn_like(module(x)) if direction == "fwd+bwd" else None
-                inputs = (x, *module.parameters())
-                fn = functools.partial(_norm_step, module, x, inputs, grad)
+            for impl in modules:
+                fn = steps[impl, direction]
                 row[f"{impl}_ms"] = round(bench_ms(fn), 4)
                 row[f"{impl}_peak_mb"] = round(peak_memory_mb(fn), 1)
             moved = x.numel() * x.element_size() * (3 if direction == "fwd" else 8)
@@ -624,6 +623,18 @@ def bench_norms(layers=None) -> list[dict]:
         del x, modules
         torch.cuda.empty_cache()
     return rows
+
+
+def norm_steps(x, modules: dict) -> dict:
+    """{(impl, direction): fn} of norm_case's `modules`, what bench_norms times: "fwd" one forward of x, "fwd+bwd"
+    one forward and the backward to x and the module's parameters along a random gradient."""
+    steps = {}
+    for impl, module in modules.items():
+        inputs = (x, *module.parameters())
+        grad = torch.randn_like(module(x))
+        for direction, g in (("fwd", None), ("fwd+bwd", grad)):
+            steps[impl, direction] = functools.partial(_norm_step, module, x, inputs, g)
+    return steps
 
 
 def _norm_step(module, x, inputs, grad):

@@ -51,11 +51,11 @@ from .kernels import aten, launch
 from .kernels.conv_dgrad import conv3d_dgrad
 from .kernels.conv_fwd import conv3d_fwd
 from .kernels.conv_wgrad import conv3d_wgrad
-from .kernels.group_norm import group_norm_bwd, group_norm_fwd, parameter_grad_dtype
+from .kernels.group_norm import group_norm_bwd, group_norm_fwd
 from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
-from .kernels.utils import cat_channels, empty_ndhwc, func_transformed
+from .kernels.utils import cat_channels, empty_ndhwc, func_transformed, parameter_grad_dtype
 from .tune import choice
 
 
@@ -996,8 +996,7 @@ def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, ac
     def run():
         if not runs_triton(input):
             whole = cat_channels(input, channels_after)
-            grads = aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
-            return grads[0], *(g.to(parameter_grad_dtype(weight)) for g in grads[1:])
+            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after)
 
     tensors = (grad_output, input, mean, rstd, weight, bias, channels_after)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
-from .utils import batched, cat_channels, channels_last, fold_padding
+from .utils import batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -162,12 +162,13 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
-    """The kernels' backward in torch ops: the same sums, coefficients and formula."""
+    """The kernels' backward in torch ops: the same sums, coefficients and formula, the parameter gradients in
+    parameter_grad_dtype(weight) as the kernels write them."""
     c = x.shape[1]
     # An empty batch or clip: the kernels' answer, an empty gradient and zero parameter gradients (the sums below
     # would give NaN ones for an empty clip of a batch, the NaN statistics times empty sums, as torch's GroupNorm)
     if x.numel() == 0:
-        zeros = torch.zeros(c, device=x.device)
+        zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
         return channels_last(torch.empty_like(x)), zeros, zeros.clone()
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
@@ -181,7 +182,8 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
         grad_in = (dy + per_channel(k3)) * per_channel(k1) + centered * per_channel(k2)
     else:
         grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
-    return channels_last(grad_in.to(x.dtype)), grad_weight, grad_bias
+    dtype = parameter_grad_dtype(weight)
+    return channels_last(grad_in.to(x.dtype)), grad_weight.to(dtype), grad_bias.to(dtype)
 
 
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .. import settings
 from .launch import launch
-from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
+from .utils import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype, silu_grad
 
 ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
@@ -368,13 +368,6 @@ def _fold(mode: tl.constexpr, partials, mean, rstd, weight, groups: int, voxels:
         BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
     )  # fmt: skip
     return (mean, rstd) if mode == FOLD_STATISTICS else (coef, dw, db)
-
-
-def parameter_grad_dtype(weight) -> torch.dtype:
-    """The dtype of a norm's weight and bias gradients: the weight's (a model's parameters share one dtype; a bias
-    of another is cast by the autograd kernel), fp32 without one. Written so by the kernel that sums them: a bf16
-    model's backward makes no two casts of fp32 sums."""
-    return weight.dtype if weight is not None else torch.float32
 
 
 def _splits(voxels: int) -> tuple[int, int]:

@@ -328,6 +328,13 @@ def exact_products(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and not settings.tf32_allowed()
 
 
+def parameter_grad_dtype(weight) -> torch.dtype:
+    """The dtype of a norm's weight and bias gradients: the weight's (a model's parameters share one dtype; a bias
+    of another is cast by the autograd kernel), fp32 without one. Written so by the kernel that sums them: a bf16
+    model's backward makes no two casts of fp32 sums."""
+    return weight.dtype if weight is not None else torch.float32
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) on the host. triton.cdiv costs ~2 us a call outside kernels (its constexpr wrapper), and a
     launch takes several: the launchers' grids and splits use this."""

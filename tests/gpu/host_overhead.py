@@ -249,8 +249,6 @@ def measure_norm_modules(names=NORM_MODULE_ROWS) -> list[dict]:
     """The bench's norm scenario rows `names` (bench.run.norm_case: converted modules, bf16, training) timed as it
     times them, torch's and tconv3d's, forward and forward+backward, with the host's us a call; for tconv3d's
     step, its host synchronisations and a profiler trace."""
-    import functools
-
     from bench import run
 
     rows = []
@@ -259,14 +257,11 @@ def measure_norm_modules(names=NORM_MODULE_ROWS) -> list[dict]:
             continue
         x, modules = run.norm_case(kind, batch, channels, size, "cuda")
         row = {"name": name, "ms": {}, "host_us": {}}
-        for impl, module in modules.items():
-            grad = torch.randn_like(module(x))
-            inputs = (x, *module.parameters())
-            for direction, g in (("fwd", None), ("fwd+bwd", grad)):
-                fn = functools.partial(run._norm_step, module, x, inputs, g)
-                row["ms"][f"{impl}_{direction}"] = triton.testing.do_bench(fn, return_mode="median")
-                row["host_us"][f"{impl}_{direction}"] = host_us(fn)
-        step = functools.partial(run._norm_step, modules["tconv3d"], x, (x, *modules["tconv3d"].parameters()), grad)
+        steps = run.norm_steps(x, modules)
+        for (impl, direction), fn in steps.items():
+            row["ms"][f"{impl}_{direction}"] = triton.testing.do_bench(fn, return_mode="median")
+            row["host_us"][f"{impl}_{direction}"] = host_us(fn)
+        step = steps["tconv3d", "fwd+bwd"]
         row["step_synchronizes"], row["step_trace"] = synchronizing(step), traced(step)
         rows.append(row)
     return rows
