@@ -275,6 +275,7 @@ NORM_CASES = (
     ("gn_silu_512", "group_silu", 1, 512, (5, 8, 8)),
     ("instance_32", "instance", 2, 32, (4, 8, 8)),
     ("batch_256", "batch", 4, 256, (4, 4, 4)),
+    ("wan_rms_384", "rms", 1, 384, (2, 8, 8)),
 )
 
 
@@ -282,14 +283,14 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
     """Host time of a converted bf16 norm module's forward and training step (forward, then torch.autograd.grad
     to the input and the parameters; BatchNorm3d's running statistics moved) on the kernels compiled for sm_90 and
     stopping at the driver, with call plans and without: {case: {fwd|step: {"plans": us, "no_plans": us}}}."""
-    from bench.run import norm_modules
+    from bench.run import norm_layers_at_hand, norm_modules
     from tconv3d.kernels import launch
 
     if launch.OFF is not None:
         return {"off": launch.OFF}
     results = {}
     with _as_on_h100("auto") as refusals:
-        for name, kind, batch, channels, size in cases:
+        for name, kind, batch, channels, size in norm_layers_at_hand(cases):
             module = norm_modules(kind, channels, "cpu", torch.bfloat16)["tconv3d"]
             x = torch.randn(batch, channels, *size, dtype=torch.bfloat16).contiguous(memory_format=CL)
             x.requires_grad_()

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import datetime
 import functools
+import importlib.util
 import math
 import os
 import subprocess
@@ -569,13 +570,15 @@ def _skip_step(forward, tensors, grad):
 # The norms of the models tconv3d converts, on a channels_last_3d activation as a converted model hands them one:
 # (name, kind, batch, channels, (D, H, W)); kind "group_silu" is GroupNorm(32 groups) then SiLU (a video VAE's
 # decoder block: HunyuanVideo's, CogVideoX's), "instance" MONAI's UNets' InstanceNorm3d, "batch" a BatchNorm3d in
-# training (MONAI's DenseNet, HighResNet, VNet).
+# training (MONAI's DenseNet, HighResNet, VNet), "rms" the Wan VAE's RMS norm (diffusers' WanRMS_norm: needs
+# diffusers).
 NORM_LAYERS = [
     ("hunyuan_gn_silu_512", "group_silu", 1, 512, (5, 64, 64)),
     ("hunyuan_gn_silu_128", "group_silu", 1, 128, (17, 256, 256)),
     ("unet_instance_32", "instance", 2, 32, (96, 96, 96)),
     ("unet_batch_64", "batch", 2, 64, (64, 64, 64)),
     ("densenet_batch_256", "batch", 4, 256, (16, 16, 16)),
+    ("wan_rms_384", "rms", 1, 384, (4, 64, 64)),
 ]
 
 
@@ -586,11 +589,25 @@ def norm_modules(kind: str, channels: int, device, dtype=torch.float32) -> dict:
         "group_silu": lambda: torch.nn.Sequential(torch.nn.GroupNorm(32, channels), torch.nn.SiLU()),
         "instance": lambda: torch.nn.Sequential(torch.nn.InstanceNorm3d(channels, affine=True)),
         "batch": lambda: torch.nn.Sequential(torch.nn.BatchNorm3d(channels)),
+        "rms": lambda: torch.nn.Sequential(_wan_rms_norm(channels)),
     }[kind]().to(device, dtype)
     with torch.no_grad():
         for parameter in stock.parameters():
             parameter.normal_()
     return {"torch": stock, "tconv3d": tconv3d.nn.convert(copy.deepcopy(stock))}
+
+
+def norm_layers_at_hand(layers) -> list:
+    """The rows of `layers` (NORM_LAYERS') whose modules this environment can build: an "rms" row needs diffusers
+    (the bench's other scenarios do not)."""
+    has_diffusers = importlib.util.find_spec("diffusers") is not None
+    return [row for row in layers if row[1] != "rms" or has_diffusers]
+
+
+def _wan_rms_norm(channels: int) -> torch.nn.Module:
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    return WanRMS_norm(channels, images=False)
 
 
 def norm_case(kind: str, batch: int, channels: int, size, device) -> tuple[torch.Tensor, dict]:
@@ -607,7 +624,7 @@ def bench_norms(layers=None) -> list[dict]:
     bytes its passes move: forward, x read twice and y written; a backward after it, x and dy read twice and dx
     written)."""
     rows = []
-    for name, kind, batch, channels, size in layers or NORM_LAYERS:
+    for name, kind, batch, channels, size in norm_layers_at_hand(layers or NORM_LAYERS):
         x, modules = norm_case(kind, batch, channels, size, "cuda")
         steps = norm_steps(x, modules)
         for direction in ("fwd", "fwd+bwd"):

@@ -1102,7 +1102,7 @@ def _rms_norm_in_torch_ops(input, weight, bias, eps, activation="none", clamp=Fa
 
 
 def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="none", clamp=False):
-    return _norm_backward_fake(input)
+    return _norm_backward_fake(input, grad_dtype=parameter_grad_dtype(weight))
 
 
 @_define(

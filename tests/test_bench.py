@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import importlib.util
 import itertools
 import json
 
@@ -248,7 +249,7 @@ def test_host_overhead_benchmark_runs_on_cpu(tmp_path, capsys):
     assert all(set(times) == {"pointer", "tma"} for times in data["launch_us"].values())
     norms = data["norm_replay_us"]
     if "off" not in norms:
-        assert set(norms) == {name for name, *_ in host_overhead.NORM_CASES}, norms
+        assert set(norms) == {name for name, *_ in run.norm_layers_at_hand(host_overhead.NORM_CASES)}, norms
         assert all("refused" not in times for times in norms.values()), norms  # every norm call replays its plan
         assert all(t[d][p] > 0 for t in norms.values() for d in ("fwd", "step") for p in ("plans", "no_plans"))
     assert data["commit"] and data["triton"]
@@ -974,12 +975,17 @@ def test_skip_scenario_plans_the_geometries_its_launches_check():
 @pytest.mark.parametrize("kind", sorted({layer[1] for layer in run.NORM_LAYERS}))
 def test_norms_scenario_times_what_convert_makes_of_torchs_norms(kind, device):
     """bench_norms' pair of each kind computes the same normalization: torch's modules, and what tconv3d.nn.convert
-    makes of them (tconv3d's norm on the kernels, a GroupNorm's SiLU fused into it), in training mode; their
-    results and input gradients agree on a channels_last_3d input as the scenario hands them one."""
+    makes of them (tconv3d's norm on the kernels, a GroupNorm's SiLU fused into it; Wan's RMS norm adapted), in
+    training mode; their results and input gradients agree on a channels_last_3d input as the scenario hands them
+    one."""
+    if kind == "rms":
+        pytest.importorskip("diffusers")
+    from tconv3d.nn.convert import is_converted
+
     torch.manual_seed(0)
     modules = run.norm_modules(kind, 64, device)
     norm = modules["tconv3d"][0]
-    assert type(norm).__module__ == "tconv3d.nn.modules" and norm.training
+    assert is_converted(norm) and norm.training
     if kind == "group_silu":
         assert norm.activation == "silu" and type(modules["tconv3d"][1]) is torch.nn.Identity
     x = torch.randn(2, 64, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last_3d)
@@ -998,6 +1004,8 @@ def test_norms_scenario_runs_a_bf16_models_norms(kind, device):
     """bench_norms' input and modules are a bf16 model's, parameters and all: torch's CUDA GroupNorm refuses fp32
     parameters on a bf16 input (H200 run 8's norms scenario died on it; torch's CPU one takes them). Both modules
     answer a forward and backward of that input in bf16 (tconv3d's channels_last_3d)."""
+    if kind == "rms":
+        pytest.importorskip("diffusers")
     torch.manual_seed(0)
     x, modules = run.norm_case(kind, 2, 64, (3, 4, 5), device)
     assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last_3d) and x.requires_grad
@@ -1008,6 +1016,18 @@ def test_norms_scenario_runs_a_bf16_models_norms(kind, device):
         assert impl == "torch" or y.is_contiguous(memory_format=torch.channels_last_3d)
         (grad,) = torch.autograd.grad(y, x, torch.randn_like(y))
         assert grad.dtype == torch.bfloat16
+
+
+def test_norms_scenario_leaves_out_what_needs_a_missing_package(monkeypatch):
+    """Wan's RMS norm row needs diffusers: without it bench_norms and bench.host_overhead time the other rows (a
+    bench without the integrations' packages does not die on an ImportError)."""
+    assert any(kind == "rms" for _, kind, *_ in run.NORM_LAYERS)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "diffusers" else find_spec(name, *a)
+    )
+    kept = run.norm_layers_at_hand(run.NORM_LAYERS)
+    assert kept == [row for row in run.NORM_LAYERS if row[1] != "rms"] and kept
 
 
 def test_norms_scenario_is_in_the_report(tmp_path):

@@ -731,8 +731,10 @@ def test_norm_launches_and_allocations(device, monkeypatch):
     without (a = rstd * weight and b = bias taken where they are read, no fold of them); the backward's k1, k2, k3
     one table; parameter gradients written in the parameters' dtype (no casts after): allocations, the forward's
     partials, mean, rstd and output, the backward's partials, table, two parameter gradients and input gradient. A
-    BatchNorm3d's training forward one launch more, which moves both running statistics and counts the batch."""
-    from tconv3d.kernels import group_norm
+    BatchNorm3d's training forward one launch more, which moves both running statistics and counts the batch. The
+    RMS norm's (Wan's: a weight, no bias) backward two launches: its kernel, and one sum of both parameter
+    gradients' partials, written in the weight's dtype."""
+    from tconv3d.kernels import group_norm, rms_norm, split_k
 
     launched, real, stubbed = [], group_norm.launch, [False]
 
@@ -754,7 +756,8 @@ def test_norm_launches_and_allocations(device, monkeypatch):
     def allocations(ops) -> int:
         return sum(ops.count(op) for op in made)
 
-    monkeypatch.setattr(group_norm, "launch", recording)
+    for module in (group_norm, rms_norm, split_k):
+        monkeypatch.setattr(module, "launch", recording)
     x = leaf_copy(torch.randn(2, 8, 3, 4, 5, device=device, dtype=torch.bfloat16).contiguous(memory_format=CL))
     passes = ["channel_reduce", "fold", "affine"]
     for activation in (None, "silu"):
@@ -775,6 +778,16 @@ def test_norm_launches_and_allocations(device, monkeypatch):
     batch_norm(x)
     assert launched == [*passes, "running_statistics"]
     assert batch_norm.num_batches_tracked.item() == 1
+
+    weight = leaf_copy(torch.randn(8, device=device, dtype=torch.bfloat16))
+    launched.clear()
+    y = torch.ops.tconv3d.rms_norm(x, weight, None, 1e-6, "silu", True)
+    grad = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, weight), grad, retain_graph=True)
+    assert launched == ["rms_norm_fwd", "rms_norm_bwd", "sum_splits"], launched
+    assert all(g.dtype == torch.bfloat16 for g in grads)
+    ops = host_ops(lambda: torch.autograd.grad(y, (x, weight), grad))
+    assert "aten::_to_copy" not in ops and allocations(ops) == 4, ops  # partials, 2 parameter gradients, input's
 
 
 def test_batch_norm_runs_the_kernels_where_batch_statistics_normalize(device, monkeypatch):

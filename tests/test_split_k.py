@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import CASES, Case, conv_and_reference, leaf_copy
+from helpers import CASES, Case, conv_and_reference, dtype_id, leaf_copy
 
 import tconv3d
 from tconv3d import settings
@@ -243,3 +243,17 @@ def test_channel_sums_are_the_bias_gradient(shape, dtype, programs, view, device
         assert not got.any()
     else:
         assert rel_l2(got, want) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("numel", [1, 5, 1023, 1027], ids=lambda n: f"numel_{n}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_sum_splits_with_a_second_output(numel, dtype, device):
+    """sum_splits(partials, out, second): each split holds out's elements then second's, each summed over the
+    splits in split order in fp32 and rounded once into its output, a block straddling the two where 2 * numel is
+    not a multiple of the block: exactly the fp32 sums of a loop in that order, neither output's elements in the
+    other's (a kernel that summed one split, or mixed the halves up, misses by far)."""
+    partials = torch.randn(3, 2, numel, device=device) * 4 + 1
+    out, second = (torch.full((numel,), float("nan"), device=device, dtype=dtype) for _ in range(2))
+    split_k.sum_splits(partials, out, second)
+    want = partials[0] + partials[1] + partials[2]
+    assert torch.equal(out, want[0].to(dtype)) and torch.equal(second, want[1].to(dtype))

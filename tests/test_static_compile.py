@@ -225,10 +225,9 @@ for capability in ARCHS:
                 with compile_only(capability, launches):
                     rms_norm_fwd(x, w, w, 1e-6, "silu", clamp)
                     rms_norm_bwd(x, x, w, w, 1e-6, "silu", clamp)
-                for name, grid, warps, kernel, seconds, _ in launches:
-                    if name.startswith("_rms_norm"):  # not the split sums (compiled with every weight gradient)
-                        out.append(({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
-                                    "clamp": clamp}, kernel.asm["cubin"]))
+                for name, grid, warps, kernel, seconds, _ in launches:  # the backward's sum of both partials too
+                    out.append(({"kernel": name, "arch": capability, "dtype": str(dtype), "channels": channels,
+                                "clamp": clamp}, kernel.asm["cubin"]))
 print(json.dumps(report_rows(out)))
 """
 
@@ -370,9 +369,12 @@ def test_sass_read_in_one_run_is_cuobjdumps(records):
 def test_rms_norm_kernels_compile_without_spills_and_vectorised():
     """The rms_norm kernels for the static archs (sm_90 and sm_80; sm_90 alone under the GPU image's triton), bf16
     and fp32, rows of 96 to 4,096 channels (the widest a row may be), eps under the root and clamped, forward and
-    backward with SiLU: no spills, 128-bit loads along the contiguous channels."""
+    backward with SiLU, and the one sum of the backward's weight and bias partials: no spills, 128-bit loads along
+    the contiguous channels (and the partials)."""
     reports = compile_script(RMS_NORM_COMPILE)
-    assert len(reports) == 32 * len(STATIC_ARCHS)  # archs x 2 dtypes x 4 widths x 2 uses of eps x (fwd + bwd)
+    # archs x 2 dtypes x 4 widths x 2 uses of eps x (fwd, bwd, the partials' sum)
+    assert len(reports) == 48 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_sum_splits_kernel" for r in reports) == 16 * len(STATIC_ARCHS)
     for r in reports:
         assert r["sm"] == r["arch"], r  # sm_80's are not sm_90's cubins again (compile_only forgot this module)
         assert not r["spill_bytes"] and not r["local_accesses"], r

@@ -196,7 +196,8 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
 
 
 def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
-    """The kernel's backward in torch ops: its formula, fp32."""
+    """The kernel's backward in torch ops: its formula, fp32, the parameter gradients in parameter_grad_dtype(weight)
+    as the kernels write them."""
     xf, dz = x.float(), grad_out.float()
     divisor = _rms_divisor(xf, eps, clamp)
     normalized = xf / divisor
@@ -209,7 +210,8 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
         along = torch.where(divisor > eps, along, 0.0)
     grad_in = (g - normalized * along) * (1.0 / divisor)
     reduce = (0, 2, 3, 4)
-    return channels_last(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce), dz.sum(dim=reduce)
+    dtype = parameter_grad_dtype(weight)
+    return channels_last(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce).to(dtype), dz.sum(dim=reduce).to(dtype)
 
 
 def _rms_divisor(xf, eps: float, clamp: bool):

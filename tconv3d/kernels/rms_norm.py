@@ -10,8 +10,9 @@ the mean over one voxel's C channels. A channels_last_3d tensor holds each voxel
 of a (voxels, C) matrix, so one program normalises BLOCK_R whole rows (up to geometry.RMS_NORM_MAX_CHANNELS
 channels), loaded along C, in one read and one write (stock diffusers: an fp32 copy, the norm, the division, a
 cast back and the affine, each a pass of its own). fp32 arithmetic whatever the tensor dtype; the backward
-recomputes the norm (no per-voxel state is kept) and reduces the weight and bias gradients per program, summed on
-the host in a fixed order: deterministic, no atomics.
+recomputes the norm (no per-voxel state is kept) and reduces the weight and bias gradients per program, both summed
+over the programs in a fixed order by one launch after it: deterministic, no atomics, written in the weight's dtype
+(utils.parameter_grad_dtype: a bf16 model's backward casts nothing after).
 """
 
 import torch
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from .launch import launch
 from .split_k import sum_splits
-from .utils import cdiv, dense_voxels, empty_ndhwc, silu_grad
+from .utils import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype, silu_grad
 
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
 BACKWARD_ROWS = 256  # the most rows a backward program walks, reducing its weight and bias gradients over them
@@ -78,14 +79,15 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    x_ptr, dy_ptr, w_ptr, b_ptr, dx_ptr, dw_ptr, db_ptr, R, C, eps,
+    x_ptr, dy_ptr, w_ptr, b_ptr, dx_ptr, partial_ptr, R, C, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """For ROWS rows from program_id(0) * ROWS, BLOCK_R at a time, each whole in one block: with i the row's
     inverse_rms, x^ = x * i, dz = dy * act'(z) and g = dz * w,
         dx = (g - x^ * <g, x^> / C) * i,   or g * i where CLAMP clamped the divisor (a constant there),
-    and this program's sums over its rows of dz * x^ (dw) and dz (db) into row program_id(0) of dw and db."""
+    and this program's sums over its rows of dz * x^ (dw) and dz (db) into row program_id(0) of the (programs, 2, C)
+    partials, dw then db."""
     offs_c = tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
@@ -113,8 +115,9 @@ def _rms_norm_bwd_kernel(
             along = tl.where(tl.sqrt(mean_square) > eps, along, 0.0)
         dx = (g - normalized * along[:, None]) * inverse[:, None]
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    tl.store(dw_ptr + tl.program_id(0) * C + offs_c, dw, mask=mask_c)
-    tl.store(db_ptr + tl.program_id(0) * C + offs_c, db, mask=mask_c)
+    partial_ptr += tl.program_id(0).to(tl.int64) * 2 * C
+    tl.store(partial_ptr + offs_c, dw, mask=mask_c)
+    tl.store(partial_ptr + C + offs_c, db, mask=mask_c)
 
 
 def _blocks(channels: int) -> tuple[int, int]:
@@ -143,30 +146,32 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
 
 
 def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
-    """(grad_input channels_last_3d, grad_weight, grad_bias fp32 [C]) of rms_norm_fwd."""
+    """(grad_input channels_last_3d, grad_weight, grad_bias) of rms_norm_fwd, the last two [C] in
+    parameter_grad_dtype(weight)."""
     x, grad_out = dense_voxels(x), dense_voxels(grad_out)
     channels = x.shape[1]
     rows = x.numel() // channels if channels else 0
     grad_in = empty_ndhwc(x.shape, like=x)
     if rows == 0:
-        zeros = torch.zeros(channels, device=x.device)
+        zeros = torch.zeros(channels, device=x.device, dtype=parameter_grad_dtype(weight))
         return grad_in, zeros, zeros.clone()
     block_r, block_c = _blocks(channels)
     row_steps = min(BACKWARD_ROWS, cdiv(rows, BACKWARD_PROGRAMS))
     row_steps = max(block_r, cdiv(row_steps, block_r) * block_r)  # whole BLOCK_R steps
     programs = cdiv(rows, row_steps)
-    # each program's sums of the weight and bias gradients (two buffers, not views of one: a compiled graph would
-    # scatter each kernel's writes back into their base)
-    dw_partials, db_partials = (
-        torch.empty((programs, channels), dtype=torch.float32, device=x.device) for _ in range(2)
-    )
+    # each program's sums of the weight and bias gradients, side by side (one buffer, no views of it: a compiled
+    # graph would scatter a kernel's writes to a view back into its base)
+    partials = torch.empty((programs, 2, channels), dtype=torch.float32, device=x.device)
     launch(
         _rms_norm_bwd_kernel, (programs,),
         x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
-        dw_partials, db_partials, rows, channels, eps,
+        partials, rows, channels, eps,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
         CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
-    # summed over the programs in their order (deterministic), one launch each
-    grad_weight, grad_bias = (torch.empty(channels, dtype=torch.float32, device=x.device) for _ in range(2))
-    return grad_in, sum_splits(dw_partials, grad_weight), sum_splits(db_partials, grad_bias)
+    # both summed over the programs in their order (deterministic), in one launch
+    grad_weight, grad_bias = (
+        torch.empty(channels, dtype=parameter_grad_dtype(weight), device=x.device) for _ in range(2)
+    )
+    sum_splits(partials, grad_weight, grad_bias)
+    return grad_in, grad_weight, grad_bias

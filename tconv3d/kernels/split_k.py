@@ -17,14 +17,20 @@ from .utils import cdiv, dense_voxels
 
 
 @triton.jit
-def _sum_splits_kernel(partial_ptr, out_ptr, NUMEL, SPLITS, BLOCK: tl.constexpr):
-    """out[i] = sum over s of partial[s, i], always in the order s = 0, 1, ...: deterministic, no atomics."""
+def _sum_splits_kernel(partial_ptr, out_ptr, second_ptr, NUMEL, SPLITS, SECOND: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = sum over s of partial[s, i], always in the order s = 0, 1, ...: deterministic, no atomics. With
+    SECOND, a split holds 2 * NUMEL elements, out's then second's: second[i] = sum over s of partial[s, NUMEL + i]."""
+    width = 2 * NUMEL if SECOND else NUMEL
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < NUMEL
+    mask = offs < width
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(SPLITS):
-        total += tl.load(partial_ptr + s * NUMEL + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        total += tl.load(partial_ptr + s * width + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=offs < NUMEL)
+    if SECOND:
+        second = offs >= NUMEL
+        offs_second = tl.where(second, offs - NUMEL, 0)
+        tl.store(second_ptr + offs_second, total.to(second_ptr.dtype.element_ty), mask=mask & second)
 
 
 def ndhwc_partials(dst: torch.Tensor, splits: int) -> torch.Tensor:
@@ -36,12 +42,17 @@ def ndhwc_partials(dst: torch.Tensor, splits: int) -> torch.Tensor:
                        memory_format=torch.channels_last_3d)  # fmt: skip
 
 
-def sum_splits(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def sum_splits(partials: torch.Tensor, out: torch.Tensor, second: torch.Tensor | None = None) -> torch.Tensor:
     """out = the sum of the splits in `partials`, in split order: `out` is dense and each split of `partials`
-    holds its elements in out's memory order, back to back."""
+    holds its elements in out's memory order, back to back. With `second` (dense, as many elements as out), each
+    split holds out's elements then second's, and second = the sum of those: two sums in one launch."""
     numel = out.numel()
-    splits = partials.numel() // max(numel, 1)
-    launch(_sum_splits_kernel, (cdiv(numel, SPLIT_SUM_BLOCK),), partials, out, numel, splits, BLOCK=SPLIT_SUM_BLOCK)
+    width = 2 * numel if second is not None else numel
+    splits = partials.numel() // max(width, 1)
+    launch(
+        _sum_splits_kernel, (cdiv(width, SPLIT_SUM_BLOCK),), partials, out, second if second is not None else out,
+        numel, splits, SECOND=second is not None, BLOCK=SPLIT_SUM_BLOCK,
+    )  # fmt: skip
     return out
 
 
