@@ -591,6 +591,11 @@ def check_group_norm(input, weight, bias, groups, activation, channels_after=Non
         )
 
 
+# The norms' fused activations, their ops' `activation` argument; the index is the kernels' ACTIVATION code
+# (kernels/utils.activated)
+NORM_ACTIVATIONS = ("none", "silu", "relu")
+
+
 def _check_norm(input, weight, bias, groups, activation, channels_after=None) -> int:
     """check_group_norm's checks but the values a group (rms_norm's too, with one group): the channels."""
     check_tensors(input=input, channels_after=channels_after)
@@ -607,8 +612,8 @@ def _check_norm(input, weight, bias, groups, activation, channels_after=None) ->
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (channels,):
             raise ValueError(f"{name} must have shape ({channels},), got {tuple(t.shape)}")
-    if activation not in ("none", "silu"):
-        raise ValueError(f"activation must be 'none' or 'silu', got {activation!r}")
+    if activation not in NORM_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(map(repr, NORM_ACTIVATIONS))}, got {activation!r}")
     return channels
 
 

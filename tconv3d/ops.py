@@ -889,7 +889,8 @@ _batching_rule("conv3d_weight_grad", shared=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# group norm (instance norm = groups == channels), optionally with SiLU fused
+# group norm (instance norm = groups == channels), optionally with an activation fused (SiLU or ReLU:
+# geometry.NORM_ACTIVATIONS)
 
 
 def _group_norm_fake(input, weight, bias, groups, eps, activation="none", channels_after=None):
@@ -1072,7 +1073,7 @@ _batching_rule("group_norm", shared=(1, 2))
 
 # ---------------------------------------------------------------------------------------------------------------
 # rms norm: each voxel's channels divided by their root mean square (eps added under the root, or with `clamp` the
-# root clamped to at least eps), then affine, optionally SiLU
+# root clamped to at least eps), then affine, optionally an activation (SiLU or ReLU)
 
 
 def _rms_norm_fake(input, weight, bias, eps, activation="none", clamp=False):

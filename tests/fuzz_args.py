@@ -88,6 +88,7 @@ GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
 # same constructor, the same values; what `convert` swaps into a model. Their call is the constructor's arguments.
 DROP_INS = ("nn.Upsample", "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.BatchNorm3d")
 NORM_DROP_INS = ("nn.InstanceNorm3d", "nn.BatchNorm3d")  # their constructors take num_features, eps, affine
+FUSED = {"silu": torch.nn.SiLU, "relu": torch.nn.ReLU}  # the norms' fused activations, as torch's modules
 # The entries whose calls a torch.nn module makes too: drawn (30%) as that module taken over by tconv3d.nn.convert.
 CONVERTIBLE = ("nn.Conv3d", "nn.ConvTranspose3d", "nn.GroupNorm", *DROP_INS)
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
@@ -130,7 +131,7 @@ def valid_call(rng: random.Random) -> dict:
     if entry in VOXEL_OPS:
         return dict(entry=entry, batch=rng.choice((1, 2)), c_in=rng.randint(1, 8), after=0,
                     size=[rng.randint(1, 4) for _ in range(3)], affine=rng.random() < 0.7,
-                    eps=rng.choice((1e-6, 1e-12)), activation=rng.choice(("none", "silu")), clamp=rng.random() < 0.5,
+                    eps=rng.choice((1e-6, 1e-12)), activation=rng.choice(("none", *FUSED)), clamp=rng.random() < 0.5,
                     factors=[rng.choice((1, 2)) for _ in range(3)],
                     dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
                     grad=rng.random() < 0.3, mutations=[])  # fmt: skip
@@ -169,7 +170,7 @@ def _valid_norm_call(rng: random.Random, entry: str) -> dict:
     after = groups * rng.randint(1, 2) if rng.random() < 0.25 else 0
     return dict(entry=entry, batch=rng.choice((1, 2)), c_in=groups * rng.randint(1, 3), after=after,
                 size=[rng.randint(1, 4) for _ in range(3)], groups=groups, affine=rng.random() < 0.7,
-                eps=rng.choice((1e-5, 1e-6, 1e-3)), activation=rng.choice(("none", "silu")),
+                eps=rng.choice((1e-5, 1e-6, 1e-3)), activation=rng.choice(("none", *FUSED)),
                 dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
                 grad=rng.random() < 0.3, mutations=[])  # fmt: skip
 
@@ -199,10 +200,11 @@ def _valid_drop_in_call(rng: random.Random, entry: str) -> dict:
                         ceil_mode=rng.random() < 0.5, count_include_pad=rng.random() < 0.5)  # fmt: skip
     elif entry == "nn.InstanceNorm3d":
         ctor = dict(eps=rng.choice((1e-5, 1e-6, 1e-3)), affine=rng.random() < 0.5,
-                    activation=rng.choice((None, "silu")))  # fmt: skip
+                    activation=rng.choice((None, *FUSED)))  # fmt: skip
     else:
         ctor = dict(eps=rng.choice((1e-5, 1e-6, 1e-3)), affine=rng.random() < 0.7,
-                    momentum=rng.choice((0.1, 0.1, 0.5, None)), track_running_stats=rng.random() < 0.8)  # fmt: skip
+                    momentum=rng.choice((0.1, 0.1, 0.5, None)), track_running_stats=rng.random() < 0.8,
+                    activation=rng.choice((None, None, *FUSED)))  # fmt: skip
     return dict(entry=entry, batch=rng.choice((1, 2)), c_in=rng.randint(1, 4), after=0, size=size, ctor=ctor,
                 affine=entry in NORM_DROP_INS and ctor["affine"], train=rng.random() < 0.7,
                 dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
@@ -247,7 +249,7 @@ def _norm_mutations(call: dict) -> dict:
         "input_rank_6": setter("input_rank", 6),
         "eps_0": setter("eps", 0.0),
         "eps_negative": setter("eps", -1.0),
-        "activation_bogus": setter("activation", "relu"),
+        "activation_bogus": setter("activation", "gelu"),
         "skip_wrong_size": setter("after_shape", "wrong_h"),
         "skip_other_dtype": setter("after_dtype", "other"),
     }
@@ -337,9 +339,8 @@ def _drop_in_mutations(call: dict) -> dict:
             "affine": lambda c: (c.__setitem__("affine", True), ctor(affine=True)(c)),
             "weight_other_float": _setter("weight_dtype", "other"),
         })  # fmt: skip
-        if call["entry"] == "nn.InstanceNorm3d":
-            m["activation_bogus"] = ctor(activation="relu")
-        else:
+        m["activation_bogus"] = ctor(activation="gelu")
+        if call["entry"] == "nn.BatchNorm3d":
             m.update(no_running_stats=ctor(track_running_stats=False), momentum_1=ctor(momentum=1.0),
                      eval=_setter("train", False))  # fmt: skip
     return m
@@ -744,7 +745,7 @@ def _converted(call: dict, t: dict):
     second source, another activation, a constructor torch's refuses): the entry's own module runs it then."""
     entry = call["entry"]
     activation = call["ctor"].get("activation") if entry in DROP_INS else call.get("activation")
-    if activation not in (None, "none", "silu") or t.get("channels_after") is not None:
+    if activation not in (None, "none", *FUSED) or t.get("channels_after") is not None:
         return None
     try:
         with warnings.catch_warnings():
@@ -757,7 +758,7 @@ def _converted(call: dict, t: dict):
                 module = _module(call, t, torch.nn)
     except Exception:
         return None
-    layers = [module, torch.nn.SiLU()] if activation == "silu" else [module]
+    layers = [module, FUSED[activation]()] if activation in FUSED else [module]
     return tconv3d.nn.convert(torch.nn.Sequential(*layers))
 
 
@@ -844,7 +845,7 @@ def theirs(call: dict, t: dict, dtype=None):
         return _theirs_voxel_op(call, {name: cast(v) for name, v in t.items()})
     if call["entry"] in DROP_INS:
         activation = call["ctor"].get("activation")
-        if activation not in (None, "silu"):
+        if activation not in (None, *FUSED):
             raise ValueError(f"activation {activation!r}")
         x = cast(t["input"])
         ctor = call["ctor"]
@@ -869,7 +870,7 @@ def theirs(call: dict, t: dict, dtype=None):
                 if not (x.dtype in (torch.float16, torch.bfloat16) and "not implemented for" in str(error)):
                     raise
                 y = module.float()(x.float()).to(x.dtype)
-        return F.silu(y) if activation == "silu" else y
+        return _activated(y, activation)
     x, w, b = cast(t["input"]), cast(t["weight"]), cast(t["bias"])
     stride = _int_argument(call["stride"], 1)
     entry = call["entry"]
@@ -955,7 +956,7 @@ def _theirs_norm(call: dict, t: dict):
     if call["entry"] == "nn.GroupNorm":  # torch's constructor first, as tconv3d.nn's runs it first
         module = _norm_module(call, t, torch.nn.GroupNorm)
     if call["entry"] == "op.group_norm":
-        if call["activation"] not in ("none", "silu"):
+        if call["activation"] not in ("none", *FUSED):
             raise ValueError(f"activation {call['activation']!r}")
         if x.dim() != 5:
             raise ValueError("the op takes a 5-D input")
@@ -968,14 +969,19 @@ def _theirs_norm(call: dict, t: dict):
         t = _parameters_as(t, x.dtype)
     if call["entry"] == "nn.GroupNorm":
         module = _norm_module(call, {**t, "input": x, "channels_after": None}, torch.nn.GroupNorm)  # its dtypes
-        if call["activation"] not in ("none", "silu"):  # after torch's constructor, as tconv3d.nn's checks it
+        if call["activation"] not in ("none", *FUSED):  # after torch's constructor, as tconv3d.nn's checks it
             raise ValueError(f"activation {call['activation']!r}")
         y = module(x)
     else:
         if t["weight"] is not None and t["bias"] is not None and t["weight"].device != t["bias"].device:
             raise ValueError("weight and bias on two devices")
         y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
-    return F.silu(y) if call["activation"] == "silu" else y
+    return _activated(y, call["activation"])
+
+
+def _activated(y, activation):
+    """A norm's fused activation (None or "none", or a key of FUSED) in torch's ops."""
+    return FUSED[activation]()(y) if activation in FUSED else y
 
 
 def _parameters_as(t: dict, dtype: torch.dtype) -> dict:
@@ -1001,7 +1007,7 @@ def _theirs_voxel_op(call: dict, t: dict):
         if len(factors) != 3 or any(type(f) is not int or f not in (1, 2) for f in factors):
             raise ValueError(f"factors {factors!r}: the op takes 3 ints, each 1 or 2")
         return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear", align_corners=False)
-    if call["activation"] not in ("none", "silu"):
+    if call["activation"] not in ("none", *FUSED):
         raise ValueError(f"activation {call['activation']!r}")
     w, b = t["weight"], t["bias"]
     for p in (w, b):
@@ -1014,7 +1020,7 @@ def _theirs_voxel_op(call: dict, t: dict):
         y = y * w.to(y.dtype).view(1, -1, 1, 1, 1)
     if b is not None:
         y = y + b.to(y.dtype).view(1, -1, 1, 1, 1)
-    return F.silu(y) if call["activation"] == "silu" else y
+    return _activated(y, call["activation"])
 
 
 # ------------------------------------------------------------------------------------------------------ the check

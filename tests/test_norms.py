@@ -27,13 +27,17 @@ CASES = [
 ]
 
 
+# The fused activations as torch computes them (the ops' `activation` names; the modules' None is "none")
+ACTIVATE = {"none": lambda y: y, None: lambda y: y, "silu": F.silu, "relu": F.relu}
+FUSED = ["none", "silu", "relu"]
+
+
 def reference(x, weight, bias, groups, eps, activation):
-    y = F.group_norm(x, groups, weight, bias, eps)
-    return F.silu(y) if activation == "silu" else y
+    return ACTIVATE[activation](F.group_norm(x, groups, weight, bias, eps))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("activation", FUSED)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def test_group_norm_matches_float64(case, affine, activation, dtype, device):
@@ -84,7 +88,7 @@ def test_gradients_through_the_statistics_match_float64(read, device):
         assert all(t.grad is None or not t.grad.any() for t in (weight, bias))
 
 
-@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("activation", FUSED)
 @pytest.mark.parametrize(("shape", "groups"), [((2, 32, 4, 4, 4), 32), ((2, 32, 4, 4, 4), 4), ((2, 16, 4, 20, 20), 4)])
 def test_offset_activations_keep_their_digits(shape, groups, activation, device):
     """Activations whose mean is a thousand standard deviations: the norm centers x before it scales it, in both
@@ -96,7 +100,7 @@ def test_offset_activations_keep_their_digits(shape, groups, activation, device)
         n, c = x.shape[:2]
         y = F.instance_norm(x.reshape(1, n * groups, -1), eps=1e-5).reshape(x.shape)
         y = y * weight.view(1, c, 1, 1, 1) + bias.view(1, c, 1, 1, 1)
-        return F.silu(y) if activation == "silu" else y
+        return ACTIVATE[activation](y)
 
     x = (1000 + torch.randn(shape, dtype=torch.float64)).contiguous(memory_format=CL)
     params = [torch.randn(shape[1], dtype=torch.float64) for _ in range(2)]
@@ -115,12 +119,26 @@ def test_offset_activations_keep_their_digits(shape, groups, activation, device)
 
 
 def test_a_test_can_fail_on_the_fused_activation(device):
-    """The fused SiLU is really applied: without it the output is far from GroupNorm -> SiLU."""
+    """The fused SiLU and ReLU are really applied, each its own: without one, or with the other, the output is far
+    from GroupNorm -> it, and so is the input gradient (ReLU's passes dy where the output is positive, nothing
+    elsewhere). ReLU keeps a NaN (torch's; a max would answer 0)."""
     x = torch.randn(1, 4, 2, 3, 3, device=device)
     plain = torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "none")[0]
-    fused = torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "silu")[0]
-    assert rel_l2(fused, F.silu(plain)) < TOLERANCE[torch.float32]
-    assert rel_l2(plain, F.silu(plain)) > 0.1
+    for activation in ("silu", "relu"):
+        fused = torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, activation)[0]
+        assert rel_l2(fused, ACTIVATE[activation](plain)) < TOLERANCE[torch.float32]
+        others = {"none": plain, "silu": F.silu(plain), "relu": F.relu(plain)}
+        assert all(rel_l2(fused, y) > 0.1 for name, y in others.items() if name != activation)
+    leaf = x.clone().requires_grad_()
+    grad = torch.randn_like(x)
+    (ours,) = torch.autograd.grad(torch.ops.tconv3d.group_norm(leaf, None, None, 2, 1e-5, "relu")[0], leaf, grad)
+    (theirs,) = torch.autograd.grad(F.relu(F.group_norm(leaf, 2, eps=1e-5)), leaf, grad)
+    (unmasked,) = torch.autograd.grad(F.group_norm(leaf, 2, eps=1e-5), leaf, grad)
+    assert rel_l2(ours, theirs) < TOLERANCE[torch.float32] and rel_l2(ours, unmasked) > 0.1
+    nan = x.clone()
+    nan[0, 0, 0, 0, 0] = float("nan")  # its group's statistics NaN: the group's outputs NaN, through ReLU too
+    y = torch.ops.tconv3d.group_norm(nan.contiguous(memory_format=CL), None, None, 2, 1e-5, "relu")[0]
+    assert y[:, :2].isnan().all() and not y[:, 2:].isnan().any()
 
 
 def test_input_in_any_layout_and_deterministic_gradients(device):
@@ -176,15 +194,15 @@ def test_bad_group_norm_arguments(shape, groups, weight_shape, error, message):
     weight = torch.randn(weight_shape) if weight_shape else None
     with pytest.raises(error, match=message):
         torch.ops.tconv3d.group_norm(torch.randn(shape), weight, None, groups, 1e-5, "none")
-    with pytest.raises(ValueError, match="activation must be"):
-        torch.ops.tconv3d.group_norm(torch.randn(1, 6, 2, 3, 3), None, None, 2, 1e-5, "relu")
+    with pytest.raises(ValueError, match="activation must be one of 'none', 'silu', 'relu', got 'gelu'"):
+        torch.ops.tconv3d.group_norm(torch.randn(1, 6, 2, 3, 3), None, None, 2, 1e-5, "gelu")
 
 
 def test_opcheck_group_norm(device):
     x = torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(6, device=device, requires_grad=True)
     b = torch.randn(6, device=device, requires_grad=True)
-    for activation in ("none", "silu"):
+    for activation in FUSED:
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, activation))
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, activation))
 
@@ -201,7 +219,7 @@ SOURCES = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("activation", FUSED)
 @pytest.mark.parametrize("case", SOURCES, ids=lambda c: c[0])
 def test_group_norm_of_a_concatenation_read_in_place(case, activation, dtype, device):
     """group_norm(input, ..., channels_after) normalizes torch.cat([input, channels_after], dim=1) (a diffusion
@@ -279,7 +297,7 @@ def test_group_norm_module_takes_channels_after(device):
     assert rel_l2(ours(*frames), F.silu(stock(torch.cat(frames, 1)))) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("activation", [None, "silu", "relu"])
 def test_group_norm_module_is_a_drop_in(activation, device):
     torch.manual_seed(0)
     stock = nn.GroupNorm(4, 8).to(device)
@@ -289,12 +307,11 @@ def test_group_norm_module_is_a_drop_in(activation, device):
     ours.load_state_dict(stock.state_dict())
     assert list(ours.state_dict()) == list(stock.state_dict())
     x = torch.randn(2, 8, 3, 4, 5, device=device)
-    expected = stock(x) if activation is None else F.silu(stock(x))
-    assert rel_l2(ours(x), expected) < TOLERANCE[torch.float32]
+    assert rel_l2(ours(x), ACTIVATE[activation](stock(x))) < TOLERANCE[torch.float32]
     assert ours(x).is_contiguous(memory_format=CL)
     flat = torch.randn(2, 8, 6, device=device)  # not 5-D: torch's group_norm
-    assert rel_l2(ours(flat), stock(flat) if activation is None else F.silu(stock(flat))) < TOLERANCE[torch.float32]
-    assert "activation='silu'" in repr(ours) or activation is None
+    assert rel_l2(ours(flat), ACTIVATE[activation](stock(flat))) < TOLERANCE[torch.float32]
+    assert f"activation={activation!r}" in repr(ours) or activation is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -387,20 +404,56 @@ def test_a_float64_instance_norm_is_torchs(affine, device):
         assert all(map(torch.equal, ours_grads, torch.autograd.grad(stock(x), (x, *stock.parameters()), g)))
 
 
-def test_convert_swaps_norms_and_fuses_silu(device):
+def test_convert_swaps_norms_and_fuses_activations(device):
+    """A norm (GroupNorm, InstanceNorm3d, BatchNorm3d) followed by nn.SiLU or nn.ReLU (in place or not: a
+    DenseNet's) in an nn.Sequential becomes one fused norm, the activation's slot an nn.Identity; a norm followed by
+    anything else (LeakyReLU, a conv, nothing) keeps it. Training, the output and the input gradient are stock's."""
     model = nn.Sequential(nn.GroupNorm(2, 4), nn.SiLU(), nn.Conv3d(4, 4, 3, padding=1), nn.InstanceNorm3d(4),
-                          nn.SiLU(), nn.GroupNorm(2, 4)).to(device)  # fmt: skip
-    x = torch.randn(1, 4, 3, 5, 5, device=device)
-    expected = model(x).detach()
+                          nn.SiLU(), nn.BatchNorm3d(4), nn.ReLU(inplace=True), nn.GroupNorm(2, 4), nn.ReLU(),
+                          nn.InstanceNorm3d(4), nn.LeakyReLU(), nn.GroupNorm(2, 4)).to(device)  # fmt: skip
+    x = torch.randn(2, 4, 3, 5, 5, device=device, requires_grad=True)
+    grad = torch.randn_like(x)
+    expected = model(x)
+    (expected_grad,) = torch.autograd.grad(expected, x, grad)
     state = model.state_dict()
     tconv3d.nn.convert(model)
-    assert type(model[0]) is tconv3d.nn.GroupNorm and model[0].activation == "silu"
-    assert type(model[1]) is nn.Identity and type(model[4]) is nn.Identity
-    assert type(model[3]) is tconv3d.nn.InstanceNorm3d and model[3].activation == "silu"
-    assert type(model[5]) is tconv3d.nn.GroupNorm and model[5].activation is None
+    fused = {0: "silu", 3: "silu", 5: "relu", 7: "relu", 9: None, 11: None}
+    assert {i: model[i].activation for i in fused} == fused
+    assert [type(model[i]) for i in (0, 3, 5, 7)] == [tconv3d.nn.GroupNorm, tconv3d.nn.InstanceNorm3d,
+                                                       tconv3d.nn.BatchNorm3d, tconv3d.nn.GroupNorm]  # fmt: skip
+    assert all(type(model[i]) is nn.Identity for i in (1, 4, 6, 8)) and type(model[10]) is nn.LeakyReLU
     assert list(model.state_dict()) == list(state)
     y = model(x)
+    (y_grad,) = torch.autograd.grad(y, x, grad)
     assert rel_l2(y, expected) < TOLERANCE[torch.float32] and y.is_contiguous(memory_format=CL)
+    assert rel_l2(y_grad, expected_grad) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("activation", ["silu", "relu"])
+def test_batch_norm_with_a_fused_activation(activation, device):
+    """tconv3d.nn.BatchNorm3d(activation=...) is nn.BatchNorm3d then the activation: training on the kernels
+    (output, input and parameter gradients, running statistics) and eval by the running statistics (torch's
+    batch_norm, then the activation) against float64; an activation it does not fuse is refused by name."""
+    torch.manual_seed(0)
+    stock = nn.BatchNorm3d(6).to(device).double()
+    with torch.no_grad():
+        stock.weight.normal_(), stock.bias.normal_()
+    ours = tconv3d.nn.BatchNorm3d(6, activation=activation).to(device)
+    ours.load_state_dict(stock.state_dict())
+    assert f"activation={activation!r}" in repr(ours)
+    x = leaf_copy(torch.randn(2, 6, 3, 4, 5, device=device).contiguous(memory_format=CL))
+    reference = leaf_copy(x.detach().double())
+    for train in (True, False):
+        ours.train(train), stock.train(train)
+        y, expected = ours(x), ACTIVATE[activation](stock(reference))
+        assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+        grad = torch.randn_like(expected)
+        got = torch.autograd.grad(y, [x, *ours.parameters()], grad.float())
+        want = torch.autograd.grad(expected, [reference, *stock.parameters()], grad)
+        assert all(rel_l2(g, w) < TOLERANCE[torch.float32] for g, w in zip(got, want, strict=True))
+        assert rel_l2(ours.running_var, stock.running_var) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match="activation must be None, 'silu' or 'relu', got 'gelu'"):
+        tconv3d.nn.BatchNorm3d(6, activation="gelu")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -427,11 +480,11 @@ def rms_reference(x, weight, bias, eps, activation, clamp):
         y = F.rms_norm(x.movedim(1, -1), (x.shape[1],), eps=eps).movedim(-1, 1)
     y = y * weight.view(1, -1, 1, 1, 1) if weight is not None else y
     y = y + bias.view(1, -1, 1, 1, 1) if bias is not None else y
-    return F.silu(y) if activation == "silu" else y
+    return ACTIVATE[activation](y)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("activation", FUSED)
 @pytest.mark.parametrize("params", ["weight_bias", "weight", "plain"])
 @pytest.mark.parametrize("clamp", [False, True], ids=["rms", "clamp"])
 @pytest.mark.parametrize("case", RMS_CASES, ids=lambda c: c[0])
@@ -534,7 +587,7 @@ def test_opcheck_rms_norm(device):
     x = torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(6, device=device, requires_grad=True)
     b = torch.randn(6, device=device, requires_grad=True)
-    for activation in ("none", "silu"):
+    for activation in FUSED:
         torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, w, b, 1e-12, activation, True))
         torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, None, None, 1e-6, activation))
 

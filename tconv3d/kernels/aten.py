@@ -155,9 +155,7 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
-    y = (xf - center) * a + b
-    if activation == "silu":
-        y = F.silu(y)
+    y = _activated((xf - center) * a + b, activation)
     return channels_last(y.to(x.dtype)), mean, rstd
 
 
@@ -173,8 +171,8 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
-    if activation == "silu":
-        dy = dy * _silu_grad(centered * a + b)
+    if activation != "none":
+        dy = _activation_backward(dy, centered * a + b, activation)
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
@@ -189,9 +187,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
     """The rms_norm kernel's forward in torch ops, fp32: act(x / divisor(x) * weight + bias)."""
     xf = x.float()
-    y = _channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias)
-    if activation == "silu":
-        y = F.silu(y)
+    y = _activated(_channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias), activation)
     return channels_last(y.to(x.dtype))
 
 
@@ -201,8 +197,8 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     xf, dz = x.float(), grad_out.float()
     divisor = _rms_divisor(xf, eps, clamp)
     normalized = xf / divisor
-    if activation == "silu":
-        dz = dz * _silu_grad(_channel_affine(normalized, weight, bias))
+    if activation != "none":
+        dz = _activation_backward(dz, _channel_affine(normalized, weight, bias), activation)
     per_channel = lambda t: t.float().view(1, -1, 1, 1, 1)  # noqa: E731
     g = dz * per_channel(weight) if weight is not None else dz
     along = (g * normalized).mean(dim=1, keepdim=True)
@@ -230,10 +226,17 @@ def _channel_affine(normalized, weight, bias):
     return normalized
 
 
-def _silu_grad(z):
-    """d/dz of z * sigmoid(z), as the kernels' utils.silu_grad."""
+def _activated(z, activation: str):
+    """act(z) of the norms' fused `activation` (geometry.NORM_ACTIVATIONS)."""
+    return F.silu(z) if activation == "silu" else F.relu(z) if activation == "relu" else z
+
+
+def _activation_backward(dy, z, activation: str):
+    """dy * act'(z), as the kernels' utils.activation_backward: SiLU's derivative, or ReLU's select."""
+    if activation == "relu":
+        return torch.where(z > 0, dy, 0.0)
     sig = torch.sigmoid(z)
-    return sig * (1 + z * (1 - sig))
+    return dy * (sig * (1 + z * (1 - sig)))
 
 
 # Forward-mode derivatives (tangents) of the norms, in torch ops, fp32, on every device: the kernels compute
@@ -281,8 +284,8 @@ def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, ac
         t_z = t_z + _channel_affine(normalized, t_weight, None)
     if t_bias is not None:
         t_z = t_z + t_bias.float().view(1, -1, 1, 1, 1)
-    if activation == "silu":
-        t_z = t_z * _silu_grad(_channel_affine(normalized, weight, bias))
+    if activation != "none":
+        t_z = _activation_backward(t_z, _channel_affine(normalized, weight, bias), activation)
     return t_z
 
 

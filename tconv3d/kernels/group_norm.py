@@ -1,5 +1,5 @@
-"""GroupNorm on NDHWC tensors (InstanceNorm is its groups == channels case), with an optional fused SiLU: two
-Triton kernels and their launchers.
+"""GroupNorm on NDHWC tensors (InstanceNorm is its groups == channels case), with an optional fused activation
+(SiLU or ReLU: geometry.NORM_ACTIVATIONS): its Triton kernels and their launchers.
 
 Viewed as (N, S = D*H*W voxels, C), a channels_last_3d tensor has each voxel's channels contiguous, so every
 kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised along C:
@@ -31,10 +31,10 @@ import triton
 import triton.language as tl
 
 from .. import settings
+from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
-from .utils import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype, silu_grad
+from .utils import activated, activation_backward, cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
 
-ACTIVATIONS = ("none", "silu")
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
 # The affine kernel's voxels a tile. Each element's value is its own formula's, whatever the tile, so the interpreter,
 # which runs a program at a time in Python, takes 16x fewer, larger ones (a converted DenseNet121's 120 BatchNorms
@@ -65,16 +65,16 @@ def _channel_reduce_kernel(
     x_ptr, dy_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, out_ptr,
     S, C, C0, SPLIT_S, GROUPS, PER_GROUP,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_os, stride_oq,
-    BACKWARD: tl.constexpr, SILU: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over
-    the split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
-    through the activation (SILU) at (x - mean) * a + b (_scale_shift: a = rstd * weight, b = bias) and mean and
-    rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a
-    source of a concatenation along C; C0 = 0 and C all of them without one): dy, weight, bias and out are the
-    concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart. Grid (N,
-    channel blocks, splits)."""
+    """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over the
+    split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
+    through the activation (ACTIVATION, a code of geometry.NORM_ACTIVATIONS) at (x - mean) * a + b (_scale_shift:
+    a = rstd * weight, b = bias) and mean and rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels,
+    the concatenation's C0 .. C0 + C (a source of a concatenation along C; C0 = 0 and C all of them without one):
+    dy, weight, bias and out are the concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv
+    and stride_dv apart. Grid (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -85,7 +85,7 @@ def _channel_reduce_kernel(
     if BACKWARD:
         dy_base = dy_ptr + n.to(tl.int64) * stride_dn
         center = tl.load(mean_ptr + n * GROUPS + wide_c // PER_GROUP, mask=mask_c, other=0.0)
-        if SILU:
+        if ACTIVATION != 0:
             a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, wide_c, mask_c, HAS_WEIGHT,
                                 HAS_BIAS)  # fmt: skip
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
@@ -99,8 +99,8 @@ def _channel_reduce_kernel(
         if BACKWARD:
             dy = tl.load(dy_base + voxels * stride_dv + wide_c[None, :], mask=mask, other=0.0).to(tl.float32)
             centered = x - center[None, :]  # outside the mask dy is 0
-            if SILU:
-                dy = dy * silu_grad(centered * a[None, :] + b[None, :])
+            if ACTIVATION != 0:
+                dy = activation_backward(dy, centered * a[None, :] + b[None, :], ACTIVATION)
             first += tl.sum(dy, axis=0)
             second += tl.sum(dy * centered, axis=0)
         else:
@@ -126,14 +126,14 @@ def _affine_kernel(
     x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr,
     S, C, C0, GROUPS, PER_GROUP,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
-    BACKWARD: tl.constexpr, SILU: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
-    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through SILU); k1, k2, k3 are coef's
-    fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd are [N,
-    GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
+    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through an ACTIVATION); k1, k2, k3
+    are coef's fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd
+    are [N, GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
     concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov
     apart. Grid (voxel blocks, channel blocks, N)."""
     n = tl.program_id(2)
@@ -145,7 +145,7 @@ def _affine_kernel(
     wide_c = (C0 + offs_c)[None, :]  # the channels in the concatenation
     x = tl.load(x_ptr + n.to(tl.int64) * stride_xn + voxels * stride_xv + offs_c[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32) - tl.load(mean_ptr + n * GROUPS + (C0 + offs_c) // PER_GROUP, mask=mask_c, other=0.0)[None, :]
-    if SILU or not BACKWARD:
+    if ACTIVATION != 0 or not BACKWARD:
         a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, C0 + offs_c, mask_c, HAS_WEIGHT,
                             HAS_BIAS)  # fmt: skip
         z = x * a[None, :] + b[None, :]
@@ -153,8 +153,8 @@ def _affine_kernel(
         coefficients = coef_ptr + n * stride_an + C0 + offs_c
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
         dy = dy.to(tl.float32)
-        if SILU:
-            dy = dy * silu_grad(z)
+        if ACTIVATION != 0:
+            dy = activation_backward(dy, z, ACTIVATION)
         k1 = tl.load(coefficients + COEF_K1 * stride_ak, mask=mask_c, other=0.0)[None, :]
         k2 = tl.load(coefficients + COEF_K2 * stride_ak, mask=mask_c, other=0.0)[None, :]
         k3 = tl.load(coefficients + COEF_K3 * stride_ak, mask=mask_c, other=0.0)[None, :]
@@ -163,7 +163,7 @@ def _affine_kernel(
         else:
             result = dy * k1 + x * k2 + k3
     else:
-        result = z * tl.sigmoid(z) if SILU else z
+        result = activated(z, ACTIVATION)
     out = out_ptr + n.to(tl.int64) * stride_on + voxels * stride_ov + wide_c
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -376,11 +376,11 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=None, silu=False) -> torch.Tensor:
+def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=None, activation=0) -> torch.Tensor:
     """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
     (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
     launch each: the forward's, or given dy the backward's; dy, mean and rstd ([N, groups]), weight and bias (read
-    through SILU) are the concatenation's."""
+    through the activation, a code of NORM_ACTIVATIONS) are the concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
@@ -396,7 +396,7 @@ def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=No
             x, grads, center, scale, w, b, out,
             voxels, width, first, per_split, groups, c // groups,
             x.stride(0), width, grads.stride(0), grads.shape[1], *out.stride()[:3],
-            BACKWARD=dy is not None, SILU=silu, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BACKWARD=dy is not None, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
@@ -410,10 +410,10 @@ def _channel_slices(sources):
         first += x.shape[1]
 
 
-def _affine(sources, dy, mean, rstd, weight, bias, coef=None, silu=False) -> torch.Tensor:
+def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0) -> torch.Tensor:
     """The forward's act((x - mean) * a + b) or, given dy and the backward's coefficient table, its input gradient
     (see _affine_kernel) of the concatenation along C of `sources`, in one channels_last_3d tensor, a launch a
-    source."""
+    source; `activation` a code of NORM_ACTIVATIONS."""
     x = sources[0]
     n = x.shape[0]
     c = sum(source.shape[1] for source in sources)
@@ -430,7 +430,7 @@ def _affine(sources, dy, mean, rstd, weight, bias, coef=None, silu=False) -> tor
             x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef)),
             voxels, x.shape[1], first, groups, c // groups,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
-            BACKWARD=backward, SILU=silu, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BACKWARD=backward, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
@@ -454,7 +454,7 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ch
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
     partials = _channel_reduce(sources)
     mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, None, groups, voxels, n, c, eps)
-    return _affine(sources, None, mean, rstd, weight, bias, silu=activation == "silu"), mean, rstd
+    return _affine(sources, None, mean, rstd, weight, bias, activation=NORM_ACTIVATIONS.index(activation)), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
@@ -466,7 +466,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
         return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
-    silu, voxels, mean = activation == "silu", x[0, 0].numel(), mean.contiguous()
-    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, silu)  # dy', dy' (x - mean)
+    code, voxels, mean = NORM_ACTIVATIONS.index(activation), x[0, 0].numel(), mean.contiguous()
+    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, code)  # dy', dy' (x - mean)
     coef, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c)
-    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, silu), grad_weight, grad_bias
+    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, code), grad_weight, grad_bias

@@ -1,5 +1,6 @@
 """Normalisation of each voxel's channel vector by its root mean square on NDHWC tensors, with an optional fused
-SiLU: two Triton kernels and their launchers. Two ways to keep the division finite, as the video VAEs do it:
+activation (SiLU or ReLU): two Triton kernels and their launchers. Two ways to keep the division finite, as the
+video VAEs do it:
 
     y = act(x / sqrt(mean(x^2) + eps) * weight + bias)      torch's RMSNorm (LTX-Video, LTX-2)
     y = act(x / max(sqrt(mean(x^2)), eps) * weight + bias)  CLAMP: F.normalize(x, eps=e) * sqrt(C) with
@@ -19,9 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
 from .split_k import sum_splits
-from .utils import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype, silu_grad
+from .utils import activated, activation_backward, cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
 
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
 BACKWARD_ROWS = 256  # the most rows a backward program walks, reducing its weight and bias gradients over them
@@ -57,7 +59,7 @@ def _normalized(x, mean_square, eps, CLAMP: tl.constexpr, ONE_CHANNEL: tl.conste
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, R, C, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, CLAMP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """y[r, c] = act(x[r, c] * inverse_rms(x[r, :]) * w[c] + b[c]) for BLOCK_R rows of the (R, C) row-major
@@ -71,16 +73,14 @@ def _rms_norm_fwd_kernel(
     normalized, _ = _normalized(x, tl.sum(x * x, axis=1) / C, eps, CLAMP, BLOCK_C == 1)
     w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
     b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
-    z = _affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS)
-    if SILU:
-        z = z * tl.sigmoid(z)
+    z = activated(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rms_norm_bwd_kernel(
     x_ptr, dy_ptr, w_ptr, b_ptr, dx_ptr, partial_ptr, R, C, eps,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, CLAMP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """For ROWS rows from program_id(0) * ROWS, BLOCK_R at a time, each whole in one block: with i the row's
@@ -103,8 +103,8 @@ def _rms_norm_bwd_kernel(
         dz = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         mean_square = tl.sum(x * x, axis=1) / C
         normalized, inverse = _normalized(x, mean_square, eps, CLAMP, BLOCK_C == 1)
-        if SILU:
-            dz = dz * silu_grad(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS))
+        if ACTIVATION != 0:
+            dz = activation_backward(dz, _affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION)
         dw += tl.sum(dz * normalized, axis=0)
         db += tl.sum(dz, axis=0)
         g = dz
@@ -139,7 +139,7 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
     launch(
         _rms_norm_fwd_kernel, (cdiv(rows, block_r),),
         x, weight if weight is not None else x, bias if bias is not None else x, y, rows, channels, eps,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, ACTIVATION=NORM_ACTIVATIONS.index(activation),
         CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
     return y
@@ -166,7 +166,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
         _rms_norm_bwd_kernel, (programs,),
         x, grad_out, weight if weight is not None else x, bias if bias is not None else x, grad_in,
         partials, rows, channels, eps,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, SILU=activation == "silu",
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, ACTIVATION=NORM_ACTIVATIONS.index(activation),
         CLAMP=clamp, BLOCK_R=block_r, BLOCK_C=block_c, ROWS=row_steps, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
     # both summed over the programs in their order (deterministic), in one launch

@@ -32,10 +32,26 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def silu_grad(z):
-    """d/dz of z * sigmoid(z): the norms' fused SiLU in their backward."""
-    sig = tl.sigmoid(z)
-    return sig * (1.0 + z * (1.0 - sig))
+def activated(z, ACTIVATION: tl.constexpr):
+    """act(z) of the code ACTIVATION (geometry.NORM_ACTIVATIONS' index): z, z * sigmoid(z), or max(z, 0) with NaN
+    kept (torch's relu; PTX's max would answer 0)."""
+    if ACTIVATION == 1:
+        z = z * tl.sigmoid(z)
+    elif ACTIVATION == 2:
+        z = tl.where(z < 0.0, 0.0, z)
+    return z
+
+
+@triton.jit
+def activation_backward(dy, z, ACTIVATION: tl.constexpr):
+    """dy * act'(z) (ACTIVATION a code of geometry.NORM_ACTIVATIONS, not 0): SiLU's derivative, or dy where z > 0
+    and 0 elsewhere, NaN and infinite dy included (torch's relu backward, a select)."""
+    if ACTIVATION == 1:
+        sig = tl.sigmoid(z)
+        dy = dy * (sig * (1.0 + z * (1.0 - sig)))
+    elif ACTIVATION == 2:
+        dy = tl.where(z > 0.0, dy, 0.0)
+    return dy
 
 
 @triton.jit

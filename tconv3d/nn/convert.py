@@ -101,8 +101,8 @@ def convert(
     - `nn.Conv3d`, `nn.ConvTranspose3d`, `nn.GroupNorm`, `nn.InstanceNorm3d` and `nn.BatchNorm3d` become
       tconv3d's drop-ins (NDHWC kernels, channels_last_3d outputs; BatchNorm3d's batch statistics on them),
       `nn.AvgPool3d` and `nn.Upsample` drop-ins that keep a channels_last_3d activation so (torch's values), and a
-      GroupNorm or InstanceNorm3d followed by `nn.SiLU` in an `nn.Sequential` becomes one fused norm + SiLU (the
-      SiLU slot an `nn.Identity`).
+      GroupNorm, InstanceNorm3d or BatchNorm3d followed by `nn.SiLU` or `nn.ReLU` in an `nn.Sequential` becomes
+      one fused norm + activation (the activation's slot an `nn.Identity`).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, Kandinsky 6's SR VAE and latent upscalers, MiniMax-H3's
       encoder) are taken over with their padding, repeated frames and cached frames inside one op: no F.pad or
@@ -151,7 +151,7 @@ def convert(
             continue
         _swap(module, DROP_INS.get(type(module)) or adapted_class(_Rebased, type(module)))
         converted += 1
-    _fuse_norm_silu(model)
+    _fuse_norm_activations(model)
     fuse_norm_silu_blocks(model)
     _frame_convs_channels_last(model)
     monai_nets.fold_paddings(model)
@@ -182,22 +182,28 @@ def shardable(model: nn.Module) -> nn.Module:
 
 def _swap(module: nn.Module, cls: type) -> None:
     module.__class__ = cls
-    if isinstance(module, (GroupNorm, InstanceNorm3d)):
+    if isinstance(module, (GroupNorm, InstanceNorm3d, BatchNorm3d)):
         module.activation = None
     if isinstance(module, (Conv3d, ConvTranspose3d)):
         module._keep_weight_format()
 
 
-def _fuse_norm_silu(model: nn.Module) -> None:
-    """GroupNorm / InstanceNorm3d then nn.SiLU, next to each other in an nn.Sequential -> one fused pass."""
+# The activations a converted norm takes into its pass (their `activation` names)
+FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu"}
+
+
+def _fuse_norm_activations(model: nn.Module) -> None:
+    """GroupNorm / InstanceNorm3d / BatchNorm3d then nn.SiLU or nn.ReLU (in place or not: the norm's output is its
+    own), next to each other in an nn.Sequential -> one fused pass."""
     for parent in model.modules():
         if not isinstance(parent, nn.Sequential):
             continue
         items = list(parent._modules.items())
-        for (_, norm), (silu_name, silu) in itertools.pairwise(items):
-            if isinstance(norm, (GroupNorm, InstanceNorm3d)) and norm.activation is None and type(silu) is nn.SiLU:
-                norm.activation = "silu"
-                parent._modules[silu_name] = nn.Identity()
+        for (_, norm), (name, activation) in itertools.pairwise(items):
+            fused = FUSED_ACTIVATIONS.get(type(activation))
+            if isinstance(norm, (GroupNorm, InstanceNorm3d, BatchNorm3d)) and norm.activation is None and fused:
+                norm.activation = fused
+                parent._modules[name] = nn.Identity()
 
 
 def _frame_convs_channels_last(model: nn.Module) -> None:

@@ -205,8 +205,8 @@ class GroupNorm(nn.GroupNorm):
     """`torch.nn.GroupNorm` on tconv3d's NDHWC kernels for 5-D inputs (channels_last_3d out, fp32 statistics,
     no NCDHW intermediate) and 4-D channels_last ones (channels_last out: a video's frames in the batch), with an
     optional fused activation: `activation="silu"` is GroupNorm then SiLU in one pass, the video VAE and UNet
-    block's norm -> SiLU -> conv. Other inputs run torch's group_norm. Same constructor, parameters and
-    state_dict as nn.GroupNorm."""
+    block's norm -> SiLU -> conv (`"relu"` the same with ReLU). Other inputs run torch's group_norm. Same
+    constructor, parameters and state_dict as nn.GroupNorm."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None):
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
@@ -224,8 +224,9 @@ class GroupNorm(nn.GroupNorm):
 
 class InstanceNorm3d(nn.InstanceNorm3d):
     """`torch.nn.InstanceNorm3d` on tconv3d's GroupNorm kernels (one group per channel) for 5-D inputs, with an
-    optional fused `activation="silu"`. With track_running_stats, an unbatched input or a dtype the kernels do not
-    take (float64), torch's instance_norm runs (tconv3d does not keep running statistics)."""
+    optional fused `activation` ("silu" or "relu", as GroupNorm's). With track_running_stats, an unbatched input or
+    a dtype the kernels do not take (float64), torch's instance_norm runs (tconv3d does not keep running
+    statistics)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
                  dtype=None, activation=None):  # fmt: skip
@@ -243,7 +244,7 @@ class InstanceNorm3d(nn.InstanceNorm3d):
             plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
-            return F.silu(output) if self.activation == "silu" else output
+            return activated(output, self.activation)
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
             raise ValueError(
                 f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
@@ -264,13 +265,21 @@ class BatchNorm3d(nn.BatchNorm3d):
     torch updates them (momentum, or a cumulative average with momentum=None; the unbiased variance): eagerly on
     the kernels' devices by one launch that also counts the batch, with no host read of the count; traced (or
     where torch's ops normalize) in torch ops on C values. Normalizing by the running statistics (eval), an input
-    that is not 5-D or of a dtype the kernels take, and vmap run torch's batch_norm. Same constructor, parameters,
-    buffers and state_dict as nn.BatchNorm3d."""
+    that is not 5-D or of a dtype the kernels take, and vmap run torch's batch_norm. An optional fused
+    `activation` ("silu" or "relu", as GroupNorm's: a DenseNet's norm -> ReLU in one pass). Same constructor,
+    parameters, buffers and state_dict as nn.BatchNorm3d."""
+
+    activation = None  # (modules made before it had one, and by convert, which runs no __init__)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, activation=None):  # fmt: skip
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.activation = _check_activation(activation)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
         if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
-            return super().forward(input)
+            return activated(super().forward(input), self.activation)
         # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
         update = self.training and self.track_running_stats and self.running_mean is not None
         counted = self.training and self.track_running_stats and self.num_batches_tracked is not None
@@ -289,7 +298,7 @@ class BatchNorm3d(nn.BatchNorm3d):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         folded = batch_folded(input) if not empty else input
-        output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, "none")
+        output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, self.activation or "none")
         if in_kernel:
             count = self.num_batches_tracked if counted else None
             momentum = self.momentum if self.momentum is not None or counted else 0.0
@@ -303,6 +312,9 @@ class BatchNorm3d(nn.BatchNorm3d):
                 statistics = [t.to(self.running_mean.dtype) for t in (mean.view(c), variance)]
                 torch._foreach_lerp_([self.running_mean, self.running_var], statistics, factor)
         return batch_unfolded(output, input.shape) if not empty else output
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
 
 
 def _check_batch_norm(input, values: int, eps: float, running_mean) -> None:
@@ -807,9 +819,14 @@ def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> b
 
 
 def _check_activation(activation):
-    if activation not in (None, "silu"):
-        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    if activation not in (None, "silu", "relu"):
+        raise ValueError(f"activation must be None, 'silu' or 'relu', got {activation!r}")
     return activation
+
+
+def activated(output: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """A norm's fused `activation` (None, "silu" or "relu") applied to what torch's norm answered."""
+    return F.silu(output) if activation == "silu" else F.relu(output) if activation == "relu" else output
 
 
 def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
@@ -827,5 +844,5 @@ def normalize(input, groups, weight, bias, eps, activation, channels_after=None)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
         output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)
-        return F.silu(output) if activation == "silu" else output
+        return activated(output, activation)
     return call_group_norm(input, weight, bias, groups, eps, activation or "none", None)[0]
