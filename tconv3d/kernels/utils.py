@@ -10,6 +10,7 @@ from packaging.version import Version
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import settings
+from ..geometry import NORM_ACTIVATIONS
 from . import launch
 
 # Where Triton's coalescing pass proves no dimension of a load's pointers more contiguous than another (a gather),
@@ -31,13 +32,18 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+# The kernels' ACTIVATION codes: the indices of geometry.NORM_ACTIVATIONS ("none" is 0)
+SILU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("silu"))
+RELU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("relu"))
+
+
 @triton.jit
 def activated(z, ACTIVATION: tl.constexpr):
     """act(z) of the code ACTIVATION (geometry.NORM_ACTIVATIONS' index): z, z * sigmoid(z), or max(z, 0) with NaN
     kept (torch's relu; PTX's max would answer 0)."""
-    if ACTIVATION == 1:
+    if ACTIVATION == SILU:
         z = z * tl.sigmoid(z)
-    elif ACTIVATION == 2:
+    elif ACTIVATION == RELU:
         z = tl.where(z < 0.0, 0.0, z)
     return z
 
@@ -46,10 +52,10 @@ def activated(z, ACTIVATION: tl.constexpr):
 def activation_backward(dy, z, ACTIVATION: tl.constexpr):
     """dy * act'(z) (ACTIVATION a code of geometry.NORM_ACTIVATIONS, not 0): SiLU's derivative, or dy where z > 0
     and 0 elsewhere, NaN and infinite dy included (torch's relu backward, a select)."""
-    if ACTIVATION == 1:
+    if ACTIVATION == SILU:
         sig = tl.sigmoid(z)
         dy = dy * (sig * (1.0 + z * (1.0 - sig)))
-    elif ACTIVATION == 2:
+    elif ACTIVATION == RELU:
         dy = tl.where(z > 0.0, dy, 0.0)
     return dy
 
