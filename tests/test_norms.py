@@ -452,7 +452,7 @@ def test_batch_norm_with_a_fused_activation(activation, device):
         want = torch.autograd.grad(expected, [reference, *stock.parameters()], grad)
         assert all(rel_l2(g, w) < TOLERANCE[torch.float32] for g, w in zip(got, want, strict=True))
         assert rel_l2(ours.running_var, stock.running_var) < TOLERANCE[torch.float32]
-    with pytest.raises(ValueError, match="activation must be None, 'silu' or 'relu', got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of None, 'silu', 'relu', got 'gelu'"):
         tconv3d.nn.BatchNorm3d(6, activation="gelu")
 
 

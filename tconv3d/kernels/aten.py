@@ -155,7 +155,7 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
-    y = _activated((xf - center) * a + b, activation)
+    y = activated((xf - center) * a + b, activation)
     return channels_last(y.to(x.dtype)), mean, rstd
 
 
@@ -187,7 +187,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
     """The rms_norm kernel's forward in torch ops, fp32: act(x / divisor(x) * weight + bias)."""
     xf = x.float()
-    y = _activated(_channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias), activation)
+    y = activated(_channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias), activation)
     return channels_last(y.to(x.dtype))
 
 
@@ -226,8 +226,9 @@ def _channel_affine(normalized, weight, bias):
     return normalized
 
 
-def _activated(z, activation: str):
-    """act(z) of the norms' fused `activation` (geometry.NORM_ACTIVATIONS)."""
+def activated(z, activation: str | None):
+    """act(z) in torch ops of a norm's fused `activation` (geometry.NORM_ACTIVATIONS, or None as the modules name
+    "none"): the aten path's, and the modules' after a norm torch's ops computed."""
     return F.silu(z) if activation == "silu" else F.relu(z) if activation == "relu" else z
 
 

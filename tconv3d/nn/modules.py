@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..functional import conv_transpose3d, unbatched
-from ..geometry import PLAIN_TENSORS, SUPPORTED_DTYPES, resolve_padding, triple
+from ..geometry import NORM_ACTIVATIONS, PLAIN_TENSORS, SUPPORTED_DTYPES, resolve_padding, triple
+from ..kernels.aten import activated
 from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
 from ..kernels.utils import batched, fold_padding, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear, runs_triton
@@ -819,14 +820,11 @@ def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> b
 
 
 def _check_activation(activation):
-    if activation not in (None, "silu", "relu"):
-        raise ValueError(f"activation must be None, 'silu' or 'relu', got {activation!r}")
+    """A norm module's fused activation: None, or a name of geometry.NORM_ACTIVATIONS but "none"."""
+    names = (None, *NORM_ACTIVATIONS[1:])
+    if activation not in names:
+        raise ValueError(f"activation must be one of {', '.join(map(repr, names))}, got {activation!r}")
     return activation
-
-
-def activated(output: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """A norm's fused `activation` (None, "silu" or "relu") applied to what torch's norm answered."""
-    return F.silu(output) if activation == "silu" else F.relu(output) if activation == "relu" else output
 
 
 def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
