@@ -16,7 +16,8 @@ choice.choose gives that device, compiled for sm_90, launches stopping at the dr
 of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop; and the
 forward of a layer with a second source on the pointer kernels (a skip connection's channels, cached frames),
 its tensors at other addresses every call, as a decoder's are; and converted norm modules' forward and training
-step (GroupNorm+SiLU, InstanceNorm3d, BatchNorm3d) the same way.
+step (bench.run's norm kinds: GroupNorm+SiLU, InstanceNorm3d, BatchNorm3d alone and with its ReLU, Wan's RMS
+norm) the same way.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
@@ -284,7 +285,7 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
     """Host time of a converted bf16 norm module's forward and training step (forward, then torch.autograd.grad
     to the input and the parameters; BatchNorm3d's running statistics moved) on the kernels compiled for sm_90 and
     stopping at the driver, with call plans and without: {case: {fwd|step: {"plans": us, "no_plans": us}}}."""
-    from bench.run import norm_layers_at_hand, norm_modules
+    from bench.run import norm_case, norm_layers_at_hand, norm_steps
     from tconv3d.kernels import launch
 
     if launch.OFF is not None:
@@ -292,14 +293,10 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
     results = {}
     with _as_on_h100("auto") as refusals:
         for name, kind, batch, channels, size in norm_layers_at_hand(cases):
-            module = norm_modules(kind, channels, "cpu", torch.bfloat16)["tconv3d"]
-            x = torch.randn(batch, channels, *size, dtype=torch.bfloat16).contiguous(memory_format=CL)
-            x.requires_grad_()
-            grad = torch.randn_like(module(x))
-            leaves = (x, *module.parameters())
-            forward = lambda module=module, x=x: module(x)  # noqa: E731
-            step = lambda module=module, x=x, leaves=leaves, g=grad: torch.autograd.grad(module(x), leaves, g)  # noqa: E731
-            results[name] = _with_and_without_plans({"fwd": forward, "step": step}, calls, refusals)
+            x, modules = norm_case(kind, batch, channels, size, "cpu")  # bench_norms' input and modules
+            steps = norm_steps(x, {"tconv3d": modules["tconv3d"]})
+            fns = {"fwd": steps["tconv3d", "fwd"], "step": steps["tconv3d", "fwd+bwd"]}
+            results[name] = _with_and_without_plans(fns, calls, refusals)
     return results
 
 
