@@ -429,6 +429,37 @@ def test_convert_swaps_norms_and_fuses_activations(device):
     assert rel_l2(y_grad, expected_grad) < TOLERANCE[torch.float32]
 
 
+def test_convert_fuses_activations_across_dropouts_that_commute_with_them(device):
+    """MONAI's ADN blocks put a dropout between the norm and the activation. A ReLU is fused across any scaling
+    dropout (it commutes with one: the dropout stays, after the fused norm), a SiLU across a dropout of p = 0 only,
+    and nothing across an AlphaDropout. Training, the converted model's output and input gradient are those of the
+    same tconv3d modules unfused, run on the same random draws."""
+    norms = [nn.GroupNorm(2, 4), nn.InstanceNorm3d(4), nn.BatchNorm3d(4), nn.GroupNorm(2, 4), nn.GroupNorm(2, 4)]
+    stock = nn.Sequential(norms[0], nn.Dropout(0.0), nn.SiLU(), norms[1], nn.Dropout3d(0.5), nn.Dropout(0.2),
+                          nn.ReLU(inplace=True), norms[2], nn.Dropout(0.3), nn.SiLU(), norms[3], nn.AlphaDropout(0.0),
+                          nn.ReLU(), norms[4]).to(device)  # fmt: skip
+    unfused = copy.deepcopy(stock)
+    for i in (0, 3, 7, 10, 13):
+        unfused[i].__class__ = {nn.GroupNorm: tconv3d.nn.GroupNorm, nn.InstanceNorm3d: tconv3d.nn.InstanceNorm3d,
+                                nn.BatchNorm3d: tconv3d.nn.BatchNorm3d}[type(stock[i])]  # fmt: skip
+        unfused[i].activation = None
+    tconv3d.nn.convert(stock)
+    fused = {0: "silu", 3: "relu", 7: None, 10: None, 13: None}
+    assert {i: stock[i].activation for i in fused} == fused
+    assert [type(stock[i]) for i in (2, 6, 9, 12)] == [nn.Identity, nn.Identity, nn.SiLU, nn.ReLU]
+    x = torch.randn(2, 4, 3, 5, 5, device=device).contiguous(memory_format=CL).requires_grad_()
+    grad = torch.randn_like(x)
+    outputs = []
+    for model in (stock, unfused):
+        torch.manual_seed(7)
+        y = model(x)
+        outputs += [y, *torch.autograd.grad(y, x, grad)]
+    torch.manual_seed(8)
+    assert rel_l2(stock(x), outputs[0]) > 1e-2  # the dropouts drop, at random
+    assert rel_l2(outputs[0], outputs[2]) < TOLERANCE[torch.float32]
+    assert rel_l2(outputs[1], outputs[3]) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize("activation", ["silu", "relu"])
 def test_batch_norm_with_a_fused_activation(activation, device):
     """tconv3d.nn.BatchNorm3d(activation=...) is nn.BatchNorm3d then the activation: training on the kernels

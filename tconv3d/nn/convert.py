@@ -12,7 +12,6 @@ for MONAI) are matched by module and class name, so neither library is ever impo
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 
@@ -102,7 +101,8 @@ def convert(
       tconv3d's drop-ins (NDHWC kernels, channels_last_3d outputs; BatchNorm3d's batch statistics on them),
       `nn.AvgPool3d` and `nn.Upsample` drop-ins that keep a channels_last_3d activation so (torch's values), and a
       GroupNorm, InstanceNorm3d or BatchNorm3d followed by `nn.SiLU` or `nn.ReLU` in an `nn.Sequential` becomes
-      one fused norm + activation (the activation's slot an `nn.Identity`).
+      one fused norm + activation (the activation's slot an `nn.Identity`; a dropout between them, as MONAI's
+      blocks have, stays after it where the two commute).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, Kandinsky 6's SR VAE and latent upscalers, MiniMax-H3's
       encoder) are taken over with their padding, repeated frames and cached frames inside one op: no F.pad or
@@ -190,20 +190,33 @@ def _swap(module: nn.Module, cls: type) -> None:
 
 # The activations a converted norm takes into its pass (their `activation` names)
 FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu"}
+# Dropouts an activation may move in front of: each multiplies an element by 0 or 1 / (1 - p), never negative,
+# which commutes with an activation f of f(0) = 0 and f(kx) = k f(x) for k >= 0 (ReLU: the same values and the
+# same random draws, for finite inputs), and at p = 0 with any activation (the identity: MONAI's ADN blocks put a
+# Dropout(0.0) between their norm and activation). AlphaDropout's affine fill is neither.
+SCALING_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+HOMOGENEOUS_ACTIVATIONS = {"relu"}
 
 
 def _fuse_norm_activations(model: nn.Module) -> None:
     """GroupNorm / InstanceNorm3d / BatchNorm3d then nn.SiLU or nn.ReLU (in place or not: the norm's output is its
-    own), next to each other in an nn.Sequential -> one fused pass."""
+    own) in an nn.Sequential, next to each other or with dropouts between that commute with the activation
+    (SCALING_DROPOUTS) -> one fused pass, the dropouts after it."""
     for parent in model.modules():
         if not isinstance(parent, nn.Sequential):
             continue
         items = list(parent._modules.items())
-        for (_, norm), (name, activation) in itertools.pairwise(items):
-            fused = FUSED_ACTIVATIONS.get(type(activation))
-            if isinstance(norm, (GroupNorm, InstanceNorm3d, BatchNorm3d)) and norm.activation is None and fused:
+        for i, (_, norm) in enumerate(items):
+            if not isinstance(norm, (GroupNorm, InstanceNorm3d, BatchNorm3d)) or norm.activation is not None:
+                continue
+            j = i + 1
+            while j < len(items) and type(items[j][1]) in SCALING_DROPOUTS:
+                j += 1
+            if j == len(items) or (fused := FUSED_ACTIVATIONS.get(type(items[j][1]))) is None:
+                continue
+            if fused in HOMOGENEOUS_ACTIVATIONS or all(module.p == 0 for _, module in items[i + 1 : j]):
                 norm.activation = fused
-                parent._modules[name] = nn.Identity()
+                parent._modules[items[j][0]] = nn.Identity()
 
 
 def _frame_convs_channels_last(model: nn.Module) -> None:
