@@ -592,8 +592,9 @@ def check_group_norm(input, weight, bias, groups, activation, channels_after=Non
 
 
 # The norms' fused activations, their ops' `activation` argument; the index is the kernels' ACTIVATION code
-# (kernels/utils.activated)
-NORM_ACTIVATIONS = ("none", "silu", "relu")
+# (kernels/utils.activated). "leaky_relu" (its slope the op's negative_slope) is group_norm's only.
+NORM_ACTIVATIONS = ("none", "silu", "relu", "leaky_relu")
+RMS_NORM_ACTIVATIONS = NORM_ACTIVATIONS[:3]
 
 
 def _check_norm(input, weight, bias, groups, activation, channels_after=None) -> int:
@@ -624,6 +625,10 @@ RMS_NORM_MAX_CHANNELS = 4096
 def check_rms_norm(input, weight, bias, eps, activation) -> None:
     """Validate an rms_norm call: 5-D input of at most RMS_NORM_MAX_CHANNELS channels, weight and bias per channel
     (any supported dtype), a positive eps."""
+    if activation not in RMS_NORM_ACTIVATIONS:
+        raise ValueError(
+            f"rms_norm's activation must be one of {', '.join(map(repr, RMS_NORM_ACTIVATIONS))}, got {activation!r}"
+        )
     _check_norm(input, weight, bias, 1, activation)  # a voxel's channels: one value is an RMS norm's (its sign)
     if input.shape[1] > RMS_NORM_MAX_CHANNELS:
         raise ValueError(f"rms_norm takes at most {RMS_NORM_MAX_CHANNELS} channels, got {input.shape[1]}")

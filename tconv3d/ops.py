@@ -889,11 +889,11 @@ _batching_rule("conv3d_weight_grad", shared=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# group norm (instance norm = groups == channels), optionally with an activation fused (SiLU or ReLU:
-# geometry.NORM_ACTIVATIONS)
+# group norm (instance norm = groups == channels), optionally with an activation fused (SiLU, ReLU or leaky ReLU of
+# slope negative_slope: geometry.NORM_ACTIVATIONS)
 
 
-def _group_norm_fake(input, weight, bias, groups, eps, activation="none", channels_after=None):
+def _group_norm_fake(input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01):
     check_group_norm(input, weight, bias, groups, activation, channels_after)
     stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
     return empty_ndhwc(_concatenated_shape(input, channels_after), like=input), stats, stats.clone()
@@ -907,23 +907,29 @@ def _concatenated_shape(input, channels_after) -> tuple:
 
 @_define(
     'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none",'
-    " Tensor? channels_after=None) -> (Tensor, Tensor, Tensor)",
+    " Tensor? channels_after=None, float negative_slope=0.01) -> (Tensor, Tensor, Tensor)",
     _group_norm_fake,
 )
-def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None):
+def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01):
     def run():
         if not runs_triton(input):
-            return _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation, channels_after)
+            return _group_norm_in_torch_ops(
+                input, weight, bias, groups, eps, activation, channels_after, negative_slope
+            )  # fmt: skip
         check_group_norm(input, weight, bias, groups, activation, channels_after)
-        return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after)
+        return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after, negative_slope)
 
-    return _planned("group_norm", (input, weight, bias, channels_after), (), (groups, eps, activation), run)
+    scalars = (groups, eps, activation, negative_slope)
+    return _planned("group_norm", (input, weight, bias, channels_after), (), scalars, run)
 
 
-def _group_norm_in_torch_ops(input, weight, bias, groups, eps, activation="none", channels_after=None):
+def _group_norm_in_torch_ops(
+    input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01
+):  # fmt: skip
     """group_norm in torch's ops (the kernels' formula, fp32), over the concatenation with channels_after."""
     check_group_norm(input, weight, bias, groups, activation, channels_after)
-    return aten.group_norm_fwd(cat_channels(input, channels_after), weight, bias, groups, eps, activation)
+    whole = cat_channels(input, channels_after)
+    return aten.group_norm_fwd(whole, weight, bias, groups, eps, activation, negative_slope)
 
 
 def _norm_backward_fake(input, channels_after=None, grad_dtype=torch.float32):
@@ -983,36 +989,45 @@ def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias_dtyp
 
 
 def _group_norm_backward_fake(
-    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01
 ):  # fmt: skip
     return _norm_backward_fake(input, channels_after, parameter_grad_dtype(weight))
 
 
 @_define(
     "group_norm_backward(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
-    ' int groups, str activation="none", Tensor? channels_after=None) -> (Tensor, Tensor, Tensor)',
+    ' int groups, str activation="none", Tensor? channels_after=None, float negative_slope=0.01)'
+    " -> (Tensor, Tensor, Tensor)",
     _group_norm_backward_fake,
 )
-def group_norm_backward(grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None):
+def group_norm_backward(
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01
+):  # fmt: skip
     def run():
         if not runs_triton(input):
             whole = cat_channels(input, channels_after)
-            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation)
-        return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after)
+            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation, negative_slope)
+        return group_norm_bwd(
+            grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after, negative_slope
+        )  # fmt: skip
 
     tensors = (grad_output, input, mean, rstd, weight, bias, channels_after)
-    return _planned("group_norm_backward", tensors, (), (groups, activation), run)
+    return _planned("group_norm_backward", tensors, (), (groups, activation, negative_slope), run)
+
+
+# group_norm's optional trailing arguments' defaults: activation, channels_after, negative_slope
+GROUP_NORM_DEFAULTS = ("none", None, 0.01)
 
 
 def _group_norm_setup_context(ctx, inputs, output):
     input, weight, bias, groups, eps, *rest = inputs
-    activation, channels_after = _trailing_arguments(rest, ("none", None))
+    activation, channels_after, negative_slope = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
     _, mean, rstd = output
     # The bias's gradient reads none of it, and the input's only through a fused activation (its input recomputed):
     # saved only there, as the conv saves only what a gradient reads.
     ctx.save_for_backward(input, mean, rstd, weight, bias if activation != "none" else None, channels_after)
     ctx.bias_dtype = bias.dtype if bias is not None else None
-    ctx.groups, ctx.eps, ctx.activation = groups, eps, activation
+    ctx.groups, ctx.eps, ctx.activation, ctx.negative_slope = groups, eps, activation, negative_slope
     ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
     # The statistics' gradients stay None where nothing downstream read them (nearly always): autograd would make
     # zeros of both, two fills a backward (H200 run 11's trace of a GroupNorm backward).
@@ -1033,32 +1048,34 @@ def _group_norm_backward(ctx, grad_output, grad_mean, grad_rstd):
 
         def forward(input, weight, bias, channels_after):
             y, mean, rstd = _group_norm_in_torch_ops(
-                input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after
+                input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after, ctx.negative_slope
             )  # fmt: skip
             return tuple(t for t, g in zip((y, mean, rstd), outputs, strict=True) if g is not None)
 
         grads = _vjp_of(forward, tuple(g for g in outputs if g is not None), input, weight, bias, channels_after)
         return _needed(ctx, (*grads[:3], None, None, None, grads[3]))
     grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
-        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after
+        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after, ctx.negative_slope
     )
     grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
     grads = _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, ctx.bias_dtype)
     if _needs_grad(ctx, 6):  # channels_after's (a view of the concatenation's gradient, as the input's)
-        grads = (*grads[:6], grad_channels_after)
+        grads = (*grads[:6], grad_channels_after, *grads[7:])
     return grads
 
 
 def _group_norm_jvp(inputs, tangents):
     # The tangents of (y, mean, rstd) in torch ops (aten.group_norm_jvp), over the concatenation with channels_after.
     input, weight, bias, groups, eps, *rest = inputs
-    activation, channels_after = _trailing_arguments(rest, ("none", None))
-    t_input, t_weight, t_bias, *_, t_after = (*tangents, *(None,) * (7 - len(tangents)))
+    activation, channels_after, negative_slope = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
+    t_input, t_weight, t_bias, _, _, _, t_after, *_ = (*tangents, *(None,) * (8 - len(tangents)))
     whole = cat_channels(input, channels_after)
     t_whole = cat_channels(
         _or_zeros(t_input, input), _or_zeros(t_after, channels_after)
     )  # fmt: skip
-    t_y, t_mean, t_rstd = aten.group_norm_jvp(whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation)
+    t_y, t_mean, t_rstd = aten.group_norm_jvp(
+        whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation, negative_slope
+    )  # fmt: skip
     return _ndhwc_tangent(t_y), t_mean, t_rstd
 
 

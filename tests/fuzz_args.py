@@ -88,7 +88,10 @@ GRADIENT_OPS = ("op.input_grad", "op.weight_grad")
 # same constructor, the same values; what `convert` swaps into a model. Their call is the constructor's arguments.
 DROP_INS = ("nn.Upsample", "nn.AvgPool3d", "nn.InstanceNorm3d", "nn.BatchNorm3d")
 NORM_DROP_INS = ("nn.InstanceNorm3d", "nn.BatchNorm3d")  # their constructors take num_features, eps, affine
-FUSED = {"silu": torch.nn.SiLU, "relu": torch.nn.ReLU}  # the norms' fused activations, as torch's modules
+# the norms' fused activations, as torch's modules (a leaky ReLU at the ops' and torch's default slope, 0.01); the
+# RMS norm's
+FUSED = {"silu": torch.nn.SiLU, "relu": torch.nn.ReLU, "leaky_relu": torch.nn.LeakyReLU}
+RMS_FUSED = ("silu", "relu")
 # The entries whose calls a torch.nn module makes too: drawn (30%) as that module taken over by tconv3d.nn.convert.
 CONVERTIBLE = ("nn.Conv3d", "nn.ConvTranspose3d", "nn.GroupNorm", *DROP_INS)
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
@@ -131,8 +134,8 @@ def valid_call(rng: random.Random) -> dict:
     if entry in VOXEL_OPS:
         return dict(entry=entry, batch=rng.choice((1, 2)), c_in=rng.randint(1, 8), after=0,
                     size=[rng.randint(1, 4) for _ in range(3)], affine=rng.random() < 0.7,
-                    eps=rng.choice((1e-6, 1e-12)), activation=rng.choice(("none", *FUSED)), clamp=rng.random() < 0.5,
-                    factors=[rng.choice((1, 2)) for _ in range(3)],
+                    eps=rng.choice((1e-6, 1e-12)), activation=rng.choice(("none", *RMS_FUSED)),
+                    clamp=rng.random() < 0.5, factors=[rng.choice((1, 2)) for _ in range(3)],
                     dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
                     grad=rng.random() < 0.3, mutations=[])  # fmt: skip
     transposed = "Transpose" in entry or entry == "conv_transpose3d"
@@ -1007,7 +1010,7 @@ def _theirs_voxel_op(call: dict, t: dict):
         if len(factors) != 3 or any(type(f) is not int or f not in (1, 2) for f in factors):
             raise ValueError(f"factors {factors!r}: the op takes 3 ints, each 1 or 2")
         return F.interpolate(x, scale_factor=tuple(float(f) for f in factors), mode="trilinear", align_corners=False)
-    if call["activation"] not in ("none", *FUSED):
+    if call["activation"] not in ("none", *RMS_FUSED):
         raise ValueError(f"activation {call['activation']!r}")
     w, b = t["weight"], t["bias"]
     for p in (w, b):

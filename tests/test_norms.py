@@ -28,12 +28,14 @@ CASES = [
 
 
 # The fused activations as torch computes them (the ops' `activation` names; the modules' None is "none")
-ACTIVATE = {"none": lambda y: y, None: lambda y: y, "silu": F.silu, "relu": F.relu}
-FUSED = ["none", "silu", "relu"]
+# (leaky_relu at the ops' default slope, torch's; test_leaky_relu_of_any_slope takes others)
+ACTIVATE = {"none": lambda y: y, None: lambda y: y, "silu": F.silu, "relu": F.relu, "leaky_relu": F.leaky_relu}
+FUSED = ["none", "silu", "relu", "leaky_relu"]
+RMS_FUSED = FUSED[:3]  # the RMS norm's
 
 
-def reference(x, weight, bias, groups, eps, activation):
-    return ACTIVATE[activation](F.group_norm(x, groups, weight, bias, eps))
+def reference(x, weight, bias, groups, eps, activation, *slope):
+    return ACTIVATE[activation](F.group_norm(x, groups, weight, bias, eps), *slope)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -141,6 +143,46 @@ def test_a_test_can_fail_on_the_fused_activation(device):
     assert y[:, :2].isnan().all() and not y[:, 2:].isnan().any()
 
 
+@pytest.mark.parametrize("slope", [0.2, -0.5])
+def test_leaky_relu_of_any_slope(slope, device):
+    """group_norm's fused leaky ReLU takes its slope from negative_slope (its default torch's 0.01): output, the
+    input and parameter gradients and the forward-mode tangent against float64 GroupNorm -> F.leaky_relu of that
+    slope, and far from the default slope's; the GroupNorm module and convert carry it (nn.LeakyReLU(slope)).
+    The RMS norm does not fuse it, and says so."""
+    x = leaf_copy(torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL))
+    weight, bias = (leaf_copy(torch.randn(6, device=device)) for _ in range(2))
+    y = torch.ops.tconv3d.group_norm(x, weight, bias, 3, 1e-5, "leaky_relu", None, slope)[0]
+    copies = [leaf_copy(t.detach().double()) for t in (x, weight, bias)]
+    normalized = F.group_norm(copies[0], 3, copies[1], copies[2], 1e-5)
+    expected = F.leaky_relu(normalized, slope)
+    grad = torch.randn_like(expected)
+    assert rel_l2(y, expected) < TOLERANCE[torch.float32]
+    assert rel_l2(y, F.leaky_relu(normalized, 0.01)) > 0.05  # the slope is the call's, not the default
+    got = torch.autograd.grad(y, (x, weight, bias), grad.float())
+    want = torch.autograd.grad(expected, copies, grad)
+    assert all(rel_l2(g, w) < TOLERANCE[torch.float32] for g, w in zip(got, want, strict=True))
+    tangent = torch.randn_like(x)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x.detach(), tangent)
+        out = torch.ops.tconv3d.group_norm(dual, weight.detach(), bias.detach(), 3, 1e-5, "leaky_relu", None, slope)
+        t_y = torch.autograd.forward_ad.unpack_dual(out[0]).tangent
+    _, t_expected = torch.func.jvp(lambda v: F.leaky_relu(F.group_norm(v, 3, *copies[1:], 1e-5), slope),
+                                   (copies[0].detach().contiguous(),), (tangent.double().contiguous(),))  # fmt: skip
+    assert rel_l2(t_y, t_expected) < TOLERANCE[torch.float32]
+
+    module = tconv3d.nn.GroupNorm(3, 6, activation="leaky_relu", negative_slope=slope).to(device)
+    assert f"negative_slope={slope}" in repr(module)
+    stock = nn.Sequential(nn.GroupNorm(3, 6), nn.LeakyReLU(slope)).to(device)
+    module.load_state_dict(stock[0].state_dict())
+    reference_output = stock(x)
+    tconv3d.nn.convert(stock)
+    assert stock[0].activation == "leaky_relu" and stock[0].negative_slope == slope and type(stock[1]) is nn.Identity
+    for ours in (module(x), stock(x)):
+        assert rel_l2(ours, reference_output) < TOLERANCE[torch.float32]
+    with pytest.raises(ValueError, match="rms_norm's activation must be one of 'none', 'silu', 'relu', got 'leaky"):
+        torch.ops.tconv3d.rms_norm(x, None, None, 1e-6, "leaky_relu")
+
+
 def test_input_in_any_layout_and_deterministic_gradients(device):
     x = torch.randn(2, 8, 3, 6, 5, device=device)  # NCDHW: converted once, output channels_last_3d
     w, b = torch.randn(8, device=device), torch.randn(8, device=device)
@@ -194,7 +236,7 @@ def test_bad_group_norm_arguments(shape, groups, weight_shape, error, message):
     weight = torch.randn(weight_shape) if weight_shape else None
     with pytest.raises(error, match=message):
         torch.ops.tconv3d.group_norm(torch.randn(shape), weight, None, groups, 1e-5, "none")
-    with pytest.raises(ValueError, match="activation must be one of 'none', 'silu', 'relu', got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of 'none', 'silu', 'relu', 'leaky_relu', got 'gelu'"):
         torch.ops.tconv3d.group_norm(torch.randn(1, 6, 2, 3, 3), None, None, 2, 1e-5, "gelu")
 
 
@@ -205,6 +247,7 @@ def test_opcheck_group_norm(device):
     for activation in FUSED:
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, activation))
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, activation))
+    torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, "leaky_relu", None, 0.2))
 
 
 # (name, input's channels, channels_after's, groups, D, H, W): a group across the two sources (6 + 10 in 4 groups of
@@ -231,11 +274,14 @@ def test_group_norm_of_a_concatenation_read_in_place(case, activation, dtype, de
         for c, shift in ((first, 3), (after, -1))
     )
     params = [leaf_copy(torch.randn(first + after, device=device).to(dtype)) for _ in range(2)]
-    y, mean, rstd = torch.ops.tconv3d.group_norm(x, *params, groups, 1e-5, activation, skip)
+    # the leaky ReLU's slope given (not the default, which the dispatcher drops): every argument, and a gradient
+    # for each of the autograd Function's inputs
+    slope = (0.2,) if activation == "leaky_relu" else ()
+    y, mean, rstd = torch.ops.tconv3d.group_norm(x, *params, groups, 1e-5, activation, skip, *slope)
     assert y.shape == (2, first + after, *spatial) and y.is_contiguous(memory_format=CL)
     assert mean.shape == rstd.shape == (2, groups)
     copies = [leaf_copy(t.detach().double()) for t in (x, skip, *params)]
-    expected = reference(torch.cat(copies[:2], dim=1), *copies[2:], groups, 1e-5, activation)
+    expected = reference(torch.cat(copies[:2], dim=1), *copies[2:], groups, 1e-5, activation, *slope)
     grad_out = torch.randn_like(expected)
     expected.backward(grad_out)
     y.backward(grad_out.to(dtype))
@@ -297,7 +343,7 @@ def test_group_norm_module_takes_channels_after(device):
     assert rel_l2(ours(*frames), F.silu(stock(torch.cat(frames, 1)))) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("activation", [None, "silu", "relu"])
+@pytest.mark.parametrize("activation", [None, "silu", "relu", "leaky_relu"])
 def test_group_norm_module_is_a_drop_in(activation, device):
     torch.manual_seed(0)
     stock = nn.GroupNorm(4, 8).to(device)
@@ -407,10 +453,10 @@ def test_a_float64_instance_norm_is_torchs(affine, device):
 def test_convert_swaps_norms_and_fuses_activations(device):
     """A norm (GroupNorm, InstanceNorm3d, BatchNorm3d) followed by nn.SiLU or nn.ReLU (in place or not: a
     DenseNet's) in an nn.Sequential becomes one fused norm, the activation's slot an nn.Identity; a norm followed by
-    anything else (LeakyReLU, a conv, nothing) keeps it. Training, the output and the input gradient are stock's."""
+    anything else (GELU, a conv, nothing) keeps it. Training, the output and the input gradient are stock's."""
     model = nn.Sequential(nn.GroupNorm(2, 4), nn.SiLU(), nn.Conv3d(4, 4, 3, padding=1), nn.InstanceNorm3d(4),
                           nn.SiLU(), nn.BatchNorm3d(4), nn.ReLU(inplace=True), nn.GroupNorm(2, 4), nn.ReLU(),
-                          nn.InstanceNorm3d(4), nn.LeakyReLU(), nn.GroupNorm(2, 4)).to(device)  # fmt: skip
+                          nn.InstanceNorm3d(4), nn.GELU(), nn.GroupNorm(2, 4)).to(device)  # fmt: skip
     x = torch.randn(2, 4, 3, 5, 5, device=device, requires_grad=True)
     grad = torch.randn_like(x)
     expected = model(x)
@@ -421,7 +467,7 @@ def test_convert_swaps_norms_and_fuses_activations(device):
     assert {i: model[i].activation for i in fused} == fused
     assert [type(model[i]) for i in (0, 3, 5, 7)] == [tconv3d.nn.GroupNorm, tconv3d.nn.InstanceNorm3d,
                                                        tconv3d.nn.BatchNorm3d, tconv3d.nn.GroupNorm]  # fmt: skip
-    assert all(type(model[i]) is nn.Identity for i in (1, 4, 6, 8)) and type(model[10]) is nn.LeakyReLU
+    assert all(type(model[i]) is nn.Identity for i in (1, 4, 6, 8)) and type(model[10]) is nn.GELU
     assert list(model.state_dict()) == list(state)
     y = model(x)
     (y_grad,) = torch.autograd.grad(y, x, grad)
@@ -460,7 +506,7 @@ def test_convert_fuses_activations_across_dropouts_that_commute_with_them(device
     assert rel_l2(outputs[1], outputs[3]) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("activation", ["silu", "relu"])
+@pytest.mark.parametrize("activation", ["silu", "relu", "leaky_relu"])
 def test_batch_norm_with_a_fused_activation(activation, device):
     """tconv3d.nn.BatchNorm3d(activation=...) is nn.BatchNorm3d then the activation: training on the kernels
     (output, input and parameter gradients, running statistics) and eval by the running statistics (torch's
@@ -483,7 +529,7 @@ def test_batch_norm_with_a_fused_activation(activation, device):
         want = torch.autograd.grad(expected, [reference, *stock.parameters()], grad)
         assert all(rel_l2(g, w) < TOLERANCE[torch.float32] for g, w in zip(got, want, strict=True))
         assert rel_l2(ours.running_var, stock.running_var) < TOLERANCE[torch.float32]
-    with pytest.raises(ValueError, match="activation must be one of None, 'silu', 'relu', got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of None, 'silu', 'relu', 'leaky_relu', got 'gelu'"):
         tconv3d.nn.BatchNorm3d(6, activation="gelu")
 
 
@@ -515,7 +561,7 @@ def rms_reference(x, weight, bias, eps, activation, clamp):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("activation", FUSED)
+@pytest.mark.parametrize("activation", RMS_FUSED)
 @pytest.mark.parametrize("params", ["weight_bias", "weight", "plain"])
 @pytest.mark.parametrize("clamp", [False, True], ids=["rms", "clamp"])
 @pytest.mark.parametrize("case", RMS_CASES, ids=lambda c: c[0])
@@ -618,7 +664,7 @@ def test_opcheck_rms_norm(device):
     x = torch.randn(2, 6, 2, 3, 4, device=device).contiguous(memory_format=CL).requires_grad_()
     w = torch.randn(6, device=device, requires_grad=True)
     b = torch.randn(6, device=device, requires_grad=True)
-    for activation in FUSED:
+    for activation in RMS_FUSED:
         torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, w, b, 1e-12, activation, True))
         torch.library.opcheck(torch.ops.tconv3d.rms_norm.default, (x, None, None, 1e-6, activation))
 

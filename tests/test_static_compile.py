@@ -203,6 +203,8 @@ for capability in ARCHS:
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "silu")
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "none")
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "relu")
+            group_norm_fwd(x, w, w, 32, 1e-6, "leaky_relu", None, 0.2)
+            group_norm_bwd(x, x, mean, rstd, w, w, 32, "leaky_relu", None, 0.2)
             update_running_statistics(statistic, statistic, w, w.clone(), count, None, 1e-5, 1024)
         for name, grid, warps, kernel, seconds, _ in launches:
             out.append(({"kernel": name, "arch": capability, "dtype": str(dtype)}, kernel.asm["cubin"]))
@@ -383,14 +385,15 @@ def test_rms_norm_kernels_compile_without_spills_and_vectorised():
 
 
 def test_group_norm_kernels_compile_without_spills_and_vectorised():
-    """The norm kernels for the static archs, both dtypes, forward and backward (with a fused SiLU, a fused ReLU
-    and without), and BatchNorm's running statistics' update: no spills, 128-bit loads along the contiguous
-    channels in the passes over the tensors (the fold of a group's partials reads a few floats a split; the
-    update, C values)."""
+    """The norm kernels for the static archs, both dtypes, forward and backward (with a fused SiLU, a fused ReLU,
+    a fused leaky ReLU and without; the leaky ReLU's forward too), and BatchNorm's running statistics' update: no
+    spills, 128-bit loads along the contiguous channels in the passes over the tensors (the fold of a group's
+    partials reads a few floats a split; the update, C values)."""
     reports = compile_script(NORM_COMPILE)
-    # archs x 2 dtypes x (forward, SiLU's, ReLU's and the plain backward: reduce, fold, affine each + the update)
-    assert len(reports) == 26 * len(STATIC_ARCHS)
-    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 8 * len(STATIC_ARCHS)
+    # archs x 2 dtypes x (2 forwards, SiLU's, ReLU's, leaky ReLU's and the plain backward: reduce, fold, affine
+    # each + the update)
+    assert len(reports) == 38 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 12 * len(STATIC_ARCHS)
     assert sum(r["kernel"] == "_running_statistics_kernel" for r in reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
         assert r["sm"] == r["arch"], r

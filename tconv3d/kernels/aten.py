@@ -145,7 +145,7 @@ def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
     return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
 
 
-def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
+def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, negative_slope: float = 0.01):
     """The kernels' forward in torch ops, fp32: one statistics pass, then y = act((x - mean) * a + b) with the
     same per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
     if x.numel() == 0:  # an empty batch or clip: the kernels' empty answer, NaN statistics
@@ -155,11 +155,11 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str):
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
-    y = activated((xf - center) * a + b, activation)
+    y = activated((xf - center) * a + b, activation, negative_slope)
     return channels_last(y.to(x.dtype)), mean, rstd
 
 
-def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str):
+def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, negative_slope: float = 0.01):
     """The kernels' backward in torch ops: the same sums, coefficients and formula, the parameter gradients in
     parameter_grad_dtype(weight) as the kernels write them."""
     c = x.shape[1]
@@ -172,7 +172,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
     if activation != "none":
-        dy = _activation_backward(dy, centered * a + b, activation)
+        dy = _activation_backward(dy, centered * a + b, activation, negative_slope)
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
@@ -226,16 +226,24 @@ def _channel_affine(normalized, weight, bias):
     return normalized
 
 
-def activated(z, activation: str | None):
+def activated(z, activation: str | None, negative_slope: float = 0.01):
     """act(z) in torch ops of a norm's fused `activation` (geometry.NORM_ACTIVATIONS, or None as the modules name
-    "none"): the aten path's, and the modules' after a norm torch's ops computed."""
-    return F.silu(z) if activation == "silu" else F.relu(z) if activation == "relu" else z
+    "none"; a leaky ReLU's slope `negative_slope`): the aten path's, and the modules' after a norm torch's ops
+    computed."""
+    if activation == "silu":
+        return F.silu(z)
+    if activation == "relu":
+        return F.relu(z)
+    return F.leaky_relu(z, negative_slope) if activation == "leaky_relu" else z
 
 
-def _activation_backward(dy, z, activation: str):
-    """dy * act'(z), as the kernels' utils.activation_backward: SiLU's derivative, or ReLU's select."""
+def _activation_backward(dy, z, activation: str, negative_slope: float = 0.01):
+    """dy * act'(z), as the kernels' utils.activation_backward: SiLU's derivative, or ReLU's or leaky ReLU's
+    select."""
     if activation == "relu":
         return torch.where(z > 0, dy, 0.0)
+    if activation == "leaky_relu":
+        return torch.where(z > 0, dy, dy * negative_slope)
     sig = torch.sigmoid(z)
     return dy * (sig * (1 + z * (1 - sig)))
 
@@ -246,7 +254,9 @@ def _activation_backward(dy, z, activation: str):
 # jacfwd runs them, a batched tensor takes no channels_last_3d copy): the op lays it out.
 
 
-def group_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: float, activation: str):
+def group_norm_jvp(
+    x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: float, activation: str, negative_slope: float = 0.01
+):  # fmt: skip
     """The tangents of group_norm_fwd's (y, mean, rstd) along (t_x, t_weight, t_bias): with x's groups centered
     (c = x - mean) and r = rstd, d mean = mean(t_x), d r = -r^3 mean(c t_x), d (c r) = (t_x - d mean) r + c d r."""
     xf, t_xf = x.float(), t_x.float()
@@ -260,7 +270,7 @@ def group_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: flo
     t_rstd = -rstd.pow(3) * (centered * t_grouped).mean(dim=2)
     normalized = (centered * rstd[..., None]).reshape(x.shape)
     t_normalized = ((t_grouped - t_mean[..., None]) * rstd[..., None] + centered * t_rstd[..., None]).reshape(x.shape)
-    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation)
+    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation, negative_slope)
     return t_y.to(x.dtype), t_mean, t_rstd
 
 
@@ -278,7 +288,7 @@ def rms_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, eps: float, activation:
     return t_y.to(x.dtype)
 
 
-def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation: str):
+def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation: str, negative_slope=0.01):
     """The tangent of act(normalized * weight + bias) (per-channel weight and bias, either None)."""
     t_z = _channel_affine(t_normalized, weight, None)
     if t_weight is not None:
@@ -286,7 +296,7 @@ def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, ac
     if t_bias is not None:
         t_z = t_z + t_bias.float().view(1, -1, 1, 1, 1)
     if activation != "none":
-        t_z = _activation_backward(t_z, _channel_affine(normalized, weight, bias), activation)
+        t_z = _activation_backward(t_z, _channel_affine(normalized, weight, bias), activation, negative_slope)
     return t_z
 
 

@@ -1,5 +1,5 @@
 """GroupNorm on NDHWC tensors (InstanceNorm is its groups == channels case), with an optional fused activation
-(SiLU or ReLU: geometry.NORM_ACTIVATIONS): its Triton kernels and their launchers.
+(SiLU, ReLU or leaky ReLU: geometry.NORM_ACTIVATIONS): its Triton kernels and their launchers.
 
 Viewed as (N, S = D*H*W voxels, C), a channels_last_3d tensor has each voxel's channels contiguous, so every
 kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised along C:
@@ -63,7 +63,7 @@ def _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, channels,
 @triton.jit
 def _channel_reduce_kernel(
     x_ptr, dy_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, out_ptr,
-    S, C, C0, SPLIT_S, GROUPS, PER_GROUP,
+    S, C, C0, SPLIT_S, GROUPS, PER_GROUP, slope,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -71,10 +71,10 @@ def _channel_reduce_kernel(
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over the
     split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
     through the activation (ACTIVATION, a code of geometry.NORM_ACTIVATIONS) at (x - mean) * a + b (_scale_shift:
-    a = rstd * weight, b = bias) and mean and rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels,
-    the concatenation's C0 .. C0 + C (a source of a concatenation along C; C0 = 0 and C all of them without one):
-    dy, weight, bias and out are the concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv
-    and stride_dv apart. Grid (N, channel blocks, splits)."""
+    a = rstd * weight, b = bias; `slope` a leaky ReLU's) and mean and rstd are [N, GROUPS], PER_GROUP channels a
+    group. x holds C channels, the concatenation's C0 .. C0 + C (a source of a concatenation along C; C0 = 0 and C
+    all of them without one): dy, weight, bias and out are the concatenation's, their channels from C0 on. x's and
+    dy's voxels are stride_xv and stride_dv apart. Grid (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -100,7 +100,7 @@ def _channel_reduce_kernel(
             dy = tl.load(dy_base + voxels * stride_dv + wide_c[None, :], mask=mask, other=0.0).to(tl.float32)
             centered = x - center[None, :]  # outside the mask dy is 0
             if ACTIVATION != 0:
-                dy = activation_backward(dy, centered * a[None, :] + b[None, :], ACTIVATION)
+                dy = activation_backward(dy, centered * a[None, :] + b[None, :], ACTIVATION, slope)
             first += tl.sum(dy, axis=0)
             second += tl.sum(dy * centered, axis=0)
         else:
@@ -124,14 +124,15 @@ def _channel_reduce_kernel(
 @triton.jit
 def _affine_kernel(
     x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr,
-    S, C, C0, GROUPS, PER_GROUP,
+    S, C, C0, GROUPS, PER_GROUP, slope,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
-    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through an ACTIVATION); k1, k2, k3
+    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through an ACTIVATION, `slope` a
+    leaky ReLU's); k1, k2, k3
     are coef's fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd
     are [N, GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
     concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov
@@ -154,7 +155,7 @@ def _affine_kernel(
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
         dy = dy.to(tl.float32)
         if ACTIVATION != 0:
-            dy = activation_backward(dy, z, ACTIVATION)
+            dy = activation_backward(dy, z, ACTIVATION, slope)
         k1 = tl.load(coefficients + COEF_K1 * stride_ak, mask=mask_c, other=0.0)[None, :]
         k2 = tl.load(coefficients + COEF_K2 * stride_ak, mask=mask_c, other=0.0)[None, :]
         k3 = tl.load(coefficients + COEF_K3 * stride_ak, mask=mask_c, other=0.0)[None, :]
@@ -163,7 +164,7 @@ def _affine_kernel(
         else:
             result = dy * k1 + x * k2 + k3
     else:
-        result = activated(z, ACTIVATION)
+        result = activated(z, ACTIVATION, slope)
     out = out_ptr + n.to(tl.int64) * stride_on + voxels * stride_ov + wide_c
     tl.store(out, result.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -376,11 +377,13 @@ def _splits(voxels: int) -> tuple[int, int]:
     return per_split, max(cdiv(voxels, per_split), 1)
 
 
-def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=None, activation=0) -> torch.Tensor:
+def _channel_reduce(
+    sources, dy=None, mean=None, rstd=None, weight=None, bias=None, activation=0, slope=0.0
+) -> torch.Tensor:  # fmt: skip
     """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
     (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
     launch each: the forward's, or given dy the backward's; dy, mean and rstd ([N, groups]), weight and bias (read
-    through the activation, a code of NORM_ACTIVATIONS) are the concatenation's."""
+    through the activation, a code of NORM_ACTIVATIONS, `slope` a leaky ReLU's) are the concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
@@ -394,7 +397,7 @@ def _channel_reduce(sources, dy=None, mean=None, rstd=None, weight=None, bias=No
         launch(
             _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
             x, grads, center, scale, w, b, out,
-            voxels, width, first, per_split, groups, c // groups,
+            voxels, width, first, per_split, groups, c // groups, slope,
             x.stride(0), width, grads.stride(0), grads.shape[1], *out.stride()[:3],
             BACKWARD=dy is not None, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
@@ -410,10 +413,10 @@ def _channel_slices(sources):
         first += x.shape[1]
 
 
-def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0) -> torch.Tensor:
+def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0, slope=0.0) -> torch.Tensor:
     """The forward's act((x - mean) * a + b) or, given dy and the backward's coefficient table, its input gradient
     (see _affine_kernel) of the concatenation along C of `sources`, in one channels_last_3d tensor, a launch a
-    source; `activation` a code of NORM_ACTIVATIONS."""
+    source; `activation` a code of NORM_ACTIVATIONS, `slope` a leaky ReLU's."""
     x = sources[0]
     n = x.shape[0]
     c = sum(source.shape[1] for source in sources)
@@ -428,7 +431,7 @@ def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0) -> t
         launch(
             _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
             x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef)),
-            voxels, x.shape[1], first, groups, c // groups,
+            voxels, x.shape[1], first, groups, c // groups, slope,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
             BACKWARD=backward, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
             BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
@@ -442,9 +445,11 @@ def _sources(x, channels_after) -> list:
     return [dense_voxels(x)] + ([dense_voxels(channels_after)] if channels_after is not None else [])
 
 
-def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, channels_after=None):
+def group_norm_fwd(
+    x, weight, bias, groups: int, eps: float, activation: str, channels_after=None, negative_slope: float = 0.01
+):  # fmt: skip
     """(y channels_last_3d, mean, rstd); mean and rstd fp32 [N, groups]. With channels_after, of
-    torch.cat([x, channels_after], dim=1), each source read in place."""
+    torch.cat([x, channels_after], dim=1), each source read in place. negative_slope: a leaky ReLU's."""
     sources = _sources(x, channels_after)
     x = sources[0]
     n, c = x.shape[0], sum(source.shape[1] for source in sources)
@@ -454,10 +459,14 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ch
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
     partials = _channel_reduce(sources)
     mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, None, groups, voxels, n, c, eps)
-    return _affine(sources, None, mean, rstd, weight, bias, activation=NORM_ACTIVATIONS.index(activation)), mean, rstd
+    code = NORM_ACTIVATIONS.index(activation)
+    return _affine(sources, None, mean, rstd, weight, bias, None, code, negative_slope), mean, rstd
 
 
-def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None):
+def group_norm_bwd(
+    grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None,
+    negative_slope: float = 0.01,
+):  # fmt: skip
     """(grad_input channels_last_3d, grad_weight, grad_bias), the last two [C] in parameter_grad_dtype(weight).
     With channels_after, grad_input is the gradient of the concatenation (both sources' channels)."""
     sources, grad_out = _sources(x, channels_after), dense_voxels(grad_out)
@@ -467,6 +476,6 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
         return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
     code, voxels, mean = NORM_ACTIVATIONS.index(activation), x[0, 0].numel(), mean.contiguous()
-    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, code)  # dy', dy' (x - mean)
+    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, code, negative_slope)  # dy', dy' (x - mean)
     coef, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c)
-    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, code), grad_weight, grad_bias
+    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, code, negative_slope), grad_weight, grad_bias

@@ -73,7 +73,7 @@ def _rms_norm_fwd_kernel(
     normalized, _ = _normalized(x, tl.sum(x * x, axis=1) / C, eps, CLAMP, BLOCK_C == 1)
     w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_WEIGHT else None
     b = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32) if HAS_BIAS else None
-    z = activated(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION)
+    z = activated(_affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION, 0.0)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -104,7 +104,7 @@ def _rms_norm_bwd_kernel(
         mean_square = tl.sum(x * x, axis=1) / C
         normalized, inverse = _normalized(x, mean_square, eps, CLAMP, BLOCK_C == 1)
         if ACTIVATION != 0:
-            dz = activation_backward(dz, _affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION)
+            dz = activation_backward(dz, _affine(normalized, w, b, HAS_WEIGHT, HAS_BIAS), ACTIVATION, 0.0)
         dw += tl.sum(dz * normalized, axis=0)
         db += tl.sum(dz, axis=0)
         g = dz

@@ -35,28 +35,35 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 # The kernels' ACTIVATION codes: the indices of geometry.NORM_ACTIVATIONS ("none" is 0)
 SILU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("silu"))
 RELU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("relu"))
+LEAKY_RELU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("leaky_relu"))
 
 
 @triton.jit
-def activated(z, ACTIVATION: tl.constexpr):
-    """act(z) of the code ACTIVATION (geometry.NORM_ACTIVATIONS' index): z, z * sigmoid(z), or max(z, 0) with NaN
-    kept (torch's relu; PTX's max would answer 0)."""
+def activated(z, ACTIVATION: tl.constexpr, slope):
+    """act(z) of the code ACTIVATION (geometry.NORM_ACTIVATIONS' index): z, z * sigmoid(z), max(z, 0) with NaN
+    kept (torch's relu; PTX's max would answer 0), or z where z > 0 and z * slope elsewhere (torch's leaky_relu,
+    `slope` its fp32 negative_slope; read by no other code)."""
     if ACTIVATION == SILU:
         z = z * tl.sigmoid(z)
     elif ACTIVATION == RELU:
         z = tl.where(z < 0.0, 0.0, z)
+    elif ACTIVATION == LEAKY_RELU:
+        z = tl.where(z > 0.0, z, z * slope)
     return z
 
 
 @triton.jit
-def activation_backward(dy, z, ACTIVATION: tl.constexpr):
-    """dy * act'(z) (ACTIVATION a code of geometry.NORM_ACTIVATIONS, not 0): SiLU's derivative, or dy where z > 0
-    and 0 elsewhere, NaN and infinite dy included (torch's relu backward, a select)."""
+def activation_backward(dy, z, ACTIVATION: tl.constexpr, slope):
+    """dy * act'(z) (ACTIVATION a code of geometry.NORM_ACTIVATIONS, not 0): SiLU's derivative; dy where z > 0
+    and 0 elsewhere, NaN and infinite dy included (torch's relu backward, a select); dy where z > 0 and dy * slope
+    elsewhere (torch's leaky_relu backward)."""
     if ACTIVATION == SILU:
         sig = tl.sigmoid(z)
         dy = dy * (sig * (1.0 + z * (1.0 - sig)))
     elif ACTIVATION == RELU:
         dy = tl.where(z > 0.0, dy, 0.0)
+    elif ACTIVATION == LEAKY_RELU:
+        dy = tl.where(z > 0.0, dy, dy * slope)
     return dy
 
 

@@ -206,33 +206,39 @@ class GroupNorm(nn.GroupNorm):
     """`torch.nn.GroupNorm` on tconv3d's NDHWC kernels for 5-D inputs (channels_last_3d out, fp32 statistics,
     no NCDHW intermediate) and 4-D channels_last ones (channels_last out: a video's frames in the batch), with an
     optional fused activation: `activation="silu"` is GroupNorm then SiLU in one pass, the video VAE and UNet
-    block's norm -> SiLU -> conv (`"relu"` the same with ReLU). Other inputs run torch's group_norm. Same
-    constructor, parameters and state_dict as nn.GroupNorm."""
+    block's norm -> SiLU -> conv (`"relu"` the same with ReLU, `"leaky_relu"` with LeakyReLU(negative_slope)).
+    Other inputs run torch's group_norm. Same constructor, parameters and state_dict as nn.GroupNorm."""
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None):
+    negative_slope = 0.01  # (modules made by convert, which runs no __init__)
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None,
+                 negative_slope=0.01):  # fmt: skip
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
-        self.activation = _check_activation(activation)
+        self.activation, self.negative_slope = _check_activation(activation), negative_slope
 
     def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None) -> torch.Tensor:
         """`channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels
         as if torch.cat([input, channels_after], dim=1) were normalized (num_channels counts both), read in
         place; it gets a gradient like the input."""
-        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, channels_after)
+        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, channels_after,
+                         self.negative_slope)  # fmt: skip
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+        return super().extra_repr() + _activation_repr(self)
 
 
 class InstanceNorm3d(nn.InstanceNorm3d):
     """`torch.nn.InstanceNorm3d` on tconv3d's GroupNorm kernels (one group per channel) for 5-D inputs, with an
-    optional fused `activation` ("silu" or "relu", as GroupNorm's). With track_running_stats, an unbatched input or
-    a dtype the kernels do not take (float64), torch's instance_norm runs (tconv3d does not keep running
-    statistics)."""
+    optional fused `activation` ("silu", "relu" or "leaky_relu" of negative_slope, as GroupNorm's). With
+    track_running_stats, an unbatched input or a dtype the kernels do not take (float64), torch's instance_norm runs
+    (tconv3d does not keep running statistics)."""
+
+    negative_slope = 0.01  # (modules made by convert, which runs no __init__)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
-                 dtype=None, activation=None):  # fmt: skip
+                 dtype=None, activation=None, negative_slope=0.01):  # fmt: skip
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.activation = _check_activation(activation)
+        self.activation, self.negative_slope = _check_activation(activation), negative_slope
 
     def on_kernels(self, input: torch.Tensor) -> bool:
         """Whether tconv3d's kernels normalize `input`: 5-D, a dtype they take, no running statistics."""
@@ -245,15 +251,16 @@ class InstanceNorm3d(nn.InstanceNorm3d):
             plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
-            return activated(output, self.activation)
+            return activated(output, self.activation, self.negative_slope)
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
             raise ValueError(
                 f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
             )
-        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation)
+        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation, None,
+                         self.negative_slope)  # fmt: skip
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+        return super().extra_repr() + _activation_repr(self)
 
 
 class BatchNorm3d(nn.BatchNorm3d):
@@ -267,20 +274,21 @@ class BatchNorm3d(nn.BatchNorm3d):
     the kernels' devices by one launch that also counts the batch, with no host read of the count; traced (or
     where torch's ops normalize) in torch ops on C values. Normalizing by the running statistics (eval), an input
     that is not 5-D or of a dtype the kernels take, and vmap run torch's batch_norm. An optional fused
-    `activation` ("silu" or "relu", as GroupNorm's: a DenseNet's norm -> ReLU in one pass). Same constructor,
-    parameters, buffers and state_dict as nn.BatchNorm3d."""
+    `activation` ("silu", "relu" or "leaky_relu" of negative_slope, as GroupNorm's: a DenseNet's norm -> ReLU in
+    one pass). Same constructor, parameters, buffers and state_dict as nn.BatchNorm3d."""
 
     activation = None  # (modules made before it had one, and by convert, which runs no __init__)
+    negative_slope = 0.01
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None, activation=None):  # fmt: skip
+                 dtype=None, activation=None, negative_slope=0.01):  # fmt: skip
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.activation = _check_activation(activation)
+        self.activation, self.negative_slope = _check_activation(activation), negative_slope
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
         if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
-            return activated(super().forward(input), self.activation)
+            return activated(super().forward(input), self.activation, self.negative_slope)
         # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
         update = self.training and self.track_running_stats and self.running_mean is not None
         counted = self.training and self.track_running_stats and self.num_batches_tracked is not None
@@ -299,7 +307,9 @@ class BatchNorm3d(nn.BatchNorm3d):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         folded = batch_folded(input) if not empty else input
-        output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, self.activation or "none")
+        output, mean, rstd = call_group_norm(
+            folded, self.weight, self.bias, c, self.eps, self.activation or "none", None, self.negative_slope
+        )  # fmt: skip
         if in_kernel:
             count = self.num_batches_tracked if counted else None
             momentum = self.momentum if self.momentum is not None or counted else 0.0
@@ -315,7 +325,7 @@ class BatchNorm3d(nn.BatchNorm3d):
         return batch_unfolded(output, input.shape) if not empty else output
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+        return super().extra_repr() + _activation_repr(self)
 
 
 def _check_batch_norm(input, values: int, eps: float, running_mean) -> None:
@@ -827,20 +837,30 @@ def _check_activation(activation):
     return activation
 
 
-def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
-    """GroupNorm (then `activation`) of `input`, or of torch.cat([input, channels_after], dim=1) read in place
-    where both are 5-D tensors of one supported dtype (concatenated first otherwise)."""
+def _activation_repr(norm) -> str:
+    """A norm module's fused activation in its repr: nothing without one."""
+    if norm.activation == "leaky_relu":
+        return f", activation='leaky_relu', negative_slope={norm.negative_slope}"
+    return f", activation={norm.activation!r}" if norm.activation else ""
+
+
+def normalize(input, groups, weight, bias, eps, activation, channels_after=None, negative_slope=0.01):
+    """GroupNorm (then `activation`, a leaky ReLU's slope `negative_slope`) of `input`, or of
+    torch.cat([input, channels_after], dim=1) read in place where both are 5-D tensors of one supported dtype
+    (concatenated first otherwise)."""
     if channels_after is not None:
         if input.dim() == channels_after.dim() == 5 and input.dtype == channels_after.dtype in SUPPORTED_DTYPES:
-            return call_group_norm(input, weight, bias, groups, eps, activation or "none", channels_after)[0]
+            return call_group_norm(
+                input, weight, bias, groups, eps, activation or "none", channels_after, negative_slope
+            )[0]  # fmt: skip
         input = torch.cat([input, channels_after], dim=1)
     if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _laid_out_only(input, torch.channels_last):
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
         # result viewed back channels_last, where torch's group_norm would answer NCHW.
-        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation).squeeze(2)
+        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation, None, negative_slope).squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
         output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)
-        return activated(output, activation)
-    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None)[0]
+        return activated(output, activation, negative_slope)
+    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None, negative_slope)[0]
