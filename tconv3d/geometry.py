@@ -579,11 +579,23 @@ def _arguments_key(*arguments) -> tuple | None:
     return tuple(key)
 
 
-def check_group_norm(input, weight, bias, groups, activation, channels_after=None) -> None:
+def check_group_norm(input, weight, bias, groups, activation, channels_after=None, activation_weight=None) -> None:
     """Validate a group_norm call (5-D input, and channels_after whose channels follow the input's; weight and
     bias per channel of both, of any supported dtype, as under autocast a bf16 activation meets fp32
-    parameters), of more than one value a group."""
+    parameters), of more than one value a group; a PReLU's weight (activation "prelu" only) of one value or one a
+    channel."""
     channels = _check_norm(input, weight, bias, groups, activation, channels_after)
+    if (activation == "prelu") != (activation_weight is not None):
+        raise ValueError(f"activation_weight (a PReLU's weight) goes with activation 'prelu' only, got {activation!r} "
+                         f"and {'a tensor' if activation_weight is not None else 'None'}")  # fmt: skip
+    if activation_weight is not None:
+        check_tensors(activation_weight=activation_weight)
+        if activation_weight.device != input.device:
+            raise ValueError(f"activation_weight is on {activation_weight.device} but input is on {input.device}")
+        if activation_weight.dim() != 1 or activation_weight.numel() not in (1, channels):
+            raise ValueError(
+                f"activation_weight must have shape (1,) or ({channels},), got {tuple(activation_weight.shape)}"
+            )
     if input.shape[0] * (channels // groups) * math.prod(input.shape[2:]) == 1:  # torch's F.group_norm refuses it
         raise ValueError(
             f"GroupNorm expects more than 1 value per group, as torch's group_norm does: input {tuple(input.shape)}, "
@@ -592,8 +604,9 @@ def check_group_norm(input, weight, bias, groups, activation, channels_after=Non
 
 
 # The norms' fused activations, their ops' `activation` argument; the index is the kernels' ACTIVATION code
-# (kernels/utils.activated). "leaky_relu" (its slope the op's negative_slope) is group_norm's only.
-NORM_ACTIVATIONS = ("none", "silu", "relu", "leaky_relu")
+# (kernels/utils.activated). "leaky_relu" (its slope the op's negative_slope) and "prelu" (its weight the op's
+# activation_weight; to the kernels a leaky ReLU whose slopes they load) are group_norm's only.
+NORM_ACTIVATIONS = ("none", "silu", "relu", "leaky_relu", "prelu")
 RMS_NORM_ACTIVATIONS = NORM_ACTIVATIONS[:3]
 
 

@@ -6,8 +6,8 @@
                                         groups=1, channels_after=None, bias=None)
     torch.ops.tconv3d.conv3d_weight_grad(grad_output, input, weight_size, stride, padding, dilation, padding_mode,
                                          frames_before=None, groups=1, channels_after=None)
-    torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None)
-        -> (y, mean, rstd)
+    torch.ops.tconv3d.group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None,
+                                 negative_slope=0.01, activation_weight=None) -> (y, mean, rstd)
     torch.ops.tconv3d.rms_norm(input, weight, bias, eps, activation="none", clamp=False)
     torch.ops.tconv3d.upsample_linear(input, factors)            trilinear, align_corners=False, factors 1 or 2
     torch.ops.tconv3d.upsample_linear_backward(grad_output, input_size, factors)
@@ -889,12 +889,15 @@ _batching_rule("conv3d_weight_grad", shared=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# group norm (instance norm = groups == channels), optionally with an activation fused (SiLU, ReLU or leaky ReLU of
-# slope negative_slope: geometry.NORM_ACTIVATIONS)
+# group norm (instance norm = groups == channels), optionally with an activation fused (SiLU, ReLU, leaky ReLU of
+# slope negative_slope, or PReLU of weight activation_weight: geometry.NORM_ACTIVATIONS)
 
 
-def _group_norm_fake(input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01):
-    check_group_norm(input, weight, bias, groups, activation, channels_after)
+def _group_norm_fake(
+    input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
+):  # fmt: skip
+    check_group_norm(input, weight, bias, groups, activation, channels_after, activation_weight)
     stats = input.new_empty((input.shape[0], groups), dtype=torch.float32)
     return empty_ndhwc(_concatenated_shape(input, channels_after), like=input), stats, stats.clone()
 
@@ -907,29 +910,42 @@ def _concatenated_shape(input, channels_after) -> tuple:
 
 @_define(
     'group_norm(Tensor input, Tensor? weight, Tensor? bias, int groups, float eps, str activation="none",'
-    " Tensor? channels_after=None, float negative_slope=0.01) -> (Tensor, Tensor, Tensor)",
+    " Tensor? channels_after=None, float negative_slope=0.01, Tensor? activation_weight=None)"
+    " -> (Tensor, Tensor, Tensor)",
     _group_norm_fake,
 )
-def group_norm(input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01):
+def group_norm(
+    input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
+):  # fmt: skip
     def run():
         if not runs_triton(input):
             return _group_norm_in_torch_ops(
-                input, weight, bias, groups, eps, activation, channels_after, negative_slope
+                input, weight, bias, groups, eps, activation, channels_after, negative_slope, activation_weight
             )  # fmt: skip
-        check_group_norm(input, weight, bias, groups, activation, channels_after)
-        return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after, negative_slope)
+        check_group_norm(input, weight, bias, groups, activation, channels_after, activation_weight)
+        slope = _slope(negative_slope, activation_weight)
+        return group_norm_fwd(input, weight, bias, groups, eps, activation, channels_after, slope)
 
     scalars = (groups, eps, activation, negative_slope)
-    return _planned("group_norm", (input, weight, bias, channels_after), (), scalars, run)
+    return _planned("group_norm", (input, weight, bias, channels_after, activation_weight), (), scalars, run)
+
+
+def _slope(negative_slope, activation_weight):
+    """What the kernels and aten's twin take as the activation's slope: a PReLU's weight, else the leaky ReLU's
+    negative_slope (read by no other activation)."""
+    return activation_weight if activation_weight is not None else negative_slope
 
 
 def _group_norm_in_torch_ops(
-    input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01
+    input, weight, bias, groups, eps, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
 ):  # fmt: skip
     """group_norm in torch's ops (the kernels' formula, fp32), over the concatenation with channels_after."""
-    check_group_norm(input, weight, bias, groups, activation, channels_after)
+    check_group_norm(input, weight, bias, groups, activation, channels_after, activation_weight)
     whole = cat_channels(input, channels_after)
-    return aten.group_norm_fwd(whole, weight, bias, groups, eps, activation, negative_slope)
+    slope = _slope(negative_slope, activation_weight)
+    return aten.group_norm_fwd(whole, weight, bias, groups, eps, activation, slope)
 
 
 def _norm_backward_fake(input, channels_after=None, grad_dtype=torch.float32):
@@ -989,43 +1005,49 @@ def _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, bias_dtyp
 
 
 def _group_norm_backward_fake(
-    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
 ):  # fmt: skip
-    return _norm_backward_fake(input, channels_after, parameter_grad_dtype(weight))
+    # the PReLU weight's gradient: of its shape and dtype, None without one
+    slope_grad = torch.empty_like(activation_weight) if activation_weight is not None else None
+    return (*_norm_backward_fake(input, channels_after, parameter_grad_dtype(weight)), slope_grad)
 
 
 @_define(
     "group_norm_backward(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
-    ' int groups, str activation="none", Tensor? channels_after=None, float negative_slope=0.01)'
-    " -> (Tensor, Tensor, Tensor)",
+    ' int groups, str activation="none", Tensor? channels_after=None, float negative_slope=0.01,'
+    " Tensor? activation_weight=None) -> (Tensor, Tensor, Tensor, Tensor?)",
     _group_norm_backward_fake,
 )
 def group_norm_backward(
-    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
 ):  # fmt: skip
+    """(the input's gradient, the weight's, the bias's, the PReLU weight's: None without one)."""
+    slope = _slope(negative_slope, activation_weight)
+
     def run():
         if not runs_triton(input):
             whole = cat_channels(input, channels_after)
-            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation, negative_slope)
-        return group_norm_bwd(
-            grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after, negative_slope
-        )  # fmt: skip
+            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation, slope)
+        return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after, slope)
 
-    tensors = (grad_output, input, mean, rstd, weight, bias, channels_after)
+    tensors = (grad_output, input, mean, rstd, weight, bias, channels_after, activation_weight)
     return _planned("group_norm_backward", tensors, (), (groups, activation, negative_slope), run)
 
 
-# group_norm's optional trailing arguments' defaults: activation, channels_after, negative_slope
-GROUP_NORM_DEFAULTS = ("none", None, 0.01)
+# group_norm's optional trailing arguments' defaults: activation, channels_after, negative_slope, activation_weight
+GROUP_NORM_DEFAULTS = ("none", None, 0.01, None)
 
 
 def _group_norm_setup_context(ctx, inputs, output):
     input, weight, bias, groups, eps, *rest = inputs
-    activation, channels_after, negative_slope = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
+    activation, channels_after, negative_slope, activation_weight = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
     _, mean, rstd = output
     # The bias's gradient reads none of it, and the input's only through a fused activation (its input recomputed):
     # saved only there, as the conv saves only what a gradient reads.
-    ctx.save_for_backward(input, mean, rstd, weight, bias if activation != "none" else None, channels_after)
+    saved_bias = bias if activation != "none" else None
+    ctx.save_for_backward(input, mean, rstd, weight, saved_bias, channels_after, activation_weight)
     ctx.bias_dtype = bias.dtype if bias is not None else None
     ctx.groups, ctx.eps, ctx.activation, ctx.negative_slope = groups, eps, activation, negative_slope
     ctx.after_channels = channels_after.shape[1] if channels_after is not None else 0
@@ -1035,46 +1057,52 @@ def _group_norm_setup_context(ctx, inputs, output):
 
 
 def _group_norm_backward(ctx, grad_output, grad_mean, grad_rstd):
-    input, mean, rstd, weight, bias, channels_after = ctx.saved_tensors
+    input, mean, rstd, weight, bias, channels_after, activation_weight = ctx.saved_tensors
     statistics = grad_mean is not None or grad_rstd is not None
     if grad_output is None and not statistics:
         return (None,) * len(ctx.needs_input_grad)
-    if statistics or _backward_differentiated(grad_output, input, weight, bias, channels_after):
+    if statistics or _backward_differentiated(grad_output, input, weight, bias, channels_after, activation_weight):
         # In torch's ops: a backward itself differentiated, or gradients through the mean and rstd too, which the
         # kernels' backward does not take (torch's native_group_norm takes them the same way)
         if bias is None and ctx.bias_dtype is not None:  # not saved: any values give the same gradients
             bias = input.new_zeros(input.shape[1] + ctx.after_channels, dtype=ctx.bias_dtype)
         outputs = (grad_output, grad_mean, grad_rstd)
 
-        def forward(input, weight, bias, channels_after):
+        def forward(input, weight, bias, channels_after, activation_weight):
             y, mean, rstd = _group_norm_in_torch_ops(
-                input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after, ctx.negative_slope
+                input, weight, bias, ctx.groups, ctx.eps, ctx.activation, channels_after, ctx.negative_slope,
+                activation_weight,
             )  # fmt: skip
             return tuple(t for t, g in zip((y, mean, rstd), outputs, strict=True) if g is not None)
 
-        grads = _vjp_of(forward, tuple(g for g in outputs if g is not None), input, weight, bias, channels_after)
-        return _needed(ctx, (*grads[:3], None, None, None, grads[3]))
-    grad_input, grad_weight, grad_bias = torch.ops.tconv3d.group_norm_backward(
-        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after, ctx.negative_slope
-    )
+        given = tuple(g for g in outputs if g is not None)
+        grads = _vjp_of(forward, given, input, weight, bias, channels_after, activation_weight)
+        return _needed(ctx, (*grads[:3], None, None, None, grads[3], None, grads[4]))
+    grad_input, grad_weight, grad_bias, grad_slope = torch.ops.tconv3d.group_norm_backward(
+        grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after, ctx.negative_slope,
+        activation_weight,
+    )  # fmt: skip
     grad_input, grad_channels_after = _split_channels(grad_input, ctx.after_channels)
     grads = _norm_input_grads(ctx, grad_input, grad_weight, grad_bias, weight, ctx.bias_dtype)
     if _needs_grad(ctx, 6):  # channels_after's (a view of the concatenation's gradient, as the input's)
         grads = (*grads[:6], grad_channels_after, *grads[7:])
+    if _needs_grad(ctx, 8):  # the PReLU weight's
+        grads = (*grads[:8], grad_slope)
     return grads
 
 
 def _group_norm_jvp(inputs, tangents):
     # The tangents of (y, mean, rstd) in torch ops (aten.group_norm_jvp), over the concatenation with channels_after.
     input, weight, bias, groups, eps, *rest = inputs
-    activation, channels_after, negative_slope = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
-    t_input, t_weight, t_bias, _, _, _, t_after, *_ = (*tangents, *(None,) * (8 - len(tangents)))
+    activation, channels_after, negative_slope, activation_weight = _trailing_arguments(rest, GROUP_NORM_DEFAULTS)
+    t_input, t_weight, t_bias, _, _, _, t_after, _, t_slope = (*tangents, *(None,) * (9 - len(tangents)))
     whole = cat_channels(input, channels_after)
     t_whole = cat_channels(
         _or_zeros(t_input, input), _or_zeros(t_after, channels_after)
     )  # fmt: skip
+    slope = _slope(negative_slope, activation_weight)
     t_y, t_mean, t_rstd = aten.group_norm_jvp(
-        whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation, negative_slope
+        whole, t_whole, weight, bias, t_weight, t_bias, groups, eps, activation, slope, t_slope
     )  # fmt: skip
     return _ndhwc_tangent(t_y), t_mean, t_rstd
 
@@ -1085,7 +1113,7 @@ call_group_norm = _register_autograd(
 )  # fmt: skip
 _inductor_launches("group_norm", group_norm)
 _inductor_launches("group_norm_backward", group_norm_backward)
-_batching_rule("group_norm", shared=(1, 2))
+_batching_rule("group_norm", shared=(1, 2, 8))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2246,7 +2246,9 @@ def test_monai_adapters_keep_hooks_on_the_blocks_they_take_apart(name, aten_path
 def _fused_spans(model: nn.Module) -> dict:
     """{name: the name of its activation's slot} of each norm convert fused an activation into and of the modules
     between it and that slot (MONAI's dropouts, which the fused activation moved in front of): each outputs what
-    stock's activation did."""
+    stock's activation did. The slot: an nn.Identity, a fused PReLU's FusedPReLU."""
+    from tconv3d.nn.modules import FusedPReLU
+
     spans = {}
     for parent_name, parent in model.named_modules():
         if not isinstance(parent, nn.Sequential):
@@ -2255,7 +2257,7 @@ def _fused_spans(model: nn.Module) -> dict:
         children = list(parent.children())
         for i, module in enumerate(children):
             if getattr(module, "activation", None):
-                slot = next(j for j in range(i + 1, len(children)) if isinstance(children[j], nn.Identity))
+                slot = next(j for j in range(i + 1, len(children)) if type(children[j]) in (nn.Identity, FusedPReLU))
                 spans.update(dict.fromkeys(names[i:slot], names[slot]))
     return spans
 

@@ -183,6 +183,57 @@ def test_leaky_relu_of_any_slope(slope, device):
         torch.ops.tconv3d.rms_norm(x, None, None, 1e-6, "leaky_relu")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("weights", ["one", "per_channel"])
+def test_prelu_weights_and_their_gradient(weights, dtype, device):
+    """activation "prelu" with activation_weight (one weight, or one a channel of the concatenation with
+    channels_after): output, the gradients of input, skip, weight, bias and the PReLU's weights (in their dtype and
+    shape, from the backward's third moment) and the forward-mode tangent along all of them against float64
+    GroupNorm -> F.prelu. A test that can fail: the weights are far from the leaky ReLU's default slope."""
+    torch.manual_seed(0)
+    x, skip = (leaf_copy(torch.randn(2, c, 2, 3, 4, device=device).to(dtype).contiguous(memory_format=CL))
+               for c in (4, 2))  # fmt: skip
+    weight, bias = (leaf_copy(torch.randn(6, device=device).to(dtype)) for _ in range(2))
+    slopes = leaf_copy((torch.rand(1 if weights == "one" else 6, device=device) * 0.5 + 0.2).to(dtype))
+    inputs = (x, skip, weight, bias, slopes)
+    y = torch.ops.tconv3d.group_norm(x, weight, bias, 3, 1e-5, "prelu", skip, 0.01, slopes)[0]
+    copies = [leaf_copy(t.detach().double()) for t in inputs]
+
+    def reference(x, skip, weight, bias, slopes):
+        return F.prelu(F.group_norm(torch.cat([x, skip], 1), 3, weight, bias, 1e-5), slopes)
+
+    expected = reference(*copies)
+    assert rel_l2(y, expected) < TOLERANCE[dtype]
+    assert rel_l2(y, F.leaky_relu(F.group_norm(torch.cat(copies[:2], 1), 3, *copies[2:4], 1e-5))) > 0.05
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(y, inputs, grad.to(dtype))
+    want = torch.autograd.grad(expected, copies, grad)
+    for ours, theirs, t in zip(got, want, inputs, strict=True):
+        assert ours.dtype == t.dtype and ours.shape == t.shape and rel_l2(ours, theirs) < TOLERANCE[dtype]
+    tangents = [torch.randn_like(t) for t in copies]
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual
+        duals = [dual(t.detach(), v.to(dtype)) for t, v in zip(inputs, tangents, strict=True)]
+        out = torch.ops.tconv3d.group_norm(duals[0], *duals[2:4], 3, 1e-5, "prelu", duals[1], 0.01, duals[4])[0]
+        t_y = torch.autograd.forward_ad.unpack_dual(out).tangent
+    contiguous = [t.detach().contiguous() for t in copies]
+    _, t_expected = torch.func.jvp(reference, tuple(contiguous), tuple(v.contiguous() for v in tangents))
+    assert rel_l2(t_y, t_expected) < TOLERANCE[dtype]
+
+
+def test_prelu_weights_are_checked(device):
+    """A PReLU's weights go with activation "prelu" only, one or one a channel, on the input's device."""
+    x = torch.randn(1, 6, 2, 3, 3, device=device)
+    with pytest.raises(ValueError, match=r"activation_weight .* goes with activation 'prelu' only"):
+        torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "prelu")
+    with pytest.raises(ValueError, match=r"activation_weight .* goes with activation 'prelu' only"):
+        torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "relu", None, 0.01, torch.ones(1, device=device))
+    with pytest.raises(ValueError, match=r"activation_weight must have shape \(1,\) or \(6,\), got \(3,\)"):
+        torch.ops.tconv3d.group_norm(x, None, None, 2, 1e-5, "prelu", None, 0.01, torch.ones(3, device=device))
+    with pytest.raises(ValueError, match=r"a PReLU is fused by tconv3d\.nn\.convert"):
+        tconv3d.nn.InstanceNorm3d(6, activation="prelu")
+
+
 def test_input_in_any_layout_and_deterministic_gradients(device):
     x = torch.randn(2, 8, 3, 6, 5, device=device)  # NCDHW: converted once, output channels_last_3d
     w, b = torch.randn(8, device=device), torch.randn(8, device=device)
@@ -236,7 +287,7 @@ def test_bad_group_norm_arguments(shape, groups, weight_shape, error, message):
     weight = torch.randn(weight_shape) if weight_shape else None
     with pytest.raises(error, match=message):
         torch.ops.tconv3d.group_norm(torch.randn(shape), weight, None, groups, 1e-5, "none")
-    with pytest.raises(ValueError, match="activation must be one of 'none', 'silu', 'relu', 'leaky_relu', got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be one of 'none', 'silu', 'relu', 'leaky_relu', 'prelu',"):
         torch.ops.tconv3d.group_norm(torch.randn(1, 6, 2, 3, 3), None, None, 2, 1e-5, "gelu")
 
 
@@ -248,6 +299,8 @@ def test_opcheck_group_norm(device):
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, activation))
         torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, None, None, 6, 1e-5, activation))
     torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, "leaky_relu", None, 0.2))
+    slopes = torch.rand(6, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.tconv3d.group_norm.default, (x, w, b, 3, 1e-5, "prelu", None, 0.01, slopes))
 
 
 # (name, input's channels, channels_after's, groups, D, H, W): a group across the two sources (6 + 10 in 4 groups of
@@ -504,6 +557,36 @@ def test_convert_fuses_activations_across_dropouts_that_commute_with_them(device
     assert rel_l2(stock(x), outputs[0]) > 1e-2  # the dropouts drop, at random
     assert rel_l2(outputs[0], outputs[2]) < TOLERANCE[torch.float32]
     assert rel_l2(outputs[1], outputs[3]) < TOLERANCE[torch.float32]
+
+
+def test_convert_fuses_a_prelu_and_keeps_its_weight(device):
+    """A PReLU after a norm (MONAI's UNet: InstanceNorm3d, Dropout(0.0), PReLU) is fused: the norm reads the
+    PReLU's weight, one or one a channel, from the module left in its slot (a FusedPReLU, the identity), so the
+    state_dict keys, the parameters and their gradients stay the PReLU's. Training, output and every gradient
+    (the PReLU weights' too) match stock's; a deep copy's norm reads the copy's PReLU. (No conv bias before the
+    BatchNorm: its true gradient is 0, both answers rounding noise.)"""
+    torch.manual_seed(0)
+    stock = nn.Sequential(nn.InstanceNorm3d(4, affine=True), nn.Dropout(0.0), nn.PReLU(),
+                          nn.Conv3d(4, 4, 1, bias=False), nn.BatchNorm3d(4), nn.PReLU(4)).to(device)  # fmt: skip
+    with torch.no_grad():
+        stock[5].weight.uniform_(0.05, 0.5)
+    model = copy.deepcopy(stock)
+    tconv3d.nn.convert(model)
+    assert model[0].activation == model[4].activation == "prelu"
+    assert type(model[2]) is type(model[5]) is tconv3d.nn.modules.FusedPReLU
+    assert model[0].fused_prelu is model[2] and list(model.state_dict()) == list(stock.state_dict())
+    assert "fused into the norm before it" in repr(model[2])
+    x = torch.randn(2, 4, 3, 4, 5, device=device, requires_grad=True)
+    grad = torch.randn(2, 4, 3, 4, 5, device=device)
+    got = torch.autograd.grad(model(x), [x, *model.parameters()], grad)
+    want = torch.autograd.grad(stock(x), [x, *stock.parameters()], grad)
+    assert rel_l2(model(x), stock(x)) < TOLERANCE[torch.float32]
+    assert all(rel_l2(g, w) < TOLERANCE[torch.float32] for g, w in zip(got, want, strict=True))
+    twin = copy.deepcopy(model)
+    assert twin[0].fused_prelu is twin[2] and twin[2] is not model[2]
+    with torch.no_grad():
+        twin[2].weight.fill_(0.5)
+    assert rel_l2(twin(x), model(x)) > 0.01  # the copy reads its own PReLU's weight
 
 
 @pytest.mark.parametrize("activation", ["silu", "relu", "leaky_relu"])

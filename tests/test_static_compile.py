@@ -205,6 +205,8 @@ for capability in ARCHS:
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "relu")
             group_norm_fwd(x, w, w, 32, 1e-6, "leaky_relu", None, 0.2)
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "leaky_relu", None, 0.2)
+            group_norm_fwd(x, w, w, 32, 1e-6, "prelu", None, w)
+            group_norm_bwd(x, x, mean, rstd, w, w, 32, "prelu", None, w)
             update_running_statistics(statistic, statistic, w, w.clone(), count, None, 1e-5, 1024)
         for name, grid, warps, kernel, seconds, _ in launches:
             out.append(({"kernel": name, "arch": capability, "dtype": str(dtype)}, kernel.asm["cubin"]))
@@ -386,14 +388,14 @@ def test_rms_norm_kernels_compile_without_spills_and_vectorised():
 
 def test_group_norm_kernels_compile_without_spills_and_vectorised():
     """The norm kernels for the static archs, both dtypes, forward and backward (with a fused SiLU, a fused ReLU,
-    a fused leaky ReLU and without; the leaky ReLU's forward too), and BatchNorm's running statistics' update: no
-    spills, 128-bit loads along the contiguous channels in the passes over the tensors (the fold of a group's
-    partials reads a few floats a split; the update, C values)."""
+    a fused leaky ReLU, a fused PReLU of a weight a channel and without; the leaky ReLU's and PReLU's forwards too),
+    and BatchNorm's running statistics' update: no spills, 128-bit loads along the contiguous channels in the
+    passes over the tensors (the fold of a group's partials reads a few floats a split; the update, C values)."""
     reports = compile_script(NORM_COMPILE)
-    # archs x 2 dtypes x (2 forwards, SiLU's, ReLU's, leaky ReLU's and the plain backward: reduce, fold, affine
-    # each + the update)
-    assert len(reports) == 38 * len(STATIC_ARCHS)
-    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 12 * len(STATIC_ARCHS)
+    # archs x 2 dtypes x (3 forwards, SiLU's, ReLU's, leaky ReLU's, PReLU's and the plain backward: reduce, fold,
+    # affine each + the update)
+    assert len(reports) == 50 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 16 * len(STATIC_ARCHS)
     assert sum(r["kernel"] == "_running_statistics_kernel" for r in reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
         assert r["sm"] == r["arch"], r

@@ -145,9 +145,10 @@ def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
     return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
 
 
-def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, negative_slope: float = 0.01):
+def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, slope=0.01):
     """The kernels' forward in torch ops, fp32: one statistics pass, then y = act((x - mean) * a + b) with the
-    same per-(batch, channel) coefficients. Returns (y channels_last_3d, mean, rstd fp32 [N, groups])."""
+    same per-(batch, channel) coefficients (`slope` a leaky ReLU's, or a PReLU's weight). Returns (y
+    channels_last_3d, mean, rstd fp32 [N, groups])."""
     if x.numel() == 0:  # an empty batch or clip: the kernels' empty answer, NaN statistics
         stats = torch.full((x.shape[0], groups), float("nan"), device=x.device)
         return channels_last(torch.empty_like(x)), stats, stats.clone()
@@ -155,24 +156,26 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, ne
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
-    y = activated((xf - center) * a + b, activation, negative_slope)
+    y = activated((xf - center) * a + b, activation, slope)
     return channels_last(y.to(x.dtype)), mean, rstd
 
 
-def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, negative_slope: float = 0.01):
+def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, slope=0.01):
     """The kernels' backward in torch ops: the same sums, coefficients and formula, the parameter gradients in
-    parameter_grad_dtype(weight) as the kernels write them."""
+    parameter_grad_dtype(weight) as the kernels write them, and the PReLU weight's (`slope` a tensor: prelu_grad)."""
     c = x.shape[1]
     # An empty batch or clip: the kernels' answer, an empty gradient and zero parameter gradients (the sums below
     # would give NaN ones for an empty clip of a batch, the NaN statistics times empty sums, as torch's GroupNorm)
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
-        return channels_last(torch.empty_like(x)), zeros, zeros.clone()
+        return channels_last(torch.empty_like(x)), zeros, zeros.clone(), prelu_grad(slope, None, None)
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
+    z = centered * a + b if activation != "none" else None
+    slope_grad = prelu_grad(slope, dy, z)
     if activation != "none":
-        dy = _activation_backward(dy, centered * a + b, activation, negative_slope)
+        dy = _activation_backward(dy, z, activation, slope)
     sums = torch.stack([dy.sum(dim=(2, 3, 4)), (dy * centered).sum(dim=(2, 3, 4))], dim=1)
     k1, k2, k3, grad_weight, grad_bias = backward_coefficients(sums, math.prod(x.shape[2:]), rstd, weight, groups)
     per_channel = lambda t: t[:, :, None, None, None]  # noqa: E731
@@ -181,7 +184,19 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     else:
         grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
     dtype = parameter_grad_dtype(weight)
-    return channels_last(grad_in.to(x.dtype)), grad_weight.to(dtype), grad_bias.to(dtype)
+    return channels_last(grad_in.to(x.dtype)), grad_weight.to(dtype), grad_bias.to(dtype), slope_grad
+
+
+def prelu_grad(slope, dy, z) -> torch.Tensor | None:
+    """The gradient of a PReLU's weight `slope` (one, or one a channel) from dy and its input z (fp32; None: an
+    empty tensor, no voxels): the sum of dy * z where z <= 0 over each channel (over all of them for one weight),
+    in the weight's dtype; None where `slope` is a number (no PReLU: group_norm_backward's fourth output)."""
+    if not isinstance(slope, torch.Tensor):
+        return None
+    if dy is None:
+        return torch.zeros_like(slope)
+    sums = torch.where(z > 0, 0.0, dy * z).sum(dim=(0, 2, 3, 4))
+    return (sums.sum().reshape(1) if slope.numel() == 1 else sums).to(slope.dtype)
 
 
 def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = False) -> torch.Tensor:
@@ -226,24 +241,31 @@ def _channel_affine(normalized, weight, bias):
     return normalized
 
 
-def activated(z, activation: str | None, negative_slope: float = 0.01):
+def activated(z, activation: str | None, slope=0.01):
     """act(z) in torch ops of a norm's fused `activation` (geometry.NORM_ACTIVATIONS, or None as the modules name
-    "none"; a leaky ReLU's slope `negative_slope`): the aten path's, and the modules' after a norm torch's ops
-    computed."""
+    "none"; `slope` a leaky ReLU's number or a PReLU's weight, one or one a channel): the aten path's, and the
+    modules' after a norm torch's ops computed."""
     if activation == "silu":
         return F.silu(z)
     if activation == "relu":
         return F.relu(z)
-    return F.leaky_relu(z, negative_slope) if activation == "leaky_relu" else z
+    if activation == "leaky_relu":
+        return F.leaky_relu(z, slope)
+    return torch.where(z > 0, z, z * _per_channel(slope, z)) if activation == "prelu" else z
 
 
-def _activation_backward(dy, z, activation: str, negative_slope: float = 0.01):
-    """dy * act'(z), as the kernels' utils.activation_backward: SiLU's derivative, or ReLU's or leaky ReLU's
-    select."""
+def _per_channel(slope, like):
+    """A PReLU's weight (one, or one a channel) as a factor of `like` (N, C, D, H, W), in its dtype."""
+    return slope.to(like.dtype).view(1, -1, 1, 1, 1)
+
+
+def _activation_backward(dy, z, activation: str, slope=0.01):
+    """dy * act'(z), as the kernels' utils.activation_backward: SiLU's derivative, or ReLU's, leaky ReLU's or
+    PReLU's select."""
     if activation == "relu":
         return torch.where(z > 0, dy, 0.0)
-    if activation == "leaky_relu":
-        return torch.where(z > 0, dy, dy * negative_slope)
+    if activation in ("leaky_relu", "prelu"):
+        return torch.where(z > 0, dy, dy * (_per_channel(slope, dy) if activation == "prelu" else slope))
     sig = torch.sigmoid(z)
     return dy * (sig * (1 + z * (1 - sig)))
 
@@ -255,7 +277,7 @@ def _activation_backward(dy, z, activation: str, negative_slope: float = 0.01):
 
 
 def group_norm_jvp(
-    x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: float, activation: str, negative_slope: float = 0.01
+    x, t_x, weight, bias, t_weight, t_bias, groups: int, eps: float, activation: str, slope=0.01, t_slope=None
 ):  # fmt: skip
     """The tangents of group_norm_fwd's (y, mean, rstd) along (t_x, t_weight, t_bias): with x's groups centered
     (c = x - mean) and r = rstd, d mean = mean(t_x), d r = -r^3 mean(c t_x), d (c r) = (t_x - d mean) r + c d r."""
@@ -270,7 +292,7 @@ def group_norm_jvp(
     t_rstd = -rstd.pow(3) * (centered * t_grouped).mean(dim=2)
     normalized = (centered * rstd[..., None]).reshape(x.shape)
     t_normalized = ((t_grouped - t_mean[..., None]) * rstd[..., None] + centered * t_rstd[..., None]).reshape(x.shape)
-    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation, negative_slope)
+    t_y = _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation, slope, t_slope)
     return t_y.to(x.dtype), t_mean, t_rstd
 
 
@@ -288,15 +310,21 @@ def rms_norm_jvp(x, t_x, weight, bias, t_weight, t_bias, eps: float, activation:
     return t_y.to(x.dtype)
 
 
-def _affine_tangent(normalized, t_normalized, weight, bias, t_weight, t_bias, activation: str, negative_slope=0.01):
-    """The tangent of act(normalized * weight + bias) (per-channel weight and bias, either None)."""
+def _affine_tangent(
+    normalized, t_normalized, weight, bias, t_weight, t_bias, activation: str, slope=0.01, t_slope=None
+):  # fmt: skip
+    """The tangent of act(normalized * weight + bias) (per-channel weight and bias, either None; a PReLU's weight
+    `slope` and its tangent t_slope, None for none)."""
     t_z = _channel_affine(t_normalized, weight, None)
     if t_weight is not None:
         t_z = t_z + _channel_affine(normalized, t_weight, None)
     if t_bias is not None:
         t_z = t_z + t_bias.float().view(1, -1, 1, 1, 1)
     if activation != "none":
-        t_z = _activation_backward(t_z, _channel_affine(normalized, weight, bias), activation, negative_slope)
+        z = _channel_affine(normalized, weight, bias)
+        t_z = _activation_backward(t_z, z, activation, slope)
+        if t_slope is not None:  # PReLU's: z * t_slope where z <= 0
+            t_z = t_z + torch.where(z > 0, 0.0, z * _per_channel(t_slope, z))
     return t_z
 
 

@@ -61,20 +61,31 @@ def _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, channels,
 
 
 @triton.jit
+def _slopes(slope, slopes_ptr, slope_stride, channels, mask, HAS_SLOPES: tl.constexpr):
+    """The leaky ReLU's slope of `channels` (the concatenation's): `slope` itself, or with HAS_SLOPES a PReLU's
+    weights, fp32 [1, channels] (slope_stride 0: one weight for all, 1: one a channel)."""
+    if HAS_SLOPES:
+        slope = tl.load(slopes_ptr + channels * slope_stride, mask=mask, other=0.0).to(tl.float32)[None, :]
+    return slope
+
+
+@triton.jit
 def _channel_reduce_kernel(
-    x_ptr, dy_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, out_ptr,
-    S, C, C0, SPLIT_S, GROUPS, PER_GROUP, slope,
+    x_ptr, dy_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, slopes_ptr, out_ptr,
+    S, C, C0, SPLIT_S, GROUPS, PER_GROUP, slope, slope_stride,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_SLOPES: tl.constexpr, SLOPE_GRAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over the
     split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
-    through the activation (ACTIVATION, a code of geometry.NORM_ACTIVATIONS) at (x - mean) * a + b (_scale_shift:
-    a = rstd * weight, b = bias; `slope` a leaky ReLU's) and mean and rstd are [N, GROUPS], PER_GROUP channels a
-    group. x holds C channels, the concatenation's C0 .. C0 + C (a source of a concatenation along C; C0 = 0 and C
-    all of them without one): dy, weight, bias and out are the concatenation's, their channels from C0 on. x's and
-    dy's voxels are stride_xv and stride_dv apart. Grid (N, channel blocks, splits)."""
+    through the activation (ACTIVATION, a code of geometry.NORM_ACTIVATIONS) at z = (x - mean) * a + b
+    (_scale_shift: a = rstd * weight, b = bias; a leaky ReLU's slope `slope` or, HAS_SLOPES, a PReLU's weights:
+    _slopes), and with SLOPE_GRAD out[.., 2] = sum of dy * z where z <= 0 (the PReLU weights' gradient); mean and
+    rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a
+    source of a concatenation along C; C0 = 0 and C all of them without one): dy, weight, bias, the slopes and out
+    are the concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart. Grid
+    (N, channel blocks, splits)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
@@ -88,8 +99,10 @@ def _channel_reduce_kernel(
         if ACTIVATION != 0:
             a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, wide_c, mask_c, HAS_WEIGHT,
                                 HAS_BIAS)  # fmt: skip
+            slope = _slopes(slope, slopes_ptr, slope_stride, wide_c, mask_c, HAS_SLOPES)
     first = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running mean; backward: sum of dy'
     second = tl.zeros((BLOCK_C,), dtype=tl.float32)  # forward: running M2; backward: sum of dy' * (x - mean)
+    third = tl.zeros((BLOCK_C,), dtype=tl.float32)  # SLOPE_GRAD: sum of dy * z where z <= 0
     count = 0.0
     for s0 in range(s_start, s_end, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
@@ -100,7 +113,10 @@ def _channel_reduce_kernel(
             dy = tl.load(dy_base + voxels * stride_dv + wide_c[None, :], mask=mask, other=0.0).to(tl.float32)
             centered = x - center[None, :]  # outside the mask dy is 0
             if ACTIVATION != 0:
-                dy = activation_backward(dy, centered * a[None, :] + b[None, :], ACTIVATION, slope)
+                z = centered * a[None, :] + b[None, :]
+                if SLOPE_GRAD:
+                    third += tl.sum(tl.where(z > 0.0, 0.0, dy * z), axis=0)
+                dy = activation_backward(dy, z, ACTIVATION, slope)
             first += tl.sum(dy, axis=0)
             second += tl.sum(dy * centered, axis=0)
         else:
@@ -119,24 +135,26 @@ def _channel_reduce_kernel(
     out = out_ptr + n * stride_on + tl.program_id(2) * stride_os + wide_c
     tl.store(out, first, mask=mask_c)
     tl.store(out + stride_oq, second, mask=mask_c)
+    if SLOPE_GRAD:
+        tl.store(out + 2 * stride_oq, third, mask=mask_c)
 
 
 @triton.jit
 def _affine_kernel(
-    x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr,
-    S, C, C0, GROUPS, PER_GROUP, slope,
+    x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr, slopes_ptr,
+    S, C, C0, GROUPS, PER_GROUP, slope, slope_stride,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_SLOPES: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
-    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through an ACTIVATION, `slope` a
-    leaky ReLU's); k1, k2, k3
-    are coef's fp32 rows (COEF_K1 ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd
-    are [N, GROUPS], PER_GROUP channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the
-    concatenation's (see _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov
-    apart. Grid (voxel blocks, channel blocks, N)."""
+    a = rstd * weight and b = bias (_scale_shift; the backward reads them only through an ACTIVATION, a leaky
+    ReLU's slope `slope` or, HAS_SLOPES, a PReLU's weights: _slopes); k1, k2, k3 are coef's fp32 rows (COEF_K1
+    ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd are [N, GROUPS], PER_GROUP
+    channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the concatenation's (see
+    _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel
+    blocks, channel blocks, N)."""
     n = tl.program_id(2)
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -150,6 +168,7 @@ def _affine_kernel(
         a, b = _scale_shift(rstd_ptr, weight_ptr, bias_ptr, n, GROUPS, PER_GROUP, C0 + offs_c, mask_c, HAS_WEIGHT,
                             HAS_BIAS)  # fmt: skip
         z = x * a[None, :] + b[None, :]
+        slope = _slopes(slope, slopes_ptr, slope_stride, C0 + offs_c, mask_c, HAS_SLOPES)
     if BACKWARD:
         coefficients = coef_ptr + n * stride_an + C0 + offs_c
         dy = tl.load(dy_ptr + n.to(tl.int64) * stride_dn + voxels * stride_dv + wide_c, mask=mask, other=0.0)
@@ -176,15 +195,16 @@ FOLD_BACKWARD: tl.constexpr = tl.constexpr(1)
 
 @triton.jit
 def _fold_kernel(
-    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, coef_ptr, dw_ptr, db_ptr,
+    partial_ptr, mean_ptr, rstd_ptr, weight_ptr, coef_ptr, dw_ptr, db_ptr, ds_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
-    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_GROUP: tl.constexpr,
+    MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_GROUP: tl.constexpr, MOMENTS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
     """BLOCK_GROUPS groups' channels (program_id(0)'s) for every batch entry, in order, their splits BLOCK_S at a
     time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
-    partial is [N, SPLITS, 2, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; coef [3, N, C] (rows
-    COEF_K1 ... COEF_K3); dw, db [C]. FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the
+    partial is [N, SPLITS, MOMENTS, C] fp32 (_channel_reduce_kernel's); mean and rstd [N, groups]; coef [3, N, C]
+    (rows COEF_K1 ... COEF_K3); dw, db, ds [C] (ds with a third moment: the PReLU weights' gradient, the sums of
+    dy * z where z <= 0 over the batch). FOLD_STATISTICS: the split moments -> mean and rstd (Chan's formula over the
     splits' counts: the last split holds the rest of the VOXELS). FOLD_BACKWARD: the split sums of dy' and dy' *
     (x - mean) -> dx = dy' * k1 + (x - mean) * k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' +
     k3) * k1 + (x - mean) * k2) and the weight and bias gradients. Each group's sums run over its own splits and
@@ -200,19 +220,20 @@ def _fold_kernel(
     zeros = tl.zeros((BLOCK_GROUPS, BLOCK_G), dtype=tl.float32)
     dw = zeros
     db = zeros
+    ds = zeros
     for n in range(N):
-        base = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * 2 * C
+        base = partial_ptr + (tl.zeros((), dtype=tl.int64) + n) * SPLITS * MOMENTS * C
         if MODE == FOLD_STATISTICS:
             first = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             for s0 in range(0, SPLITS, BLOCK_S):
-                means, counts, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
+                means, counts, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
                 first += tl.sum(tl.sum(means, axis=2) * counts[:, None], axis=0)
             mean = first / total
             spread = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             shift = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)  # the sum of the deviations, small: mean's fix
             for s0 in range(0, SPLITS, BLOCK_S):
-                means, counts, tile = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
-                m2, _, _ = _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
+                means, counts, tile = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
+                m2, _, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
                 deviation = tl.where(tile, means - mean[None, :, None], 0.0)
                 spread += tl.sum(tl.sum(m2, axis=2) + tl.sum(deviation * deviation, axis=2) * counts[:, None], axis=0)
                 shift += tl.sum(tl.sum(deviation, axis=2) * counts[:, None], axis=0)
@@ -229,8 +250,13 @@ def _fold_kernel(
             dy_sum = zeros
             dyx_sum = zeros
             for s0 in range(0, SPLITS, BLOCK_S):
-                dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)[0], 0)
-                dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)[0], 0)
+                dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
+                                             0)[0], 0)  # fmt: skip
+                dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
+                                              1)[0], 0)  # fmt: skip
+                if MOMENTS == 3:
+                    ds += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
+                                             2)[0], 0)  # fmt: skip
             dy_xhat = rstd[:, None] * dyx_sum  # sum over the voxels of dy' * xhat
             db += dy_sum
             dw += dy_xhat
@@ -251,17 +277,21 @@ def _fold_kernel(
     if MODE == FOLD_BACKWARD:  # in the parameters' dtype (parameter_grad_dtype)
         tl.store(dw_ptr + channels, dw.to(dw_ptr.dtype.element_ty), mask=mask)
         tl.store(db_ptr + channels, db.to(db_ptr.dtype.element_ty), mask=mask)
+        if MOMENTS == 3:
+            tl.store(ds_ptr + channels, ds.to(ds_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _split_tile(base, s0, SPLITS, C, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr, MOMENT: tl.constexpr):
-    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0), moment MOMENT of `channels`
+def _split_tile(base, s0, SPLITS, C, MOMENTS: tl.constexpr, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr,
+                MOMENT: tl.constexpr):  # fmt: skip
+    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0; MOMENTS rows of C a split), moment
+    MOMENT of `channels`
     ([groups, channels a group], `mask`): ([BLOCK_S, groups, channels] values, zeros outside; [BLOCK_S] voxel
     counts, 0 past the last split; the tile's mask)."""
     splits = s0 + tl.arange(0, BLOCK_S)
     inside = splits < SPLITS
     tile = inside[:, None, None] & mask[None, :, :]
-    rows = (splits * 2 * C + MOMENT * C)[:, None, None]
+    rows = (splits * MOMENTS * C + MOMENT * C)[:, None, None]
     values = tl.load(base + rows + channels[None, :, :], mask=tile, other=0.0)
     counts = tl.where(inside, tl.minimum(PER_SPLIT, VOXELS - splits * PER_SPLIT), 0) * 1.0
     return values, counts, tile
@@ -344,31 +374,39 @@ FOLD_ELEMENTS, FOLD_SPLITS = 4096, 64
 FOLD_CHANNELS = FOLD_ELEMENTS if settings.INTERPRET else 32
 
 
-def _fold(mode: tl.constexpr, partials, mean, rstd, weight, groups: int, voxels: int, n: int, c: int, eps: float = 0.0):
-    """_fold_kernel's launch on the [N, splits, 2, C] partials: FOLD_STATISTICS's (mean, rstd), fp32 [N, groups];
-    FOLD_BACKWARD's (the coefficient table, fp32 [3, N, C]: k1, k2, k3; grad_weight, grad_bias [C] in
-    parameter_grad_dtype(weight))."""
+def _fold(
+    mode: tl.constexpr, partials, mean, rstd, weight, groups: int, voxels: int, n: int, c: int, eps: float = 0.0,
+    slopes=None,
+):  # fmt: skip
+    """_fold_kernel's launch on the [N, splits, moments, C] partials: FOLD_STATISTICS's (mean, rstd), fp32 [N,
+    groups]; FOLD_BACKWARD's (the coefficient table, fp32 [3, N, C]: k1, k2, k3; grad_weight, grad_bias [C] in
+    parameter_grad_dtype(weight); with a third moment, the PReLU weights' gradient: [C] in the dtype of `slopes`
+    if they are one a channel, else fp32, to be summed; None without)."""
     device = partials.device
     per_split, splits = _splits(voxels)
+    moments = partials.shape[2]
     if mode == FOLD_STATISTICS:
         mean = torch.empty((n, groups), dtype=torch.float32, device=device)
         rstd = torch.empty_like(mean)
-        coef = dw = db = mean
+        coef = dw = db = ds = mean
     else:
         coef = torch.empty((3, n, c), dtype=torch.float32, device=device)
         dw, db = (torch.empty(c, dtype=parameter_grad_dtype(weight), device=device) for _ in range(2))
+        ds = coef
+        if moments == 3:
+            ds = torch.empty(c, dtype=slopes.dtype if slopes.numel() > 1 else torch.float32, device=device)
     per_group = c // groups
     block_g = triton.next_power_of_2(per_group)
     block_groups = min(triton.next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
     block_s = min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
     launch(
         _fold_kernel, (cdiv(groups, block_groups),),
-        partials, mean, rstd, weight if weight is not None else mean, coef, dw, db,
+        partials, mean, rstd, weight if weight is not None else mean, coef, dw, db, ds,
         n, c, splits, voxels, per_split, eps,
-        MODE=mode.value, HAS_WEIGHT=weight is not None, PER_GROUP=per_group,
+        MODE=mode.value, HAS_WEIGHT=weight is not None, PER_GROUP=per_group, MOMENTS=moments,
         BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
     )  # fmt: skip
-    return (mean, rstd) if mode == FOLD_STATISTICS else (coef, dw, db)
+    return (mean, rstd) if mode == FOLD_STATISTICS else (coef, dw, db, ds if moments == 3 else None)
 
 
 def _splits(voxels: int) -> tuple[int, int]:
@@ -380,15 +418,18 @@ def _splits(voxels: int) -> tuple[int, int]:
 def _channel_reduce(
     sources, dy=None, mean=None, rstd=None, weight=None, bias=None, activation=0, slope=0.0
 ) -> torch.Tensor:  # fmt: skip
-    """fp32 [N, splits, 2, C] partials (see _channel_reduce_kernel) of the concatenation along C of `sources`
-    (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's distance), a
-    launch each: the forward's, or given dy the backward's; dy, mean and rstd ([N, groups]), weight and bias (read
-    through the activation, a code of NORM_ACTIVATIONS, `slope` a leaky ReLU's) are the concatenation's."""
+    """fp32 [N, splits, moments, C] partials (see _channel_reduce_kernel) of the concatenation along C of
+    `sources` (dense channels_last_3d tensors of the same N, D, H, W: a voxel's channels are the next voxel's
+    distance), a launch each: the forward's, or given dy the backward's; dy, mean and rstd ([N, groups]), weight and
+    bias (read through the activation, a code of NORM_ACTIVATIONS; `slope` a leaky ReLU's number or a PReLU's
+    weights, whose gradient is the backward's third moment) are the concatenation's."""
     n = sources[0].shape[0]
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
     per_split, splits = _splits(voxels)
-    out = torch.empty((n, splits, 2, c), dtype=torch.float32, device=sources[0].device)
+    slope, slopes, slope_stride = _slope_arguments(slope)
+    slope_grad = dy is not None and slopes is not None  # the backward of a PReLU: its weights' gradient too
+    out = torch.empty((n, splits, 3 if slope_grad else 2, c), dtype=torch.float32, device=sources[0].device)
     for x, first in _channel_slices(sources):
         width = x.shape[1]
         grads = dy if dy is not None else x
@@ -396,13 +437,27 @@ def _channel_reduce(
         groups = mean.shape[1] if mean is not None else 1
         launch(
             _channel_reduce_kernel, (n, cdiv(width, BLOCK_C), splits),
-            x, grads, center, scale, w, b, out,
-            voxels, width, first, per_split, groups, c // groups, slope,
+            x, grads, center, scale, w, b, slopes if slopes is not None else out, out,
+            voxels, width, first, per_split, groups, c // groups, slope, slope_stride,
             x.stride(0), width, grads.stride(0), grads.shape[1], *out.stride()[:3],
             BACKWARD=dy is not None, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+            HAS_SLOPES=slopes is not None, SLOPE_GRAD=slope_grad, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
+
+
+def _slope_arguments(slope) -> tuple:
+    """A leaky ReLU's slope (a number) or a PReLU's weights (a tensor of one, or one a channel) as the kernels take
+    them: (the number, fp32; the weights or None; their stride, 0 for one weight, 1 for one a channel)."""
+    if isinstance(slope, torch.Tensor):
+        return 0.0, slope.contiguous(), int(slope.numel() > 1)
+    return float(slope), None, 0
+
+
+def _activation_code(activation: str) -> int:
+    """The kernels' ACTIVATION code of an op's `activation`: its index in NORM_ACTIVATIONS, a PReLU's the leaky
+    ReLU's (whose slopes the kernels then load: HAS_SLOPES)."""
+    return NORM_ACTIVATIONS.index("leaky_relu" if activation == "prelu" else activation)
 
 
 def _channel_slices(sources):
@@ -416,7 +471,8 @@ def _channel_slices(sources):
 def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0, slope=0.0) -> torch.Tensor:
     """The forward's act((x - mean) * a + b) or, given dy and the backward's coefficient table, its input gradient
     (see _affine_kernel) of the concatenation along C of `sources`, in one channels_last_3d tensor, a launch a
-    source; `activation` a code of NORM_ACTIVATIONS, `slope` a leaky ReLU's."""
+    source; `activation` a code of NORM_ACTIVATIONS, `slope` a leaky ReLU's number or a PReLU's weights."""
+    slope, slopes, slope_stride = _slope_arguments(slope)
     x = sources[0]
     n = x.shape[0]
     c = sum(source.shape[1] for source in sources)
@@ -430,11 +486,11 @@ def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0, slop
         grads = dy if backward else x
         launch(
             _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
-            x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef)),
-            voxels, x.shape[1], first, groups, c // groups, slope,
+            x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef, slopes)),
+            voxels, x.shape[1], first, groups, c // groups, slope, slope_stride,
             x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
             BACKWARD=backward, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
+            HAS_SLOPES=slopes is not None, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
         )  # fmt: skip
     return out
 
@@ -445,11 +501,10 @@ def _sources(x, channels_after) -> list:
     return [dense_voxels(x)] + ([dense_voxels(channels_after)] if channels_after is not None else [])
 
 
-def group_norm_fwd(
-    x, weight, bias, groups: int, eps: float, activation: str, channels_after=None, negative_slope: float = 0.01
-):  # fmt: skip
+def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, channels_after=None, slope=0.01):
     """(y channels_last_3d, mean, rstd); mean and rstd fp32 [N, groups]. With channels_after, of
-    torch.cat([x, channels_after], dim=1), each source read in place. negative_slope: a leaky ReLU's."""
+    torch.cat([x, channels_after], dim=1), each source read in place. `slope`: a leaky ReLU's number, or a PReLU's
+    weights (one, or one a channel)."""
     sources = _sources(x, channels_after)
     x = sources[0]
     n, c = x.shape[0], sum(source.shape[1] for source in sources)
@@ -459,23 +514,31 @@ def group_norm_fwd(
         return empty_ndhwc((n, c, *x.shape[2:]), like=x), stats, stats.clone()
     partials = _channel_reduce(sources)
     mean, rstd = _fold(FOLD_STATISTICS, partials, None, None, None, groups, voxels, n, c, eps)
-    code = NORM_ACTIVATIONS.index(activation)
-    return _affine(sources, None, mean, rstd, weight, bias, None, code, negative_slope), mean, rstd
+    return _affine(sources, None, mean, rstd, weight, bias, None, _activation_code(activation), slope), mean, rstd
 
 
 def group_norm_bwd(
-    grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None,
-    negative_slope: float = 0.01,
-):  # fmt: skip
-    """(grad_input channels_last_3d, grad_weight, grad_bias), the last two [C] in parameter_grad_dtype(weight).
-    With channels_after, grad_input is the gradient of the concatenation (both sources' channels)."""
+    grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, channels_after=None, slope=0.01
+):
+    """(grad_input channels_last_3d, grad_weight, grad_bias, grad_slope): grad_weight and grad_bias [C] in
+    parameter_grad_dtype(weight); grad_slope the PReLU weights' (`slope` a tensor: its shape and dtype), else None
+    (aten.prelu_grad). With channels_after, grad_input is the gradient of the concatenation (both
+    sources' channels)."""
     sources, grad_out = _sources(x, channels_after), dense_voxels(grad_out)
     x = sources[0]
     c = grad_out.shape[1]
+    prelu = isinstance(slope, torch.Tensor)
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
-        return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone()
-    code, voxels, mean = NORM_ACTIVATIONS.index(activation), x[0, 0].numel(), mean.contiguous()
-    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, code, negative_slope)  # dy', dy' (x - mean)
-    coef, grad_weight, grad_bias = _fold(FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c)
-    return _affine(sources, grad_out, mean, rstd, weight, bias, coef, code, negative_slope), grad_weight, grad_bias
+        slope_grad = torch.zeros_like(slope) if prelu else None
+        return empty_ndhwc(grad_out.shape, like=x), zeros, zeros.clone(), slope_grad
+    code, voxels, mean = _activation_code(activation), x[0, 0].numel(), mean.contiguous()
+    # dy', dy' (x - mean) and a PReLU's dy * z where z <= 0
+    partials = _channel_reduce(sources, grad_out, mean, rstd, weight, bias, code, slope)
+    coef, grad_weight, grad_bias, slope_grad = _fold(
+        FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c, slopes=slope if prelu else None
+    )  # fmt: skip
+    if prelu and slope.numel() == 1:  # one weight for every channel: the channels' sums summed
+        slope_grad = slope_grad.sum().reshape(1).to(slope.dtype)
+    grad_input = _affine(sources, grad_out, mean, rstd, weight, bias, coef, code, slope)
+    return grad_input, grad_weight, grad_bias, slope_grad

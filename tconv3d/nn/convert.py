@@ -100,9 +100,10 @@ def convert(
     - `nn.Conv3d`, `nn.ConvTranspose3d`, `nn.GroupNorm`, `nn.InstanceNorm3d` and `nn.BatchNorm3d` become
       tconv3d's drop-ins (NDHWC kernels, channels_last_3d outputs; BatchNorm3d's batch statistics on them),
       `nn.AvgPool3d` and `nn.Upsample` drop-ins that keep a channels_last_3d activation so (torch's values), and a
-      GroupNorm, InstanceNorm3d or BatchNorm3d followed by `nn.SiLU`, `nn.ReLU` or `nn.LeakyReLU` in an
-      `nn.Sequential` becomes one fused norm + activation (the activation's slot an `nn.Identity`; a dropout
-      between them, as MONAI's blocks have, stays after it where the two commute).
+      GroupNorm, InstanceNorm3d or BatchNorm3d followed by `nn.SiLU`, `nn.ReLU`, `nn.LeakyReLU` or `nn.PReLU` in
+      an `nn.Sequential` becomes one fused norm + activation (the activation's slot an `nn.Identity`, a PReLU's a
+      FusedPReLU that keeps its weight; a dropout between them, as MONAI's blocks have, stays after it where the
+      two commute).
     - The causal convolutions of diffusers' video VAEs (Wan, QwenImage, CogVideoX, Mochi, HunyuanVideo,
       LTX-Video, Cosmos, EasyAnimate, Kandinsky 5's KVAE, Kandinsky 6's SR VAE and latent upscalers, MiniMax-H3's
       encoder) are taken over with their padding, repeated frames and cached frames inside one op: no F.pad or
@@ -189,20 +190,21 @@ def _swap(module: nn.Module, cls: type) -> None:
 
 
 # The activations a converted norm takes into its pass (their `activation` names)
-FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu"}
+FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.PReLU: "prelu"}
 # Dropouts an activation may move in front of: each multiplies an element by 0 or 1 / (1 - p), never negative,
-# which commutes with an activation f of f(0) = 0 and f(kx) = k f(x) for k >= 0 (ReLU, leaky ReLU: the same
-# random draws and, for finite inputs, values, a leaky ReLU's within a rounding), and at p = 0 with any activation
-# (the identity: MONAI's ADN blocks put a Dropout(0.0) between their norm and activation). AlphaDropout's affine
-# fill is neither.
+# which commutes with an activation f of f(0) = 0 and f(kx) = k f(x) for k >= 0 (ReLU, leaky ReLU, PReLU: the
+# same random draws and, for finite inputs, values, a leaky ReLU's within a rounding), and at p = 0 with any
+# activation (the identity: MONAI's ADN blocks put a Dropout(0.0) between their norm and activation).
+# AlphaDropout's affine fill is neither.
 SCALING_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
-HOMOGENEOUS_ACTIVATIONS = {"relu", "leaky_relu"}
+HOMOGENEOUS_ACTIVATIONS = {"relu", "leaky_relu", "prelu"}
 
 
 def _fuse_norm_activations(model: nn.Module) -> None:
-    """GroupNorm / InstanceNorm3d / BatchNorm3d then nn.SiLU, nn.ReLU or nn.LeakyReLU (in place or not: the norm's
-    output is its own) in an nn.Sequential, next to each other or with dropouts between that commute with the activation
-    (SCALING_DROPOUTS) -> one fused pass, the dropouts after it."""
+    """GroupNorm / InstanceNorm3d / BatchNorm3d then nn.SiLU, nn.ReLU, nn.LeakyReLU (in place or not: the norm's
+    output is its own) or nn.PReLU in an nn.Sequential, next to each other or with dropouts between that commute
+    with the activation (SCALING_DROPOUTS) -> one fused pass, the dropouts after it; the activation's slot an
+    nn.Identity, a PReLU's a FusedPReLU (which keeps its weight)."""
     for parent in model.modules():
         if not isinstance(parent, nn.Sequential):
             continue
@@ -215,11 +217,15 @@ def _fuse_norm_activations(model: nn.Module) -> None:
                 j += 1
             if j == len(items) or (fused := FUSED_ACTIVATIONS.get(type(items[j][1]))) is None:
                 continue
-            if fused in HOMOGENEOUS_ACTIVATIONS or all(module.p == 0 for _, module in items[i + 1 : j]):
-                norm.activation = fused
-                if fused == "leaky_relu":
-                    norm.negative_slope = items[j][1].negative_slope
-                parent._modules[items[j][0]] = nn.Identity()
+            if fused not in HOMOGENEOUS_ACTIVATIONS and any(module.p != 0 for _, module in items[i + 1 : j]):
+                continue
+            if fused == "prelu":
+                norm.fuse_prelu(items[j][1])
+                continue
+            norm.activation = fused
+            if fused == "leaky_relu":
+                norm.negative_slope = items[j][1].negative_slope
+            parent._modules[items[j][0]] = nn.Identity()
 
 
 def _frame_convs_channels_last(model: nn.Module) -> None:

@@ -202,43 +202,87 @@ def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
     return tuple(strides)
 
 
-class GroupNorm(nn.GroupNorm):
+class _FusedActivation:
+    """A norm module's fused activation: `activation`, None or a name of geometry.NORM_ACTIVATIONS but "none"
+    (the constructors take any but "prelu"), a leaky ReLU's `negative_slope`, and for "prelu" the nn.PReLU that
+    convert fused (`fused_prelu`, left in its slot as a FusedPReLU, so its weight stays its parameter under its
+    state_dict key and in the optimizer). Class attributes: the defaults of modules convert made, which runs no
+    __init__."""
+
+    activation = None
+    negative_slope = 0.01
+    fused_prelu = None
+
+    def _set_activation(self, activation, negative_slope) -> None:
+        names = (None, *NORM_ACTIVATIONS[1:-1])
+        if activation not in names:
+            raise ValueError(f"activation must be one of {', '.join(map(repr, names))}, got {activation!r} (a PReLU "
+                             "is fused by tconv3d.nn.convert)")  # fmt: skip
+        self.activation, self.negative_slope = activation, negative_slope
+
+    def fuse_prelu(self, prelu: nn.PReLU) -> None:
+        """Apply `prelu` (an nn.PReLU of one weight or one a channel) in this norm's pass, and make it a FusedPReLU
+        (the identity): its weight is read from it at each call, not copied."""
+        prelu.__class__ = FusedPReLU
+        self.__dict__["fused_prelu"] = prelu  # a reference, not a submodule: no second state_dict key
+        self.activation = "prelu"
+
+    def _activation_weight(self):
+        return self.fused_prelu.weight if self.activation == "prelu" else None
+
+    def _activation_slope(self):
+        """The slope torch's ops take for this activation (aten.activated): the PReLU's weight or the number."""
+        return self.fused_prelu.weight if self.activation == "prelu" else self.negative_slope
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        if self.activation == "leaky_relu":
+            return text + f", activation='leaky_relu', negative_slope={self.negative_slope}"
+        return text + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class FusedPReLU(nn.PReLU):
+    """An nn.PReLU that tconv3d.nn.convert fused into the norm before it (_FusedActivation.fuse_prelu): the
+    identity, its weight read by that norm's kernels."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return input
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", fused into the norm before it"
+
+
+class GroupNorm(_FusedActivation, nn.GroupNorm):
     """`torch.nn.GroupNorm` on tconv3d's NDHWC kernels for 5-D inputs (channels_last_3d out, fp32 statistics,
     no NCDHW intermediate) and 4-D channels_last ones (channels_last out: a video's frames in the batch), with an
     optional fused activation: `activation="silu"` is GroupNorm then SiLU in one pass, the video VAE and UNet
-    block's norm -> SiLU -> conv (`"relu"` the same with ReLU, `"leaky_relu"` with LeakyReLU(negative_slope)).
-    Other inputs run torch's group_norm. Same constructor, parameters and state_dict as nn.GroupNorm."""
-
-    negative_slope = 0.01  # (modules made by convert, which runs no __init__)
+    block's norm -> SiLU -> conv (`"relu"` the same with ReLU, `"leaky_relu"` with LeakyReLU(negative_slope); a
+    PReLU after it convert fuses: _FusedActivation). Other inputs run torch's group_norm. Same constructor,
+    parameters and state_dict as nn.GroupNorm."""
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, activation=None,
                  negative_slope=0.01):  # fmt: skip
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
-        self.activation, self.negative_slope = _check_activation(activation), negative_slope
+        self._set_activation(activation, negative_slope)
 
     def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None) -> torch.Tensor:
         """`channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels
         as if torch.cat([input, channels_after], dim=1) were normalized (num_channels counts both), read in
         place; it gets a gradient like the input."""
         return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, channels_after,
-                         self.negative_slope)  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + _activation_repr(self)
+                         self.negative_slope, self._activation_weight())  # fmt: skip
 
 
-class InstanceNorm3d(nn.InstanceNorm3d):
+class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
     """`torch.nn.InstanceNorm3d` on tconv3d's GroupNorm kernels (one group per channel) for 5-D inputs, with an
-    optional fused `activation` ("silu", "relu" or "leaky_relu" of negative_slope, as GroupNorm's). With
-    track_running_stats, an unbatched input or a dtype the kernels do not take (float64), torch's instance_norm runs
-    (tconv3d does not keep running statistics)."""
-
-    negative_slope = 0.01  # (modules made by convert, which runs no __init__)
+    optional fused `activation` ("silu", "relu" or "leaky_relu" of negative_slope, as GroupNorm's; a PReLU convert
+    fuses, as MONAI's UNet follows its norms). With track_running_stats, an unbatched input or a dtype the kernels
+    do not take (float64), torch's instance_norm runs (tconv3d does not keep running statistics)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
                  dtype=None, activation=None, negative_slope=0.01):  # fmt: skip
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.activation, self.negative_slope = _check_activation(activation), negative_slope
+        self._set_activation(activation, negative_slope)
 
     def on_kernels(self, input: torch.Tensor) -> bool:
         """Whether tconv3d's kernels normalize `input`: 5-D, a dtype they take, no running statistics."""
@@ -251,19 +295,16 @@ class InstanceNorm3d(nn.InstanceNorm3d):
             plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
-            return activated(output, self.activation, self.negative_slope)
+            return activated(output, self.activation, self._activation_slope())
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
             raise ValueError(
                 f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
             )
         return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation, None,
-                         self.negative_slope)  # fmt: skip
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + _activation_repr(self)
+                         self.negative_slope, self._activation_weight())  # fmt: skip
 
 
-class BatchNorm3d(nn.BatchNorm3d):
+class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
     """`torch.nn.BatchNorm3d` whose batch statistics (training, or no running statistics) come from tconv3d's
     GroupNorm kernels: a channels_last_3d (N, C, D, H, W) tensor is, in memory, the (1, C, N * D, H, W) one whose
     instance norm is this batch norm, so the kernels normalize that view with one group a channel (fp32 statistics
@@ -275,20 +316,17 @@ class BatchNorm3d(nn.BatchNorm3d):
     where torch's ops normalize) in torch ops on C values. Normalizing by the running statistics (eval), an input
     that is not 5-D or of a dtype the kernels take, and vmap run torch's batch_norm. An optional fused
     `activation` ("silu", "relu" or "leaky_relu" of negative_slope, as GroupNorm's: a DenseNet's norm -> ReLU in
-    one pass). Same constructor, parameters, buffers and state_dict as nn.BatchNorm3d."""
-
-    activation = None  # (modules made before it had one, and by convert, which runs no __init__)
-    negative_slope = 0.01
+    one pass; a PReLU convert fuses). Same constructor, parameters, buffers and state_dict as nn.BatchNorm3d."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
                  dtype=None, activation=None, negative_slope=0.01):  # fmt: skip
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.activation, self.negative_slope = _check_activation(activation), negative_slope
+        self._set_activation(activation, negative_slope)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
         if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
-            return activated(super().forward(input), self.activation, self.negative_slope)
+            return activated(super().forward(input), self.activation, self._activation_slope())
         # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
         update = self.training and self.track_running_stats and self.running_mean is not None
         counted = self.training and self.track_running_stats and self.num_batches_tracked is not None
@@ -308,7 +346,8 @@ class BatchNorm3d(nn.BatchNorm3d):
         _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         folded = batch_folded(input) if not empty else input
         output, mean, rstd = call_group_norm(
-            folded, self.weight, self.bias, c, self.eps, self.activation or "none", None, self.negative_slope
+            folded, self.weight, self.bias, c, self.eps, self.activation or "none", None, self.negative_slope,
+            self._activation_weight(),
         )  # fmt: skip
         if in_kernel:
             count = self.num_batches_tracked if counted else None
@@ -323,9 +362,6 @@ class BatchNorm3d(nn.BatchNorm3d):
                 statistics = [t.to(self.running_mean.dtype) for t in (mean.view(c), variance)]
                 torch._foreach_lerp_([self.running_mean, self.running_var], statistics, factor)
         return batch_unfolded(output, input.shape) if not empty else output
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + _activation_repr(self)
 
 
 def _check_batch_norm(input, values: int, eps: float, running_mean) -> None:
@@ -829,38 +865,27 @@ def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> b
     return laid_out(input, memory_format) and not input.is_contiguous()
 
 
-def _check_activation(activation):
-    """A norm module's fused activation: None, or a name of geometry.NORM_ACTIVATIONS but "none"."""
-    names = (None, *NORM_ACTIVATIONS[1:])
-    if activation not in names:
-        raise ValueError(f"activation must be one of {', '.join(map(repr, names))}, got {activation!r}")
-    return activation
-
-
-def _activation_repr(norm) -> str:
-    """A norm module's fused activation in its repr: nothing without one."""
-    if norm.activation == "leaky_relu":
-        return f", activation='leaky_relu', negative_slope={norm.negative_slope}"
-    return f", activation={norm.activation!r}" if norm.activation else ""
-
-
-def normalize(input, groups, weight, bias, eps, activation, channels_after=None, negative_slope=0.01):
-    """GroupNorm (then `activation`, a leaky ReLU's slope `negative_slope`) of `input`, or of
-    torch.cat([input, channels_after], dim=1) read in place where both are 5-D tensors of one supported dtype
-    (concatenated first otherwise)."""
+def normalize(
+    input, groups, weight, bias, eps, activation, channels_after=None, negative_slope=0.01, activation_weight=None
+):  # fmt: skip
+    """GroupNorm (then `activation`, a leaky ReLU's slope `negative_slope`, a PReLU's weight `activation_weight`)
+    of `input`, or of torch.cat([input, channels_after], dim=1) read in place where both are 5-D tensors of one
+    supported dtype (concatenated first otherwise)."""
+    activation_arguments = (negative_slope, activation_weight)
     if channels_after is not None:
         if input.dim() == channels_after.dim() == 5 and input.dtype == channels_after.dtype in SUPPORTED_DTYPES:
             return call_group_norm(
-                input, weight, bias, groups, eps, activation or "none", channels_after, negative_slope
+                input, weight, bias, groups, eps, activation or "none", channels_after, *activation_arguments
             )[0]  # fmt: skip
         input = torch.cat([input, channels_after], dim=1)
     if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _laid_out_only(input, torch.channels_last):
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
         # result viewed back channels_last, where torch's group_norm would answer NCHW.
-        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation, None, negative_slope).squeeze(2)
+        frames = normalize(input.unsqueeze(2), groups, weight, bias, eps, activation, None, *activation_arguments)
+        return frames.squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
         output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)
-        return activated(output, activation, negative_slope)
-    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None, negative_slope)[0]
+        return activated(output, activation, activation_weight if activation == "prelu" else negative_slope)
+    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None, *activation_arguments)[0]
