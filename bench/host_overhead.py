@@ -275,6 +275,7 @@ def _with_and_without_plans(fns: dict, calls: int, refusals) -> dict:
 NORM_CASES = (
     ("gn_silu_512", "group_silu", 1, 512, (5, 8, 8)),
     ("instance_32", "instance", 2, 32, (4, 8, 8)),
+    ("instance_prelu_32", "instance_prelu", 2, 32, (4, 8, 8)),
     ("batch_256", "batch", 4, 256, (4, 4, 4)),
     ("batch_relu_128", "batch_relu", 4, 128, (4, 4, 4)),
     ("wan_rms_384", "rms", 1, 384, (2, 8, 8)),

@@ -571,11 +571,14 @@ def _skip_step(forward, tensors, grad):
 # (name, kind, batch, channels, (D, H, W)); kind "group_silu" is GroupNorm(32 groups) then SiLU (a video VAE's
 # decoder block: HunyuanVideo's, CogVideoX's), "instance" MONAI's UNets' InstanceNorm3d, "batch" a BatchNorm3d in
 # training alone, "batch_relu" one then ReLU (MONAI's DenseNet and HighResNet layers: convert fuses the ReLU into
-# the norm), "rms" the Wan VAE's RMS norm (diffusers' WanRMS_norm: needs diffusers).
+# the norm), "instance_prelu" MONAI UNet's ADN block (InstanceNorm3d, Dropout(0.0), PReLU: convert fuses the PReLU,
+# its weight's gradient in the norm's backward), "rms" the Wan VAE's RMS norm (diffusers' WanRMS_norm: needs
+# diffusers).
 NORM_LAYERS = [
     ("hunyuan_gn_silu_512", "group_silu", 1, 512, (5, 64, 64)),
     ("hunyuan_gn_silu_128", "group_silu", 1, 128, (17, 256, 256)),
     ("unet_instance_32", "instance", 2, 32, (96, 96, 96)),
+    ("unet_instance_prelu_32", "instance_prelu", 2, 32, (96, 96, 96)),
     ("unet_batch_64", "batch", 2, 64, (64, 64, 64)),
     ("densenet_batch_256", "batch", 4, 256, (16, 16, 16)),
     ("densenet_batch_relu_128", "batch_relu", 4, 128, (32, 32, 32)),
@@ -591,6 +594,9 @@ def norm_modules(kind: str, channels: int, device, dtype=torch.float32) -> dict:
         "instance": lambda: torch.nn.Sequential(torch.nn.InstanceNorm3d(channels, affine=True)),
         "batch": lambda: torch.nn.Sequential(torch.nn.BatchNorm3d(channels)),
         "batch_relu": lambda: torch.nn.Sequential(torch.nn.BatchNorm3d(channels), torch.nn.ReLU(inplace=True)),
+        "instance_prelu": lambda: torch.nn.Sequential(
+            torch.nn.InstanceNorm3d(channels, affine=True), torch.nn.Dropout(0.0), torch.nn.PReLU()
+        ),
         "rms": lambda: torch.nn.Sequential(_wan_rms_norm(channels)),
     }[kind]().to(device, dtype)
     with torch.no_grad():

@@ -180,8 +180,9 @@ class _HostOp:
 
 class Plan:
     """One recorded call: `allocations` [(shape, strides, dtype, device)], `constants` [tensor], `launches`
-    [_Launch], `outputs` ((slot, view), ...), returned as a tuple (a norm's output and statistics) or, `single`,
-    the one tensor. Slots are the call's inputs, its allocations, then the constants. An allocation is made before
+    [_Launch], `outputs` ((slot, view) or None, ...), returned as a tuple (a norm's output and statistics; None
+    where the call returned None: a GroupNorm backward's PReLU weight gradient without a PReLU) or, `single`, the
+    one tensor. Slots are the call's inputs, its allocations, then the constants. An allocation is made before
     the first step that uses it and dropped after its last (an output at the end), as the whole path's Python
     lets go of it: a backward's split partials of the input gradient are freed before the weight gradient's are
     made (`lifetimes`)."""
@@ -233,9 +234,8 @@ class Plan:
             shape, strides, dtype, place = allocations[made]
             slots[first + made] = torch.empty_strided(shape, strides, dtype=dtype, device=place)
         if self.single:
-            slot, view = self.outputs[0]
-            return slots[slot] if view is None else slots[slot].as_strided(*view)
-        return tuple(slots[slot] if view is None else slots[slot].as_strided(*view) for slot, view in self.outputs)
+            return _output(slots, self.outputs[0])
+        return tuple(_output(slots, returned) for returned in self.outputs)
 
 
 class _Stale(Exception):
@@ -298,6 +298,14 @@ class _Launch:
             yield base[0]
 
 
+def _output(slots: list, returned):
+    """A replayed call's output: its slot's tensor (as the view the call returned), or None."""
+    if returned is None:
+        return None
+    slot, view = returned
+    return slots[slot] if view is None else slots[slot].as_strided(*view)
+
+
 def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refused | None:
     """The plan of a recorded call, Refused (why), or None where the call compiled a kernel (record again)."""
     if watch.other is not None:
@@ -310,14 +318,15 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
         slots = _Slots(inputs, watch.allocated)
         steps = [_launch_of(step, slots) for step in launches]
         returned = output if isinstance(output, tuple) else (output,)
-        if not returned or not all(isinstance(t, torch.Tensor) for t in returned):
-            raise _Unplanned("the call returns something other than tensors")
-        returned = [slots.of(t) for t in returned]
+        tensors = [t for t in returned if t is not None]
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise _Unplanned("the call returns something other than tensors (and None)")
+        returned = [slots.of(t) if t is not None else None for t in returned]
     except _Unplanned as why:
         return Refused(str(why))
     # Allocations no launch reads and the call does not return (a launcher's attempt that raised before it
     # launched, choice.launch's RiskyTensorMap) are not made again; constants follow the allocations kept.
-    used = {slot for slot, _ in returned} | {slot for step in steps for slot in step.slots()}
+    used = {slot for slot, _ in filter(None, returned)} | {slot for step in steps for slot in step.slots()}
     count = len(inputs)
     kept = [i for i in range(count, count + len(watch.allocated)) if i in used]
     renumber = {i: i for i in range(count)}
@@ -329,7 +338,7 @@ def _plan(inputs: tuple, output, watch: _Watch, launches: list) -> Plan | Refuse
             (position, (renumber[source[0]], source[1]), (renumber[base[0]], base[1]), itemsize, specialized)
             for position, source, base, itemsize, specialized in step.distances
         ]
-    returned = tuple((renumber[slot], view) for slot, view in returned)
+    returned = tuple((renumber[r[0]], r[1]) if r is not None else None for r in returned)
     tensors = slots.tensors
     allocations = [(tuple(tensors[i].shape), tensors[i].stride(), tensors[i].dtype, tensors[i].device) for i in kept]
     constants = [tensors[i] for i in slots.constants]
@@ -347,7 +356,7 @@ def _lifetimes(count: int, kept: list, steps: list, returned: tuple) -> tuple:
             if count <= slot < count + len(kept):
                 first_use.setdefault(slot - count, index)
                 last_use[slot - count] = index
-    outputs = {slot - count for slot, _ in returned}
+    outputs = {slot - count for slot, _ in filter(None, returned)}
     makes = [[] for _ in range(len(steps) + 1)]
     frees = [[] for _ in steps]
     for made in range(len(kept)):

@@ -92,6 +92,8 @@ NORM_DROP_INS = ("nn.InstanceNorm3d", "nn.BatchNorm3d")  # their constructors ta
 # RMS norm's
 FUSED = {"silu": torch.nn.SiLU, "relu": torch.nn.ReLU, "leaky_relu": torch.nn.LeakyReLU}
 RMS_FUSED = ("silu", "relu")
+# the group_norm op's too: a PReLU of weights (one, or one a channel) the call hands it
+OP_FUSED = (*FUSED, "prelu")
 # The entries whose calls a torch.nn module makes too: drawn (30%) as that module taken over by tconv3d.nn.convert.
 CONVERTIBLE = ("nn.Conv3d", "nn.ConvTranspose3d", "nn.GroupNorm", *DROP_INS)
 # What a plain refusal raises; anything else from tconv3d is an internal error surfacing.
@@ -168,12 +170,13 @@ def valid_call(rng: random.Random) -> dict:
 
 def _valid_norm_call(rng: random.Random, entry: str) -> dict:
     """A GroupNorm's call (tconv3d.nn.GroupNorm, torch.ops.tconv3d.group_norm): groups dividing the channels, both
-    sources' where a skip connection follows the input's channels."""
+    sources' where a skip connection follows the input's channels; the op's PReLU of one weight or one a channel."""
     groups = rng.choice((1, 2, 3))
     after = groups * rng.randint(1, 2) if rng.random() < 0.25 else 0
+    activation = rng.choice(("none", *(OP_FUSED if entry == "op.group_norm" else FUSED)))
     return dict(entry=entry, batch=rng.choice((1, 2)), c_in=groups * rng.randint(1, 3), after=after,
                 size=[rng.randint(1, 4) for _ in range(3)], groups=groups, affine=rng.random() < 0.7,
-                eps=rng.choice((1e-5, 1e-6, 1e-3)), activation=rng.choice(("none", *FUSED)),
+                eps=rng.choice((1e-5, 1e-6, 1e-3)), activation=activation, prelu_weights=rng.choice((1, "channels")),
                 dtype=rng.choice(("float32", "float32", "bfloat16", "float16")), layout="channels_last",
                 grad=rng.random() < 0.3, mutations=[])  # fmt: skip
 
@@ -635,7 +638,10 @@ def _norm_tensors(call: dict, gen, dtype) -> dict:
         skip_shape = [n, call["after"], d, h + (call.get("after_shape") == "wrong_h"), w]
         skip = randn(*skip_shape, dtype=_dtype(call.get("after_dtype", call["dtype"]), dtype))
         skip = _layout(skip, "channels_last", randn)
-    return dict(input=x, weight=weight, bias=bias, channels_after=skip)
+    slopes = None
+    if call.get("activation") == "prelu":  # a PReLU's weights, of the parameters' dtype
+        slopes = randn(channels if call["prelu_weights"] == "channels" else 1, dtype=p_dtype, device=device)
+    return dict(input=x, weight=weight, bias=bias, channels_after=skip, activation_weight=slopes)
 
 
 def _grad_output(call: dict, t: dict, randn) -> torch.Tensor:
@@ -712,9 +718,9 @@ def _entry(call: dict, t: dict):
 def _functional(call: dict, t: dict):
     """A functional entry's or an op's answer."""
     if call["entry"] == "op.group_norm":
-        return torch.ops.tconv3d.group_norm(
-            t["input"], t["weight"], t["bias"], call["groups"], call["eps"], call["activation"], t["channels_after"]
-        )[0]  # (output, mean, rstd)
+        prelu = (0.01, t["activation_weight"]) if t.get("activation_weight") is not None else ()
+        arguments = (t["input"], t["weight"], t["bias"], call["groups"], call["eps"], call["activation"])
+        return torch.ops.tconv3d.group_norm(*arguments, t["channels_after"], *prelu)[0]  # (output, mean, rstd)
     if call["entry"] == "op.rms_norm":
         return torch.ops.tconv3d.rms_norm(t["input"], t["weight"], t["bias"], call["eps"], call["activation"],
                                           call["clamp"])  # fmt: skip
@@ -959,7 +965,7 @@ def _theirs_norm(call: dict, t: dict):
     if call["entry"] == "nn.GroupNorm":  # torch's constructor first, as tconv3d.nn's runs it first
         module = _norm_module(call, t, torch.nn.GroupNorm)
     if call["entry"] == "op.group_norm":
-        if call["activation"] not in ("none", *FUSED):
+        if call["activation"] not in ("none", *OP_FUSED):
             raise ValueError(f"activation {call['activation']!r}")
         if x.dim() != 5:
             raise ValueError("the op takes a 5-D input")
@@ -979,6 +985,11 @@ def _theirs_norm(call: dict, t: dict):
         if t["weight"] is not None and t["bias"] is not None and t["weight"].device != t["bias"].device:
             raise ValueError("weight and bias on two devices")
         y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
+    if call["activation"] == "prelu":
+        slopes = t["activation_weight"]
+        if slopes.device != y.device or slopes.numel() not in (1, y.shape[1]):
+            raise ValueError("PReLU weights of another size or device")
+        return F.prelu(y, slopes.to(y.dtype))
     return _activated(y, call["activation"])
 
 

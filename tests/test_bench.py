@@ -988,6 +988,8 @@ def test_norms_scenario_times_what_convert_makes_of_torchs_norms(kind, device):
     assert is_converted(norm) and norm.training
     if kind in ("group_silu", "batch_relu"):  # the activation fused into the norm
         assert norm.activation == kind.split("_")[1] and type(modules["tconv3d"][1]) is torch.nn.Identity
+    if kind == "instance_prelu":  # across the dropout, the PReLU's module left holding its weight
+        assert norm.activation == "prelu" and norm.fused_prelu is modules["tconv3d"][2]
     x = torch.randn(2, 64, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last_3d)
     grad = torch.randn_like(x)
     answers = []

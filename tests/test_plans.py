@@ -161,9 +161,14 @@ with stubbed_launches(90, record):
         choice._memo.clear()
 
     # The norms: a GroupNorm's and an RMS norm's forward and backward (three and four launches of the group norm's
-    # kernels, its statistics among the outputs), each fused with its SiLU; and trilinear upsampling's.
+    # kernels, its statistics among the outputs), each fused with its SiLU; a GroupNorm fused with a PReLU of one
+    # weight (its backward's fourth output that weight's gradient, summed over the channels by one more launch; the
+    # SiLU's backward returns None there); and trilinear upsampling's.
     choice._select_with_source = default_select
+    slope = torch.full((1,), 0.2, dtype=torch.bfloat16, requires_grad=True)
     norms = {"group_norm": lambda x, w, b: tconv3d.ops.call_group_norm(x, w, b, 4, 1e-6, "silu")[0],
+             "group_norm_prelu": lambda x, w, b: tconv3d.ops.call_group_norm(x, w, b, 4, 1e-6, "prelu", None, 0.01,
+                                                                             slope)[0],
              "rms_norm": lambda x, w, b: tconv3d.ops.call_rms_norm(x, w, b, 1e-6, "silu", False),
              "upsample_linear": lambda x, w, b: tconv3d.ops.call_upsample_linear(x, [2, 1, 2]) + 0 * (w + b).sum()}
     for name, norm in norms.items():
@@ -337,10 +342,13 @@ print(json.dumps(out))
 def test_a_replayed_call_reaches_the_driver_as_the_whole_path_does():
     result = compile_script(SCRIPT)
     for name, case in result["cases"].items():
-        if name in ("group_norm", "rms_norm", "upsample_linear"):  # forward and backward: a plan each, replayed
-            assert case["made"] == {name: "Plan", f"{name}_backward": "Plan"}, (name, case["made"])
+        if name in ("group_norm", "group_norm_prelu", "rms_norm", "upsample_linear"):  # forward and backward: a plan
+            # each, replayed
+            op = name.removesuffix("_prelu")
+            assert case["made"] == {op: "Plan", f"{op}_backward": "Plan"}, (name, case["made"])
             assert case["replays"] == 2, (name, case)
-            assert case["launches"] >= {"group_norm": 7, "rms_norm": 4, "upsample_linear": 2}[name], (name, case)
+            least = {"group_norm": 7, "group_norm_prelu": 8, "rms_norm": 4, "upsample_linear": 2}[name]
+            assert case["launches"] >= least, (name, case)
             assert case["same"], (name, case["whole"], case["replayed"])
             continue
         # the forward and the backward (its input and weight gradients in one call: ops._gradients) each have

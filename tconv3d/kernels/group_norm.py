@@ -33,6 +33,7 @@ import triton.language as tl
 from .. import settings
 from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
+from .split_k import sum_splits
 from .utils import activated, activation_backward, cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
 
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
@@ -538,7 +539,7 @@ def group_norm_bwd(
     coef, grad_weight, grad_bias, slope_grad = _fold(
         FOLD_BACKWARD, partials, mean, rstd, weight, groups, voxels, x.shape[0], c, slopes=slope if prelu else None
     )  # fmt: skip
-    if prelu and slope.numel() == 1:  # one weight for every channel: the channels' sums summed
-        slope_grad = slope_grad.sum().reshape(1).to(slope.dtype)
+    if prelu and slope.numel() == 1:  # one weight for every channel: the channels' sums summed, in order
+        slope_grad = sum_splits(slope_grad, torch.empty(1, dtype=slope.dtype, device=x.device))
     grad_input = _affine(sources, grad_out, mean, rstd, weight, bias, coef, code, slope)
     return grad_input, grad_weight, grad_bias, slope_grad
