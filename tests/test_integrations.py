@@ -2262,6 +2262,39 @@ def _fused_spans(model: nn.Module) -> dict:
     return spans
 
 
+@pytest.mark.parametrize("res_block", [False, True], ids=["basic", "residual"])
+def test_dynunet_blocks_fuse_their_leaky_relu_into_the_norms(res_block, aten_path, monkeypatch):
+    """MONAI's DynUNet blocks call their norms and LeakyReLU in code: converted, each norm the LeakyReLU follows
+    directly runs it in its pass (a basic block's two, a residual block's first: its second comes after the sum
+    with the residual), the decoder's blocks too (basic ones either way, their first conv reading the skip
+    connection in place). Training, output and gradients are stock's; with a hook on a block's LeakyReLU, that
+    block calls it again."""
+    from monai.networks import nets
+
+    torch.manual_seed(0)
+    stock = nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2], upsample_kernel_size=[2, 2],
+                         res_block=res_block).train()  # fmt: skip
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    fused = []
+    normalized = tconv3d.nn.InstanceNorm3d.normalized
+    monkeypatch.setattr(tconv3d.nn.InstanceNorm3d, "normalized",
+                        lambda self, x, act: fused.append(act.name) or normalized(self, x, act))  # fmt: skip
+    blocks = [m for m in converted.modules() if type(m).__name__ in ("UnetBasicBlock", "UnetResBlock")]
+    each = [1 if type(block).__name__ == "UnetResBlock" else 2 for block in blocks]
+    x = torch.randn(2, 1, 16, 16, 16)
+    grad = torch.randn(2, 2, 16, 16, 16)
+    y = converted(x)
+    assert fused.count("leaky_relu") == sum(each) and len(blocks) == 5 and each.count(1) == (3 if res_block else 0)
+    assert rel_l2(y, stock(x)) < MATCH and y.is_contiguous(memory_format=torch.channels_last_3d)
+    y.backward(grad), stock(x).backward(grad)
+    assert_same_gradients(stock, converted)
+    fused.clear()
+    handle = blocks[0].lrelu.register_forward_hook(lambda *_: None)
+    converted(x)
+    assert fused.count("leaky_relu") == sum(each[1:])
+    handle.remove()
+
+
 def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):
     """A decoder block whose first conv convert left alone (here by its filter) gets the concatenation, as MONAI
     makes it, and still matches stock."""

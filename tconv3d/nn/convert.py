@@ -21,6 +21,7 @@ from torch import nn
 from ..geometry import SUPPORTED_DTYPES
 from . import monai_nets, video_vaes
 from .modules import (
+    FUSED_ACTIVATIONS,
     AvgPool3d,
     BatchNorm3d,
     Conv3d,
@@ -189,8 +190,6 @@ def _swap(module: nn.Module, cls: type) -> None:
         module._keep_weight_format()
 
 
-# The activations a converted norm takes into its pass (their `activation` names)
-FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.PReLU: "prelu"}
 # Dropouts an activation may move in front of: each multiplies an element by 0 or 1 / (1 - p), never negative,
 # which commutes with an activation f of f(0) = 0 and f(kx) = k f(x) for k >= 0 (ReLU, leaky ReLU, PReLU: the
 # same random draws and, for finite inputs, values, a leaky ReLU's within a rounding), and at p = 0 with any

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +203,20 @@ def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
     return tuple(strides)
 
 
+# The activation modules a norm takes into its pass, by their `activation` names (tconv3d.nn.convert fuses them
+# after a norm in an nn.Sequential; MONAI's DynUNet blocks, which call them in code, through norm_then)
+FUSED_ACTIVATIONS = {nn.SiLU: "silu", nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.PReLU: "prelu"}
+
+
+def activation_of(module: nn.Module) -> Activation | None:
+    """The Activation a norm applies in its pass for activation `module`, None for one it does not fuse."""
+    name = FUSED_ACTIVATIONS.get(type(module))
+    if name is None:
+        return None
+    return Activation(name, module.negative_slope if name == "leaky_relu" else 0.01,
+                      module.weight if name == "prelu" else None)  # fmt: skip
+
+
 class _FusedActivation:
     """A norm module's fused activation: `activation`, None or a name of geometry.NORM_ACTIVATIONS but "none"
     (the constructors take any but "prelu"), a leaky ReLU's `negative_slope`, and for "prelu" the nn.PReLU that
@@ -227,18 +242,37 @@ class _FusedActivation:
         self.__dict__["fused_prelu"] = prelu  # a reference, not a submodule: no second state_dict key
         self.activation = "prelu"
 
-    def _activation_weight(self):
-        return self.fused_prelu.weight if self.activation == "prelu" else None
-
-    def _activation_slope(self):
-        """The slope torch's ops take for this activation (aten.activated): the PReLU's weight or the number."""
-        return self.fused_prelu.weight if self.activation == "prelu" else self.negative_slope
+    def fused_activation(self) -> Activation:
+        """This norm's fused activation, as its forward applies it (normalized's argument)."""
+        weight = self.fused_prelu.weight if self.activation == "prelu" else None
+        return Activation(self.activation, self.negative_slope, weight)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
         if self.activation == "leaky_relu":
             return text + f", activation='leaky_relu', negative_slope={self.negative_slope}"
         return text + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class Activation(NamedTuple):
+    """An activation a norm applies in its pass: `name` (None, or one of geometry.NORM_ACTIVATIONS but "none"), a
+    leaky ReLU's `negative_slope`, a PReLU's `weight` (one, or one a channel)."""
+
+    name: str | None = None
+    negative_slope: float = 0.01
+    weight: torch.Tensor | None = None
+
+    def op_arguments(self) -> tuple:
+        """(activation, negative_slope, activation_weight) as torch.ops.tconv3d.group_norm takes them."""
+        return self.name or "none", self.negative_slope, self.weight
+
+    def slope(self):
+        """What aten.activated takes as the slope: the PReLU's weight, else the number."""
+        return self.weight if self.name == "prelu" else self.negative_slope
+
+    def applied(self, output: torch.Tensor) -> torch.Tensor:
+        """The activation of a norm's output torch's ops computed."""
+        return activated(output, self.name, self.slope())
 
 
 class FusedPReLU(nn.PReLU):
@@ -269,8 +303,12 @@ class GroupNorm(_FusedActivation, nn.GroupNorm):
         """`channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels
         as if torch.cat([input, channels_after], dim=1) were normalized (num_channels counts both), read in
         place; it gets a gradient like the input."""
-        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, self.activation, channels_after,
-                         self.negative_slope, self._activation_weight())  # fmt: skip
+        return self.normalized(input, self.fused_activation(), channels_after)
+
+    def normalized(self, input, activation: Activation, channels_after=None) -> torch.Tensor:
+        """The forward with `activation` in the norm's pass (an adapter's: a block that calls its activation in
+        code), whatever this norm's own."""
+        return normalize(input, self.num_groups, self.weight, self.bias, self.eps, activation, channels_after)
 
 
 class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
@@ -289,19 +327,22 @@ class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
         return not self.track_running_stats and input.dim() == 5 and input.dtype in SUPPORTED_DTYPES
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.normalized(input, self.fused_activation())
+
+    def normalized(self, input: torch.Tensor, activation: Activation) -> torch.Tensor:
+        """The forward with `activation` in the norm's pass, whatever this norm's own (GroupNorm.normalized)."""
         if not self.on_kernels(input):
             output = super().forward(input)
             # Dynamo traces _ContiguousGradient; torch.func's transforms (compiled or not) do not
             plain = not func_transformed()
             if output.requires_grad and (input.dim() == 4 or input.shape[0] == 1) and plain:
                 output = _ContiguousGradient.apply(output)
-            return activated(output, self.activation, self._activation_slope())
+            return activation.applied(output)
         if math.prod(input.shape[2:]) == 1:  # torch's instance_norm refuses it whatever the batch
             raise ValueError(
                 f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
             )
-        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, self.activation, None,
-                         self.negative_slope, self._activation_weight())  # fmt: skip
+        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, activation)
 
 
 class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
@@ -324,9 +365,13 @@ class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
         self._set_activation(activation, negative_slope)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.normalized(input, self.fused_activation())
+
+    def normalized(self, input: torch.Tensor, activation: Activation) -> torch.Tensor:
+        """The forward with `activation` in the norm's pass, whatever this norm's own (GroupNorm.normalized)."""
         batch_statistics = self.training or (self.running_mean is None and self.running_var is None)
         if not batch_statistics or input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES or batched(input):
-            return activated(super().forward(input), self.activation, self._activation_slope())
+            return activation.applied(super().forward(input))
         # nn.BatchNorm3d's bookkeeping: by how much the running statistics move
         update = self.training and self.track_running_stats and self.running_mean is not None
         counted = self.training and self.track_running_stats and self.num_batches_tracked is not None
@@ -345,10 +390,8 @@ class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         _check_batch_norm(input, values, self.eps, self.running_mean if update else None)
         folded = batch_folded(input) if not empty else input
-        output, mean, rstd = call_group_norm(
-            folded, self.weight, self.bias, c, self.eps, self.activation or "none", None, self.negative_slope,
-            self._activation_weight(),
-        )  # fmt: skip
+        name, *slopes = activation.op_arguments()
+        output, mean, rstd = call_group_norm(folded, self.weight, self.bias, c, self.eps, name, None, *slopes)
         if in_kernel:
             count = self.num_batches_tracked if counted else None
             momentum = self.momentum if self.momentum is not None or counted else 0.0
@@ -865,27 +908,23 @@ def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> b
     return laid_out(input, memory_format) and not input.is_contiguous()
 
 
-def normalize(
-    input, groups, weight, bias, eps, activation, channels_after=None, negative_slope=0.01, activation_weight=None
-):  # fmt: skip
-    """GroupNorm (then `activation`, a leaky ReLU's slope `negative_slope`, a PReLU's weight `activation_weight`)
-    of `input`, or of torch.cat([input, channels_after], dim=1) read in place where both are 5-D tensors of one
-    supported dtype (concatenated first otherwise)."""
-    activation_arguments = (negative_slope, activation_weight)
+def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
+    """GroupNorm (then `activation`: an Activation, or its name) of `input`, or of torch.cat([input, channels_after],
+    dim=1) read in place where both are 5-D tensors of one supported dtype (concatenated first otherwise)."""
+    if not isinstance(activation, Activation):
+        activation = Activation(activation)
+    name, *slopes = activation.op_arguments()
     if channels_after is not None:
         if input.dim() == channels_after.dim() == 5 and input.dtype == channels_after.dtype in SUPPORTED_DTYPES:
-            return call_group_norm(
-                input, weight, bias, groups, eps, activation or "none", channels_after, *activation_arguments
-            )[0]  # fmt: skip
+            return call_group_norm(input, weight, bias, groups, eps, name, channels_after, *slopes)[0]
         input = torch.cat([input, channels_after], dim=1)
     if input.dim() == 4 and input.dtype in SUPPORTED_DTYPES and _laid_out_only(input, torch.channels_last):
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
         # result viewed back channels_last, where torch's group_norm would answer NCHW.
-        frames = normalize(input.unsqueeze(2), groups, weight, bias, eps, activation, None, *activation_arguments)
-        return frames.squeeze(2)
+        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation).squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
         output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)
-        return activated(output, activation, activation_weight if activation == "prelu" else negative_slope)
-    return call_group_norm(input, weight, bias, groups, eps, activation or "none", None, *activation_arguments)[0]
+        return activation.applied(output)
+    return call_group_norm(input, weight, bias, groups, eps, name, None, *slopes)[0]

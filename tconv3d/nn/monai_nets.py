@@ -16,10 +16,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..kernels.utils import channels_last, func_transformed
 from .modules import (
+    BatchNorm3d,
     Conv3d,
     ConvTranspose3d,
     GroupNorm,
+    InstanceNorm3d,
     _laid_out_only,
+    activation_of,
     add_into,
     add_repeated_,
     autograd_traced,
@@ -101,22 +104,52 @@ def conv_of_concatenation(layer: nn.Module, x: torch.Tensor, after: torch.Tensor
 
 
 def _block_of_concatenation(block: nn.Module, x: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """MONAI's UnetBasicBlock or UnetResBlock forward (dynunet_block.py) on torch.cat([x, after], dim=1), its
-    convolutions of the input reading the two in place (the block called on the concatenation where it has hooks)."""
+    """MONAI's UnetBasicBlock or UnetResBlock forward on torch.cat([x, after], dim=1), its convolutions of the input
+    reading the two in place (the block called on the concatenation where it has hooks)."""
     if hooked(block):
         return block(torch.cat([x, after], dim=1))
-    out = conv_of_concatenation(block.conv1, x, after)
-    out = block.lrelu(block.norm1(out))
-    out = block.norm2(block.conv2(out))
-    if type(block).__name__ == "UnetResBlock":
-        if hasattr(block, "conv3"):
-            residual = conv_of_concatenation(block.conv3, x, after)
-        else:
-            residual = torch.cat([x, after], dim=1)
-        if hasattr(block, "norm3"):
-            residual = block.norm3(residual)
-        out += residual
+    return _dynunet_block(block, x, after)
+
+
+def _dynunet_block(block: nn.Module, x: torch.Tensor, after: torch.Tensor | None = None) -> torch.Tensor:
+    """MONAI's UnetBasicBlock or UnetResBlock forward (dynunet_block.py), of torch.cat([x, after], dim=1) where
+    `after` is given (its convolutions of the input read the two in place): each norm's LeakyReLU that follows it
+    directly in its pass (norm_then; a UnetResBlock's second one comes after the residual's sum)."""
+    first = block.conv1(x) if after is None else conv_of_concatenation(block.conv1, x, after)
+    out = block.conv2(norm_then(block.norm1, block.lrelu, first))
+    if type(block).__name__ != "UnetResBlock":
+        return norm_then(block.norm2, block.lrelu, out)
+    out = block.norm2(out)
+    if hasattr(block, "conv3"):
+        residual = block.conv3(x) if after is None else conv_of_concatenation(block.conv3, x, after)
+    else:
+        residual = x if after is None else torch.cat([x, after], dim=1)
+    if hasattr(block, "norm3"):
+        residual = block.norm3(residual)
+    out += residual
     return block.lrelu(out)
+
+
+def norm_then(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """activation(norm(x)), the activation in the norm's pass where it can be: a converted norm with no activation of
+    its own, an activation module it takes (modules.FUSED_ACTIVATIONS), neither hooked (then both are called)."""
+    fused = activation_of(activation)
+    on_kernels = isinstance(norm, (GroupNorm, InstanceNorm3d, BatchNorm3d)) and norm.activation is None
+    if fused is None or not on_kernels or hooked(norm) or hooked(activation):
+        return activation(norm(x))
+    return norm.normalized(x, fused)
+
+
+class _DynUNetBlock:
+    """MONAI's DynUNet blocks (UnetBasicBlock, UnetResBlock: conv, norm, LeakyReLU, conv, norm, in code): each
+    norm's LeakyReLU (or another activation a norm takes) in the norm's pass, where the block called it after the
+    norm and wrote and read the activation again (_dynunet_block)."""
+
+    classes = ("monai.networks.blocks.dynunet_block.UnetBasicBlock", "monai.networks.blocks.dynunet_block.UnetResBlock")
+    attributes = ("conv1", "conv2", "norm1", "norm2", "lrelu")
+
+    def forward(self, inp):
+        return _dynunet_block(self, inp)
 
 
 def _conv_block_reason(module) -> str | None:
@@ -1044,7 +1077,7 @@ def _pads_nothing(conv) -> bool:
 
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
-    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock,
+    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock, _DynUNetBlock,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample, _UpSample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
