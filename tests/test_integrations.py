@@ -2295,6 +2295,33 @@ def test_dynunet_blocks_fuse_their_leaky_relu_into_the_norms(res_block, aten_pat
     handle.remove()
 
 
+@pytest.mark.parametrize("name", ["SegResNet", "SegResNetDS"])
+def test_segresnet_blocks_fuse_their_relu_into_the_norms(name, aten_path, monkeypatch):
+    """MONAI's SegResNet (GroupNorm) and SegResNetDS (BatchNorm3d) residual blocks call norm, ReLU and conv twice in
+    code: converted, both ReLUs of each block run in their norms' passes. Training, output and gradients are
+    stock's."""
+    from monai.networks import nets
+
+    from tconv3d.nn import modules
+
+    torch.manual_seed(0)
+    stock = getattr(nets, name)(spatial_dims=3, in_channels=1, out_channels=2, init_filters=8).train()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    fused = []
+    for cls in (modules.GroupNorm, modules.BatchNorm3d):
+        monkeypatch.setattr(cls, "normalized", lambda self, x, act, *rest, real=cls.normalized: fused.append(act.name)
+                            or real(self, x, act, *rest))  # fmt: skip
+    blocks = [m for m in converted.modules() if type(m).__name__ in ("ResBlock", "SegResBlock")]
+    x = torch.randn(2, 1, 16, 16, 16)
+    y = converted(x)
+    # (SegResNet's head, conv_final, starts with its norm and ReLU in an nn.Sequential, which convert fuses too)
+    assert fused.count("relu") == 2 * len(blocks) + (name == "SegResNet") and blocks
+    assert rel_l2(y, stock(x)) < MATCH and y.is_contiguous(memory_format=torch.channels_last_3d)
+    grad = torch.randn_like(y)
+    y.backward(grad), stock(x).backward(grad)
+    assert_same_gradients(stock, converted)
+
+
 def test_monai_up_block_concatenates_for_a_conv_left_alone(aten_path):
     """A decoder block whose first conv convert left alone (here by its filter) gets the concatenation, as MONAI
     makes it, and still matches stock."""

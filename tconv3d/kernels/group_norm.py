@@ -1,13 +1,13 @@
 """GroupNorm on NDHWC tensors (InstanceNorm is its groups == channels case), with an optional fused activation
-(SiLU, ReLU or leaky ReLU: geometry.NORM_ACTIVATIONS): its Triton kernels and their launchers.
+(SiLU, ReLU, leaky ReLU or PReLU: geometry.NORM_ACTIVATIONS): its Triton kernels and their launchers.
 
 Viewed as (N, S = D*H*W voxels, C), a channels_last_3d tensor has each voxel's channels contiguous, so every
 kernel works on tiles of BLOCK_S voxels x BLOCK_C channels, loads vectorised along C:
 - `_channel_reduce_kernel`: per (batch, voxel split, channel) the partial moments the forward needs (mean and
   squared deviations, combined block by block with Chan's formula: no cancellation), or the two sums the
-  backward needs (of dy' and of dy' times x less its group's mean: no cancellation either). The host folds
-  channels into groups and splits into totals in a fixed order, so both directions are bitwise deterministic,
-  with no atomics.
+  backward needs (of dy' and of dy' times x less its group's mean: no cancellation either; a PReLU's a third, of
+  dy times its input where that is not positive: its weights' gradient). The host folds channels into groups and
+  splits into totals in a fixed order, so both directions are bitwise deterministic, with no atomics.
 - `_fold_kernel`: a program a few groups (FOLD_CHANNELS) folds the partials into what the other two take, splits
   and channels in a fixed order: the forward's mean and rstd per (batch, group); the backward's k1, k2, k3 per
   (batch, channel) and the weight and bias gradients (summed over the batch in order). One launch where the same
@@ -285,10 +285,9 @@ def _fold_kernel(
 @triton.jit
 def _split_tile(base, s0, SPLITS, C, MOMENTS: tl.constexpr, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr,
                 MOMENT: tl.constexpr):  # fmt: skip
-    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0; MOMENTS rows of C a split), moment
-    MOMENT of `channels`
-    ([groups, channels a group], `mask`): ([BLOCK_S, groups, channels] values, zeros outside; [BLOCK_S] voxel
-    counts, 0 past the last split; the tile's mask)."""
+    """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0; MOMENTS rows of C a split),
+    moment MOMENT of `channels` ([groups, channels a group], `mask`): ([BLOCK_S, groups, channels] values, zeros
+    outside; [BLOCK_S] voxel counts, 0 past the last split; the tile's mask)."""
     splits = s0 + tl.arange(0, BLOCK_S)
     inside = splits < SPLITS
     tile = inside[:, None, None] & mask[None, :, :]

@@ -140,6 +140,21 @@ def norm_then(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.
     return norm.normalized(x, fused)
 
 
+class _SegResBlock:
+    """MONAI's SegResNet and SegResNetDS residual blocks (segresnet_block.ResBlock, segresnet_ds.SegResBlock: norm,
+    activation, conv, twice, then the input added, in code): each norm's activation (a ReLU by default) in the
+    norm's pass (norm_then), where the block called it after the norm and wrote and read the activation again."""
+
+    classes = ("monai.networks.blocks.segresnet_block.ResBlock", "monai.networks.nets.segresnet_ds.SegResBlock")
+    attributes = ("norm1", "conv1", "norm2", "conv2")
+
+    def forward(self, x):
+        first, second = (self.act1, self.act2) if hasattr(self, "act1") else (self.act, self.act)
+        out = self.conv2(norm_then(self.norm2, second, self.conv1(norm_then(self.norm1, first, x))))
+        out += x
+        return out
+
+
 class _DynUNetBlock:
     """MONAI's DynUNet blocks (UnetBasicBlock, UnetResBlock: conv, norm, LeakyReLU, conv, norm, in code): each
     norm's LeakyReLU (or another activation a norm takes) in the norm's pass, where the block called it after the
@@ -1077,7 +1092,7 @@ def _pads_nothing(conv) -> bool:
 
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
-    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock, _DynUNetBlock,
+    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock, _DynUNetBlock, _SegResBlock,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample, _UpSample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
