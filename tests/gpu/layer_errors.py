@@ -8,7 +8,8 @@ same input, for stock and for the converted model, where a whole model's error s
 Each model runs its own input once. Every module stock and converted share by name (convert replaces modules in
 place) is hooked at its first call: its inputs and output are kept, and stock's module in float64 recomputes the
 output from those inputs (a converted conv is held to stock's conv in float64: the same parameters; a norm convert
-fused with the SiLU after it, to stock's norm and a SiLU; the SiLU it left as nn.Identity is not rated). A module's
+fused with the activation after it, to stock's norm and that activation; the activation's slot it left, an
+nn.Identity or a FusedPReLU, is not rated). A module's
 error is its own, not what it inherits: both sides' errors are local, so the ratio converted / stock names the
 layer that adds error, if any. Printed worst ratio first; --json keeps every row.
 """
@@ -27,6 +28,7 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the real models' builders (tests/), bench.vaes (the repository)
 
+from tconv3d.nn.modules import Activation, FusedPReLU  # noqa: E402
 from tconv3d.testing import rel_l2  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -79,16 +81,18 @@ def layer_errors(stock, converted, run, dtype) -> list[dict]:
     rows = []
     for name in sorted(leaves & sides["stock"].keys() & sides["converted"].keys()):
         ours = converted.get_submodule(name)
-        if isinstance(ours, torch.nn.Identity):
+        if isinstance(ours, (torch.nn.Identity, FusedPReLU)):
             continue  # an activation convert fused into the norm before it
         row = {"name": name, "module": type(ours).__name__}
         for side, calls in sides.items():
             args, kwargs, output = calls[name]
-            fused = side == "converted" and getattr(ours, "activation", None) == "silu"
+            fused = getattr(ours, "activation", None) if side == "converted" else None
             try:
                 with torch.no_grad():
                     exact = reference.get_submodule(name)(*_float64(args), **_float64(kwargs))
-                    exact = torch.nn.functional.silu(exact) if fused else exact
+                    if fused:  # the norm's own activation (MAISI's norm adapter has a SiLU only)
+                        get = getattr(ours, "fused_activation", None)
+                        exact = (get() if get is not None else Activation(fused)).applied(exact)
                 row[side] = rel_l2(output, exact) if exact.shape == output.shape else None
             except (RuntimeError, TypeError, NotImplementedError) as error:
                 row[side], row["error"] = None, f"{type(error).__name__}: {error}"[:200]
