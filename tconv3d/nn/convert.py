@@ -21,7 +21,6 @@ from torch import nn
 from ..geometry import SUPPORTED_DTYPES
 from . import monai_nets, video_vaes
 from .modules import (
-    FUSED_ACTIVATIONS,
     AvgPool3d,
     BatchNorm3d,
     Conv3d,
@@ -29,6 +28,7 @@ from .modules import (
     GroupNorm,
     InstanceNorm3d,
     Upsample,
+    activation_of,
     keep_memory_format,
 )
 from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
@@ -214,16 +214,14 @@ def _fuse_norm_activations(model: nn.Module) -> None:
             j = i + 1
             while j < len(items) and type(items[j][1]) in SCALING_DROPOUTS:
                 j += 1
-            if j == len(items) or (fused := FUSED_ACTIVATIONS.get(type(items[j][1]))) is None:
+            if j == len(items) or (fused := activation_of(items[j][1])) is None:
                 continue
-            if fused not in HOMOGENEOUS_ACTIVATIONS and any(module.p != 0 for _, module in items[i + 1 : j]):
+            if fused.name not in HOMOGENEOUS_ACTIVATIONS and any(module.p != 0 for _, module in items[i + 1 : j]):
                 continue
-            if fused == "prelu":
+            if fused.name == "prelu":
                 norm.fuse_prelu(items[j][1])
                 continue
-            norm.activation = fused
-            if fused == "leaky_relu":
-                norm.negative_slope = items[j][1].negative_slope
+            norm.activation, norm.negative_slope = fused.name, fused.negative_slope
             parent._modules[items[j][0]] = nn.Identity()
 
 
