@@ -42,7 +42,8 @@ LEAKY_RELU: tl.constexpr = tl.constexpr(NORM_ACTIVATIONS.index("leaky_relu"))
 def activated(z, ACTIVATION: tl.constexpr, slope):
     """act(z) of the code ACTIVATION (geometry.NORM_ACTIVATIONS' index): z, z * sigmoid(z), max(z, 0) with NaN
     kept (torch's relu; PTX's max would answer 0), or z where z > 0 and z * slope elsewhere (torch's leaky_relu,
-    `slope` its fp32 negative_slope; read by no other code)."""
+    `slope` its fp32 negative_slope, or a PReLU's, `slope` its weights as a [1, channels] row; read by no other
+    code)."""
     if ACTIVATION == SILU:
         z = z * tl.sigmoid(z)
     elif ACTIVATION == RELU:
