@@ -184,8 +184,6 @@ def shardable(model: nn.Module) -> nn.Module:
 
 def _swap(module: nn.Module, cls: type) -> None:
     module.__class__ = cls
-    if isinstance(module, (GroupNorm, InstanceNorm3d, BatchNorm3d)):
-        module.activation = None
     if isinstance(module, (Conv3d, ConvTranspose3d)):
         module._keep_weight_format()
 
