@@ -1198,3 +1198,44 @@ def test_the_grouped_taps_twin_of_a_deep_ring_takes_the_stages_that_fit():
     assert configs.grouped_taps_twin(shallow, "wgrad", 2, smem).num_stages == 3
     geom = geometry(cin=192, cout=192)
     assert twin in configs.own_twins("wgrad", geom, deep, torch.bfloat16, smem)
+
+
+def test_a_bordered_input_gradient_fits_its_float32_epilogue(monkeypatch):
+    """A 16-bit input gradient of a layer bordered by replicate is written in float32 before its fold
+    (config.destination_dtype), so the persistent Gluon kernel's epilogue tile is twice as wide: the choice
+    (configs.fit_destination) shortens its ring to fit the SM (HunyuanVideo's 128-channel decoder layer: the
+    heuristic's 256 x 128 three-stage tile needs 273 KB with it, 2 stages 225 KB of the 228), keeps the programs an SM
+    a one-warpgroup tile had where a shorter ring allows, else runs one program on the deepest ring that fits, and
+    offers the tuner only twins that fit. The zeros-padded layer and fp32 keep their tiles."""
+    monkeypatch.setattr(conv_gluon, "UNAVAILABLE", None)  # the rules as on triton 3.6, whatever runs here
+    smem = conv_gluon.SM_SHARED_BYTES
+    shape, weight = (1, 128, 17, 256, 256), (128, 128, 3, 3, 3)
+    bordered = conv_geometry(shape, weight, 1, (2, 0, 1, 1, 1, 1), 1, padding_mode="replicate")
+    plain = conv_geometry(shape, weight, 1, (2, 0, 1, 1, 1, 1), 1)
+    heuristic = configs.heuristic_config("dgrad", bordered, torch.bfloat16, 132, 90)
+    assert heuristic.gluon == 2 and conv_gluon.persistent_shared_bytes(heuristic, 2, False, 4) > smem
+    for device_name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        chosen, _ = choice.choose("dgrad", bordered, torch.bfloat16, device_name, 132, 90)
+        assert chosen.gluon == 2 and conv_gluon.persistent_shared_bytes(chosen, 2, False, 4) <= smem
+        assert dataclasses.replace(chosen, num_stages=heuristic.num_stages) == heuristic
+        forced = choice.force_variant("dgrad", bordered, torch.bfloat16, heuristic, "gluon", True)
+        assert conv_gluon.persistent_shared_bytes(forced, 2, False, 4) <= smem
+    assert configs.fit_destination("dgrad", plain, torch.bfloat16, heuristic) == heuristic
+    assert configs.fit_destination("fwd", bordered, torch.bfloat16, heuristic) == heuristic
+    wide = configs.heuristic_config("dgrad", bordered, torch.float32, 132, 90)
+    assert configs.fit_destination("dgrad", bordered, torch.float32, wide) == wide
+    # one warpgroup, two programs an SM at 2 stages with a bf16 tile: a float32 tile leaves room for one program,
+    # on a ring of 5
+    pair = configs.with_gluon(KernelConfig(128, 128, 64, 4, 2), bordered, "dgrad", specialized=True)
+    assert conv_gluon.resident_programs(pair, 2, False) == 2
+    fitted = configs.fit_destination("dgrad", bordered, torch.bfloat16, pair)
+    assert (fitted.num_stages, conv_gluon.resident_programs(fitted, 2, False, 4)) == (5, 1)
+    # a tile no ring fits (256 x 256 x 64: a 256 KB float32 tile): the TMA kernel on its tiles
+    huge = configs.with_gluon(KernelConfig(256, 256, 64, 8, 2), bordered, "dgrad", specialized=True)
+    assert configs.fit_destination("dgrad", bordered, torch.bfloat16, huge).variant == "tma"
+    found = candidates("dgrad", bordered, torch.bfloat16, smem, tma=True, gluon=True)
+    persistent = [c for c in found if c.gluon == 2]
+    assert persistent and all(conv_gluon.persistent_shared_bytes(c, 2, False, 4) <= smem for c in persistent)
+    assert len(persistent) < len(
+        [c for c in candidates("dgrad", plain, torch.bfloat16, smem, True, True) if c.gluon == 2]
+    )

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
+from .config import destination_dtype
 from .utils import batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
 
 
@@ -72,6 +73,9 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         # this was first checked on (a sum within half a rounding of -bias then lands on exactly 0, and a norm over
         # one channel behind it, Wan's test config's, took a gradient of 1e12 there).
         grad_out, weight, bias = grad_out.float(), weight.float(), bias.float()
+    elif destination_dtype("dgrad", geom, dtype) != dtype:
+        # The bordered gradient in float32, as the kernels write it: the fold then rounds each voxel's sum once.
+        grad_out, weight = grad_out.float(), weight.float()
     reach = [(o - 1) * s - 2 * p + d * (k - 1) + 1 for o, s, p, d, k in
              zip(geom.out_size, geom.stride, geom.front_padding, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
     extra = [size - r for size, r in zip(geom.in_size, reach, strict=True)]  # output_padding

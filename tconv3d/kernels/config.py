@@ -9,6 +9,8 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+import torch
+
 from ..geometry import ConvGeometry
 from .utils import cat_channels, cdiv, ndhwc, unit_channels
 
@@ -482,3 +484,16 @@ def k_splits(direction: str, geom: ConvGeometry, config: KernelConfig) -> tuple[
     steps = reduction_steps(direction, geom, config)
     per_split = split_rows(steps, config.split_k, 1)
     return per_split, max(1, cdiv(steps, per_split))
+
+
+def destination_dtype(direction: str, geom: ConvGeometry, dtype):
+    """The dtype a launch of `direction` over operands of `dtype` writes its result in: `dtype`, but float32 at
+    least for the input gradient of a layer whose borders read input voxels (geom.reads_border: replicate, reflect,
+    circular). That gradient is written over the bordered geometry first, and utils.fold_padding adds each border
+    voxel's onto the voxel it read: rounded to 16 bits before that sum, each term carries its own rounding, and
+    where the terms cancel (a 1-voxel input replicated, taps' weights of opposite signs) the sum is mostly rounding
+    (test_padding_modes' cancelling borders: bf16 0.03-0.08 from float64, 0.002 written in float32). Written in
+    float32, the fold rounds once. The config choice counts the wider epilogue tile (tune.configs.fit_destination)."""
+    if direction == "dgrad" and geom.reads_border:
+        return torch.promote_types(dtype, torch.float32)
+    return dtype

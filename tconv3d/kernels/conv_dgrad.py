@@ -8,7 +8,16 @@ import triton.language as tl
 
 from ..geometry import ConvGeometry
 from . import grouped
-from .config import KernelConfig, channel_sources, k_splits, packs_taps, w_tap_columns, w_tap_halo, w_tap_tiles
+from .config import (
+    KernelConfig,
+    channel_sources,
+    destination_dtype,
+    k_splits,
+    packs_taps,
+    w_tap_columns,
+    w_tap_halo,
+    w_tap_tiles,
+)
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
@@ -274,10 +283,11 @@ def _conv3d_dgrad_kernel(
 
 
 def conv3d_dgrad(
-    grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1, bias=None
-) -> torch.Tensor:
+    grad_out, weight, geom: ConvGeometry, config: KernelConfig, channels_after=None, diagonal=1, bias=None,
+    dtype=None,
+) -> torch.Tensor:  # fmt: skip
     """Input gradient of checked arguments with the tiling `config`, split-K included; the result is
-    channels_last_3d, in grad_out's dtype. With a second source along D (geom.prefix_frames) or C
+    channels_last_3d, in `dtype` (default grad_out's). With a second source along D (geom.prefix_frames) or C
     (geom.after_channels) it is the gradient of the concatenation, which the op splits. channels_after follows
     grad_out's channels (geom.out_after_channels), read in place where the config's kernel can
     (config.reads_channels_after), else concatenated first. `diagonal` > 1: `weight` is that of groups `diagonal`
@@ -285,12 +295,14 @@ def conv3d_dgrad(
     convolution's) is added in every kernel's epilogue, rounded once with the sum."""
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
-        # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads).
-        # The bias in the kernels' epilogue, at every voxel of it, rounded once with the sum; the fold takes each
-        # border's copy of it off in float32 as it adds the border onto the voxel it read.
-        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal, bias)
-        return fold_padding(bordered, geom, bias)
-    grad_in = empty_ndhwc(geom.input_shape(), like=grad_out)
+        # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads),
+        # in float32 (destination_dtype), so the fold rounds each voxel's sum once. The bias in the kernels'
+        # epilogue, at every voxel of it; the fold takes each border's copy of it off as it adds the border onto
+        # the voxel it read.
+        wide = destination_dtype("dgrad", geom, grad_out.dtype)
+        bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal, bias, wide)
+        return fold_padding(bordered, geom, bias, dtype or grad_out.dtype)
+    grad_in = empty_ndhwc(geom.input_shape(), like=grad_out, dtype=dtype)
     if grad_in.numel() == 0:
         return grad_in
     grad_out, weight = ndhwc(grad_out), ndhwc(weight)

@@ -107,11 +107,13 @@ def specialized_max_registers(num_warps: int, programs_per_sm: int = 1) -> int:
     return min(256, SM_REGISTERS // (programs_per_sm * 32 * (num_warps + 4))) // 8 * 8
 
 
-def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+def persistent_shared_bytes(
+    config: KernelConfig, element_size: int, weight_grad: bool, dst_size: int | None = None
+) -> int:
     """At most the shared memory of the persistent warp-specialized kernel over operands of `element_size` bytes:
     the ring and its barriers and, beside the ring, the forward's and input gradient's epilogue tile (fp32 where
-    split-K writes partial sums), which it keeps while the next tile's loads land (the weight gradient stores from
-    registers)."""
+    split-K writes partial sums; `dst_size`-byte elements where given: config.destination_dtype's), which it keeps
+    while the next tile's loads land (the weight gradient stores from registers)."""
     if config.halo_d:  # a stage: the box of HALO_BOX_FRAMES input frames and the weight boxes of the HALO_KD taps
         stage = HALO_BOX_FRAMES * config.block_m + HALO_KD * config.block_n
     else:
@@ -119,7 +121,9 @@ def persistent_shared_bytes(config: KernelConfig, element_size: int, weight_grad
     ring = config.num_stages * stage * config.block_k * element_size + 1024
     if weight_grad:
         return ring
-    return ring + config.block_m * config.block_n * (4 if config.split_k > 1 else element_size)
+    if dst_size is None:
+        dst_size = 4 if config.split_k > 1 else element_size
+    return ring + config.block_m * config.block_n * dst_size
 
 
 def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
@@ -143,16 +147,16 @@ def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
 _most_programs_per_sm = 2
 
 
-def programs_an_sm(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+def programs_an_sm(config: KernelConfig, element_size: int, weight_grad: bool, dst_size: int | None = None) -> int:
     """The programs of persistent `config` an SM holds at once, its shared memory from the config
     (persistent_shared_bytes, persistent_programs_per_sm)."""
-    return persistent_programs_per_sm(config, persistent_shared_bytes(config, element_size, weight_grad))
+    return persistent_programs_per_sm(config, persistent_shared_bytes(config, element_size, weight_grad, dst_size))
 
 
-def resident_programs(config: KernelConfig, element_size: int, weight_grad: bool) -> int:
+def resident_programs(config: KernelConfig, element_size: int, weight_grad: bool, dst_size: int | None = None) -> int:
     """programs_an_sm where that many fit the SM's shared memory together, else 0 (a ring too deep for them): what
     a deeper ring may be compared by."""
-    shared = persistent_shared_bytes(config, element_size, weight_grad)
+    shared = persistent_shared_bytes(config, element_size, weight_grad, dst_size)
     count = persistent_programs_per_sm(config, shared)
     return count if count * (shared + 1024) <= SM_SHARED_BYTES else 0
 
@@ -1306,7 +1310,7 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def _persistent_launch(
-    grid: tuple, config: KernelConfig, device, element_size: int, weight_grad: bool
+    grid: tuple, config: KernelConfig, device, element_size: int, weight_grad: bool, dst_size: int | None = None
 ) -> tuple[tuple, dict]:
     """(grid, launch options) of a launch with `grid`'s tiles. Warp-specialized (gluon = 2): persistent, the
     programs an SM holds at once (persistent_programs_per_sm) on every SM, and a maxnreg that lets that many fit:
@@ -1314,7 +1318,7 @@ def _persistent_launch(
     warpgroup. Else the grid as it is, no options."""
     if config.gluon != 2:
         return grid, {}
-    programs = programs_an_sm(config, element_size, weight_grad)
+    programs = programs_an_sm(config, element_size, weight_grad, dst_size)
     persistent = (min(math.prod(grid), programs * _multiprocessors(device)),)
     return persistent, {"maxnreg": specialized_max_registers(config.num_warps, programs)}
 
@@ -1351,7 +1355,7 @@ def conv3d_gluon(
         frames_before=frames_before, channels_after=channels_after,
     )  # fmt: skip
     splits = grid[2]
-    grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False)
+    grid, options = _persistent_launch(grid, config, dst.device, src.element_size(), False, dst.element_size())
     dst_ptr = descriptors[2] is dst
     launch(
         _conv3d_gluon_kernel, grid,

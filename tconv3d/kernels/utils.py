@@ -650,8 +650,10 @@ def dense_voxels(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last_3d)
 
 
-def empty_ndhwc(shape, like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last_3d)
+def empty_ndhwc(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
+    """An uninitialised channels_last_3d tensor on `like`'s device, in `dtype` (default like's)."""
+    dtype = like.dtype if dtype is None else dtype
+    return torch.empty(shape, dtype=dtype, device=like.device, memory_format=torch.channels_last_3d)
 
 
 def second_source_arguments(second, x) -> tuple:
@@ -691,14 +693,18 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
     raise ValueError(f"no border to fold for padding_mode {mode!r}")
 
 
-def fold_padding(grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fold_padding(
+    grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The input gradient from the gradient of geom.border_geometry()'s input, which carries the borders of the
     dimensions whose mode reads input voxels: every border voxel's gradient is added to the voxel its mode read,
     in a fixed order (deterministic, no atomics), summed in float32 at least and rounded once a dimension (in
     bf16 a running sum rounded at every add loses a bit per few terms: a replicated border of 5 on a 1-voxel
     dimension, 1e-2 off). `bias` (per channel): every voxel of grad_bordered, borders too, carries it once (a
     transposed convolution's, added with the sum and rounded once); each border's copy is taken off as it is
-    added, so the voxel it read carries one. Returns channels_last_3d.
+    added, so the voxel it read carries one. Returns channels_last_3d, in `dtype` (default grad_bordered's): the
+    kernels write a 16-bit gradient's bordered buffer in float32 (config.destination_dtype), and the fold's one
+    copy rounds it.
 
     grad_bordered is the caller's own buffer, which the fold overwrites: each dimension's sums go into the planes
     they fold onto, in place, and the dimension's interior is then a view; one copy of the interior at the end,
@@ -715,13 +721,16 @@ def fold_padding(grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = 
         for p in [*range(front), *range(front + size, front + size + back)]:
             read.setdefault(source_index(p, size, front, mode), []).append(p)
         for i, borders in read.items():  # the interior planes written, the borders (outside it) read
-            plane = grad.narrow(axis, front + i, 1).to(sum_dtype, copy=True)
+            target = grad.narrow(axis, front + i, 1)
+            plane = target if target.dtype == sum_dtype else target.to(sum_dtype, copy=True)  # else summed in place
             for p in borders:
                 plane += grad.narrow(axis, p, 1)
                 if copy_of_bias is not None:
                     plane -= copy_of_bias
-            grad.narrow(axis, front + i, 1).copy_(plane)
+            if plane is not target:
+                target.copy_(plane)
         grad = grad.narrow(axis, front, size)
+    dtype = grad.dtype if dtype is None else dtype
     if grad is grad_bordered:
-        return grad.contiguous(memory_format=torch.channels_last_3d)
-    return torch.empty_like(grad, memory_format=torch.channels_last_3d).copy_(grad)
+        return grad.to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    return torch.empty_like(grad, dtype=dtype, memory_format=torch.channels_last_3d).copy_(grad)

@@ -35,6 +35,7 @@ from . import configs, tables, tuner
 from .configs import (
     NEAR_FILL_RATIO,
     default_config,
+    fit_destination,
     gluon_eligible,
     gluon_takes,
     halo_eligible,
@@ -63,7 +64,13 @@ def choose(
     faster than the pointer kernels where the heuristic chooses them (configs.heuristic_config), and the H100
     table of 2026-11-22 was tuned before they existed. python -m tconv3d.inspect asks this for GPUs that are not
     there. `timed_only`: with the heuristic's timed rules alone (configs.heuristic_config), the choice before its
-    untimed ones (bench.variants' timed_only row)."""
+    untimed ones (bench.variants' timed_only row). The config's ring fits the launch's epilogue tile
+    (configs.fit_destination)."""
+    config, source = _chosen(direction, geom, dtype, device_name, sm_count, capability, timed_only)
+    return fit_destination(direction, geom, dtype, config), source
+
+
+def _chosen(direction, geom, dtype, device_name, sm_count, capability, timed_only) -> tuple[KernelConfig, str]:
     key = tuning_key(direction, geom, dtype)
     table = tables.named_table(device_name)
     found = key if key in table else nearest_key(key, table)
@@ -92,7 +99,12 @@ def force_variant(
     """A variant setting (TCONV3D_KERNELS) applied to `config`: pointer never runs TMA; tma runs the TMA kernel
     wherever the problem is eligible; gluon runs the Gluon kernel where it can (`gluon_runs`: an sm_90 device
     and a Triton that has it; configs.gluon_eligible for the problem), else TMA where eligible. Whatever the
-    setting, a config is never left asking for a variant the problem or the device cannot run."""
+    setting, a config is never left asking for a variant the problem or the device cannot run, nor a ring its
+    epilogue tile leaves no room for (configs.fit_destination)."""
+    return fit_destination(direction, geom, dtype, _forced(direction, geom, dtype, config, kernels, gluon_runs))
+
+
+def _forced(direction, geom, dtype, config: KernelConfig, kernels: str, gluon_runs: bool) -> KernelConfig:
     if kernels == "pointer" or not tma_eligible(direction, geom, dtype):
         if not config.tma_box_w:
             return config

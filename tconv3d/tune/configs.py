@@ -24,6 +24,7 @@ from ..kernels.config import (
     GemmView,
     KernelConfig,
     channel_blocks,
+    destination_dtype,
     gathered_tiles,
     gemm_view,
     grouped_taps_fit,
@@ -364,13 +365,36 @@ def candidates(
             # (from every kept tile: unswapped, their 32 rows of output channels are too few for the Gluon kernel)
             transposed = (swapped_wgrad_twin(with_gluon(c, geom, direction, specialized=True), geom) for c in kept)
             specialized += list(dict.fromkeys(t for t in transposed if t))
-        twins += [c for c in specialized if _persistent_fits(c, element, direction, smem_bytes)]
+        dst_size = destination_dtype(direction, geom, dtype).itemsize
+        twins += [c for c in specialized if _persistent_fits(c, element, direction, smem_bytes, dst_size)]
     return kept + twins
 
 
-def _persistent_fits(config: KernelConfig, element_size: int, direction: str, smem_bytes: int) -> bool:
-    """Whether a persistent Gluon config's rings (and epilogue tile) fit `smem_bytes`."""
-    return conv_gluon.persistent_shared_bytes(config, element_size, direction == "wgrad") <= smem_bytes
+def _persistent_fits(
+    config: KernelConfig, element_size: int, direction: str, smem_bytes: int, dst_size: int | None = None
+) -> bool:
+    """Whether a persistent Gluon config's rings (and epilogue tile of `dst_size`-byte elements) fit `smem_bytes`."""
+    return conv_gluon.persistent_shared_bytes(config, element_size, direction == "wgrad", dst_size) <= smem_bytes
+
+
+def fit_destination(direction: str, geom: ConvGeometry, dtype: torch.dtype, config: KernelConfig) -> KernelConfig:
+    """`config` with its ring fitted to an epilogue tile wider than its operands' (destination_dtype: a 16-bit
+    input gradient of a bordered layer is written in float32 before its fold). A persistent Gluon config, whose
+    epilogue tile lives beside its ring, keeps as many programs an SM as its operand-wide tile let it hold, its
+    ring shortened (down to 2 stages) as far as that takes; where no ring is short enough, one program, its ring as
+    deep as fits (up to 8); where not even 2 stages fit, the TMA kernel on its tiles (off_gluon). Other configs as
+    they are (split-K partial sums are float32 whatever the destination: persistent_shared_bytes counts them)."""
+    element = dtype.itemsize
+    wide = destination_dtype(direction, geom, dtype).itemsize
+    if config.gluon != 2 or wide == element or config.split_k > 1:
+        return config
+    programs = max(conv_gluon.resident_programs(config, element, False), 1)  # what the operand-wide tile let it hold
+    for stages in range(config.num_stages, 1, -1):  # as many programs, a shorter ring
+        shorter = replace(config, num_stages=stages)
+        if conv_gluon.resident_programs(shorter, element, False, wide) >= programs:
+            return shorter
+    fits = [s for s in range(2, 9) if conv_gluon.resident_programs(replace(config, num_stages=s), element, False, wide)]
+    return replace(config, num_stages=max(fits)) if fits else off_gluon(config)
 
 
 def _direct_channels(direction: str, geom: ConvGeometry) -> int:
@@ -1304,7 +1328,8 @@ def own_twins(direction: str, geom: ConvGeometry, config: KernelConfig, dtype: t
         found += [swapped_wgrad_twin(config, geom), channel_taps_twin(config, geom, direction)]
         if config.swap_ab:  # the heuristic's transposed tile (swapped_wgrad_tiles): one tap's, unswapped, beside it
             found.append(replace(off_gluon(config), gluon=config.gluon))
-    return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes)]
+    dst_size = destination_dtype(direction, geom, dtype).itemsize
+    return [t for t in found if t and _persistent_fits(t, element, direction, smem_bytes, dst_size)]
 
 
 def with_gluon(config: KernelConfig, geom: ConvGeometry, direction: str, specialized: bool = False) -> KernelConfig:
