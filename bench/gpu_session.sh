@@ -97,7 +97,9 @@ while [[ "${1:-}" =~ ^plan[0-9]$ ]]; do
     # host-bound cases, then bench.variants on the rows runs 8 and 10 did not reach: wan_dec_192's weight gradient
     # (its backward's 0.81x), the unets' 16-channel layers, HunyuanVideo's replicate-bordered layer, Wan's cached
     # layer on channel taps, unet_64 in fp32; last unet_32's, now on the lent forward and input-gradient tiles
-    # again (NEAR_FILL_RATIO 0.4: run 10 timed the heuristic's 1.14x and 1.39x slower there).
+    # again (NEAR_FILL_RATIO 0.4: run 10 timed the heuristic's 1.14x and 1.39x slower there). The causal scenario
+    # after the norms: wan_dec_384b's replicate-bordered fwd+bwd, its input gradient in float32 before the fold on a
+    # 2-stage ring, against the zeros row's 3 (bench/NOTES.md, "A bordered input gradient written in float32").
     PLAN2_IMPLS=$(printf '%s,' wan_dec_192:chosen wan_dec_192:timed_only wan_dec_192:gluon_ws_grouped_taps \
       unet_16:chosen unet_16:timed_only unet_down_16:chosen unet_down_16:timed_only \
       hunyuan_dec_128_replicate:chosen hunyuan_dec_128_replicate:timed_only unet_64:chosen \
@@ -105,7 +107,7 @@ while [[ "${1:-}" =~ ^plan[0-9]$ ]]; do
     PLAN2_CASES=wan_dec_192,unet_16,unet_down_16,hunyuan_dec_128_replicate,wan_dec_96_cached,unet_64@fp32,unet_32
     export CALL_SECONDS=${CALL_SECONDS:-465} BENCH_STEPS=${BENCH_STEPS:-"suite scenarios graphs"} \
       IMPLS=${IMPLS:-tconv3d,cudnn_cl3d} BENCH_ARGS=${BENCH_ARGS:-"--dtype bf16 --no-graphs"} \
-      BENCH_TIMEOUT=${BENCH_TIMEOUT:-100} SCENARIOS=${SCENARIOS:-stack,norms} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
+      BENCH_TIMEOUT=${BENCH_TIMEOUT:-100} SCENARIOS=${SCENARIOS:-stack,norms,causal} SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-120} \
       GRAPH_CASES=${GRAPH_CASES-unet_320,down_s2,hunyuan_512,resnext3d_g32_256,unet_64} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-70} \
       VARIANTS_TESTS=${VARIANTS_TESTS:-0} VARIANTS_TIMEOUT=${VARIANTS_TIMEOUT:-260} \
       VARIANTS_ARGS=${VARIANTS_ARGS:-"--cases $PLAN2_CASES --impls $PLAN2_IMPLS"}

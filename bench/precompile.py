@@ -156,10 +156,10 @@ def posing_as(device_name: str, capability: int = CAPABILITY, sm_count: int = 13
 
 
 def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios: str, device) -> list:
-    """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack and
-    skip and subpixel scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as) chooses them
-    (of the skip scenario's transposed conv, its forward, with its bias and without: its backward's are plain
-    launches). A launch is (direction, geometry, dtype, config), and a fifth True where it has a bias."""
+    """The launches of python -m bench with `bench_args` over `directions` (bwd: both gradients) and the stack,
+    skip, causal and subpixel scenarios where `scenarios` names them, as the device tconv3d runs on (posing_as)
+    chooses them (of the skip scenario's transposed conv, its forward, with its bias and without: its backward's are
+    plain launches). A launch is (direction, geometry, dtype, config), and a fifth True where it has a bias."""
     from bench import run
     from tconv3d.tune import choice
     from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
@@ -184,6 +184,11 @@ def bench_launches(bench_args: list[str], directions: tuple[str, ...], scenarios
                 launches += [(direction, geom, bf16, config), (direction, geom, bf16, pointer)]
                 if transposed:  # tconv3d and tconv3d_pointer with the layer's bias (tconv3d_bias_after without)
                     launches += [(direction, geom, bf16, config, True), (direction, geom, bf16, pointer, True)]
+    if "causal" in scenarios.split(","):  # bench_causal: wan_dec_384b bordered by zeros and by replicate, fwd+bwd
+        bf16 = DTYPES_BY_NAME["bf16"]
+        shape = next(s for s in load_shape_set("bench") if s.name == "wan_dec_384b")
+        for geom in run.causal_geometries(shape).values():
+            launches += [(d, geom, bf16, choice.pick_config(d, geom, bf16, device)) for d in ("fwd", "dgrad", "wgrad")]
     if "subpixel" in scenarios.split(","):  # bench_subpixel: both tconv3d forms, forward and both gradients
         bf16 = DTYPES_BY_NAME["bf16"]
         for _, *layer in run.SUBPIXEL_LAYERS:

@@ -432,17 +432,30 @@ def bench_conv2d_vs_conv3d() -> list[dict]:
     return rows
 
 
+CAUSAL_PADDING = (2, 0, 1, 1, 1, 1)  # bench_causal's: two frames in front along D, one each side in H and W
+CAUSAL_MODES = ("zeros", "replicate")  # the VAEs' two
+
+
+def causal_geometries(shape: ConvShape) -> dict:
+    """bench_causal's layer as its launches see it, by border mode."""
+    from tconv3d.geometry import conv_geometry
+
+    return {mode: conv_geometry(shape.input_shape, shape.weight_shape, 1, CAUSAL_PADDING, 1, padding_mode=mode)
+            for mode in CAUSAL_MODES}  # fmt: skip
+
+
 def bench_causal(shapes: list[ConvShape]) -> list[dict]:
     """Causal padding (2,0 / 1,1 / 1,1) on wan_dec_384b, zeros and replicate borders (the VAEs' two): explicit
     F.pad then cuDNN channels_last_3d, against tconv3d's fused padding; time and peak memory, fwd and fwd+bwd."""
     shape = next(s for s in shapes if s.name == "wan_dec_384b")
     x, w = _make_inputs(shape, torch.bfloat16)
+    df, db, ht, hb, wl, wr = CAUSAL_PADDING
     rows = []
-    for mode in ("zeros", "replicate"):
+    for mode in CAUSAL_MODES:
         pad_mode = "constant" if mode == "zeros" else mode
         impls = {
-            "pad_then_cudnn": lambda x, w, m=pad_mode: F.conv3d(F.pad(x, (1, 1, 1, 1, 2, 0), mode=m), w),
-            "tconv3d": lambda x, w, m=mode: tconv3d.conv3d(x, w, None, 1, (2, 0, 1, 1, 1, 1), padding_mode=m),
+            "pad_then_cudnn": lambda x, w, m=pad_mode: F.conv3d(F.pad(x, (wl, wr, ht, hb, df, db), mode=m), w),
+            "tconv3d": lambda x, w, m=mode: tconv3d.conv3d(x, w, None, 1, CAUSAL_PADDING, padding_mode=m),
         }
         for direction in ("fwd", "fwd+bwd"):
             row = {"name": f"wan_dec_384b_causal_{mode}_{direction}"}

@@ -70,6 +70,12 @@ choice._memo.update(remembered)
 with precompile.posing_as("NVIDIA H100 80GB HBM3") as device:
     variants = precompile.variants_launches(["--cases", "unet_64", "--impls", "chosen,pointer"], device)
     suite = precompile.bench_launches(["--dtype", "bf16", "--cases", "unet_64"], ("fwd", "bwd"), "none", device)
+    causal = precompile.bench_launches(["--dtype", "bf16", "--cases", "unet_64"], ("fwd",), "causal", device)
+# the causal scenario's layer under zeros and replicate, each direction; the replicate input gradient written in
+# float32 before its fold, its persistent ring fitted to that epilogue tile (configs.fit_destination)
+bordered = [(d, c) for d, g, _, c in causal if g.reads_border]
+assert len(causal) == 1 + 6 and [d for d, _ in bordered] == ["fwd", "dgrad", "wgrad"], causal
+assert (bordered[1][1].gluon, bordered[1][1].num_stages) == (2, 2), bordered
 assert (torch.cuda.get_device_name, torch.cuda.get_device_capability, torch.cuda.get_device_properties) == calls
 assert choice._memo == remembered
 h100 = {d: choice.choose(d, geom, bf16, "NVIDIA H100 80GB HBM3", 132, 90)[0] for d in ("fwd", "dgrad", "wgrad")}
@@ -161,7 +167,7 @@ def test_the_session_script_hands_a_plans_own_arguments_to_precompile(tmp_path):
     argv = _plan_argv(tmp_path, "plan2")
     assert argv[:6] == ["-m", "bench.precompile", "--wheel", "/wheels/triton.whl", "--stages", "bench variants"]
     options = dict(zip(argv[6::2], argv[7::2], strict=True))
-    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack,norms"
+    assert options["--bench-args"] == "--dtype bf16 --no-graphs" and options["--scenarios"] == "stack,norms,causal"
     flag, cases, impls_flag, impls = options["--variants-args"].split()
     assert (flag, impls_flag) == ("--cases", "--impls"), options["--variants-args"]
     cases = {case.split("@")[0] for case in cases.split(",")}  # each impl names a case the call times
