@@ -117,9 +117,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
     ran = os.environ.get("TCONV3D_TESTS_RAN")
     if ran:  # a GPU call's suite, cut at its limit, resumed by the next: what an earlier call's junit file names
-        done, kept, deselected = ran_tests(ran), [], []
+        # but for the tests whose node ids hold one of TCONV3D_TESTS_AGAIN's comma-separated words: code changed
+        # since those runs, run again first (they are kept in collection order, ahead of the suite's rest)
+        again = [word for word in os.environ.get("TCONV3D_TESTS_AGAIN", "").split(",") if word]
+        done, first, kept, deselected = ran_tests(ran), [], [], []
         for item in items:
-            (deselected if junit_name(item.nodeid) in done else kept).append(item)
+            if any(word in item.nodeid for word in again):
+                first.append(item)
+            else:
+                (deselected if junit_name(item.nodeid) in done else kept).append(item)
+        kept[:0] = first
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = kept

@@ -284,6 +284,12 @@ def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path)
     )
     out = pytest("-rA", ran=str(failed))
     assert "3 passed, 1 deselected" in out and "test_one" in out and "test_two[1]" in out, out
+    # TCONV3D_TESTS_AGAIN: tests of code changed since, run again whatever the junit files say, first
+    env["TCONV3D_TESTS_AGAIN"] = "TestK,one"
+    out = pytest("-vv", ran=os.pathsep.join(map(str, (first, second))))  # -q -vv: one line a test
+    assert "3 passed, 1 deselected" in out, out
+    order = [line.split(" ")[0].split("::", 1)[1] for line in out.splitlines() if " PASSED" in line]
+    assert order == ["test_one", "TestK::test_three", "test_two[2]"], out
 
 
 @triton.jit
