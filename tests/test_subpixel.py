@@ -160,6 +160,25 @@ def test_subpixel_weight_is_kept_while_unchanged(device):
         assert not subpixel_weight(fresh).is_inference()
 
 
+@pytest.mark.parametrize("time, space", [(None, True), ("repeated", False), ("kept", True)])
+def test_taps_first_made_in_inference_mode_serve_a_training_step(time, space, device, monkeypatch):
+    """The taps' tensors, kept per device (_subpixel_taps), are made outside inference mode whatever the first
+    caller's: a decode under torch.inference_mode() first, then a training step's weight through the same taps
+    (model fuzz run 66: Cosmos's time upsampler raised "Inference tensors cannot be saved for backward" where
+    stock trained)."""
+    from tconv3d.nn import subpixel
+
+    monkeypatch.setattr(subpixel, "_TAP_TENSORS", {})
+    shape = (3, 3, 3) if time is not None and space else (3, 1, 1) if time is not None else (3, 3)
+    conv = (nn.Conv3d if time is not None else nn.Conv2d)(4, 4, shape, padding=1, bias=False).to(device)
+    with torch.inference_mode():
+        subpixel_weight(conv, time, space)
+    assert subpixel._TAP_TENSORS and not any(t.is_inference() for t in subpixel._TAP_TENSORS.values())
+    trained = subpixel_weight(conv, time, space)
+    trained.square().sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
 def test_a_model_built_in_inference_mode_runs_the_subpixel_form(aten_path):
     """A model built inside torch.inference_mode() (its weights inference tensors, which have no version counter)
     converts and runs the sub-pixel form with stock's values; a state dict loaded into it in place, inside inference

@@ -62,13 +62,16 @@ _TAP_TENSORS = {}  # (rows of taps, device): their float32 tensor there
 def _subpixel_taps(device: torch.device, rows=None) -> torch.Tensor:
     """`rows` (_SUBPIXEL_TAPS by default) as a float32 tensor on `device`, made there once (a training step's call
     would otherwise copy it from the host each time: a copy a CUDA graph's capture refuses); traced as a constant
-    under torch.compile."""
+    under torch.compile. Made outside inference mode whatever the caller's: a first call in a decode under
+    torch.inference_mode() would otherwise keep an inference tensor, which a later training step's einsum cannot
+    save for its backward (model fuzz run 66, Cosmos)."""
     rows = _SUBPIXEL_TAPS if rows is None else rows
     if torch.compiler.is_compiling():
         return torch.tensor(rows, dtype=torch.float32, device=device)
     key = (rows, device)
     if key not in _TAP_TENSORS:
-        _TAP_TENSORS[key] = torch.tensor(rows, dtype=torch.float32, device=device)
+        with torch.inference_mode(False):
+            _TAP_TENSORS[key] = torch.tensor(rows, dtype=torch.float32, device=device)
     return _TAP_TENSORS[key]
 
 
