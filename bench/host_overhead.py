@@ -338,6 +338,38 @@ def second_source_replay(calls: int, sets: int = 8) -> dict:
     return results
 
 
+# Layers bordered by a mode that reads input voxels, bf16: (input shape, Cout, padding, mode). Their input gradient
+# is written over the bordered geometry (in float32) and its borders folded onto the planes they read: in-place sums
+# on the host side, which a plan replays among its launches.
+BORDER_CASES = {
+    "causal replicate 64": ((1, 64, 4, 16, 16), 64, (2, 0, 1, 1, 1, 1), "replicate"),
+    "reflect 64": ((1, 64, 4, 16, 16), 64, (1, 1, 1, 1, 1, 1), "reflect"),
+}
+
+
+def border_replay(calls: int) -> dict:
+    """Host time of each BORDER_CASES layer's forward and backward (torch.autograd.grad to input and weight) at the
+    H100's configs, kernels stopping at the driver, with call plans and without: {case: {fwd|bwd: {"plans": us,
+    "no_plans": us}}}, and why a plan was refused where one was."""
+    from tconv3d import settings
+    from tconv3d.kernels import launch
+
+    if launch.OFF is not None:
+        return {"off": launch.OFF}
+    cl = dict(dtype=torch.bfloat16, memory_format=CL)
+    results = {}
+    with _as_on_h100(settings.KERNELS) as refusals:
+        for name, (shape, cout, padding, mode) in BORDER_CASES.items():
+            x = torch.randn(shape).to(**cl).requires_grad_()
+            w = torch.randn(cout, shape[1], 3, 3, 3).to(**cl).requires_grad_()
+            y = tconv3d.conv3d(x, w, None, padding=padding, padding_mode=mode)
+            grad = torch.randn_like(y)
+            forward = lambda x=x, w=w, p=padding, m=mode: tconv3d.conv3d(x, w, None, padding=p, padding_mode=m)  # noqa: E731
+            backward = lambda x=x, w=w, y=y, g=grad: torch.autograd.grad(y, (x, w), g, retain_graph=True)  # noqa: E731
+            results[name] = _with_and_without_plans({"fwd": forward, "bwd": backward}, calls, refusals)
+    return results
+
+
 def _print_plan_rows(results: dict) -> None:
     """plan_replay's or norm_replay's figures, a line a case: each direction's time with plans / without."""
     for name, times in results.items():
@@ -387,6 +419,10 @@ def main(argv=None) -> int:
     print("\nconverted bf16 norm modules (bench.run's kinds), kernels stopping at the driver, us per call: call")
     print("plans on / off")
     _print_plan_rows(norms)
+    borders = border_replay(max(1, args.calls // 10))
+    print("\nlayers bordered by replicate or reflect, read in place (H100 tiles, stopping at the driver), us per")
+    print("call: call plans on / off")
+    _print_plan_rows(borders)
     sources = second_source_replay(max(1, args.calls // 10))
     print("\na second source on the pointer kernels, at other addresses every call (H100 tiles, stopping at the")
     print("driver), forward, us per call: call plans on / off")
@@ -402,7 +438,8 @@ def main(argv=None) -> int:
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
         results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
-                   "plan_replay_us": replays, "norm_replay_us": norms, "second_source_us": sources}  # fmt: skip
+                   "plan_replay_us": replays, "norm_replay_us": norms, "border_replay_us": borders,
+                   "second_source_us": sources}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

@@ -9,10 +9,8 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-import torch
-
 from ..geometry import ConvGeometry
-from .utils import cat_channels, cdiv, ndhwc, unit_channels
+from .utils import at_least_float32, cat_channels, cdiv, ndhwc, unit_channels
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
@@ -495,5 +493,5 @@ def destination_dtype(direction: str, geom: ConvGeometry, dtype):
     (test_padding_modes' cancelling borders: bf16 0.03-0.08 from float64, 0.002 written in float32). Written in
     float32, the fold rounds once. The config choice counts the wider epilogue tile (tune.configs.fit_destination)."""
     if direction == "dgrad" and geom.reads_border:
-        return torch.promote_types(dtype, torch.float32)
+        return at_least_float32(dtype)
     return dtype

@@ -693,6 +693,12 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
     raise ValueError(f"no border to fold for padding_mode {mode!r}")
 
 
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """torch.promote_types(dtype, torch.float32) of a floating dtype, without its dispatch: aten.promote_types
+    reaches a dispatch mode as an op, and a call plan's recording (plans._Watch) refuses a call that ran one."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
 def fold_padding(
     grad_bordered: torch.Tensor, geom, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -710,7 +716,7 @@ def fold_padding(
     they fold onto, in place, and the dimension's interior is then a view; one copy of the interior at the end,
     whatever the number of dimensions folded (a copy per dimension, each the gradient's size, before)."""
     grad = grad_bordered
-    sum_dtype = torch.promote_types(grad.dtype, torch.float32)
+    sum_dtype = at_least_float32(grad.dtype)
     copy_of_bias = None if bias is None else bias.to(sum_dtype).view(1, -1, 1, 1, 1)
     for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
         front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
