@@ -1239,3 +1239,16 @@ def test_a_bordered_input_gradient_fits_its_float32_epilogue(monkeypatch):
     assert len(persistent) < len(
         [c for c in candidates("dgrad", plain, torch.bfloat16, smem, True, True) if c.gluon == 2]
     )
+
+
+def test_a_split_tile_counts_its_float32_partials_whatever_the_destination():
+    """persistent_shared_bytes: split-K writes fp32 partial sums, so a split tile's epilogue counts 4 bytes an
+    element even where the destination is given as 16-bit (candidates pass destination_dtype's size for every
+    twin); an unsplit one counts the destination's."""
+    tile = KernelConfig(128, 128, 64, 4, 3, gluon=2, tma_box_w=16)
+    split = dataclasses.replace(tile, split_k=2)
+    ring = 3 * 256 * 64 * 2 + 1024
+    assert conv_gluon.persistent_shared_bytes(split, 2, False, 2) == ring + 128 * 128 * 4
+    assert conv_gluon.persistent_shared_bytes(tile, 2, False, 2) == ring + 128 * 128 * 2
+    assert conv_gluon.persistent_shared_bytes(tile, 2, False, 4) == ring + 128 * 128 * 4
+    assert conv_gluon.persistent_shared_bytes(tile, 2, False) == ring + 128 * 128 * 2

@@ -112,8 +112,8 @@ def persistent_shared_bytes(
 ) -> int:
     """At most the shared memory of the persistent warp-specialized kernel over operands of `element_size` bytes:
     the ring and its barriers and, beside the ring, the forward's and input gradient's epilogue tile (fp32 where
-    split-K writes partial sums; `dst_size`-byte elements where given: config.destination_dtype's), which it keeps
-    while the next tile's loads land (the weight gradient stores from registers)."""
+    split-K writes partial sums; else `dst_size`-byte elements where given: config.destination_dtype's), which it
+    keeps while the next tile's loads land (the weight gradient stores from registers)."""
     if config.halo_d:  # a stage: the box of HALO_BOX_FRAMES input frames and the weight boxes of the HALO_KD taps
         stage = HALO_BOX_FRAMES * config.block_m + HALO_KD * config.block_n
     else:
@@ -121,9 +121,9 @@ def persistent_shared_bytes(
     ring = config.num_stages * stage * config.block_k * element_size + 1024
     if weight_grad:
         return ring
-    if dst_size is None:
-        dst_size = 4 if config.split_k > 1 else element_size
-    return ring + config.block_m * config.block_n * dst_size
+    if config.split_k > 1:
+        dst_size = 4
+    return ring + config.block_m * config.block_n * (dst_size or element_size)
 
 
 def persistent_programs_per_sm(config: KernelConfig, shared_bytes: int) -> int:
