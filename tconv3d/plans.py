@@ -19,11 +19,11 @@ where replaying it is the same call:
   channels_after's, distance from the input) is computed again from the two tensors at each replay; where it
   falls in another class of Triton's specialisation than the recorded one (its range or divisibility by 16,
   which the key's 16-byte alignments do not fix), that call takes the whole path;
-- every aten op the call ran was an allocation, a view, or a copy, clone, fill or in-place sum (add_, sub_)
-  between tensors of the call (a TorchDispatchMode watches the recording call): these are replayed in their place
-  among the launches (a grouped weight gradient's diagonal blocks; a weight cloned into channels_last_3d, as an
-  allocation and a copy; a bordered input gradient's fold); any other op on the host side (a reduction, an op on
-  a tensor of unknown origin) is not, so a call that ran one gets no plan;
+- every aten op the call ran was an allocation, a view, or a copy, clone or fill between tensors of the call (a
+  TorchDispatchMode watches the recording call): these are replayed in their place among the launches (a grouped
+  weight gradient's diagonal blocks; a weight cloned into channels_last_3d, as an allocation and a copy); any
+  other op on the host side (a reduction, an op on a tensor of unknown origin) is not, so a call that ran one
+  gets no plan;
 - every tensor a launch reads is an input's storage or a tensor the call allocated;
 - every launch was direct: a kernel that goes through Triton's run (pre-run hooks, a callable grid) has no plan.
 Such calls are remembered as refused and run as before.
@@ -52,9 +52,8 @@ aten = torch.ops.aten
 _ALLOCATIONS = (aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
                 aten.new_empty_strided.default, aten.empty_like.default)  # fmt: skip
 # Host-side ops a plan replays in place among its launches: what they do depends on the tensors' shapes, strides
-# and dtypes alone, which the key holds (copies, fills, and the in-place sums of a bordered input gradient's fold:
-# kernels.utils.fold_padding).
-_REPLAYED = (aten.copy_.default, aten.zero_.default, aten.fill_.Scalar, aten.add_.Tensor, aten.sub_.Tensor)
+# and dtypes alone, which the key holds.
+_REPLAYED = (aten.copy_.default, aten.zero_.default, aten.fill_.Scalar)
 _PLAN = object()  # first element of a plan's key in choice's memo, so no decision's key equals it
 MAX_ENTRIES = 16384  # entries of choice's memo past which no call is remembered for a plan
 
@@ -145,9 +144,9 @@ def recorded(plan_key, inputs: tuple, call):
 
 
 class _Watch(TorchDispatchMode):
-    """The tensors allocated under it; each copy, fill or in-place sum (_REPLAYED), appended to `steps` (the
-    recording's launches, so that it keeps its place among them) as (func, args), a clone as an allocation and a
-    copy; and the first aten op that was none of these nor a view."""
+    """The tensors allocated under it; each copy or fill (_REPLAYED), appended to `steps` (the recording's launches,
+    so that it keeps its place among them) as (func, args), a clone as an allocation and a copy; and the first aten
+    op that was none of these nor a view."""
 
     def __init__(self, steps: list):
         super().__init__()

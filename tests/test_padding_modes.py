@@ -241,6 +241,38 @@ FOLDED_DIMENSIONS = [  # (mode: one, or one per dimension; input size; padding)
 
 @pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize(
+    "dtype, into", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32), (torch.float16, torch.float16)],
+    ids=["float32_into_bfloat16", "float32", "float16"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, size, padding", FOLDED_DIMENSIONS + FOLDS, ids=lambda v: v if isinstance(v, str) else None
+)  # fmt: skip
+def test_the_fold_in_one_launch(mode, size, padding, dtype, into, with_bias, device):
+    """kernels.fold.fold_bordered (the kernels' path): every voxel's own value and the borders that read it summed in
+    float32 in one launch and rounded once into `into`: within one rounding of float64's sum of the same values
+    (float32: within 1e-6, as the torch ops' fold_padding, whose order of terms differs); every border's copy of a
+    bias taken off but one. Wide borders (121 rows onto one) and corners (three dimensions folded) included."""
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.kernels.fold import fold_bordered
+    from tconv3d.kernels.utils import fold_padding
+
+    shape = (2, 8, *size)
+    geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)
+    bordered = [n + geom.padding[2 * d] + geom.padding[2 * d + 1] if m != "zeros" else n
+                for d, (n, m) in enumerate(zip(size, geom.dim_modes, strict=True))]  # fmt: skip
+    grad = torch.randn(2, 8, *bordered, device=device).to(dtype).contiguous(memory_format=CL)
+    bias = torch.randn(8, device=device).to(dtype) if with_bias else None
+    exact = fold_padding(grad.double(), geom, None if bias is None else bias.double())
+    folded = fold_bordered(grad, geom, bias, into)
+    assert folded.dtype == into and folded.shape == shape and folded.is_contiguous(memory_format=CL)
+    unit = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 1e-6}[into]
+    assert rel_l2(folded, exact) <= unit
+    if into == torch.float32:
+        assert rel_l2(folded, fold_padding(grad.clone(memory_format=CL), geom, bias)) <= 1e-6
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize(
     "dtype, into", [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)],
     ids=["float32", "bfloat16", "float32_into_bfloat16"],
 )  # fmt: skip

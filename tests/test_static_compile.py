@@ -257,6 +257,33 @@ print(json.dumps(report_rows(out)))
 """
 
 
+BORDER_FOLD_COMPILE = """
+import json, torch
+from tconv3d.geometry import conv_geometry
+from tconv3d.kernels.fold import fold_bordered
+from tconv3d.inspect.compile import compile_only, report_rows
+out = []
+for capability in ARCHS:
+    for mode, padding in (("replicate", (2, 0, 1, 1, 1, 1)), ("reflect", (1, 1, 1, 1, 1, 1))):
+        for source, into in ((torch.float32, torch.bfloat16), (torch.float32, torch.float32)):
+            for channels in (64, 384):
+                for bias in (False, True):
+                    geom = conv_geometry((2, channels, 5, 32, 32), (channels, channels, 3, 3, 3), 1, padding, 1,
+                                         padding_mode=mode)
+                    size = [n + p + q for n, p, q in zip(geom.in_size, padding[0::2], padding[1::2])]
+                    bordered = torch.empty(2, channels, *size, device="meta", dtype=source).contiguous(
+                        memory_format=torch.channels_last_3d)
+                    b = torch.empty(channels, device="meta", dtype=into) if bias else None
+                    launches = []
+                    with compile_only(capability, launches):
+                        fold_bordered(bordered, geom, b, into)
+                    for name, grid, warps, kernel, seconds, _ in launches:
+                        out.append(({"kernel": name, "arch": capability, "mode": mode, "into": str(into),
+                                     "channels": channels, "bias": bias}, kernel.asm["cubin"]))
+print(json.dumps(report_rows(out)))
+"""
+
+
 def compile_script(script: str) -> list[dict]:
     """Run a compile script in a process without the interpreter; its last stdout line is the JSON reports. The
     script sees ARCHS, the static archs (STATIC_ARCHS)."""
@@ -415,6 +442,18 @@ def test_the_bias_gradient_kernels_compile_without_spills_and_vectorised():
         if r["kernel"] == "_channel_sums_kernel":
             assert "LDG.E.128" in r["loads"], r
             assert r["grid"][0] > 100, r  # 16,384 voxels: split between many programs
+
+
+def test_the_border_fold_compiles_without_spills_and_vectorised():
+    """kernels.fold.fold_bordered (a bordered layer's input gradient folded in one launch) for the static archs:
+    replicate and reflect borders, the float32 buffer into bf16 and into fp32, 64 and 384 channels, with a bias and
+    without: no spills, 128-bit loads along the contiguous channels."""
+    reports = compile_script(BORDER_FOLD_COMPILE)
+    assert len(reports) == 16 * len(STATIC_ARCHS)  # archs x 2 modes x 2 destinations x 2 widths x bias or not
+    for r in reports:
+        assert r["kernel"] == "_fold_borders_kernel" and r["sm"] == r["arch"], r
+        assert not r["spill_bytes"] and not r["local_accesses"], r
+        assert "LDG.E.128" in r["loads"], r
 
 
 def test_depthwise_kernels_read_channels_as_vectors_whatever_the_multiplier(records):

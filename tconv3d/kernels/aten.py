@@ -96,7 +96,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
     if geom.reads_border:
-        grad = fold_padding(grad, geom, bias)
+        grad = fold_padding(grad, geom, bias, dtype)  # rounded once, in its one copy
     elif narrowed:
         # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a
         # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).

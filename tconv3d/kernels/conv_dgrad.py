@@ -21,6 +21,7 @@ from .config import (
 from .conv_depthwise import depthwise_dgrad
 from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma, live_tap_table
+from .fold import fold_bordered
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
 from .utils import (
@@ -30,7 +31,6 @@ from .utils import (
     dot_flags,
     empty_ndhwc,
     flat_rows,
-    fold_padding,
     gather_tile,
     grouped_tile,
     mma,
@@ -296,12 +296,12 @@ def conv3d_dgrad(
     if geom.reads_border:
         # The gradient of the input with its non-zeros borders, each border then folded onto the voxel it read:
         # this direction alone allocates a bordered buffer (the forward and weight gradient remap their loads),
-        # in float32 (destination_dtype), so the fold rounds each voxel's sum once. The bias in the kernels'
-        # epilogue, at every voxel of it; the fold takes each border's copy of it off as it adds the border onto
-        # the voxel it read.
+        # in float32 (destination_dtype), so the fold rounds each voxel's sum once, in one launch that reads the
+        # buffer and writes the result (fold.fold_bordered). The bias in the kernels' epilogue, at every voxel of
+        # it; the fold takes the borders' copies of it off.
         wide = destination_dtype("dgrad", geom, grad_out.dtype)
         bordered = conv3d_dgrad(grad_out, weight, geom.border_geometry(), config, channels_after, diagonal, bias, wide)
-        return fold_padding(bordered, geom, bias, dtype or grad_out.dtype)
+        return fold_bordered(bordered, geom, bias, dtype or grad_out.dtype)
     grad_in = empty_ndhwc(geom.input_shape(), like=grad_out, dtype=dtype)
     if grad_in.numel() == 0:
         return grad_in
