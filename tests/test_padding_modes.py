@@ -203,6 +203,19 @@ def test_cancelling_border_gradients_are_rounded_once(mode, size, kernel, paddin
     assert rel_l2(ours, exact) < TOLERANCE[dtype]
 
 
+def test_the_fold_indexes_voxels_in_int64_past_int32(device, monkeypatch):
+    """fold_bordered's WIDE form (2^31 voxels or more: here the threshold lowered to the test's 24) gives the int32
+    form's bits."""
+    from tconv3d.geometry import conv_geometry
+    from tconv3d.kernels import fold
+
+    geom = conv_geometry((2, 8, 2, 3, 4), (4, 8, 1, 1, 1), 1, (2, 0, 1, 1, 1, 1), 1, padding_mode="replicate")
+    grad = torch.randn(2, 8, 4, 5, 6, device=device).contiguous(memory_format=CL)
+    narrow = fold.fold_bordered(grad, geom, None, torch.bfloat16)
+    monkeypatch.setattr(fold, "INT32_VOXELS", 24)
+    assert torch.equal(fold.fold_bordered(grad, geom, None, torch.bfloat16), narrow)
+
+
 def fold_dimension_by_dimension(grad, geom, bias=None):
     """The fold as it was written first: each dimension folded into a new tensor of the gradient less that
     dimension's borders (a copy of the gradient's size per dimension), summed in float32 and rounded once a

@@ -22,20 +22,22 @@ from .utils import cdiv, source_index
 
 # The fold's tile: voxels x channels, fp32 sums a thread; a row of 32 fp32 channels is a 128-byte load.
 FOLD_VOXELS, FOLD_CHANNELS = 32, 64
+INT32_VOXELS = 2**31  # voxel indices from here on are int64 (WIDE)
 
 
 @triton.jit
 def _fold_borders_kernel(
     src_ptr, dst_ptr, bias_ptr, sources_ptr, VOXELS, C, D, H, W,
     stride_sn, stride_sd, stride_sh, stride_sw, stride_dn, stride_dd, stride_dh, stride_dw,
-    M_D: tl.constexpr, M_H: tl.constexpr, M_W: tl.constexpr, HAS_BIAS: tl.constexpr,
+    M_D: tl.constexpr, M_H: tl.constexpr, M_W: tl.constexpr, HAS_BIAS: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """dst[n, c, d, h, w] = sum over the sources (a, b, e) of d, h and w of src[n, c, a, b, e], in the order j, k, l
     of the table's columns: sources_ptr holds D rows of M_D bordered indices along D (the voxel's own first, -1
     past the last), then H rows of M_H, then W rows of M_W. With HAS_BIAS every source carries the bias once (a
-    transposed convolution's, added in the kernels' epilogue) and all but one copy is taken off."""
-    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    transposed convolution's, added in the kernels' epilogue) and all but one copy is taken off. WIDE: voxel
+    indices in int64 (2^31 voxels or more); memory offsets are int64 always."""
+    offs_v = tl.program_id(0).to(tl.int64 if WIDE else tl.int32) * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_v = offs_v < VOXELS
     mask_c = offs_c < C
@@ -137,6 +139,7 @@ def fold_bordered(bordered: torch.Tensor, geom, bias: torch.Tensor | None, dtype
         _fold_borders_kernel, (cdiv(voxels, FOLD_VOXELS), cdiv(c, block_c)),
         bordered, out, bias if bias is not None else out, table, voxels, c, d, h, w,
         s_n, s_d, s_h, s_w, t_n, t_d, t_h, t_w,
-        M_D=m_d, M_H=m_h, M_W=m_w, HAS_BIAS=bias is not None, BLOCK_V=FOLD_VOXELS, BLOCK_C=block_c, num_warps=4,
+        M_D=m_d, M_H=m_h, M_W=m_w, HAS_BIAS=bias is not None, WIDE=voxels + FOLD_VOXELS >= INT32_VOXELS,
+        BLOCK_V=FOLD_VOXELS, BLOCK_C=block_c, num_warps=4,
     )  # fmt: skip
     return out
