@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch, tracing
-from .utils import cdiv, source_index
+from .utils import cdiv, source_index, split_voxel
 
 # The fold's tile: voxels x channels, fp32 sums a thread; a row of 32 fp32 channels is a 128-byte load.
 FOLD_VOXELS, FOLD_CHANNELS = 32, 64
@@ -41,12 +41,7 @@ def _fold_borders_kernel(
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_v = offs_v < VOXELS
     mask_c = offs_c < C
-    w = offs_v % W
-    rest = offs_v // W
-    h = rest % H
-    rest = rest // H
-    d = rest % D
-    n = rest // D
+    n, d, h, w = split_voxel(offs_v, D, H, W)
     src_rows = n.to(tl.int64) * stride_sn
     acc = tl.zeros((BLOCK_V, BLOCK_C), dtype=tl.float32)
     count = tl.zeros((BLOCK_V,), dtype=tl.int32)
