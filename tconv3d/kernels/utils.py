@@ -708,9 +708,9 @@ def fold_padding(
     bf16 a running sum rounded at every add loses a bit per few terms: a replicated border of 5 on a 1-voxel
     dimension, 1e-2 off). `bias` (per channel): every voxel of grad_bordered, borders too, carries it once (a
     transposed convolution's, added with the sum and rounded once); each border's copy is taken off as it is
-    added, so the voxel it read carries one. Returns channels_last_3d, in `dtype` (default grad_bordered's): the
-    kernels write a 16-bit gradient's bordered buffer in float32 (config.destination_dtype), and the fold's one
-    copy rounds it.
+    added, so the voxel it read carries one. Returns channels_last_3d, in `dtype` (default grad_bordered's): aten's
+    path computes a 16-bit gradient's bordered buffer in float32 (config.destination_dtype), and the fold's one
+    copy rounds it. The kernels' path folds in one launch instead (fold.fold_bordered); this is its reference.
 
     grad_bordered is the caller's own buffer, which the fold overwrites: each dimension's sums go into the planes
     they fold onto, in place, and the dimension's interior is then a view; one copy of the interior at the end,
