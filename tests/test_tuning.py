@@ -1224,8 +1224,13 @@ def test_a_bordered_input_gradient_fits_its_float32_epilogue(monkeypatch):
     assert configs.fit_destination("fwd", bordered, torch.bfloat16, heuristic) == heuristic
     wide = configs.heuristic_config("dgrad", bordered, torch.float32, 132, 90)
     assert configs.fit_destination("dgrad", bordered, torch.float32, wide) == wide
-    # one warpgroup, two programs an SM at 2 stages with a bf16 tile: a float32 tile leaves room for one program,
-    # on a ring of 5
+    # one warpgroup, two programs an SM: 128 x 64 at 4 stages fills the SM with two bf16 tiles; with float32 ones
+    # two programs still fit at 3 stages
+    kept = configs.with_gluon(KernelConfig(128, 64, 64, 4, 4), bordered, "dgrad", specialized=True)
+    assert conv_gluon.resident_programs(kept, 2, False) == 2 and conv_gluon.resident_programs(kept, 2, False, 4) == 1
+    shorter = configs.fit_destination("dgrad", bordered, torch.bfloat16, kept)
+    assert (shorter.num_stages, conv_gluon.resident_programs(shorter, 2, False, 4)) == (3, 2)
+    # 128 x 128 at 2 stages, two bf16 tiles: a float32 tile leaves room for one program, on a ring of 5
     pair = configs.with_gluon(KernelConfig(128, 128, 64, 4, 2), bordered, "dgrad", specialized=True)
     assert conv_gluon.resident_programs(pair, 2, False) == 2
     fitted = configs.fit_destination("dgrad", bordered, torch.bfloat16, pair)
