@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch, tracing
-from .utils import cdiv, source_index, split_voxel
+from .utils import border_sources, cdiv, split_voxel
 
 # The fold's tile: voxels x channels, fp32 sums a thread; a row of 32 fp32 channels is a 128-byte load.
 FOLD_VOXELS, FOLD_CHANNELS = 32, 64
@@ -66,24 +66,16 @@ def _fold_borders_kernel(
     tl.store(dst_ptrs, acc.to(dst_ptr.dtype.element_ty), mask=mask_v[:, None] & mask_c[None, :])
 
 
-def fold_sources(geom) -> tuple[list[list[int]], tuple[int, int, int]]:
-    """Per dimension, the bordered indices summed onto each of its `size` voxels (the voxel's own, front + i, then
-    the borders that read it in order: utils.source_index) and the most of them a voxel has; a dimension without a
-    border that reads input voxels (zeros, or no padding) is its own index. Returns (rows per dimension, (M_D,
-    M_H, M_W))."""
-    rows, widths = [], []
-    for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
-        front, back = geom.padding[2 * dim], geom.padding[2 * dim + 1]
-        if mode == "zeros" or not (front or back):
-            rows.append([[i] for i in range(size)])
-            widths.append(1)
-            continue
-        read = [[front + i] for i in range(size)]
-        for p in [*range(front), *range(front + size, front + size + back)]:
-            read[source_index(p, size, front, mode)].append(p)
-        rows.append(read)
-        widths.append(max(len(r) for r in read))
-    return rows, tuple(widths)
+def fold_sources(in_size, dim_modes, padding) -> tuple[list[list[list[int]]], tuple[int, int, int]]:
+    """Per dimension, the bordered indices summed onto each of its voxels (utils.border_sources: the voxel's own,
+    then the borders that read it) and the most of them a voxel has; a dimension without a border that reads input
+    voxels (zeros, or no padding) is its own index. Returns (rows per dimension, (M_D, M_H, M_W))."""
+    rows = []
+    for dim, (size, mode) in enumerate(zip(in_size, dim_modes, strict=True)):
+        front, back = padding[2 * dim], padding[2 * dim + 1]
+        bordered = mode != "zeros" and (front or back)
+        rows.append(border_sources(size, front, back, mode) if bordered else [[i] for i in range(size)])
+    return rows, tuple(max(len(r) for r in dim) for dim in rows)
 
 
 def _sources_table(geom, device) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -96,22 +88,12 @@ def _sources_table(geom, device) -> tuple[torch.Tensor, tuple[int, int, int]]:
 
 @functools.lru_cache(maxsize=256)
 def _table(in_size, dim_modes, padding, device) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    geom = _Borders(in_size, dim_modes, padding)
-    rows, widths = fold_sources(geom)
+    rows, widths = fold_sources(in_size, dim_modes, padding)
     flat = [i for dim, width in zip(rows, widths, strict=True) for row in dim for i in row + [-1] * (width - len(row))]
     with torch.inference_mode(False):  # a plain tensor whatever the first caller's mode
         table = torch.tensor(flat, dtype=torch.int32, device=device)
     table.plan_constant = True
     return table, widths
-
-
-class _Borders:
-    """What fold_sources reads of a geometry, from a cache key."""
-
-    __slots__ = ("dim_modes", "in_size", "padding")
-
-    def __init__(self, in_size, dim_modes, padding):
-        self.in_size, self.dim_modes, self.padding = in_size, dim_modes, padding
 
 
 def fold_bordered(bordered: torch.Tensor, geom, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -693,6 +693,15 @@ def source_index(p: int, size: int, front: int, mode: str) -> int:
     raise ValueError(f"no border to fold for padding_mode {mode!r}")
 
 
+def border_sources(size: int, front: int, back: int, mode: str) -> list[list[int]]:
+    """For each of a bordered dimension's `size` input indices, the bordered indices whose gradient lands on it: its
+    own (front + i), then the borders that read it (source_index), in order."""
+    read = [[front + i] for i in range(size)]
+    for p in [*range(front), *range(front + size, front + size + back)]:
+        read[source_index(p, size, front, mode)].append(p)
+    return read
+
+
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     """torch.promote_types(dtype, torch.float32) of a floating dtype, without its dispatch: aten.promote_types
     reaches a dispatch mode as an op, and a call plan's recording (plans._Watch) refuses a call that ran one."""
@@ -723,10 +732,10 @@ def fold_padding(
         if mode == "zeros" or (not front and not back):
             continue
         axis = 2 + dim
-        read = {}  # input index: the border indices that read it, in order
-        for p in [*range(front), *range(front + size, front + size + back)]:
-            read.setdefault(source_index(p, size, front, mode), []).append(p)
-        for i, borders in read.items():  # the interior planes written, the borders (outside it) read
+        for i, (_, *borders) in enumerate(border_sources(size, front, back, mode)):
+            if not borders:
+                continue
+            # the interior plane written, the borders (outside it) read
             target = grad.narrow(axis, front + i, 1)
             plane = target if target.dtype == sum_dtype else target.to(sum_dtype, copy=True)  # else summed in place
             for p in borders:
