@@ -87,6 +87,39 @@ def test_plain_backward_runs_no_op_through_the_dispatcher(device, monkeypatch):
     assert gx.requires_grad  # recorded: double backward goes on
 
 
+NORMS = {
+    "group_norm": lambda x: tconv3d.nn.GroupNorm(2, 8, activation="silu")(x),
+    "batch_norm": lambda x: tconv3d.nn.BatchNorm3d(8, activation="relu")(x),
+    "rms_norm": lambda x: tconv3d.ops.call_rms_norm(x, torch.rand(8) + 0.5, torch.randn(8), 1e-6, "silu"),
+}
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_a_plain_norm_backward_runs_no_op_through_the_dispatcher(norm, monkeypatch):
+    """A norm's backward calls its backward op's implementation itself where nothing intercepts, as a convolution's
+    does (the dispatcher and the dynamo-disable wrapper: ~6 us a backward): the same gradients as through
+    torch.ops; a dispatch mode sees the op, and with create_graph the result is differentiable again."""
+    x = torch.randn(2, 8, 3, 4, 5).contiguous(memory_format=CL).requires_grad_()
+    torch.manual_seed(0)
+    y = NORMS[norm](x)
+    grad = torch.randn_like(y)
+    expected = torch.autograd.grad(y, x, grad, retain_graph=True)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backward went through torch.ops")
+
+    name = "rms_norm_backward" if norm == "rms_norm" else "group_norm_backward"
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.ops.tconv3d, name, refuse)
+        (ours,) = torch.autograd.grad(y, x, grad, retain_graph=True)
+    assert torch.equal(ours, expected[0])
+    with OpNames() as mode:
+        torch.autograd.grad(y, x, grad, retain_graph=True)
+    assert f"tconv3d.{name}.default" in mode.names
+    (gx,) = torch.autograd.grad(y, x, grad, create_graph=True)
+    assert gx.requires_grad
+
+
 @pytest.mark.parametrize("second", ["frames_before", "channels_after"])
 def test_a_backward_is_one_call_computing_what_the_ops_do(second, device, monkeypatch):
     """A plain backward computes the gradients it needs (the input's, the weight's, the bias's) in one call

@@ -343,10 +343,10 @@ RUNNING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def update_running_statistics(mean, rstd, running_mean, running_var, num_batches_tracked, momentum, eps, values):
-    """_running_statistics_kernel's launch on a BatchNorm's fp32 [C] batch mean and rstd (`values` values a
-    channel): running_mean and running_var moved in place, num_batches_tracked (None: not counted) incremented
-    first, the factor `momentum` or (None) 1 / num_batches_tracked; their version counters moved as an in-place
-    op's."""
+    """_running_statistics_kernel's launch on a BatchNorm's fp32 batch mean and rstd (C contiguous values each;
+    `values` values a channel): running_mean and running_var moved in place, num_batches_tracked (None: not
+    counted) incremented first, the factor `momentum` or (None) 1 / num_batches_tracked; their version counters
+    moved as an in-place op's."""
     c = mean.numel()
     counted = num_batches_tracked is not None
     if momentum is None and not counted:
