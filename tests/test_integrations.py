@@ -1549,6 +1549,23 @@ def test_monai_compile_adds_no_graph_breaks(name, aten_path):
     assert_same_gradients(eager, converted)
 
 
+def test_monai_checkpoint_unet_compiles_with_dynamic_shapes(aten_path):
+    """CheckpointUNet (checkpoints nested in checkpoints: MONAI's wrappers inside the adapter's levels) traced with
+    dynamic=True, where Dynamo makes a float read from an object a symbolic input: the norms' fused PReLU once
+    handed the op such a slope, and the trace failed inside the nested checkpoints (model fuzz run 68). The
+    compiled training step matches eager."""
+    _, converted = stock_and_converted(_monai_nets()["checkpoint_unet"])
+    x = torch.randn(1, 1, 16, 16, 16).contiguous(memory_format=torch.channels_last_3d)
+    eager = copy.deepcopy(converted)
+    torch._dynamo.reset()
+    compiled = torch.compile(converted, backend="aot_eager", dynamic=True)
+    outputs = [model(x) for model in (eager, compiled)]
+    for output in outputs:
+        output.square().mean().backward()
+    assert rel_l2(outputs[1], outputs[0]) < MATCH
+    assert_same_gradients(eager, converted)
+
+
 @pytest.mark.parametrize("upsample", ["deconv", "nontrainable"])
 def test_monai_basic_unet_pads_odd_sizes_without_a_copy(upsample, aten_path):
     """BasicUNet at odd sizes (the 2x max pooling drops a plane, and each up block replicate-pads its upsampled
