@@ -574,6 +574,41 @@ def test_frame_conv_is_the_conv2d_of_each_frame(device, stride, padding, pad, dt
     assert rel_l2(conv.bias.grad, b64.grad) < TOLERANCE[torch.float32]
 
 
+# Grouped convs of one input channel a group and a channel multiplier, one frame, strided onto one output column:
+# (C_in, C_out, groups, input D, H, W, kernel, stride, padding, padding_mode). The last is tests/fuzz_args.py's seed
+# 1104655 (op.conv3d, bf16: 3e22 from float64).
+ONE_OUTPUT_COLUMN = [
+    (2, 4, 2, (1, 6, 3), (1, 3, 3), (1, 1, 2), (0, 0, 0), "zeros"),
+    (4, 8, 4, (1, 4, 4), (1, 1, 3), (2, 1, 2), (0, 0, 0), "zeros"),
+    (3, 9, 3, (1, 4, 4), (1, 3, 3), (1, 1, 2), (0, 1, 0), "zeros"),
+    (2, 4, 2, (1, 4, 3), (1, 3, 3), (1, 1, 2), (0, 1, 0), "replicate"),
+]
+
+
+@pytest.mark.parametrize("case", ONE_OUTPUT_COLUMN, ids=lambda c: f"{c[0]}to{c[1]}_g{c[2]}_{c[7]}")
+def test_grouped_bf16_convs_strided_onto_one_output_column(case, monkeypatch):
+    """torch's CPU convolutions (2.13, oneDNN, bf16) answer garbage for these (a relative error ~1, values up to
+    1e37, all three directions; docs/upstream.md), found by tests/fuzz_args.py. Where an output dimension is one
+    voxel, aten's path convolves the extent it reads at stride 1: the same sums."""
+    monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
+    c_in, c_out, groups, size, kernel, stride, padding, mode = case
+    torch.manual_seed(0)
+    for _ in range(3):  # (garbage from memory past the tensors: a wrong answer on every draw, of any size)
+        x = torch.randn(2, c_in, *size).to(torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+        w = torch.randn(c_out, c_in // groups, *kernel).to(torch.bfloat16).contiguous(memory_format=CL)
+        w.requires_grad_()
+        y = tconv3d.conv3d(x, w, None, stride, padding, 1, groups, padding_mode=mode)
+        x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+        pads = [p for p in reversed(padding) for _ in range(2)]
+        padded = F.pad(x64, pads, mode="constant" if mode == "zeros" else mode)
+        expected = F.conv3d(padded, w64, None, stride, 0, 1, groups)
+        assert rel_l2(y, expected) < TOLERANCE[torch.bfloat16]
+        g = torch.randn_like(expected)
+        grads = torch.autograd.grad(y, (x, w), g.to(y.dtype))
+        for got, want in zip(grads, torch.autograd.grad(expected, (x64, w64), g), strict=True):
+            assert rel_l2(got, want) < TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_one_channel_layers_with_a_unit_channel_stride(path, device, monkeypatch):
     """A weight of one input channel kept channels_last_3d has a channel stride of 1 (any stride fits a size-1

@@ -44,6 +44,32 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t if list(t.stride()) == strides else t.as_strided(t.shape, strides)
 
 
+def _single_output_strides(geom: ConvGeometry) -> tuple[list[int], list[int]] | None:
+    """(strides, reaches) where an output dimension of one voxel is strided (None where none is): that dimension's
+    stride made 1 and the padded extent its one output reads (dilation * (kernel - 1) + 1), else the geometry's
+    stride and None. At one output voxel the stride changes nothing that is computed, but torch's CPU
+    convolutions (2.13, oneDNN, bf16) answer garbage for a grouped conv of one input channel a group and a channel
+    multiplier, one frame, strided onto one output column (values up to 1e37, all three directions;
+    docs/upstream.md), as they do for a one-channel input (`_plain`). This path then convolves the padded input
+    narrowed to those extents at stride 1."""
+    if not any(o == 1 and s > 1 for o, s in zip(geom.out_size, geom.stride, strict=True)):
+        return None
+    strides, reaches = [], []
+    for o, s, d, k in zip(geom.out_size, geom.stride, geom.dilation, geom.kernel, strict=True):
+        single = o == 1 and s > 1
+        strides.append(1 if single else s)
+        reaches.append(d * (k - 1) + 1 if single else None)
+    return strides, reaches
+
+
+def _narrowed(padded: torch.Tensor, reaches: list) -> torch.Tensor:
+    """`padded` (a padded input) narrowed along each dimension to its reach, where `reaches` gives one."""
+    for dim, reach in enumerate(reaches):
+        if reach is not None:
+            padded = padded.narrow(2 + dim, 0, reach)
+    return padded
+
+
 def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The weight torch's convolution takes: `_plain`, and NCDHW under a torch.func transform that batches x (under
     torch.compile, any transform). torch 2.13's compiled vmap of grad over channels_last_3d convolutions fails at
@@ -55,11 +81,16 @@ def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
     x = cat_channels(x, channels_after)
     weight = _weight(weight, x)
-    if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None:
+    single = _single_output_strides(geom)
+    if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None and single is None:
         y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
-        padded = _plain(_pad_input(x, frames_before, geom))
-        y = F.conv3d(padded, weight, bias, geom.stride, 0, geom.dilation, geom.groups)
+        padded = _pad_input(x, frames_before, geom)
+        stride = geom.stride
+        if single is not None:
+            stride, reaches = single
+            padded = _narrowed(padded, reaches)
+        y = F.conv3d(_plain(padded), weight, bias, stride, 0, geom.dilation, geom.groups)
     return channels_last(y)
 
 
@@ -80,7 +111,8 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
              zip(geom.out_size, geom.stride, geom.front_padding, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
     extra = [size - r for size, r in zip(geom.in_size, reach, strict=True)]  # output_padding
     fits = all(0 <= e < s for e, s in zip(extra, geom.stride, strict=True))
-    if geom.is_symmetric and geom.padding_mode == "zeros" and fits:
+    single = _single_output_strides(geom)
+    if geom.is_symmetric and geom.padding_mode == "zeros" and fits and single is None:
         # aten's transposed conv pads itself (no padded gradient, no narrowed copy), the bias inside
         grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
                                   geom.dilation)  # fmt: skip
@@ -88,7 +120,14 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
-    grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
+    if single is None:
+        grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
+    else:  # the extents the one output voxel read, then zeros past them (see _single_output_strides)
+        stride, reaches = single
+        read = [r if r is not None else n for r, n in zip(reaches, padded[2:], strict=True)]
+        grad = torch.nn.grad.conv3d_input(padded[:2] + tuple(read), weight, grad_out, stride, 0, geom.dilation,
+                                          geom.groups)  # fmt: skip
+        grad = F.pad(grad, [side for n, r in reversed(list(zip(padded[2:], read, strict=True))) for side in (0, n - r)])
     if bias is not None:  # at every voxel, borders too: the fold takes the borders' copies off
         grad = grad.add_(bias.view(1, -1, 1, 1, 1))
     narrowed = "zeros" in geom.dim_modes
@@ -107,9 +146,13 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
-    padded = _plain(_pad_input(cat_channels(x, channels_after), frames_before, geom))
+    padded = _pad_input(cat_channels(x, channels_after), frames_before, geom)
+    stride = geom.stride
+    if (single := _single_output_strides(geom)) is not None:
+        stride, reaches = single
+        padded = _narrowed(padded, reaches)
     grad = torch.nn.grad.conv3d_weight(
-        padded, geom.weight_shape(), _plain(grad_out), geom.stride, 0, geom.dilation, geom.groups
+        _plain(padded), geom.weight_shape(), _plain(grad_out), stride, 0, geom.dilation, geom.groups
     )
     return channels_last(grad)
 
