@@ -265,8 +265,8 @@ class Activation(NamedTuple):
     def op_arguments(self) -> tuple:
         """(activation, negative_slope, activation_weight) as torch.ops.tconv3d.group_norm takes them: the slope
         where the activation reads it, else a constant of this code. Under torch.compile(dynamic=True) Dynamo makes
-        a float it reads from an object (a module's attribute, this tuple's field) a symbolic input, and such a
-        float passed to the op in a checkpoint nested in another failed the trace (MONAI's CheckpointUNet:
+        a float it reads from an object (a module's attribute, this tuple's field) a symbolic input, and one read
+        again in a second checkpoint region fails the trace (a converted MONAI CheckpointUNet did:
         "lift_tracked_freevar_to_input should not be called on root SubgraphTracer"; docs/upstream.md)."""
         return self.name or "none", self.negative_slope if self.name == "leaky_relu" else 0.01, self.weight
 
