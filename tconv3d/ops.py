@@ -543,6 +543,13 @@ def _plain_call(*tensors) -> bool:
     return all(t is None or (type(t) in PLAIN_TENSORS and not _is_functorch_wrapper(t)) for t in tensors)
 
 
+def _direct_or_op(implementation, *tensors):
+    """An op's implementation itself where a call with `tensors` is plain (_plain_call), as a convolution's backward
+    calls its own (_gradients): past the dispatcher and the dynamo-disable wrapper (~4 us a norm's backward on the
+    host); else the op, through the dispatcher."""
+    return implementation if _plain_call(*tensors) else getattr(torch.ops.tconv3d, implementation.__name__)
+
+
 def _gradients(ctx, needs: tuple, grad_output, weight, input, frames_before, channels_after) -> tuple:
     """The gradients a convolution's backward needs (`needs`: the input's (the concatenation's), the weight's, the
     bias's), in that order, as the gradient ops and torch's sum compute them, in one call planned by all its
@@ -1078,11 +1085,8 @@ def _group_norm_backward(ctx, grad_output, grad_mean, grad_rstd):
         given = tuple(g for g in outputs if g is not None)
         grads = _vjp_of(forward, given, input, weight, bias, channels_after, activation_weight)
         return _needed(ctx, (*grads[:3], None, None, None, grads[3], None, grads[4]))
-    # The op's implementation itself where nothing intercepts, as a convolution's backward calls its own: past the
-    # dispatcher and the dynamo-disable wrapper (~6 us a norm's backward on the host)
     tensors = (grad_output, input, mean, rstd, weight, bias, channels_after, activation_weight)
-    backward = group_norm_backward if _plain_call(*tensors) else torch.ops.tconv3d.group_norm_backward
-    grad_input, grad_weight, grad_bias, grad_slope = backward(
+    grad_input, grad_weight, grad_bias, grad_slope = _direct_or_op(group_norm_backward, *tensors)(
         grad_output, input, mean, rstd, weight, bias, ctx.groups, ctx.activation, channels_after, ctx.negative_slope,
         activation_weight,
     )  # fmt: skip
@@ -1185,9 +1189,9 @@ def _rms_norm_backward(ctx, grad_output):
             return _rms_norm_in_torch_ops(input, weight, bias, ctx.eps, activation, clamp)
 
         return _needed(ctx, _vjp_of(forward, grad_output, input, weight, bias))
-    plain = _plain_call(grad_output, input, weight, bias)  # (as the group norm's backward)
-    backward = rms_norm_backward if plain else torch.ops.tconv3d.rms_norm_backward
-    grads = backward(grad_output, input, weight, bias, ctx.eps, *ctx.options)
+    grads = _direct_or_op(rms_norm_backward, grad_output, input, weight, bias)(
+        grad_output, input, weight, bias, ctx.eps, *ctx.options
+    )
     return _norm_input_grads(ctx, *grads, weight, bias.dtype if bias is not None else None)
 
 

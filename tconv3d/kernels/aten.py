@@ -62,12 +62,17 @@ def _single_output_strides(geom: ConvGeometry) -> tuple[list[int], list[int]] | 
     return strides, reaches
 
 
-def _narrowed(padded: torch.Tensor, reaches: list) -> torch.Tensor:
-    """`padded` (a padded input) narrowed along each dimension to its reach, where `reaches` gives one."""
+def _at_single_outputs(padded: torch.Tensor, geom: ConvGeometry) -> tuple[torch.Tensor, list[int]]:
+    """(the padded input, the stride) a convolution of `geom` over it runs with: narrowed to its reach and at stride
+    1 along each strided dimension of one output voxel (_single_output_strides), else as they are."""
+    single = _single_output_strides(geom)
+    if single is None:
+        return padded, geom.stride
+    strides, reaches = single
     for dim, reach in enumerate(reaches):
         if reach is not None:
             padded = padded.narrow(2 + dim, 0, reach)
-    return padded
+    return padded, strides
 
 
 def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -81,15 +86,11 @@ def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
     x = cat_channels(x, channels_after)
     weight = _weight(weight, x)
-    single = _single_output_strides(geom)
-    if geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None and single is None:
+    plain = geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None
+    if plain and _single_output_strides(geom) is None:
         y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
     else:
-        padded = _pad_input(x, frames_before, geom)
-        stride = geom.stride
-        if single is not None:
-            stride, reaches = single
-            padded = _narrowed(padded, reaches)
+        padded, stride = _at_single_outputs(_pad_input(x, frames_before, geom), geom)
         y = F.conv3d(_plain(padded), weight, bias, stride, 0, geom.dilation, geom.groups)
     return channels_last(y)
 
@@ -146,11 +147,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
-    padded = _pad_input(cat_channels(x, channels_after), frames_before, geom)
-    stride = geom.stride
-    if (single := _single_output_strides(geom)) is not None:
-        stride, reaches = single
-        padded = _narrowed(padded, reaches)
+    padded, stride = _at_single_outputs(_pad_input(cat_channels(x, channels_after), frames_before, geom), geom)
     grad = torch.nn.grad.conv3d_weight(
         _plain(padded), geom.weight_shape(), _plain(grad_out), stride, 0, geom.dilation, geom.groups
     )
