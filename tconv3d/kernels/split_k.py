@@ -19,18 +19,21 @@ from .utils import cdiv, dense_voxels
 @triton.jit
 def _sum_splits_kernel(partial_ptr, out_ptr, second_ptr, NUMEL, SPLITS, SECOND: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = sum over s of partial[s, i], always in the order s = 0, 1, ...: deterministic, no atomics. With
-    SECOND, a split holds 2 * NUMEL elements, out's then second's: second[i] = sum over s of partial[s, NUMEL + i]."""
+    SECOND, a split holds 2 * NUMEL elements, out's then second's, and the programs of grid axis 1 = 1 sum second's:
+    second[i] = sum over s of partial[s, NUMEL + i]. Each program sums one output's block under one mask: with both
+    outputs' bounds in one program, triton 3.8's ptxas spilled their predicates (8 bytes on sm_90)."""
     width = 2 * NUMEL if SECOND else NUMEL
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < width
+    mask = offs < NUMEL
+    ptrs = partial_ptr + tl.program_id(1).to(tl.int64) * NUMEL + offs  # split 0's block of this program's output
     total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLITS):
-        total += tl.load(partial_ptr + s * width + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=offs < NUMEL)
-    if SECOND:
-        second = offs >= NUMEL
-        offs_second = tl.where(second, offs - NUMEL, 0)
-        tl.store(second_ptr + offs_second, total.to(second_ptr.dtype.element_ty), mask=mask & second)
+    for _ in range(SPLITS):
+        total += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += width
+    if SECOND and tl.program_id(1) == 1:
+        tl.store(second_ptr + offs, total.to(second_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def ndhwc_partials(dst: torch.Tensor, splits: int) -> torch.Tensor:
@@ -49,9 +52,10 @@ def sum_splits(partials: torch.Tensor, out: torch.Tensor, second: torch.Tensor |
     numel = out.numel()
     width = 2 * numel if second is not None else numel
     splits = partials.numel() // max(width, 1)
+    grid = (cdiv(numel, SPLIT_SUM_BLOCK), 1 if second is None else 2)
     launch(
-        _sum_splits_kernel, (cdiv(width, SPLIT_SUM_BLOCK),), partials, out, second if second is not None else out,
-        numel, splits, SECOND=second is not None, BLOCK=SPLIT_SUM_BLOCK,
+        _sum_splits_kernel, grid, partials, out, second if second is not None else out, numel, splits,
+        SECOND=second is not None, BLOCK=SPLIT_SUM_BLOCK,
     )  # fmt: skip
     return out
 
