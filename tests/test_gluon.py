@@ -598,9 +598,10 @@ def test_gluon_reports_why_it_is_unavailable_off_its_triton():
         assert hasattr(conv_gluon, "_conv3d_gluon_kernel")
     else:
         assert "Triton" in conv_gluon.UNAVAILABLE and not hasattr(conv_gluon, "_conv3d_gluon_kernel")
-    # Offered on the releases it is compile-checked against (CI: 3.9 and the GPU image's 3.6), none other.
-    assert conv_gluon.unwritten_for("3.6.0") is None and conv_gluon.unwritten_for("3.9.1") is None
-    assert "written for Triton 3.6, 3.9, not 3.7.0" in conv_gluon.unwritten_for("3.7.0")
+    # Offered on the releases it is compile-checked against (CI: 3.9, and 3.6, 3.7 and 3.8: the Tritons torch 2.11 to
+    # 2.14's CUDA builds pin), none other.
+    assert all(conv_gluon.unwritten_for(v) is None for v in ("3.6.0", "3.7.1", "3.8.0", "3.9.1"))
+    assert "written for Triton 3.6, 3.7, 3.8, 3.9, not 3.5.1" in conv_gluon.unwritten_for("3.5.1")
     assert "not 3.10.0" in conv_gluon.unwritten_for("3.10.0")
 
 

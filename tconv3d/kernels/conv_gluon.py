@@ -58,8 +58,10 @@ from .conv_tma import (
 from .launch import launch
 from .utils import cdiv, ndhwc_descriptor, padded_coord
 
-# Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_hopper_main_loops.py).
-GLUON_TRITON = ("3.6", "3.9")
+# Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_hopper_main_loops.py,
+# .ci/run): 3.6 (torch 2.11's, the GPU machines'), 3.7 (torch 2.12's and 2.13's CUDA builds), 3.8 (torch 2.14's) and
+# 3.9 (torch 2.15's, and the newest: CPU CI's).
+GLUON_TRITON = ("3.6", "3.7", "3.8", "3.9")
 
 try:
     from triton.experimental import gluon
