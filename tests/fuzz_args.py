@@ -984,7 +984,13 @@ def _theirs_norm(call: dict, t: dict):
     else:
         if t["weight"] is not None and t["bias"] is not None and t["weight"].device != t["bias"].device:
             raise ValueError("weight and bias on two devices")
-        y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
+        if math.prod(x.shape[2:]) == 0:
+            # The op answers an extent of no voxel empty, as torch's group_norm did before 2.14 (its instance and
+            # batch norms, which share the op, still do); torch's other checks on one voxel of it.
+            F.group_norm(x.new_ones(*x.shape[:2], 1, 1, 1), call["groups"], t["weight"], t["bias"], call["eps"])
+            y = torch.empty_like(x)
+        else:
+            y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])
     if call["activation"] == "prelu":
         slopes = t["activation_weight"]
         if slopes.device != y.device or slopes.numel() not in (1, y.shape[1]):

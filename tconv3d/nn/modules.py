@@ -6,6 +6,7 @@ helpers the model adapters share."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -312,7 +313,23 @@ class GroupNorm(_FusedActivation, nn.GroupNorm):
     def normalized(self, input, activation: Activation, channels_after=None) -> torch.Tensor:
         """The forward with `activation` in the norm's pass (an adapter's: a block that calls its activation in
         code), whatever this norm's own."""
+        if input.dim() > 2 and math.prod(input.shape[2:]) == 0 and _group_norm_refuses_no_voxel():
+            raise RuntimeError(
+                f"GroupNorm: Expected HxW to be greater than 0, got 0 (input {tuple(input.shape)}), as this torch's "
+                "group_norm refuses an input of no voxel"
+            )
         return normalize(input, self.num_groups, self.weight, self.bias, self.eps, activation, channels_after)
+
+
+@functools.cache
+def _group_norm_refuses_no_voxel() -> bool:
+    """Whether the installed torch's group_norm refuses an input with no voxel (2.14 on; 2.13 answered it empty, as
+    tconv3d's kernels do, and its instance and batch norms still do): nn.GroupNorm then refuses it as stock's."""
+    try:
+        F.group_norm(torch.empty(1, 1, 0, device="meta"), 1)
+    except RuntimeError:
+        return True
+    return False
 
 
 class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
