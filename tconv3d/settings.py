@@ -8,7 +8,7 @@ TCONV3D_KERNELS        auto | pointer | tma | gluon: the kernel variant where th
                        16-byte channel rows; the forward and weight gradient also zeros padding and one source).
                        auto: TMA on sm_90+ unless a tuning table chose pointer or gluon; tma: TMA wherever
                        eligible, also through the interpreter on CPU; pointer: never; gluon: the Gluon kernel
-                       (fp16/bf16, and in fp32 as TF32 the forward and input gradient; sm_90, triton 3.6 or 3.9)
+                       (fp16/bf16, and in fp32 as TF32 the forward and input gradient; sm_90, triton 3.6 to 3.9)
                        where it runs, else TMA.
 TCONV3D_TMA_MAPS       any (default) | strict: strict runs a TMA or Gluon launch on the pointer kernels where one of
                        its tensor maps is one that cuda.h allows but CCCL refuses (a box past the tensor's extent, a

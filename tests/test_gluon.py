@@ -4,7 +4,7 @@ group in flight) for the three stride-1 implicit GEMMs in 16-bit dtypes on sm_90
 Triton's interpreter cannot run Gluon: on CPU these tests check everything around the kernel (the config field,
 which launches may take it, TCONV3D_KERNELS=gluon falling back to the TMA kernel where it cannot run, explain,
 the tuner's space, the SASS reader that judges its main loop); tests/test_hopper_main_loops.py compiles it for
-sm_90 under triton 3.6 and 3.9. On an sm_90 GPU with either the same correctness tests run the kernel itself against
+sm_90 under triton 3.6 to 3.9. On an sm_90 GPU with any of them the same correctness tests run the kernel itself against
 float64, every TMA case of the suite."""
 
 import dataclasses

@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     parser.add_argument("--space", action="store_true", help="also compile every candidate of each key's space")
     parser.add_argument(
         "--variant", default="auto", choices=(*settings.KERNEL_VARIANTS, "gluon-ws", "gluon-halo"),
-        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 or 3.9; "
+        help="force a variant where eligible, as TCONV3D_KERNELS would on that GPU (gluon: sm_90, triton 3.6 to 3.9; "
         "gluon-ws: its persistent warp-specialized twin, as the tuner may choose; gluon-halo: that twin's halo "
         "tiles where a forward or input gradient may take them)",
     )  # fmt: skip

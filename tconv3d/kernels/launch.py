@@ -12,7 +12,7 @@ does not know) goes through run every time, and so does a kernel with pre-run ho
 check that the kernel's global values have not changed since it compiled is not repeated: tconv3d's kernels
 read no mutable globals.
 
-The direct call leans on Triton internals that 3.6 and 3.9 share (JITFunction.run ends in
+The direct call leans on Triton internals that 3.6 to 3.9 share (JITFunction.run ends in
 `kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
 are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run. On
 triton 3.6 (the GPU machines') a direct launch also skips the launcher's own Python wrapper and calls its C launch
