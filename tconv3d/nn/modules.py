@@ -313,7 +313,8 @@ class GroupNorm(_FusedActivation, nn.GroupNorm):
     def normalized(self, input, activation: Activation, channels_after=None) -> torch.Tensor:
         """The forward with `activation` in the norm's pass (an adapter's: a block that calls its activation in
         code), whatever this norm's own."""
-        if input.dim() > 2 and math.prod(input.shape[2:]) == 0 and _group_norm_refuses_no_voxel():
+        no_voxel = input.numel() == 0 and input.dim() > 2 and math.prod(input.shape[2:]) == 0  # numel first: cheap
+        if no_voxel and _group_norm_refuses_no_voxel():
             raise RuntimeError(
                 f"GroupNorm: Expected HxW to be greater than 0, got 0 (input {tuple(input.shape)}), as this torch's "
                 "group_norm refuses an input of no voxel"
