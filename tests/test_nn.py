@@ -134,6 +134,55 @@ def test_convert_swaps_in_place_and_keeps_parameters(device, caplog):
     assert not torch.equal(first.weight.detach(), weight_before)
 
 
+PARAMETRIZATIONS = {
+    "weight_norm": lambda conv: nn.utils.parametrizations.weight_norm(conv),
+    "spectral_norm": lambda conv: nn.utils.parametrizations.spectral_norm(conv),
+    "weight_norm_hook": lambda conv: nn.utils.weight_norm(conv),  # the older API: a forward pre-hook
+    "spectral_norm_hook": lambda conv: nn.utils.spectral_norm(conv),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm. is deprecated:FutureWarning")
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+@pytest.mark.parametrize("kind", PARAMETRIZATIONS)
+def test_convert_takes_weight_normed_and_spectral_normed_layers(kind, transposed, device, caplog):
+    """A conv whose weight a parametrization computes (weight_norm, spectral_norm; torch.nn.utils.parametrize's
+    or the older hooks') is taken over with its parametrization: the same outputs, parameter gradients and
+    spectral_norm power-iteration state as stock over training steps (the weight read once a forward), the same
+    state_dict keys, and remove_parametrizations leaves tconv3d's layer."""
+
+    def model():  # twice from one seed: the older weight_norm's modules cannot be deep-copied
+        torch.manual_seed(0)
+        layer = nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1) if transposed else nn.Conv3d(4, 6, 3, padding=1)
+        return nn.Sequential(PARAMETRIZATIONS[kind](layer), nn.SiLU()).to(device)
+
+    stock, ours = model(), model()
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(ours)
+    assert "left" not in caplog.text, caplog.text
+    assert isinstance(ours[0], tconv3d.nn.ConvTranspose3d if transposed else tconv3d.nn.Conv3d)
+    assert type(ours[0]).__name__ == type(stock[0]).__name__
+    assert list(ours.state_dict()) == list(stock.state_dict())
+    for step in range(3):
+        x = torch.randn(2, 4, 3, 5, 4, device=device).contiguous(memory_format=CL)
+        expected, got = stock(x), ours(x)
+        assert got.is_contiguous(memory_format=CL)
+        assert rel_l2(got, expected.detach()) < TOLERANCE[torch.float32], step
+        grad = torch.randn_like(expected)
+        expected.backward(grad)
+        got.backward(grad)
+        for (name, a), b in zip(stock.named_parameters(), ours.parameters(), strict=True):
+            assert rel_l2(b.grad, a.grad) < TOLERANCE[torch.float32], (step, name)
+        for (name, a), b in zip(stock.named_buffers(), ours.buffers(), strict=True):  # spectral_norm's u, v
+            torch.testing.assert_close(b, a, msg=lambda m, n=name: f"{n}: {m}")
+    if kind in ("weight_norm", "spectral_norm"):
+        nn.utils.parametrize.remove_parametrizations(ours[0], "weight")
+        nn.utils.parametrize.remove_parametrizations(stock[0], "weight")
+        assert type(ours[0]) is (tconv3d.nn.ConvTranspose3d if transposed else tconv3d.nn.Conv3d)
+        x = torch.randn(2, 4, 3, 5, 4, device=device)
+        assert rel_l2(ours(x), stock(x).detach()) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize(
     ("kernel", "stride", "padding", "ceil_mode"),
     [(2, 2, 0, False), (3, 2, 1, True), ((1, 2, 2), 1, 0, False), ((1, 2, 2), (1, 2, 2), 0, False), (2, 2, 0, True)],

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..geometry import SUPPORTED_DTYPES
 from . import monai_nets, video_vaes
@@ -30,6 +31,7 @@ from .modules import (
     Upsample,
     activation_of,
     keep_memory_format,
+    weight_sources,
 )
 from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
 
@@ -79,8 +81,26 @@ def is_converted(module: nn.Module) -> bool:
     return isinstance(module, tuple(DROP_INS.values())) or hasattr(type(module), "tconv3d_adapter")
 
 
+def parametrized_drop_in(module: nn.Module) -> type | None:
+    """For an nn.Conv3d or nn.ConvTranspose3d that torch.nn.utils.parametrize made parametrized (weight_norm,
+    spectral_norm: a class of its own for each module, `Parametrized<Conv3d>`, adding the tensors' properties and
+    no forward), the same class over tconv3d's drop-in, as registering the parametrization on a converted layer
+    makes it (and remove_parametrizations then leaves the drop-in); None for any other module."""
+    cls = type(module)
+    base = cls.__bases__[0]
+    if len(cls.__bases__) != 1 or base not in (nn.Conv3d, nn.ConvTranspose3d) or "forward" in vars(cls):
+        return None
+    if cls.__name__ != f"Parametrized{base.__name__}" or not parametrize.is_parametrized(module):
+        return None
+    namespace = {key: value for key, value in vars(cls).items() if key not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, (DROP_INS[base],), namespace)
+
+
 def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
     """Why convert leaves an nn.Conv3d (or another module with a drop-in) as it is; None if it takes it over."""
+    if parametrized_drop_in(module) is not None:  # its weight's dtype read from its sources, not computed
+        dtype = next((t.dtype for t in weight_sources(module) if t.dtype not in SUPPORTED_DTYPES), None)
+        return None if dtype is None else f"its weight is {dtype} (tconv3d runs float16, bfloat16 and float32)"
     if isinstance(module, nn.Conv3d) and type(module) is not nn.Conv3d and subclasses == "skip":
         return (
             f"it is a {type(module).__qualname__}, a subclass of nn.Conv3d whose forward may differ (convert(model, "
@@ -145,13 +165,14 @@ def convert(
             else:
                 logger.warning("tconv3d.nn.convert left %s (%s) as it is: %s", label, type(module).__name__, reason)
             continue
-        if type(module) not in DROP_INS and not isinstance(module, nn.Conv3d):
+        parametrized = parametrized_drop_in(module)
+        if type(module) not in DROP_INS and parametrized is None and not isinstance(module, nn.Conv3d):
             continue
         reason = unsupported_reason(module, subclasses)
         if reason is not None:
             logger.warning("tconv3d.nn.convert left %s as it is: %s", label, reason)
             continue
-        _swap(module, DROP_INS.get(type(module)) or adapted_class(_Rebased, type(module)))
+        _swap(module, DROP_INS.get(type(module)) or parametrized or adapted_class(_Rebased, type(module)))
         converted += 1
     _fuse_norm_activations(model)
     fuse_norm_silu_blocks(model)
@@ -185,7 +206,7 @@ def shardable(model: nn.Module) -> nn.Module:
 def _swap(module: nn.Module, cls: type) -> None:
     module.__class__ = cls
     if isinstance(module, (Conv3d, ConvTranspose3d)):
-        module._keep_weight_format()
+        module._keep_stored_weight_format()
 
 
 # Dropouts an activation may move in front of: each multiplies an element by 0 or 1 / (1 - p), never negative,

@@ -29,19 +29,35 @@ WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format
 
 
 class _KeptWeightFormat:
-    """A conv module whose weight storage stays in `weight_format`, converted in place on the same Parameter."""
+    """A conv module whose weight storage stays in `weight_format`, converted in place on the same Parameter.
+
+    A weight computed from other Parameters (torch.nn.utils.parametrize's weight_norm or spectral_norm, the older
+    hook-based weight_norm and spectral_norm: each takes the weight out of the module's Parameters) is read as it
+    comes, once a forward as nn.Conv3d's forward reads it (spectral_norm steps its power iteration once a read in
+    training). Laying its sources out otherwise would not spare the op its copy of it: weight_norm's fused kernel
+    writes its weight contiguous whatever the direction's layout (and copies a channels_last_3d one first), and
+    spectral_norm reshapes its weight to a matrix each read, a copy of a channels_last_3d one. So the op converts it,
+    one weight-sized copy a call, as cuDNN does for a stock layer's."""
 
     # A name of WEIGHT_FORMATS, not the torch.memory_format itself: torch.save cannot pickle those.
     weight_format = "channels_last_3d"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._keep_weight_format()
+        self._keep_stored_weight_format()
 
     def _keep_weight_format(self) -> torch.Tensor:
-        """The weight, first converted in place if its storage is not in weight_format. A repeated call compares
-        one tuple: the layout last kept."""
-        weight, name = self.weight, self.weight_format
+        """The weight: a stored one first converted in place if its storage is not in weight_format, a derived one
+        computed."""
+        weight = self._keep_stored_weight_format()
+        return self.weight if weight is None else weight
+
+    def _keep_stored_weight_format(self) -> torch.Tensor | None:
+        """The weight Parameter, converted in place if its storage is not in weight_format; None where the weight
+        is computed from others (not computed here). A repeated call compares one tuple: the layout last kept."""
+        weight, name = self._parameters.get("weight"), self.weight_format
+        if weight is None:
+            return None
         if torch.compiler.is_compiling():  # no memo: a traced write to the module is a side effect
             keep_memory_format(weight, WEIGHT_FORMATS[name])
         elif self.__dict__.get("_kept_layout") != (weight.shape, weight.stride(), name):
@@ -52,7 +68,7 @@ class _KeptWeightFormat:
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
         module = super()._apply(fn, recurse)
-        self._keep_weight_format()
+        self._keep_stored_weight_format()
         return module
 
 
@@ -161,14 +177,25 @@ class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
     (`tconv3d.conv_transpose3d`'s channels_after)."""
 
     def forward(self, input: torch.Tensor, output_size=None, channels_after=None) -> torch.Tensor:
-        self._keep_weight_format()
+        weight = self._keep_weight_format()
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
         )
         return conv_transpose3d(
-            input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation,
+            input, weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation,
             channels_after=channels_after,
         )  # fmt: skip
+
+
+def weight_sources(conv: nn.Module) -> list[torch.Tensor]:
+    """The Parameters of a conv module of the weight's shape, (out, in / groups, *kernel) or, transposed, (in,
+    out / groups, *kernel): its weight, or those a derived weight is computed from (parametrize's originals, the
+    older weight_norm's direction or spectral_norm's weight_orig), found without computing it (which would step
+    spectral_norm's power iteration)."""
+    channels = (conv.in_channels, conv.out_channels // conv.groups) if conv.transposed else (
+        conv.out_channels, conv.in_channels // conv.groups)  # fmt: skip
+    shape = torch.Size((*channels, *conv.kernel_size))
+    return [t for t in conv.parameters() if t.shape == shape]
 
 
 def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
