@@ -767,7 +767,7 @@ def test_rows_split_in_int32_and_flat_stores_keep_the_epilogue_light():
 
 
 RING_WGRAD_COMPILE = """
-import json, torch
+import json, re, torch
 from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_wgrad, utils
 from tconv3d.kernels.config import KernelConfig
@@ -781,7 +781,12 @@ for capability in ARCHS:
         conv_wgrad.wide_rows = utils.wide_rows if narrow else (lambda rows, block: True)
         ring = compile_launch("wgrad", geom, torch.bfloat16, config, capability, read=False)[1]
         usage, sass = _disassemble([ring.cubin])[0]
-        out.append({"arch": capability, "narrow": narrow, "kernel": ring.kernel, "calls": sass.count("CALL.REL.NOINC")})
+        # Calls into a subroutine (laid out past the kernel's last EXIT): triton 3.7's ptxas also leaves a loop on
+        # sm_80 by a CALL.REL.NOINC to the instruction after the loop's branch back, which calls nothing.
+        exits = [int(a, 16) for a in re.findall(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?EXIT\\b", sass)]
+        targets = re.findall(r"CALL\\.REL\\.NOINC\\s+`?\\(?0x([0-9a-f]+)", sass)
+        calls = sum(int(t, 16) > max(exits) for t in targets)
+        out.append({"arch": capability, "narrow": narrow, "kernel": ring.kernel, "calls": calls})
 print(json.dumps(out))
 """
 
@@ -790,7 +795,9 @@ def test_weight_gradient_ring_splits_its_voxels_in_int32():
     """A replicate-bordered weight gradient's ring launch (the pointer kernel over each frame's border voxels, RING)
     splits its voxels from their index every step (utils.ring_voxel). In int64 each division was a call to a
     subroutine (bf16: 20 calls on sm_90, 18 on sm_80; 112 -> 73 registers on sm_90 in int32, triton 3.9); in int32
-    (WIDE_ROWS off) none."""
+    (WIDE_ROWS off) none. A call counts where it enters a subroutine: under triton 3.7 (torch 2.12 and 2.13's CUDA
+    builds) the sm_80 ring leaves its loop by a CALL.REL.NOINC to the instruction after the branch back, which
+    this test once counted as a division."""
     reports = compile_script(RING_WGRAD_COMPILE)
     assert len(reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
