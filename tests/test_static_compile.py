@@ -84,6 +84,14 @@ def _tuned_with_this_triton(record) -> bool:
     return json.loads(table.read_text())["triton"] == triton.__version__
 
 
+# The Tritons whose ptxas the heuristic's tiles are chosen spill-free under (tune/configs.py's notes: 3.6 and 3.9, CI's;
+# torch 2.14's 3.8 ran this file clean). Another's ptxas may spill a few bytes outside a main loop: triton 3.7's (torch
+# 2.12 and 2.13's CUDA builds) on sm_80, 8-16 bytes and 2-8 local accesses a tile, in the 32-channel layers' 128 x 32
+# forwards and x3d_depthwise_192's, where 3.9's ptxas takes more registers (unet_32's bf16 forward: 162, 3.7's 128). A
+# warning there; a spill inside a main loop, or shared memory past the limit, fails under any Triton.
+SPILL_FREE_TRITONS = ("3.6", "3.8", "3.9")
+
+
 def test_nothing_spills_and_shared_memory_fits(records):
     limit = {90: 227 * 1024, 80: 163 * 1024}
     bad = [
@@ -96,6 +104,11 @@ def test_nothing_spills_and_shared_memory_fits(records):
         message = f"tuned under another triton, these spill under {triton.__version__}: {_names(foreign)}"
         warnings.warn(message, stacklevel=1)
     ours = [r for r in bad if r not in foreign]
+    if ".".join(triton.__version__.split(".")[:2]) not in SPILL_FREE_TRITONS:
+        outside = [r for r in ours if r["loop_local_accesses"] == 0 and r["shared_bytes"] <= limit[r["arch"]]]
+        if outside:
+            warnings.warn(f"spill outside a main loop under {triton.__version__}: {_names(outside)}", stacklevel=1)
+        ours = [r for r in ours if r not in outside]
     assert not ours, _names(ours)
 
 
