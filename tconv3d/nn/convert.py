@@ -81,24 +81,29 @@ def is_converted(module: nn.Module) -> bool:
     return isinstance(module, tuple(DROP_INS.values())) or hasattr(type(module), "tconv3d_adapter")
 
 
-def parametrized_drop_in(module: nn.Module) -> type | None:
-    """For an nn.Conv3d or nn.ConvTranspose3d that torch.nn.utils.parametrize made parametrized (weight_norm,
-    spectral_norm: a class of its own for each module, `Parametrized<Conv3d>`, adding the tensors' properties and
-    no forward), the same class over tconv3d's drop-in, as registering the parametrization on a converted layer
-    makes it (and remove_parametrizations then leaves the drop-in); None for any other module."""
+def parametrized_base(module: nn.Module) -> type | None:
+    """nn.Conv3d or nn.ConvTranspose3d where torch.nn.utils.parametrize made `module`, one of them, parametrized
+    (weight_norm, spectral_norm: a class of its own for each module, `Parametrized<Conv3d>`, adding the tensors'
+    properties to the layer's class and no forward); None for any other module."""
     cls = type(module)
     base = cls.__bases__[0]
     if len(cls.__bases__) != 1 or base not in (nn.Conv3d, nn.ConvTranspose3d) or "forward" in vars(cls):
         return None
     if cls.__name__ != f"Parametrized{base.__name__}" or not parametrize.is_parametrized(module):
         return None
-    namespace = {key: value for key, value in vars(cls).items() if key not in ("__dict__", "__weakref__")}
-    return type(cls.__name__, (DROP_INS[base],), namespace)
+    return base
+
+
+def _parametrized_drop_in(module: nn.Module, base: type) -> type:
+    """The parametrized class of `module` (parametrized_base) over tconv3d's drop-in for `base`: what registering the
+    parametrization on a converted layer makes, so that remove_parametrizations leaves the drop-in."""
+    namespace = {key: value for key, value in vars(type(module)).items() if key not in ("__dict__", "__weakref__")}
+    return type(type(module).__name__, (DROP_INS[base],), namespace)
 
 
 def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
     """Why convert leaves an nn.Conv3d (or another module with a drop-in) as it is; None if it takes it over."""
-    if parametrized_drop_in(module) is not None:  # its weight's dtype read from its sources, not computed
+    if parametrized_base(module) is not None:  # its weight's dtype read from its sources, not computed
         dtype = next((t.dtype for t in weight_sources(module) if t.dtype not in SUPPORTED_DTYPES), None)
         return None if dtype is None else f"its weight is {dtype} (tconv3d runs float16, bfloat16 and float32)"
     if isinstance(module, nn.Conv3d) and type(module) is not nn.Conv3d and subclasses == "skip":
@@ -165,14 +170,17 @@ def convert(
             else:
                 logger.warning("tconv3d.nn.convert left %s (%s) as it is: %s", label, type(module).__name__, reason)
             continue
-        parametrized = parametrized_drop_in(module)
+        parametrized = parametrized_base(module)
         if type(module) not in DROP_INS and parametrized is None and not isinstance(module, nn.Conv3d):
             continue
         reason = unsupported_reason(module, subclasses)
         if reason is not None:
             logger.warning("tconv3d.nn.convert left %s as it is: %s", label, reason)
             continue
-        _swap(module, DROP_INS.get(type(module)) or parametrized or adapted_class(_Rebased, type(module)))
+        if parametrized is not None:
+            _swap(module, _parametrized_drop_in(module, parametrized))
+        else:
+            _swap(module, DROP_INS.get(type(module)) or adapted_class(_Rebased, type(module)))
         converted += 1
     _fuse_norm_activations(model)
     fuse_norm_silu_blocks(model)
