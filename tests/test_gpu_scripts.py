@@ -182,6 +182,7 @@ def test_layer_errors_script_rates_a_models_layers(tmp_path):
     """tests/gpu/layer_errors.py on CPU (torch's path): MONAI's UNet in bf16, each conv and norm rated for stock
     and converted against float64 of stock's module on the same input."""
     pytest.importorskip("monai")
+    pytest.importorskip("diffusers")  # the script takes its models from test_integrations, which needs diffusers
     out = tmp_path / "layers.json"
     result = run_script("tests/gpu/layer_errors.py", "--model", "monai_unet", "--device", "cpu", "--size", "16",
                         "--json", str(out))  # fmt: skip
