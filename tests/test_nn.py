@@ -183,6 +183,20 @@ def test_convert_takes_weight_normed_and_spectral_normed_layers(kind, transposed
         assert rel_l2(ours(x), stock(x).detach()) < TOLERANCE[torch.float32]
 
 
+def test_convert_reports_lazy_convs_and_takes_them_once_made(device, caplog):
+    """A LazyConv3d / LazyConvTranspose3d has no weight until its first forward, where it becomes an nn.Conv3d /
+    nn.ConvTranspose3d: convert names each and says to convert after a forward, then takes them over."""
+    model = nn.Sequential(nn.LazyConv3d(4, 3), nn.LazyConvTranspose3d(4, 2, stride=2)).to(device)
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(model)
+    assert caplog.text.count("convert after a first forward") == 2, caplog.text
+    x = torch.randn(1, 2, 3, 4, 5, device=device)
+    expected = model(x).detach()
+    tconv3d.nn.convert(model)
+    assert [type(m) for m in model] == [tconv3d.nn.Conv3d, tconv3d.nn.ConvTranspose3d]
+    assert rel_l2(model(x), expected) < TOLERANCE[torch.float32]
+
+
 @pytest.mark.parametrize(
     ("kernel", "stride", "padding", "ceil_mode"),
     [(2, 2, 0, False), (3, 2, 1, True), ((1, 2, 2), 1, 0, False), ((1, 2, 2), (1, 2, 2), 0, False), (2, 2, 0, True)],

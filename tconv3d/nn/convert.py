@@ -106,6 +106,11 @@ def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
     if parametrized_base(module) is not None:  # its weight's dtype read from its sources, not computed
         dtype = next((t.dtype for t in weight_sources(module) if t.dtype not in SUPPORTED_DTYPES), None)
         return None if dtype is None else f"its weight is {dtype} (tconv3d runs float16, bfloat16 and float32)"
+    if type(module) in (nn.LazyConv3d, nn.LazyConvTranspose3d):
+        return (
+            f"it is a {type(module).__name__}, whose parameters are made by its first forward, where it becomes an "
+            f"nn.{type(module).cls_to_become.__name__}: convert after a first forward"
+        )
     if isinstance(module, nn.Conv3d) and type(module) is not nn.Conv3d and subclasses == "skip":
         return (
             f"it is a {type(module).__qualname__}, a subclass of nn.Conv3d whose forward may differ (convert(model, "
@@ -171,7 +176,8 @@ def convert(
                 logger.warning("tconv3d.nn.convert left %s (%s) as it is: %s", label, type(module).__name__, reason)
             continue
         parametrized = parametrized_base(module)
-        if type(module) not in DROP_INS and parametrized is None and not isinstance(module, nn.Conv3d):
+        lazy = type(module) is nn.LazyConvTranspose3d  # a Conv3d's lazy twin is one, and reported as below
+        if type(module) not in DROP_INS and parametrized is None and not lazy and not isinstance(module, nn.Conv3d):
             continue
         reason = unsupported_reason(module, subclasses)
         if reason is not None:
