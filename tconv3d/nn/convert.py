@@ -176,7 +176,7 @@ def convert(
                 logger.warning("tconv3d.nn.convert left %s (%s) as it is: %s", label, type(module).__name__, reason)
             continue
         parametrized = parametrized_base(module)
-        lazy = type(module) is nn.LazyConvTranspose3d  # a Conv3d's lazy twin is one, and reported as below
+        lazy = type(module) is nn.LazyConvTranspose3d  # (a LazyConv3d is an nn.Conv3d: it passes the test below)
         if type(module) not in DROP_INS and parametrized is None and not lazy and not isinstance(module, nn.Conv3d):
             continue
         reason = unsupported_reason(module, subclasses)
