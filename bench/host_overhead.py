@@ -11,7 +11,9 @@ Then the launch path alone: each direction's launcher (argument preparation, des
 Triton kernel replaced by a stand-in that launches nothing, pointer variant against TMA variant, on a bf16
 64-channel 4x16x16 layer (runs on CPU: the launchers need no GPU to build a launch). Then Triton's side of
 the same launches: JITFunction.run against the direct path (issue 29), the kernels compiled for sm_90 and each
-launcher a stand-in, so both stop at the driver. Last, whole layers as the H100 runs them (the configs
+launcher a stand-in, so both stop at the driver; and the compiled launcher's own Python (Triton's CudaLauncher and
+tensor-descriptor wrapper) against the direct path's way past it (launch._Past), around stand-ins for the C launch
+and the map encode. Last, whole layers as the H100 runs them (the configs
 choice.choose gives that device, compiled for sm_90, launches stopping at the driver): a forward and a backward
 of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, taking turns in one loop; and the
 forward of a layer with a second source on the pointer kernels (a skip connection's channels, cached frames),
@@ -190,6 +192,71 @@ def triton_launch(calls: int) -> dict:
             }
             name = kernel.__name__.strip("_").removesuffix("_kernel")
             times[name] = {"arguments": len(args) + len(kwargs), **per_call_us(paths, calls)}
+    return times
+
+
+def launcher_past(calls: int) -> dict:
+    """Host time of the compiled launcher's side of a launch (issue 29), per kernel: Triton's own CudaLauncher.__call__
+    and tensor-descriptor wrapper against launch._Past, which calls the C launch past them, for the launch-path
+    layer's TMA and Gluon forwards (compiled for sm_90). Both call a stand-in for the C launch, and the driver's map
+    encode is a stand-in too (no driver here; on a GPU each map's encode, some microseconds, is what _Past keeps
+    across launches on top). Checked first: both hand the stand-in the same arguments."""
+    import types
+
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime import driver as triton_driver
+
+    from tconv3d.inspect.compile import stubbed_launches
+    from tconv3d.kernels import launch
+
+    if launch.WRAPPER is not None:
+        return {"off": launch.WRAPPER}
+    cl = dict(dtype=torch.bfloat16, memory_format=CL)
+    x, w = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(64, 64, 3, 3, 3).to(**cl)
+    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
+    tma = KernelConfig(64, 64, 32, 4, 3, tma_box_w=16)
+    launched = {}
+    with stubbed_launches(90, []) as record:
+        for name, config in (("tma fwd", tma), ("gluon fwd", dataclasses.replace(tma, gluon=1))):
+            record.clear()
+            conv_fwd.conv3d_fwd(x, w, None, None, geom, config)
+            (compiled, _), = list(launch._compiled.values())[-1:]  # fmt: skip
+            launched[name] = (compiled, record[-1][1])
+    utils = types.SimpleNamespace(fill_tma_descriptor=lambda *a: "map", fill_tma_descriptor_tiled=lambda *a: "map")
+    saved_driver, triton_driver._active = triton_driver._active, types.SimpleNamespace(utils=utils)
+    times = {}
+    try:
+        for name, (compiled, (grid_0, grid_1, grid_2, stream, _, packed, *_)) in launched.items():
+            values = launched[name][1][9:]  # past the metadata, launch metadata and hooks
+            calls_made = []
+
+            def c_launch(*args, calls_made=calls_made):  # records the first two launches: the check below
+                if len(calls_made) < 2:
+                    calls_made.append(args)
+
+            runner = object.__new__(nvidia.CudaLauncher)
+            metas = getattr(compiled.metadata, "tensordesc_meta", None)
+            runner.launch = nvidia.wrap_handle_tensordesc(c_launch, compiled.src.signature, metas)
+            runner.global_scratch_size = runner.profile_scratch_size = 0
+            runner.global_scratch_align = runner.profile_scratch_align = 1
+            runner.num_ctas, runner.launch_cooperative_grid, runner.launch_pdl = 1, False, False
+            runner.arg_annotations, runner.kernel_signature, runner.gsan_enabled = (), b"", False
+            stand = types.SimpleNamespace(run=runner, function=0, packed_metadata=packed)
+            past = launch._past_of(runner, nvidia)
+            if past is None:
+                times[name] = {"refused": "launch._past_of took no _Past for this kernel"}
+                continue
+            paths = {
+                "wrapper": lambda r=runner, g=(grid_0, grid_1, grid_2, stream), p=packed, v=values: r(*g, 0, p, None,
+                                                                                                      None, None, *v),
+                "past": lambda p=past, s=stand, g=(grid_0, grid_1, grid_2, stream), v=values: p(s, *g, v),
+            }  # fmt: skip
+            paths["wrapper"](), paths["past"]()
+            if len({repr(call) for call in calls_made}) != 1:
+                raise AssertionError(f"{name}: _Past handed the C launch other arguments than Triton's wrapper")
+            times[name] = {"arguments": len(values), **per_call_us(paths, calls)}
+    finally:
+        triton_driver._active = saved_driver
     return times
 
 
@@ -412,6 +479,16 @@ def main(argv=None) -> int:
         if name != "off":
             print(f"{name:22s} run {t['run']:6.1f}  direct {t['direct']:6.1f}  direct/run {t['direct'] / t['run']:5.2f}"
                   f"  ({t['arguments']} arguments)")  # fmt: skip
+    past = launcher_past(args.calls)
+    print("\nthe compiled launcher's side: Triton's launcher and wrapper against launch._Past, both around stand-ins")
+    print("for the C launch and the map encode (sm_90 compile), us per launch")
+    for name, t in past.items():
+        if name == "off" or "refused" in t:
+            print(f"{name:22s} {t if name == 'off' else t['refused']}")
+            continue
+        ratio = t["past"] / t["wrapper"]
+        print(f"{name:22s} wrapper {t['wrapper']:6.1f}  past {t['past']:6.1f}  past/wrapper {ratio:5.2f}"
+              f"  ({t['arguments']} arguments)")  # fmt: skip
     replays = plan_replay(max(1, args.calls // 10))
     print("\nwhole layers at the H100's configs, kernels stopping at the driver, us per call: call plans on / off")
     _print_plan_rows(replays)
@@ -438,6 +515,7 @@ def main(argv=None) -> int:
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
         results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
+                   "launcher_past_us": past,
                    "plan_replay_us": replays, "norm_replay_us": norms, "border_replay_us": borders,
                    "second_source_us": sources}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")

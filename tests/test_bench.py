@@ -247,6 +247,7 @@ def test_host_overhead_benchmark_runs_on_cpu(tmp_path, capsys):
     assert "tconv3d.nn.Conv3d backward" in capsys.readouterr().out
     assert set(data["launch_us"]) == {"fwd", "dgrad", "wgrad"}
     assert all(set(times) == {"pointer", "tma"} for times in data["launch_us"].values())
+    assert "launcher_past_us" in data  # under the interpreter {"off": why}: test_launch times it compiled
     norms = data["norm_replay_us"]
     if "off" not in norms:
         assert set(norms) == {name for name, *_ in run.norm_layers_at_hand(host_overhead.NORM_CASES)}, norms

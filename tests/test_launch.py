@@ -287,6 +287,23 @@ def test_a_driver_error_making_a_context_current_is_named(monkeypatch):
     assert errors and "cuDevicePrimaryCtxRetain" in errors[0] and "101" in errors[0]
 
 
+PAST_SCRIPT = """
+import json
+from bench.host_overhead import launcher_past
+print(json.dumps(launcher_past(3)))
+"""
+
+
+def test_past_the_wrapper_with_compiled_kernels_arguments():
+    """launch._Past on real launches: bench.host_overhead's launcher_past compiles the TMA and Gluon forwards for
+    sm_90, builds Triton's own CudaLauncher and wrapper around a recorder from each compiled kernel's signature and
+    metadata, and raises where _Past hands the C launch anything else; a kernel _Past refuses is named. Under each
+    Triton CI runs (3.9; 3.6, 3.7.1, 3.8.0), so each one's wrapper is met with kernels as compiled there."""
+    result = compile_script(PAST_SCRIPT)
+    assert set(result) == {"tma fwd", "gluon fwd"}, result
+    assert all("refused" not in times and times["arguments"] > 40 for times in result.values()), result
+
+
 class _CLaunch:
     """Stands in for a compiled launcher's C launch (no __code__, as a builtin): records its arguments."""
 
@@ -298,29 +315,29 @@ class _CLaunch:
 
 
 def test_past_the_wrapper_the_c_launch_gets_the_wrappers_arguments(monkeypatch):
-    """launch._Past, on triton 3.6 (CI's second section): the C launch receives exactly what CudaLauncher.__call__
-    and its tensor-descriptor wrapper (Triton's own, around a recorder) give it, descriptors expanded in place; a
-    descriptor's expansion is made again only when its tensor's address, shape or strides change. Elsewhere the
-    wrapper stays, and why is named."""
+    """launch._Past, under each Triton CI runs (3.9, and 3.6, 3.7.1 and 3.8.0 in its later sections): the C launch
+    receives exactly what CudaLauncher.__call__ and its tensor-descriptor wrapper (Triton's own, around a recorder)
+    give it, descriptors expanded in place, the leading arguments laid out 3.6's way (flat) or 3.7 to 3.9's (the
+    kernel's arguments in one list, which the C launch reads by its annotations with no count check); a
+    descriptor's expansion is made again only when its tensor's address, shape or strides change."""
     import types
 
     import torch
 
     monkeypatch.setattr(launch, "OFF", None)  # this process runs the interpreter: the check alone, as on a GPU
-    why = launch._why_wrapper()
-    if not triton.__version__.startswith("3.6"):
-        assert why is not None and "3.6" in why, why
-        return
-    assert why is None, why
+    convention, why = launch._launch_convention()
+    assert why is None and convention == (launch.FLAT if triton.__version__.startswith("3.6") else launch.PACKED), why
+    monkeypatch.setattr(launch, "CONVENTION", convention)
     from triton.backends.nvidia import driver as nvidia
 
     made = []
 
-    def make_tensordesc_arg(arg, meta):  # Triton's encodes a map; this one says what it was asked
-        made.append((arg.base.data_ptr(), meta["id"]))
+    def make_tensordesc_arg(arg, meta, *leading):  # Triton's encodes a map; this one says what it was asked
+        made.append((arg.base.data_ptr(), meta["id"], *leading))
         return [("map", arg.base.data_ptr(), meta["id"]), *arg.shape, *arg.strides]
 
-    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make_tensordesc_arg)
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make_tensordesc_arg)  # before the wrappers take it (3.8 on)
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace())  # 3.8 on: __call__ asks for it
     signature = {0: "*bf16", 1: "tensordesc<bf16[64, 32]>", 2: "i32", 3: "tensordesc<bf16[32, 16]>", 4: "constexpr"}
     c_launch = _CLaunch()
 
@@ -330,41 +347,65 @@ def test_past_the_wrapper_the_c_launch_gets_the_wrappers_arguments(monkeypatch):
         launcher.global_scratch_size = launcher.profile_scratch_size = 0
         launcher.global_scratch_align = launcher.profile_scratch_align = 1
         launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, True
+        launcher.arg_annotations, launcher.kernel_signature, launcher.gsan_enabled = ("notes",), b"sig", False
         return types.SimpleNamespace(run=launcher, function=1234, packed_metadata=(4, 1, 0))
 
     compiled = compiled_with(nvidia.wrap_handle_tensordesc(c_launch, signature, [{"id": "a"}, {"id": "b"}]))
     x, y = torch.zeros(64, 64), torch.zeros(32, 32)
 
     def descriptor(t, shape):
-        return types.SimpleNamespace(base=t, shape=shape, strides=[shape[1], 1], padding="zero")
+        return types.SimpleNamespace(base=t, shape=shape, strides=[shape[1], 1], padding="zero",
+                                     round_f32_to_tf32=False)  # fmt: skip
 
     values = (x, descriptor(x, [64, 64]), 7, descriptor(y, [32, 32]), 32)
     nvidia.CudaLauncher.__call__(compiled.run, 5, 2, 1, 99, compiled.function, compiled.packed_metadata, None,
                                  None, None, *values)  # fmt: skip
     past = launch._past_wrapper(compiled)
     assert past is not None and launch._past_wrapper(compiled) is past  # made once a kernel
+    inner = compiled.run.launch
+    if "relevant_paths" in inner.__code__.co_freevars:  # 3.8 on: libtriton's expansion, read by what it does
+        cells = dict(zip(inner.__code__.co_freevars, (cell.cell_contents for cell in inner.__closure__), strict=True))
+        expand = inner.__globals__["make_tensordesc_args"]
+        assert launch._expands_as_triton(past, expand, cells)
+        (first, a), (second, b) = past.descriptors
+        swapped = launch._Past(c_launch, ((first, b), (second, a)), compiled.run, past.make, True)  # metadata swapped
+        assert not launch._expands_as_triton(swapped, expand, cells)
     past(compiled, 5, 2, 1, 99, list(values))
     wrapper, ours = c_launch.calls
-    assert ours == wrapper and ours[13:] == (x, ("map", x.data_ptr(), "a"), 64, 64, 64, 1, 7,
-                                             ("map", y.data_ptr(), "b"), 32, 32, 32, 1, 32)  # fmt: skip
-    assert ours[:13] == (5, 2, 1, 99, 1234, False, True, None, None, (4, 1, 0), None, None, None)
-    assert len(made) == 4  # the wrapper's two and ours
+    flat = convention == launch.FLAT
+
+    def split(call):  # (the leading arguments, the kernel's) as the C launch received them
+        return (call[:13], list(call[13:])) if flat else (call[:-1], list(call[-1]))
+
+    assert split(ours) == split(wrapper)
+    assert split(ours)[1] == [x, ("map", x.data_ptr(), "a"), 64, 64, 64, 1, 7, ("map", y.data_ptr(), "b"), 32, 32,
+                              32, 1, 32]  # fmt: skip
+    assert split(ours)[0] == ((5, 2, 1, 99, 1234, False, True, None, None, (4, 1, 0), None, None, None) if flat else
+                              (5, 2, 1, 99, 1234, False, True, (4, 1, 0), None, None, None, None, None, ("notes",),
+                               b"sig"))  # fmt: skip
+    assert len(made) == 4 and made[0][2:] == made[2][2:]  # the wrapper's two and ours; 3.8 on: with the leading ones
     past(compiled, 5, 2, 1, 99, values)
-    assert len(made) == 4 and c_launch.calls[-1] == wrapper  # the same tensors: the expansions kept
+    assert len(made) == 4 and split(c_launch.calls[-1]) == split(ours)  # the same tensors: the expansions kept
     z = torch.zeros(32, 32)
     past(compiled, 5, 2, 1, 99, (x, values[1], 7, descriptor(z, [32, 32]), 32))
-    assert made[-1] == (z.data_ptr(), "b") and len(made) == 5 and c_launch.calls[-1][20] == ("map", z.data_ptr(), "b")
+    assert made[-1][:2] == (z.data_ptr(), "b") and len(made) == 5
+    assert split(c_launch.calls[-1])[1][7] == ("map", z.data_ptr(), "b")
     past(compiled, 5, 2, 1, 99, (x, values[1], 7, descriptor(y, [16, 32]), 32))  # another shape, same address
-    assert len(made) == 6 and c_launch.calls[-1][21:23] == (16, 32)
+    assert len(made) == 6 and split(c_launch.calls[-1])[1][8:10] == [16, 32]
 
     plain = compiled_with(c_launch)  # a kernel without descriptors: its launch is the C launch itself
     launch._past_wrapper(plain)(plain, 1, 1, 1, 7, (x, 3))
-    assert c_launch.calls[-1][13:] == (x, 3)
+    nvidia.CudaLauncher.__call__(plain.run, 1, 1, 1, 7, plain.function, plain.packed_metadata, None, None, None, x, 3)
+    assert split(c_launch.calls[-2]) == split(c_launch.calls[-1]) and split(c_launch.calls[-1])[1] == [x, 3]
     scratch = compiled_with(c_launch)
     scratch.run.global_scratch_size = 128  # the wrapper allocates it: launched through it
     assert launch._past_wrapper(scratch) is None
     python_launch = compiled_with(lambda *args: None)  # not the C launch nor Triton's wrapper: left alone
     assert launch._past_wrapper(python_launch) is None
+    if convention == launch.PACKED:
+        sanitized = compiled_with(c_launch)
+        sanitized.run.gsan_enabled = True  # 3.8 on: GSan adds arguments in __call__
+        assert launch._past_wrapper(sanitized) is None
 
     # launch_compiled takes it under Triton's own knobs, whose hooks are empty chains, never None (H200 run 11: it
     # took them for hooks set, and no launch went past the wrapper)
@@ -373,4 +414,4 @@ def test_past_the_wrapper_the_c_launch_gets_the_wrappers_arguments(monkeypatch):
     monkeypatch.setattr(launch, "WRAPPER", why)  # as imported on a GPU machine: None
     fresh = compiled_with(nvidia.wrap_handle_tensordesc(c_launch, signature, [{"id": "a"}, {"id": "b"}]))
     launch.launch_compiled(fresh, (5, 2), values, 0)
-    assert "_tconv3d_past" in vars(fresh) and c_launch.calls[-1] == wrapper
+    assert "_tconv3d_past" in vars(fresh) and split(c_launch.calls[-1]) == split(ours)

@@ -14,9 +14,11 @@ read no mutable globals.
 
 The direct call leans on Triton internals that 3.6 to 3.9 share (JITFunction.run ends in
 `kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, ...)`): they
-are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run. On
-triton 3.6 (the GPU machines') a direct launch also skips the launcher's own Python wrapper and calls its C launch
-with the arguments the wrapper would give it (`_Past`, `WRAPPER`: checked at import too).
+are checked once, at import, and where they differ, or under the interpreter, `launch` is Triton's run. A direct
+launch also skips the compiled launcher's own Python (CudaLauncher.__call__ and its tensor-descriptor wrapper) and
+calls its C launch with the arguments they would give it, each descriptor's encoded map kept while its tensor's
+address, shape and strides repeat (`_Past`: 3.6's way of calling the C launch or 3.7 to 3.9's, `CONVENTION`, checked
+at import too; `WRAPPER` says why not where neither holds).
 
 Inside `traced()` (ops.py's Inductor path) a launch is not run but recorded into the graph being traced, through
 torch.library.wrap_triton: Inductor's generated code then launches the kernel itself.
@@ -34,6 +36,7 @@ import contextlib
 import ctypes
 import inspect
 import threading
+import types
 
 import torch
 from triton.runtime import driver
@@ -352,82 +355,130 @@ def _hook_set(hook) -> bool:
     return calls is None or len(calls) > 0
 
 
-# Past the launcher's wrapper (issue 29). Triton 3.6's compiled launcher is a CudaLauncher whose __call__ (Python)
-# allocates no scratch for tconv3d's kernels and calls `inner`, the wrapper wrap_handle_tensordesc makes where a
-# kernel takes tensor descriptors: it walks every argument in Python (a Gluon kernel's ~60) to expand each
-# descriptor into its encoded tensor map, shape and strides (make_tensordesc_arg), then calls the C launch. On the
-# H200's host that wrapper cost ~15 us a Gluon launch (H200 run 9's profile, bench/NOTES.md). `_Past` calls the C
-# launch itself: the same leading arguments, the descriptors expanded at positions found once a kernel, and each
-# descriptor's expansion kept while its tensor's address, shape and strides repeat (the map encodes exactly
-# these and the kernel's own block and swizzle: a repeat is the same map). Checked once at import against the
-# Triton installed; anything else (3.9's launcher, scratch, launch hooks, a kernel whose launcher is not the
-# CudaLauncher expected, the CPU stand-ins of inspect.compile.stubbed_launches) launches through the wrapper.
-_WRAPPER_CALL = (
-    "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
-    "global_scratch, profile_scratch, *args)"
-)
-_WRAPPER_LOOP = "final_args = list(args[:_BASE_ARGS_FORMAT_LEN])"
+# Past the launcher's wrapper (issue 29). Triton's compiled launcher is a CudaLauncher whose __call__ (Python)
+# allocates no scratch for tconv3d's kernels and calls `inner`, the wrapper Triton puts around the C launch where a
+# kernel takes tensor descriptors: it expands every descriptor into its encoded tensor map, shape and strides
+# (make_tensordesc_arg) at every launch, then calls the C launch. On the H200's host that cost ~15 us a Gluon
+# launch under 3.6 (H200 run 9's profile, bench/NOTES.md); on a CPU, with stand-ins for the C launch and the encode,
+# 7-9 us a launch of 60 arguments and three descriptors under 3.6 to 3.9. `_Past` calls the C launch itself: the
+# same leading arguments, the descriptors expanded at positions found once a kernel, and each descriptor's
+# expansion kept while its tensor's address, shape and strides repeat (the map encodes exactly these and the
+# kernel's own block and swizzle: a repeat is the same map). The C launch takes its arguments one of two ways:
+# 3.6's (FLAT: every kernel argument after 13 leading ones) or 3.7 to 3.9's (PACKED: 15 leading ones, then the
+# kernel's arguments in one list). Which way the installed Triton's launcher and wrapper go is checked once, at
+# import (`CONVENTION`, or `WRAPPER`: why neither), and 3.8 and 3.9's expansion in libtriton
+# (make_tensordesc_args) once a kernel against _Past's. Anything else (another launcher, scratch, launch hooks,
+# GSan, a descriptor inside a tuple argument, the CPU stand-ins of inspect.compile.stubbed_launches) launches
+# through the wrapper.
+FLAT, PACKED = "flat", "packed"
+_LEADING = "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
+_CALLS = {  # CudaLauncher.__call__'s parameters, and its call of the C launch
+    FLAT: (["self", "gridX", "gridY", "gridZ", "stream", "function", "args"],
+           (_LEADING + "global_scratch, profile_scratch, *args)",)),
+    PACKED: (["self", "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
+              "launch_enter_hook", "launch_exit_hook", "args"],
+             tuple(_LEADING + "kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, global_scratch, "
+                   f"profile_scratch, self.arg_annotations, self.kernel_signature, {last})"
+                   for last in ("args", "kernel_args"))),  # 3.7's; 3.8's and 3.9's (kernel_args: _GSAN)
+}  # fmt: skip
+_WRAPPERS = {  # what the tensor-descriptor wrapper does with them: 3.6's, 3.7's and 3.8-3.9's
+    FLAT: ("final_args = list(args[:_BASE_ARGS_FORMAT_LEN])",),
+    PACKED: ("base_args = args[:-1] kernel_args = args[-1]",
+             "final_kernel_args.extend(make_tensordesc_arg(arg, tensordesc_meta[tensordesc_idx]))",
+             "return launcher(*base_args, final_kernel_args)"),
+    "shared": ("base_args = args[:-1] kernel_args = args[-1]",
+               "wrapped = make_tensordesc_args( kernel_args, signature, relevant_paths, tensordesc_meta, base_args, "
+               "make_tensordesc_arg, )", "return launcher(*base_args, wrapped)"),
+}  # fmt: skip
+_GSAN = "kernel_args = args if self.gsan_enabled:"  # 3.8's and 3.9's kernel_args: args, but under GSan
 _MAX_MAPS = 64  # encoded descriptors kept a kernel: a few layouts a layer
 
 
-def _why_wrapper() -> str | None:
-    """Why launches go through the launcher's Python wrapper in this process, or None (see _Past)."""
+def _source(function) -> str:
+    return " ".join(inspect.getsource(function).split())
+
+
+def _launch_convention() -> tuple[str | None, str | None]:
+    """(FLAT or PACKED, None) where this Triton's launcher and wrapper go one of _Past's ways, else (None, why)."""
     if OFF is not None:
-        return OFF
+        return None, OFF
     try:
         from triton.backends.nvidia import driver as nvidia
 
-        call = " ".join(inspect.getsource(nvidia.CudaLauncher.__call__).split())
-        wrap = " ".join(inspect.getsource(nvidia.wrap_handle_tensordesc).split())
+        call = _source(nvidia.CudaLauncher.__call__)
         parameters = list(inspect.signature(nvidia.CudaLauncher.__call__).parameters)
+        wrap = _source(nvidia.wrap_handle_tensordesc)
+        wrappers = "shared" if "wrap_handle_tensordesc_impl(" in wrap else None
+        if wrappers:  # 3.8, 3.9: the backends' shared wrapper, expanding in libtriton
+            from triton.backends import driver as shared
+
+            wrap = _source(shared.wrap_handle_tensordesc_impl)
     except (ImportError, AttributeError, OSError, TypeError) as error:
-        return f"this Triton's launcher could not be read: {error}"
-    if parameters != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"] or _WRAPPER_CALL not in call:
-        return "this Triton's CudaLauncher calls its launch differently from what _Past repeats (3.6's)"
-    if _WRAPPER_LOOP not in wrap or getattr(nvidia, "_BASE_ARGS_FORMAT_LEN", None) != 13:
-        return "this Triton's tensor-descriptor wrapper lays its arguments out differently from 3.6's"
-    return None
+        return None, f"this Triton's launcher could not be read: {error}"
+    convention = next((way for way, (names, calls) in _CALLS.items()
+                       if parameters == names and any(line in call for line in calls)), None)  # fmt: skip
+    if convention is None:
+        return None, "this Triton's CudaLauncher calls its launch in neither way _Past repeats (3.6's, 3.7-3.9's)"
+    if "kernel_args" in call and _GSAN not in call:
+        return None, "this Triton's CudaLauncher changes the kernel's arguments where _Past does not"
+    if not all(line in wrap for line in _WRAPPERS[wrappers or convention]):
+        return None, "this Triton's tensor-descriptor wrapper lays its arguments out otherwise than _Past repeats"
+    if convention == FLAT and getattr(nvidia, "_BASE_ARGS_FORMAT_LEN", None) != 13:
+        return None, "this Triton's C launch takes another number of leading arguments than 3.6's 13"
+    return convention, None
 
 
-WRAPPER = _why_wrapper()
+CONVENTION, WRAPPER = _launch_convention()
 
 
 class _Past:
     """A compiled kernel's C launch with the arguments its CudaLauncher and wrapper would give it."""
 
-    __slots__ = ("c_launch", "descriptors", "maps", "module", "options")
+    __slots__ = ("c_launch", "descriptors", "leading", "make", "maps", "packed", "takes_leading")
 
-    def __init__(self, c_launch, descriptors, module, options):
-        self.c_launch, self.descriptors, self.module, self.options = c_launch, descriptors, module, options
+    def __init__(self, c_launch, descriptors, launcher, make, takes_leading):
+        self.c_launch, self.descriptors, self.make, self.takes_leading = c_launch, descriptors, make, takes_leading
+        self.packed = CONVENTION == PACKED
+        self.leading = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+        if self.packed:
+            self.leading += (launcher.arg_annotations, launcher.kernel_signature)
         self.maps = {}
 
     def __call__(self, compiled, grid_0, grid_1, grid_2, stream, values):
-        args = [grid_0, grid_1, grid_2, stream, compiled.function, *self.options, None, None,
-                compiled.packed_metadata, None, None, None]  # fmt: skip
-        start = 0
-        for index, meta in self.descriptors:
-            args += values[start:index]
-            args += self._expanded(index, meta, values[index])
-            start = index + 1
-        args += values[start:]
-        self.c_launch(*args)
+        cooperative, pdl, *annotations = self.leading
+        if self.packed:  # the metadata, no launch metadata nor hooks, no scratch, then the arguments as one list
+            leading = (grid_0, grid_1, grid_2, stream, compiled.function, cooperative, pdl, compiled.packed_metadata,
+                       None, None, None, None, None, *annotations)  # fmt: skip
+            self.c_launch(*leading, self.expanded(values, leading) if self.descriptors else values)
+        else:  # no scratch, then the metadata, no launch metadata nor hooks, then the arguments
+            self.c_launch(grid_0, grid_1, grid_2, stream, compiled.function, cooperative, pdl, None, None,
+                          compiled.packed_metadata, None, None, None, *self.expanded(values, None))  # fmt: skip
 
-    def _expanded(self, index, meta, descriptor) -> list:
-        """make_tensordesc_arg(descriptor, meta), kept by what it encodes where `meta` gives the map's layout."""
-        if meta is None:  # the descriptor's tensor itself among the arguments: nothing to keep
-            return self.module.make_tensordesc_arg(descriptor, meta)
-        key = (index, descriptor.base.data_ptr(), tuple(descriptor.shape), tuple(descriptor.strides),
-               descriptor.padding)  # fmt: skip
-        found = self.maps.get(key)
-        if found is None:
-            if len(self.maps) >= _MAX_MAPS:
-                self.maps.clear()
-            found = self.maps[key] = self.module.make_tensordesc_arg(descriptor, meta)
-        return found
+    def expanded(self, values, leading) -> list:
+        """The kernel's arguments with each descriptor expanded in place, as the wrapper expands them:
+        make_tensordesc_arg(descriptor, meta), kept by what it encodes where `meta` gives the map's layout."""
+        args, maps = list(values), self.maps
+        for index, meta in reversed(self.descriptors):  # from the last: the earlier positions stay
+            descriptor = values[index]
+            if meta is None or meta.get("is_im2col"):  # the tensor itself among the arguments, or a map kept elsewhere
+                args[index : index + 1] = self._made(descriptor, meta, leading)
+                continue
+            key = (index, descriptor.base.data_ptr(), *descriptor.shape, *descriptor.strides, descriptor.padding,
+                   getattr(descriptor, "round_f32_to_tf32", False))  # fmt: skip
+            found = maps.get(key)
+            if found is None:
+                if len(maps) >= _MAX_MAPS:
+                    maps.clear()
+                found = maps[key] = self._made(descriptor, meta, leading)
+            args[index : index + 1] = found
+        return args
+
+    def _made(self, descriptor, meta, leading) -> list:
+        return self.make(descriptor, meta, leading) if self.takes_leading else self.make(descriptor, meta)
 
 
 def _past_wrapper(compiled) -> _Past | None:
-    """The compiled kernel's _Past, made at its first launch here; None where its launcher is not 3.6's
+    """The compiled kernel's _Past, made at its first launch here; None where its launcher is not this Triton's
     CudaLauncher with no scratch (then it launches through the wrapper). Either answer is kept on the kernel, but
     for a launcher that is no CudaLauncher at all (a stand-in of stubbed_launches: asked again next launch)."""
     past = compiled.__dict__.get("_tconv3d_past")
@@ -443,20 +494,53 @@ def _past_wrapper(compiled) -> _Past | None:
 
 
 def _past_of(launcher, nvidia) -> _Past | None:
-    """A CudaLauncher's _Past, or None where it needs scratch or its launch is not the C launch or 3.6's wrapper."""
-    if launcher.global_scratch_size or launcher.profile_scratch_size:
+    """A CudaLauncher's _Past, or None where it needs scratch or GSan, or its launch is neither the C launch nor a
+    wrapper of the Triton imported (3.6's or 3.7's in nvidia's driver, 3.8's or 3.9's shared one) that _Past
+    repeats."""
+    if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "gsan_enabled", False):
         return None
-    wrapped = launcher.launch
+    wrapped, make, takes_leading = launcher.launch, nvidia.make_tensordesc_arg, False
     code = getattr(wrapped, "__code__", None)
     if code is None:  # the C launch itself: the kernel takes no descriptor
-        descriptors = ()
-    elif code.co_name == "inner" and code.co_filename == nvidia.__file__ and wrapped.__closure__:
-        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in wrapped.__closure__), strict=True))
-        if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        return _Past(wrapped, (), launcher, make, takes_leading)
+    if code.co_name != "inner" or not wrapped.__closure__:
+        return None
+    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in wrapped.__closure__), strict=True))
+    metas = cells.get("tensordesc_meta")
+    if code.co_filename == nvidia.__file__ and {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        indices = sorted(cells["tensordesc_indices"])  # 3.6, 3.7
+        metas = metas or [None] * len(indices)
+    elif {"launcher", "signature", "relevant_paths", "tensordesc_meta", "make_tensordesc_arg"} <= cells.keys():
+        paths = cells["relevant_paths"]  # 3.8, 3.9: descriptors by their paths in the (nested) arguments
+        if any(paths.values()) or not isinstance(metas, list):  # one inside a tuple argument; no metadata list
             return None
-        indices = sorted(cells["tensordesc_indices"])
-        metas = cells["tensordesc_meta"] or [None] * len(indices)
-        wrapped, descriptors = cells["launcher"], tuple(zip(indices, metas, strict=True))
+        indices, make, takes_leading = sorted(paths), cells["make_tensordesc_arg"], True
     else:
         return None
-    return _Past(wrapped, descriptors, nvidia, (launcher.launch_cooperative_grid, launcher.launch_pdl))
+    past = _Past(cells["launcher"], tuple(zip(indices, metas, strict=True)), launcher, make, takes_leading)
+    expand = wrapped.__globals__.get("make_tensordesc_args")
+    if takes_leading and not _expands_as_triton(past, expand, cells):
+        return None
+    return past
+
+
+def _expands_as_triton(past: _Past, expand, cells: dict) -> bool:
+    """Whether libtriton's make_tensordesc_args (3.8, 3.9), asked about stand-ins for every argument, expands the
+    descriptors where _Past does, with the same metadata, handing the leading arguments on: its rules are compiled
+    code, so they are read here by what they do, once a kernel."""
+    if expand is None:
+        return False
+    values = [types.SimpleNamespace(base=types.SimpleNamespace(data_ptr=lambda i=i: i), shape=(i,), strides=(1,),
+                                    padding="zero", index=i) for i in range(len(cells["signature"]))]  # fmt: skip
+    leading = ("leading",)
+
+    def marked(descriptor, meta, given):
+        return [("map", descriptor.index, id(meta), given is leading)]
+
+    probe = _Past(None, past.descriptors, types.SimpleNamespace(launch_cooperative_grid=0, launch_pdl=0,
+                  arg_annotations=None, kernel_signature=None), marked, True)  # fmt: skip
+    try:
+        theirs = expand(values, cells["signature"], cells["relevant_paths"], cells["tensordesc_meta"], leading, marked)
+    except Exception:  # any refusal: the wrapper stays
+        return False
+    return list(theirs) == probe.expanded(values, leading)
