@@ -647,6 +647,33 @@ def test_a_small_grid_takes_the_split_gluon_tiles_over_a_pointer_only_entry(monk
     assert before == (tables.named_table(name)[key], "table")
 
 
+# GPUs with 99 KB of shared memory a block (cudaDevAttrMaxSharedMemoryPerBlockOptin: 101,376 bytes): sm_86 (A10,
+# RTX 3090), sm_89 (L4, L40S, RTX 4090), sm_120 (RTX 5090, RTX PRO 6000 Blackwell). No table holds them, so the
+# heuristic chooses for them; sm_120's capability takes the box kernels' tiles as sm_90's does, off Gluon.
+SMALL_SHARED_MEMORY = {"NVIDIA A10": (86, 72), "NVIDIA L4": (89, 58), "NVIDIA GeForce RTX 5090": (120, 170)}
+
+
+@pytest.mark.parametrize("device_name", sorted(SMALL_SHARED_MEMORY))
+def test_the_heuristics_rings_fit_gpus_of_99_kb_a_block(device_name):
+    """Every launch of the shape sets the heuristic chooses for such a GPU keeps its operand ring (stages x (rows +
+    columns) x depth) within the 99 KB a block: a ring past it fails at launch (Triton's OutOfResources), on GPUs
+    no tuning table covers. Compiled for sm_89 and sm_120 (2026-12-05), the largest launch took 64 KB."""
+    capability, sm_count = SMALL_SHARED_MEMORY[device_name]
+    assert not tables.named_table(device_name)  # no tuning table: the heuristic chooses
+    largest = (0, None)
+    for name in ("bench", "decoders", "unets", "stack", "awkward"):
+        for shape in load_shape_set(name):
+            geom = shape.geometry()
+            for dtype_name, direction in itertools.product(shape.dtypes, DIRECTIONS):
+                dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+                config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability)
+                config = choice.force_variant(direction, geom, dtype, config, "auto", gluon_runs=False)
+                assert source == "heuristic" and not config.gluon, (shape.name, direction, config, source)
+                ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * dtype.itemsize
+                largest = max(largest, (ring, f"{shape.name} {dtype_name} {direction} {config}"))
+    assert largest[0] <= 101_376, largest
+
+
 def test_sm90_heuristic_takes_the_tiles_the_h100_timed_faster(monkeypatch):
     """The persistent Gluon forward and input gradient: 256x128 swapped where its rounds of tiles end sooner than
     128x128's at WIDE_TILE_GAIN (wan_dec_384b), 128x128 where half as many tiles would fill fewer SMs; 128x64 on
