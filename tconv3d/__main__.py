@@ -61,6 +61,19 @@ def _cpu_selfcheck(args) -> int:
     return 1 if failed else 0
 
 
+def launch_paths() -> str:
+    """One line on how this process launches tconv3d's kernels, with the installed Triton: the direct path
+    (kernels/launch.py), its call past the compiled launcher's Python (launch._Past), and the Gluon kernels."""
+    import triton
+
+    from .kernels import conv_gluon, launch
+
+    direct = "on" if launch.OFF is None else f"off ({launch.OFF})"
+    past = f"yes ({launch.CONVENTION})" if launch.WRAPPER is None else f"no ({launch.WRAPPER})"
+    gluon = "yes" if conv_gluon.UNAVAILABLE is None else f"no ({conv_gluon.UNAVAILABLE})"
+    return f"triton {triton.__version__}: direct launches {direct}; past the launcher's Python {past}; Gluon {gluon}"
+
+
 def _gpu_benchmark(args) -> int:
     import triton.testing
 
@@ -76,6 +89,7 @@ def _gpu_benchmark(args) -> int:
         )
     tol = TOLERANCE[x.dtype]
     print(f"{torch.cuda.get_device_name()}: input {tuple(x.shape)} {args.dtype} channels_last_3d, 3x3x3, padding 1")
+    print(launch_paths())
     print(f"{'':<10}{'direction':<10}{'ms':>9}{'TFLOP/s':>9}  relative L2 error vs fp32 (out, dx, dw)")
     failed = False
     for name, conv in (("cudnn", torch.nn.functional.conv3d), ("tconv3d", conv3d)):
