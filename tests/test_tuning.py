@@ -23,7 +23,7 @@ from tconv3d.kernels.utils import cdiv
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
-from tconv3d.tune.shapes import ConvShape, load_shape_set
+from tconv3d.tune.shapes import DTYPES_BY_NAME, ConvShape, load_shape_set
 
 H100 = "NVIDIA H100 80GB HBM3"
 CUDA = torch.device("cuda", 0)
@@ -665,7 +665,7 @@ def test_the_heuristics_rings_fit_gpus_of_99_kb_a_block(device_name):
         for shape in load_shape_set(name):
             geom = shape.geometry()
             for dtype_name, direction in itertools.product(shape.dtypes, DIRECTIONS):
-                dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+                dtype = DTYPES_BY_NAME[dtype_name]
                 config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability)
                 config = choice.force_variant(direction, geom, dtype, config, "auto", gluon_runs=False)
                 assert source == "heuristic" and not config.gluon, (shape.name, direction, config, source)
