@@ -226,8 +226,8 @@ def launcher_past(calls: int) -> dict:
     saved_driver, triton_driver._active = triton_driver._active, types.SimpleNamespace(utils=utils)
     times = {}
     try:
-        for name, (compiled, (grid_0, grid_1, grid_2, stream, _, packed, *_)) in launched.items():
-            values = launched[name][1][9:]  # past the metadata, launch metadata and hooks
+        for name, (compiled, handed) in launched.items():
+            (grid_0, grid_1, grid_2, stream, _, packed), values = handed[:6], handed[9:]  # values: past the hooks
             calls_made = []
 
             def c_launch(*args, calls_made=calls_made):  # records the first two launches: the check below

@@ -434,24 +434,22 @@ CONVENTION, WRAPPER = _launch_convention()
 class _Past:
     """A compiled kernel's C launch with the arguments its CudaLauncher and wrapper would give it."""
 
-    __slots__ = ("c_launch", "descriptors", "leading", "make", "maps", "packed", "takes_leading")
+    __slots__ = ("annotations", "c_launch", "descriptors", "flags", "make", "maps", "packed", "takes_leading")
 
     def __init__(self, c_launch, descriptors, launcher, make, takes_leading):
         self.c_launch, self.descriptors, self.make, self.takes_leading = c_launch, descriptors, make, takes_leading
         self.packed = CONVENTION == PACKED
-        self.leading = (launcher.launch_cooperative_grid, launcher.launch_pdl)
-        if self.packed:
-            self.leading += (launcher.arg_annotations, launcher.kernel_signature)
+        self.flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+        self.annotations = (launcher.arg_annotations, launcher.kernel_signature) if self.packed else ()
         self.maps = {}
 
     def __call__(self, compiled, grid_0, grid_1, grid_2, stream, values):
-        cooperative, pdl, *annotations = self.leading
         if self.packed:  # the metadata, no launch metadata nor hooks, no scratch, then the arguments as one list
-            leading = (grid_0, grid_1, grid_2, stream, compiled.function, cooperative, pdl, compiled.packed_metadata,
-                       None, None, None, None, None, *annotations)  # fmt: skip
+            leading = (grid_0, grid_1, grid_2, stream, compiled.function, *self.flags, compiled.packed_metadata,
+                       None, None, None, None, None, *self.annotations)  # fmt: skip
             self.c_launch(*leading, self.expanded(values, leading) if self.descriptors else values)
         else:  # no scratch, then the metadata, no launch metadata nor hooks, then the arguments
-            self.c_launch(grid_0, grid_1, grid_2, stream, compiled.function, cooperative, pdl, None, None,
+            self.c_launch(grid_0, grid_1, grid_2, stream, compiled.function, *self.flags, None, None,
                           compiled.packed_metadata, None, None, None, *self.expanded(values, None))  # fmt: skip
 
     def expanded(self, values, leading) -> list:
@@ -518,8 +516,7 @@ def _past_of(launcher, nvidia) -> _Past | None:
     else:
         return None
     past = _Past(cells["launcher"], tuple(zip(indices, metas, strict=True)), launcher, make, takes_leading)
-    expand = wrapped.__globals__.get("make_tensordesc_args")
-    if takes_leading and not _expands_as_triton(past, expand, cells):
+    if takes_leading and not _expands_as_triton(past, wrapped.__globals__.get("make_tensordesc_args"), cells):
         return None
     return past
 
