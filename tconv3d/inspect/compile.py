@@ -312,17 +312,25 @@ def _elf_sections(cubin: bytes) -> dict[str, bytes] | None:
 _RAW_ARCH = {90: ("SM90a", "sm_90a"), 80: ("SM80", "sm_80")}
 
 
+def cubin_capability(cubin: bytes) -> int | None:
+    """The compute capability a cubin's ELF flags name: the old format's low byte (sm_20 onwards: 0x50 for sm_80),
+    the new format's second byte (its low byte a small format number: 0x0a006402 for sm_100); None for no ELF."""
+    if _elf_sections(cubin) is None:
+        return None
+    flags = struct.unpack_from("<I", cubin, 0x30)[0]
+    return flags & 0xFF if flags & 0xFF >= 20 else (flags >> 8) & 0xFF
+
+
 def _raw_code(cubin: bytes) -> tuple[int, str, bytes] | None:
     """(capability, kernel name, instructions) of a cubin whose SASS nvdisasm may read as raw instructions: one
     .text section (a kernel, the internal functions it calls inside it), nothing relocated in it, an architecture
-    of _RAW_ARCH in its ELF flags (the old format's low byte, the new format's second); None otherwise."""
+    of _RAW_ARCH (cubin_capability); None otherwise."""
     sections = _elf_sections(cubin)
     if sections is None:
         return None
     texts = [name for name in sections if name.startswith(".text.")]
     relocated = [name for name, data in sections.items() if name.startswith(".rel") and ".text" in name and data]
-    flags = struct.unpack_from("<I", cubin, 0x30)[0]
-    capability = flags & 0xFF if flags & 0xFF in _RAW_ARCH else (flags >> 8) & 0xFF
+    capability = cubin_capability(cubin)
     if len(texts) != 1 or relocated or capability not in _RAW_ARCH or not sections[texts[0]]:
         return None
     return capability, texts[0][len(".text.") :], sections[texts[0]]
