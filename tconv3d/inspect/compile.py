@@ -391,6 +391,10 @@ def _raw_sass(capability: int, codes: list[tuple[str, bytes]]) -> list[str | Non
     ]
 
 
+# What made the kept disassembly besides the cubin and the wheel: this module (_raw_code, _raw_sass).
+_KEPT_SOURCE = hashlib.sha256(Path(__file__).read_bytes()).digest()
+
+
 def _disassemble(cubins: list[bytes]) -> list[tuple[str, str]]:
     """cuobjdump's resource usage and SASS of each cubin, kept by content next to Triton's cache.
 
@@ -398,13 +402,14 @@ def _disassemble(cubins: list[bytes]) -> list[tuple[str, str]]:
     instructions laid end to end (_raw_sass: the same lines as cuobjdump -sass, which runs nvdisasm once a cubin,
     some 0.5 s of set-up each); the rest's from cuobjdump. The same cubin comes back often (a config and
     specialisation shared by several shapes, the split-K reduction of every weight gradient): the text is kept,
-    compressed, under the cubin's hash and the wheel's version, so each is read once across processes and runs.
-    What is made of it is not kept: read_cubins parses it afresh every time."""
+    compressed, under the cubin's hash, the wheel's version and this module's source (a text made by an older
+    _raw_sass is not read), so each is read once across processes and runs. What is made of it is not kept:
+    read_cubins parses it afresh every time."""
     knobs = getattr(triton, "knobs", None)
     found: dict[bytes, tuple[str, str]] = {}
     kept = {}
     for cubin in dict.fromkeys(cubins):
-        digest = hashlib.sha256(cubin + triton.__version__.encode()).hexdigest()
+        digest = hashlib.sha256(cubin + triton.__version__.encode() + _KEPT_SOURCE).hexdigest()
         kept[cubin] = Path(knobs.cache.dir) / "tconv3d-cuobjdump" / f"{digest}.json.z" if knobs is not None else None
         if kept[cubin] is not None:
             with contextlib.suppress(OSError, ValueError, zlib.error):  # not kept yet, or torn: the tools read it
