@@ -56,12 +56,8 @@ from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
 from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
 from .kernels.split_k import channel_sums
 from .kernels.utils import cat_channels, empty_ndhwc, func_transformed, parameter_grad_dtype
+from .settings import runs_triton
 from .tune import choice
-
-
-def runs_triton(t: torch.Tensor) -> bool:
-    """Whether the ops run tconv3d's Triton kernels on `t`'s device (CUDA; the CPU under the interpreter)."""
-    return t.is_cuda or (t.is_cpu and settings.CPU_BACKEND == "triton")
 
 
 def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run):

@@ -38,6 +38,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # written against tconv3d still runs on a machine without a GPU).
 CPU_BACKEND = "triton" if INTERPRET else "aten"
 
+# What CUDA tensors run: "triton" (tconv3d's kernels), or "aten" under a ROCm build of torch, whose AMD GPUs answer
+# as cuda devices: tconv3d's kernels, their variants and tuning are written and checked for NVIDIA GPUs alone (an
+# MI300X's capability reads 9.4, which would take the Hopper variants), so there its ops run torch's own.
+CUDA_BACKEND = "aten" if torch.version.hip else "triton"
+
 AUTOTUNE = os.environ.get("TCONV3D_AUTOTUNE", "0") == "1"
 CACHE_DIR = Path(
     os.environ.get("TCONV3D_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tconv3d"
@@ -62,6 +67,12 @@ INDUCTOR_KERNELS = os.environ.get("TCONV3D_INDUCTOR_KERNELS", "0")
 if INDUCTOR_KERNELS not in ("0", "1"):
     raise ValueError(f"TCONV3D_INDUCTOR_KERNELS must be 0 or 1, got {INDUCTOR_KERNELS!r}")
 INDUCTOR_KERNELS = INDUCTOR_KERNELS == "1"
+
+
+def runs_triton(t: torch.Tensor) -> bool:
+    """Whether the ops run tconv3d's Triton kernels on `t`'s device (an NVIDIA GPU; the CPU under the interpreter)
+    or torch's own ops."""
+    return (t.is_cuda and CUDA_BACKEND == "triton") or (t.is_cpu and CPU_BACKEND == "triton")
 
 
 # torch (2.9 on) keeps fp32 precision per backend and operator: "tf32", "ieee", or "none" (its parent's). Its

@@ -26,3 +26,35 @@ def test_launch_paths_names_each_path_and_why_not():
     line = launch_paths()
     assert line.startswith("triton ") and "direct launches off (the interpreter runs kernels itself)" in line
     assert f"past the launcher's Python no ({launch.WRAPPER})" in line and "; Gluon " in line
+
+
+ROCM_TORCH = """
+import types
+import torch
+if {hip!r}:
+    torch.version.hip = {hip!r}  # what a ROCm build of torch reports; its AMD GPUs answer as cuda devices
+from tconv3d import settings
+from tconv3d.__main__ import launch_paths
+gpu, cpu = types.SimpleNamespace(is_cuda=True, is_cpu=False), types.SimpleNamespace(is_cuda=False, is_cpu=True)
+print(settings.CUDA_BACKEND, settings.runs_triton(gpu), settings.runs_triton(cpu), launch_paths())
+"""
+
+
+def test_a_rocm_torch_runs_torchs_own_ops_on_its_gpus():
+    """Under a ROCm build of torch (torch.version.hip set), tconv3d's kernels, variants and tuning, written and
+    checked for NVIDIA GPUs alone, do not run on its GPUs (an MI300X's capability 9.4 would take the Hopper
+    variants): the ops run torch's own there, and python -m tconv3d says so. CPU tensors are as elsewhere."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
+    found = {}
+    for hip in ("6.4.43484", None):
+        result = subprocess.run(
+            [sys.executable, "-c", ROCM_TORCH.format(hip=hip)], cwd=root, env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        found[hip] = result.stdout.strip().splitlines()[-1]
+    backend, on_gpu, on_cpu, line = found["6.4.43484"].split(" ", 3)
+    assert (backend, on_gpu, on_cpu) == ("aten", "False", "True")
+    assert line.startswith("a ROCm build of torch (HIP 6.4.43484): tconv3d's ops run torch's own"), line
+    assert found[None].startswith("triton True True triton "), found[None]

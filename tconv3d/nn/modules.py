@@ -21,7 +21,8 @@ from ..geometry import NORM_ACTIVATIONS, PLAIN_TENSORS, SUPPORTED_DTYPES, resolv
 from ..kernels.aten import activated
 from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
 from ..kernels.utils import batched, fold_padding, func_transformed
-from ..ops import call_conv3d, call_group_norm, call_upsample_linear, runs_triton
+from ..ops import call_conv3d, call_group_norm, call_upsample_linear
+from ..settings import runs_triton
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
 _CL = torch.channels_last_3d

@@ -317,7 +317,14 @@ def decision_state() -> tuple:
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
             stat = path.stat()
             files.append((str(path), stat.st_size, stat.st_mtime_ns))
-    steering = (settings.KERNELS, settings.AUTOTUNE, settings.TMA_MAPS, settings.INTERPRET, settings.CPU_BACKEND)
+    steering = (
+        settings.KERNELS,
+        settings.AUTOTUNE,
+        settings.TMA_MAPS,
+        settings.INTERPRET,
+        settings.CPU_BACKEND,
+        settings.CUDA_BACKEND,
+    )
     return (*steering, settings.tf32_allowed(), tuple(files))
 
 
@@ -343,7 +350,7 @@ def explain(
     geom = check_conv3d(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
-    runs_triton = input.device.type == "cuda" or (input.device.type == "cpu" and settings.CPU_BACKEND == "triton")
+    runs_triton = settings.runs_triton(input)
     coarse = grouped.coarsened(geom)  # what the kernels run (kernels/grouped.py)
     plan = {}
     for direction in DIRECTIONS:
