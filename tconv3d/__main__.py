@@ -65,15 +65,15 @@ def launch_paths() -> str:
     """One line on how this process launches tconv3d's kernels, with the installed Triton: the direct path
     (kernels/launch.py), its call past the compiled launcher's Python (launch._Past), and the Gluon kernels; or
     that it runs none (a ROCm build of torch: settings.CUDA_BACKEND)."""
-    import triton
-
-    from .kernels import conv_gluon, launch
-
     if settings.CUDA_BACKEND != "triton":
         return (
             f"a ROCm build of torch (HIP {torch.version.hip}): tconv3d's ops run torch's own on this GPU "
             "(its kernels are written for NVIDIA GPUs)"
         )
+    import triton
+
+    from .kernels import conv_gluon, launch
+
     direct = "on" if launch.OFF is None else f"off ({launch.OFF})"
     past = f"yes ({launch.CONVENTION})" if launch.WRAPPER is None else f"no ({launch.WRAPPER})"
     gluon = "yes" if conv_gluon.UNAVAILABLE is None else f"no ({conv_gluon.UNAVAILABLE})"

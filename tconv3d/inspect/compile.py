@@ -291,9 +291,14 @@ def _nvidia_tool(name: str) -> str:
     return str(path)
 
 
+def _elf64(cubin: bytes) -> bool:
+    """Whether the bytes begin as a 64-bit little-endian ELF does (a cubin), its header whole."""
+    return cubin[:6] == b"\x7fELF\x02\x01" and len(cubin) >= 64
+
+
 def _elf_sections(cubin: bytes) -> dict[str, bytes] | None:
     """A 64-bit little-endian ELF's sections by name (NOBITS ones empty); None for anything else."""
-    if cubin[:6] != b"\x7fELF\x02\x01" or len(cubin) < 64:
+    if not _elf64(cubin):
         return None
     try:
         shoff, entsize, count, names = *struct.unpack_from("<Q", cubin, 0x28), *struct.unpack_from("<HHH", cubin, 0x3A)
@@ -315,7 +320,7 @@ _RAW_ARCH = {90: ("SM90a", "sm_90a"), 80: ("SM80", "sm_80")}
 def cubin_capability(cubin: bytes) -> int | None:
     """The compute capability a cubin's ELF flags name: the old format's low byte (sm_20 onwards: 0x50 for sm_80),
     the new format's second byte (its low byte a small format number: 0x0a006402 for sm_100); None for no ELF."""
-    if _elf_sections(cubin) is None:
+    if not _elf64(cubin):
         return None
     flags = struct.unpack_from("<I", cubin, 0x30)[0]
     return flags & 0xFF if flags & 0xFF >= 20 else (flags >> 8) & 0xFF
