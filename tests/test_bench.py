@@ -778,8 +778,7 @@ def test_variants_offer_the_packed_loops_at_the_other_depth_and_a_deep_ring(monk
         found = variants.variant_configs(direction, shapes[case], torch.bfloat16, torch.device("cuda"))
         deep = found[variants.POINTER_DEEP_RING]
         assert deep == dataclasses.replace(found["pointer"], num_stages=deep.num_stages), (case, direction, deep)
-        buffers = deep.num_stages * (deep.block_m + deep.block_n) * deep.block_k * 2
-        assert buffers <= variants.HALF_SM_SHARED_MEMORY - 1024, (case, direction, deep)
+        assert configs.ring_bytes(deep, 2) <= variants.HALF_SM_SHARED_MEMORY - 1024, (case, direction, deep)
         rings[case, direction] = deep.num_stages
     assert rings == {("stack_in8", "fwd"): 8, ("stack_out8", "dgrad"): 8, ("stack_in8", "dgrad"): 5,
                      ("stack_out8", "fwd"): 5}  # fmt: skip

@@ -78,7 +78,7 @@ def test_candidates_are_pruned_to_the_problem_and_the_device():
     # 3 channels under a 3x3x3 kernel reduce over 81 (tap, channel) pairs: steps up to 128 wide.
     packed = candidates("fwd", geometry(cin=3, cout=32, size=(4, 8, 8)), torch.bfloat16, smem)
     assert {c.block_k for c in packed} == {16, 32, 64, 128}
-    assert all(c.num_stages * (c.block_m + c.block_n) * c.block_k * 2 <= smem for c in found)
+    assert all(configs.ring_bytes(c, 2) <= smem for c in found)
     wgrad = candidates("wgrad", geometry(cin=64, cout=64, size=(2, 4, 4)), torch.float32, smem)
     assert wgrad and all(c.split_k <= triton.cdiv(32, c.block_k) for c in wgrad)
     assert len({c.split_k for c in candidates("wgrad", geometry(size=(16, 64, 64)), torch.bfloat16, smem)}) > 4
@@ -669,7 +669,7 @@ def test_the_heuristics_rings_fit_gpus_of_99_kb_a_block(device_name):
                 config, source = choice.choose(direction, geom, dtype, device_name, sm_count, capability)
                 config = choice.force_variant(direction, geom, dtype, config, "auto", gluon_runs=False)
                 assert source == "heuristic" and not config.gluon, (shape.name, direction, config, source)
-                ring = config.num_stages * (config.block_m + config.block_n) * config.block_k * dtype.itemsize
+                ring = configs.ring_bytes(config, dtype.itemsize)
                 largest = max(largest, (ring, f"{shape.name} {dtype_name} {direction} {config}"))
     assert largest[0] <= 101_376, largest
 

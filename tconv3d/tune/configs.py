@@ -314,6 +314,11 @@ def _pow2_at_least(n: int) -> int:
     return max(MIN_TILE, triton.next_power_of_2(max(int(n), 1)))
 
 
+def ring_bytes(config: KernelConfig, element_size: int) -> int:
+    """The shared memory of a launch's operand ring: stages x (rows + columns) x depth, in elements of that size."""
+    return config.num_stages * (config.block_m + config.block_n) * config.block_k * element_size
+
+
 def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.dtype, smem_bytes: int) -> bool:
     """Prune a candidate: no tile larger than the problem's next power of two, pipeline buffers within shared
     memory, the accumulator within registers, and 8 warps only for tiles big enough to feed them."""
@@ -329,9 +334,7 @@ def keep(direction: str, config: KernelConfig, geom: ConvGeometry, dtype: torch.
             return False
     elif config.split_k > 1 and config.split_k > _max_k_split(direction, geom, config):
         return False
-    element = torch.empty((), dtype=dtype).element_size()
-    buffers = config.num_stages * (config.block_m + config.block_n) * config.block_k * element
-    if buffers > smem_bytes:
+    if ring_bytes(config, torch.empty((), dtype=dtype).element_size()) > smem_bytes:
         return False
     threads = 32 * config.num_warps
     if config.block_m * config.block_n > MAX_ACC_PER_THREAD * threads:
