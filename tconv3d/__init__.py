@@ -4,9 +4,8 @@ Importing the package registers torch.ops.tconv3d.conv3d, its gradient ops and t
 """
 
 from . import nn, ops  # ops registers the torch.library ops
-from .functional import conv3d, conv_transpose3d
+from .functional import conv3d, conv_transpose3d, explain
 from .settings import CPU_BACKEND, CUDA_BACKEND, INTERPRET
-from .tune.choice import explain
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,8 @@
 
 On a CUDA machine: a 3x3x3 bf16 convolution (default 1 x 128 -> 128 x 16 x 128 x 128, channels_last_3d),
 forward and backward, tconv3d against cuDNN: error of each against an fp32 reference, median time, TFLOP/s.
-On a CPU-only machine: the Triton kernels through the interpreter on a small shape, error against float64.
+On a CPU-only machine: the Triton kernels through the interpreter on a small shape (without Triton, torch's own
+ops, which tconv3d runs there), error against float64.
 Exits non-zero if any error is over its tolerance.
 """
 
@@ -14,9 +15,8 @@ import torch
 
 from . import settings
 from .functional import conv3d
-from .geometry import check_conv3d
+from .geometry import DTYPES_BY_NAME, check_conv3d
 from .testing import TOLERANCE, exact_fp32, float64_errors, random_conv_inputs, rel_l2
-from .tune.shapes import DTYPES_BY_NAME
 
 
 def _parse_args(argv):
@@ -43,11 +43,14 @@ def _forward_and_backward(conv, x, weight, bias, grad_out):
 
 
 def _cpu_selfcheck(args) -> int:
-    if not settings.INTERPRET:
+    if settings.TRITON_MISSING:
+        print(f"No CUDA device, and {settings.TRITON_MISSING}: tconv3d's ops run torch's own, checked here.")
+    elif not settings.INTERPRET:
         # Triton picks interpreter or compiler when the kernels are defined: restart with the interpreter on.
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "tconv3d", *sys.argv[1:]])
-    print("No CUDA device: running tconv3d's Triton kernels through the Triton interpreter (TRITON_INTERPRET=1).")
+    else:
+        print("No CUDA device: running tconv3d's Triton kernels through the Triton interpreter (TRITON_INTERPRET=1).")
     failed = False
     for name in ("fp32", args.dtype) if args.dtype != "fp32" else ("fp32",):
         args.dtype = name
@@ -64,7 +67,9 @@ def _cpu_selfcheck(args) -> int:
 def launch_paths() -> str:
     """One line on how this process launches tconv3d's kernels, with the installed Triton: the direct path
     (kernels/launch.py), its call past the compiled launcher's Python (launch._Past), and the Gluon kernels; or
-    that it runs none (a ROCm build of torch: settings.CUDA_BACKEND)."""
+    that it runs none (no Triton, a ROCm build of torch: settings.CUDA_BACKEND)."""
+    if settings.TRITON_MISSING:
+        return f"{settings.TRITON_MISSING}: tconv3d's ops run torch's own on this GPU"
     if settings.CUDA_BACKEND != "triton":
         return (
             f"a ROCm build of torch (HIP {torch.version.hip}): tconv3d's ops run torch's own on this GPU "

@@ -2,8 +2,12 @@
 
 import torch
 
-from . import ops
-from .geometry import conv_arguments, conv_transpose_arguments
+from . import ops, settings
+from .geometry import check_conv3d, conv_arguments, conv_transpose_arguments
+from .kernels.config import DIRECTIONS
+
+if settings.TRITON_MISSING is None:
+    from .tune import choice
 
 
 def conv3d(
@@ -81,3 +85,31 @@ def conv_transpose3d(
     return ops.call_conv3d_input_grad(
         input, weight, output_shape, stride, padding, dilation, "zeros", groups, channels_after, bias
     )
+
+
+def explain(
+    input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None,
+    frames_before=None,
+) -> dict:  # fmt: skip
+    """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
+    "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
+    config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
+    no kernels)}, and for a pointer launch of few channels "form": the small-channel form it runs
+    (config.pointer_form: "tap_pairs", "out_tap_rows" or "w_tap_columns"). With TCONV3D_KERNELS=gluon where the
+    Gluon kernel cannot run, "gluon_unavailable" says why; with TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether
+    torch.compile hands the launch to Inductor or why not.
+    It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
+    With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
+    gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
+    Gluon variants need its base and strides 16-byte aligned, as the input's). A grouped problem run as
+    block-diagonal groups of more (kernels/grouped.py) reports its configs for those, "block_diagonal": how many
+    of its groups each coarse one holds, and "weight_in_place": whether the kernel reads the weight's blocks where
+    they lie (the forward and input gradient; else the call builds the block-diagonal weight) or stores the weight
+    gradient's (else it computes the coarse gradient and copies its diagonal blocks).
+    Where tconv3d runs torch's own ops on `input` (CPU tensors without the interpreter; no Triton; ROCm), every
+    direction is {"variant": "aten", "config": None, "source": "aten"} once the arguments pass the checks."""
+    arguments = (input, weight, bias, stride, padding, dilation, groups, padding_mode, channels_after, frames_before)
+    if settings.runs_triton(input):
+        return choice.explain(*arguments)
+    check_conv3d(input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after)
+    return {direction: {"variant": "aten", "config": None, "source": "aten"} for direction in DIRECTIONS}

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Their short names (tuning keys, shape sets, the command lines)
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 # What the padded border reads, as in F.pad's modes; the kernels take the index (PAD_MODE_D/H/W) of the name.
 # A padding_mode is one name for all three dimensions or three, "d,h,w" (e.g. "replicate,zeros,zeros": repeat
 # the edge frames in time, zeros in space, as the LTX-Video and CogVideoX VAEs pad).
@@ -113,7 +116,7 @@ class ConvGeometry:
     def border_geometry(self) -> ConvGeometry:
         """The geometry whose input gradient the input gradient under modes other than zeros is folded from: the
         dimensions whose border reads input voxels are padded out (their border becomes input of its own, added
-        back by kernel_utils.fold_padding), zeros borders stay padding, and one source."""
+        back by kernels.tensors.fold_padding), zeros borders stay padding, and one source."""
         padding, size = list(self.padding), list(self.in_size)
         for dim, mode in enumerate(self.dim_modes):
             if mode != "zeros":

@@ -37,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
 
-from . import plans, settings
+from . import settings
 from .geometry import (
     PLAIN_TENSORS,
     check_conv3d,
@@ -47,17 +47,21 @@ from .geometry import (
     check_upsample_linear,
     check_weight_grad,
 )
-from .kernels import aten, launch
-from .kernels.conv_dgrad import conv3d_dgrad
-from .kernels.conv_fwd import conv3d_fwd
-from .kernels.conv_wgrad import conv3d_wgrad
-from .kernels.group_norm import group_norm_bwd, group_norm_fwd
-from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
-from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
-from .kernels.split_k import channel_sums
-from .kernels.utils import cat_channels, empty_ndhwc, func_transformed, parameter_grad_dtype
+from .kernels import aten
+from .kernels.tensors import cat_channels, empty_ndhwc, func_transformed, parameter_grad_dtype
 from .settings import runs_triton
-from .tune import choice
+
+if settings.TRITON_MISSING is None:  # else every op runs torch's own (runs_triton is False), and none of these
+    from . import plans
+    from .kernels import launch
+    from .kernels.conv_dgrad import conv3d_dgrad
+    from .kernels.conv_fwd import conv3d_fwd
+    from .kernels.conv_wgrad import conv3d_wgrad
+    from .kernels.group_norm import group_norm_bwd, group_norm_fwd
+    from .kernels.resample import upsample_linear_bwd, upsample_linear_fwd
+    from .kernels.rms_norm import rms_norm_bwd, rms_norm_fwd
+    from .kernels.split_k import channel_sums
+    from .tune import choice
 
 
 def _planned(op: str, tensors: tuple, int_sequences: tuple, scalars: tuple, run):
@@ -327,7 +331,7 @@ def _inductor_launches(name: str, implementation, refusal=lambda *args, **kwargs
     `refusal(*args)` says why not (or _traceable does not hold); otherwise the op stays whole."""
 
     def rule(mode, op, types, args, kwargs):
-        if settings.INDUCTOR_KERNELS:  # set at run time (tests do) rather than by the environment at import
+        if settings.INDUCTOR_KERNELS and settings.TRITON_MISSING is None:  # set at run time (tests do) too
             keep_choices_in_cache_keys()
         if _traceable(types, args) and refusal(*args, **kwargs) is None:
             with mode, launch.traced():

@@ -25,23 +25,32 @@ TCONV3D_INDUCTOR_KERNELS  0 (default) | 1: under torch.compile, the conv and nor
 One torch setting is read live instead, at every fp32 launch, as cuDNN reads it: whether fp32 convolutions may use
 TF32 (tf32_allowed)."""
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import torch
 
+# Why tconv3d's Triton kernels cannot run in this process, or None where they can. Triton has wheels for Linux
+# alone, and torch brings it only there: on macOS and Windows (or wherever it is not installed) tconv3d still
+# imports, and every op runs torch's own on every device, with the same results. Nothing imports Triton then
+# (tests/test_main.py's test_tconv3d_runs_torchs_ops_without_triton).
+TRITON_MISSING = None if importlib.util.find_spec("triton") else f"Triton is not installed (Python on {sys.platform})"
+
 # Triton decides at decoration time whether @triton.jit kernels are compiled or interpreted, so this must be
 # set before `import tconv3d`. When it is, CPU tensors run the Triton kernels through Triton's interpreter.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1" and TRITON_MISSING is None
 
 # What CPU tensors run: "triton" (the kernels, through the interpreter) or "aten" (torch's own conv3d, so code
 # written against tconv3d still runs on a machine without a GPU).
 CPU_BACKEND = "triton" if INTERPRET else "aten"
 
-# What CUDA tensors run: "triton" (tconv3d's kernels), or "aten" under a ROCm build of torch, whose AMD GPUs answer
-# as cuda devices: tconv3d's kernels, their variants and tuning are written and checked for NVIDIA GPUs alone (an
-# MI300X's capability reads 9.4, which would take the Hopper variants), so there its ops run torch's own.
-CUDA_BACKEND = "aten" if torch.version.hip else "triton"
+# What CUDA tensors run: "triton" (tconv3d's kernels), or "aten" without Triton, and under a ROCm build of torch,
+# whose AMD GPUs answer as cuda devices: tconv3d's kernels, their variants and tuning are written and checked for
+# NVIDIA GPUs alone (an MI300X's capability reads 9.4, which would take the Hopper variants), so there its ops run
+# torch's own.
+CUDA_BACKEND = "aten" if torch.version.hip or TRITON_MISSING else "triton"
 
 AUTOTUNE = os.environ.get("TCONV3D_AUTOTUNE", "0") == "1"
 CACHE_DIR = Path(

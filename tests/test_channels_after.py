@@ -153,7 +153,7 @@ def test_forward_reads_both_sources_in_place(monkeypatch):
 
 
 def test_launches_that_cannot_read_it_concatenate(monkeypatch, device):
-    """Packed small channels and groups: utils.cat_channels makes the concatenation, once per launch (forward,
+    """Packed small channels and groups: tensors.cat_channels makes the concatenation, once per launch (forward,
     weight gradient); a UNet conv reads channels_after in place, and so do groups of few channels run side by side
     as one dense group."""
     if device == "cpu" and tconv3d.CPU_BACKEND != "triton":

@@ -316,10 +316,10 @@ def test_emulated_gluon_transposed_channels_after(case, mode, emulator, monkeypa
     from test_channels_after_transposed import transposed_and_reference
 
     from tconv3d.kernels import config as kernel_config
-    from tconv3d.kernels import utils
+    from tconv3d.kernels import tensors
 
     concatenated = []
-    monkeypatch.setattr(kernel_config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
+    monkeypatch.setattr(kernel_config, "cat_channels", lambda *a: concatenated.append(1) or tensors.cat_channels(*a))
     emulator.mode = MODES[mode]
     problem = next(c for c in TRANSPOSED_CASES if c[0] == case)
     ours, expected = transposed_and_reference(problem, torch.bfloat16, "cpu")

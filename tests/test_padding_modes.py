@@ -147,7 +147,7 @@ def test_border_gradients_are_summed_then_rounded(mode, size, padding, dtype, de
     2^-11 fp16) of float64's sum of the same values, F.pad's own backward. A running sum in the dtype rounded at
     every add (121 replicated rows of a one-voxel dimension: over 3x that) does not hold it."""
     from tconv3d.geometry import conv_geometry
-    from tconv3d.kernels.utils import fold_padding
+    from tconv3d.kernels.tensors import fold_padding
 
     shape = (2, 8, *size)
     x = torch.randn(shape, dtype=torch.float64, device=device).contiguous(memory_format=CL).requires_grad_()
@@ -220,7 +220,7 @@ def fold_dimension_by_dimension(grad, geom, bias=None):
     """The fold as it was written first: each dimension folded into a new tensor of the gradient less that
     dimension's borders (a copy of the gradient's size per dimension), summed in float32 and rounded once a
     dimension, each border's copy of the bias taken off as it is added."""
-    from tconv3d.kernels.utils import source_index
+    from tconv3d.kernels.tensors import source_index
 
     sum_dtype = torch.promote_types(grad.dtype, torch.float32)
     for dim, (size, mode) in enumerate(zip(geom.in_size, geom.dim_modes, strict=True)):
@@ -267,7 +267,7 @@ def test_the_fold_in_one_launch(mode, size, padding, dtype, into, with_bias, dev
     bias taken off but one. Wide borders (121 rows onto one) and corners (three dimensions folded) included."""
     from tconv3d.geometry import conv_geometry
     from tconv3d.kernels.fold import fold_bordered
-    from tconv3d.kernels.utils import fold_padding
+    from tconv3d.kernels.tensors import fold_padding
 
     shape = (2, 8, *size)
     geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)
@@ -301,7 +301,7 @@ def test_the_fold_writes_one_copy_of_the_gradient(mode, size, padding, dtype, in
     from torch.profiler import ProfilerActivity, profile
 
     from tconv3d.geometry import conv_geometry
-    from tconv3d.kernels.utils import fold_padding, source_index
+    from tconv3d.kernels.tensors import fold_padding, source_index
 
     shape = (2, 8, *size)
     geom = conv_geometry(shape, (4, 8, 1, 1, 1), 1, padding, 1, padding_mode=mode)

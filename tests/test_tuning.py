@@ -19,7 +19,7 @@ from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.config import DIRECTIONS, KernelConfig, packs_taps, split_rows
 from tconv3d.kernels.conv_tma import wgrad_tma_patches
-from tconv3d.kernels.utils import cdiv
+from tconv3d.kernels.tensors import cdiv
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
 from .config import destination_dtype
-from .utils import batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
+from .tensors import batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from ..geometry import ConvGeometry
-from .utils import at_least_float32, cat_channels, cdiv, ndhwc, unit_channels
+from .tensors import at_least_float32, cat_channels, cdiv, ndhwc, unit_channels
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
@@ -429,7 +429,7 @@ def reads_channels_after(direction: str, geom: ConvGeometry, config: KernelConfi
     channel_blocks), the weight gradient's pointer kernel (each column tile within one) and its TMA and Gluon
     kernels (one launch per source, into its columns), with one group and channels not packed with taps.
     Elsewhere (the depthwise and small-channel kernels, groups) the launcher concatenates the two first
-    (utils.cat_channels), a copy."""
+    (tensors.cat_channels), a copy."""
     after = geom.out_after_channels if direction == "dgrad" else geom.after_channels
     return after > 0 and geom.groups == 1 and not config.direct and not packs_taps(direction, geom)
 
@@ -487,7 +487,7 @@ def k_splits(direction: str, geom: ConvGeometry, config: KernelConfig) -> tuple[
 def destination_dtype(direction: str, geom: ConvGeometry, dtype):
     """The dtype a launch of `direction` over operands of `dtype` writes its result in: `dtype`, but float32 at
     least for the input gradient of a layer whose borders read input voxels (geom.reads_border: replicate, reflect,
-    circular). That gradient is written over the bordered geometry first, and utils.fold_padding adds each border
+    circular). That gradient is written over the bordered geometry first, and tensors.fold_padding adds each border
     voxel's onto the voxel it read: rounded to 16 bits before that sum, each term carries its own rounding, and
     where the terms cancel (a 1-voxel input replicated, taps' weights of opposite signs) the sum is mostly rounding
     (test_padding_modes' cancelling borders: bf16 0.03-0.08 from float64, 0.002 written in float32). Written in

@@ -18,7 +18,8 @@ import triton.language as tl
 from ..geometry import ConvGeometry
 from .config import KernelConfig
 from .launch import launch
-from .utils import cdiv, split_voxel
+from .tensors import cdiv
+from .utils import split_voxel
 
 
 @triton.jit

@@ -24,17 +24,15 @@ from .conv_tma import conv3d_tma, live_tap_table
 from .fold import fold_bordered
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
+from .tensors import cdiv, empty_ndhwc, ndhwc
 from .utils import (
     block_channels,
-    cdiv,
     channel_run,
     dot_flags,
-    empty_ndhwc,
     flat_rows,
     gather_tile,
     grouped_tile,
     mma,
-    ndhwc,
     run_aligned,
     runs_aligned,
     second_source_arguments,

@@ -23,18 +23,16 @@ from .conv_gluon import conv3d_gluon
 from .conv_tma import conv3d_tma
 from .launch import launch
 from .split_k import ndhwc_partials, sum_splits
+from .tensors import cdiv, empty_ndhwc, ndhwc
 from .utils import (
     block_channels,
     border_gather,
-    cdiv,
     channel_run,
     dot_flags,
-    empty_ndhwc,
     flat_rows,
     gather_tile,
     grouped_tile,
     mma,
-    ndhwc,
     ring_voxel,
     run_aligned,
     runs_aligned,

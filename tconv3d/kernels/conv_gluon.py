@@ -56,7 +56,8 @@ from .conv_tma import (
     tap_shift,
 )
 from .launch import launch
-from .utils import cdiv, ndhwc_descriptor, padded_coord
+from .tensors import cdiv
+from .utils import ndhwc_descriptor, padded_coord
 
 # Triton releases whose Gluon this kernel is written for and compile-checked against (tests/test_hopper_main_loops.py,
 # .ci/run): 3.6 (torch 2.11's, the GPU machines'), 3.7 (torch 2.12's and 2.13's CUDA builds), 3.8 (torch 2.14's) and

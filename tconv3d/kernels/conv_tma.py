@@ -26,7 +26,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..geometry import ConvGeometry
 from .config import HALO_BOX_FRAMES, KernelConfig, live_taps
 from .launch import launch, tracing
-from .utils import cdiv, dot_flags, mma, ndhwc_descriptor, padded_coord, tensor_descriptor, tma_aligned
+from .tensors import cdiv
+from .utils import dot_flags, mma, ndhwc_descriptor, padded_coord, tensor_descriptor, tma_aligned
 
 # Phase views (descriptors) a strided operand may take: stride 2 in both H and W.
 MAX_PHASES = 4

@@ -25,15 +25,14 @@ from .conv_gluon import conv3d_wgrad_gluon
 from .conv_tma import conv3d_wgrad_tma, wgrad_tma_patches
 from .launch import launch
 from .split_k import sum_splits
+from .tensors import cdiv, ndhwc
 from .utils import (
     border_gather,
-    cdiv,
     channel_run,
     dense_ndhwc_strides,
     dot_flags,
     gather_tile,
     mma,
-    ndhwc,
     ndhwc_strides,
     next_voxels,
     ring_voxel,

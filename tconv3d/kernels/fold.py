@@ -4,7 +4,7 @@ border voxel's gradient belongs to the voxel its mode read. `fold_bordered` read
 the input gradient once: each voxel its own value plus every border value that reads it, summed in float32 in a
 fixed order (deterministic, no atomics) and rounded once, into the destination's dtype.
 
-utils.fold_padding does the same in torch ops (aten's path, and the reference): a sum per border plane folded and a
+tensors.fold_padding does the same in torch ops (aten's path, and the reference): a sum per border plane folded and a
 copy of the interior, each an op (a launch on a GPU, a host-side op a call plan replays). Here the sources of a voxel
 along each dimension come from a small table (`fold_sources`): its own index in the bordered buffer, then those of
 the borders that read it, -1 past them. A voxel sums the product of its three dimensions' sources, so a corner
@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from .launch import launch, tracing
-from .utils import border_sources, cdiv, split_voxel
+from .tensors import border_sources, cdiv
+from .utils import split_voxel
 
 # The fold's tile: voxels x channels, fp32 sums a thread; a row of 32 fp32 channels is a 128-byte load.
 FOLD_VOXELS, FOLD_CHANNELS = 32, 64
@@ -67,7 +68,7 @@ def _fold_borders_kernel(
 
 
 def fold_sources(in_size, dim_modes, padding) -> tuple[list[list[list[int]]], tuple[int, int, int]]:
-    """Per dimension, the bordered indices summed onto each of its voxels (utils.border_sources: the voxel's own,
+    """Per dimension, the bordered indices summed onto each of its voxels (tensors.border_sources: the voxel's own,
     then the borders that read it) and the most of them a voxel has; a dimension without a border that reads input
     voxels (zeros, or no padding) is its own index. Returns (rows per dimension, (M_D, M_H, M_W))."""
     rows = []
@@ -98,7 +99,7 @@ def _table(in_size, dim_modes, padding, device) -> tuple[torch.Tensor, tuple[int
 
 def fold_bordered(bordered: torch.Tensor, geom, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The input gradient of `geom` (N, C, D, H, W), channels_last_3d in `dtype`, from the dense channels_last_3d
-    gradient of geom.border_geometry()'s input, `bordered`: utils.fold_padding's result, in one launch. `bias` (per
+    gradient of geom.border_geometry()'s input, `bordered`: tensors.fold_padding's result, in one launch. `bias` (per
     channel): every voxel of `bordered` carries it once; so does each voxel of the result."""
     if bordered.dim() != 5 or bordered.stride(1) != 1:
         raise ValueError(f"fold_bordered reads a channels_last_3d buffer, got strides {bordered.stride()}")

@@ -34,7 +34,8 @@ from .. import settings
 from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
 from .split_k import sum_splits
-from .utils import activated, activation_backward, cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .tensors import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .utils import activated, activation_backward
 
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
 # The affine kernel's voxels a tile. Each element's value is its own formula's, whatever the tile, so the interpreter,

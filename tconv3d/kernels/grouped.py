@@ -31,7 +31,7 @@ import torch
 
 from ..geometry import ConvGeometry
 from .config import KernelConfig, packs_out_taps, packs_taps, reads_channels_after, w_tap_columns
-from .utils import empty_ndhwc
+from .tensors import empty_ndhwc
 
 # A coarse group's input channels, at least where the groups allow: one 128-byte row of 16-bit channels a voxel,
 # the row a TMA box or a 16-byte cp.async per thread fills.

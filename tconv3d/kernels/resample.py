@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .utils import cdiv, dense_voxels, empty_ndhwc, split_voxel
+from .tensors import cdiv, dense_voxels, empty_ndhwc
+from .utils import split_voxel
 
 TILE_ELEMENTS = 1024  # BLOCK_V x BLOCK_C: the output (forward) or input (backward) elements a program writes
 

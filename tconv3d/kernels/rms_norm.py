@@ -13,7 +13,7 @@ channels), loaded along C, in one read and one write (stock diffusers: an fp32 c
 cast back and the affine, each a pass of its own). fp32 arithmetic whatever the tensor dtype; the backward
 recomputes the norm (no per-voxel state is kept) and reduces the weight and bias gradients per program, both summed
 over the programs in a fixed order by one launch after it: deterministic, no atomics, written in the weight's dtype
-(utils.parameter_grad_dtype: a bf16 model's backward casts nothing after).
+(tensors.parameter_grad_dtype: a bf16 model's backward casts nothing after).
 """
 
 import torch
@@ -23,7 +23,8 @@ import triton.language as tl
 from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
 from .split_k import sum_splits
-from .utils import activated, activation_backward, cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .tensors import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .utils import activated, activation_backward
 
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
 BACKWARD_ROWS = 256  # the most rows a backward program walks, reducing its weight and bias gradients over them

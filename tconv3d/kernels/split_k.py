@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .config import CHANNEL_SUM_PROGRAMS, CHANNEL_SUM_TILE, SPLIT_SUM_BLOCK
 from .launch import launch
-from .utils import cdiv, dense_voxels
+from .tensors import cdiv, dense_voxels
 
 
 @triton.jit

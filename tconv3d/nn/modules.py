@@ -19,11 +19,13 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import NORM_ACTIVATIONS, PLAIN_TENSORS, SUPPORTED_DTYPES, resolve_padding, triple
 from ..kernels.aten import activated
-from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
-from ..kernels.utils import batched, fold_padding, func_transformed
+from ..kernels.tensors import batched, fold_padding, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
-from ..settings import runs_triton
+from ..settings import TRITON_MISSING, runs_triton
 from .subpixel import upsampled_conv, upsampled_conv_reason
+
+if TRITON_MISSING is None:  # the kernel that moves BatchNorm's running statistics, where the kernels run
+    from ..kernels.group_norm import RUNNING_DTYPES, update_running_statistics
 
 _CL = torch.channels_last_3d
 WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}
@@ -882,7 +884,7 @@ def replicate_padded(x: torch.Tensor, padding) -> torch.Tensor:
     """F.pad(x, mode="replicate") of a 5-D x, `padding` in the op's order (D front, D back, H top, H bottom, W left,
     W right), written into a tensor of x's layout (channels_last_3d stays so) by broadcast copies of its edges. Its
     backward folds each border's gradient onto the voxel it repeated in a fixed order, summed in float32
-    (kernels.utils.fold_padding: deterministic, where CUDA's replication-pad backward adds with atomics) and
+    (kernels.tensors.fold_padding: deterministic, where CUDA's replication-pad backward adds with atomics) and
     channels_last_3d. Under torch.compile and torch.func, F.pad."""
     padding = tuple(int(p) for p in padding)
     if autograd_traced():

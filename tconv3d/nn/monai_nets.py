@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels.utils import channels_last, func_transformed
+from ..kernels.tensors import channels_last, func_transformed
 from .modules import (
     BatchNorm3d,
     Conv3d,

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
-from ..kernels.utils import batched, channels_last
+from ..kernels.tensors import batched, channels_last
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
 from .modules import (

@@ -332,31 +332,14 @@ def explain(
     input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros", channels_after=None,
     frames_before=None,
 ) -> dict:  # fmt: skip
-    """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
-    "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
-    config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
-    no kernels)}, and for a pointer launch of few channels "form": the small-channel form it runs
-    (config.pointer_form: "tap_pairs", "out_tap_rows" or "w_tap_columns"). With TCONV3D_KERNELS=gluon where the
-    Gluon kernel cannot run, "gluon_unavailable" says why; with TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether
-    torch.compile hands the launch to Inductor or why not.
-    It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
-    With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
-    gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
-    Gluon variants need its base and strides 16-byte aligned, as the input's). A grouped problem run as
-    block-diagonal groups of more (kernels/grouped.py) reports its configs for those, "block_diagonal": how many
-    of its groups each coarse one holds, and "weight_in_place": whether the kernel reads the weight's blocks where
-    they lie (the forward and input gradient; else the call builds the block-diagonal weight) or stores the weight
-    gradient's (else it computes the coarse gradient and copies its diagonal blocks)."""
+    """tconv3d.explain's plan where the ops run the kernels (settings.runs_triton holds for `input`):
+    functional.explain says what each entry means."""
     geom = check_conv3d(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, frames_before, channels_after
     )
-    runs_triton = settings.runs_triton(input)
     coarse = grouped.coarsened(geom)  # what the kernels run (kernels/grouped.py)
     plan = {}
     for direction in DIRECTIONS:
-        if not runs_triton:
-            plan[direction] = {"variant": "aten", "config": None, "source": "aten"}
-            continue
         key = _memo_key(direction, coarse, input.dtype, input.device)
         tunes = input.device.type == "cuda" and settings.AUTOTUNE
         if tunes and tuning_key(direction, coarse, input.dtype) not in tables.device_table(input.device):

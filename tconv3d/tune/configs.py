@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ..geometry import ConvGeometry
+from ..geometry import DTYPE_NAMES, ConvGeometry
 from ..kernels import conv_gluon
 from ..kernels.config import (
     DIRECTIONS,
@@ -42,9 +42,8 @@ from ..kernels.config import (
 )
 from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES, wgrad_tma_patches
-from ..kernels.utils import cdiv, exact_products
-
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+from ..kernels.tensors import cdiv
+from ..kernels.utils import exact_products
 
 # fp32 accumulator registers one thread may hold before the compiler spills.
 MAX_ACC_PER_THREAD = 128

@@ -13,12 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..geometry import ConvGeometry, conv_geometry, resolve_padding, triple
+from ..geometry import DTYPES_BY_NAME, ConvGeometry, conv_geometry, resolve_padding, triple
 from ..kernels import grouped
-from .configs import DTYPE_NAMES
 
 SHAPE_SET_DIR = Path(__file__).parent / "shape_sets"
-DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 # Multiples of one direction's FLOPs: backward is input-grad plus weight-grad.
 DIRECTION_FLOP_FACTOR = {"fwd": 1, "bwd": 2, "fwd+bwd": 3}
 
