@@ -44,7 +44,7 @@ def _forward_and_backward(conv, x, weight, bias, grad_out):
 
 def _cpu_selfcheck(args) -> int:
     if settings.TRITON_MISSING:
-        print(f"No CUDA device, and {settings.TRITON_MISSING}: tconv3d's ops run torch's own, checked here.")
+        print(f"{settings.TRITON_MISSING}: tconv3d's ops run torch's own on every device, checked here on the CPU.")
     elif not settings.INTERPRET:
         # Triton picks interpreter or compiler when the kernels are defined: restart with the interpreter on.
         os.environ["TRITON_INTERPRET"] = "1"
@@ -123,7 +123,9 @@ def _gpu_benchmark(args) -> int:
 
 def main(argv=None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    return _gpu_benchmark(args) if torch.cuda.is_available() else _cpu_selfcheck(args)
+    # Without Triton a GPU runs torch's own ops (cuDNN's): nothing of tconv3d's to time there
+    timed = torch.cuda.is_available() and not settings.TRITON_MISSING
+    return _gpu_benchmark(args) if timed else _cpu_selfcheck(args)
 
 
 if __name__ == "__main__":
