@@ -180,6 +180,15 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
     def records_grad(inputs) -> bool:
         return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
+    tensor_positions = [i for i, argument in enumerate(op._schema.arguments) if _is_tensor_type(argument.type)]
+
+    def plain(inputs) -> bool:
+        for i in tensor_positions:
+            t = inputs[i] if i < len(inputs) else None
+            if t is not None and (type(t) not in PLAIN_TENSORS or _is_functorch_wrapper(t)):
+                return False
+        return not _intercepted()
+
     def autograd_kernel(*inputs):
         if records_grad(inputs) or _has_tangent(inputs):
             if torch._C._functorch.peek_interpreter_stack() is not None:
@@ -188,10 +197,11 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
                     "its autograd only through tconv3d's callers: use tconv3d.functional or tconv3d.nn"
                 )
             return dispatched(*inputs)
-        return below_autograd(*inputs)
+        # What Inductor's code calls (torch.ops.tconv3d.*, autograd done by AOTAutograd): where nothing below
+        # could intercept it, the implementation itself, as the eager callers run it, not a second dispatch
+        return run_direct(*inputs) if plain(inputs) else below_autograd(*inputs)
 
     _lib.impl(name, autograd_kernel, "Autograd")
-    tensor_positions = [i for i, argument in enumerate(op._schema.arguments) if _is_tensor_type(argument.type)]
 
     def eager(*inputs):
         if torch.compiler.is_compiling():  # first: dynamo reads it as a constant and traces the op
