@@ -93,11 +93,11 @@ def explain(
 ) -> dict:  # fmt: skip
     """What a conv3d call with these arguments would run, per direction ("fwd", "dgrad", "wgrad"): {"variant":
     "gluon", "tma", "pointer", "direct" or "aten", "config": the KernelConfig (None for aten), "source": where the
-    config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" on devices with
-    no kernels)}, and for a pointer launch of few channels "form": the small-channel form it runs
-    (config.pointer_form: "tap_pairs", "out_tap_rows" or "w_tap_columns"). With TCONV3D_KERNELS=gluon where the
-    Gluon kernel cannot run, "gluon_unavailable" says why; with TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether
-    torch.compile hands the launch to Inductor or why not.
+    config came from ("table", "nearest", "heuristic", "first-use tuning", "interpreter"; "aten" where the ops run
+    torch's own: CPU tensors without the interpreter, no Triton, ROCm)}, and for a pointer launch of few channels
+    "form": the small-channel form it runs (config.pointer_form: "tap_pairs", "out_tap_rows" or "w_tap_columns").
+    With TCONV3D_KERNELS=gluon where the Gluon kernel cannot run, "gluon_unavailable" says why; with
+    TCONV3D_INDUCTOR_KERNELS=1, "inductor" says whether torch.compile hands the launch to Inductor or why not.
     It launches nothing (first-use tuning, if enabled, happens on the first real call: reported as its source).
     With `channels_after` (a second channel source), "reads_in_place" says whether the forward's and weight
     gradient's launches read it where it lies or concatenate it first; `frames_before` is conv3d's (the TMA and
@@ -105,9 +105,8 @@ def explain(
     block-diagonal groups of more (kernels/grouped.py) reports its configs for those, "block_diagonal": how many
     of its groups each coarse one holds, and "weight_in_place": whether the kernel reads the weight's blocks where
     they lie (the forward and input gradient; else the call builds the block-diagonal weight) or stores the weight
-    gradient's (else it computes the coarse gradient and copies its diagonal blocks).
-    Where tconv3d runs torch's own ops on `input` (CPU tensors without the interpreter; no Triton; ROCm), every
-    direction is {"variant": "aten", "config": None, "source": "aten"} once the arguments pass the checks."""
+    gradient's (else it computes the coarse gradient and copies its diagonal blocks). Arguments the op would
+    refuse raise as it would, on every path."""
     arguments = (input, weight, bias, stride, padding, dilation, groups, padding_mode, channels_after, frames_before)
     if settings.runs_triton(input):
         return choice.explain(*arguments)

@@ -1,6 +1,7 @@
 """Every setting tconv3d reads from the environment, read once at import, in one place.
 
-TRITON_INTERPRET=1     run the Triton kernels through Triton's interpreter (CPU tensors); set before import.
+TRITON_INTERPRET=1     run the Triton kernels through Triton's interpreter (CPU tensors; where Triton is
+                       installed); set before import.
 TCONV3D_AUTOTUNE=1     tune a problem that no table covers on its first use (CUDA), and cache the result.
 TCONV3D_CACHE_DIR      where first-use tuning results are kept (default $XDG_CACHE_HOME/tconv3d or ~/.cache/tconv3d).
 TCONV3D_CONFIG_DIR     a folder of extra tuning tables (<device name>.json), taking precedence over shipped ones.

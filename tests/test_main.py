@@ -135,7 +135,8 @@ def test_tconv3d_runs_torchs_ops_without_triton():
     padding modes, strides, groups and a skip connection read as concatenated against float64; a converted MONAI
     UNet with BatchNorm and with InstanceNorm as stock (outputs, parameter gradients, running statistics), its convs
     counted on tconv3d's ops, compiled too; explain says "aten" after the checks; python -m tconv3d checks those ops
-    and passes, a GPU there too (cuDNN's ops: nothing to time). Any kernel module imported at tconv3d's import fails it."""
+    and passes, a GPU there too (cuDNN's ops: nothing to time). Any kernel module imported at tconv3d's import
+    fails it."""
     pytest.importorskip("monai")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}  # no interpreter without Triton
