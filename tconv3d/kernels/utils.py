@@ -1,4 +1,5 @@
-"""Pieces the kernel families share: small @triton.jit helpers and the launch-side layout and dot flags."""
+"""Pieces the kernel families share: small @triton.jit helpers and the launch-side layout, descriptors and dot
+flags (those on torch tensors alone, which the paths without Triton share too, are in tensors.py)."""
 
 import itertools
 import math
