@@ -11,7 +11,7 @@ from helpers import dtype_id, leaf_copy, outputs_and_grads, second_order_with_tw
 
 import tconv3d
 from tconv3d import settings
-from tconv3d.kernels import config, conv_fwd, conv_wgrad, utils
+from tconv3d.kernels import config, conv_fwd, conv_wgrad, tensors
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice
 
@@ -159,7 +159,7 @@ def test_launches_that_cannot_read_it_concatenate(monkeypatch, device):
     if device == "cpu" and tconv3d.CPU_BACKEND != "triton":
         pytest.skip("CPU tensors run aten's conv3d here, which concatenates")
     concatenated = []
-    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
+    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or tensors.cat_channels(*a))
     names = ("unet_skip", "packed_concatenated", "grouped_concatenated", "grouped_side_by_side")
     for case in (c for c in CASES if c[0] in names):
         concatenated.clear()

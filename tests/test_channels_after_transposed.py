@@ -15,7 +15,7 @@ from helpers import dtype_id, leaf_copy, outputs_and_grads, second_order_with_tw
 
 import tconv3d
 from tconv3d import settings
-from tconv3d.kernels import config, conv_dgrad, utils
+from tconv3d.kernels import config, conv_dgrad, tensors
 from tconv3d.testing import TOLERANCE, rel_l2
 from tconv3d.tune import choice
 
@@ -81,7 +81,7 @@ def test_which_launches_concatenate(monkeypatch, device):
     if device == "cpu" and tconv3d.CPU_BACKEND != "triton":
         pytest.skip("CPU tensors run aten's kernels here, which concatenate")
     concatenated = []
-    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
+    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or tensors.cat_channels(*a))
     for case in CASES:
         concatenated.clear()
         transposed_and_reference(case, torch.float32, device)
@@ -97,7 +97,7 @@ def test_box_kernels_read_it_in_place(case, monkeypatch, device):
     monkeypatch.setattr(settings, "KERNELS", "tma")
     monkeypatch.setattr(choice, "_memo", {})
     concatenated, launched = [], []
-    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or utils.cat_channels(*a))
+    monkeypatch.setattr(config, "cat_channels", lambda *a: concatenated.append(1) or tensors.cat_channels(*a))
     real = conv_dgrad.conv3d_tma
     monkeypatch.setattr(conv_dgrad, "conv3d_tma", lambda *a, **k: launched.append(k) or real(*a, **k))
     assert_close(*transposed_and_reference(case, torch.float32, device), torch.float32)
