@@ -3,6 +3,7 @@ and steps aside whenever something may intercept ops; the memoised checks never 
 rejects; the TMA descriptor memo checks what it skips and keeps no tensor alive."""
 
 import gc
+import sys
 import weakref
 
 import pytest
@@ -123,8 +124,6 @@ def test_a_plain_norm_backward_runs_no_op_through_the_dispatcher(norm, monkeypat
 def python_calls(run) -> list[str]:
     """The names of the Python functions run() calls, in order (sys.setprofile: not torch's profiler, which
     would count as something intercepting ops)."""
-    import sys
-
     names = []
     sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name) if event == "call" else None)
     try:
