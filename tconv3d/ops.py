@@ -185,7 +185,7 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
     def plain(inputs) -> bool:
         for i in tensor_positions:
             t = inputs[i] if i < len(inputs) else None
-            if t is not None and (type(t) not in PLAIN_TENSORS or _is_functorch_wrapper(t)):
+            if t is not None and not _plain_tensor(t):
                 return False
         return not _intercepted()
 
@@ -550,7 +550,12 @@ def _plain_call(*tensors) -> bool:
     (create_graph=False, so no op's own autograd Function is needed)."""
     if torch.compiler.is_compiling() or torch.is_grad_enabled() or _intercepted():
         return False
-    return all(t is None or (type(t) in PLAIN_TENSORS and not _is_functorch_wrapper(t)) for t in tensors)
+    return all(t is None or _plain_tensor(t) for t in tensors)
+
+
+def _plain_tensor(t: torch.Tensor) -> bool:
+    """A tensor with no dispatch of its own: no subclass (DTensor, FakeTensor...), no functorch wrapper."""
+    return type(t) in PLAIN_TENSORS and not _is_functorch_wrapper(t)
 
 
 def _direct_or_op(implementation, *tensors):

@@ -1148,10 +1148,15 @@ def _check(call: dict) -> tuple[str, str]:
         error = _distance(ours_grad, ref_grad, floor) if ref_grad.numel() else 0.0
         if error > bound:
             name = "bias" if call["grad"] == "bias" else "input"
-            try:  # stock torch's gradient in the same dtype, on the same inputs
+
+            def stock_error_of(leaf, gradient, dtype=None):
+                """Stock torch's gradient from a copy of `leaf`, handed `gradient`: its distance from float64's."""
                 stock_leaf = leaf.detach().clone().requires_grad_()
-                (stock,) = torch.autograd.grad(theirs(call, {**t, name: stock_leaf}), stock_leaf, g_in)
-                stock_error = _distance(stock, ref_grad, floor)
+                (stock,) = torch.autograd.grad(theirs(call, {**t, name: stock_leaf}, dtype), stock_leaf, gradient)
+                return _distance(stock, ref_grad, floor)
+
+            try:  # stock torch's gradient in the same dtype, on the same inputs
+                stock_error = stock_error_of(leaf, g_in)
             except Exception:  # torch's CPU kernels refuse some dtypes the reference takes: no stock to compare
                 stock_error = 0.0
             detail = f"{name} gradient {error:.3g}, bound {bound:g}, stock torch's {stock_error:.3g}"
@@ -1159,18 +1164,12 @@ def _check(call: dict) -> tuple[str, str]:
                 # Rounding, unless torch's own float64, the gradient laid out as ours got it, misses by more than
                 # float32's bound: a fault of torch's in that layout (instance_norm at a batch of one,
                 # docs/upstream.md), not rounding
-                stock_leaf = leaf64.detach().clone().requires_grad_()
-                stock64_out = theirs(call, {**t64, name: stock_leaf}, torch.float64)
-                (stock64,) = torch.autograd.grad(stock64_out, stock_leaf, _gradient_as(g, layout))
-                stock64_error = _distance(stock64, ref_grad, floor)
+                stock64_error = stock_error_of(leaf64, _gradient_as(g, layout), torch.float64)
                 if stock64_error > max(bound, tolerance(torch.float32)):
                     # torch's op in the call's dtype with an NCDHW gradient, which it reads right, says what
                     # rounding its arithmetic scatters (a module that runs torch's op, ours included: InstanceNorm3d
                     # with running statistics)
-                    stock_leaf = leaf.detach().clone().requires_grad_()
-                    stock_out = theirs(call, {**t, name: stock_leaf})
-                    (stock,) = torch.autograd.grad(stock_out, stock_leaf, g_in.contiguous())
-                    dense_error = _distance(stock, ref_grad, floor)
+                    dense_error = stock_error_of(leaf, g_in.contiguous())
                     if dense_error > bound and dense_error * STOCK_SCATTER >= error:
                         return "ill-conditioned", f"{detail}; torch's with an NCDHW gradient {dense_error:.3g}"
                     return "wrong", f"{detail}; torch's own float64 {stock64_error:.3g} (layout)"
