@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -231,9 +230,9 @@ def check_tensors(**tensors) -> None:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; put them on one device")
 
 
-@functools.lru_cache(maxsize=64)
 def split_padding_mode(padding_mode: str) -> tuple[str, str, str]:
-    """A canonical padding_mode -> its (d, h, w) modes."""
+    """A canonical padding_mode -> its (d, h, w) modes. Not cached: torch.func's transforms under torch.compile
+    trace it (the ops' torch ops), and torch 2.15's Dynamo warns at every functools.lru_cache it traces into."""
     modes = tuple(padding_mode.split(","))
     return modes * 3 if len(modes) == 1 else modes
 
