@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
 
+import interpreter_bounds
 import interpreter_fidelity
 import interpreter_speedups
 import pytest
@@ -54,6 +55,7 @@ if THREADS is not None:
 
 interpreter_speedups.install()  # where kernels run on Triton's interpreter: tests/interpreter_speedups.py
 interpreter_fidelity.install()  # and where it computes other values than the GPU: tests/interpreter_fidelity.py
+interpreter_bounds.install()  # and every access a kernel makes there, held to its tensors: tests/interpreter_bounds.py
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import interpreter_bounds
 import interpreter_fidelity
 import interpreter_speedups
 import pytest
@@ -606,10 +607,11 @@ def main() -> int:
             if args.focus == "halo":  # its problems then run as TCONV3D_KERNELS=gluon falls back: no halo tile
                 print(f"fuzz: --focus halo runs no halo tile here (Gluon: {conv_gluon.UNAVAILABLE})", file=sys.stderr)
         problems = (draw(seed, kernels, SCALES[args.size], args.focus) for seed in range(args.seed, 2**62))
-    # On the interpreter: its speed-ups and its bf16 rounding as under pytest, and int32 overflow checked as
-    # tests/test_fuzz.py checks it.
+    # On the interpreter: its speed-ups, its bf16 rounding and its accesses held to the launch's tensors as under
+    # pytest, and int32 overflow checked as tests/test_fuzz.py checks it.
     interpreter_speedups.install()
     interpreter_fidelity.install()
+    interpreter_bounds.install()
     with interpreter_speedups.overflow_checks(True):
         start, done, failed, scattered = time.perf_counter(), 0, 0, 0
         variants = collections.Counter()  # the variants launched, so a run shows what it exercised

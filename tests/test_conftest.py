@@ -1,6 +1,7 @@
-"""What tests/conftest.py (with tests/interpreter_speedups.py and interpreter_fidelity.py) does to a run: it makes
-Triton's interpreter patch triton.language once a launch, takes shortcuts through its frontend's types that give what
-its own path gives, rounds its float32 -> bfloat16 casts to nearest even as the GPU does, runs
+"""What tests/conftest.py (with tests/interpreter_speedups.py, interpreter_fidelity.py and interpreter_bounds.py)
+does to a run: it makes Triton's interpreter patch triton.language once a launch, takes shortcuts through its
+frontend's types that give what its own path gives, rounds its float32 -> bfloat16 casts to nearest even as the GPU
+does, holds every access a kernel makes to the tensors its launch was handed, runs
 int32 overflow checks only where asked (for real there), hands the longest test files out first, and shares the
 cores out between pytest-xdist's workers. CI runs this under triton 3.9 and, with the static compile tests, under
 3.6: the interpreter's internals it leans on differ."""
@@ -359,3 +360,44 @@ def test_new_cpu_tensors_hold_nan_until_written():
     freed = torch.ones(64)
     del freed
     assert torch.empty(64).isnan().all()  # not the ones just freed
+
+
+@triton.jit
+def _shifted_copy_kernel(x_ptr, y_ptr, n, SHIFT, READ_PAST, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    value = tl.load(x_ptr + SHIFT + offs, mask=offs < n + READ_PAST, other=0.0)
+    tl.store(y_ptr + offs, value, mask=offs < n)
+
+
+@triton.jit
+def _atomic_add_kernel(y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.atomic_add(y_ptr + offs, 1.0, mask=offs < n)
+
+
+def test_the_interpreter_holds_every_access_to_the_launchs_tensors():
+    """tests/interpreter_bounds.py: a load one element past its tensor, a store past its tensor and an atomic past it
+    fail with the kernel named; masked-off lanes are no access; a view's kernel may read its whole storage; a
+    second source addressed from the first (a launch.Distance, handed to Triton as a plain int) is readable in the
+    launch that follows its conversion, and only there."""
+    _interpreted()
+    from tconv3d.kernels.launch import Distance
+
+    x, y = torch.randn(10), torch.empty(10)
+    _shifted_copy_kernel[(1,)](x, y, 10, 0, 0, BLOCK=16)  # 16 lanes, 6 masked off
+    assert torch.equal(x, y)
+    with pytest.raises(Exception, match=r"out-of-bounds load in _shifted_copy_kernel: 1 of 11 active lanes"):
+        _shifted_copy_kernel[(1,)](x, y, 10, 0, 1, BLOCK=16)
+    with pytest.raises(Exception, match=r"out-of-bounds store in _shifted_copy_kernel: 6 of 16"):
+        _shifted_copy_kernel[(1,)](torch.randn(16), y, 16, 0, 0, BLOCK=16)
+    with pytest.raises(Exception, match=r"out-of-bounds atomic in _atomic_add_kernel"):
+        _atomic_add_kernel[(1,)](torch.zeros(4), 5, BLOCK=8)
+    whole = torch.randn(20)
+    _shifted_copy_kernel[(1,)](whole[:10], y, 10, 0, 6, BLOCK=16)  # past the view, inside its storage
+    second = torch.randn(10)
+    distance = Distance((second.data_ptr() - x.data_ptr()) // 4, second, x)
+    shift = int(distance)
+    _shifted_copy_kernel[(1,)](x, y, 10, shift, 0, BLOCK=16)
+    assert torch.equal(y, second)
+    with pytest.raises(Exception, match=r"out-of-bounds load in _shifted_copy_kernel"):
+        _shifted_copy_kernel[(1,)](x, y, 10, shift, 0, BLOCK=16)  # the distance spent on the launch before
