@@ -889,6 +889,12 @@ def theirs(call: dict, t: dict, dtype=None):
             raise ValueError("the ops take 5-D tensors and sizes")
         if isinstance(call["padding"], str):
             raise TypeError("the op's padding is a list of ints")
+        # the dispatcher takes a bool in a list of ints as that int, for aten's ops (torch.ops.aten.conv3d) as for
+        # tconv3d's; torch's functions refuse it (seed 1820114: stride [True, 1000, True])
+        lists = ("stride", "padding", "dilation", "output_padding")
+        call = {**call, **{k: [int(v) if type(v) is bool else v for v in call[k]] for k in lists
+                           if isinstance(call.get(k), list)}}  # fmt: skip
+        stride = _int_argument(call["stride"], 1)
     if entry in GRADIENT_OPS:  # autograd of torch's forward, in float64: what the gradient op computes
         by_input = entry == "op.input_grad"
         by = t["input"] if by_input else t["weight"]
