@@ -30,10 +30,12 @@ it as stock's own result in the same precision. Stock's own distance is one samp
 farther, stock runs again on inputs rounded otherwise (each element times 1 + eps N(0, 1)), each convolution's output
 rounded otherwise too, and its farthest landing bounds ours too, the draw printed and counted apart as
 "ill-conditioned" (such a draw scatters stock by 20x, a well-conditioned one by 2x; a fault costing precision alone
-can hide in that scatter, so read them). A training step that fails with a ReLU's input on the other side of zero
-than stock's (within a rounding of it: that voxel takes the other slope, and the gradients move by ~1e-3-1e-2;
-MONAI's AttentionUnet has a million such inputs a step), or a max pooling's window whose maximum is another voxel
-than stock's (a near tie: the gradient goes to the other one), is counted apart, as "kinks"; any other failure is
+can hide in that scatter, so read them). A training step (or a vmap_grad draw) whose gradients fail, its output
+within bounds (a kink moves gradients, not values), with a ReLU's input on the other side of zero than stock's
+(within a rounding of it: that voxel takes the other slope, and the gradients move by ~1e-3-1e-2; MONAI's
+AttentionUnet has a million such inputs a step; a ReLU fused into its norm watched at the slot it leaves), or a max
+pooling's window whose maximum is another voxel than stock's (a near tie: the gradient goes to the other one), is
+counted apart, as "kinks"; any other failure is
 drawn again, the same case with other random inputs, and one that does not come back is counted apart, as "once". But
 a result farther from float64 than the answer's own size (relative L2 above 1) and 100x stock's farthest landing
 fails as "far from float64:", kinks or not, once or not: no rounding or kink explains it. Its line says how many
@@ -86,6 +88,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import functools
 import json
 import logging
 import random
@@ -462,18 +465,23 @@ def _decisions(module, args) -> torch.Tensor:
 
 def check(case: dict, models: Models, seed: int) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed: "kinks: ..." where a
-    training step's piecewise-linear activations took another side of zero than stock's (or its max poolings another
-    voxel), "once: ..." where the same case on other inputs (seed + 2^31) passes (with the count of one-channel
-    norms' inputs across zero: kinks), "ill-conditioned: ..." where ours lies within stock's own scatter on inputs
-    rounded otherwise (wobbled_off; with that count too, where not 0). A case with "compile" (a torch.compile
+    training step's or a per-sample gradient's ("vmap_grad") piecewise-linear activations took another side of zero
+    than stock's (or its max poolings another voxel) and the output is within bounds (or a one-channel norm's input
+    crossed zero too), "once: ..." where the same case on other inputs (seed + 2^31) passes (with the count of
+    one-channel norms' inputs across zero: kinks), "ill-conditioned: ..." where ours lies within stock's own scatter
+    on inputs rounded otherwise (wobbled_off; with that count too, where not 0). A case with "compile" (a torch.compile
     backend) runs the converted model compiled."""
-    problem = _check(case, models, seed)
+    found = {}
+    problem = _check(case, models, seed, found)
     if problem is not None and problem.startswith("ill-conditioned: "):  # stock's scatter may be a norm's sign too
         steps = kinks(case, models, seed, activations=False)
         return problem.replace(": ", f": {steps} inputs of one-channel norms across zero; ", 1) if steps else problem
     if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", FAR_OFF)):
         return problem
-    if case["mode"] == "train" and (flips := kinks(case, models, seed, activations=True)):
+    # a kink moves a gradient, not the output (continuous there); a one-channel norm's step moves both
+    gradient = case["mode"] == "train" or case.get("func") == "vmap_grad"
+    flips = kinks(case, models, seed, activations=True) if gradient else 0
+    if flips and (not found.get("output") or kinks(case, models, seed, activations=False)):
         return f"kinks: {flips} activation or one-channel norm inputs across zero or pooling maxima moved; " + problem
     again = _check(case, models, seed + 2**31)
     if again not in (None, "skipped"):
@@ -485,17 +493,25 @@ def check(case: dict, models: Models, seed: int) -> str | None:
 def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
     """How many inputs of the models' steps (one-channel RMS norms: _steps) have another sign in the converted model
     than in stock, in the case's forward; with `activations` also those of the piecewise-linear activations, and how
-    many max pooling windows another maximum (kinks of a training step's gradient: their value is continuous)."""
+    many max pooling windows another maximum (kinks of a training step's gradient: their value is continuous).
+
+    Modules pair up by their names in stock. Where convert fused an activation into the norm before it, the slot the
+    activation leaves (an nn.Identity; a FusedPReLU) takes the activation's output, whose sign is its input's for a
+    ReLU, a leaky ReLU and a PReLU of positive weight: it stands for the activation."""
+    stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
+    watched = {name: module for name, module in stock.named_modules()
+               if _norm_dim(module) is not None or (activations and isinstance(module, KINKED))}  # fmt: skip
     inputs = []
-    for model in models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False)):
-        seen = []
+    for model in (stock, converted):
+        seen = collections.defaultdict(list)  # a module's decisions, a call each
 
-        def record(module, args, out, seen=seen):
-            if _steps(module, args) or (activations and isinstance(module, KINKED)):
-                seen.append(_decisions(module, args))
+        def record(module, args, out, name, seen=seen):
+            kind = watched[name]
+            if _norm_dim(kind) is None or _steps(module if _norm_dim(module) is not None else kind, args):
+                seen[name].append(_decisions(kind, args))
 
-        watched = [m for m in model.modules() if _norm_dim(m) is not None or (activations and isinstance(m, KINKED))]
-        handles = [module.register_forward_hook(record) for module in watched]
+        handles = [module.register_forward_hook(functools.partial(record, name=name))
+                   for name, module in model.named_modules() if name in watched]  # fmt: skip
         try:
             with grad_mode(case), precision(case):
                 run_model(model.train(case["mode"] == "train"), _input(case, torch.Generator().manual_seed(seed)), case)
@@ -504,14 +520,14 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
             for handle in handles:
                 handle.remove()
         inputs.append(seen)
-    stock, converted = inputs
-    if len(stock) != len(converted):
-        return 0
-    return sum(int((a != b).sum()) for a, b in zip(stock, converted, strict=True) if a.shape == b.shape)
+    stock_seen, converted_seen = inputs
+    return sum(int((a != b).sum()) for name, calls in stock_seen.items() if len(calls) == len(converted_seen[name])
+               for a, b in zip(calls, converted_seen[name], strict=True) if a.shape == b.shape)  # fmt: skip
 
 
-def _check(case: dict, models: Models, seed: int) -> str | None:
-    """None if the case passes or stock refuses its input ("skipped"), else what failed."""
+def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> str | None:
+    """None if the case passes or stock refuses its input ("skipped"), else what failed; `found["output"]`: whether
+    the output itself lies beyond the bound (not only gradients)."""
     stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
     generator = torch.Generator().manual_seed(seed)
     x = _input(case, generator)
@@ -555,6 +571,8 @@ def _check(case: dict, models: Models, seed: int) -> str | None:
                                 "rounded otherwise)" for n, e, o, s, w in zip(names, errors, ours_off, stock_off,
                                                                               wobbled, strict=False))  # fmt: skip
             offs = list(zip(ours_off, stock_off, wobbled, strict=True))
+            if found is not None:
+                found["output"] = offs[0][0] > max(bound * offs[0][1], bound * offs[0][2], 1e-5)
             if any(o > max(FAR, FAR_RATIO * s, FAR_RATIO * w) for o, s, w in offs):
                 return FAR_OFF + problem
             if any(o > max(bound * s, bound * w, 1e-5) for o, s, w in offs):

@@ -15,6 +15,7 @@ pytest.importorskip("monai")
 
 from fuzz_models import Models, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
 
+import tconv3d.nn
 from tconv3d.testing import rel_l2
 
 CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled decode, a training step, bf16; each
@@ -151,17 +152,20 @@ def hooked(module, hook):
 
 
 @pytest.mark.parametrize(
-    "dtype, off, compile, func",
-    [("fp32", 1e-3, None, None), ("bf16", 2e-1, None, None), ("fp16", 2e-2, None, None),
-     ("fp32", 1e-3, "aot_eager", None), ("fp32", 1e-3, None, "vmap_grad")],
+    "dtype, off, compile, func, mode",
+    [("fp32", 1e-3, None, None, "eval"), ("bf16", 2e-1, None, None, "eval"), ("fp16", 2e-2, None, None, "eval"),
+     ("fp32", 1e-3, "aot_eager", None, "eval"), ("fp32", 1e-3, None, "vmap_grad", "eval"),
+     ("fp32", 1e-3, None, None, "train")],
 )  # fmt: skip
-def test_a_wrong_model_fails(dtype, off, compile, func, models, aten_path):
-    """A converted UNet answering `off` off fails, and fails again on other inputs, eager, compiled or under
-    torch.func: its first block 1e-3 off in fp32; in bf16, whose own rounding takes stock ~1e-2 from float64 (4x
-    that bounds it), its output 2e-1 off (a first block's uniform scale the norms after it mostly take out: 5e-2
-    there failed the fuzzer here and passed it in a CI run, too close to the bound); in fp16, its output 2e-2 off
-    (stock lands 1.0e-3 from float64, 3.3e-3 on inputs rounded otherwise: 5e-3 off counts as ill-conditioned)."""
-    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "dtype": dtype}
+def test_a_wrong_model_fails(dtype, off, compile, func, mode, models, aten_path):
+    """A converted UNet answering `off` off fails, and fails again on other inputs, eager, compiled, under
+    torch.func or in a training step, though its error moves a PReLU input across zero (a kink moves a gradient, not
+    the output: the vmap_grad case read "kinks" here once check() looked for kinks under vmap_grad): its first block
+    1e-3 off in fp32; in bf16, whose own rounding takes stock ~1e-2 from float64 (4x that bounds it), its output
+    2e-1 off (a first block's uniform scale the norms after it mostly take out: 5e-2 there failed the fuzzer here
+    and passed it in a CI run, too close to the bound); in fp16, its output 2e-2 off (stock lands 1.0e-3 from
+    float64, 3.3e-3 on inputs rounded otherwise: 5e-3 off counts as ill-conditioned)."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": mode, "tiling": False, "dtype": dtype}
     if compile:
         case["compile"] = compile
     if func:
@@ -206,6 +210,31 @@ def test_a_far_result_fails_even_at_kinks(models, aten_path):
         for handle in handles:
             handle.remove()
     assert problem is not None and problem.startswith("far from float64: output: "), problem
+
+
+def test_a_fused_activations_inputs_across_zero_are_counted(models, aten_path):
+    """kinks(..., activations=True) pairs a ReLU that convert fused into the norm before it (its slot an nn.Identity
+    in the converted model) with that slot: none where the models match; some where a hook lifts one of the fused
+    norm's zeros above zero (a ReLU input across it, and any it moves after). It counted none for every fused ReLU,
+    and model fuzz run 85's HighResNet draw (seed 983045: one ReLU input across zero, a per-sample input gradient
+    2.2e-4 off) read "once"."""
+    case = {"model": "monai_highresnet", "shape": [1, 1, 9, 8, 7], "mode": "eval", "tiling": False}
+    _, converted = models("monai_highresnet")
+    norm = next(m for m in converted.modules() if isinstance(m, tconv3d.nn.BatchNorm3d))
+    assert norm.activation == "relu"
+    assert not any(isinstance(m, torch.nn.ReLU) for m in converted.modules())  # each fused, its slot an Identity
+    assert kinks(case, models, 0, activations=True) == 0
+
+    def lift_a_zero(module, args, out):
+        out = out.clone()
+        out[tuple((out == 0).nonzero()[0])] = 1e-3
+        return out
+
+    handle = norm.register_forward_hook(lift_a_zero)
+    try:
+        assert kinks(case, models, 0, activations=True) > 0
+    finally:
+        handle.remove()
 
 
 def test_one_channel_norm_inputs_across_zero_are_counted(models, aten_path):
