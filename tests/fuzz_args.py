@@ -881,7 +881,6 @@ def theirs(call: dict, t: dict, dtype=None):
                 y = module.float()(x.float()).to(x.dtype)
         return _activated(y, activation)
     x, w, b = cast(t["input"]), cast(t["weight"]), cast(t["bias"])
-    stride = _int_argument(call["stride"], 1)
     entry = call["entry"]
     if entry.startswith("op."):  # the ops' contract: 5-D tensors and sizes, lists of ints
         sizes = [x.shape, w.shape] + [_sizes(call, x if entry == "op.input_grad" else w)] * (entry in GRADIENT_OPS)
@@ -894,7 +893,7 @@ def theirs(call: dict, t: dict, dtype=None):
         lists = ("stride", "padding", "dilation", "output_padding")
         call = {**call, **{k: [int(v) if type(v) is bool else v for v in call[k]] for k in lists
                            if isinstance(call.get(k), list)}}  # fmt: skip
-        stride = _int_argument(call["stride"], 1)
+    stride = _int_argument(call["stride"], 1)
     if entry in GRADIENT_OPS:  # autograd of torch's forward, in float64: what the gradient op computes
         by_input = entry == "op.input_grad"
         by = t["input"] if by_input else t["weight"]

@@ -507,7 +507,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
 
         def record(module, args, out, name, seen=seen):
             kind = watched[name]
-            if _norm_dim(kind) is None or _steps(module if _norm_dim(module) is not None else kind, args):
+            if _norm_dim(kind) is None or _steps(kind, args):
                 seen[name].append(_decisions(kind, args))
 
         handles = [module.register_forward_hook(functools.partial(record, name=name))
