@@ -453,14 +453,27 @@ def _input(case: dict, generator: torch.Generator) -> torch.Tensor:
 
 
 def _decisions(module, args) -> torch.Tensor:
-    """The branch a piecewise module took at each input: an activation's or a one-channel norm's side of zero, a max
-    pooling's argmax (which voxel of each window its gradient goes to)."""
+    """The branch a piecewise module took at each input: an activation's or a one-channel norm's side of zero, a
+    Hardtanh's (a ReLU6's) piece of three (below, between or above its bounds), a max pooling's argmax (which voxel of
+    each window its gradient goes to)."""
     if isinstance(module, torch.nn.MaxPool3d):
         return torch.nn.functional.max_pool3d(
             args[0], module.kernel_size, module.stride, module.padding, module.dilation, module.ceil_mode,
             return_indices=True,
         )[1]  # fmt: skip
+    if isinstance(module, torch.nn.Hardtanh):
+        return (args[0] > module.min_val).to(torch.int8) + (args[0] > module.max_val).to(torch.int8)
     return args[0] > 0
+
+
+def _slope(module) -> float | None:
+    """The smallest slope below zero of a leaky ReLU or a PReLU (None for other modules): where it is negative, the
+    activation's output is positive on both sides of zero."""
+    if isinstance(module, torch.nn.LeakyReLU):
+        return module.negative_slope
+    if isinstance(module, torch.nn.PReLU):
+        return float(module.weight.min())
+    return None
 
 
 def check(case: dict, models: Models, seed: int) -> str | None:
@@ -497,10 +510,19 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
 
     Modules pair up by their names in stock. Where convert fused an activation into the norm before it, the slot the
     activation leaves (an nn.Identity; a FusedPReLU) takes the activation's output, whose sign is its input's for a
-    ReLU, a leaky ReLU and a PReLU of positive weight: it stands for the activation."""
+    ReLU, a leaky ReLU and a PReLU of positive weight: it stands for the activation. A fused slope below zero (a
+    trained PReLU's) leaves no sign to read there: ValueError, rather than a count that misses its kinks."""
     stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
     watched = {name: module for name, module in stock.named_modules()
                if _norm_dim(module) is not None or (activations and isinstance(module, KINKED))}  # fmt: skip
+    slots = dict(converted.named_modules())
+    for name, module in watched.items():
+        fused = name in slots and type(slots[name]) is not type(module)
+        if fused and (_slope(module) or 0.0) < 0:
+            raise ValueError(
+                f"kinks(): {name}, a {type(module).__name__} of slope {_slope(module)} below zero, is "
+                "fused into the norm before it; its slot's output has one sign on both sides of zero"
+            )
     inputs = []
     for model in (stock, converted):
         seen = collections.defaultdict(list)  # a module's decisions, a call each

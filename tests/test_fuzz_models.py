@@ -13,9 +13,10 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("monai")
 
-from fuzz_models import Models, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
+from fuzz_models import Models, _decisions, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
 
 import tconv3d.nn
+from tconv3d.nn.modules import FusedPReLU
 from tconv3d.testing import rel_l2
 
 CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled decode, a training step, bf16; each
@@ -235,6 +236,34 @@ def test_a_fused_activations_inputs_across_zero_are_counted(models, aten_path):
         assert kinks(case, models, 0, activations=True) > 0
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("module", [torch.nn.ReLU6(), torch.nn.Hardtanh(-2.0, 3.0)], ids=["relu6", "hardtanh"])
+def test_a_hardtanhs_bounds_are_both_kinks(module):
+    """A ReLU6's or a Hardtanh's gradient turns at both bounds: an input moved across the upper one is a kink as one
+    across the lower (the sign alone missed the upper one)."""
+    lo, hi = module.min_val, module.max_val
+    below, between, above = torch.tensor([lo - 0.1]), torch.tensor([(lo + hi) / 2]), torch.tensor([hi + 0.1])
+    decide = [_decisions(module, (x,)) for x in (below, between, above, torch.tensor([hi - 0.1]))]
+    assert len({int(d) for d in decide[:3]}) == 3
+    assert decide[3] == decide[1] and decide[3] != decide[2]
+
+
+def test_a_fused_negative_slope_is_refused(models, aten_path):
+    """A PReLU fused into the norm before it leaves its slot the activation's output, positive on both sides of zero
+    where its weight is below zero (trained): kinks() says it cannot count there, rather than counting none."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False}
+    _, converted = models("monai_unet")
+    fused = next(name for name, m in converted.named_modules() if isinstance(m, FusedPReLU))
+    state = models.built["monai_unet", "fp32", False][2]  # what models() loads into both at each call
+    kept = state[f"{fused}.weight"]
+    state[f"{fused}.weight"] = torch.full_like(kept, -0.25)
+    try:
+        with pytest.raises(ValueError, match=rf"{fused}, a PReLU of slope -0.25 below zero"):
+            kinks(case, models, 0, activations=True)
+    finally:
+        state[f"{fused}.weight"] = kept
+    assert kinks(case, models, 0, activations=True) == 0
 
 
 def test_one_channel_norm_inputs_across_zero_are_counted(models, aten_path):
