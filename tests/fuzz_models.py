@@ -422,9 +422,9 @@ class Models:
         return stock, converted
 
 
-# Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero)
-# and max pooling (where a window's maximum changes hands). Their value is continuous, their gradient is not: kinks of
-# a training step.
+# Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero; a
+# Hardtanh, a ReLU6 at both bounds) and max pooling (where a window's maximum changes hands). Their value is
+# continuous, their gradient is not: kinks of a training step.
 KINKED = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.PReLU, torch.nn.ReLU6, torch.nn.Hardtanh, torch.nn.MaxPool3d)
 
 
