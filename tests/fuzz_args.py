@@ -991,8 +991,9 @@ def _theirs_norm(call: dict, t: dict):
             raise ValueError("weight and bias on two devices")
         if math.prod(x.shape[2:]) == 0:
             # The op answers an extent of no voxel empty, as torch's group_norm did before 2.14 (its instance and
-            # batch norms, which share the op, still do); torch's other checks on one voxel of it.
-            F.group_norm(x.new_ones(*x.shape[:2], 1, 1, 1), call["groups"], t["weight"], t["bias"], call["eps"])
+            # batch norms, which share the op, still do); torch's other checks on two voxels of it (on one, a group
+            # of one channel would hold one value, which torch refuses: an empty input holds none)
+            F.group_norm(x.new_ones(*x.shape[:2], 2, 1, 1), call["groups"], t["weight"], t["bias"], call["eps"])
             y = torch.empty_like(x)
         else:
             y = F.group_norm(x, call["groups"], t["weight"], t["bias"], call["eps"])

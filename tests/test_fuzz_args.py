@@ -145,6 +145,17 @@ def test_a_wrong_answer_fails(monkeypatch):
     assert outcome == "wrong" and "output" in detail
 
 
+def test_a_group_norm_of_no_voxel_is_answered_as_torch_answers_it():
+    """The group_norm op answers an extent of no voxel empty (torch 2.13's group_norm does); the reference ran
+    torch's other checks on one voxel of it, where a group of one channel holds one value, which torch refuses: so
+    the op's answer read "accepted" (fuzz_args from seed 2000000: 3 such draws). It holds none: "ok"."""
+    call = {**NORM, "entry": "op.group_norm", "c_in": 3, "groups": 3, "size": [3, 0, 3], "activation": "relu",
+            "prelu_weights": 1, "mutations": ["size_0"]}  # fmt: skip
+    assert check(call) == ("ok", "shape and dtype")  # (an empty answer: nothing to compare but these)
+    one_value = check({**call, "size": [1, 1, 1], "mutations": ["size_1"]})  # a group of one value: refused
+    assert one_value[0] == "ok" and one_value[1].startswith("both refuse: ValueError") and "more than 1" in one_value[1]
+
+
 def test_an_accepted_bad_call_fails(monkeypatch):
     """A call torch refuses and tconv3d answers is 'accepted': here a stride of 0 answered as stride 1."""
     ours = fuzz_args.ours
