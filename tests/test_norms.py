@@ -4,6 +4,7 @@ errors, opcheck, and the modules as drop-ins."""
 
 import copy
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -821,6 +822,31 @@ def test_an_empty_batch_normalizes_as_torch_does(path, device, monkeypatch):
             assert grads[0].shape == x.shape
             for grad, parameter in zip(grads[1:], module.parameters(), strict=True):
                 assert grad.shape == parameter.shape and not grad.any()
+
+
+@pytest.mark.parametrize("refuses", [True, False], ids=["torch_2_14_on", "torch_2_13"])
+def test_every_group_norm_of_no_voxel_answers_as_torchs(refuses, monkeypatch):
+    """Where torch's group_norm refuses an input of no voxel (2.14 on), so does every group norm of tconv3d.nn: the
+    module, and the video VAEs' adapters that call the group norm themselves (a norm over each frame, a norm then
+    SiLU in one pass), which answered it empty, where their stock blocks refuse it. Instance norms answer it empty,
+    as torch's instance_norm does, on every path; before 2.14 so do the group norms."""
+    from tconv3d.nn import modules
+    from tconv3d.nn.video_vaes import frame_group_norm, norm_then_activation
+
+    monkeypatch.setattr(modules, "_group_norm_refuses_no_voxel", lambda: refuses)
+    x = torch.randn(1, 4, 2, 0, 3).contiguous(memory_format=CL)
+    group, instance = tconv3d.nn.GroupNorm(2, 4), tconv3d.nn.InstanceNorm3d(4, affine=True)
+    for norm in (group, instance):
+        calls = [partial(norm, x), partial(norm_then_activation, norm, nn.SiLU(), x)]
+        if norm is group:
+            calls += [partial(frame_group_norm, norm, x), partial(frame_group_norm, norm, x, "silu")]
+        for call in calls:
+            if refuses and norm is group:
+                with pytest.raises(RuntimeError, match="Expected HxW to be greater than 0"):
+                    call()
+            else:
+                assert call().shape == x.shape
+    assert instance(x[0]).shape == x.shape[1:]  # unbatched (C, D, H, W)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -343,12 +343,6 @@ class GroupNorm(_FusedActivation, nn.GroupNorm):
     def normalized(self, input, activation: Activation, channels_after=None) -> torch.Tensor:
         """The forward with `activation` in the norm's pass (an adapter's: a block that calls its activation in
         code), whatever this norm's own."""
-        no_voxel = input.numel() == 0 and input.dim() > 2 and math.prod(input.shape[2:]) == 0  # numel first: cheap
-        if no_voxel and _group_norm_refuses_no_voxel():
-            raise RuntimeError(
-                f"GroupNorm: Expected HxW to be greater than 0, got 0 (input {tuple(input.shape)}), as this torch's "
-                "group_norm refuses an input of no voxel"
-            )
         return normalize(input, self.num_groups, self.weight, self.bias, self.eps, activation, channels_after)
 
 
@@ -394,7 +388,7 @@ class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
             raise ValueError(
                 f"InstanceNorm3d expects more than 1 spatial element, as torch's does: input {tuple(input.shape)}"
             )
-        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, activation)
+        return normalize(input, input.shape[1], self.weight, self.bias, self.eps, activation, instance=True)
 
 
 class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
@@ -960,9 +954,18 @@ def _laid_out_only(input: torch.Tensor, memory_format: torch.memory_format) -> b
     return laid_out(input, memory_format) and not input.is_contiguous()
 
 
-def normalize(input, groups, weight, bias, eps, activation, channels_after=None):
+def normalize(input, groups, weight, bias, eps, activation, channels_after=None, *, instance=False):
     """GroupNorm (then `activation`: an Activation, or its name) of `input`, or of torch.cat([input, channels_after],
-    dim=1) read in place where both are 5-D tensors of one supported dtype (concatenated first otherwise)."""
+    dim=1) read in place where both are 5-D tensors of one supported dtype (concatenated first otherwise).
+    An input of no voxel is refused where the installed torch's group_norm refuses it (2.14 on), as every caller's
+    stock would (nn.GroupNorm, the blocks and adapters that call group_norm themselves), unless `instance` (an
+    instance norm's call, groups = channels: torch's instance_norm answers it empty)."""
+    no_voxel = input.numel() == 0 and input.dim() > 2 and math.prod(input.shape[2:]) == 0  # numel first: cheap
+    if no_voxel and not instance and _group_norm_refuses_no_voxel():
+        raise RuntimeError(
+            f"GroupNorm: Expected HxW to be greater than 0, got 0 (input {tuple(input.shape)}), as this torch's "
+            "group_norm refuses an input of no voxel"
+        )
     if not isinstance(activation, Activation):
         activation = Activation(activation)
     name, *slopes = activation.op_arguments()
@@ -974,7 +977,7 @@ def normalize(input, groups, weight, bias, eps, activation, channels_after=None)
         # (N, C, H, W) channels_last, such as a video's frames flattened into the batch (B*T, C, H, W) from a
         # channels_last_3d activation: the same kernel over its (N, C, 1, H, W) channels_last_3d view, and the
         # result viewed back channels_last, where torch's group_norm would answer NCHW.
-        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation).squeeze(2)
+        return normalize(input.unsqueeze(2), groups, weight, bias, eps, activation, instance=instance).squeeze(2)
     if input.dim() != 5 or input.dtype not in SUPPORTED_DTYPES:
         # vmap's group_norm queries the layout of what it batches: contiguous, as a stock model's activations are
         output = F.group_norm(input.contiguous() if batched(input) else input, groups, weight, bias, eps)

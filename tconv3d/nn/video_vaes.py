@@ -1264,9 +1264,10 @@ def _last_frames(front, x, count: int) -> torch.Tensor:
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """activation(norm(x)), as one fused pass when the norm is tconv3d's and the activation a SiLU."""
     if isinstance(norm, (GroupNorm, InstanceNorm3d)) and norm.activation is None and type(activation) is nn.SiLU:
-        groups = norm.num_groups if isinstance(norm, GroupNorm) else x.shape[1]
-        if not isinstance(norm, InstanceNorm3d) or norm.on_kernels(x):
-            return normalize(x, groups, norm.weight, norm.bias, norm.eps, "silu")
+        instance = isinstance(norm, InstanceNorm3d)
+        if not instance or norm.on_kernels(x):
+            groups = x.shape[1] if instance else norm.num_groups
+            return normalize(x, groups, norm.weight, norm.bias, norm.eps, "silu", instance=instance)
     return activation(norm(x))
 
 
