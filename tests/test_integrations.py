@@ -335,6 +335,32 @@ def test_easyanimate_causal_conv_over_chunks(kernel, stride, downsampler, aten_p
             assert torch.equal(conv(converted).prev_features, conv(stock).prev_features)
 
 
+@pytest.mark.parametrize("block", ["easyanimate", "cosmos", "vidtok"])
+def test_a_causal_blocks_clip_of_no_frames_is_refused_by_name(block, aten_path):
+    """A causal block's first chunk repeats its first frame in front: a clip of no frames has none. Stock's blocks
+    raise from inside torch (a pad of an empty input, a split of -1 frames); the converted ones raised an expand's
+    error about sizes; now a ValueError that names the empty clip."""
+    if block == "easyanimate":
+        from diffusers.models.autoencoders.autoencoder_kl_magvit import EasyAnimateCausalConv3d as Block
+
+        stock, channels = Block(4, 6, kernel_size=3), 4
+    elif block == "cosmos":
+        from diffusers.models.autoencoders.autoencoder_kl_cosmos import CosmosPatchEmbed3d as Block
+
+        stock, channels = Block(2, "haar"), 3
+    else:
+        from diffusers.models.autoencoders.autoencoder_vidtok import VidTokCausalConv3d as Block
+
+        stock, channels = Block(4, 8, 3), 4
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert is_converted(converted)
+    x = torch.randn(1, channels, 0, 6, 6).contiguous(memory_format=torch.channels_last_3d)
+    with pytest.raises(RuntimeError):
+        stock(x)
+    with pytest.raises(ValueError, match=r"input \(1, \d+, 0, 6, 6\) has no frames"):
+        converted(x)
+
+
 @pytest.mark.parametrize("patch_size", [2, 4])
 @pytest.mark.parametrize("size", [(9, 8, 6), (6, 7, 5), (2, 3, 3)], ids=["even", "odd", "small"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

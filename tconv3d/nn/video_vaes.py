@@ -503,7 +503,7 @@ class _CosmosPatchEmbed3d(_CosmosHaar):
         levels = self._tconv3d_levels(hidden_states)
         if not levels:
             return super().forward(hidden_states)
-        first = frames(hidden_states, 0, 1)
+        first = first_frame_repeated(hidden_states, 1)
         before = first.expand(-1, -1, self.patch_size - 1, -1, -1)
         before = before.clone() if batched(first) else before.contiguous(memory_format=layout_of(first))
         for _ in range(levels):
@@ -908,7 +908,7 @@ class _VidTokCausalConv3d:
         wl, wr, ht, hb = self.spatial_padding[:4]
         mode, pad = _FPAD_MODES[self.pad_mode], self.time_pad
         if self.is_first_chunk:
-            front = frames(x, 0, 1).expand(-1, -1, pad, -1, -1) if pad else None
+            front = first_frame_repeated(x, pad) if pad else None
             output = self.conv.convolve(x, (pad, 0, ht, hb, wl, wr), f"replicate,{mode},{mode}")
         else:
             cached = self.causal_cache
@@ -1242,6 +1242,17 @@ class _KVAECachedPXSUpsample:
         return self.linear(_pixels_repeated_plus_conv(self.spatial_conv, x))
 
 
+def first_frame_repeated(x: torch.Tensor, count: int) -> torch.Tensor:
+    """x's first frame repeated `count` times along D (a view): what a causal conv puts in front of a clip's first
+    chunk. A clip of no frames has none to repeat: a ValueError that says so (the expand's own error named sizes
+    alone; stock's blocks refuse such a clip too, each in its own words)."""
+    if x.shape[2] == 0:
+        raise ValueError(
+            f"a causal conv repeats its input's first frame in front of it, and input {tuple(x.shape)} has no frames"
+        )
+    return frames(x, 0, 1).expand(-1, -1, count, -1, -1)
+
+
 def _last_frames(front, x, count: int) -> torch.Tensor:
     """torch.cat([front, x], dim=2)[:, :, -count:] as a new channels_last_3d tensor, the first frame of x
     repeated where front is None (count == 0: all of it, as Python's [-0:]; x alone is cloned as it is): the
@@ -1252,7 +1263,7 @@ def _last_frames(front, x, count: int) -> torch.Tensor:
     if front is None:
         if not count:
             return x.clone()
-        front = frames(x, 0, 1).expand(-1, -1, count, -1, -1)
+        front = first_frame_repeated(x, count)
     if count:  # only the front's frames that are kept, written once (not a concatenation cloned again)
         front = frames(front, -(count - x.shape[2]))
     kept = empty_for((*x.shape[:2], front.shape[2] + x.shape[2], *x.shape[3:]), x, front)
@@ -1445,7 +1456,7 @@ def upsampled_kept_causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor
     conv.prev_features = _last_frames(front, x, 2)
     setattr(conv, _KEPT_BEFORE_UPSAMPLING, True)
     if front is None:
-        front = frames(x, 0, 1).expand(-1, -1, 2, -1, -1)
+        front = first_frame_repeated(x, 2)
     return conv_transpose3d(frames_in_front(front, x), subpixel_weight(conv, "kept"), conv.bias, stride=(1, 2, 2),
                             padding=(2, 1, 1))  # fmt: skip
 
