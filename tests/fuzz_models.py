@@ -467,7 +467,7 @@ def _decisions(module, args) -> torch.Tensor:
 
 
 def _slope(module) -> float | None:
-    """The smallest slope below zero of a leaky ReLU or a PReLU (None for other modules): where it is negative, the
+    """A leaky ReLU's slope below zero, a PReLU's smallest (None for other modules): where it is negative, the
     activation's output is positive on both sides of zero."""
     if isinstance(module, torch.nn.LeakyReLU):
         return module.negative_slope
