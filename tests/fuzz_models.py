@@ -518,9 +518,9 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
     slots = dict(converted.named_modules())
     for name, module in watched.items():
         fused = name in slots and type(slots[name]) is not type(module)
-        if fused and (_slope(module) or 0.0) < 0:
+        if fused and ((slope := _slope(module)) or 0.0) < 0:
             raise ValueError(
-                f"kinks(): {name}, a {type(module).__name__} of slope {_slope(module)} below zero, is "
+                f"kinks(): {name}, a {type(module).__name__} of slope {slope} below zero, is "
                 "fused into the norm before it; its slot's output has one sign on both sides of zero"
             )
     inputs = []
@@ -593,11 +593,12 @@ def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> 
                                 "rounded otherwise)" for n, e, o, s, w in zip(names, errors, ours_off, stock_off,
                                                                               wobbled, strict=False))  # fmt: skip
             offs = list(zip(ours_off, stock_off, wobbled, strict=True))
+            beyond = [o > max(bound * s, bound * w, 1e-5) for o, s, w in offs]  # output, gradients
             if found is not None:
-                found["output"] = offs[0][0] > max(bound * offs[0][1], bound * offs[0][2], 1e-5)
+                found["output"] = beyond[0]
             if any(o > max(FAR, FAR_RATIO * s, FAR_RATIO * w) for o, s, w in offs):
                 return FAR_OFF + problem
-            if any(o > max(bound * s, bound * w, 1e-5) for o, s, w in offs):
+            if any(beyond):
                 return problem
             return "ill-conditioned: " + problem
     if transformed:  # under vmap the adapters keep torch's layouts (NCDHW)

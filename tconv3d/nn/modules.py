@@ -960,8 +960,9 @@ def normalize(input, groups, weight, bias, eps, activation, channels_after=None,
     An input of no voxel is refused where the installed torch's group_norm refuses it (2.14 on), as every caller's
     stock would (nn.GroupNorm, the blocks and adapters that call group_norm themselves), unless `instance` (an
     instance norm's call, groups = channels: torch's instance_norm answers it empty)."""
-    no_voxel = input.numel() == 0 and input.dim() > 2 and math.prod(input.shape[2:]) == 0  # numel first: cheap
-    if no_voxel and not instance and _group_norm_refuses_no_voxel():
+    # numel first: cheap; an instance norm's call skips even that
+    no_voxel = not instance and input.numel() == 0 and input.dim() > 2 and math.prod(input.shape[2:]) == 0
+    if no_voxel and _group_norm_refuses_no_voxel():
         raise RuntimeError(
             f"GroupNorm: Expected HxW to be greater than 0, got 0 (input {tuple(input.shape)}), as this torch's "
             "group_norm refuses an input of no voxel"
