@@ -19,7 +19,7 @@ from tconv3d.geometry import conv_geometry
 from tconv3d.kernels import conv_gluon
 from tconv3d.kernels.config import DIRECTIONS, KernelConfig, packs_taps, split_rows
 from tconv3d.kernels.conv_tma import wgrad_tma_patches
-from tconv3d.kernels.tensors import cdiv
+from tconv3d.kernels.tensors import cdiv, next_power_of_2
 from tconv3d.testing import rel_l2, tolerance
 from tconv3d.tune import choice, configs, tables, tuner
 from tconv3d.tune.configs import TuningKey, candidates, keep, tuning_key
@@ -38,6 +38,15 @@ def geometry(cin=64, cout=64, size=(8, 16, 16), kernel=3, stride=1, batch=1):
 
 # ---------------------------------------------------------------------------------------------------------------
 # keys
+
+
+def test_the_hosts_integer_helpers_answer_as_tritons():
+    # cdiv and next_power_of_2 stand in for Triton's constexpr functions on the host (a few us a call there)
+    sizes = [*range(1, 4100), 2**20 - 1, 2**20, 2**20 + 1, 2**31 + 5]
+    assert [next_power_of_2(n) for n in sizes] == [triton.next_power_of_2(n) for n in sizes]
+    assert [cdiv(n, d) for n in sizes for d in (1, 3, 16, 127)] == [
+        triton.cdiv(n, d) for n in sizes for d in (1, 3, 16, 127)
+    ]
 
 
 def test_key_fields_and_round_trip():

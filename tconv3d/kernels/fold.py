@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch, tracing
-from .tensors import border_sources, cdiv
+from .tensors import border_sources, cdiv, next_power_of_2
 from .utils import split_voxel
 
 # The fold's tile: voxels x channels, fp32 sums a thread; a row of 32 fp32 channels is a 128-byte load.
@@ -112,7 +112,7 @@ def fold_bordered(bordered: torch.Tensor, geom, bias: torch.Tensor | None, dtype
     table, (m_d, m_h, m_w) = _sources_table(geom, bordered.device)
     s_n, _, s_d, s_h, s_w = bordered.stride()
     t_n, _, t_d, t_h, t_w = out.stride()
-    block_c = min(FOLD_CHANNELS, triton.next_power_of_2(c))
+    block_c = min(FOLD_CHANNELS, next_power_of_2(c))
     launch(
         _fold_borders_kernel, (cdiv(voxels, FOLD_VOXELS), cdiv(c, block_c)),
         bordered, out, bias if bias is not None else out, table, voxels, c, d, h, w,

@@ -34,7 +34,7 @@ from .. import settings
 from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
 from .split_k import sum_splits
-from .tensors import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .tensors import cdiv, dense_voxels, empty_ndhwc, next_power_of_2, parameter_grad_dtype
 from .utils import activated, activation_backward
 
 BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
@@ -360,12 +360,11 @@ def update_running_statistics(mean, rstd, running_mean, running_var, num_batches
         _running_statistics_kernel, (1,),
         mean, rstd, running_mean, running_var, num_batches_tracked if counted else mean, c,
         0.0 if momentum is None else float(momentum), eps, values / (values - 1),
-        COUNTED=counted, CUMULATIVE=momentum is None, BLOCK=min(triton.next_power_of_2(c), 1024),
+        COUNTED=counted, CUMULATIVE=momentum is None, BLOCK=min(next_power_of_2(c), 1024),
     )  # fmt: skip
     # Written in place as torch's in-place ops write: a graph that saved one of them sees the change
-    for written in (running_mean, running_var, num_batches_tracked):
-        if written is not None and not written.is_inference():
-            torch.autograd.graph.increment_version(written)
+    written = (running_mean, running_var, num_batches_tracked)
+    torch.autograd.graph.increment_version([t for t in written if t is not None and not t.is_inference()])
 
 
 # The fold's tiles: at most FOLD_ELEMENTS splits x channels, up to FOLD_SPLITS splits a step. A program folds the
@@ -398,9 +397,9 @@ def _fold(
         if moments == 3:
             ds = torch.empty(c, dtype=slopes.dtype if slopes.numel() > 1 else torch.float32, device=device)
     per_group = c // groups
-    block_g = triton.next_power_of_2(per_group)
-    block_groups = min(triton.next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
-    block_s = min(FOLD_SPLITS, triton.next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
+    block_g = next_power_of_2(per_group)
+    block_groups = min(next_power_of_2(groups), max(1, FOLD_CHANNELS // block_g))
+    block_s = min(FOLD_SPLITS, next_power_of_2(splits), max(1, FOLD_ELEMENTS // (block_groups * block_g)))
     launch(
         _fold_kernel, (cdiv(groups, block_groups),),
         partials, mean, rstd, weight if weight is not None else mean, coef, dw, db, ds,

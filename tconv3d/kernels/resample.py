@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch
-from .tensors import cdiv, dense_voxels, empty_ndhwc
+from .tensors import cdiv, dense_voxels, empty_ndhwc, next_power_of_2
 from .utils import split_voxel
 
 TILE_ELEMENTS = 1024  # BLOCK_V x BLOCK_C: the output (forward) or input (backward) elements a program writes
@@ -111,7 +111,7 @@ VOXELS = 128  # the most voxels a program takes: each costs its index arithmetic
 
 def _blocks(channels: int) -> tuple[int, int]:
     """(BLOCK_V, BLOCK_C): whole rows of up to 128 channels a program, wider ones split."""
-    block_c = min(triton.next_power_of_2(max(channels, 1)), 128)
+    block_c = min(next_power_of_2(max(channels, 1)), 128)
     return min(VOXELS, max(1, TILE_ELEMENTS // block_c)), block_c
 
 

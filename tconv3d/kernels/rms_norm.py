@@ -23,7 +23,7 @@ import triton.language as tl
 from ..geometry import NORM_ACTIVATIONS
 from .launch import launch
 from .split_k import sum_splits
-from .tensors import cdiv, dense_voxels, empty_ndhwc, parameter_grad_dtype
+from .tensors import cdiv, dense_voxels, empty_ndhwc, next_power_of_2, parameter_grad_dtype
 from .utils import activated, activation_backward
 
 ROW_ELEMENTS = 4096  # BLOCK_R x BLOCK_C: the rows a program takes at once
@@ -123,7 +123,7 @@ def _rms_norm_bwd_kernel(
 
 def _blocks(channels: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_C) of a launch over rows of `channels`."""
-    block_c = triton.next_power_of_2(max(channels, 1))
+    block_c = next_power_of_2(max(channels, 1))
     return max(1, ROW_ELEMENTS // block_c), block_c
 
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .config import CHANNEL_SUM_PROGRAMS, CHANNEL_SUM_TILE, SPLIT_SUM_BLOCK
 from .launch import launch
-from .tensors import cdiv, dense_voxels
+from .tensors import cdiv, dense_voxels, next_power_of_2
 
 
 @triton.jit
@@ -86,7 +86,7 @@ def channel_sums(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     rows = x.numel() // channels if channels else 0
     if rows == 0:
         return out.zero_()
-    block_c = min(triton.next_power_of_2(channels), 128)
+    block_c = min(next_power_of_2(channels), 128)
     block_r = max(1, CHANNEL_SUM_TILE // block_c)
     per_program = cdiv(cdiv(rows, CHANNEL_SUM_PROGRAMS), block_r) * block_r  # whole BLOCK_R steps
     programs = cdiv(rows, per_program)

@@ -19,6 +19,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n (1 for n <= 1), on the host: triton.next_power_of_2 is a constexpr function
+    too (Triton 3.9: ~3.6 us a call outside kernels, where a launch that no plan replays pays it)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def func_transformed() -> bool:
     """Whether a torch.func transform (vmap, grad, jvp, ...) runs this call, eagerly or traced by torch.compile
     (dynamo traces the transforms over fake tensors wrapped as eager wraps them, and answers this). It refuses a

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from ..geometry import DTYPE_NAMES, ConvGeometry
 from ..kernels import conv_gluon
@@ -42,7 +41,7 @@ from ..kernels.config import (
 )
 from ..kernels.conv_fwd import border_widths
 from ..kernels.conv_tma import MAX_PHASES, wgrad_tma_patches
-from ..kernels.tensors import cdiv
+from ..kernels.tensors import cdiv, next_power_of_2
 from ..kernels.utils import exact_products
 
 # fp32 accumulator registers one thread may hold before the compiler spills.
@@ -310,7 +309,7 @@ def split_workspace_bytes(direction: str, geom: ConvGeometry, config: KernelConf
 
 
 def _pow2_at_least(n: int) -> int:
-    return max(MIN_TILE, triton.next_power_of_2(max(int(n), 1)))
+    return max(MIN_TILE, next_power_of_2(max(int(n), 1)))
 
 
 def ring_bytes(config: KernelConfig, element_size: int) -> int:
@@ -423,7 +422,7 @@ def _direct_candidates(direction: str, geom: ConvGeometry) -> list[KernelConfig]
 
 
 def _pow2_clamp(n: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(int(n), 1))))
+    return max(lo, min(hi, next_power_of_2(max(int(n), 1))))
 
 
 @functools.lru_cache(maxsize=64)
@@ -1113,7 +1112,7 @@ def tma_box_widths(config: KernelConfig, geom: ConvGeometry, direction: str) -> 
     """(patch width, row width) of `config`'s TMA box: the block_m voxels of output (forward) or input-gradient
     (dgrad) rows, or the weight gradient's block_k reduction voxels."""
     voxels = config.block_k if direction == "wgrad" else config.block_m
-    return min(voxels, PATCH_BOX_W, triton.next_power_of_2(max(_row_width(geom, direction), 1))), voxels
+    return min(voxels, PATCH_BOX_W, next_power_of_2(max(_row_width(geom, direction), 1))), voxels
 
 
 def row_box_fill(config: KernelConfig, geom: ConvGeometry, direction: str) -> float:
