@@ -2,10 +2,11 @@
 
     python tests/scale_worker.py SCENARIO RANK WORLD_SIZE PORT OUT_DIR
 
-SCENARIO: ddp, ddp_compile (torch.compile of the DDP model) or fsdp2 (fully_shard on a CPU device mesh, after
-tconv3d.nn.shardable). Each rank trains on its slice of a batch that every rank generates alike, over gloo, and
-writes OUT_DIR/rank{RANK}.pt: the full parameters after the steps, the losses, the warnings DDP gave and, for the
-first step, the copies of weight-shaped tensors made in the forward and in the backward.
+SCENARIO: ddp, ddp_compile (torch.compile of the DDP model), fsdp2 (fully_shard on a CPU device mesh, after
+tconv3d.nn.shardable), fsdp1 or fsdp1_orig_params (the FullyShardedDataParallel wrapper, use_orig_params False or
+True, on the converted model as it is). Each rank trains on its slice of a batch that every rank generates alike,
+over gloo, and writes OUT_DIR/rank{RANK}.pt: the full parameters after the steps, the losses, the warnings DDP gave
+and, for the first step, the copies of weight-shaped tensors made in the forward and in the backward.
 """
 
 import os
@@ -81,6 +82,12 @@ def main(scenario: str, rank: int, world_size: int, port: int, out_dir: Path) ->
         for block in (model.stem, model.down, model.up, model.head):
             fully_shard(block, mesh=mesh)
         trained = inner = fully_shard(model, mesh=mesh)
+    elif scenario.startswith("fsdp1"):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        # No shardable: FSDP1's views of its flat buffer keep each parameter's strides (channels_last_3d weights)
+        orig = scenario == "fsdp1_orig_params"
+        trained = inner = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=orig)
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
 
