@@ -207,7 +207,8 @@ def shardable(model: nn.Module) -> nn.Module:
     still frees the gathered weight after the forward; the weight gradient comes back in the parameter's
     strides. Per layer and training step that is three copies of the weight's bytes (one in the forward, two in
     the backward), next to FSDP's all-gather and reduce-scatter of the same bytes. Call after `convert` and before
-    `fully_shard`.
+    `fully_shard`. DDP and FSDP1's `FullyShardedDataParallel` (whose views of its flat buffer keep each parameter's
+    strides) take a converted model as it is: there this only adds the copies.
     """
     for module in model.modules():
         if isinstance(module, (Conv3d, ConvTranspose3d)):
