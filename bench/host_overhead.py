@@ -126,14 +126,64 @@ def _kernels_stubbed():
             setattr(module, name, kernel)
 
 
+def _python_steps(layer, table: dict, key: tuple, steps: int = 100) -> int:
+    """`steps` times what a launch path does most between its tensor calls: a call, attribute reads, a dict
+    lookup, a type test, a tuple built."""
+    found = 0
+    for _ in range(steps):
+        found += _python_step(layer, table, key)
+    return found
+
+
+def _python_step(layer, table: dict, key: tuple) -> int:
+    stride, padding = layer.stride, layer.padding
+    entry = table.get((key, stride, padding))
+    return len((stride, padding, entry)) if isinstance(key, tuple) else 0
+
+
+def host_speed(calls: int, device: str = "cpu") -> dict:
+    """Microseconds this host's CPU takes for a few steps every launch path takes, timed in turns: 100 steps of
+    Python (_python_steps), and torch's dispatch of a view, a stride query and an allocation of 64 elements on the
+    CPU; on "cuda" also an allocation from the caching allocator, the launch of aten's add of 64 elements and a
+    query of the current stream. The same figures from two hosts say how far the same stubbed launch path's times
+    should differ on them by their CPUs alone (the H200's host times ran 3-10x this VM's stubbed launches)."""
+    layer, t = torch.nn.Conv3d(1, 1, 1), torch.empty(64)
+    table = {((1, 2), layer.stride, layer.padding): "config"}
+    steps = {
+        "python, 100 steps": lambda: _python_steps(layer, table, (1, 2)),
+        "Tensor.view": lambda: t.view(8, 8),
+        "Tensor.stride": lambda: t.stride(),
+        "torch.empty cpu": lambda: torch.empty(64),
+    }
+    if device == "cuda":
+        u = torch.ones(64, device="cuda")
+        steps |= {
+            "torch.empty cuda": lambda: torch.empty(64, device="cuda"),
+            "torch.add cuda": lambda: torch.add(u, u),
+            "torch.cuda.current_stream": lambda: torch.cuda.current_stream(),
+        }
+    return per_call_us(steps, calls)
+
+
+# The launch-path layer (launch_path, triton_launch, launcher_past): bf16, 1 x 64 x 4 x 16 x 16, 64 -> 64 channels,
+# 3x3x3, padding 1, on 64 x 64 x 32 tiles split in two along the reduction.
+LAYER_INPUT, LAYER_WEIGHT = (1, 64, 4, 16, 16), (64, 64, 3, 3, 3)
+LAYER_POINTER = KernelConfig(64, 64, 32, 4, 3, split_k=2)
+LAYER_TMA = dataclasses.replace(LAYER_POINTER, tma_box_w=16)
+
+
+def _layer(device: str = "cpu"):
+    """The launch-path layer's input, output gradient and weight (random, NDHWC, bf16 on `device`) and geometry."""
+    cl = dict(device=device, dtype=torch.bfloat16, memory_format=CL)
+    x, grad_out = torch.randn(LAYER_INPUT).to(**cl), torch.randn(LAYER_INPUT).to(**cl)
+    w = torch.randn(LAYER_WEIGHT).to(**cl)
+    return x, grad_out, w, check_conv3d(x, w, None, 1, 1, 1, 1)
+
+
 def launch_path(calls: int) -> dict:
     """Host time of one launch per direction, pointer and TMA variants, with the kernels stubbed out."""
-    cl = dict(dtype=torch.bfloat16, memory_format=CL)
-    x, grad_out = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(1, 64, 4, 16, 16).to(**cl)
-    w = torch.randn(64, 64, 3, 3, 3).to(**cl)
-    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
-    pointer = KernelConfig(64, 64, 32, 4, 3, split_k=2)
-    configs = {"pointer": pointer, "tma": dataclasses.replace(pointer, tma_box_w=16)}
+    x, grad_out, w, geom = _layer()
+    configs = {"pointer": LAYER_POINTER, "tma": LAYER_TMA}
     launchers = {
         "fwd": lambda config: conv_fwd.conv3d_fwd(x, w, None, None, geom, config),
         "dgrad": lambda config: conv_dgrad.conv3d_dgrad(grad_out, w, geom, config),
@@ -149,21 +199,19 @@ def launch_path(calls: int) -> dict:
     return {direction: {name: times[direction, name] for name in configs} for direction in launchers}
 
 
-def triton_launch(calls: int) -> dict:
+def triton_launch(calls: int, device: str = "cpu") -> dict:
     """Host time of Triton's side of one launch, per kernel: JITFunction.run against the direct path
-    (tconv3d/kernels/launch.py), both stopping at the driver (the kernels compiled for sm_90, each compiled
-    kernel's launcher a stand-in; inspect.compile.stubbed_launches), on the launch-path layer's calls."""
+    (tconv3d/kernels/launch.py), on the launch-path layer's calls. On "cpu" both stop at the driver (the kernels
+    compiled for sm_90, each compiled kernel's launcher a stand-in; inspect.compile.stubbed_launches); on "cuda"
+    they launch on the GPU (the layer's kernels take a few microseconds there, so the host's time is what is
+    timed): issue 29's per-launch host time, and on the same host, less the stubbed figure, what the launch itself
+    costs past Triton's and tconv3d's Python."""
     from tconv3d.inspect.compile import stubbed_launches
     from tconv3d.kernels import conv_gluon, group_norm, launch
 
     if launch.OFF is not None:
         return {"off": launch.OFF}
-    cl = dict(dtype=torch.bfloat16, memory_format=CL)
-    x, grad_out = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(1, 64, 4, 16, 16).to(**cl)
-    w = torch.randn(64, 64, 3, 3, 3).to(**cl)
-    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
-    pointer = KernelConfig(64, 64, 32, 4, 3, split_k=2)
-    tma = dataclasses.replace(pointer, tma_box_w=16)
+    x, grad_out, w, geom = _layer(device)
     captured = []
 
     def capturing(kernel, grid, *args, **kwargs):
@@ -173,13 +221,13 @@ def triton_launch(calls: int) -> dict:
     modules = (conv_fwd, conv_dgrad, conv_wgrad, conv_tma, conv_gluon, group_norm)
     saved = [(module, module.launch) for module in modules]
     times = {}
-    with stubbed_launches(90):
+    with stubbed_launches(90) if device == "cpu" else contextlib.nullcontext():
         try:
             for module in modules:
                 module.launch = capturing
-            conv_fwd.conv3d_fwd(x, w, None, None, geom, pointer)
-            conv_fwd.conv3d_fwd(x, w, None, None, geom, tma)
-            conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, pointer)
+            conv_fwd.conv3d_fwd(x, w, None, None, geom, LAYER_POINTER)
+            conv_fwd.conv3d_fwd(x, w, None, None, geom, LAYER_TMA)
+            conv_wgrad.conv3d_wgrad(grad_out, x, None, geom, LAYER_POINTER)
         finally:
             for module, original in saved:
                 module.launch = original
@@ -211,10 +259,8 @@ def launcher_past(calls: int) -> dict:
 
     if launch.WRAPPER is not None:
         return {"off": launch.WRAPPER}
-    cl = dict(dtype=torch.bfloat16, memory_format=CL)
-    x, w = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(64, 64, 3, 3, 3).to(**cl)
-    geom = check_conv3d(x, w, None, 1, 1, 1, 1)
-    tma = KernelConfig(64, 64, 32, 4, 3, tma_box_w=16)
+    x, _, w, geom = _layer()
+    tma = dataclasses.replace(LAYER_TMA, split_k=1)
     launched = {}
     with stubbed_launches(90, []) as record:
         for name, config in (("tma fwd", tma), ("gluon fwd", dataclasses.replace(tma, gluon=1))):
@@ -260,42 +306,64 @@ def launcher_past(calls: int) -> dict:
     return times
 
 
+# tests/gpu/host_overhead.py's layers, timed there with real launches: the suite's host-bound cases.
+GPU_CASES = (("unet_320", "bf16"), ("down_s2", "bf16"), ("hunyuan_512", "bf16"), ("hunyuan_512", "fp16"))
+
+
+def gpu_launches(device) -> list:
+    """What tests/gpu/host_overhead.py launches on `device` (a CUDA device, or bench.precompile's posing_as), as
+    (direction, geometry, dtype, config): GPU_CASES' chosen configs in each direction, and triton_launch's three
+    launches of the launch-path layer. bench/precompile.py compiles them ahead of a GPU session's host stage."""
+    from tconv3d.tune import choice
+    from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
+
+    shapes = {s.name: s for s in load_shape_set("bench")}
+    launches = []
+    for name, dtype_name in GPU_CASES:
+        geom, dtype = shapes[name].geometry(), DTYPES_BY_NAME[dtype_name]
+        launches += [(d, geom, dtype, choice.pick_config(d, geom, dtype, device)) for d in ("fwd", "dgrad", "wgrad")]
+    geom, bf16 = _layer("meta")[3], torch.bfloat16
+    return [*launches, ("fwd", geom, bf16, LAYER_POINTER), ("fwd", geom, bf16, LAYER_TMA),
+            ("wgrad", geom, bf16, LAYER_POINTER)]  # fmt: skip
+
+
 # The suite's host-bound layers; "+bias" adds a bias to the layer (its gradient among the backward's launches).
 PLAN_CASES = ("unet_320", "unet_320+bias", "down_s2", "hunyuan_512", "resnext3d_g32_256")
 H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs and capability
 
 
 @contextlib.contextmanager
-def _as_on_h100(kernels: str):
-    """Inside, CPU tensors launch as CUDA ones do, at the configs choice.choose gives the H100 under the variant
-    setting `kernels` (as TCONV3D_KERNELS), the kernels compiled for sm_90 and stopping at the driver; yields
-    `refusals`, which names why each plan of the calls since the last `refusals` was refused (and forgets them)."""
+def _as_on(kernels: str, device: tuple = H100):
+    """Inside, CPU tensors launch as CUDA ones do, at the configs choice.choose gives `device` (its name, SMs and
+    capability: the H100 unless named) under the variant setting `kernels` (as TCONV3D_KERNELS), the kernels
+    compiled for sm_90 and stopping at the driver; yields `refusals`, which names why each plan of the calls since
+    the last `refusals` was refused (and forgets them)."""
     from tconv3d import plans, settings
     from tconv3d.inspect.compile import stubbed_launches
     from tconv3d.tune import choice
 
-    def h100(direction, geom, dtype, device, run):
-        config, _ = choice.choose(direction, geom, dtype, *H100)
-        return choice.force_variant(direction, geom, dtype, config, kernels, True), f"H100, {kernels}"
+    def chosen(direction, geom, dtype, _device, run):
+        config, _ = choice.choose(direction, geom, dtype, *device)
+        return choice.force_variant(direction, geom, dtype, config, kernels, True), f"{device[0]}, {kernels}"
 
     def refusals() -> dict:
         memo, choice._memo = choice._memo, {}
         return {k[1]: str(e) for k, e in memo.items() if k[0] is plans._PLAN and type(e) is not plans.Plan}
 
     saved = settings.CPU_BACKEND, choice._select_with_source, choice._memo
-    settings.CPU_BACKEND, choice._select_with_source, choice._memo = "triton", h100, {}
+    settings.CPU_BACKEND, choice._select_with_source, choice._memo = "triton", chosen, {}
     try:
-        with stubbed_launches(90):
+        with stubbed_launches(device[2]):
             yield refusals
     finally:
         settings.CPU_BACKEND, choice._select_with_source, choice._memo = saved
 
 
-def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
+def plan_replay(calls: int, cases=PLAN_CASES, device: tuple = H100) -> dict:
     """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight,
-    and bias where the case asks for one) at the H100's configs, with the kernels compiled for sm_90 and stopping at
-    the driver, with call plans and without (plans.bypassed): {case: {fwd|bwd: {"plans": us, "no_plans": us}}},
-    plus why a plan was refused where one was."""
+    and bias where the case asks for one) at the configs of `device` (_as_on's: the H100 unless named), with the
+    kernels compiled for sm_90 and stopping at the driver, with call plans and without (plans.bypassed): {case:
+    {fwd|bwd: {"plans": us, "no_plans": us}}}, plus why a plan was refused where one was."""
     from tconv3d import settings
     from tconv3d.kernels import launch
     from tconv3d.testing import random_conv_inputs
@@ -305,7 +373,7 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
         return {"off": launch.OFF}
     shapes = {s.name: s for s in load_shape_set("bench")}
     results = {}
-    with _as_on_h100(settings.KERNELS) as refusals:
+    with _as_on(settings.KERNELS, device) as refusals:
         for name in cases:
             shape = shapes[name.removesuffix("+bias")]
             x, w = random_conv_inputs(shape.input_shape, shape.weight_shape, torch.bfloat16, "cpu")
@@ -325,7 +393,7 @@ def plan_replay(calls: int, cases=PLAN_CASES) -> dict:
 
 def _with_and_without_plans(fns: dict, calls: int, refusals) -> dict:
     """{direction: {"plans": us, "no_plans": us}} of each of `fns` by direction, timed in turns with call plans and
-    without (plans.bypassed), and "refused": why a plan was refused, where one was (`refusals`, _as_on_h100's)."""
+    without (plans.bypassed), and "refused": why a plan was refused, where one was (`refusals`, _as_on's)."""
     from tconv3d import plans
 
     turns = {}
@@ -359,7 +427,7 @@ def norm_replay(calls: int, cases=NORM_CASES) -> dict:
     if launch.OFF is not None:
         return {"off": launch.OFF}
     results = {}
-    with _as_on_h100("auto") as refusals:
+    with _as_on("auto") as refusals:
         for name, kind, batch, channels, size in norm_layers_at_hand(cases):
             x, modules = norm_case(kind, batch, channels, size, "cpu")  # bench_norms' input and modules
             steps = norm_steps(x, {"tconv3d": modules["tconv3d"]})
@@ -388,7 +456,7 @@ def second_source_replay(calls: int, sets: int = 8) -> dict:
         return {"off": launch.OFF}
     cl = dict(dtype=torch.bfloat16, memory_format=CL)
     results = {}
-    with _as_on_h100("pointer") as refusals, torch.no_grad():
+    with _as_on("pointer") as refusals, torch.no_grad():
         for name, (shape, cout, padding, keyword, second) in SECOND_SOURCE_CASES.items():
             c_in = shape[1] + (second[1] if keyword == "channels_after" else 0)
             w = torch.randn(cout, c_in, 3, 3, 3).to(**cl)
@@ -425,7 +493,7 @@ def border_replay(calls: int) -> dict:
         return {"off": launch.OFF}
     cl = dict(dtype=torch.bfloat16, memory_format=CL)
     results = {}
-    with _as_on_h100(settings.KERNELS) as refusals:
+    with _as_on(settings.KERNELS) as refusals:
         for name, (shape, cout, padding, mode) in BORDER_CASES.items():
             x = torch.randn(shape).to(**cl).requires_grad_()
             w = torch.randn(cout, shape[1], 3, 3, 3).to(**cl).requires_grad_()
@@ -454,6 +522,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=1000, help="calls per timing loop (15 loops per figure)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    speed = host_speed(args.calls, args.device)
+    print("this host's CPU, us a step: " + ", ".join(f"{name} {us:.2f}" for name, us in speed.items()))
     results = measure(args.device, args.calls)
     loops = f"median of 15 interleaved loops of {args.calls} calls"
     print(f"host time per call, us (device {args.device}, input {SHAPE}, {loops})")
@@ -514,10 +584,9 @@ def main(argv=None) -> int:
             "device": args.device, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "triton": triton.__version__, "commit": git_commit(), "input": SHAPE, "calls": args.calls,
         }  # fmt: skip
-        results = {**meta, "us_per_call": results, "launch_us": launches, "triton_launch_us": direct,
-                   "launcher_past_us": past,
-                   "plan_replay_us": replays, "norm_replay_us": norms, "border_replay_us": borders,
-                   "second_source_us": sources}  # fmt: skip
+        results = {**meta, "host_speed_us": speed, "us_per_call": results, "launch_us": launches,
+                   "triton_launch_us": direct, "launcher_past_us": past, "plan_replay_us": replays,
+                   "norm_replay_us": norms, "border_replay_us": borders, "second_source_us": sources}  # fmt: skip
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

@@ -23,10 +23,10 @@ local one), through the same static compile that the tuner and bench.variants al
 cache with (tconv3d.inspect.compile: on the H100 every kernel compiled ahead was found by the JIT). What is planned
 is what the stages will launch on an H100 or an H200 (both asked: whichever is lent), from their own argument
 parsers: bench.variants' rows, python -m bench's chosen configs per case and direction (bwd: the input and
-weight gradients), the stack scenario's three layers, and the tuner's default and candidates of every key it
-would tune (the tune stage: ~1900 launches for the bench suite, ~15 CPU-minutes a core here). The test stages
-compile their own: their kernels are the many small problems of the suite, each compiled by one of 12 xdist
-workers.
+weight gradients), the stack scenario's three layers, the host stage's layers (bench.host_overhead.gpu_launches),
+and the tuner's default and candidates of every key it would tune (the tune stage: ~1900 launches for the bench
+suite, ~15 CPU-minutes a core here). The test stages compile their own: their kernels are the many small problems
+of the suite, each compiled by one of 12 xdist workers.
 
 Triton records a cached kernel's files by absolute path, so the cache is built at CACHE_DIR and unpacked there.
 Only what the JIT reads back is packed (the metadata JSON, the cubin and the group file): a third of the size.
@@ -264,9 +264,13 @@ def plan(
     """Every distinct launch `stages` (bench/gpu_session.sh's) make with these arguments, on any of DEVICES.
     `decoded`: the models stage's VAEs (space-separated), whose converted decodes launch their layers' chosen
     kernels: the census's rows of the same VAEs at the same latent (bench.vaes.DEFAULT_LATENTS)."""
+    from bench import host_overhead
+
     launches = []
     for name in DEVICES:
         with posing_as(name) as device:
+            if "host" in stages:
+                launches += host_overhead.gpu_launches(device)
             if "census" in stages:
                 launches += census_launches(census_models, device)
             if "models" in stages:

@@ -347,3 +347,46 @@ def test_host_overhead_says_how_each_compiled_kernel_launches(monkeypatch):
     assert lines[0].startswith("launch.WRAPPER: ") and len(lines) == 3
     assert "taken: past=object launcher=SimpleNamespace scratch=0/0 wrapped=inner" in lines[1]
     assert "refused: past=False" in lines[2] and "scratch=?/?" in lines[2] and "wrapped=C launch" in lines[2]
+
+
+def test_host_overhead_sets_each_launch_against_the_same_launch_stopped_at_the_driver(monkeypatch, capsys):
+    """tests/gpu/host_overhead.py's launch costs (issue 29: the H200's host times ran 3-10x this CPU's stubbed
+    launches, no one knew whether by the CPU or by CUDA): bench.host_overhead's launches for real and stopped at the
+    driver on one host, each layer's real host time beside its stubbed one at the device's own configs, the host's
+    CPU speed; a part that fails is reported in its place and the rest still measured and printed."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    import host_overhead
+
+    bench = host_overhead.host_bench
+    asked = {}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(host_overhead.configs, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(host_overhead.configs, "compute_capability", lambda device: 90)
+    speed = {"python": 9.0}
+    monkeypatch.setattr(bench, "host_speed", lambda calls, device: asked.setdefault("speed", device) and speed)
+    monkeypatch.setattr(bench, "triton_launch", lambda calls, device: {"fwd": {"run": 30.0, "direct": 12.0 if
+                        device == "cuda" else 4.5, "arguments": 60}})  # fmt: skip
+
+    def replay(calls, cases, device):
+        asked["replay"] = cases, device
+        raise RuntimeError("a stubbed plan failed")
+
+    monkeypatch.setattr(bench, "plan_replay", replay)
+    rows = [{"case": c, "dtype": d, "host_us": {"op_fwd": 70.0, "op_bwd": 200.0}} for c, d in host_overhead.CASES]
+    found = host_overhead.launch_costs(rows)
+    assert asked == {"speed": "cuda", "replay": (["unet_320", "down_s2"], ("NVIDIA H200", 132, 90))}
+    assert found["host_speed_us"] == found["host_speed_after_us"] == speed
+    assert found["launch_us"]["fwd"]["direct"] == 12.0 and found["launch_stubbed_us"]["fwd"]["direct"] == 4.5
+    assert found["layers_stubbed_us"] == {"error": "RuntimeError: a stubbed plan failed"}
+    assert found["layers_us"] == {"unet_320": {"fwd": 70.0, "bwd": 200.0}, "down_s2": {"fwd": 70.0, "bwd": 200.0}}
+    capsys.readouterr()
+    host_overhead.print_launch_costs(found)
+    out = capsys.readouterr().out
+    assert "fwd" in out and "30.0 /   12.0" in out and "+7.5" in out, out
+    assert "unet_320 bf16 with call plans" in out and "a stubbed plan failed" in out
+    assert "this host's CPU, us a step: python 9.00" in out and "this host's CPU after, us a step: python 9.00" in out
+    found["layers_stubbed_us"] = {"unet_320": {"fwd": {"plans": 20.0, "no_plans": 40.0}, "bwd": {"plans": 50.0,
+                                  "no_plans": 90.0}}}  # fmt: skip
+    host_overhead.print_launch_costs(found)
+    out = capsys.readouterr().out
+    assert "fwd     70 launched,   20.0 stopped (  +50); bwd    200 launched,   50.0 stopped ( +150)" in out, out

@@ -104,6 +104,35 @@ print("ok")
     assert _run(script, tmp_path).strip().endswith("ok")
 
 
+def test_the_host_stage_is_planned_as_its_script_launches(tmp_path):
+    """plan1's host stage (tests/gpu/host_overhead.py) compiled its layers' kernels on the GPU machine: its cases'
+    chosen configs each direction, and bench.host_overhead.triton_launch's layer launched for real there too."""
+    script = """
+import runpy, torch
+from bench import host_overhead, precompile
+from tconv3d.tune import choice
+from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
+
+script = runpy.run_path("tests/gpu/host_overhead.py", run_name="not_main")
+assert script["CASES"] == host_overhead.GPU_CASES  # the plan follows the script's cases
+shapes = {s.name: s for s in load_shape_set("bench")}
+planned = precompile.plan(["host"], "", "", "none")
+layer = host_overhead._layer("meta")[3]
+expected = set()
+for name in precompile.DEVICES:
+    for case, dtype_name in host_overhead.GPU_CASES:
+        geom, dtype = shapes[case].geometry(), DTYPES_BY_NAME[dtype_name]
+        expected |= {(d, geom, dtype, choice.choose(d, geom, dtype, name, 132, 90)[0]) for d in ("fwd", "dgrad",
+                                                                                                 "wgrad")}
+expected |= {("fwd", layer, torch.bfloat16, host_overhead.LAYER_POINTER), ("wgrad", layer, torch.bfloat16,
+             host_overhead.LAYER_POINTER), ("fwd", layer, torch.bfloat16, host_overhead.LAYER_TMA)}
+assert set(planned) == expected and len(planned) == len(expected), (planned, expected)
+assert any(c.gluon for *_, c in planned) and any(c.tma_box_w and not c.gluon for *_, c in planned)
+print("ok")
+"""
+    assert _run(script, tmp_path).strip().endswith("ok")
+
+
 def test_an_unpacked_cache_is_what_the_jit_finds(tmp_path):
     script = f"""
 import json, shutil

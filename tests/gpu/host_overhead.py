@@ -28,16 +28,17 @@ import torch
 import triton.testing
 
 import tconv3d
+from bench import host_overhead as host_bench
 from tconv3d import plans
 from tconv3d.kernels import launch
 from tconv3d.kernels.conv_dgrad import conv3d_dgrad
 from tconv3d.kernels.conv_fwd import conv3d_fwd
 from tconv3d.kernels.conv_wgrad import conv3d_wgrad
 from tconv3d.testing import random_conv_inputs
-from tconv3d.tune import choice
+from tconv3d.tune import choice, configs
 from tconv3d.tune.shapes import DTYPES_BY_NAME, load_shape_set
 
-CASES = (("unet_320", "bf16"), ("down_s2", "bf16"), ("hunyuan_512", "bf16"), ("hunyuan_512", "fp16"))
+CASES = host_bench.GPU_CASES  # bench/precompile.py compiles their kernels ahead (bench.host_overhead.gpu_launches)
 # GroupNorms (32 groups, bf16, affine, SiLU) of a video VAE decoder's latent-sized and mid levels
 NORM_SHAPES = ((1, 128, 5, 32, 32), (1, 256, 9, 64, 64))
 
@@ -126,6 +127,63 @@ def measure(name: str, dtype_name: str) -> dict:
     return {"case": name, "dtype": dtype_name, "configs": {k: str(v) for k, v in pick.items()}, "ms": ms,
             "host_us": us, "inductor_refusal": refusal, "launcher_profile": profiled(kernels["fwd"]),
             "bwd_synchronizes": synchronizing(bwd), "bwd_trace": traced(bwd)}  # fmt: skip
+
+
+def launch_costs(rows: list) -> dict:
+    """Issue 29's per-launch host time on this GPU, and what of a layer's host time is the CUDA launch's own: the
+    launch-path layer's launches (bench.host_overhead.triton_launch) through Triton's run and the direct path, for
+    real and stopping at the driver on this host's CPU; `rows`' first two bf16 cases' forward and backward on the
+    kernels this device chooses, stopping at the driver (bench.host_overhead.plan_replay: what a CPU machine's
+    stubs time), beside their real host time (measure()'s op_fwd and op_bwd); and this host's CPU at a few steps
+    every launch takes (host_speed), against which this VM's stubbed figures scale. Real less stubbed, on one host:
+    what the launch costs past the Python (driver calls, descriptors, allocations on the GPU). Each part reports
+    its error in its place."""
+    found = {}
+    device = (torch.cuda.get_device_name(), configs.multiprocessor_count(torch.device("cuda")),
+              configs.compute_capability(torch.device("cuda")))  # fmt: skip
+    cases = [r["case"] for r in rows if r["dtype"] == "bf16"][:2]
+    parts = {
+        "host_speed_us": lambda: host_bench.host_speed(1000, "cuda"),
+        "launch_us": lambda: host_bench.triton_launch(300, "cuda"),
+        "launch_stubbed_us": lambda: host_bench.triton_launch(300, "cpu"),
+        "layers_stubbed_us": lambda: host_bench.plan_replay(50, cases, device),
+        "host_speed_after_us": lambda: host_bench.host_speed(1000, "cuda"),  # a host's speed drifts: both ends
+    }
+    for name, part in parts.items():
+        try:
+            found[name] = part()
+        except Exception as error:  # one part's failure leaves the others measured
+            found[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+        print("measured:", json.dumps({name: found[name]}), flush=True)
+    found["layers_us"] = {r["case"]: {"fwd": r["host_us"]["op_fwd"], "bwd": r["host_us"]["op_bwd"]} for r in rows
+                          if r["case"] in cases and r["dtype"] == "bf16"}  # fmt: skip
+    return found
+
+
+def print_launch_costs(found: dict) -> None:
+    """launch_costs' figures: a line a launch (real, stubbed, the difference of the direct paths) and a layer."""
+    real, stubbed = found["launch_us"], found["launch_stubbed_us"]
+    print("per launch, us of host time: Triton's run / the direct path, launched here; stopping at the driver here;"
+          " direct launched less direct stopped")  # fmt: skip
+    for name, t in real.items():
+        s = stubbed.get(name)
+        if name in ("off", "error") or not isinstance(s, dict):
+            print(f"{name:22s} {t}  stubbed: {s}")
+            continue
+        print(f"{name:22s} {t['run']:6.1f} / {t['direct']:6.1f}   {s['run']:6.1f} / {s['direct']:6.1f}   "
+              f"{t['direct'] - s['direct']:+6.1f}")  # fmt: skip
+    replays = found["layers_stubbed_us"]
+    for case, real_us in found["layers_us"].items():
+        stub = {d: t["plans"] for d, t in replays.get(case, {}).items() if d in ("fwd", "bwd")}
+        cells = [
+            f"{d} {real_us[d]:6.0f} launched, {us:6.1f} stopped ({real_us[d] - us:+5.0f})" for d, us in stub.items()
+        ]
+        print(f"{case} bf16 with call plans, us of host time: {'; '.join(cells) or replays}")
+    for when in ("", "_after"):
+        speed = found[f"host_speed{when}_us"]
+        print(f"this host's CPU{when.replace('_', ' ')}, us a step: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in speed.items() if k != "error")
+              + (f" ({speed['error']})" if "error" in speed else ""))  # fmt: skip
 
 
 def launcher_states() -> list[str]:
@@ -326,10 +384,12 @@ def main(argv=None) -> int:
         print("measured:", json.dumps({k: v for k, v in rows[-1].items() if k != "launcher_profile"}), flush=True)
     encode = encode_us()
     launchers = launcher_states()
+    costs = launch_costs(rows)  # before the captures: a failed capture can leave the process unfit to launch
     captures = capture_errors()
     if args.out is not None:
         found = {"device": torch.cuda.get_device_name(), "rows": rows, "group_norms": norms, "norm_modules": modules,
-                 "tensor_map_encode_us": encode, "launchers": launchers, "backward_captures": captures}  # fmt: skip
+                 "tensor_map_encode_us": encode, "launchers": launchers, "launch_costs": costs,
+                 "backward_captures": captures}  # fmt: skip
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'case':12s} {'dtype':5s} {'fwd':>7s} {'op_fwd':>7s} {'compiled':>8s} {'inductor':>8s} {'dgrad':>7s} "
           f"{'wgrad':>7s} {'op_bwd':>7s}  host us: launcher op_fwd compiled inductor op_bwd; without call plans: "
@@ -370,6 +430,7 @@ def main(argv=None) -> int:
         print(f"{r['case']} {r['dtype']} backward: host synchronisations a call: {len(r['bwd_synchronizes'])}")
         print("\n".join(r["bwd_synchronizes"][:5] + r["bwd_trace"]))
     print("\n".join(launchers))
+    print_launch_costs(costs)
     for key, error in captures.items():
         print(f"{key}: backward captured in a CUDA graph: {error or 'ok'}")
     print(f"one tensor map encoded by Triton's launcher: {encode if isinstance(encode, str) else f'{encode:.2f} us'}")
