@@ -11,7 +11,9 @@ forward and backward, with call plans and without; the op's host time past the l
 one call makes and a profiler trace by host and device time; last, whether each conv backward captures in a CUDA
 graph (H200 runs 9 and 10: a norm backward's host time 10x its stubbed launches', hunyuan_512's backward refused
 by a capture). And the norms scenario's host-bound rows as bench times them (converted modules, BatchNorm3d's
-among them), with the host's time and a trace of tconv3d's training step.
+among them), with the host's time and a trace of tconv3d's training step. And what of the host's time is the CPU
+and what is CUDA (launch_costs): single launches for real and stopped at the driver on this host (issue 29's
+per-launch figure), two layers' real host time beside their stubbed one, this CPU's speed at a few steps.
 
     python tests/gpu/host_overhead.py --out host_overhead.json     # on a GPU
 """
