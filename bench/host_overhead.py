@@ -1,9 +1,11 @@
 """python -m bench.host_overhead: the host's time per layer call, tconv3d against nn.Conv3d (issue 19).
 
-On a tiny input the convolution itself is nearly free, so what is timed is the Python and dispatch around it:
-nn.Conv3d, tconv3d.nn.Conv3d, tconv3d.conv3d and torch.ops.tconv3d.conv3d, under no_grad and with autograd
-recording (inputs that require grad; forward only), then the backward of nn.Conv3d and tconv3d.nn.Conv3d (one
-retained forward, gradients to input, weight and bias). On CPU tconv3d runs torch's own conv3d inside its op (the
+First the host CPU's own speed at a few steps every launch path takes (host_speed: Python, a view, an
+allocation), the yardstick for setting one host's figures against another's. On a tiny input the convolution
+itself is nearly free, so what is timed is the Python and dispatch around it: nn.Conv3d, tconv3d.nn.Conv3d,
+tconv3d.conv3d and torch.ops.tconv3d.conv3d, under no_grad and with autograd recording (inputs that require grad;
+forward only), then the backward of nn.Conv3d and tconv3d.nn.Conv3d (one retained forward, gradients to input,
+weight and bias). On CPU tconv3d runs torch's own conv3d inside its op (the
 aten path) unless TRITON_INTERPRET=1; on CUDA the Triton kernel runs and the GPU is synchronised only once per
 timing loop, so the figure is the host's issue time whenever the kernel is shorter than it.
 
@@ -19,7 +21,8 @@ of the suite's host-bound cases with call plans (tconv3d/plans.py) and without, 
 forward of a layer with a second source on the pointer kernels (a skip connection's channels, cached frames),
 its tensors at other addresses every call, as a decoder's are; and converted norm modules' forward and training
 step (bench.run's norm kinds: GroupNorm+SiLU, InstanceNorm3d, BatchNorm3d alone and with its ReLU, Wan's RMS
-norm) the same way.
+norm) the same way. tests/gpu/host_overhead.py runs host_speed, triton_launch (for real and stopped) and
+plan_replay on a GPU machine's host, beside that GPU's real launches.
 
     python -m bench.host_overhead [--device cpu|cuda] [--calls 1000] [--json PATH]
 """
