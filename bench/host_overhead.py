@@ -339,8 +339,8 @@ H100 = ("NVIDIA H100 80GB HBM3", 132, 90)  # choice.choose's device name, SMs an
 def _as_on(kernels: str, device: tuple = H100):
     """Inside, CPU tensors launch as CUDA ones do, at the configs choice.choose gives `device` (its name, SMs and
     capability: the H100 unless named) under the variant setting `kernels` (as TCONV3D_KERNELS), the kernels
-    compiled for sm_90 and stopping at the driver; yields `refusals`, which names why each plan of the calls since
-    the last `refusals` was refused (and forgets them)."""
+    compiled for that capability and stopping at the driver; yields `refusals`, which names why each plan of the
+    calls since the last `refusals` was refused (and forgets them)."""
     from tconv3d import plans, settings
     from tconv3d.inspect.compile import stubbed_launches
     from tconv3d.tune import choice
@@ -365,7 +365,7 @@ def _as_on(kernels: str, device: tuple = H100):
 def plan_replay(calls: int, cases=PLAN_CASES, device: tuple = H100) -> dict:
     """Host time of a bf16 layer's forward (tconv3d.conv3d) and backward (torch.autograd.grad to input and weight,
     and bias where the case asks for one) at the configs of `device` (_as_on's: the H100 unless named), with the
-    kernels compiled for sm_90 and stopping at the driver, with call plans and without (plans.bypassed): {case:
+    kernels compiled for its capability and stopping at the driver, with call plans and without (plans.bypassed): {case:
     {fwd|bwd: {"plans": us, "no_plans": us}}}, plus why a plan was refused where one was."""
     from tconv3d import settings
     from tconv3d.kernels import launch
