@@ -482,17 +482,16 @@ def check(case: dict, models: Models, seed: int) -> str | None:
     than stock's (or its max poolings another voxel) and the output is within bounds (or a one-channel norm's input
     crossed zero too), "once: ..." where the same case on other inputs (seed + 2^31) passes (with the count of
     one-channel norms' inputs across zero: kinks), "ill-conditioned: ..." where ours lies within stock's own scatter
-    on inputs rounded otherwise (wobbled_off; with that count too, where not 0). A case with "compile" (a torch.compile
-    backend) runs the converted model compiled."""
+    on inputs rounded otherwise (wobbled_off; with that count too and, for a gradient, its kinks: _crossings). A case
+    with "compile" (a torch.compile backend) runs the converted model compiled."""
     found = {}
     problem = _check(case, models, seed, found)
-    if problem is not None and problem.startswith("ill-conditioned: "):  # stock's scatter may be a norm's sign too
-        steps = kinks(case, models, seed, activations=False)
-        return problem.replace(": ", f": {steps} inputs of one-channel norms across zero; ", 1) if steps else problem
-    if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", FAR_OFF)):
-        return problem
     # a kink moves a gradient, not the output (continuous there); a one-channel norm's step moves both
     gradient = case["mode"] == "train" or case.get("func") == "vmap_grad"
+    if problem is not None and problem.startswith("ill-conditioned: "):  # ours off by a norm's sign or a kink?
+        return problem.replace(": ", f": {_crossings(case, models, seed, gradient)}; ", 1)
+    if problem in (None, "skipped") or problem.startswith(("layout: ", "graph breaks: ", FAR_OFF)):
+        return problem
     flips = kinks(case, models, seed, activations=True) if gradient else 0
     if flips and (not found.get("output") or kinks(case, models, seed, activations=False)):
         return f"kinks: {flips} activation or one-channel norm inputs across zero or pooling maxima moved; " + problem
@@ -501,6 +500,20 @@ def check(case: dict, models: Models, seed: int) -> str | None:
         return problem
     steps = kinks(case, models, seed, activations=False)
     return "once: " + (f"{steps} inputs of one-channel norms across zero; " if steps else "") + problem
+
+
+def _crossings(case: dict, models: Models, seed: int, gradient: bool) -> str:
+    """What an ill-conditioned draw's reader asks first: how many inputs of one-channel norms crossed zero and, for
+    a gradient (a training step, vmap_grad), how many activation inputs or pooling maxima too (kinks()), or why
+    those cannot be counted."""
+    try:
+        return f"{kinks(case, models, seed, activations=gradient)} " + (
+            "activation or one-channel norm inputs across zero or pooling maxima moved"
+            if gradient
+            else "inputs of one-channel norms across zero"
+        )
+    except ValueError as error:  # a fused slope below zero
+        return f"kinks not counted ({error})"
 
 
 def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("monai")
 
-from fuzz_models import Models, _decisions, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
+from fuzz_models import Models, _crossings, _decisions, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
 
 import tconv3d.nn
 from tconv3d.nn.modules import FusedPReLU
@@ -185,7 +185,8 @@ def test_an_ill_conditioned_draw_is_counted_apart(models, aten_path):
     (2.7e6x that): "ill-conditioned", not a failure (run 13's seed 480396)."""
     case = {"model": "hunyuan_video", "shape": [1, 3, 4, 8, 8], "mode": "eval", "tiling": False}
     problem = check(case, models, seed=480396)
-    assert problem is not None and problem.startswith("ill-conditioned: output: "), problem
+    assert problem is not None, problem
+    assert problem.startswith("ill-conditioned: 0 inputs of one-channel norms across zero; output: "), problem
 
 
 def test_a_far_result_fails_even_at_kinks(models, aten_path):
@@ -234,6 +235,10 @@ def test_a_fused_activations_inputs_across_zero_are_counted(models, aten_path):
     handle = norm.register_forward_hook(lift_a_zero)
     try:
         assert kinks(case, models, 0, activations=True) > 0
+        # what an ill-conditioned gradient draw's line names (model fuzz run 91's SwinUNETR v2 draw: 1 kink)
+        crossings = _crossings(case, models, 0, gradient=True)
+        assert int(crossings.split()[0]) > 0 and "activation" in crossings, crossings
+        assert _crossings(case, models, 0, gradient=False) == "0 inputs of one-channel norms across zero"
     finally:
         handle.remove()
 
@@ -261,6 +266,7 @@ def test_a_fused_negative_slope_is_refused(models, aten_path):
     try:
         with pytest.raises(ValueError, match=rf"{fused}, a PReLU of slope -0.25 below zero"):
             kinks(case, models, 0, activations=True)
+        assert _crossings(case, models, 0, gradient=True).startswith(f"kinks not counted (kinks(): {fused}, "), fused
     finally:
         state[f"{fused}.weight"] = kept
     assert kinks(case, models, 0, activations=True) == 0
