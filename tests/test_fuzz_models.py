@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("monai")
 
+import fuzz_models
 from fuzz_models import Models, _crossings, _decisions, _norm_dim, _steps, check, draw, kinks, results, wobbled_off
 
 import tconv3d.nn
@@ -252,6 +253,18 @@ def test_a_hardtanhs_bounds_are_both_kinks(module):
     decide = [_decisions(module, (x,)) for x in (below, between, above, torch.tensor([hi - 0.1]))]
     assert len({int(d) for d in decide[:3]}) == 3
     assert decide[3] == decide[1] and decide[3] != decide[2]
+
+
+def test_an_ill_conditioned_lines_count_gives_way_to_the_draws_time(models, monkeypatch):
+    """A draw whose time (--draw-seconds) runs out while its ill-conditioned line's kinks are counted (a 64^3
+    SwinUNETR's count: 14 minutes here) keeps its verdict, the count said not taken, rather than turning "slow"."""
+
+    def out_of_time(*args, **kwargs):
+        raise fuzz_models._Slow
+
+    monkeypatch.setattr(fuzz_models, "kinks", out_of_time)
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False}
+    assert _crossings(case, models, 0, gradient=True) == "kinks not counted (the draw's time ran out)"
 
 
 def test_a_fused_negative_slope_is_refused(models, aten_path):
