@@ -130,6 +130,9 @@ AUTOCAST = {"autocast": torch.bfloat16, "autocast_fp16": torch.float16}
 BF16_OFF = 4
 WOBBLES = 2  # stock runs on inputs rounded otherwise, where ours lands farther than the above (wobbled_off)
 APART = ("once: ", "kinks: ", "ill-conditioned: ", "slow: ")  # printed and counted apart, not failures
+# what a line's count of kinks(..., activations=True) and of kinks(..., activations=False) says
+KINKS = "activation or one-channel norm inputs across zero or pooling maxima moved"
+STEPS = "inputs of one-channel norms across zero"
 # A result no rounding explains: farther from float64 than the answer's own size and FAR_RATIO times stock's farthest
 # landing. It fails even with kinks or on one draw's inputs alone (a kink moves a gradient by 1e-3-1e-1; one
 # voxel at exactly 0 before a one-channel RMS norm, F.normalize's 1 / eps there, moved one by 1e9: run c5).
@@ -494,12 +497,12 @@ def check(case: dict, models: Models, seed: int) -> str | None:
         return problem
     flips = kinks(case, models, seed, activations=True) if gradient else 0
     if flips and (not found.get("output") or kinks(case, models, seed, activations=False)):
-        return f"kinks: {flips} activation or one-channel norm inputs across zero or pooling maxima moved; " + problem
+        return f"kinks: {flips} {KINKS}; " + problem
     again = _check(case, models, seed + 2**31)
     if again not in (None, "skipped"):
         return problem
     steps = kinks(case, models, seed, activations=False)
-    return "once: " + (f"{steps} inputs of one-channel norms across zero; " if steps else "") + problem
+    return "once: " + (f"{steps} {STEPS}; " if steps else "") + problem
 
 
 def _crossings(case: dict, models: Models, seed: int, gradient: bool) -> str:
@@ -507,11 +510,7 @@ def _crossings(case: dict, models: Models, seed: int, gradient: bool) -> str:
     a gradient (a training step, vmap_grad), how many activation inputs or pooling maxima too (kinks()), or why
     those cannot be counted."""
     try:
-        return f"{kinks(case, models, seed, activations=gradient)} " + (
-            "activation or one-channel norm inputs across zero or pooling maxima moved"
-            if gradient
-            else "inputs of one-channel norms across zero"
-        )
+        return f"{kinks(case, models, seed, activations=gradient)} {KINKS if gradient else STEPS}"
     except ValueError as error:  # a fused slope below zero
         return f"kinks not counted ({error})"
     except _Slow:  # the draw's time ran out (_timed): the verdict stands without its count
