@@ -87,6 +87,27 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+# Files handed out a test at a time under --dist loadfile: no module-scoped state, and long enough to keep one
+# worker busy while the others idle. CI's Triton 3.7.1 and 3.8.0 sections run four files, test_gluon_emulated 115 s
+# of them: whole, it held one worker for 77 s after the other ran out of files (2026-12-06).
+TEST_AT_A_TIME = ("test_gluon_emulated.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile's scheduler, but for TEST_AT_A_TIME's files, whose tests are each their own unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return nodeid if os.path.basename(path) in TEST_AT_A_TIME else path
+
+    return Scheduling(config, log)
+
+
 CPU_PROFILE = os.environ.get("TCONV3D_CPU_PROFILE")
 
 

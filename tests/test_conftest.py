@@ -15,7 +15,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import LONGEST_FIRST
+from conftest import LONGEST_FIRST, TEST_AT_A_TIME, pytest_xdist_make_scheduler
 
 
 def _interpreted():
@@ -94,6 +94,29 @@ def test_the_longest_files_are_handed_out_first(request):
     longest = [name for name in LONGEST_FIRST if name in files]
     assert files[: len(longest)] == longest
     assert getattr(request.config.option, "loadscopereorder", False) is False
+
+
+def test_loadfile_hands_out_some_files_a_test_at_a_time():
+    """Under --dist loadfile the scheduler keeps each file one unit but for TEST_AT_A_TIME's, whose tests are each
+    their own (so both workers take them); another --dist keeps xdist's own scheduler."""
+    pytest.importorskip("xdist")
+
+    class Config:
+        option = type("Option", (), {"loadscopereorder": False})()
+
+        def __init__(self, dist):
+            self.dist = dist
+
+        def getvalue(self, name):
+            return {"dist": self.dist, "tx": ["2*popen"]}[name]
+
+    scheduler = pytest_xdist_make_scheduler(Config("loadfile"), None)
+    assert TEST_AT_A_TIME
+    for name in TEST_AT_A_TIME:
+        test = f"tests/{name}::test_one[case-2]"
+        assert scheduler._split_scope(test) == test
+    assert scheduler._split_scope("tests/test_tma.py::test_one[case-2]") == "tests/test_tma.py"
+    assert pytest_xdist_make_scheduler(Config("load"), None) is None
 
 
 def test_each_xdist_worker_takes_its_share_of_the_cores():
