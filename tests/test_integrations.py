@@ -25,6 +25,7 @@ from real_models import (
     MATCH,
     OWN_PAD_COPIES,
     assert_all_on_tconv3d,
+    assert_gradients_as_near_float64,
     assert_keeps_no_more_than_stock,
     assert_same_gradients,
     assert_stays_channels_last,
@@ -2194,6 +2195,105 @@ def test_more_monai_networks(name, aten_path):
         model(x).square().mean().backward()
     assert_same_gradients(stock, converted)
     assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: m(x), x)
+
+
+def _flat(out) -> torch.Tensor:
+    """A network's output, or the tensors of its tuples and lists (discriminators' features, a VQ-VAE's loss), as
+    one."""
+    if isinstance(out, torch.Tensor):
+        return out.flatten()
+    return torch.cat([_flat(part) for part in out])
+
+
+def _other_monai_nets():
+    """MONAI's 3-D classifiers, registration networks, GAN discriminators and generators, and the segmentation
+    networks _more_monai_nets leaves: (builder, input shape, (the concatenations MONAI's own forward makes right in
+    front of a convolution, those it makes anywhere)). Each takes a list or tuple's tensors as its output (_flat)."""
+    nets = monai_nets()
+
+    class Controlled(nn.Module):  # ControlNet's timestep and condition as buffers: the float64 copy casts them
+        def __init__(self):
+            super().__init__()
+            self.net = perturbed(lambda: nets.ControlNet(  # its zero-initialised output convs drawn at random
+                3, 1, num_res_blocks=1, channels=(8, 8), attention_levels=(False, False), norm_num_groups=8,
+                conditioning_embedding_num_channels=(8,)))()  # fmt: skip
+            self.register_buffer("timesteps", torch.tensor([10]))
+            self.register_buffer("condition", torch.randn(1, 1, 16, 16, 16))
+
+        def forward(self, x):
+            return self.net(x, self.timesteps, self.condition)
+
+    vqvae = dict(channels=(8, 16), num_res_layers=1, num_res_channels=(8, 16), num_embeddings=16, embedding_dim=8,
+                 downsample_parameters=((2, 4, 1, 1),) * 2, upsample_parameters=((2, 4, 1, 1, 0),) * 2)  # fmt: skip
+    return {
+        # 3-D ResNets (MedicalNet's), BatchNorm + ReLU fused, a max pool; SE-ResNeXt: 32 groups, squeeze-excitation
+        "resnet18": (lambda: nets.resnet18(spatial_dims=3, n_input_channels=1, num_classes=2),
+                     (1, 1, 48, 48, 48), (0, 0)),
+        "seresnext50": (lambda: nets.SEResNeXt50(spatial_dims=3, in_channels=1, num_classes=2, layers=(1, 1, 1, 1)),
+                        (2, 1, 32, 32, 32), (0, 0)),
+        "segresnet_ds2": (lambda: nets.SegResNetDS2(3, init_filters=8, in_channels=1, out_channels=2),
+                          (1, 1, 32, 32, 32), (0, 0)),
+        # UNet++: its nested skip pathways concatenate 2 to 4 earlier features in its own forward (6 copies), which
+        # UpCat's convolution reads as its input with the upsampled features after them in place (10 concatenations
+        # and 10 pads of stock's gone); docs/models.md
+        "basic_unetplusplus": (lambda: nets.BasicUNetPlusPlus(3, 1, 2, features=(4, 4, 8, 8, 16, 4)),
+                               (1, 1, 32, 32, 32), (6, 6)),
+        # AHNet: dense blocks (each layer's concatenation in front of its norm, as DenseNet's: 15, with the pyramid's
+        # and the final block's), a pyramid pooling module's max pools and transposed convs up (128 in H and W)
+        "ahnet": (lambda: nets.AHNet(layers=(1, 1, 1, 1), spatial_dims=3, in_channels=1, out_channels=2),
+                  (1, 1, 128, 128, 32), (0, 17)),
+        # registration: the fixed and moving images as two channels in
+        "regunet": (lambda: nets.RegUNet(3, 2, 4, 3, out_channels=3), (1, 2, 32, 32, 32), (0, 0)),
+        "localnet": (lambda: nets.LocalNet(3, 2, 4, extract_levels=(0, 1, 2, 3), out_channels=3),
+                     (1, 2, 32, 32, 32), (0, 0)),
+        "globalnet": (lambda: nets.GlobalNet([32, 32, 32], 3, 2, 4, 3), (1, 2, 32, 32, 32), (0, 0)),
+        "vqvae": (lambda: nets.VQVAE(3, 1, 1, **vqvae), (1, 1, 16, 16, 16), (0, 0)),
+        # the discriminators of MONAI's generative training (kernel 4, stride 2, BatchNorm + LeakyReLU fused)
+        "patch_discriminator": (lambda: nets.PatchDiscriminator(3, 8, 1, num_layers_d=3), (1, 1, 32, 32, 32), (0, 0)),
+        "multiscale_patch_discriminator": (lambda: nets.MultiScalePatchDiscriminator(2, 2, 3, 8, 1, minimum_size_im=32),
+                                           (2, 1, 32, 32, 32), (0, 0)),
+        "vit_autoenc": (lambda: nets.ViTAutoEnc(1, 32, 16, hidden_size=48, mlp_dim=96, num_layers=1, num_heads=4),
+                        (1, 1, 32, 32, 32), (0, 0)),
+        "classifier": (lambda: nets.Classifier((1, 16, 16, 16), 3, (4, 8), (2, 2)), (2, 1, 16, 16, 16), (0, 0)),
+        "discriminator": (lambda: nets.Discriminator((1, 16, 16, 16), (4, 8), (2, 2)), (2, 1, 16, 16, 16), (0, 0)),
+        "controlnet": (Controlled, (1, 1, 16, 16, 16), (0, 0)),
+    }  # fmt: skip
+
+
+OTHER_MONAI_NETS = ("resnet18", "seresnext50", "segresnet_ds2", "basic_unetplusplus", "ahnet", "regunet", "localnet",
+                    "globalnet", "vqvae", "patch_discriminator", "multiscale_patch_discriminator", "vit_autoenc",
+                    "classifier", "discriminator", "controlnet")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OTHER_MONAI_NETS)
+def test_other_monai_networks(name, aten_path):
+    """MONAI's classification, registration and generative networks, UNet++ and AHNet: outputs and gradients as
+    stock's, every convolution on tconv3d, no layout copy of a channels_last_3d input (AHNet's final block got one
+    until its pyramid pooling's adapter, _PSP), no pad or concatenation copy into a
+    convolution but those MONAI's own forward makes (UNet++'s), no new graph break, and no more kept for the
+    backward than stock (but GlobalNet's: below). Gradients in eval mode, as near float64 as stock's (kinks:
+    KINKED_FACTOR)."""
+    build, shape, (own_copies, concatenations) = _other_monai_nets()[name]
+    stock, converted = stock_and_converted(build)
+    x = torch.randn(shape).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        assert rel_l2(_flat(converted(x)), _flat(stock(x))) < MATCH
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.totals["layout_copies"] == report.norm_layout_copies == 0, report.table()
+    assert report.totals["upstream_copies_into_convs"] == own_copies, report.table()
+    assert report.concats == concatenations, report.table()
+    assert not report.totals["pad_copies_into_convs"] and not report.totals["concat_copies_into_convs"], report.table()
+    if name in ("globalnet", "vqvae"):  # no float64 copy runs: a float32 grid kept as a plain attribute, a codebook
+        for model in (stock, converted):
+            _flat(model(x)).square().mean().backward()
+        assert_same_gradients(stock, converted)
+    else:
+        assert_gradients_as_near_float64(stock, converted, lambda model, x: _flat(model(x)), x)
+    with torch.no_grad():
+        explained_without_new_graph_breaks(lambda model, x: model(x), stock, converted, x)
+    if name != "globalnet":  # its affine head flattens the deepest features by reshape: of channels_last_3d, a copy
+        assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: _flat(m(x)), x)
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])

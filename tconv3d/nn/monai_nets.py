@@ -386,6 +386,20 @@ def _front_padded(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tenso
     return out
 
 
+class _PSP:
+    """AHNet's pyramid pooling module: its branches' outputs (a channel each, up from the pooled maps) concatenated
+    by torch.cat, which answers NCDHW for tensors of one channel; AHNet concatenates that with its last dense
+    block's features in front of its final block, so the final norm and convolution got all of those channels
+    NCDHW (a layout copy at the network's full resolution). Here the pyramid's few channels are laid out
+    channels_last_3d instead, and the concatenation after keeps that layout."""
+
+    classes = ("monai.networks.nets.ahnet.PSP",)
+    attributes = ("project_modules", "pool_modules")
+
+    def forward(self, x):
+        return channels_last(super().forward(x))
+
+
 class _UNet:
     """MONAI's UNet: each level is nn.Sequential(down, SkipConnection(subblock), up), whose SkipConnection returns
     torch.cat([x, subblock(x)], dim=1) and whose up path starts with a transposed convolution (then its norm and
@@ -1092,7 +1106,7 @@ def _pads_nothing(conv) -> bool:
 
 ADAPTERS = (
     _UNETR, _UpBlock, _UpCat, _UNet, _VoxelMorphUNet, _AttentionLayer, _VNetUp, _FlattensByView, _SwinTransformer,
-    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock, _DynUNetBlock, _SegResBlock,
+    _SpatialAttentionBlock, _MedNeXtUpBlock, _HighResBlock, _DynUNetBlock, _SegResBlock, _PSP,
     _Autoencoder, _SPADEAutoencoder, _SPADEDiffusionUNet, _SPADE,
     _PaddedDownsample, _ResBlock, _MaisiResBlock, _MaisiConvolution, _MaisiGroupNorm3D, _MaisiUpsample, _UpSample,
     _DiffusionResnetBlock, _AttnDownBlock, _AttnMidBlock, _UpBlocks, _SPADEUpBlocks, _SpatialTransformer,
