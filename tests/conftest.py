@@ -89,8 +89,9 @@ def pytest_configure(config):
 
 # Files handed out a test at a time under --dist loadfile: no module-scoped state, and long enough to keep one
 # worker busy while the others idle. CI's Triton 3.7.1 and 3.8.0 sections run four files, test_gluon_emulated 115 s
-# of them: whole, it held one worker for 77 s after the other ran out of files (2026-12-06).
-TEST_AT_A_TIME = ("test_gluon_emulated.py",)
+# of them: whole, it held one worker for 77 s after the other ran out of files (2026-12-06). The real-model tests
+# (443 s of the main suite's 1,780 worker-seconds here, one model built a test) are shared out the same way.
+TEST_AT_A_TIME = ("test_gluon_emulated.py", "test_integrations.py")
 
 
 @pytest.hookimpl(optionalhook=True)
