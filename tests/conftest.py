@@ -77,7 +77,6 @@ LONGEST_FIRST = (
     "test_static_compile.py",
     "test_integrations.py",
     "test_tma.py",
-    "test_gluon_emulated.py",
     "test_hopper_main_loops.py",
 )
 
@@ -87,11 +86,11 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-# Files handed out a test at a time under --dist loadfile: no module-scoped state, and long enough to keep one
-# worker busy while the others idle. CI's Triton 3.7.1 and 3.8.0 sections run four files, test_gluon_emulated 115 s
-# of them: whole, it held one worker for 77 s after the other ran out of files (2026-12-06). The real-model tests
-# (443 s of the main suite's 1,780 worker-seconds here, one model built a test) are shared out the same way.
-TEST_AT_A_TIME = ("test_gluon_emulated.py", "test_integrations.py")
+# Files handed out a test at a time under --dist loadfile, after every other file: no module-scoped state, and long
+# enough to keep one worker busy while the others idle, so they fill the workers' last minutes instead. CI's Triton
+# 3.7.1 and 3.8.0 sections run four files, test_gluon_emulated 115 s of them: whole, it held one worker for 77 s
+# after the other ran out of files (2026-12-06).
+TEST_AT_A_TIME = ("test_gluon_emulated.py",)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -138,7 +137,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as collected
+    # stable: the rest as collected, TEST_AT_A_TIME's last
+    items.sort(key=lambda item: (item.path.name in TEST_AT_A_TIME, rank.get(item.path.name, len(rank))))
     ran = os.environ.get("TCONV3D_TESTS_RAN")
     if ran:  # a GPU call's suite, cut at its limit, resumed by the next: what an earlier call's junit file names
         # but for the tests whose node ids hold one of TCONV3D_TESTS_AGAIN's comma-separated words: code changed

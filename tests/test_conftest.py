@@ -88,11 +88,13 @@ def test_other_tests_run_without_int32_overflow_checks():
 
 
 def test_the_longest_files_are_handed_out_first(request):
-    """The session's files start with the longest ones (those it holds), the rest as collected; xdist's own order
-    of files by test count is off, so the workers take them in this order."""
+    """The session's files start with the longest ones (those it holds), the rest as collected, TEST_AT_A_TIME's
+    last; xdist's own order of files by test count is off, so the workers take them in this order."""
     files = list(dict.fromkeys(item.path.name for item in request.session.items))
     longest = [name for name in LONGEST_FIRST if name in files]
     assert files[: len(longest)] == longest
+    last = [name for name in files if name in TEST_AT_A_TIME]
+    assert files[len(files) - len(last) :] == last
     assert getattr(request.config.option, "loadscopereorder", False) is False
 
 
