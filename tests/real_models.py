@@ -92,7 +92,7 @@ def assert_keeps_no_more_than_stock(stock, converted, run, x):
 
 # How much farther from float64 than stock's own float32 a converted model's gradients may land where MATCH fails
 # against stock (fuzz_models.ILL_CONDITIONED's factor): a ReLU network's eval-mode gradients move by 1e-4 to 1e-3 where
-# one activation input of the millions rounds to the other side of zero (a kink; SENet154 at 32^3: 3 of them).
+# one activation input of the millions rounds to the other side of zero (a kink; SENet154 at 64^3: 3 of them).
 KINKED_FACTOR = 10
 
 

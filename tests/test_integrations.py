@@ -2296,6 +2296,17 @@ def test_other_monai_networks(name, aten_path):
         assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: _flat(m(x)), x)
 
 
+def test_ahnet_in_two_dimensions_runs_as_stock(aten_path):
+    """A 2-D AHNet (no Conv3d: nothing of it converted) keeps stock's forward, its pyramid pooling's adapter
+    (monai_nets._PSP, for the 3-D network's layout) included: it raised on the 4-D activation until 2026-12-06."""
+    stock, converted = stock_and_converted(
+        lambda: monai_nets().AHNet(layers=(1, 1, 1, 1), spatial_dims=2, in_channels=1, out_channels=2)
+    )
+    x = torch.randn(1, 1, 128, 128)
+    with torch.no_grad():
+        assert torch.equal(converted(x), stock(x))
+
+
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 def test_mednext_compiles_whole(grad, aten_path):
     """MedNeXt's up blocks write their padded sum in place: under torch.no_grad() that was torch.add(out=) a slice of

@@ -391,13 +391,14 @@ class _PSP:
     by torch.cat, which answers NCDHW for tensors of one channel; AHNet concatenates that with its last dense
     block's features in front of its final block, so the final norm and convolution got all of those channels
     NCDHW (a layout copy at the network's full resolution). Here the pyramid's few channels are laid out
-    channels_last_3d instead, and the concatenation after keeps that layout."""
+    channels_last_3d instead, and the concatenation after keeps that layout. A 2-D AHNet's runs as it is."""
 
     classes = ("monai.networks.nets.ahnet.PSP",)
     attributes = ("project_modules", "pool_modules")
 
     def forward(self, x):
-        return channels_last(super().forward(x))
+        out = super().forward(x)
+        return channels_last(out) if out.dim() == 5 else out
 
 
 class _UNet:
