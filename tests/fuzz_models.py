@@ -105,6 +105,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from real_models import (
     CHUNKED_ENCODERS,
+    ILL_CONDITIONED,
     INPUT_EDGES,
     MATCH,
     OWN_PAD_COPIES,
@@ -116,7 +117,6 @@ import tconv3d
 from tconv3d import settings
 from tconv3d.testing import rel_l2
 
-ILL_CONDITIONED = 10  # how much farther from float64 than stock's own float32 a draw may be where MATCH fails
 # "autocast": float32 weights and input, run under torch.autocast(dtype=torch.bfloat16), as mixed-precision
 # training and inference run (held to bf16's rule); "autocast_fp16" under fp16 autocast (CUDA's classic AMP)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "autocast": torch.float32,

@@ -2272,7 +2272,7 @@ def test_other_monai_networks(name, aten_path):
     until its pyramid pooling's adapter, _PSP), no pad or concatenation copy into a
     convolution but those MONAI's own forward makes (UNet++'s), no new graph break, and no more kept for the
     backward than stock (but GlobalNet's: below). Gradients in eval mode, as near float64 as stock's (kinks:
-    KINKED_FACTOR)."""
+    ILL_CONDITIONED)."""
     build, shape, (own_copies, concatenations) = _other_monai_nets()[name]
     stock, converted = stock_and_converted(build)
     x = torch.randn(shape).contiguous(memory_format=torch.channels_last_3d)
