@@ -271,6 +271,36 @@ def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
     assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 1
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])
+@pytest.mark.parametrize("grad_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_audit_sees_as_much_in_inference_mode(grad_mode, autocast, aten_path):
+    """Under torch.inference_mode() a composite op reaches the audit's dispatch mode whole (aten.conv3d, F.pad's
+    aten.pad, einsum) where torch.no_grad() decomposes it first. Until 2026-12-06 the audit counted no aten
+    convolution there (a layer left on aten looked never called), and under autocast an einsum of a float32 and a
+    bf16 operand raised (its decomposition ran below autocast: MONAI's GlobalNet, in the model fuzzer)."""
+
+    class Doubled(nn.Conv3d):  # a subclass: convert leaves it on aten; its own pad copy
+        def forward(self, x):
+            return super().forward(F.pad(x, (1,) * 6)) * 2
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = torch.randn(4)  # a plain attribute: float32 whatever the activations' dtype
+
+        def forward(self, x):
+            return torch.einsum("ncdhw,c->ndhw", x, self.weights)
+
+    model = tconv3d.nn.convert(nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), Doubled(4, 4, 3), Head()))
+    x = torch.randn(1, 3, 3, 5, 5)
+    with grad_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        expected = model(x)
+        report = tconv3d.nn.audit(model, x, verbose=False)
+    assert expected.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert report.tconv3d_calls == 1 and report.aten_conv3d_calls == 1, report.table()
+    assert [(layer.calls, layer.pad_copies) for layer in report.layers] == [(1, 0), (1, 1)], report.table()
+
+
 @pytest.mark.parametrize("source", ["channels_after", "frames_before"])
 @pytest.mark.parametrize("made", ["pad", "cat", "layout"])
 def test_audit_sees_what_feeds_a_second_source(source, made, aten_path):

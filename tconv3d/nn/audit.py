@@ -131,6 +131,8 @@ class _Watcher(TorchDispatchMode):
     def __init__(self, report: Audit, layer_stack: list):
         super().__init__()
         self.report, self.layer_stack = report, layer_stack
+        # the caller's thread-local dispatch keys (autocast's, as it stands), for the composite ops (below)
+        self.dispatch_keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
         # Tensors made by pad or concatenation copies -> the copies that led to them: (kind, the layer whose
         # forward made it or None).
         self.copies: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -143,6 +145,16 @@ class _Watcher(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        # Under torch.inference_mode() (tensors without autograd keys) a composite op reaches the mode whole
+        # (aten.conv3d, F.pad's aten.pad, einsum) where torch.no_grad() decomposes it above the mode first. Its
+        # decomposition runs here as it would have there: its ops dispatched from the top, under the mode and the
+        # dispatch keys the audit began with (autocast's: below the mode an einsum of a float32 and a float16
+        # operand raises), so the audit sees what it sees in no_grad (the convolution).
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            with torch._C._ForceDispatchKeyGuard(*self.dispatch_keys), self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         out = func(*args, **kwargs)
         name = func._schema.name.split("::")[-1]
         namespace = func.namespace
