@@ -1198,16 +1198,17 @@ def _loses_layout(call: dict, x: torch.Tensor, out: torch.Tensor, theirs_out: to
 
 def _fake_differs(call: dict, t: dict, out: torch.Tensor, theirs_out: torch.Tensor) -> str:
     """What torch.compile would see otherwise than eager: the call made again on fake tensors (the ops' fakes, as
-    Dynamo and AOTAutograd trace them) must answer the output's shape, dtype, device and strides (those of
-    dimensions longer than 1: Inductor lays out what follows, and reads the output, by them), and must not refuse
-    what eager answers. '' where it does, or where torch's own call differs alike (a drop-in hands the call to
-    torch's op, whose fake refuses an empty batch of nearest-exact, or lays out an expanded batch otherwise)."""
+    Dynamo and AOTAutograd trace them) must answer the output's shape, dtype, device and strides (all of them where
+    it has elements: Inductor lays out what follows, and reads the output, by them, and torch.cat lays out a
+    concatenation of one-channel tensors by their channel stride: the aten path's one-channel outputs were NCDHW,
+    their fakes channels_last_3d, until 2026-12-06), and must not refuse what eager answers. '' where it does, or
+    where torch's own call differs alike (a drop-in hands the call to torch's op, whose fake refuses an empty batch
+    of nearest-exact, or lays out an expanded batch otherwise)."""
     if out.device.type == "meta":
         return ""
-    long = [i for i, n in enumerate(out.shape) if n > 1]
 
     def described(x):
-        return (tuple(x.shape), x.dtype, x.device.type, [x.stride(i) for i in long])
+        return (tuple(x.shape), x.dtype, x.device.type, x.stride() if x.numel() else None)
 
     def faked(answer):
         mode = FakeTensorMode()

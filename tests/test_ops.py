@@ -53,6 +53,67 @@ def test_fake_outputs_are_channels_last():
         assert gw.shape == w.shape and gw.is_contiguous(memory_format=CL)
 
 
+def _strides(out) -> list:
+    """Each tensor's strides in an op's output (a tensor or a tuple); None for a tensor of no element (any strides
+    address it) or an absent one."""
+    outs = out if isinstance(out, tuple) else (out,)
+    return [t.stride() if isinstance(t, torch.Tensor) and t.numel() else None for t in outs]
+
+
+# (batch, channels in, channels out, D, H, W): a dimension of one somewhere in the input or the output
+ONE_SIZED = [(2, 1, 1, 4, 4, 2), (1, 4, 1, 3, 4, 5), (2, 3, 4, 1, 4, 4), (1, 3, 2, 1, 1, 1), (1, 1, 3, 2, 1, 3)]
+
+
+@pytest.mark.parametrize("backend", ["aten", "triton"])
+@pytest.mark.parametrize("shape", ONE_SIZED, ids=lambda s: "x".join(map(str, s)))
+def test_outputs_have_their_fakes_strides(shape, backend, monkeypatch):
+    """Every op's outputs have the strides its fake answers, those of dimensions of one too: torch.cat lays out a
+    concatenation of one-channel tensors channels_last_3d or NCDHW by their channel stride, and a compiled graph,
+    traced on the fakes, views the real one by what the fakes said. torch's one-channel convolution output is NCDHW,
+    which the aten path answered as it was until 2026-12-06 (MONAI AHNet compiled, in training: 'view size is not
+    compatible' at its BatchNorm's folded batch, behind its pyramid's concatenation of one-channel branches)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(settings, "CPU_BACKEND", backend)
+    n, cin, cout, d, h, w = shape
+    x = torch.randn(n, cin, d, h, w).contiguous(memory_format=CL)
+    # the aten path's outputs as torch's convolutions answer them: an NCDHW input of one channel, an NCDHW gradient
+    x_plain = torch.randn(n, cin, d, h, w)
+    wt = torch.randn(cout, cin, 3, 1, 3).contiguous(memory_format=CL)
+    conv = ([1, 1, 1], [1, 1, 0, 0, 1, 1], [1, 1, 1])
+    y = torch.ops.tconv3d.conv3d(x, wt, None, *conv, 1)
+    calls = {
+        "conv3d": (torch.ops.tconv3d.conv3d, (x, wt, torch.randn(cout), *conv, 1)),
+        "conv3d of an NCDHW input": (torch.ops.tconv3d.conv3d, (x_plain, wt, None, *conv, 1)),
+        "input_grad": (torch.ops.tconv3d.conv3d_input_grad, (torch.randn_like(y), wt, list(x.shape), *conv)),
+        "input_grad of NCDHW": (torch.ops.tconv3d.conv3d_input_grad, (torch.randn(y.shape), wt, list(x.shape), *conv)),
+        "input_grad, circular": (
+            torch.ops.tconv3d.conv3d_input_grad,
+            (torch.randn_like(y), wt, list(x.shape), *conv, "circular"),
+        ),  # its border fold
+        "weight_grad": (torch.ops.tconv3d.conv3d_weight_grad, (torch.randn_like(y), x, list(wt.shape), *conv)),
+        "group_norm": (torch.ops.tconv3d.group_norm, (x_plain, None, None, 1, 1e-5)),
+        "rms_norm": (torch.ops.tconv3d.rms_norm, (x_plain, None, None, 1e-6)),
+        "upsample_linear": (torch.ops.tconv3d.upsample_linear, (x_plain, [2, 1, 2])),
+    }
+    for name, (op, args) in calls.items():
+        real = op(*args)
+        mode = FakeTensorMode()
+        with mode:
+            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        assert _strides(real) == _strides(fake), name
+    # BatchNorm3d in training (its batch folded into the frames): eager torch and the fakes viewed a clip of one
+    # channel back with other channel strides
+    if n * d * h * w == 1:
+        return  # one value a channel: refused in training
+    norm = tconv3d.nn.convert(torch.nn.Sequential(torch.nn.BatchNorm3d(cin))).train()
+    real = norm(x_plain)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # the parameters as they are
+    with mode:
+        fake = norm(mode.from_tensor(x_plain))
+    assert _strides(real) == _strides(fake), "BatchNorm3d"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the aten path is what CPU tensors take without the interpreter")
 def test_cpu_aten_path_matches_reference(monkeypatch):
     """Without TRITON_INTERPRET, CPU tensors run torch's conv3d: same results, same layouts, any padding."""

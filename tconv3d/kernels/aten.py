@@ -12,7 +12,12 @@ import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
 from .config import destination_dtype
-from .tensors import batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
+from .tensors import as_allocated, batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
+
+
+def _out(t: torch.Tensor, clone: bool = False) -> torch.Tensor:
+    """An op's result: channels_last_3d (channels_last), with the strides the op's fake answers (as_allocated)."""
+    return as_allocated(channels_last(t, clone))
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -92,7 +97,7 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
     else:
         padded, stride = _at_single_outputs(_pad_input(x, frames_before, geom), geom)
         y = F.conv3d(_plain(padded), weight, bias, stride, 0, geom.dilation, geom.groups)
-    return channels_last(y)
+    return _out(y)
 
 
 def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias=None) -> torch.Tensor:
@@ -117,7 +122,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         # aten's transposed conv pads itself (no padded gradient, no narrowed copy), the bias inside
         grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
                                   geom.dilation)  # fmt: skip
-        return channels_last(grad).to(dtype)
+        return _out(grad).to(dtype)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
@@ -136,13 +141,13 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
         if mode == "zeros":
             grad = grad.narrow(2 + dim, geom.padding[2 * dim], geom.in_size[dim])
     if geom.reads_border:
-        grad = fold_padding(grad, geom, bias, dtype)  # rounded once, in its one copy
+        grad = _out(fold_padding(grad, geom, bias, dtype))  # rounded once, in its one copy
     elif narrowed:
         # A narrow that leaves the gradient contiguous (no border, or one along D with a batch of one) is still a
         # view, which an op must not return: autograd forbids modifying it in place (an in-place SiLU after it).
-        grad = channels_last(grad, clone=True)
+        grad = _out(grad, clone=True)
     else:
-        grad = channels_last(grad)
+        grad = _out(grad)
     return grad.to(dtype)
 
 
@@ -151,7 +156,7 @@ def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=
     grad = torch.nn.grad.conv3d_weight(
         _plain(padded), geom.weight_shape(), _plain(grad_out), stride, 0, geom.dilation, geom.groups
     )
-    return channels_last(grad)
+    return _out(grad)
 
 
 def scale_shift(mean, rstd, weight, bias, channels: int):
@@ -195,13 +200,13 @@ def group_norm_fwd(x, weight, bias, groups: int, eps: float, activation: str, sl
     channels_last_3d, mean, rstd fp32 [N, groups])."""
     if x.numel() == 0:  # an empty batch or clip: the kernels' empty answer, NaN statistics
         stats = torch.full((x.shape[0], groups), float("nan"), device=x.device)
-        return channels_last(torch.empty_like(x)), stats, stats.clone()
+        return _out(torch.empty_like(x)), stats, stats.clone()
     xf = x.float()
     var, mean = torch.var_mean(xf.reshape(x.shape[0], groups, -1), dim=2, unbiased=False)
     rstd = torch.rsqrt(var + eps)
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, x.shape[1]))
     y = activated((xf - center) * a + b, activation, slope)
-    return channels_last(y.to(x.dtype)), mean, rstd
+    return _out(y.to(x.dtype)), mean, rstd
 
 
 def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activation: str, slope=0.01):
@@ -212,7 +217,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     # would give NaN ones for an empty clip of a batch, the NaN statistics times empty sums, as torch's GroupNorm)
     if x.numel() == 0:
         zeros = torch.zeros(c, device=x.device, dtype=parameter_grad_dtype(weight))
-        return channels_last(torch.empty_like(x)), zeros, zeros.clone(), prelu_grad(slope, None, None)
+        return _out(torch.empty_like(x)), zeros, zeros.clone(), prelu_grad(slope, None, None)
     dy = grad_out.float()
     center, a, b = (t[:, :, None, None, None] for t in scale_shift(mean, rstd, weight, bias, c))
     centered = x.float() - center
@@ -228,7 +233,7 @@ def group_norm_bwd(grad_out, x, mean, rstd, weight, bias, groups: int, activatio
     else:
         grad_in = dy * per_channel(k1) + centered * per_channel(k2) + per_channel(k3)
     dtype = parameter_grad_dtype(weight)
-    return channels_last(grad_in.to(x.dtype)), grad_weight.to(dtype), grad_bias.to(dtype), slope_grad
+    return _out(grad_in.to(x.dtype)), grad_weight.to(dtype), grad_bias.to(dtype), slope_grad
 
 
 def prelu_grad(slope, dy, z) -> torch.Tensor | None:
@@ -247,7 +252,7 @@ def rms_norm_fwd(x, weight, bias, eps: float, activation: str, clamp: bool = Fal
     """The rms_norm kernel's forward in torch ops, fp32: act(x / divisor(x) * weight + bias)."""
     xf = x.float()
     y = activated(_channel_affine(xf / _rms_divisor(xf, eps, clamp), weight, bias), activation)
-    return channels_last(y.to(x.dtype))
+    return _out(y.to(x.dtype))
 
 
 def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: bool = False):
@@ -266,7 +271,7 @@ def rms_norm_bwd(grad_out, x, weight, bias, eps: float, activation: str, clamp: 
     grad_in = (g - normalized * along) * (1.0 / divisor)
     reduce = (0, 2, 3, 4)
     dtype = parameter_grad_dtype(weight)
-    return channels_last(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce).to(dtype), dz.sum(dim=reduce).to(dtype)
+    return _out(grad_in.to(x.dtype)), (dz * normalized).sum(dim=reduce).to(dtype), dz.sum(dim=reduce).to(dtype)
 
 
 def _rms_divisor(xf, eps: float, clamp: bool):
@@ -374,7 +379,7 @@ def _affine_tangent(
 
 def upsample_linear_fwd(x, factors) -> torch.Tensor:
     """F.interpolate(x, scale_factor=factors, mode="trilinear"), channels_last_3d (resample.py's contract)."""
-    return channels_last(F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear"))
+    return _out(F.interpolate(x, scale_factor=[float(f) for f in factors], mode="trilinear"))
 
 
 def upsample_linear_bwd(grad_out, input_size, factors) -> torch.Tensor:
@@ -382,4 +387,4 @@ def upsample_linear_bwd(grad_out, input_size, factors) -> torch.Tensor:
     scales = [float(f) for f in factors]
     grad = torch.ops.aten.upsample_trilinear3d_backward(grad_out, list(grad_out.shape[2:]), list(input_size), False,
                                                         *scales)  # fmt: skip
-    return channels_last(grad)
+    return _out(grad)

@@ -62,6 +62,31 @@ def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:
     return x.clone(memory_format=memory_format) if clone else x.contiguous(memory_format=memory_format)
 
 
+def ndhwc_strides(shape) -> tuple[int, ...]:
+    """The strides torch.empty(shape, memory_format=channels_last_3d) has, for a shape with elements."""
+    _, c, d, h, w = shape
+    sw = c
+    sh = sw * max(w, 1)
+    sd = sh * max(h, 1)
+    return (sd * max(d, 1), 1, sd, sh, sw)
+
+
+def as_allocated(t: torch.Tensor) -> torch.Tensor:
+    """`t`, channels_last_3d by torch's rule (which ignores the strides of size-1 dimensions), with the strides a
+    tensor allocated channels_last_3d has (ndhwc_strides: empty_ndhwc's, the ops' fakes'), on its storage and not a
+    view of it; t itself where they are already, or where a torch.func transform or autograd sees it. A one-channel
+    output of torch's convolution is NCDHW (channel stride D*H*W), which contiguous(memory_format=channels_last_3d)
+    leaves so: torch.cat lays out a concatenation of such tensors NCDHW, of the fakes' channels_last_3d, and a
+    compiled graph traced on the fakes then views the real one wrongly (MONAI AHNet's pyramid of one-channel
+    branches: 'view size is not compatible' in training, its batch folded for BatchNorm)."""
+    if t.dim() != 5 or not t.numel() or t.requires_grad or func_transformed():
+        return t
+    strides = ndhwc_strides(t.shape)
+    if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last_3d):
+        return t
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, strides)
+
+
 def ndhwc(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its channels (dim 1) are contiguous, as in channels_last_3d or a view of it; otherwise a
     channels_last_3d copy. The kernels take any other strides as they come."""

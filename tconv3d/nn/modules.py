@@ -471,13 +471,20 @@ def batch_folded(input: torch.Tensor) -> torch.Tensor:
     """A 5-D tensor (N, C, D, H, W), made channels_last_3d if it is not, as the (1, C, N * D, H, W) channels_last_3d
     view of its memory: the batch folded into its frames."""
     n, c, d, h, w = input.shape
+    if n == 1:  # the view itself (see batch_unfolded)
+        return input.contiguous(memory_format=_CL)
     # (C, N, D, H, W), whose N and D merge: two views, two autograd nodes
     return input.contiguous(memory_format=_CL).transpose(0, 1).view(1, c, n * d, h, w)
 
 
 def batch_unfolded(folded: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """batch_folded's inverse: a channels_last_3d (1, C, N * D, H, W) tensor as the (N, C, D, H, W) view."""
+    """batch_folded's inverse: a channels_last_3d (1, C, N * D, H, W) tensor as the (N, C, D, H, W) view; with a
+    batch of one, the tensor itself. (Its view as (C, 1, D, H, W) transposed would be the same memory, but with one
+    channel its channel stride differs between eager torch, D*H*W, and the fakes, 1: torch.cat lays out a
+    concatenation by it, and a compiled graph views what the fakes said.)"""
     n, c, d, h, w = shape
+    if n == 1:
+        return folded
     return folded.view(c, n, d, h, w).transpose(0, 1)
 
 
