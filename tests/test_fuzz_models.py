@@ -44,6 +44,25 @@ CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled d
     {"model": "monai_maisi", "shape": [1, 1, 13, 33, 8], "mode": "eval", "tiling": False},
     {"model": "allegro", "shape": [1, 3, 4, 16, 16], "mode": "train", "tiling": False},
     {"model": "qwenimage", "shape": [2, 3, 1, 24, 16], "mode": "eval", "tiling": False, "dtype": "bf16"},
+    # MONAI's other networks, drawn since 2026-12-06: a list of features out (a discriminator's, compared as one),
+    # UNet++'s own concatenations in front of its convolutions, and GlobalNet's einsum of a float32 grid audited
+    # under fp16 autocast in inference mode (the audit raised there, stock's as ours: docs/upstream.md)
+    {"model": "monai_multiscale_patch_discriminator", "shape": [2, 1, 33, 32, 40], "mode": "train", "tiling": False},
+    {
+        "model": "monai_basic_unetplusplus",
+        "shape": [1, 1, 17, 33, 16],
+        "mode": "eval",
+        "tiling": False,
+        "dtype": "bf16",
+    },
+    {
+        "model": "monai_globalnet",
+        "shape": [1, 2, 32, 32, 32],
+        "mode": "inference",
+        "tiling": False,
+        "dtype": "autocast_fp16",
+        "inference_built": True,
+    },
     # --func: under torch.func, one sample a call (compiled too: until 2026-12-04 converted models raised there)
     {"model": "wan", "shape": [2, 3, 5, 16, 24], "mode": "eval", "tiling": False, "func": "vmap"},
     {"model": "cogvideox", "shape": [2, 3, 5, 16, 16], "mode": "eval", "tiling": False, "func": "vmap_grad"},
@@ -117,7 +136,7 @@ def test_draws_are_seeded_and_cover_every_mode():
 
 @pytest.mark.parametrize(
     "name", ["monai_dynunet", "monai_attention_unet", "monai_basic_unet", "monai_maisi", "minimax_h3", "ltx2",
-             "hunyuan_video15"],
+             "hunyuan_video15", "monai_ahnet", "monai_vit_autoenc", "monai_classifier", "monai_regunet"],
 )  # fmt: skip
 def test_drawn_shapes_are_ones_stock_takes(name, models):
     """A draw stock refuses tests nothing, so shapes are drawn within what each stock model takes. Before these
@@ -213,6 +232,24 @@ def test_a_far_result_fails_even_at_kinks(models, aten_path):
         for handle in handles:
             handle.remove()
     assert problem is not None and problem.startswith("far from float64: output: "), problem
+
+
+def test_a_raise_fails_even_at_kinks(models, aten_path, monkeypatch):
+    """A converted model that raises where stock does not fails, whatever kinks its step has: until 2026-12-06 such a
+    draw was counted apart as "kinks" (AHNet compiled in training: a view error, its eager step's ReLUs across zero)."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False}
+    _, converted = models("monai_unet")
+    monkeypatch.setattr(fuzz_models, "kinks", lambda *args, **kwargs: 3)
+
+    def refuse(module, args):
+        raise RuntimeError("view size is not compatible with input tensor's size and stride")
+
+    handle = converted.register_forward_pre_hook(refuse)
+    try:
+        problem = check(case, models, seed=0)
+    finally:
+        handle.remove()
+    assert problem is not None and problem.startswith("raised where stock did not"), problem
 
 
 def test_a_fused_activations_inputs_across_zero_are_counted(models, aten_path):
