@@ -48,7 +48,7 @@ from .geometry import (
     check_weight_grad,
 )
 from .kernels import aten
-from .kernels.tensors import cat_channels, empty_ndhwc, func_transformed, parameter_grad_dtype
+from .kernels.tensors import cat_channels, empty_ndhwc, func_transformed, on_storage, parameter_grad_dtype
 from .settings import runs_triton
 
 if settings.TRITON_MISSING is None:  # else every op runs torch's own (runs_triton is False), and none of these
@@ -399,7 +399,7 @@ def _unfolded(t: torch.Tensor, size: int) -> torch.Tensor:
     """t with its batch split into (size, the rest), on t's storage but not a view of t: the op's output under vmap
     is an autograd Function's, which callers modify in place (conv_transpose3d's bias, an in-place SiLU)."""
     view = t.unflatten(0, (size, -1))
-    return t.new_empty(0).set_(t.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+    return on_storage(t, view.shape, view.stride(), view.storage_offset())
 
 
 # ---------------------------------------------------------------------------------------------------------------

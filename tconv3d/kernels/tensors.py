@@ -62,29 +62,43 @@ def channels_last(x: torch.Tensor, clone: bool = False) -> torch.Tensor:
     return x.clone(memory_format=memory_format) if clone else x.contiguous(memory_format=memory_format)
 
 
-def ndhwc_strides(shape) -> tuple[int, ...]:
-    """The strides torch.empty(shape, memory_format=channels_last_3d) has, for a shape with elements."""
-    _, c, d, h, w = shape
-    sw = c
-    sh = sw * max(w, 1)
-    sd = sh * max(h, 1)
-    return (sd * max(d, 1), 1, sd, sh, sw)
+# Dimensions from the innermost out, per layout; any other format is the contiguous one.
+_INNERMOST_FIRST = {torch.channels_last_3d: (1, 4, 3, 2, 0), torch.channels_last: (1, 3, 2, 0)}
+
+
+def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
+    """The strides torch.empty gives `shape` in `memory_format`, in plain Python, so that torch.compile traces it
+    with no cache wrapper to warn about. Like torch, the contiguous layout steps over a size-0 dim as if it had
+    size 1; the channels-last ones do not."""
+    order = _INNERMOST_FIRST.get(memory_format)
+    strides, step = [0] * len(shape), 1
+    for dim in order or range(len(shape) - 1, -1, -1):
+        strides[dim] = step
+        step *= shape[dim] if order else max(shape[dim], 1)
+    return tuple(strides)
+
+
+def on_storage(t: torch.Tensor, shape, strides, offset: int) -> torch.Tensor:
+    """A tensor of `shape` and `strides` at `offset` into t's storage, not a view of t: an op may return it (autograd
+    lets callers modify an op's output in place, where a view made inside the op would refuse)."""
+    return t.new_empty(0).set_(t.untyped_storage(), offset, shape, strides)
 
 
 def as_allocated(t: torch.Tensor) -> torch.Tensor:
     """`t`, channels_last_3d by torch's rule (which ignores the strides of size-1 dimensions), with the strides a
-    tensor allocated channels_last_3d has (ndhwc_strides: empty_ndhwc's, the ops' fakes'), on its storage and not a
-    view of it; t itself where they are already, or where a torch.func transform or autograd sees it. A one-channel
-    output of torch's convolution is NCDHW (channel stride D*H*W), which contiguous(memory_format=channels_last_3d)
-    leaves so: torch.cat lays out a concatenation of such tensors NCDHW, of the fakes' channels_last_3d, and a
-    compiled graph traced on the fakes then views the real one wrongly (MONAI AHNet's pyramid of one-channel
-    branches: 'view size is not compatible' in training, its batch folded for BatchNorm)."""
+    tensor allocated channels_last_3d has (format_strides: empty_ndhwc's, the ops' fakes'), on its storage and not
+    a view of it (on_storage); t itself where they are already, or where a torch.func transform or autograd sees
+    it. A one-channel output of torch's convolution is NCDHW (channel stride D*H*W), which
+    contiguous(memory_format=channels_last_3d) leaves so: torch.cat lays out a concatenation of such tensors NCDHW,
+    of the fakes' channels_last_3d, and a compiled graph traced on the fakes then views the real one wrongly (MONAI
+    AHNet's pyramid of one-channel branches: 'view size is not compatible' in training, its batch folded for
+    BatchNorm)."""
     if t.dim() != 5 or not t.numel() or t.requires_grad or func_transformed():
         return t
-    strides = ndhwc_strides(t.shape)
+    strides = format_strides(t.shape, torch.channels_last_3d)
     if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last_3d):
         return t
-    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), t.shape, strides)
+    return on_storage(t, t.shape, strides, t.storage_offset())
 
 
 def ndhwc(t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from ..functional import conv_transpose3d, unbatched
 from ..geometry import NORM_ACTIVATIONS, PLAIN_TENSORS, SUPPORTED_DTYPES, resolve_padding, triple
 from ..kernels.aten import activated
-from ..kernels.tensors import batched, fold_padding, func_transformed
+from ..kernels.tensors import batched, fold_padding, format_strides, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from ..settings import TRITON_MISSING, runs_triton
 from .subpixel import upsampled_conv, upsampled_conv_reason
@@ -216,22 +216,6 @@ def keep_memory_format(weight: torch.Tensor, memory_format=_CL) -> None:
         with torch.inference_mode(False) if leave else contextlib.nullcontext(), torch.no_grad():
             kept = torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device)
             weight.data = kept.copy_(weight.data)
-
-
-# Dimensions from the innermost out, per layout; any other format is the contiguous one.
-_INNERMOST_FIRST = {torch.channels_last_3d: (1, 4, 3, 2, 0), torch.channels_last: (1, 3, 2, 0)}
-
-
-def format_strides(shape: tuple[int, ...], memory_format) -> tuple[int, ...]:
-    """The strides torch.empty gives `shape` in `memory_format`, in plain Python, so that torch.compile traces it
-    with no cache wrapper to warn about. Like torch, the contiguous layout steps over a size-0 dim as if it had
-    size 1; the channels-last ones do not."""
-    order = _INNERMOST_FIRST.get(memory_format)
-    strides, step = [0] * len(shape), 1
-    for dim in order or range(len(shape) - 1, -1, -1):
-        strides[dim] = step
-        step *= shape[dim] if order else max(shape[dim], 1)
-    return tuple(strides)
 
 
 # The activation modules a norm takes into its pass, by their `activation` names (tconv3d.nn.convert fuses them
