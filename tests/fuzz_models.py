@@ -176,7 +176,7 @@ MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "
          # but VQ-VAE: its codebook's nearest code flips on a rounding, and the output with it
          *(OTHER_MONAI := ("resnet18", "seresnext50", "segresnet_ds2", "basic_unetplusplus", "ahnet", "regunet",
                            "localnet", "globalnet", "patch_discriminator", "multiscale_patch_discriminator",
-                           "vit_autoenc", "classifier", "discriminator", "controlnet")))  # fmt: skip
+                           "vit_autoenc", "classifier", "discriminator", "controlnet", "dints")))  # fmt: skip
 # A MONAI network's input sizes a dimension where stock refuses others (probed over 4 to 48, each dimension alone):
 # UNETR's ViT image size, SwinUNETR's windows and five halvings, VNet's, MedNeXt's and FlexibleUNet's halvings; the
 # UNets' two stride-2 levels (MONAI's UNet also takes 4k + 3, its up convolutions' output padding); BasicUNet's four
@@ -186,7 +186,8 @@ MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "
 # refuses tests nothing (the draw is skipped): before these, DynUNet's and AttentionUNet's draws ran one time in fifty.
 # The other networks' (probed 2026-12-06 over 4 to 48, AHNet's H and W over 100 to 199, D over 24 to 69): their
 # fixed image sizes (GlobalNet, ControlNet's condition, ViTAutoEnc's patches, the Classifier's), halvings
-# (SegResNetDS2, RegUNet, LocalNet), the discriminators' least sizes; ResNet's and SE-ResNeXt's take any.
+# (SegResNetDS2, RegUNet, LocalNet; DiNTS's stem and depth, multiples of 4), the discriminators' least sizes;
+# ResNet's and SE-ResNeXt's take any.
 EVERY = range(8, 41)
 MONAI_SIZES = {"unetr": (32,), "swin_unetr": (32, 64), "swin_unetr_v2": (32, 64), "vnet": (16, 32, 48),
                "mednext": (16, 32, 48), "flexible_unet": (32, 64), "segresnet_ds": (8, 16, 24, 32, 40),
@@ -198,6 +199,7 @@ MONAI_SIZES = {"unetr": (32,), "swin_unetr": (32, 64), "swin_unetr_v2": (32, 64)
                "basic_unetplusplus": range(16, 41), "patch_discriminator": range(24, 41),
                "multiscale_patch_discriminator": range(32, 41), "vit_autoenc": range(32, 41),
                "classifier": range(13, 17), "discriminator": range(13, 17), "globalnet": (32,), "controlnet": (16,),
+               "dints": range(8, 41, 4),
                "ahnet": ((127, 128), (127, 128), (32, 33, 64, 65))}  # fmt: skip
 # A MONAI network's input channels, 1 unless listed: the registration networks' fixed and moving images
 IN_CHANNELS = {"regunet": 2, "localnet": 2, "globalnet": 2}

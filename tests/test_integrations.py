@@ -2287,12 +2287,16 @@ def _other_monai_nets():
         "classifier": (lambda: nets.Classifier((1, 16, 16, 16), 3, (4, 8), (2, 2)), (2, 1, 16, 16, 16), (0, 0)),
         "discriminator": (lambda: nets.Discriminator((1, 16, 16, 16), (4, 8), (2, 2)), (2, 1, 16, 16, 16), (0, 0)),
         "controlnet": (Controlled, (1, 1, 16, 16, 16), (0, 0)),
+        # DiNTS, Auto3DSeg's searched network, in its search space: each cell's mixed op sums a 3x3x3 and the three
+        # P3D convolutions ((3,3,1), (3,1,3), (1,3,3)); trilinear resampling between its depths
+        "dints": (lambda: nets.DiNTS(nets.TopologySearch(channel_mul=0.25, num_blocks=2, num_depths=2, spatial_dims=3),
+                                     in_channels=1, num_classes=2), (1, 1, 16, 16, 16), (0, 2)),
     }  # fmt: skip
 
 
 OTHER_MONAI_NETS = ("resnet18", "seresnext50", "segresnet_ds2", "basic_unetplusplus", "ahnet", "regunet", "localnet",
                     "globalnet", "vqvae", "patch_discriminator", "multiscale_patch_discriminator", "vit_autoenc",
-                    "classifier", "discriminator", "controlnet")  # fmt: skip
+                    "classifier", "discriminator", "controlnet", "dints")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", OTHER_MONAI_NETS)
