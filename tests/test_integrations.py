@@ -301,6 +301,28 @@ def test_audit_sees_as_much_in_inference_mode(grad_mode, autocast, aten_path):
     assert [(layer.calls, layer.pad_copies) for layer in report.layers] == [(1, 0), (1, 1)], report.table()
 
 
+def test_audit_keeps_autocast_off_where_the_model_turns_it_off(aten_path):
+    """The audit decomposes a composite op in inference mode under the keys its caller had: a model that runs an
+    einsum with autocast off (float32) and multiplies the result by a float32 matrix ran under the audit's
+    starting keys until 2026-12-06, so its einsum came out bf16 and the matmul raised on the mixed dtypes."""
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights, self.matrix = torch.randn(4), torch.randn(5, 3)
+
+        def forward(self, x):
+            with torch.autocast("cpu", enabled=False):
+                return torch.mm(torch.einsum("ncdhw,c->nw", x.float(), self.weights), self.matrix)
+
+    model = tconv3d.nn.convert(nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), Head()))
+    x = torch.randn(1, 3, 3, 5, 5)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.float32
+        report = tconv3d.nn.audit(model, x, verbose=False)
+    assert report.tconv3d_calls == 1, report.table()
+
+
 @pytest.mark.parametrize("source", ["channels_after", "frames_before"])
 @pytest.mark.parametrize("made", ["pad", "cat", "layout"])
 def test_audit_sees_what_feeds_a_second_source(source, made, aten_path):

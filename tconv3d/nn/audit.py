@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
@@ -127,12 +128,34 @@ def _is_ndhwc(t: torch.Tensor) -> bool:
     return t.dim() == 5 and (t.stride(1) == 1 or t.shape[1] == 1)
 
 
+def _local_dispatch_keys() -> tuple:
+    return torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+
+
+class _CallerKeys(TorchFunctionMode):
+    """Hands _Watcher the caller's thread-local dispatch keys at each torch function the model calls (autocast's as
+    the model has them: one it turns off around an einsum), which a dispatch mode cannot read: below the
+    dispatcher's Python key all keys above it are excluded."""
+
+    def __init__(self, watcher: _Watcher):
+        super().__init__()
+        self.watcher = watcher
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        outer, self.watcher.dispatch_keys = self.watcher.dispatch_keys, _local_dispatch_keys()
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.watcher.dispatch_keys = outer
+
+
 class _Watcher(TorchDispatchMode):
     def __init__(self, report: Audit, layer_stack: list):
         super().__init__()
         self.report, self.layer_stack = report, layer_stack
-        # the caller's thread-local dispatch keys (autocast's, as it stands), for the composite ops (below)
-        self.dispatch_keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+        # the caller's thread-local dispatch keys (autocast's), for the composite ops (below): those of the torch
+        # function now running (_CallerKeys), else the audit's start
+        self.dispatch_keys = _local_dispatch_keys()
         # Tensors made by pad or concatenation copies -> the copies that led to them: (kind, the layer whose
         # forward made it or None).
         self.copies: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -148,8 +171,8 @@ class _Watcher(TorchDispatchMode):
         # Under torch.inference_mode() (tensors without autograd keys) a composite op reaches the mode whole
         # (aten.conv3d, F.pad's aten.pad, einsum) where torch.no_grad() decomposes it above the mode first. Its
         # decomposition runs here as it would have there: its ops dispatched from the top, under the mode and the
-        # dispatch keys the audit began with (autocast's: below the mode an einsum of a float32 and a float16
-        # operand raises), so the audit sees what it sees in no_grad (the convolution).
+        # caller's dispatch keys (autocast's: below the mode an einsum of a float32 and a float16 operand raises,
+        # and one the model runs with autocast off must not be cast), so the audit sees what it sees in no_grad.
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             with torch._C._ForceDispatchKeyGuard(*self.dispatch_keys), self:
                 out = func.decompose(*args, **kwargs)
@@ -284,7 +307,7 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
     watcher = _Watcher(report, stack)
     COPY_OBSERVERS.append(watcher.copied)  # the copies tconv3d's own modules make, by views the watcher sees apart
     try:
-        with torch.no_grad(), watcher:
+        with torch.no_grad(), _CallerKeys(watcher), watcher:
             if run is None:
                 model(*example_args, **example_kwargs)
             else:
