@@ -2323,7 +2323,7 @@ OTHER_MONAI_NETS = ("resnet18", "seresnext50", "segresnet_ds2", "basic_unetplusp
 
 @pytest.mark.parametrize("name", OTHER_MONAI_NETS)
 def test_other_monai_networks(name, aten_path):
-    """MONAI's classification, registration and generative networks, UNet++ and AHNet: outputs and gradients as
+    """MONAI's classification, registration and generative networks, UNet++, AHNet and DiNTS: outputs and gradients as
     stock's, every convolution on tconv3d, no layout copy of a channels_last_3d input (AHNet's final block got one
     until its pyramid pooling's adapter, _PSP), no pad or concatenation copy into a
     convolution but those MONAI's own forward makes (UNet++'s), no new graph break, and no more kept for the
