@@ -1,6 +1,7 @@
 """Converted models in PyTorch's training-at-scale and deployment machinery, on CPU: DDP, FSDP2 and FSDP1 over gloo
 with two processes, activation checkpointing, torch.export (save/load in a fresh process) and checkpoints."""
 
+import copy
 import os
 import socket
 import subprocess
@@ -309,3 +310,137 @@ def test_whole_converted_model_loads_in_fresh_process(tmp_path, shardable):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x))
+
+
+def _train_steps(model, optimizer, steps: int) -> None:
+    x, target = unet_batch(2)
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _save_checkpoint(kind: str, model, optimizer, path: Path) -> None:
+    if kind == "torch_save":
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    elif kind == "distributed_checkpoint":
+        from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, moments = get_state_dict(model, optimizer)
+        save({"model": weights, "optimizer": moments}, checkpoint_id=path)
+    else:  # safetensors for the weights (its save_model packs them contiguous), torch.save for the optimizer
+        from safetensors.torch import save_model
+
+        save_model(model, str(path) + ".safetensors")
+        torch.save(optimizer.state_dict(), str(path) + ".optimizer")
+
+
+def _load_checkpoint(kind: str, model, optimizer, path: Path) -> None:
+    """Load the checkpoint into model and, unless None, optimizer."""
+    if kind == "torch_save":
+        state = torch.load(path)
+        model.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+    elif kind == "distributed_checkpoint":  # loads in place into the state dicts' tensors
+        from torch.distributed.checkpoint import load
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        weights, moments = get_state_dict(model, optimizer or [])
+        load({"model": weights, **({"optimizer": moments} if optimizer else {})}, checkpoint_id=path)
+        set_state_dict(model, optimizer or [], model_state_dict=weights, optim_state_dict=moments)
+    else:
+        from safetensors.torch import load_model
+
+        load_model(model, str(path) + ".safetensors")
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(str(path) + ".optimizer"))
+
+
+@pytest.mark.parametrize("kind", ["torch_save", "distributed_checkpoint", "safetensors"])
+def test_training_resumes_from_a_checkpoint(kind, tmp_path):
+    """Training stopped after 2 AdamW steps, checkpointed (weights and optimizer) in a format users save in, loaded
+    into a fresh converted model (other weights) and a fresh optimizer, and trained 2 steps more ends where 4 steps
+    without a stop end, bit for bit. The loaded conv weights and their optimizer moments are channels_last_3d, as
+    the uninterrupted run's; the checkpoint loads into the stock model too, the same values."""
+    if kind == "safetensors":
+        pytest.importorskip("safetensors")
+    checkpoint = tmp_path / "checkpoint"
+    with warnings.catch_warnings():  # the distributed checkpoint's "assuming the intent is ... a single process"
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        uninterrupted = converted_unet()
+        _train_steps(uninterrupted, torch.optim.AdamW(uninterrupted.parameters(), lr=0.01), 4)
+        stopped = converted_unet()
+        optimizer = torch.optim.AdamW(stopped.parameters(), lr=0.01)
+        _train_steps(stopped, optimizer, 2)
+        _save_checkpoint(kind, stopped, optimizer, checkpoint)
+        torch.manual_seed(1)
+        resumed, stock = tconv3d.nn.convert(TinyUNet()), TinyUNet()
+        assert not torch.equal(resumed.stem[0].weight, stopped.stem[0].weight)
+        optimizer = torch.optim.AdamW(resumed.parameters(), lr=0.01)
+        _load_checkpoint(kind, resumed, optimizer, checkpoint)
+        _load_checkpoint(kind, stock, None, checkpoint)
+    for name, value in stopped.state_dict().items():
+        assert torch.equal(stock.state_dict()[name], value), name
+    for conv in (m for m in resumed.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)):
+        moments = optimizer.state[conv.weight]
+        for t in (conv.weight, moments["exp_avg"], moments["exp_avg_sq"]):
+            assert t.is_contiguous(memory_format=torch.channels_last_3d) and t.stride() == conv.weight.stride(), conv
+    _train_steps(resumed, optimizer, 2)
+    for (name, ours), theirs in zip(resumed.named_parameters(), uninterrupted.parameters(), strict=True):
+        assert torch.equal(ours, theirs), name
+
+
+def _order(t: torch.Tensor) -> tuple:
+    """The strides that order a tensor's elements in memory (those of its dims of more than one element)."""
+    return tuple(stride for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
+
+
+OPTIMIZERS = {
+    "adamw": lambda params, **kw: torch.optim.AdamW(params, lr=0.01, **kw),
+    "sgd": lambda params, **kw: torch.optim.SGD(params, lr=0.1, momentum=0.9, **kw),
+    "adagrad": lambda params, **kw: torch.optim.Adagrad(params, lr=0.1, **kw),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("made", ["stock_checkpoint", "before_convert"])
+def test_fused_optimizers_step_right_on_state_made_before_convert(kind, made):
+    """Optimizer state made on the stock model (NCDHW moments), met by a converted model's weights: loaded from a
+    stock run's checkpoint into a fresh fused optimizer (match_optimizer_state called before the load: its hook
+    lays the loaded state out), or made by stepping the stock model before converting it in place (called after
+    `convert`). The state then has its weights' strides, and a fused step ends where the for-loop step ends from
+    the same state (torch's CPU fused optimizers pair elements by memory position: without the match they answer
+    wrongly, docs/upstream.md)."""
+    build = OPTIMIZERS[kind]
+    torch.manual_seed(0)
+    stock = TinyUNet()
+    stock_optimizer = build(stock.parameters(), fused=True)
+    _train_steps(stock, stock_optimizer, 2)
+    ends = []
+    for fused in (True, False):
+        checkpoint = copy.deepcopy(stock_optimizer.state_dict())
+        for group in checkpoint["param_groups"]:  # a checkpoint's groups replace the optimizer's, their flags too
+            group.update(fused=fused, foreach=False)
+        if made == "stock_checkpoint":
+            model = converted_unet()
+            model.load_state_dict(stock.state_dict())
+            optimizer = tconv3d.nn.match_optimizer_state(build(model.parameters()))
+            optimizer.load_state_dict(checkpoint)
+        else:
+            model = copy.deepcopy(stock)
+            optimizer = build(model.parameters())
+            optimizer.load_state_dict(checkpoint)
+            tconv3d.nn.match_optimizer_state(optimizer)  # nothing to match yet: the weights are NCDHW as the state
+            tconv3d.nn.convert(model)
+            tconv3d.nn.match_optimizer_state(optimizer)
+        assert all(group["fused"] is fused for group in optimizer.param_groups)
+        for conv in (m for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)):
+            assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+            for value in optimizer.state[conv.weight].values():
+                assert value.dim() == 0 or _order(value) == _order(conv.weight), (conv, value.stride())
+        _train_steps(model, optimizer, 1)
+        ends.append(list(model.parameters()))
+    for fused, loop in zip(*ends, strict=True):
+        torch.testing.assert_close(fused, loop)

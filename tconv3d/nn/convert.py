@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -216,6 +217,45 @@ def shardable(model: nn.Module) -> nn.Module:
     for parameter in model.parameters():
         keep_memory_format(parameter, torch.contiguous_format)
     return model
+
+
+def match_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Lay `optimizer`'s per-parameter state out in its parameters' strides, now and after each later
+    `optimizer.load_state_dict`, and return it.
+
+    An optimizer makes a parameter's state (AdamW's moments, SGD's momentum) in the parameter's strides, so state
+    made after `convert` is channels_last_3d as the conv weights are. State made before `convert` (an optimizer
+    that stepped on the stock model) or loaded from a stock run's checkpoint stays NCDHW, and torch's fused
+    optimizers (`fused=True`) do not take the mismatch: on CUDA they refuse it ("... must have same dtype, device,
+    and layout"), on CPU they pair a parameter's elements with its state's by memory position and update wrongly,
+    silently (docs/upstream.md). The for-loop and foreach paths compute right either way. Call it once the
+    optimizer exists, after `convert` (and after `shardable`, which lays the weights out anew). State of another
+    shape (a step count) and distributed tensors (FSDP2's) are left as they are.
+    """
+    if optimizer not in _MATCHED_OPTIMIZERS:
+        optimizer.register_load_state_dict_post_hook(_match_state)
+        _MATCHED_OPTIMIZERS.add(optimizer)
+    _match_state(optimizer)
+    return optimizer
+
+
+_MATCHED_OPTIMIZERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _match_state(optimizer: torch.optim.Optimizer) -> None:
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter, {})
+            for key, value in state.items():
+                if type(value) is torch.Tensor and value.shape == parameter.shape and not _same_order(value, parameter):
+                    state[key] = torch.empty_strided(
+                        parameter.shape, parameter.stride(), dtype=value.dtype, device=value.device
+                    ).copy_(value)
+
+
+def _same_order(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one shape lay their elements out alike (strides of size-1 dims are free)."""
+    return all(x == y for size, x, y in zip(a.shape, a.stride(), b.stride(), strict=True) if size > 1)
 
 
 def _swap(module: nn.Module, cls: type) -> None:
