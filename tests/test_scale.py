@@ -444,3 +444,26 @@ def test_fused_optimizers_step_right_on_state_made_before_convert(kind, made):
         ends.append(list(model.parameters()))
     for fused, loop in zip(*ends, strict=True):
         torch.testing.assert_close(fused, loop)
+
+
+def test_lbfgs_runs_after_shardable():
+    """torch's LBFGS flattens every gradient with view(-1), which a channels_last_3d one refuses; after `shardable`
+    (contiguous weights) it runs on a converted model and ends where it ends on the stock one."""
+    x, target = unet_batch(2)
+    torch.manual_seed(0)
+    stock = TinyUNet()
+    initial = stock.stem[0].weight.detach().clone()
+    converted = tconv3d.nn.shardable(converted_unet())
+    for model in (stock, converted):
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=5)
+
+        def loss(model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            value = torch.nn.functional.mse_loss(model(x), target)
+            value.backward()
+            return value
+
+        optimizer.step(loss)
+    assert not torch.equal(stock.stem[0].weight, initial)
+    for ours, theirs in zip(converted.parameters(), stock.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)
