@@ -247,14 +247,22 @@ def _match_state(optimizer: torch.optim.Optimizer) -> None:
         for parameter in group["params"]:
             state = optimizer.state.get(parameter, {})
             for key, value in state.items():
-                if type(value) is torch.Tensor and value.shape == parameter.shape and not _same_order(value, parameter):
+                if _strided(value) and _strided(parameter) and not _same_order(value, parameter):
                     state[key] = torch.empty_strided(
                         parameter.shape, parameter.stride(), dtype=value.dtype, device=value.device
                     ).copy_(value)
 
 
+def _strided(t) -> bool:
+    """A plain dense tensor (not a DTensor or other subclass, not a sparse tensor)."""
+    return isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+
+
 def _same_order(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one shape lay their elements out alike (strides of size-1 dims are free)."""
+    """Whether a lays its elements out as b does: a tensor of another shape counts as alike (nothing to match);
+    strides of size-1 dims are free."""
+    if a.shape != b.shape:
+        return True
     return all(x == y for size, x, y in zip(a.shape, a.stride(), b.stride(), strict=True) if size > 1)
 
 
