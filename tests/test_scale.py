@@ -412,39 +412,42 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("made", ["stock_checkpoint", "before_convert"])
-def test_fused_optimizers_step_right_on_state_made_before_convert(kind, made):
-    """Optimizer state made on the stock model (NCDHW moments), met by a converted model's weights: loaded from a
-    stock run's checkpoint into a fresh fused optimizer (match_optimizer_state called before the load: its hook
-    lays the loaded state out), or made by stepping the stock model before converting it in place (called after
-    `convert`). The state then has its weights' strides, and a fused step ends where the for-loop step ends from
-    the same state (torch's CPU fused optimizers pair elements by memory position: without the match they answer
-    wrongly, docs/upstream.md)."""
+@pytest.mark.parametrize("made", ["stock_checkpoint", "before_convert", "converted_checkpoint"])
+def test_fused_optimizers_step_right_on_state_made_in_another_layout(kind, made):
+    """Optimizer state made in one layout, met by weights in the other: a stock run's checkpoint (NCDHW moments)
+    loaded into a converted model's fresh fused optimizer (match_optimizer_state called before the load: its hook
+    lays the loaded state out); steps on the stock model before converting it in place (called after `convert`);
+    a converted run's checkpoint (channels_last_3d moments) loaded into the stock model's optimizer. The state then
+    has its weights' order, and a fused step ends where the for-loop step ends from the same state (torch's CPU
+    fused optimizers pair elements by memory position: without the match they answer wrongly,
+    docs/upstream.md)."""
     build = OPTIMIZERS[kind]
     torch.manual_seed(0)
-    stock = TinyUNet()
-    stock_optimizer = build(stock.parameters(), fused=True)
-    _train_steps(stock, stock_optimizer, 2)
+    source = converted_unet() if made == "converted_checkpoint" else TinyUNet()
+    source_optimizer = build(source.parameters(), fused=True)
+    _train_steps(source, source_optimizer, 2)
     ends = []
     for fused in (True, False):
-        checkpoint = copy.deepcopy(stock_optimizer.state_dict())
+        checkpoint = copy.deepcopy(source_optimizer.state_dict())
         for group in checkpoint["param_groups"]:  # a checkpoint's groups replace the optimizer's, their flags too
             group.update(fused=fused, foreach=False)
-        if made == "stock_checkpoint":
-            model = converted_unet()
-            model.load_state_dict(stock.state_dict())
-            optimizer = tconv3d.nn.match_optimizer_state(build(model.parameters()))
-            optimizer.load_state_dict(checkpoint)
-        else:
-            model = copy.deepcopy(stock)
+        if made == "before_convert":
+            model = copy.deepcopy(source)
             optimizer = build(model.parameters())
             optimizer.load_state_dict(checkpoint)
             tconv3d.nn.match_optimizer_state(optimizer)  # nothing to match yet: the weights are NCDHW as the state
             tconv3d.nn.convert(model)
             tconv3d.nn.match_optimizer_state(optimizer)
+        else:
+            model = TinyUNet() if made == "converted_checkpoint" else converted_unet()
+            model.load_state_dict(source.state_dict())
+            optimizer = tconv3d.nn.match_optimizer_state(build(model.parameters()))
+            optimizer.load_state_dict(checkpoint)
         assert all(group["fused"] is fused for group in optimizer.param_groups)
         for conv in (m for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)):
-            assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+            assert conv.weight.is_contiguous(
+                memory_format=torch.contiguous_format if made == "converted_checkpoint" else torch.channels_last_3d
+            )
             for value in optimizer.state[conv.weight].values():
                 assert value.dim() == 0 or _order(value) == _order(conv.weight), (conv, value.stride())
         _train_steps(model, optimizer, 1)
