@@ -1,6 +1,7 @@
 """Realistic sizes on a CUDA device: forward and all gradients against float64, tensor-core dtypes, determinism.
 Skipped without CUDA; `python -m pytest tests -m gpu` runs only these."""
 
+import copy
 import threading
 
 import pytest
@@ -286,3 +287,37 @@ def test_inductor_launches_the_kernels_itself(monkeypatch, kernels):
     assert "_conv3d_fwd_kernel" in forward_code or "_conv3d_tma" in forward_code or "_gluon" in forward_code
     if kernels == "pointer":
         assert "torch.ops.tconv3d" not in forward_code, forward_code
+
+
+def test_fused_adamw_resumes_a_stock_checkpoint_after_match(device="cuda"):
+    """A stock run's AdamW state (NCDHW moments) loaded into a converted TinyUNet's fused CUDA AdamW: torch's fused
+    kernels refuse (or, on CPU, misread) state of other strides than the weights'; after
+    `tconv3d.nn.match_optimizer_state` the fused step ends where the foreach step ends (docs/training.md)."""
+    x = torch.randn(2, 3, 4, 8, 8, device=device).contiguous(memory_format=torch.channels_last_3d)
+    target = torch.randn(2, 3, 4, 8, 8, device=device)
+
+    def steps(model, optimizer, n):
+        for _ in range(n):
+            torch.nn.functional.mse_loss(model(x), target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    stock = TinyUNet().to(device)
+    stock_optimizer = torch.optim.AdamW(stock.parameters(), lr=0.01, fused=True)
+    steps(stock, stock_optimizer, 2)
+    ends = []
+    for fused in (True, False):
+        model = tconv3d.nn.convert(TinyUNet()).to(device)
+        model.load_state_dict(stock.state_dict())
+        optimizer = tconv3d.nn.match_optimizer_state(torch.optim.AdamW(model.parameters(), lr=0.01))
+        checkpoint = copy.deepcopy(stock_optimizer.state_dict())  # a load shares the tensors it can (the steps)
+        for group in checkpoint["param_groups"]:  # the checkpoint's groups replace the optimizer's, flags included
+            group.update(fused=fused or None, foreach=not fused)
+        optimizer.load_state_dict(checkpoint)
+        weight = model.stem[0].weight
+        assert optimizer.state[weight]["exp_avg"].stride() == weight.stride()
+        steps(model, optimizer, 1)
+        ends.append([p.detach().clone() for p in model.parameters()])
+    for fused, foreach in zip(*ends, strict=True):
+        torch.testing.assert_close(fused, foreach)
