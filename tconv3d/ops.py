@@ -458,9 +458,10 @@ def _needs_grad(ctx, index: int) -> bool:
 
 
 def in_strides_of(grad: torch.Tensor, stride) -> torch.Tensor:
-    """A parameter's gradient in exactly the parameter's strides, size-1 dims included: DDP's buckets and
-    FSDP's reduce-scatter take it as it is, where a gradient whose strides differ even only in a size-1 dim (a
-    1x1x1 channels_last_3d weight's) is copied every step, with a warning from DDP. In the same memory order
+    """A parameter's gradient (or optimizer state: tconv3d.nn.match_optimizer_state) in exactly the parameter's
+    strides, size-1 dims included: DDP's buckets and FSDP's reduce-scatter take it as it is, where a gradient whose
+    strides differ even only in a size-1 dim (a 1x1x1 channels_last_3d weight's) is copied every step, with a
+    warning from DDP. In the same memory order
     (the channels_last_3d weight tconv3d.nn keeps) this is a view; in another (a contiguous weight, as sharded
     models keep) one copy. Under torch.func's vmap (per-sample gradients) the gradient is returned as it is."""
     stride = tuple(stride)

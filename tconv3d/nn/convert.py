@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ..geometry import SUPPORTED_DTYPES
+from ..ops import in_strides_of
 from . import monai_nets, video_vaes
 from .modules import (
     AvgPool3d,
@@ -247,23 +248,13 @@ def _match_state(optimizer: torch.optim.Optimizer) -> None:
         for parameter in group["params"]:
             state = optimizer.state.get(parameter, {})
             for key, value in state.items():
-                if _strided(value) and _strided(parameter) and not _same_order(value, parameter):
-                    state[key] = torch.empty_strided(
-                        parameter.shape, parameter.stride(), dtype=value.dtype, device=value.device
-                    ).copy_(value)
+                if _strided(value) and _strided(parameter) and value.shape == parameter.shape:
+                    state[key] = in_strides_of(value, parameter.stride())
 
 
 def _strided(t) -> bool:
     """A plain dense tensor (not a DTensor or other subclass, not a sparse tensor)."""
     return isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
-
-
-def _same_order(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a lays its elements out as b does: a tensor of another shape counts as alike (nothing to match);
-    strides of size-1 dims are free."""
-    if a.shape != b.shape:
-        return True
-    return all(x == y for size, x, y in zip(a.shape, a.stride(), b.stride(), strict=True) if size > 1)
 
 
 def _swap(module: nn.Module, cls: type) -> None:
