@@ -206,9 +206,9 @@ def unet_batch(batch: int, channels: int = 3, size=(4, 6, 6), seed: int = 1):
     return x, target
 
 
-def train_unet(model, x, target, steps: int = 3, lr: float = 0.1) -> list[float]:
-    """`steps` SGD steps on the mean squared error; the losses."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+def train_unet(model, x, target, steps: int = 3, lr: float = 0.1, optimizer=None) -> list[float]:
+    """`steps` steps of `optimizer` (SGD at `lr` if None) on the mean squared error; the losses."""
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(x), target)
@@ -217,6 +217,11 @@ def train_unet(model, x, target, steps: int = 3, lr: float = 0.1) -> list[float]
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def memory_order(t: torch.Tensor) -> tuple:
+    """The strides that order a tensor's elements in memory (those of its dims of more than one element)."""
+    return tuple(stride for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
 
 
 class OpNames(TorchDispatchMode):

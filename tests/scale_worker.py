@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from helpers import TinyUNet, train_unet, unet_batch
+from helpers import TinyUNet, memory_order, train_unet, unet_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tconv3d
@@ -26,10 +26,6 @@ BATCH_PER_RANK = 2
 aten = torch.ops.aten
 COPY_OPS = {aten.clone.default, aten.contiguous.default, aten.copy_.default, aten._to_copy.default}
 CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-
-
-def _layout(t: torch.Tensor) -> tuple:
-    return tuple(stride for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
 
 
 class WeightCopies(TorchDispatchMode):
@@ -48,7 +44,7 @@ class WeightCopies(TorchDispatchMode):
         result = func(*args, **(kwargs or {}))
         if func in COPY_OPS and tuple(result.shape) in self.weight_shapes:
             source = args[1] if func is aten.copy_.default else args[0]
-            key = f"{self.phase} {'same' if _layout(source) == _layout(result) else 'layout'}"
+            key = f"{self.phase} {'same' if memory_order(source) == memory_order(result) else 'layout'}"
             count, nbytes = self.counts.get(key, (0, 0))
             self.counts[key] = (count + 1, nbytes + result.numel() * result.element_size())
         return result

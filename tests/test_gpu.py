@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from helpers import DTYPES, Case, TinyUNet, case_reference, conv_and_reference, dtype_id, leaf_copy
+from helpers import DTYPES, Case, TinyUNet, case_reference, conv_and_reference, dtype_id, leaf_copy, train_unet
 
 import tconv3d
 from tconv3d.kernels.config import k_splits
@@ -296,16 +296,10 @@ def test_fused_adamw_resumes_a_stock_checkpoint_after_match(device="cuda"):
     x = torch.randn(2, 3, 4, 8, 8, device=device).contiguous(memory_format=torch.channels_last_3d)
     target = torch.randn(2, 3, 4, 8, 8, device=device)
 
-    def steps(model, optimizer, n):
-        for _ in range(n):
-            torch.nn.functional.mse_loss(model(x), target).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
     torch.manual_seed(0)
     stock = TinyUNet().to(device)
     stock_optimizer = torch.optim.AdamW(stock.parameters(), lr=0.01, fused=True)
-    steps(stock, stock_optimizer, 2)
+    train_unet(stock, x, target, steps=2, optimizer=stock_optimizer)
     ends = []
     for fused in (True, False):
         model = tconv3d.nn.convert(TinyUNet()).to(device)
@@ -317,7 +311,7 @@ def test_fused_adamw_resumes_a_stock_checkpoint_after_match(device="cuda"):
         optimizer.load_state_dict(checkpoint)
         weight = model.stem[0].weight
         assert optimizer.state[weight]["exp_avg"].stride() == weight.stride()
-        steps(model, optimizer, 1)
+        train_unet(model, x, target, steps=1, optimizer=optimizer)
         ends.append([p.detach().clone() for p in model.parameters()])
     for fused, foreach in zip(*ends, strict=True):
         torch.testing.assert_close(fused, foreach)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import TinyUNet, train_unet, unet_batch
+from helpers import TinyUNet, memory_order, train_unet, unet_batch
 
 import tconv3d
 
@@ -314,11 +314,7 @@ def test_whole_converted_model_loads_in_fresh_process(tmp_path, shardable):
 
 
 def _train_steps(model, optimizer, steps: int) -> None:
-    x, target = unet_batch(2)
-    for _ in range(steps):
-        torch.nn.functional.mse_loss(model(x), target).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_unet(model, *unet_batch(2), steps=steps, optimizer=optimizer)
 
 
 def _save_checkpoint(kind: str, model, optimizer, path: Path) -> None:
@@ -399,11 +395,6 @@ def _uninterrupted_training() -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-def _order(t: torch.Tensor) -> tuple:
-    """The strides that order a tensor's elements in memory (those of its dims of more than one element)."""
-    return tuple(stride for size, stride in zip(t.shape, t.stride(), strict=True) if size > 1)
-
-
 OPTIMIZERS = {
     "adamw": lambda params, **kw: torch.optim.AdamW(params, lr=0.01, **kw),
     "sgd": lambda params, **kw: torch.optim.SGD(params, lr=0.1, momentum=0.9, **kw),
@@ -449,7 +440,7 @@ def test_fused_optimizers_step_right_on_state_made_in_another_layout(kind, made)
                 memory_format=torch.contiguous_format if made == "converted_checkpoint" else torch.channels_last_3d
             )
             for value in optimizer.state[conv.weight].values():
-                assert value.dim() == 0 or _order(value) == _order(conv.weight), (conv, value.stride())
+                assert value.dim() == 0 or memory_order(value) == memory_order(conv.weight), (conv, value.stride())
         _train_steps(model, optimizer, 1)
         ends.append(list(model.parameters()))
     for fused, loop in zip(*ends, strict=True):
