@@ -223,12 +223,25 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
                     return op(*inputs)
                 records = records or t.requires_grad
         if _intercepted():
+            if torch._C._get_tracing_state() is not None:
+                inputs = _static_sizes(inputs)
             return op(*inputs)
         if (records and torch.is_grad_enabled()) or _has_tangent(inputs):
             return apply_direct(*inputs)
         return run_direct(*inputs)
 
     return eager
+
+
+def _static_sizes(inputs) -> tuple:
+    """`inputs` with their size lists' entries ints: under torch.jit.trace a tensor's sizes are 0-dim tensors (which
+    the tracer follows), and a size list made of them (a transposed conv's input size) fails the tracer's record
+    of the op (an internal assert). The trace then holds the sizes as constants, as it holds a conv's padding."""
+    return tuple(
+        [int(n) for n in value] if isinstance(value, (list, tuple)) and any(isinstance(n, torch.Tensor) for n in value)
+        else value
+        for value in inputs
+    )  # fmt: skip
 
 
 def _has_tangent(inputs) -> bool:
@@ -248,7 +261,8 @@ def _is_tensor_type(schema_type) -> bool:
 
 def _intercepted() -> bool:
     """Whether something may intercept ops: a torch function or dispatch mode (tracing, fake tensors, export,
-    counting modes), a functorch transform, autocast, or the profiler (which records ops by name). Without any,
+    counting modes), a functorch transform, autocast, the profiler (which records ops by name) or torch.jit.trace
+    (which records the op where it passes the dispatcher, else the aten ops it runs, shapes as tensors). Without any,
     and with plain tensors, the eager callers run the op's implementation and autograd Function directly, which
     computes the same and saves two Python round trips through the dispatcher (about 15 us a call, issue 19);
     otherwise the op runs."""
@@ -258,6 +272,7 @@ def _intercepted() -> bool:
         or torch._C._is_any_autocast_enabled()
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch.autograd.profiler._is_profiler_enabled
+        or torch._C._get_tracing_state() is not None
     )
 
 
@@ -1051,12 +1066,23 @@ def group_norm_backward(
 
     def run():
         if not runs_triton(input):
-            whole = cat_channels(input, channels_after)
-            return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation, slope)
+            return _group_norm_backward_in_torch_ops(
+                grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after, negative_slope,
+                activation_weight,
+            )  # fmt: skip
         return group_norm_bwd(grad_output, input, mean, rstd, weight, bias, groups, activation, channels_after, slope)
 
     tensors = (grad_output, input, mean, rstd, weight, bias, channels_after, activation_weight)
     return _planned("group_norm_backward", tensors, (), (groups, activation, negative_slope), run)
+
+
+def _group_norm_backward_in_torch_ops(
+    grad_output, input, mean, rstd, weight, bias, groups, activation="none", channels_after=None, negative_slope=0.01,
+    activation_weight=None,
+):  # fmt: skip
+    whole = cat_channels(input, channels_after)
+    slope = _slope(negative_slope, activation_weight)
+    return aten.group_norm_bwd(grad_output, whole, mean, rstd, weight, bias, groups, activation, slope)
 
 
 # group_norm's optional trailing arguments' defaults: activation, channels_after, negative_slope, activation_weight
@@ -1183,11 +1209,15 @@ def _rms_norm_backward_fake(grad_output, input, weight, bias, eps, activation="n
 def rms_norm_backward(grad_output, input, weight, bias, eps, activation="none", clamp=False):
     def run():
         if not runs_triton(input):
-            return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
+            return _rms_norm_backward_in_torch_ops(grad_output, input, weight, bias, eps, activation, clamp)
         return rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
 
     tensors = (grad_output, input, weight, bias)
     return _planned("rms_norm_backward", tensors, (), (eps, activation, clamp), run)
+
+
+def _rms_norm_backward_in_torch_ops(grad_output, input, weight, bias, eps, activation="none", clamp=False):
+    return aten.rms_norm_bwd(grad_output, input, weight, bias, eps, activation, clamp)
 
 
 def _rms_norm_setup_context(ctx, inputs, output):
@@ -1330,6 +1360,37 @@ def _autocast(op: str, device_type: str):
 for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
     for _op in ("conv3d", "conv3d_input_grad"):  # the input gradient is also conv_transpose3d's forward
         _lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exporters: each op in torch's own ops, for a graph that must run without tconv3d
+
+
+def decompositions() -> dict:
+    """Each tconv3d op (its overload) mapped to itself in torch's own ops: aten's convolutions, F.pad and
+    torch.cat where aten cannot express the call (padding modes, frames_before, channels_after), the norms' and
+    the upsampling's formulas in fp32 as the kernels compute them, nothing written in place (a decomposition runs
+    below functionalization). The table for `ExportedProgram.run_decompositions(tconv3d.ops.decompositions())`:
+    a converted model's exported graph then holds no tconv3d op, for runtimes without tconv3d (torch.onnx.export
+    of that program, an AOTInductor package run where tconv3d is not installed). torch.export and AOTInductor
+    otherwise keep the ops whole, running tconv3d's kernels.
+
+    Not entered into torch's global decomposition table, where torch.onnx.export would find it by itself: fake
+    tensors of symbolic sizes prefer that table to an op's own fake, so every compiled graph of dynamic shapes
+    would take the ops' output strides from the torch ops instead (an opcheck of the ops' fakes fails so)."""
+    in_torch_ops = {
+        "conv3d": _conv3d_in_torch_ops,
+        "conv3d_input_grad": _input_grad_in_torch_ops,
+        "conv3d_weight_grad": _weight_grad_in_torch_ops,
+        "group_norm": _group_norm_in_torch_ops,
+        "group_norm_backward": _group_norm_backward_in_torch_ops,
+        "rms_norm": _rms_norm_in_torch_ops,
+        "rms_norm_backward": _rms_norm_backward_in_torch_ops,
+        "upsample_linear": _upsample_linear_in_torch_ops,
+        "upsample_linear_backward": _upsample_linear_backward_in_torch_ops,
+    }
+    return {getattr(torch.ops.tconv3d, name).default: fn for name, fn in in_torch_ops.items()}
+
 
 if settings.INDUCTOR_KERNELS:  # before the first compile computes its cache keys
     keep_choices_in_cache_keys()

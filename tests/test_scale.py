@@ -244,10 +244,20 @@ torch.save(run(torch.load(sys.argv[2])), sys.argv[3])
 """
 
 
-def test_aot_inductor_package_runs_in_fresh_process(tmp_path):
+AOTI_PROCESS_WITHOUT_TCONV3D = """
+import sys, torch
+run = torch._inductor.aoti_load_package(sys.argv[1])
+torch.save(run(torch.load(sys.argv[2])), sys.argv[3])
+assert "tconv3d" not in sys.modules
+"""
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["ops", "decomposed"])
+def test_aot_inductor_package_runs_in_fresh_process(tmp_path, decomposed):
     """An AOTInductor package of a converted model (what an inference server loads) holds the ops as calls through
     the dispatcher (Inductor's proxy executor), not their kernels: in a fresh process it fails to load naming the
-    op until tconv3d is imported, then runs."""
+    op until tconv3d is imported, then runs. Made of the program decomposed by tconv3d.ops.decompositions(), it
+    holds aten's ops alone, and runs where tconv3d is not imported."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     try:
@@ -258,14 +268,19 @@ def test_aot_inductor_package_runs_in_fresh_process(tmp_path):
     x, _ = unet_batch(1)
     with torch.no_grad():
         expected = model.eval()(x)
-        package = torch._inductor.aoti_compile_and_package(_export(model, x), package_path=str(tmp_path / "unet.pt2"))
+        program = _export(model, x)
+        if decomposed:
+            program = program.run_decompositions(tconv3d.ops.decompositions())
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "unet.pt2"))
     torch.save(x, tmp_path / "x.pt")
     run = subprocess.run(
-        [sys.executable, "-c", AOTI_PROCESS, package, tmp_path / "x.pt", tmp_path / "y.pt"],
+        [sys.executable, "-c", AOTI_PROCESS_WITHOUT_TCONV3D if decomposed else AOTI_PROCESS, package,
+         tmp_path / "x.pt", tmp_path / "y.pt"],
         capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert "refused:" in run.stdout and "tconv3d::conv3d" in run.stdout, run.stdout[-4000:]
+    if not decomposed:
+        assert "refused:" in run.stdout and "tconv3d::conv3d" in run.stdout, run.stdout[-4000:]
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
 
 

@@ -12,7 +12,15 @@ import torch.nn.functional as F
 
 from ..geometry import ConvGeometry
 from .config import destination_dtype
-from .tensors import as_allocated, batched, cat_channels, channels_last, fold_padding, parameter_grad_dtype
+from .tensors import (
+    as_allocated,
+    batched,
+    cat_channels,
+    channels_last,
+    fold_padding,
+    parameter_grad_dtype,
+    traced,
+)  # fmt: skip
 
 
 def _out(t: torch.Tensor, clone: bool = False) -> torch.Tensor:
@@ -127,15 +135,14 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     d, h, w = geom.in_size
     padded = (geom.batch, geom.in_channels, d + df + db, h + ht + hb, w + wl + wr)
     if single is None:
-        grad = torch.nn.grad.conv3d_input(padded, weight, grad_out, geom.stride, 0, geom.dilation, geom.groups)
+        grad = _input_gradient(padded, weight, grad_out, geom.stride, geom)
     else:  # the extents the one output voxel read, then zeros past them (see _single_output_strides)
         stride, reaches = single
         read = [r if r is not None else n for r, n in zip(reaches, padded[2:], strict=True)]
-        grad = torch.nn.grad.conv3d_input(padded[:2] + tuple(read), weight, grad_out, stride, 0, geom.dilation,
-                                          geom.groups)  # fmt: skip
+        grad = _input_gradient(padded[:2] + tuple(read), weight, grad_out, stride, geom)
         grad = F.pad(grad, [side for n, r in reversed(list(zip(padded[2:], read, strict=True))) for side in (0, n - r)])
     if bias is not None:  # at every voxel, borders too: the fold takes the borders' copies off
-        grad = grad.add_(bias.view(1, -1, 1, 1, 1))
+        grad = grad + bias.view(1, -1, 1, 1, 1) if traced(grad) else grad.add_(bias.view(1, -1, 1, 1, 1))
     narrowed = "zeros" in geom.dim_modes
     for dim, mode in enumerate(geom.dim_modes):  # a zeros border read nothing: drop its gradient
         if mode == "zeros":
@@ -149,6 +156,17 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     else:
         grad = _out(grad)
     return grad.to(dtype)
+
+
+def _input_gradient(size, weight, grad_out, stride, geom: ConvGeometry) -> torch.Tensor:
+    """The gradient of an unpadded convolution's input of `size`: torch.nn.grad.conv3d_input, or where `traced`
+    the transposed convolution it is (aten's convolution_backward, which conv3d_input runs, has no ONNX function)."""
+    if not traced(grad_out):
+        return torch.nn.grad.conv3d_input(size, weight, grad_out, stride, 0, geom.dilation, geom.groups)
+    reach = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in
+             zip(grad_out.shape[2:], stride, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
+    extra = [n - r for n, r in zip(size[2:], reach, strict=True)]
+    return F.conv_transpose3d(grad_out, weight, None, stride, 0, extra, geom.groups, geom.dilation)
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:

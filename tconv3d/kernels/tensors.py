@@ -33,6 +33,16 @@ def func_transformed() -> bool:
     return torch._C._are_functorch_transforms_active()
 
 
+def traced(t: torch.Tensor) -> bool:
+    """Whether `t` is a fake or functional tensor: the ops' torch ops traced into a graph in their place
+    (ops.decompositions, which torch.onnx.export runs below functionalization), where they must write nothing in
+    place and need no strides of their own."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
 def batched(*tensors: torch.Tensor | None) -> bool:
     """Whether torch.func.vmap batches any of `tensors`, at any of the transforms that wrap it (vmap of grad: a
     grad wrapper around a batched tensor). vmap writes a batched tensor only into one batched at its levels, and
@@ -92,8 +102,8 @@ def as_allocated(t: torch.Tensor) -> torch.Tensor:
     contiguous(memory_format=channels_last_3d) leaves so: torch.cat lays out a concatenation of such tensors NCDHW,
     of the fakes' channels_last_3d, and a compiled graph traced on the fakes then views the real one wrongly (MONAI
     AHNet's pyramid of one-channel branches: 'view size is not compatible' in training, its batch folded for
-    BatchNorm)."""
-    if t.dim() != 5 or not t.numel() or t.requires_grad or func_transformed():
+    BatchNorm). Nor where `traced`: no fake of the op's stands for it there, and the set_ would be in the graph."""
+    if t.dim() != 5 or not t.numel() or t.requires_grad or func_transformed() or traced(t):
         return t
     strides = format_strides(t.shape, torch.channels_last_3d)
     if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last_3d):
@@ -134,7 +144,7 @@ def cat_channels(x: torch.Tensor, channels_after: torch.Tensor | None) -> torch.
     which cannot read it in place (config.reads_channels_after) makes; x itself without one."""
     if channels_after is None:
         return x
-    if batched(x, channels_after):  # vmap writes no batched tensor into one it does not batch
+    if batched(x, channels_after) or traced(x):  # vmap writes no batched tensor into one it does not batch
         return torch.cat([x, channels_after], dim=1)
     out = empty_ndhwc((x.shape[0], x.shape[1] + channels_after.shape[1], *x.shape[2:]), like=x)
     out[:, : x.shape[1]] = x
@@ -185,7 +195,9 @@ def fold_padding(
 
     grad_bordered is the caller's own buffer, which the fold overwrites: each dimension's sums go into the planes
     they fold onto, in place, and the dimension's interior is then a view; one copy of the interior at the end,
-    whatever the number of dimensions folded (a copy per dimension, each the gradient's size, before)."""
+    whatever the number of dimensions folded (a copy per dimension, each the gradient's size, before). Where
+    `traced`, the same sums in the same order without writing: each dimension's interior concatenated from its
+    planes (a copy a dimension)."""
     grad = grad_bordered
     sum_dtype = at_least_float32(grad.dtype)
     copy_of_bias = None if bias is None else bias.to(sum_dtype).view(1, -1, 1, 1, 1)
@@ -194,20 +206,30 @@ def fold_padding(
         if mode == "zeros" or (not front and not back):
             continue
         axis = 2 + dim
+        functional = traced(grad)
+        pieces, start = [], 0  # (functional) the interior's planes: runs of those without borders, the summed ones
         for i, (_, *borders) in enumerate(border_sources(size, front, back, mode)):
             if not borders:
                 continue
             # the interior plane written, the borders (outside it) read
             target = grad.narrow(axis, front + i, 1)
-            plane = target if target.dtype == sum_dtype else target.to(sum_dtype, copy=True)  # else summed in place
+            # summed in place in the target itself where it is float32, else in a float32 copy
+            plane = target if target.dtype == sum_dtype and not functional else target.to(sum_dtype, copy=True)
             for p in borders:
-                plane += grad.narrow(axis, p, 1)
+                border = grad.narrow(axis, p, 1)
+                plane = plane + border if functional else plane.add_(border)
                 if copy_of_bias is not None:
-                    plane -= copy_of_bias
-            if plane is not target:
+                    plane = plane - copy_of_bias if functional else plane.sub_(copy_of_bias)
+            if functional:
+                pieces += [grad.narrow(axis, front + start, i - start), plane.to(grad.dtype)]
+                start = i + 1
+            elif plane is not target:
                 target.copy_(plane)
-        grad = grad.narrow(axis, front, size)
+        if functional:
+            grad = torch.cat([*pieces, grad.narrow(axis, front + start, size - start)], dim=axis)
+        else:
+            grad = grad.narrow(axis, front, size)
     dtype = grad.dtype if dtype is None else dtype
-    if grad is grad_bordered:
+    if grad is grad_bordered or traced(grad):
         return grad.to(dtype).contiguous(memory_format=torch.channels_last_3d)
     return torch.empty_like(grad, dtype=dtype, memory_format=torch.channels_last_3d).copy_(grad)

@@ -1,0 +1,183 @@
+"""Graphs of converted models for runtimes without tconv3d: every op's decomposition into torch's own ops
+(`tconv3d.ops.decompositions`, for `ExportedProgram.run_decompositions` and `torch.onnx.export`), and
+`torch.jit.trace`, which records the ops."""
+
+import copy
+import io
+
+import pytest
+import torch
+
+import tconv3d
+from tconv3d import ops
+from tconv3d.testing import rel_l2
+
+CL = torch.channels_last_3d
+
+
+def _defined_ops() -> set[str]:
+    return {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("tconv3d::")}
+
+
+def test_every_op_has_a_decomposition():
+    """An op added without one would leave an exported converted model unrunnable without tconv3d."""
+    assert {op._schema.name.split("::")[1] for op in ops.decompositions()} == _defined_ops() != set()
+
+
+def _ndhwc(*shape, generator):
+    t = torch.randn(shape, generator=generator)
+    return t.contiguous(memory_format=CL) if t.dim() == 5 else t
+
+
+def _op_calls(generator):
+    """(name, the call, its tensors): every op, with the arguments that take its torch ops off aten's plain
+    convolution (per-dimension padding modes, frames_before, channels_after, groups, a transposed bias under a
+    folded border, fused activations, a second channel source)."""
+    t = lambda *shape: _ndhwc(*shape, generator=generator)  # noqa: E731
+    tc = torch.ops.tconv3d
+    pad, mode = [2, 0, 1, 1, 1, 2], "replicate,reflect,circular"
+    return [
+        ("conv3d", lambda x, w, b, before: tc.conv3d(x, w, b, [1, 2, 1], pad, [1, 1, 1], 1, mode, before),
+         (t(2, 3, 4, 6, 7), t(5, 3, 3, 3, 3), t(5), t(2, 3, 2, 6, 7))),
+        ("conv3d_channels_after", lambda x, w, after: tc.conv3d(x, w, None, [1] * 3, pad, [1] * 3, 1, mode, None,
+                                                               after),
+         (t(2, 3, 4, 6, 7), t(5, 5, 3, 3, 3), t(2, 2, 4, 6, 7))),
+        ("conv3d_groups", lambda x, w: tc.conv3d(x, w, None, [2, 1, 1], [1] * 6, [1, 2, 1], 2, "zeros"),
+         (t(1, 4, 5, 6, 6), t(6, 2, 3, 3, 3))),
+        ("conv3d_one_output_channel", lambda x, w: tc.conv3d(x, w, None, [1] * 3, [1] * 6, [1] * 3, 1),
+         (t(1, 3, 3, 4, 5), t(1, 3, 3, 3, 3))),
+        ("conv3d_input_grad", lambda g, w, b: tc.conv3d_input_grad(g, w, [2, 3, 5, 6, 7], [1, 2, 1], pad, [1, 1, 1],
+                                                                   mode, 1, None, b),
+         (t(2, 4, 5, 3, 8), t(4, 3, 3, 3, 3), t(3))),
+        ("conv_transpose3d", lambda x, w, b: tconv3d.conv_transpose3d(x, w, b, 2, 1, 1),
+         (t(1, 4, 3, 4, 5), t(4, 3, 3, 3, 3), t(3))),
+        ("conv3d_weight_grad", lambda g, x, before: tc.conv3d_weight_grad(g, x, [4, 3, 3, 3, 3], [1, 2, 1], pad,
+                                                                          [1, 1, 1], mode, before),
+         (t(2, 4, 6, 3, 8), t(2, 3, 4, 6, 7), t(2, 3, 2, 6, 7))),
+        ("group_norm", lambda x, w, b, after: tc.group_norm(x, w, b, 3, 1e-5, "silu", after),
+         (t(2, 4, 3, 4, 5), t(6), t(6), t(2, 2, 3, 4, 5))),
+        ("group_norm_backward", lambda g, x, w, b: tc.group_norm_backward(
+            g, x, *tc.group_norm(x, w, b, 2, 1e-5, "silu")[1:], w, b, 2, "silu"),
+         (t(2, 4, 3, 4, 5), t(2, 4, 3, 4, 5), t(4), t(4))),
+        ("rms_norm", lambda x, w, b: tc.rms_norm(x, w, b, 1e-6, "silu"), (t(2, 4, 3, 4, 5), t(4), t(4))),
+        ("rms_norm_backward", lambda g, x, w, b: tc.rms_norm_backward(g, x, w, b, 1e-6, "silu"),
+         (t(2, 4, 3, 4, 5), t(2, 4, 3, 4, 5), t(4), t(4))),
+        ("upsample_linear", lambda x: tc.upsample_linear(x, [2, 1, 2]), (t(2, 3, 3, 4, 5),)),
+        ("upsample_linear_backward", lambda g: tc.upsample_linear_backward(g, [2, 3, 3, 4, 5], [2, 1, 2]),
+         (t(2, 3, 6, 4, 10),)),
+    ]  # fmt: skip
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, *tensors):
+        return self.call(*tensors)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in _op_calls(torch.Generator())])
+def test_decompositions_leave_torch_ops_that_compute_the_op(name):
+    """Exported and decomposed with the table, as torch.onnx.export decomposes: no tconv3d op and nothing written
+    in place is left in the graph (a decomposition runs below functionalization: the aten path's buffers, the
+    concatenation of two channel sources and the folded border's gradient, failed ONNX's translation), and the
+    graph computes what the op does (both in float32: tconv3d takes no float64)."""
+    generator = torch.Generator().manual_seed(sum(map(ord, name)))
+    _, call, tensors = next(c for c in _op_calls(generator) if c[0] == name)
+    exported = torch.export.export(_Call(call), tensors).run_decompositions(ops.decompositions())
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    overloads = [t for t in targets if isinstance(t, torch._ops.OpOverload)]
+    assert not [t for t in overloads if t.namespace == "tconv3d"]
+    assert not [t for t in overloads if t._schema.is_mutable], "written in place"
+    assert any(t.namespace == "aten" for t in overloads)
+    expected = call(*tensors)
+    got = exported.module()(*tensors)
+    for e, g in zip(*(x if isinstance(x, tuple) else (x,) for x in (expected, got)), strict=True):
+        if e is None:  # group_norm_backward's PReLU weight's gradient, without one
+            assert g is None
+            continue
+        assert e.shape == g.shape
+        assert rel_l2(g, e) < 1e-6
+
+
+def test_exported_programs_keep_the_ops_without_the_table():
+    """torch.export's own decompositions (and AOTInductor's) keep tconv3d's ops: they run its kernels."""
+    generator = torch.Generator().manual_seed(3)
+    _, call, tensors = _op_calls(generator)[0]
+    exported = torch.export.export(_Call(call), tensors).run_decompositions()
+    assert torch.ops.tconv3d.conv3d.default in [node.target for node in exported.graph.nodes]
+
+
+def _layers():
+    """The layers convert takes over, in a model of its own: padding modes, a norm with its SiLU fused, a
+    transposed conv, a one-channel output, trilinear upsampling."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv3d(2, 8, 3, padding=1, padding_mode="replicate"),
+        torch.nn.GroupNorm(2, 8),
+        torch.nn.SiLU(),
+        torch.nn.Conv3d(8, 8, 3, stride=2, padding=1, padding_mode="reflect"),
+        torch.nn.ConvTranspose3d(8, 4, 2, stride=2),
+        torch.nn.Upsample(scale_factor=2, mode="trilinear"),
+        torch.nn.Conv3d(4, 1, 3, padding=1, padding_mode="circular"),
+    )
+
+
+def _monai_unet():
+    from test_integrations import _monai_nets
+
+    torch.manual_seed(0)
+    return _monai_nets()["unet"]()
+
+
+def _monai_basic_unet():
+    from test_integrations import _monai_nets
+
+    torch.manual_seed(0)
+    return _monai_nets()["basic_unet"]()
+
+
+@pytest.mark.parametrize(
+    "name, build, shape",
+    [
+        ("layers", _layers, (1, 2, 4, 6, 8)),
+        ("monai_unet", _monai_unet, (1, 1, 16, 12, 16)),
+        ("monai_basic_unet", _monai_basic_unet, (1, 1, 32, 16, 16)),
+    ],
+)
+def test_onnx_export_of_a_converted_model(name, build, shape):
+    """torch.onnx.export of a converted model's program decomposed with the table: each tconv3d op exported as the
+    ONNX of its torch ops; onnxruntime's output is stock's (float64) to float32's rounding."""
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    stock = build().eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = copy.deepcopy(stock).double()(x.double())
+    program = torch.export.export(converted, (x,)).run_decompositions(ops.decompositions())
+    program = torch.onnx.export(program, dynamo=True, verbose=False)
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert rel_l2(torch.from_numpy(got), exact) < 1e-5
+
+
+def test_jit_trace_records_the_ops():
+    """torch.jit.trace of a converted model records tconv3d's ops (the eager callers, which otherwise run an op's
+    implementation directly, pass the dispatcher under a trace: inside, shapes were tensors to the tracer and the
+    trace raised from an as_strided with wrong strides). The traced module runs them as eager does, saved and
+    loaded too (where tconv3d is imported), on inputs other than the traced one."""
+    model = tconv3d.nn.convert(_layers().eval())
+    generator = torch.Generator().manual_seed(2)
+    x, other = (torch.randn(1, 2, 4, 6, 8, generator=generator) for _ in range(2))
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (x,))
+        graph = str(traced.inlined_graph)
+        assert "tconv3d::conv3d" in graph and "tconv3d::group_norm" in graph and "aten::_convolution" not in graph
+        buffer = io.BytesIO()
+        torch.jit.save(traced, buffer)
+        buffer.seek(0)
+        loaded = torch.jit.load(buffer)
+        for module in (traced, loaded):
+            assert torch.equal(module(other), model(other))
