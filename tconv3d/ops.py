@@ -33,6 +33,7 @@ import hashlib
 import warnings
 
 import torch
+import torch.onnx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
@@ -134,7 +135,9 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
     again). The eager caller runs the same Function, or the implementation, directly.
 
     `in_torch_ops` is the op in torch's own differentiable ops (the aten path's): what a graph compiled under a
-    torch.func transform traces in the op's place (see `eager`)."""
+    torch.func transform traces in the op's place (see `eager`), and what torch.onnx.export traces (ONNX has
+    functions for torch's ops, none for tconv3d's; both its exporters, the torch.export one and the TorchScript
+    one; no dispatch mode or trace runs the eager callers' direct path, so the check costs nothing there)."""
     op = getattr(torch.ops.tconv3d, name).default
 
     def below_autograd(*inputs):
@@ -211,6 +214,8 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
                 # not take the transforms (it raises, below), so the graph holds the op's torch ops, which
                 # every transform and Inductor take: aten's convolutions, not tconv3d's kernels.
                 return in_torch_ops(*inputs)
+            if torch.onnx.is_in_onnx_export():  # torch.onnx.export's torch.export (dynamo reads it as False)
+                return in_torch_ops(*inputs)
             return op(*inputs)
         records = False
         for i in tensor_positions:
@@ -224,7 +229,9 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
                 records = records or t.requires_grad
         if _intercepted():
             if torch._C._get_tracing_state() is not None:
-                inputs = _static_sizes(inputs)
+                inputs = _static_sizes(inputs, tensor_positions)
+                if torch.onnx.is_in_onnx_export():  # torch.onnx.export's TorchScript exporter
+                    return in_torch_ops(*inputs)
             return op(*inputs)
         if (records and torch.is_grad_enabled()) or _has_tangent(inputs):
             return apply_direct(*inputs)
@@ -233,15 +240,18 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
     return eager
 
 
-def _static_sizes(inputs) -> tuple:
-    """`inputs` with their size lists' entries ints: under torch.jit.trace a tensor's sizes are 0-dim tensors (which
-    the tracer follows), and a size list made of them (a transposed conv's input size) fails the tracer's record
-    of the op (an internal assert). The trace then holds the sizes as constants, as it holds a conv's padding."""
-    return tuple(
-        [int(n) for n in value] if isinstance(value, (list, tuple)) and any(isinstance(n, torch.Tensor) for n in value)
-        else value
-        for value in inputs
-    )  # fmt: skip
+def _static_sizes(inputs, tensor_positions) -> tuple:
+    """`inputs` with the sizes in their other arguments ints: under torch.jit.trace a tensor's sizes are 0-dim
+    tensors (which the tracer follows), and an argument made of them (a transposed conv's input size, an instance
+    norm's groups, its channel count) fails the tracer's record of the op (an internal assert) and the checks. The
+    trace then holds them as constants, as it holds a conv's padding."""
+
+    def static(value):
+        if isinstance(value, (list, tuple)):
+            return [int(n) if isinstance(n, torch.Tensor) else n for n in value]
+        return int(value) if isinstance(value, torch.Tensor) else value
+
+    return tuple(value if i in tensor_positions else static(value) for i, value in enumerate(inputs))
 
 
 def _has_tangent(inputs) -> bool:

@@ -9,6 +9,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.onnx
 
 from ..geometry import ConvGeometry
 from .config import destination_dtype
@@ -24,8 +25,17 @@ from .tensors import (
 
 
 def _out(t: torch.Tensor, clone: bool = False) -> torch.Tensor:
-    """An op's result: channels_last_3d (channels_last), with the strides the op's fake answers (as_allocated)."""
+    """An op's result: channels_last_3d (channels_last), with the strides the op's fake answers (as_allocated).
+    As it is in torch.onnx.export's TorchScript exporter's trace, which has no memory formats."""
+    if _exporting_by_torchscript():
+        return t
     return as_allocated(channels_last(t, clone))
+
+
+def _exporting_by_torchscript() -> bool:
+    """Whether torch.onnx.export's TorchScript exporter traces this (dynamo=False), which knows no memory formats
+    and no sizes of an as_strided view."""
+    return torch._C._get_tracing_state() is not None and torch.onnx.is_in_onnx_export()
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:
@@ -47,7 +57,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     one-channel tensor laid out channels_last_3d, as tconv3d keeps a weight of one input channel, has a channel
     stride of 1). torch's CPU convolutions (2.13, oneDNN) answer garbage for such an input or weight at some
     geometries (W strided by 2 onto one output column: relative errors ~1, values up to 1e33). The same memory."""
-    if not t.is_contiguous():
+    if not t.is_contiguous() or _exporting_by_torchscript():
         return t
     strides, step = [], 1
     for n in reversed(t.shape):
@@ -160,8 +170,9 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
 
 def _input_gradient(size, weight, grad_out, stride, geom: ConvGeometry) -> torch.Tensor:
     """The gradient of an unpadded convolution's input of `size`: torch.nn.grad.conv3d_input, or where `traced`
-    the transposed convolution it is (aten's convolution_backward, which conv3d_input runs, has no ONNX function)."""
-    if not traced(grad_out):
+    the transposed convolution it is (aten's convolution_backward, which conv3d_input runs, has no ONNX function,
+    nor a record in the TorchScript exporter's trace)."""
+    if not traced(grad_out) and not _exporting_by_torchscript():
         return torch.nn.grad.conv3d_input(size, weight, grad_out, stride, 0, geom.dilation, geom.groups)
     reach = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in
              zip(grad_out.shape[2:], stride, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
