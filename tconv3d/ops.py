@@ -33,7 +33,6 @@ import hashlib
 import warnings
 
 import torch
-import torch.onnx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
@@ -49,7 +48,14 @@ from .geometry import (
     check_weight_grad,
 )
 from .kernels import aten
-from .kernels.tensors import cat_channels, empty_ndhwc, func_transformed, on_storage, parameter_grad_dtype
+from .kernels.tensors import (
+    cat_channels,
+    empty_ndhwc,
+    exporting_to_onnx,
+    func_transformed,
+    on_storage,
+    parameter_grad_dtype,
+)  # fmt: skip
 from .settings import runs_triton
 
 if settings.TRITON_MISSING is None:  # else every op runs torch's own (runs_triton is False), and none of these
@@ -214,7 +220,7 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
                 # not take the transforms (it raises, below), so the graph holds the op's torch ops, which
                 # every transform and Inductor take: aten's convolutions, not tconv3d's kernels.
                 return in_torch_ops(*inputs)
-            if torch.onnx.is_in_onnx_export():  # torch.onnx.export's torch.export (dynamo reads it as False)
+            if exporting_to_onnx():  # torch.onnx.export's torch.export (dynamo reads it as False)
                 return in_torch_ops(*inputs)
             return op(*inputs)
         records = False
@@ -230,7 +236,7 @@ def _register_autograd(name: str, implementation, backward, setup_context, jvp, 
         if _intercepted():
             if torch._C._get_tracing_state() is not None:
                 inputs = _static_sizes(inputs, tensor_positions)
-                if torch.onnx.is_in_onnx_export():  # torch.onnx.export's TorchScript exporter
+                if exporting_to_onnx():  # torch.onnx.export's TorchScript exporter
                     return in_torch_ops(*inputs)
             return op(*inputs)
         if (records and torch.is_grad_enabled()) or _has_tangent(inputs):

@@ -165,6 +165,56 @@ def test_onnx_export_of_a_converted_model(name, build, shape, dynamo, tmp_path):
     assert rel_l2(torch.from_numpy(got), exact) < 1e-5
 
 
+class _AllegroTemporalConv(torch.nn.Module):
+    """Allegro's temporal conv layer on (B*T, C, H, W) frames, as its VAE's blocks call it (convert's adapter views
+    the frames as a video)."""
+
+    def __init__(self):
+        super().__init__()
+        from diffusers.models.autoencoders.autoencoder_kl_allegro import AllegroTemporalConvLayer
+
+        self.layer = AllegroTemporalConvLayer(8, norm_num_groups=4)
+
+    def forward(self, frames):
+        return self.layer(frames.contiguous(memory_format=torch.channels_last), batch_size=2)
+
+
+def _allegro_temporal_conv():
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    return _AllegroTemporalConv()
+
+
+def _monai_attention():
+    pytest.importorskip("monai")
+    from monai.networks.blocks.spatialattention import SpatialAttentionBlock
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv3d(1, 8, 3, padding=1), SpatialAttentionBlock(3, 8, norm_num_groups=4))
+
+
+@pytest.mark.parametrize(
+    "build, shape", [(_allegro_temporal_conv, (6, 8, 5, 7)), (_monai_attention, (1, 1, 4, 5, 6))],
+    ids=["allegro_temporal_conv", "monai_attention"],
+)  # fmt: skip
+def test_onnx_export_of_restriding_views(build, shape):
+    """Views convert's adapters make by restriding a channels-last tensor in place (Allegro's frames viewed as a
+    video; MONAI's attention output given channels_last_3d's own strides) read other elements in ONNX, whose
+    as_strided takes the logical order: under torch.onnx.export they are plain views (Allegro's VAE exported
+    1.2 off stock, MONAI's AutoencoderKL 1.0 and diffusion UNet 0.41, before)."""
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    stock = build().eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        exact = copy.deepcopy(stock).double()(x.double())
+    program = torch.onnx.export(converted, (x,), dynamo=True, verbose=False)
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert rel_l2(torch.from_numpy(got), exact) < 1e-5
+
+
 def test_jit_trace_records_the_ops():
     """torch.jit.trace of a converted model records tconv3d's ops (the eager callers, which otherwise run an op's
     implementation directly, pass the dispatcher under a trace: inside, shapes were tensors to the tracer and the

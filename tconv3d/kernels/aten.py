@@ -9,7 +9,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-import torch.onnx
 
 from ..geometry import ConvGeometry
 from .config import destination_dtype
@@ -18,6 +17,7 @@ from .tensors import (
     batched,
     cat_channels,
     channels_last,
+    exporting_to_onnx,
     fold_padding,
     parameter_grad_dtype,
     traced,
@@ -35,7 +35,7 @@ def _out(t: torch.Tensor, clone: bool = False) -> torch.Tensor:
 def _exporting_by_torchscript() -> bool:
     """Whether torch.onnx.export's TorchScript exporter traces this (dynamo=False), which knows no memory formats
     and no sizes of an as_strided view."""
-    return torch._C._get_tracing_state() is not None and torch.onnx.is_in_onnx_export()
+    return torch._C._get_tracing_state() is not None and exporting_to_onnx()
 
 
 def _pad_input(x: torch.Tensor, frames_before, geom: ConvGeometry) -> torch.Tensor:

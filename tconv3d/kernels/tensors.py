@@ -43,6 +43,14 @@ def traced(t: torch.Tensor) -> bool:
     return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
+def exporting_to_onnx() -> bool:
+    """Whether torch.onnx.export traces this. ONNX has no strides: its as_strided reads the input in logical order,
+    so a view that restrides a channels-last tensor in place (the same memory) would read other elements there."""
+    import torch.onnx
+
+    return torch.onnx.is_in_onnx_export()
+
+
 def batched(*tensors: torch.Tensor | None) -> bool:
     """Whether torch.func.vmap batches any of `tensors`, at any of the transforms that wrap it (vmap of grad: a
     grad wrapper around a batched tensor). vmap writes a batched tensor only into one batched at its levels, and

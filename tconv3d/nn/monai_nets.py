@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels.tensors import channels_last, func_transformed
+from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed
 from .modules import (
     BatchNorm3d,
     Conv3d,
@@ -606,8 +606,9 @@ class _SpatialAttentionBlock:
 def _channels_last_strides(x: torch.Tensor) -> torch.Tensor:
     """A 5-D tensor laid out channels_last_3d viewed with channels_last_3d's own strides (the same memory): a view
     back from (B, voxels, C) tokens at batch 1 has the batch stride C, and torch's kernels that follow an input's
-    `suggest_memory_format` (interpolation, for one) then answer NCDHW."""
-    if x.dim() == 5 and laid_out(x, _CL):
+    `suggest_memory_format` (interpolation, for one) then answer NCDHW. Not under torch.onnx.export
+    (exporting_to_onnx)."""
+    if x.dim() == 5 and laid_out(x, _CL) and not exporting_to_onnx():
         return x.as_strided(x.shape, format_strides(x.shape, _CL))
     return x
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
-from ..kernels.tensors import batched, channels_last
+from ..kernels.tensors import batched, channels_last, exporting_to_onnx
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
 from .modules import (
@@ -2184,9 +2184,10 @@ def _on_frames(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _frames_to_video(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
     """(B*T, C, H, W) frames -> (B, C, T, H, W). NHWC frames give a channels_last_3d view with the strides an
     NDHWC tensor of that shape has: a batch of one frame can come back from conv2d with degenerate strides for
-    its size-1 dims, which later concatenations (diffusers' frame caches) read as NCDHW and copy to it."""
+    its size-1 dims, which later concatenations (diffusers' frame caches) read as NCDHW and copy to it. The view
+    alone under torch.onnx.export (exporting_to_onnx)."""
     _, c, h, w = frames.shape
-    if laid_out(frames, torch.channels_last):
+    if laid_out(frames, torch.channels_last) and not exporting_to_onnx():
         return frames.as_strided((b, c, t, h, w), (t * h * w * c, 1, h * w * c, w * c, c))
     return frames.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
 
