@@ -3,6 +3,7 @@
 `torch.jit.trace`, which records the ops."""
 
 import copy
+import importlib.util
 import io
 
 import pytest
@@ -213,6 +214,28 @@ def test_onnx_export_of_restriding_views(build, shape):
     session = ort.InferenceSession(program.model_proto.SerializeToString())
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     assert rel_l2(torch.from_numpy(got), exact) < 1e-5
+
+
+def test_export_of_a_converted_maisi_res_block():
+    """A converted MAISI block returned its output as_subclass(torch.Tensor) (to unwrap MONAI's MetaTensor), which
+    took torch.export's fake tensor out of the trace: exporting a converted MAISI raised ("We found a fake tensor
+    in the exported program constant's list"; torch.export, AOTInductor and torch.onnx.export alike). Exported,
+    it runs as eager does, and its ONNX as stock does."""
+    maisi = pytest.importorskip("monai.apps.generation.maisi.networks.autoencoderkl_maisi")
+    torch.manual_seed(0)
+    stock = maisi.MaisiResBlock(3, 8, 4, 1e-6, 8, num_splits=2, dim_split=1).eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    x = torch.randn(1, 8, 6, 8, 5, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(torch.export.export(converted, (x,)).module()(x), converted(x))
+        expected = stock(x)  # float32: MAISI's norms cast their input to it
+    if importlib.util.find_spec("onnxscript") and importlib.util.find_spec("onnxruntime"):
+        import onnxruntime as ort
+
+        program = torch.onnx.export(converted, (x,), dynamo=True, verbose=False)
+        session = ort.InferenceSession(program.model_proto.SerializeToString())
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert rel_l2(torch.from_numpy(got), expected) < 1e-5
 
 
 def test_jit_trace_records_the_ops():

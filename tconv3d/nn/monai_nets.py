@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed
+from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed, traced
 from .modules import (
     BatchNorm3d,
     Conv3d,
@@ -666,8 +666,10 @@ def _silu_after(norm: nn.Module, x: torch.Tensor, silu=F.silu, channels_after=No
 def _plain(x: torch.Tensor) -> torch.Tensor:
     """What MAISI's blocks return through MONAI's convert_to_tensor, without its copy: a torch.Tensor (a MetaTensor
     unwrapped), in its own layout. convert_to_tensor also makes it contiguous: an NCDHW copy of every block's
-    channels_last_3d output, and a layout copy into the next convolution."""
-    return x if type(x) is torch.Tensor else x.as_subclass(torch.Tensor)
+    channels_last_3d output, and a layout copy into the next convolution. A fake or functional tensor (torch.export's
+    trace: `traced`) stays as it is: as_subclass took it out of the trace, a fake tensor among the exported
+    program's constants (torch.export, AOTInductor and torch.onnx.export of a converted MAISI raised)."""
+    return x if type(x) is torch.Tensor or traced(x) else x.as_subclass(torch.Tensor)
 
 
 class _MaisiResBlock(_ResBlock):
