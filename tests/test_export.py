@@ -3,8 +3,9 @@
 `torch.jit.trace`, which records the ops."""
 
 import copy
-import importlib.util
 import io
+import os
+import tempfile
 
 import pytest
 import torch
@@ -139,6 +140,27 @@ def _monai_basic_unet():
     return _monai_nets()["basic_unet"]()
 
 
+def _converted_and_exact(build, x):
+    """The model `build` makes, converted (from a copy), and the stock model's output for x in float64."""
+    stock = build().eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    with torch.no_grad():
+        return converted, copy.deepcopy(stock).double()(x.double())
+
+
+def _onnx_outputs(model, x, inputs=None, **export_options) -> list[torch.Tensor]:
+    """onnxruntime's outputs for `inputs` (default: x) of torch.onnx.export(model, (x,), **export_options); the
+    test is skipped without the ONNX packages."""
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "model.onnx")
+        torch.onnx.export(model, (x,), path, verbose=False, **export_options)
+        session = ort.InferenceSession(path)
+    name = session.get_inputs()[0].name
+    return [torch.from_numpy(session.run(None, {name: t.numpy()})[0]) for t in inputs or [x]]
+
+
 @pytest.mark.parametrize("dynamo", [True, False], ids=["torch_export", "torchscript"])
 @pytest.mark.parametrize(
     "name, build, shape",
@@ -148,22 +170,15 @@ def _monai_basic_unet():
         ("monai_basic_unet", _monai_basic_unet, (1, 1, 32, 16, 16)),
     ],
 )
-def test_onnx_export_of_a_converted_model(name, build, shape, dynamo, tmp_path):
+def test_onnx_export_of_a_converted_model(name, build, shape, dynamo):
     """torch.onnx.export of a converted model, by both its exporters (dynamo=False: the TorchScript one, which
     torch deprecates): the eager callers trace each tconv3d op as its torch ops there (ONNX has functions for
     those; for tconv3d's it had none, and exporting stopped at the first op). onnxruntime's output is stock's
     (float64) to float32's rounding."""
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
-    stock = build().eval()
-    converted = tconv3d.nn.convert(copy.deepcopy(stock))
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        exact = copy.deepcopy(stock).double()(x.double())
-    torch.onnx.export(converted, (x,), tmp_path / "model.onnx", dynamo=dynamo, verbose=False)
-    session = ort.InferenceSession(tmp_path / "model.onnx")
-    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    assert rel_l2(torch.from_numpy(got), exact) < 1e-5
+    converted, exact = _converted_and_exact(build, x)
+    (got,) = _onnx_outputs(converted, x, dynamo=dynamo)
+    assert rel_l2(got, exact) < 1e-5
 
 
 class _AllegroTemporalConv(torch.nn.Module):
@@ -203,17 +218,10 @@ def test_onnx_export_of_restriding_views(build, shape):
     video; MONAI's attention output given channels_last_3d's own strides) read other elements in ONNX, whose
     as_strided takes the logical order: under torch.onnx.export they are plain views (Allegro's VAE exported
     1.2 off stock, MONAI's AutoencoderKL 1.0 and diffusion UNet 0.41, before)."""
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
-    stock = build().eval()
-    converted = tconv3d.nn.convert(copy.deepcopy(stock))
     x = torch.randn(shape, generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        exact = copy.deepcopy(stock).double()(x.double())
-    program = torch.onnx.export(converted, (x,), dynamo=True, verbose=False)
-    session = ort.InferenceSession(program.model_proto.SerializeToString())
-    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    assert rel_l2(torch.from_numpy(got), exact) < 1e-5
+    converted, exact = _converted_and_exact(build, x)
+    (got,) = _onnx_outputs(converted, x, dynamo=True)
+    assert rel_l2(got, exact) < 1e-5
 
 
 def test_export_of_a_converted_maisi_res_block():
@@ -229,13 +237,8 @@ def test_export_of_a_converted_maisi_res_block():
     with torch.no_grad():
         assert torch.equal(torch.export.export(converted, (x,)).module()(x), converted(x))
         expected = stock(x)  # float32: MAISI's norms cast their input to it
-    if importlib.util.find_spec("onnxscript") and importlib.util.find_spec("onnxruntime"):
-        import onnxruntime as ort
-
-        program = torch.onnx.export(converted, (x,), dynamo=True, verbose=False)
-        session = ort.InferenceSession(program.model_proto.SerializeToString())
-        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-        assert rel_l2(torch.from_numpy(got), expected) < 1e-5
+    (got,) = _onnx_outputs(converted, x, dynamo=True)
+    assert rel_l2(got, expected) < 1e-5
 
 
 def test_jit_trace_records_the_ops():
@@ -261,20 +264,15 @@ def test_jit_trace_records_the_ops():
 def test_onnx_export_with_dynamic_sizes():
     """The exported model of dynamic batch and spatial sizes (the padding modes, a strided conv, a transposed
     conv and trilinear upsampling among its layers) exports once and runs at other sizes than the traced one."""
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
     from torch.export import Dim
 
     stock = _layers().eval()
     converted = tconv3d.nn.convert(copy.deepcopy(stock))
     sizes = {0: Dim("batch", max=8), **{d: 2 * Dim(f"half{d}", min=1, max=32) for d in (2, 3, 4)}}
-    x = torch.randn(2, 2, 4, 6, 8)
-    program = torch.onnx.export(converted, (x,), dynamic_shapes={"input": sizes}, dynamo=True, verbose=False)
-    session = ort.InferenceSession(program.model_proto.SerializeToString())
     generator = torch.Generator().manual_seed(4)
-    for shape in [(1, 2, 4, 6, 8), (3, 2, 6, 10, 12)]:
-        x = torch.randn(shape, generator=generator)
-        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    inputs = [torch.randn(shape, generator=generator) for shape in [(1, 2, 4, 6, 8), (3, 2, 6, 10, 12)]]
+    outputs = _onnx_outputs(converted, torch.randn(2, 2, 4, 6, 8), inputs, dynamic_shapes={"input": sizes})
+    for x, got in zip(inputs, outputs, strict=True):
         with torch.no_grad():
             exact = copy.deepcopy(stock).double()(x.double())
-        assert rel_l2(torch.from_numpy(got), exact) < 1e-5, shape
+        assert rel_l2(got, exact) < 1e-5, x.shape
