@@ -3,6 +3,7 @@
 `torch.jit.trace`, which records the ops."""
 
 import copy
+import functools
 import io
 import os
 import tempfile
@@ -126,18 +127,11 @@ def _layers():
     )
 
 
-def _monai_unet():
+def _monai_net(name):
     from test_integrations import _monai_nets
 
     torch.manual_seed(0)
-    return _monai_nets()["unet"]()
-
-
-def _monai_basic_unet():
-    from test_integrations import _monai_nets
-
-    torch.manual_seed(0)
-    return _monai_nets()["basic_unet"]()
+    return _monai_nets()[name]()
 
 
 def _converted_and_exact(build, x):
@@ -166,8 +160,8 @@ def _onnx_outputs(model, x, inputs=None, **export_options) -> list[torch.Tensor]
     "name, build, shape",
     [
         ("layers", _layers, (1, 2, 4, 6, 8)),
-        ("monai_unet", _monai_unet, (1, 1, 16, 12, 16)),
-        ("monai_basic_unet", _monai_basic_unet, (1, 1, 32, 16, 16)),
+        ("monai_unet", functools.partial(_monai_net, "unet"), (1, 1, 16, 12, 16)),
+        ("monai_basic_unet", functools.partial(_monai_net, "basic_unet"), (1, 1, 32, 16, 16)),
     ],
 )
 def test_onnx_export_of_a_converted_model(name, build, shape, dynamo):

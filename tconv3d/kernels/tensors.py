@@ -4,6 +4,8 @@ share with the kernels' launchers. It imports no Triton, so tconv3d imports wher
 (settings.TRITON_MISSING)."""
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 
 def parameter_grad_dtype(weight) -> torch.dtype:
@@ -37,9 +39,6 @@ def traced(t: torch.Tensor) -> bool:
     """Whether `t` is a fake or functional tensor: the ops' torch ops traced into a graph in their place
     (ops.decompositions, which torch.onnx.export runs below functionalization), where they must write nothing in
     place and need no strides of their own."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
     return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
