@@ -770,6 +770,23 @@ def test_a_group_of_one_value_has_no_input_gradient(path, device, monkeypatch):
         assert not grad.any(), grad.flatten()
 
 
+@pytest.mark.parametrize("eps", [0.0, -1.0])
+@pytest.mark.parametrize("path", ["kernels", "aten"])
+def test_a_group_of_one_value_at_eps_not_above_zero_has_torchs_nan_gradient(eps, path, device, monkeypatch):
+    """At eps <= 0 a group of one value has no finite rstd: the output is NaN, and so is the input gradient, as
+    torch's, not the 0 of a finite rstd (tests/fuzz_args.py, seeds 3005125 and 3015176: eps -1)."""
+    if path == "aten":
+        monkeypatch.setattr(settings, "CPU_BACKEND", "aten")
+        device = "cpu"
+    norm, stock = tconv3d.nn.GroupNorm(4, 4, eps=eps).to(device), torch.nn.GroupNorm(4, 4, eps=eps).to(device)
+    for dtype in (torch.float16, torch.float32):
+        x = leaf_copy(torch.randn(3, 4, 1, 1, 1, device=device, dtype=dtype))
+        g = torch.randn_like(x)
+        (grad,) = torch.autograd.grad(norm(x), x, g)
+        (expected,) = torch.autograd.grad(stock.to(dtype)(x), x, g)
+        assert expected.isnan().all() and grad.isnan().all(), grad.flatten()
+
+
 @pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_a_gradient_constant_over_a_channel_of_a_constant_input_has_no_input_gradient(path, device, monkeypatch):
     """With one channel a group (InstanceNorm3d, BatchNorm3d), a constant input and a gradient constant over each

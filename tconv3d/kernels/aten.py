@@ -218,8 +218,9 @@ def backward_coefficients(sums, voxels: int, rstd, weight, groups: int):
     k1 = expand(rstd) * gamma
     k2 = expand(-rstd.square() * group_b / total)
     k3 = expand(-rstd * group_a / total) if per_group > 1 else -dy_sum / total
-    if total == 1:  # a group of one value normalizes to 0 whatever it is: dx is 0 (the fold kernel's `single`)
-        k1, k2, k3 = (torch.zeros_like(k) for k in (k1, k2, k3))
+    if total == 1:  # a group of one value normalizes to 0 whatever it is: dx is 0 (the fold kernel's `single`),
+        # NaN where rstd is not finite (eps <= 0, the output NaN too), as torch's
+        k1, k2, k3 = (expand(rstd) * 0.0 for _ in range(3))
     return k1.contiguous(), k2.contiguous(), k3.contiguous(), grad_weight, grad_bias
 
 

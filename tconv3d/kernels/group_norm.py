@@ -270,13 +270,15 @@ def _fold_kernel(
             if PER_GROUP == 1:  # dy' centered before the affine kernel scales it
                 k3 = -tl.sum(dy_sum, axis=1) / total
             # A group of one value normalizes to 0 whatever it is: dx is 0, not dy' * k1 + k3's rounding of two
-            # terms rstd times dy's size (1e-4 of dy at eps 1e-6)
+            # terms rstd times dy's size (1e-4 of dy at eps 1e-6). 0 * rstd, not 0: NaN where rstd is not finite
+            # (eps <= 0: the output NaN too), as torch's gradient is
             single = total == 1.0
+            none = rstd[:, None] * 0.0 + zeros
             out = coef_ptr + n * C + channels
             rows = N * C  # coef's rows apart
-            tl.store(out + COEF_K1 * rows, tl.where(single, 0.0, rstd[:, None] * gamma + zeros), mask=mask)
-            tl.store(out + COEF_K2 * rows, tl.where(single, 0.0, k2[:, None] + zeros), mask=mask)
-            tl.store(out + COEF_K3 * rows, tl.where(single, 0.0, k3[:, None] + zeros), mask=mask)
+            tl.store(out + COEF_K1 * rows, tl.where(single, none, rstd[:, None] * gamma + zeros), mask=mask)
+            tl.store(out + COEF_K2 * rows, tl.where(single, none, k2[:, None] + zeros), mask=mask)
+            tl.store(out + COEF_K3 * rows, tl.where(single, none, k3[:, None] + zeros), mask=mask)
     if MODE == FOLD_BACKWARD:  # in the parameters' dtype (parameter_grad_dtype)
         tl.store(dw_ptr + channels, dw.to(dw_ptr.dtype.element_ty), mask=mask)
         tl.store(db_ptr + channels, db.to(db_ptr.dtype.element_ty), mask=mask)
