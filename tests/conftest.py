@@ -139,6 +139,8 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # stable: the rest as collected, TEST_AT_A_TIME's last
     items.sort(key=lambda item: (item.path.name in TEST_AT_A_TIME, rank.get(item.path.name, len(rank))))
+    if os.environ.get("TCONV3D_EMULATED_SUBSET") == "1":
+        emulated_subset(config, items)
     ran = os.environ.get("TCONV3D_TESTS_RAN")
     if ran:  # a GPU call's suite, cut at its limit, resumed by the next: what an earlier call's junit file names
         # but for the tests whose node ids hold one of TCONV3D_TESTS_AGAIN's comma-separated words: code changed
@@ -154,6 +156,22 @@ def pytest_collection_modifyitems(config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = kept
+
+
+def emulated_subset(config, items):
+    """Of test_gluon_emulated.py, only tests/emulated_subset.py's SUBSET (CI's Triton 3.6, 3.7.1 and 3.8.0 sections:
+    every line of the kernels and the emulator that the whole file runs, in ~9% of its time). A SUBSET name that
+    names no collected test is an error, not a test quietly left out."""
+    from emulated_subset import SUBSET
+
+    emulated = [item for item in items if item.path.name == "test_gluon_emulated.py"]
+    unknown = set(SUBSET) - {item.name for item in emulated}
+    if emulated and unknown:
+        raise pytest.UsageError(f"tests/emulated_subset.py's SUBSET names tests the file lacks: {sorted(unknown)}")
+    deselected = [item for item in emulated if item.name not in SUBSET]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.path.name != "test_gluon_emulated.py" or item.name in SUBSET]
 
 
 def junit_name(nodeid: str) -> str:

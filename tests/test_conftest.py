@@ -237,6 +237,7 @@ def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
         assert errors[0] == errors[1]
 
 
+@pytest.mark.one_triton
 def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
     """TCONV3D_CPU_PROFILE: a line a test, its own CPU seconds and those of the processes it waited for apart."""
     profile = tmp_path / "cpu.tsv"
@@ -268,6 +269,7 @@ def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
     assert children > 0.1 and own < children
 
 
+@pytest.mark.one_triton
 def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path):
     """TCONV3D_TESTS_RAN: the tests an earlier run's junit xml records as passed or skipped (a class's and
     parametrized ones too) are deselected, the rest and the failed ones run (the GPU calls' suite outlasts a call)."""
@@ -318,6 +320,52 @@ def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path)
     assert order == ["test_one", "TestK::test_three", "test_two[2]"], out
 
 
+@pytest.mark.one_triton
+def test_the_emulated_subset_is_collected_and_nothing_else_of_its_file():
+    """TCONV3D_EMULATED_SUBSET=1 (CI's Triton 3.6, 3.7.1 and 3.8.0 sections): of test_gluon_emulated.py, exactly
+    tests/emulated_subset.py's SUBSET is collected, every name in it a test of the file; other files whole."""
+    from emulated_subset import SUBSET
+
+    tests = os.path.dirname(__file__)
+
+    def collected(subset):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER_COUNT", "TCONV3D_TESTS_RAN")}
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+             "test_gluon_emulated.py", "test_conftest.py"],
+            cwd=tests, env={**env, "TCONV3D_EMULATED_SUBSET": "1" if subset else "0"}, capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        ids = [line.split("::", 1) for line in run.stdout.splitlines() if "::" in line]
+        return {
+            path: {name for p, name in ids if p.endswith(path)}
+            for path in ("test_gluon_emulated.py", "test_conftest.py")
+        }
+
+    whole, subset = collected(False), collected(True)
+    if not whole["test_gluon_emulated.py"]:
+        pytest.skip("this Triton runs no Gluon kernels (conv_gluon.UNAVAILABLE)")
+    assert subset["test_gluon_emulated.py"] == set(SUBSET) < whole["test_gluon_emulated.py"]
+    assert subset["test_conftest.py"] == whole["test_conftest.py"]
+
+
+@pytest.mark.one_triton
+def test_an_emulated_subset_naming_a_test_the_file_lacks_stops_the_run(tmp_path):
+    """A SUBSET name that no collected test has is an error, not a check quietly left out (a test renamed)."""
+    (tmp_path / "test_gluon_emulated.py").write_text("def test_renamed():\n    pass\n")
+    tests = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TCONV3D_EMULATED_SUBSET": "1"}  # fmt: skip
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", str(tmp_path), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "--confcutdir", tests, "-c", os.devnull, "-p", "conftest"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "SUBSET names tests the file lacks" in run.stderr
+
+
 @triton.jit
 def _to_bfloat16_kernel(x_ptr, cast_ptr, stored_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
@@ -364,6 +412,7 @@ print(os.environ.get("TRITON_INTERPRET"))
 """
 
 
+@pytest.mark.one_triton
 @pytest.mark.parametrize("module", ["fuzz", "fuzz_args", "fuzz_models"])
 def test_the_fuzzers_leave_the_interpreter_off_on_a_gpu_machine(module):
     """The test modules import the fuzzers; on a GPU machine a fuzzer that set TRITON_INTERPRET at its import made
