@@ -116,14 +116,15 @@ class _Lines:
 
 
 def suggest(lines, seconds) -> list[str]:
-    """A cover of every traced line, the most new lines a second first, and each function's cheapest test."""
+    """A cover of every traced line, the most new lines a second first, and each function's cheapest test of
+    those that ran a traced line (not one that skips before)."""
     left, chosen = set().union(*lines.values()), set()
     while left:
         best = max(lines, key=lambda t: len(lines[t] & left) / (seconds[t] + 0.05))
         chosen.add(best)
         left -= lines[best]
     functions = collections.defaultdict(list)
-    for test in seconds:
+    for test in lines:
         functions[test.split("[")[0]].append(test)
     chosen |= {min(tests, key=seconds.get) for tests in functions.values()}
     return sorted(chosen)
@@ -157,11 +158,11 @@ def main(argv=None) -> int:
     for name, line in missed:
         print(f"  missed {name}:{line}")
     for test in sorted(unknown):
-        print(f"  not a test of the file: {test}")
+        print(f"  not among the tests run (renamed? left out by -k?): {test}")
     if args.suggest:
         chosen = suggest(lines, plugin.seconds)
         print(f"a cover: {len(chosen)} tests, {sum(plugin.seconds[t] for t in chosen):.1f} s traced")
-        print("SUBSET = (\n" + "".join(f"    {t!r},\n" for t in chosen) + ")")
+        print("SUBSET = (\n" + "".join(f'    "{t}",\n' for t in chosen) + ")")
     return 1 if missed or unknown else 0
 
 
