@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SUBSET = (
     "test_emulated_gluon_border_modes_and_cached_frames_along_d[reflect-stride1-one_source-pipelined]",
     "test_emulated_gluon_border_modes_and_cached_frames_along_d[replicate-stride211-one_source-pipelined]",
@@ -135,8 +137,6 @@ def main(argv=None) -> int:
     parser.add_argument("--suggest", action="store_true", help="print a SUBSET that covers every line")
     parser.add_argument("pytest_args", nargs="*", help="more arguments for pytest (-k to try a part)")
     args = parser.parse_args(argv)
-    import pytest
-
     plugin = _Lines()
     code = pytest.main(
         [str(FILE), *args.pytest_args, "-q", "-p", "no:cacheprovider", "-p", "no:xdist"], plugins=[plugin]

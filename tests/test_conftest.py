@@ -237,6 +237,28 @@ def test_the_interpreters_types_are_built_as_its_own_constructors_build_them():
         assert errors[0] == errors[1]
 
 
+TESTS = os.path.dirname(__file__)
+# What conftest reads from the environment to change a run: a test that starts pytest sets the ones it checks.
+RUN_SETTINGS = ("PYTEST_XDIST_WORKER_COUNT", "TCONV3D_TESTS_RAN", "TCONV3D_TESTS_AGAIN", "TCONV3D_EMULATED_SUBSET",
+                "TCONV3D_CPU_PROFILE")  # fmt: skip
+
+
+def _environment(**settings) -> dict:
+    """This process's environment without RUN_SETTINGS, tests/ on PYTHONPATH, and `settings`."""
+    env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS}
+    return {**env, "PYTHONPATH": TESTS + os.pathsep + env.get("PYTHONPATH", ""), **settings}
+
+
+def _pytest_with_our_conftest(target, *args, rootdir, **settings) -> subprocess.CompletedProcess:
+    """pytest in a fresh process over `target` (a scratch file or directory) with tests/conftest.py as its only
+    conftest and no ini file, its environment _environment(**settings)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(target), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "--rootdir", str(rootdir), "--confcutdir", TESTS, "-c", os.devnull, "-p", "conftest", *args],
+        env=_environment(**settings), capture_output=True, text=True,
+    )  # fmt: skip
+
+
 @pytest.mark.one_triton
 def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
     """TCONV3D_CPU_PROFILE: a line a test, its own CPU seconds and those of the processes it waited for apart."""
@@ -251,14 +273,7 @@ def test_the_cpu_profile_counts_a_tests_own_and_its_childrens_seconds(tmp_path):
         "def test_waits_for_a_spinning_child():\n"
         "    subprocess.run([sys.executable, '-c', 'sum(range(30_000_000))'], check=True)\n"
     )
-    env = {**os.environ, "TCONV3D_CPU_PROFILE": str(profile)}
-    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
-    tests = os.path.dirname(__file__)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(script), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "--rootdir", tests, "--confcutdir", tests, "-c", os.devnull, "-p", "conftest"],
-        env={**env, "PYTHONPATH": tests + os.pathsep + env.get("PYTHONPATH", "")}, capture_output=True, text=True,
-    )  # fmt: skip
+    run = _pytest_with_our_conftest(script, rootdir=TESTS, TCONV3D_CPU_PROFILE=str(profile))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     rows = {line.split("\t")[0].split("::")[1]: [float(v) for v in line.split("\t")[1:]]
             for line in profile.read_text().splitlines()}  # fmt: skip
@@ -281,17 +296,12 @@ def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path)
         "def test_two(n):\n    pass\n"
         "class TestK:\n    def test_three(self):\n        pass\n"
     )
-    tests = os.path.dirname(__file__)
-    env = {**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
-    env.pop("TCONV3D_TESTS_RAN", None)
+    again = {}
 
     def pytest(*args, ran=None):
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", str(script), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-             "--rootdir", str(tmp_path), "--confcutdir", tests, "-c", os.devnull, "-p", "conftest", *args],
-            env={**env, **({"TCONV3D_TESTS_RAN": ran} if ran else {})}, capture_output=True, text=True,
-        )  # fmt: skip
+        run = _pytest_with_our_conftest(
+            script, *args, rootdir=tmp_path, **again, **({"TCONV3D_TESTS_RAN": ran} if ran else {})
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         return run.stdout
 
@@ -313,7 +323,7 @@ def test_a_suite_cut_short_resumes_past_the_tests_its_junit_file_names(tmp_path)
     out = pytest("-rA", ran=str(failed))
     assert "3 passed, 1 deselected" in out and "test_one" in out and "test_two[1]" in out, out
     # TCONV3D_TESTS_AGAIN: tests of code changed since, run again whatever the junit files say, first
-    env["TCONV3D_TESTS_AGAIN"] = "TestK,one"
+    again["TCONV3D_TESTS_AGAIN"] = "TestK,one"
     out = pytest("-vv", ran=os.pathsep.join(map(str, (first, second))))  # -q -vv: one line a test
     assert "3 passed, 1 deselected" in out, out
     order = [line.split(" ")[0].split("::", 1)[1] for line in out.splitlines() if " PASSED" in line]
@@ -326,14 +336,11 @@ def test_the_emulated_subset_is_collected_and_nothing_else_of_its_file():
     tests/emulated_subset.py's SUBSET is collected, every name in it a test of the file; other files whole."""
     from emulated_subset import SUBSET
 
-    tests = os.path.dirname(__file__)
-
     def collected(subset):
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER_COUNT", "TCONV3D_TESTS_RAN")}
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
              "test_gluon_emulated.py", "test_conftest.py"],
-            cwd=tests, env={**env, "TCONV3D_EMULATED_SUBSET": "1" if subset else "0"}, capture_output=True, text=True,
+            cwd=TESTS, env=_environment(TCONV3D_EMULATED_SUBSET="1" if subset else "0"), capture_output=True, text=True,
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         ids = [line.split("::", 1) for line in run.stdout.splitlines() if "::" in line]
@@ -353,15 +360,7 @@ def test_the_emulated_subset_is_collected_and_nothing_else_of_its_file():
 def test_an_emulated_subset_naming_a_test_the_file_lacks_stops_the_run(tmp_path):
     """A SUBSET name that no collected test has is an error, not a check quietly left out (a test renamed)."""
     (tmp_path / "test_gluon_emulated.py").write_text("def test_renamed():\n    pass\n")
-    tests = os.path.dirname(__file__)
-    env = {**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TCONV3D_EMULATED_SUBSET": "1"}  # fmt: skip
-    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", str(tmp_path), "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "--confcutdir", tests, "-c", os.devnull, "-p", "conftest"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    run = _pytest_with_our_conftest(tmp_path, rootdir=tmp_path, TCONV3D_EMULATED_SUBSET="1")
     assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout[-2000:] + run.stderr[-2000:]
     assert "SUBSET names tests the file lacks" in run.stderr
 
