@@ -1,6 +1,7 @@
 """Graphs of converted models for runtimes without tconv3d: every op's decomposition into torch's own ops
 (`tconv3d.ops.decompositions`, for `ExportedProgram.run_decompositions` and `torch.onnx.export`), and
-`torch.jit.trace`, which records the ops."""
+`torch.jit.trace`, which records the ops; torch.fx's symbolic tracing, which records tconv3d's modules as it records
+torch's."""
 
 import copy
 import functools
@@ -270,3 +271,94 @@ def test_onnx_export_with_dynamic_sizes():
         with torch.no_grad():
             exact = copy.deepcopy(stock).double()(x.double())
         assert rel_l2(got, exact) < 1e-5, x.shape
+
+
+def _fx_nodes(graph_module) -> list[tuple[str, str]]:
+    """A traced graph's nodes as (op, target) pairs, a function target by name."""
+    return [(node.op, getattr(node.target, "__name__", node.target)) for node in graph_module.graph.nodes]
+
+
+def test_fx_symbolic_trace_records_converted_layers_as_torchs():
+    """torch.fx.symbolic_trace of a converted model (what torch.fx's fuse, FX quantization and torchvision's feature
+    extractor run) raised at the first layer: fx traces into a module of another library, and tconv3d's forwards
+    test shapes, which a Proxy refuses. Its layers are now recorded whole, one call_module node each, as fx records
+    torch's own: the graph is stock's node for node. It runs the converted layers: the converted model's output
+    and gradients, bit for bit, on inputs other than any traced one (the trace has none)."""
+    stock = _layers()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    traced = torch.fx.symbolic_trace(converted)
+    assert _fx_nodes(traced) == _fx_nodes(torch.fx.symbolic_trace(stock))
+    assert [type(module) for module in traced.modules()][1:] == [type(module) for module in converted.modules()][1:]
+    x = torch.randn(2, 2, 4, 6, 8, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    got, expected = traced(x), converted(x)
+    assert torch.equal(got, expected) and got.is_contiguous(memory_format=CL)
+    grads = [torch.autograd.grad(y.square().sum(), [x, *converted.parameters()]) for y in (got, expected)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+class _PaddedConv(torch.nn.Conv3d):
+    """An nn.Conv3d subclass of its own forward: a pad, then super().forward (convert's subclasses="rebase")."""
+
+    def forward(self, x):
+        return super().forward(torch.nn.functional.pad(x, (1, 1, 1, 1, 2, 0)))
+
+
+def test_fx_symbolic_trace_of_a_rebased_subclass():
+    """A subclass's forward that reaches tconv3d's by super() (subclasses="rebase") is traced as stock's is, up to
+    that call, which is recorded as tconv3d.nn.Conv3d's forward of the layer (not the layer's call: that would pad
+    twice); keyword arguments of tconv3d's layers pass through (channels_after). The graph runs as the converted
+    model, after pickling too; a converted layer traced by itself is refused, naming what to trace instead."""
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(_PaddedConv(4, 8, 3), torch.nn.GroupNorm(2, 8), torch.nn.Conv3d(8, 6, 1))
+    converted = tconv3d.nn.convert(copy.deepcopy(stock), subclasses="rebase")
+    traced = torch.fx.symbolic_trace(converted)
+    nodes = _fx_nodes(traced)
+    assert ("call_function", "pad") in nodes and ("call_function", "conv3d_forward") in nodes
+    assert ("call_module", "0") not in nodes and ("call_module", "1") in nodes
+    x = torch.randn(1, 4, 3, 5, 4, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        expected = converted(x)
+        assert torch.equal(traced(x), expected)
+        assert rel_l2(expected, stock(x)) < 1e-5
+        buffer = io.BytesIO()
+        torch.save(traced, buffer)
+        buffer.seek(0)
+        assert torch.equal(torch.load(buffer, weights_only=False)(x), expected)
+
+    class Fed(torch.nn.Module):  # a GroupNorm fed its skip connection as channels_after
+        def __init__(self):
+            super().__init__()
+            self.norm = tconv3d.nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            return self.norm(x, channels_after=x.flip(1))
+
+    fed = Fed()
+    traced = torch.fx.symbolic_trace(fed)
+    assert next(node.kwargs for node in traced.graph.nodes if node.op == "call_module").keys() == {"channels_after"}
+    x = torch.randn(1, 4, 3, 5, 4, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(traced(x), fed(x))
+    for layer, name in ((converted[2], "Conv3d"), (converted[0], "_PaddedConv")):
+        with pytest.raises(TypeError, match=f"symbolic_trace records a converted {name} as one call.*nn.Sequential"):
+            torch.fx.symbolic_trace(layer)
+
+
+@pytest.mark.parametrize("name, size", [("unet", 16), ("dynunet", 16), ("vnet", 16), ("mednext", 32)])
+def test_fx_symbolic_trace_of_monai_networks(name, size, aten_path):
+    """The MONAI networks stock traces (most do) trace converted: the blocks convert adapts as one node each
+    (DynUNet's, VNet's and MedNeXt's raised inside them), a whole network's adapter (UNet's) traced into. The
+    graph runs as the converted network, channels_last_3d to the end."""
+    from test_integrations import _monai_nets, _more_monai_nets, _vnet
+
+    if name == "mednext" and not hasattr(pytest.importorskip("monai.networks.nets"), "MedNeXt"):
+        pytest.skip("this MONAI has no MedNeXt")
+    builds = {"vnet": _vnet, "mednext": _more_monai_nets()["mednext"][0], **_monai_nets()}
+    torch.manual_seed(0)
+    converted = tconv3d.nn.convert(builds[name]().eval())
+    traced = torch.fx.symbolic_trace(converted)
+    x = torch.randn(1, 1, size, size, size, generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        got = traced(x)
+        assert torch.equal(got, converted(x)) and got.is_contiguous(memory_format=CL)
+    adapted = [node.target for node in traced.graph.nodes if node.op == "call_module"]
+    assert any(hasattr(type(traced.get_submodule(target)), "tconv3d_adapter") for target in adapted) == (name != "unet")

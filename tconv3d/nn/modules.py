@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx import Proxy
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..functional import conv_transpose3d, unbatched
@@ -29,6 +30,30 @@ if TRITON_MISSING is None:  # the kernel that moves BatchNorm's running statisti
 
 _CL = torch.channels_last_3d
 WEIGHT_FORMATS = {"channels_last_3d": _CL, "contiguous": torch.contiguous_format}
+
+
+def fx_leaf(module: nn.Module, args: tuple, kwargs: dict, forward=None) -> Proxy:
+    """`module`'s call recorded whole, as one call_module node, where torch.fx's symbolic tracing reaches its
+    forward (an argument a Proxy): fx records torch.nn's own modules so (its leaves), and tracing into tconv3d's
+    forwards would meet their tests of shapes, dtypes and layouts, which a Proxy refuses. A converted model then
+    traces wherever stock's does, to stock's graph (an adapted block of another library's: one node where stock's
+    has its layers), and its modules run tconv3d when the graph runs. `forward`, a function of (module, *args):
+    recorded as a call_function node in the module's place, where a subclass's forward reached this one by super()
+    (convert's subclasses="rebase"; the subclass's own steps are traced before it)."""
+    tracer = next(a for a in (*args, *kwargs.values()) if isinstance(a, Proxy)).tracer
+    if module is tracer.root:  # (a graph has no node for the module it is traced from)
+        raise TypeError(
+            f"torch.fx.symbolic_trace records a converted {type(module).__name__} as one call of it, which needs a "
+            "module that holds it: trace the model, or nn.Sequential(layer)"
+        )
+    if forward is not None:
+        return tracer.create_proxy("call_function", forward, (module, *args), kwargs)
+    return tracer.create_proxy("call_module", tracer.path_of_module(module), args, kwargs)
+
+
+def given(**kwargs) -> dict:
+    """The keyword arguments of a forward whose defaults are None that its caller passed (fx_leaf's)."""
+    return {key: value for key, value in kwargs.items() if value is not None}
 
 
 class _KeptWeightFormat:
@@ -111,6 +136,9 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         of input where subpixel.upsampled_conv_reason allows (the sub-pixel form, `upsampled_conv`; of input
         replicate-padded by 1, a copy about its size, for a conv padded in mode reflect or replicate), else of the
         repetition."""
+        if isinstance(input, Proxy):
+            reached = None if type(self).forward is Conv3d.forward else conv3d_forward  # by super()
+            return fx_leaf(self, (input,), given(channels_after=channels_after, upsampled=upsampled), reached)
         if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
@@ -134,6 +162,12 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before,
             channels_after,
         )  # fmt: skip
+
+
+def conv3d_forward(module: Conv3d, *args, **kwargs) -> torch.Tensor:
+    """tconv3d.nn.Conv3d's forward of `module`, a subclass's: what fx records where the subclass's forward calls
+    super().forward (fx_leaf)."""
+    return Conv3d.forward(module, *args, **kwargs)
 
 
 class CausalConv3d(Conv3d):
@@ -180,6 +214,8 @@ class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
     (`tconv3d.conv_transpose3d`'s channels_after)."""
 
     def forward(self, input: torch.Tensor, output_size=None, channels_after=None) -> torch.Tensor:
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), given(output_size=output_size, channels_after=channels_after))
         weight = self._keep_weight_format()
         output_padding = self._output_padding(
             input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
@@ -322,6 +358,8 @@ class GroupNorm(_FusedActivation, nn.GroupNorm):
         """`channels_after` (N, C2, D, H, W), e.g. a UNet decoder's skip connection, follows the input's channels
         as if torch.cat([input, channels_after], dim=1) were normalized (num_channels counts both), read in
         place; it gets a gradient like the input."""
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), given(channels_after=channels_after))
         return self.normalized(input, self.fused_activation(), channels_after)
 
     def normalized(self, input, activation: Activation, channels_after=None) -> torch.Tensor:
@@ -357,6 +395,8 @@ class InstanceNorm3d(_FusedActivation, nn.InstanceNorm3d):
         return not self.track_running_stats and input.dim() == 5 and input.dtype in SUPPORTED_DTYPES
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), {})
         return self.normalized(input, self.fused_activation())
 
     def normalized(self, input: torch.Tensor, activation: Activation) -> torch.Tensor:
@@ -395,6 +435,8 @@ class BatchNorm3d(_FusedActivation, nn.BatchNorm3d):
         self._set_activation(activation, negative_slope)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), {})
         return self.normalized(input, self.fused_activation())
 
     def normalized(self, input: torch.Tensor, activation: Activation) -> torch.Tensor:
@@ -502,6 +544,8 @@ class AvgPool3d(nn.AvgPool3d):
     constructor, no parameters, torch's values (up to the order of a window's sum)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), {})
         if input.dim() == 5 and input.is_floating_point() and layout_of(input) == _CL:  # (integers: torch's)
             kernel = _tiling_kernel(self)
             if kernel is not None and all(k <= n for k, n in zip(kernel, input.shape[2:], strict=True)):
@@ -616,6 +660,8 @@ class Upsample(nn.Upsample):
     the layer before an NCDHW gradient. Other modes, factors and inputs: torch's. Same constructor, same values."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if isinstance(input, Proxy):
+            return fx_leaf(self, (input,), {})
         # Torch's own: what it refuses (align_corners with a nearest mode; a size with a scale_factor or with
         # recompute_scale_factor) and what its kernels take or refuse by dtype (integers)
         refused = self.align_corners is not None and self.mode != "trilinear"

@@ -1075,7 +1075,9 @@ def _pixels_repeated_plus_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor
     conv takes upsampled=(1, 2, 2) where its forward is tconv3d.nn.Conv3d's or passes it on (KVAE's: one sub-pixel
     transposed conv of x, 4 taps an output voxel where 9, where subpixel.upsampled_conv_reason allows; else of u,
     inside it). A conv that takes no `upsampled` (one convert left alone) or an unbatched x gets u."""
-    takes_upsampled = type(conv).forward in (Conv3d.forward, _KVAESafeConv3d.forward)
+    forward = type(conv).forward
+    forward = getattr(forward, "__wrapped__", forward)  # (an adapted class's, wrapped for torch.fx by convert)
+    takes_upsampled = forward in (Conv3d.forward, _KVAESafeConv3d.forward)
     return _conv_plus_repeats(conv, x, (1, 2, 2), x.dim() == 5 and takes_upsampled)
 
 
