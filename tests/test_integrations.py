@@ -257,6 +257,40 @@ def test_rebase_runs_unknown_subclasses_on_tconv3d(aten_path, caplog):
         tconv3d.nn.convert(model, subclasses="always")
 
 
+def test_subclasses_without_a_forward_of_their_own_are_taken_over(aten_path, caplog):
+    """An nn.Conv3d subclass that adds only a constructor runs nn.Conv3d's forward: torchvision's video ResNets
+    (r3d_18, mc3_18, r2plus1d_18) are built of two such (Conv3DSimple, Conv3DNoTemporal), and convert left all their
+    convolutions but the stem's on aten. Such a layer is taken over as nn.Conv3d is, its class kept; a subclass
+    with its own forward or _conv_forward (which nn.Conv3d's forward calls) is still left alone."""
+
+    class Simple(nn.Conv3d):  # torchvision's Conv3DSimple, in short
+        def __init__(self, in_planes, out_planes, stride=1, padding=1):
+            super().__init__(in_planes, out_planes, (3, 3, 3), stride, padding, bias=False)
+
+    class Doubled(nn.Conv3d):
+        def _conv_forward(self, input, weight, bias):
+            return super()._conv_forward(input, weight, bias) * 2
+
+    class Below(Simple):  # a forward-less subclass of one
+        pass
+
+    torch.manual_seed(0)
+    stock = nn.Sequential(Simple(3, 8), nn.BatchNorm3d(8), nn.ReLU(), Below(8, 4, stride=2), Doubled(4, 4, 1)).eval()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert isinstance(converted[0], Simple) and isinstance(converted[0], tconv3d.nn.Conv3d)
+    assert isinstance(converted[3], Below) and isinstance(converted[3], tconv3d.nn.Conv3d)
+    assert type(converted[4]) is Doubled
+    x = torch.randn(2, 3, 5, 6, 7)
+    report = tconv3d.nn.audit(converted, x, verbose=False)
+    assert report.tconv3d_calls == 2 and report.aten_conv3d_calls == 1
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(copy.deepcopy(stock))
+    assert "Doubled, a subclass of nn.Conv3d whose own forward may differ" in caplog.text
+    assert "Simple" not in caplog.text and "Below" not in caplog.text
+
+
 def test_audit_prints_a_table_and_names_what_stays_on_aten(aten_path, capsys):
     class Doubled(nn.Conv3d):  # a subclass: convert leaves it by default
         def forward(self, x):
@@ -2350,6 +2384,51 @@ def test_other_monai_networks(name, aten_path):
         explained_without_new_graph_breaks(lambda model, x: model(x), stock, converted, x)
     if name != "globalnet":  # its affine head flattens the deepest features by reshape: of channels_last_3d, a copy
         assert_keeps_no_more_than_stock(stock.train(), converted.train(), lambda m, x: _flat(m(x)), x)
+
+
+# torchvision's video classifiers: (builder name, input shape, layers that get an NCDHW input from the model's own
+# code). MViT's attention pools lay their tokens out NCDHW by `.contiguous()` before each pooling conv; S3D and
+# Swin3D need 16 frames at 224^2 and 64^2 to reach their last pooling.
+TORCHVISION_VIDEO = {
+    "r3d_18": ((2, 3, 8, 32, 32), ()),
+    "mc3_18": ((2, 3, 8, 32, 32), ()),
+    "r2plus1d_18": ((2, 3, 8, 32, 32), ()),
+    "s3d": ((1, 3, 16, 224, 224), ()),
+    "swin3d_t": ((1, 3, 8, 64, 64), ()),
+    "mvit_v1_b": ((1, 3, 16, 224, 224), (".attn.pool_q.pool", ".attn.pool_k.pool", ".attn.pool_v.pool")),
+    "mvit_v2_s": ((1, 3, 16, 224, 224), (".attn.pool_q.pool", ".attn.pool_k.pool", ".attn.pool_v.pool")),
+}
+
+
+@pytest.mark.parametrize("name", TORCHVISION_VIDEO)
+def test_torchvision_video_models(name, aten_path):
+    """torchvision's video classifiers converted (torchvision is not on CI's machines, where PyPI's wheel does not
+    load beside torch's CPU build: run in a venv of torch 2.14.1 and torchvision 0.29.1). Every convolution on
+    tconv3d: the video ResNets' Conv3DSimple and Conv3DNoTemporal, nn.Conv3d subclasses of a constructor alone, were
+    left on aten (16 of r3d_18's 20 convolutions) until convert took such subclasses over. No layout copy but those
+    the model's own code makes an input for, no pad or concatenation copy made inside a layer; outputs as stock's,
+    gradients in training (batch statistics) as near float64 as stock's; torchvision's create_feature_extractor
+    (torch.fx) of the converted model gives stock's features (for MViT those differ from its forward's, stock's
+    alike: the trace keeps some of its sizes as constants)."""
+    video = pytest.importorskip("torchvision.models.video")
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+    shape, model_layouts = TORCHVISION_VIDEO[name]
+    stock, converted = stock_and_converted(lambda: getattr(video, name)(num_classes=10))
+    x = torch.randn(shape).contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        assert rel_l2(converted(x), stock(x)) < MATCH
+    report = tconv3d.nn.audit(copy.deepcopy(converted), x, verbose=False)
+    assert_all_on_tconv3d(report)
+    copied = {layer.name for layer in report.layers if layer.layout_copies}
+    assert all(layer.endswith(model_layouts) for layer in copied) if model_layouts else not copied, report.table()
+    assert report.norm_layout_copies == 0, report.table()
+    # the stock graph's nodes of its stages (its nested layers are named otherwise: a converted conv is one node)
+    stages = [node for node in get_graph_node_names(stock)[1] if "." not in node][-3:]
+    with torch.no_grad():
+        features = [create_feature_extractor(model, return_nodes=stages)(x) for model in (stock, converted.eval())]
+    assert all(rel_l2(features[1][node], features[0][node]) < MATCH for node in stages), stages
+    assert_gradients_as_near_float64(stock.train(), converted.train(), lambda model, x: model(x), x)
 
 
 def test_ahnet_in_two_dimensions_runs_as_stock(aten_path):

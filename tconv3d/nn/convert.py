@@ -49,8 +49,9 @@ SUBCLASS_POLICIES = ("skip", "rebase")
 
 
 class _Rebased:
-    """An nn.Conv3d subclass of unknown behaviour, opted in with subclasses="rebase": its own forward runs as it
-    is, and its super().forward lands in tconv3d.nn.Conv3d."""
+    """An nn.Conv3d subclass of unknown behaviour, opted in with subclasses="rebase" (its own forward runs as it
+    is, and its super().forward lands in tconv3d.nn.Conv3d), or one with no forward of its own (`own_forward`:
+    tconv3d.nn.Conv3d's runs)."""
 
     attributes = ()
 
@@ -129,6 +130,14 @@ def _parametrized_drop_in(module: nn.Module, base: type) -> type:
     return type(type(module).__name__, (DROP_INS[base],), namespace)
 
 
+def own_forward(cls: type) -> bool:
+    """Whether an nn.Conv3d subclass has a forward of its own (or nn.Conv3d's `_conv_forward`, which its forward
+    calls): one that may differ. A subclass that adds only a constructor (torchvision's video ResNets'
+    Conv3DSimple and Conv3DNoTemporal) runs nn.Conv3d's forward, and is taken over as nn.Conv3d is."""
+    below = cls.__mro__[: cls.__mro__.index(nn.Conv3d)]
+    return any(name in vars(c) for c in below for name in ("forward", "_conv_forward"))
+
+
 def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
     """Why convert leaves an nn.Conv3d (or another module with a drop-in) as it is; None if it takes it over."""
     if parametrized_base(module) is not None:  # its weight's dtype read from its sources, not computed
@@ -139,10 +148,10 @@ def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
             f"it is a {type(module).__name__}, whose parameters are made by its first forward, where it becomes an "
             f"nn.{type(module).cls_to_become.__name__}: convert after a first forward"
         )
-    if isinstance(module, nn.Conv3d) and type(module) is not nn.Conv3d and subclasses == "skip":
+    if isinstance(module, nn.Conv3d) and own_forward(type(module)) and subclasses == "skip":
         return (
-            f"it is a {type(module).__qualname__}, a subclass of nn.Conv3d whose forward may differ (convert(model, "
-            "subclasses='rebase') keeps its forward and runs its super().forward on tconv3d)"
+            f"it is a {type(module).__qualname__}, a subclass of nn.Conv3d whose own forward may differ (convert("
+            "model, subclasses='rebase') keeps its forward and runs its super().forward on tconv3d)"
         )
     if isinstance(module, (nn.Conv3d, nn.ConvTranspose3d)):
         return conv_reason(module)
@@ -170,8 +179,9 @@ def convert(
     - MONAI's networks (monai_nets): skip connections handed to their convolutions as `channels_after`, zero
       padding made before a convolution (EfficientNet's "same" padders, AutoencoderKL's and MAISI's downsamplers)
       padded inside it, MAISI's split convolutions and norms run whole, res blocks' norm + SiLU in one pass.
-    - Other subclasses of nn.Conv3d are left alone unless `subclasses="rebase"`: then their own forward still
-      runs, and its super().forward runs tconv3d.
+    - Other subclasses of nn.Conv3d with a forward of their own are left alone unless `subclasses="rebase"`: then
+      their own forward still runs, and its super().forward runs tconv3d. One that adds only a constructor
+      (torchvision's video ResNets' Conv3DSimple) runs nn.Conv3d's forward, and is taken over as nn.Conv3d is.
 
     Each layer keeps its identity and Parameters (its class is changed and a conv weight made channels_last_3d in
     place), so an optimizer built before the call keeps working and state_dicts load both ways.
