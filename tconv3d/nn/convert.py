@@ -23,7 +23,7 @@ from torch.nn.utils import parametrize
 
 from ..geometry import SUPPORTED_DTYPES
 from ..ops import in_strides_of
-from . import monai_nets, video_vaes
+from . import monai_nets, torchvision_nets, video_vaes
 from .modules import (
     AvgPool3d,
     BatchNorm3d,
@@ -97,8 +97,10 @@ def _new_adapted(adapter: type, original: type) -> nn.Module:
     return cls.__new__(cls)
 
 
-# The classes of other libraries convert knows, by module and name: diffusers' video VAEs, MONAI's networks.
-KNOWN_CLASSES = {name: adapter for adapter in video_vaes.ADAPTERS + monai_nets.ADAPTERS for name in adapter.classes}
+# The classes of other libraries convert knows, by module and name: diffusers' video VAEs, MONAI's networks,
+# torchvision's MViT.
+KNOWN_CLASSES = {name: adapter for adapter in video_vaes.ADAPTERS + monai_nets.ADAPTERS + torchvision_nets.ADAPTERS
+                 for name in adapter.classes}  # fmt: skip
 
 # The torch modules tconv3d has a drop-in for: exact classes (subclasses bring their own forward).
 DROP_INS = {nn.Conv3d: Conv3d, nn.ConvTranspose3d: ConvTranspose3d, nn.GroupNorm: GroupNorm,
