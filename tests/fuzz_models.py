@@ -20,6 +20,7 @@ resampling and shortcuts, as the models call them. The convolutions run through 
     python tests/fuzz_models.py --seconds 300 [--seed 0] [--models wan,monai_unet,...] [--dtypes fp16,autocast_fp16]
     python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
     python tests/fuzz_models.py --func [--compile aot_eager] [--seconds 300] [--models ...]
+    python tests/fuzz_models.py --fx [--seconds 300] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
 A sixth of the draws run the models in bf16 (their weights rounded, the input too), a sixth in float32 under bf16
@@ -79,6 +80,14 @@ by its place in the batch). Stock runs the batch as it is (in eval mode a sample
 results are its rows) and is held as above; where the converted model raises, stock runs under the same transform,
 and a draw it raises on too is skipped (torch's own: SDPA's CPU flash kernel has no double backward). Layouts are
 not audited (under vmap the adapters keep torch's, NCDHW), nor graph breaks counted.
+
+With --fx, the MONAI networks run as model(x) are drawn, and the converted model runs as its torch.fx graph
+(torch.fx.symbolic_trace of it as it is, training or eval, traced each draw; what fx's fuse, FX quantization and
+torchvision's feature extraction run): tconv3d's layers and the blocks convert adapts are call_module nodes of the
+graph, a network's own adapter (MONAI's UNet) traced into. It is held to stock's eager results as above. Where the
+converted model does not trace or its graph raises, stock is traced the same way, and a draw whose stock does not
+trace is skipped (the networks whose own code branches on sizes: SegResNetDS, the registration networks, ...).
+Layouts are the eager draws' (the graph calls the same modules).
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
@@ -335,6 +344,12 @@ def per_sample_flat(out) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
     return torch.cat([per_sample_flat(part).flatten(1) for part in out], dim=1)
+
+
+def fx_traced(model, x, case: dict):
+    """run_model through the model's torch.fx graph (--fx): torch.fx.symbolic_trace of the model as it is now
+    (training or eval), run on x; its call_module nodes call the model's own modules."""
+    return per_sample_flat(torch.fx.symbolic_trace(model)(x))
 
 
 def compiled(backend: str, history: bool = False):
@@ -609,6 +624,7 @@ def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> 
         return "skipped"
     transformed = "func" in case  # per_sample compiles the transform itself
     run = compiled(case["compile"], case.get("history", False)) if "compile" in case and not transformed else run_model
+    run = fx_traced if case.get("fx") else run
     breaks = _graph_breaks()
     try:
         ours, _ = results(converted, x, case, grad, run=run, transformed=transformed)
@@ -622,6 +638,11 @@ def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> 
         elif "compile" in case and not case.get("history"):  # torch's own (Inductor's value ranges): stock's too?
             try:
                 results(stock, x, case, grad, run=compiled(case["compile"]))
+            except Exception:
+                return "skipped"
+        elif case.get("fx"):  # a network whose own code fx does not trace: stock's too?
+            try:
+                results(stock, x, case, grad, run=fx_traced)
             except Exception:
                 return "skipped"
         return problem
@@ -651,7 +672,7 @@ def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> 
             if any(beyond):
                 return problem
             return "ill-conditioned: " + problem
-    if transformed:  # under vmap the adapters keep torch's layouts (NCDHW)
+    if transformed or case.get("fx"):  # under vmap the adapters keep torch's layouts (NCDHW); fx: the eager draws'
         return None
     if "compile" in case:  # the eager draws audit the layouts; stock traced alone would end a history
         return None if case.get("history") else graph_breaks(case, stock, x, grad, breaks)
@@ -810,6 +831,8 @@ def main(argv=None) -> int:
     parser.add_argument("--func", action="store_true", help="run the converted models under torch.func, one "
                         "sample a call: vmap and vmap of grad (per-sample input gradients), in turn; with "
                         "--compile, the transform compiled")  # fmt: skip
+    parser.add_argument("--fx", action="store_true", help="run the converted MONAI networks as their torch.fx graphs "
+                        "(symbolic_trace), a draw stock does not trace skipped")  # fmt: skip
     parser.add_argument("--history", action="store_true", help="with --compile: one compiled run for all draws "
                         "(torch.compile's automatic dynamic shapes), until a failure; a failure's line lists the "
                         "draws before it, which --replay runs first")  # fmt: skip
@@ -822,6 +845,8 @@ def main(argv=None) -> int:
         parser.error("--history needs --compile")
     if args.history and args.func:
         parser.error("--history does not take --func (each transform is compiled anew)")
+    if args.fx and (args.compile or args.func):
+        parser.error("--fx takes neither --compile nor --func")
     if args.replay:
         line = json.loads(args.replay)
         for seed, case in line.get("history", []):  # the compiled run's draws before it, their results aside
@@ -832,6 +857,8 @@ def main(argv=None) -> int:
     names = args.models.split(",") if args.models else list(models.builders)
     if args.func:  # their runs give each sample its own timestep, by its place in the batch: not one a call
         names = [name for name in names if name not in DIFFUSION_UNETS]
+    if args.fx:  # the networks run as model(x)
+        names = [name for name in names if name.startswith("monai_") and own_run(name) is None]
     unknown = sorted(set(names) - set(models.builders))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(models.builders)}")
@@ -849,6 +876,8 @@ def main(argv=None) -> int:
             case["compile"] = args.compile
         if args.history:
             case["history"] = True
+        if args.fx:
+            case["fx"] = True
         problem = _timed(args.draw_seconds, case, models, seed)
         if problem == "skipped":
             skipped += 1

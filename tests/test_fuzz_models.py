@@ -74,6 +74,19 @@ CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled d
         "func": "vmap_grad",
         "compile": "aot_eager",
     },
+    # --fx: the converted network as its torch.fx graph (every converted model raised in symbolic_trace until
+    # 2026-12-07): BasicUNet's training step, DynUNet's adapted blocks as call_module nodes under autocast,
+    # DenseNet's fused norms and pools in inference mode
+    {"model": "monai_basic_unet", "shape": [1, 1, 18, 25, 33], "mode": "train", "tiling": False, "fx": True},
+    {
+        "model": "monai_dynunet",
+        "shape": [2, 1, 16, 24, 16],
+        "mode": "train",
+        "tiling": False,
+        "dtype": "autocast",
+        "fx": True,
+    },
+    {"model": "monai_densenet121", "shape": [2, 1, 32, 32, 32], "mode": "inference", "tiling": False, "fx": True},
     # run 53's seed 962007: torch's compiled vmap of grad answered a 0.29-off input gradient for channels_last_3d
     # weights (docs/upstream.md) until the aten path gave its convolutions NCDHW weights under traced transforms
     {
@@ -96,7 +109,9 @@ def models():
 @pytest.mark.parametrize(
     "case",
     CASES,
-    ids=lambda c: "_".join(filter(None, (c["model"], c.get("compile"), c.get("func", c["mode"]), c.get("dtype")))),
+    ids=lambda c: "_".join(
+        filter(None, (c["model"], c.get("compile"), c.get("fx") and "fx", c.get("func", c["mode"]), c.get("dtype")))
+    ),
 )
 def test_drawn_models_match_stock(case, models, aten_path):
     assert check(case, models, seed=0) is None  # not "skipped": stock takes each of these
@@ -196,6 +211,21 @@ def test_a_wrong_model_fails(dtype, off, compile, func, mode, models, aten_path)
         problem = check(case, models, seed=0)
     assert problem is not None and not problem.startswith("once") and problem.startswith("output")
     assert passes_unhooked(case, models)
+
+
+def test_a_wrong_model_fails_as_its_fx_graph(models, aten_path):
+    """--fx: a converted UNet whose output layer answers 1e-3 off fails as its torch.fx graph (the graph calls that
+    layer's module, its hook with it); a network stock does not trace is skipped, its converted one too."""
+    case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "eval", "tiling": False, "fx": True}
+    _, converted = models("monai_unet")
+    graph = torch.fx.symbolic_trace(converted).graph
+    last = [node.target for node in graph.nodes if node.op == "call_module"][-1]
+    with hooked(converted.get_submodule(last), lambda module, args, out: out * (1 + 1e-3)):
+        problem = check(case, models, seed=0)
+    assert problem is not None and problem.startswith("output"), problem
+    assert passes_unhooked(case, models)
+    untraced = {"model": "monai_segresnet_ds", "shape": [1, 1, 16, 16, 16], "mode": "eval", "tiling": False, "fx": True}
+    assert check(untraced, models, seed=0) == "skipped"
 
 
 def test_an_ill_conditioned_draw_is_counted_apart(models, aten_path):
