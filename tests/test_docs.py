@@ -45,6 +45,22 @@ def names_something(path: str) -> bool:
     return not test or re.search(rf"^def {re.escape(test)}\(", (ROOT / path).read_text(), flags=re.M) is not None
 
 
+def defined_tests() -> set[str]:
+    """The names of the tests under tests/ (functions, methods) and of the test modules."""
+    names = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        names |= {path.stem, *re.findall(r"^\s*def (test_\w+)\(", path.read_text(), flags=re.M)}
+    return names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_named_tests_exist(page):
+    """A test the docs name by itself, `test_...`, is defined under tests/ (a mend once deleted one a page named)."""
+    named = {name for span in code_spans(page) for name in re.findall(r"(?<![\w/.:])test_\w+(?![\w.])", span)}
+    missing = sorted(named - defined_tests())
+    assert not missing, f"{page_id(page)} names tests that do not exist: {missing}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_python_m_modules_exist(page):
     modules = set(re.findall(r"python3? -m ((?:tconv3d|bench)[\w.]*)", page.read_text()))
@@ -98,6 +114,7 @@ def test_readme_is_a_front_page():
 
 def test_the_checks_can_fail():
     assert not resolves("tconv3d.no_such_thing") and not resolves("tconv3d.nn.NoSuchModule")
+    assert "test_static_compile" in defined_tests() and "test_no_such_test" not in defined_tests()
     assert resolves("tconv3d.tune.choice.pick_config") and resolves("tconv3d.conv3d_input_grad")
     assert importlib.util.find_spec("tconv3d.no_such_module") is None
     assert tconv3d.nn.convert is not None

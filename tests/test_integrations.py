@@ -2399,6 +2399,82 @@ TORCHVISION_VIDEO = {
 }
 
 
+class _TokensPool(nn.Module):
+    """A double of torchvision's MViT attention pool (torchvision is not on CI's machines), written from its
+    behaviour: forward(tokens (B, heads, 1 + T*H*W, C) or (B, 1 + T*H*W, C), thw) pools the tokens less the first,
+    NCDHW-contiguous, by `pool` and returns them after the first, normed, with the pooled (T, H, W). convert knows
+    it by torchvision's module and class name."""
+
+    def __init__(self, pool, norm, norm_before_pool=False):
+        super().__init__()
+        self.pool, self.norm_act, self.norm_before_pool = pool, norm, norm_before_pool
+
+    def forward(self, x, thw):
+        tokens = x.unsqueeze(1) if x.dim() == 3 else x
+        batch, heads, _, channels = tokens.shape
+        grid = tokens[:, :, 1:].transpose(2, 3).reshape(batch * heads, channels, *thw).contiguous()
+        if self.norm_before_pool:
+            grid = self.norm_act(grid)
+        grid = self.pool(grid)
+        out = torch.cat((tokens[:, :, :1], grid.reshape(batch, heads, channels, -1).transpose(2, 3)), dim=2)
+        if not self.norm_before_pool:
+            out = self.norm_act(out)
+        return (out.squeeze(1) if x.dim() == 3 else out), tuple(grid.shape[2:])
+
+
+_TokensPool.__module__, _TokensPool.__qualname__ = "torchvision.models.video.mvit", "Pool"
+
+
+class _TokensAttentionPools(nn.Module):
+    """MViT's q, k and v of one projection, (B, heads, tokens, head_dim) views split from (B, tokens, 3, heads,
+    head_dim), each pooled by a depthwise Conv3d (q strided in H and W, as MViT's stage transitions)."""
+
+    def __init__(self, head_dim=8, heads=2):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.qkv = nn.Linear(heads * head_dim, 3 * heads * head_dim)
+        pools = [nn.Conv3d(head_dim, head_dim, 3, (1, stride, stride), 1, groups=head_dim, bias=False)
+                 for stride in (2, 1, 1)]  # fmt: skip
+        self.pools = nn.ModuleList(_TokensPool(pool, nn.LayerNorm(head_dim)) for pool in pools)
+
+    def forward(self, x, thw):
+        batch, length, _ = x.shape
+        qkv = self.qkv(x).reshape(batch, length, 3, self.heads, self.head_dim).transpose(1, 3).unbind(dim=2)
+        return torch.cat([pool(t, thw)[0].flatten(1) for pool, t in zip(self.pools, qkv, strict=True)], dim=1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_mvit_attention_pools_read_their_tokens_in_place(batch):
+    """MViT's attention pools wrote their tokens NCDHW for the pooling conv, which the converted conv copied
+    channels_last_3d again (36 of mvit_v1_b's 36 convolutions, 48 of mvit_v2_s's 49, took a layout copy). The
+    tokens less the class token are that input in channels_last_3d's order: the conv reads their view (a batch of
+    one: no copy at all; of two, one NDHWC-ordered copy, the heads lying between batch entries). On tconv3d's
+    depthwise kernels, outputs and gradients as stock's to float64's rounding; norm_before_pool as torchvision's."""
+    torch.manual_seed(0)
+    stock = _TokensAttentionPools()
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert all(type(pool).tconv3d_adapter.__name__ == "_MViTPool" for pool in converted.pools)
+    thw = (2, 4, 6)
+    x = torch.randn(batch, 1 + math.prod(thw), 16, requires_grad=True)
+    grids, projections = [], []
+    converted.pools[1].pool.register_forward_pre_hook(lambda module, args: grids.append(args[0]))
+    converted.qkv.register_forward_hook(lambda module, args, out: projections.append(out))
+    report = tconv3d.nn.audit(converted, x, thw, verbose=False)
+    assert report.tconv3d_calls == 3 and sum(layer.layout_copies for layer in report.layers) == 0, report.table()
+    exact = copy.deepcopy(stock).double()
+    outputs = [model(x.double() if model is exact else x, thw) for model in (stock, converted, exact)]
+    assert rel_l2(outputs[1], outputs[2]) < 1e-5
+    grads = [torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+             for out, model in zip(outputs, (stock, converted, exact), strict=True)]  # fmt: skip
+    assert rel_l2(torch.cat([g.flatten() for g in grads[1]]), torch.cat([g.flatten() for g in grads[2]])) < 1e-5
+    in_place = grids[-1].untyped_storage().data_ptr() == projections[-1].untyped_storage().data_ptr()
+    assert grids[-1].stride(1) == 1 and in_place == (batch == 1)
+    before = _TokensPool(nn.Conv3d(8, 8, 3, 1, 1, groups=8), nn.BatchNorm3d(8).eval(), norm_before_pool=True)
+    tokens = torch.randn(batch, 2, 1 + math.prod(thw), 8)
+    with torch.no_grad():
+        assert rel_l2(tconv3d.nn.convert(copy.deepcopy(before))(tokens, thw)[0], before(tokens, thw)[0]) < 1e-5
+
+
 @pytest.mark.parametrize("name", TORCHVISION_VIDEO)
 def test_torchvision_video_models(name, aten_path):
     """torchvision's video classifiers converted (torchvision is not on CI's machines, where PyPI's wheel does not
@@ -2406,10 +2482,9 @@ def test_torchvision_video_models(name, aten_path):
     tconv3d: the video ResNets' Conv3DSimple and Conv3DNoTemporal, nn.Conv3d subclasses of a constructor alone, were
     left on aten (16 of r3d_18's 20 convolutions) until convert took such subclasses over. No layout copy (MViT's
     attention pools read their tokens in place: torchvision_nets._MViTPool), no pad or concatenation copy made
-    inside a layer; outputs as stock's,
-    gradients in training (batch statistics) as near float64 as stock's; torchvision's create_feature_extractor
-    (torch.fx) of the converted model gives stock's features (for MViT those differ from its forward's, stock's
-    alike: the trace keeps some of its sizes as constants)."""
+    inside a layer; outputs as stock's, gradients in training (batch statistics) as near float64 as stock's;
+    torchvision's create_feature_extractor (torch.fx) of the converted model gives stock's features (for MViT those
+    differ from its forward's, stock's alike: the trace keeps some of its sizes as constants)."""
     video = pytest.importorskip("torchvision.models.video")
     from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
