@@ -160,6 +160,27 @@ def test_subpixel_weight_is_kept_while_unchanged(device):
         assert not subpixel_weight(fresh).is_inference()
 
 
+def test_a_weight_storage_freed_and_made_anew_is_not_taken_for_the_kept_one():
+    """A weight whose storage is replaced by a fresh tensor (`.data` assigned: diffusers' layerwise casting and
+    offloading hooks do it each call) can get the freed storage's address at version 0: the kept sub-pixel weight
+    was keyed by address and version, and a replaced weight of other values came back stale (17 of 50 draws here).
+    It is keyed by the storage's identity now; a deep copy of the module keeps nothing of it."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    reused = 0
+    with torch.no_grad():
+        for _ in range(50):
+            subpixel_weight(conv)
+            address, new = conv.weight.data_ptr(), torch.randn_like(conv.weight)
+            conv.weight.data = torch.empty(0)  # the storage freed
+            conv.weight.data = new.clone()  # a fresh one, version 0
+            reused += conv.weight.data_ptr() == address
+            assert torch.equal(subpixel_weight(conv), subpixel_weight(copy.deepcopy(conv))), "a stale weight"
+        assert reused > 0, "no draw made the case: the test would not fail"
+        kept = subpixel_weight(conv)
+        assert subpixel_weight(copy.deepcopy(conv)) is not kept and subpixel_weight(conv) is kept
+
+
 @pytest.mark.parametrize("time, space", [(None, True), ("repeated", False), ("kept", True)])
 def test_taps_first_made_in_inference_mode_serve_a_training_step(time, space, device, monkeypatch):
     """The taps' tensors, kept per device (_subpixel_taps), are made outside inference mode whatever the first

@@ -5,8 +5,11 @@ switches all of them back to upsampling first (bench.vae_decode's `converted_ups
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..functional import conv_transpose3d
 from ..geometry import conv_dtype
@@ -28,7 +31,7 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space:
     (C_in, C_out, 4, 4, 4) with `time` "repeated" (_SUBPIXEL_TAPS along D too) or (C_in, C_out, 3, 4, 4) with
     `time` "kept" (D's taps reversed, as a transposed conv at stride 1 reads them); `space` False: H and W's taps
     the conv's own (Cosmos's time upsampler's 3 x 1 x 1 conv, "repeated": (C_in, C_out, 4, 1, 1)). Differentiable:
-    the weight gradient lands in conv.weight. Kept on the module while the weight has no gradient to take
+    the weight gradient lands in conv.weight. Kept for the module (_KEPT) while the weight has no gradient to take
     (inference) and unchanged (its storage and version): a decode computes it once. An inference tensor's weight
     (a model built inside torch.inference_mode()) has no version to tell an in-place change by (a state dict
     loaded into it): each call computes it."""
@@ -36,9 +39,15 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space:
     cacheable = not (  # (compiling first: Dynamo cannot trace is_inference)
         torch.compiler.is_compiling() or (torch.is_grad_enabled() and weight.requires_grad) or weight.is_inference()
     )
-    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space) if cacheable else None
-    kept = getattr(conv, "_tconv3d_subpixel", None) if cacheable else None
-    if kept is not None and kept[0] == key and (torch.is_inference_mode_enabled() or not kept[1].is_inference()):
+    storage = StorageWeakRef(weight.untyped_storage()) if cacheable else None
+    key = _weight_key(weight, storage, time, space) if cacheable else None
+    kept = _KEPT.get(conv) if cacheable else None
+    if (
+        kept is not None
+        and kept[0] == key
+        and not kept[2].expired()
+        and (torch.is_inference_mode_enabled() or not kept[1].is_inference())
+    ):
         return kept[1]
     taps = _subpixel_taps(weight.device)
     w = weight.float() if weight.dim() == 5 else weight.float().unsqueeze(2)  # a Conv2d: one frame
@@ -52,8 +61,22 @@ def subpixel_weight(conv: nn.Conv2d | nn.Conv3d, time: str | None = None, space:
             summed = torch.einsum("jt,oitab->iojab", frame_taps, w)
     subpixel = summed.to(weight.dtype).contiguous(memory_format=_CL)
     if cacheable:
-        conv._tconv3d_subpixel = (key, subpixel)
+        _KEPT[conv] = (key, subpixel, storage)
     return subpixel
+
+
+# conv -> (_weight_key, its sub-pixel weight, the weak reference to its weight's storage): outside the module's
+# state, which copy.deepcopy and torch.save copy (two copies of a weak reference would free it twice).
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weight_key(weight: torch.Tensor, storage: StorageWeakRef, time, space) -> tuple:
+    """What a kept sub-pixel weight was computed from: the weight's storage by identity (a weak reference to it,
+    kept with the result, keeps another storage from taking its identity, and tells when it was freed), where its
+    data lies and its version. An address and a version alone repeat: a weight whose storage was replaced by a
+    fresh one (`.data` assigned, as diffusers' layerwise casting and offloading hooks do each call) can get the
+    freed one's address at version 0."""
+    return (storage.cdata, weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space)
 
 
 _TAP_TENSORS = {}  # (rows of taps, device): their float32 tensor there
