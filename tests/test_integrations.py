@@ -151,6 +151,90 @@ def test_state_dicts_load_both_ways(name, aten_path):
         assert rel_l2(encode_decode(stock, x), encode_decode(other, x)) < MATCH
 
 
+# The resamplers whose 2-D frame conv (an nn.Conv2d, which layerwise casting hooks too) runs as diffusers runs it
+# where the conv is hooked: on the frames as a batch, on aten.
+FRAME_RESAMPLERS = ("WanResample", "CogVideoXDownsample3D", "CogVideoXUpsample3D")
+
+
+def layerwise_cast(model: nn.Module) -> nn.Module:
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    return model
+
+
+@pytest.mark.parametrize("name", VAES)
+def test_vaes_under_diffusers_layerwise_casting(name, aten_path):
+    """diffusers' layerwise casting (`enable_layerwise_casting`: each Conv3d's, Conv2d's and Linear's weight kept
+    in float8 and cast for each call by a hook that replaces the forward on the instance), added after convert.
+    The adapters read the weights of layers whose call they skip (a causal conv wrapper's conv, Wan's attention
+    projections, HunyuanVideo's upsampler conv), met float8 weights and raised on 9 of the 11 VAEs. Where such a
+    layer is hooked (hooks.hooked) they make its call now: outputs as stock's under the same casting, another state
+    dict loaded too (EasyAnimate's upsampler computes its sub-pixel weight from a fresh cast each call), every
+    Conv3d on tconv3d (the 2-D frame convs of FRAME_RESAMPLERS as diffusers runs them), the weights kept float8."""
+    stock, converted = stock_and_converted(VAES[name])
+    for model in (stock, converted):
+        layerwise_cast(model)
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+        other = build_vae(name, seed=1).state_dict()
+        for model in (stock, converted):
+            model.load_state_dict(other)
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert report.aten_conv3d_calls == report.aten_conv_transpose3d_calls == 0 and report.tconv3d_calls > 0
+    for layer in report.layers:
+        assert layer.converted and layer.pad_copies == layer.concat_copies == 0, layer
+        assert layer.tconv3d_calls == layer.calls or layer.kind in FRAME_RESAMPLERS, layer
+    hooked_convs = [m for m in converted.modules() if isinstance(m, nn.Conv3d) and "forward" in m.__dict__]
+    assert hooked_convs and all(conv.weight.dtype == torch.float8_e4m3fn for conv in hooked_convs)
+
+
+@pytest.mark.parametrize("name", ["wan", "cogvideox", "hunyuan_video"])
+def test_hooks_added_before_convert_leave_their_layers_by_name(name, aten_path, caplog):
+    """Hooks that replace a layer's forward on the instance (diffusers', accelerate's) keep calling the class's
+    forward they found, which convert's class swap cannot reach: each layer so hooked (a wrapper whose conv is) is
+    left as it is and named with the reason, and the model answers as stock's (Wan's raised: its attention's
+    adapter read a float8 weight)."""
+    torch.manual_seed(0)
+    stock = layerwise_cast(VAES[name]().eval())
+    torch.manual_seed(0)
+    model = layerwise_cast(VAES[name]().eval())
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(model)
+    assert "its forward is replaced on the instance" in caplog.text and "convert first, then add them" in caplog.text
+    hooked_convs = [m for m in model.modules() if isinstance(m, nn.Conv3d) and "forward" in m.__dict__]
+    assert hooked_convs and not any(is_converted(m) for m in hooked_convs)
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(model, x), encode_decode(stock, x)) < MATCH
+
+
+def test_weight_norm_hooks_on_wrapped_convs_train_as_stock(aten_path):
+    """torch.nn.utils.weight_norm (the hook-based one) on the conv inside CogVideoX's causal conv wrappers: its
+    pre-hook computes the weight for each call of the conv, which the wrapper's adapter skipped, reading the weight
+    the last call left (and its graph: the second training step raised "Trying to backward through the graph a
+    second time"). The convolution is made through the conv's call now: three SGD steps as stock's."""
+
+    def build():
+        torch.manual_seed(0)
+        model = VAES["cogvideox"]()
+        for module in list(model.modules()):
+            if type(module).__name__ == "CogVideoXCausalConv3d":
+                torch.nn.utils.weight_norm(module.conv)
+        return model
+
+    stock, converted = build(), tconv3d.nn.convert(build())
+    x = torch.randn(1, 3, 5, 16, 16)
+    for model in (stock, converted):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            encode_decode(model, x).square().mean().backward()
+            optimizer.step()
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+
+
 @pytest.mark.parametrize("name", VAES)
 def test_compile_adds_no_graph_breaks(name, aten_path):
     stock, converted = stock_and_converted(VAES[name])

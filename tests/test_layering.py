@@ -5,7 +5,7 @@
     inspect/                      compiling the kernels for a GPU that is not there (compile.py)
     tune/                         configs as data, tables, shape sets, the tuner, the choice of variant and tiling
     plans, ops, functional        call plans, the torch.library ops and the functional entry
-    nn/                           subpixel, modules, convert, audit, the video-VAE, MONAI and torchvision adapters
+    nn/                           hooks, subpixel, modules, convert, audit, the VAE, MONAI, torchvision adapters
     tconv3d (__init__)            the public surface
 
 A module may import its own floor and the floors below. `__main__` modules are entry points (`python -m

@@ -480,6 +480,45 @@ def test_backward_lays_out_a_gradient_of_another_layout_once(bias, device):
     assert rel_l2(x.grad, expected_x) < TOLERANCE[torch.float32] and rel_l2(conv.weight.grad, expected_w) < 1e-4
 
 
+def test_convolve_runs_through_a_hooked_layers_call(device):
+    """An adapter's `convolve` of a layer whose call runs hooks (hooks.hooked: a hook of its own or global, a forward
+    replaced on the instance; not the audit's, which observe) is made through that call, so the hooks run: a
+    forward pre-hook that scales the weight changes the result as it changes the call's. Unhooked, no call."""
+    from tconv3d.nn.audit import _observer
+    from tconv3d.nn.hooks import hooked
+
+    torch.manual_seed(0)
+    conv = tconv3d.nn.Conv3d(4, 6, 3).to(device)
+    x = torch.randn(1, 4, 5, 6, 7, device=device)
+    padding = (1, 1, 1, 1, 1, 1)
+    plain = conv.convolve(x, padding)
+    assert not hooked(conv)
+    handle = conv.register_forward_pre_hook(_observer(lambda module, args: None))
+    assert not hooked(conv)
+    handle.remove()
+    calls = []
+    handle = conv.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True)
+    assert hooked(conv) and torch.equal(conv.convolve(x, padding), plain) and len(calls) == 1
+    handle.remove()
+    stock_forward = conv.forward
+
+    def doubled(*args, **kwargs):  # what diffusers' layerwise casting does: the weight made for the call
+        with torch.no_grad():
+            conv.weight.mul_(2)
+        try:
+            return stock_forward(*args, **kwargs)
+        finally:
+            with torch.no_grad():
+                conv.weight.div_(2)
+
+    conv.forward = doubled
+    assert hooked(conv)
+    bias = conv.bias.view(1, -1, 1, 1, 1)
+    assert rel_l2(conv.convolve(x, padding) - bias, 2 * (plain - bias)) < 1e-6
+    del conv.forward
+    assert not hooked(conv) and torch.equal(conv.convolve(x, padding), plain)
+
+
 def test_convert_filter_chooses_layers(device):
     model = nn.Sequential(nn.Conv3d(3, 4, 1), nn.Conv3d(4, 4, 1)).to(device)
     tconv3d.nn.convert(model, filter=lambda name, module: name != "1")

@@ -802,7 +802,7 @@ def monai_up_res_blocks(dtype, device, out_channels=6, spade=False):
 def _inputs_kept(block) -> dict:
     """Holds, once `block` has run, the tensors its norm2 and conv1 read (conv1's output plus the embedding's
     projection; the normalized input, upsampled in MONAI's form and not in the sub-pixel one) with their gradients
-    retained: forward hooks marked as observers (`monai_nets.hooked` skips them, as it does the audit's; no adapter
+    retained: forward hooks marked as observers (`hooks.hooked` skips them, as it does the audit's; no adapter
     consults norm2's hooks anyway)."""
     kept = {}
 
@@ -903,7 +903,7 @@ def test_other_monai_up_res_blocks_run_as_monais(why, monkeypatch, aten_path):
 @pytest.mark.parametrize("block", ["upsample", "up_res_block"])
 def test_the_audit_sees_monais_subpixel_forms(block, aten_path):
     """tconv3d.nn.audit's hooks on every conv leave MONAI's sub-pixel forms on (a user's hook turns them off:
-    monai_nets.hooked): the audit reports the path the model takes, one transposed conv counted as the conv's."""
+    hooks.hooked): the audit reports the path the model takes, one transposed conv counted as the conv's."""
     import tconv3d
 
     x = torch.randn(2, 4, 3, 4, 5).contiguous(memory_format=CL)

@@ -255,7 +255,7 @@ def _layers(model: nn.Module):
 
 
 def _observer(hook):
-    """The audit's hook, marked so that an adapter that runs otherwise for a hooked module (monai_nets.hooked: a hook
+    """The audit's hook, marked so that an adapter that runs otherwise for a hooked module (hooks.hooked: a hook
     sees what it sees in stock) runs as it does unobserved: the audit reports the path a model takes without it."""
     hook.tconv3d_observer = True
     return hook

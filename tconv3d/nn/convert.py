@@ -24,6 +24,7 @@ from torch.nn.utils import parametrize
 from ..geometry import SUPPORTED_DTYPES
 from ..ops import in_strides_of
 from . import monai_nets, torchvision_nets, video_vaes
+from .hooks import instance_forward_reason
 from .modules import (
     AvgPool3d,
     BatchNorm3d,
@@ -142,6 +143,8 @@ def own_forward(cls: type) -> bool:
 
 def unsupported_reason(module: nn.Module, subclasses: str) -> str | None:
     """Why convert leaves an nn.Conv3d (or another module with a drop-in) as it is; None if it takes it over."""
+    if (reason := instance_forward_reason(module)) is not None:
+        return reason
     if parametrized_base(module) is not None:  # its weight's dtype read from its sources, not computed
         dtype = next((t.dtype for t in weight_sources(module) if t.dtype not in SUPPORTED_DTYPES), None)
         return None if dtype is None else f"its weight is {dtype} (tconv3d runs float16, bfloat16 and float32)"

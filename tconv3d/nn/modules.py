@@ -23,6 +23,7 @@ from ..kernels.aten import activated
 from ..kernels.tensors import batched, fold_padding, format_strides, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from ..settings import TRITON_MISSING, runs_triton
+from .hooks import hooked
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
 if TRITON_MISSING is None:  # the kernel that moves BatchNorm's running statistics, where the kernels run
@@ -128,17 +129,21 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             self.__dict__["_op_padding_memo"] = (*attributes, padding)
         return padding
 
-    def forward(self, input: torch.Tensor, channels_after: torch.Tensor | None = None, upsampled=None) -> torch.Tensor:
+    def forward(
+        self, input: torch.Tensor, channels_after: torch.Tensor | None = None, upsampled=None, *, convolving=None
+    ) -> torch.Tensor:
         """nn.Conv3d's forward; `channels_after` (optional) follows the input's channels, read in place as if
         torch.cat([input, channels_after], dim=1) were the input (what the adapters of UNet decoder blocks pass).
         `upsampled` (what the adapters of MONAI's UpSample and Kandinsky 6's latent upsamplers pass), the factors
         (2, 2, 2) or (1, 2, 2): the convolution of input repeated by nearest upsampling by them, one transposed conv
         of input where subpixel.upsampled_conv_reason allows (the sub-pixel form, `upsampled_conv`; of input
         replicate-padded by 1, a copy about its size, for a conv padded in mode reflect or replicate), else of the
-        repetition."""
+        repetition. `convolving`: the arguments of a `convolve` made through this call (hooks run for it)."""
         if isinstance(input, Proxy):
             reached = None if type(self).forward is Conv3d.forward else conv3d_forward  # by super()
             return fx_leaf(self, (input,), given(channels_after=channels_after, upsampled=upsampled), reached)
+        if convolving is not None:
+            return self._convolve(input, *convolving)
         if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
@@ -148,16 +153,24 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
                     input = replicate_padded(input, (time, time, 1, 1, 1, 1))
                 return upsampled_conv(self, input, upsampled)
             input = repeat_nearest(input, upsampled)
-        return self.convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
+        return self._convolve(input, self._op_padding(), self.padding_mode, channels_after=channels_after)
 
     def convolve(self, input, padding, padding_mode="zeros", frames_before=None, channels_after=None) -> torch.Tensor:
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
         front of the input along D or channels after its channels: what the adapters of video-VAE conv modules
-        and UNet blocks call (tconv3d.convert)."""
+        and UNet blocks call (tconv3d.convert) in place of the layer's call. Where that call runs hooks (`hooked`:
+        diffusers' layerwise casting casts the weight in them, offloading moves it in) and the forward is this
+        class's, the convolution is made through the call, so that they run; an adapted subclass calls it from
+        inside its own call, its hooks run already."""
+        if type(self).forward is Conv3d.forward and hooked(self):
+            return self(input, convolving=(padding, padding_mode, frames_before, channels_after))
+        return self._convolve(input, padding, padding_mode, frames_before, channels_after)
+
+    def _convolve(self, input, padding, padding_mode="zeros", frames_before=None, channels_after=None):
         weight = self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
             second = (unbatched(frames_before, "frames_before"), unbatched(channels_after, "channels_after"))
-            return self.convolve(input[None], padding, padding_mode, *second)[0]
+            return self._convolve(input[None], padding, padding_mode, *second)[0]
         return call_conv3d(
             input, weight, self.bias, self.stride, padding, self.dilation, self.groups, padding_mode, frames_before,
             channels_after,

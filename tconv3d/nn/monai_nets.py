@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed, traced
+from .hooks import hooked
 from .modules import (
     BatchNorm3d,
     Conv3d,
@@ -59,20 +60,6 @@ class _UNETR:
 
     def proj_feat(self, x):
         return x.view([x.size(0), *self.proj_view_shape]).permute(self.proj_axes)
-
-
-def hooked(module: nn.Module) -> bool:
-    """Whether calling `module` runs hooks (forward, forward pre-, full backward, its own or global): an adapter
-    that would skip the call of such a container (a block, a Sequential, a SkipConnection) to hand its convolution a
-    second source makes the call instead, with MONAI's concatenation, so that the hooks see what they see in stock
-    MONAI. The convolutions themselves are still called (a hook on one sees its input and channels_after).
-    tconv3d.nn.audit's hooks are not counted: they observe, and the audit reports the path taken without them."""
-    from torch.nn.modules import module as torch_module
-
-    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
-             torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
-             torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)  # fmt: skip
-    return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
 
 
 def _checkpointed(module: nn.Module) -> nn.Module | None:

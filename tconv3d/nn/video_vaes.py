@@ -23,6 +23,7 @@ from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
 from ..kernels.tensors import batched, channels_last, exporting_to_onnx
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
+from .hooks import hooked, instance_forward_reason
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -661,6 +662,8 @@ class _EasyAnimateResidualBlock:
     def _norm_then_activation(self, norm, x):
         if not self.spatial_group_norm:
             return norm_then_activation(norm, self.nonlinearity, x)
+        if hooked(norm):  # called on the frames as a batch, as diffusers does, so that its hooks run
+            return self.nonlinearity(_on_frames(norm, x))
         if type(self.nonlinearity) is nn.SiLU:  # (a dtype tconv3d does not run: torch's group_norm, normalize)
             return frame_group_norm(norm, x, "silu")
         return self.nonlinearity(frame_group_norm(norm, x))
@@ -1275,8 +1278,14 @@ def _last_frames(front, x, count: int) -> torch.Tensor:
 
 
 def norm_then_activation(norm: nn.Module, activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """activation(norm(x)), as one fused pass when the norm is tconv3d's and the activation a SiLU."""
-    if isinstance(norm, (GroupNorm, InstanceNorm3d)) and norm.activation is None and type(activation) is nn.SiLU:
+    """activation(norm(x)), as one fused pass when the norm is tconv3d's, the activation a SiLU and calling the norm
+    runs no hooks (`hooked`: they run, as in diffusers)."""
+    if (
+        isinstance(norm, (GroupNorm, InstanceNorm3d))
+        and norm.activation is None
+        and type(activation) is nn.SiLU
+        and not hooked(norm)
+    ):
         instance = isinstance(norm, InstanceNorm3d)
         if not instance or norm.on_kernels(x):
             groups = x.shape[1] if instance else norm.num_groups
@@ -1386,6 +1395,8 @@ def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
     """Why `frame_conv` cannot run `conv` on x's frames on tconv3d (None if it can)."""
     if type(conv) is not nn.Conv2d:
         return f"it is a {type(conv).__qualname__}, not an nn.Conv2d"
+    if hooked(conv):
+        return "calling it runs hooks (hooks.hooked), which reading its weight would skip"
     if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
         return f"its padding is {conv.padding!r} ({conv.padding_mode})"
     if conv_dtype(x, conv.weight) is None:  # (under autocast, any it casts)
@@ -1487,6 +1498,8 @@ def causal_subpixel_reason(module: nn.Module, x: torch.Tensor, factors) -> str |
     conv = module.conv
     if not subpixel.SUBPIXEL:
         return "subpixel.SUBPIXEL is off"
+    if hooked(conv):  # (its own forward, called, convolves through the conv's call)
+        return "calling its conv runs hooks (hooks.hooked), which reading the conv's weight would skip"
     if tuple(factors) not in ((2, 2, 2), (1, 2, 2)):
         return f"its factors {tuple(factors)} are not (2, 2, 2) or (1, 2, 2)"
     if module.pad_mode != "replicate" or tuple(module.time_causal_padding) != (1, 1, 1, 1, 2, 0):
@@ -1522,7 +1535,7 @@ class _MochiChunkedGroupNorm:
         return None
 
     def forward(self, x):
-        if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES:
+        if x.dim() != 5 or x.dtype not in SUPPORTED_DTYPES or hooked(self.norm_layer):
             return super().forward(x)
         return frame_group_norm(self.norm_layer, x)
 
@@ -2404,6 +2417,8 @@ class _WanAttentionBlock:
         return None
 
     def forward(self, x):
+        if hooked(self.to_qkv) or hooked(self.proj):  # diffusers' forward calls them: their hooks run
+            return super().forward(x)
         identity = x
         b, c, t, h, w = x.size()
         x = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))  # views when x is channels_last_3d
@@ -2505,6 +2520,16 @@ def fuse_norm_silu_blocks(model: nn.Module) -> None:
 
 def adapter_reason(adapter: type, module: nn.Module) -> str | None:
     """Why `adapter` cannot take over `module` (None if it can), a layout of another library version included."""
+    reason = instance_forward_reason(module)
+    if (
+        reason is None
+        and getattr(adapter, "wraps_conv", False)
+        and isinstance(getattr(module, "conv", None), nn.Module)
+    ):
+        reason = instance_forward_reason(module.conv)
+        reason = reason and f"its conv: {reason}"
+    if reason is not None:
+        return reason
     missing = [name for name in adapter.attributes if not hasattr(module, name)]
     if missing:
         return f"it has no {', '.join(missing)}: not the {type(module).__name__} this tconv3d knows (other version?)"

@@ -1,0 +1,34 @@
+"""Whether a module's call runs someone else's code around its forward (`hooked`). An adapter that would skip a
+module's call (reading a submodule's weight, calling its convolution directly, handing a container's convolution
+a second source) makes the call instead where it does, so that the hooks run as they do in the stock model:
+torch's module hooks (an older weight_norm's pre-hook computes the weight), and a forward replaced on the
+instance, as diffusers' hooks (layerwise casting: a weight stored in float8 and cast for each call; group
+offloading) and accelerate's (a weight moved onto the device for the call) replace it."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether calling `module` runs hooks: forward, forward pre-, full backward, its own or global, or a forward
+    that replaces its class's on the instance. tconv3d.nn.audit's hooks are not counted: they observe, and the
+    audit reports the path taken without them."""
+    if "forward" in module.__dict__:
+        return True
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,
+             torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+             torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)  # fmt: skip
+    return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
+
+
+def instance_forward_reason(module: nn.Module) -> str | None:
+    """Why convert leaves `module` (or the layer it holds): a forward replaced on the instance holds the forward of
+    the class it had (diffusers' and accelerate's hooks keep it and call it), which convert cannot reach."""
+    if "forward" in module.__dict__:
+        return (
+            "its forward is replaced on the instance, by hooks that keep calling its class's (diffusers' layerwise "
+            "casting or offloading, accelerate's): convert first, then add them"
+        )
+    return None
