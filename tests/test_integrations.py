@@ -151,11 +151,6 @@ def test_state_dicts_load_both_ways(name, aten_path):
         assert rel_l2(encode_decode(stock, x), encode_decode(other, x)) < MATCH
 
 
-# The resamplers whose 2-D frame conv (an nn.Conv2d, which layerwise casting hooks too) runs as diffusers runs it
-# where the conv is hooked: on the frames as a batch, on aten.
-FRAME_RESAMPLERS = ("WanResample", "CogVideoXDownsample3D", "CogVideoXUpsample3D")
-
-
 def layerwise_cast(model: nn.Module) -> nn.Module:
     model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
     return model
@@ -169,7 +164,8 @@ def test_vaes_under_diffusers_layerwise_casting(name, aten_path):
     projections, HunyuanVideo's upsampler conv), met float8 weights and raised on 9 of the 11 VAEs. Where such a
     layer is hooked (hooks.hooked) they make its call now: outputs as stock's under the same casting, another state
     dict loaded too (EasyAnimate's upsampler computes its sub-pixel weight from a fresh cast each call), every
-    Conv3d on tconv3d (the 2-D frame convs of FRAME_RESAMPLERS as diffusers runs them), the weights kept float8."""
+    convolution on tconv3d (the resamplers' 2-D frame convs too: FrameConv2d runs them inside its call), no pad or
+    concatenation copy into a conv, the weights kept float8."""
     stock, converted = stock_and_converted(VAES[name])
     for model in (stock, converted):
         layerwise_cast(model)
@@ -181,10 +177,8 @@ def test_vaes_under_diffusers_layerwise_casting(name, aten_path):
             model.load_state_dict(other)
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
     report = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
-    assert report.aten_conv3d_calls == report.aten_conv_transpose3d_calls == 0 and report.tconv3d_calls > 0
-    for layer in report.layers:
-        assert layer.converted and layer.pad_copies == layer.concat_copies == 0, layer
-        assert layer.tconv3d_calls == layer.calls or layer.kind in FRAME_RESAMPLERS, layer
+    assert_all_on_tconv3d(report)
+    assert report.aten_frame_conv_calls == report.aten_conv_transpose3d_calls == 0
     hooked_convs = [m for m in converted.modules() if isinstance(m, nn.Conv3d) and "forward" in m.__dict__]
     assert hooked_convs and all(conv.weight.dtype == torch.float8_e4m3fn for conv in hooked_convs)
 

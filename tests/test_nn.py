@@ -637,6 +637,49 @@ def _frames_of(conv_args, x, pad):
     return y.reshape(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
 
 
+@pytest.mark.parametrize("upsampled", [False, True], ids=["padded", "upsampled"])
+def test_a_hooked_frame_conv_runs_on_tconv3d_inside_its_call(upsampled, device):
+    """A resampler's FrameConv2d whose call runs hooks (here a forward replaced on the instance that makes the
+    weight for the call from a float16 copy, as diffusers' layerwise casting does from float8) is run through its
+    call: frame_conv and upsampled_frame_conv (the sub-pixel form) inside it, on tconv3d, with the weight the hook
+    made; the same values as the unhooked conv of that weight. Outside the call the weight is float16, which the
+    frames (float32) cannot run with."""
+    from tconv3d.nn.video_vaes import FrameConv2d, frame_conv, upsampled_frame_conv
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(5, 6, 3, padding=1).to(device)
+    conv.__class__ = FrameConv2d
+    plain = copy.deepcopy(conv)
+    with torch.no_grad():
+        plain.weight.copy_(plain.weight.half().float())
+    conv.weight.data = conv.weight.data.half()
+    stock_forward, calls = conv.forward, []
+
+    def cast_for_the_call(*args, **kwargs):
+        calls.append(kwargs.get("frames"))
+        conv.weight.data = conv.weight.data.float()
+        try:
+            return stock_forward(*args, **kwargs)
+        finally:
+            conv.weight.data = conv.weight.data.half()
+
+    conv.forward = cast_for_the_call
+    x = torch.randn(2, 5, 3, 7, 9, device=device).contiguous(memory_format=CL)
+    run = (
+        (lambda c: upsampled_frame_conv(c, x, 2, first_apart=True))
+        if upsampled
+        else (lambda c: frame_conv(c, x, (0, 1, 0, 1)))
+    )
+    with torch.no_grad(), OpNames() as ops:
+        out = run(conv)
+    assert (
+        len(calls) == 1 and calls[0][0] == ("upsampled" if upsampled else "pad") and conv.weight.dtype == torch.float16
+    )
+    assert any(name.startswith("tconv3d.conv") for name in ops.names), ops.names
+    with torch.no_grad():
+        assert torch.equal(out, run(plain))
+
+
 @pytest.mark.parametrize(
     "stride, padding, pad, dtype",
     [(1, 1, (0, 0, 0, 0), torch.float32), (2, 0, (0, 1, 0, 1), torch.float32), (2, 1, (1, 0, 2, 0), torch.float32),

@@ -162,21 +162,26 @@ def test_subpixel_weight_is_kept_while_unchanged(device):
 
 def test_a_weight_storage_freed_and_made_anew_is_not_taken_for_the_kept_one():
     """A weight whose storage is replaced by a fresh tensor (`.data` assigned: diffusers' layerwise casting and
-    offloading hooks do it each call) can get the freed storage's address at version 0: the kept sub-pixel weight
-    was keyed by address and version, and a replaced weight of other values came back stale (17 of 50 draws here).
-    It is keyed by the storage's identity now; a deep copy of the module keeps nothing of it."""
+    offloading hooks do it each call) can get the freed storage's memory and the same version: the kept sub-pixel
+    weight was keyed by address and version, and a replaced weight of other values came back stale (17 of 50 draws
+    of freeing and allocating on this CPU). Here each weight is a new storage over the same memory
+    (torch.frombuffer), the case made every time. Keyed by the storage's identity now; a deep copy of the module
+    keeps nothing of it."""
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 4, 3, padding=1)
-    reused = 0
+    memory = bytearray(conv.weight.numel() * 4)
+
+    def fresh_storage(values: torch.Tensor) -> torch.Tensor:  # written without a tensor's version counting it
+        memoryview(memory).cast("B")[:] = values.contiguous().numpy().tobytes()
+        return torch.frombuffer(memory, dtype=torch.float32).view(values.shape)
+
     with torch.no_grad():
-        for _ in range(50):
-            subpixel_weight(conv)
-            address, new = conv.weight.data_ptr(), torch.randn_like(conv.weight)
-            conv.weight.data = torch.empty(0)  # the storage freed
-            conv.weight.data = new.clone()  # a fresh one, version 0
-            reused += conv.weight.data_ptr() == address
-            assert torch.equal(subpixel_weight(conv), subpixel_weight(copy.deepcopy(conv))), "a stale weight"
-        assert reused > 0, "no draw made the case: the test would not fail"
+        conv.weight.data = fresh_storage(torch.randn(conv.weight.shape))
+        address, version, kept = conv.weight.data_ptr(), conv.weight._version, subpixel_weight(conv)
+        assert subpixel_weight(conv) is kept
+        conv.weight.data = fresh_storage(torch.randn(conv.weight.shape))
+        assert (conv.weight.data_ptr(), conv.weight._version) == (address, version)
+        assert torch.equal(subpixel_weight(conv), subpixel_weight(copy.deepcopy(conv))), "a stale weight"
         kept = subpixel_weight(conv)
         assert subpixel_weight(copy.deepcopy(conv)) is not kept and subpixel_weight(conv) is kept
 

@@ -38,7 +38,15 @@ from .modules import (
     keep_memory_format,
     weight_sources,
 )
-from .video_vaes import FRAME_BLOCKS, adapter_reason, class_name, conv_reason, fuse_norm_silu_blocks
+from .video_vaes import (
+    FRAME_BLOCKS,
+    FRAME_CONV_BLOCKS,
+    FrameConv2d,
+    adapter_reason,
+    class_name,
+    conv_reason,
+    fuse_norm_silu_blocks,
+)
 
 logger = logging.getLogger("tconv3d")
 
@@ -340,9 +348,13 @@ def _fuse_norm_activations(model: nn.Module) -> None:
 
 
 def _frame_convs_channels_last(model: nn.Module) -> None:
-    """The nn.Conv2d weights of known frame-by-frame blocks (video_vaes.FRAME_BLOCKS) made channels_last."""
+    """The nn.Conv2d weights of known frame-by-frame blocks (video_vaes.FRAME_BLOCKS) made channels_last; those of
+    the resamplers taken over (FRAME_CONV_BLOCKS) FrameConv2d, which their adapters call where hooks run."""
     for block in model.modules():
         if class_name(type(block)) in FRAME_BLOCKS:
+            resampler = class_name(type(block)) in FRAME_CONV_BLOCKS and is_converted(block)
             for conv in block.modules():
                 if isinstance(conv, nn.Conv2d):
                     keep_memory_format(conv.weight, torch.channels_last)
+                    if resampler and type(conv) is nn.Conv2d and instance_forward_reason(conv) is None:
+                        conv.__class__ = FrameConv2d

@@ -75,7 +75,7 @@ def _weight_key(weight: torch.Tensor, storage: StorageWeakRef, time, space) -> t
     kept with the result, keeps another storage from taking its identity, and tells when it was freed), where its
     data lies and its version. An address and a version alone repeat: a weight whose storage was replaced by a
     fresh one (`.data` assigned, as diffusers' layerwise casting and offloading hooks do each call) can get the
-    freed one's address at version 0."""
+    freed one's address and the same version."""
     return (storage.cdata, weight.data_ptr(), weight._version, weight.dtype, weight.device, time, space)
 
 

@@ -12,11 +12,13 @@ their `.conv`: that conv is taken over with them.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx import Proxy
 
 from ..functional import conv_transpose3d
 from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
@@ -35,6 +37,8 @@ from .modules import (
     empty_for,
     frames,
     frames_in_front,
+    fx_leaf,
+    given,
     laid_out,
     layout_of,
     nearest_steps,
@@ -1375,15 +1379,51 @@ class _CogVideoXDownsample3D:
         return frame_conv(self.conv, x, (0, 1, 0, 1))
 
 
+class FrameConv2d(nn.Conv2d):
+    """The nn.Conv2d a resampler runs on a video's frames (FRAME_CONV_BLOCKS; convert changes its class in place):
+    nn.Conv2d's forward, and forward(video, frames=(kind, arguments)) that conv on each frame of the 5-D video on
+    tconv3d, `frame_conv`'s ("pad", (pad,)) or `upsampled_frame_conv`'s ("upsampled", (time_factor, first_apart)).
+    The resampler's adapter calls it so where calling the conv runs hooks (hooks.hooked: diffusers' layerwise
+    casting casts its weight in them, offloading moves it in), so that they run; else it reads the weight."""
+
+    def forward(self, input: torch.Tensor, frames=None) -> torch.Tensor:
+        if isinstance(input, Proxy):  # recorded whole by torch.fx, as an nn.Conv2d is
+            return fx_leaf(self, (input,), given(frames=frames))
+        if frames is None:
+            return super().forward(input)
+        kind, arguments = frames
+        if kind == "upsampled":
+            time_factor, first_apart = arguments
+            if subpixel_reason(self, input, in_call=True) is None:
+                return _upsampled_frame_conv(self, input, time_factor, first_apart)
+            input, pad = repeat_nearest(input, (time_factor, 2, 2), first_apart=first_apart), (0, 0, 0, 0)
+        else:
+            (pad,) = arguments
+        if frame_conv_reason(self, input, in_call=True) is None:
+            return _frame_conv(self, input, pad)
+        return _on_frames(functools.partial(nn.Conv2d.forward, self), F.pad(input, pad) if any(pad) else input)
+
+
+def _called_for_frames(conv: nn.Module) -> bool:
+    """Whether `frame_conv` and `upsampled_frame_conv` run `conv` through its call (FrameConv2d's forward)."""
+    return type(conv) is FrameConv2d and hooked(conv)
+
+
 def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tensor:
     """`conv` on each frame of a 5-D x zero-padded by `pad` first (F.pad's order: W left, W right, H top, H bottom),
     what diffusers' Wan and CogVideoX resamplers compute on the frames as a batch: one tconv3d conv3d over the
     video with a (1, kh, kw) view of conv's weight (channels_last, convert's: a channels_last_3d view, no copy),
     `pad` added to conv's padding inside the op, the result channels_last_3d. Its weight gradient lands in the
     Conv2d's parameter. Where tconv3d cannot run it (`frame_conv_reason`), F.pad and conv on the frames as a
-    batch, as diffusers does."""
+    batch, as diffusers does. A hooked FrameConv2d runs it inside its call."""
     if frame_conv_reason(conv, x) is not None:
         return _on_frames(conv, F.pad(x, pad) if any(pad) else x)
+    if _called_for_frames(conv):
+        return conv(x, frames=("pad", (pad,)))
+    return _frame_conv(conv, x, pad)
+
+
+def _frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad) -> torch.Tensor:
     (ph, pw), (wl, wr, ht, hb) = conv.padding, pad
     padding = (0, 0, ph + ht, ph + hb, pw + wl, pw + wr)  # the op's order: D front, D back, H top, ..., W right
     weight = conv.weight.unsqueeze(2)
@@ -1391,15 +1431,17 @@ def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tens
                        None, None)  # fmt: skip
 
 
-def frame_conv_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
-    """Why `frame_conv` cannot run `conv` on x's frames on tconv3d (None if it can)."""
-    if type(conv) is not nn.Conv2d:
+def frame_conv_reason(conv: nn.Module, x: torch.Tensor, in_call: bool = False) -> str | None:
+    """Why `frame_conv` cannot run `conv` on x's frames on tconv3d (None if it can). A hooked FrameConv2d's weight
+    is what its hooks make it for the call: its dtype is asked there (`in_call`)."""
+    if type(conv) not in (nn.Conv2d, FrameConv2d):
         return f"it is a {type(conv).__qualname__}, not an nn.Conv2d"
-    if hooked(conv):
+    called = hooked(conv) and not in_call
+    if called and type(conv) is not FrameConv2d:
         return "calling it runs hooks (hooks.hooked), which reading its weight would skip"
     if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
         return f"its padding is {conv.padding!r} ({conv.padding_mode})"
-    if conv_dtype(x, conv.weight) is None:  # (under autocast, any it casts)
+    if not called and conv_dtype(x, conv.weight) is None:  # (under autocast, any it casts)
         return f"its weight is {conv.weight.dtype} and the frames {x.dtype}"
     if x.dim() != 5:
         return f"the video is {x.dim()}-D"
@@ -1416,13 +1458,19 @@ def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1,
     output. Anything else upsamples first."""
     if subpixel_reason(conv, x) is not None:
         return frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart))
+    if _called_for_frames(conv):
+        return conv(x, frames=("upsampled", (time_factor, first_apart)))
+    return _upsampled_frame_conv(conv, x, time_factor, first_apart)
+
+
+def _upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int, first_apart: bool) -> torch.Tensor:
     y = subpixel.upsampled_conv(conv, x, (1, 2, 2))
     return y if time_factor == 1 else repeat_nearest(y, (time_factor, 1, 1), first_apart=first_apart)
 
 
-def subpixel_reason(conv: nn.Module, x: torch.Tensor) -> str | None:
+def subpixel_reason(conv: nn.Module, x: torch.Tensor, in_call: bool = False) -> str | None:
     """Why `upsampled_frame_conv` upsamples x before `conv` (None where it runs the transposed conv)."""
-    reason = frame_conv_reason(conv, x) or (None if subpixel.SUBPIXEL else "subpixel.SUBPIXEL is off")
+    reason = frame_conv_reason(conv, x, in_call) or (None if subpixel.SUBPIXEL else "subpixel.SUBPIXEL is off")
     if reason is None and (tuple(conv.kernel_size), tuple(conv.padding)) != ((3, 3), (1, 1)):
         reason = f"its kernel is {tuple(conv.kernel_size)} padded by {tuple(conv.padding)}, not 3 x 3 padded by 1"
     if reason is None and (tuple(conv.stride), tuple(conv.dilation), conv.groups) != ((1, 1), (1, 1), 1):
