@@ -183,6 +183,25 @@ def test_vaes_under_diffusers_layerwise_casting(name, aten_path):
     assert hooked_convs and all(conv.weight.dtype == torch.float8_e4m3fn for conv in hooked_convs)
 
 
+@pytest.mark.parametrize("name", VAES)
+def test_vaes_under_accelerates_sequential_offload(name, aten_path):
+    """accelerate's cpu_offload (what diffusers' enable_sequential_cpu_offload runs), added after convert: every
+    layer's weights live on the meta device but inside its call, where its hook moves them onto the execution
+    device. The adapters read weights of layers whose call they skip, met meta tensors and raised on 10 of the 11
+    VAEs ("weight is on meta but input is on cpu"); they make those calls now (hooks.hooked). Here the execution
+    device is the CPU: outputs as stock's, every convolution on tconv3d, the weights back on meta after the call."""
+    accelerate = pytest.importorskip("accelerate")
+    stock, converted = stock_and_converted(VAES[name])
+    accelerate.cpu_offload(converted, execution_device=torch.device("cpu"))
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.aten_frame_conv_calls == report.aten_conv_transpose3d_calls == 0
+    assert all(p.device.type == "meta" for m in converted.modules() if isinstance(m, nn.Conv3d) for p in m.parameters())
+
+
 @pytest.mark.parametrize("name", ["wan", "cogvideox", "hunyuan_video"])
 def test_hooks_added_before_convert_leave_their_layers_by_name(name, aten_path, caplog):
     """Hooks that replace a layer's forward on the instance (diffusers', accelerate's) keep calling the class's
