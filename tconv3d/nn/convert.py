@@ -81,16 +81,20 @@ def _recorded_whole(forward: Callable) -> Callable:
     """An adapter's forward, which torch.fx's symbolic tracing records whole (modules.fx_leaf): adapters test
     shapes and call the ops and their layers' methods directly, which a Proxy refuses. The module traced itself
     (a whole network's adapter: MONAI's UNet) is traced into, its layers recorded. One check a call in eager
-    (~0.17 us; a block's or causal conv's call: several us)."""
+    (~0.17 us; a block's or causal conv's call: several us). `convolving`: a parent's Conv3d.convolve of an adapted
+    conv made through its call, where hooks run (Conv3d.convolve)."""
 
     @functools.wraps(forward)
-    def whole(self, *args, **kwargs):
+    def whole(self, *args, convolving=None, **kwargs):
+        if convolving is not None:  # a parent's Conv3d.convolve of this conv, made through its call (hooks run)
+            return self._convolve(*args, *convolving)
         if _fx_tracing():
             proxy = next((a for a in (*args, *kwargs.values()) if isinstance(a, Proxy)), None)
             if proxy is not None and proxy.tracer.root is not self:
                 return fx_leaf(self, args, kwargs)
         return forward(self, *args, **kwargs)
 
+    whole.takes_convolving = True
     return whole
 
 

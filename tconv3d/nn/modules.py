@@ -159,14 +159,17 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         """This layer's convolution with another padding (6 values), padding_mode and, optionally, frames read in
         front of the input along D or channels after its channels: what the adapters of video-VAE conv modules
         and UNet blocks call (tconv3d.convert) in place of the layer's call. Where that call runs hooks (`hooked`:
-        diffusers' layerwise casting casts the weight in them, offloading moves it in) and the forward is this
-        class's, the convolution is made through the call, so that they run; an adapted subclass calls it from
-        inside its own call, its hooks run already."""
-        if type(self).forward is Conv3d.forward and hooked(self):
+        diffusers' layerwise casting casts the weight in them, offloading moves it in) and its forward takes
+        `convolving` (this class's, an adapted class's: convert.adapted_class), the convolution is made through
+        the call, so that they run."""
+        if hooked(self) and getattr(type(self).forward, "takes_convolving", False):
             return self(input, convolving=(padding, padding_mode, frames_before, channels_after))
         return self._convolve(input, padding, padding_mode, frames_before, channels_after)
 
+    forward.takes_convolving = True
+
     def _convolve(self, input, padding, padding_mode="zeros", frames_before=None, channels_after=None):
+        """`convolve` inside this layer's call (its forward's, an adapter's of its class): no hooks to run."""
         weight = self._keep_weight_format()
         if input.dim() == 4:  # nn.Conv3d's unbatched (C, D, H, W) form
             second = (unbatched(frames_before, "frames_before"), unbatched(channels_after, "channels_after"))
@@ -307,9 +310,13 @@ class _FusedActivation:
         self.activation = "prelu"
 
     def fused_activation(self) -> Activation:
-        """This norm's fused activation, as its forward applies it (normalized's argument)."""
-        weight = self.fused_prelu.weight if self.activation == "prelu" else None
-        return Activation(self.activation, self.negative_slope, weight)
+        """This norm's fused activation, as its forward applies it (normalized's argument). A fused PReLU whose call
+        runs hooks (accelerate's offloading moves its weight in for the call) applies itself in that call."""
+        if self.activation != "prelu":
+            return Activation(self.activation, self.negative_slope)
+        if hooked(self.fused_prelu):
+            return Activation()
+        return Activation("prelu", self.negative_slope, self.fused_prelu.weight)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
@@ -345,10 +352,11 @@ class Activation(NamedTuple):
 
 class FusedPReLU(nn.PReLU):
     """An nn.PReLU that tconv3d.nn.convert fused into the norm before it (_FusedActivation.fuse_prelu): the
-    identity, its weight read by that norm's kernels."""
+    identity, its weight read by that norm's kernels; the PReLU itself where its call runs hooks (`hooked`), which
+    the norm leaves it to."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return input
+        return super().forward(input) if hooked(self) else input
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", fused into the norm before it"

@@ -140,7 +140,7 @@ class _WanCausalConv3d:
             if df < 0:
                 frames_before, x = _crop_front(frames_before, x, -df)
                 df = 0
-        return self.convolve(x, (df, db, ht, hb, wl, wr), "zeros", frames_before)
+        return self._convolve(x, (df, db, ht, hb, wl, wr), "zeros", frames_before)
 
 
 class _PlainConv3d:
@@ -217,7 +217,8 @@ class _PaddedConv:
 
     def forward(self, hidden_states):
         padding, mode = self.tconv3d_padding
-        return self.tconv3d_adapter._conv(self).convolve(hidden_states, padding, mode)
+        conv = self.tconv3d_adapter._conv(self)  # the module itself (inside its call) or its conv
+        return (conv._convolve if conv is self else conv.convolve)(hidden_states, padding, mode)
 
 
 class _ReplicatePaddedConv3d(_PaddedConv):
@@ -324,7 +325,7 @@ class _CosmosCausalConv3d(_PaddedConv):
             return upsampled_cosmos_conv(self, hidden_states, time=upsampled[0] == 2)
         if padding is None:
             padding, mode = self.tconv3d_padding
-        return self.convolve(hidden_states, padding, mode)
+        return self._convolve(hidden_states, padding, mode)
 
 
 class _CosmosDownsample3d:
@@ -619,7 +620,7 @@ class _EasyAnimateCausalConv3d:
         # the downsampler's conv pads nothing itself (_EasyAnimateDownsampler.reason): its borders are the zeros
         mode = "zeros" if bottom_right else _FPAD_MODES[self.padding_mode]
         padding = (pad, 0, hp, hp + bottom_right, wp, wp + bottom_right)
-        return self.convolve(hidden_states, padding, f"replicate,{mode},{mode}", front)
+        return self._convolve(hidden_states, padding, f"replicate,{mode},{mode}", front)
 
 
 class _EasyAnimateUpsampler3D:
@@ -719,7 +720,7 @@ class _MiniMaxH3VideoCausalConv3d:
     def forward(self, hidden_states, bottom_right: int = 0):
         p, t, mode = self.spatial_padding, self.temporal_padding, _FPAD_MODES[self.spatial_padding_mode]
         padding = (t, 0, p, p + bottom_right, p, p + bottom_right)
-        return self.convolve(hidden_states, padding, f"zeros,{mode},{mode}")
+        return self._convolve(hidden_states, padding, f"zeros,{mode},{mode}")
 
 
 class _MiniMaxH3VideoDownsample3d:
