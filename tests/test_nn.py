@@ -484,8 +484,7 @@ def test_convolve_runs_through_a_hooked_layers_call(device):
     """An adapter's `convolve` of a layer whose call runs hooks (hooks.hooked: a hook of its own or global, a forward
     replaced on the instance; not the audit's, which observe) is made through that call, so the hooks run: a
     forward pre-hook that scales the weight changes the result as it changes the call's. Unhooked, no call."""
-    from tconv3d.nn.audit import _observer
-    from tconv3d.nn.hooks import hooked
+    from tconv3d.nn.hooks import hooked, observer
 
     torch.manual_seed(0)
     conv = tconv3d.nn.Conv3d(4, 6, 3).to(device)
@@ -493,7 +492,7 @@ def test_convolve_runs_through_a_hooked_layers_call(device):
     padding = (1, 1, 1, 1, 1, 1)
     plain = conv.convolve(x, padding)
     assert not hooked(conv)
-    handle = conv.register_forward_pre_hook(_observer(lambda module, args: None))
+    handle = conv.register_forward_pre_hook(observer(lambda module, args: None))
     assert not hooked(conv)
     handle.remove()
     calls = []

@@ -18,6 +18,7 @@ from helpers import DTYPES, OpNames, OpsMade, dtype_id, leaf_copy
 from torch import nn
 
 from tconv3d.nn import subpixel
+from tconv3d.nn.hooks import observer
 from tconv3d.nn.modules import repeat_nearest, replicate_padded
 from tconv3d.nn.subpixel import subpixel_weight
 from tconv3d.nn.video_vaes import causal_subpixel_reason, subpixel_reason, upsampled_frame_conv
@@ -816,8 +817,7 @@ def _inputs_kept(block) -> dict:
             args[0].retain_grad()
             kept[name] = args[0]
 
-        keep.tconv3d_observer = True
-        return keep
+        return observer(keep)
 
     block.norm2.register_forward_hook(keeper("norm2"))
     block.conv1.conv.register_forward_hook(keeper("conv1"))

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .convert import KNOWN_CLASSES, is_converted, unsupported_reason
+from .hooks import observer
 from .modules import COPY_OBSERVERS, Conv3d
 from .video_vaes import FRAME_CONV_BLOCKS, adapter_reason, class_name
 
@@ -254,13 +255,6 @@ def _layers(model: nn.Module):
             yield name, module, module
 
 
-def _observer(hook):
-    """The audit's hook, marked so that an adapter that runs otherwise for a hooked module (hooks.hooked: a hook
-    sees what it sees in stock) runs as it does unobserved: the audit reports the path a model takes without it."""
-    hook.tconv3d_observer = True
-    return hook
-
-
 def _enter(stack, layer, module, args) -> None:
     stack.append(layer)
 
@@ -299,8 +293,8 @@ def audit(model: nn.Module, *example_args, run=None, verbose: bool = True, **exa
             reason = reason or "not converted (tconv3d.nn.convert would take it over)"
         layer = LayerAudit(name or type(watched).__name__, type(watched).__name__, converted, reason)
         report.layers.append(layer)
-        handles.append(watched.register_forward_pre_hook(_observer(functools.partial(_enter, stack, layer))))
-        handles.append(watched.register_forward_hook(_observer(functools.partial(_leave, stack))))
+        handles.append(watched.register_forward_pre_hook(observer(functools.partial(_enter, stack, layer))))
+        handles.append(watched.register_forward_hook(observer(functools.partial(_leave, stack))))
         if isinstance(watched, Conv3d):  # an adapter may call its op directly, past the module's hooks
             watched.convolve = functools.partial(_convolve_in, stack, layer, watched.convolve)
             patched.append(watched)

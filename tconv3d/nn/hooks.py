@@ -11,10 +11,17 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 
+def observer(hook):
+    """`hook` marked as one that only observes (tconv3d.nn.audit's, tests/gpu/layer_errors.py's): `hooked` does not
+    count it, so an adapter that runs otherwise for a hooked module runs as it does unobserved, and what the hook
+    sees is the path the model takes without it. Returns the hook."""
+    hook.tconv3d_observer = True
+    return hook
+
+
 def hooked(module: nn.Module) -> bool:
     """Whether calling `module` runs hooks: forward, forward pre-, full backward, its own or global, or a forward
-    that replaces its class's on the instance. tconv3d.nn.audit's hooks are not counted: they observe, and the
-    audit reports the path taken without them."""
+    that replaces its class's on the instance. Hooks marked `observer` (tconv3d.nn.audit's) are not counted."""
     if "forward" in module.__dict__:
         return True
     hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks,

@@ -9,9 +9,10 @@ Each model runs its own input once. Every module stock and converted share by na
 place) is hooked at its first call: its inputs and output are kept, and stock's module in float64 recomputes the
 output from those inputs (a converted conv is held to stock's conv in float64: the same parameters; a norm convert
 fused with the activation after it, to stock's norm and that activation; the activation's slot it left, an
-nn.Identity or a FusedPReLU, is not rated). A module's
-error is its own, not what it inherits: both sides' errors are local, so the ratio converted / stock names the
-layer that adds error, if any. Printed worst ratio first; --json keeps every row.
+nn.Identity, is not rated). The hooks make the model run as hooked: MONAI's containers are called whole, and a
+PReLU fused into its norm applies itself in its own call (tconv3d.nn.hooks), rated as stock's PReLU, its norm as
+stock's norm. A module's error is its own, not what it inherits: both sides' errors are local, so the ratio
+converted / stock names the layer that adds error, if any. Printed worst ratio first; --json keeps every row.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 TESTS = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the real models' builders (tests/), bench.vaes (the repository)
 
-from tconv3d.nn.modules import Activation, FusedPReLU  # noqa: E402
+from tconv3d.nn.modules import Activation  # noqa: E402
 from tconv3d.testing import rel_l2  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -81,12 +82,13 @@ def layer_errors(stock, converted, run, dtype) -> list[dict]:
     rows = []
     for name in sorted(leaves & sides["stock"].keys() & sides["converted"].keys()):
         ours = converted.get_submodule(name)
-        if isinstance(ours, (torch.nn.Identity, FusedPReLU)):
+        if isinstance(ours, torch.nn.Identity):
             continue  # an activation convert fused into the norm before it
         row = {"name": name, "module": type(ours).__name__}
         for side, calls in sides.items():
             args, kwargs, output = calls[name]
             fused = getattr(ours, "activation", None) if side == "converted" else None
+            fused = None if fused == "prelu" else fused  # its FusedPReLU, hooked above, applied itself
             try:
                 with torch.no_grad():
                     exact = reference.get_submodule(name)(*_float64(args), **_float64(kwargs))
