@@ -12,9 +12,9 @@ from torch.nn.modules import module as torch_module
 
 
 def observer(hook):
-    """`hook` marked as one that only observes (tconv3d.nn.audit's, tests/gpu/layer_errors.py's): `hooked` does not
-    count it, so an adapter that runs otherwise for a hooked module runs as it does unobserved, and what the hook
-    sees is the path the model takes without it. Returns the hook."""
+    """`hook` marked as one that only observes (tconv3d.nn.audit's): `hooked` does not count it, so an adapter that
+    runs otherwise for a hooked module runs as it does unobserved, and what the hook sees is the path the model
+    takes without it. Returns the hook."""
     hook.tconv3d_observer = True
     return hook
 
