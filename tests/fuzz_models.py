@@ -21,6 +21,7 @@ resampling and shortcuts, as the models call them. The convolutions run through 
     python tests/fuzz_models.py --compile inductor [--seconds 900] [--models ...] [--history]
     python tests/fuzz_models.py --func [--compile aot_eager] [--seconds 300] [--models ...]
     python tests/fuzz_models.py --fx [--seconds 300] [--models ...]
+    python tests/fuzz_models.py --hooks [--compile aot_eager] [--seconds 300] [--models ...]
     python tests/fuzz_models.py --replay '<the JSON line a failure printed>'
 
 A sixth of the draws run the models in bf16 (their weights rounded, the input too), a sixth in float32 under bf16
@@ -88,6 +89,14 @@ graph, a network's own adapter (MONAI's UNet) traced into. It is held to stock's
 converted model does not trace or its graph raises, stock is traced the same way, and a draw whose stock does not
 trace is skipped (the networks whose own code branches on sizes: SegResNetDS, the registration networks, ...).
 Layouts are the eager draws' (the graph calls the same modules).
+
+With --hooks, each draw runs stock and converted under the memory hooks diffusers and accelerate add to a model's
+layers after convert, in turn: diffusers' layerwise casting (the Conv, ConvTranspose and Linear weights kept float8,
+cast to the draw's dtype inside each call) and accelerate's cpu_offload (each layer's weights on the meta device but
+inside its call), both replacing each hooked layer's forward on the instance. Draws run in inference (a training
+step becomes an eval one). A draw is held to stock's hooked results as above, its float64 reference the unhooked
+stock model with the float8-rounded weights, and audited: the adapters make the calls of hooked layers whose work
+they take (tconv3d.nn.hooks), every convolution on tconv3d.
 
 Prints one JSON line per failure, a reproducer; exits 1 if any failed twice."""
 
@@ -217,6 +226,12 @@ ONE_VOXEL_BELOW = {"basic_unet": 31, "basic_unetplusplus": 31, "swin_unetr": 32,
 # Networks whose bottleneck is one voxel at every size drawn (32x down): their BatchNorm trains on two clips
 TRAIN_TWO = ("efficientnet_b0", "densenet121", "resnet18", "seresnext50", "classifier", "discriminator")
 DIFFUSION_UNETS = ("monai_diffusion_unet", "monai_spade_diffusion_unet")
+# --hooks: the memory hooks diffusers and accelerate add to a model's layers, each replacing a layer's forward on the
+# instance: "layerwise" (diffusers' layerwise casting: Conv, ConvTranspose and Linear weights kept float8, cast to
+# the draw's dtype for each call) and "offload" (accelerate's cpu_offload, what enable_sequential_cpu_offload runs:
+# each layer's weights on the meta device but inside its call, the execution device here the CPU)
+HOOKS = ("layerwise", "offload")
+FLOAT8 = torch.float8_e4m3fn
 
 
 def builders() -> dict:
@@ -304,6 +319,36 @@ def under_func(case: dict, seed: int) -> dict:
     case = {key: value for key, value in case.items() if key != "inference_built"}
     dtype = "fp32" if case.get("dtype") in AUTOCAST else case.get("dtype", "fp32")
     return {**case, "mode": "eval", "dtype": dtype, "func": ("vmap", "vmap_grad")[seed % 2]}
+
+
+def under_hooks(case: dict, seed: int) -> dict:
+    """A draw made a hooked one (--hooks): HOOKS[seed % 2] added to stock and converted alike (after convert, as
+    diffusers' and accelerate's users add them to a converted model), in inference (a training step becomes an eval
+    one: float8 weights take no gradient, and offloaded ones are meta between calls), the models built outside
+    inference mode."""
+    case = {key: value for key, value in case.items() if key != "inference_built"}
+    mode = "eval" if case["mode"] == "train" else case["mode"]
+    return {**case, "mode": mode, "hooks": HOOKS[seed % len(HOOKS)]}
+
+
+def add_hooks(model, hooks: str, dtype: str) -> None:
+    """`hooks` (one of HOOKS) added to `model`, as a user adds them: diffusers' enable_layerwise_casting where the
+    model has it (its classes' own skipped patterns), else diffusers.hooks.apply_layerwise_casting (MONAI's);
+    accelerate.cpu_offload onto the CPU."""
+    if hooks == "layerwise":
+        compute = DTYPES[dtype]
+        if hasattr(model, "enable_layerwise_casting"):
+            model.enable_layerwise_casting(storage_dtype=FLOAT8, compute_dtype=compute)
+        else:
+            from diffusers.hooks import apply_layerwise_casting
+
+            apply_layerwise_casting(model, storage_dtype=FLOAT8, compute_dtype=compute)
+    elif hooks == "offload":
+        import accelerate
+
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    else:
+        raise ValueError(f"unknown hooks {hooks!r}; known: {', '.join(HOOKS)}")
 
 
 def grad_mode(case: dict):
@@ -441,16 +486,34 @@ def per_sample(model, x, case: dict, grad) -> tuple[list[torch.Tensor], torch.Te
     return [out.detach(), x_grad], grad
 
 
+class StockRefuses(Exception):
+    """Stock refuses what a draw adds to it (its hooks): the draw is skipped, as one whose input stock refuses."""
+
+
 class Models:
     """Stock and converted models, built once a name (seeded as the real-model tests build them) and given back
     as built every draw: a training step moves BatchNorm's running statistics, and one that stock started and
-    refused part-way moved stock's alone."""
+    refused part-way moved stock's alone. A hooked draw's (--hooks) are built apart, hooked after convert, and
+    with them `plain`: stock without hooks, its weights as the hooks keep them (float8-rounded), the reference's
+    model (float64 has no place in hooks that cast to the draw's dtype)."""
 
     def __init__(self):
         self.builders, self.built = builders(), {}
 
-    def __call__(self, name: str, dtype: str = "fp32", inference_built: bool = False):
-        key = (name, dtype, inference_built)
+    def __call__(self, name: str, dtype: str = "fp32", inference_built: bool = False, hooks: str | None = None):
+        return self._built(name, dtype, inference_built, hooks)[:2]
+
+    def of(self, case: dict):
+        """(stock, converted) for `case`."""
+        return self(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False), case.get("hooks"))
+
+    def plain(self, case: dict):
+        """`case`'s stock model without its hooks (stock itself for a case without)."""
+        key = (case["model"], case.get("dtype", "fp32"), case.get("inference_built", False), case.get("hooks"))
+        return self._built(*key)[3]
+
+    def _built(self, name: str, dtype: str, inference_built: bool, hooks: str | None):
+        key = (name, dtype, inference_built, hooks)
         # inside torch.inference_mode(): the weights inference tensors, written in place only there
         building = torch.inference_mode() if inference_built else contextlib.nullcontext()
         if key not in self.built:
@@ -459,20 +522,34 @@ class Models:
             with building:
                 torch.manual_seed(0)
                 stock = self.builders[name]().eval().to(DTYPES[dtype])
-                self.built[key] = (
-                    stock,
-                    tconv3d.nn.convert(copy.deepcopy(stock)),
-                    copy.deepcopy(stock.state_dict()),
-                )
-        stock, converted, state = self.built[key]
+                converted = tconv3d.nn.convert(copy.deepcopy(stock))
+                state = copy.deepcopy(stock.state_dict())
+            plain = stock
+            if hooks is not None:
+                plain = copy.deepcopy(stock)
+                try:
+                    add_hooks(stock, hooks, dtype)
+                except Exception as error:  # diffusers' own: a module stock holds twice (DynUNet's), hooked twice
+                    self.built[key] = error
+                    raise StockRefuses(f"stock {name} refuses {hooks} hooks: {error}") from error
+                add_hooks(converted, hooks, dtype)
+                kept = dict(stock.named_parameters())
+                for param_name, param in plain.named_parameters():  # the weights the hooks keep float8
+                    if kept[param_name].dtype == FLOAT8:
+                        param.data = kept[param_name].data.to(param.dtype)
+            self.built[key] = (stock, converted, state, plain)
+        if isinstance(self.built[key], Exception):
+            raise StockRefuses(f"stock {name} refuses {hooks} hooks: {self.built[key]}")
+        stock, converted, state, plain = self.built[key]
         for model in (stock, converted):
-            with building:
-                model.load_state_dict(state)
+            if hooks != "offload":  # offloaded weights are meta outside their layer's call (eval draws alone)
+                with building:
+                    model.load_state_dict(state)
             # EasyAnimate clears its causal convs' kept frames after an encode or decode, so one that raised
             # part-way (an input stock refuses) left frames of its size that made stock refuse every later draw
             if hasattr(model, "_clear_conv_cache"):
                 model._clear_conv_cache()
-        return stock, converted
+        return stock, converted, state, plain
 
 
 # Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero; a
@@ -577,7 +654,7 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
     activation leaves (an nn.Identity; a FusedPReLU) takes the activation's output, whose sign is its input's for a
     ReLU, a leaky ReLU and a PReLU of positive weight: it stands for the activation. A fused slope below zero (a
     trained PReLU's) leaves no sign to read there: ValueError, rather than a count that misses its kinks."""
-    stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
+    stock, converted = models.of(case)
     watched = {name: module for name, module in stock.named_modules()
                if _norm_dim(module) is not None or (activations and isinstance(module, KINKED))}  # fmt: skip
     slots = dict(converted.named_modules())
@@ -615,7 +692,10 @@ def kinks(case: dict, models: Models, seed: int, activations: bool) -> int:
 def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> str | None:
     """None if the case passes or stock refuses its input ("skipped"), else what failed; `found["output"]`: whether
     the output itself lies beyond the bound (not only gradients)."""
-    stock, converted = models(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False))
+    try:
+        stock, converted = models.of(case)
+    except StockRefuses:
+        return "skipped"
     generator = torch.Generator().manual_seed(seed)
     x = _input(case, generator)
     try:
@@ -653,12 +733,12 @@ def _check(case: dict, models: Models, seed: int, found: dict | None = None) -> 
         return f"dtypes {[t.dtype for t in ours]} against stock's {[t.dtype for t in expected]}"
     errors = [rel_l2(a, b) for a, b in zip(ours, expected, strict=True)]
     if max(errors) >= MATCH:
-        exact = reference(stock, x, case, grad)
+        exact = reference(models.plain(case), x, case, grad)
         ours_off = [rel_l2(a.double(), b) for a, b in zip(ours, exact, strict=True)]
         stock_off = [rel_l2(a.double(), b) for a, b in zip(expected, exact, strict=True)]
         bound = ILL_CONDITIONED if case.get("dtype", "fp32") == "fp32" else BF16_OFF
         if any(o > max(bound * s, 1e-5) for o, s in zip(ours_off, stock_off, strict=True)):
-            wobbled = wobbled_off(stock, x, case, grad, exact, seed)
+            wobbled = wobbled_off(models.plain(case), x, case, grad, exact, seed)
             names = ("output", "input gradient", "parameter gradients")
             problem = "; ".join(f"{n}: {e:.2e} from stock, from float64 {o:.2e} (stock {s:.2e}, {w:.2e} on inputs "
                                 "rounded otherwise)" for n, e, o, s, w in zip(names, errors, ours_off, stock_off,
@@ -833,6 +913,8 @@ def main(argv=None) -> int:
                         "--compile, the transform compiled")  # fmt: skip
     parser.add_argument("--fx", action="store_true", help="run the converted MONAI networks as their torch.fx graphs "
                         "(symbolic_trace), a draw stock does not trace skipped")  # fmt: skip
+    parser.add_argument("--hooks", action="store_true", help="add diffusers' layerwise casting and accelerate's "
+                        "cpu_offload, in turn, to stock and converted models alike (inference draws)")  # fmt: skip
     parser.add_argument("--history", action="store_true", help="with --compile: one compiled run for all draws "
                         "(torch.compile's automatic dynamic shapes), until a failure; a failure's line lists the "
                         "draws before it, which --replay runs first")  # fmt: skip
@@ -847,6 +929,8 @@ def main(argv=None) -> int:
         parser.error("--history does not take --func (each transform is compiled anew)")
     if args.fx and (args.compile or args.func):
         parser.error("--fx takes neither --compile nor --func")
+    if args.hooks and (args.func or args.fx):
+        parser.error("--hooks takes neither --func nor --fx")
     if args.replay:
         line = json.loads(args.replay)
         for seed, case in line.get("history", []):  # the compiled run's draws before it, their results aside
@@ -872,6 +956,8 @@ def main(argv=None) -> int:
         case = draw(random.Random(seed), names, dtypes)
         if args.func:
             case = under_func(case, seed)
+        if args.hooks:
+            case = under_hooks(case, seed)
         if args.compile:
             case["compile"] = args.compile
         if args.history:
