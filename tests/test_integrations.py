@@ -183,6 +183,31 @@ def test_vaes_under_diffusers_layerwise_casting(name, aten_path):
     assert hooked_convs and all(conv.weight.dtype == torch.float8_e4m3fn for conv in hooked_convs)
 
 
+def test_layerwise_casts_in_a_compiled_model_stay_out_of_its_graphs(aten_path, caplog):
+    """torch.compile over a layerwise-cast converted model: each hooked layer's casts (module.to(), twice a call)
+    break the graph, stock's as ours. tconv3d's layers keep their weight layout in `_apply`, after Module._apply,
+    which dynamo resumed after its break; the resumed frame, guarded on the weight's shape and dtype, recompiled
+    for each layer and past dynamo's recompile limit (8) warned and gave up on it (MONAI's GlobalNet, 9 convs;
+    the fuzzer's --hooks --compile draws). It runs outside the graph now: no such frame, no warning, answers as
+    the model run eagerly."""
+    pytest.importorskip("diffusers")
+    from diffusers.hooks import apply_layerwise_casting
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Conv3d(c, c + 1, 3, padding=1) for c in range(2, 12)))
+    converted = tconv3d.nn.convert(copy.deepcopy(model))
+    apply_layerwise_casting(converted, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    x = torch.randn(1, 2, 4, 6, 6)
+    with torch.no_grad():
+        eager = converted(x)
+        torch._dynamo.reset()
+        with caplog.at_level(logging.WARNING, logger="torch._dynamo"):
+            compiled = torch.compile(converted, backend="eager")(x)
+        torch._dynamo.reset()
+    assert rel_l2(compiled, eager) < MATCH
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage() and "_apply" in r.getMessage()]
+
+
 @pytest.mark.parametrize("name", VAES)
 def test_vaes_under_accelerates_sequential_offload(name, aten_path):
     """accelerate's cpu_offload (what diffusers' enable_sequential_cpu_offload runs), added after convert: every

@@ -94,6 +94,10 @@ class _KeptWeightFormat:
             self.__dict__["_kept_layout"] = (weight.shape, weight.stride(), name)
         return weight
 
+    # Outside any graph: hooks call .to() inside a compiled model (diffusers' layerwise casting, twice a layer call),
+    # Module._apply breaks the graph there (it builds Parameters), and dynamo resumed this frame after it,
+    # recompiling it per weight shape and dtype up to its recompile limit.
+    @torch.compiler.disable
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half() ... may hand back a new weight storage in another layout.
         module = super()._apply(fn, recurse)
