@@ -518,6 +518,52 @@ def test_convolve_runs_through_a_hooked_layers_call(device):
     assert not hooked(conv) and torch.equal(conv.convolve(x, padding), plain)
 
 
+class _Convolving(nn.Module):
+    """An adapter's shape: its conv's convolution with a padding of its own, the front frames' from the input's
+    length (a symbolic size under torch.compile's dynamic shapes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tconv3d.nn.Conv3d(4, 6, 3)
+
+    def forward(self, x):
+        return self.conv.convolve(x, (x.shape[2] % 2 + 1, 0, 1, 1, 1, 1))
+
+
+def test_a_hooked_layers_convolve_is_recorded_by_torch_fx(device):
+    """torch.fx records a hooked layer's convolve (made through its call) as a call of the layer with the
+    convolve's arguments, and the graph answers as the module does. Before, the record dropped them: the graph
+    ran the layer's own padding (another shape)."""
+    torch.manual_seed(0)
+    model = _Convolving().to(device)
+    model.conv.register_forward_pre_hook(lambda module, args: None)
+    x = torch.randn(1, 4, 5, 6, 7, device=device)
+    graph = torch.fx.symbolic_trace(model)
+    assert [node.kwargs.keys() for node in graph.graph.nodes if node.op == "call_module"] == [{"convolving"}]
+    assert torch.equal(graph(x), model(x))
+
+
+def test_a_hooked_convolve_under_accelerates_offload_compiles_without_graph_breaks(device, aten_path):
+    """accelerate's hooks walk a call's arguments (send_to_device: hasattr(item, "to") on each item of a tuple),
+    which dynamo cannot trace on a symbolic size. A hooked layer's convolve handed its arguments as a tuple and
+    broke the compiled graph at each call (LTX-Video's causal convs, CogVideoX's: the model fuzzer's --hooks
+    --compile draws); it hands them as one object now (hooks.CallArguments): no break, the result as eager's."""
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    model = _Convolving().to(device)
+    accelerate.cpu_offload(model, execution_device=torch.device(device))
+    x = torch.randn(1, 4, 5, 6, 7, device=device)
+    with torch.no_grad():
+        eager = model(x)
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        compiled = torch.compile(model, backend="eager", dynamic=True)(x)
+        torch._dynamo.reset()
+    breaks = [reason.splitlines()[0] for reason in torch._dynamo.utils.counters["graph_break"]]
+    assert torch.equal(compiled, eager)
+    assert not [reason for reason in breaks if "hasattr" in reason], breaks
+
+
 def test_convert_filter_chooses_layers(device):
     model = nn.Sequential(nn.Conv3d(3, 4, 1), nn.Conv3d(4, 4, 1)).to(device)
     tconv3d.nn.convert(model, filter=lambda name, module: name != "1")
@@ -643,6 +689,7 @@ def test_a_hooked_frame_conv_runs_on_tconv3d_inside_its_call(upsampled, device):
     call: frame_conv and upsampled_frame_conv (the sub-pixel form) inside it, on tconv3d, with the weight the hook
     made; the same values as the unhooked conv of that weight. Outside the call the weight is float16, which the
     frames (float32) cannot run with."""
+    from tconv3d.nn.hooks import arguments
     from tconv3d.nn.video_vaes import FrameConv2d, frame_conv, upsampled_frame_conv
 
     torch.manual_seed(0)
@@ -671,9 +718,8 @@ def test_a_hooked_frame_conv_runs_on_tconv3d_inside_its_call(upsampled, device):
     )
     with torch.no_grad(), OpNames() as ops:
         out = run(conv)
-    assert (
-        len(calls) == 1 and calls[0][0] == ("upsampled" if upsampled else "pad") and conv.weight.dtype == torch.float16
-    )
+    assert len(calls) == 1 and arguments(calls[0])[0] == ("upsampled" if upsampled else "pad")
+    assert conv.weight.dtype == torch.float16
     assert any(name.startswith("tconv3d.conv") for name in ops.names), ops.names
     with torch.no_grad():
         assert torch.equal(out, run(plain))

@@ -24,7 +24,7 @@ from torch.nn.utils import parametrize
 from ..geometry import SUPPORTED_DTYPES
 from ..ops import in_strides_of
 from . import monai_nets, torchvision_nets, video_vaes
-from .hooks import instance_forward_reason
+from .hooks import arguments, instance_forward_reason
 from .modules import (
     AvgPool3d,
     BatchNorm3d,
@@ -35,6 +35,7 @@ from .modules import (
     Upsample,
     activation_of,
     fx_leaf,
+    given,
     keep_memory_format,
     weight_sources,
 )
@@ -86,12 +87,12 @@ def _recorded_whole(forward: Callable) -> Callable:
 
     @functools.wraps(forward)
     def whole(self, *args, convolving=None, **kwargs):
-        if convolving is not None:  # a parent's Conv3d.convolve of this conv, made through its call (hooks run)
-            return self._convolve(*args, *convolving)
         if _fx_tracing():
             proxy = next((a for a in (*args, *kwargs.values()) if isinstance(a, Proxy)), None)
             if proxy is not None and proxy.tracer.root is not self:
-                return fx_leaf(self, args, kwargs)
+                return fx_leaf(self, args, {**kwargs, **given(convolving=convolving)})
+        if convolving is not None:  # a parent's Conv3d.convolve of this conv, made through its call (hooks run)
+            return self._convolve(*args, *arguments(convolving))
         return forward(self, *args, **kwargs)
 
     whole.takes_convolving = True

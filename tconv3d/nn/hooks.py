@@ -32,6 +32,27 @@ def hooked(module: nn.Module) -> bool:
     return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
 
 
+class CallArguments:
+    """The arguments an adapter hands a hooked layer's call for the work it takes (Conv3d's `convolving`,
+    FrameConv2d's `frames`), as one object: hooks that walk a call's arguments pass it as it is. accelerate's
+    (send_to_device) recurse into tuples and ask each item hasattr(item, "to"), which dynamo cannot trace on a
+    symbolic size: a tuple of them broke a compiled graph at each such call. torch.fx records its arguments as a
+    tuple (`arguments` reads either)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __fx_create_arg__(self, tracer):
+        return tracer.create_arg(self.args)
+
+
+def arguments(handed) -> tuple:
+    """The arguments `handed` holds: a CallArguments's, or a tuple's own (a torch.fx graph's call)."""
+    return handed.args if isinstance(handed, CallArguments) else tuple(handed)
+
+
 def instance_forward_reason(module: nn.Module) -> str | None:
     """Why convert leaves `module` (or the layer it holds): a forward replaced on the instance holds the forward of
     the class it had (diffusers' and accelerate's hooks keep it and call it), which convert cannot reach."""

@@ -23,7 +23,7 @@ from ..kernels.aten import activated
 from ..kernels.tensors import batched, fold_padding, format_strides, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from ..settings import TRITON_MISSING, runs_triton
-from .hooks import hooked
+from .hooks import CallArguments, arguments, hooked
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
 if TRITON_MISSING is None:  # the kernel that moves BatchNorm's running statistics, where the kernels run
@@ -145,9 +145,10 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         repetition. `convolving`: the arguments of a `convolve` made through this call (hooks run for it)."""
         if isinstance(input, Proxy):
             reached = None if type(self).forward is Conv3d.forward else conv3d_forward  # by super()
-            return fx_leaf(self, (input,), given(channels_after=channels_after, upsampled=upsampled), reached)
+            handed = given(channels_after=channels_after, upsampled=upsampled, convolving=convolving)
+            return fx_leaf(self, (input,), handed, reached)
         if convolving is not None:
-            return self._convolve(input, *convolving)
+            return self._convolve(input, *arguments(convolving))
         if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
@@ -167,7 +168,7 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         `convolving` (this class's, an adapted class's: convert.adapted_class), the convolution is made through
         the call, so that they run."""
         if hooked(self) and getattr(type(self).forward, "takes_convolving", False):
-            return self(input, convolving=(padding, padding_mode, frames_before, channels_after))
+            return self(input, convolving=CallArguments(padding, padding_mode, frames_before, channels_after))
         return self._convolve(input, padding, padding_mode, frames_before, channels_after)
 
     forward.takes_convolving = True

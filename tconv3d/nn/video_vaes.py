@@ -25,7 +25,7 @@ from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
 from ..kernels.tensors import batched, channels_last, exporting_to_onnx
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
-from .hooks import hooked, instance_forward_reason
+from .hooks import CallArguments, arguments, hooked, instance_forward_reason
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -1382,8 +1382,9 @@ class _CogVideoXDownsample3D:
 
 class FrameConv2d(nn.Conv2d):
     """The nn.Conv2d a resampler runs on a video's frames (FRAME_CONV_BLOCKS; convert changes its class in place):
-    nn.Conv2d's forward, and forward(video, frames=(kind, arguments)) that conv on each frame of the 5-D video on
-    tconv3d, `frame_conv`'s ("pad", (pad,)) or `upsampled_frame_conv`'s ("upsampled", (time_factor, first_apart)).
+    nn.Conv2d's forward, and forward(video, frames=CallArguments(kind, arguments)) that conv on each frame of the
+    5-D video on tconv3d, `frame_conv`'s ("pad", (pad,)) or `upsampled_frame_conv`'s ("upsampled", (time_factor,
+    first_apart)).
     The resampler's adapter calls it so where calling the conv runs hooks (hooks.hooked: diffusers' layerwise
     casting casts its weight in them, offloading moves it in), so that they run; else it reads the weight."""
 
@@ -1392,14 +1393,14 @@ class FrameConv2d(nn.Conv2d):
             return fx_leaf(self, (input,), given(frames=frames))
         if frames is None:
             return super().forward(input)
-        kind, arguments = frames
+        kind, handed = arguments(frames)
         if kind == "upsampled":
-            time_factor, first_apart = arguments
+            time_factor, first_apart = handed
             if subpixel_reason(self, input, in_call=True) is None:
                 return _upsampled_frame_conv(self, input, time_factor, first_apart)
             input, pad = repeat_nearest(input, (time_factor, 2, 2), first_apart=first_apart), (0, 0, 0, 0)
         else:
-            (pad,) = arguments
+            (pad,) = handed
         if frame_conv_reason(self, input, in_call=True) is None:
             return _frame_conv(self, input, pad)
         return _on_frames(functools.partial(nn.Conv2d.forward, self), F.pad(input, pad) if any(pad) else input)
@@ -1420,7 +1421,7 @@ def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tens
     if frame_conv_reason(conv, x) is not None:
         return _on_frames(conv, F.pad(x, pad) if any(pad) else x)
     if _called_for_frames(conv):
-        return conv(x, frames=("pad", (pad,)))
+        return conv(x, frames=CallArguments("pad", (pad,)))
     return _frame_conv(conv, x, pad)
 
 
@@ -1460,7 +1461,7 @@ def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1,
     if subpixel_reason(conv, x) is not None:
         return frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart))
     if _called_for_frames(conv):
-        return conv(x, frames=("upsampled", (time_factor, first_apart)))
+        return conv(x, frames=CallArguments("upsampled", (time_factor, first_apart)))
     return _upsampled_frame_conv(conv, x, time_factor, first_apart)
 
 
