@@ -112,6 +112,7 @@ import functools
 import json
 import logging
 import random
+import re
 import signal
 import sys
 import time
@@ -779,16 +780,18 @@ def _graph_breaks() -> collections.Counter:
 
 
 # The breaks the hooks of --hooks make, stock's and ours: a layerwise-cast layer's module.to() (Module._apply builds
-# Parameters, which dynamo refuses; tconv3d's layers run their whole _apply outside the graph), accelerate's onloading
-# (its own torch.compiler.disable). Their count follows the frames around each hooked call and their recompiles, not
-# tconv3d's ops, so hooked draws compare the other breaks.
-HOOK_BREAKS = ("Attempted to use `torch.nn.Parameter()` constructor",
-               "Skip inlining `torch.compiler.disable()`d function\n  Explanation: Skip inlining function "
-               "<function _KeptWeightFormat._apply ",
-               "Skip calling `torch.compiler.disable()`d function\n  Explanation: Skip calling function "
-               "`<function AlignDevicesHook.",
-               "Attempted to call function marked as skipped\n  Explanation: Dynamo developers have intentionally "
-               "marked that the function `disable` in file")  # fmt: skip
+# Parameters, which dynamo refuses; tconv3d's layers run their whole _apply outside the graph), the hook classes'
+# own disabled methods (accelerate's AlignDevicesHook._onload_weights, its SequentialHook's where a module is hooked
+# twice: DynUNet's), accelerate's call of torch.compiler.disable. Their count follows the frames around each hooked
+# call and their recompiles, not tconv3d's ops, so hooked draws compare the other breaks.
+HOOK_BREAKS = re.compile(
+    r"Attempted to use `torch\.nn\.Parameter\(\)` constructor"
+    r"|Skip inlining `torch\.compiler\.disable\(\)`d function\n  Explanation: Skip inlining function "
+    r"<function _KeptWeightFormat\._apply "
+    r"|Skip calling `torch\.compiler\.disable\(\)`d function\n  Explanation: Skip calling function `<function \w*Hook\."
+    r"|Attempted to call function marked as skipped\n  Explanation: Dynamo developers have intentionally marked that "
+    r"the function `disable` in file"
+)
 
 
 def graph_breaks(case: dict, stock, x, grad, breaks: collections.Counter) -> str | None:
@@ -801,7 +804,7 @@ def graph_breaks(case: dict, stock, x, grad, breaks: collections.Counter) -> str
     def counted(breaks: collections.Counter) -> collections.Counter:
         if not case.get("hooks"):
             return breaks
-        return collections.Counter({reason: n for reason, n in breaks.items() if not reason.startswith(HOOK_BREAKS)})
+        return collections.Counter({reason: n for reason, n in breaks.items() if not HOOK_BREAKS.match(reason)})
 
     breaks = counted(breaks)
     if not breaks.total():
