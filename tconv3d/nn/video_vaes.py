@@ -316,15 +316,14 @@ class _CosmosCausalConv3d(_PaddedConv):
         wl, wr, ht, hb = module.spatial_pad
         return _compose_padding([module.temporal_pad, 0, ht, hb, wl, wr], ("replicate", mode, mode), module)
 
-    def forward(self, hidden_states, padding=None, mode=None, upsampled=None):
-        """diffusers' forward; `padding` and `mode` (tconv3d's): this call's instead (CosmosDownsample3d's, its
-        own pad or repeated frame added). `upsampled` (tconv3d's, from CosmosUpsample3d where
-        cosmos_subpixel_reason allows), the factors (2, 1, 1) or (1, 2, 2): the conv of hidden_states repeated
-        by them (in time, the first frame once), run as `upsampled_cosmos_conv`."""
+    def forward(self, hidden_states, upsampled=None):
+        """diffusers' forward. `upsampled` (tconv3d's, from CosmosUpsample3d where cosmos_subpixel_reason allows),
+        the factors (2, 1, 1) or (1, 2, 2): the conv of hidden_states repeated by them (in time, the first frame
+        once), run as `upsampled_cosmos_conv`. CosmosDownsample3d's convolutions, with a pad or repeated frame of
+        its own, are this conv's `convolve` (through this call where it runs hooks)."""
         if upsampled is not None:
             return upsampled_cosmos_conv(self, hidden_states, time=upsampled[0] == 2)
-        if padding is None:
-            padding, mode = self.tconv3d_padding
+        padding, mode = self.tconv3d_padding
         return self._convolve(hidden_states, padding, mode)
 
 
@@ -362,7 +361,7 @@ class _CosmosDownsample3d:
             else:
                 padding = (conv.temporal_pad, 0, 0, 1, 0, 1)
                 pooled = block_mean(hidden_states, (1, 2, 2))
-                hidden_states = conv(hidden_states, padding, "replicate,zeros,zeros") + pooled
+                hidden_states = conv.convolve(hidden_states, padding, "replicate,zeros,zeros") + pooled
         if self.temporal_downsample:
             conv = self.conv2
             if not _taken_over(conv):
@@ -370,7 +369,7 @@ class _CosmosDownsample3d:
                 pooled = F.avg_pool3d(joined, kernel_size=(2, 1, 1), stride=(2, 1, 1))
                 hidden_states = conv(joined) + pooled
             else:
-                out = conv(hidden_states, (conv.temporal_pad + 1, 0, 0, 0, 0, 0), "replicate,zeros,zeros")
+                out = conv.convolve(hidden_states, (conv.temporal_pad + 1, 0, 0, 0, 0, 0), "replicate,zeros,zeros")
                 _add_frame_pool(out, hidden_states)
                 hidden_states = out
         return self.conv3(hidden_states)
