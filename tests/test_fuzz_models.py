@@ -394,7 +394,7 @@ def test_a_fused_negative_slope_is_refused(models, aten_path):
     case = {"model": "monai_unet", "shape": [1, 1, 16, 12, 20], "mode": "train", "tiling": False}
     _, converted = models("monai_unet")
     fused = next(name for name, m in converted.named_modules() if isinstance(m, FusedPReLU))
-    state = models.built["monai_unet", "fp32", False][2]  # what models() loads into both at each call
+    state = models.built["monai_unet", "fp32", False, None][2]  # what models() loads into both at each call
     kept = state[f"{fused}.weight"]
     state[f"{fused}.weight"] = torch.full_like(kept, -0.25)
     try:
