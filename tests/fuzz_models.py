@@ -502,16 +502,16 @@ class Models:
         self.builders, self.built = builders(), {}
 
     def __call__(self, name: str, dtype: str = "fp32", inference_built: bool = False, hooks: str | None = None):
-        return self._built(name, dtype, inference_built, hooks)[:2]
+        return self._built(name, dtype, inference_built, hooks)
 
     def of(self, case: dict):
         """(stock, converted) for `case`."""
-        return self(case["model"], case.get("dtype", "fp32"), case.get("inference_built", False), case.get("hooks"))
+        return self._built(*_key(case))
 
     def plain(self, case: dict):
-        """`case`'s stock model without its hooks (stock itself for a case without)."""
-        key = (case["model"], case.get("dtype", "fp32"), case.get("inference_built", False), case.get("hooks"))
-        return self._built(*key)[3]
+        """`case`'s stock model without its hooks (stock itself for a case without), as `of(case)` built it: its
+        state as the draw left it, not loaded again."""
+        return self.built[_key(case)][3]
 
     def _built(self, name: str, dtype: str, inference_built: bool, hooks: str | None):
         key = (name, dtype, inference_built, hooks)
@@ -532,16 +532,17 @@ class Models:
                     add_hooks(stock, hooks, dtype)
                 except Exception as error:  # diffusers' own: a module stock holds twice (DynUNet's), hooked twice
                     self.built[key] = error
-                    raise StockRefuses(f"stock {name} refuses {hooks} hooks: {error}") from error
-                add_hooks(converted, hooks, dtype)
-                kept = dict(stock.named_parameters())
-                for param_name, param in plain.named_parameters():  # the weights the hooks keep float8
-                    if kept[param_name].dtype == FLOAT8:
-                        param.data = kept[param_name].data.to(param.dtype)
-            self.built[key] = (stock, converted, state, plain)
+                else:
+                    add_hooks(converted, hooks, dtype)
+                    kept = dict(stock.named_parameters())
+                    for param_name, param in plain.named_parameters():  # the weights the hooks keep float8
+                        if kept[param_name].dtype == FLOAT8:
+                            param.data = kept[param_name].data.to(param.dtype)
+            if key not in self.built:
+                self.built[key] = (stock, converted, state, plain)
         if isinstance(self.built[key], Exception):
             raise StockRefuses(f"stock {name} refuses {hooks} hooks: {self.built[key]}")
-        stock, converted, state, plain = self.built[key]
+        stock, converted, state, _ = self.built[key]
         for model in (stock, converted):
             if hooks != "offload":  # offloaded weights are meta outside their layer's call (eval draws alone)
                 with building:
@@ -550,7 +551,12 @@ class Models:
             # part-way (an input stock refuses) left frames of its size that made stock refuse every later draw
             if hasattr(model, "_clear_conv_cache"):
                 model._clear_conv_cache()
-        return stock, converted, state, plain
+        return stock, converted
+
+
+def _key(case: dict) -> tuple:
+    """The key of `case`'s models in Models.built: name, dtype, whether built in inference mode, hooks."""
+    return case["model"], case.get("dtype", "fp32"), case.get("inference_built", False), case.get("hooks")
 
 
 # Modules whose output jumps or turns where their input crosses a boundary: piecewise-linear activations (at zero; a
