@@ -246,6 +246,64 @@ def test_more_models_under_accelerates_sequential_offload(name, aten_path):
     assert_all_on_tconv3d(tconv3d.nn.audit(converted, x, run=run, verbose=False))
 
 
+def _handing_blocks() -> dict:
+    """(build, input) of the blocks whose adapters call a child with keyword arguments of tconv3d's (hooks.hand)
+    where the child's own call runs accelerate's hooks: Cosmos's upsampler (upsampled=factors), EasyAnimate's
+    downsampler and MiniMax-H3's (bottom_right=), MONAI BasicUNet's up block at an odd skip size (output_size=).
+    HunyuanVideo's and EasyAnimate's upsamplers hand theirs (upsampled_by=, upsampled=) to a causal conv whose
+    inner conv, hooked, makes them upsample first instead."""
+    from diffusers.models.autoencoders import autoencoder_kl_cosmos as cosmos
+    from diffusers.models.autoencoders import autoencoder_kl_magvit as magvit
+    from diffusers.models.autoencoders import autoencoder_kl_minimax_h3 as minimax
+
+    video = torch.randn(1, 4, 5, 6, 8)
+    return {
+        "cosmos": (lambda: cosmos.CosmosUpsample3d(4, spatial_upsample=True, temporal_upsample=True), video),
+        "easyanimate_down": (lambda: magvit.EasyAnimateDownsampler3D(4, 6), video),
+        "minimax_down": (lambda: minimax.MiniMaxH3VideoDownsample3d(4, 6), video),
+        "monai_up_cat": (_MonaiUpCat, (torch.randn(1, 8, 3, 4, 5), torch.randn(1, 4, 7, 9, 10))),
+    }
+
+
+class _MonaiUpCat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from monai.networks.nets.basic_unet import UpCat
+
+        self.up = UpCat(3, 8, 4, 6, act="relu", norm="instance", bias=True)
+
+    def forward(self, inputs):
+        return self.up(*inputs)
+
+
+@pytest.mark.parametrize("name", ["cosmos", "easyanimate_down", "minimax_down", "monai_up_cat"])
+def test_keyword_arguments_handed_to_offloaded_layers_compile_without_graph_breaks(name, aten_path):
+    """Adapters hand a child's call keyword arguments of tconv3d's: factors, an output size, a border. Under
+    accelerate's offloading that call runs its hooks, whose send_to_device asks hasattr(item, "to") of each item of
+    a tuple or list, and under torch.compile those ints are symbolic in the hooks' frame: dynamo cannot trace it and
+    broke the graph there (Cosmos's upsampler: the model fuzzer's --hooks --compile draws). They travel as one
+    object now (hooks.hand): no such break, the compiled block answering as the eager one (a block of its own: the
+    causal convs keep frames from call to call) and as stock."""
+    accelerate = pytest.importorskip("accelerate")
+    pytest.importorskip("diffusers")
+    pytest.importorskip("monai")
+    build, x = _handing_blocks()[name]
+    torch.manual_seed(0)
+    stock = build().eval()
+    eager, compiled = (tconv3d.nn.convert(copy.deepcopy(stock)) for _ in range(2))
+    for model in (eager, compiled):
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    with torch.no_grad():
+        expected, y = stock(x), eager(x)
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        y_compiled = torch.compile(compiled, backend="eager", dynamic=True)(x)
+        torch._dynamo.reset()
+    breaks = [reason.splitlines()[0] for reason in torch._dynamo.utils.counters["graph_break"]]
+    assert not [reason for reason in breaks if "hasattr" in reason], breaks
+    assert torch.equal(y_compiled, y) and rel_l2(y, expected) < MATCH
+
+
 @pytest.mark.parametrize("name", ["wan", "cogvideox", "hunyuan_video"])
 def test_hooks_added_before_convert_leave_their_layers_by_name(name, aten_path, caplog):
     """Hooks that replace a layer's forward on the instance (diffusers', accelerate's) keep calling the class's

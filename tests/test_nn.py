@@ -547,7 +547,7 @@ def test_a_hooked_convolve_under_accelerates_offload_compiles_without_graph_brea
     """accelerate's hooks walk a call's arguments (send_to_device: hasattr(item, "to") on each item of a tuple),
     which dynamo cannot trace on a symbolic size. A hooked layer's convolve handed its arguments as a tuple and
     broke the compiled graph at each call (LTX-Video's causal convs, CogVideoX's: the model fuzzer's --hooks
-    --compile draws); it hands them as one object now (hooks.CallArguments): no break, the result as eager's."""
+    --compile draws); it hands them as one object now (hooks.Handed): no break, the result as eager's."""
     accelerate = pytest.importorskip("accelerate")
     torch.manual_seed(0)
     model = _Convolving().to(device)
@@ -689,7 +689,7 @@ def test_a_hooked_frame_conv_runs_on_tconv3d_inside_its_call(upsampled, device):
     call: frame_conv and upsampled_frame_conv (the sub-pixel form) inside it, on tconv3d, with the weight the hook
     made; the same values as the unhooked conv of that weight. Outside the call the weight is float16, which the
     frames (float32) cannot run with."""
-    from tconv3d.nn.hooks import arguments
+    from tconv3d.nn.hooks import received
     from tconv3d.nn.video_vaes import FrameConv2d, frame_conv, upsampled_frame_conv
 
     torch.manual_seed(0)
@@ -718,7 +718,7 @@ def test_a_hooked_frame_conv_runs_on_tconv3d_inside_its_call(upsampled, device):
     )
     with torch.no_grad(), OpNames() as ops:
         out = run(conv)
-    assert len(calls) == 1 and arguments(calls[0])[0] == ("upsampled" if upsampled else "pad")
+    assert len(calls) == 1 and received(calls[0])[0] == ("upsampled" if upsampled else "pad")
     assert conv.weight.dtype == torch.float16
     assert any(name.startswith("tconv3d.conv") for name in ops.names), ops.names
     with torch.no_grad():

@@ -24,7 +24,7 @@ from torch.nn.utils import parametrize
 from ..geometry import SUPPORTED_DTYPES
 from ..ops import in_strides_of
 from . import monai_nets, torchvision_nets, video_vaes
-from .hooks import arguments, instance_forward_reason
+from .hooks import instance_forward_reason, received
 from .modules import (
     AvgPool3d,
     BatchNorm3d,
@@ -92,7 +92,7 @@ def _recorded_whole(forward: Callable) -> Callable:
             if proxy is not None and proxy.tracer.root is not self:
                 return fx_leaf(self, args, {**kwargs, **given(convolving=convolving)})
         if convolving is not None:  # a parent's Conv3d.convolve of this conv, made through its call (hooks run)
-            return self._convolve(*args, *arguments(convolving))
+            return self._convolve(*args, *received(convolving))
         return forward(self, *args, **kwargs)
 
     whole.takes_convolving = True

@@ -32,25 +32,33 @@ def hooked(module: nn.Module) -> bool:
     return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
 
 
-class CallArguments:
-    """The arguments an adapter hands a hooked layer's call for the work it takes (Conv3d's `convolving`,
-    FrameConv2d's `frames`), as one object: hooks that walk a call's arguments pass it as it is. accelerate's
-    (send_to_device) recurse into tuples and ask each item hasattr(item, "to"), which dynamo cannot trace on a
-    symbolic size: a tuple of them broke a compiled graph at each such call. torch.fx records its arguments as a
-    tuple (`arguments` reads either)."""
+class Handed:
+    """A value an adapter hands a hooked layer's call for work the layer takes that stock's call does not (Conv3d's
+    `convolving` and `upsampled`, FrameConv2d's `frames`, a causal conv's `upsampled_by` or `bottom_right`, a
+    ConvTranspose3d's `output_size`), as one object: hooks that walk a call's arguments pass it as it is.
+    accelerate's (send_to_device) recurse into tuples and lists and ask each item hasattr(item, "to"), which dynamo
+    cannot trace on a symbolic int; and under torch.compile the ints handed a hooked call are symbolic in its hooks'
+    frame (dynamic=True, or the default's automatic dynamic once another layer's call hands others). A tuple of them
+    broke the compiled graph at each such call. torch.fx records the value itself (`received` reads either)."""
 
-    __slots__ = ("args",)
+    __slots__ = ("value",)
 
-    def __init__(self, *args):
-        self.args = args
+    def __init__(self, value):
+        self.value = value
 
     def __fx_create_arg__(self, tracer):
-        return tracer.create_arg(self.args)
+        return tracer.create_arg(self.value)
 
 
-def arguments(handed) -> tuple:
-    """The arguments `handed` holds: a CallArguments's, or a tuple's own (a torch.fx graph's call)."""
-    return handed.args if isinstance(handed, CallArguments) else tuple(handed)
+def hand(module: nn.Module, value):
+    """`value` as an adapter hands it to `module`'s call as a keyword argument of tconv3d's: in a Handed where that
+    call runs hooks (`hooked`), else as it is."""
+    return Handed(value) if hooked(module) else value
+
+
+def received(value):
+    """What `value`, a keyword argument of tconv3d's that a layer's call receives, holds (`hand`)."""
+    return value.value if isinstance(value, Handed) else value
 
 
 def instance_forward_reason(module: nn.Module) -> str | None:

@@ -23,7 +23,7 @@ from ..kernels.aten import activated
 from ..kernels.tensors import batched, fold_padding, format_strides, func_transformed
 from ..ops import call_conv3d, call_group_norm, call_upsample_linear
 from ..settings import TRITON_MISSING, runs_triton
-from .hooks import CallArguments, arguments, hooked
+from .hooks import Handed, hooked, received
 from .subpixel import upsampled_conv, upsampled_conv_reason
 
 if TRITON_MISSING is None:  # the kernel that moves BatchNorm's running statistics, where the kernels run
@@ -148,7 +148,8 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
             handed = given(channels_after=channels_after, upsampled=upsampled, convolving=convolving)
             return fx_leaf(self, (input,), handed, reached)
         if convolving is not None:
-            return self._convolve(input, *arguments(convolving))
+            return self._convolve(input, *received(convolving))
+        upsampled = received(upsampled)
         if upsampled is not None:
             if channels_after is not None or input.dim() != 5:
                 raise ValueError(f"Conv3d: upsampled takes a 5-D input and no channels_after, not {input.dim()}-D")
@@ -168,7 +169,7 @@ class Conv3d(_KeptWeightFormat, nn.Conv3d):
         `convolving` (this class's, an adapted class's: convert.adapted_class), the convolution is made through
         the call, so that they run."""
         if hooked(self) and getattr(type(self).forward, "takes_convolving", False):
-            return self(input, convolving=CallArguments(padding, padding_mode, frames_before, channels_after))
+            return self(input, convolving=Handed((padding, padding_mode, frames_before, channels_after)))
         return self._convolve(input, padding, padding_mode, frames_before, channels_after)
 
     forward.takes_convolving = True
@@ -239,7 +240,7 @@ class ConvTranspose3d(_KeptWeightFormat, nn.ConvTranspose3d):
             return fx_leaf(self, (input,), given(output_size=output_size, channels_after=channels_after))
         weight = self._keep_weight_format()
         output_padding = self._output_padding(
-            input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation
+            input, received(output_size), self.stride, self.padding, self.kernel_size, 3, self.dilation
         )
         return conv_transpose3d(
             input, weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation,

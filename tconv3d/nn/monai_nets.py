@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed, traced
-from .hooks import hooked
+from .hooks import hand, hooked
 from .modules import (
     BatchNorm3d,
     Conv3d,
@@ -213,7 +213,7 @@ class _UpCat:
             padded = [i for i in range(3) if size[i] != natural[i]]
             if padded and all(size[i] == natural[i] + 1 and deconv.output_padding[i] + 1 < deconv.stride[i]
                               for i in padded):  # fmt: skip
-                x_0 = deconv(x, output_size=list(size))  # each padded dim's last plane: the bias alone
+                x_0 = deconv(x, output_size=hand(deconv, list(size)))  # each padded dim's last plane: the bias alone
                 for i in reversed(padded):  # W first, as F.pad's replicate: corners from planes already copied
                     x_0.narrow(i + 2, -1, 1).copy_(x_0.narrow(i + 2, -2, 1))
                 return x_0

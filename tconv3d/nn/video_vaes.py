@@ -25,7 +25,7 @@ from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
 from ..kernels.tensors import batched, channels_last, exporting_to_onnx
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
-from .hooks import CallArguments, arguments, hooked, instance_forward_reason
+from .hooks import Handed, hand, hooked, instance_forward_reason, received
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -243,6 +243,7 @@ class _ReplicatePaddedConv3d(_PaddedConv):
         """diffusers' forward; `upsampled_by` (tconv3d's, from HunyuanVideo's upsampler, where
         causal_subpixel_reason allows): the conv of hidden_states upsampled nearest by these factors, the first
         frame in space only, run as `upsampled_causal_conv`."""
+        upsampled_by = received(upsampled_by)
         if upsampled_by is None:
             return _PaddedConv.forward(self, hidden_states)
         return upsampled_causal_conv(self, hidden_states, upsampled_by[0])
@@ -321,6 +322,7 @@ class _CosmosCausalConv3d(_PaddedConv):
         the factors (2, 1, 1) or (1, 2, 2): the conv of hidden_states repeated by them (in time, the first frame
         once), run as `upsampled_cosmos_conv`. CosmosDownsample3d's convolutions, with a pad or repeated frame of
         its own, are this conv's `convolve` (through this call where it runs hooks)."""
+        upsampled = received(upsampled)
         if upsampled is not None:
             return upsampled_cosmos_conv(self, hidden_states, time=upsampled[0] == 2)
         padding, mode = self.tconv3d_padding
@@ -430,7 +432,7 @@ def _conv_plus_repeats(conv: nn.Module, x: torch.Tensor, factors, subpixel_form:
     nothing of u's size is written but the conv's output; the conv's output rounded, then the sum, as stock's
     order. Otherwise u is written and convolved."""
     if subpixel_form:
-        out = conv(x, upsampled=factors)
+        out = conv(x, upsampled=hand(conv, factors))
         dtype = torch.promote_types(out.dtype, x.dtype)  # stock's sum's: under autocast a float32 x's, not the conv's
         return add_repeated_(out if out.dtype == dtype else out.to(dtype), x, factors, first_apart=first_apart)
     upsampled = _repeat(x, factors, first_apart=first_apart)
@@ -602,6 +604,7 @@ class _EasyAnimateCausalConv3d:
         unpadded (diffusers keeps them padded): the op pads them with the clip. `upsampled` (tconv3d's, from
         EasyAnimate's upsampler where easyanimate_subpixel_reason allows): the conv of hidden_states upsampled
         nearest 2x in H and W, run as `upsampled_kept_causal_conv`."""
+        bottom_right, upsampled = received(bottom_right), received(upsampled)
         if upsampled:
             return upsampled_kept_causal_conv(self, hidden_states)
         if getattr(self, _KEPT_BEFORE_UPSAMPLING, False):  # kept by the sub-pixel form: the input's frames
@@ -633,7 +636,7 @@ class _EasyAnimateUpsampler3D:
 
     def forward(self, hidden_states):
         if easyanimate_subpixel_reason(self.conv, hidden_states) is None:
-            hidden_states = self.conv(hidden_states, upsampled=True)
+            hidden_states = self.conv(hidden_states, upsampled=hand(self.conv, True))
         else:
             hidden_states = self.conv(_repeat(hidden_states, (1, 2, 2)))
         if self.temporal_upsample:
@@ -697,7 +700,7 @@ class _EasyAnimateDownsampler:
         return _EasyAnimateCausalConv3d.reason(conv)
 
     def forward(self, hidden_states):
-        return self.conv(hidden_states, bottom_right=1)
+        return self.conv(hidden_states, bottom_right=hand(self.conv, 1))
 
 
 class _MiniMaxH3VideoCausalConv3d:
@@ -717,6 +720,7 @@ class _MiniMaxH3VideoCausalConv3d:
         return conv_reason(module)
 
     def forward(self, hidden_states, bottom_right: int = 0):
+        bottom_right = received(bottom_right)
         p, t, mode = self.spatial_padding, self.temporal_padding, _FPAD_MODES[self.spatial_padding_mode]
         padding = (t, 0, p, p + bottom_right, p, p + bottom_right)
         return self._convolve(hidden_states, padding, f"zeros,{mode},{mode}")
@@ -741,7 +745,7 @@ class _MiniMaxH3VideoDownsample3d:
         return _MiniMaxH3VideoCausalConv3d.reason(conv)
 
     def forward(self, hidden_states):
-        return self.conv(hidden_states, bottom_right=1 if self.spatial_stride == 2 else 0)
+        return self.conv(hidden_states, bottom_right=hand(self.conv, 1 if self.spatial_stride == 2 else 0))
 
 
 class _MiniMaxH3VideoGroupNorm:
@@ -1335,7 +1339,7 @@ class _HunyuanVideoUpsample:
     def forward(self, hidden_states):
         factors = tuple(int(f) for f in self.upsample_factor)
         if causal_subpixel_reason(self.conv, hidden_states, factors) is None:
-            return self.conv(hidden_states, upsampled_by=factors)
+            return self.conv(hidden_states, upsampled_by=hand(self.conv, factors))
         return self.conv(repeat_nearest(hidden_states, factors, _CL, first_apart=True))
 
 
@@ -1381,7 +1385,7 @@ class _CogVideoXDownsample3D:
 
 class FrameConv2d(nn.Conv2d):
     """The nn.Conv2d a resampler runs on a video's frames (FRAME_CONV_BLOCKS; convert changes its class in place):
-    nn.Conv2d's forward, and forward(video, frames=CallArguments(kind, arguments)) that conv on each frame of the
+    nn.Conv2d's forward, and forward(video, frames=Handed((kind, arguments))) that conv on each frame of the
     5-D video on tconv3d, `frame_conv`'s ("pad", (pad,)) or `upsampled_frame_conv`'s ("upsampled", (time_factor,
     first_apart)).
     The resampler's adapter calls it so where calling the conv runs hooks (hooks.hooked: diffusers' layerwise
@@ -1392,7 +1396,7 @@ class FrameConv2d(nn.Conv2d):
             return fx_leaf(self, (input,), given(frames=frames))
         if frames is None:
             return super().forward(input)
-        kind, handed = arguments(frames)
+        kind, handed = received(frames)
         if kind == "upsampled":
             time_factor, first_apart = handed
             if subpixel_reason(self, input, in_call=True) is None:
@@ -1420,7 +1424,7 @@ def frame_conv(conv: nn.Conv2d, x: torch.Tensor, pad=(0, 0, 0, 0)) -> torch.Tens
     if frame_conv_reason(conv, x) is not None:
         return _on_frames(conv, F.pad(x, pad) if any(pad) else x)
     if _called_for_frames(conv):
-        return conv(x, frames=CallArguments("pad", (pad,)))
+        return conv(x, frames=Handed(("pad", (pad,))))
     return _frame_conv(conv, x, pad)
 
 
@@ -1460,7 +1464,7 @@ def upsampled_frame_conv(conv: nn.Conv2d, x: torch.Tensor, time_factor: int = 1,
     if subpixel_reason(conv, x) is not None:
         return frame_conv(conv, repeat_nearest(x, (time_factor, 2, 2), first_apart=first_apart))
     if _called_for_frames(conv):
-        return conv(x, frames=CallArguments("upsampled", (time_factor, first_apart)))
+        return conv(x, frames=Handed(("upsampled", (time_factor, first_apart))))
     return _upsampled_frame_conv(conv, x, time_factor, first_apart)
 
 
