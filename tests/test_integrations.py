@@ -38,6 +38,7 @@ from torch import nn
 import tconv3d
 from bench.vaes import LATENT_CHANNELS, build_vae
 from tconv3d.nn.convert import is_converted
+from tconv3d.nn.hooks import hooked
 from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
 from tconv3d.testing import rel_l2
 
@@ -206,6 +207,61 @@ def test_layerwise_casts_in_a_compiled_model_stay_out_of_its_graphs(aten_path, c
         torch._dynamo.reset()
     assert rel_l2(compiled, eager) < MATCH
     assert not [r for r in caplog.records if "recompile_limit" in r.getMessage() and "_apply" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", ["wan", "wan22"])
+def test_vaes_under_diffusers_block_level_group_offloading(name, aten_path):
+    """diffusers' group offloading by blocks (`enable_group_offload(offload_type="block_level")`), added after
+    convert: in Wan's VAEs (the others are one group, hooked at the top) hooks replace the forward of the encoder,
+    the decoder and their blocks (not of the layers), and move a group's weights onto the device inside its first
+    module's call. The adapters of hooked blocks run
+    inside those calls and their parents call them: outputs as stock's offloaded the same way, every convolution on
+    tconv3d, no pad or concatenation copy into one. (Here the device is the CPU: nothing moves but the calls.)"""
+    stock, converted = stock_and_converted(VAES[name])
+    for model in (stock, converted):
+        model.enable_group_offload(torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
+    assert hooked(converted.decoder) and all(hooked(block) for block in converted.encoder.down_blocks)
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    report = tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False)
+    assert_all_on_tconv3d(report)
+    assert report.aten_frame_conv_calls == report.aten_conv_transpose3d_calls == 0
+
+
+def test_group_offloading_to_disk_takes_a_shardable_vae(tmp_path, aten_path):
+    """diffusers' group offloading to disk (`offload_to_disk_path`) saves each group's weights with safetensors,
+    which refuses a tensor that is not contiguous: a converted VAE's channels_last_3d weights raise there.
+    `tconv3d.nn.shardable` keeps them contiguous (each call lays its weight out inside the op, as it would the
+    weight loaded back from disk anyway): outputs as stock's offloaded the same way, every convolution on tconv3d."""
+    stock, converted = stock_and_converted(VAES["wan"])
+
+    def offload(model, folder):
+        model.enable_group_offload(torch.device("cpu"), offload_type="leaf_level", offload_to_disk_path=str(folder))
+
+    with pytest.raises(ValueError, match="non contiguous"):
+        offload(copy.deepcopy(converted), tmp_path / "channels_last")
+    tconv3d.nn.shardable(converted)
+    offload(stock, tmp_path / "stock")
+    offload(converted, tmp_path / "converted")
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    assert_all_on_tconv3d(tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False))
+
+
+def test_a_vae_under_accelerates_disk_offload(tmp_path, aten_path):
+    """accelerate's disk_offload writes each weight to a numpy memmap (by its values, whatever its strides) and
+    loads it back contiguous inside the layer's call: a converted VAE takes it as it is, each call laying its
+    weights out again. Outputs as stock's, every convolution on tconv3d, the weights back on meta after the call."""
+    accelerate = pytest.importorskip("accelerate")
+    stock, converted = stock_and_converted(VAES["cogvideox"])
+    accelerate.disk_offload(converted, str(tmp_path), execution_device=torch.device("cpu"))
+    x = torch.randn(1, 3, 9, 32, 32)
+    with torch.no_grad():
+        assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    assert_all_on_tconv3d(tconv3d.nn.audit(converted, x, run=encode_decode, verbose=False))
+    assert all(p.device.type == "meta" for m in converted.modules() if isinstance(m, nn.Conv3d) for p in m.parameters())
 
 
 @pytest.mark.parametrize("name", VAES)
@@ -1702,6 +1758,7 @@ def test_ltx_rms_norms_run_on_tconv3d(cls_name, aten_path):
 WHOLE_MODELS = """
 import sys, torch
 from tconv3d.nn.convert import is_converted
+from tconv3d.nn.hooks import hooked
 from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
 x = torch.load(sys.argv[1])
 outputs = {}
@@ -2808,7 +2865,6 @@ def _fused_spans(model: nn.Module) -> dict:
     between it and that slot (MONAI's dropouts, which the fused activation moved in front of): each outputs what
     stock's activation did. The slot: an nn.Identity, a fused PReLU's FusedPReLU (unless hooked: then the PReLU
     applies itself in its call, and the norm outputs what stock's norm does)."""
-    from tconv3d.nn.hooks import hooked
     from tconv3d.nn.modules import FusedPReLU
 
     spans = {}

@@ -265,6 +265,11 @@ def shardable(model: nn.Module) -> nn.Module:
     the backward), next to FSDP's all-gather and reduce-scatter of the same bytes. Call after `convert` and before
     `fully_shard`. DDP and FSDP1's `FullyShardedDataParallel` (whose views of its flat buffer keep each parameter's
     strides) take a converted model as it is: there this only adds the copies.
+
+    Anything else that takes only contiguous tensors takes the model after it too: diffusers' group offloading to
+    disk (`enable_group_offload(..., offload_to_disk_path=...)`) saves each group's weights with safetensors'
+    `save_file`, which refuses a channels_last_3d weight. A weight it loads back comes contiguous whatever the
+    layer keeps, so a call lays it out either way: this costs nothing more there.
     """
     for module in model.modules():
         if isinstance(module, (Conv3d, ConvTranspose3d)):
