@@ -92,8 +92,9 @@ Layouts are the eager draws' (the graph calls the same modules).
 
 With --hooks, each draw runs stock and converted under the memory hooks diffusers and accelerate add to a model's
 layers after convert, in turn: diffusers' layerwise casting (the Conv, ConvTranspose and Linear weights kept float8,
-cast to the draw's dtype inside each call) and accelerate's cpu_offload (each layer's weights on the meta device but
-inside its call), both replacing each hooked layer's forward on the instance. Draws run in inference (a training
+cast to the draw's dtype inside each call), accelerate's cpu_offload (each layer's weights on the meta device but
+inside its call), diffusers' group offloading by blocks, and by layers to disk (after tconv3d.nn.shardable, which
+safetensors needs), each replacing a hooked module's forward on the instance. Draws run in inference (a training
 step becomes an eval one). A draw is held to stock's hooked results as above, its float64 reference the unhooked
 stock model with the float8-rounded weights, and audited: the adapters make the calls of hooked layers whose work
 they take (tconv3d.nn.hooks), every convolution on tconv3d.
@@ -105,6 +106,7 @@ import interpreter_without_cuda  # noqa: F401  (first: TRITON_INTERPRET before t
 # isort: split
 
 import argparse
+import atexit
 import collections
 import contextlib
 import copy
@@ -113,8 +115,10 @@ import json
 import logging
 import random
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -188,6 +192,10 @@ OWN_LAYOUTS = ("vidtok",)
 # Models whose own forward concatenates features right in front of a convolution (upstream copies, as the chunked
 # encoders' frames): UNet++'s nested skip pathways, 2 to 4 earlier features (docs/models.md)
 OWN_CONCATENATIONS = ("monai_basic_unetplusplus",)
+# Hooks that hook containers whole (diffusers' group offloading by blocks: MONAI UNet's levels), which the adapters
+# call as they are, so that the hooks run (tconv3d.nn.hooks): a level's SkipConnection concatenates as MONAI's does,
+# an upstream copy in front of its up path's convolution
+WHOLE_BLOCK_HOOKS = ("group",)
 MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "autoencoderkl", "diffusion_unet",
          "unetr", "swin_unetr", "swin_unetr_v2", "vnet", "maisi", "spade_autoencoder", "spade_diffusion_unet",
          "mednext", "segresnet_ds", "highresnet", "efficientnet_b0", "flexible_unet", "densenet121",
@@ -229,9 +237,12 @@ TRAIN_TWO = ("efficientnet_b0", "densenet121", "resnet18", "seresnext50", "class
 DIFFUSION_UNETS = ("monai_diffusion_unet", "monai_spade_diffusion_unet")
 # --hooks: the memory hooks diffusers and accelerate add to a model's layers, each replacing a layer's forward on the
 # instance: "layerwise" (diffusers' layerwise casting: Conv, ConvTranspose and Linear weights kept float8, cast to
-# the draw's dtype for each call) and "offload" (accelerate's cpu_offload, what enable_sequential_cpu_offload runs:
-# each layer's weights on the meta device but inside its call, the execution device here the CPU)
-HOOKS = ("layerwise", "offload")
+# the draw's dtype for each call), "offload" (accelerate's cpu_offload, what enable_sequential_cpu_offload runs:
+# each layer's weights on the meta device but inside its call, the execution device here the CPU), "group"
+# (diffusers' group offloading by blocks: hooks on the blocks of ModuleLists and Sequentials, or on the model alone)
+# and "group_disk" (its offloading by layers to disk, after tconv3d.nn.shardable: safetensors saves contiguous
+# tensors alone; a no-op on stock)
+HOOKS = ("layerwise", "offload", "group", "group_disk")
 FLOAT8 = torch.float8_e4m3fn
 
 
@@ -323,10 +334,10 @@ def under_func(case: dict, seed: int) -> dict:
 
 
 def under_hooks(case: dict, seed: int) -> dict:
-    """A draw made a hooked one (--hooks): HOOKS[seed % 2] added to stock and converted alike (after convert, as
-    diffusers' and accelerate's users add them to a converted model), in inference (a training step becomes an eval
-    one: float8 weights take no gradient, and offloaded ones are meta between calls), the models built outside
-    inference mode."""
+    """A draw made a hooked one (--hooks): HOOKS[seed % len(HOOKS)] added to stock and converted alike (after
+    convert, as diffusers' and accelerate's users add them to a converted model), in inference (a training step
+    becomes an eval one: float8 weights take no gradient, and offloaded ones are meta or empty between calls), the
+    models built outside inference mode."""
     case = {key: value for key, value in case.items() if key != "inference_built"}
     mode = "eval" if case["mode"] == "train" else case["mode"]
     return {**case, "mode": mode, "hooks": HOOKS[seed % len(HOOKS)]}
@@ -335,7 +346,8 @@ def under_hooks(case: dict, seed: int) -> dict:
 def add_hooks(model, hooks: str, dtype: str) -> None:
     """`hooks` (one of HOOKS) added to `model`, as a user adds them: diffusers' enable_layerwise_casting where the
     model has it (its classes' own skipped patterns), else diffusers.hooks.apply_layerwise_casting (MONAI's);
-    accelerate.cpu_offload onto the CPU."""
+    accelerate.cpu_offload onto the CPU; diffusers.hooks.apply_group_offloading onto the CPU, by blocks, or by
+    layers to a temporary folder (removed at exit)."""
     if hooks == "layerwise":
         compute = DTYPES[dtype]
         if hasattr(model, "enable_layerwise_casting"):
@@ -348,6 +360,17 @@ def add_hooks(model, hooks: str, dtype: str) -> None:
         import accelerate
 
         accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    elif hooks in ("group", "group_disk"):
+        from diffusers.hooks import apply_group_offloading
+
+        cpu = torch.device("cpu")
+        if hooks == "group":
+            apply_group_offloading(model, cpu, offload_type="block_level", num_blocks_per_group=1)
+        else:
+            folder = tempfile.mkdtemp(prefix="fuzz_models_group_")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            tconv3d.nn.shardable(model)
+            apply_group_offloading(model, cpu, offload_type="leaf_level", offload_to_disk_path=folder)
     else:
         raise ValueError(f"unknown hooks {hooks!r}; known: {', '.join(HOOKS)}")
 
@@ -544,7 +567,7 @@ class Models:
             raise StockRefuses(f"stock {name} refuses {hooks} hooks: {self.built[key]}")
         stock, converted, state, _ = self.built[key]
         for model in (stock, converted):
-            if hooks != "offload":  # offloaded weights are meta outside their layer's call (eval draws alone)
+            if hooks not in ("offload", "group_disk"):  # weights meta or empty outside their layer's call (eval draws)
                 with building:
                     model.load_state_dict(state)
             # EasyAnimate clears its causal convs' kept frames after an encode or decode, so one that raised
@@ -894,8 +917,8 @@ def layout(case: dict, converted, x) -> str | None:
         assert_all_on_tconv3d(report, every_layer_called=False)
         edges = None if name.startswith("monai_") or name in OWN_RUNS else INPUT_EDGES
         if name not in OWN_LAYOUTS:
-            assert_stays_channels_last(report, input_edges=edges,
-                                       upstream_copies=name in CHUNKED_ENCODERS or name in OWN_CONCATENATIONS,
+            upstream = name in CHUNKED_ENCODERS or name in OWN_CONCATENATIONS or case.get("hooks") in WHOLE_BLOCK_HOOKS
+            assert_stays_channels_last(report, input_edges=edges, upstream_copies=upstream,
                                        own_pad_copies=OWN_PAD_COPIES.get(name))  # fmt: skip
     except AssertionError:
         keys = ("layout_copies", "pad_copies", "concat_copies", "upstream_copies", "own_copies")
@@ -948,8 +971,9 @@ def main(argv=None) -> int:
                         "--compile, the transform compiled")  # fmt: skip
     parser.add_argument("--fx", action="store_true", help="run the converted MONAI networks as their torch.fx graphs "
                         "(symbolic_trace), a draw stock does not trace skipped")  # fmt: skip
-    parser.add_argument("--hooks", action="store_true", help="add diffusers' layerwise casting and accelerate's "
-                        "cpu_offload, in turn, to stock and converted models alike (inference draws)")  # fmt: skip
+    parser.add_argument("--hooks", action="store_true", help="add diffusers' layerwise casting, accelerate's "
+                        "cpu_offload and diffusers' group offloading (by blocks; by layers to disk), in turn, to stock "
+                        "and converted models alike (inference draws)")  # fmt: skip
     parser.add_argument("--history", action="store_true", help="with --compile: one compiled run for all draws "
                         "(torch.compile's automatic dynamic shapes), until a failure; a failure's line lists the "
                         "draws before it, which --replay runs first")  # fmt: skip

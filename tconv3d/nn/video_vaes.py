@@ -2453,7 +2453,10 @@ class _WanAttentionBlock:
     """diffusers' WanAttentionBlock (and QwenImageAttentionBlock): single-head attention over each frame's pixels.
     Its 1x1 Conv2d projections are matmuls over the (pixels, channels) rows a channels_last_3d activation already
     holds, so the block reads and answers channels_last_3d with no permute copies (diffusers' qkv
-    `.contiguous()` and its NCHW reshapes)."""
+    `.contiguous()` and its NCHW reshapes). Where a projection's call runs hooks (`hooked`: layerwise casting,
+    offloading), both are called, on channels_last views: NHWC in and out whatever their weights' layout (PyTorch's
+    conv2d answers channels_last where its input is), so a contiguous weight (after `shardable`, which offloading
+    to disk needs) leaves the next norm no layout copy, as diffusers' forward, run with such weights, did."""
 
     classes = (
         "diffusers.models.autoencoders.autoencoder_kl_wan.WanAttentionBlock",
@@ -2470,16 +2473,19 @@ class _WanAttentionBlock:
         return None
 
     def forward(self, x):
-        if hooked(self.to_qkv) or hooked(self.proj):  # diffusers' forward calls them: their hooks run
-            return super().forward(x)
         identity = x
         b, c, t, h, w = x.size()
         x = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))  # views when x is channels_last_3d
-        rows = x.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, c)
-        qkv = F.linear(rows, self.to_qkv.weight.flatten(1), self.to_qkv.bias)
-        x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
-        x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)
-        return x.view(b, t, h, w, c).permute(0, 4, 1, 2, 3) + identity
+        if hooked(self.to_qkv) or hooked(self.proj):  # their calls, which run their hooks
+            qkv = self.to_qkv(x).permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
+            x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
+            x = self.proj(x.view(b * t, h, w, c).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        else:
+            rows = x.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, c)
+            qkv = F.linear(rows, self.to_qkv.weight.flatten(1), self.to_qkv.bias)
+            x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
+            x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)
+        return x.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3) + identity
 
 
 ADAPTERS = (
