@@ -37,6 +37,7 @@ from torch import nn
 
 import tconv3d
 from bench.vaes import LATENT_CHANNELS, build_vae
+from tconv3d.kernels.tensors import format_strides
 from tconv3d.nn.convert import is_converted
 from tconv3d.nn.hooks import hooked
 from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
@@ -1763,7 +1764,6 @@ def test_ltx_rms_norms_run_on_tconv3d(cls_name, aten_path):
 WHOLE_MODELS = """
 import sys, torch
 from tconv3d.nn.convert import is_converted
-from tconv3d.nn.hooks import hooked
 from tconv3d.nn.video_vaes import NORM_SILU_BLOCKS, class_name
 x = torch.load(sys.argv[1])
 outputs = {}
@@ -3051,6 +3051,53 @@ def test_real_models_on_cuda_match_stock(name):
         stock_error = sum(rel_l2(run(stock, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
         ours_error = sum(rel_l2(run(converted, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
     assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
+
+
+def _offloaded(model: nn.Module, how: str, device: torch.device) -> nn.Module:
+    """`model` (on the CPU) offloaded `how` onto `device`: accelerate's cpu_offload (diffusers'
+    enable_sequential_cpu_offload), or diffusers' group offloading by layers or by blocks, on a side stream (pinned
+    CPU copies) where `device` is a GPU."""
+    if how == "accelerate":
+        import accelerate
+
+        accelerate.cpu_offload(model, execution_device=device)
+    else:
+        kind = {"group_layers": "leaf_level", "group_blocks": "block_level"}[how]
+        blocks = {"num_blocks_per_group": 1} if kind == "block_level" else {}
+        model.enable_group_offload(device, offload_type=kind, use_stream=device.type == "cuda", **blocks)
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("how", ["accelerate", "group_layers", "group_blocks"])
+def test_offloaded_vaes_on_cuda_match_stock(how, monkeypatch):
+    """Offloading with real transfers: Wan's VAE (its hooked attention, resamplers and blocks) with every weight on
+    the CPU (or meta) outside its call and moved onto the GPU inside it, by accelerate or by diffusers' group
+    offloading on a side stream, answers as stock offloaded the same way (fp32, TF32 off), and no weight arrives in
+    another layout (a moved or pinned copy keeps the channels_last_3d strides: no per-call relayout on the GPU)."""
+    pytest.importorskip("accelerate")
+    from tconv3d.nn import modules
+
+    relaid = []
+    keep = modules.keep_memory_format
+
+    def counted(weight, memory_format=modules._CL):
+        relaid.append(weight.device.type == "cuda" and weight.stride() != format_strides(weight.shape, memory_format))
+        keep(weight, memory_format)
+
+    stock, converted = stock_and_converted(VAES["wan"])
+    cuda = torch.device("cuda")
+    for model in (stock, converted):
+        _offloaded(model, how, cuda)
+    monkeypatch.setattr(modules, "keep_memory_format", counted)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    x = torch.randn(1, 3, 5, 32, 32, device=cuda)
+    with torch.no_grad():
+        for _ in range(2):  # the second call after the first's offload
+            assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
+    assert not any(relaid), f"{sum(relaid)} weights relaid on the GPU"
 
 
 @pytest.mark.parametrize("name", ["wan", "ltx2"])
