@@ -811,12 +811,13 @@ def _graph_breaks() -> collections.Counter:
 # The breaks the hooks of --hooks make, stock's and ours: a layerwise-cast layer's module.to() (Module._apply builds
 # Parameters, which dynamo refuses; tconv3d's layers run their whole _apply outside the graph), the hook classes'
 # own disabled methods (accelerate's AlignDevicesHook._onload_weights, its SequentialHook's where a module is hooked
-# twice: DynUNet's), accelerate's call of torch.compiler.disable. Their count follows the frames around each hooked
-# call and their recompiles, not tconv3d's ops, so hooked draws compare the other breaks.
+# twice: DynUNet's), accelerate's call of torch.compiler.disable, diffusers' group offloading's disabled onload_ and
+# offload_. Their count follows the frames around each hooked call and their recompiles, not tconv3d's ops, so
+# hooked draws compare the other breaks.
 HOOK_BREAKS = re.compile(
     r"Attempted to use `torch\.nn\.Parameter\(\)` constructor"
     r"|Skip inlining `torch\.compiler\.disable\(\)`d function\n  Explanation: Skip inlining function "
-    r"<function _KeptWeightFormat\._apply "
+    r"<function (_KeptWeightFormat\._apply|ModuleGroup\.\w+) "
     r"|Skip calling `torch\.compiler\.disable\(\)`d function\n  Explanation: Skip calling function `<function \w*Hook\."
     r"|Attempted to call function marked as skipped\n  Explanation: Dynamo developers have intentionally marked that "
     r"the function `disable` in file"
