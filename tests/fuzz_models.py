@@ -195,7 +195,7 @@ OWN_CONCATENATIONS = ("monai_basic_unetplusplus",)
 # Hooks that hook containers whole (diffusers' group offloading by blocks: MONAI UNet's levels), which the adapters
 # call as they are, so that the hooks run (tconv3d.nn.hooks): a level's SkipConnection concatenates as MONAI's does,
 # an upstream copy in front of its up path's convolution
-WHOLE_BLOCK_HOOKS = ("group",)
+WHOLE_BLOCK_HOOKS = ("group_blocks",)
 MONAI = ("unet", "checkpoint_unet", "attention_unet", "dynunet", "basic_unet", "autoencoderkl", "diffusion_unet",
          "unetr", "swin_unetr", "swin_unetr_v2", "vnet", "maisi", "spade_autoencoder", "spade_diffusion_unet",
          "mednext", "segresnet_ds", "highresnet", "efficientnet_b0", "flexible_unet", "densenet121",
@@ -238,11 +238,13 @@ DIFFUSION_UNETS = ("monai_diffusion_unet", "monai_spade_diffusion_unet")
 # --hooks: the memory hooks diffusers and accelerate add to a model's layers, each replacing a layer's forward on the
 # instance: "layerwise" (diffusers' layerwise casting: Conv, ConvTranspose and Linear weights kept float8, cast to
 # the draw's dtype for each call), "offload" (accelerate's cpu_offload, what enable_sequential_cpu_offload runs:
-# each layer's weights on the meta device but inside its call, the execution device here the CPU), "group"
-# (diffusers' group offloading by blocks: hooks on the blocks of ModuleLists and Sequentials, or on the model alone)
-# and "group_disk" (its offloading by layers to disk, after tconv3d.nn.shardable: safetensors saves contiguous
-# tensors alone; a no-op on stock)
-HOOKS = ("layerwise", "offload", "group", "group_disk")
+# each layer's weights on the meta device but inside its call, the execution device here the CPU), "group_blocks"
+# and "group_layers" (diffusers' group offloading by blocks, whose hooks wrap the blocks of ModuleLists and
+# Sequentials or the model alone, and by layers). Both offload to disk: between calls a group's weights are empty
+# tensors, so an adapter that skipped a hooked module's call and read its weights would compute with garbage, where
+# offloading to memory on the CPU (onloading to the same device) moves nothing and would hide it. Disk takes
+# contiguous tensors alone: tconv3d.nn.shardable first (a no-op on stock).
+HOOKS = ("layerwise", "offload", "group_blocks", "group_layers")
 FLOAT8 = torch.float8_e4m3fn
 
 
@@ -346,8 +348,8 @@ def under_hooks(case: dict, seed: int) -> dict:
 def add_hooks(model, hooks: str, dtype: str) -> None:
     """`hooks` (one of HOOKS) added to `model`, as a user adds them: diffusers' enable_layerwise_casting where the
     model has it (its classes' own skipped patterns), else diffusers.hooks.apply_layerwise_casting (MONAI's);
-    accelerate.cpu_offload onto the CPU; diffusers.hooks.apply_group_offloading onto the CPU, by blocks, or by
-    layers to a temporary folder (removed at exit)."""
+    accelerate.cpu_offload onto the CPU; diffusers.hooks.apply_group_offloading onto the CPU, by blocks or by
+    layers, to a temporary folder (removed at exit)."""
     if hooks == "layerwise":
         compute = DTYPES[dtype]
         if hasattr(model, "enable_layerwise_casting"):
@@ -360,17 +362,15 @@ def add_hooks(model, hooks: str, dtype: str) -> None:
         import accelerate
 
         accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
-    elif hooks in ("group", "group_disk"):
+    elif hooks in ("group_blocks", "group_layers"):
         from diffusers.hooks import apply_group_offloading
 
-        cpu = torch.device("cpu")
-        if hooks == "group":
-            apply_group_offloading(model, cpu, offload_type="block_level", num_blocks_per_group=1)
-        else:
-            folder = tempfile.mkdtemp(prefix="fuzz_models_group_")
-            atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            tconv3d.nn.shardable(model)
-            apply_group_offloading(model, cpu, offload_type="leaf_level", offload_to_disk_path=folder)
+        folder = tempfile.mkdtemp(prefix="fuzz_models_group_")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        blocks = {"offload_type": "block_level", "num_blocks_per_group": 1}
+        kind = blocks if hooks == "group_blocks" else {"offload_type": "leaf_level"}
+        tconv3d.nn.shardable(model)
+        apply_group_offloading(model, torch.device("cpu"), offload_to_disk_path=folder, **kind)
     else:
         raise ValueError(f"unknown hooks {hooks!r}; known: {', '.join(HOOKS)}")
 
@@ -567,7 +567,7 @@ class Models:
             raise StockRefuses(f"stock {name} refuses {hooks} hooks: {self.built[key]}")
         stock, converted, state, _ = self.built[key]
         for model in (stock, converted):
-            if hooks not in ("offload", "group_disk"):  # weights meta or empty outside their layer's call (eval draws)
+            if hooks not in ("offload", "group_blocks", "group_layers"):  # weights meta or empty outside their calls
                 with building:
                     model.load_state_dict(state)
             # EasyAnimate clears its causal convs' kept frames after an encode or decode, so one that raised

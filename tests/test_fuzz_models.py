@@ -105,14 +105,14 @@ CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled d
     {"model": "cogvideox", "shape": [1, 3, 5, 16, 24], "mode": "inference", "tiling": False, "hooks": "offload"},
     # diffusers' group offloading: by layers to disk after shardable (Wan's attention, its projections hooked, ran
     # diffusers' forward, NCHW with contiguous weights: a layout copy into the next norm, until 2026-12-07), and by
-    # blocks (a hooked level of MONAI's UNet concatenates as MONAI's does: allowed, fuzz_models.WHOLE_BLOCK_HOOKS)
+    # blocks, to disk too (a hooked level of MONAI's UNet concatenates as MONAI's does: fuzz_models.WHOLE_BLOCK_HOOKS)
     {
         "model": "wan22",
         "shape": [1, 3, 1, 32, 96],
         "mode": "inference",
         "tiling": False,
         "dtype": "bf16",
-        "hooks": "group_disk",
+        "hooks": "group_layers",
     },
     {
         "model": "monai_checkpoint_unet",
@@ -120,7 +120,7 @@ CASES = [  # sizes that halve to odd, clips that are not whole chunks, a tiled d
         "mode": "inference",
         "tiling": False,
         "dtype": "autocast_fp16",
-        "hooks": "group",
+        "hooks": "group_blocks",
     },
     # --hooks --compile: the hooks' own graph breaks (a cast's Module._apply, accelerate's onloading) left out of
     # both counts, as their number follows the frames around each hooked call (36 against stock's 26 here; 34 once
@@ -261,7 +261,7 @@ def hooked(module, hook):
      ("fp16", 2e-2, None, None, "eval", None), ("fp32", 1e-3, "aot_eager", None, "eval", None),
      ("fp32", 1e-3, None, "vmap_grad", "eval", None), ("fp32", 1e-3, None, None, "train", None),
      ("fp32", 1e-3, None, None, "eval", "layerwise"), ("fp32", 1e-3, None, None, "eval", "offload"),
-     ("fp32", 1e-3, None, None, "eval", "group"), ("fp32", 1e-3, None, None, "eval", "group_disk")],
+     ("fp32", 1e-3, None, None, "eval", "group_blocks"), ("fp32", 1e-3, None, None, "eval", "group_layers")],
 )  # fmt: skip
 def test_a_wrong_model_fails(dtype, off, compile, func, mode, hooks, models, aten_path):
     """A converted UNet answering `off` off fails, and fails again on other inputs, eager, compiled, under
