@@ -677,6 +677,17 @@ def _three(value):
     return list(value) if isinstance(value, list | tuple) else [value] * 3
 
 
+def _undilated_ones(dilation, w: torch.Tensor):
+    """`dilation` for torch's F.conv3d of weight w: 1 along a kernel dimension of 1 where it is valid (3 positive
+    ints, or one), the same sums; torch's CPU conv3d (2.13, oneDNN, bf16) crashes the process for one such
+    (docs/upstream.md: W one voxel, padded by 1, strided by 2, its kernel of 1 dilated). Else as it is, for torch
+    to refuse."""
+    three = _three(dilation)
+    if w.dim() != 5 or len(three) != 3 or any(type(d) is not int or d < 1 for d in three):
+        return dilation
+    return [1 if k == 1 else d for k, d in zip(w.shape[2:], three, strict=True)]
+
+
 def _as_list(value):
     """An op's int[] argument: a list as given, an int as one value (the schema's), anything else as it is."""
     return [value] if type(value) is int else value
@@ -915,7 +926,8 @@ def theirs(call: dict, t: dict, dtype=None):
         return theirs({**call, "entry": "nn.Conv3d", "padding": six}, t, dtype)
     if entry.startswith("nn."):
         if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
-            return _module(call, {**t, "weight": w, "bias": b}, torch.nn)(x)
+            undilated = {**call, "dilation": _undilated_ones(call["dilation"], w)}  # the same sums
+            return _module(undilated, {**t, "weight": w, "bias": b}, torch.nn)(x)
         # tconv3d.nn's 6 values: what torch's constructor checks of the rest (its stride, say), then as its module
         # holds the bias, and with the modes nn.Conv3d's constructor takes
         _module({**call, "padding": 0}, {**t, "weight": w, "bias": b}, torch.nn)
@@ -950,7 +962,7 @@ def theirs(call: dict, t: dict, dtype=None):
     if pairs is None:
         if mode != "zeros":
             raise ValueError(f"torch's Conv3d pads {mode} with an int or 3 ints, got {padding!r}")
-        return F.conv3d(x, w, b, stride, padding, call["dilation"], call["groups"])
+        return F.conv3d(x, w, b, stride, padding, _undilated_ones(call["dilation"], w), call["groups"])
     modes = mode.split(",") if "," in mode else [mode] * 3
     if len(modes) != 3 or any(m not in MODES for m in modes):
         raise ValueError(f"padding_mode {mode!r}")
@@ -961,7 +973,7 @@ def theirs(call: dict, t: dict, dtype=None):
             spec = [0] * 6  # F.pad's order: the last dimension first; 6 values, as its non-constant modes ask
             spec[2 * (2 - axis) : 2 * (2 - axis) + 2] = pair
             x = F.pad(x, spec) if m == "zeros" else F.pad(x, spec, mode=m)
-    return F.conv3d(x, w, b, stride, 0, call["dilation"], call["groups"])
+    return F.conv3d(x, w, b, stride, 0, _undilated_ones(call["dilation"], w), call["groups"])
 
 
 def _theirs_norm(call: dict, t: dict):

@@ -799,6 +799,26 @@ def test_grouped_bf16_convs_strided_onto_one_output_column(case, monkeypatch):
             assert rel_l2(got, want) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize("padding, stride, dilation", [(1, 2, 2), (3, 2, 2), (2, 3, 3)])
+def test_bf16_convs_of_a_dilated_unit_kernel_along_w(padding, stride, dilation, monkeypatch):
+    """torch's CPU conv3d (2.13 and 2.14, oneDNN, bf16) crashes the process (a segmentation fault) for a
+    channels_last_3d input one voxel wide, its kernel of 1 along W dilated (docs/upstream.md; found by
+    tests/fuzz_args.py, seed 3211839). Along a kernel of 1 the dilation changes nothing computed: aten's path hands
+    torch 1 there. Forward and both gradients against float64."""
+    monkeypatch.setattr(tconv3d.settings, "CPU_BACKEND", "aten")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 3, 3, 1).to(torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+    w = torch.randn(2, 3, 1, 3, 1).to(torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+    y = tconv3d.conv3d(x, w, None, (1, 1, stride), (0, 1, padding), (1, 1, dilation))
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    expected = F.conv3d(x64, w64, None, (1, 1, stride), (0, 1, padding), (1, 1, dilation))
+    assert y.shape == expected.shape and rel_l2(y, expected) < TOLERANCE[torch.bfloat16]
+    g = torch.randn_like(expected)
+    grads = torch.autograd.grad(y, (x, w), g.to(y.dtype))
+    for got, want in zip(grads, torch.autograd.grad(expected, (x64, w64), g), strict=True):
+        assert rel_l2(got, want) < TOLERANCE[torch.bfloat16]
+
+
 @pytest.mark.parametrize("path", ["kernels", "aten"])
 def test_one_channel_layers_with_a_unit_channel_stride(path, device, monkeypatch):
     """A weight of one input channel kept channels_last_3d has a channel stride of 1 (any stride fits a size-1

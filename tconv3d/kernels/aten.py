@@ -98,6 +98,14 @@ def _at_single_outputs(padded: torch.Tensor, geom: ConvGeometry) -> tuple[torch.
     return padded, strides
 
 
+def _dilation(geom: ConvGeometry) -> list[int]:
+    """The geometry's dilation, 1 along a dimension of kernel 1, where it changes nothing that is computed. torch's
+    CPU conv3d (2.13, oneDNN, bf16) crashes the process (a segmentation fault) for a channels_last_3d input one voxel
+    wide along W, padded by 1 and strided by 2 there, its kernel of 1 along W dilated (docs/upstream.md); the same
+    conv undilated is right."""
+    return [1 if k == 1 else d for k, d in zip(geom.kernel, geom.dilation, strict=True)]
+
+
 def _weight(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The weight torch's convolution takes: `_plain`, and NCDHW under a torch.func transform that batches x (under
     torch.compile, any transform). torch 2.13's compiled vmap of grad over channels_last_3d convolutions fails at
@@ -111,10 +119,10 @@ def conv3d_fwd(x, weight, bias, frames_before, geom: ConvGeometry, channels_afte
     weight = _weight(weight, x)
     plain = geom.is_symmetric and geom.padding_mode == "zeros" and frames_before is None
     if plain and _single_output_strides(geom) is None:
-        y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, geom.dilation, geom.groups)
+        y = F.conv3d(_plain(x), weight, bias, geom.stride, geom.front_padding, _dilation(geom), geom.groups)
     else:
         padded, stride = _at_single_outputs(_pad_input(x, frames_before, geom), geom)
-        y = F.conv3d(_plain(padded), weight, bias, stride, 0, geom.dilation, geom.groups)
+        y = F.conv3d(_plain(padded), weight, bias, stride, 0, _dilation(geom), geom.groups)
     return _out(y)
 
 
@@ -139,7 +147,7 @@ def conv3d_dgrad(grad_out, weight, geom: ConvGeometry, channels_after=None, bias
     if geom.is_symmetric and geom.padding_mode == "zeros" and fits and single is None:
         # aten's transposed conv pads itself (no padded gradient, no narrowed copy), the bias inside
         grad = F.conv_transpose3d(grad_out, weight, bias, geom.stride, geom.front_padding, extra, geom.groups,
-                                  geom.dilation)  # fmt: skip
+                                  _dilation(geom))  # fmt: skip
         return _out(grad).to(dtype)
     df, db, ht, hb, wl, wr = geom.padding
     d, h, w = geom.in_size
@@ -173,17 +181,17 @@ def _input_gradient(size, weight, grad_out, stride, geom: ConvGeometry) -> torch
     the transposed convolution it is (aten's convolution_backward, which conv3d_input runs, has no ONNX function,
     nor a record in the TorchScript exporter's trace)."""
     if not traced(grad_out) and not _exporting_by_torchscript():
-        return torch.nn.grad.conv3d_input(size, weight, grad_out, stride, 0, geom.dilation, geom.groups)
+        return torch.nn.grad.conv3d_input(size, weight, grad_out, stride, 0, _dilation(geom), geom.groups)
     reach = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in
              zip(grad_out.shape[2:], stride, geom.dilation, geom.kernel, strict=True)]  # fmt: skip
     extra = [n - r for n, r in zip(size[2:], reach, strict=True)]
-    return F.conv_transpose3d(grad_out, weight, None, stride, 0, extra, geom.groups, geom.dilation)
+    return F.conv_transpose3d(grad_out, weight, None, stride, 0, extra, geom.groups, _dilation(geom))
 
 
 def conv3d_wgrad(grad_out, x, frames_before, geom: ConvGeometry, channels_after=None) -> torch.Tensor:
     padded, stride = _at_single_outputs(_pad_input(cat_channels(x, channels_after), frames_before, geom), geom)
     grad = torch.nn.grad.conv3d_weight(
-        _plain(padded), geom.weight_shape(), _plain(grad_out), stride, 0, geom.dilation, geom.groups
+        _plain(padded), geom.weight_shape(), _plain(grad_out), stride, 0, _dilation(geom), geom.groups
     )
     return _out(grad)
 
