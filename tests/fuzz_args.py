@@ -926,7 +926,9 @@ def theirs(call: dict, t: dict, dtype=None):
         return theirs({**call, "entry": "nn.Conv3d", "padding": six}, t, dtype)
     if entry.startswith("nn."):
         if not (isinstance(call["padding"], list) and len(call["padding"]) == 6):
-            undilated = {**call, "dilation": _undilated_ones(call["dilation"], w)}  # the same sums
+            # the same sums; a transposed conv's as it is: its output_padding must be below stride or dilation
+            transposed = entry == "nn.ConvTranspose3d"
+            undilated = call if transposed else {**call, "dilation": _undilated_ones(call["dilation"], w)}
             return _module(undilated, {**t, "weight": w, "bias": b}, torch.nn)(x)
         # tconv3d.nn's 6 values: what torch's constructor checks of the rest (its stride, say), then as its module
         # holds the bias, and with the modes nn.Conv3d's constructor takes
