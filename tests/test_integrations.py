@@ -3094,9 +3094,7 @@ def test_offloaded_vaes_on_cuda_match_stock(how, monkeypatch):
     cuda = torch.device("cuda")
     for model in (stock, converted):
         _offloaded(model, how, cuda)
-    monkeypatch.setattr(modules, "keep_memory_format", counted)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(modules, "keep_memory_format", counted)  # (TF32 is off: conftest's autouse fixture)
     x = torch.randn(1, 3, 5, 32, 32, device=cuda)
     with torch.no_grad():
         for _ in range(2):  # the second call after the first's offload
