@@ -210,6 +210,22 @@ def test_layerwise_casts_in_a_compiled_model_stay_out_of_its_graphs(aten_path, c
     assert not [r for r in caplog.records if "recompile_limit" in r.getMessage() and "_apply" in r.getMessage()]
 
 
+def _offloaded(model: nn.Module, how: str, device: torch.device, folder=None) -> nn.Module:
+    """`model` (on the CPU) offloaded `how` onto `device`: accelerate's cpu_offload (diffusers'
+    enable_sequential_cpu_offload), or diffusers' group offloading by layers or by blocks, to disk in `folder` where
+    given, on a side stream (pinned CPU copies) where `device` is a GPU."""
+    if how == "accelerate":
+        import accelerate
+
+        accelerate.cpu_offload(model, execution_device=device)
+    else:
+        kind = {"group_layers": "leaf_level", "group_blocks": "block_level"}[how]
+        blocks = {"num_blocks_per_group": 1} if kind == "block_level" else {}
+        disk = {"offload_to_disk_path": str(folder)} if folder is not None else {}
+        model.enable_group_offload(device, offload_type=kind, use_stream=device.type == "cuda", **blocks, **disk)
+    return model
+
+
 @pytest.mark.parametrize("name", ["wan", "wan22"])
 def test_vaes_under_diffusers_block_level_group_offloading(name, aten_path, tmp_path):
     """diffusers' group offloading by blocks (`enable_group_offload(offload_type="block_level")`), added after
@@ -222,8 +238,7 @@ def test_vaes_under_diffusers_block_level_group_offloading(name, aten_path, tmp_
     stock, converted = stock_and_converted(VAES[name])
     tconv3d.nn.shardable(converted)
     for model, folder in ((stock, "stock"), (converted, "converted")):
-        model.enable_group_offload(torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1,
-                                   offload_to_disk_path=str(tmp_path / folder))  # fmt: skip
+        _offloaded(model, "group_blocks", torch.device("cpu"), tmp_path / folder)
     assert hooked(converted.decoder) and all(hooked(block) for block in converted.encoder.down_blocks)
     x = torch.randn(1, 3, 9, 32, 32)
     with torch.no_grad():
@@ -243,15 +258,12 @@ def test_group_offloading_to_disk_takes_a_shardable_vae(tmp_path, aten_path):
     forward, whose projections with contiguous weights answered NCHW: a layout copy into the next norm (the model
     fuzzer's --hooks draws); it calls them on channels_last views now."""
     stock, converted = stock_and_converted(VAES["wan"])
-
-    def offload(model, folder):
-        model.enable_group_offload(torch.device("cpu"), offload_type="leaf_level", offload_to_disk_path=str(folder))
-
+    cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="non contiguous"):
-        offload(copy.deepcopy(converted), tmp_path / "channels_last")
+        _offloaded(copy.deepcopy(converted), "group_layers", cpu, tmp_path / "channels_last")
     tconv3d.nn.shardable(converted)
-    offload(stock, tmp_path / "stock")
-    offload(converted, tmp_path / "converted")
+    _offloaded(stock, "group_layers", cpu, tmp_path / "stock")
+    _offloaded(converted, "group_layers", cpu, tmp_path / "converted")
     x = torch.randn(1, 3, 9, 32, 32)
     with torch.no_grad():
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
@@ -350,7 +362,7 @@ def test_keyword_arguments_handed_to_offloaded_layers_compile_without_graph_brea
     broke the graph there (Cosmos's upsampler: the model fuzzer's --hooks --compile draws). They travel as one
     object now (hooks.hand): no such break, the compiled block answering as the eager one (a block of its own: the
     causal convs keep frames from call to call) and as stock."""
-    accelerate = pytest.importorskip("accelerate")
+    pytest.importorskip("accelerate")
     pytest.importorskip("diffusers")
     pytest.importorskip("monai")
     build, x = _handing_blocks()[name]
@@ -358,7 +370,7 @@ def test_keyword_arguments_handed_to_offloaded_layers_compile_without_graph_brea
     stock = build().eval()
     eager, compiled = (tconv3d.nn.convert(copy.deepcopy(stock)) for _ in range(2))
     for model in (eager, compiled):
-        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+        _offloaded(model, "accelerate", torch.device("cpu"))
     with torch.no_grad():
         expected, y = stock(x), eager(x)
         torch._dynamo.reset()
@@ -3055,21 +3067,6 @@ def test_real_models_on_cuda_match_stock(name):
         stock_error = sum(rel_l2(run(stock, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
         ours_error = sum(rel_l2(run(converted, x.bfloat16()), ref) for x, ref in zip(inputs, references, strict=True))
     assert ours_error < 1.5 * stock_error + 2e-3, (ours_error, stock_error)
-
-
-def _offloaded(model: nn.Module, how: str, device: torch.device) -> nn.Module:
-    """`model` (on the CPU) offloaded `how` onto `device`: accelerate's cpu_offload (diffusers'
-    enable_sequential_cpu_offload), or diffusers' group offloading by layers or by blocks, on a side stream (pinned
-    CPU copies) where `device` is a GPU."""
-    if how == "accelerate":
-        import accelerate
-
-        accelerate.cpu_offload(model, execution_device=device)
-    else:
-        kind = {"group_layers": "leaf_level", "group_blocks": "block_level"}[how]
-        blocks = {"num_blocks_per_group": 1} if kind == "block_level" else {}
-        model.enable_group_offload(device, offload_type=kind, use_stream=device.type == "cuda", **blocks)
-    return model
 
 
 @pytest.mark.gpu
