@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from gluon_emulator import KernelFault, emulating
 from helpers import (
     HALF_TAIL_TILES,
@@ -751,19 +752,24 @@ def test_emulator_catches_a_wrong_coordinate(emulator, monkeypatch):
     assert rel_l2(ours[0], expected[0]) > 0.1 and rel_l2(ours[1], expected[1]) > 0.1
 
 
-HALO_CASES = {  # (frames, split_k, channels_after): an even and an odd D (a tile's second frame past the end)
+HALO_CASES = {  # (frames, split_k, channels_after, H and W modes): an even and an odd D (a tile's second frame
+    # past the end); borders that read input voxels in H or W (the interior on the halo tiles, the ring on the
+    # pointer kernel, whose steps are one tap along D each where the halo tiles' take all three)
     "d4": (4, 1, 0), "d5": (5, 1, 0), "d6_split3": (6, 3, 0), "d5_after": (5, 1, 16),
+    "d5_replicate_w": (5, 1, 0, ("zeros", "replicate")),
+    "d6_split3_reflect_h_after": (6, 3, 16, ("reflect", "zeros")),
 }  # fmt: skip
 
 
-def _halo_conv(frames, split, after, monkeypatch, seed=0):
+def _halo_conv(frames, split, after, modes=("zeros", "zeros"), monkeypatch=None, seed=0):
     """(ours on the emulator with halo tiles, float64, the config) of a 3x3x3 forward of 32 (+ `after`
-    channels_after) -> 16 channels over 2 x frames x 4 x 16 voxels, bias, zeros padding."""
+    channels_after) -> 16 channels over 2 x frames x 4 x 16 voxels, bias, padding 1: zeros along D, `modes` in H
+    and W."""
     x = torch.randn(2, 32, frames, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL)
     skip = torch.randn(2, after, frames, 4, 16, dtype=torch.bfloat16).contiguous(memory_format=CL) if after else None
     w = torch.randn(16, 32 + after, 3, 3, 3, dtype=torch.bfloat16).contiguous(memory_format=CL)
     b = torch.randn(16, dtype=torch.bfloat16)
-    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, channels_after=skip)
+    geom = check_conv3d(x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, ",".join(("zeros", *modes)), channels_after=skip)
     tile = configs.with_gluon(KernelConfig(64, 16, 32, 4, 2, split_k=split), geom, "fwd", specialized=True)
     config = configs.halo_twin("fwd", geom, tile, 2)
     assert config is not None and config.halo_d == 2 and config.split_k == split, config
@@ -771,8 +777,10 @@ def _halo_conv(frames, split, after, monkeypatch, seed=0):
     with emulating(monkeypatch, seed) as emu:
         got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
-    source = x if skip is None else torch.cat([x, skip], dim=1)
-    want = torch.nn.functional.conv3d(source.double(), w.double(), b.double(), padding=1)
+    source = (x if skip is None else torch.cat([x, skip], dim=1)).double()
+    for pad, mode in (((0, 0, 1, 1, 0, 0), modes[0]), ((1, 1, 0, 0, 0, 0), modes[1])):  # H, W; D's zeros below
+        source = F.pad(source, pad, mode="constant" if mode == "zeros" else mode)
+    want = F.conv3d(source, w.double(), b.double(), padding=(1, 0, 0))
     return got, want
 
 
@@ -831,7 +839,7 @@ def test_emulated_gluon_halo_tiles_match_float64(case, monkeypatch):
     read and the three weight boxes along D, every (frame, kd) wgmma reading its frame of the box as a slice; an
     odd D's last tile stores one frame (the TMA store drops the other); split-K partials over the (kh, kw) steps;
     channels_after's blocks read in place beside x's."""
-    got, want = _halo_conv(*HALO_CASES[case], monkeypatch)
+    got, want = _halo_conv(*HALO_CASES[case], monkeypatch=monkeypatch)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 
@@ -867,7 +875,7 @@ def test_emulated_gluon_swapped_halo_tiles_match_float64(direction, split, monke
 def test_emulated_halo_tiles_store_each_frame_where_it_belongs(monkeypatch):
     """A halo tile's two frames stored each in the other's place must fail the comparison with float64."""
     monkeypatch.setattr(conv_gluon, "_store_tile", _store_tile_frames_swapped)
-    got, want = _halo_conv(4, 1, 0, monkeypatch)
+    got, want = _halo_conv(4, 1, 0, monkeypatch=monkeypatch)
     assert rel_l2(got, want) > 0.5
 
 
@@ -875,11 +883,11 @@ def test_emulator_catches_a_halo_stage_released_early(monkeypatch):
     """A halo tile handing a stage back while the step before's wgmmas still read it: the emulator must fault."""
     monkeypatch.setattr(conv_gluon, "_halo_step", _halo_step_two_in_flight)
     with pytest.raises(KernelFault, match="unretired wgmma"):
-        _halo_conv(6, 1, 0, monkeypatch)
+        _halo_conv(6, 1, 0, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize("seed", range(1, 4))
 def test_emulated_halo_tiles_in_other_interleavings(seed, monkeypatch):
     """Halo tiles with the producer and the consumers taking turns in other orders (seeded), split-K."""
-    got, want = _halo_conv(6, 3, 0, monkeypatch, seed)
+    got, want = _halo_conv(6, 3, 0, monkeypatch=monkeypatch, seed=seed)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)

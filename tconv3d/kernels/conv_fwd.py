@@ -302,11 +302,12 @@ def conv3d_fwd(
     if leaves_border_ring(geom, config):
         # The box kernels read zeros past H and W: they compute the interior, and one pointer launch the ring of
         # border voxels around it, with the modes, in the same splits (its steps are the box kernels': one tap's
-        # channel block each, the same BLOCK_K).
+        # channel block each, the same BLOCK_K; a halo tile's step is KD of them, every tap along D).
         interior, view = interior_part(geom, out)
         _launch(x, weight, bias, frames_before, channels_after, view, interior, config, per_split, diag)
         ring = pointer_tiles(config, "fwd", geom, x.element_size())
-        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, ring, per_split, diag, True)
+        ring_split = per_split * (geom.kernel[0] if config.halo_d else 1)
+        _launch_pointer_kernel(x, weight, bias, frames_before, channels_after, out, geom, ring, ring_split, diag, True)
     else:
         _launch(x, weight, bias, frames_before, channels_after, out, geom, config, per_split, diag)
     return y if splits == 1 else sum_splits(out, y)
