@@ -428,6 +428,117 @@ def test_weight_norm_hooks_on_wrapped_convs_train_as_stock(aten_path):
         assert rel_l2(encode_decode(converted, x), encode_decode(stock, x)) < MATCH
 
 
+def _lora(model: nn.Module, names: list[str]) -> nn.Module:
+    """peft.get_peft_model of `model` with LoRA layers on its convolutions of `names`, rank 2, B not zero (peft's
+    default B is zero, which would make a skipped LoRA layer look right)."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(1)
+    return peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=names, init_lora_weights=False))
+
+
+def _lora_targets(model: nn.Module) -> list[str]:
+    """The convolutions of `model` peft's LoRA takes, by name: exact torch classes and CogVideoX's CogVideoXSafeConv3d
+    (peft builds its own layers as `type(layer)(in, rank, kernel, stride, padding, ...)`, which the constructors of
+    Wan's, Cosmos's and EasyAnimate's causal convs refuse, stock and converted alike), groups of 1."""
+    takes = (nn.Conv3d, nn.Conv2d, "CogVideoXSafeConv3d")
+    return [name for name, m in model.named_modules()
+            if (type(m) in takes or type(m).__name__ in takes) and m.groups == 1]  # fmt: skip
+
+
+def _lora_models() -> dict:
+    """(build, input shape, run) of the models the LoRA tests train."""
+    return {
+        "cogvideox": (VAES["cogvideox"], (1, 3, 5, 16, 16), encode_decode),
+        "ltx_video": (VAES["ltx_video"], (1, 3, 9, 16, 16), encode_decode),
+        "wan": (VAES["wan"], (1, 3, 5, 16, 16), encode_decode),
+        "maisi": (_generative_autoencoders()["maisi"], (1, 1, 24, 24, 24), autoencode),
+        "unet": (_monai_nets()["unet"], (1, 1, 16, 16, 16), lambda model, x: model(x)),
+    }
+
+
+@pytest.mark.parametrize("name", ["cogvideox", "ltx_video", "maisi"])
+def test_lora_layers_added_before_convert_train_as_stock(name, aten_path, caplog):
+    """peft's LoRA layers on every convolution, then convert: every 3-D convolution, the LoRA layers' own included,
+    on tconv3d, gradients as the stock model's with the same LoRA layers. A block whose adapter calls its
+    convolution with its own padding or cached frames (the causal convs, MAISI's split convolution) runs its
+    library's forward, named in convert's log (MAISI's raised: it reached past the LoRA layer); CogVideoX's
+    resamplers call their LoRA'd Conv2d on the frames, torch's conv2d. Merged after training (merge_and_unload), a
+    second convert takes all of them over: no pad or concatenation copies."""
+    build, shape, run = _lora_models()[name]
+    torch.manual_seed(0)
+    stock = build().eval()
+    stock = _lora(stock, _lora_targets(stock))
+    model = copy.deepcopy(stock)
+    with caplog.at_level(logging.WARNING, logger="tconv3d"):
+        tconv3d.nn.convert(model)
+    assert "that adds to its call (a LoRA layer, peft's)" in caplog.text or name == "maisi"
+    x = torch.randn(shape)
+    for m in (stock, model):
+        run(m, x).square().mean().backward()
+    assert_same_gradients(stock, model)
+    report = tconv3d.nn.audit(model, x, run=run, verbose=False)
+    assert all(layer.converted for layer in report.layers) and report.aten_conv3d_calls == 0
+    assert sum("lora_A" in layer.name and layer.tconv3d_calls > 0 for layer in report.layers) > 2
+    with torch.no_grad():
+        expected = run(model, x)
+        plain = tconv3d.nn.convert(model.merge_and_unload())
+        assert rel_l2(run(plain, x), expected) < MATCH
+    assert_all_on_tconv3d(tconv3d.nn.audit(plain, x, run=run, verbose=False))
+
+
+@pytest.mark.parametrize("name", ["wan", "unet"])
+def test_lora_layers_added_after_convert_train_as_stock(name, aten_path):
+    """convert, then peft's LoRA layers: outputs and gradients as the stock model's with the same LoRA layers. Wan's
+    attention block read its projections' weights, which were the LoRA layers' base weights: it answered without
+    them, silently. It calls the LoRA layers now."""
+    build, shape, run = _lora_models()[name]
+    stock, converted = stock_and_converted(build)
+    names = _lora_targets(stock)
+    assert name != "wan" or any(".to_qkv" in name for name in names)
+    stock, converted = _lora(stock, names), _lora(converted, names)
+    converted.load_state_dict(stock.state_dict())
+    x = torch.randn(shape)
+    for m in (stock, converted):
+        run(m, x).square().mean().backward()
+    assert_same_gradients(stock, converted)
+    assert all(p.grad is not None for key, p in converted.named_parameters() if "lora_" in key)
+
+
+def test_dora_layers_train_as_stock_on_shardable_weights(aten_path):
+    """DoRA (peft's use_dora) views its LoRA convs' weights as matrices, which a channels_last_3d weight refuses
+    (peft's RuntimeError, stock's too in that layout): added before convert, with tconv3d.nn.shardable after
+    (contiguous weights), a MONAI UNet trains as stock's with the same DoRA layers."""
+    peft = pytest.importorskip("peft")
+    build, shape, run = _lora_models()["unet"]
+    torch.manual_seed(0)
+    stock = build()
+    torch.manual_seed(1)
+    config = peft.LoraConfig(r=2, target_modules=_lora_targets(stock), use_dora=True, init_lora_weights=False)
+    stock = peft.get_peft_model(stock, config)
+    model = tconv3d.nn.convert(copy.deepcopy(stock))
+    x = torch.randn(shape)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        run(model, x)
+    tconv3d.nn.shardable(model)
+    for m in (stock, model):
+        run(m, x).square().mean().backward()
+    assert_same_gradients(stock, model)
+    assert tconv3d.nn.audit(model, x, run=run, verbose=False).aten_conv3d_calls == 0
+
+
+@pytest.mark.parametrize("name", ["cogvideox", "ltx_video", "maisi"])
+def test_lora_layers_added_after_convert_into_blocks_it_calls_into_are_refused_by_name(name, aten_path):
+    """convert, then peft's LoRA layers on convolutions whose block's adapter calls them with its own padding or
+    cached frames (their `convolve`), which the LoRA layer has not: a TypeError naming the layer and what to do
+    (it was an AttributeError: 'Conv3d' object has no attribute 'padding', or 'convolve')."""
+    build, shape, run = _lora_models()[name]
+    stock, converted = stock_and_converted(build)
+    converted = _lora(converted, _lora_targets(stock))
+    match = r"conv is a Conv3d standing in .* LoRA layer .* before convert"
+    with pytest.raises(TypeError, match=match), torch.no_grad():
+        run(converted, torch.randn(shape))
+
+
 @pytest.mark.parametrize("name", VAES)
 def test_compile_adds_no_graph_breaks(name, aten_path):
     stock, converted = stock_and_converted(VAES[name])

@@ -24,7 +24,7 @@ from torch.nn.utils import parametrize
 from ..geometry import SUPPORTED_DTYPES
 from ..ops import in_strides_of
 from . import monai_nets, torchvision_nets, video_vaes
-from .hooks import instance_forward_reason, received
+from .hooks import instance_forward_reason, received, wrapper_error
 from .modules import (
     AvgPool3d,
     BatchNorm3d,
@@ -93,7 +93,13 @@ def _recorded_whole(forward: Callable) -> Callable:
                 return fx_leaf(self, args, {**kwargs, **given(convolving=convolving)})
         if convolving is not None:  # a parent's Conv3d.convolve of this conv, made through its call (hooks run)
             return self._convolve(*args, *received(convolving))
-        return forward(self, *args, **kwargs)
+        try:
+            return forward(self, *args, **kwargs)
+        except AttributeError as error:  # (free where nothing is raised)
+            wrapped = wrapper_error(self)
+            if wrapped is None:
+                raise
+            raise wrapped from error
 
     whole.takes_convolving = True
     return whole

@@ -32,6 +32,29 @@ def hooked(module: nn.Module) -> bool:
     return any(not getattr(hook, "tconv3d_observer", False) for kind in hooks for hook in kind.values())
 
 
+def wrapper(module: nn.Module) -> bool:
+    """Whether `module` stands in for a layer it holds as `base_layer` and adds to that layer's call: peft's LoRA
+    layers, which take a converted layer's place when adapters are added after convert. An adapter that would
+    skip such a module's call (reading its weight) makes the call, as it does for a `hooked` one."""
+    return isinstance(module._modules.get("base_layer"), nn.Module)
+
+
+def wrapper_error(module: nn.Module) -> TypeError | None:
+    """What a converted module's forward raises where a layer it reaches into (a conv's `convolve`, its padding)
+    is now a `wrapper` (a LoRA layer, added after convert), which has neither; None where no layer of `module` is
+    one."""
+    name = next((name for name, child in module.named_modules() if child is not module and wrapper(child)), None)
+    if name is None:
+        return None
+    return TypeError(
+        f"{type(module).__name__}: its {name} is a {type(module.get_submodule(name)).__qualname__} standing in for "
+        "the layer convert took over (a LoRA layer, peft's, added after tconv3d.nn.convert), and tconv3d's forward "
+        "of this block calls that layer's convolution with its own padding and cached frames, which the LoRA "
+        "layer does not take. Add the LoRA adapters before convert (convert then takes over their layers and "
+        "leaves this block's forward as its library's), or merge them into the weights first (merge_and_unload)"
+    )
+
+
 class Handed:
     """A value an adapter hands a hooked layer's call for work the layer takes that stock's call does not (Conv3d's
     `convolving` and `upsampled`, FrameConv2d's `frames`, a causal conv's `upsampled_by` or `bottom_right`, a

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..kernels.tensors import channels_last, exporting_to_onnx, func_transformed, traced
-from .hooks import hand, hooked
+from .hooks import hand, hooked, wrapper, wrapper_error
 from .modules import (
     BatchNorm3d,
     Conv3d,
@@ -699,6 +699,10 @@ def maisi_convolution(module: nn.Module, x: torch.Tensor, padded: bool = False) 
     whose slicing wraps around."""
     conv = module.conv  # MONAI's Convolution, the convolution in it
     while not isinstance(conv, (nn.Conv3d, nn.ConvTranspose3d)):
+        if wrapper(conv):  # a LoRA layer over it (peft's): MAISI's slabs, each through its call
+            if padded and module.num_splits > 1:  # (each slab would be padded, where MAISI pads x)
+                raise wrapper_error(module)
+            return module.conv(x) if module.num_splits <= 1 else _maisi_slabs(module, x, module.conv)
         conv = conv.conv
     sizes = [size + padded for size in x.shape[2:]]
     if padded:  # MAISI pads x, then convolves without padding

@@ -25,7 +25,7 @@ from ..geometry import RMS_NORM_MAX_CHANNELS, SUPPORTED_DTYPES, conv_dtype
 from ..kernels.tensors import batched, channels_last, exporting_to_onnx
 from ..ops import call_conv3d, call_rms_norm
 from . import subpixel
-from .hooks import Handed, hand, hooked, instance_forward_reason, received
+from .hooks import Handed, hand, hooked, instance_forward_reason, received, wrapper
 from .modules import (
     Conv3d,
     GroupNorm,
@@ -92,6 +92,11 @@ def _compose_padding(outer, outer_modes, conv: nn.Conv3d):
 
 def conv_reason(conv: nn.Module) -> str | None:
     """Why tconv3d cannot run a Conv3d's arithmetic (None if it can)."""
+    if wrapper(conv):
+        return (
+            f"its convolution is in a {type(conv).__qualname__} that adds to its call (a LoRA layer, peft's): its "
+            "forward runs as its library's, the LoRA layer's convolutions on tconv3d"
+        )
     if not isinstance(conv, (nn.Conv3d, nn.ConvTranspose3d)):
         return f"its convolution is a {type(conv).__qualname__}, not an nn.Conv3d"
     if conv.weight.dtype not in SUPPORTED_DTYPES:
@@ -2454,9 +2459,10 @@ class _WanAttentionBlock:
     Its 1x1 Conv2d projections are matmuls over the (pixels, channels) rows a channels_last_3d activation already
     holds, so the block reads and answers channels_last_3d with no permute copies (diffusers' qkv
     `.contiguous()` and its NCHW reshapes). Where a projection's call runs hooks (`hooked`: layerwise casting,
-    offloading), both are called, on channels_last views: NHWC in and out whatever their weights' layout (PyTorch's
-    conv2d answers channels_last where its input is), so a contiguous weight (after `shardable`, which offloading
-    to disk needs) leaves the next norm no layout copy, as diffusers' forward, run with such weights, did."""
+    offloading) or a LoRA layer stands in for it (`wrapper`: peft's, added after convert), both are called, on
+    channels_last views: NHWC in and out whatever their weights' layout (PyTorch's conv2d answers channels_last where
+    its input is), so a contiguous weight (after `shardable`, which offloading to disk needs) leaves the next norm
+    no layout copy, as diffusers' forward, run with such weights, did."""
 
     classes = (
         "diffusers.models.autoencoders.autoencoder_kl_wan.WanAttentionBlock",
@@ -2476,15 +2482,16 @@ class _WanAttentionBlock:
         identity = x
         b, c, t, h, w = x.size()
         x = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))  # views when x is channels_last_3d
-        if hooked(self.to_qkv) or hooked(self.proj):  # their calls, which run their hooks
-            qkv = self.to_qkv(x).permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
+        to_qkv, proj = self.to_qkv, self.proj
+        if hooked(to_qkv) or hooked(proj) or wrapper(to_qkv) or wrapper(proj):  # their calls: hooks, LoRA layers
+            qkv = to_qkv(x).permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
             x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
-            x = self.proj(x.view(b * t, h, w, c).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+            x = proj(x.view(b * t, h, w, c).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         else:
             rows = x.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, c)
-            qkv = F.linear(rows, self.to_qkv.weight.flatten(1), self.to_qkv.bias)
+            qkv = F.linear(rows, to_qkv.weight.flatten(1), to_qkv.bias)
             x = F.scaled_dot_product_attention(*qkv.chunk(3, dim=-1))
-            x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)
+            x = F.linear(x, proj.weight.flatten(1), proj.bias)
         return x.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3) + identity
 
 
