@@ -7,7 +7,7 @@ import json
 import fuzz
 import pytest
 import torch
-from fuzz import DEVICE, KERNELS, SCALES, Problem, check, draw, halo_shaped
+from fuzz import DEVICE, KERNELS, MODES, SCALES, Problem, check, draw, halo_shaped
 
 import tconv3d
 from tconv3d.geometry import conv_geometry
@@ -81,11 +81,13 @@ def test_halo_draws_match_float64(seed):
 
 def test_halo_focus_draws_only_what_halo_tiles_take():
     """`--focus halo` draws Gluon problems of every kind the halo tiles take (transposed, second-order, both 16-bit
-    dtypes), none they do not; the plain draws offer halo tiles half the time, as before."""
+    dtypes, borders in H and W that read input voxels: the ring beside the halo tiles' interior, fuzz run 109's
+    failure), none they do not; the plain draws offer halo tiles half the time, as before."""
     problems = [draw(seed, KERNELS_HERE, SCALE, focus="halo") for seed in range(60)]
     assert all(p.halo and p.kernels == "gluon" and halo_shaped(p) for p in problems)
     assert {p.dtype for p in problems} == {"bf16", "fp16"}
     assert any(p.transpose for p in problems) and any(p.second_order for p in problems)
+    assert {m for p in problems for m in p.modes[1:]} == set(MODES)
     assert not any(draw(seed, KERNELS_HERE, SCALE).halo for seed in SEEDS)
 
 
