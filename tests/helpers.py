@@ -113,6 +113,15 @@ def case_reference(x, w, b, case: Case) -> torch.Tensor:
     return reference_conv3d(x, w, b, case.stride, case.padding, case.dilation)
 
 
+def hw_bordered_reference(source, weight, bias, modes) -> torch.Tensor:
+    """F.conv3d in float64 of `source` padded by 1 in H and W in `modes` (H's, W's: "zeros", "replicate",
+    "reflect", "circular") and by 1 zero along D (the halo tiles' layers)."""
+    source = source.double()
+    for pad, mode in (((0, 0, 1, 1, 0, 0), modes[0]), ((1, 1, 0, 0, 0, 0), modes[1])):
+        source = torch.nn.functional.pad(source, pad, mode="constant" if mode == "zeros" else mode)
+    return torch.nn.functional.conv3d(source, weight.double(), bias.double(), padding=(1, 0, 0))
+
+
 def outputs_and_grads(fn, tensors) -> list:
     """[fn(*leaves), *their gradients] under y.square().sum(), on fresh leaf copies of `tensors`."""
     leaves = [leaf_copy(t) for t in tensors]

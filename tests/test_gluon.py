@@ -17,6 +17,7 @@ from helpers import (
     dtype_id,
     grouped_taps,
     half_tail_conv,
+    hw_bordered_reference,
     second_source_split,
     swapped_tiles,
     swapped_weight_grad_params,
@@ -475,8 +476,9 @@ def test_gluon_halo_input_gradients_match_float64(frames, split, front, swap, de
 @pytest.mark.parametrize("swap", [False, True], ids=["as_is", "swapped"])
 @pytest.mark.parametrize(
     ("frames", "split", "after", "modes"),
-    [(4, 1, 0, "zeros"), (5, 1, 0, "zeros"), (6, 3, 0, "zeros"), (5, 1, 16, "zeros"), (6, 3, 16, "reflect,replicate")],
-)
+    [(4, 1, 0, ("zeros",) * 2), (5, 1, 0, ("zeros",) * 2), (6, 3, 0, ("zeros",) * 2), (5, 1, 16, ("zeros",) * 2),
+     (6, 3, 16, ("reflect", "replicate"))],
+)  # fmt: skip
 def test_gluon_halo_tiles_match_float64(frames, split, after, modes, swap, device):
     """Halo tiles on the GPU (tests/test_gluon_emulated.py runs the same on CPU): two frames a tile, the four
     input frames of the three kd taps one box, split-K, an odd D's last tile, channels_after; borders in H and W
@@ -488,19 +490,15 @@ def test_gluon_halo_tiles_match_float64(frames, split, after, modes, swap, devic
     w = torch.randn(64, 32 + after, 3, 3, 3, device=device).to(torch.bfloat16).contiguous(memory_format=CL)
     b = torch.randn(64, device=device).to(torch.bfloat16)
     skip = skip if after else None
-    mode_h, mode_w = modes.split(",") if "," in modes else (modes, modes)
     geom = tconv3d.geometry.check_conv3d(
-        x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, f"zeros,{mode_h},{mode_w}", channels_after=skip
+        x, w, b, [1] * 3, [1] * 6, [1] * 3, 1, ",".join(("zeros", *modes)), channels_after=skip
     )
     tile = configs.with_gluon(KernelConfig(128, 64, 64, 4, 3, split_k=split), geom, "fwd", specialized=True)
     config = configs.halo_twin("fwd", geom, tile, 2)
     config = configs.swapped_twin(config, "fwd") if swap else config
     assert config.halo_d == 2 and config.split_k == split and config.swap_ab == swap
     got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
-    source = (x if skip is None else torch.cat([x, skip], dim=1)).double()
-    for pad, mode in (((0, 0, 1, 1, 0, 0), mode_h), ((1, 1, 0, 0, 0, 0), mode_w)):
-        source = torch.nn.functional.pad(source, pad, mode="constant" if mode == "zeros" else mode)
-    want = torch.nn.functional.conv3d(source, w.double(), b.double(), padding=(1, 0, 0))
+    want = hw_bordered_reference(x if skip is None else torch.cat([x, skip], dim=1), w, b, modes)
     assert rel_l2(got, want) < tolerance(torch.bfloat16)
 
 

@@ -13,7 +13,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 from gluon_emulator import KernelFault, emulating
 from helpers import (
     HALF_TAIL_TILES,
@@ -21,6 +20,7 @@ from helpers import (
     conv_and_reference,
     grouped_taps,
     half_tail_conv,
+    hw_bordered_reference,
     second_source_split,
     swapped_tiles,
     swapped_weight_grad_params,
@@ -777,10 +777,7 @@ def _halo_conv(frames, split, after, modes=("zeros", "zeros"), monkeypatch=None,
     with emulating(monkeypatch, seed) as emu:
         got = conv_fwd.conv3d_fwd(x, w, b, None, geom, config, skip)
     assert emu.launches == {"_conv3d_gluon_kernel": 1}
-    source = (x if skip is None else torch.cat([x, skip], dim=1)).double()
-    for pad, mode in (((0, 0, 1, 1, 0, 0), modes[0]), ((1, 1, 0, 0, 0, 0), modes[1])):  # H, W; D's zeros below
-        source = F.pad(source, pad, mode="constant" if mode == "zeros" else mode)
-    want = F.conv3d(source, w.double(), b.double(), padding=(1, 0, 0))
+    want = hw_bordered_reference(x if skip is None else torch.cat([x, skip], dim=1), w, b, modes)
     return got, want
 
 
