@@ -315,3 +315,24 @@ def test_fused_adamw_resumes_a_stock_checkpoint_after_match(device="cuda"):
         ends.append([p.detach().clone() for p in model.parameters()])
     for fused, foreach in zip(*ends, strict=True):
         torch.testing.assert_close(fused, foreach)
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups"),
+    [((1, 2, 64, 1024, 1025), 1), ((70000, 8, 1, 2, 2), 2)],
+    ids=["voxels_67M", "batch_70000"],
+)
+def test_group_norm_past_the_grids_limits_matches_float64(shape, groups):
+    """A GroupNorm whose reduction has more voxel splits (67.2M voxels a sample: 65,600 of 1,024) or whose batch
+    more entries than CUDA's grid takes along its third axis (65,535) runs, capped and in slices (test_launch's
+    stubbed twin), and matches float64: forward and the input, weight and bias gradients."""
+    x = leaf_copy(torch.randn(shape, device="cuda").contiguous(memory_format=torch.channels_last_3d))
+    w, b = (leaf_copy(torch.randn(shape[1], device="cuda")) for _ in range(2))
+    out = torch.ops.tconv3d.group_norm(x, w, b, groups, 1e-5, "silu")[0]
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    x64, w64, b64 = (leaf_copy(t.detach().double()) for t in (x, w, b))
+    want = torch.nn.functional.silu(torch.nn.functional.group_norm(x64, groups, w64, b64, 1e-5))
+    want.backward(grad.double())
+    for ours, theirs in ((out, want), (x.grad, x64.grad), (w.grad, w64.grad), (b.grad, b64.grad)):
+        assert rel_l2(ours, theirs) < TOLERANCE[torch.float32]

@@ -201,6 +201,58 @@ def test_every_launch_asks_for_fused_multiply_adds(environment, monkeypatch):
     assert set(fused.values()) == {environment == "unfused_default"}, fused
 
 
+# A norm's grids at the sizes that pass CUDA's limits (launch.MAX_GRID): a sample of 67.2M voxels (65,600 splits
+# of the reduction's 1,024 voxels) and a batch of 70,000, compiled for sm_90 and stopped at the stubbed driver, which
+# refuses a grid past the limits as CUDA's does; then the old splits (MAX_SPLITS lifted), which it refuses, and a
+# forward's tiles of more shared memory than an H100's program may have (256 KiB), which Triton refuses.
+GRIDS = """
+import json, torch
+from tconv3d.geometry import check_conv3d
+from tconv3d.inspect.compile import stubbed_launches
+from tconv3d.kernels import conv_fwd, group_norm
+from tconv3d.kernels.config import KernelConfig
+cl = dict(dtype=torch.bfloat16, memory_format=torch.channels_last_3d)
+cases = {"voxels": (torch.randn(1, 1, 64, 1024, 1025), 1), "batch": (torch.randn(70000, 8, 1, 2, 2), 2)}
+out = {}
+for name, (x, groups) in cases.items():
+    x = x.to(**cl)
+    w, b = torch.randn(x.shape[1], dtype=torch.bfloat16), torch.randn(x.shape[1], dtype=torch.bfloat16)
+    record = []
+    with stubbed_launches(90, record):
+        y, mean, rstd = group_norm.group_norm_fwd(x, w, b, groups, 1e-5, "silu")
+        group_norm.group_norm_bwd(x, x, mean, rstd, w, b, groups, "silu")
+    out[name] = [(kernel, list(args[:3])) for kernel, args in record]
+group_norm.MAX_SPLITS = 2**31
+try:
+    with stubbed_launches(90):
+        group_norm.group_norm_fwd(cases["voxels"][0].to(**cl), None, None, 1, 1e-5, "none")
+except RuntimeError as error:
+    out["refused"] = str(error)
+x, w = torch.randn(1, 64, 4, 16, 16).to(**cl), torch.randn(64, 64, 3, 3, 3).to(**cl)
+try:
+    with stubbed_launches(90):
+        conv_fwd.conv3d_fwd(x, w, None, None, check_conv3d(x, w, None, 1, 1, 1, 1), KernelConfig(256, 256, 64, 8, 4))
+except Exception as error:
+    out["shared"] = f"{type(error).__name__}: {error}"
+print(json.dumps(out))
+"""
+
+
+def test_a_norm_past_the_grids_limits_launches_within_them():
+    """The group norm's launches at a sample of 67.2M voxels and a batch of 70,000 reach the stubbed driver within
+    CUDA's grid (the reduction's splits capped, the affine kernel's batch in launches of 65,535 entries); the same
+    norm with the splits uncapped is refused by it, as the driver refuses it, and so are tiles of more shared
+    memory than a program may have, as Triton refuses them."""
+    result = compile_script(GRIDS)
+    voxels = dict(result["voxels"])
+    assert voxels["_channel_reduce_kernel"] == [1, 1, 61742]  # 64 x 1,024 x 1,025 voxels, 1,088 a split
+    assert [grid for kernel, grid in result["batch"] if kernel == "_affine_kernel"] == [[1, 1, 65535], [1, 1, 4465]] * 2
+    for kernel, grid in result["voxels"] + result["batch"]:
+        assert all(programs <= most for programs, most in zip(grid, launch.MAX_GRID, strict=True)), (kernel, grid)
+    assert "_channel_reduce_kernel: grid (1, 1, 65600) passes CUDA's" in result["refused"]
+    assert result["shared"].startswith("OutOfResources: out of resource: shared memory, Required: 262144"), result
+
+
 class _FakeDriver:
     """libcuda's four calls context_current makes, on a thread whose current context is `current` (0: none)."""
 

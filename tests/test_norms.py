@@ -275,6 +275,53 @@ def test_group_norm_folds_its_splits_a_tile_at_a_time(tile_splits, fold_channels
         assert rel_l2(ours, theirs) < TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("past", ["splits", "batch", "wide"])
+def test_group_norm_launches_within_the_grids_limits(past, device, monkeypatch):
+    """CUDA takes at most 65,535 programs along a grid's second and third axes (launch.MAX_GRID), where the
+    reduction's voxel splits of a sample and the affine kernel's batch entries lie; the interpreter takes any grid.
+    With those limits lowered to 2 (MAX_SPLITS, AFFINE_BATCH), a norm of 3 splits a sample (2,500 voxels) and of
+    a batch of 5 launches within them: "splits", a split walks more voxel blocks (2 splits of 1,280 voxels);
+    "batch", the affine kernel takes the batch from N0 in launches of 2, 2 and 1; "wide", both, with every voxel
+    index int64 (INT32_VOXELS 0: WIDE). Forward and gradients of a concatenation's norm match float64."""
+    if tconv3d.CPU_BACKEND != "triton" and device == "cpu":
+        pytest.skip("no kernels run on this path")
+    from tconv3d.kernels import group_norm
+
+    grids = []
+
+    def recorded(kernel, grid, *args, **kwargs):
+        grids.append((kernel.__name__, grid, kwargs.get("WIDE")))
+        return launch(kernel, grid, *args, **kwargs)
+
+    launch = group_norm.launch
+    monkeypatch.setattr(group_norm, "launch", recorded)
+    monkeypatch.setattr(group_norm, "MAX_SPLITS", 2 if past != "batch" else group_norm.MAX_SPLITS)
+    monkeypatch.setattr(group_norm, "AFFINE_BATCH", 2 if past != "splits" else group_norm.AFFINE_BATCH)
+    if past == "wide":
+        monkeypatch.setattr(group_norm, "INT32_VOXELS", 0)
+    limit = 2
+    assert group_norm._splits(5 * 20 * 25) == ((1280, 2) if past != "batch" else (1024, 3))
+    x, skip = (leaf_copy(torch.randn(5, c, 5, 20, 25, device=device).contiguous(memory_format=CL)) for c in (4, 8))
+    w, b = (leaf_copy(torch.randn(12, device=device)) for _ in range(2))
+    copies = [leaf_copy(t.detach().double()) for t in (x, skip, w, b)]
+    want = reference(torch.cat(copies[:2], dim=1), *copies[2:], 3, 1e-5, "silu")
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got = torch.ops.tconv3d.group_norm(x, w, b, 3, 1e-5, "silu", skip)[0]
+    got.backward(grad.float())
+    for ours, theirs in zip((got, x.grad, skip.grad, w.grad, b.grad), (want, *(t.grad for t in copies)), strict=True):
+        assert rel_l2(ours, theirs) < TOLERANCE[torch.float32]
+    assert {name for name, *_ in grids} == {"_channel_reduce_kernel", "_fold_kernel", "_affine_kernel"}
+    affine = [grid for name, grid, _ in grids if name == "_affine_kernel"]
+    # a launch a source and direction, or three where the batch passes the limit
+    assert len(affine) == (12 if past != "splits" else 4)
+    if past != "batch":
+        assert all(grid[2] <= limit for name, grid, _ in grids if name == "_channel_reduce_kernel")
+    if past != "splits":
+        assert all(grid[2] <= limit for grid in affine)
+    assert all(wide == (past == "wide") for name, _, wide in grids if name != "_fold_kernel" or wide is not None)
+
+
 @pytest.mark.parametrize(
     ("shape", "groups", "weight_shape", "error", "message"),
     [

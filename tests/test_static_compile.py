@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import triton
 
+from tconv3d.kernels import launch
+
 ROOT = Path(__file__).resolve().parents[1]
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
@@ -221,8 +223,15 @@ for capability in ARCHS:
             group_norm_fwd(x, w, w, 32, 1e-6, "prelu", None, w)
             group_norm_bwd(x, x, mean, rstd, w, w, 32, "prelu", None, w)
             update_running_statistics(statistic, statistic, w, w.clone(), count, None, 1e-5, 1024)
-        for name, grid, warps, kernel, seconds, _ in launches:
-            out.append(({"kernel": name, "arch": capability, "dtype": str(dtype)}, kernel.asm["cubin"]))
+        wide = len(launches)
+        # a sample of 2.2G voxels: indices in int64 (WIDE), the reduction's splits within the grid's limit
+        x = torch.empty(1, 16, 1300, 1300, 1300, device="meta", dtype=dtype).to(memory_format=torch.channels_last_3d)
+        with compile_only(capability, launches):
+            y, mean, rstd = group_norm_fwd(x, w[:16], w[:16], 2, 1e-6, "silu")
+            group_norm_bwd(x, x, mean, rstd, w[:16], w[:16], 2, "silu")
+        for i, (name, grid, warps, kernel, seconds, _) in enumerate(launches):
+            row = {"kernel": name, "arch": capability, "dtype": str(dtype), "wide": i >= wide, "grid": list(grid)}
+            out.append((row, kernel.asm["cubin"]))
 print(json.dumps(report_rows(out)))
 """
 
@@ -315,6 +324,8 @@ WALK_KERNEL = """
 import json, sys
 sys.path.insert(0, "tests")
 import triton
+
+from tconv3d.kernels import launch
 from triton.backends.compiler import GPUTarget
 import test_tma
 ints = ("first", "count", "D", "H", "W", "K_BLOCKS")
@@ -365,6 +376,8 @@ RAW_AGAINST_CUOBJDUMP = """
 import json, os, subprocess, tempfile
 from pathlib import Path
 import triton
+
+from tconv3d.kernels import launch
 from tconv3d.inspect import compile as inspect_compile
 # The largest cubin of each kernel and arch in Triton's cache (what the inspection of every chosen config compiled).
 # The cache is shared: with runs of other archs (CI's under the newest triton; a user's sm_89 or sm_100), skipped.
@@ -433,13 +446,18 @@ def test_rms_norm_kernels_compile_without_spills_and_vectorised():
 def test_group_norm_kernels_compile_without_spills_and_vectorised():
     """The norm kernels for the static archs, both dtypes, forward and backward (with a fused SiLU, a fused ReLU,
     a fused leaky ReLU, a fused PReLU of a weight a channel and without; the leaky ReLU's and PReLU's forwards too),
-    and BatchNorm's running statistics' update: no spills, 128-bit loads along the contiguous channels in the
-    passes over the tensors (the fold of a group's partials reads a few floats a split; the update, C values)."""
+    and BatchNorm's running statistics' update; and the SiLU's forward and backward of a sample of 2.2G voxels
+    (their int64 voxel indices, WIDE, within the grid's limits): no spills, 128-bit loads along the contiguous
+    channels in the passes over the tensors (the fold of a group's partials reads a few floats a split; the
+    update, C values)."""
     reports = compile_script(NORM_COMPILE)
-    # archs x 2 dtypes x (3 forwards, SiLU's, ReLU's, leaky ReLU's, PReLU's and the plain backward: reduce, fold,
-    # affine each + the update)
-    assert len(reports) == 50 * len(STATIC_ARCHS)
-    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 16 * len(STATIC_ARCHS)
+    # archs x 2 dtypes x (3 + 2 forwards, SiLU's (twice), ReLU's, leaky ReLU's, PReLU's and the plain backward:
+    # reduce, fold, affine each + the update)
+    assert len(reports) == 62 * len(STATIC_ARCHS)
+    assert sum(r["kernel"] == "_fold_kernel" for r in reports) == 20 * len(STATIC_ARCHS)
+    assert sum(r["wide"] for r in reports) == 12 * len(STATIC_ARCHS)
+    for r in reports:
+        assert all(programs <= most for programs, most in zip(r["grid"], launch.MAX_GRID)), r  # noqa: B905
     assert sum(r["kernel"] == "_running_statistics_kernel" for r in reports) == 2 * len(STATIC_ARCHS)
     for r in reports:
         assert r["sm"] == r["arch"], r

@@ -38,6 +38,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime import driver as triton_driver
+from triton.runtime.errors import OutOfResources
 from triton.runtime.jit import JITFunction
 
 from .. import kernels
@@ -256,17 +257,32 @@ def compile_only(capability: int, launches: list):
 def stubbed_launches(capability: int, record: list | None = None):
     """Inside, tconv3d's kernels launch for real as far as the host goes (Triton's run or the direct path of
     kernels/launch.py, compiling for sm_<capability> on first use) and stop at the driver: each compiled
-    kernel's launcher is a stand-in that appends (kernel name, launcher arguments) to `record` if given. For
-    timing the host's launch path and checking what reaches the driver, without a GPU. Everything is put back
-    on exit, the direct path's memory of kernels compiled here included."""
+    kernel's launcher is a stand-in that appends (kernel name, launcher arguments) to `record` if given, and
+    refuses a grid past CUDA's (launch.MAX_GRID) as the driver would and, for an arch of ARCHS, more shared memory
+    than a program may have as Triton would (OutOfResources). For timing the host's launch path and
+    checking what reaches the driver, without a GPU. Everything is put back on exit, the direct path's memory of
+    kernels compiled here included."""
     target = GPUTarget("cuda", capability, 32)
     functions = _jit_functions()
     saved_caches = {fn: fn.device_caches for fn in functions}
     saved_driver = triton_driver._active
     saved_run, saved_init = CompiledKernel.run, CompiledKernel._init_handles
 
+    most_x, most_y, most_z = launch.MAX_GRID
+    most_shared = ARCHS[capability].smem_per_block if capability in ARCHS else None
+
     def stand_in(self):
-        return lambda *args: record.append((self.name, args)) if record is not None else None
+        def launched(*args):
+            # What the driver refuses (a grid past its limits: "invalid argument") and Triton before it (more shared
+            # memory than a program may have), which the interpreter would run
+            if args[0] > most_x or args[1] > most_y or args[2] > most_z:
+                raise RuntimeError(f"{self.name}: grid {args[:3]} passes CUDA's {launch.MAX_GRID}")
+            if most_shared is not None and self.metadata.shared > most_shared:
+                raise OutOfResources(self.metadata.shared, most_shared, "shared memory")
+            if record is not None:
+                record.append((self.name, args))
+
+        return launched
 
     for fn in functions:
         fn.device_caches = defaultdict(fn.create_binder)

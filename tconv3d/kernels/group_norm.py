@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .. import settings
 from ..geometry import NORM_ACTIVATIONS
-from .launch import launch
+from .launch import MAX_GRID, launch
 from .split_k import sum_splits
 from .tensors import cdiv, dense_voxels, empty_ndhwc, next_power_of_2, parameter_grad_dtype
 from .utils import activated, activation_backward
@@ -43,6 +43,13 @@ BLOCK_S, BLOCK_C = 64, 32  # a tile of 2048 elements; C is the contiguous axis
 # spent most of a CPU training step's norm time in this kernel's programs).
 AFFINE_BLOCK_S = BLOCK_S * 16 if settings.INTERPRET else BLOCK_S
 SPLIT_BLOCKS = 16  # voxel blocks per reduction program
+# The most voxel splits of a sample and batch entries a launch takes: CUDA's limit on a grid's third axis (MAX_GRID),
+# along which the reduction's splits and the affine kernel's batch entries lie. Past 65,535 splits of SPLIT_BLOCKS
+# blocks (67.1M voxels a sample: a whole CT volume, an untiled video decoder's last frames, BatchNorm3d's batch
+# folded into its voxels) a split walks more blocks; past 65,535 entries the affine kernel is launched again from
+# the next one (N0).
+MAX_SPLITS = AFFINE_BATCH = MAX_GRID[2]
+INT32_VOXELS = 2**31  # voxel indices from here on are int64 (WIDE), as fold.py's
 # The rows of a backward's fp32 [3, N, C] table of per-(batch, channel) coefficients (one allocation): k1, k2, k3
 # (see _affine_kernel)
 COEF_K1: tl.constexpr = tl.constexpr(0)
@@ -78,6 +85,7 @@ def _channel_reduce_kernel(
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_os, stride_oq,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_SLOPES: tl.constexpr, SLOPE_GRAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    WIDE: tl.constexpr,
 ):  # fmt: skip
     """Per (n, split, channel): forward, out[.., 0] = mean and out[.., 1] = sum of squared deviations of x over the
     split's voxels; backward, out[.., 0] = sum of dy' and out[.., 1] = sum of dy' * (x - mean), where dy' is dy
@@ -87,12 +95,12 @@ def _channel_reduce_kernel(
     rstd are [N, GROUPS], PER_GROUP channels a group. x holds C channels, the concatenation's C0 .. C0 + C (a
     source of a concatenation along C; C0 = 0 and C all of them without one): dy, weight, bias, the slopes and out
     are the concatenation's, their channels from C0 on. x's and dy's voxels are stride_xv and stride_dv apart. Grid
-    (N, channel blocks, splits)."""
+    (N, channel blocks, splits); WIDE: voxel indices in int64 (a sample of 2^31 voxels or more)."""
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     wide_c = C0 + offs_c  # the channels in the concatenation
-    s_start = tl.program_id(2) * SPLIT_S
+    s_start = tl.program_id(2).to(tl.int64 if WIDE else tl.int32) * SPLIT_S
     s_end = tl.minimum(s_start + SPLIT_S, S)
     x_base = x_ptr + n.to(tl.int64) * stride_xn
     if BACKWARD:
@@ -144,10 +152,10 @@ def _channel_reduce_kernel(
 @triton.jit
 def _affine_kernel(
     x_ptr, dy_ptr, out_ptr, mean_ptr, rstd_ptr, weight_ptr, bias_ptr, coef_ptr, slopes_ptr,
-    S, C, C0, GROUPS, PER_GROUP, slope, slope_stride,
+    S, C, C0, N0, GROUPS, PER_GROUP, slope, slope_stride,
     stride_xn, stride_xv, stride_dn, stride_dv, stride_on, stride_ov, stride_an, stride_ak,
     BACKWARD: tl.constexpr, ACTIVATION: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_SLOPES: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_SLOPES: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """Forward: out = act((x - mean) * a + b). Backward: out = dy' * k1 + (x - mean) * k2 + k3, dy' = dy *
     act'((x - mean) * a + b); with one channel a group (PER_GROUP 1), out = (dy' + k3) * k1 + (x - mean) * k2.
@@ -156,9 +164,9 @@ def _affine_kernel(
     ... COEF_K3, stride_ak apart; its batch entries stride_an apart); mean and rstd are [N, GROUPS], PER_GROUP
     channels a group. x holds the concatenation's channels C0 .. C0 + C, the others are the concatenation's (see
     _channel_reduce_kernel). x's, dy's and out's voxels are stride_xv, stride_dv and stride_ov apart. Grid (voxel
-    blocks, channel blocks, N)."""
-    n = tl.program_id(2)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    blocks, channel blocks, batch entries from N0 on); WIDE: voxel indices in int64 (2^31 voxels a sample or more)."""
+    n = N0 + tl.program_id(2)
+    offs_s = tl.program_id(0).to(tl.int64 if WIDE else tl.int32) * BLOCK_S + tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     mask = (offs_s < S)[:, None] & mask_c[None, :]
@@ -200,7 +208,7 @@ def _fold_kernel(
     partial_ptr, mean_ptr, rstd_ptr, weight_ptr, coef_ptr, dw_ptr, db_ptr, ds_ptr,
     N, C, SPLITS, VOXELS, PER_SPLIT, eps,
     MODE: tl.constexpr, HAS_WEIGHT: tl.constexpr, PER_GROUP: tl.constexpr, MOMENTS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """BLOCK_GROUPS groups' channels (program_id(0)'s) for every batch entry, in order, their splits BLOCK_S at a
     time (a large volume has thousands): tiles [BLOCK_S splits, BLOCK_GROUPS groups, BLOCK_G channels a group].
@@ -210,7 +218,8 @@ def _fold_kernel(
     splits' counts: the last split holds the rest of the VOXELS). FOLD_BACKWARD: the split sums of dy' and dy' *
     (x - mean) -> dx = dy' * k1 + (x - mean) * k2 + k3 (with one channel a group, k3 = -mean(dy') and dx = (dy' +
     k3) * k1 + (x - mean) * k2) and the weight and bias gradients. Each group's sums run over its own splits and
-    channels in the same order whatever BLOCK_GROUPS is."""
+    channels in the same order whatever BLOCK_GROUPS is. WIDE: the splits' voxel counts taken in int64 (2^31 voxels
+    a sample or more)."""
     groups = C // PER_GROUP
     group = tl.program_id(0) * BLOCK_GROUPS + tl.arange(0, BLOCK_GROUPS)
     offs = tl.arange(0, BLOCK_G)
@@ -228,14 +237,16 @@ def _fold_kernel(
         if MODE == FOLD_STATISTICS:
             first = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             for s0 in range(0, SPLITS, BLOCK_S):
-                means, counts, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
+                means, counts, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0,
+                                               WIDE)  # fmt: skip
                 first += tl.sum(tl.sum(means, axis=2) * counts[:, None], axis=0)
             mean = first / total
             spread = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)
             shift = tl.zeros((BLOCK_GROUPS,), dtype=tl.float32)  # the sum of the deviations, small: mean's fix
             for s0 in range(0, SPLITS, BLOCK_S):
-                means, counts, tile = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 0)
-                m2, _, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1)
+                means, counts, tile = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
+                                                  0, WIDE)  # fmt: skip
+                m2, _, _ = _split_tile(base, s0, SPLITS, C, 2, channels, mask, VOXELS, PER_SPLIT, BLOCK_S, 1, WIDE)
                 deviation = tl.where(tile, means - mean[None, :, None], 0.0)
                 spread += tl.sum(tl.sum(m2, axis=2) + tl.sum(deviation * deviation, axis=2) * counts[:, None], axis=0)
                 shift += tl.sum(tl.sum(deviation, axis=2) * counts[:, None], axis=0)
@@ -253,13 +264,13 @@ def _fold_kernel(
             dyx_sum = zeros
             for s0 in range(0, SPLITS, BLOCK_S):
                 dy_sum += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
-                                             0)[0], 0)  # fmt: skip
+                                             0, WIDE)[0], 0)  # fmt: skip
                 dyx_sum += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
-                                              1)[0], 0)  # fmt: skip
+                                              1, WIDE)[0], 0)  # fmt: skip
             if MOMENTS == 3:  # a loop of its own: in the one above, triton 3.6 spilled (96 registers, 8 bytes)
                 for s0 in range(0, SPLITS, BLOCK_S):
                     ds += tl.sum(_split_tile(base, s0, SPLITS, C, MOMENTS, channels, mask, VOXELS, PER_SPLIT, BLOCK_S,
-                                             2)[0], 0)  # fmt: skip
+                                             2, WIDE)[0], 0)  # fmt: skip
             dy_xhat = rstd[:, None] * dyx_sum  # sum over the voxels of dy' * xhat
             db += dy_sum
             dw += dy_xhat
@@ -288,16 +299,17 @@ def _fold_kernel(
 
 @triton.jit
 def _split_tile(base, s0, SPLITS, C, MOMENTS: tl.constexpr, channels, mask, VOXELS, PER_SPLIT, BLOCK_S: tl.constexpr,
-                MOMENT: tl.constexpr):  # fmt: skip
+                MOMENT: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
     """Splits s0 .. s0 + BLOCK_S of one batch entry's partials (base: its split 0; MOMENTS rows of C a split),
     moment MOMENT of `channels` ([groups, channels a group], `mask`): ([BLOCK_S, groups, channels] values, zeros
-    outside; [BLOCK_S] voxel counts, 0 past the last split; the tile's mask)."""
+    outside; [BLOCK_S] voxel counts, 0 past the last split; the tile's mask). WIDE: the counts taken in int64."""
     splits = s0 + tl.arange(0, BLOCK_S)
     inside = splits < SPLITS
     tile = inside[:, None, None] & mask[None, :, :]
     rows = (splits * MOMENTS * C + MOMENT * C)[:, None, None]
     values = tl.load(base + rows + channels[None, :, :], mask=tile, other=0.0)
-    counts = tl.where(inside, tl.minimum(PER_SPLIT, VOXELS - splits * PER_SPLIT), 0) * 1.0
+    before = splits.to(tl.int64 if WIDE else tl.int32) * PER_SPLIT  # the voxels of the splits before
+    counts = tl.where(inside, tl.minimum(PER_SPLIT, VOXELS - before), 0) * 1.0
     return values, counts, tile
 
 
@@ -407,15 +419,22 @@ def _fold(
         partials, mean, rstd, weight if weight is not None else mean, coef, dw, db, ds,
         n, c, splits, voxels, per_split, eps,
         MODE=mode.value, HAS_WEIGHT=weight is not None, PER_GROUP=per_group, MOMENTS=moments,
-        BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g,
+        BLOCK_S=block_s, BLOCK_GROUPS=block_groups, BLOCK_G=block_g, WIDE=_wide(voxels, per_split),
     )  # fmt: skip
     return (mean, rstd) if mode == FOLD_STATISTICS else (coef, dw, db, ds if moments == 3 else None)
 
 
 def _splits(voxels: int) -> tuple[int, int]:
-    """(voxels per split, splits): each reduction program walks SPLIT_BLOCKS voxel blocks."""
-    per_split = max(BLOCK_S * SPLIT_BLOCKS, 1)
+    """(voxels per split, splits): each reduction program walks SPLIT_BLOCKS voxel blocks, or as many more as keep
+    the splits within MAX_SPLITS."""
+    per_split = BLOCK_S * max(SPLIT_BLOCKS, cdiv(cdiv(voxels, BLOCK_S), MAX_SPLITS), 1)
     return per_split, max(cdiv(voxels, per_split), 1)
+
+
+def _wide(voxels: int, per_split: int) -> bool:
+    """Whether the kernels' voxel indices of a sample of `voxels` may pass int32 (WIDE): a split's or a block's
+    indices reach past the last voxel."""
+    return voxels + max(per_split, AFFINE_BLOCK_S) >= INT32_VOXELS
 
 
 def _channel_reduce(
@@ -430,6 +449,7 @@ def _channel_reduce(
     c = sum(x.shape[1] for x in sources)
     voxels = sources[0][0, 0].numel()
     per_split, splits = _splits(voxels)
+    wide = _wide(voxels, per_split)
     slope, slopes, slope_stride = _slope_arguments(slope)
     slope_grad = dy is not None and slopes is not None  # the backward of a PReLU: its weights' gradient too
     out = torch.empty((n, splits, 3 if slope_grad else 2, c), dtype=torch.float32, device=sources[0].device)
@@ -444,7 +464,7 @@ def _channel_reduce(
             voxels, width, first, per_split, groups, c // groups, slope, slope_stride,
             x.stride(0), width, grads.stride(0), grads.shape[1], *out.stride()[:3],
             BACKWARD=dy is not None, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            HAS_SLOPES=slopes is not None, SLOPE_GRAD=slope_grad, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
+            HAS_SLOPES=slopes is not None, SLOPE_GRAD=slope_grad, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C, WIDE=wide,
         )  # fmt: skip
     return out
 
@@ -485,16 +505,18 @@ def _affine(sources, dy, mean, rstd, weight, bias, coef=None, activation=0, slop
         return out
     backward = dy is not None
     groups = mean.shape[1]
+    wide = _wide(voxels, 0)
     for x, first in _channel_slices(sources):
         grads = dy if backward else x
-        launch(
-            _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), n),
-            x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef, slopes)),
-            voxels, x.shape[1], first, groups, c // groups, slope, slope_stride,
-            x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
-            BACKWARD=backward, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            HAS_SLOPES=slopes is not None, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C,
-        )  # fmt: skip
+        for n0 in range(0, n, AFFINE_BATCH):  # one launch but past the grid's third axis
+            launch(
+                _affine_kernel, (cdiv(voxels, AFFINE_BLOCK_S), cdiv(x.shape[1], BLOCK_C), min(n - n0, AFFINE_BATCH)),
+                x, grads, out, mean, rstd, *(t if t is not None else mean for t in (weight, bias, coef, slopes)),
+                voxels, x.shape[1], first, n0, groups, c // groups, slope, slope_stride,
+                x.stride(0), x.shape[1], grads.stride(0), grads.shape[1], out.stride(0), c, c, n * c,
+                BACKWARD=backward, ACTIVATION=activation, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                HAS_SLOPES=slopes is not None, BLOCK_S=AFFINE_BLOCK_S, BLOCK_C=BLOCK_C, WIDE=wide,
+            )  # fmt: skip
     return out
 
 

@@ -84,6 +84,11 @@ except ImportError:
 # The compile option every launch passes (see the module's docstring), unless its caller names it.
 FP_FUSION = True
 
+# CUDA's largest grid: programs along its first, second and third axes. A launch past them fails in the driver
+# ("invalid argument"); the interpreter takes any grid, so the launchers keep within these themselves
+# (inspect.compile.stubbed_launches refuses what the driver would).
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
 # signature -> (the compiled kernel, the values of the parameters after the positional ones). Kernels are in
 # signatures by id: JITFunction's own hash recomputes its cache key on every call.
 _compiled: dict = {}
