@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import warnings
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.autograd import forward_ad
+from torch.utils.flop_counter import register_flop_formula
 
 from . import settings
 from .geometry import (
@@ -1376,6 +1378,34 @@ def _autocast(op: str, device_type: str):
 for _device_type, _dispatch_key in (("cuda", "AutocastCUDA"), ("cpu", "AutocastCPU")):
     for _op in ("conv3d", "conv3d_input_grad"):  # the input gradient is also conv_transpose3d's forward
         _lib.impl(_op, _autocast(_op, _device_type), _dispatch_key, with_keyset=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FLOPs: torch.utils.flop_counter's FlopCounterMode counts the convolutions as it counts aten's (the norms and the
+# upsampling, as torch's, count none)
+
+
+def _convolution_flops(output_shape, weight_shape) -> int:
+    """A convolution's FLOPs as torch.utils.flop_counter counts aten.convolution's and its backward's
+    (conv_flop_count): 2 a multiply-add, one per output voxel (an input gradient's: grad_output's, as a transposed
+    convolution's input), output channel, input channel of its group and tap; the same for each direction."""
+    batch = output_shape[0] if len(output_shape) == 5 else 1
+    return 2 * batch * math.prod(output_shape[-3:]) * math.prod(weight_shape)
+
+
+@register_flop_formula(torch.ops.tconv3d.conv3d)
+def _conv3d_flops(input, weight, *args, out_shape=None, **kwargs) -> int:
+    return _convolution_flops(out_shape, weight)
+
+
+@register_flop_formula(torch.ops.tconv3d.conv3d_input_grad)
+def _input_grad_flops(grad_output, weight, *args, out_shape=None, **kwargs) -> int:
+    return _convolution_flops(grad_output, weight)
+
+
+@register_flop_formula(torch.ops.tconv3d.conv3d_weight_grad)
+def _weight_grad_flops(grad_output, input, weight_size, *args, out_shape=None, **kwargs) -> int:
+    return _convolution_flops(grad_output, weight_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The torch.library ops: opcheck, fake strides, and the aten path CPU tensors take without the interpreter."""
 
+import copy
+
 import pytest
 import torch
 from helpers import CASES, case_reference, leaf_copy
@@ -159,3 +161,41 @@ def test_cpu_aten_input_grad_is_a_fresh_tensor(padding, dtype, monkeypatch):
     grad_out = torch.randn(1, 6, 3, 4, 5).to(dtype).contiguous(memory_format=CL)
     grad = tconv3d.kernels.aten.conv3d_dgrad(grad_out, w.detach(), geom)
     assert grad._base is None and grad.is_contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("input_grad", [True, False], ids=["input_grad", "no_input_grad"])
+def test_flop_counter_counts_the_convolutions_as_stocks(input_grad, device):
+    """torch.utils.flop_counter.FlopCounterMode (MFU's bookkeeping) counts a converted model's convolutions, their
+    input and weight gradients included, as it counts stock's aten.convolution and its backward: the same FLOPs a
+    module for a plain, a strided (1, 3, 3) and a transposed convolution, with the input's gradient asked for or
+    not (the first layer's input gradient then not run). A grouped replicate-bordered one counts its forward's
+    three times, where stock's counter counts its weight gradient `groups` times over (docs/upstream.md)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(
+        torch.nn.Conv3d(3, 8, 3, padding=1),
+        torch.nn.Conv3d(8, 8, 3, padding=1, groups=4, padding_mode="replicate"),
+        torch.nn.ConvTranspose3d(8, 4, 2, stride=2),
+        torch.nn.Conv3d(4, 2, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), bias=False),
+    ).to(device)
+    converted = tconv3d.nn.convert(copy.deepcopy(stock))
+    assert all(type(m).__module__.startswith("tconv3d") for m in converted)
+    x = torch.randn(2, 3, 3, 6, 5, device=device).contiguous(memory_format=CL).requires_grad_(input_grad)
+
+    def flops(model, backward=True):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            y = model(x)
+            if backward:
+                y.sum().backward()
+        return {module: sum(by_op.values()) for module, by_op in counter.get_flop_counts().items()}
+
+    stocks, ours, grouped = flops(stock), flops(converted), "Sequential.1"
+    forward = flops(stock, backward=False)[grouped]
+    assert ours[grouped] == 3 * forward > 0  # the forward, the input gradient and the weight gradient
+    assert stocks[grouped] == 6 * forward  # stock's: the weight gradient 4 times (its groups)
+    excess = stocks[grouped] - ours[grouped]
+    assert ours.keys() == stocks.keys()
+    for module, count in stocks.items():
+        assert ours[module] == (count - excess if module in ("Global", "Sequential", grouped) else count), module
